@@ -1,0 +1,113 @@
+//! Errors that decide the process exit code.
+//!
+//! Most failures travel as `anyhow::Error` with context; the few a caller (or a script using
+//! inferno) must tell apart carry an [`ErrorKind`] through [`Failure`], and `main` maps that to
+//! the documented exit code. Keep the codes stable: they are part of the CLI contract (README).
+
+use std::fmt;
+
+/// What went wrong, coarse enough for an exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Anything not classified below.
+    Other,
+    /// Repository, revision, file or model does not exist (HTTP 404, not in the cache).
+    NotFound,
+    /// Gated or private repository, or a bad token (HTTP 401/403).
+    Unauthorized,
+    /// The Hub could not be reached, or kept failing after retries.
+    Network,
+    /// Downloaded or local data failed verification (size, sha256, corrupt file).
+    Integrity,
+    /// The disk is full or the cache is not writable.
+    Storage,
+    /// The user asked for something malformed or unsafe (bad repo id, path traversal).
+    InvalidInput,
+    /// No usable GPU.
+    NoDevice,
+}
+
+impl ErrorKind {
+    /// The process exit code for this kind (2 is clap's usage error).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            ErrorKind::Other => 1,
+            ErrorKind::InvalidInput => 2,
+            ErrorKind::NotFound => 3,
+            ErrorKind::Unauthorized => 4,
+            ErrorKind::Network => 5,
+            ErrorKind::Integrity => 6,
+            ErrorKind::Storage => 7,
+            ErrorKind::NoDevice => 8,
+        }
+    }
+}
+
+/// An error with a kind and a one-line message meant for the user.
+#[derive(Debug)]
+pub struct Failure {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Failure { kind, message: message.into() }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// Shorthand: `Err(fail(ErrorKind::NotFound, "…"))?`.
+pub fn fail(kind: ErrorKind, message: impl Into<String>) -> anyhow::Error {
+    Failure::new(kind, message).into()
+}
+
+/// The kind of the first [`Failure`] in an error chain, or of a recognisable I/O error.
+pub fn kind_of(err: &anyhow::Error) -> ErrorKind {
+    for cause in err.chain() {
+        if let Some(f) = cause.downcast_ref::<Failure>() {
+            return f.kind;
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if is_storage_error(io) {
+                return ErrorKind::Storage;
+            }
+        }
+    }
+    ErrorKind::Other
+}
+
+/// Disk full, quota exceeded or a read-only cache: the user must free space or pick another root.
+pub fn is_storage_error(err: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        err.kind(),
+        K::StorageFull | K::QuotaExceeded | K::ReadOnlyFilesystem | K::PermissionDenied
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kind_survives_context() {
+        let err = fail(ErrorKind::Unauthorized, "gated").context("downloading x");
+        assert_eq!(kind_of(&err), ErrorKind::Unauthorized);
+        assert_eq!(kind_of(&err).exit_code(), 4);
+    }
+
+    #[test]
+    fn disk_full_is_storage() {
+        let io = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        let err = anyhow::Error::from(io).context("writing blob");
+        assert_eq!(kind_of(&err), ErrorKind::Storage);
+    }
+}

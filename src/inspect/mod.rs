@@ -1,0 +1,1 @@
+//! What a model is, read from its files without loading the weights.
