@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# GPU tests from binaries built elsewhere.
+#
+#   scripts/gpu-tests.sh build   # on a build machine (no GPU needed): release test binaries that
+#                                # contain GPU (#[ignore]d) tests, plus inferno, stripped and
+#                                # gzipped into .dev/gpu/
+#   scripts/gpu-tests.sh run     # on the GPU machine, from the repo root with .dev/gpu/ present:
+#                                # runs every GPU test (--ignored), prints a total line
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=.dev/gpu
+
+case "${1:-}" in
+build)
+    source scripts/cuda-env.sh
+    rm -rf "$out" && mkdir -p "$out"
+    cargo build --release --locked
+    cargo test --release --locked --no-run --all-targets --message-format=json 2>/dev/null \
+        | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        print(m["executable"])' >"$out/all.txt"
+    while read -r exe; do
+        if [ -n "$("$exe" --list --ignored --format terse 2>/dev/null)" ]; then
+            name="$(basename "$exe" | sed -E 's/-[0-9a-f]{16}$//')"
+            strip -o "$out/$name" "$exe" && gzip -9 "$out/$name"
+            echo "gpu-tests: $name ($("$exe" --list --ignored --format terse | wc -l) GPU tests)"
+        fi
+    done <"$out/all.txt"
+    strip -o "$out/inferno" target/release/inferno && gzip -9 "$out/inferno"
+    rm "$out/all.txt"
+    du -sh "$out"
+    ;;
+run)
+    tmp="${TMPDIR:-/tmp}/inferno-gpu-tests"
+    mkdir -p "$tmp"
+    log="$tmp/log"
+    : >"$log"
+    status=0
+    for gz in "$out"/*.gz; do
+        name="$(basename "$gz" .gz)"
+        gunzip -c "$gz" >"$tmp/$name" && chmod +x "$tmp/$name"
+        [ "$name" = inferno ] && continue
+        echo "== $name"
+        "$tmp/$name" --ignored --test-threads=1 --nocapture "${@:2}" 2>&1 | tee -a "$log" || status=1
+    done
+    awk '/^test result:/ { for (i = 1; i <= NF; i++) {
+            if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
+         END { printf "gpu total: %d passed, %d failed\n", p, f }' "$log"
+    exit "$status"
+    ;;
+*)
+    echo "usage: scripts/gpu-tests.sh build|run" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on any machine, GPU or not. Installs what it needs on first use:
+# the CUDA 13 build toolchain from PyPI (scripts/cuda-env.sh) and, in a venv, the official
+# huggingface_hub client that the cache-sharing tests compare against. GPU tests are #[ignore]d
+# and show up as "ignored"/"skipped"; run them on a GPU machine with scripts/gpu-tests.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+source scripts/cuda-env.sh || { echo "test.sh: could not set up the CUDA build toolchain" >&2; exit 1; }
+
+HF_HUB_VERSION=2.4.0
+PY="${INFERNO_CACHE:-$HOME/.cache/inferno}/py-hub-$HF_HUB_VERSION"
+if ! "$PY/bin/python" -c 'import huggingface_hub' 2>/dev/null; then
+    echo "test.sh: installing huggingface_hub==$HF_HUB_VERSION into $PY" >&2
+    rm -rf "$PY"
+    python3 -m venv "$PY"
+    "$PY/bin/python" -m pip install --quiet --disable-pip-version-check "huggingface_hub==$HF_HUB_VERSION"
+fi
+export INFERNO_PYTHON="$PY/bin/python"
+
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --release --locked --all-targets "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line over all test binaries (cargo prints one summary per binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) {
+        if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1); if ($(i) ~ /^ignored;?$/) s += $(i-1) } }
+     END { printf "total: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
+exit "$status"
