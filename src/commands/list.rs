@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use anyhow::Context;
-use serde_json::json;
+use serde::Serialize;
 
 use crate::cli::ListArgs;
 use crate::hub::scan;
@@ -62,9 +62,7 @@ pub fn run(args: ListArgs) -> anyhow::Result<()> {
         );
     }
     let text = if args.json {
-        let mut s = serde_json::to_string_pretty(&to_json(&rows))?;
-        s.push('\n');
-        s
+        render_json(&rows)?
     } else if rows.is_empty() {
         String::new()
     } else if stdout.is_terminal() {
@@ -142,24 +140,46 @@ fn snapshot_row(repo: &RepoCache, commit: String, refs: Vec<String>) -> Row {
     }
 }
 
-/// The `--json` array.
-pub fn to_json(rows: &[Row]) -> serde_json::Value {
-    let items = rows.iter().map(|r| {
-        let info = r.info.as_ref().ok();
-        json!({
-            "model": r.model,
-            "commit": r.commit,
-            "refs": r.refs,
-            "path": r.path.as_ref().map(|p| p.display().to_string()),
-            "size_bytes": r.size,
-            "modified": r.modified.and_then(rfc3339),
-            "architecture": info.and_then(|i| i.architecture.clone()),
-            "format": info.map(|i| i.format.clone()),
-            "context_length": info.and_then(|i| i.context_length),
-            "error": r.info.as_ref().err(),
+/// One element of the `--json` array; fields in this order, all always present.
+#[derive(Debug, Serialize)]
+struct JsonRow<'a> {
+    model: &'a str,
+    commit: Option<&'a str>,
+    refs: &'a [String],
+    path: Option<String>,
+    size_bytes: u64,
+    /// RFC 3339, UTC.
+    modified: Option<String>,
+    architecture: Option<&'a str>,
+    format: Option<&'a str>,
+    context_length: Option<u64>,
+    /// Why the entry is unusable; null when it is fine.
+    error: Option<&'a str>,
+}
+
+/// The `--json` array, pretty-printed, ending in a newline.
+pub fn render_json(rows: &[Row]) -> anyhow::Result<String> {
+    let items: Vec<JsonRow> = rows
+        .iter()
+        .map(|r| {
+            let info = r.info.as_ref().ok();
+            JsonRow {
+                model: &r.model,
+                commit: r.commit.as_deref(),
+                refs: &r.refs,
+                path: r.path.as_ref().map(|p| p.display().to_string()),
+                size_bytes: r.size,
+                modified: r.modified.and_then(rfc3339),
+                architecture: info.and_then(|i| i.architecture.as_deref()),
+                format: info.map(|i| i.format.as_str()),
+                context_length: info.and_then(|i| i.context_length),
+                error: r.info.as_ref().err().map(String::as_str),
+            }
         })
-    });
-    serde_json::Value::Array(items.collect())
+        .collect();
+    let mut text = serde_json::to_string_pretty(&items)?;
+    text.push('\n');
+    Ok(text)
 }
 
 /// The terminal table; ages are relative to `now`.
@@ -271,25 +291,50 @@ mod tests {
         let text = render_table(&[row(Ok(info())), row(Err("missing blob for\nconfig.json".into()))], now);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert!(lines[0].starts_with("MODEL  REVISION          SIZE  MODIFIED    ARCH   CONTEXT  FORMAT"), "{text}");
-        assert!(lines[1].starts_with("org/m  0123456 (main)  1.5 MB  3 days ago  llama     2048  bf16"), "{text}");
+        assert!(
+            lines[0].starts_with("MODEL  REVISION          SIZE  MODIFIED    ARCH   CONTEXT  FORMAT"),
+            "{text}"
+        );
+        assert!(
+            lines[1].starts_with("org/m  0123456 (main)  1.5 MB  3 days ago  llama     2048  bf16"),
+            "{text}"
+        );
         assert!(lines[2].ends_with("-  broken: missing blob for config.json"), "{text}");
+    }
+
+    #[test]
+    fn json_keeps_field_order_and_nulls() {
+        let text = render_json(&[row(Err("no snapshot".into()))]).unwrap();
+        let keys: Vec<&str> =
+            text.lines().filter_map(|l| l.trim().strip_prefix('"')?.split('"').next()).collect();
+        let want = [
+            "model", "commit", "refs", "main", "path", "size_bytes", "modified", "architecture", "format",
+            "context_length", "error",
+        ];
+        assert_eq!(keys, want, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v[0]["format"], serde_json::Value::Null);
+        assert_eq!(v[0]["error"], "no snapshot");
+        assert_eq!(v[0]["modified"], "2023-11-14T22:13:20Z");
     }
 
     #[test]
     fn tsv_rows() {
         let text = render_tsv(&[row(Ok(info())), row(Err("bad\tthing".into()))]);
         let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
-        assert_eq!(lines[0], [
-            "org/m",
-            "0123456789abcdef0123456789abcdef01234567",
-            "main",
-            "1500000",
-            "2023-11-14T22:13:20Z",
-            "llama",
-            "2048",
-            "bf16"
-        ]);
+        assert_eq!(
+            lines[0],
+            [
+                "org/m",
+                "0123456789abcdef0123456789abcdef01234567",
+                "main",
+                "1500000",
+                "2023-11-14T22:13:20Z",
+                "llama",
+                "2048",
+                "bf16"
+            ]
+        );
         assert_eq!(lines[1][7], "broken: bad thing");
         assert_eq!(lines[1].len(), 8);
     }

@@ -48,8 +48,12 @@ pub fn resolve_model(name: &str, cache: &Cache) -> anyhow::Result<ResolvedModel>
 
 /// Names that can only be paths: absolute, `./`, `../`, `~`.
 fn looks_like_path(name: &str) -> bool {
-    name.starts_with('/') || name.starts_with("./") || name.starts_with("../") || name.starts_with('~')
-        || name == "." || name == ".."
+    name.starts_with('/')
+        || name.starts_with("./")
+        || name.starts_with("../")
+        || name.starts_with('~')
+        || name == "."
+        || name == ".."
 }
 
 fn expand_home(name: &str) -> PathBuf {
@@ -99,7 +103,8 @@ fn find_revision(repo: &RepoCache, rev: &str) -> anyhow::Result<Option<String>> 
         return Ok(None);
     }
     let rev = rev.to_ascii_lowercase();
-    let matches: Vec<String> = repo.snapshots().unwrap_or_default().into_iter().filter(|c| c.starts_with(&rev)).collect();
+    let matches: Vec<String> =
+        repo.snapshots().unwrap_or_default().into_iter().filter(|c| c.starts_with(&rev)).collect();
     match matches.len() {
         0 => Ok(None),
         1 => Ok(matches.into_iter().next()),
@@ -152,15 +157,22 @@ mod tests {
         let (_tmp, cache) = cache_with_two_snapshots();
         let r = resolve_model("org/model", &cache).unwrap();
         let repo = cache.repo(&RepoId::parse("org/model").unwrap());
-        assert_eq!(r, ResolvedModel {
-            path: repo.snapshot_dir(OLD),
-            repo: Some(RepoId::parse("org/model").unwrap()),
-            commit: Some(OLD.into()),
-        });
+        assert_eq!(
+            r,
+            ResolvedModel {
+                path: repo.snapshot_dir(OLD),
+                repo: Some(RepoId::parse("org/model").unwrap()),
+                commit: Some(OLD.into()),
+            }
+        );
         assert_eq!(commit_of("org/model@main", &cache).as_deref(), Some(OLD));
         assert_eq!(commit_of("org/model@dev", &cache).as_deref(), Some(NEW));
         assert_eq!(commit_of(&format!("org/model@{NEW}"), &cache).as_deref(), Some(NEW));
-        assert_eq!(commit_of("org/model@abcdef0", &cache).as_deref(), Some(NEW), "short commit as `list` shows");
+        assert_eq!(
+            commit_of("org/model@abcdef0", &cache).as_deref(),
+            Some(NEW),
+            "short commit as `list` shows"
+        );
     }
 
     #[test]
@@ -220,7 +232,10 @@ mod tests {
         assert_eq!(kind_of(&err), ErrorKind::NotFound);
         let txt = tmp.path().join("notes.txt");
         std::fs::write(&txt, "x").unwrap();
-        assert_eq!(kind_of(&resolve_model(txt.to_str().unwrap(), &cache).unwrap_err()), ErrorKind::InvalidInput);
+        assert_eq!(
+            kind_of(&resolve_model(txt.to_str().unwrap(), &cache).unwrap_err()),
+            ErrorKind::InvalidInput
+        );
         // `./x` is a path even when it does not exist: never looked up as a repo.
         assert_eq!(kind_of(&resolve_model("./org/model", &cache).unwrap_err()), ErrorKind::NotFound);
     }

@@ -55,8 +55,11 @@ mod tests {
 
     #[test]
     fn llama_config() {
-        let f = facts(&json!({"model_type": "llama", "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}));
-        let want = ConfigFacts { model_type: Some("llama".into()), context_length: Some(2048), quant_method: None };
+        let f = facts(
+            &json!({"model_type": "llama", "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}),
+        );
+        let want =
+            ConfigFacts { model_type: Some("llama".into()), context_length: Some(2048), quant_method: None };
         assert_eq!(f.unwrap(), want);
     }
 

@@ -253,7 +253,12 @@ fn exact_bytes(ggml_type: u32, dims: &[u64]) -> Option<u64> {
 }
 
 /// Reads one value of type `ty`; arrays are skipped, keeping their length.
-fn read_value<R: Read + Seek>(r: &mut Reader<R>, version: u32, ty: u32, depth: u32) -> anyhow::Result<MetaValue> {
+fn read_value<R: Read + Seek>(
+    r: &mut Reader<R>,
+    version: u32,
+    ty: u32,
+    depth: u32,
+) -> anyhow::Result<MetaValue> {
     Ok(match ty {
         0 => MetaValue::UInt(r.bytes::<1>()?[0].into()),
         1 => MetaValue::Int(i8::from_le_bytes(r.bytes()?).into()),
@@ -301,6 +306,7 @@ fn skip_array<R: Read + Seek>(r: &mut Reader<R>, version: u32, depth: u32) -> an
 
 /// ggml's name for a tensor type number (`ggml_type` in ggml.h), e.g. 12 -> `Q4_K`.
 pub fn type_name(ty: u32) -> String {
+    #[rustfmt::skip]
     const NAMES: [(u32, &str); 33] = [
         (0, "F32"), (1, "F16"), (2, "Q4_0"), (3, "Q4_1"), (6, "Q5_0"), (7, "Q5_1"), (8, "Q8_0"),
         (9, "Q8_1"), (10, "Q2_K"), (11, "Q3_K"), (12, "Q4_K"), (13, "Q5_K"), (14, "Q6_K"),
@@ -316,23 +322,23 @@ pub fn type_name(ty: u32) -> String {
 /// are sized from tensor offsets instead.
 pub fn type_layout(ty: u32) -> Option<(u64, u64)> {
     Some(match ty {
-        0 => (1, 4),     // F32
+        0 => (1, 4),      // F32
         1 | 30 => (1, 2), // F16, BF16
-        2 => (32, 18),   // Q4_0: f16 scale + 16 bytes of nibbles
-        3 => (32, 20),   // Q4_1
-        6 => (32, 22),   // Q5_0
-        7 => (32, 24),   // Q5_1
-        8 => (32, 34),   // Q8_0
-        9 => (32, 36),   // Q8_1
-        10 => (256, 84), // Q2_K
+        2 => (32, 18),    // Q4_0: f16 scale + 16 bytes of nibbles
+        3 => (32, 20),    // Q4_1
+        6 => (32, 22),    // Q5_0
+        7 => (32, 24),    // Q5_1
+        8 => (32, 34),    // Q8_0
+        9 => (32, 36),    // Q8_1
+        10 => (256, 84),  // Q2_K
         11 => (256, 110), // Q3_K
         12 => (256, 144), // Q4_K
         13 => (256, 176), // Q5_K
         14 => (256, 210), // Q6_K
         15 => (256, 292), // Q8_K
-        20 => (32, 18),  // IQ4_NL
+        20 => (32, 18),   // IQ4_NL
         23 => (256, 136), // IQ4_XS
-        39 => (32, 17),  // MXFP4: e8m0 scale + 16 bytes of fp4 pairs
+        39 => (32, 17),   // MXFP4: e8m0 scale + 16 bytes of fp4 pairs
         _ => return None,
     })
 }
@@ -490,11 +496,13 @@ mod tests {
     #[test]
     fn layouts_agree_with_candle() {
         use GgmlDType as G;
-        for (ty, dt) in [
+        #[rustfmt::skip]
+        let pairs = [
             (0, G::F32), (1, G::F16), (30, G::BF16), (2, G::Q4_0), (3, G::Q4_1), (6, G::Q5_0),
             (7, G::Q5_1), (8, G::Q8_0), (9, G::Q8_1), (10, G::Q2K), (11, G::Q3K), (12, G::Q4K),
             (13, G::Q5K), (14, G::Q6K), (15, G::Q8K),
-        ] {
+        ];
+        for (ty, dt) in pairs {
             let want = (dt.block_size() as u64, dt.type_size() as u64);
             assert_eq!(type_layout(ty), Some(want), "{dt:?}");
             assert_eq!(type_name(ty).replace('_', ""), format!("{dt:?}").to_uppercase().replace('_', ""));

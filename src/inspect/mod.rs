@@ -49,9 +49,8 @@ pub struct ModelInfo {
 
 /// Describes the model at `path`: a directory, or a single `.gguf` file.
 pub fn inspect(path: &Path) -> anyhow::Result<ModelInfo> {
-    let meta = std::fs::metadata(path).map_err(|e| {
-        fail(ErrorKind::NotFound, format!("cannot read model at {}: {e}", path.display()))
-    })?;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| fail(ErrorKind::NotFound, format!("cannot read model at {}: {e}", path.display())))?;
     if meta.is_dir() {
         return inspect_dir(path);
     }
@@ -126,15 +125,16 @@ fn inspect_dir(dir: &Path) -> anyhow::Result<ModelInfo> {
     })
 }
 
-fn inspect_safetensors(dir: &Path, files: &DirFiles, facts: config::ConfigFacts) -> anyhow::Result<ModelInfo> {
+fn inspect_safetensors(
+    dir: &Path,
+    files: &DirFiles,
+    facts: config::ConfigFacts,
+) -> anyhow::Result<ModelInfo> {
     if let Some(index) = &files.safetensors_index {
         check_shards(dir, index)?;
     }
-    let headers = files
-        .safetensors
-        .iter()
-        .map(|p| safetensors::read_header(p))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let headers =
+        files.safetensors.iter().map(|p| safetensors::read_header(p)).collect::<anyhow::Result<Vec<_>>>()?;
     // A pre-quantized checkpoint says so in its config; its tensors' dtypes (U8 blocks for
     // MXFP4, I32 for GPTQ) would not name the format.
     let format = facts
@@ -154,7 +154,8 @@ fn inspect_safetensors(dir: &Path, files: &DirFiles, facts: config::ConfigFacts)
 /// A sharded checkpoint must have every shard its index names (a partial download may not).
 fn check_shards(dir: &Path, index: &Path) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(index).with_context(|| format!("reading {}", index.display()))?;
-    let json: serde_json::Value = serde_json::from_str(&text).context("model.safetensors.index.json is not valid JSON")?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).context("model.safetensors.index.json is not valid JSON")?;
     let map = json
         .get("weight_map")
         .and_then(|m| m.as_object())
@@ -166,7 +167,9 @@ fn check_shards(dir: &Path, index: &Path) -> anyhow::Result<()> {
     match missing.as_slice() {
         [] => Ok(()),
         [one] => anyhow::bail!("incomplete: shard {one} is missing"),
-        [first, rest @ ..] => anyhow::bail!("incomplete: {} of {} shards missing ({first}, …)", rest.len() + 1, shards.len()),
+        [first, rest @ ..] => {
+            anyhow::bail!("incomplete: {} of {} shards missing ({first}, …)", rest.len() + 1, shards.len())
+        }
     }
 }
 
@@ -220,7 +223,8 @@ mod tests {
         write(&d.join("config.json"), r#"{"model_type": "llama", "max_position_embeddings": 2048}"#);
         safetensors::write_test_file(&d.join("model.safetensors"), &[("w", "BF16", &[8, 8], 2)]).unwrap();
         std::fs::create_dir(d.join("original")).unwrap();
-        safetensors::write_test_file(&d.join("original/model.safetensors"), &[("w", "F32", &[99, 99], 4)]).unwrap();
+        safetensors::write_test_file(&d.join("original/model.safetensors"), &[("w", "F32", &[99, 99], 4)])
+            .unwrap();
         let info = inspect(d).unwrap();
         assert_eq!(info.architecture.as_deref(), Some("llama"));
         assert_eq!(info.format, "bf16", "original/ is ignored");
@@ -240,7 +244,10 @@ mod tests {
         );
         safetensors::write_test_file(
             &d.join("model.safetensors"),
-            &[("experts.gate_up_proj_blocks", "U8", &[4, 8, 16], 1), ("attn.q_proj.weight", "BF16", &[8, 8], 2)],
+            &[
+                ("experts.gate_up_proj_blocks", "U8", &[4, 8, 16], 1),
+                ("attn.q_proj.weight", "BF16", &[8, 8], 2),
+            ],
         )
         .unwrap();
         let info = inspect(d).unwrap();
@@ -257,10 +264,12 @@ mod tests {
             &d.join("model.safetensors.index.json"),
             r#"{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}"#,
         );
-        safetensors::write_test_file(&d.join("model-00001-of-00002.safetensors"), &[("a", "F16", &[4], 2)]).unwrap();
+        safetensors::write_test_file(&d.join("model-00001-of-00002.safetensors"), &[("a", "F16", &[4], 2)])
+            .unwrap();
         let err = inspect(d).unwrap_err().to_string();
         assert_eq!(err, "incomplete: shard model-00002-of-00002.safetensors is missing");
-        safetensors::write_test_file(&d.join("model-00002-of-00002.safetensors"), &[("b", "F16", &[4], 2)]).unwrap();
+        safetensors::write_test_file(&d.join("model-00002-of-00002.safetensors"), &[("b", "F16", &[4], 2)])
+            .unwrap();
         assert_eq!(inspect(d).unwrap().format, "f16");
     }
 
@@ -275,7 +284,10 @@ mod tests {
     #[test]
     fn dir_without_weights() {
         let tmp = tempfile::tempdir().unwrap();
-        write(&tmp.path().join("config.json"), r#"{"model_type": "qwen3", "max_position_embeddings": 40960}"#);
+        write(
+            &tmp.path().join("config.json"),
+            r#"{"model_type": "qwen3", "max_position_embeddings": 40960}"#,
+        );
         let info = inspect(tmp.path()).unwrap();
         assert_eq!((info.format.as_str(), info.weights), ("no weights", WeightKind::None));
         assert_eq!(info.context_length, Some(40960));
@@ -293,10 +305,14 @@ mod tests {
 
     #[test]
     fn gguf_file_and_dir() {
-        use candle_core::quantized::{GgmlDType, QTensor, gguf_file::{self, Value}};
+        use candle_core::quantized::{
+            GgmlDType, QTensor,
+            gguf_file::{self, Value},
+        };
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("tiny-Q8_0.gguf");
-        let t = candle_core::Tensor::zeros((32, 64), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        let t =
+            candle_core::Tensor::zeros((32, 64), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
         let q = QTensor::quantize(&t, GgmlDType::Q8_0).unwrap();
         let arch = Value::String("qwen3".into());
         let ctx = Value::U64(40960);

@@ -47,7 +47,8 @@ pub fn read_header(path: &Path) -> anyhow::Result<Header> {
     let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let file_len = file.metadata().with_context(|| format!("reading {}", path.display()))?.len();
     let name = file_name(path);
-    let header = read_header_from(&mut file, file_len).with_context(|| format!("{name}: not a valid safetensors file"))?;
+    let header = read_header_from(&mut file, file_len)
+        .with_context(|| format!("{name}: not a valid safetensors file"))?;
     Ok(header)
 }
 
@@ -248,7 +249,11 @@ mod tests {
             bytes.extend_from_slice(json);
             bytes.extend_from_slice(&[0; 8]);
             let len = bytes.len() as u64;
-            assert!(read_header_from(&mut bytes.as_slice(), len).is_err(), "{}", String::from_utf8_lossy(json));
+            assert!(
+                read_header_from(&mut bytes.as_slice(), len).is_err(),
+                "{}",
+                String::from_utf8_lossy(json)
+            );
         }
     }
 }
