@@ -98,7 +98,7 @@ fn repo_rows(repo: &RepoCache) -> Vec<Row> {
         })
         .collect();
     // Newest first; the folder-mtime order of `snapshots()` breaks ties.
-    rows.sort_by(|a, b| b.modified.cmp(&a.modified));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.modified));
     rows
 }
 

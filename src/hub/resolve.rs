@@ -84,10 +84,10 @@ fn is_gguf(path: &Path) -> bool {
 
 /// `refs/main`, else the newest snapshot (a cache filled by a tool that wrote no refs).
 fn find_default(repo: &RepoCache) -> anyhow::Result<Option<String>> {
-    if let Some(commit) = repo.resolve_ref("main")? {
-        if repo.snapshot_dir(&commit).is_dir() {
-            return Ok(Some(commit));
-        }
+    if let Some(commit) = repo.resolve_ref("main")?
+        && repo.snapshot_dir(&commit).is_dir()
+    {
+        return Ok(Some(commit));
     }
     Ok(repo.snapshots().unwrap_or_default().into_iter().find(|c| repo.snapshot_dir(c).is_dir()))
 }

@@ -20,6 +20,9 @@ const MAGIC: u32 = 0x4655_4747; // "GGUF" read as little-endian u32
 const MAX_DIMS: u32 = 4;
 const MAX_ARRAY_DEPTH: u32 = 8;
 const DEFAULT_ALIGNMENT: u64 = 32;
+/// Longest metadata string we accept (chat templates are tens of kB): a corrupt length must
+/// not make us allocate gigabytes.
+const MAX_STRING_LEN: u64 = 64 << 20;
 
 /// A metadata value. Arrays keep only their length: nothing we report needs their contents.
 #[derive(Debug, Clone, PartialEq)]
@@ -167,6 +170,9 @@ impl<R: Read + Seek> Reader<R> {
 
     fn string(&mut self, version: u32) -> anyhow::Result<String> {
         let n = self.len_prefix(version)?;
+        if n > MAX_STRING_LEN {
+            bail!("string of {n} bytes at byte {} (corrupt length?)", self.pos);
+        }
         if n > self.remaining() {
             bail!("truncated: string of {n} bytes at byte {}, {} left", self.pos, self.remaining());
         }
@@ -249,7 +255,7 @@ fn size_tensors(tensors: &mut [TensorInfo], data_len: u64) -> anyhow::Result<()>
 fn exact_bytes(ggml_type: u32, dims: &[u64]) -> Option<u64> {
     let (block, size) = type_layout(ggml_type)?;
     let elems = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
-    Some(elems.div_ceil(block).checked_mul(size)?)
+    elems.div_ceil(block).checked_mul(size)
 }
 
 /// Reads one value of type `ty`; arrays are skipped, keeping their length.
@@ -491,6 +497,22 @@ mod tests {
         }
         std::fs::write(&path, b"PK\x03\x04 this is a zip file, not a model").unwrap();
         assert!(format!("{:#}", read_header(&path).unwrap_err()).contains("magic"));
+    }
+
+    #[test]
+    fn corrupt_lengths_do_not_allocate() {
+        // A header claiming a 1 TB file and a 1 TB metadata key: rejected before allocating.
+        let mut bytes = Vec::new();
+        for v in [MAGIC, 3] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [0u64, 1, 1 << 40] {
+            bytes.extend_from_slice(&v.to_le_bytes()); // tensors, kvs, key length
+        }
+        let inner = BufReader::new(std::io::Cursor::new(bytes));
+        let mut r = Reader { inner, pos: 0, len: 1 << 41 };
+        let err = format!("{:#}", read_header_from(&mut r).unwrap_err());
+        assert!(err.contains("corrupt length"), "{err}");
     }
 
     #[test]
