@@ -1,6 +1,7 @@
 //! `inferno list` as a user runs it, against a cache built here in the real Hugging Face layout
 //! (content-addressed blobs, relative symlinks in `snapshots/`, `refs/main`), written by hand
 //! the way huggingface_hub does rather than through inferno's own cache code.
+#![cfg(unix)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
