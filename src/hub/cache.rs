@@ -128,7 +128,7 @@ impl RepoCache {
     /// The commits that have a snapshot folder, newest first by modification time.
     pub fn snapshots(&self) -> std::io::Result<Vec<String>> {
         let dir = self.dir.join("snapshots");
-        let mut found = Vec::new();
+        let mut found: Vec<(Option<std::time::SystemTime>, String)> = Vec::new();
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),

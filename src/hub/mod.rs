@@ -5,6 +5,8 @@ pub mod cache;
 pub mod fetch;
 pub mod names;
 pub mod progress;
+pub mod resolve;
+pub mod scan;
 pub mod select;
 
 pub use cache::{Cache, RepoCache};

@@ -1,4 +1,8 @@
-//! Small helpers shared by commands: human-readable sizes and times.
+//! Small helpers shared by commands: human-readable sizes and times, aligned tables.
+
+pub mod table;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// `1234567` -> `1.2 MB` (decimal units, as the Hub and most tools show sizes).
 pub fn human_bytes(n: u64) -> String {
@@ -12,8 +16,55 @@ pub fn human_bytes(n: u64) -> String {
     if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
 }
 
+/// How long ago `then` was, in the largest whole unit: `just now`, `5 minutes ago`,
+/// `1 day ago`, `3 months ago` (a month is 30 days, a year 365). Future times (clock skew, a
+/// file copied from another machine) read as `just now`.
+pub fn human_age(then: SystemTime, now: SystemTime) -> String {
+    let secs = now.duration_since(then).unwrap_or(Duration::ZERO).as_secs();
+    const UNITS: [(u64, &str); 6] =
+        [(365 * 86400, "year"), (30 * 86400, "month"), (7 * 86400, "week"), (86400, "day"), (3600, "hour"), (60, "minute")];
+    for (size, name) in UNITS {
+        let n = secs / size;
+        if n >= 1 {
+            return format!("{n} {name}{} ago", if n == 1 { "" } else { "s" });
+        }
+    }
+    "just now".to_string()
+}
+
+/// `2024-05-01T12:00:00Z`; `None` for times RFC 3339 cannot show (before 1970, after 9999),
+/// which a file's mtime can be.
+pub fn rfc3339(t: SystemTime) -> Option<String> {
+    let secs = t.duration_since(UNIX_EPOCH).ok()?.as_secs();
+    (secs < 253_402_300_800).then(|| humantime::format_rfc3339_seconds(t).to_string())
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn human_age() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let ago = |s: u64| super::human_age(now - Duration::from_secs(s), now);
+        assert_eq!(ago(0), "just now");
+        assert_eq!(ago(59), "just now");
+        assert_eq!(ago(60), "1 minute ago");
+        assert_eq!(ago(3 * 3600 + 5), "3 hours ago");
+        assert_eq!(ago(86400), "1 day ago");
+        assert_eq!(ago(3 * 86400), "3 days ago");
+        assert_eq!(ago(15 * 86400), "2 weeks ago");
+        assert_eq!(ago(400 * 86400), "1 year ago");
+        assert_eq!(super::human_age(now + Duration::from_secs(10), now), "just now");
+    }
+
+    #[test]
+    fn rfc3339() {
+        assert_eq!(super::rfc3339(UNIX_EPOCH + Duration::from_secs(1_518_563_312)).as_deref(), Some("2018-02-13T23:08:32Z"));
+        assert_eq!(super::rfc3339(UNIX_EPOCH - Duration::from_secs(1)), None);
+        assert_eq!(super::rfc3339(UNIX_EPOCH + Duration::from_secs(253_402_300_800)), None);
+    }
+
     #[test]
     fn human_bytes() {
         assert_eq!(super::human_bytes(0), "0 B");

@@ -1,0 +1,533 @@
+//! The header of a GGUF file (llama.cpp's format): metadata key/values and tensor infos, read
+//! without touching the tensor data.
+//!
+//! Why not `candle_core::quantized::gguf_file::Content::read`: it rejects any tensor type candle
+//! cannot compute with (MXFP4, the IQ quants, TQ …), so the GGUF builds of gpt-oss, or any
+//! `IQ4_XS` file, would show up as broken in `inferno list`. Listing must describe every file,
+//! whether or not we can run it, so this reader keeps tensor types as raw numbers and names them
+//! from ggml's table. It also skips array values (the tokenizer's 100k+ strings) instead of
+//! keeping them. Loading weights is still candle's job.
+//!
+//! Format: <https://github.com/ggml-org/ggml/blob/master/docs/gguf.md>.
+
+use std::collections::BTreeMap;
+use std::io::{BufReader, Read, Seek};
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+const MAGIC: u32 = 0x4655_4747; // "GGUF" read as little-endian u32
+const MAX_DIMS: u32 = 4;
+const MAX_ARRAY_DEPTH: u32 = 8;
+const DEFAULT_ALIGNMENT: u64 = 32;
+/// Longest metadata string we accept (chat templates are tens of kB): a corrupt length must
+/// not make us allocate gigabytes.
+const MAX_STRING_LEN: u64 = 64 << 20;
+
+/// A metadata value. Arrays keep only their length: nothing we report needs their contents.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetaValue {
+    UInt(u64),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    Array { len: u64 },
+}
+
+/// One tensor's info; `ggml_type` is ggml's number (see [`type_name`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    /// ggml order: innermost dimension first.
+    pub dims: Vec<u64>,
+    pub ggml_type: u32,
+    /// Offset from the start of the data section.
+    pub offset: u64,
+    /// Bytes of data: exact for types in [`type_layout`], else up to the next tensor's offset.
+    pub bytes: u64,
+}
+
+/// The parsed header of one GGUF file.
+#[derive(Debug, Clone)]
+pub struct Header {
+    pub version: u32,
+    pub metadata: BTreeMap<String, MetaValue>,
+    pub tensors: Vec<TensorInfo>,
+}
+
+impl Header {
+    pub fn get_str(&self, key: &str) -> Option<&str> {
+        match self.metadata.get(key)? {
+            MetaValue::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// An unsigned value; accepts any non-negative integer type, as writers differ.
+    pub fn get_u64(&self, key: &str) -> Option<u64> {
+        match self.metadata.get(key)? {
+            MetaValue::UInt(v) => Some(*v),
+            MetaValue::Int(v) => u64::try_from(*v).ok(),
+            _ => None,
+        }
+    }
+
+    /// `general.architecture`, e.g. `llama`, `gpt-oss`, `qwen3`.
+    pub fn architecture(&self) -> Option<&str> {
+        self.get_str("general.architecture")
+    }
+
+    /// `<arch>.context_length`: the context the model was trained for.
+    pub fn context_length(&self) -> Option<u64> {
+        self.get_u64(&format!("{}.context_length", self.architecture()?))
+    }
+
+    /// The quantization label shown to users, e.g. `Q4_K_M`.
+    ///
+    /// Taken from `general.file_type` when the file declares a known one: it names the recipe
+    /// (`Q4_K_M` vs `Q4_K_S`), which is what users know from file names. Otherwise the tensor
+    /// type holding the most bytes among 2-D and larger tensors (1-D norms and biases stay f32
+    /// in every recipe, so they would only blur the answer).
+    pub fn quant_label(&self) -> Option<String> {
+        let declared = self.get_u64("general.file_type").and_then(|t| u32::try_from(t).ok());
+        if let Some(name) = declared.and_then(file_type_name) {
+            return Some(name.to_string());
+        }
+        self.dominant_tensor_type().map(type_name)
+    }
+
+    /// The ggml type with the most bytes among tensors of two or more dimensions.
+    pub fn dominant_tensor_type(&self) -> Option<u32> {
+        let mut bytes: BTreeMap<u32, u64> = BTreeMap::new();
+        for t in self.tensors.iter().filter(|t| t.dims.iter().filter(|&&d| d > 1).count() >= 2) {
+            *bytes.entry(t.ggml_type).or_insert(0) += t.bytes;
+        }
+        let mut best: Option<(u32, u64)> = None;
+        for (ty, b) in bytes {
+            if best.is_none_or(|(_, most)| b > most) {
+                best = Some((ty, b));
+            }
+        }
+        best.map(|(ty, _)| ty)
+    }
+}
+
+/// Reads and validates the header of the GGUF file at `path`.
+pub fn read_header(path: &Path) -> anyhow::Result<Header> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let len = file.metadata().with_context(|| format!("reading {}", path.display()))?.len();
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut r = Reader { inner: BufReader::with_capacity(1 << 16, file), pos: 0, len };
+    read_header_from(&mut r).with_context(|| format!("{name}: not a valid GGUF file"))
+}
+
+/// A buffered reader that knows its position and the file length, so every length read from
+/// the file can be checked against what is left before anything is allocated.
+struct Reader<R> {
+    inner: BufReader<R>,
+    pos: u64,
+    len: u64,
+}
+
+impl<R: Read + Seek> Reader<R> {
+    fn remaining(&self) -> u64 {
+        self.len.saturating_sub(self.pos)
+    }
+
+    fn bytes<const N: usize>(&mut self) -> anyhow::Result<[u8; N]> {
+        if (N as u64) > self.remaining() {
+            bail!("truncated at byte {}", self.pos);
+        }
+        let mut buf = [0u8; N];
+        self.inner.read_exact(&mut buf).with_context(|| format!("reading at byte {}", self.pos))?;
+        self.pos += N as u64;
+        Ok(buf)
+    }
+
+    fn u32(&mut self) -> anyhow::Result<u32> {
+        Ok(u32::from_le_bytes(self.bytes()?))
+    }
+
+    fn u64(&mut self) -> anyhow::Result<u64> {
+        Ok(u64::from_le_bytes(self.bytes()?))
+    }
+
+    fn skip(&mut self, n: u64) -> anyhow::Result<()> {
+        if n > self.remaining() {
+            bail!("truncated: {n} bytes needed at byte {}, {} left", self.pos, self.remaining());
+        }
+        let step = i64::try_from(n).context("skip too large")?;
+        self.inner.seek_relative(step)?;
+        self.pos += n;
+        Ok(())
+    }
+
+    /// A length prefix: u32 in GGUF v1, u64 later.
+    fn len_prefix(&mut self, version: u32) -> anyhow::Result<u64> {
+        if version == 1 { self.u32().map(u64::from) } else { self.u64() }
+    }
+
+    fn string(&mut self, version: u32) -> anyhow::Result<String> {
+        let n = self.len_prefix(version)?;
+        if n > MAX_STRING_LEN {
+            bail!("string of {n} bytes at byte {} (corrupt length?)", self.pos);
+        }
+        if n > self.remaining() {
+            bail!("truncated: string of {n} bytes at byte {}, {} left", self.pos, self.remaining());
+        }
+        let mut buf = vec![0u8; n as usize];
+        self.inner.read_exact(&mut buf)?;
+        self.pos += n;
+        // Some writers NUL-terminate; some strings are not valid UTF-8. Neither is fatal here.
+        while buf.last() == Some(&0) {
+            buf.pop();
+        }
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+}
+
+fn read_header_from<R: Read + Seek>(r: &mut Reader<R>) -> anyhow::Result<Header> {
+    if r.u32().context("reading the magic")? != MAGIC {
+        bail!("no GGUF magic at the start");
+    }
+    let version = r.u32()?;
+    if !(1..=3).contains(&version) {
+        bail!("unsupported GGUF version {version}");
+    }
+    let tensor_count = r.len_prefix(version)?;
+    let kv_count = r.len_prefix(version)?;
+    // Each key/value and tensor info takes at least 8 bytes: reject absurd counts up front.
+    if tensor_count.saturating_add(kv_count).saturating_mul(8) > r.remaining() {
+        bail!("truncated: header declares {tensor_count} tensors and {kv_count} metadata entries");
+    }
+    let mut metadata = BTreeMap::new();
+    for _ in 0..kv_count {
+        let key = r.string(version)?;
+        let ty = r.u32()?;
+        let value = read_value(r, version, ty, 0).with_context(|| format!("metadata {key:?}"))?;
+        metadata.insert(key, value);
+    }
+    let mut tensors = Vec::with_capacity(tensor_count.min(1 << 16) as usize);
+    for _ in 0..tensor_count {
+        tensors.push(read_tensor_info(r, version)?);
+    }
+    let alignment = match metadata.get("general.alignment") {
+        Some(MetaValue::UInt(a)) if a.is_power_of_two() => *a,
+        Some(other) => bail!("bad general.alignment {other:?}"),
+        None => DEFAULT_ALIGNMENT,
+    };
+    let data_offset = r.pos.div_ceil(alignment) * alignment;
+    let data_len = r.len.checked_sub(data_offset).context("truncated: no tensor data section")?;
+    size_tensors(&mut tensors, data_len)?;
+    Ok(Header { version, metadata, tensors })
+}
+
+fn read_tensor_info<R: Read + Seek>(r: &mut Reader<R>, version: u32) -> anyhow::Result<TensorInfo> {
+    let name = r.string(version)?;
+    let n_dims = r.u32()?;
+    if n_dims > MAX_DIMS {
+        bail!("tensor {name:?} has {n_dims} dimensions (max {MAX_DIMS})");
+    }
+    let dims = (0..n_dims).map(|_| r.len_prefix(version)).collect::<anyhow::Result<Vec<u64>>>()?;
+    let ggml_type = r.u32()?;
+    let offset = r.u64()?;
+    Ok(TensorInfo { name, dims, ggml_type, offset, bytes: 0 })
+}
+
+/// Fills in `bytes` and checks every tensor lies inside the `data_len` bytes of data.
+fn size_tensors(tensors: &mut [TensorInfo], data_len: u64) -> anyhow::Result<()> {
+    let mut by_offset: Vec<usize> = (0..tensors.len()).collect();
+    by_offset.sort_by_key(|&i| tensors[i].offset);
+    for (k, &i) in by_offset.iter().enumerate() {
+        let next = by_offset.get(k + 1).map_or(data_len, |&j| tensors[j].offset);
+        let t = &tensors[i];
+        let exact = exact_bytes(t.ggml_type, &t.dims);
+        let end = t.offset.saturating_add(exact.unwrap_or(0));
+        if t.offset > data_len || end > data_len {
+            bail!("truncated: tensor {:?} ends past the end of the file", t.name);
+        }
+        tensors[i].bytes = exact.unwrap_or(next.saturating_sub(t.offset));
+    }
+    Ok(())
+}
+
+fn exact_bytes(ggml_type: u32, dims: &[u64]) -> Option<u64> {
+    let (block, size) = type_layout(ggml_type)?;
+    let elems = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
+    elems.div_ceil(block).checked_mul(size)
+}
+
+/// Reads one value of type `ty`; arrays are skipped, keeping their length.
+fn read_value<R: Read + Seek>(
+    r: &mut Reader<R>,
+    version: u32,
+    ty: u32,
+    depth: u32,
+) -> anyhow::Result<MetaValue> {
+    Ok(match ty {
+        0 => MetaValue::UInt(r.bytes::<1>()?[0].into()),
+        1 => MetaValue::Int(i8::from_le_bytes(r.bytes()?).into()),
+        2 => MetaValue::UInt(u16::from_le_bytes(r.bytes()?).into()),
+        3 => MetaValue::Int(i16::from_le_bytes(r.bytes()?).into()),
+        4 => MetaValue::UInt(r.u32()?.into()),
+        5 => MetaValue::Int(i32::from_le_bytes(r.bytes()?).into()),
+        6 => MetaValue::Float(f32::from_le_bytes(r.bytes()?).into()),
+        7 => MetaValue::Bool(r.bytes::<1>()?[0] != 0),
+        8 => MetaValue::Str(r.string(version)?),
+        9 => skip_array(r, version, depth)?,
+        10 => MetaValue::UInt(r.u64()?),
+        11 => MetaValue::Int(i64::from_le_bytes(r.bytes()?)),
+        12 => MetaValue::Float(f64::from_le_bytes(r.bytes()?)),
+        other => bail!("unknown metadata value type {other}"),
+    })
+}
+
+fn skip_array<R: Read + Seek>(r: &mut Reader<R>, version: u32, depth: u32) -> anyhow::Result<MetaValue> {
+    if depth >= MAX_ARRAY_DEPTH {
+        bail!("arrays nested deeper than {MAX_ARRAY_DEPTH}");
+    }
+    let elem_ty = r.u32()?;
+    let len = r.len_prefix(version)?;
+    let fixed = match elem_ty {
+        0 | 1 | 7 => Some(1),
+        2 | 3 => Some(2),
+        4..=6 => Some(4),
+        10..=12 => Some(8),
+        _ => None,
+    };
+    match fixed {
+        Some(size) => r.skip(len.checked_mul(size).context("array too large")?)?,
+        None => {
+            if len > r.remaining() {
+                bail!("truncated: array of {len} elements, {} bytes left", r.remaining());
+            }
+            for _ in 0..len {
+                read_value(r, version, elem_ty, depth + 1)?;
+            }
+        }
+    }
+    Ok(MetaValue::Array { len })
+}
+
+/// ggml's name for a tensor type number (`ggml_type` in ggml.h), e.g. 12 -> `Q4_K`.
+pub fn type_name(ty: u32) -> String {
+    #[rustfmt::skip]
+    const NAMES: [(u32, &str); 33] = [
+        (0, "F32"), (1, "F16"), (2, "Q4_0"), (3, "Q4_1"), (6, "Q5_0"), (7, "Q5_1"), (8, "Q8_0"),
+        (9, "Q8_1"), (10, "Q2_K"), (11, "Q3_K"), (12, "Q4_K"), (13, "Q5_K"), (14, "Q6_K"),
+        (15, "Q8_K"), (16, "IQ2_XXS"), (17, "IQ2_XS"), (18, "IQ3_XXS"), (19, "IQ1_S"),
+        (20, "IQ4_NL"), (21, "IQ3_S"), (22, "IQ2_S"), (23, "IQ4_XS"), (24, "I8"), (25, "I16"),
+        (26, "I32"), (27, "I64"), (28, "F64"), (29, "IQ1_M"), (30, "BF16"), (34, "TQ1_0"),
+        (35, "TQ2_0"), (39, "MXFP4"), (40, "NVFP4"),
+    ];
+    NAMES.iter().find(|(n, _)| *n == ty).map_or_else(|| format!("type{ty}"), |(_, s)| s.to_string())
+}
+
+/// (elements per block, bytes per block) for the types whose layout we are sure of; the rest
+/// are sized from tensor offsets instead.
+pub fn type_layout(ty: u32) -> Option<(u64, u64)> {
+    Some(match ty {
+        0 => (1, 4),      // F32
+        1 | 30 => (1, 2), // F16, BF16
+        2 => (32, 18),    // Q4_0: f16 scale + 16 bytes of nibbles
+        3 => (32, 20),    // Q4_1
+        6 => (32, 22),    // Q5_0
+        7 => (32, 24),    // Q5_1
+        8 => (32, 34),    // Q8_0
+        9 => (32, 36),    // Q8_1
+        10 => (256, 84),  // Q2_K
+        11 => (256, 110), // Q3_K
+        12 => (256, 144), // Q4_K
+        13 => (256, 176), // Q5_K
+        14 => (256, 210), // Q6_K
+        15 => (256, 292), // Q8_K
+        20 => (32, 18),   // IQ4_NL
+        23 => (256, 136), // IQ4_XS
+        39 => (32, 17),   // MXFP4: e8m0 scale + 16 bytes of fp4 pairs
+        _ => return None,
+    })
+}
+
+/// llama.cpp's name for a `general.file_type` (`llama_ftype` in llama.h), e.g. 15 -> `Q4_K_M`.
+pub fn file_type_name(ft: u32) -> Option<&'static str> {
+    Some(match ft {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        19 => "IQ2_XXS",
+        20 => "IQ2_XS",
+        21 => "Q2_K_S",
+        22 => "IQ3_XS",
+        23 => "IQ3_XXS",
+        24 => "IQ1_S",
+        25 => "IQ4_NL",
+        26 => "IQ3_S",
+        27 => "IQ3_M",
+        28 => "IQ2_S",
+        29 => "IQ2_M",
+        30 => "IQ4_XS",
+        31 => "IQ1_M",
+        32 => "BF16",
+        36 => "TQ1_0",
+        37 => "TQ2_0",
+        38 => "MXFP4_MOE",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+    use candle_core::{Device, Tensor};
+
+    fn qtensor(shape: &[usize], dtype: GgmlDType) -> QTensor {
+        let t = Tensor::randn(0f32, 1f32, shape, &Device::Cpu).unwrap();
+        QTensor::quantize(&t, dtype).unwrap()
+    }
+
+    /// Writes a real GGUF file with candle's writer (independent of the reader under test).
+    fn write_gguf(path: &Path, meta: &[(&str, gguf_file::Value)], tensors: &[(&str, QTensor)]) {
+        let mut f = std::fs::File::create(path).unwrap();
+        let meta: Vec<(&str, &gguf_file::Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+        let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (*k, v)).collect();
+        gguf_file::write(&mut f, &meta, &tensors).unwrap();
+    }
+
+    fn llama_q4_0(path: &Path, extra_meta: Vec<(&str, gguf_file::Value)>) {
+        use gguf_file::Value as V;
+        let mut meta = vec![
+            ("general.architecture", V::String("llama".into())),
+            ("llama.context_length", V::U32(4096)),
+            ("tokenizer.ggml.tokens", V::Array(vec![V::String("<s>".into()), V::String("hi".into())])),
+            ("tokenizer.ggml.scores", V::Array(vec![V::F32(0.0), V::F32(-1.0)])),
+        ];
+        meta.extend(extra_meta);
+        write_gguf(
+            path,
+            &meta,
+            &[
+                ("token_embd.weight", qtensor(&[64, 64], GgmlDType::Q8_0)),
+                ("blk.0.ffn_up.weight", qtensor(&[128, 64], GgmlDType::Q4_0)),
+                ("blk.0.ffn_down.weight", qtensor(&[64, 128], GgmlDType::Q4_0)),
+                // 1-D and big in bytes, but norms never count towards the quant type.
+                ("output_norm.weight", qtensor(&[8192], GgmlDType::F32)),
+            ],
+        );
+    }
+
+    #[test]
+    fn reads_metadata_and_tensor_infos() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m.gguf");
+        llama_q4_0(&path, vec![]);
+        let h = read_header(&path).unwrap();
+        assert_eq!(h.version, 2);
+        assert_eq!(h.architecture(), Some("llama"));
+        assert_eq!(h.context_length(), Some(4096));
+        assert_eq!(h.metadata["tokenizer.ggml.tokens"], MetaValue::Array { len: 2 });
+        assert_eq!(h.tensors.len(), 4);
+        let up = h.tensors.iter().find(|t| t.name == "blk.0.ffn_up.weight").unwrap();
+        assert_eq!(up.dims, vec![64, 128], "ggml order, innermost first");
+        assert_eq!(type_name(up.ggml_type), "Q4_0");
+        assert_eq!(up.bytes, 128 * 64 / 32 * 18);
+        // Q8_0 embedding: 64*64/32*34 = 4352 bytes; Q4_0: 2 * 4608 = 9216 bytes.
+        assert_eq!(h.dominant_tensor_type(), Some(2));
+        assert_eq!(h.quant_label().as_deref(), Some("Q4_0"));
+    }
+
+    #[test]
+    fn declared_file_type_wins() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m.gguf");
+        llama_q4_0(&path, vec![("general.file_type", gguf_file::Value::U32(15))]);
+        assert_eq!(read_header(&path).unwrap().quant_label().as_deref(), Some("Q4_K_M"));
+        // An unknown file type falls back to the tensors.
+        llama_q4_0(&path, vec![("general.file_type", gguf_file::Value::U32(1024))]);
+        assert_eq!(read_header(&path).unwrap().quant_label().as_deref(), Some("Q4_0"));
+    }
+
+    #[test]
+    fn tensor_types_candle_cannot_run_are_still_described() {
+        // Rewrite the Q4_0 tensors' type to MXFP4 (39): same 32-element blocks, one byte less
+        // each, so the data still fits. candle's own reader rejects this file.
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m.gguf");
+        llama_q4_0(&path, vec![]);
+        let mut bytes = std::fs::read(&path).unwrap();
+        for name in ["blk.0.ffn_up.weight", "blk.0.ffn_down.weight"] {
+            let at = find(&bytes, name.as_bytes()) + name.len() + 4 + 2 * 8; // n_dims, 2 dims
+            assert_eq!(bytes[at..at + 4], 2u32.to_le_bytes());
+            bytes[at..at + 4].copy_from_slice(&39u32.to_le_bytes());
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(gguf_file::Content::read(&mut std::fs::File::open(&path).unwrap()).is_err());
+        let h = read_header(&path).unwrap();
+        assert_eq!(h.quant_label().as_deref(), Some("MXFP4"));
+    }
+
+    fn find(hay: &[u8], needle: &[u8]) -> usize {
+        hay.windows(needle.len()).position(|w| w == needle).unwrap()
+    }
+
+    #[test]
+    fn truncated_or_foreign_files_are_errors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m.gguf");
+        llama_q4_0(&path, vec![]);
+        let full = std::fs::read(&path).unwrap();
+        for cut in [3, 20, 100, full.len() - 40] {
+            std::fs::write(&path, &full[..cut]).unwrap();
+            let err = format!("{:#}", read_header(&path).unwrap_err());
+            assert!(err.contains("m.gguf: not a valid GGUF file"), "cut {cut}: {err}");
+        }
+        std::fs::write(&path, b"PK\x03\x04 this is a zip file, not a model").unwrap();
+        assert!(format!("{:#}", read_header(&path).unwrap_err()).contains("magic"));
+    }
+
+    #[test]
+    fn corrupt_lengths_do_not_allocate() {
+        // A header claiming a 1 TB file and a 1 TB metadata key: rejected before allocating.
+        let mut bytes = Vec::new();
+        for v in [MAGIC, 3] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [0u64, 1, 1 << 40] {
+            bytes.extend_from_slice(&v.to_le_bytes()); // tensors, kvs, key length
+        }
+        let inner = BufReader::new(std::io::Cursor::new(bytes));
+        let mut r = Reader { inner, pos: 0, len: 1 << 41 };
+        let err = format!("{:#}", read_header_from(&mut r).unwrap_err());
+        assert!(err.contains("corrupt length"), "{err}");
+    }
+
+    #[test]
+    fn layouts_agree_with_candle() {
+        use GgmlDType as G;
+        #[rustfmt::skip]
+        let pairs = [
+            (0, G::F32), (1, G::F16), (30, G::BF16), (2, G::Q4_0), (3, G::Q4_1), (6, G::Q5_0),
+            (7, G::Q5_1), (8, G::Q8_0), (9, G::Q8_1), (10, G::Q2K), (11, G::Q3K), (12, G::Q4K),
+            (13, G::Q5K), (14, G::Q6K), (15, G::Q8K),
+        ];
+        for (ty, dt) in pairs {
+            let want = (dt.block_size() as u64, dt.type_size() as u64);
+            assert_eq!(type_layout(ty), Some(want), "{dt:?}");
+            assert_eq!(type_name(ty).replace('_', ""), format!("{dt:?}").to_uppercase().replace('_', ""));
+        }
+    }
+}
