@@ -21,7 +21,7 @@ export INFERNO_PYTHON="$PY/bin/python"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --release --locked --all-targets "$@" 2>&1 | tee "$log"
+cargo test --release --locked --all-targets --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # One closing line over all test binaries (cargo prints one summary per binary).

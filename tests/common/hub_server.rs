@@ -97,21 +97,11 @@ pub struct HubServer {
 
 impl HubServer {
     pub fn start(repos: Vec<FakeRepo>) -> HubServer {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
         let state = Arc::new(Mutex::new(State { repos, ..Default::default() }));
-        let st = state.clone();
-        let base = url.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
-                let st = st.clone();
-                let base = base.clone();
-                std::thread::spawn(move || {
-                    let _ = handle(conn, &st, &base);
-                });
-            }
-        });
+        // LFS content is served from a second port: another origin, like the Hub's CDN, so
+        // tests can check that the token is not sent there.
+        let cdn = listen(state.clone(), None);
+        let url = listen(state.clone(), Some(cdn));
         HubServer { url, state }
     }
 
@@ -146,6 +136,24 @@ impl HubServer {
     }
 }
 
+/// Serves on a fresh 127.0.0.1 port; returns its base URL. `cdn` is where LFS redirects point.
+fn listen(state: Arc<Mutex<State>>, cdn: Option<String>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let cdn = cdn.unwrap_or_else(|| url.clone());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let st = state.clone();
+            let cdn = cdn.clone();
+            std::thread::spawn(move || {
+                let _ = handle(conn, &st, &cdn);
+            });
+        }
+    });
+    url
+}
+
 struct Reply {
     status: u16,
     headers: Vec<(String, String)>,
@@ -168,7 +176,7 @@ impl Reply {
     }
 }
 
-fn handle(conn: TcpStream, state: &Mutex<State>, base: &str) -> std::io::Result<()> {
+fn handle(conn: TcpStream, state: &Mutex<State>, cdn: &str) -> std::io::Result<()> {
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut line = String::new();
     reader.read_line(&mut line)?;
@@ -195,12 +203,12 @@ fn handle(conn: TcpStream, state: &Mutex<State>, base: &str) -> std::io::Result<
     let reply = {
         let mut st = state.lock().unwrap();
         st.log.push(logged.clone());
-        route(&mut st, &logged, base)
+        route(&mut st, &logged, cdn)
     };
     write_reply(conn, &method, reply)
 }
 
-fn route(st: &mut State, req: &Logged, base: &str) -> Reply {
+fn route(st: &mut State, req: &Logged, cdn: &str) -> Reply {
     let path = percent_decode(&req.path);
     if let Some(rest) = path.strip_prefix("/api/models/") {
         let Some((repo, rev)) = rest.split_once("/revision/") else { return Reply::error(404, "EntryNotFound") };
@@ -230,7 +238,7 @@ fn route(st: &mut State, req: &Logged, base: &str) -> Reply {
         };
         if f.lfs {
             return Reply::new(302)
-                .header("Location", format!("{base}/cdn/{}", f.sha256()))
+                .header("Location", format!("{cdn}/cdn/{}", f.sha256()))
                 .header("X-Repo-Commit", repo.commit.clone())
                 .header("X-Linked-Etag", format!("\"{}\"", f.sha256()))
                 .header("X-Linked-Size", f.data.len().to_string())
@@ -342,7 +350,7 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() + 0 && i + 2 <= bytes.len() - 1 {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
             if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
                 out.push(b);
                 i += 3;
