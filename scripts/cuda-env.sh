@@ -6,7 +6,7 @@
 # when no usable toolkit is present we assemble one from NVIDIA's PyPI wheels (pinned, CUDA 13.0
 # to match the GPU machines' driver: newer PTX is refused by it) plus a stub libcuda.so whose
 # entry points all return CUDA_ERROR_STUB_LIBRARY. The unpacked toolchain is cached outside the
-# checkout (INFERNO_CUDA_CACHE, default ~/.cache/inferno) and reused by later builds.
+# checkout (INFERNO_CACHE, default ~/.cache/inferno) and reused by later builds.
 #
 # A real toolkit (nvcc 13.x and a libcuda) is used as is.
 
@@ -21,7 +21,7 @@ _inferno_cuda_setup() {
         return 0
     fi
 
-    local cache="${INFERNO_CUDA_CACHE:-$HOME/.cache/inferno}"
+    local cache="${INFERNO_CACHE:-$HOME/.cache/inferno}"
     local prefix="$cache/cuda-13.0.88"
     if [ ! -f "$prefix/.complete" ]; then
         echo "cuda-env: assembling the CUDA 13.0 build toolchain from PyPI into $prefix" >&2
