@@ -15,4 +15,5 @@ pub mod error;
 pub mod gpu;
 pub mod hub;
 pub mod inspect;
+pub mod models;
 pub mod util;

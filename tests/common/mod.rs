@@ -36,3 +36,18 @@ pub fn stdout(o: &Output) -> String {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// A test asset (real model files fetched by a script): `$INFERNO_ASSETS/name`, else
+/// `${INFERNO_CACHE:-~/.cache/inferno}/assets/name`. Panics with how to fetch it when absent:
+/// tests that need real weights never pass without them.
+pub fn asset(name: &str, script: &str) -> std::path::PathBuf {
+    let dir = std::env::var_os("INFERNO_ASSETS").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        let cache = std::env::var_os("INFERNO_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/inferno")
+        });
+        cache.join("assets")
+    });
+    let path = dir.join(name);
+    assert!(path.exists(), "test asset {} is missing: run `bash {script}` (scripts/test.sh does)", path.display());
+    path
+}

@@ -1,0 +1,210 @@
+//! Llama-family configuration, from an HF `config.json` (llama, and mistral-style configs without
+//! a sliding window) or from GGUF metadata (`llama.*` keys).
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
+use serde::Deserialize;
+
+use crate::error::{ErrorKind, fail};
+use crate::models::rope::{RopeKind, RopeScaling};
+
+/// The subset of HF `config.json` the Llama forward pass needs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HfLlamaConfig {
+    pub model_type: Option<String>,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub vocab_size: usize,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    pub rope_theta: Option<f64>,
+    pub rope_scaling: Option<RopeScaling>,
+    pub rope_parameters: Option<RopeScaling>,
+    #[serde(default = "default_max_pos")]
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub mlp_bias: bool,
+    pub sliding_window: Option<serde_json::Value>,
+    pub torch_dtype: Option<String>,
+    pub dtype: Option<String>,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+
+fn default_max_pos() -> usize {
+    2048
+}
+
+/// What the model code uses, whichever file it came from.
+#[derive(Debug, Clone)]
+pub struct LlamaConfig {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope: RopeKind,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    pub attention_bias: bool,
+    pub mlp_bias: bool,
+    /// The checkpoint's own dtype name (`bfloat16`, `float16`, `float32`), if stated.
+    pub checkpoint_dtype: Option<String>,
+}
+
+impl LlamaConfig {
+    pub fn from_hf_json(text: &str) -> anyhow::Result<LlamaConfig> {
+        let bad = |e: String| fail(ErrorKind::InvalidInput, format!("config.json: {e}"));
+        let hf: HfLlamaConfig = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        match hf.model_type.as_deref() {
+            Some("llama") | Some("mistral") | None => {}
+            Some(other) => return Err(bad(format!("model_type {other:?} is not a Llama-family model"))),
+        }
+        if hf.sliding_window.as_ref().is_some_and(|w| !w.is_null()) {
+            return Err(bad("sliding-window attention is not supported for Llama-family models yet".into()));
+        }
+        if hf.num_attention_heads == 0 || hf.num_hidden_layers == 0 || hf.hidden_size == 0 {
+            return Err(bad("heads, layers and hidden_size must be positive".into()));
+        }
+        let scaling = hf.rope_scaling.as_ref().or(hf.rope_parameters.as_ref());
+        let theta = hf
+            .rope_theta
+            .or_else(|| hf.rope_parameters.as_ref().and_then(|p| p.rope_theta))
+            .unwrap_or(10000.0);
+        let rope = RopeKind::from_scaling(scaling, hf.max_position_embeddings).map_err(|e| bad(e.to_string()))?;
+        let cfg = LlamaConfig {
+            hidden_size: hf.hidden_size,
+            intermediate_size: hf.intermediate_size,
+            num_layers: hf.num_hidden_layers,
+            num_heads: hf.num_attention_heads,
+            num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
+            head_dim: hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads),
+            vocab_size: hf.vocab_size,
+            rms_norm_eps: hf.rms_norm_eps,
+            rope_theta: theta,
+            rope,
+            max_position_embeddings: hf.max_position_embeddings,
+            tie_word_embeddings: hf.tie_word_embeddings,
+            attention_bias: hf.attention_bias,
+            mlp_bias: hf.mlp_bias,
+            checkpoint_dtype: hf.torch_dtype.or(hf.dtype),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// From GGUF metadata of a `llama` architecture file; `vocab_size` from the embedding.
+    pub fn from_gguf(md: &HashMap<String, Value>, vocab_size: usize) -> anyhow::Result<LlamaConfig> {
+        let arch = md.get("general.architecture").and_then(|v| v.to_string().ok()).map(String::as_str).unwrap_or("");
+        if arch != "llama" {
+            return Err(fail(ErrorKind::InvalidInput, format!("GGUF architecture {arch:?} is not supported (expected llama)")));
+        }
+        let get = |k: &str| md.get(&format!("llama.{k}"));
+        let int = |k: &str| -> anyhow::Result<usize> {
+            let v = get(k).ok_or_else(|| fail(ErrorKind::InvalidInput, format!("GGUF metadata lacks llama.{k}")))?;
+            Ok(v.to_u64().or_else(|_| v.to_u32().map(u64::from)).or_else(|_| v.to_i32().map(|x| x as u64))? as usize)
+        };
+        let float = |k: &str| get(k).and_then(|v| v.to_f32().ok().map(f64::from).or_else(|| v.to_f64().ok()));
+        let heads = int("attention.head_count")?;
+        let hidden = int("embedding_length")?;
+        let head_dim = int("rope.dimension_count").unwrap_or(hidden / heads.max(1));
+        let max_pos = int("context_length").unwrap_or(2048);
+        let rope = match (md.get("llama.rope.scaling.type").and_then(|v| v.to_string().ok()), float("rope.scaling.factor")) {
+            (Some(t), Some(f)) if t == "linear" => RopeKind::Linear { factor: f },
+            _ => RopeKind::Default,
+        };
+        let cfg = LlamaConfig {
+            hidden_size: hidden,
+            intermediate_size: int("feed_forward_length")?,
+            num_layers: int("block_count")?,
+            num_heads: heads,
+            num_kv_heads: int("attention.head_count_kv").unwrap_or(heads),
+            head_dim,
+            vocab_size,
+            rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+            rope_theta: float("rope.freq_base").unwrap_or(10000.0),
+            rope,
+            max_position_embeddings: max_pos,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            mlp_bias: false,
+            checkpoint_dtype: None,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let ok = self.num_heads > 0
+            && self.num_kv_heads > 0
+            && self.num_heads % self.num_kv_heads == 0
+            && self.head_dim % 2 == 0
+            && self.head_dim > 0
+            && self.vocab_size > 0;
+        if !ok {
+            return Err(fail(
+                ErrorKind::InvalidInput,
+                format!(
+                    "inconsistent model config: {} heads, {} kv heads, head_dim {}, vocab {}",
+                    self.num_heads, self.num_kv_heads, self.head_dim, self.vocab_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMOLLM2: &str = r#"{"model_type":"llama","hidden_size":576,"intermediate_size":1536,"num_hidden_layers":30,
+        "num_attention_heads":9,"num_key_value_heads":3,"vocab_size":49152,"rms_norm_eps":1e-5,"rope_theta":100000.0,
+        "max_position_embeddings":8192,"tie_word_embeddings":true,"torch_dtype":"bfloat16"}"#;
+
+    #[test]
+    fn hf_config() {
+        let c = LlamaConfig::from_hf_json(SMOLLM2).unwrap();
+        assert_eq!((c.num_kv_heads, c.head_dim, c.rope_theta), (3, 64, 100000.0));
+        assert!(c.tie_word_embeddings && c.rope == RopeKind::Default);
+    }
+
+    #[test]
+    fn rope_parameters_spelling() {
+        let text = SMOLLM2.replace(r#""rope_theta":100000.0,"#, r#""rope_parameters":{"rope_type":"default","rope_theta":5e5},"#);
+        assert_eq!(LlamaConfig::from_hf_json(&text).unwrap().rope_theta, 5e5);
+        let l3 = SMOLLM2.replace(
+            r#""rope_theta":100000.0,"#,
+            r#""rope_theta":5e5,"rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192},"#,
+        );
+        assert!(matches!(LlamaConfig::from_hf_json(&l3).unwrap().rope, RopeKind::Llama3 { .. }));
+    }
+
+    #[test]
+    fn bad_configs_are_clear_errors() {
+        for bad in [
+            SMOLLM2.replace("\"llama\"", "\"gpt2\""),
+            SMOLLM2.replace("\"num_key_value_heads\":3", "\"num_key_value_heads\":4"),
+            SMOLLM2.replace("\"hidden_size\":576,", ""),
+            "not json".to_string(),
+        ] {
+            let err = LlamaConfig::from_hf_json(&bad).unwrap_err();
+            assert_eq!(crate::error::kind_of(&err), ErrorKind::InvalidInput, "{err}");
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Loading Llama weights onto a device: HF safetensors (single file or sharded through
+//! `model.safetensors.index.json`, memory-mapped and copied tensor by tensor straight to the
+//! device: no full host copy) or a GGUF file (quantized tensors stay quantized).
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::quantized::{QMatMul, gguf_file};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+
+use super::config::LlamaConfig;
+use super::model::{Layer, Llama, RopeStyle, Weights};
+use crate::error::{ErrorKind, fail};
+use crate::models::linear::Linear;
+
+/// The safetensors files of a checkpoint folder, through the index when there is one.
+pub fn safetensors_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let text = std::fs::read(&index).with_context(|| format!("reading {}", index.display()))?;
+        let shards = crate::hub::select::index_shards(&text)?;
+        let files: Vec<PathBuf> = shards.iter().map(|s| dir.join(s)).collect();
+        for f in &files {
+            if !f.exists() {
+                return Err(fail(ErrorKind::NotFound, format!("shard {} named by the index is missing", f.display())));
+            }
+        }
+        return Ok(files);
+    }
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    Err(fail(ErrorKind::NotFound, format!("no model.safetensors or model.safetensors.index.json in {}", dir.display())))
+}
+
+/// The compute dtype: the one asked for, else the checkpoint's (bf16 when it says nothing).
+pub fn choose_dtype(requested: Option<DType>, cfg: &LlamaConfig) -> DType {
+    requested.unwrap_or(match cfg.checkpoint_dtype.as_deref() {
+        Some("float32") => DType::F32,
+        Some("float16") => DType::F16,
+        _ => DType::BF16,
+    })
+}
+
+/// Loads an HF-format Llama checkpoint folder.
+pub fn load_safetensors(dir: &Path, dtype: Option<DType>, context: usize, device: &Device) -> anyhow::Result<Llama> {
+    let cfg_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
+    let cfg = LlamaConfig::from_hf_json(&text)?;
+    let dtype = choose_dtype(dtype, &cfg);
+    let files = safetensors_files(dir)?;
+    for f in &files {
+        crate::inspect::safetensors::read_header(f)
+            .map_err(|e| fail(ErrorKind::Integrity, format!("{}: {e}", f.display())))?;
+    }
+    // SAFETY: the files are memory-mapped read-only; a concurrent writer could change what we
+    // read, which the HF cache layout (write to .incomplete, then rename) rules out.
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? };
+    let weights = dense_weights(&cfg, &vb).map_err(|e| fail(ErrorKind::Integrity, format!("loading weights: {e}")))?;
+    Llama::new(cfg, weights, RopeStyle::HalfSplit, context, dtype, device)
+}
+
+fn dense_weights(cfg: &LlamaConfig, vb: &VarBuilder) -> candle_core::Result<Weights> {
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
+    let linear = |vb: VarBuilder, out: usize, inp: usize, bias: bool| -> candle_core::Result<Linear> {
+        let weight = vb.get((out, inp), "weight")?;
+        let bias = if bias { Some(vb.get(out, "bias")?) } else { None };
+        Ok(Linear::Dense { weight, bias })
+    };
+    let m = vb.pp("model");
+    let embed = m.get((cfg.vocab_size, h), "embed_tokens.weight")?;
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for n in 0..cfg.num_layers {
+        let l = m.pp(format!("layers.{n}"));
+        let a = l.pp("self_attn");
+        let p = l.pp("mlp");
+        layers.push(Layer {
+            attn_norm: l.get(h, "input_layernorm.weight")?,
+            q: linear(a.pp("q_proj"), qd, h, cfg.attention_bias)?,
+            k: linear(a.pp("k_proj"), kvd, h, cfg.attention_bias)?,
+            v: linear(a.pp("v_proj"), kvd, h, cfg.attention_bias)?,
+            o: linear(a.pp("o_proj"), h, qd, cfg.attention_bias)?,
+            mlp_norm: l.get(h, "post_attention_layernorm.weight")?,
+            gate: linear(p.pp("gate_proj"), i, h, cfg.mlp_bias)?,
+            up: linear(p.pp("up_proj"), i, h, cfg.mlp_bias)?,
+            down: linear(p.pp("down_proj"), h, i, cfg.mlp_bias)?,
+        });
+    }
+    let norm = m.get(h, "norm.weight")?;
+    let lm_head = if cfg.tie_word_embeddings && !vb.contains_tensor("lm_head.weight") {
+        Linear::Dense { weight: embed.clone(), bias: None }
+    } else {
+        linear(vb.pp("lm_head"), cfg.vocab_size, h, false)?
+    };
+    Ok(Weights { embed, layers, norm, lm_head })
+}
+
+/// An opened GGUF file: metadata and tensor directory (the data is read on demand).
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub content: gguf_file::Content,
+    file: File,
+}
+
+impl GgufFile {
+    pub fn open(path: &Path) -> anyhow::Result<GgufFile> {
+        let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let content = gguf_file::Content::read(&mut file)
+            .map_err(|e| fail(ErrorKind::Integrity, format!("{} is not a readable GGUF file: {e}", path.display())))?;
+        Ok(GgufFile { path: path.to_path_buf(), content, file })
+    }
+
+    pub fn qtensor(&mut self, name: &str, device: &Device) -> anyhow::Result<candle_core::quantized::QTensor> {
+        self.content
+            .tensor(&mut self.file, name, device)
+            .map_err(|e| fail(ErrorKind::Integrity, format!("{}: tensor {name}: {e}", self.path.display())))
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    pub fn config(&self) -> anyhow::Result<LlamaConfig> {
+        let vocab = self
+            .content
+            .tensor_infos
+            .get("token_embd.weight")
+            .map(|t| t.shape.dims()[0])
+            .ok_or_else(|| fail(ErrorKind::Integrity, "GGUF file has no token_embd.weight"))?;
+        LlamaConfig::from_gguf(&self.content.metadata, vocab)
+    }
+}
+
+/// Loads a llama-architecture GGUF: matmul weights stay quantized (candle's GGUF kernels),
+/// embeddings and norms are dequantized; activations are f32.
+pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow::Result<Llama> {
+    let cfg = gguf.config()?;
+    let mut q = |name: String| -> anyhow::Result<Linear> {
+        let t = gguf.qtensor(&name, device)?;
+        Ok(Linear::Quantized { weight: QMatMul::from_qtensor(t)?, bias: None })
+    };
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for n in 0..cfg.num_layers {
+        let b = |s: &str| format!("blk.{n}.{s}.weight");
+        let (qw, kw, vw, ow) = (q(b("attn_q"))?, q(b("attn_k"))?, q(b("attn_v"))?, q(b("attn_output"))?);
+        let (g, u, d) = (q(b("ffn_gate"))?, q(b("ffn_up"))?, q(b("ffn_down"))?);
+        layers.push(Layer {
+            attn_norm: Tensor::zeros(1, DType::F32, device)?,
+            q: qw,
+            k: kw,
+            v: vw,
+            o: ow,
+            mlp_norm: Tensor::zeros(1, DType::F32, device)?,
+            gate: g,
+            up: u,
+            down: d,
+        });
+    }
+    for (n, layer) in layers.iter_mut().enumerate() {
+        layer.attn_norm = gguf.qtensor(&format!("blk.{n}.attn_norm.weight"), device)?.dequantize(device)?;
+        layer.mlp_norm = gguf.qtensor(&format!("blk.{n}.ffn_norm.weight"), device)?.dequantize(device)?;
+    }
+    let embed_q = gguf.qtensor("token_embd.weight", device)?;
+    let embed = embed_q.dequantize(device)?;
+    let norm = gguf.qtensor("output_norm.weight", device)?.dequantize(device)?;
+    let lm_head = if gguf.has("output.weight") {
+        Linear::Quantized { weight: QMatMul::from_qtensor(gguf.qtensor("output.weight", device)?)?, bias: None }
+    } else {
+        Linear::Quantized { weight: QMatMul::from_qtensor(embed_q)?, bias: None }
+    };
+    let weights = Weights { embed, layers, norm, lm_head };
+    Llama::new(cfg, weights, RopeStyle::Interleaved, context, DType::F32, device)
+}
+
+/// Names of GGUF tensors the loader did not use (for a warning on unexpected files).
+pub fn unused_gguf_tensors(gguf: &GgufFile, cfg: &LlamaConfig) -> BTreeSet<String> {
+    let mut names: BTreeSet<String> = gguf.content.tensor_infos.keys().cloned().collect();
+    for n in 0..cfg.num_layers {
+        for s in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "attn_norm", "ffn_norm"] {
+            names.remove(&format!("blk.{n}.{s}.weight"));
+        }
+    }
+    for s in ["token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"] {
+        names.remove(s);
+    }
+    names
+}

@@ -1,0 +1,10 @@
+//! Llama-family models (Llama 2/3.x, TinyLlama, SmolLM2, mistral-style configs without a
+//! sliding window), from HF safetensors or llama-architecture GGUF files.
+
+pub mod config;
+pub mod convert;
+pub mod load;
+pub mod model;
+
+pub use config::LlamaConfig;
+pub use model::Llama;

@@ -1,0 +1,211 @@
+//! The Llama forward pass: RMSNorm → GQA attention with RoPE and a preallocated KV cache →
+//! RMSNorm → SwiGLU MLP, residuals around both; final norm and LM head on the last position.
+//!
+//! Shapes are for batch 1: hidden states are `[seq, hidden]`, per-head tensors `[heads, seq, d]`.
+//! Grouped-query attention reshapes the queries to `[kv_heads, group·seq, d]` so each KV head is
+//! used by its group without copying keys and values (`repeat_kv`).
+
+use candle_core::{D, DType, Device, Tensor};
+
+use super::config::LlamaConfig;
+use crate::models::CausalLm;
+use crate::models::kv_cache::KvCache;
+use crate::models::linear::Linear;
+use crate::models::rope::{self, RopeKind};
+
+/// How q/k pairs are rotated: HF checkpoints pair dim i with i + d/2; llama.cpp's converter
+/// permutes q/k rows so GGUF files pair 2i with 2i+1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    HalfSplit,
+    Interleaved,
+}
+
+pub struct Layer {
+    pub attn_norm: Tensor,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub mlp_norm: Tensor,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+pub struct Weights {
+    /// `[vocab, hidden]`, dense in the compute dtype.
+    pub embed: Tensor,
+    pub layers: Vec<Layer>,
+    pub norm: Tensor,
+    pub lm_head: Linear,
+}
+
+pub struct Llama {
+    cfg: LlamaConfig,
+    w: Weights,
+    caches: Vec<KvCache>,
+    rope_style: RopeStyle,
+    inv_freq: Vec<f32>,
+    /// cos/sin for every cached position (absent for dynamic NTK, which depends on length).
+    rope_tables: Option<(Tensor, Tensor)>,
+    dtype: DType,
+    device: Device,
+}
+
+impl Llama {
+    /// Builds the model around loaded weights with a KV cache of `context` positions.
+    pub fn new(cfg: LlamaConfig, w: Weights, rope_style: RopeStyle, context: usize, dtype: DType, device: &Device) -> anyhow::Result<Llama> {
+        let caches = (0..cfg.num_layers)
+            .map(|_| KvCache::new(cfg.num_kv_heads, context, cfg.head_dim, dtype, device))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let inv_freq = rope::inv_freq(&cfg.rope, cfg.rope_theta, cfg.head_dim, 0);
+        let rope_tables = match cfg.rope {
+            RopeKind::Dynamic { .. } => None,
+            _ => Some(rope::tables(&inv_freq, 0, context, dtype, device)?),
+        };
+        Ok(Llama { cfg, w, caches, rope_style, inv_freq, rope_tables, dtype, device: device.clone() })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.caches.iter().map(KvCache::bytes).sum()
+    }
+
+    /// The final hidden states `[seq, hidden]` (before the final norm).
+    fn hidden(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        let seq = tokens.len();
+        let capacity = self.context_length();
+        anyhow::ensure!(seq > 0, "no tokens to run");
+        anyhow::ensure!(start + seq <= capacity, "context full: {} positions requested, {capacity} available", start + seq);
+        let ids = Tensor::new(tokens, &self.device)?;
+        let mut x = self.w.embed.index_select(&ids, 0)?;
+        let (cos, sin) = self.rope_for(start, seq)?;
+        let mask = causal_mask(seq, start, self.dtype, &self.device)?;
+        for (layer, cache) in self.w.layers.iter().zip(self.caches.iter_mut()) {
+            let h = rms_norm(&x, &layer.attn_norm, self.cfg.rms_norm_eps)?;
+            let a = attention(&self.cfg, layer, cache, &h, start, &cos, &sin, mask.as_ref(), self.rope_style)?;
+            x = (x + a)?;
+            let h = rms_norm(&x, &layer.mlp_norm, self.cfg.rms_norm_eps)?;
+            let gate = layer.gate.forward(&h)?.silu()?;
+            let m = layer.down.forward(&(gate * layer.up.forward(&h)?)?)?;
+            x = (x + m)?;
+        }
+        Ok(x)
+    }
+
+    fn rope_for(&self, start: usize, seq: usize) -> anyhow::Result<(Tensor, Tensor)> {
+        match &self.rope_tables {
+            Some((cos, sin)) => Ok((cos.narrow(0, start, seq)?, sin.narrow(0, start, seq)?)),
+            None => {
+                let f = rope::inv_freq(&self.cfg.rope, self.cfg.rope_theta, self.cfg.head_dim, start + seq);
+                rope::tables(&f, start, seq, self.dtype, &self.device)
+            }
+        }
+    }
+
+    fn logits(&self, hidden: &Tensor) -> anyhow::Result<Tensor> {
+        let h = rms_norm(hidden, &self.w.norm, self.cfg.rms_norm_eps)?;
+        Ok(self.w.lm_head.forward(&h)?.to_dtype(DType::F32)?)
+    }
+
+    /// The inverse frequencies in use (for tests).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+}
+
+impl CausalLm for Llama {
+    fn forward_last(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        let h = self.hidden(tokens, start)?;
+        let last = h.narrow(0, tokens.len() - 1, 1)?;
+        Ok(self.logits(&last)?.squeeze(0)?)
+    }
+
+    fn forward_all(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        let h = self.hidden(tokens, start)?;
+        self.logits(&h)
+    }
+
+    fn context_length(&self) -> usize {
+        self.caches.first().map(KvCache::capacity).unwrap_or(0)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+}
+
+/// RMSNorm computed in f32 (as transformers does), returned in the input dtype.
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let dtype = x.dtype();
+    let xf = x.to_dtype(DType::F32)?;
+    let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = xf.broadcast_div(&(var + eps)?.sqrt()?)?;
+    normed.to_dtype(dtype)?.broadcast_mul(w)
+}
+
+/// Additive mask `[seq, start+seq]`: 0 where query i may see key j (j ≤ start+i), −∞ elsewhere.
+fn causal_mask(seq: usize, start: usize, dtype: DType, device: &Device) -> candle_core::Result<Option<Tensor>> {
+    if seq == 1 {
+        return Ok(None);
+    }
+    let total = start + seq;
+    let data: Vec<f32> = (0..seq)
+        .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    Tensor::from_vec(data, (seq, total), device)?.to_dtype(dtype).map(Some)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    cfg: &LlamaConfig,
+    layer: &Layer,
+    cache: &mut KvCache,
+    x: &Tensor,
+    start: usize,
+    cos: &Tensor,
+    sin: &Tensor,
+    mask: Option<&Tensor>,
+    style: RopeStyle,
+) -> anyhow::Result<Tensor> {
+    let seq = x.dim(0)?;
+    let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let group = heads / kv_heads;
+    let split = |t: Tensor, n: usize| -> candle_core::Result<Tensor> {
+        t.reshape((seq, n, d))?.transpose(0, 1)?.contiguous()?.unsqueeze(0)
+    };
+    let q = split(layer.q.forward(x)?, heads)?;
+    let k = split(layer.k.forward(x)?, kv_heads)?;
+    let v = split(layer.v.forward(x)?, kv_heads)?.squeeze(0)?;
+    let (q, k) = match style {
+        RopeStyle::HalfSplit => (candle_nn::rotary_emb::rope(&q, cos, sin)?, candle_nn::rotary_emb::rope(&k, cos, sin)?),
+        RopeStyle::Interleaved => (candle_nn::rotary_emb::rope_i(&q, cos, sin)?, candle_nn::rotary_emb::rope_i(&k, cos, sin)?),
+    };
+    let (k_all, v_all) = cache.append(&k.squeeze(0)?, &v, start)?;
+    let total = start + seq;
+
+    // [heads, seq, d] -> [kv_heads, group*seq, d]: query head h = g*group + r uses kv head g.
+    let q = q.squeeze(0)?.reshape((kv_heads, group * seq, d))?;
+    let scale = 1.0 / (d as f64).sqrt();
+    let scores = (q.matmul(&k_all.t()?)? * scale)?;
+    let scores = scores.to_dtype(DType::F32)?;
+    let scores = match mask {
+        Some(m) => scores
+            .reshape((kv_heads, group, seq, total))?
+            .broadcast_add(&m.to_dtype(DType::F32)?)?
+            .reshape((kv_heads, group * seq, total))?,
+        None => scores,
+    };
+    let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v_all.dtype())?;
+    let out = probs.matmul(&v_all.contiguous()?)?; // [kv_heads, group*seq, d]
+    let out = out.reshape((heads, seq, d))?.transpose(0, 1)?.reshape((seq, heads * d))?;
+    Ok(layer.o.forward(&out)?)
+}

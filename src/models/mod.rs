@@ -1,0 +1,24 @@
+//! Transformer models. Each architecture lives in its own folder with a serde config that mirrors
+//! the checkpoint's `config.json`, loaders for the weight formats it accepts, and a forward pass
+//! with a preallocated KV cache. Generation (sampling, detokenising) lives outside, in `generate`.
+
+pub mod kv_cache;
+pub mod linear;
+pub mod llama;
+pub mod rope;
+
+use candle_core::Tensor;
+
+/// A decoder-only language model with a KV cache, driven one chunk of tokens at a time.
+pub trait CausalLm {
+    /// Runs `tokens` at positions `start..start + tokens.len()` (the cache must hold exactly
+    /// `start` positions), appends them to the cache and returns the f32 logits of the last
+    /// position, shape `[vocab]`.
+    fn forward_last(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor>;
+    /// Like [`CausalLm::forward_last`] but returns the logits of every position, `[len, vocab]`
+    /// (teacher-forced evaluation).
+    fn forward_all(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor>;
+    /// How many positions the KV cache holds.
+    fn context_length(&self) -> usize;
+    fn vocab_size(&self) -> usize;
+}

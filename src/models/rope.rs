@@ -1,0 +1,145 @@
+//! Rotary position embeddings: inverse frequencies for the RoPE variants of Hugging Face's
+//! `modeling_rope_utils.py` (default, linear, dynamic NTK, llama3), and cos/sin tables.
+//!
+//! Frequencies are computed in f32 like transformers does, so positions rotate the same way in
+//! both implementations; the tables are cast to the compute dtype afterwards.
+
+use candle_core::{DType, Device, Tensor};
+use serde::Deserialize;
+
+/// `rope_scaling` / `rope_parameters` from config.json (either spelling, `rope_type` or `type`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct RopeScaling {
+    #[serde(alias = "type")]
+    pub rope_type: Option<String>,
+    pub factor: Option<f64>,
+    pub low_freq_factor: Option<f64>,
+    pub high_freq_factor: Option<f64>,
+    pub original_max_position_embeddings: Option<usize>,
+    /// Newer transformers put `rope_theta` inside `rope_parameters`.
+    pub rope_theta: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeKind {
+    Default,
+    Linear { factor: f64 },
+    /// Dynamic NTK: the base grows once the sequence passes the trained length.
+    Dynamic { factor: f64, max_position_embeddings: usize },
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max: usize },
+}
+
+impl RopeKind {
+    pub fn from_scaling(s: Option<&RopeScaling>, max_position_embeddings: usize) -> anyhow::Result<RopeKind> {
+        let Some(s) = s else { return Ok(RopeKind::Default) };
+        let kind = s.rope_type.as_deref().unwrap_or("default");
+        let factor = || s.factor.ok_or_else(|| anyhow::anyhow!("rope scaling {kind:?} needs a factor"));
+        Ok(match kind {
+            "default" => RopeKind::Default,
+            "linear" => RopeKind::Linear { factor: factor()? },
+            "dynamic" => RopeKind::Dynamic { factor: factor()?, max_position_embeddings },
+            "llama3" => RopeKind::Llama3 {
+                factor: factor()?,
+                low_freq_factor: s.low_freq_factor.unwrap_or(1.0),
+                high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
+                original_max: s.original_max_position_embeddings.unwrap_or(8192),
+            },
+            other => anyhow::bail!("unsupported rope scaling type {other:?} (supported: default, linear, dynamic, llama3)"),
+        })
+    }
+}
+
+/// Inverse frequencies for `dim` rotary dimensions; `seq_len` matters only for dynamic NTK.
+pub fn inv_freq(kind: &RopeKind, theta: f64, dim: usize, seq_len: usize) -> Vec<f32> {
+    let base_freqs = |base: f64| -> Vec<f32> {
+        (0..dim / 2).map(|i| 1.0f32 / (base as f32).powf((2 * i) as f32 / dim as f32)).collect()
+    };
+    match *kind {
+        RopeKind::Default => base_freqs(theta),
+        RopeKind::Linear { factor } => base_freqs(theta).into_iter().map(|f| f / factor as f32).collect(),
+        RopeKind::Dynamic { factor, max_position_embeddings } => {
+            let seq = seq_len.max(max_position_embeddings) as f64;
+            let base = theta
+                * ((factor * seq / max_position_embeddings as f64) - (factor - 1.0)).powf(dim as f64 / (dim as f64 - 2.0));
+            base_freqs(base)
+        }
+        RopeKind::Llama3 { factor, low_freq_factor, high_freq_factor, original_max } => {
+            let old = original_max as f32;
+            let (factor, low, high) = (factor as f32, low_freq_factor as f32, high_freq_factor as f32);
+            let low_wavelen = old / low;
+            let high_wavelen = old / high;
+            base_freqs(theta)
+                .into_iter()
+                .map(|f| {
+                    let wavelen = 2.0 * std::f32::consts::PI / f;
+                    if wavelen < high_wavelen {
+                        f
+                    } else if wavelen > low_wavelen {
+                        f / factor
+                    } else {
+                        let smooth = (old / wavelen - low) / (high - low);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+/// cos and sin tables `[positions, dim/2]` for positions `start..start+len`.
+pub fn tables(inv_freq: &[f32], start: usize, len: usize, dtype: DType, device: &Device) -> anyhow::Result<(Tensor, Tensor)> {
+    let half = inv_freq.len();
+    let mut cos = Vec::with_capacity(len * half);
+    let mut sin = Vec::with_capacity(len * half);
+    for p in start..start + len {
+        for &f in inv_freq {
+            let angle = p as f32 * f;
+            cos.push(angle.cos());
+            sin.push(angle.sin());
+        }
+    }
+    let cos = Tensor::from_vec(cos, (len, half), device)?.to_dtype(dtype)?;
+    let sin = Tensor::from_vec(sin, (len, half), device)?.to_dtype(dtype)?;
+    Ok((cos, sin))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_frequencies() {
+        let f = inv_freq(&RopeKind::Default, 10000.0, 8, 0);
+        assert_eq!(f.len(), 4);
+        assert!((f[0] - 1.0).abs() < 1e-7 && (f[1] - 0.1).abs() < 1e-6 && (f[3] - 0.001).abs() < 1e-8);
+    }
+
+    #[test]
+    fn llama3_matches_transformers() {
+        // The band structure of transformers' _compute_llama3_parameters, on Llama-3.1-8B's settings
+        // (theta 500000, head_dim 128, factor 8, low 1, high 4, original 8192).
+        let kind = RopeKind::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max: 8192 };
+        let f = inv_freq(&kind, 500000.0, 128, 0);
+        let base = inv_freq(&RopeKind::Default, 500000.0, 128, 0);
+        assert_eq!(f[0], base[0], "high frequencies are kept");
+        assert!((f[63] - base[63] / 8.0).abs() < 1e-12, "low frequencies are divided by the factor");
+        // Medium band: strictly between the two.
+        let mid = (0..64).find(|&i| f[i] != base[i] && (f[i] - base[i] / 8.0).abs() > 1e-12).expect("a blended frequency");
+        assert!(f[mid] < base[mid] && f[mid] > base[mid] / 8.0);
+    }
+
+    #[test]
+    fn scaling_spellings() {
+        let s: RopeScaling = serde_json::from_str(r#"{"type":"linear","factor":2.0}"#).unwrap();
+        assert_eq!(RopeKind::from_scaling(Some(&s), 2048).unwrap(), RopeKind::Linear { factor: 2.0 });
+        let s: RopeScaling = serde_json::from_str(r#"{"rope_type":"default","rope_theta":100000.0}"#).unwrap();
+        assert_eq!(RopeKind::from_scaling(Some(&s), 2048).unwrap(), RopeKind::Default);
+        let s: RopeScaling = serde_json::from_str(r#"{"rope_type":"yarn","factor":4.0}"#).unwrap();
+        assert!(RopeKind::from_scaling(Some(&s), 2048).is_err());
+        let linear = inv_freq(&RopeKind::Linear { factor: 4.0 }, 10000.0, 8, 0);
+        assert!((linear[0] - 0.25).abs() < 1e-7);
+        let dynamic = RopeKind::Dynamic { factor: 2.0, max_position_embeddings: 100 };
+        assert_eq!(inv_freq(&dynamic, 10000.0, 8, 50), inv_freq(&RopeKind::Default, 10000.0, 8, 0));
+        assert!(inv_freq(&dynamic, 10000.0, 8, 400)[1] < inv_freq(&RopeKind::Default, 10000.0, 8, 0)[1]);
+    }
+}

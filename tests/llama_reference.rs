@@ -1,0 +1,162 @@
+//! SmolLM2-135M-Instruct (real weights) against transformers' outputs on identical weights
+//! (tests/fixtures/smollm2_reference.json, made by scripts/fixtures/llama_reference.py).
+//!
+//! The HF-format checkpoint is inferno's own GGUF → HF conversion of the real GGUF; its tensors
+//! are checked against transformers' conversion by hash first. CPU tests run everywhere; the GPU
+//! ones are ignored unless run with --include-ignored on a GPU machine.
+
+mod common;
+
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor};
+use inferno::models::CausalLm;
+use inferno::models::llama::convert;
+use inferno::models::llama::load::{self, GgufFile};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+const GREEDY_STEPS: usize = 32;
+
+fn fixture() -> Value {
+    let text = include_str!("fixtures/smollm2_reference.json");
+    serde_json::from_str(text).expect("fixture is JSON")
+}
+
+fn gguf_path() -> PathBuf {
+    common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh")
+}
+
+/// The HF-format copy, converted once per test process.
+fn hf_checkpoint() -> PathBuf {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut gguf = GgufFile::open(&gguf_path()).expect("open GGUF");
+        convert::write_hf_checkpoint(&mut gguf, dir.path()).expect("convert");
+        dir
+    })
+    .path()
+    .to_path_buf()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
+
+fn argmax(logits: &Tensor) -> u32 {
+    logits.argmax(0).unwrap().to_scalar::<u32>().unwrap()
+}
+
+fn greedy(model: &mut dyn CausalLm, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut next = argmax(&model.forward_last(prompt, 0).unwrap());
+    let mut pos = prompt.len();
+    out.push(next);
+    while out.len() < steps {
+        next = argmax(&model.forward_last(&[next], pos).unwrap());
+        pos += 1;
+        out.push(next);
+    }
+    out
+}
+
+/// Every greedy case agrees with the reference for GREEDY_STEPS tokens.
+fn check_greedy(mut load: impl FnMut() -> Box<dyn CausalLm>, steps: usize, label: &str) {
+    let fx = fixture();
+    for case in fx["greedy"].as_array().unwrap() {
+        let mut model = load();
+        let want = ids(&case["tokens"]);
+        let got = greedy(model.as_mut(), &ids(&case["prompt_ids"]), steps);
+        assert_eq!(got, want[..steps], "{label}: prompt {:?}", case["prompt"].as_str().unwrap());
+    }
+}
+
+fn teacher_forced_agreement(model: &mut dyn CausalLm) -> f64 {
+    let fx = fixture();
+    let tokens = ids(&fx["teacher_forced"]["ids"]);
+    let want = ids(&fx["teacher_forced"]["argmax"]);
+    let logits = model.forward_all(&tokens, 0).unwrap();
+    let got: Vec<u32> = logits.argmax(1).unwrap().to_vec1().unwrap();
+    let same = got.iter().zip(&want).filter(|(a, b)| a == b).count();
+    same as f64 / want.len() as f64
+}
+
+fn sha256_f32(t: &Tensor) -> String {
+    let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    hex::encode(Sha256::digest(&bytes))
+}
+
+#[test]
+fn gguf_to_hf_conversion_matches_transformers_bit_for_bit() {
+    let mut gguf = GgufFile::open(&gguf_path()).unwrap();
+    let tensors = convert::hf_tensors(&mut gguf).unwrap();
+    for (name, want) in fixture()["tensors_sha256"].as_object().unwrap() {
+        assert_eq!(sha256_f32(&tensors[name.as_str()]), want.as_str().unwrap(), "{name}");
+    }
+}
+
+#[test]
+fn f32_cpu_greedy_matches_transformers() {
+    let dir = hf_checkpoint();
+    check_greedy(|| Box::new(load::load_safetensors(&dir, Some(DType::F32), 256, &Device::Cpu).unwrap()), GREEDY_STEPS, "cpu f32");
+}
+
+#[test]
+fn f32_cpu_teacher_forced_matches_transformers() {
+    let mut model = load::load_safetensors(&hf_checkpoint(), Some(DType::F32), 512, &Device::Cpu).unwrap();
+    let agree = teacher_forced_agreement(&mut model);
+    assert!(agree >= 0.99, "top-1 agreement {agree}");
+}
+
+#[test]
+fn a_prompt_longer_than_the_context_is_refused() {
+    let mut model = load::load_safetensors(&hf_checkpoint(), Some(DType::F32), 8, &Device::Cpu).unwrap();
+    let err = model.forward_last(&[1; 9], 0).unwrap_err();
+    assert!(err.to_string().contains("context full"), "{err}");
+}
+
+fn gpu() -> Device {
+    inferno::gpu::open(0).expect("a CUDA device").0
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
+fn gpu_f32_safetensors_greedy_matches_transformers() {
+    let dir = hf_checkpoint();
+    let dev = gpu();
+    check_greedy(|| Box::new(load::load_safetensors(&dir, Some(DType::F32), 256, &dev).unwrap()), GREEDY_STEPS, "gpu f32");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
+fn gpu_bf16_teacher_forced_agreement_is_at_least_98_percent() {
+    let mut model = load::load_safetensors(&hf_checkpoint(), Some(DType::BF16), 512, &gpu()).unwrap();
+    let agree = teacher_forced_agreement(&mut model);
+    eprintln!("bf16 GPU teacher-forced top-1 agreement: {:.2}%", agree * 100.0);
+    assert!(agree >= 0.98, "top-1 agreement {agree}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
+fn gpu_gguf_output_is_close_to_the_reference() {
+    let dev = gpu();
+    let fx = fixture();
+    let mut first_token_matches = 0;
+    let mut prefix_lengths = Vec::new();
+    let cases = fx["greedy"].as_array().unwrap();
+    for case in cases {
+        let mut gguf = GgufFile::open(&gguf_path()).unwrap();
+        let mut model = load::load_gguf(&mut gguf, 256, &dev).unwrap();
+        let want = ids(&case["tokens"]);
+        let got = greedy(&mut model, &ids(&case["prompt_ids"]), 16);
+        let prefix = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        prefix_lengths.push(prefix);
+        first_token_matches += usize::from(prefix > 0);
+    }
+    eprintln!("GGUF (Q4_1 kernels) greedy prefix agreement per prompt: {prefix_lengths:?}");
+    assert_eq!(first_token_matches, cases.len(), "first tokens: {prefix_lengths:?}");
+    let long = prefix_lengths.iter().filter(|&&p| p >= 8).count();
+    assert!(long * 3 >= cases.len() * 2, "most prompts should agree for 8+ tokens: {prefix_lengths:?}");
+}
