@@ -16,6 +16,8 @@ pub enum Command {
     Download(DownloadArgs),
     /// List the models in the Hugging Face cache (also those other tools downloaded).
     List(ListArgs),
+    /// Measure prefill and decode throughput of a model on the GPU.
+    Bench(BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -40,6 +42,40 @@ pub struct DownloadArgs {
 #[derive(Debug, Args)]
 pub struct ListArgs {
     /// Machine-readable output: a JSON array, one object per cached model revision.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Model: a cached repo id (`org/name[@rev]`), a local folder or `.gguf` file; with
+    /// `--dummy-weights`, a config.json (or a folder holding one).
+    pub model: String,
+    /// Prompt length for the prefill measurement.
+    #[arg(short = 'p', long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Tokens generated for the decode measurement.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Measured runs (after one warm-up); medians are reported.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub repeat: usize,
+    /// Random weights from the config, created on the GPU: benchmark shapes without downloading.
+    #[arg(long)]
+    pub dummy_weights: bool,
+    /// Compute dtype: f32, bf16 or f16 (default: the checkpoint's; GGUF computes in f32).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// KV-cache size (default: prompt + generated tokens).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// CUDA device index.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Run on the CPU (debugging only; slow).
+    #[arg(long)]
+    pub cpu: bool,
+    /// Print the results as JSON.
     #[arg(long)]
     pub json: bool,
 }

@@ -20,7 +20,10 @@ pub fn open(ordinal: usize) -> anyhow::Result<(Device, GpuInfo)> {
     let device = Device::new_cuda(ordinal).map_err(|e| {
         fail(
             ErrorKind::NoDevice,
-            format!("no CUDA device {ordinal} found ({e}); inferno needs an NVIDIA GPU and driver for CUDA 13"),
+            format!(
+                "no CUDA device {ordinal} ({}): inferno needs an NVIDIA GPU with a CUDA 13 driver",
+                short_cuda_error(&e.to_string())
+            ),
         )
     })?;
     let info = info(&device, ordinal)?;
@@ -34,6 +37,17 @@ fn info(device: &Device, ordinal: usize) -> anyhow::Result<GpuInfo> {
     let name = ctx.name().unwrap_or_else(|_| "unknown NVIDIA GPU".to_string());
     let (free, total) = ctx.mem_get_info().unwrap_or((0, 0));
     Ok(GpuInfo { ordinal, name, total_bytes: total as u64, free_bytes: free as u64 })
+}
+
+/// The driver's error code out of candle's error text (which may carry a backtrace).
+fn short_cuda_error(text: &str) -> String {
+    if text.contains("CUDA_ERROR_STUB_LIBRARY") || text.contains("CUDA_ERROR_NO_DEVICE") {
+        return "no NVIDIA driver or GPU found".to_string();
+    }
+    if let Some(code) = text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).find(|w| w.starts_with("CUDA_ERROR_")) {
+        return code.to_string();
+    }
+    text.lines().next().unwrap_or("unknown error").trim().to_string()
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -52,4 +66,15 @@ pub fn memory(device: &Device) -> Option<(u64, u64)> {
 #[cfg(not(feature = "cuda"))]
 pub fn memory(_device: &Device) -> Option<(u64, u64)> {
     None
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cuda_errors_are_short() {
+        let text = "DriverError(CUDA_ERROR_STUB_LIBRARY, \"x\")\n   0: candle_core::error::Error::bt";
+        assert_eq!(super::short_cuda_error(text), "no NVIDIA driver or GPU found");
+        assert_eq!(super::short_cuda_error("DriverError(CUDA_ERROR_INVALID_DEVICE, \"\")\n bt"), "CUDA_ERROR_INVALID_DEVICE");
+        assert_eq!(super::short_cuda_error("odd\nmore"), "odd");
+    }
 }

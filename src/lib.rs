@@ -11,6 +11,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod engine;
 pub mod error;
 pub mod gpu;
 pub mod hub;

@@ -22,10 +22,12 @@ fn main() -> ExitCode {
     }
 }
 
-/// The outermost message plus the innermost cause when it adds something, on one line.
+/// The outermost message plus the innermost cause when it adds something, on one line
+/// (library errors can carry backtraces or multi-line text: only their first line is kept).
 fn one_line(err: &anyhow::Error) -> String {
-    let top = err.to_string();
-    let root = err.root_cause().to_string();
+    let first = |s: String| s.lines().next().unwrap_or("").trim().to_string();
+    let top = first(err.to_string());
+    let root = first(err.root_cause().to_string());
     if root == top || top.contains(&root) {
         top
     } else {

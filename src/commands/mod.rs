@@ -1,5 +1,6 @@
 //! One module per subcommand; [`run`] is the only dispatch point.
 
+pub mod bench;
 pub mod download;
 pub mod list;
 
@@ -9,5 +10,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Download(args) => download::run(args),
         Command::List(args) => list::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod convert;
+pub mod dummy;
 pub mod load;
 pub mod model;
 

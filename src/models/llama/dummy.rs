@@ -1,0 +1,40 @@
+//! Random weights for a Llama config, created directly on the device (like vLLM's
+//! `--load-format dummy`): benchmarks of large shapes without downloading them.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::config::LlamaConfig;
+use super::model::{Layer, Weights};
+use crate::models::linear::Linear;
+
+pub fn random_weights(cfg: &LlamaConfig, dtype: DType, device: &Device) -> candle_core::Result<Weights> {
+    let t = |shape: (usize, usize)| Tensor::randn(0f32, 0.02, shape, device)?.to_dtype(dtype);
+    let ones = |n: usize| Tensor::ones(n, dtype, device);
+    let lin = |out: usize, inp: usize, bias: bool| -> candle_core::Result<Linear> {
+        let bias = if bias { Some(Tensor::zeros(out, dtype, device)?) } else { None };
+        Ok(Linear::Dense { weight: t((out, inp))?, bias })
+    };
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for _ in 0..cfg.num_layers {
+        layers.push(Layer {
+            attn_norm: ones(h)?,
+            q: lin(qd, h, cfg.attention_bias)?,
+            k: lin(kvd, h, cfg.attention_bias)?,
+            v: lin(kvd, h, cfg.attention_bias)?,
+            o: lin(h, qd, cfg.attention_bias)?,
+            mlp_norm: ones(h)?,
+            gate: lin(i, h, cfg.mlp_bias)?,
+            up: lin(i, h, cfg.mlp_bias)?,
+            down: lin(h, i, cfg.mlp_bias)?,
+        });
+    }
+    let embed = t((cfg.vocab_size, h))?;
+    let lm_head = if cfg.tie_word_embeddings {
+        Linear::Dense { weight: embed.clone(), bias: None }
+    } else {
+        lin(cfg.vocab_size, h, false)?
+    };
+    Ok(Weights { embed, layers, norm: ones(h)?, lm_head })
+}
