@@ -18,6 +18,9 @@ pub enum Command {
     List(ListArgs),
     /// Measure prefill and decode throughput of a model on the GPU.
     Bench(BenchArgs),
+    /// Write an HF-format f32 safetensors checkpoint of a llama GGUF (developer tool).
+    #[command(hide = true)]
+    Convert(ConvertArgs),
 }
 
 #[derive(Debug, Args)]
@@ -78,4 +81,12 @@ pub struct BenchArgs {
     /// Print the results as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// The llama-architecture GGUF file.
+    pub gguf: String,
+    /// Output folder (model.safetensors + config.json).
+    pub out: String,
 }

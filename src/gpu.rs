@@ -40,6 +40,7 @@ fn info(device: &Device, ordinal: usize) -> anyhow::Result<GpuInfo> {
 }
 
 /// The driver's error code out of candle's error text (which may carry a backtrace).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn short_cuda_error(text: &str) -> String {
     if text.contains("CUDA_ERROR_STUB_LIBRARY") || text.contains("CUDA_ERROR_NO_DEVICE") {
         return "no NVIDIA driver or GPU found".to_string();

@@ -1,6 +1,7 @@
 //! One module per subcommand; [`run`] is the only dispatch point.
 
 pub mod bench;
+pub mod convert;
 pub mod download;
 pub mod list;
 
@@ -11,5 +12,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Download(args) => download::run(args),
         Command::List(args) => list::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Convert(args) => convert::run(args),
     }
 }
