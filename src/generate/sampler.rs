@@ -1,0 +1,271 @@
+//! Turning one step's logits into the next token id.
+//!
+//! Model-independent and CPU-side: the model hands over a logits row (`&mut [f32]`, vocabulary
+//! sized, up to 201,088 entries for gpt-oss) and gets back one id. The pipeline, in this order
+//! (Hugging Face `generate`'s order; llama.cpp differs only in applying temperature last):
+//!
+//! 1. **repetition penalty** over the *distinct* ids among the last `repeat_last_n` of the
+//!    history, with HF semantics: a positive logit is divided by the penalty, a negative one
+//!    multiplied (so the token always becomes less likely for a penalty > 1);
+//! 2. **temperature** (`temperature <= 0` short-circuits to greedy argmax, ties going to the
+//!    lowest id);
+//! 3. **top-k**: keep the k highest logits;
+//! 4. **softmax**;
+//! 5. **top-p** (nucleus): keep the smallest set of most likely tokens whose probability adds up
+//!    to at least `top_p` (always at least one token);
+//! 6. **min-p**: drop tokens whose probability is below `min_p` times the top token's;
+//! 7. renormalise and draw with a seeded RNG.
+//!
+//! Speed matters because this runs once per generated token on the host. Nothing is sorted in
+//! full unless top-p really needs most of the vocabulary: top-k uses `select_nth_unstable`, min-p
+//! is a logit threshold applied while copying, and top-p sorts a growing head of the candidates
+//! only until it covers `top_p` of the mass. Buffers are reused between calls.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::cmp::Ordering;
+
+/// How to pick tokens. `Default` is llama.cpp's default sampler (temperature 0.8, top-k 40,
+/// top-p 0.95, min-p 0.05, no repetition penalty) with seed 0; a CLI should draw a random seed
+/// unless the user gives one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerConfig {
+    /// Softmax temperature; `<= 0` (or not finite) means greedy decoding.
+    pub temperature: f32,
+    /// Keep only the k most likely tokens; `None` or `Some(0)` disables.
+    pub top_k: Option<usize>,
+    /// Nucleus sampling mass in (0, 1); `None` or `>= 1` disables, `<= 0` keeps only the top token.
+    pub top_p: Option<f32>,
+    /// Relative probability floor in (0, 1]; `None` or `<= 0` disables.
+    pub min_p: Option<f32>,
+    /// Repetition penalty; 1.0 is off, > 1 discourages repeats.
+    pub repeat_penalty: f32,
+    /// How many of the most recent history tokens the penalty looks at (0 = none).
+    pub repeat_last_n: usize,
+    /// Seed of the RNG: the same seed, logits and history give the same tokens.
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 0.8,
+            top_k: Some(40),
+            top_p: Some(0.95),
+            min_p: Some(0.05),
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Deterministic argmax decoding, no penalty.
+    pub fn greedy() -> Self {
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            repeat_penalty: 1.0,
+            repeat_last_n: 0,
+            seed: 0,
+        }
+    }
+
+    /// True when sampling reduces to argmax (no randomness is drawn).
+    pub fn is_greedy(&self) -> bool {
+        !(self.temperature > 0.0 && self.temperature.is_finite())
+    }
+}
+
+/// A stateful sampler: owns the RNG and scratch buffers. One per generation stream.
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: StdRng,
+    /// (token id, weight) candidates; weights are scaled logits, then unnormalised probabilities.
+    cand: Vec<(u32, f32)>,
+    /// Distinct recent ids for the repetition penalty.
+    recent: Vec<u32>,
+}
+
+impl Sampler {
+    pub fn new(cfg: SamplerConfig) -> Self {
+        let rng = StdRng::seed_from_u64(cfg.seed);
+        Sampler { cfg, rng, cand: Vec::new(), recent: Vec::new() }
+    }
+
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Picks the next token. `logits` is modified in place (penalised); `history` is the ids so
+    /// far (prompt and generated), most recent last. NaN logits are never picked.
+    ///
+    /// # Panics
+    /// If `logits` is empty (a caller bug, not a data error).
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        assert!(!logits.is_empty(), "Sampler::sample: empty logits");
+        self.apply_repeat_penalty(logits, history);
+        if self.cfg.is_greedy() {
+            return argmax(logits);
+        }
+        let max = match max_non_nan(logits) {
+            Some(m) if m.is_finite() => m,
+            // All -inf/NaN, or a +inf that would swallow all the mass: the best-ranked id wins.
+            _ => return argmax(logits),
+        };
+        let total = self.collect_candidates(logits, max);
+        let kept = self.nucleus(total);
+        self.draw(kept)
+    }
+
+    /// Step 1: HF-style repetition penalty over the distinct ids of the recent window.
+    fn apply_repeat_penalty(&mut self, logits: &mut [f32], history: &[u32]) {
+        let penalty = self.cfg.repeat_penalty;
+        if penalty == 1.0 || !penalty.is_finite() || penalty <= 0.0 || self.cfg.repeat_last_n == 0 {
+            return;
+        }
+        let start = history.len().saturating_sub(self.cfg.repeat_last_n);
+        self.recent.clear();
+        self.recent.extend_from_slice(&history[start..]);
+        self.recent.sort_unstable();
+        self.recent.dedup();
+        for &id in &self.recent {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+            }
+        }
+    }
+
+    /// Steps 2, 3, 4 and 6: fill `cand` with (id, exp((l - max) / T)) for the top-k tokens that
+    /// pass the min-p floor. Top-k and min-p commute with the later steps: top-k ranks are the
+    /// same before and after temperature, and min-p's floor is relative to the top token, so it
+    /// is the same before or after top-p renormalises (it removes a tail of the same ranking).
+    /// Returns the softmax normaliser over the top-k set (before min-p), which top-p needs.
+    fn collect_candidates(&mut self, logits: &[f32], max: f32) -> f64 {
+        let inv_t = 1.0 / self.cfg.temperature;
+        // min-p: p_i >= min_p * p_max  <=>  (l_i - max) / T >= ln(min_p).
+        let floor = match self.cfg.min_p {
+            Some(m) if m > 0.0 => m.min(1.0).ln(),
+            _ => f32::NEG_INFINITY,
+        };
+        self.cand.clear();
+        let k = self.cfg.top_k.filter(|&k| k > 0 && k < logits.len());
+        match k {
+            Some(k) => {
+                self.cand.extend(
+                    logits
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, l)| !l.is_nan())
+                        .map(|(i, &l)| (i as u32, l)),
+                );
+                if k < self.cand.len() {
+                    self.cand.select_nth_unstable_by(k - 1, by_weight_desc);
+                    self.cand.truncate(k);
+                }
+                // Softmax over the k survivors only; max is among them.
+                let mut z = 0f64;
+                for c in self.cand.iter_mut() {
+                    c.1 = ((c.1 - max) * inv_t).exp();
+                    z += c.1 as f64;
+                }
+                let w_floor = floor.exp();
+                self.cand.retain(|c| c.1 > 0.0 && c.1 >= w_floor);
+                z
+            }
+            None => {
+                let mut z = 0f64;
+                for (i, &l) in logits.iter().enumerate() {
+                    let s = (l - max) * inv_t;
+                    if s.is_nan() || s == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let w = s.exp();
+                    z += w as f64;
+                    if s >= floor && w > 0.0 {
+                        self.cand.push((i as u32, w));
+                    }
+                }
+                z
+            }
+        }
+    }
+
+    /// Step 5: keep the smallest head of the ranking whose mass reaches `top_p` of `total`.
+    /// Sorts only a growing head (256, 2048, …) so a peaked distribution costs O(n), not
+    /// O(n log n). Returns how many leading entries of `cand` survive; when no top-p applies
+    /// the order of `cand` is left as it is.
+    fn nucleus(&mut self, total: f64) -> usize {
+        let n = self.cand.len();
+        let p = match self.cfg.top_p {
+            Some(p) if p < 1.0 => p.max(0.0) as f64,
+            _ => return n,
+        };
+        let target = p * total;
+        let mut head = n.min(256);
+        loop {
+            if head < n {
+                self.cand.select_nth_unstable_by(head - 1, by_weight_desc);
+            }
+            self.cand[..head].sort_unstable_by(by_weight_desc);
+            let mut acc = 0f64;
+            for (i, c) in self.cand[..head].iter().enumerate() {
+                acc += c.1 as f64;
+                if acc >= target {
+                    return i + 1;
+                }
+            }
+            if head == n {
+                // Rounding, or min-p already removed the tail: keep everything left.
+                return n;
+            }
+            head = n.min(head.saturating_mul(8));
+        }
+    }
+
+    /// Step 7: draw from the first `kept` candidates in proportion to their weights.
+    fn draw(&mut self, kept: usize) -> u32 {
+        let cand = &self.cand[..kept.max(1)];
+        let total: f64 = cand.iter().map(|c| c.1 as f64).sum();
+        let u = self.rng.random::<f64>() * total;
+        let mut acc = 0f64;
+        for c in cand {
+            acc += c.1 as f64;
+            if u < acc {
+                return c.0;
+            }
+        }
+        // Only reachable through rounding at the very top of the range.
+        cand.iter().rev().find(|c| c.1 > 0.0).unwrap_or(&cand[0]).0
+    }
+}
+
+/// Descending by weight, ties by ascending id (so results do not depend on scan order).
+fn by_weight_desc(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// Index of the largest logit, ties to the lowest id; NaN never wins (index 0 if all are NaN).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NAN;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_v || (best_v.is_nan() && !v.is_nan()) {
+            best = i;
+            best_v = v;
+        }
+    }
+    best as u32
+}
+
+/// Largest logit that is not NaN, or `None` when all are NaN.
+fn max_non_nan(logits: &[f32]) -> Option<f32> {
+    logits.iter().copied().filter(|v| !v.is_nan()).reduce(f32::max)
+}
+
+#[cfg(test)]
+#[path = "sampler_tests.rs"]
+mod tests;
