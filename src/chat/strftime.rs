@@ -85,7 +85,7 @@ pub fn strftime(t: SystemTime, fmt: &str) -> String {
             out.push('%');
             break;
         };
-        let hour12 = if c.hour % 12 == 0 { 12 } else { c.hour % 12 };
+        let hour12 = if c.hour.is_multiple_of(12) { 12 } else { c.hour % 12 };
         let month = MONTHS[(c.month - 1) as usize];
         let day = DAYS[c.weekday as usize];
         let s = match d {

@@ -157,8 +157,7 @@ fn top_p_and_min_p_supports_on_a_large_vocab_match_reference() {
         let want: Vec<u32> =
             reference(&logits, &cfg, &[]).iter().enumerate().filter(|(_, p)| **p > 0.0).map(|(i, _)| i as u32).collect();
         let mut s = Sampler::new(cfg.clone());
-        let max = max_non_nan(&logits).unwrap();
-        let total = s.collect_candidates(&logits, max);
+        let total = s.collect_candidates(&logits).unwrap();
         let kept = s.nucleus(total);
         let mut got: Vec<u32> = s.cand[..kept].iter().map(|c| c.0).collect();
         got.sort();
@@ -236,6 +235,7 @@ fn large_vocab_is_fast_enough() {
             s.sample(&mut buf, &[1, 2, 3]);
         }
         let per_call = start.elapsed() / 20;
+        eprintln!("vocab 201088, {cfg:?}: {per_call:?} per token");
         // Generous for a loaded CI box; a release build takes about a millisecond.
         assert!(per_call.as_millis() < 100, "{cfg:?}: {per_call:?} per token");
     }
