@@ -26,7 +26,13 @@ impl DumpOptions {
     /// Python's defaults for a given indent.
     pub fn python(indent: Option<String>) -> Self {
         let item_sep = if indent.is_some() { "," } else { ", " };
-        DumpOptions { ensure_ascii: false, indent, item_sep: item_sep.into(), key_sep: ": ".into(), sort_keys: false }
+        DumpOptions {
+            ensure_ascii: false,
+            indent,
+            item_sep: item_sep.into(),
+            key_sep: ": ".into(),
+            sort_keys: false,
+        }
     }
 }
 
@@ -240,7 +246,10 @@ mod tests {
             "{\n  \"type\": \"function\",\n  \"b\": [\n    1,\n    2.5,\n    true,\n    null\n  ],\n  \"a\": {},\n  \"e\": [],\n  \"s\": \"é\\\"\\n<>&'\"\n}"
         );
         let sorted = DumpOptions { sort_keys: true, ensure_ascii: true, ..DumpOptions::python(None) };
-        assert_eq!(dumps(serde_json::json!({"z": "😀", "a": 1}), &sorted), r#"{"a": 1, "z": "\ud83d\ude00"}"#);
+        assert_eq!(
+            dumps(serde_json::json!({"z": "😀", "a": 1}), &sorted),
+            r#"{"a": 1, "z": "\ud83d\ude00"}"#
+        );
     }
 
     #[test]

@@ -8,8 +8,20 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-const MONTHS: [&str; 12] =
-    ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
 const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 
 /// A broken-down UTC time.
@@ -138,7 +150,10 @@ mod tests {
         let t = at(1_722_012_709);
         assert_eq!(strftime(t, "%d %b %Y"), "26 Jul 2024");
         assert_eq!(strftime(t, "%Y-%m-%d %H:%M:%S"), "2024-07-26 16:51:49");
-        assert_eq!(strftime(t, "%A %a %B %j %u %w %I%p %e|%y|%%|%Q"), "Friday Fri July 208 5 5 04PM 26|24|%|%Q");
+        assert_eq!(
+            strftime(t, "%A %a %B %j %u %w %I%p %e|%y|%%|%Q"),
+            "Friday Fri July 208 5 5 04PM 26|24|%|%Q"
+        );
         assert_eq!(strftime(at(0), "%F %T %Z"), "1970-01-01 00:00:00 UTC");
         // Leap day and end of a leap year.
         assert_eq!(strftime(at(951_782_400), "%F %a %j"), "2000-02-29 Tue 060");

@@ -80,9 +80,9 @@ impl ChatTemplate {
         });
         let mut t = ChatTemplate { env, bos_token, eos_token };
         t = t.with_clock(SystemTime::now);
-        t.env
-            .add_template_owned(NAME, source.to_string())
-            .map_err(|e| fail(ErrorKind::InvalidInput, format!("chat template does not parse: {}", describe(&e))))?;
+        t.env.add_template_owned(NAME, source.to_string()).map_err(|e| {
+            fail(ErrorKind::InvalidInput, format!("chat template does not parse: {}", describe(&e)))
+        })?;
         Ok(t)
     }
 
@@ -105,7 +105,12 @@ impl ChatTemplate {
     /// variables (`reasoning_effort`, `tools`, `enable_thinking`, …) or null; it may override
     /// `bos_token`, `eos_token`, `tools` and `documents`, not `messages` or
     /// `add_generation_prompt`.
-    pub fn render(&self, messages: &[Message], add_generation_prompt: bool, extra: &serde_json::Value) -> Result<String> {
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &serde_json::Value,
+    ) -> Result<String> {
         let mut ctx = serde_json::Map::new();
         ctx.insert("tools".into(), serde_json::Value::Null);
         ctx.insert("documents".into(), serde_json::Value::Null);
@@ -124,7 +129,9 @@ impl ChatTemplate {
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
         let tmpl = self.env.get_template(NAME).context("chat template missing from its environment")?;
         tmpl.render(Value::from(minijinja::value::Serde(&ctx))).map_err(|e| match raised_message(&e) {
-            Some(msg) => fail(ErrorKind::InvalidInput, format!("the chat template rejected the conversation: {msg}")),
+            Some(msg) => {
+                fail(ErrorKind::InvalidInput, format!("the chat template rejected the conversation: {msg}"))
+            }
             None => fail(ErrorKind::InvalidInput, format!("chat template failed: {}", describe(&e))),
         })
     }
@@ -133,7 +140,10 @@ impl ChatTemplate {
     /// `tokenizer_config.json`'s `chat_template` (a string, or a list of `{name, template}`, of
     /// which "default" is used); `bos_token`/`eos_token` from `tokenizer_config.json` (a string
     /// or an AddedToken object `{"content": …}`).
-    pub fn from_files(tokenizer_config: &serde_json::Value, chat_template_jinja: Option<&str>) -> Result<Self> {
+    pub fn from_files(
+        tokenizer_config: &serde_json::Value,
+        chat_template_jinja: Option<&str>,
+    ) -> Result<Self> {
         let source = match chat_template_jinja {
             Some(s) => s.to_string(),
             None => template_from_config(tokenizer_config)?,
@@ -161,7 +171,10 @@ fn template_from_config(cfg: &serde_json::Value) -> Result<String> {
                 let names: Vec<&str> = list.iter().filter_map(|t| t["name"].as_str()).collect();
                 fail(
                     ErrorKind::InvalidInput,
-                    format!("the model has several chat templates ({}) and none is named \"default\"", names.join(", ")),
+                    format!(
+                        "the model has several chat templates ({}) and none is named \"default\"",
+                        names.join(", ")
+                    ),
                 )
             })
         }
@@ -169,7 +182,10 @@ fn template_from_config(cfg: &serde_json::Value) -> Result<String> {
             ErrorKind::InvalidInput,
             "the model has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)",
         )),
-        _ => Err(fail(ErrorKind::InvalidInput, "tokenizer_config.json: chat_template is neither a string nor a list")),
+        _ => Err(fail(
+            ErrorKind::InvalidInput,
+            "tokenizer_config.json: chat_template is neither a string nor a list",
+        )),
     }
 }
 

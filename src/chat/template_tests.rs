@@ -47,7 +47,8 @@ fn strftime_now_uses_the_injected_clock() {
 #[test]
 fn tojson_is_pythons_json_dumps() {
     let src = "{{ tools[0] | tojson }}\n{{ tools[0] | tojson(indent=2) }}\n{{ 'é<' | tojson }}{{ 'é' | tojson(ensure_ascii=true) }}{{ tools[0].function | tojson(separators=(',', ':'), sort_keys=true) }}";
-    let tools = json!([{"type": "function", "function": {"name": "f", "description": "<b>", "parameters": {}}}]);
+    let tools =
+        json!([{"type": "function", "function": {"name": "f", "description": "<b>", "parameters": {}}}]);
     let out = render(src, &[], json!({"tools": tools})).unwrap();
     let want = concat!(
         r#"{"type": "function", "function": {"name": "f", "description": "<b>", "parameters": {}}}"#,
@@ -69,10 +70,16 @@ fn context_variables() {
     let src = "{{ bos_token }}|{{ eos_token }}|{{ tools is none }}|{{ documents is none }}|{{ add_generation_prompt }}|{{ reasoning_effort | default('medium') }}";
     // Booleans print the Python way, as in Jinja2.
     assert_eq!(render(src, &[], json!(null)).unwrap(), "<s>|</s>|True|True|True|medium");
-    assert_eq!(render(src, &[], json!({"reasoning_effort": "high", "bos_token": "B"})).unwrap(), "B|</s>|True|True|True|high");
+    assert_eq!(
+        render(src, &[], json!({"reasoning_effort": "high", "bos_token": "B"})).unwrap(),
+        "B|</s>|True|True|True|high"
+    );
     // Extra variables cannot replace the conversation.
     let src = "{{ messages | length }}{{ add_generation_prompt }}";
-    assert_eq!(render(src, &user("x"), json!({"messages": [], "add_generation_prompt": false})).unwrap(), "1True");
+    assert_eq!(
+        render(src, &user("x"), json!({"messages": [], "add_generation_prompt": false})).unwrap(),
+        "1True"
+    );
     assert!(render(src, &[], json!([1])).is_err());
     // Unknown special tokens are undefined, as in transformers when the tokenizer has none.
     let t = ChatTemplate::new("[{{ bos_token }}]{{ bos_token is defined }}", None, None).unwrap();
@@ -102,7 +109,8 @@ fn from_files_template_lists_and_missing_templates() {
     ]});
     let t = ChatTemplate::from_files(&cfg, None).unwrap();
     assert_eq!(t.render(&[], false, &json!(null)).unwrap(), "default");
-    let err = ChatTemplate::from_files(&json!({"chat_template": [{"name": "rag", "template": "x"}]}), None).unwrap_err();
+    let err = ChatTemplate::from_files(&json!({"chat_template": [{"name": "rag", "template": "x"}]}), None)
+        .unwrap_err();
     assert!(err.to_string().contains("(rag)"), "{err}");
     let err = ChatTemplate::from_files(&json!({"bos_token": null}), None).unwrap_err();
     assert!(err.to_string().contains("no chat template"), "{err}");
@@ -160,5 +168,11 @@ fn matches_transformers_apply_chat_template() {
         }
     }
     assert!(fx.cases.len() >= 20, "too few fixture cases");
-    assert!(failures.is_empty(), "{} of {} cases differ:\n{}", failures.len(), fx.cases.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        fx.cases.len(),
+        failures.join("\n\n")
+    );
 }

@@ -154,8 +154,12 @@ fn top_p_and_min_p_supports_on_a_large_vocab_match_reference() {
         SamplerConfig { top_p: Some(0.95), min_p: Some(0.05), ..plain(0.8) },
         SamplerConfig { top_k: Some(1000), top_p: Some(0.5), ..plain(1.0) },
     ] {
-        let want: Vec<u32> =
-            reference(&logits, &cfg, &[]).iter().enumerate().filter(|(_, p)| **p > 0.0).map(|(i, _)| i as u32).collect();
+        let want: Vec<u32> = reference(&logits, &cfg, &[])
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| **p > 0.0)
+            .map(|(i, _)| i as u32)
+            .collect();
         let mut s = Sampler::new(cfg.clone());
         let total = s.collect_candidates(&logits).unwrap();
         let kept = s.nucleus(total);
@@ -226,7 +230,9 @@ fn same_seed_same_sequence_different_seed_different() {
 #[test]
 fn large_vocab_is_fast_enough() {
     let logits = random_logits(201_088, 9);
-    for cfg in [SamplerConfig::default(), SamplerConfig { top_k: None, min_p: None, ..SamplerConfig::default() }] {
+    for cfg in
+        [SamplerConfig::default(), SamplerConfig { top_k: None, min_p: None, ..SamplerConfig::default() }]
+    {
         let mut s = Sampler::new(cfg.clone());
         let mut buf = logits.clone();
         let start = std::time::Instant::now();

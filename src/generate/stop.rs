@@ -102,10 +102,7 @@ impl StopChecker {
         self.held.push_str(text);
         if let Some((at, s)) = self.find_stop() {
             self.held.truncate(at);
-            return Step {
-                text: std::mem::take(&mut self.held),
-                stop: Some(StopReason::StopString(s)),
-            };
+            return Step { text: std::mem::take(&mut self.held), stop: Some(StopReason::StopString(s)) };
         }
         if self.generated >= self.max_tokens {
             return Step { text: std::mem::take(&mut self.held), stop: Some(StopReason::MaxTokens) };
@@ -158,7 +155,10 @@ impl StopChecker {
 /// `eos_token_id` may be a single integer or a list in either file; the result is the union,
 /// `config.json`'s ids first, without duplicates. Anything else (null, missing) contributes
 /// nothing.
-pub fn eos_ids_from(config_json: &serde_json::Value, generation_config: Option<&serde_json::Value>) -> Vec<u32> {
+pub fn eos_ids_from(
+    config_json: &serde_json::Value,
+    generation_config: Option<&serde_json::Value>,
+) -> Vec<u32> {
     let mut ids = Vec::new();
     for v in std::iter::once(config_json).chain(generation_config) {
         let field = &v["eos_token_id"];

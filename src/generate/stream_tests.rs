@@ -39,7 +39,10 @@ fn check_stream(tok: &Tokenizer, ids: &[u32], skip_special: bool) {
         if strict {
             assert_eq!(out, complete, "after token {i} ({id}): streamed text is not the complete prefix");
         } else {
-            assert!(out.starts_with(complete), "after token {i} ({id}): {out:?} holds back part of {complete:?}");
+            assert!(
+                out.starts_with(complete),
+                "after token {i} ({id}): {out:?} holds back part of {complete:?}"
+            );
         }
         assert!(last.starts_with(&out), "after token {i} ({id}): {out:?} is not a prefix of {last:?}");
     }
@@ -127,10 +130,12 @@ fn sentencepiece_bpe() -> Tokenizer {
     for b in 0..=255u8 {
         vocab.insert(format!("<0x{b:02X}>"), json!(vocab.len()));
     }
-    for c in ('a'..='z').chain('A'..='Z').chain('0'..='9').chain(".,!?:;'\"(){}[]+-=".chars()).chain(['▁']) {
+    for c in ('a'..='z').chain('A'..='Z').chain('0'..='9').chain(".,!?:;'\"(){}[]+-=".chars()).chain(['▁'])
+    {
         vocab.insert(c.to_string(), json!(vocab.len()));
     }
-    let merges = [("▁", "t"), ("h", "e"), ("▁t", "he"), ("▁", "H"), ("▁H", "e"), ("l", "l"), ("▁", "w"), ("o", "r")];
+    let merges =
+        [("▁", "t"), ("h", "e"), ("▁t", "he"), ("▁", "H"), ("▁H", "e"), ("l", "l"), ("▁", "w"), ("o", "r")];
     let mut merge_list = Vec::new();
     for (a, b) in merges {
         vocab.insert(format!("{a}{b}"), json!(vocab.len()));
