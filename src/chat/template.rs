@@ -75,12 +75,15 @@ impl ChatTemplate {
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson_filter);
+        // Jinja2: `none is iterable` is false (minijinja iterates none as empty), so templates'
+        // `tools is iterable and tools | length > 0` must short-circuit on a missing tool list.
+        env.add_test("iterable", |v: Value| !v.is_none() && v.try_iter().is_ok());
         env.add_function("raise_exception", |msg: String| -> Result<Value, JinjaError> {
             Err(JinjaError::new(JinjaErrorKind::InvalidOperation, RAISED).with_source(Raised(msg)))
         });
         let mut t = ChatTemplate { env, bos_token, eos_token };
         t = t.with_clock(SystemTime::now);
-        t.env.add_template_owned(NAME, source.to_string()).map_err(|e| {
+        t.env.add_template_owned(NAME, rewrite_generation_tags(source)).map_err(|e| {
             fail(ErrorKind::InvalidInput, format!("chat template does not parse: {}", describe(&e)))
         })?;
         Ok(t)
@@ -155,6 +158,40 @@ impl ChatTemplate {
         };
         Self::new(&source, token("bos_token"), token("eos_token"))
     }
+}
+
+/// transformers' `{% generation %}…{% endgeneration %}` (its AssistantTracker extension) only
+/// marks assistant text for training masks and renders its body unchanged; minijinja has no
+/// such tag, so it becomes `{% if true %}…{% endif %}`, keeping any whitespace control.
+fn rewrite_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else { break };
+        let inner = &tag[2..end];
+        let (lead, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, trail) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[body.len() - 1..]),
+            None => (body, ""),
+        };
+        let replacement = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(r) => out.push_str(&format!("{{%{lead} {r} {trail}%}}")),
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn template_from_config(cfg: &serde_json::Value) -> Result<String> {
