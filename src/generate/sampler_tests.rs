@@ -252,3 +252,21 @@ fn random_logits(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = StdRng::seed_from_u64(seed);
     (0..n).map(|_| (0..4).map(|_| rng.random::<f32>()).sum::<f32>() * 2.0 - 4.0).collect()
 }
+
+#[test]
+fn validate_rejects_nonsense_settings() {
+    assert!(SamplerConfig::default().validate().is_ok());
+    assert!(SamplerConfig::greedy().validate().is_ok());
+    let bad = [
+        SamplerConfig { temperature: -0.1, ..SamplerConfig::default() },
+        SamplerConfig { temperature: f32::NAN, ..SamplerConfig::default() },
+        SamplerConfig { top_p: Some(0.0), ..SamplerConfig::default() },
+        SamplerConfig { top_p: Some(1.5), ..SamplerConfig::default() },
+        SamplerConfig { min_p: Some(-0.1), ..SamplerConfig::default() },
+        SamplerConfig { repeat_penalty: 0.0, ..SamplerConfig::default() },
+    ];
+    for cfg in bad {
+        let err = cfg.validate().expect_err("should be rejected");
+        assert_eq!(crate::error::kind_of(&err), crate::error::ErrorKind::InvalidInput, "{cfg:?}");
+    }
+}
