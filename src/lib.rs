@@ -7,12 +7,16 @@
 //! - [`inspect`]: what a cached or local model is (architecture, weight format, context) without
 //!   loading its weights.
 //! - [`gpu`]: choosing the CUDA device; never a silent CPU fallback.
+//! - [`generate`]: model-independent generation: sampling, stop conditions, streaming detokeniser.
+//! - [`chat`]: turning a conversation into a prompt (Hugging Face chat templates).
 //! - [`commands`]: one module per subcommand.
 
+pub mod chat;
 pub mod cli;
 pub mod commands;
 pub mod engine;
 pub mod error;
+pub mod generate;
 pub mod gpu;
 pub mod hub;
 pub mod inspect;

@@ -1,0 +1,11 @@
+//! Chat formats: turning a conversation into the prompt text a model was trained on.
+//!
+//! - [`template`]: Hugging Face Jinja chat templates, rendered with transformers' semantics.
+//! - [`pyjson`], [`strftime`]: the Python behaviours those templates rely on (`tojson` is
+//!   `json.dumps`, `strftime_now`).
+
+pub mod pyjson;
+pub mod strftime;
+pub mod template;
+
+pub use template::{ChatTemplate, Message};

@@ -1,0 +1,269 @@
+//! Hugging Face chat templates, rendered the way transformers renders them.
+//!
+//! A model's prompt format lives in a Jinja template (`chat_template.jinja`, or
+//! `tokenizer_config.json`'s `chat_template`). A prompt that differs from the one the model was
+//! trained on by a single newline degrades it quietly, so the environment mirrors transformers'
+//! `_compile_jinja_template` + `render_jinja_template`:
+//!
+//! - `trim_blocks` and `lstrip_blocks` on, trailing newline of the template dropped, no
+//!   autoescaping, loop controls (`break`/`continue`);
+//! - globals `raise_exception(msg)` (rendering fails with `msg`) and `strftime_now(fmt)` (UTC:
+//!   see [`super::strftime`]; injectable with [`ChatTemplate::with_clock`] for tests);
+//! - `tojson` with HF's signature and Python's `json.dumps` output ([`super::pyjson`]);
+//! - Python string/dict/list methods (`.strip()`, `.split()`, `.items()`, …) through
+//!   minijinja-contrib's pycompat;
+//! - context: `messages`, `tools` and `documents` (none unless given), `add_generation_prompt`,
+//!   `bos_token`/`eos_token` when known, and any `extra` variables (e.g. `reasoning_effort`).
+//!
+//! Tests compare against transformers' own output: `tests/fixtures/chat_templates.json`, made
+//! by `scripts/fixtures/chat_templates.py`.
+
+use super::pyjson::tojson_filter;
+use super::strftime::strftime;
+use crate::error::{ErrorKind, fail};
+use anyhow::{Context, Result};
+use minijinja::syntax::SyntaxConfig;
+use minijinja::{AutoEscape, Environment, Error as JinjaError, ErrorKind as JinjaErrorKind, Value};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// One chat message as templates see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Message { role: role.into(), content: content.into() }
+    }
+}
+
+type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
+const NAME: &str = "chat_template";
+
+/// A compiled chat template with the special tokens it may refer to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; a syntax error is reported here, not at the first render.
+    pub fn new(source: &str, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self> {
+        let mut env = Environment::new();
+        let syntax = SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .keep_trailing_newline(false)
+            .build()
+            .context("building the chat template syntax")?;
+        env.set_syntax(syntax);
+        env.set_auto_escape_callback(|_| AutoEscape::None);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson_filter);
+        // Jinja2: `none is iterable` is false (minijinja iterates none as empty), so templates'
+        // `tools is iterable and tools | length > 0` must short-circuit on a missing tool list.
+        env.add_test("iterable", |v: Value| !v.is_none() && v.try_iter().is_ok());
+        env.add_function("raise_exception", |msg: String| -> Result<Value, JinjaError> {
+            Err(JinjaError::new(JinjaErrorKind::InvalidOperation, RAISED).with_source(Raised(msg)))
+        });
+        let mut t = ChatTemplate { env, bos_token, eos_token };
+        t = t.with_clock(SystemTime::now);
+        t.env.add_template_owned(NAME, rewrite_generation_tags(source)).map_err(|e| {
+            fail(ErrorKind::InvalidInput, format!("chat template does not parse: {}", describe(&e)))
+        })?;
+        Ok(t)
+    }
+
+    /// Replaces the clock behind `strftime_now` (tests freeze the date with this).
+    pub fn with_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        let clock: Clock = Arc::new(clock);
+        self.env.add_function("strftime_now", move |fmt: String| strftime(clock(), &fmt));
+        self
+    }
+
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// Renders the prompt for `messages`. `extra` is a JSON object of further template
+    /// variables (`reasoning_effort`, `tools`, `enable_thinking`, …) or null; it may override
+    /// `bos_token`, `eos_token`, `tools` and `documents`, not `messages` or
+    /// `add_generation_prompt`.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &serde_json::Value,
+    ) -> Result<String> {
+        let mut ctx = serde_json::Map::new();
+        ctx.insert("tools".into(), serde_json::Value::Null);
+        ctx.insert("documents".into(), serde_json::Value::Null);
+        if let Some(b) = &self.bos_token {
+            ctx.insert("bos_token".into(), b.clone().into());
+        }
+        if let Some(e) = &self.eos_token {
+            ctx.insert("eos_token".into(), e.clone().into());
+        }
+        match extra {
+            serde_json::Value::Null => {}
+            serde_json::Value::Object(m) => ctx.extend(m.iter().map(|(k, v)| (k.clone(), v.clone()))),
+            _ => return Err(fail(ErrorKind::InvalidInput, "chat template variables must be a JSON object")),
+        }
+        ctx.insert("messages".into(), serde_json::to_value(messages)?);
+        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        let tmpl = self.env.get_template(NAME).context("chat template missing from its environment")?;
+        tmpl.render(Value::from(minijinja::value::Serde(&ctx))).map_err(|e| match raised_message(&e) {
+            Some(msg) => {
+                fail(ErrorKind::InvalidInput, format!("the chat template rejected the conversation: {msg}"))
+            }
+            None => fail(ErrorKind::InvalidInput, format!("chat template failed: {}", describe(&e))),
+        })
+    }
+
+    /// The template of a model directory's files: `chat_template.jinja` if there is one, else
+    /// `tokenizer_config.json`'s `chat_template` (a string, or a list of `{name, template}`, of
+    /// which "default" is used); `bos_token`/`eos_token` from `tokenizer_config.json` (a string
+    /// or an AddedToken object `{"content": …}`).
+    pub fn from_files(
+        tokenizer_config: &serde_json::Value,
+        chat_template_jinja: Option<&str>,
+    ) -> Result<Self> {
+        let source = match chat_template_jinja {
+            Some(s) => s.to_string(),
+            None => template_from_config(tokenizer_config)?,
+        };
+        let token = |name: &str| match &tokenizer_config[name] {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(str::to_string),
+            _ => None,
+        };
+        Self::new(&source, token("bos_token"), token("eos_token"))
+    }
+}
+
+/// transformers' `{% generation %}…{% endgeneration %}` (its AssistantTracker extension) only
+/// marks assistant text for training masks and renders its body unchanged; minijinja has no
+/// such tag, so it becomes `{% if true %}…{% endif %}`, keeping any whitespace control.
+fn rewrite_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else { break };
+        let inner = &tag[2..end];
+        let (lead, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, trail) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[body.len() - 1..]),
+            None => (body, ""),
+        };
+        let replacement = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(r) => out.push_str(&format!("{{%{lead} {r} {trail}%}}")),
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn template_from_config(cfg: &serde_json::Value) -> Result<String> {
+    match &cfg["chat_template"] {
+        serde_json::Value::String(s) => Ok(s.clone()),
+        serde_json::Value::Array(list) => {
+            let named = |want: &str| {
+                list.iter()
+                    .find(|t| t["name"].as_str() == Some(want))
+                    .and_then(|t| t["template"].as_str())
+                    .map(str::to_string)
+            };
+            named("default").ok_or_else(|| {
+                let names: Vec<&str> = list.iter().filter_map(|t| t["name"].as_str()).collect();
+                fail(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "the model has several chat templates ({}) and none is named \"default\"",
+                        names.join(", ")
+                    ),
+                )
+            })
+        }
+        serde_json::Value::Null => Err(fail(
+            ErrorKind::InvalidInput,
+            "the model has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)",
+        )),
+        _ => Err(fail(
+            ErrorKind::InvalidInput,
+            "tokenizer_config.json: chat_template is neither a string nor a list",
+        )),
+    }
+}
+
+/// Detail text marking errors that come from `raise_exception`.
+const RAISED: &str = "raise_exception";
+
+/// The message passed to `raise_exception`, carried as the error's source.
+#[derive(Debug)]
+struct Raised(String);
+
+impl std::fmt::Display for Raised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Raised {}
+
+fn raised_message(e: &JinjaError) -> Option<String> {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = src {
+        if let Some(r) = s.downcast_ref::<Raised>() {
+            return Some(r.0.clone());
+        }
+        src = s.source();
+    }
+    None
+}
+
+/// One line: minijinja's message with the template line, and its causes.
+fn describe(e: &JinjaError) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+#[path = "template_tests.rs"]
+mod tests;

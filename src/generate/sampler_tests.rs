@@ -1,0 +1,272 @@
+//! Sampler tests: empirical frequencies against a literal, sort-everything reference of the
+//! documented pipeline, plus exact checks of each filter's support.
+
+use super::*;
+
+const DRAWS: usize = 20_000;
+
+/// The documented pipeline written as plainly as possible (full sorts, f64): the oracle.
+fn reference(logits: &[f32], cfg: &SamplerConfig, history: &[u32]) -> Vec<f64> {
+    let mut l: Vec<f64> = logits.iter().map(|&v| v as f64).collect();
+    if cfg.repeat_penalty != 1.0 && cfg.repeat_last_n > 0 {
+        let start = history.len().saturating_sub(cfg.repeat_last_n);
+        let mut seen = history[start..].to_vec();
+        seen.sort();
+        seen.dedup();
+        let p = cfg.repeat_penalty as f64;
+        for id in seen {
+            let v = &mut l[id as usize];
+            *v = if *v > 0.0 { *v / p } else { *v * p };
+        }
+    }
+    let scaled: Vec<f64> = l.iter().map(|v| v / cfg.temperature as f64).collect();
+    let mut order: Vec<usize> = (0..l.len()).collect();
+    order.sort_by(|&a, &b| scaled[b].total_cmp(&scaled[a]).then(a.cmp(&b)));
+    if let Some(k) = cfg.top_k.filter(|&k| k > 0) {
+        order.truncate(k);
+    }
+    let max = scaled[order[0]];
+    let z: f64 = order.iter().map(|&i| (scaled[i] - max).exp()).sum();
+    let mut probs: Vec<(usize, f64)> = order.iter().map(|&i| (i, (scaled[i] - max).exp() / z)).collect();
+    if let Some(p) = cfg.top_p.filter(|&p| p < 1.0) {
+        let mut acc = 0.0;
+        let mut keep = probs.len();
+        for (j, &(_, q)) in probs.iter().enumerate() {
+            acc += q;
+            if acc >= p as f64 {
+                keep = j + 1;
+                break;
+            }
+        }
+        probs.truncate(keep);
+    }
+    if let Some(m) = cfg.min_p.filter(|&m| m > 0.0) {
+        let top = probs[0].1;
+        probs.retain(|&(_, q)| q >= m as f64 * top);
+    }
+    let z: f64 = probs.iter().map(|p| p.1).sum();
+    let mut out = vec![0.0; logits.len()];
+    for (i, q) in probs {
+        out[i] = q / z;
+    }
+    out
+}
+
+fn frequencies(cfg: &SamplerConfig, logits: &[f32], history: &[u32], draws: usize) -> Vec<f64> {
+    let mut s = Sampler::new(cfg.clone());
+    let mut counts = vec![0usize; logits.len()];
+    for _ in 0..draws {
+        let mut l = logits.to_vec();
+        counts[s.sample(&mut l, history) as usize] += 1;
+    }
+    counts.iter().map(|&c| c as f64 / draws as f64).collect()
+}
+
+/// Every token the reference gives probability 0 is never drawn; the others are within `tol`.
+fn assert_matches(cfg: &SamplerConfig, logits: &[f32], history: &[u32], tol: f64) {
+    let want = reference(logits, cfg, history);
+    let got = frequencies(cfg, logits, history, DRAWS);
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        if *w == 0.0 {
+            assert_eq!(*g, 0.0, "token {i} must be filtered out ({cfg:?})");
+        }
+        assert!((w - g).abs() < tol, "token {i}: want {w:.4}, got {g:.4} ({cfg:?})");
+    }
+}
+
+fn plain(temperature: f32) -> SamplerConfig {
+    SamplerConfig { temperature, top_k: None, top_p: None, min_p: None, ..SamplerConfig::greedy() }
+}
+
+const LOGITS: [f32; 8] = [2.0, 1.5, 1.4, 0.3, 0.0, -0.5, -1.0, -4.0];
+
+#[test]
+fn analytic_distribution_after_each_filter() {
+    // Probabilities 0.4, 0.3, 0.2, 0.1 at temperature 1.
+    let logits = [4f32.ln(), 3f32.ln(), 2f32.ln(), 1f32.ln()];
+    let cases: Vec<(SamplerConfig, [f64; 4])> = vec![
+        (plain(1.0), [0.4, 0.3, 0.2, 0.1]),
+        (SamplerConfig { top_k: Some(2), ..plain(1.0) }, [4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]),
+        // 0.4 < 0.6 <= 0.7: the first two.
+        (SamplerConfig { top_p: Some(0.6), ..plain(1.0) }, [4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]),
+        // Floor 0.45 * 0.4 = 0.18 keeps 0.2, drops 0.1.
+        (SamplerConfig { min_p: Some(0.45), ..plain(1.0) }, [4.0 / 9.0, 3.0 / 9.0, 2.0 / 9.0, 0.0]),
+        // Temperature 0.5 squares the odds: 16, 9, 4, 1 over 30.
+        (plain(0.5), [16.0 / 30.0, 9.0 / 30.0, 4.0 / 30.0, 1.0 / 30.0]),
+    ];
+    for (cfg, want) in cases {
+        let got = frequencies(&cfg, &logits, &[], DRAWS);
+        for i in 0..4 {
+            assert!((got[i] - want[i]).abs() < 0.012, "{cfg:?}: token {i} {} vs {}", got[i], want[i]);
+            if want[i] == 0.0 {
+                assert_eq!(got[i], 0.0);
+            }
+        }
+        let r = reference(&logits, &cfg, &[]);
+        for i in 0..4 {
+            assert!((r[i] - want[i]).abs() < 1e-6, "reference disagrees with the hand computation");
+        }
+    }
+}
+
+#[test]
+fn empirical_frequencies_match_reference() {
+    let configs = [
+        plain(1.0),
+        plain(0.7),
+        SamplerConfig { top_k: Some(3), ..plain(1.3) },
+        SamplerConfig { top_p: Some(0.8), ..plain(1.0) },
+        SamplerConfig { min_p: Some(0.3), ..plain(1.5) },
+        SamplerConfig { top_k: Some(5), top_p: Some(0.9), min_p: Some(0.1), ..plain(0.9) },
+        SamplerConfig { seed: 7, ..SamplerConfig::default() },
+        SamplerConfig { repeat_penalty: 1.8, repeat_last_n: 3, ..plain(1.0) },
+    ];
+    let history = [5, 0, 9, 0, 1, 7];
+    for cfg in &configs {
+        assert_matches(cfg, &LOGITS, &history, 0.015);
+    }
+}
+
+#[test]
+fn top_k_never_leaves_the_k_best() {
+    let logits = random_logits(1000, 3);
+    let mut ranked: Vec<u32> = (0..1000).collect();
+    ranked.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+    let best: Vec<u32> = ranked[..5].to_vec();
+    let mut s = Sampler::new(SamplerConfig { top_k: Some(5), seed: 11, ..plain(5.0) });
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..5000 {
+        let id = s.sample(&mut logits.clone(), &[]);
+        assert!(best.contains(&id), "{id} is not among the top 5");
+        seen.insert(id);
+    }
+    assert_eq!(seen.len(), 5, "a hot top-5 should reach all five");
+}
+
+#[test]
+fn top_p_and_min_p_supports_on_a_large_vocab_match_reference() {
+    // Spread-out logits so top-p needs thousands of tokens: exercises the growing sorted head.
+    let logits = random_logits(201_088, 5);
+    for cfg in [
+        SamplerConfig { top_p: Some(0.9), ..plain(1.0) },
+        SamplerConfig { top_p: Some(0.3), ..plain(0.5) },
+        SamplerConfig { min_p: Some(0.2), ..plain(1.0) },
+        SamplerConfig { top_p: Some(0.95), min_p: Some(0.05), ..plain(0.8) },
+        SamplerConfig { top_k: Some(1000), top_p: Some(0.5), ..plain(1.0) },
+    ] {
+        let want: Vec<u32> = reference(&logits, &cfg, &[])
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| **p > 0.0)
+            .map(|(i, _)| i as u32)
+            .collect();
+        let mut s = Sampler::new(cfg.clone());
+        let total = s.collect_candidates(&logits).unwrap();
+        let kept = s.nucleus(total);
+        let mut got: Vec<u32> = s.cand[..kept].iter().map(|c| c.0).collect();
+        got.sort();
+        // Allow a single boundary token of disagreement from f32 vs f64 accumulation.
+        let diff = want.len().abs_diff(got.len());
+        assert!(diff <= 1, "{cfg:?}: reference keeps {}, sampler keeps {}", want.len(), got.len());
+        let common = got.iter().filter(|id| want.binary_search(id).is_ok()).count();
+        assert!(common + 1 >= want.len().max(got.len()), "{cfg:?}: supports differ");
+        if cfg.top_p == Some(0.9) {
+            assert!(want.len() > 2048, "test too easy: {} tokens kept", want.len());
+        }
+    }
+}
+
+#[test]
+fn tiny_temperature_is_argmax_and_zero_is_greedy() {
+    for seed in 0..20 {
+        let logits = random_logits(5000, seed);
+        let want = argmax(&logits);
+        let mut s = Sampler::new(SamplerConfig { temperature: 1e-4, seed, ..SamplerConfig::default() });
+        assert_eq!(s.sample(&mut logits.clone(), &[]), want);
+        let mut g = Sampler::new(SamplerConfig::greedy());
+        assert_eq!(g.sample(&mut logits.clone(), &[]), want);
+    }
+}
+
+#[test]
+fn greedy_ties_go_to_the_lowest_id_and_nan_never_wins() {
+    let mut g = Sampler::new(SamplerConfig::greedy());
+    assert_eq!(g.sample(&mut [1.0, 3.0, 3.0, 2.0], &[]), 1);
+    assert_eq!(g.sample(&mut [f32::NAN, 0.5, f32::NAN, 0.7], &[]), 3);
+    assert_eq!(g.sample(&mut [f32::NEG_INFINITY; 3], &[]), 0);
+    let mut s = Sampler::new(SamplerConfig::default());
+    assert_eq!(s.sample(&mut [f32::NAN, 0.5, f32::INFINITY, 0.7], &[]), 2);
+    for _ in 0..100 {
+        assert_ne!(s.sample(&mut [f32::NAN, 0.0, f32::NAN, 0.0], &[]) % 2, 0);
+    }
+}
+
+#[test]
+fn repetition_penalty_math() {
+    let cfg = SamplerConfig { repeat_penalty: 2.0, repeat_last_n: 64, ..SamplerConfig::greedy() };
+    let mut s = Sampler::new(cfg.clone());
+    let mut logits = [2.0, -2.0, 1.0, 0.5, 0.0];
+    // Id 0 appears twice but is penalised once; id 99 is out of range and ignored.
+    let id = s.sample(&mut logits, &[0, 1, 0, 4, 99]);
+    assert_eq!(logits, [1.0, -4.0, 1.0, 0.5, 0.0]);
+    assert_eq!(id, 0, "tie between 0 and 2 goes to the lowest id");
+    // Only the last n tokens count.
+    let mut s = Sampler::new(SamplerConfig { repeat_last_n: 1, ..cfg });
+    let mut logits = [2.0, -2.0, 1.0];
+    assert_eq!(s.sample(&mut logits, &[0, 1]), 0);
+    assert_eq!(logits, [2.0, -4.0, 1.0]);
+}
+
+#[test]
+fn same_seed_same_sequence_different_seed_different() {
+    let run = |seed| {
+        let mut s = Sampler::new(SamplerConfig { seed, ..plain(1.0) });
+        (0..200).map(|_| s.sample(&mut LOGITS.clone(), &[])).collect::<Vec<_>>()
+    };
+    assert_eq!(run(42), run(42));
+    assert_ne!(run(42), run(43));
+}
+
+#[test]
+fn large_vocab_is_fast_enough() {
+    let logits = random_logits(201_088, 9);
+    for cfg in
+        [SamplerConfig::default(), SamplerConfig { top_k: None, min_p: None, ..SamplerConfig::default() }]
+    {
+        let mut s = Sampler::new(cfg.clone());
+        let mut buf = logits.clone();
+        let start = std::time::Instant::now();
+        for _ in 0..20 {
+            buf.copy_from_slice(&logits);
+            s.sample(&mut buf, &[1, 2, 3]);
+        }
+        let per_call = start.elapsed() / 20;
+        eprintln!("vocab 201088, {cfg:?}: {per_call:?} per token");
+        // Generous for a loaded CI box; a release build takes about a millisecond.
+        assert!(per_call.as_millis() < 100, "{cfg:?}: {per_call:?} per token");
+    }
+}
+
+/// Logits roughly normal with spread 2, deterministic per seed.
+fn random_logits(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| (0..4).map(|_| rng.random::<f32>()).sum::<f32>() * 2.0 - 4.0).collect()
+}
+
+#[test]
+fn validate_rejects_nonsense_settings() {
+    assert!(SamplerConfig::default().validate().is_ok());
+    assert!(SamplerConfig::greedy().validate().is_ok());
+    let bad = [
+        SamplerConfig { temperature: -0.1, ..SamplerConfig::default() },
+        SamplerConfig { temperature: f32::NAN, ..SamplerConfig::default() },
+        SamplerConfig { top_p: Some(0.0), ..SamplerConfig::default() },
+        SamplerConfig { top_p: Some(1.5), ..SamplerConfig::default() },
+        SamplerConfig { min_p: Some(-0.1), ..SamplerConfig::default() },
+        SamplerConfig { repeat_penalty: 0.0, ..SamplerConfig::default() },
+    ];
+    for cfg in bad {
+        let err = cfg.validate().expect_err("should be rejected");
+        assert_eq!(crate::error::kind_of(&err), crate::error::ErrorKind::InvalidInput, "{cfg:?}");
+    }
+}
