@@ -30,10 +30,12 @@
 //! }
 //! ```
 
+pub mod generator;
 pub mod sampler;
 pub mod stop;
 pub mod stream;
 
+pub use generator::{Generation, Session};
 pub use sampler::{Sampler, SamplerConfig};
 pub use stop::{StopChecker, StopConditions, StopReason};
 pub use stream::TokenStream;

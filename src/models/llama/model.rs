@@ -87,17 +87,21 @@ impl Llama {
         anyhow::ensure!(seq > 0, "no tokens to run");
         anyhow::ensure!(start + seq <= capacity, "context full: {} positions requested, {capacity} available", start + seq);
         let ids = Tensor::new(tokens, &self.device)?;
-        let mut x = self.w.embed.index_select(&ids, 0)?;
+        // The residual stream stays in f32 whatever the compute dtype: sums of many bf16
+        // updates lose the small ones otherwise (more accurate than the bf16 reference, and
+        // cheap: only `[seq, hidden]` per layer).
+        let mut x = self.w.embed.index_select(&ids, 0)?.to_dtype(DType::F32)?;
         let (cos, sin) = self.rope_for(start, seq)?;
         let mask = causal_mask(seq, start, self.dtype, &self.device)?;
+        let eps = self.cfg.rms_norm_eps;
         for (layer, cache) in self.w.layers.iter().zip(self.caches.iter_mut()) {
-            let h = rms_norm(&x, &layer.attn_norm, self.cfg.rms_norm_eps)?;
+            let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype)?;
             let a = attention(&self.cfg, layer, cache, &h, start, &cos, &sin, mask.as_ref(), self.rope_style)?;
-            x = (x + a)?;
-            let h = rms_norm(&x, &layer.mlp_norm, self.cfg.rms_norm_eps)?;
+            x = (x + a.to_dtype(DType::F32)?)?;
+            let h = rms_norm(&x, &layer.mlp_norm, eps)?.to_dtype(self.dtype)?;
             let gate = layer.gate.forward(&h)?.silu()?;
             let m = layer.down.forward(&(gate * layer.up.forward(&h)?)?)?;
-            x = (x + m)?;
+            x = (x + m.to_dtype(DType::F32)?)?;
         }
         Ok(x)
     }
@@ -169,13 +173,12 @@ fn f32_head(mut w: Weights, dtype: DType) -> anyhow::Result<Weights> {
     Ok(w)
 }
 
-/// RMSNorm computed in f32 (as transformers does), returned in the input dtype.
+/// RMSNorm of the f32 residual stream, in f32 (the weight is upcast): `x / rms(x) · w`.
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    let dtype = x.dtype();
     let xf = x.to_dtype(DType::F32)?;
     let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
     let normed = xf.broadcast_div(&(var + eps)?.sqrt()?)?;
-    normed.to_dtype(dtype)?.broadcast_mul(w)
+    normed.broadcast_mul(&w.to_dtype(DType::F32)?)
 }
 
 /// Additive mask `[seq, start+seq]`: 0 where query i may see key j (j ≤ start+i), −∞ elsewhere.

@@ -1,0 +1,155 @@
+//! The generation loop: prompt ids in, streamed text out, with timings and the stop reason.
+//!
+//! The KV cache is reused across calls: a chat re-renders the whole conversation every turn, and
+//! only the part after the longest common prefix with what the cache already holds is run.
+//! Greedy decoding picks the token on the device (one id crosses to the host, not the logits).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokenizers::Tokenizer;
+
+use super::{Sampler, StopChecker, StopConditions, StopReason, TokenStream};
+use crate::error::{ErrorKind, fail};
+use crate::models::CausalLm;
+
+/// What one generation did.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub reason: StopReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens actually run (the rest came from the cache).
+    pub prefilled_tokens: usize,
+    pub time_to_first_token: Duration,
+    pub decode_time: Duration,
+}
+
+impl Generation {
+    pub fn prefill_tok_s(&self) -> f64 {
+        self.prefilled_tokens as f64 / self.time_to_first_token.as_secs_f64().max(1e-9)
+    }
+    /// Tokens after the first, over the time after the first.
+    pub fn decode_tok_s(&self) -> f64 {
+        let n = self.tokens.len().saturating_sub(1);
+        if n == 0 { 0.0 } else { n as f64 / self.decode_time.as_secs_f64().max(1e-9) }
+    }
+}
+
+/// A model with the token ids its KV cache currently holds.
+pub struct Session<'m> {
+    pub model: &'m mut dyn CausalLm,
+    cached: Vec<u32>,
+}
+
+impl<'m> Session<'m> {
+    pub fn new(model: &'m mut dyn CausalLm) -> Self {
+        Session { model, cached: Vec::new() }
+    }
+
+    /// Forget the cache contents (e.g. `/clear`).
+    pub fn reset(&mut self) {
+        self.cached.clear();
+    }
+
+    /// Generates after `prompt`, calling `on_text` with each piece of text as soon as it may be
+    /// shown. `interrupt` is polled between tokens (Ctrl-C).
+    pub fn generate(
+        &mut self,
+        tokenizer: &Tokenizer,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        cond: StopConditions,
+        interrupt: &AtomicBool,
+        on_text: &mut dyn FnMut(&str) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Generation> {
+        let context = self.model.context_length();
+        if prompt.is_empty() {
+            return Err(fail(ErrorKind::InvalidInput, "the prompt is empty"));
+        }
+        if prompt.len() >= context {
+            return Err(fail(
+                ErrorKind::InvalidInput,
+                format!("the prompt is {} tokens, the context holds {context}: shorten it or raise --context", prompt.len()),
+            ));
+        }
+        let reuse = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
+        self.cached.truncate(reuse);
+        let started = Instant::now();
+        let mut stop = StopChecker::new(cond);
+        let mut stream = TokenStream::new(tokenizer);
+        let mut history = prompt.to_vec();
+        let mut out = Generation {
+            tokens: Vec::new(),
+            text: String::new(),
+            reason: StopReason::MaxTokens,
+            prompt_tokens: prompt.len(),
+            prefilled_tokens: prompt.len() - reuse,
+            time_to_first_token: Duration::ZERO,
+            decode_time: Duration::ZERO,
+        };
+        let mut pending: &[u32] = &prompt[reuse..];
+        let mut pos = reuse;
+        let mut last = [0u32; 1];
+        let reason = loop {
+            if stop.remaining() == 0 {
+                break StopReason::MaxTokens;
+            }
+            if interrupt.load(Ordering::Relaxed) {
+                break StopReason::Interrupted;
+            }
+            if pos + pending.len() > context {
+                break StopReason::ContextFull;
+            }
+            let logits = self.model.forward_last(pending, pos)?;
+            self.cached.extend_from_slice(pending);
+            pos += pending.len();
+            let id = if sampler.config().is_greedy() {
+                logits.argmax(0)?.to_scalar::<u32>()?
+            } else {
+                let mut host = logits.to_vec1::<f32>()?;
+                sampler.sample(&mut host, &history)
+            };
+            if out.tokens.is_empty() {
+                out.time_to_first_token = started.elapsed();
+            }
+            history.push(id);
+            out.tokens.push(id);
+            let text = if stop.is_eos(id) { None } else { stream.push(id)? };
+            let step = stop.push(id, text.as_deref().unwrap_or(""));
+            if !step.text.is_empty() {
+                out.text.push_str(&step.text);
+                on_text(&step.text)?;
+            }
+            if let Some(reason) = step.stop {
+                break reason;
+            }
+            last[0] = id;
+            pending = &last;
+        };
+        if !matches!(reason, StopReason::StopString(_)) {
+            let tail = format!("{}{}", stop.finish(), stream.finish()?.unwrap_or_default());
+            if !tail.is_empty() {
+                out.text.push_str(&tail);
+                on_text(&tail)?;
+            }
+        }
+        out.decode_time = started.elapsed().saturating_sub(out.time_to_first_token);
+        out.reason = reason;
+        Ok(out)
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn prefix() {
+        assert_eq!(super::common_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+        assert_eq!(super::common_prefix(&[], &[1]), 0);
+    }
+}
