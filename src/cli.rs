@@ -16,6 +16,8 @@ pub enum Command {
     Download(DownloadArgs),
     /// List the models in the Hugging Face cache (also those other tools downloaded).
     List(ListArgs),
+    /// Chat with a model (or complete one prompt with --prompt / stdin).
+    Play(PlayArgs),
     /// Measure prefill and decode throughput of a model on the GPU.
     Bench(BenchArgs),
     /// Write an HF-format f32 safetensors checkpoint of a llama GGUF (developer tool).
@@ -89,4 +91,57 @@ pub struct ConvertArgs {
     pub gguf: String,
     /// Output folder (model.safetensors + config.json).
     pub out: String,
+}
+
+#[derive(Debug, Args)]
+pub struct PlayArgs {
+    /// Model: a cached repo id (`org/name[@rev]`), a local folder or `.gguf` file. Without it,
+    /// pick one of the cached models.
+    pub model: Option<String>,
+    /// Answer this prompt, print only the reply on stdout and exit (stdin works too when it is
+    /// not a terminal).
+    #[arg(short, long)]
+    pub prompt: Option<String>,
+    /// System prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Complete the text as is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Most tokens per reply.
+    #[arg(long, default_value_t = 1024)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Repetition penalty (1.0 = off).
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    /// Random seed (default: a fresh one each run).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when the reply contains this text (repeatable).
+    #[arg(long = "stop", value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// Compute dtype: f32, bf16 or f16 (default: the checkpoint's; GGUF computes in f32).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// KV-cache size in tokens (default: the model's, at most 8192).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// CUDA device index.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Run on the CPU (debugging and tests only; slow).
+    #[arg(long)]
+    pub cpu: bool,
+    /// Print loading details and the stats line also in non-interactive mode (on stderr).
+    #[arg(short, long)]
+    pub verbose: bool,
 }

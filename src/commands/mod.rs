@@ -4,6 +4,7 @@ pub mod bench;
 pub mod convert;
 pub mod download;
 pub mod list;
+pub mod play;
 
 use crate::cli::{Cli, Command};
 
@@ -11,6 +12,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Download(args) => download::run(args),
         Command::List(args) => list::run(args),
+        Command::Play(args) => play::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Convert(args) => convert::run(args),
     }

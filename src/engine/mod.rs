@@ -15,6 +15,8 @@ use crate::models::CausalLm;
 use crate::models::llama::load::{self, GgufFile};
 use crate::models::llama::{LlamaConfig, dummy};
 
+pub mod text;
+
 /// Default KV-cache size when the model allows more (`--context` raises it).
 pub const DEFAULT_CONTEXT: usize = 8192;
 

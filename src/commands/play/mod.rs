@@ -1,0 +1,148 @@
+//! `inferno play [MODEL]`: chat with a model in a REPL, or answer one prompt (`--prompt`, or
+//! stdin when it is not a terminal) printing only the reply on stdout.
+
+mod conversation;
+mod picker;
+mod repl;
+
+use std::io::{IsTerminal, Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use crate::cli::PlayArgs;
+use crate::engine::{self, LoadOptions, Loaded, text::TextSide};
+use crate::error::{ErrorKind, fail};
+use crate::generate::{Sampler, SamplerConfig, Session, StopConditions};
+use crate::util::human_bytes;
+
+pub use conversation::{Conversation, stats_line};
+
+/// Everything a chat needs, loaded.
+pub struct Chat {
+    pub loaded: Loaded,
+    pub text: TextSide,
+    pub sampler: SamplerConfig,
+    pub stop_strings: Vec<String>,
+    pub max_tokens: usize,
+    pub gpu_name: String,
+}
+
+impl Chat {
+    pub fn stop_conditions(&self) -> StopConditions {
+        StopConditions { eos_ids: self.text.eos_ids.clone(), stop_strings: self.stop_strings.clone(), max_tokens: self.max_tokens }
+    }
+}
+
+pub fn run(args: PlayArgs) -> anyhow::Result<()> {
+    let interactive = args.prompt.is_none() && std::io::stdin().is_terminal();
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None if interactive => picker::pick()?,
+        None => return Err(fail(ErrorKind::InvalidInput, "name a model: inferno play MODEL --prompt …")),
+    };
+    let sampler = sampler_config(&args)?;
+    let (device, gpu) = engine::open_device(args.gpu, args.cpu)?;
+    let gpu_name = gpu.map(|g| g.name).unwrap_or_else(|| "CPU (--cpu)".to_string());
+    let opts = LoadOptions {
+        dtype: args.dtype.as_deref().map(engine::parse_dtype).transpose()?,
+        context: args.context,
+        dummy: false,
+    };
+    let verbose = interactive || args.verbose;
+    let spinner = loading_spinner(verbose, &model);
+    let started = Instant::now();
+    let loaded = engine::load(&model, &opts, &device)?;
+    let text = engine::text::load(&loaded.source)?;
+    spinner.finish_and_clear();
+    let chat = Chat { loaded, text, sampler, stop_strings: args.stop.clone(), max_tokens: args.max_tokens, gpu_name };
+    if verbose {
+        eprintln!("{}", banner(&chat, started.elapsed().as_secs_f64()));
+    }
+    let mut conversation = Conversation::new(args.system.clone(), args.raw || chat.text.template.is_none());
+    if !args.raw && chat.text.template.is_none() && verbose {
+        eprintln!("note: the model has no chat template; completing raw text");
+    }
+    if interactive {
+        return repl::run(chat, conversation);
+    }
+    let prompt = match &args.prompt {
+        Some(p) => p.clone(),
+        None => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s)?;
+            s
+        }
+    };
+    one_shot(chat, &mut conversation, &prompt, args.verbose)
+}
+
+fn one_shot(mut chat: Chat, conversation: &mut Conversation, prompt: &str, verbose: bool) -> anyhow::Result<()> {
+    conversation.push_user(prompt);
+    let ids = conversation.prompt_ids(&chat.text)?;
+    let mut sampler = Sampler::new(chat.sampler.clone());
+    let cond = chat.stop_conditions();
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let flag = interrupt.clone();
+    // A second Ctrl-C while we wind down exits the usual way.
+    let _ = ctrlc::set_handler(move || {
+        if flag.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+    });
+    let mut session = Session::new(chat.loaded.model.as_mut());
+    let mut stdout = std::io::stdout().lock();
+    let reply = session.generate(&chat.text.tokenizer, &ids, &mut sampler, cond, &interrupt, &mut |t| {
+        stdout.write_all(t.as_bytes())?;
+        stdout.flush()?;
+        Ok(())
+    })?;
+    writeln!(stdout)?;
+    if verbose {
+        eprintln!("{}", stats_line(&reply, session.model.context_length()));
+    }
+    Ok(())
+}
+
+fn sampler_config(args: &PlayArgs) -> anyhow::Result<SamplerConfig> {
+    let mut cfg = SamplerConfig::default();
+    if let Some(t) = args.temperature {
+        cfg.temperature = t;
+    }
+    if args.top_k.is_some() {
+        cfg.top_k = args.top_k.filter(|&k| k > 0);
+    }
+    if args.top_p.is_some() {
+        cfg.top_p = args.top_p;
+    }
+    if args.min_p.is_some() {
+        cfg.min_p = args.min_p;
+    }
+    if let Some(r) = args.repeat_penalty {
+        cfg.repeat_penalty = r;
+    }
+    cfg.seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    });
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn loading_spinner(visible: bool, model: &str) -> indicatif::ProgressBar {
+    if !visible || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_message(format!("loading {model}"));
+    bar.enable_steady_tick(std::time::Duration::from_millis(100));
+    bar
+}
+
+fn banner(chat: &Chat, load_s: f64) -> String {
+    let l = &chat.loaded;
+    let mem = l.device_bytes.map(|b| format!(", {} on the GPU", human_bytes(b))).unwrap_or_default();
+    format!(
+        "inferno · {} ({}, {:?}) · {}{mem} · context {} (model max {}) · loaded in {load_s:.1}s\n/help for commands, Ctrl+D to quit",
+        l.name, l.format, l.dtype, chat.gpu_name, l.context, l.max_context
+    )
+}

@@ -1,0 +1,209 @@
+//! The interactive chat loop: streamed replies, a stats line after each, Ctrl+C stops a reply,
+//! Ctrl+D or /exit leaves, persistent history, a few slash commands.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustyline::DefaultEditor;
+use rustyline::error::ReadlineError;
+
+use super::{Chat, Conversation, stats_line};
+use crate::generate::{Sampler, Session, StopReason};
+
+const HELP: &str = "\
+/help                 this help
+/exit                 leave (also Ctrl+D)
+/clear                forget the conversation
+/system <text>        set the system prompt (and clear the conversation)
+/set <name> <value>   temperature, top_k, top_p, min_p, repeat_penalty, max_tokens, seed
+/stats                show or hide the stats line
+\"\"\"                   start or end a multi-line message
+Ctrl+C stops a reply in progress.";
+
+pub fn run(mut chat: Chat, mut conv: Conversation) -> anyhow::Result<()> {
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let flag = interrupt.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))?;
+    let mut editor = DefaultEditor::new()?;
+    let history = history_path();
+    if let Some(h) = &history {
+        let _ = editor.load_history(h);
+    }
+    let mut sampler = Sampler::new(chat.sampler.clone());
+    let mut show_stats = true;
+    let mut model = std::mem::replace(&mut chat.loaded.model, Box::new(Placeholder));
+    let mut session = Session::new(model.as_mut());
+    loop {
+        let line = match read_message(&mut editor) {
+            Ok(Some(l)) => l,
+            Ok(None) => continue,
+            Err(ReadlineError::Interrupted) => {
+                println!("(Ctrl+D or /exit to quit)");
+                continue;
+            }
+            Err(ReadlineError::Eof) => break,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(h) = &history {
+            let _ = editor.save_history(h);
+        }
+        let trimmed = line.trim();
+        if trimmed.is_empty() {
+            continue;
+        }
+        if let Some(cmd) = trimmed.strip_prefix('/') {
+            match command(cmd, &mut chat, &mut conv, &mut sampler, &mut show_stats) {
+                Flow::Quit => break,
+                Flow::Clear => session.reset(),
+                Flow::Continue => {}
+            }
+            continue;
+        }
+        conv.push_user(&line);
+        let ids = match conv.prompt_ids(&chat.text) {
+            Ok(ids) => ids,
+            Err(e) => {
+                eprintln!("error: {e}");
+                conv.messages.pop();
+                continue;
+            }
+        };
+        interrupt.store(false, Ordering::SeqCst);
+        let mut stdout = std::io::stdout();
+        let result = session.generate(&chat.text.tokenizer, &ids, &mut sampler, chat.stop_conditions(), &interrupt, &mut |t| {
+            stdout.write_all(t.as_bytes())?;
+            stdout.flush()?;
+            Ok(())
+        });
+        println!();
+        match result {
+            Ok(reply) => {
+                if reply.reason == StopReason::ContextFull {
+                    eprintln!("the context is full: /clear to start over, or restart with a larger --context");
+                }
+                conv.push_assistant(&reply.text);
+                if show_stats {
+                    println!("\x1b[2m{}\x1b[0m", stats_line(&reply, session.model.context_length()));
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                conv.messages.pop();
+            }
+        }
+    }
+    drop(session);
+    chat.loaded.model = model;
+    Ok(())
+}
+
+/// One message: a line, or everything between two `"""` lines.
+fn read_message(editor: &mut DefaultEditor) -> Result<Option<String>, ReadlineError> {
+    let first = editor.readline(">>> ")?;
+    let _ = editor.add_history_entry(first.as_str());
+    if first.trim() != "\"\"\"" {
+        return Ok(Some(first));
+    }
+    let mut lines = Vec::new();
+    loop {
+        let l = editor.readline("... ")?;
+        if l.trim() == "\"\"\"" {
+            return Ok(Some(lines.join("\n")));
+        }
+        lines.push(l);
+    }
+}
+
+enum Flow {
+    Continue,
+    Clear,
+    Quit,
+}
+
+fn command(cmd: &str, chat: &mut Chat, conv: &mut Conversation, sampler: &mut Sampler, stats: &mut bool) -> Flow {
+    let (name, rest) = cmd.split_once(' ').map(|(a, b)| (a, b.trim())).unwrap_or((cmd, ""));
+    match name {
+        "exit" | "quit" | "bye" => Flow::Quit,
+        "help" | "?" => {
+            println!("{HELP}");
+            Flow::Continue
+        }
+        "clear" => {
+            conv.clear();
+            println!("(conversation cleared)");
+            Flow::Clear
+        }
+        "system" => {
+            conv.system = (!rest.is_empty()).then(|| rest.to_string());
+            conv.clear();
+            println!("(system prompt {}; conversation cleared)", if rest.is_empty() { "removed" } else { "set" });
+            Flow::Clear
+        }
+        "stats" => {
+            *stats = !*stats;
+            Flow::Continue
+        }
+        "set" => {
+            match set(rest, chat) {
+                Ok(()) => *sampler = Sampler::new(chat.sampler.clone()),
+                Err(e) => eprintln!("error: {e}"),
+            }
+            Flow::Continue
+        }
+        other => {
+            eprintln!("unknown command /{other}; /help lists them");
+            Flow::Continue
+        }
+    }
+}
+
+fn set(args: &str, chat: &mut Chat) -> anyhow::Result<()> {
+    let (name, value) = args.split_once(' ').ok_or_else(|| anyhow::anyhow!("usage: /set <name> <value>"))?;
+    let value = value.trim();
+    let mut cfg = chat.sampler.clone();
+    match name {
+        "temperature" => cfg.temperature = value.parse()?,
+        "top_k" => cfg.top_k = Some(value.parse::<usize>()?).filter(|&k| k > 0),
+        "top_p" => cfg.top_p = Some(value.parse()?),
+        "min_p" => cfg.min_p = Some(value.parse()?),
+        "repeat_penalty" => cfg.repeat_penalty = value.parse()?,
+        "seed" => cfg.seed = value.parse()?,
+        "max_tokens" => {
+            chat.max_tokens = value.parse()?;
+            return Ok(());
+        }
+        other => anyhow::bail!("unknown setting {other:?}"),
+    }
+    cfg.validate()?;
+    chat.sampler = cfg;
+    Ok(())
+}
+
+fn history_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))?;
+    let dir = base.join("inferno");
+    std::fs::create_dir_all(&dir).ok()?;
+    Some(dir.join("history"))
+}
+
+/// Stands in for the model while the session borrows it.
+struct Placeholder;
+
+impl crate::models::CausalLm for Placeholder {
+    fn forward_last(&mut self, _: &[u32], _: usize) -> anyhow::Result<candle_core::Tensor> {
+        anyhow::bail!("no model")
+    }
+    fn forward_all(&mut self, _: &[u32], _: usize) -> anyhow::Result<candle_core::Tensor> {
+        anyhow::bail!("no model")
+    }
+    fn context_length(&self) -> usize {
+        0
+    }
+    fn vocab_size(&self) -> usize {
+        0
+    }
+}
