@@ -7,6 +7,7 @@
 //! - [`inspect`]: what a cached or local model is (architecture, weight format, context) without
 //!   loading its weights.
 //! - [`gpu`]: choosing the CUDA device; never a silent CPU fallback.
+//! - [`tokenizer`]: tokenizers rebuilt from GGUF metadata.
 //! - [`commands`]: one module per subcommand.
 
 pub mod cli;
@@ -15,4 +16,5 @@ pub mod error;
 pub mod gpu;
 pub mod hub;
 pub mod inspect;
+pub mod tokenizer;
 pub mod util;
