@@ -48,9 +48,11 @@ pub struct GgufTokenizer {
 /// another reader for those.
 pub fn from_gguf_file(path: &Path) -> anyhow::Result<GgufTokenizer> {
     let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let content = gguf_file::Content::read(&mut file)
-        .map_err(|e| fail(ErrorKind::Integrity, format!("{}: not a readable GGUF file: {e}", path.display())))?;
-    from_gguf_metadata(&content.metadata).with_context(|| format!("{}: reading its tokenizer", path.display()))
+    let content = gguf_file::Content::read(&mut file).map_err(|e| {
+        fail(ErrorKind::Integrity, format!("{}: not a readable GGUF file: {e}", path.display()))
+    })?;
+    from_gguf_metadata(&content.metadata)
+        .with_context(|| format!("{}: reading its tokenizer", path.display()))
 }
 
 /// Builds the tokenizer described by `tokenizer.*` keys of a GGUF file's metadata (candle's
@@ -81,10 +83,10 @@ pub fn from_gguf_metadata(md: &HashMap<String, Value>) -> anyhow::Result<GgufTok
 
     let bos_id = vocab.special_id(&md, "tokenizer.ggml.bos_token_id", default_bos)?;
     let eos_id = vocab.special_id(&md, "tokenizer.ggml.eos_token_id", default_eos)?;
+    let eot_id = vocab.special_id(&md, "tokenizer.ggml.eot_token_id", None)?;
+    let eom_id = vocab.special_id(&md, "tokenizer.ggml.eom_token_id", None)?;
     let mut eos_ids: Vec<u32> = Vec::new();
-    for id in [eos_id, vocab.special_id(&md, "tokenizer.ggml.eot_token_id", None)?,
-        vocab.special_id(&md, "tokenizer.ggml.eom_token_id", None)?].into_iter().flatten()
-    {
+    for id in [eos_id, eot_id, eom_id].into_iter().flatten() {
         if !eos_ids.contains(&id) {
             eos_ids.push(id);
         }
@@ -121,7 +123,9 @@ fn add_added_tokens(tokenizer: &mut Tokenizer, vocab: &Vocabulary) -> anyhow::Re
 
 /// `(id, text)` of a token the file asks to add to every sequence; an error if it names none.
 fn named(vocab: &Vocabulary, id: Option<u32>, flag: &str, key: &str) -> anyhow::Result<(u32, String)> {
-    let id = id.ok_or_else(|| corrupt(format!("tokenizer.ggml.{flag} is set but tokenizer.ggml.{key} is missing")))?;
+    let id = id.ok_or_else(|| {
+        corrupt(format!("tokenizer.ggml.{flag} is set but tokenizer.ggml.{key} is missing"))
+    })?;
     Ok((id, vocab.tokens[id as usize].clone()))
 }
 
@@ -196,7 +200,9 @@ pub(super) struct Vocabulary {
 
 impl Vocabulary {
     fn read(md: &Meta) -> anyhow::Result<Self> {
-        let raw = md.str_array("tokenizer.ggml.tokens")?.ok_or_else(|| corrupt("tokenizer.ggml.tokens is missing"))?;
+        let raw = md
+            .str_array("tokenizer.ggml.tokens")?
+            .ok_or_else(|| corrupt("tokenizer.ggml.tokens is missing"))?;
         if raw.is_empty() || u32::try_from(raw.len()).is_err() {
             return Err(corrupt(format!("tokenizer.ggml.tokens has {} entries", raw.len())));
         }
@@ -208,7 +214,11 @@ impl Vocabulary {
             .collect();
         let types = md.i32_array("tokenizer.ggml.token_type")?.unwrap_or_default();
         if !types.is_empty() && types.len() < tokens.len() {
-            return Err(corrupt(format!("tokenizer.ggml.token_type has {} entries for {} tokens", types.len(), tokens.len())));
+            return Err(corrupt(format!(
+                "tokenizer.ggml.token_type has {} entries for {} tokens",
+                types.len(),
+                tokens.len()
+            )));
         }
         let ids = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
         Ok(Vocabulary { tokens, ids, types })
@@ -258,7 +268,10 @@ impl Meta<'_> {
     pub fn u32(&self, key: &str) -> anyhow::Result<Option<u32>> {
         match self.0.get(key) {
             None => Ok(None),
-            Some(v) => int(v).and_then(|i| u32::try_from(i).ok()).map(Some).ok_or_else(|| Self::wrong(key, "a token id", v)),
+            Some(v) => int(v)
+                .and_then(|i| u32::try_from(i).ok())
+                .map(Some)
+                .ok_or_else(|| Self::wrong(key, "a token id", v)),
         }
     }
 
@@ -282,13 +295,22 @@ impl Meta<'_> {
         self.array(key, "an array of integers", |v| int(v).and_then(|i| i32::try_from(i).ok()))
     }
 
-    fn array<'a, T>(&'a self, key: &str, want: &str, item: impl Fn(&'a Value) -> Option<T>) -> anyhow::Result<Option<Vec<T>>> {
+    fn array<'a, T>(
+        &'a self,
+        key: &str,
+        want: &str,
+        item: impl Fn(&'a Value) -> Option<T>,
+    ) -> anyhow::Result<Option<Vec<T>>> {
         match self.0.get(key) {
             None => Ok(None),
             Some(Value::Array(values)) => values
                 .iter()
                 .enumerate()
-                .map(|(i, v)| item(v).ok_or_else(|| corrupt(format!("{key}[{i}] should be {want} item, is {}", type_name(v)))))
+                .map(|(i, v)| {
+                    item(v).ok_or_else(|| {
+                        corrupt(format!("{key}[{i}] should be {want} item, is {}", type_name(v)))
+                    })
+                })
                 .collect::<anyhow::Result<Vec<T>>>()
                 .map(Some),
             Some(v) => Err(Self::wrong(key, want, v)),
@@ -325,5 +347,142 @@ fn type_name(v: &Value) -> &'static str {
         Value::Bool(_) => "a bool",
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::kind_of;
+
+    fn strings(v: &[&str]) -> Value {
+        Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect())
+    }
+
+    /// A tiny Llama-3-shaped byte-level vocabulary: "hi", " hi", two control tokens, one
+    /// user-defined token.
+    fn byte_level() -> HashMap<String, Value> {
+        let tokens = ["h", "i", "Ġ", "hi", "Ġhi", "<|begin|>", "<|eot|>", "<think>", "<|end|>"];
+        let types = [1, 1, 1, 1, 1, 3, 3, 4, 3];
+        HashMap::from([
+            ("tokenizer.ggml.model".to_string(), Value::String("gpt2".into())),
+            ("tokenizer.ggml.pre".to_string(), Value::String("llama-bpe".into())),
+            ("tokenizer.ggml.tokens".to_string(), strings(&tokens)),
+            ("tokenizer.ggml.token_type".to_string(), Value::Array(types.map(Value::I32).to_vec())),
+            ("tokenizer.ggml.merges".to_string(), strings(&["h i", "Ġ hi"])),
+            ("tokenizer.ggml.bos_token_id".to_string(), Value::U32(5)),
+            ("tokenizer.ggml.eos_token_id".to_string(), Value::U32(8)),
+            ("tokenizer.ggml.eot_token_id".to_string(), Value::I32(6)),
+            ("tokenizer.ggml.eom_token_id".to_string(), Value::U64(8)),
+            ("tokenizer.chat_template".to_string(), Value::String("{{ messages }}".into())),
+        ])
+    }
+
+    fn ids(t: &GgufTokenizer, text: &str, special: bool) -> Vec<u32> {
+        t.tokenizer.encode(text, special).unwrap().get_ids().to_vec()
+    }
+
+    fn err(md: &HashMap<String, Value>) -> (ErrorKind, String) {
+        let e = from_gguf_metadata(md).err().expect("should fail");
+        (kind_of(&e), format!("{e:#}"))
+    }
+
+    #[test]
+    fn byte_level_vocabulary() {
+        let t = from_gguf_metadata(&byte_level()).unwrap();
+        assert_eq!(t.bos_id, Some(5));
+        assert_eq!(t.eos_ids, [8, 6], "eos, then eot; eom repeats eos");
+        assert!(t.add_bos, "llama.cpp adds BOS for llama-bpe when the file does not say");
+        assert_eq!(t.chat_template.as_deref(), Some("{{ messages }}"));
+        assert_eq!(ids(&t, "hi hi", true), [5, 3, 4]);
+        assert_eq!(ids(&t, "hi<|eot|><think>hi", false), [3, 6, 7, 3]);
+        assert_eq!(t.tokenizer.decode(&[5, 3, 4, 6, 7], false).unwrap(), "<|begin|>hi hi<|eot|><think>");
+        assert_eq!(
+            t.tokenizer.decode(&[5, 3, 4, 6, 7], true).unwrap(),
+            "hi hi<think>",
+            "user-defined is not special"
+        );
+    }
+
+    #[test]
+    fn add_bos_and_add_eos_flags_win() {
+        let mut md = byte_level();
+        md.insert("tokenizer.ggml.add_bos_token".into(), Value::Bool(false));
+        md.insert("tokenizer.ggml.add_eos_token".into(), Value::Bool(true));
+        let t = from_gguf_metadata(&md).unwrap();
+        assert!(!t.add_bos);
+        assert_eq!(ids(&t, "hi", true), [3, 8]);
+        assert_eq!(ids(&t, "hi", false), [3]);
+    }
+
+    #[test]
+    fn unsupported_or_missing_tokenizer() {
+        let mut md = byte_level();
+        md.insert("tokenizer.ggml.model".into(), Value::String("bert".into()));
+        let (kind, msg) = err(&md);
+        assert_eq!(kind, ErrorKind::Other);
+        assert!(msg.contains("unsupported GGUF tokenizer \"bert\"") && !msg.contains('\n'), "{msg}");
+
+        md.remove("tokenizer.ggml.model");
+        assert!(err(&md).1.contains("no tokenizer"));
+
+        let mut md = byte_level();
+        md.insert("tokenizer.ggml.pre".into(), Value::String("klingon".into()));
+        assert!(err(&md).1.contains("unsupported GGUF pre-tokenizer \"klingon\""));
+    }
+
+    #[test]
+    fn corrupt_metadata_is_an_integrity_error() {
+        let cases: [(&str, Value, &str); 6] = [
+            (
+                "tokenizer.ggml.tokens",
+                Value::String("h".into()),
+                "tokenizer.ggml.tokens should be an array of strings",
+            ),
+            ("tokenizer.ggml.tokens", Value::Array(vec![Value::U8(1)]), "tokenizer.ggml.tokens[0] should be"),
+            (
+                "tokenizer.ggml.bos_token_id",
+                Value::U32(99),
+                "bos_token_id = 99 is outside the vocabulary of 9",
+            ),
+            ("tokenizer.ggml.eos_token_id", Value::I32(-1), "eos_token_id should be a token id"),
+            ("tokenizer.ggml.merges", strings(&["hi"]), "merges[0] = \"hi\" is not two tokens"),
+            (
+                "tokenizer.ggml.token_type",
+                Value::Array(vec![Value::I32(1)]),
+                "token_type has 1 entries for 9",
+            ),
+        ];
+        for (key, value, want) in cases {
+            let mut md = byte_level();
+            md.insert(key.into(), value);
+            let (kind, msg) = err(&md);
+            assert_eq!(kind, ErrorKind::Integrity, "{msg}");
+            assert!(msg.contains(want), "{key}: {msg}");
+        }
+        let mut md = byte_level();
+        md.insert("tokenizer.ggml.merges".into(), strings(&["h x"]));
+        assert!(err(&md).1.contains("inconsistent"), "a merge of a token that does not exist");
+        let mut md = byte_level();
+        md.remove("tokenizer.ggml.bos_token_id");
+        assert!(err(&md).1.contains("add_bos_token is set but tokenizer.ggml.bos_token_id is missing"));
+    }
+
+    #[test]
+    fn merges_split_after_the_first_character() {
+        let m = parse_merges(&["a b", "é  x", "Ġ Ġ"]).unwrap();
+        assert_eq!(m[0], ("a".into(), "b".into()));
+        assert_eq!(m[1], ("é".into(), " x".into()));
+        assert_eq!(m[2], ("Ġ".into(), "Ġ".into()));
+    }
+
+    #[test]
+    fn a_file_that_is_not_gguf() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("x.gguf");
+        std::fs::write(&path, b"not a gguf file at all").unwrap();
+        let e = from_gguf_file(&path).err().expect("should fail");
+        assert_eq!(kind_of(&e), ErrorKind::Integrity);
+        assert!(e.to_string().contains("x.gguf: not a readable GGUF file"), "{e}");
     }
 }

@@ -13,11 +13,11 @@
 //! "smollm" (SmolLM's own tokenizer.json has it; it happens not to change SmolLM2's ids), and it
 //! ignores llama.cpp's `ignore_merges` for Llama 3 (whose tokenizer.json sets it).
 
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::SplitDelimiterBehavior;
 
 use crate::error::{ErrorKind, fail};
 
@@ -82,7 +82,10 @@ pub fn lookup(pre: Option<&str>) -> anyhow::Result<PreSplit> {
     RULES.iter().find(|(names, _)| names.contains(&name)).map(|(_, r)| *r).ok_or_else(|| {
         fail(
             ErrorKind::Other,
-            format!("unsupported GGUF pre-tokenizer {name:?} (tokenizer.ggml.pre); supported: {}", supported()),
+            format!(
+                "unsupported GGUF pre-tokenizer {name:?} (tokenizer.ggml.pre); supported: {}",
+                supported()
+            ),
         )
     })
 }
@@ -95,8 +98,9 @@ fn supported() -> String {
 pub fn pre_tokenizer(rule: &PreSplit) -> anyhow::Result<PreTokenizerWrapper> {
     let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(rule.regexes.len() + 1);
     for re in rule.regexes {
-        let split = Split::new(SplitPattern::Regex((*re).to_string()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| anyhow::anyhow!("compiling pre-tokenizer regex {re:?}: {e}"))?;
+        let split =
+            Split::new(SplitPattern::Regex((*re).to_string()), SplitDelimiterBehavior::Isolated, false)
+                .map_err(|e| anyhow::anyhow!("compiling pre-tokenizer regex {re:?}: {e}"))?;
         steps.push(split.into());
     }
     steps.push(ByteLevel::new(false, true, false).into());
@@ -113,7 +117,10 @@ mod tests {
         let pt = pre_tokenizer(&lookup(Some(pre)).unwrap()).unwrap();
         let mut s = PreTokenizedString::from(text);
         pt.pre_tokenize(&mut s).unwrap();
-        s.get_splits(OffsetReferential::Original, OffsetType::Byte).into_iter().map(|(p, _, _)| p.to_string()).collect()
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(p, _, _)| p.to_string())
+            .collect()
     }
 
     #[test]

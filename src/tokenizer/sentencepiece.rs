@@ -15,11 +15,11 @@
 
 use std::collections::{HashMap, HashSet};
 
+use tokenizers::decoders::DecoderWrapper;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
-use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{BPE, Merges, Vocab};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::{NormalizerWrapper, Tokenizer};
@@ -47,14 +47,13 @@ pub(super) fn build(md: &Meta, vocab: &Vocabulary) -> anyhow::Result<Tokenizer> 
         }
     };
     let unk_id = md.u32("tokenizer.ggml.unknown_token_id")?.unwrap_or(0);
-    let mut bpe = BPE::builder()
-        .vocab_and_merges(vocab.ids.clone(), merges)
-        .fuse_unk(true)
-        .byte_fallback(true);
+    let mut bpe =
+        BPE::builder().vocab_and_merges(vocab.ids.clone(), merges).fuse_unk(true).byte_fallback(true);
     if let Some(unk) = vocab.tokens.get(unk_id as usize) {
         bpe = bpe.unk_token(unk.clone());
     }
-    let bpe = bpe.build().map_err(|e| corrupt(format!("the SentencePiece vocabulary is inconsistent: {e}")))?;
+    let bpe =
+        bpe.build().map_err(|e| corrupt(format!("the SentencePiece vocabulary is inconsistent: {e}")))?;
 
     // llama.cpp's default for a SentencePiece vocabulary is to add the `▁` prefix.
     let add_prefix = md.bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);

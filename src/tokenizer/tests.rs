@@ -95,15 +95,36 @@ fn mismatches(tok: &Tokenizer, cases: &[Case]) -> Vec<String> {
         }
     };
     for c in cases {
-        let ids = |t: &Tokenizer, special: bool| t.encode(c.text.as_str(), special).unwrap().get_ids().to_vec();
+        let ids =
+            |t: &Tokenizer, special: bool| t.encode(c.text.as_str(), special).unwrap().get_ids().to_vec();
         let decode = |ids: &[u32], skip: bool| tok.decode(ids, skip).unwrap();
         check("ids", &c.text, format!("{:?}", ids(tok, true)), format!("{:?}", c.ids));
-        check("ids without special", &c.text, format!("{:?}", ids(tok, false)), format!("{:?}", c.ids_no_special));
-        check("ids, special text split", &c.text, format!("{:?}", ids(&split, false)), format!("{:?}", c.ids_split_special));
+        check(
+            "ids without special",
+            &c.text,
+            format!("{:?}", ids(tok, false)),
+            format!("{:?}", c.ids_no_special),
+        );
+        check(
+            "ids, special text split",
+            &c.text,
+            format!("{:?}", ids(&split, false)),
+            format!("{:?}", c.ids_split_special),
+        );
         check("decode", &c.text, format!("{:?}", decode(&c.ids, false)), format!("{:?}", c.decoded));
-        check("decode skipping special", &c.text, format!("{:?}", decode(&c.ids, true)), format!("{:?}", c.decoded_skip_special));
+        check(
+            "decode skipping special",
+            &c.text,
+            format!("{:?}", decode(&c.ids, true)),
+            format!("{:?}", c.decoded_skip_special),
+        );
         let split_decoded = decode(&c.ids_split_special, false);
-        check("decode of split", &c.text, format!("{split_decoded:?}"), format!("{:?}", c.decoded_split_special));
+        check(
+            "decode of split",
+            &c.text,
+            format!("{split_decoded:?}"),
+            format!("{:?}", c.decoded_split_special),
+        );
     }
     bad
 }
@@ -122,8 +143,13 @@ fn smollm2_gguf_matches_transformers() {
     assert_eq!(hex::encode(Sha256::digest(template)), fx.chat_template_sha256);
     assert!(template.contains("<|im_start|>"));
     assert_eq!(t.tokenizer.get_vocab_size(true), fx.vocab_size);
-    let specials: BTreeSet<String> =
-        t.tokenizer.get_added_tokens_decoder().into_values().filter(|a| a.special).map(|a| a.content).collect();
+    let specials: BTreeSet<String> = t
+        .tokenizer
+        .get_added_tokens_decoder()
+        .into_values()
+        .filter(|a| a.special)
+        .map(|a| a.content)
+        .collect();
     assert_eq!(specials, fx.special_tokens);
 
     let bad = mismatches(&t.tokenizer, &fx.cases);
@@ -178,9 +204,10 @@ fn sentencepiece_byte_fallback_and_prefix_by_hand() {
     assert_eq!(pieces("Hello world"), ["▁Hello", "▁world"]);
     // "é" is no piece of this vocabulary: its UTF-8 bytes are.
     assert_eq!(pieces("é"), ["▁", "<0xC3>", "<0xA9>"]);
-    assert_eq!(t.decode(&t.encode("é 🙂", false).unwrap().get_ids().to_vec(), false).unwrap(), "é 🙂");
+    assert_eq!(t.decode(t.encode("é 🙂", false).unwrap().get_ids(), false).unwrap(), "é 🙂");
     // One `▁` in front of the text, spaces kept: "  a" is "▁▁▁a" to sentencepiece.
     assert_eq!(pieces("  a").concat(), "▁▁▁a");
-    let by_id: HashMap<&str, u32> = fx.tokens.iter().enumerate().map(|(i, s)| (s.as_str(), i as u32)).collect();
+    let by_id: HashMap<&str, u32> =
+        fx.tokens.iter().enumerate().map(|(i, s)| (s.as_str(), i as u32)).collect();
     assert_eq!(t.encode("", true).unwrap().get_ids(), [by_id["<s>"]]);
 }
