@@ -15,7 +15,8 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use tokenizers::Tokenizer;
 
-use super::gguf::from_gguf_file;
+use super::gguf::{from_gguf_file, parse_merges};
+use super::sentencepiece::merges_from_scores;
 
 #[derive(Deserialize)]
 struct Case {
@@ -49,6 +50,7 @@ struct SpmFixture {
     bos_id: u32,
     eos_id: u32,
     add_bos: bool,
+    merges_transformers: Vec<String>,
     cases: Vec<Case>,
 }
 
@@ -210,4 +212,12 @@ fn sentencepiece_byte_fallback_and_prefix_by_hand() {
     let by_id: HashMap<&str, u32> =
         fx.tokens.iter().enumerate().map(|(i, s)| (s.as_str(), i as u32)).collect();
     assert_eq!(t.encode("", true).unwrap().get_ids(), [by_id["<s>"]]);
+}
+
+#[test]
+fn merges_from_scores_match_transformers() {
+    let fx: SpmFixture = fixture("spm_tiny_tokenizer.json");
+    let ids = fx.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let want: Vec<&str> = fx.merges_transformers.iter().map(String::as_str).collect();
+    assert_eq!(merges_from_scores(&fx.tokens, &fx.scores, &ids), parse_merges(&want).unwrap());
 }
