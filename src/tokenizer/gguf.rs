@@ -118,6 +118,12 @@ fn add_added_tokens(tokenizer: &mut Tokenizer, vocab: &Vocabulary) -> anyhow::Re
     };
     tokenizer.add_special_tokens(added(&[CONTROL, UNKNOWN], true)).map_err(anyhow::Error::msg)?;
     tokenizer.add_tokens(added(&[USER_DEFINED], false)).map_err(anyhow::Error::msg)?;
+    // An added token whose text the model's vocabulary does not map back to it would get a new id.
+    for (i, token) in vocab.tokens.iter().enumerate().filter(|(i, _)| vocab.is_added(*i)) {
+        if tokenizer.token_to_id(token) != Some(i as u32) {
+            return Err(corrupt(format!("token {i} ({token:?}) cannot be told apart from another token")));
+        }
+    }
     Ok(())
 }
 
@@ -192,7 +198,7 @@ pub(super) fn parse_merges(merges: &[&str]) -> anyhow::Result<Merges> {
 /// The token list with its types and reverse map.
 pub(super) struct Vocabulary {
     pub tokens: Vec<String>,
-    /// Token → id; for a token listed twice, the later id (as transformers builds it).
+    /// Token → id. Every token is distinct (llama.cpp refuses a vocabulary that repeats one).
     pub ids: Vocab,
     /// `tokenizer.ggml.token_type`, or empty when the file has none (all tokens normal).
     pub types: Vec<i32>,
@@ -220,7 +226,14 @@ impl Vocabulary {
                 tokens.len()
             )));
         }
-        let ids = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let mut ids = Vocab::with_capacity(tokens.len());
+        for (i, t) in tokens.iter().enumerate() {
+            if let Some(first) = ids.insert(t.clone(), i as u32) {
+                return Err(corrupt(format!(
+                    "tokenizer.ggml.tokens lists {t:?} twice (ids {first} and {i})"
+                )));
+            }
+        }
         Ok(Vocabulary { tokens, ids, types })
     }
 
@@ -460,6 +473,12 @@ mod tests {
             assert_eq!(kind, ErrorKind::Integrity, "{msg}");
             assert!(msg.contains(want), "{key}: {msg}");
         }
+        let mut md = byte_level();
+        md.insert(
+            "tokenizer.ggml.tokens".into(),
+            strings(&["h", "i", "Ġ", "hi", "Ġhi", "<|begin|>", "h", "<think>", "i"]),
+        );
+        assert!(err(&md).1.contains("lists \"h\" twice (ids 0 and 6)"));
         let mut md = byte_level();
         md.insert("tokenizer.ggml.merges".into(), strings(&["h x"]));
         assert!(err(&md).1.contains("inconsistent"), "a merge of a token that does not exist");
