@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on any machine, GPU or not. Installs what it needs on first use:
-# the CUDA 13 build toolchain from PyPI (scripts/cuda-env.sh) and, in a venv, the official
-# huggingface_hub client that the cache-sharing tests compare against. GPU tests are #[ignore]d
+# the CUDA 13 build toolchain from PyPI (scripts/cuda-env.sh), in a venv, the official
+# huggingface_hub client that the cache-sharing tests compare against, and the real test model
+# (scripts/assets/). GPU tests are #[ignore]d
 # and show up as "ignored"/"skipped"; run them on a GPU machine with scripts/gpu-tests.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,9 @@ if ! "$PY/bin/python" -c 'import huggingface_hub' 2>/dev/null; then
     "$PY/bin/python" -m pip install --quiet --disable-pip-version-check "huggingface_hub==$HF_HUB_VERSION"
 fi
 export INFERNO_PYTHON="$PY/bin/python"
+
+# Real model files some tests read (they fail, saying which script to run, when one is missing).
+scripts/assets/smollm2-gguf.sh >/dev/null || { echo "test.sh: could not fetch the SmolLM2 GGUF" >&2; exit 1; }
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT

@@ -7,8 +7,11 @@
 //! - [`inspect`]: what a cached or local model is (architecture, weight format, context) without
 //!   loading its weights.
 //! - [`gpu`]: choosing the CUDA device; never a silent CPU fallback.
+//! - [`models`]: transformer architectures, their weight loaders and KV caches.
+//! - [`engine`]: from a model name to a loaded model and its tokenizer on a device.
 //! - [`generate`]: model-independent generation: sampling, stop conditions, streaming detokeniser.
 //! - [`chat`]: turning a conversation into a prompt (Hugging Face chat templates).
+//! - [`tokenizer`]: tokenizers rebuilt from GGUF metadata.
 //! - [`commands`]: one module per subcommand.
 
 pub mod chat;
@@ -21,4 +24,5 @@ pub mod gpu;
 pub mod hub;
 pub mod inspect;
 pub mod models;
+pub mod tokenizer;
 pub mod util;

@@ -9,8 +9,27 @@ use crate::models::llama::convert;
 use crate::models::llama::load::GgufFile;
 
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
-    let mut gguf = GgufFile::open(Path::new(&args.gguf))?;
-    convert::write_hf_checkpoint(&mut gguf, Path::new(&args.out))?;
+    let (src, out) = (Path::new(&args.gguf), Path::new(&args.out));
+    let mut gguf = GgufFile::open(src)?;
+    convert::write_hf_checkpoint(&mut gguf, out)?;
+    write_tokenizer(src, out)?;
     println!("{}", args.out);
+    Ok(())
+}
+
+/// tokenizer.json, tokenizer_config.json (chat template, bos/eos) and generation_config.json.
+fn write_tokenizer(src: &Path, out: &Path) -> anyhow::Result<()> {
+    let g = crate::tokenizer::gguf::from_gguf_file(src)?;
+    g.tokenizer.save(out.join("tokenizer.json"), false).map_err(|e| anyhow::anyhow!("writing tokenizer.json: {e}"))?;
+    let name = |id: Option<u32>| id.and_then(|i| g.tokenizer.id_to_token(i));
+    let cfg = serde_json::json!({
+        "bos_token": name(g.bos_id),
+        "eos_token": name(g.eos_ids.first().copied()),
+        "add_bos_token": g.add_bos,
+        "chat_template": g.chat_template,
+    });
+    std::fs::write(out.join("tokenizer_config.json"), serde_json::to_string_pretty(&cfg)?)?;
+    let generation = serde_json::json!({ "bos_token_id": g.bos_id, "eos_token_id": g.eos_ids });
+    std::fs::write(out.join("generation_config.json"), serde_json::to_string_pretty(&generation)?)?;
     Ok(())
 }

@@ -81,6 +81,12 @@ fn from_hf_dir(dir: &Path) -> anyhow::Result<TextSide> {
     Ok(TextSide { tokenizer, template, eos_ids })
 }
 
-fn from_gguf(_path: &Path) -> anyhow::Result<TextSide> {
-    Err(fail(ErrorKind::Other, "GGUF tokenizers are not wired in yet"))
+fn from_gguf(path: &Path) -> anyhow::Result<TextSide> {
+    let g = crate::tokenizer::gguf::from_gguf_file(path)?;
+    let name = |id: Option<u32>| id.and_then(|i| g.tokenizer.id_to_token(i));
+    let template = match &g.chat_template {
+        Some(src) => Some(ChatTemplate::new(src, name(g.bos_id), name(g.eos_ids.first().copied()))?),
+        None => None,
+    };
+    Ok(TextSide { eos_ids: g.eos_ids, template, tokenizer: g.tokenizer })
 }
