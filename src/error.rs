@@ -75,11 +75,10 @@ pub fn kind_of(err: &anyhow::Error) -> ErrorKind {
         if let Some(f) = cause.downcast_ref::<Failure>() {
             return f.kind;
         }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            if is_storage_error(io) {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>()
+            && is_storage_error(io) {
                 return ErrorKind::Storage;
             }
-        }
     }
     ErrorKind::Other
 }

@@ -42,7 +42,7 @@ fn cuda_device_runs_kernels_that_match_the_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
 fn a_missing_device_is_a_clear_error() {
-    let err = inferno::gpu::open(4096).err().expect("device 4096 does not exist");
+    let err = inferno::gpu::open(4096).expect_err("device 4096 does not exist");
     assert_eq!(inferno::error::kind_of(&err), inferno::error::ErrorKind::NoDevice);
     assert!(err.to_string().contains("no CUDA device 4096"), "{err}");
 }

@@ -61,10 +61,7 @@ fn from_hf_dir(dir: &Path) -> anyhow::Result<TextSide> {
     let tokenizer = Tokenizer::from_file(&tok_path)
         .map_err(|e| fail(ErrorKind::Integrity, format!("{}: {e}", tok_path.display())))?;
     let tok_cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(serde_json::Value::Null);
-    let jinja = match std::fs::read_to_string(dir.join("chat_template.jinja")) {
-        Ok(t) => Some(t),
-        Err(_) => None,
-    };
+    let jinja = std::fs::read_to_string(dir.join("chat_template.jinja")).ok();
     let template = if jinja.is_some() || tok_cfg.get("chat_template").is_some() {
         Some(ChatTemplate::from_files(&tok_cfg, jinja.as_deref())?)
     } else {
@@ -73,11 +70,10 @@ fn from_hf_dir(dir: &Path) -> anyhow::Result<TextSide> {
     let config = read_json(&dir.join("config.json"))?.unwrap_or(serde_json::Value::Null);
     let gen_cfg = read_json(&dir.join("generation_config.json"))?;
     let mut eos_ids = eos_ids_from(&config, gen_cfg.as_ref());
-    if let Some(eos) = template.as_ref().and_then(|t| t.eos_token()).and_then(|t| tokenizer.token_to_id(t)) {
-        if !eos_ids.contains(&eos) {
+    if let Some(eos) = template.as_ref().and_then(|t| t.eos_token()).and_then(|t| tokenizer.token_to_id(t))
+        && !eos_ids.contains(&eos) {
             eos_ids.push(eos);
         }
-    }
     Ok(TextSide { tokenizer, template, eos_ids })
 }
 

@@ -72,7 +72,7 @@ impl Cache {
                 out.push(RepoCache { id, dir: entry.path() });
             }
         }
-        out.sort_by(|a, b| a.id.as_str().to_lowercase().cmp(&b.id.as_str().to_lowercase()));
+        out.sort_by_key(|a| a.id.as_str().to_lowercase());
         Ok(out)
     }
 }

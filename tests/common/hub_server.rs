@@ -58,7 +58,7 @@ pub struct FakeRepo {
 
 impl FakeRepo {
     pub fn new(id: &str, files: Vec<FakeFile>) -> FakeRepo {
-        let commit = hex::encode(&Sha1::digest(id.as_bytes()));
+        let commit = hex::encode(Sha1::digest(id.as_bytes()));
         FakeRepo { id: id.to_string(), commit, files, gated: false }
     }
     pub fn file(&self, path: &str) -> &FakeFile {
@@ -308,14 +308,12 @@ fn serve_bytes(st: &mut State, f: &FakeFile, req: &Logged, mut reply: Reply) -> 
         reply = reply.header("Content-Range", format!("bytes {from}-{}/{total}", total.saturating_sub(1)));
     }
     reply.body = data[start..].to_vec();
-    if req.method == "GET" {
-        if let Some((after, times)) = st.faults.cut.get_mut(&f.path) {
-            if *times > 0 {
+    if req.method == "GET"
+        && let Some((after, times)) = st.faults.cut.get_mut(&f.path)
+            && *times > 0 {
                 *times -= 1;
                 reply.cut_at = Some((*after).min(reply.body.len()));
             }
-        }
-    }
     reply.header("Accept-Ranges", "bytes")
 }
 
@@ -350,13 +348,12 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+        if bytes[i] == b'%' && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
                 out.push(b);
                 i += 3;
                 continue;
             }
-        }
         out.push(bytes[i]);
         i += 1;
     }

@@ -52,8 +52,11 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     let verbose = interactive || args.verbose;
     let spinner = loading_spinner(verbose, &model);
     let started = Instant::now();
-    let loaded = engine::load(&model, &opts, &device)?;
+    let mut loaded = engine::load(&model, &opts, &device)?;
     let text = engine::text::load(&loaded.source)?;
+    // One throw-away forward pass loads the kernels and creates the cuBLAS handle now, so the
+    // first reply's time to first token measures the model, not CUDA start-up.
+    loaded.model.forward_last(&[0], 0)?;
     spinner.finish_and_clear();
     let chat = Chat { loaded, text, sampler, stop_strings: args.stop.clone(), max_tokens: args.max_tokens, gpu_name };
     if verbose {

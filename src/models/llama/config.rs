@@ -152,8 +152,8 @@ impl LlamaConfig {
     fn validate(&self) -> anyhow::Result<()> {
         let ok = self.num_heads > 0
             && self.num_kv_heads > 0
-            && self.num_heads % self.num_kv_heads == 0
-            && self.head_dim % 2 == 0
+            && self.num_heads.is_multiple_of(self.num_kv_heads)
+            && self.head_dim.is_multiple_of(2)
             && self.head_dim > 0
             && self.vocab_size > 0;
         if !ok {

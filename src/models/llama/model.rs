@@ -163,13 +163,12 @@ fn f32_head(mut w: Weights, dtype: DType) -> anyhow::Result<Weights> {
     if dtype == DType::F32 {
         return Ok(w);
     }
-    if let Linear::Dense { weight, bias } = &w.lm_head {
-        if weight.elem_count() * 4 <= F32_HEAD_MAX_BYTES {
+    if let Linear::Dense { weight, bias } = &w.lm_head
+        && weight.elem_count() * 4 <= F32_HEAD_MAX_BYTES {
             let weight = weight.to_dtype(DType::F32)?;
             let bias = bias.as_ref().map(|b| b.to_dtype(DType::F32)).transpose()?;
             w.lm_head = Linear::Dense { weight, bias };
         }
-    }
     Ok(w)
 }
 
