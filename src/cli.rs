@@ -68,18 +68,11 @@ pub struct BenchArgs {
     /// Random weights from the config, created on the GPU: benchmark shapes without downloading.
     #[arg(long)]
     pub dummy_weights: bool,
-    /// Compute dtype: f32, bf16 or f16 (default: the checkpoint's; GGUF computes in f32).
-    #[arg(long)]
-    pub dtype: Option<String>,
     /// KV-cache size (default: prompt + generated tokens).
     #[arg(long)]
     pub context: Option<usize>,
-    /// CUDA device index.
-    #[arg(long, default_value_t = 0)]
-    pub gpu: usize,
-    /// Run on the CPU (debugging only; slow).
-    #[arg(long)]
-    pub cpu: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Print the results as JSON.
     #[arg(long)]
     pub json: bool,
@@ -129,19 +122,26 @@ pub struct PlayArgs {
     /// Stop when the reply contains this text (repeatable).
     #[arg(long = "stop", value_name = "TEXT")]
     pub stop: Vec<String>,
-    /// Compute dtype: f32, bf16 or f16 (default: the checkpoint's; GGUF computes in f32).
-    #[arg(long)]
-    pub dtype: Option<String>,
     /// KV-cache size in tokens (default: the model's, at most 8192).
     #[arg(long)]
     pub context: Option<usize>,
-    /// CUDA device index.
-    #[arg(long, default_value_t = 0)]
-    pub gpu: usize,
-    /// Run on the CPU (debugging and tests only; slow).
-    #[arg(long)]
-    pub cpu: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Print loading details and the stats line also in non-interactive mode (on stderr).
     #[arg(short, long)]
     pub verbose: bool,
+}
+
+/// Where and in which precision a model runs (shared by `play` and `bench`).
+#[derive(Debug, Args)]
+pub struct DeviceArgs {
+    /// Compute dtype: f32, bf16 or f16 (default: the checkpoint's; GGUF computes in f32).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// CUDA device index.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Run on the CPU (debugging and tests only; slow). Never chosen implicitly.
+    #[arg(long)]
+    pub cpu: bool,
 }

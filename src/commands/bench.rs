@@ -21,8 +21,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repeat == 0 {
         return Err(fail(ErrorKind::InvalidInput, "--prompt-tokens, --gen-tokens and --repeat must be positive"));
     }
-    let (device, gpu) = engine::open_device(args.gpu, args.cpu)?;
-    let dtype = args.dtype.as_deref().map(engine::parse_dtype).transpose()?;
+    let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
+    let dtype = args.device.dtype.as_deref().map(engine::parse_dtype).transpose()?;
     let needed = args.prompt_tokens + args.gen_tokens;
     let opts = LoadOptions { dtype, context: Some(args.context.unwrap_or(needed).max(needed)), dummy: args.dummy_weights };
     let started = Instant::now();

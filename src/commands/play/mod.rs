@@ -42,10 +42,10 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
         None => return Err(fail(ErrorKind::InvalidInput, "name a model: inferno play MODEL --prompt …")),
     };
     let sampler = sampler_config(&args)?;
-    let (device, gpu) = engine::open_device(args.gpu, args.cpu)?;
+    let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
     let gpu_name = gpu.map(|g| g.name).unwrap_or_else(|| "CPU (--cpu)".to_string());
     let opts = LoadOptions {
-        dtype: args.dtype.as_deref().map(engine::parse_dtype).transpose()?,
+        dtype: args.device.dtype.as_deref().map(engine::parse_dtype).transpose()?,
         context: args.context,
         dummy: false,
     };
