@@ -3,6 +3,7 @@
 //! with a preallocated KV cache. Generation (sampling, detokenising) lives outside, in `generate`.
 
 pub mod kv_cache;
+pub mod gpt_oss;
 pub mod linear;
 pub mod llama;
 pub mod rope;

@@ -18,6 +18,11 @@ pub struct RopeScaling {
     pub original_max_position_embeddings: Option<usize>,
     /// Newer transformers put `rope_theta` inside `rope_parameters`.
     pub rope_theta: Option<f64>,
+    pub beta_fast: Option<f64>,
+    pub beta_slow: Option<f64>,
+    /// YaRN: round the correction range to whole dims (gpt-oss says `false`).
+    pub truncate: Option<bool>,
+    pub attention_factor: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +32,8 @@ pub enum RopeKind {
     /// Dynamic NTK: the base grows once the sequence passes the trained length.
     Dynamic { factor: f64, max_position_embeddings: usize },
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max: usize },
+    /// YaRN (NTK-by-parts) as in transformers' `_compute_yarn_parameters`.
+    Yarn { factor: f64, beta_fast: f64, beta_slow: f64, original_max: usize, truncate: bool, attention_factor: f64 },
 }
 
 impl RopeKind {
@@ -44,9 +51,49 @@ impl RopeKind {
                 high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
                 original_max: s.original_max_position_embeddings.unwrap_or(8192),
             },
-            other => anyhow::bail!("unsupported rope scaling type {other:?} (supported: default, linear, dynamic, llama3)"),
+            "yarn" => {
+                let factor = factor()?;
+                RopeKind::Yarn {
+                    factor,
+                    beta_fast: s.beta_fast.unwrap_or(32.0),
+                    beta_slow: s.beta_slow.unwrap_or(1.0),
+                    original_max: s.original_max_position_embeddings.unwrap_or(max_position_embeddings),
+                    truncate: s.truncate.unwrap_or(true),
+                    attention_factor: s.attention_factor.unwrap_or_else(|| yarn_mscale(factor)),
+                }
+            }
+            other => anyhow::bail!("unsupported rope scaling type {other:?} (supported: default, linear, dynamic, llama3, yarn)"),
         })
     }
+}
+
+/// YaRN's attention ("concentration") factor: 0.1·ln(factor) + 1 (1.3466 for gpt-oss).
+pub fn yarn_mscale(factor: f64) -> f64 {
+    if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 }
+}
+
+impl RopeKind {
+    /// The factor cos and sin are multiplied by (YaRN), 1 otherwise.
+    pub fn attention_scaling(&self) -> f32 {
+        match self {
+            RopeKind::Yarn { attention_factor, .. } => *attention_factor as f32,
+            _ => 1.0,
+        }
+    }
+}
+
+/// YaRN's correction range: the (fractional, unless `truncate`) dims where interpolation
+/// blends into extrapolation, clamped to `[0, dim-1]` — not rounded for gpt-oss (pitfall #1).
+pub fn yarn_range(beta_fast: f64, beta_slow: f64, dim: usize, base: f64, original_max: usize, truncate: bool) -> (f64, f64) {
+    let correction = |rot: f64| {
+        (dim as f64 * (original_max as f64 / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln())
+    };
+    let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+    if truncate {
+        low = low.floor();
+        high = high.ceil();
+    }
+    (low.max(0.0), high.min(dim as f64 - 1.0))
 }
 
 /// Inverse frequencies for `dim` rotary dimensions; `seq_len` matters only for dynamic NTK.
@@ -83,24 +130,54 @@ pub fn inv_freq(kind: &RopeKind, theta: f64, dim: usize, seq_len: usize) -> Vec<
                 })
                 .collect()
         }
+        RopeKind::Yarn { factor, beta_fast, beta_slow, original_max, truncate, .. } => {
+            let (low, mut high) = yarn_range(beta_fast, beta_slow, dim, theta, original_max, truncate);
+            if low == high {
+                high += 0.001;
+            }
+            let factor = factor as f32;
+            base_freqs(theta)
+                .into_iter()
+                .enumerate()
+                .map(|(i, extrapolation)| {
+                    let ramp = ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                    let keep = 1.0 - ramp; // weight of the original (extrapolated) frequency
+                    let interpolation = extrapolation / factor;
+                    interpolation * (1.0 - keep) + extrapolation * keep
+                })
+                .collect()
+        }
     }
 }
 
-/// cos and sin tables `[positions, dim/2]` for positions `start..start+len`.
-pub fn tables(inv_freq: &[f32], start: usize, len: usize, dtype: DType, device: &Device) -> anyhow::Result<(Tensor, Tensor)> {
+/// cos and sin tables `[positions, dim/2]` for positions `start..start+len`, multiplied by
+/// `scale` (YaRN's attention factor; 1 otherwise).
+pub fn scaled_tables(
+    inv_freq: &[f32],
+    scale: f32,
+    start: usize,
+    len: usize,
+    dtype: DType,
+    device: &Device,
+) -> anyhow::Result<(Tensor, Tensor)> {
     let half = inv_freq.len();
     let mut cos = Vec::with_capacity(len * half);
     let mut sin = Vec::with_capacity(len * half);
     for p in start..start + len {
         for &f in inv_freq {
             let angle = p as f32 * f;
-            cos.push(angle.cos());
-            sin.push(angle.sin());
+            cos.push(angle.cos() * scale);
+            sin.push(angle.sin() * scale);
         }
     }
     let cos = Tensor::from_vec(cos, (len, half), device)?.to_dtype(dtype)?;
     let sin = Tensor::from_vec(sin, (len, half), device)?.to_dtype(dtype)?;
     Ok((cos, sin))
+}
+
+/// cos and sin tables `[positions, dim/2]` for positions `start..start+len`.
+pub fn tables(inv_freq: &[f32], start: usize, len: usize, dtype: DType, device: &Device) -> anyhow::Result<(Tensor, Tensor)> {
+    scaled_tables(inv_freq, 1.0, start, len, dtype, device)
 }
 
 #[cfg(test)]
@@ -129,12 +206,32 @@ mod tests {
     }
 
     #[test]
+    fn yarn_matches_the_gpt_oss_sanity_values() {
+        // gpt-oss.md §7: low 8.092779115512402, high 17.39802450158856, C 1.3465735902799727,
+        // inv_freq[1] 0.6890443, [8] 0.05081327, [9] 0.0317057, [12] 6.794959e-3,
+        // [17] 1.293187e-4, [18] 3.830881e-5, [31] 3.023511e-7.
+        let (low, high) = yarn_range(32.0, 1.0, 64, 150000.0, 4096, false);
+        assert!((low - 8.092779115512402).abs() < 1e-12 && (high - 17.39802450158856).abs() < 1e-12);
+        assert!((yarn_mscale(32.0) - 1.3465735902799727).abs() < 1e-15);
+        let s: RopeScaling = serde_json::from_str(
+            r#"{"rope_type":"yarn","factor":32.0,"beta_fast":32.0,"beta_slow":1.0,"original_max_position_embeddings":4096,"truncate":false}"#,
+        )
+        .unwrap();
+        let kind = RopeKind::from_scaling(Some(&s), 131072).unwrap();
+        assert!((kind.attention_scaling() - 1.3465736).abs() < 1e-6);
+        let f = inv_freq(&kind, 150000.0, 64, 0);
+        for (i, want) in [(0, 1.0), (1, 0.6890443), (8, 0.05081327), (9, 0.0317057), (12, 6.794959e-3), (17, 1.293187e-4), (18, 3.830881e-5), (31, 3.023511e-7)] {
+            assert!(((f[i] as f64) - want).abs() / want < 2e-6, "inv_freq[{i}] = {} want {want}", f[i]);
+        }
+    }
+
+    #[test]
     fn scaling_spellings() {
         let s: RopeScaling = serde_json::from_str(r#"{"type":"linear","factor":2.0}"#).unwrap();
         assert_eq!(RopeKind::from_scaling(Some(&s), 2048).unwrap(), RopeKind::Linear { factor: 2.0 });
         let s: RopeScaling = serde_json::from_str(r#"{"rope_type":"default","rope_theta":100000.0}"#).unwrap();
         assert_eq!(RopeKind::from_scaling(Some(&s), 2048).unwrap(), RopeKind::Default);
-        let s: RopeScaling = serde_json::from_str(r#"{"rope_type":"yarn","factor":4.0}"#).unwrap();
+        let s: RopeScaling = serde_json::from_str(r#"{"rope_type":"longrope","factor":4.0}"#).unwrap();
         assert!(RopeKind::from_scaling(Some(&s), 2048).is_err());
         let linear = inv_freq(&RopeKind::Linear { factor: 4.0 }, 10000.0, 8, 0);
         assert!((linear[0] - 0.25).abs() < 1e-7);

@@ -63,7 +63,7 @@ impl Llama {
         let w = f32_head(w, dtype)?;
         let rope_tables = match cfg.rope {
             RopeKind::Dynamic { .. } => None,
-            _ => Some(rope::tables(&inv_freq, 0, context, dtype, device)?),
+            _ => Some(rope::scaled_tables(&inv_freq, cfg.rope.attention_scaling(), 0, context, dtype, device)?),
         };
         Ok(Llama { cfg, w, caches, rope_style, inv_freq, rope_tables, dtype, device: device.clone() })
     }
@@ -111,7 +111,7 @@ impl Llama {
             Some((cos, sin)) => Ok((cos.narrow(0, start, seq)?, sin.narrow(0, start, seq)?)),
             None => {
                 let f = rope::inv_freq(&self.cfg.rope, self.cfg.rope_theta, self.cfg.head_dim, start + seq);
-                rope::tables(&f, start, seq, self.dtype, &self.device)
+                rope::scaled_tables(&f, self.cfg.rope.attention_scaling(), start, seq, self.dtype, &self.device)
             }
         }
     }

@@ -1,0 +1,10 @@
+//! OpenAI gpt-oss (20b, 120b): MoE transformer with MXFP4 experts, attention sinks, alternating
+//! sliding-window and full attention, YaRN RoPE. See ../shared/docs/gpt-oss.md.
+
+pub mod config;
+pub mod load;
+pub mod model;
+pub mod mxfp4;
+
+pub use config::GptOssConfig;
+pub use model::GptOss;
