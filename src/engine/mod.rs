@@ -13,6 +13,8 @@ use crate::hub::Cache;
 use crate::hub::resolve::resolve_model;
 use crate::models::CausalLm;
 use crate::models::llama::load::{self, GgufFile};
+use crate::models::gpt_oss::{self, GptOssConfig};
+use crate::models::llama::model::RopeStyle;
 use crate::models::llama::{LlamaConfig, dummy};
 
 pub mod text;
@@ -139,15 +141,69 @@ fn context_for(cfg: &LlamaConfig, requested: Option<usize>) -> anyhow::Result<us
     }
 }
 
-fn load_source(name: &str, source: Source, opts: &LoadOptions, device: &Device) -> anyhow::Result<Loaded> {
-    let (model, format, dtype, context, max): (Box<dyn CausalLm>, String, DType, usize, usize) = match &source {
-        Source::HfDir(dir) => {
-            let text = std::fs::read_to_string(dir.join("config.json"))?;
-            let cfg = LlamaConfig::from_hf_json(&text)?;
+/// `model_type` of a config.json (llama when absent).
+fn model_type(config_path: &Path) -> anyhow::Result<(String, String)> {
+    let text = std::fs::read_to_string(config_path).with_context(|| format!("reading {}", config_path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| fail(ErrorKind::InvalidInput, format!("{}: {e}", config_path.display())))?;
+    let kind = v.get("model_type").and_then(|t| t.as_str()).unwrap_or("llama").to_string();
+    Ok((kind, text))
+}
+
+type Built = (Box<dyn CausalLm>, String, DType, usize, usize);
+
+/// A model from a config.json text and a way to get its weights (checkpoint or random).
+fn build(text: &str, kind: &str, dir: Option<&Path>, opts: &LoadOptions, device: &Device) -> anyhow::Result<Built> {
+    match kind {
+        "gpt_oss" => {
+            let cfg = GptOssConfig::from_hf_json(text)?;
+            let context = match opts.context {
+                Some(0) => return Err(fail(ErrorKind::InvalidInput, "--context must be positive")),
+                Some(n) => n,
+                None => cfg.max_position_embeddings.min(DEFAULT_CONTEXT),
+            };
+            // gpt-oss is trained in bf16; f16 overflows its residual stream (pitfall #7).
+            let dtype = opts.dtype.unwrap_or(DType::BF16);
+            if dtype == DType::F16 {
+                return Err(fail(ErrorKind::InvalidInput, "gpt-oss does not run in f16 (its activations overflow it): use bf16 or f32"));
+            }
+            let max = cfg.max_position_embeddings;
+            let model = match dir {
+                Some(dir) => gpt_oss::load::load(dir, dtype, context, device)?,
+                None => {
+                    let w = gpt_oss::dummy::random_weights(&cfg, dtype, device)?;
+                    gpt_oss::GptOss::new(cfg, w, context, dtype, device)?
+                }
+            };
+            let format = if dir.is_some() { "mxfp4" } else { "dummy mxfp4" };
+            Ok((Box::new(model), format.into(), dtype, context, max))
+        }
+        "llama" | "mistral" => {
+            let cfg = LlamaConfig::from_hf_json(text)?;
             let context = context_for(&cfg, opts.context)?;
             let dtype = load::choose_dtype(opts.dtype, &cfg);
-            let m = load::load_safetensors(dir, Some(dtype), context, device)?;
-            (Box::new(m), "safetensors".into(), dtype, context, cfg.max_position_embeddings)
+            let max = cfg.max_position_embeddings;
+            match dir {
+                Some(dir) => {
+                    let m = load::load_safetensors(dir, Some(dtype), context, device)?;
+                    Ok((Box::new(m), "safetensors".into(), dtype, context, max))
+                }
+                None => {
+                    let weights = dummy::random_weights(&cfg, dtype, device)?;
+                    let m = crate::models::llama::Llama::new(cfg, weights, RopeStyle::HalfSplit, context, dtype, device)?;
+                    Ok((Box::new(m), "dummy".into(), dtype, context, max))
+                }
+            }
+        }
+        other => Err(fail(ErrorKind::InvalidInput, format!("unsupported architecture {other:?} (supported: llama, mistral, gpt_oss)"))),
+    }
+}
+
+fn load_source(name: &str, source: Source, opts: &LoadOptions, device: &Device) -> anyhow::Result<Loaded> {
+    let (model, format, dtype, context, max): Built = match &source {
+        Source::HfDir(dir) => {
+            let (kind, text) = model_type(&dir.join("config.json"))?;
+            build(&text, &kind, Some(dir), opts, device)?
         }
         Source::Gguf(path) => {
             let mut gguf = GgufFile::open(path)?;
@@ -158,14 +214,8 @@ fn load_source(name: &str, source: Source, opts: &LoadOptions, device: &Device) 
             (Box::new(m), quant, DType::F32, context, cfg.max_position_embeddings)
         }
         Source::Dummy(cfg_path) => {
-            let text = std::fs::read_to_string(cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
-            let cfg = LlamaConfig::from_hf_json(&text)?;
-            let context = context_for(&cfg, opts.context)?;
-            let dtype = load::choose_dtype(opts.dtype, &cfg);
-            let weights = dummy::random_weights(&cfg, dtype, device)?;
-            let max = cfg.max_position_embeddings;
-            let m = crate::models::llama::Llama::new(cfg, weights, crate::models::llama::model::RopeStyle::HalfSplit, context, dtype, device)?;
-            (Box::new(m), "dummy".into(), dtype, context, max)
+            let (kind, text) = model_type(cfg_path)?;
+            build(&text, &kind, None, opts, device)?
         }
     };
     Ok(Loaded { model, source, name: name.to_string(), format, dtype, context, max_context: max, device_bytes: None })

@@ -2,6 +2,7 @@
 //! sliding-window and full attention, YaRN RoPE. See ../shared/docs/gpt-oss.md.
 
 pub mod config;
+pub mod dummy;
 pub mod load;
 pub mod model;
 pub mod mxfp4;
