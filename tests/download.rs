@@ -282,3 +282,74 @@ fn an_unreachable_hub_is_a_network_error() {
     assert!(err.contains("cannot reach") && err.contains("HF_HUB_OFFLINE"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// A minimal valid safetensors file holding one U8 tensor of `n` bytes.
+fn tiny_safetensors(name: &str, n: usize) -> Vec<u8> {
+    let header = format!(r#"{{"{name}":{{"dtype":"U8","shape":[{n}],"data_offsets":[0,{n}]}}}}"#);
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.extend(noise(n, n as u64));
+    out
+}
+
+#[test]
+fn gpt_oss_20b_file_list_fetches_only_what_is_needed_and_lists_as_mxfp4() {
+    let config = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/configs/gpt-oss-20b.json")).unwrap();
+    let index = r#"{"metadata":{"total_size":3000},"weight_map":{
+        "model.embed_tokens.weight":"model-00000-of-00002.safetensors",
+        "model.layers.0.mlp.experts.down_proj_blocks":"model-00001-of-00002.safetensors",
+        "lm_head.weight":"model-00002-of-00002.safetensors"}}"#;
+    let text = |s: &str| s.as_bytes().to_vec();
+    let repo = FakeRepo::new(
+        "openai/gpt-oss-20b",
+        vec![
+            FakeFile::new(".gitattributes", text("*.safetensors filter=lfs"), false),
+            FakeFile::new("LICENSE", text("Apache-2.0"), false),
+            FakeFile::new("README.md", text("# gpt-oss-20b"), false),
+            FakeFile::new("USAGE_POLICY", text("policy"), false),
+            FakeFile::new("chat_template.jinja", text("{{ messages }}"), false),
+            FakeFile::new("config.json", config, false),
+            FakeFile::new("generation_config.json", text(r#"{"eos_token_id":[200002,199999,200012]}"#), false),
+            FakeFile::new("metal/model.bin", noise(4000, 7), true),
+            FakeFile::new("model-00000-of-00002.safetensors", tiny_safetensors("model.embed_tokens.weight", 1000), true),
+            FakeFile::new("model-00001-of-00002.safetensors", tiny_safetensors("model.layers.0.mlp.experts.down_proj_blocks", 1000), true),
+            FakeFile::new("model-00002-of-00002.safetensors", tiny_safetensors("lm_head.weight", 1000), true),
+            FakeFile::new("model.safetensors.index.json", text(index), false),
+            FakeFile::new("original/config.json", text("{}"), false),
+            FakeFile::new("original/dtypes.json", text("{}"), false),
+            FakeFile::new("original/model.safetensors", noise(3000, 8), true),
+            FakeFile::new("special_tokens_map.json", text("{}"), false),
+            FakeFile::new("tokenizer.json", text("{}"), false),
+            FakeFile::new("tokenizer_config.json", text("{}"), false),
+        ],
+    );
+    let server = HubServer::start(vec![repo.clone()]);
+    let cache = tempfile::tempdir().unwrap();
+    let out = inferno(cache.path(), Some(&server.url), &["download", "openai/gpt-oss-20b"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let snap = snapshot(cache.path(), &repo);
+    let mut got: Vec<String> = std::fs::read_dir(&snap).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "chat_template.jinja", "config.json", "generation_config.json", "model-00000-of-00002.safetensors",
+            "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
+            "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
+        ]
+    );
+    let fetched: Vec<String> = server.content_gets().into_iter().map(|l| l.path).collect();
+    for skipped in ["metal/model.bin", "original/model.safetensors"] {
+        let sha = repo.file(skipped).sha256();
+        assert!(!fetched.iter().any(|p| p.ends_with(&sha)), "{skipped} was downloaded");
+    }
+
+    let list = inferno(cache.path(), None, &["list", "--json"], &[]);
+    assert!(list.status.success(), "{}", stderr(&list));
+    let rows: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    let row = &rows.as_array().unwrap()[0];
+    assert_eq!(row["model"], "openai/gpt-oss-20b");
+    assert_eq!(row["architecture"], "gpt_oss", "{row}");
+    assert_eq!(row["format"], "mxfp4", "{row}");
+    assert_eq!(row["context_length"], 131072, "{row}");
+}
