@@ -74,3 +74,33 @@ fn gpu_f32_logits_and_greedy_match_transformers() {
     check_logits(&dev, DType::F32, 1e-3);
     check_greedy(&dev);
 }
+
+/// Full size: a random checkpoint in the exact gpt-oss-20b layout written by
+/// scripts/fixtures/gpt_oss_20b_random.py (directory in INFERNO_GPT_OSS_20B_DIR), bf16 at 8k
+/// context, teacher-forced top-1 agreement with transformers' f32 predictions.
+#[test]
+#[ignore = "needs a CUDA GPU and the 20b-shaped checkpoint (INFERNO_GPT_OSS_20B_DIR): scripts/fixtures/gpt_oss_20b_random.py"]
+fn gpu_20b_shaped_bf16_teacher_forced_agreement() {
+    let dir = PathBuf::from(std::env::var("INFERNO_GPT_OSS_20B_DIR").expect("set INFERNO_GPT_OSS_20B_DIR"));
+    let fx: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let dev = gpu();
+    let (free_before, _) = inferno::gpu::memory(&dev).unwrap();
+    let mut model = load::load(&dir, DType::BF16, 8192, &dev).unwrap();
+    let (free_loaded, _) = inferno::gpu::memory(&dev).unwrap();
+    let tokens = ids(&fx["ids"]);
+    let got: Vec<u32> = model.forward_all(&tokens, 0).unwrap().argmax(1).unwrap().to_vec1().unwrap();
+    let (free_after, _) = inferno::gpu::memory(&dev).unwrap();
+    let want = ids(&fx["f32_argmax"]);
+    let agree = got.iter().zip(&want).filter(|(a, b)| a == b).count() as f64 / want.len() as f64;
+    eprintln!(
+        "20b-shaped bf16: top-1 agreement with transformers f32 {:.2}% over {} positions (transformers' own bf16: {:.2}%); \
+         GPU memory: {:.2} GB after load (8k context), {:.2} GB after a {}-token prefill",
+        agree * 100.0,
+        want.len(),
+        fx["transformers_bf16_agreement"].as_f64().unwrap_or(f64::NAN) * 100.0,
+        (free_before - free_loaded) as f64 / 1e9,
+        (free_before - free_after) as f64 / 1e9,
+        tokens.len()
+    );
+    assert!(agree >= 0.99, "agreement {agree}");
+}
