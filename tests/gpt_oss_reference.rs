@@ -11,8 +11,11 @@ use serde_json::Value;
 
 const STEPS: usize = 40;
 
+/// The fixture folder: beside the sources, or under the current directory when the test binary
+/// runs from a copy of the repository elsewhere (the GPU machine).
 fn dir() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_oss_tiny"))
+    let built = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_oss_tiny"));
+    if built.exists() { built } else { PathBuf::from("tests/fixtures/gpt_oss_tiny") }
 }
 
 fn reference() -> Value {
