@@ -105,5 +105,9 @@ fn gpu_20b_shaped_bf16_teacher_forced_agreement() {
         (free_before - free_after) as f64 / 1e9,
         tokens.len()
     );
-    assert!(agree >= 0.99, "agreement {agree}");
+    // On random weights the logits are nearly flat (a quarter of the positions have a top-1 margin
+    // under 0.3), so bf16 rounding anywhere flips predictions: transformers' own bf16 agrees with
+    // its f32 on ~77%. The bar that means something here: at least as close to f32 as that.
+    let yardstick = fx["transformers_bf16_agreement"].as_f64().expect("transformers_bf16_agreement");
+    assert!(agree >= yardstick, "agreement {agree} is below transformers' own bf16 ({yardstick})");
 }
