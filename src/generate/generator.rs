@@ -64,6 +64,41 @@ impl<'m> Session<'m> {
         interrupt: &AtomicBool,
         on_text: &mut dyn FnMut(&str) -> anyhow::Result<()>,
     ) -> anyhow::Result<Generation> {
+        let mut stop = StopChecker::new(cond);
+        let mut stream = TokenStream::new(tokenizer);
+        let max_tokens = stop.remaining();
+        let mut text = String::new();
+        let mut out = self.generate_tokens(prompt, sampler, max_tokens, interrupt, &mut |id| {
+            let piece = if stop.is_eos(id) { None } else { stream.push(id)? };
+            let step = stop.push(id, piece.as_deref().unwrap_or(""));
+            if !step.text.is_empty() {
+                text.push_str(&step.text);
+                on_text(&step.text)?;
+            }
+            Ok(step.stop)
+        })?;
+        if !matches!(out.reason, StopReason::StopString(_)) {
+            let tail = format!("{}{}", stop.finish(), stream.finish()?.unwrap_or_default());
+            if !tail.is_empty() {
+                text.push_str(&tail);
+                on_text(&tail)?;
+            }
+        }
+        out.text = text;
+        Ok(out)
+    }
+
+    /// The token loop under every generation: runs the uncached part of `prompt`, then samples
+    /// until `on_token` returns a stop reason, `max_tokens` are made, the context is full or
+    /// `interrupt` is set. `on_token` sees every sampled id (special tokens included).
+    pub fn generate_tokens(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        max_tokens: usize,
+        interrupt: &AtomicBool,
+        on_token: &mut dyn FnMut(u32) -> anyhow::Result<Option<StopReason>>,
+    ) -> anyhow::Result<Generation> {
         let context = self.model.context_length();
         if prompt.is_empty() {
             return Err(fail(ErrorKind::InvalidInput, "the prompt is empty"));
@@ -77,8 +112,6 @@ impl<'m> Session<'m> {
         let reuse = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
         self.cached.truncate(reuse);
         let started = Instant::now();
-        let mut stop = StopChecker::new(cond);
-        let mut stream = TokenStream::new(tokenizer);
         let mut history = prompt.to_vec();
         let mut out = Generation {
             tokens: Vec::new(),
@@ -89,11 +122,10 @@ impl<'m> Session<'m> {
             time_to_first_token: Duration::ZERO,
             decode_time: Duration::ZERO,
         };
-        let mut pending: &[u32] = &prompt[reuse..];
+        let mut pending: Vec<u32> = prompt[reuse..].to_vec();
         let mut pos = reuse;
-        let mut last = [0u32; 1];
         let reason = loop {
-            if stop.remaining() == 0 {
+            if out.tokens.len() >= max_tokens {
                 break StopReason::MaxTokens;
             }
             if interrupt.load(Ordering::Relaxed) {
@@ -102,8 +134,8 @@ impl<'m> Session<'m> {
             if pos + pending.len() > context {
                 break StopReason::ContextFull;
             }
-            let logits = self.model.forward_last(pending, pos)?;
-            self.cached.extend_from_slice(pending);
+            let logits = self.model.forward_last(&pending, pos)?;
+            self.cached.extend_from_slice(&pending);
             pos += pending.len();
             let id = if sampler.config().is_greedy() {
                 logits.argmax(0)?.to_scalar::<u32>()?
@@ -116,25 +148,12 @@ impl<'m> Session<'m> {
             }
             history.push(id);
             out.tokens.push(id);
-            let text = if stop.is_eos(id) { None } else { stream.push(id)? };
-            let step = stop.push(id, text.as_deref().unwrap_or(""));
-            if !step.text.is_empty() {
-                out.text.push_str(&step.text);
-                on_text(&step.text)?;
-            }
-            if let Some(reason) = step.stop {
+            if let Some(reason) = on_token(id)? {
                 break reason;
             }
-            last[0] = id;
-            pending = &last;
+            pending.clear();
+            pending.push(id);
         };
-        if !matches!(reason, StopReason::StopString(_)) {
-            let tail = format!("{}{}", stop.finish(), stream.finish()?.unwrap_or_default());
-            if !tail.is_empty() {
-                out.text.push_str(&tail);
-                on_text(&tail)?;
-            }
-        }
         out.decode_time = started.elapsed().saturating_sub(out.time_to_first_token);
         out.reason = reason;
         Ok(out)
