@@ -312,9 +312,9 @@ impl<'t> HarmonyEncoding<'t> {
             call: id("<|call|>")?,
             constrain: id("<|constrain|>")?,
         };
-        let first_added = tokenizer.get_added_vocabulary().get_added_tokens_decoder().keys().copied().min();
         let control = [ids.start, ids.end, ids.message, ids.channel, ids.return_, ids.call, ids.constrain];
-        let first_added = first_added.unwrap_or(u32::MAX).min(control.into_iter().min().unwrap_or(u32::MAX));
+        let added = tokenizer.get_added_vocabulary().get_added_tokens_decoder().keys().copied();
+        let first_added = added.chain(control).min().unwrap_or(u32::MAX);
         Ok(HarmonyEncoding { tokenizer, ids, first_added })
     }
 
@@ -344,7 +344,7 @@ impl<'t> HarmonyEncoding<'t> {
         if text.is_empty() {
             return Ok(Vec::new());
         }
-        let err = |e: tokenizers::Error| anyhow!("tokenizing {text:?}: {e}");
+        let err = |e: tokenizers::Error| anyhow!("tokenizing harmony text: {e}");
         let mut pieces = PreTokenizedString::from(text);
         if let Some(n) = self.tokenizer.get_normalizer() {
             pieces.normalize(|s| n.normalize(s)).map_err(err)?;
@@ -371,9 +371,10 @@ impl<'t> HarmonyEncoding<'t> {
         if let Some(text) = developer_instructions.filter(|t| !t.is_empty()) {
             self.render_message(&HarmonyMessage::new(Role::Developer, format!("# Instructions\n\n{text}")), &mut out)?;
         }
+        // Analysis before the last final answer belongs to a finished turn.
+        let last_final = history.iter().rposition(|m| m.is_assistant_on(&Channel::Final));
         for (i, m) in history.iter().enumerate() {
-            let finished_later = || history[i + 1..].iter().any(|n| n.is_assistant_on(&Channel::Final));
-            if m.is_assistant_on(&Channel::Analysis) && finished_later() {
+            if m.is_assistant_on(&Channel::Analysis) && last_final.is_some_and(|f| i < f) {
                 continue;
             }
             self.render_message(m, &mut out)?;

@@ -560,6 +560,20 @@ fn recovers_from_slips_without_leaking_markup() {
 }
 
 #[test]
+fn another_roles_message_ends_the_turn() {
+    let out = "<|channel|>final<|message|>4.<|end|><|start|>user<|message|>Thanks!<|end|><|start|>assistant<|channel|>final<|message|>You're welcome";
+    let (events, p) = parse_all(&with_markup(out));
+    assert_eq!(text_on(&events, &Channel::Final), "4.");
+    assert_eq!(events.last(), Some(&HarmonyEvent::Done { reason: DoneReason::Return }));
+    assert_eq!(p.messages(), [HarmonyMessage::assistant(Channel::Final, "4.")]);
+    // A made-up tool result too; `to=` without a role is the assistant's.
+    let (_, p) = parse_all(&with_markup("<|start|>functions.f to=assistant<|channel|>commentary<|message|>{}<|end|>"));
+    assert!(p.messages().is_empty() && p.done() == Some(DoneReason::Return));
+    let (_, p) = parse_all(&with_markup("<|start|> to=functions.f<|channel|>commentary<|message|>{}<|call|>"));
+    assert_eq!(p.messages(), [HarmonyMessage::assistant(Channel::Commentary, "{}").with_recipient("functions.f")]);
+}
+
+#[test]
 fn finish_closes_a_message_cut_short() {
     let mut ids = with_markup("<|channel|>analysis<|message|>done<|end|><|start|>assistant<|channel|>final<|message|>Crab 🦀");
     ids.pop(); // the crab's last byte never came

@@ -8,7 +8,8 @@ use crate::generate::TokenStream;
 /// Why the assistant's turn ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DoneReason {
-    /// `<|return|>`: the answer is complete.
+    /// `<|return|>`: the answer is complete. Also when the model starts a message that is not
+    /// the assistant's (`<|start|>user…`): its turn is over all the same.
     Return,
     /// `<|call|>`: the last message is a tool call waiting for its result.
     Call,
@@ -125,6 +126,12 @@ impl<'t> HarmonyParser<'t> {
             State::Header { role, ids: mut header } => {
                 if id == ids.message {
                     let (mut message, _) = self.parse_header(role, &header, true)?;
+                    if message.role != Role::Assistant {
+                        // The model began someone else's message (a user turn, a tool result):
+                        // its own turn is over, and that text is not an answer.
+                        self.end_turn(ids.return_, events);
+                        return Ok(());
+                    }
                     let channel = message.channel.clone().unwrap_or(Channel::Final);
                     message.channel = Some(channel.clone());
                     events.push(HarmonyEvent::MessageStart { channel, recipient: message.recipient.clone() });
@@ -234,12 +241,12 @@ impl<'t> HarmonyParser<'t> {
             Some(r) => r,
             None => match parts.first().map(|p| (p, Role::parse(p))) {
                 Some((_, Some(r))) => r,
-                Some((p, None)) => {
+                Some((p, None)) if !p.starts_with("to=") => {
                     name = Some(p.to_string());
                     parts.remove(0);
                     Role::Tool
                 }
-                None => Role::Assistant,
+                _ => Role::Assistant,
             },
         };
         if parts.first() == Some(&role.as_str()) {
