@@ -18,9 +18,9 @@
 //! answer, as the model's Hub chat template does. The two agree for a conversation with one
 //! finished turn, and for a tool call in progress (its analysis is kept).
 //!
-//! The system message differs from the Hub template in one way only: harmony writes the
-//! developer instructions as `# Instructions\n\n{text}`, the template adds a trailing `\n\n`. We
-//! write harmony's canonical form.
+//! Our prompts differ from the Hub template's (`tests/fixtures/chat_templates.json`) in one way
+//! only: harmony writes the developer instructions as `# Instructions\n\n{text}`, the template
+//! adds a trailing `\n\n`. We write harmony's canonical form.
 //!
 //! [`HarmonyParser`] is the other direction: fed the sampled ids one by one, it emits
 //! [`HarmonyEvent`]s (message start, text deltas per channel, message end, done), so a front-end
@@ -452,7 +452,7 @@ pub struct HarmonyChat {
 
 impl HarmonyChat {
     pub fn new(system: SystemConfig, instructions: Option<String>) -> Self {
-        HarmonyChat { system, instructions, messages: Vec::new() }
+        HarmonyChat { system, instructions: instructions.filter(|s| !s.is_empty()), messages: Vec::new() }
     }
 
     /// Sets or removes the developer instructions (`--system`, `/system`).
