@@ -101,6 +101,12 @@ pub struct PlayArgs {
     /// Complete the text as is, without the chat template.
     #[arg(long)]
     pub raw: bool,
+    /// gpt-oss reasoning effort: low, medium or high.
+    #[arg(long, default_value = "medium")]
+    pub reasoning: String,
+    /// gpt-oss: do not show the reasoning, only the answer.
+    #[arg(long)]
+    pub hide_reasoning: bool,
     /// Most tokens per reply.
     #[arg(long, default_value_t = 1024)]
     pub max_tokens: usize,

@@ -2,6 +2,7 @@
 //! stdin when it is not a terminal) printing only the reply on stdout.
 
 mod conversation;
+mod dialogue;
 mod picker;
 mod repl;
 
@@ -17,6 +18,7 @@ use crate::generate::{Sampler, SamplerConfig, Session, StopConditions};
 use crate::util::human_bytes;
 
 pub use conversation::{Conversation, stats_line};
+pub use dialogue::{Dialogue, Output};
 
 /// Everything a chat needs, loaded.
 pub struct Chat {
@@ -41,7 +43,7 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
         None if interactive => picker::pick()?,
         None => return Err(fail(ErrorKind::InvalidInput, "name a model: inferno play MODEL --prompt …")),
     };
-    let sampler = sampler_config(&args)?;
+    let effort: crate::chat::harmony::ReasoningEffort = args.reasoning.parse()?;
     let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
     let gpu_name = gpu.map(|g| g.name).unwrap_or_else(|| "CPU (--cpu)".to_string());
     let opts = LoadOptions {
@@ -58,19 +60,20 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     // first reply's time to first token measures the model, not CUDA start-up.
     loaded.model.forward_last(&[0], 0)?;
     spinner.finish_and_clear();
+    let dialogue = Dialogue::for_model(&text, args.system.clone(), args.raw, effort);
+    let sampler = sampler_config(&args, matches!(dialogue, Dialogue::Harmony(_)))?;
     let chat = Chat { loaded, text, sampler, stop_strings: args.stop.clone(), max_tokens: args.max_tokens, gpu_name };
     if verbose {
-        eprintln!("{}", banner(&chat, started.elapsed().as_secs_f64()));
+        eprintln!("{}", banner(&chat, &dialogue, started.elapsed().as_secs_f64()));
         if interactive {
             eprintln!("/help for commands, Ctrl+D to quit");
         }
     }
-    let mut conversation = Conversation::new(args.system.clone(), args.raw || chat.text.template.is_none());
-    if !args.raw && chat.text.template.is_none() && verbose {
+    if matches!(&dialogue, Dialogue::Plain(c) if c.raw) && !args.raw && verbose {
         eprintln!("note: the model has no chat template; completing raw text");
     }
     if interactive {
-        return repl::run(chat, conversation);
+        return repl::run(chat, dialogue, !args.hide_reasoning);
     }
     let prompt = match &args.prompt {
         Some(p) => p.clone(),
@@ -80,12 +83,11 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
             s
         }
     };
-    one_shot(chat, &mut conversation, &prompt, args.verbose)
+    let out = Output { interactive: false, show_reasoning: args.verbose && !args.hide_reasoning };
+    one_shot(chat, dialogue, &prompt, out, args.verbose)
 }
 
-fn one_shot(mut chat: Chat, conversation: &mut Conversation, prompt: &str, verbose: bool) -> anyhow::Result<()> {
-    conversation.push_user(prompt);
-    let ids = conversation.prompt_ids(&chat.text)?;
+fn one_shot(mut chat: Chat, mut dialogue: Dialogue, prompt: &str, out: Output, verbose: bool) -> anyhow::Result<()> {
     let mut sampler = Sampler::new(chat.sampler.clone());
     let cond = chat.stop_conditions();
     let interrupt = Arc::new(AtomicBool::new(false));
@@ -97,12 +99,8 @@ fn one_shot(mut chat: Chat, conversation: &mut Conversation, prompt: &str, verbo
         }
     });
     let mut session = Session::new(chat.loaded.model.as_mut());
+    let reply = dialogue.turn(&mut session, &chat.text, prompt, &mut sampler, cond, &interrupt, out)?;
     let mut stdout = std::io::stdout().lock();
-    let reply = session.generate(&chat.text.tokenizer, &ids, &mut sampler, cond, &interrupt, &mut |t| {
-        stdout.write_all(t.as_bytes())?;
-        stdout.flush()?;
-        Ok(())
-    })?;
     writeln!(stdout)?;
     if verbose {
         eprintln!("{}", stats_line(&reply, session.model.context_length()));
@@ -110,8 +108,12 @@ fn one_shot(mut chat: Chat, conversation: &mut Conversation, prompt: &str, verbo
     Ok(())
 }
 
-fn sampler_config(args: &PlayArgs) -> anyhow::Result<SamplerConfig> {
+fn sampler_config(args: &PlayArgs, harmony: bool) -> anyhow::Result<SamplerConfig> {
     let mut cfg = SamplerConfig::default();
+    if harmony {
+        // gpt-oss's recommended sampling: temperature 1.0, top_p 1.0, nothing else.
+        cfg = SamplerConfig { temperature: 1.0, top_k: None, top_p: None, min_p: None, ..cfg };
+    }
     if let Some(t) = args.temperature {
         cfg.temperature = t;
     }
@@ -144,11 +146,12 @@ fn loading_spinner(visible: bool, model: &str) -> indicatif::ProgressBar {
     bar
 }
 
-fn banner(chat: &Chat, load_s: f64) -> String {
+fn banner(chat: &Chat, dialogue: &Dialogue, load_s: f64) -> String {
     let l = &chat.loaded;
     let mem = l.device_bytes.map(|b| format!(", {} on the GPU", human_bytes(b))).unwrap_or_default();
+    let effort = dialogue.effort().map(|e| format!(" · reasoning {e}")).unwrap_or_default();
     format!(
-        "inferno · {} ({}, {:?}) · {}{mem} · context {} (model max {}) · loaded in {load_s:.1}s",
+        "inferno · {} ({}, {:?}) · {}{mem} · context {} (model max {}){effort} · loaded in {load_s:.1}s",
         l.name, l.format, l.dtype, chat.gpu_name, l.context, l.max_context
     )
 }

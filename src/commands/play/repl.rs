@@ -1,7 +1,6 @@
 //! The interactive chat loop: streamed replies, a stats line after each, Ctrl+C stops a reply,
 //! Ctrl+D or /exit leaves, persistent history, a few slash commands.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
 
-use super::{Chat, Conversation, stats_line};
+use super::{Chat, Dialogue, Output, stats_line};
 use crate::generate::{Sampler, Session, StopReason};
 
 const HELP: &str = "\
@@ -19,10 +18,13 @@ const HELP: &str = "\
 /system <text>        set the system prompt (and clear the conversation)
 /set <name> <value>   temperature, top_k, top_p, min_p, repeat_penalty, max_tokens, seed
 /stats                show or hide the stats line
+/effort low|medium|high   gpt-oss reasoning effort
+/reasoning show|hide  gpt-oss: show or hide the reasoning
 \"\"\"                   start or end a multi-line message
 Ctrl+C stops a reply in progress.";
 
-pub fn run(mut chat: Chat, mut conv: Conversation) -> anyhow::Result<()> {
+pub fn run(mut chat: Chat, mut dialogue: Dialogue, show_reasoning: bool) -> anyhow::Result<()> {
+    let mut out = Output { interactive: true, show_reasoning };
     let interrupt = Arc::new(AtomicBool::new(false));
     let flag = interrupt.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))?;
@@ -54,44 +56,27 @@ pub fn run(mut chat: Chat, mut conv: Conversation) -> anyhow::Result<()> {
             continue;
         }
         if let Some(cmd) = trimmed.strip_prefix('/') {
-            match command(cmd, &mut chat, &mut conv, &mut sampler, &mut show_stats) {
+            match command(cmd, &mut chat, &mut dialogue, &mut sampler, &mut show_stats, &mut out) {
                 Flow::Quit => break,
                 Flow::Clear => session.reset(),
                 Flow::Continue => {}
             }
             continue;
         }
-        conv.push_user(&line);
-        let ids = match conv.prompt_ids(&chat.text) {
-            Ok(ids) => ids,
-            Err(e) => {
-                eprintln!("error: {e}");
-                conv.messages.pop();
-                continue;
-            }
-        };
         interrupt.store(false, Ordering::SeqCst);
-        let mut stdout = std::io::stdout();
-        let result = session.generate(&chat.text.tokenizer, &ids, &mut sampler, chat.stop_conditions(), &interrupt, &mut |t| {
-            stdout.write_all(t.as_bytes())?;
-            stdout.flush()?;
-            Ok(())
-        });
+        let cond = chat.stop_conditions();
+        let result = dialogue.turn(&mut session, &chat.text, &line, &mut sampler, cond, &interrupt, out);
         println!();
         match result {
             Ok(reply) => {
                 if reply.reason == StopReason::ContextFull {
                     eprintln!("the context is full: /clear to start over, or restart with a larger --context");
                 }
-                conv.push_assistant(&reply.text);
                 if show_stats {
                     println!("\x1b[2m{}\x1b[0m", stats_line(&reply, session.model.context_length()));
                 }
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                conv.messages.pop();
-            }
+            Err(e) => eprintln!("error: {e}"),
         }
     }
     drop(session);
@@ -122,7 +107,7 @@ enum Flow {
     Quit,
 }
 
-fn command(cmd: &str, chat: &mut Chat, conv: &mut Conversation, sampler: &mut Sampler, stats: &mut bool) -> Flow {
+fn command(cmd: &str, chat: &mut Chat, dialogue: &mut Dialogue, sampler: &mut Sampler, stats: &mut bool, out: &mut Output) -> Flow {
     let (name, rest) = cmd.split_once(' ').map(|(a, b)| (a, b.trim())).unwrap_or((cmd, ""));
     match name {
         "exit" | "quit" | "bye" => Flow::Quit,
@@ -131,13 +116,27 @@ fn command(cmd: &str, chat: &mut Chat, conv: &mut Conversation, sampler: &mut Sa
             Flow::Continue
         }
         "clear" => {
-            conv.clear();
+            dialogue.clear();
             println!("(conversation cleared)");
             Flow::Clear
         }
+        "effort" => {
+            match rest.parse().and_then(|e| dialogue.set_effort(e)) {
+                Ok(()) => println!("(reasoning effort {rest})"),
+                Err(e) => eprintln!("error: {e}"),
+            }
+            Flow::Continue
+        }
+        "reasoning" => {
+            match rest {
+                "show" => out.show_reasoning = true,
+                "hide" => out.show_reasoning = false,
+                _ => eprintln!("usage: /reasoning show|hide"),
+            }
+            Flow::Continue
+        }
         "system" => {
-            conv.system = (!rest.is_empty()).then(|| rest.to_string());
-            conv.clear();
+            dialogue.set_system((!rest.is_empty()).then(|| rest.to_string()));
             println!("(system prompt {}; conversation cleared)", if rest.is_empty() { "removed" } else { "set" });
             Flow::Clear
         }
