@@ -19,15 +19,17 @@
 #include "common.cuh"
 
 #define WARPS 4
-#define PPW 2  // gate/up row pairs per warp
-#define RPW 4  // down rows per warp
+#define PPW 2   // gate/up row pairs per warp
+#define RPW 4   // down rows per warp
+#define XPAD 36 // x in shared memory: block g of 32 values at 36 g, so the lanes' 16-byte reads are conflict-free
+#define MAX_KB 128  // blocks of 32 along K: K <= 4096
 
 __constant__ float FP4_TABLE[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                                     -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
 
 // 2^(s - 127), exact: byte 0 is the subnormal 2^-127 (no flush-to-zero in these kernels).
-__device__ __forceinline__ float e8m0(uint8_t s) {
-    return s == 0 ? 0x1p-127f : __uint_as_float((uint32_t)s << 23);
+__device__ __forceinline__ float e8m0(uint32_t s) {
+    return s == 0 ? 0x1p-127f : __uint_as_float(s << 23);
 }
 
 // Sum over one block of 32 elements of FP4[code] * x (unscaled).
@@ -45,36 +47,39 @@ __device__ __forceinline__ float block_dot(const uint4 w, const float* x, const 
     return s0 + s1;
 }
 
-// The lane's NB blocks of the input vector (zeros past the end), as f32.
-template <typename T, int NB>
-__device__ __forceinline__ void load_x(const T* __restrict__ x, int kb, int lane, float (&xr)[NB][32]) {
-#pragma unroll
-    for (int nb = 0; nb < NB; nb++) {
-        const int g = lane + 32 * nb;
-#pragma unroll
-        for (int i = 0; i < 32; i++) xr[nb][i] = g < kb ? to_f32(x[32 * g + i]) : 0.f;
-    }
-}
-
-// Dot product of one packed row with the lane's input blocks, reduced over the warp.
-template <int NB>
-__device__ __forceinline__ float row_dot(const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
-                                         int kb, int lane, const float (&xr)[NB][32], const float* lut) {
-    float acc = 0.f;
-#pragma unroll
-    for (int nb = 0; nb < NB; nb++) {
-        const int g = lane + 32 * nb;
-        if (g < kb) {
-            const uint4 w = __ldg(reinterpret_cast<const uint4*>(blocks) + g);
-            acc = fmaf(e8m0(__ldg(scales + g)), block_dot(w, xr[nb], lut), acc);
-        }
-    }
-    return warp_sum(acc);
-}
-
 __device__ __forceinline__ void fill_lut(float* lut) {
     if (threadIdx.x < 16) lut[threadIdx.x] = FP4_TABLE[threadIdx.x];
-    __syncthreads();
+}
+
+// Dot products of R packed rows (row indices into [rows, kb, 16]) with the lane's input blocks,
+// reduced over the warp. All the rows' loads are issued before any arithmetic.
+template <int NB, int R>
+__device__ __forceinline__ void row_dots(const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
+                                         const long long (&row)[R], const bool (&valid)[R], int kb, int lane,
+                                         const float (&xr)[NB][32], const float* lut, float (&out)[R]) {
+    uint4 w[R][NB];
+    uint32_t s[R][NB];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            const int g = lane + 32 * nb;
+            if (valid[r] && g < kb) {
+                w[r][nb] = __ldg(reinterpret_cast<const uint4*>(blocks) + row[r] * kb + g);
+                s[r][nb] = __ldg(scales + row[r] * kb + g);
+            } else {  // code 0 is +0: contributes nothing
+                w[r][nb] = make_uint4(0, 0, 0, 0);
+                s[r][nb] = 127;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float acc = 0.f;
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) acc = fmaf(e8m0(s[r][nb]), block_dot(w[r][nb], xr[nb], lut), acc);
+        out[r] = warp_sum(acc);
+    }
 }
 
 // grid (tokens * k, ceil(I / (WARPS * PPW))), block WARPS * 32: slots on x, which has no 65535 limit.
@@ -85,31 +90,53 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
                                                  float* __restrict__ act, int k, int n_experts, int hidden,
                                                  int inter, float limit, float alpha) {
     __shared__ float lut[16];
-    fill_lut(lut);
+    __shared__ __align__(16) float xs[MAX_KB * XPAD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int slot = blockIdx.x;
     const int t = slot / k;
     const uint32_t e = ids[slot];
+    const int kb = hidden / 32;
+    fill_lut(lut);
+    const T* xt = x + (long long)t * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) xs[(i >> 5) * XPAD + (i & 31)] = to_f32(xt[i]);
+    __syncthreads();
+
     const int j0 = (blockIdx.y * WARPS + warp) * PPW;
     if (j0 >= inter) return;
     if (e >= (uint32_t)n_experts) {  // out of range: no contribution (the CPU reference errors)
-        for (int j = j0 + lane; j < min(j0 + PPW, inter); j += 32) act[(long long)slot * inter + j] = 0.f;
+        if (lane < PPW && j0 + lane < inter) act[(long long)slot * inter + j0 + lane] = 0.f;
         return;
     }
-    const int kb = hidden / 32;
     float xr[NB][32];
-    load_x<T, NB>(x + (long long)t * hidden, kb, lane, xr);
 #pragma unroll
-    for (int pp = 0; pp < PPW; pp++) {
-        const int j = j0 + pp;
-        if (j >= inter) break;
-        const long long row = (long long)e * 2 * inter + 2 * j;  // gate row; up is row + 1
-        const float g = row_dot<NB>(blocks + row * kb * 16, scales + row * kb, kb, lane, xr, lut);
-        const float u = row_dot<NB>(blocks + (row + 1) * kb * 16, scales + (row + 1) * kb, kb, lane, xr, lut);
-        if (lane == 0) {
-            const float gate = fminf(g + bias[row], limit);
-            const float up = fminf(fmaxf(u + bias[row + 1], -limit), limit);
-            act[(long long)slot * inter + j] = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
+    for (int nb = 0; nb < NB; nb++) {
+        const int g = lane + 32 * nb;
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            const float4 v = g < kb ? *reinterpret_cast<const float4*>(&xs[g * XPAD + 4 * q]) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xr[nb][4 * q] = v.x;
+            xr[nb][4 * q + 1] = v.y;
+            xr[nb][4 * q + 2] = v.z;
+            xr[nb][4 * q + 3] = v.w;
+        }
+    }
+    long long row[2 * PPW];
+    bool valid[2 * PPW];
+#pragma unroll
+    for (int r = 0; r < 2 * PPW; r++) {  // gate row 2j, up row 2j + 1
+        const int j = j0 + r / 2;
+        valid[r] = j < inter;
+        row[r] = (long long)e * 2 * inter + 2 * j + (r & 1);
+    }
+    float h[2 * PPW];
+    row_dots<NB, 2 * PPW>(blocks, scales, row, valid, kb, lane, xr, lut, h);
+    if (lane == 0) {
+#pragma unroll
+        for (int pp = 0; pp < PPW; pp++) {
+            if (!valid[2 * pp]) continue;
+            const float gate = fminf(h[2 * pp] + bias[row[2 * pp]], limit);
+            const float up = fminf(fmaxf(h[2 * pp + 1] + bias[row[2 * pp + 1]], -limit), limit);
+            act[(long long)slot * inter + j0 + pp] = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
         }
     }
 }
@@ -122,6 +149,7 @@ __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, con
                                               T* __restrict__ out, int k, int n_experts, int hidden, int inter) {
     __shared__ float lut[16];
     fill_lut(lut);
+    __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t = blockIdx.x;
     const int r0 = (blockIdx.y * WARPS + warp) * RPW;
@@ -135,22 +163,40 @@ __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, con
         const uint32_t e = ids[slot];
         if (e >= (uint32_t)n_experts) continue;
         const float w = weights[slot];
+        // The activations: our own scratch, 16-byte aligned (inter is a multiple of 32).
+        const float4* a = reinterpret_cast<const float4*>(act + (long long)slot * inter);
         float xr[NB][32];
-        load_x<float, NB>(act + (long long)slot * inter, kb, lane, xr);
 #pragma unroll
-        for (int rr = 0; rr < RPW; rr++) {
-            const int r = r0 + rr;
-            if (r < hidden) {
-                const long long row = (long long)e * hidden + r;
-                const float d = row_dot<NB>(blocks + row * kb * 16, scales + row * kb, kb, lane, xr, lut);
-                acc[rr] = fmaf(w, d + bias[row], acc[rr]);
+        for (int nb = 0; nb < NB; nb++) {
+            const int g = lane + 32 * nb;
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const float4 v = g < kb ? __ldg(a + g * 8 + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+                xr[nb][4 * q] = v.x;
+                xr[nb][4 * q + 1] = v.y;
+                xr[nb][4 * q + 2] = v.z;
+                xr[nb][4 * q + 3] = v.w;
             }
         }
-    }
-    if (lane == 0) {
+        long long row[RPW];
+        bool valid[RPW];
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+            valid[rr] = r0 + rr < hidden;
+            row[rr] = (long long)e * hidden + r0 + rr;
+        }
+        float d[RPW];
+        row_dots<NB, RPW>(blocks, scales, row, valid, kb, lane, xr, lut, d);
 #pragma unroll
         for (int rr = 0; rr < RPW; rr++)
-            if (r0 + rr < hidden) out[(long long)t * hidden + r0 + rr] = from_f32<T>(acc[rr]);
+            if (valid[rr]) acc[rr] = fmaf(w, d[rr] + bias[row[rr]], acc[rr]);
+    }
+    if (lane < RPW && r0 + lane < hidden) {
+        float v = acc[0];
+#pragma unroll
+        for (int rr = 1; rr < RPW; rr++)
+            if (lane == rr) v = acc[rr];
+        out[(long long)t * hidden + r0 + lane] = from_f32<T>(v);
     }
 }
 

@@ -98,7 +98,7 @@ impl Mxfp4Experts {
             }
         }
         let packed = |t: &Tensor| -> Result<Tensor> {
-            if t.is_contiguous() && t.layout().start_offset() % 16 == 0 { Ok(t.clone()) } else { t.force_contiguous() }
+            if t.is_contiguous() && t.layout().start_offset().is_multiple_of(16) { Ok(t.clone()) } else { t.force_contiguous() }
         };
         let bias = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
         Ok(Self {

@@ -39,6 +39,33 @@ struct SinkAttnParams {
     int pad_;
 };
 
+// The position slot j holds (see the top of the file), or -1 for an empty slot or one past hi.
+__device__ __forceinline__ long long slot_position(long long j, long long hi, long long last,
+                                                   const SinkAttnParams& p) {
+    if (j >= hi) return -1;
+    if (!p.ring) return j;
+    long long d = (last - j) % p.kv_len;
+    if (d < 0) d += p.kv_len;
+    return last - d < 0 ? -1 : last - d;
+}
+
+// 16 bytes of T as floats: 4 f32 or 8 bf16.
+template <typename T> __device__ __forceinline__ void unpack16(uint4 u, float* out);
+template <> __device__ __forceinline__ void unpack16<float>(uint4 u, float* out) {
+    out[0] = __uint_as_float(u.x);
+    out[1] = __uint_as_float(u.y);
+    out[2] = __uint_as_float(u.z);
+    out[3] = __uint_as_float(u.w);
+}
+template <> __device__ __forceinline__ void unpack16<__nv_bfloat16>(uint4 u, float* out) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        out[2 * q] = __uint_as_float(w[q] << 16);  // the low half is the lower-addressed element
+        out[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
+    }
+}
+
 template <typename T, int D, int RPW>
 __device__ __forceinline__ void sink_attention_impl(const T* __restrict__ q, const T* __restrict__ k,
                                                     const T* __restrict__ v, const float* __restrict__ sinks,
@@ -99,37 +126,46 @@ __device__ __forceinline__ void sink_attention_impl(const T* __restrict__ q, con
     lo = max(lo, split_lo);
     hi = min(hi, split_lo + p.keys_per_split);
 
+    // K/V tiles go through registers: the next tile's 16-byte loads are in flight while the
+    // current one is scored (the cache's rows must be 16-byte aligned: the Rust side ensures it).
+    constexpr int N = 16 / sizeof(T);            // elements per 16-byte load
+    constexpr int VPR = D / N;                   // loads per key row
+    constexpr int LOADS = BK * VPR / (NW * 32);  // loads per thread per tile, of K and of V
     const T* kb = k + g * p.k_s0;
     const T* vb = v + g * p.v_s0;
+    uint4 kr[LOADS], vr[LOADS];
+    auto fetch = [&](long long t0) {
+#pragma unroll
+        for (int i = 0; i < LOADS; i++) {
+            const int idx = threadIdx.x + i * NW * 32, jj = idx / VPR, c = (idx % VPR) * N;
+            const long long j = t0 + jj;
+            if (slot_position(j, hi, last, p) >= 0) {
+                kr[i] = *reinterpret_cast<const uint4*>(kb + j * p.k_s1 + c);
+                vr[i] = *reinterpret_cast<const uint4*>(vb + j * p.v_s1 + c);
+            } else {  // empty slots read as zeros: never NaN garbage times p = 0
+                kr[i] = make_uint4(0, 0, 0, 0);
+                vr[i] = make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+    if (lo < hi) fetch(lo);
     for (long long t0 = lo; t0 < hi; t0 += BK) {
         __syncthreads();  // the previous tile is consumed (and Qs is written)
-        if (threadIdx.x < BK) {
-            const long long j = t0 + threadIdx.x;
-            long long pos = -1;
-            if (j < hi) {
-                if (p.ring) {
-                    long long d = (last - j) % p.kv_len;
-                    if (d < 0) d += p.kv_len;
-                    pos = last - d;
-                } else {
-                    pos = j;
-                }
+#pragma unroll
+        for (int i = 0; i < LOADS; i++) {
+            const int idx = threadIdx.x + i * NW * 32, jj = idx / VPR, c = (idx % VPR) * N;
+            float kf[N], vf[N];
+            unpack16<T>(kr[i], kf);
+            unpack16<T>(vr[i], vf);
+#pragma unroll
+            for (int e = 0; e < N; e++) {
+                Ks[jj][c + e] = kf[e];
+                Vs[jj][c + e] = vf[e];
             }
-            KP[threadIdx.x] = pos < 0 ? -1 : pos;
         }
+        if (threadIdx.x < BK) KP[threadIdx.x] = slot_position(t0 + threadIdx.x, hi, last, p);
         __syncthreads();
-        for (int i = threadIdx.x; i < BK * D; i += blockDim.x) {
-            const int jj = i / D, c = i % D;
-            float kx = 0.f, vx = 0.f;  // empty slots read as zeros: never NaN garbage times p = 0
-            if (KP[jj] >= 0) {
-                const long long j = t0 + jj;
-                kx = to_f32(kb[j * p.k_s1 + c]);
-                vx = to_f32(vb[j * p.v_s1 + c]);
-            }
-            Ks[jj][c] = kx;
-            Vs[jj][c] = vx;
-        }
-        __syncthreads();
+        if (t0 + BK < hi) fetch(t0 + BK);
 
         // Scores: lane = key, for each of the warp's rows.
         const long long kp = KP[lane];

@@ -85,7 +85,15 @@ impl SinkAttnConfig {
 /// layouts. Runs the CUDA kernel on a CUDA device and the reference loops on the CPU.
 pub fn sink_attention(q: &Tensor, k: &Tensor, v: &Tensor, sinks: &Tensor, cfg: &SinkAttnConfig) -> Result<Tensor> {
     let op = SinkAttention::new(q, k, v, sinks, *cfg, false)?;
-    q.apply_op3_no_bwd(k, v, &op)
+    q.apply_op3_no_bwd(&aligned(k)?, &aligned(v)?, &op)
+}
+
+/// `t` itself when its rows start on 16-byte boundaries (the CUDA kernel reads them 16 bytes at
+/// a time), else a contiguous copy. Views of a cache allocated by candle are always aligned.
+fn aligned(t: &Tensor) -> Result<Tensor> {
+    let (l, size) = (t.layout(), t.dtype().size_in_bytes());
+    let ok = [l.start_offset(), l.stride()[0], l.stride()[1]].iter().all(|&n| (n * size).is_multiple_of(16));
+    if ok || !t.device().is_cuda() { Ok(t.clone()) } else { t.force_contiguous() }
 }
 
 /// The CustomOp: `q`, `k`, `v` are its arguments, the sinks (as f32) travel inside.
@@ -254,8 +262,8 @@ mod gpu {
     /// Keys per tile (`BK` in the kernel) and warps per block (`NW`).
     const TILE: usize = 32;
     const WARPS: usize = 4;
-    /// Fewest cache slots worth a split of their own.
-    const MIN_SPLIT: usize = 256;
+    /// Fewest cache slots in a split: one tile.
+    const MIN_SPLIT: usize = TILE;
 
     /// Mirrors `SinkAttnParams` in sink_attention.cu, field for field.
     #[repr(C)]
@@ -310,7 +318,7 @@ mod gpu {
         let span = hi.saturating_sub(lo).max(1);
         let blocks = row_blocks * kv_heads;
         let sms = multiprocessors(dev);
-        let want = if blocks >= sms { 1 } else { (2 * sms).div_ceil(blocks).min(span.div_ceil(MIN_SPLIT)) };
+        let want = if blocks >= sms { 1 } else { (4 * sms).div_ceil(blocks).min(span.div_ceil(MIN_SPLIT)) };
         let keys_per_split = span.div_ceil(want.max(1)).div_ceil(TILE) * TILE;
         let splits = span.div_ceil(keys_per_split);
 

@@ -47,3 +47,18 @@ pub(super) fn rel_err(got: &[f32], want: &[f32]) -> f64 {
 pub(super) fn gpu() -> Device {
     Device::new_cuda(0).expect("GPU tests need a CUDA GPU (run them with --ignored on a GPU machine)")
 }
+
+/// Mean wall time of `f` on the GPU in microseconds, after warm-up runs, synchronizing around.
+#[cfg(feature = "cuda")]
+pub(super) fn time_us(dev: &Device, runs: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    dev.synchronize().expect("synchronize");
+    let t0 = std::time::Instant::now();
+    for _ in 0..runs {
+        f();
+    }
+    dev.synchronize().expect("synchronize");
+    t0.elapsed().as_secs_f64() * 1e6 / runs as f64
+}

@@ -190,6 +190,7 @@ mod gpu {
         let unwritten = got.iter().filter(|v| v.is_nan()).count();
         assert_eq!(unwritten, 0, "{name}: {unwritten} output elements not written (or NaN)");
         let err = rel_err(&got, &want);
+        eprintln!("{name}: relative error {err:.2e}");
         assert!(err < tol, "{name}: relative error {err:e}");
     }
 
@@ -204,4 +205,26 @@ mod gpu {
     fn gpu_moe_matches_cpu_bf16() {
         cases().into_iter().for_each(|d| check(d, DType::BF16, 1e-2));
     }
+
+    /// Not a check: prints the time of gpt-oss-20b-sized MoE calls (32 experts, top 4).
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_moe_timing() {
+        let dev = gpu();
+        let d = Dims { tokens: 128, experts: 32, hidden: 2880, inter: 2880, k: 4 };
+        let mut rng = rng("moe timing");
+        let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
+        let ex = experts(&inp.packed, &dev);
+        let (x, ids, w) = (inp.x.to_device(&dev).unwrap(), inp.ids.to_device(&dev).unwrap(), inp.weights.to_device(&dev).unwrap());
+        for tokens in [1, 4, 128] {
+            let (x, ids, w) = (x.narrow(0, 0, tokens).unwrap(), ids.narrow(0, 0, tokens).unwrap(), w.narrow(0, 0, tokens).unwrap());
+            let us = crate::kernels::testing::time_us(&dev, 20, || {
+                mxfp4_moe(&x, &ex, &ids, &w, SwiGlu::GPT_OSS).unwrap();
+            });
+            // Bytes of the selected experts' packed weights, read once per (token, expert).
+            let bytes = (tokens * d.k) as f64 * (3 * d.hidden * d.inter) as f64 * 17.0 / 32.0;
+            eprintln!("moe timing: {tokens} tokens bf16: {us:.1} us, {:.0} GB/s of expert weights", bytes / us / 1e3);
+        }
+    }
+
 }

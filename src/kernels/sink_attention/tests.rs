@@ -1,6 +1,6 @@
 //! The CPU reference against a naive formulation, then the CUDA kernel against the reference.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 
 use super::*;
@@ -81,14 +81,14 @@ fn naive(q: &Tensor, k: &Tensor, v: &Tensor, sinks: &Tensor, c: &Case) -> Vec<f3
     let mut out = Vec::with_capacity(c.heads * c.q_len * c.d);
     for h in 0..c.heads {
         let g = h / (c.heads / c.kv_heads);
-        for i in 0..c.q_len {
+        for (i, qi) in q[h].iter().enumerate() {
             let p = c.start + i;
             let mut logits: Vec<f64> = slots
                 .iter()
                 .enumerate()
                 .map(|(j, slot)| match slot {
                     Some(t) if *t <= p && c.window.is_none_or(|w| p - t < w) => {
-                        scale * q[h][i].iter().zip(&k[g][j]).map(|(a, b)| a * b).sum::<f64>()
+                        scale * qi.iter().zip(&k[g][j]).map(|(a, b)| a * b).sum::<f64>()
                     }
                     _ => f64::NEG_INFINITY,
                 })
@@ -98,10 +98,12 @@ fn naive(q: &Tensor, k: &Tensor, v: &Tensor, sinks: &Tensor, c: &Case) -> Vec<f3
             let exps: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
             let total: f64 = exps.iter().sum();
             let probs = &exps[..slots.len()]; // the sink's column dropped
-            for dim in 0..c.d {
-                let o: f64 = probs.iter().enumerate().filter(|(_, w)| **w > 0.0).map(|(j, w)| w / total * v[g][j][dim]).sum();
-                out.push(o as f32);
+            let mut o = vec![0f64; c.d];
+            // Masked slots have weight 0 and may hold NaN: skip them rather than multiply.
+            for (j, w) in probs.iter().enumerate().filter(|(_, w)| **w > 0.0) {
+                o.iter_mut().zip(&v[g][j]).for_each(|(o, x)| *o += w / total * x);
             }
+            out.extend(o.into_iter().map(|x| x as f32));
         }
     }
     out
@@ -254,6 +256,7 @@ mod gpu {
         let unwritten = got.iter().filter(|x| x.is_nan()).count();
         assert_eq!(unwritten, 0, "{name}: {unwritten} output elements not written (or NaN)");
         let err = rel_err(&got, &want);
+        eprintln!("{name}: relative error {err:.2e}");
         assert!(err < tol, "{name}: relative error {err:e}");
     }
 
@@ -276,5 +279,49 @@ mod gpu {
         check(oss.at(993, 7, 1000), DType::F32, 1e-5, true);
         check(oss.window(128).at(0, 130, 130), DType::BF16, 1e-2, true);
         check(oss.at(999, 1, 1000), DType::F32, 1e-5, true);
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_misaligned_cache_is_copied() {
+        let c = Case::new(8, 2, 64).at(40, 3, 50);
+        let mut rng = rng("misaligned");
+        let (q, k, v, sinks) = inputs(&mut rng, &c, DType::BF16, NORMAL_SINKS);
+        let want = values(&sink_attention(&q, &k, &v, &sinks, &c.cfg()).unwrap());
+        let dev = gpu();
+        // k and v start 3 elements into their buffers: not on a 16-byte boundary.
+        let shift = |t: &Tensor| {
+            let flat = Tensor::cat(&[&Tensor::zeros(3, DType::BF16, &Device::Cpu).unwrap(), &t.flatten_all().unwrap()], 0).unwrap();
+            flat.to_device(&dev).unwrap().narrow(0, 3, t.elem_count()).unwrap().reshape(t.shape()).unwrap()
+        };
+        let (kg, vg) = (shift(&k), shift(&v));
+        assert_eq!(kg.layout().start_offset(), 3);
+        let got = values(&sink_attention(&q.to_device(&dev).unwrap(), &kg, &vg, &sinks.to_device(&dev).unwrap(), &c.cfg()).unwrap());
+        let err = rel_err(&got, &want);
+        assert!(err < 1e-2, "misaligned: relative error {err:e}");
+    }
+
+    /// Not a check: prints the time of gpt-oss-sized attention calls (64:8 heads, d 64, bf16).
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_attention_timing() {
+        let dev = gpu();
+        let oss = Case::new(64, 8, 64);
+        for (what, c) in [
+            ("decode, full, 4096 keys", oss.at(4095, 1, 4096)),
+            ("decode, full, 32768 keys", oss.at(32767, 1, 32768)),
+            ("decode, ring of 128", oss.window(128).ring().at(5000, 1, 128)),
+            ("prefill 1024, full", oss.at(0, 1024, 1024)),
+            ("prefill 1024, window 128", oss.window(128).at(0, 1024, 1024)),
+        ] {
+            let mut rng = rng("attention timing");
+            let (q, k, v, sinks) = inputs(&mut rng, &c, DType::BF16, NORMAL_SINKS);
+            let (q, k, v, sinks) =
+                (q.to_device(&dev).unwrap(), k.to_device(&dev).unwrap(), v.to_device(&dev).unwrap(), sinks.to_device(&dev).unwrap());
+            let us = crate::kernels::testing::time_us(&dev, 20, || {
+                sink_attention(&q, &k, &v, &sinks, &c.cfg()).unwrap();
+            });
+            eprintln!("attention timing: {what}: {us:.1} us");
+        }
     }
 }
