@@ -7,9 +7,9 @@
 // Two kernels, because every down row needs the whole activation vector of its (token, expert):
 //   moe_gate_up: one (token, slot) per blockIdx.x; each warp computes PPW (gate, up) row pairs and
 //                writes act[slot, j] (f32 scratch [tokens * k, I]).
-//   moe_down:    one token per blockIdx.x; each warp computes RPW output rows, looping over the
-//                token's k slots, so the routing weights and biases are applied without atomics
-//                (deterministic) and out is written once.
+//   moe_down:    one token per blockIdx.x and RPW output rows per block; the block's warps share
+//                out the token's k slots and their sums are added in a fixed order, so the routing
+//                weights and biases are applied without atomics (deterministic), out written once.
 // Both are GEMVs straight off the packed weights [E, rows, K/32, 16] (+ scales [E, rows, K/32]):
 // lane l of a warp owns the blocks l, l+32, ... (NB of them) of the reduction dimension K, keeps
 // its 32·NB input values in registers (loaded once per warp, reused by every row), reads each of
@@ -141,24 +141,27 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
     }
 }
 
-// grid (tokens, ceil(H / (WARPS * RPW))), block WARPS * 32.
+// grid (tokens, ceil(H / RPW)), block WARPS * 32: the block's warps share out the token's k
+// slots (warp w takes slots w, w + WARPS, ...) for the same RPW rows, then the block adds the
+// warps' sums in a fixed order.
 template <typename T, int NB>
 __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, const uint32_t* __restrict__ ids,
                                               const float* __restrict__ weights, const uint8_t* __restrict__ blocks,
                                               const uint8_t* __restrict__ scales, const float* __restrict__ bias,
                                               T* __restrict__ out, int k, int n_experts, int hidden, int inter) {
     __shared__ float lut[16];
+    __shared__ float part[WARPS][RPW];
     fill_lut(lut);
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t = blockIdx.x;
-    const int r0 = (blockIdx.y * WARPS + warp) * RPW;
-    if (r0 >= hidden) return;
+    const int r0 = blockIdx.y * RPW;
     const int kb = inter / 32;
     float acc[RPW];
 #pragma unroll
     for (int rr = 0; rr < RPW; rr++) acc[rr] = 0.f;
-    for (int kk = 0; kk < k; kk++) {
+#pragma unroll 1
+    for (int kk = warp; kk < k; kk += WARPS) {
         const int slot = t * k + kk;
         const uint32_t e = ids[slot];
         if (e >= (uint32_t)n_experts) continue;
@@ -191,44 +194,49 @@ __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, con
         for (int rr = 0; rr < RPW; rr++)
             if (valid[rr]) acc[rr] = fmaf(w, d[rr] + bias[row[rr]], acc[rr]);
     }
-    if (lane < RPW && r0 + lane < hidden) {
-        float v = acc[0];
+    if (lane == 0) {
 #pragma unroll
-        for (int rr = 1; rr < RPW; rr++)
-            if (lane == rr) v = acc[rr];
-        out[(long long)t * hidden + r0 + lane] = from_f32<T>(v);
+        for (int rr = 0; rr < RPW; rr++) part[warp][rr] = acc[rr];
+    }
+    __syncthreads();
+    if (threadIdx.x < RPW && r0 + threadIdx.x < hidden) {
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) sum += part[w][threadIdx.x];
+        out[(long long)t * hidden + r0 + threadIdx.x] = from_f32<T>(sum);
     }
 }
 
-#define MOE_GATE_UP(NAME, T, NB)                                                                          \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                             \
+#define MOE_GATE_UP(NAME, T, NB, MINB)                                                                          \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                           \
         NAME(const T* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales, const float* bias, \
              float* act, int k, int n_experts, int hidden, int inter, float limit, float alpha) {         \
         moe_gate_up_impl<T, NB>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha); \
     }
 
-#define MOE_DOWN(NAME, T, NB)                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                             \
+#define MOE_DOWN(NAME, T, NB, MINB)                                                                             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                           \
         NAME(const float* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,          \
              const uint8_t* scales, const float* bias, T* out, int k, int n_experts, int hidden, int inter) { \
         moe_down_impl<T, NB>(act, ids, weights, blocks, scales, bias, out, k, n_experts, hidden, inter);  \
     }
 
 // NB = blocks of 32 per lane = ceil(K / 1024): K <= 1024, 2048, 3072 (gpt-oss: 2880), 4096.
-MOE_GATE_UP(moe_gate_up_f32_nb1, float, 1)
-MOE_GATE_UP(moe_gate_up_f32_nb2, float, 2)
-MOE_GATE_UP(moe_gate_up_f32_nb3, float, 3)
-MOE_GATE_UP(moe_gate_up_f32_nb4, float, 4)
-MOE_GATE_UP(moe_gate_up_bf16_nb1, __nv_bfloat16, 1)
-MOE_GATE_UP(moe_gate_up_bf16_nb2, __nv_bfloat16, 2)
-MOE_GATE_UP(moe_gate_up_bf16_nb3, __nv_bfloat16, 3)
-MOE_GATE_UP(moe_gate_up_bf16_nb4, __nv_bfloat16, 4)
+// MINB: blocks per SM to fit, which caps registers at 168 (NB 4 needs more: 2 blocks, 255).
+MOE_GATE_UP(moe_gate_up_f32_nb1, float, 1, 3)
+MOE_GATE_UP(moe_gate_up_f32_nb2, float, 2, 3)
+MOE_GATE_UP(moe_gate_up_f32_nb3, float, 3, 3)
+MOE_GATE_UP(moe_gate_up_f32_nb4, float, 4, 2)
+MOE_GATE_UP(moe_gate_up_bf16_nb1, __nv_bfloat16, 1, 3)
+MOE_GATE_UP(moe_gate_up_bf16_nb2, __nv_bfloat16, 2, 3)
+MOE_GATE_UP(moe_gate_up_bf16_nb3, __nv_bfloat16, 3, 3)
+MOE_GATE_UP(moe_gate_up_bf16_nb4, __nv_bfloat16, 4, 2)
 
-MOE_DOWN(moe_down_f32_nb1, float, 1)
-MOE_DOWN(moe_down_f32_nb2, float, 2)
-MOE_DOWN(moe_down_f32_nb3, float, 3)
-MOE_DOWN(moe_down_f32_nb4, float, 4)
-MOE_DOWN(moe_down_bf16_nb1, __nv_bfloat16, 1)
-MOE_DOWN(moe_down_bf16_nb2, __nv_bfloat16, 2)
-MOE_DOWN(moe_down_bf16_nb3, __nv_bfloat16, 3)
-MOE_DOWN(moe_down_bf16_nb4, __nv_bfloat16, 4)
+MOE_DOWN(moe_down_f32_nb1, float, 1, 3)
+MOE_DOWN(moe_down_f32_nb2, float, 2, 3)
+MOE_DOWN(moe_down_f32_nb3, float, 3, 3)
+MOE_DOWN(moe_down_f32_nb4, float, 4, 2)
+MOE_DOWN(moe_down_bf16_nb1, __nv_bfloat16, 1, 3)
+MOE_DOWN(moe_down_bf16_nb2, __nv_bfloat16, 2, 3)
+MOE_DOWN(moe_down_bf16_nb3, __nv_bfloat16, 3, 3)
+MOE_DOWN(moe_down_bf16_nb4, __nv_bfloat16, 4, 2)

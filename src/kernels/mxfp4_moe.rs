@@ -287,7 +287,7 @@ mod gpu {
     use crate::kernels::cuda::{KernelFloat, MXFP4_MOE_PTX, cuda_view, int, output};
 
     const MODULE: &str = "inferno_mxfp4_moe";
-    /// Warps per block, gate/up row pairs per warp and down rows per warp, as in the kernel.
+    /// Warps per block, gate/up row pairs per warp and down rows per block, as in the kernels.
     const WARPS: usize = 4;
     const PAIRS_PER_WARP: usize = 2;
     const ROWS_PER_WARP: usize = 4;
@@ -344,7 +344,7 @@ mod gpu {
         let mut b = func.builder();
         b.arg(&act).arg(&ids).arg(&weights).arg(&d_blocks).arg(&d_scales).arg(&d_bias).arg(&mut out);
         b.arg(&k32).arg(&n_exp).arg(&h32).arg(&i32_);
-        let grid = (int(tokens, "tokens")? as u32, hidden.div_ceil(WARPS * ROWS_PER_WARP) as u32, 1);
+        let grid = (int(tokens, "tokens")? as u32, hidden.div_ceil(ROWS_PER_WARP) as u32, 1);
         // SAFETY: the arguments match moe_down's signature.
         unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: 0 }) }.w()?;
         Ok(out)
