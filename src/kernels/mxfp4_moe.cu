@@ -5,24 +5,27 @@
 // act_j = gate * sigmoid(alpha * gate) * (up + 1).
 //
 // Two kernels, because every down row needs the whole activation vector of its (token, expert):
-//   moe_gate_up: one (token, slot) per blockIdx.x; each warp computes PPW (gate, up) row pairs and
-//                writes act[slot, j] (f32 scratch [tokens * k, I]).
-//   moe_down:    one token per blockIdx.x and RPW output rows per block; the block's warps share
-//                out the token's k slots and their sums are added in a fixed order, so the routing
-//                weights and biases are applied without atomics (deterministic), out written once.
-// Both are GEMVs straight off the packed weights [E, rows, K/32, 16] (+ scales [E, rows, K/32]):
-// lane l of a warp owns the blocks l, l+32, ... (NB of them) of the reduction dimension K, keeps
-// its 32·NB input values in registers (loaded once per warp, reused by every row), reads each of
-// its row blocks with one 16-byte load, decodes the FP4 codes through a 16-entry table in shared
-// memory and applies the block scale to the block's partial sum. f32 accumulation throughout.
+//   moe_gate_up: one (token, slot) and 16 gate_up rows per block; writes act[slot, j], an f32
+//                scratch [tokens * k, I], with the bias and the SwiGLU applied.
+//   moe_down:    one token and 8 output rows per block, over the token's k experts; the routing
+//                weights and biases are applied and the experts summed in a fixed order (no
+//                atomics: deterministic), out written once.
+// Both are GEMVs straight off the packed weights [E, rows, K/32, 16] (+ scales [E, rows, K/32]).
+// A block has WK = ceil(K / 1024) warps along K: lane l of warp y owns block g = 32 y + l, keeps its
+// 32 input values in registers, reads its block of each row with one 16-byte load (a warp reads
+// 512 contiguous bytes), decodes the FP4 codes through a 16-entry table in shared memory and
+// scales the block's partial sum; warps reduce with shuffles, the block adds the warps' sums.
+// Rows go RSTEP at a time with the next step's loads already issued. f32 accumulation throughout.
 
 #include "common.cuh"
 
-#define WARPS 4
-#define PPW 2   // gate/up row pairs per warp
-#define RPW 4   // down rows per warp
-#define XPAD 36 // x in shared memory: block g of 32 values at 36 g, so the lanes' 16-byte reads are conflict-free
-#define MAX_KB 128  // blocks of 32 along K: K <= 4096
+#define RSTEP 4      // rows per step: the next step's loads overlap this step's arithmetic
+#define GU_ROWS 16   // gate_up rows per block (8 gate/up pairs)
+#define DOWN_ROWS 8  // down rows per block
+#define MAX_SLOTS 8  // experts per token (k) the down kernel can sum
+#define MAX_WK 8     // warps along K, one block of 32 per lane: K <= 8192
+#define MAX_KB (32 * MAX_WK)
+#define XPAD 36      // x in shared memory: block g of 32 values at 36 g, so the lanes' 16-byte reads are conflict-free
 
 __constant__ float FP4_TABLE[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                                     -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
@@ -47,43 +50,40 @@ __device__ __forceinline__ float block_dot(const uint4 w, const float* x, const 
     return s0 + s1;
 }
 
-__device__ __forceinline__ void fill_lut(float* lut) {
-    if (threadIdx.x < 16) lut[threadIdx.x] = FP4_TABLE[threadIdx.x];
-}
+// Loads of one step: RSTEP consecutive rows' block g (this lane's), zeros past the end of K.
+struct Step {
+    uint4 w[RSTEP];
+    uint32_t s[RSTEP];
+};
 
-// Dot products of R packed rows (row indices into [rows, kb, 16]) with the lane's input blocks,
-// reduced over the warp. All the rows' loads are issued before any arithmetic.
-template <int NB, int R>
-__device__ __forceinline__ void row_dots(const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
-                                         const long long (&row)[R], const bool (&valid)[R], int kb, int lane,
-                                         const float (&xr)[NB][32], const float* lut, float (&out)[R]) {
-    uint4 w[R][NB];
-    uint32_t s[R][NB];
+__device__ __forceinline__ void load_step(Step& st, const uint8_t* __restrict__ blocks,
+                                          const uint8_t* __restrict__ scales, long long row0, int kb, int g,
+                                          bool on) {
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++) {
-            const int g = lane + 32 * nb;
-            if (valid[r] && g < kb) {
-                w[r][nb] = __ldg(reinterpret_cast<const uint4*>(blocks) + row[r] * kb + g);
-                s[r][nb] = __ldg(scales + row[r] * kb + g);
-            } else {  // code 0 is +0: contributes nothing
-                w[r][nb] = make_uint4(0, 0, 0, 0);
-                s[r][nb] = 127;
-            }
+    for (int r = 0; r < RSTEP; r++) {
+        if (on && g < kb) {
+            st.w[r] = __ldg(reinterpret_cast<const uint4*>(blocks) + (row0 + r) * kb + g);
+            st.s[r] = __ldg(scales + (row0 + r) * kb + g);
+        } else {  // code 0 is +0: contributes nothing
+            st.w[r] = make_uint4(0, 0, 0, 0);
+            st.s[r] = 127;
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float acc = 0.f;
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++) acc = fmaf(e8m0(s[r][nb]), block_dot(w[r][nb], xr[nb], lut), acc);
-        out[r] = warp_sum(acc);
-    }
 }
 
-// grid (tokens * k, ceil(I / (WARPS * PPW))), block WARPS * 32: slots on x, which has no 65535 limit.
-template <typename T, int NB>
+// The step's rows dotted with the lane's 32 inputs, summed over the warp (each warp holds one
+// slice of K; the block adds the slices).
+__device__ __forceinline__ void dot_step(const Step& st, const float* xr, const float* lut, float (&out)[RSTEP]) {
+#pragma unroll
+    for (int r = 0; r < RSTEP; r++) out[r] = warp_sum(e8m0(st.s[r]) * block_dot(st.w[r], xr, lut));
+}
+
+// Block (32, WK): lane l of warp y owns block g = 32 y + l of K (WK = ceil(K / 1024) warps).
+//
+// grid (tokens * k, 2I / GU_ROWS): slots on x, which has no 65535 limit. The block computes
+// GU_ROWS consecutive gate_up rows (GU_ROWS / 2 gate/up pairs) of its slot's expert, RSTEP rows
+// at a time with the next step's loads in flight, and writes act[slot, pair].
+template <typename T>
 __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const uint32_t* __restrict__ ids,
                                                  const uint8_t* __restrict__ blocks,
                                                  const uint8_t* __restrict__ scales, const float* __restrict__ bias,
@@ -91,152 +91,151 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
                                                  int inter, float limit, float alpha) {
     __shared__ float lut[16];
     __shared__ __align__(16) float xs[MAX_KB * XPAD];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __shared__ float red[MAX_WK][GU_ROWS];
+    const int lane = threadIdx.x, wk = threadIdx.y, tid = wk * 32 + lane;
+    const int nthreads = 32 * blockDim.y;
     const int slot = blockIdx.x;
-    const int t = slot / k;
     const uint32_t e = ids[slot];
-    const int kb = hidden / 32;
-    fill_lut(lut);
-    const T* xt = x + (long long)t * hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) xs[(i >> 5) * XPAD + (i & 31)] = to_f32(xt[i]);
-    __syncthreads();
+    const bool on = e < (uint32_t)n_experts;  // off: no contribution (the CPU reference errors)
+    const int kb = hidden / 32, g = wk * 32 + lane;
+    const long long row0 = (long long)(on ? e : 0) * 2 * inter + (long long)blockIdx.y * GU_ROWS;
 
-    const int j0 = (blockIdx.y * WARPS + warp) * PPW;
-    if (j0 >= inter) return;
-    if (e >= (uint32_t)n_experts) {  // out of range: no contribution (the CPU reference errors)
-        if (lane < PPW && j0 + lane < inter) act[(long long)slot * inter + j0 + lane] = 0.f;
-        return;
+    Step a, b;
+    load_step(a, blocks, scales, row0, kb, g, on);
+    if (tid < 16) lut[tid] = FP4_TABLE[tid];
+    const T* xt = x + (long long)(slot / k) * hidden;
+    for (int i = tid; i < hidden; i += nthreads) xs[(i >> 5) * XPAD + (i & 31)] = to_f32(xt[i]);
+    __syncthreads();
+    float xr[32];
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+        const float4 v = g < kb ? *reinterpret_cast<const float4*>(&xs[g * XPAD + 4 * q]) : make_float4(0.f, 0.f, 0.f, 0.f);
+        xr[4 * q] = v.x;
+        xr[4 * q + 1] = v.y;
+        xr[4 * q + 2] = v.z;
+        xr[4 * q + 3] = v.w;
     }
-    float xr[NB][32];
 #pragma unroll
-    for (int nb = 0; nb < NB; nb++) {
-        const int g = lane + 32 * nb;
+    for (int st = 0; st < GU_ROWS / RSTEP; st++) {
+        Step& cur = (st & 1) ? b : a;
+        Step& nxt = (st & 1) ? a : b;
+        if (st + 1 < GU_ROWS / RSTEP) load_step(nxt, blocks, scales, row0 + (st + 1) * RSTEP, kb, g, on);
+        float d[RSTEP];
+        dot_step(cur, xr, lut, d);
+        if (lane == 0) {
 #pragma unroll
-        for (int q = 0; q < 8; q++) {
-            const float4 v = g < kb ? *reinterpret_cast<const float4*>(&xs[g * XPAD + 4 * q]) : make_float4(0.f, 0.f, 0.f, 0.f);
-            xr[nb][4 * q] = v.x;
-            xr[nb][4 * q + 1] = v.y;
-            xr[nb][4 * q + 2] = v.z;
-            xr[nb][4 * q + 3] = v.w;
+            for (int r = 0; r < RSTEP; r++) red[wk][st * RSTEP + r] = d[r];
         }
     }
-    long long row[2 * PPW];
-    bool valid[2 * PPW];
-#pragma unroll
-    for (int r = 0; r < 2 * PPW; r++) {  // gate row 2j, up row 2j + 1
-        const int j = j0 + r / 2;
-        valid[r] = j < inter;
-        row[r] = (long long)e * 2 * inter + 2 * j + (r & 1);
-    }
-    float h[2 * PPW];
-    row_dots<NB, 2 * PPW>(blocks, scales, row, valid, kb, lane, xr, lut, h);
-    if (lane == 0) {
-#pragma unroll
-        for (int pp = 0; pp < PPW; pp++) {
-            if (!valid[2 * pp]) continue;
-            const float gate = fminf(h[2 * pp] + bias[row[2 * pp]], limit);
-            const float up = fminf(fmaxf(h[2 * pp + 1] + bias[row[2 * pp + 1]], -limit), limit);
-            act[(long long)slot * inter + j0 + pp] = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
+    __syncthreads();
+    if (tid < GU_ROWS / 2) {  // pair tid: gate row 2 tid, up row 2 tid + 1
+        const int j = blockIdx.y * (GU_ROWS / 2) + tid;
+        float out = 0.f;
+        if (on) {
+            float gs = 0.f, us = 0.f;
+            for (int w = 0; w < (int)blockDim.y; w++) {
+                gs += red[w][2 * tid];
+                us += red[w][2 * tid + 1];
+            }
+            const float gate = fminf(gs + bias[row0 + 2 * tid], limit);
+            const float up = fminf(fmaxf(us + bias[row0 + 2 * tid + 1], -limit), limit);
+            out = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
         }
+        act[(long long)slot * inter + j] = out;
     }
 }
 
-// grid (tokens, ceil(H / RPW)), block WARPS * 32: the block's warps share out the token's k
-// slots (warp w takes slots w, w + WARPS, ...) for the same RPW rows, then the block adds the
-// warps' sums in a fixed order.
-template <typename T, int NB>
+// grid (tokens, H / DOWN_ROWS), block (32, WK) as above. The block computes DOWN_ROWS output rows
+// for each of the token's k <= MAX_SLOTS experts in turn (the next step's loads, and the next
+// expert's activations, in flight during each step), then adds w * (dot + bias) over the experts
+// in a fixed order: no atomics, deterministic, out written once.
+template <typename T>
 __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, const uint32_t* __restrict__ ids,
                                               const float* __restrict__ weights, const uint8_t* __restrict__ blocks,
                                               const uint8_t* __restrict__ scales, const float* __restrict__ bias,
                                               T* __restrict__ out, int k, int n_experts, int hidden, int inter) {
     __shared__ float lut[16];
-    __shared__ float part[WARPS][RPW];
-    fill_lut(lut);
-    __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __shared__ float red[MAX_SLOTS][MAX_WK][DOWN_ROWS];
+    constexpr int NST = DOWN_ROWS / RSTEP;
+    const int lane = threadIdx.x, wk = threadIdx.y, tid = wk * 32 + lane;
     const int t = blockIdx.x;
-    const int r0 = blockIdx.y * RPW;
-    const int kb = inter / 32;
-    float acc[RPW];
+    const int kb = inter / 32, g = wk * 32 + lane;
+    const int r0 = blockIdx.y * DOWN_ROWS;
+    if (tid < 16) lut[tid] = FP4_TABLE[tid];
+    __syncthreads();
+
+    // Iteration it = slot kk * NST + step: rows r0 + step * RSTEP of expert ids[t * k + kk].
+    auto expert = [&](int kk) {
+        const uint32_t e = ids[t * k + kk];
+        return e < (uint32_t)n_experts ? (int)e : -1;
+    };
+    auto load_x = [&](int kk, float (&xr)[32]) {
+        const float4* a = reinterpret_cast<const float4*>(act + (long long)(t * k + kk) * inter);
 #pragma unroll
-    for (int rr = 0; rr < RPW; rr++) acc[rr] = 0.f;
+        for (int q = 0; q < 8; q++) {
+            const float4 v = g < kb ? __ldg(a + g * 8 + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xr[4 * q] = v.x;
+            xr[4 * q + 1] = v.y;
+            xr[4 * q + 2] = v.z;
+            xr[4 * q + 3] = v.w;
+        }
+    };
+    const int total = k * NST;
+    Step cur, nxt;
+    float xr[32], xn[32];
+    int e = expert(0);
+    load_step(cur, blocks, scales, (long long)max(e, 0) * hidden + r0, kb, g, e >= 0);
+    load_x(0, xr);
 #pragma unroll 1
-    for (int kk = warp; kk < k; kk += WARPS) {
-        const int slot = t * k + kk;
-        const uint32_t e = ids[slot];
-        if (e >= (uint32_t)n_experts) continue;
-        const float w = weights[slot];
-        // The activations: our own scratch, 16-byte aligned (inter is a multiple of 32).
-        const float4* a = reinterpret_cast<const float4*>(act + (long long)slot * inter);
-        float xr[NB][32];
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++) {
-            const int g = lane + 32 * nb;
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                const float4 v = g < kb ? __ldg(a + g * 8 + q) : make_float4(0.f, 0.f, 0.f, 0.f);
-                xr[nb][4 * q] = v.x;
-                xr[nb][4 * q + 1] = v.y;
-                xr[nb][4 * q + 2] = v.z;
-                xr[nb][4 * q + 3] = v.w;
-            }
+    for (int it = 0; it < total; it++) {
+        const int kk = it / NST, st = it % NST;
+        if (it + 1 < total) {
+            const int k1 = (it + 1) / NST, s1 = (it + 1) % NST;
+            const int e1 = expert(k1);
+            load_step(nxt, blocks, scales, (long long)max(e1, 0) * hidden + r0 + s1 * RSTEP, kb, g, e1 >= 0);
+            if (s1 == 0) load_x(k1, xn);
         }
-        long long row[RPW];
-        bool valid[RPW];
+        float d[RSTEP];
+        dot_step(cur, xr, lut, d);
+        if (lane == 0) {
 #pragma unroll
-        for (int rr = 0; rr < RPW; rr++) {
-            valid[rr] = r0 + rr < hidden;
-            row[rr] = (long long)e * hidden + r0 + rr;
+            for (int r = 0; r < RSTEP; r++) red[kk][wk][st * RSTEP + r] = d[r];
         }
-        float d[RPW];
-        row_dots<NB, RPW>(blocks, scales, row, valid, kb, lane, xr, lut, d);
+        cur = nxt;
+        if (st == NST - 1) {
 #pragma unroll
-        for (int rr = 0; rr < RPW; rr++)
-            if (valid[rr]) acc[rr] = fmaf(w, d[rr] + bias[row[rr]], acc[rr]);
-    }
-    if (lane == 0) {
-#pragma unroll
-        for (int rr = 0; rr < RPW; rr++) part[warp][rr] = acc[rr];
+            for (int i = 0; i < 32; i++) xr[i] = xn[i];
+        }
     }
     __syncthreads();
-    if (threadIdx.x < RPW && r0 + threadIdx.x < hidden) {
-        float sum = 0.f;
-#pragma unroll
-        for (int w = 0; w < WARPS; w++) sum += part[w][threadIdx.x];
-        out[(long long)t * hidden + r0 + threadIdx.x] = from_f32<T>(sum);
+    if (tid < DOWN_ROWS) {
+        float acc = 0.f;
+        for (int kk = 0; kk < k; kk++) {
+            const int ek = expert(kk);
+            if (ek < 0) continue;
+            float dot = 0.f;
+            for (int w = 0; w < (int)blockDim.y; w++) dot += red[kk][w][tid];
+            acc = fmaf(weights[t * k + kk], dot + bias[(long long)ek * hidden + r0 + tid], acc);
+        }
+        out[(long long)t * hidden + r0 + tid] = from_f32<T>(acc);
     }
 }
 
-#define MOE_GATE_UP(NAME, T, NB, MINB)                                                                          \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                           \
+#define MOE_GATE_UP(NAME, T)                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MAX_WK)                                            \
         NAME(const T* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales, const float* bias, \
              float* act, int k, int n_experts, int hidden, int inter, float limit, float alpha) {         \
-        moe_gate_up_impl<T, NB>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha); \
+        moe_gate_up_impl<T>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha); \
     }
 
-#define MOE_DOWN(NAME, T, NB, MINB)                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                           \
+#define MOE_DOWN(NAME, T)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * MAX_WK)                                            \
         NAME(const float* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,          \
              const uint8_t* scales, const float* bias, T* out, int k, int n_experts, int hidden, int inter) { \
-        moe_down_impl<T, NB>(act, ids, weights, blocks, scales, bias, out, k, n_experts, hidden, inter);  \
+        moe_down_impl<T>(act, ids, weights, blocks, scales, bias, out, k, n_experts, hidden, inter);      \
     }
 
-// NB = blocks of 32 per lane = ceil(K / 1024): K <= 1024, 2048, 3072 (gpt-oss: 2880), 4096.
-// MINB: blocks per SM to fit, which caps registers at 168 (NB 4 needs more: 2 blocks, 255).
-MOE_GATE_UP(moe_gate_up_f32_nb1, float, 1, 3)
-MOE_GATE_UP(moe_gate_up_f32_nb2, float, 2, 3)
-MOE_GATE_UP(moe_gate_up_f32_nb3, float, 3, 3)
-MOE_GATE_UP(moe_gate_up_f32_nb4, float, 4, 2)
-MOE_GATE_UP(moe_gate_up_bf16_nb1, __nv_bfloat16, 1, 3)
-MOE_GATE_UP(moe_gate_up_bf16_nb2, __nv_bfloat16, 2, 3)
-MOE_GATE_UP(moe_gate_up_bf16_nb3, __nv_bfloat16, 3, 3)
-MOE_GATE_UP(moe_gate_up_bf16_nb4, __nv_bfloat16, 4, 2)
-
-MOE_DOWN(moe_down_f32_nb1, float, 1, 3)
-MOE_DOWN(moe_down_f32_nb2, float, 2, 3)
-MOE_DOWN(moe_down_f32_nb3, float, 3, 3)
-MOE_DOWN(moe_down_f32_nb4, float, 4, 2)
-MOE_DOWN(moe_down_bf16_nb1, __nv_bfloat16, 1, 3)
-MOE_DOWN(moe_down_bf16_nb2, __nv_bfloat16, 2, 3)
-MOE_DOWN(moe_down_bf16_nb3, __nv_bfloat16, 3, 3)
-MOE_DOWN(moe_down_bf16_nb4, __nv_bfloat16, 4, 2)
+MOE_GATE_UP(moe_gate_up_f32, float)
+MOE_GATE_UP(moe_gate_up_bf16, __nv_bfloat16)
+MOE_DOWN(moe_down_f32, float)
+MOE_DOWN(moe_down_bf16, __nv_bfloat16)

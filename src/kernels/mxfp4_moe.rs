@@ -18,7 +18,7 @@
 //! in registers: no atomics, deterministic). One op rather than two CustomOps because the
 //! activation never needs to be a tensor. Both kernels read the weights once per (token, expert),
 //! which is right for decode; prefill re-reads them per token (correct, not yet batched by expert).
-//! K (hidden and intermediate) up to 4096.
+//! K (hidden and intermediate) up to 8192, k up to 8 experts per token.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor, bail};
@@ -287,12 +287,11 @@ mod gpu {
     use crate::kernels::cuda::{KernelFloat, MXFP4_MOE_PTX, cuda_view, int, output};
 
     const MODULE: &str = "inferno_mxfp4_moe";
-    /// Warps per block, gate/up row pairs per warp and down rows per block, as in the kernels.
-    const WARPS: usize = 4;
-    const PAIRS_PER_WARP: usize = 2;
-    const ROWS_PER_WARP: usize = 4;
-    /// Widest reduction the kernels hold in registers: 4 blocks of 32 per lane.
-    const MAX_K: usize = 4 * 32 * 32;
+    /// gate_up rows and down rows per block, experts per token and K the kernels handle.
+    const GATE_UP_ROWS: usize = 16;
+    const DOWN_ROWS: usize = 8;
+    const MAX_SLOTS: usize = 8;
+    const MAX_K: usize = 8 * 32 * 32;
 
     pub(super) fn launch<T: KernelFloat>(
         op: &Mxfp4Moe,
@@ -305,8 +304,11 @@ mod gpu {
         let (tokens, hidden) = xl.shape().dims2()?;
         let k = il.shape().dims2()?.1;
         let inter = e.intermediate;
-        if hidden > MAX_K || inter > MAX_K {
-            bail!("mxfp4_moe: the CUDA kernels support widths up to {MAX_K}, got hidden {hidden}, intermediate {inter}");
+        if hidden > MAX_K || inter > MAX_K || k > MAX_SLOTS {
+            bail!(
+                "mxfp4_moe: the CUDA kernels support widths up to {MAX_K} and {MAX_SLOTS} experts per token, \
+                 got hidden {hidden}, intermediate {inter}, k {k}"
+            );
         }
         if !xl.is_contiguous() || !il.is_contiguous() || !wl.is_contiguous() {
             bail!("mxfp4_moe: x, expert ids and routing weights must be contiguous");
@@ -325,28 +327,27 @@ mod gpu {
 
         let slots = tokens * k;
         let (k32, n_exp, h32, i32_) = (int(k, "k")?, int(e.experts, "experts")?, int(hidden, "hidden")?, int(inter, "intermediate")?);
-        let block = ((WARPS * 32) as u32, 1, 1);
+        // Warps along K: one block of 32 inputs per lane.
+        let warps = |width: usize| (32, width.div_ceil(32 * 32) as u32, 1);
         // SAFETY: moe_gate_up writes every element of the scratch before moe_down reads it.
         let mut act = unsafe { dev.alloc::<f32>(slots * inter)? };
         let mut out = output::<T>(dev, tokens * hidden, op.poison)?;
 
-        let name = format!("moe_gate_up_{}_nb{}", T::NAME, hidden.div_ceil(1024));
-        let func = dev.get_or_load_custom_func(&name, MODULE, MXFP4_MOE_PTX)?;
+        let func = dev.get_or_load_custom_func(&format!("moe_gate_up_{}", T::NAME), MODULE, MXFP4_MOE_PTX)?;
         let mut b = func.builder();
         b.arg(&x).arg(&ids).arg(&gu_blocks).arg(&gu_scales).arg(&gu_bias).arg(&mut act);
         b.arg(&k32).arg(&n_exp).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
-        let grid = (int(slots, "tokens × k")? as u32, inter.div_ceil(WARPS * PAIRS_PER_WARP) as u32, 1);
+        let grid = (int(slots, "tokens × k")? as u32, (2 * inter / GATE_UP_ROWS) as u32, 1);
         // SAFETY: the arguments match moe_gate_up's signature; shapes were checked in Mxfp4Experts::new.
-        unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: 0 }) }.w()?;
+        unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: warps(hidden), shared_mem_bytes: 0 }) }.w()?;
 
-        let name = format!("moe_down_{}_nb{}", T::NAME, inter.div_ceil(1024));
-        let func = dev.get_or_load_custom_func(&name, MODULE, MXFP4_MOE_PTX)?;
+        let func = dev.get_or_load_custom_func(&format!("moe_down_{}", T::NAME), MODULE, MXFP4_MOE_PTX)?;
         let mut b = func.builder();
         b.arg(&act).arg(&ids).arg(&weights).arg(&d_blocks).arg(&d_scales).arg(&d_bias).arg(&mut out);
         b.arg(&k32).arg(&n_exp).arg(&h32).arg(&i32_);
-        let grid = (int(tokens, "tokens")? as u32, hidden.div_ceil(ROWS_PER_WARP) as u32, 1);
+        let grid = (int(tokens, "tokens")? as u32, (hidden / DOWN_ROWS) as u32, 1);
         // SAFETY: the arguments match moe_down's signature.
-        unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: 0 }) }.w()?;
+        unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: warps(inter), shared_mem_bytes: 0 }) }.w()?;
         Ok(out)
     }
 }

@@ -22,6 +22,7 @@
 #define NW 4   // warps per block
 #define BK 32  // keys per tile: one per lane
 #define LOG2E 1.4426950408889634f
+#define MAX_SPLITS 256  // splits of the cache sink_combine merges
 
 // Mirrors SinkAttnParams in sink_attention.rs (repr(C)): keep the field order.
 struct SinkAttnParams {
@@ -86,16 +87,6 @@ __device__ __forceinline__ void sink_attention_impl(const T* __restrict__ q, con
     const int rows = G * p.q_len;
     const int row0 = blockIdx.x * BQ;
 
-    for (int i = threadIdx.x; i < BQ * D; i += blockDim.x) {
-        const int r = i / D, c = i % D, R = row0 + r;
-        float x = 0.f;
-        if (R < rows) {
-            const int qi = R / G, h = g * G + R % G;
-            x = to_f32(q[h * p.q_s0 + qi * p.q_s1 + c]);
-        }
-        Qs[r][c] = x;
-    }
-
     float m[RPW], l[RPW], sink2[RPW], acc[RPW][DC];
     long long qpos[RPW];
     bool rvalid[RPW];
@@ -148,7 +139,17 @@ __device__ __forceinline__ void sink_attention_impl(const T* __restrict__ q, con
             }
         }
     };
-    if (lo < hi) fetch(lo);
+    if (lo < hi) fetch(lo);  // in flight while Q is staged
+    for (int i = threadIdx.x; i < BQ * D; i += blockDim.x) {
+        const int r = i / D, c = i % D, R = row0 + r;
+        float x = 0.f;
+        if (R < rows) {
+            const int qi = R / G, h = g * G + R % G;
+            x = to_f32(q[h * p.q_s0 + qi * p.q_s1 + c]);
+        }
+        Qs[r][c] = x;
+    }
+
     for (long long t0 = lo; t0 < hi; t0 += BK) {
         __syncthreads();  // the previous tile is consumed (and Qs is written)
 #pragma unroll
@@ -246,29 +247,39 @@ __device__ __forceinline__ void sink_attention_impl(const T* __restrict__ q, con
     }
 }
 
-// Merges the splits' partials: one warp per output row (head, query).
+// Merges the splits' partials: one warp per output row (head, query). The lanes read the
+// splits' (m, l) in parallel; the accumulators' loads are independent across splits.
 template <typename T, int D>
 __device__ __forceinline__ void sink_combine_impl(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                                   const float* __restrict__ sinks, T* __restrict__ out, int heads,
                                                   int q_len, int splits) {
     constexpr int DC = D / 32;
+    __shared__ float wsh[NW][MAX_SPLITS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long rows = (long long)heads * q_len;
     const long long row = (long long)blockIdx.x * NW + warp;
     if (row >= rows) return;
     const float sink2 = sinks[row / q_len] * LOG2E;
     float M = sink2;
-    for (int s = 0; s < splits; s++) M = fmaxf(M, part_ml[2 * (s * rows + row)]);
-    float L = exp2f(sink2 - M);
+    for (int s = lane; s < splits; s += 32) M = fmaxf(M, part_ml[2 * (s * rows + row)]);
+    M = warp_max(M);
+    float L = 0.f;
+    for (int s = lane; s < splits; s += 32) {
+        const long long prow = s * rows + row;
+        const float w = exp2f(part_ml[2 * prow] - M);
+        wsh[warp][s] = w;
+        L = fmaf(part_ml[2 * prow + 1], w, L);
+    }
+    L = warp_sum(L) + exp2f(sink2 - M);
+    __syncwarp();
     float acc[DC];
 #pragma unroll
     for (int dc = 0; dc < DC; dc++) acc[dc] = 0.f;
+#pragma unroll 8
     for (int s = 0; s < splits; s++) {
-        const long long prow = s * rows + row;
-        const float w = exp2f(part_ml[2 * prow] - M);
-        L += part_ml[2 * prow + 1] * w;
+        const float w = wsh[warp][s];
 #pragma unroll
-        for (int dc = 0; dc < DC; dc++) acc[dc] = fmaf(w, part_acc[prow * D + lane + 32 * dc], acc[dc]);
+        for (int dc = 0; dc < DC; dc++) acc[dc] = fmaf(w, part_acc[(s * rows + row) * D + lane + 32 * dc], acc[dc]);
     }
 #pragma unroll
     for (int dc = 0; dc < DC; dc++) out[row * D + lane + 32 * dc] = from_f32<T>(acc[dc] / L);

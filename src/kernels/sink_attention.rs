@@ -264,6 +264,8 @@ mod gpu {
     const WARPS: usize = 4;
     /// Fewest cache slots in a split: one tile.
     const MIN_SPLIT: usize = TILE;
+    /// Most splits sink_combine merges (`MAX_SPLITS` in the kernel).
+    const MAX_SPLITS: usize = 256;
 
     /// Mirrors `SinkAttnParams` in sink_attention.cu, field for field.
     #[repr(C)]
@@ -318,7 +320,7 @@ mod gpu {
         let span = hi.saturating_sub(lo).max(1);
         let blocks = row_blocks * kv_heads;
         let sms = multiprocessors(dev);
-        let want = if blocks >= sms { 1 } else { (4 * sms).div_ceil(blocks).min(span.div_ceil(MIN_SPLIT)) };
+        let want = if blocks >= sms { 1 } else { (4 * sms).div_ceil(blocks).min(span.div_ceil(MIN_SPLIT)).min(MAX_SPLITS) };
         let keys_per_split = span.div_ceil(want.max(1)).div_ceil(TILE) * TILE;
         let splits = span.div_ceil(keys_per_split);
 
