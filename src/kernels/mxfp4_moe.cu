@@ -20,11 +20,10 @@
 #include "common.cuh"
 
 #define RSTEP 4      // rows per step: the next step's loads overlap this step's arithmetic
-#define GU_ROWS 16   // gate_up rows per block (8 gate/up pairs)
+#define GU_ROWS 32   // gate_up rows per block (16 gate/up pairs)
 #define DOWN_ROWS 8  // down rows per block
 #define MAX_SLOTS 8  // experts per token (k) the down kernel can sum
 #define MAX_WK 8     // warps along K, one block of 32 per lane: K <= 8192
-#define MAX_KB (32 * MAX_WK)
 #define XPAD 36      // x in shared memory: block g of 32 values at 36 g, so the lanes' 16-byte reads are conflict-free
 
 __constant__ float FP4_TABLE[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
@@ -90,7 +89,7 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
                                                  float* __restrict__ act, int k, int n_experts, int hidden,
                                                  int inter, float limit, float alpha) {
     __shared__ float lut[16];
-    __shared__ __align__(16) float xs[MAX_KB * XPAD];
+    extern __shared__ __align__(16) float xs[];  // [kb * XPAD], sized by the launch
     __shared__ float red[MAX_WK][GU_ROWS];
     const int lane = threadIdx.x, wk = threadIdx.y, tid = wk * 32 + lane;
     const int nthreads = 32 * blockDim.y;
@@ -100,8 +99,11 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
     const int kb = hidden / 32, g = wk * 32 + lane;
     const long long row0 = (long long)(on ? e : 0) * 2 * inter + (long long)blockIdx.y * GU_ROWS;
 
-    Step a, b;
-    load_step(a, blocks, scales, row0, kb, g, on);
+    // Steps go through three buffers: two steps' loads in flight during each step's arithmetic.
+    constexpr int NST = GU_ROWS / RSTEP;
+    Step buf[3];
+    load_step(buf[0], blocks, scales, row0, kb, g, on);
+    load_step(buf[1], blocks, scales, row0 + RSTEP, kb, g, on);
     if (tid < 16) lut[tid] = FP4_TABLE[tid];
     const T* xt = x + (long long)(slot / k) * hidden;
     for (int i = tid; i < hidden; i += nthreads) xs[(i >> 5) * XPAD + (i & 31)] = to_f32(xt[i]);
@@ -116,12 +118,10 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
         xr[4 * q + 3] = v.w;
     }
 #pragma unroll
-    for (int st = 0; st < GU_ROWS / RSTEP; st++) {
-        Step& cur = (st & 1) ? b : a;
-        Step& nxt = (st & 1) ? a : b;
-        if (st + 1 < GU_ROWS / RSTEP) load_step(nxt, blocks, scales, row0 + (st + 1) * RSTEP, kb, g, on);
+    for (int st = 0; st < NST; st++) {
+        if (st + 2 < NST) load_step(buf[(st + 2) % 3], blocks, scales, row0 + (st + 2) * RSTEP, kb, g, on);
         float d[RSTEP];
-        dot_step(cur, xr, lut, d);
+        dot_step(buf[st % 3], xr, lut, d);
         if (lane == 0) {
 #pragma unroll
             for (int r = 0; r < RSTEP; r++) red[wk][st * RSTEP + r] = d[r];
@@ -180,21 +180,23 @@ __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, con
             xr[4 * q + 3] = v.w;
         }
     };
+    // Iterations go through three step buffers (two steps' loads in flight during each step's
+    // arithmetic); the next expert's activations load during its predecessor's last step.
     const int total = k * NST;
-    Step cur, nxt;
+    auto issue = [&](Step& st, int it) {
+        const int e1 = expert(it / NST);
+        load_step(st, blocks, scales, (long long)max(e1, 0) * hidden + r0 + (it % NST) * RSTEP, kb, g, e1 >= 0);
+    };
+    Step cur, nxt, nxt2;
     float xr[32], xn[32];
-    int e = expert(0);
-    load_step(cur, blocks, scales, (long long)max(e, 0) * hidden + r0, kb, g, e >= 0);
+    issue(cur, 0);
+    if (total > 1) issue(nxt, 1);
     load_x(0, xr);
 #pragma unroll 1
     for (int it = 0; it < total; it++) {
         const int kk = it / NST, st = it % NST;
-        if (it + 1 < total) {
-            const int k1 = (it + 1) / NST, s1 = (it + 1) % NST;
-            const int e1 = expert(k1);
-            load_step(nxt, blocks, scales, (long long)max(e1, 0) * hidden + r0 + s1 * RSTEP, kb, g, e1 >= 0);
-            if (s1 == 0) load_x(k1, xn);
-        }
+        if (it + 2 < total) issue(nxt2, it + 2);
+        if (st == NST - 1 && kk + 1 < k) load_x(kk + 1, xn);
         float d[RSTEP];
         dot_step(cur, xr, lut, d);
         if (lane == 0) {
@@ -202,6 +204,7 @@ __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, con
             for (int r = 0; r < RSTEP; r++) red[kk][wk][st * RSTEP + r] = d[r];
         }
         cur = nxt;
+        nxt = nxt2;
         if (st == NST - 1) {
 #pragma unroll
             for (int i = 0; i < 32; i++) xr[i] = xn[i];

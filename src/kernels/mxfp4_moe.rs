@@ -288,7 +288,7 @@ mod gpu {
 
     const MODULE: &str = "inferno_mxfp4_moe";
     /// gate_up rows and down rows per block, experts per token and K the kernels handle.
-    const GATE_UP_ROWS: usize = 16;
+    const GATE_UP_ROWS: usize = 32;
     const DOWN_ROWS: usize = 8;
     const MAX_SLOTS: usize = 8;
     const MAX_K: usize = 8 * 32 * 32;
@@ -338,8 +338,10 @@ mod gpu {
         b.arg(&x).arg(&ids).arg(&gu_blocks).arg(&gu_scales).arg(&gu_bias).arg(&mut act);
         b.arg(&k32).arg(&n_exp).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
         let grid = (int(slots, "tokens × k")? as u32, (2 * inter / GATE_UP_ROWS) as u32, 1);
+        // Dynamic shared memory: x as f32, each block of 32 padded to 36 (XPAD in the kernel).
+        let x_smem = (hidden / 32 * 36 * 4) as u32;
         // SAFETY: the arguments match moe_gate_up's signature; shapes were checked in Mxfp4Experts::new.
-        unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: warps(hidden), shared_mem_bytes: 0 }) }.w()?;
+        unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: warps(hidden), shared_mem_bytes: x_smem }) }.w()?;
 
         let func = dev.get_or_load_custom_func(&format!("moe_down_{}", T::NAME), MODULE, MXFP4_MOE_PTX)?;
         let mut b = func.builder();

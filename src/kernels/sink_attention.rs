@@ -262,8 +262,8 @@ mod gpu {
     /// Keys per tile (`BK` in the kernel) and warps per block (`NW`).
     const TILE: usize = 32;
     const WARPS: usize = 4;
-    /// Fewest cache slots in a split: one tile.
-    const MIN_SPLIT: usize = TILE;
+    /// Fewest cache slots in a split (4 tiles): below that the merge costs more than it saves.
+    const MIN_SPLIT: usize = 4 * TILE;
     /// Most splits sink_combine merges (`MAX_SPLITS` in the kernel).
     const MAX_SPLITS: usize = 256;
 
