@@ -106,6 +106,9 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
     load_step(buf[1], blocks, scales, row0 + RSTEP, kb, g, on);
     if (tid < 16) lut[tid] = FP4_TABLE[tid];
     const T* xt = x + (long long)(slot / k) * hidden;
+    // Unrolled so that each thread has several loads in flight (x may be any alignment: no
+    // vector loads).
+#pragma unroll 8
     for (int i = tid; i < hidden; i += nthreads) xs[(i >> 5) * XPAD + (i & 31)] = to_f32(xt[i]);
     __syncthreads();
     float xr[32];
@@ -156,19 +159,21 @@ __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, con
                                               T* __restrict__ out, int k, int n_experts, int hidden, int inter) {
     __shared__ float lut[16];
     __shared__ float red[MAX_SLOTS][MAX_WK][DOWN_ROWS];
+    __shared__ int eid[MAX_SLOTS];  // the token's experts, -1 where out of range
     constexpr int NST = DOWN_ROWS / RSTEP;
     const int lane = threadIdx.x, wk = threadIdx.y, tid = wk * 32 + lane;
     const int t = blockIdx.x;
     const int kb = inter / 32, g = wk * 32 + lane;
     const int r0 = blockIdx.y * DOWN_ROWS;
     if (tid < 16) lut[tid] = FP4_TABLE[tid];
+    if (tid < k) {
+        const uint32_t e = ids[t * k + tid];
+        eid[tid] = e < (uint32_t)n_experts ? (int)e : -1;
+    }
     __syncthreads();
 
-    // Iteration it = slot kk * NST + step: rows r0 + step * RSTEP of expert ids[t * k + kk].
-    auto expert = [&](int kk) {
-        const uint32_t e = ids[t * k + kk];
-        return e < (uint32_t)n_experts ? (int)e : -1;
-    };
+    // Iteration it = slot kk * NST + step: rows r0 + step * RSTEP of expert eid[kk].
+    auto expert = [&](int kk) { return eid[kk]; };
     auto load_x = [&](int kk, float (&xr)[32]) {
         const float4* a = reinterpret_cast<const float4*>(act + (long long)(t * k + kk) * inter);
 #pragma unroll
@@ -181,33 +186,30 @@ __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, con
         }
     };
     // Iterations go through three step buffers (two steps' loads in flight during each step's
-    // arithmetic); the next expert's activations load during its predecessor's last step.
+    // arithmetic) and two activation buffers (the next expert's load during this expert's first
+    // step). The loop is unrolled so that every buffer index is static: a register copy of a
+    // buffer would wait for its loads.
     const int total = k * NST;
     auto issue = [&](Step& st, int it) {
         const int e1 = expert(it / NST);
         load_step(st, blocks, scales, (long long)max(e1, 0) * hidden + r0 + (it % NST) * RSTEP, kb, g, e1 >= 0);
     };
-    Step cur, nxt, nxt2;
-    float xr[32], xn[32];
-    issue(cur, 0);
-    if (total > 1) issue(nxt, 1);
-    load_x(0, xr);
-#pragma unroll 1
-    for (int it = 0; it < total; it++) {
+    Step buf[3];
+    float xb[2][32];
+    issue(buf[0], 0);
+    if (total > 1) issue(buf[1], 1);
+    load_x(0, xb[0]);
+#pragma unroll
+    for (int it = 0; it < MAX_SLOTS * NST; it++) {
+        if (it >= total) break;
         const int kk = it / NST, st = it % NST;
-        if (it + 2 < total) issue(nxt2, it + 2);
-        if (st == NST - 1 && kk + 1 < k) load_x(kk + 1, xn);
+        if (it + 2 < total) issue(buf[(it + 2) % 3], it + 2);
+        if (st == 0 && kk + 1 < k) load_x(kk + 1, xb[(kk + 1) & 1]);
         float d[RSTEP];
-        dot_step(cur, xr, lut, d);
+        dot_step(buf[it % 3], xb[kk & 1], lut, d);
         if (lane == 0) {
 #pragma unroll
             for (int r = 0; r < RSTEP; r++) red[kk][wk][st * RSTEP + r] = d[r];
-        }
-        cur = nxt;
-        nxt = nxt2;
-        if (st == NST - 1) {
-#pragma unroll
-            for (int i = 0; i < 32; i++) xr[i] = xn[i];
         }
     }
     __syncthreads();
