@@ -12,6 +12,7 @@
 //! - [`generate`]: model-independent generation: sampling, stop conditions, streaming detokeniser.
 //! - [`chat`]: turning a conversation into a prompt (Hugging Face chat templates).
 //! - [`tokenizer`]: tokenizers rebuilt from GGUF metadata.
+//! - [`kernels`]: our own CUDA kernels (gpt-oss attention with sinks, MXFP4 experts), each with a CPU reference.
 //! - [`commands`]: one module per subcommand.
 
 pub mod chat;
@@ -23,6 +24,7 @@ pub mod generate;
 pub mod gpu;
 pub mod hub;
 pub mod inspect;
+pub mod kernels;
 pub mod models;
 pub mod tokenizer;
 pub mod util;

@@ -1,0 +1,70 @@
+//! What the ops' `cuda_fwd` share: the embedded PTX, typed access to candle's CUDA storage, output
+//! buffers (NaN-poisoned on request, for tests) and the device's size.
+
+use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
+use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
+use candle_core::{CudaDevice, Layout, Result, Storage, bail};
+use half::bf16;
+
+/// PTX built by build.rs from `src/kernels/sink_attention.cu`.
+pub(super) const SINK_ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sink_attention.ptx"));
+/// PTX built by build.rs from `src/kernels/mxfp4_moe.cu`.
+pub(super) const MXFP4_MOE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/mxfp4_moe.ptx"));
+
+/// The activation dtypes the kernels are instantiated for.
+pub(super) trait KernelFloat: DeviceRepr + Copy + 'static {
+    /// Kernel-name component: `f32` or `bf16`.
+    const NAME: &'static str;
+    const NAN: Self;
+    fn wrap(slice: CudaSlice<Self>) -> CudaStorageSlice;
+}
+
+impl KernelFloat for f32 {
+    const NAME: &'static str = "f32";
+    const NAN: Self = f32::NAN;
+    fn wrap(slice: CudaSlice<Self>) -> CudaStorageSlice {
+        CudaStorageSlice::F32(slice)
+    }
+}
+
+impl KernelFloat for bf16 {
+    const NAME: &'static str = "bf16";
+    const NAN: Self = bf16::NAN;
+    fn wrap(slice: CudaSlice<Self>) -> CudaStorageSlice {
+        CudaStorageSlice::BF16(slice)
+    }
+}
+
+/// A new buffer of `n` elements for a kernel to fill. With `poison` it starts as NaN, so that a
+/// test sees any element the kernel failed to write.
+pub(super) fn output<T: KernelFloat>(dev: &CudaDevice, n: usize, poison: bool) -> Result<CudaSlice<T>> {
+    if poison {
+        dev.cuda_stream().clone_htod(&vec![T::NAN; n]).w()
+    } else {
+        // SAFETY: the caller's kernel writes all n elements before anyone reads them.
+        unsafe { dev.alloc::<T>(n) }
+    }
+}
+
+/// Streaming multiprocessors of the device (132 on an H100 SXM), to size split-K grids.
+pub(super) fn multiprocessors(dev: &CudaDevice) -> usize {
+    dev.cuda_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_or(132, |n| n.max(1) as usize)
+}
+
+/// The device data of a tensor an op holds (sinks, expert weights), from its offset on, given the
+/// storage guard of `tensor.storage_and_layout()`.
+pub(super) fn cuda_view<'a, T: CudaDType>(storage: &'a Storage, layout: &Layout, what: &str) -> Result<CudaView<'a, T>> {
+    match storage {
+        Storage::Cuda(s) => Ok(s.as_cuda_slice::<T>()?.slice(layout.start_offset()..)),
+        _ => bail!("{what}: expected a CUDA tensor like the op's inputs"),
+    }
+}
+
+/// A kernel dimension as the `int` the kernels take.
+pub(super) fn int(n: usize, what: &str) -> Result<i32> {
+    i32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("{what} = {n} is too large for the CUDA kernel")))
+}

@@ -1,0 +1,91 @@
+//! inferno's own compute kernels, for what candle lacks: gpt-oss attention with sinks (sliding
+//! window, grouped-query heads) and the MXFP4 mixture of experts.
+//!
+//! Each op is a candle `CustomOp`: its `cpu_fwd` is the reference, plain Rust loops in f32 that
+//! follow docs/gpt-oss.md line by line; its `cuda_fwd` launches the kernel in the `.cu` file
+//! beside it. build.rs compiles `src/kernels/*.cu` to PTX for `sm_$CUDA_COMPUTE_CAP` (default 90)
+//! and the PTX is embedded in the binary, loaded on first use.
+//!
+//! - [`sink_attention()`]: `softmax([q·k · scale, sink])` without the sink column, times V.
+//! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights.
+//! - [`mxfp4`]: FP4/E8M0 decoding for references and tests.
+//!
+//! Tests: CPU references against independent naive formulations run everywhere; GPU-vs-CPU tests
+//! are `#[ignore]`d (no GPU on the build machines) and run with
+//! `cargo test --release --lib kernels -- --ignored` on a GPU, or from binaries built elsewhere
+//! with `scripts/gpu-tests.sh`. Register and shared-memory use per kernel:
+//! `nvcc --ptx -arch=sm_90 -O3 -std=c++17 -I src/kernels src/kernels/X.cu -o X.ptx && ptxas -arch=sm_90 -v X.ptx -o /dev/null`.
+
+pub mod mxfp4;
+pub mod mxfp4_moe;
+pub mod sink_attention;
+
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(test)]
+mod testing;
+
+pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe};
+pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention};
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor, bail};
+use half::bf16;
+
+/// An f32 or bf16 CPU buffer, read as f32.
+#[derive(Clone, Copy)]
+enum F32Reader<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+impl<'a> F32Reader<'a> {
+    fn new(storage: &'a CpuStorage, what: &str) -> Result<Self> {
+        match storage {
+            CpuStorage::F32(v) => Ok(Self::F32(v)),
+            CpuStorage::BF16(v) => Ok(Self::Bf16(v)),
+            other => bail!("{what}: expected f32 or bf16, got {:?}", other.dtype()),
+        }
+    }
+
+    fn get(self, i: usize) -> f32 {
+        match self {
+            Self::F32(v) => v[i],
+            Self::Bf16(v) => v[i].to_f32(),
+        }
+    }
+}
+
+/// A CPU output buffer in `dtype` (f32 or bf16) from f32 values.
+fn cpu_output(values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
+    match dtype {
+        DType::F32 => Ok(CpuStorage::F32(values)),
+        DType::BF16 => Ok(CpuStorage::BF16(values.into_iter().map(bf16::from_f32).collect())),
+        other => bail!("unsupported output dtype {other:?}"),
+    }
+}
+
+/// Runs `f` on the CPU storage of a tensor an op holds (sinks, expert weights).
+fn with_cpu<R>(t: &Tensor, what: &str, f: impl FnOnce(&CpuStorage, &Layout) -> Result<R>) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        Storage::Cpu(s) => f(s, layout),
+        _ => bail!("{what}: expected a CPU tensor like the op's inputs"),
+    }
+}
+
+/// The `u8` CPU data of a contiguous tensor.
+fn cpu_u8<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [u8]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::U8(v), Some((a, b))) => Ok(&v[a..b]),
+        _ => bail!("{what}: expected a contiguous u8 tensor"),
+    }
+}
+
+/// The `f32` CPU data of a contiguous tensor.
+fn cpu_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::F32(v), Some((a, b))) => Ok(&v[a..b]),
+        _ => bail!("{what}: expected a contiguous f32 tensor"),
+    }
+}

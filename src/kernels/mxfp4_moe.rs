@@ -1,0 +1,358 @@
+//! The gpt-oss mixture of experts on MXFP4 weights (docs/gpt-oss.md §3–4), after routing.
+//!
+//! For token `t` routed to experts `e_1..e_k` with weights `w_1..w_k` (already softmaxed over the k):
+//!
+//! ```text
+//! h      = W1[e]·x + b1[e]                  (2I rows: gate channel j = row 2j, up = row 2j+1)
+//! act_j  = g·σ(alpha·g)·(u + 1),  g = min(h_2j, limit),  u = clamp(h_2j+1, −limit, limit)
+//! out[t] = Σ_k w_k · (W2[e]·act + b2[e])
+//! ```
+//!
+//! The weights stay packed as in the checkpoint (`[E, rows, K/32, 16]` FP4 codes plus
+//! `[E, rows, K/32]` E8M0 scales, see [`super::mxfp4`]) and are decoded on the fly.
+//!
+//! CUDA (`mxfp4_moe.cu`): one op, two kernels, because every output row of the down projection
+//! needs the whole activation vector of its (token, expert): `moe_gate_up` (GEMV over the
+//! selected experts' gate/up rows, bias and SwiGLU fused, into an f32 scratch `[tokens·k, I]`),
+//! then `moe_down` (GEMV over the down rows, bias and routing weight fused, summing the k experts
+//! in registers: no atomics, deterministic). One op rather than two CustomOps because the
+//! activation never needs to be a tensor. Both kernels read the weights once per (token, expert),
+//! which is right for decode; prefill re-reads them per token (correct, not yet batched by expert).
+//! K (hidden and intermediate) up to 8192, k up to 8 experts per token.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor, bail};
+
+use super::{F32Reader, cpu_f32, cpu_output, cpu_u8, mxfp4};
+
+/// gpt-oss's clamped SwiGLU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SwiGlu {
+    /// Gate clamped above at `limit`, up clamped to `[−limit, limit]`.
+    pub limit: f32,
+    /// Sigmoid slope.
+    pub alpha: f32,
+}
+
+impl SwiGlu {
+    /// swiglu_limit 7.0 from the config, alpha 1.702 hard-coded in the reference.
+    pub const GPT_OSS: SwiGlu = SwiGlu { limit: 7.0, alpha: 1.702 };
+
+    /// `g·σ(alpha·g)·(u + 1)` with `g = min(gate, limit)` and `u = clamp(up, −limit, limit)`.
+    pub fn apply(self, gate: f32, up: f32) -> f32 {
+        let gate = gate.min(self.limit);
+        let up = up.max(-self.limit).min(self.limit);
+        gate / (1.0 + (-self.alpha * gate).exp()) * (up + 1.0)
+    }
+}
+
+/// One layer's experts, packed as in the checkpoint (`mlp.experts.*`).
+#[derive(Debug, Clone)]
+pub struct Mxfp4Experts {
+    gate_up_blocks: Tensor,
+    gate_up_scales: Tensor,
+    gate_up_bias: Tensor,
+    down_blocks: Tensor,
+    down_scales: Tensor,
+    down_bias: Tensor,
+    experts: usize,
+    hidden: usize,
+    intermediate: usize,
+}
+
+impl Mxfp4Experts {
+    /// From `gate_up_proj_blocks` u8 `[E, 2I, H/32, 16]`, `gate_up_proj_scales` u8 `[E, 2I, H/32]`,
+    /// `gate_up_proj_bias` `[E, 2I]`, `down_proj_blocks` u8 `[E, H, I/32, 16]`, `down_proj_scales`
+    /// u8 `[E, H, I/32]` and `down_proj_bias` `[E, H]`, all on one device. Biases may be bf16 or
+    /// f32 (kept as f32); packed tensors are copied only if not contiguous and 16-byte aligned.
+    pub fn new(
+        gate_up_blocks: &Tensor,
+        gate_up_scales: &Tensor,
+        gate_up_bias: &Tensor,
+        down_blocks: &Tensor,
+        down_scales: &Tensor,
+        down_bias: &Tensor,
+    ) -> Result<Self> {
+        let (experts, rows2, hb, sixteen) = gate_up_blocks.dims4()?;
+        if sixteen != 16 || rows2 % 2 != 0 {
+            bail!("mxfp4_moe: gate_up blocks {:?} must be [E, 2I, H/32, 16]", gate_up_blocks.dims());
+        }
+        let (hidden, intermediate) = (hb * 32, rows2 / 2);
+        let ib = intermediate / 32;
+        let expect = [
+            ("gate_up scales", gate_up_scales, vec![experts, rows2, hb], Some(DType::U8)),
+            ("gate_up bias", gate_up_bias, vec![experts, rows2], None),
+            ("down blocks", down_blocks, vec![experts, hidden, ib, 16], Some(DType::U8)),
+            ("down scales", down_scales, vec![experts, hidden, ib], Some(DType::U8)),
+            ("down bias", down_bias, vec![experts, hidden], None),
+        ];
+        if intermediate % 32 != 0 || gate_up_blocks.dtype() != DType::U8 {
+            bail!("mxfp4_moe: gate_up blocks {:?} {:?} must be u8 [E, 2I, H/32, 16] with I a multiple of 32", gate_up_blocks.dtype(), gate_up_blocks.dims());
+        }
+        for (what, t, dims, dtype) in expect {
+            if t.dims() != dims.as_slice() || dtype.is_some_and(|d| d != t.dtype()) {
+                bail!("mxfp4_moe: {what} is {:?} {:?}, expected {dims:?}{}", t.dtype(), t.dims(), if dtype.is_some() { " u8" } else { "" });
+            }
+            if !t.device().same_device(gate_up_blocks.device()) {
+                bail!("mxfp4_moe: {what} is on {:?}, the gate_up blocks on {:?}", t.device(), gate_up_blocks.device());
+            }
+        }
+        let packed = |t: &Tensor| -> Result<Tensor> {
+            if t.is_contiguous() && t.layout().start_offset().is_multiple_of(16) { Ok(t.clone()) } else { t.force_contiguous() }
+        };
+        let bias = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
+        Ok(Self {
+            gate_up_blocks: packed(gate_up_blocks)?,
+            gate_up_scales: packed(gate_up_scales)?,
+            gate_up_bias: bias(gate_up_bias)?,
+            down_blocks: packed(down_blocks)?,
+            down_scales: packed(down_scales)?,
+            down_bias: bias(down_bias)?,
+            experts,
+            hidden,
+            intermediate,
+        })
+    }
+
+    /// Number of experts `E`.
+    pub fn num_experts(&self) -> usize {
+        self.experts
+    }
+
+    /// Model width `H` (input and output of the MoE).
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// Per-expert FFN width `I`.
+    pub fn intermediate(&self) -> usize {
+        self.intermediate
+    }
+}
+
+/// The routed experts' output for each token: `x` `[tokens, H]` (f32 or bf16), `expert_ids` u32
+/// `[tokens, k]`, `weights` f32 `[tokens, k]` (softmaxed over the k). Returns `[tokens, H]` in
+/// x's dtype, accumulated in f32. Ids must be below `E` (the CPU reference fails otherwise; the
+/// CUDA kernels skip such a slot).
+pub fn mxfp4_moe(x: &Tensor, experts: &Mxfp4Experts, expert_ids: &Tensor, weights: &Tensor, act: SwiGlu) -> Result<Tensor> {
+    let op = Mxfp4Moe::new(x, experts, expert_ids, weights, act, false)?;
+    x.contiguous()?.apply_op3_no_bwd(&expert_ids.contiguous()?, &weights.contiguous()?, &op)
+}
+
+/// The CustomOp: `x`, ids and weights are its arguments, the experts travel inside.
+struct Mxfp4Moe {
+    experts: Mxfp4Experts,
+    act: SwiGlu,
+    /// Tests: fill the CUDA output with NaN before the kernels run.
+    poison: bool,
+}
+
+impl Mxfp4Moe {
+    fn new(x: &Tensor, experts: &Mxfp4Experts, ids: &Tensor, weights: &Tensor, act: SwiGlu, poison: bool) -> Result<Self> {
+        let (tokens, hidden) = x.dims2()?;
+        let (it, k) = ids.dims2()?;
+        if hidden != experts.hidden || !matches!(x.dtype(), DType::F32 | DType::BF16) {
+            bail!("mxfp4_moe: x {:?} {:?} must be f32 or bf16 [tokens, {}]", x.dtype(), x.dims(), experts.hidden);
+        }
+        if it != tokens || k == 0 || tokens == 0 || ids.dtype() != DType::U32 {
+            bail!("mxfp4_moe: expert ids {:?} {:?} must be u32 [{tokens}, k ≥ 1]", ids.dtype(), ids.dims());
+        }
+        if weights.dims() != ids.dims() || weights.dtype() != DType::F32 {
+            bail!("mxfp4_moe: routing weights {:?} {:?} must be f32 {:?}", weights.dtype(), weights.dims(), ids.dims());
+        }
+        for (what, t) in [("expert ids", ids), ("routing weights", weights), ("experts", &experts.gate_up_blocks)] {
+            if !t.device().same_device(x.device()) {
+                bail!("mxfp4_moe: {what} on {:?}, x on {:?}", t.device(), x.device());
+            }
+        }
+        Ok(Self { experts: experts.clone(), act, poison })
+    }
+
+    /// The reference, per token and selected expert: dequantize each gate/up row, dot with x, add
+    /// the bias, SwiGLU; then each down row against the activations, plus bias, times the routing
+    /// weight, summed over the experts. f32 throughout.
+    fn reference(&self, x: F32Reader, xl: &Layout, ids: &[u32], weights: &[f32]) -> Result<Vec<f32>> {
+        let e = &self.experts;
+        let (tokens, h) = xl.shape().dims2()?;
+        let (i, k) = (e.intermediate, ids.len() / tokens);
+        let (hb, ib) = (h / 32, i / 32);
+        let storages = [&e.gate_up_blocks, &e.gate_up_scales, &e.gate_up_bias, &e.down_blocks, &e.down_scales, &e.down_bias]
+            .map(|t| t.storage_and_layout());
+        let cpu = |n: usize| match &*storages[n].0 {
+            Storage::Cpu(s) => Ok((s, storages[n].1)),
+            _ => bail!("mxfp4_moe: experts must be on the CPU like x"),
+        };
+        let (s, l) = cpu(0)?;
+        let gu_blocks = cpu_u8(s, l, "gate_up blocks")?;
+        let (s, l) = cpu(1)?;
+        let gu_scales = cpu_u8(s, l, "gate_up scales")?;
+        let (s, l) = cpu(2)?;
+        let gu_bias = cpu_f32(s, l, "gate_up bias")?;
+        let (s, l) = cpu(3)?;
+        let d_blocks = cpu_u8(s, l, "down blocks")?;
+        let (s, l) = cpu(4)?;
+        let d_scales = cpu_u8(s, l, "down scales")?;
+        let (s, l) = cpu(5)?;
+        let d_bias = cpu_f32(s, l, "down bias")?;
+
+        let mut out = vec![0f32; tokens * h];
+        let mut xt = vec![0f32; h];
+        let mut act = vec![0f32; i];
+        let mut row = vec![0f32; h.max(i)];
+        for (t, o) in out.chunks_exact_mut(h).enumerate() {
+            for (c, v) in xt.iter_mut().enumerate() {
+                *v = x.get(xl.start_offset() + t * xl.stride()[0] + c * xl.stride()[1]);
+            }
+            for slot in t * k..(t + 1) * k {
+                let (ex, w) = (ids[slot] as usize, weights[slot]);
+                if ex >= e.experts {
+                    bail!("mxfp4_moe: token {t} routed to expert {ex} of {}", e.experts);
+                }
+                for (j, a) in act.iter_mut().enumerate() {
+                    let gate_row = ex * 2 * i + 2 * j;
+                    let gate = packed_dot(gu_blocks, gu_scales, gate_row, hb, &xt, &mut row) + gu_bias[gate_row];
+                    let up = packed_dot(gu_blocks, gu_scales, gate_row + 1, hb, &xt, &mut row) + gu_bias[gate_row + 1];
+                    *a = self.act.apply(gate, up);
+                }
+                for (r, y) in o.iter_mut().enumerate() {
+                    let down_row = ex * h + r;
+                    *y += w * (packed_dot(d_blocks, d_scales, down_row, ib, &act, &mut row) + d_bias[down_row]);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Row `row` of a packed `[rows, n_blocks, 16]` matrix, dequantized into `buf`, dot `x`.
+fn packed_dot(blocks: &[u8], scales: &[u8], row: usize, n_blocks: usize, x: &[f32], buf: &mut [f32]) -> f32 {
+    let buf = &mut buf[..n_blocks * 32];
+    mxfp4::dequantize_row(&blocks[row * n_blocks * 16..][..n_blocks * 16], &scales[row * n_blocks..][..n_blocks], buf);
+    buf.iter().zip(x).map(|(w, x)| w * x).sum()
+}
+
+impl CustomOp3 for Mxfp4Moe {
+    fn name(&self) -> &'static str {
+        "mxfp4_moe"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        is: &CpuStorage,
+        il: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = F32Reader::new(xs, "x")?;
+        let ids = match (is, il.contiguous_offsets()) {
+            (CpuStorage::U32(v), Some((a, b))) => &v[a..b],
+            _ => bail!("mxfp4_moe: expert ids must be contiguous u32"),
+        };
+        let weights = cpu_f32(ws, wl, "routing weights")?;
+        let out = self.reference(x, xl, ids, weights)?;
+        Ok((cpu_output(out, xs.dtype())?, xl.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        is: &candle_core::CudaStorage,
+        il: &Layout,
+        ws: &candle_core::CudaStorage,
+        wl: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::cuda::KernelFloat;
+        use candle_core::cuda_backend::CudaStorageSlice as S;
+        let dev = xs.device.clone();
+        let slice = match &xs.slice {
+            S::F32(x) => f32::wrap(gpu::launch(self, &dev, (x, xl), (is, il), (ws, wl))?),
+            S::BF16(x) => half::bf16::wrap(gpu::launch(self, &dev, (x, xl), (is, il), (ws, wl))?),
+            _ => bail!("mxfp4_moe: x must be f32 or bf16"),
+        };
+        Ok((candle_core::CudaStorage { slice, device: dev }, xl.shape().clone()))
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+    use candle_core::{CudaDevice, CudaStorage, Layout, Result, bail};
+
+    use super::Mxfp4Moe;
+    use crate::kernels::cuda::{KernelFloat, MXFP4_MOE_PTX, cuda_view, int, output};
+
+    const MODULE: &str = "inferno_mxfp4_moe";
+    /// gate_up rows and down rows per block, experts per token and K the kernels handle.
+    const GATE_UP_ROWS: usize = 32;
+    const DOWN_ROWS: usize = 8;
+    const MAX_SLOTS: usize = 8;
+    const MAX_K: usize = 8 * 32 * 32;
+
+    pub(super) fn launch<T: KernelFloat>(
+        op: &Mxfp4Moe,
+        dev: &CudaDevice,
+        (x, xl): (&CudaSlice<T>, &Layout),
+        (ids, il): (&CudaStorage, &Layout),
+        (weights, wl): (&CudaStorage, &Layout),
+    ) -> Result<CudaSlice<T>> {
+        let e = &op.experts;
+        let (tokens, hidden) = xl.shape().dims2()?;
+        let k = il.shape().dims2()?.1;
+        let inter = e.intermediate;
+        if hidden > MAX_K || inter > MAX_K || k > MAX_SLOTS {
+            bail!(
+                "mxfp4_moe: the CUDA kernels support widths up to {MAX_K} and {MAX_SLOTS} experts per token, \
+                 got hidden {hidden}, intermediate {inter}, k {k}"
+            );
+        }
+        if !xl.is_contiguous() || !il.is_contiguous() || !wl.is_contiguous() {
+            bail!("mxfp4_moe: x, expert ids and routing weights must be contiguous");
+        }
+        let x = x.slice(xl.start_offset()..);
+        let ids = ids.as_cuda_slice::<u32>()?.slice(il.start_offset()..);
+        let weights = weights.as_cuda_slice::<f32>()?.slice(wl.start_offset()..);
+        let guards = [&e.gate_up_blocks, &e.gate_up_scales, &e.gate_up_bias, &e.down_blocks, &e.down_scales, &e.down_bias]
+            .map(|t| t.storage_and_layout());
+        let gu_blocks = cuda_view::<u8>(&guards[0].0, guards[0].1, "gate_up blocks")?;
+        let gu_scales = cuda_view::<u8>(&guards[1].0, guards[1].1, "gate_up scales")?;
+        let gu_bias = cuda_view::<f32>(&guards[2].0, guards[2].1, "gate_up bias")?;
+        let d_blocks = cuda_view::<u8>(&guards[3].0, guards[3].1, "down blocks")?;
+        let d_scales = cuda_view::<u8>(&guards[4].0, guards[4].1, "down scales")?;
+        let d_bias = cuda_view::<f32>(&guards[5].0, guards[5].1, "down bias")?;
+
+        let slots = tokens * k;
+        let (k32, n_exp, h32, i32_) = (int(k, "k")?, int(e.experts, "experts")?, int(hidden, "hidden")?, int(inter, "intermediate")?);
+        // Warps along K: one block of 32 inputs per lane.
+        let warps = |width: usize| (32, width.div_ceil(32 * 32) as u32, 1);
+        // SAFETY: moe_gate_up writes every element of the scratch before moe_down reads it.
+        let mut act = unsafe { dev.alloc::<f32>(slots * inter)? };
+        let mut out = output::<T>(dev, tokens * hidden, op.poison)?;
+
+        let func = dev.get_or_load_custom_func(&format!("moe_gate_up_{}", T::NAME), MODULE, MXFP4_MOE_PTX)?;
+        let mut b = func.builder();
+        b.arg(&x).arg(&ids).arg(&gu_blocks).arg(&gu_scales).arg(&gu_bias).arg(&mut act);
+        b.arg(&k32).arg(&n_exp).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
+        let grid = (int(slots, "tokens × k")? as u32, (2 * inter / GATE_UP_ROWS) as u32, 1);
+        // Dynamic shared memory: x as f32, each block of 32 padded to 36 (XPAD in the kernel).
+        let x_smem = (hidden / 32 * 36 * 4) as u32;
+        // SAFETY: the arguments match moe_gate_up's signature; shapes were checked in Mxfp4Experts::new.
+        unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: warps(hidden), shared_mem_bytes: x_smem }) }.w()?;
+
+        let func = dev.get_or_load_custom_func(&format!("moe_down_{}", T::NAME), MODULE, MXFP4_MOE_PTX)?;
+        let mut b = func.builder();
+        b.arg(&act).arg(&ids).arg(&weights).arg(&d_blocks).arg(&d_scales).arg(&d_bias).arg(&mut out);
+        b.arg(&k32).arg(&n_exp).arg(&h32).arg(&i32_);
+        let grid = (int(tokens, "tokens")? as u32, (hidden / DOWN_ROWS) as u32, 1);
+        // SAFETY: the arguments match moe_down's signature.
+        unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: warps(inter), shared_mem_bytes: 0 }) }.w()?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,230 @@
+//! The CPU reference against dequantize-then-matmul, then the CUDA kernels against the reference.
+
+use candle_core::{D, DType, Device, IndexOp, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore};
+
+use super::*;
+use crate::kernels::testing::{rel_err, rng, tensor, uniform, values};
+
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    tokens: usize,
+    experts: usize,
+    hidden: usize,
+    inter: usize,
+    k: usize,
+}
+
+/// Random packed experts, inputs and routing on the CPU, with the raw packed bytes for the naive
+/// formulation.
+struct Inputs {
+    x: Tensor,
+    ids: Tensor,
+    weights: Tensor,
+    packed: [Tensor; 6],
+}
+
+/// Scales around 2^-log2(√K) keep the dot products O(1..10), so that the clamps get exercised.
+fn scales(rng: &mut StdRng, n: usize, k: usize) -> Vec<u8> {
+    let base = 128 - ((k as f64).sqrt().log2().ceil() as i32);
+    (0..n).map(|_| (base + rng.random_range(-2..=2)) as u8).collect()
+}
+
+fn bytes(rng: &mut StdRng, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    rng.fill_bytes(&mut v);
+    v
+}
+
+fn inputs(rng: &mut StdRng, d: Dims, x_dtype: DType, bias_dtype: DType) -> Inputs {
+    let (e, h, i) = (d.experts, d.hidden, d.inter);
+    let u8t = |v: Vec<u8>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu).expect("u8 tensor");
+    let packed = [
+        u8t(bytes(rng, e * 2 * i * h / 2), &[e, 2 * i, h / 32, 16]),
+        u8t(scales(rng, e * 2 * i * h / 32, h), &[e, 2 * i, h / 32]),
+        tensor(uniform(rng, e * 2 * i, -1.0, 1.0), &[e, 2 * i], bias_dtype),
+        u8t(bytes(rng, e * h * i / 2), &[e, h, i / 32, 16]),
+        u8t(scales(rng, e * h * i / 32, i), &[e, h, i / 32]),
+        tensor(uniform(rng, e * h, -1.0, 1.0), &[e, h], bias_dtype),
+    ];
+    let x = tensor(uniform(rng, d.tokens * h, -2.0, 2.0), &[d.tokens, h], x_dtype);
+    let mut ids = Vec::new();
+    let mut weights = Vec::new();
+    for _ in 0..d.tokens {
+        ids.extend(rand::seq::index::sample(rng, e, d.k).into_iter().map(|e| e as u32));
+        let logits = uniform(rng, d.k, -2.0, 2.0);
+        let total: f32 = logits.iter().map(|l| l.exp()).sum();
+        weights.extend(logits.iter().map(|l| l.exp() / total));
+    }
+    let ids = Tensor::from_vec(ids, (d.tokens, d.k), &Device::Cpu).expect("ids");
+    let weights = Tensor::from_vec(weights, (d.tokens, d.k), &Device::Cpu).expect("weights");
+    Inputs { x, ids, weights, packed }
+}
+
+fn experts(p: &[Tensor; 6], dev: &Device) -> Mxfp4Experts {
+    let p: Vec<Tensor> = p.iter().map(|t| t.to_device(dev).expect("to device")).collect();
+    Mxfp4Experts::new(&p[0], &p[1], &p[2], &p[3], &p[4], &p[5]).expect("experts")
+}
+
+/// The naive formulation, in f64 with candle's CPU ops: dequantize both projections to dense
+/// `[E, out, in]` matrices, then per token and expert a matmul, the interleaved gate/up split by a
+/// `[I, 2]` reshape, the clamps, the activation, the down matmul and the weighted sum.
+/// Also returns how many gate and up values the clamps changed.
+fn naive(inp: &Inputs, d: Dims, act: SwiGlu) -> (Vec<f32>, usize, usize) {
+    let (e, h, i) = (d.experts, d.hidden, d.inter);
+    let raw = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<u8>()).expect("bytes");
+    let dense = |blocks: &Tensor, scales: &Tensor, rows: usize, cols: usize| {
+        let w = mxfp4::dequantize(&raw(blocks), &raw(scales));
+        Tensor::from_vec(w, (e, rows, cols), &Device::Cpu).and_then(|t| t.to_dtype(DType::F64)).expect("dense")
+    };
+    let f64t = |t: &Tensor| t.to_dtype(DType::F64).expect("f64");
+    let p = &inp.packed;
+    let (w1, b1, w2, b2) = (dense(&p[0], &p[1], 2 * i, h), f64t(&p[2]), dense(&p[3], &p[4], h, i), f64t(&p[5]));
+    let x = f64t(&inp.x);
+    let ids = inp.ids.to_vec2::<u32>().expect("ids");
+    let weights = inp.weights.to_vec2::<f32>().expect("weights");
+    let limit = f64::from(act.limit);
+    let (mut gate_clamped, mut up_clamped) = (0, 0);
+    let mut out = Vec::new();
+    for t in 0..d.tokens {
+        let xt = x.i(t).and_then(|x| x.unsqueeze(1)).expect("x column");
+        let mut acc = Tensor::zeros(h, DType::F64, &Device::Cpu).expect("zeros");
+        for (&ex, &w) in ids[t].iter().zip(&weights[t]) {
+            let ex = ex as usize;
+            let hpre = (w1.i(ex).unwrap().matmul(&xt).unwrap().squeeze(1).unwrap() + b1.i(ex).unwrap()).unwrap();
+            let pairs = hpre.reshape((i, 2)).unwrap(); // column 0: gate (even rows), 1: up (odd rows)
+            let (gate, up) = (pairs.i((.., 0)).unwrap(), pairs.i((.., 1)).unwrap());
+            gate_clamped += values(&gate).iter().filter(|&&g| f64::from(g) > limit).count();
+            up_clamped += values(&up).iter().filter(|&&u| f64::from(u).abs() > limit).count();
+            let gate = gate.minimum(limit).unwrap();
+            let up = up.clamp(-limit, limit).unwrap();
+            let sigmoid = ((gate.affine(-f64::from(act.alpha), 0.0).unwrap().exp().unwrap() + 1.0).unwrap().recip()).unwrap();
+            let a = ((gate * sigmoid).unwrap() * (up + 1.0).unwrap()).unwrap();
+            let y = (w2.i(ex).unwrap().matmul(&a.unsqueeze(1).unwrap()).unwrap().squeeze(1).unwrap() + b2.i(ex).unwrap()).unwrap();
+            acc = (acc + (y * f64::from(w)).unwrap()).unwrap();
+        }
+        out.extend(values(&acc));
+    }
+    (out, gate_clamped, up_clamped)
+}
+
+fn check_cpu(name: &str, d: Dims, x_dtype: DType, bias_dtype: DType, tol: f64) -> (usize, usize) {
+    let mut rng = rng(name);
+    let inp = inputs(&mut rng, d, x_dtype, bias_dtype);
+    let ex = experts(&inp.packed, &Device::Cpu);
+    let got = values(&mxfp4_moe(&inp.x, &ex, &inp.ids, &inp.weights, SwiGlu::GPT_OSS).expect("reference"));
+    let (want, gates, ups) = naive(&inp, d, SwiGlu::GPT_OSS);
+    let err = rel_err(&got, &want);
+    assert!(err < tol, "{name} {d:?}: relative error {err:e}");
+    (gates, ups)
+}
+
+#[test]
+fn reference_matches_dequantize_then_matmul() {
+    let d = Dims { tokens: 5, experts: 4, hidden: 64, inter: 96, k: 2 };
+    let (gates, ups) = check_cpu("moe f32", d, DType::F32, DType::BF16, 1e-5);
+    assert!(gates > 0 && ups > 0, "the inputs should exercise both clamps ({gates} gates, {ups} ups)");
+    let d = Dims { tokens: 3, experts: 5, hidden: 96, inter: 32, k: 3 };
+    check_cpu("moe f32 bias", d, DType::F32, DType::F32, 1e-5);
+    check_cpu("moe bf16", d, DType::BF16, DType::BF16, 1e-2);
+}
+
+#[test]
+fn swiglu_clamps_and_offsets() {
+    let act = SwiGlu::GPT_OSS;
+    let sigmoid = |z: f32| 1.0 / (1.0 + (-z).exp());
+    // Gate clamped above only; up clamped both ways; the +1 on up.
+    assert_eq!(act.apply(10.0, 0.0), 7.0 * sigmoid(1.702 * 7.0));
+    assert_eq!(act.apply(2.0, 9.0), 2.0 * sigmoid(1.702 * 2.0) * 8.0);
+    assert_eq!(act.apply(2.0, -9.0), 2.0 * sigmoid(1.702 * 2.0) * -6.0);
+    let low = act.apply(-20.0, 0.0);
+    assert!(low < 0.0 && low > -1e-12, "no lower clamp on the gate: {low}");
+    assert_eq!(act.apply(1.0, -1.0), 0.0);
+}
+
+#[test]
+fn rejects_out_of_range_experts_and_bad_shapes() {
+    let d = Dims { tokens: 2, experts: 3, hidden: 64, inter: 32, k: 2 };
+    let mut rng = rng("bad ids");
+    let inp = inputs(&mut rng, d, DType::F32, DType::F32);
+    let ex = experts(&inp.packed, &Device::Cpu);
+    let ids = Tensor::new(&[[0u32, 1], [2, 3]], &Device::Cpu).unwrap();
+    let err = mxfp4_moe(&inp.x, &ex, &ids, &inp.weights, SwiGlu::GPT_OSS).unwrap_err().to_string();
+    assert!(err.contains("expert 3 of 3"), "{err}");
+    let p = &inp.packed;
+    assert!(Mxfp4Experts::new(&p[0], &p[1], &p[2], &p[0], &p[4], &p[5]).is_err(), "down blocks of the wrong shape");
+    let x = inp.x.narrow(D::Minus1, 0, 32).unwrap();
+    assert!(mxfp4_moe(&x, &ex, &inp.ids, &inp.weights, SwiGlu::GPT_OSS).is_err(), "x narrower than hidden");
+}
+
+/// The GPU cases: decode (1 and 3 tokens) at gpt-oss's 2880 widths, a 37-token prefill, tiny
+/// widths, and widths that need 1 to 4 blocks of 32 per lane (non-powers of two throughout).
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::*;
+    use crate::kernels::testing::gpu;
+
+    fn cases() -> Vec<Dims> {
+        let d = |tokens, experts, hidden, inter, k| Dims { tokens, experts, hidden, inter, k };
+        vec![
+            d(1, 8, 2880, 2880, 4),
+            d(3, 8, 2880, 2880, 4),
+            d(37, 16, 1088, 544, 4),
+            d(5, 4, 64, 64, 2),
+            d(2, 3, 4000, 96, 3),
+            d(7, 4, 2048, 3072, 2),
+        ]
+    }
+
+    fn check(d: Dims, dtype: DType, tol: f64) {
+        let name = format!("gpu moe {dtype:?} {d:?}");
+        let mut rng = rng(&name);
+        let inp = inputs(&mut rng, d, dtype, DType::BF16);
+        let want = values(&mxfp4_moe(&inp.x, &experts(&inp.packed, &Device::Cpu), &inp.ids, &inp.weights, SwiGlu::GPT_OSS).unwrap());
+        let dev = gpu();
+        let ex = experts(&inp.packed, &dev);
+        let (x, ids, w) = (inp.x.to_device(&dev).unwrap(), inp.ids.to_device(&dev).unwrap(), inp.weights.to_device(&dev).unwrap());
+        let op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, true).unwrap();
+        let got = values(&x.apply_op3_no_bwd(&ids, &w, &op).unwrap());
+        let unwritten = got.iter().filter(|v| v.is_nan()).count();
+        assert_eq!(unwritten, 0, "{name}: {unwritten} output elements not written (or NaN)");
+        let err = rel_err(&got, &want);
+        eprintln!("{name}: relative error {err:.2e}");
+        assert!(err < tol, "{name}: relative error {err:e}");
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_moe_matches_cpu_f32() {
+        cases().into_iter().for_each(|d| check(d, DType::F32, 1e-5));
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_moe_matches_cpu_bf16() {
+        cases().into_iter().for_each(|d| check(d, DType::BF16, 1e-2));
+    }
+
+    /// Not a check: prints the time of gpt-oss-20b-sized MoE calls (32 experts, top 4).
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_moe_timing() {
+        let dev = gpu();
+        let d = Dims { tokens: 128, experts: 32, hidden: 2880, inter: 2880, k: 4 };
+        let mut rng = rng("moe timing");
+        let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
+        let ex = experts(&inp.packed, &dev);
+        let (x, ids, w) = (inp.x.to_device(&dev).unwrap(), inp.ids.to_device(&dev).unwrap(), inp.weights.to_device(&dev).unwrap());
+        for tokens in [1, 4, 128] {
+            let (x, ids, w) = (x.narrow(0, 0, tokens).unwrap(), ids.narrow(0, 0, tokens).unwrap(), w.narrow(0, 0, tokens).unwrap());
+            let us = crate::kernels::testing::time_us(&dev, 20, || {
+                mxfp4_moe(&x, &ex, &ids, &w, SwiGlu::GPT_OSS).unwrap();
+            });
+            // Bytes of the selected experts' packed weights, read once per (token, expert).
+            let bytes = (tokens * d.k) as f64 * (3 * d.hidden * d.inter) as f64 * 17.0 / 32.0;
+            eprintln!("moe timing: {tokens} tokens bf16: {us:.1} us, {:.0} GB/s of expert weights", bytes / us / 1e3);
+        }
+    }
+
+}

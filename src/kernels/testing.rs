@@ -1,0 +1,64 @@
+//! Test helpers for the kernels: fresh random inputs from a printed seed, error norms, the GPU.
+
+use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A generator seeded at random, or from `INFERNO_TEST_SEED` to replay a failure; the seed is
+/// printed (visible with `--nocapture` or when the test fails).
+pub(super) fn rng(test: &str) -> StdRng {
+    let seed = std::env::var("INFERNO_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random::<u64>());
+    eprintln!("{test}: seed {seed} (INFERNO_TEST_SEED={seed} replays it)");
+    StdRng::seed_from_u64(seed)
+}
+
+/// `n` values uniform in `[lo, hi)`.
+pub(super) fn uniform(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(lo..hi)).collect()
+}
+
+/// A CPU tensor of `values` in `shape`, converted to `dtype`.
+pub(super) fn tensor(values: Vec<f32>, shape: &[usize], dtype: DType) -> Tensor {
+    Tensor::from_vec(values, shape, &Device::Cpu).and_then(|t| t.to_dtype(dtype)).expect("test tensor")
+}
+
+/// All elements of `t` as f32, in row-major order, on the host.
+pub(super) fn values(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1()).expect("tensor values")
+}
+
+/// ‖got − want‖ / ‖want‖ in f64 (want must not be all zeros).
+pub(super) fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        diff += (f64::from(g) - f64::from(w)).powi(2);
+        norm += f64::from(w).powi(2);
+    }
+    assert!(norm > 0.0, "reference is all zeros");
+    (diff / norm).sqrt()
+}
+
+/// The first CUDA device; GPU tests are `#[ignore]`d, so this runs only when asked for.
+#[cfg(feature = "cuda")]
+pub(super) fn gpu() -> Device {
+    Device::new_cuda(0).expect("GPU tests need a CUDA GPU (run them with --ignored on a GPU machine)")
+}
+
+/// Mean wall time of `f` on the GPU in microseconds, after warm-up runs, synchronizing around.
+#[cfg(feature = "cuda")]
+pub(super) fn time_us(dev: &Device, runs: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    dev.synchronize().expect("synchronize");
+    let t0 = std::time::Instant::now();
+    for _ in 0..runs {
+        f();
+    }
+    dev.synchronize().expect("synchronize");
+    t0.elapsed().as_secs_f64() * 1e6 / runs as f64
+}
