@@ -4,8 +4,8 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
-use super::model::{Attention, Experts, Layer, Weights};
-use super::mxfp4::Mxfp4Experts;
+use super::model::{Attention, Layer, Weights};
+use crate::kernels::Mxfp4Experts;
 use crate::models::linear::Linear;
 
 pub fn random_weights(cfg: &GptOssConfig, dtype: DType, device: &Device) -> anyhow::Result<Weights> {
@@ -24,12 +24,14 @@ pub fn random_weights(cfg: &GptOssConfig, dtype: DType, device: &Device) -> anyh
     let ones = |n: usize| Tensor::ones(n, DType::F32, device);
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for _ in 0..cfg.num_layers {
-        let experts = Experts {
-            gate_up: Mxfp4Experts::new(bytes(&[e, 2 * i, h / 32, 16], 0.0, 256.0)?, bytes(&[e, 2 * i, h / 32], 119.0, 124.0)?, e, 2 * i, h)?,
-            gate_up_bias: Tensor::randn(0f32, 0.02, (e, 2 * i), device)?,
-            down: Mxfp4Experts::new(bytes(&[e, h, i / 32, 16], 0.0, 256.0)?, bytes(&[e, h, i / 32], 119.0, 124.0)?, e, h, i)?,
-            down_bias: Tensor::randn(0f32, 0.02, (e, h), device)?,
-        };
+        let experts = Mxfp4Experts::new(
+            &bytes(&[e, 2 * i, h / 32, 16], 0.0, 256.0)?,
+            &bytes(&[e, 2 * i, h / 32], 119.0, 124.0)?,
+            &Tensor::randn(0f32, 0.02, (e, 2 * i), device)?,
+            &bytes(&[e, h, i / 32, 16], 0.0, 256.0)?,
+            &bytes(&[e, h, i / 32], 119.0, 124.0)?,
+            &Tensor::randn(0f32, 0.02, (e, h), device)?,
+        )?;
         layers.push(Layer {
             attn_norm: ones(h)?,
             attn: Attention {

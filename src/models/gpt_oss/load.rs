@@ -10,8 +10,8 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
-use super::model::{Attention, Experts, GptOss, Layer, Weights};
-use super::mxfp4::Mxfp4Experts;
+use super::model::{Attention, GptOss, Layer, Weights};
+use crate::kernels::Mxfp4Experts;
 use crate::error::{ErrorKind, fail};
 use crate::models::linear::Linear;
 
@@ -78,24 +78,14 @@ fn read_weights(r: &Reader, cfg: &GptOssConfig, dtype: DType) -> anyhow::Result<
             mlp_norm: r.get(&format!("{p}.post_attention_layernorm.weight"), &[h], f32)?,
             router_w: r.get(&format!("{m}.router.weight"), &[e, h], f32)?,
             router_b: r.get(&format!("{m}.router.bias"), &[e], f32)?,
-            experts: Experts {
-                gate_up: Mxfp4Experts::new(
-                    r.get(&format!("{x}.gate_up_proj_blocks"), &[e, 2 * i, h / 32, 16], None)?,
-                    r.get(&format!("{x}.gate_up_proj_scales"), &[e, 2 * i, h / 32], None)?,
-                    e,
-                    2 * i,
-                    h,
-                )?,
-                gate_up_bias: r.get(&format!("{x}.gate_up_proj_bias"), &[e, 2 * i], f32)?,
-                down: Mxfp4Experts::new(
-                    r.get(&format!("{x}.down_proj_blocks"), &[e, h, i / 32, 16], None)?,
-                    r.get(&format!("{x}.down_proj_scales"), &[e, h, i / 32], None)?,
-                    e,
-                    h,
-                    i,
-                )?,
-                down_bias: r.get(&format!("{x}.down_proj_bias"), &[e, h], f32)?,
-            },
+            experts: Mxfp4Experts::new(
+                &r.get(&format!("{x}.gate_up_proj_blocks"), &[e, 2 * i, h / 32, 16], None)?,
+                &r.get(&format!("{x}.gate_up_proj_scales"), &[e, 2 * i, h / 32], None)?,
+                &r.get(&format!("{x}.gate_up_proj_bias"), &[e, 2 * i], f32)?,
+                &r.get(&format!("{x}.down_proj_blocks"), &[e, h, i / 32, 16], None)?,
+                &r.get(&format!("{x}.down_proj_scales"), &[e, h, i / 32], None)?,
+                &r.get(&format!("{x}.down_proj_bias"), &[e, h], f32)?,
+            )?,
         });
     }
     let embed = r.get("model.embed_tokens.weight", &[cfg.vocab_size, h], Some(dtype))?;

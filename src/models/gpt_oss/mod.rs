@@ -5,7 +5,6 @@ pub mod config;
 pub mod dummy;
 pub mod load;
 pub mod model;
-pub mod mxfp4;
 
 pub use config::GptOssConfig;
 pub use model::GptOss;

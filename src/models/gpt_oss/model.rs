@@ -1,14 +1,15 @@
-//! The gpt-oss forward pass (gpt-oss.md §4), written with plain tensor ops: the reference path
-//! that runs on any device. Per layer: RMSNorm → attention (q/k/v/o with biases, YaRN RoPE on
+//! The gpt-oss forward pass (gpt-oss.md §4). Attention and the experts are inferno's own ops
+//! (`crate::kernels`: CUDA kernels on a GPU, their plain-loop references on the CPU); the rest
+//! is candle tensor ops. Routing stays on the device: no host round-trip inside a step. Per layer: RMSNorm → attention (q/k/v/o with biases, YaRN RoPE on
 //! half-split pairs, GQA, one learned sink logit per query head in the softmax denominator, a
 //! 128-key sliding window on sliding layers) → residual → RMSNorm → router (top-k on the raw
 //! logits, softmax over those k) → experts (MXFP4, interleaved gate/up, clamped SwiGLU with the
 //! +1, per-expert biases) → weighted sum → residual. The residual stream is f32.
 
-use candle_core::{D, DType, Device, IndexOp, Tensor};
+use candle_core::{D, DType, Device, Tensor};
 
 use super::config::GptOssConfig;
-use super::mxfp4::Mxfp4Experts;
+use crate::kernels::{KvLayout, Mxfp4Experts, SinkAttnConfig, SwiGlu};
 use crate::models::CausalLm;
 use crate::models::kv_cache::KvCache;
 use crate::models::linear::Linear;
@@ -23,15 +24,6 @@ pub struct Attention {
     pub sinks: Tensor,
 }
 
-pub struct Experts {
-    pub gate_up: Mxfp4Experts,
-    /// `[experts, 2·intermediate]`, f32.
-    pub gate_up_bias: Tensor,
-    pub down: Mxfp4Experts,
-    /// `[experts, hidden]`, f32.
-    pub down_bias: Tensor,
-}
-
 pub struct Layer {
     pub attn_norm: Tensor,
     pub attn: Attention,
@@ -39,7 +31,8 @@ pub struct Layer {
     /// Router weight `[experts, hidden]` and bias `[experts]`, f32 (pitfall #5: near-ties).
     pub router_w: Tensor,
     pub router_b: Tensor,
-    pub experts: Experts,
+    /// Packed MXFP4 weights and biases of every expert.
+    pub experts: Mxfp4Experts,
 }
 
 pub struct Weights {
@@ -133,22 +126,6 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     xf.broadcast_div(&(var + eps)?.sqrt()?)?.broadcast_mul(w)
 }
 
-/// Additive mask `[seq, start+seq]`: query i (position start+i) sees key j when j ≤ start+i
-/// and, with a window, j > start+i−window (the window counts the current token).
-fn mask(seq: usize, start: usize, window: Option<usize>, device: &Device) -> candle_core::Result<Tensor> {
-    let total = start + seq;
-    let data: Vec<f32> = (0..seq)
-        .flat_map(|i| {
-            let pos = start + i;
-            (0..total).map(move |j| {
-                let visible = j <= pos && window.is_none_or(|w| j + w > pos);
-                if visible { 0.0 } else { f32::NEG_INFINITY }
-            })
-        })
-        .collect();
-    Tensor::from_vec(data, (seq, total), device)
-}
-
 #[allow(clippy::too_many_arguments)]
 fn attention(
     cfg: &GptOssConfig,
@@ -162,7 +139,6 @@ fn attention(
 ) -> anyhow::Result<Tensor> {
     let seq = x.dim(0)?;
     let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-    let group = heads / kv_heads;
     let split = |t: Tensor, n: usize| -> candle_core::Result<Tensor> {
         t.reshape((seq, n, d))?.transpose(0, 1)?.contiguous()?.unsqueeze(0)
     };
@@ -170,94 +146,56 @@ fn attention(
     let k = candle_nn::rotary_emb::rope(&split(a.k.forward(x)?, kv_heads)?, cos, sin)?.squeeze(0)?;
     let v = split(a.v.forward(x)?, kv_heads)?.squeeze(0)?;
     let (k_all, v_all) = cache.append(&k, &v, start)?;
-    let total = start + seq;
-
-    let scale = 1.0 / (d as f64).sqrt();
-    let q = q.reshape((kv_heads, group * seq, d))?;
-    let scores = (q.matmul(&k_all.t()?)?.to_dtype(DType::F32)? * scale)?;
-    let scores = scores.reshape((heads, seq, total))?.broadcast_add(&mask(seq, start, window, &x.device().clone())?)?;
-    // The sink is one more logit per head in the softmax denominator, with no value vector.
-    let sinks = a.sinks.reshape((heads, 1, 1))?.broadcast_as((heads, seq, 1))?;
-    let probs = candle_nn::ops::softmax_last_dim(&Tensor::cat(&[scores, sinks.contiguous()?], 2)?)?;
-    let probs = probs.narrow(2, 0, total)?.to_dtype(v_all.dtype())?;
-    let out = probs.reshape((kv_heads, group * seq, total))?.matmul(&v_all.contiguous()?)?;
-    let out = out.reshape((heads, seq, d))?.transpose(0, 1)?.reshape((seq, heads * d))?;
+    let cfg = SinkAttnConfig { start, window, layout: KvLayout::Linear, scale: 1.0 / (d as f32).sqrt() };
+    let out = crate::kernels::sink_attention(&q.contiguous()?, &k_all, &v_all, &a.sinks, &cfg)?; // [heads, seq, d]
+    let out = out.transpose(0, 1)?.reshape((seq, heads * d))?;
     Ok(a.o.forward(&out)?)
 }
 
 /// Router and experts for `h` (`[seq, hidden]`, f32); returns the f32 MoE output.
 fn moe(cfg: &GptOssConfig, layer: &Layer, h: &Tensor, dtype: DType) -> anyhow::Result<Tensor> {
-    let (seq, hidden) = h.dims2()?;
     let logits = h.matmul(&layer.router_w.t()?)?.broadcast_add(&layer.router_b)?;
-    let routes = route(&logits.to_vec2::<f32>()?, cfg.experts_per_token);
-    let x = h.to_dtype(dtype)?;
-    let mut out = Tensor::zeros((seq, hidden), DType::F32, h.device())?;
-    for e in 0..cfg.num_experts {
-        let picked: Vec<(u32, f32)> = routes
-            .iter()
-            .enumerate()
-            .filter_map(|(t, r)| r.iter().find(|(id, _)| *id == e).map(|(_, w)| (t as u32, *w)))
-            .collect();
-        if picked.is_empty() {
-            continue;
-        }
-        let idx = Tensor::new(picked.iter().map(|p| p.0).collect::<Vec<_>>(), h.device())?;
-        let weights = Tensor::new(picked.iter().map(|p| p.1).collect::<Vec<_>>(), h.device())?.unsqueeze(1)?;
-        let y = expert(cfg, &layer.experts, e, &x.index_select(&idx, 0)?, dtype)?;
-        out = out.index_add(&idx, &y.broadcast_mul(&weights)?, 0)?;
-    }
-    Ok(out)
+    let (ids, weights) = route(&logits, cfg.experts_per_token)?;
+    let act = SwiGlu { limit: cfg.swiglu_limit, alpha: cfg.swiglu_alpha };
+    let y = crate::kernels::mxfp4_moe(&h.to_dtype(dtype)?, &layer.experts, &ids, &weights, act)?;
+    Ok(y.to_dtype(DType::F32)?)
 }
 
-/// Top-k of the raw logits, then a softmax over those k (pitfall #5); ties go to the lower id.
-pub fn route(logits: &[Vec<f32>], k: usize) -> Vec<Vec<(usize, f32)>> {
-    logits
-        .iter()
-        .map(|row| {
-            let mut ids: Vec<usize> = (0..row.len()).collect();
-            ids.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-            ids.truncate(k);
-            let max = ids.iter().map(|&i| row[i]).fold(f32::NEG_INFINITY, f32::max);
-            let exps: Vec<f32> = ids.iter().map(|&i| (row[i] - max).exp()).collect();
-            let sum: f32 = exps.iter().sum();
-            ids.into_iter().zip(exps).map(|(i, e)| (i, e / sum)).collect()
-        })
-        .collect()
-}
-
-/// One expert on its tokens `x` (`[n, hidden]`): f32 `[n, hidden]`.
-fn expert(cfg: &GptOssConfig, ex: &Experts, e: usize, x: &Tensor, dtype: DType) -> anyhow::Result<Tensor> {
-    let n = x.dim(0)?;
-    let inter = cfg.intermediate_size;
-    let w1 = ex.gate_up.dequantize(e, dtype)?;
-    let gu = x.matmul(&w1.t()?)?.to_dtype(DType::F32)?.broadcast_add(&ex.gate_up_bias.i(e)?)?;
-    // Rows alternate gate, up (pitfall #6): gate = 0::2, up = 1::2.
-    let gu = gu.reshape((n, inter, 2))?;
-    let gate = gu.narrow(2, 0, 1)?.squeeze(2)?.clamp(f32::NEG_INFINITY, cfg.swiglu_limit)?;
-    let up = gu.narrow(2, 1, 1)?.squeeze(2)?.clamp(-cfg.swiglu_limit, cfg.swiglu_limit)?;
-    let glu = (&gate * candle_nn::ops::sigmoid(&(&gate * cfg.swiglu_alpha as f64)?)?)?;
-    let act = (glu * (up + 1.0)?)?.to_dtype(dtype)?;
-    let w2 = ex.down.dequantize(e, dtype)?;
-    Ok(act.matmul(&w2.t()?)?.to_dtype(DType::F32)?.broadcast_add(&ex.down_bias.i(e)?)?)
+/// Top-k of the raw router logits `[seq, experts]` (f32), then a softmax over those k
+/// (pitfall #5: not over all experts). Returns ids (u32) and weights (f32), `[seq, k]`.
+pub fn route(logits: &Tensor, k: usize) -> candle_core::Result<(Tensor, Tensor)> {
+    let order = logits.arg_sort_last_dim(false)?;
+    let ids = order.narrow(1, 0, k)?.contiguous()?;
+    let top = logits.gather(&ids, 1)?;
+    let weights = candle_nn::ops::softmax_last_dim(&top)?;
+    Ok((ids, weights))
 }
 
 #[cfg(test)]
 mod tests {
+    use candle_core::{Device, Tensor};
+
     #[test]
     fn routing_is_topk_then_softmax_over_k() {
-        let r = super::route(&[vec![1.0, 3.0, 2.0, 3.0]], 2);
-        assert_eq!(r[0].iter().map(|p| p.0).collect::<Vec<_>>(), vec![1, 3]);
-        assert!((r[0][0].1 - 0.5).abs() < 1e-6 && (r[0][1].1 - 0.5).abs() < 1e-6);
-        let r = super::route(&[vec![0.0, 1.0, -5.0]], 2);
+        let logits = Tensor::new(&[[1.0f32, 3.0, 2.0, -1.0], [0.0, 1.0, -5.0, 0.5]], &Device::Cpu).unwrap();
+        let (ids, w) = super::route(&logits, 2).unwrap();
+        assert_eq!(ids.to_vec2::<u32>().unwrap(), vec![vec![1, 2], vec![1, 3]]);
+        let w = w.to_vec2::<f32>().unwrap();
         let e = 1f32.exp();
-        assert!((r[0][0].1 - e / (1.0 + e)).abs() < 1e-6);
+        assert!((w[0][0] - e / (1.0 + e)).abs() < 1e-6 && (w[0][1] - 1.0 / (1.0 + e)).abs() < 1e-6);
+        let e = 0.5f32.exp();
+        assert!((w[1][0] - e / (1.0 + e)).abs() < 1e-6);
     }
 
     #[test]
     fn sliding_window_counts_the_current_token() {
-        let m = super::mask(3, 4, Some(2), &candle_core::Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
-        // Query at position 4 sees keys 3, 4; position 6 sees 5, 6.
-        let visible: Vec<Vec<usize>> = m.iter().map(|r| (0..r.len()).filter(|&j| r[j] == 0.0).collect()).collect();
+        let cfg = crate::kernels::SinkAttnConfig {
+            start: 4,
+            window: Some(2),
+            layout: crate::kernels::KvLayout::Linear,
+            scale: 1.0,
+        };
+        let visible: Vec<Vec<usize>> = (4..7).map(|p| (0..7).filter(|&t| cfg.allows(t, p)).collect()).collect();
         assert_eq!(visible, vec![vec![3, 4], vec![4, 5], vec![5, 6]]);
     }
 }
