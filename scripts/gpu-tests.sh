@@ -24,6 +24,8 @@ for line in sys.stdin:
     while read -r exe; do
         if [ -n "$("$exe" --list --ignored --format terse 2>/dev/null)" ]; then
             name="$(basename "$exe" | sed -E 's/-[0-9a-f]{16}$//')"
+            # The library's unit tests share the binary's name.
+            [ "$name" = inferno ] && name=inferno_lib
             strip -o "$out/$name" "$exe" && gzip -9 "$out/$name"
             echo "gpu-tests: $name ($("$exe" --list --ignored --format terse | wc -l) GPU tests)"
         fi
