@@ -126,16 +126,16 @@ impl GptOssConfig {
     }
 
     fn validate(&self) -> Result<(), String> {
-        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0 {
+        if self.num_heads == 0 || self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(format!("{} heads cannot be grouped over {} kv heads", self.num_heads, self.num_kv_heads));
         }
-        if self.hidden_size % 32 != 0 || self.intermediate_size % 32 != 0 {
+        if !self.hidden_size.is_multiple_of(32) || !self.intermediate_size.is_multiple_of(32) {
             return Err("MXFP4 experts need hidden and intermediate sizes divisible by 32".into());
         }
         if self.experts_per_token == 0 || self.experts_per_token > self.num_experts {
             return Err(format!("{} experts per token out of {}", self.experts_per_token, self.num_experts));
         }
-        if self.head_dim % 2 != 0 || self.sliding_window == 0 {
+        if !self.head_dim.is_multiple_of(2) || self.sliding_window == 0 {
             return Err("head_dim must be even and sliding_window positive".into());
         }
         Ok(())
