@@ -4,6 +4,7 @@
 
 pub mod kv_cache;
 pub mod gpt_oss;
+pub mod head;
 pub mod linear;
 pub mod llama;
 pub mod rope;

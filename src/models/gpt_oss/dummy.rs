@@ -4,6 +4,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
+use crate::models::head::Head;
 use super::model::{Attention, Layer, Weights};
 use crate::kernels::Mxfp4Experts;
 use crate::models::linear::Linear;
@@ -49,5 +50,5 @@ pub fn random_weights(cfg: &GptOssConfig, dtype: DType, device: &Device) -> anyh
     }
     let embed = Tensor::randn(0f32, 1.0, (cfg.vocab_size, h), device)?.to_dtype(dtype)?;
     let lm_head = Linear::Dense { weight: Tensor::randn(0f32, (h as f32).powf(-0.5), (cfg.vocab_size, h), device)?.to_dtype(dtype)?, bias: None };
-    Ok(Weights { embed, layers, norm: ones(h)?, lm_head })
+    Ok(Weights { embed, layers, head: Head { norm: ones(h)?, lm_head, eps: cfg.rms_norm_eps } })
 }

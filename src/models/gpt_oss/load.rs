@@ -10,6 +10,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
+use crate::models::head::Head;
 use super::model::{Attention, GptOss, Layer, Weights};
 use crate::kernels::Mxfp4Experts;
 use crate::error::{ErrorKind, fail};
@@ -94,5 +95,6 @@ fn read_weights(r: &Reader, cfg: &GptOssConfig, dtype: DType) -> anyhow::Result<
     } else {
         Linear::Dense { weight: r.get("lm_head.weight", &[cfg.vocab_size, h], Some(dtype))?, bias: None }
     };
-    Ok(Weights { embed, layers, norm: r.get("model.norm.weight", &[h], f32)?, lm_head })
+    let head = Head { norm: r.get("model.norm.weight", &[h], f32)?, lm_head, eps: cfg.rms_norm_eps };
+    Ok(Weights { embed, layers, head })
 }

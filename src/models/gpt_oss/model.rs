@@ -6,11 +6,11 @@
 //! logits, softmax over those k) → experts (MXFP4, interleaved gate/up, clamped SwiGLU with the
 //! +1, per-expert biases) → weighted sum → residual. The residual stream is f32.
 
-use candle_core::{D, DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
 use crate::kernels::{KvLayout, Mxfp4Experts, SinkAttnConfig, SwiGlu};
-use crate::models::CausalLm;
+use crate::models::head::{Decoder, Head, rms_norm};
 use crate::models::kv_cache::KvCache;
 use crate::models::linear::Linear;
 use crate::models::rope;
@@ -38,8 +38,8 @@ pub struct Layer {
 pub struct Weights {
     pub embed: Tensor,
     pub layers: Vec<Layer>,
-    pub norm: Tensor,
-    pub lm_head: Linear,
+    /// Final norm and LM head.
+    pub head: Head,
 }
 
 pub struct GptOss {
@@ -66,9 +66,9 @@ impl GptOss {
         &self.cfg
     }
 
-    fn hidden(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+    fn hidden_states(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
         let seq = tokens.len();
-        let capacity = self.context_length();
+        let capacity = self.cache_capacity();
         anyhow::ensure!(seq > 0, "no tokens to run");
         anyhow::ensure!(start + seq <= capacity, "context full: {} positions requested, {capacity} available", start + seq);
         let ids = Tensor::new(tokens, &self.device)?;
@@ -87,44 +87,26 @@ impl GptOss {
         }
         Ok(x)
     }
-
-    fn logits(&self, hidden: &Tensor) -> anyhow::Result<Tensor> {
-        let h = rms_norm(hidden, &self.w.norm, self.cfg.rms_norm_eps)?;
-        let h = match &self.w.lm_head {
-            Linear::Dense { weight, .. } => h.to_dtype(weight.dtype())?,
-            Linear::Quantized { .. } => h,
-        };
-        Ok(self.w.lm_head.forward(&h)?.to_dtype(DType::F32)?)
-    }
 }
 
-impl CausalLm for GptOss {
-    fn forward_last(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
-        let h = self.hidden(tokens, start)?;
-        let last = h.narrow(0, tokens.len() - 1, 1)?;
-        Ok(self.logits(&last)?.squeeze(0)?)
+impl Decoder for GptOss {
+    fn hidden(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        self.hidden_states(tokens, start)
     }
 
-    fn forward_all(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
-        let h = self.hidden(tokens, start)?;
-        self.logits(&h)
+    fn head(&self) -> &Head {
+        &self.w.head
     }
 
-    fn context_length(&self) -> usize {
+    fn cache_capacity(&self) -> usize {
         self.caches.first().map(KvCache::capacity).unwrap_or(0)
     }
 
-    fn vocab_size(&self) -> usize {
+    fn vocab(&self) -> usize {
         self.cfg.vocab_size
     }
 }
 
-/// RMSNorm in f32 (the weight is f32): `x / sqrt(mean(x²) + eps) · w`.
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    let xf = x.to_dtype(DType::F32)?;
-    let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
-    xf.broadcast_div(&(var + eps)?.sqrt()?)?.broadcast_mul(w)
-}
 
 #[allow(clippy::too_many_arguments)]
 fn attention(

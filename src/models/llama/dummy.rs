@@ -4,6 +4,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::LlamaConfig;
+use crate::models::head::Head;
 use super::model::{Layer, Weights};
 use crate::models::linear::Linear;
 
@@ -36,5 +37,5 @@ pub fn random_weights(cfg: &LlamaConfig, dtype: DType, device: &Device) -> candl
     } else {
         lin(cfg.vocab_size, h, false)?
     };
-    Ok(Weights { embed, layers, norm: ones(h)?, lm_head })
+    Ok(Weights { embed, layers, head: Head { norm: ones(h)?, lm_head, eps: cfg.rms_norm_eps } })
 }

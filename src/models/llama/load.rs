@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
 use super::config::LlamaConfig;
+use crate::models::head::Head;
 use super::model::{Layer, Llama, RopeStyle, Weights};
 use crate::error::{ErrorKind, fail};
 use crate::models::linear::Linear;
@@ -97,7 +98,7 @@ fn dense_weights(cfg: &LlamaConfig, vb: &VarBuilder) -> candle_core::Result<Weig
     } else {
         linear(vb.pp("lm_head"), cfg.vocab_size, h, false)?
     };
-    Ok(Weights { embed, layers, norm, lm_head })
+    Ok(Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } })
 }
 
 /// An opened GGUF file: metadata and tensor directory (the data is read on demand).
@@ -173,7 +174,7 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
     } else {
         Linear::Quantized { weight: QMatMul::from_qtensor(embed_q)?, bias: None }
     };
-    let weights = Weights { embed, layers, norm, lm_head };
+    let weights = Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } };
     Llama::new(cfg, weights, RopeStyle::Interleaved, context, DType::F32, device)
 }
 

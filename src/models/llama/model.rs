@@ -5,10 +5,10 @@
 //! Grouped-query attention reshapes the queries to `[kv_heads, group·seq, d]` so each KV head is
 //! used by its group without copying keys and values (`repeat_kv`).
 
-use candle_core::{D, DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::config::LlamaConfig;
-use crate::models::CausalLm;
+use crate::models::head::{Decoder, Head, rms_norm};
 use crate::models::kv_cache::KvCache;
 use crate::models::linear::Linear;
 use crate::models::rope::{self, RopeKind};
@@ -37,8 +37,8 @@ pub struct Weights {
     /// `[vocab, hidden]`, dense in the compute dtype.
     pub embed: Tensor,
     pub layers: Vec<Layer>,
-    pub norm: Tensor,
-    pub lm_head: Linear,
+    /// Final norm and LM head.
+    pub head: Head,
 }
 
 pub struct Llama {
@@ -81,9 +81,9 @@ impl Llama {
     }
 
     /// The final hidden states `[seq, hidden]` (before the final norm).
-    fn hidden(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+    fn hidden_states(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
         let seq = tokens.len();
-        let capacity = self.context_length();
+        let capacity = self.cache_capacity();
         anyhow::ensure!(seq > 0, "no tokens to run");
         anyhow::ensure!(start + seq <= capacity, "context full: {} positions requested, {capacity} available", start + seq);
         let ids = Tensor::new(tokens, &self.device)?;
@@ -116,38 +116,26 @@ impl Llama {
         }
     }
 
-    fn logits(&self, hidden: &Tensor) -> anyhow::Result<Tensor> {
-        let h = rms_norm(hidden, &self.w.norm, self.cfg.rms_norm_eps)?;
-        let h = match &self.w.lm_head {
-            Linear::Dense { weight, .. } => h.to_dtype(weight.dtype())?,
-            Linear::Quantized { .. } => h,
-        };
-        Ok(self.w.lm_head.forward(&h)?.to_dtype(DType::F32)?)
-    }
-
     /// The inverse frequencies in use (for tests).
     pub fn inv_freq(&self) -> &[f32] {
         &self.inv_freq
     }
 }
 
-impl CausalLm for Llama {
-    fn forward_last(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
-        let h = self.hidden(tokens, start)?;
-        let last = h.narrow(0, tokens.len() - 1, 1)?;
-        Ok(self.logits(&last)?.squeeze(0)?)
+impl Decoder for Llama {
+    fn hidden(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        self.hidden_states(tokens, start)
     }
 
-    fn forward_all(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
-        let h = self.hidden(tokens, start)?;
-        self.logits(&h)
+    fn head(&self) -> &Head {
+        &self.w.head
     }
 
-    fn context_length(&self) -> usize {
+    fn cache_capacity(&self) -> usize {
         self.caches.first().map(KvCache::capacity).unwrap_or(0)
     }
 
-    fn vocab_size(&self) -> usize {
+    fn vocab(&self) -> usize {
         self.cfg.vocab_size
     }
 }
@@ -163,22 +151,15 @@ fn f32_head(mut w: Weights, dtype: DType) -> anyhow::Result<Weights> {
     if dtype == DType::F32 {
         return Ok(w);
     }
-    if let Linear::Dense { weight, bias } = &w.lm_head
+    if let Linear::Dense { weight, bias } = &w.head.lm_head
         && weight.elem_count() * 4 <= F32_HEAD_MAX_BYTES {
             let weight = weight.to_dtype(DType::F32)?;
             let bias = bias.as_ref().map(|b| b.to_dtype(DType::F32)).transpose()?;
-            w.lm_head = Linear::Dense { weight, bias };
+            w.head.lm_head = Linear::Dense { weight, bias };
         }
     Ok(w)
 }
 
-/// RMSNorm of the f32 residual stream, in f32 (the weight is upcast): `x / rms(x) · w`.
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    let xf = x.to_dtype(DType::F32)?;
-    let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
-    let normed = xf.broadcast_div(&(var + eps)?.sqrt()?)?;
-    normed.broadcast_mul(&w.to_dtype(DType::F32)?)
-}
 
 /// Additive mask `[seq, start+seq]`: 0 where query i may see key j (j ≤ start+i), −∞ elsewhere.
 fn causal_mask(seq: usize, start: usize, dtype: DType, device: &Device) -> candle_core::Result<Option<Tensor>> {

@@ -1,0 +1,65 @@
+//! What every decoder here shares around its layers: RMSNorm in f32 and the final norm + LM head
+//! producing f32 logits, plus the [`Decoder`] trait that turns "hidden states for these tokens"
+//! into a [`CausalLm`].
+
+use candle_core::{D, DType, Tensor};
+
+use super::CausalLm;
+use super::linear::Linear;
+
+/// RMSNorm of `x` computed in f32 (the weight is upcast): `x / sqrt(mean(x²) + eps) · w`.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let xf = x.to_dtype(DType::F32)?;
+    let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
+    xf.broadcast_div(&(var + eps)?.sqrt()?)?.broadcast_mul(&w.to_dtype(DType::F32)?)
+}
+
+/// Final norm and LM head.
+pub struct Head {
+    pub norm: Tensor,
+    pub lm_head: Linear,
+    pub eps: f64,
+}
+
+impl Head {
+    /// f32 logits `[rows, vocab]` of final hidden states `[rows, hidden]`.
+    pub fn logits(&self, hidden: &Tensor) -> anyhow::Result<Tensor> {
+        let h = rms_norm(hidden, &self.norm, self.eps)?;
+        let h = match &self.lm_head {
+            Linear::Dense { weight, .. } => h.to_dtype(weight.dtype())?,
+            Linear::Quantized { .. } => h,
+        };
+        Ok(self.lm_head.forward(&h)?.to_dtype(DType::F32)?)
+    }
+}
+
+/// A decoder stack: hidden states for a chunk of tokens (appending to its KV cache) and a head.
+pub trait Decoder {
+    /// Final hidden states `[tokens, hidden]` (before the final norm) for positions
+    /// `start..start + tokens.len()`.
+    fn hidden(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor>;
+    fn head(&self) -> &Head;
+    fn cache_capacity(&self) -> usize;
+    fn vocab(&self) -> usize;
+}
+
+impl<T: Decoder> CausalLm for T {
+    fn forward_last(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        let h = self.hidden(tokens, start)?;
+        let last = h.narrow(0, tokens.len() - 1, 1)?;
+        Ok(self.head().logits(&last)?.squeeze(0)?)
+    }
+
+    fn forward_all(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        let h = self.hidden(tokens, start)?;
+        self.head().logits(&h)
+    }
+
+    fn context_length(&self) -> usize {
+        self.cache_capacity()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab()
+    }
+}
