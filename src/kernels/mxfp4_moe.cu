@@ -21,8 +21,8 @@
 
 #include "common.cuh"
 
-#define RSTEP 2      // rows per step
-#define ROWS 32      // rows per block: 16 gate/up pairs, or 32 down rows
+// Template parameters of the GEMVs: RSTEP rows per step, ROWS rows per block (a multiple of
+// 2 RSTEP; gate_up: ROWS / 2 gate/up pairs).
 #define MAX_WK 8     // warps along K, one block of 32 per lane: K <= 8192
 #define XPAD 36      // inputs in shared memory: block g of 32 values at 36 g (conflict-free 16-byte reads)
 
@@ -50,12 +50,14 @@ __device__ __forceinline__ float block_dot(const uint4 w, const float* x, const 
 }
 
 // Loads of one step: RSTEP consecutive rows' block g (this lane's), zeros past the end of K.
+template <int RSTEP>
 struct Step {
     uint4 w[RSTEP];
     uint32_t s[RSTEP];
 };
 
-__device__ __forceinline__ void load_step(Step& st, const uint8_t* __restrict__ blocks,
+template <int RSTEP>
+__device__ __forceinline__ void load_step(Step<RSTEP>& st, const uint8_t* __restrict__ blocks,
                                           const uint8_t* __restrict__ scales, long long row0, int kb, int g,
                                           bool on) {
 #pragma unroll
@@ -72,7 +74,8 @@ __device__ __forceinline__ void load_step(Step& st, const uint8_t* __restrict__ 
 
 // The step's rows dotted with the lane's 32 inputs, summed over the warp (each warp holds one
 // slice of K; the block adds the slices).
-__device__ __forceinline__ void dot_step(const Step& st, const float* xr, const float* lut, float (&out)[RSTEP]) {
+template <int RSTEP>
+__device__ __forceinline__ void dot_step(const Step<RSTEP>& st, const float* xr, const float* lut, float (&out)[RSTEP]) {
 #pragma unroll
     for (int r = 0; r < RSTEP; r++) out[r] = warp_sum(e8m0(st.s[r]) * block_dot(st.w[r], xr, lut));
 }
@@ -80,7 +83,7 @@ __device__ __forceinline__ void dot_step(const Step& st, const float* xr, const 
 // One block: slot blockIdx.x (expert e = ids[slot]), rows blockIdx.y * ROWS .. + ROWS of that
 // expert's [n_rows, K] matrix, dotted with input row (slot / in_div) of `in` [*, K]. Leaves the
 // row sums in red (summed over the warps by the caller's epilogue). Block (32, WK).
-template <typename TIn>
+template <typename TIn, int RSTEP, int ROWS>
 __device__ __forceinline__ void gemv_rows(const TIn* __restrict__ in, int in_div, const uint32_t* __restrict__ ids,
                                           const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
                                           int n_experts, int n_rows, int K, float* xs, float* lut,
@@ -94,7 +97,7 @@ __device__ __forceinline__ void gemv_rows(const TIn* __restrict__ in, int in_div
     const int kb = K / 32, g = wk * 32 + lane;
     row0 = (long long)(on ? e : 0) * n_rows + (long long)blockIdx.y * ROWS;
 
-    Step a, b;
+    Step<RSTEP> a, b;
     load_step(a, blocks, scales, row0, kb, g, on);
     if (tid < 16) lut[tid] = FP4_TABLE[tid];
     const TIn* xt = in + (long long)(slot / in_div) * K;
@@ -131,7 +134,7 @@ __device__ __forceinline__ void gemv_rows(const TIn* __restrict__ in, int in_div
 
 // grid (tokens * k, 2I / ROWS): slots on x, which has no 65535 limit. act[slot, j] for the block's
 // 16 gate/up pairs (gate row 2j, up row 2j + 1).
-template <typename T>
+template <typename T, int RSTEP, int ROWS>
 __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const uint32_t* __restrict__ ids,
                                                  const uint8_t* __restrict__ blocks,
                                                  const uint8_t* __restrict__ scales, const float* __restrict__ bias,
@@ -142,7 +145,7 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
     __shared__ float red[MAX_WK][ROWS];
     bool on;
     long long row0;
-    gemv_rows<T>(x, k, ids, blocks, scales, n_experts, 2 * inter, hidden, xs, lut, red, on, row0);
+    gemv_rows<T, RSTEP, ROWS>(x, k, ids, blocks, scales, n_experts, 2 * inter, hidden, xs, lut, red, on, row0);
     const int tid = threadIdx.y * 32 + threadIdx.x;
     if (tid < ROWS / 2) {
         float out = 0.f;
@@ -161,6 +164,7 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
 }
 
 // grid (tokens * k, H / ROWS). part[slot, r] = w[slot] * (dot + bias) for the block's rows.
+template <int RSTEP, int ROWS>
 __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, const uint32_t* __restrict__ ids,
                                               const float* __restrict__ weights, const uint8_t* __restrict__ blocks,
                                               const uint8_t* __restrict__ scales, const float* __restrict__ bias,
@@ -170,7 +174,7 @@ __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, con
     __shared__ float red[MAX_WK][ROWS];
     bool on;
     long long row0;
-    gemv_rows<float>(act, 1, ids, blocks, scales, n_experts, hidden, inter, xs, lut, red, on, row0);
+    gemv_rows<float, RSTEP, ROWS>(act, 1, ids, blocks, scales, n_experts, hidden, inter, xs, lut, red, on, row0);
     const int tid = threadIdx.y * 32 + threadIdx.x;
     if (tid < ROWS) {
         float out = 0.f;
@@ -195,25 +199,31 @@ __device__ __forceinline__ void moe_sum_impl(const float* __restrict__ part, T* 
     out[i] = from_f32<T>(acc);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * MAX_WK)
-    moe_gate_up_f32(const float* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales,
-                    const float* bias, float* act, int k, int n_experts, int hidden, int inter, float limit,
-                    float alpha) {
-    moe_gate_up_impl<float>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha);
-}
+#define MOE_GATE_UP(NAME, T, RSTEP, ROWS)                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * MAX_WK)                                              \
+        NAME(const T* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales, const float* bias, \
+             float* act, int k, int n_experts, int hidden, int inter, float limit, float alpha) {           \
+        moe_gate_up_impl<T, RSTEP, ROWS>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, \
+                                         alpha);                                                           \
+    }
 
-extern "C" __global__ void __launch_bounds__(32 * MAX_WK)
-    moe_gate_up_bf16(const __nv_bfloat16* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales,
-                     const float* bias, float* act, int k, int n_experts, int hidden, int inter, float limit,
-                     float alpha) {
-    moe_gate_up_impl<__nv_bfloat16>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha);
-}
+#define MOE_DOWN(NAME, RSTEP, ROWS)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * MAX_WK)                                              \
+        NAME(const float* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,            \
+             const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter) {  \
+        moe_down_impl<RSTEP, ROWS>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter); \
+    }
 
-extern "C" __global__ void __launch_bounds__(32 * MAX_WK)
-    moe_down(const float* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,
-             const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter) {
-    moe_down_impl(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter);
-}
+// Variants _r{ROWS}, all with RSTEP 2; mxfp4_moe.rs picks one. Measured on an H200 for gpt-oss-20b
+// sizes, RSTEP 4 or 8 was no faster; 16 rows per block suit one or two tokens (more blocks),
+// 32 rows more tokens.
+#define MOE_VARIANTS(R)                                             \
+    MOE_GATE_UP(moe_gate_up_f32_r##R, float, 2, R)                  \
+    MOE_GATE_UP(moe_gate_up_bf16_r##R, __nv_bfloat16, 2, R)         \
+    MOE_DOWN(moe_down_r##R, 2, R)
+
+MOE_VARIANTS(16)
+MOE_VARIANTS(32)
 
 extern "C" __global__ void moe_sum_f32(const float* part, float* out, int tokens, int k, int hidden) {
     moe_sum_impl<float>(part, out, tokens, k, hidden);
