@@ -6,8 +6,8 @@
 //
 // Three kernels, because every down row needs the whole activation vector of its (token, expert)
 // and the experts' outputs are summed without atomics (deterministic):
-//   moe_gate_up: per (token, slot) and 32 gate_up rows: GEMV, bias, SwiGLU -> act [tokens*k, I] f32.
-//   moe_down:    per (token, slot) and 32 down rows: GEMV, bias, times the routing weight
+//   moe_gate_up: per (token, slot) and ROWS gate_up rows: GEMV, bias, SwiGLU -> act [tokens*k, I] f32.
+//   moe_down:    per (token, slot) and ROWS down rows: GEMV, bias, times the routing weight
 //                -> part [tokens*k, H] f32.
 //   moe_sum:     out[t] = sum over the token's k slots of part, in slot order.
 // The GEMVs run straight off the packed weights [E, rows, K/32, 16] (+ scales [E, rows, K/32]).
@@ -133,7 +133,7 @@ __device__ __forceinline__ void gemv_rows(const TIn* __restrict__ in, int in_div
 }
 
 // grid (tokens * k, 2I / ROWS): slots on x, which has no 65535 limit. act[slot, j] for the block's
-// 16 gate/up pairs (gate row 2j, up row 2j + 1).
+// ROWS / 2 gate/up pairs (gate row 2j, up row 2j + 1).
 template <typename T, int RSTEP, int ROWS>
 __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const uint32_t* __restrict__ ids,
                                                  const uint8_t* __restrict__ blocks,
