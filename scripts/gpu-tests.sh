@@ -20,12 +20,12 @@ build)
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
-        print(m["executable"])' >"$out/all.txt"
-    while read -r exe; do
+        # Unit tests of the lib and of the bin are both named after the crate: prefix their kind.
+        kind = m["target"]["kind"][0]
+        name = m["target"]["name"] if kind == "test" else kind + "-" + m["target"]["name"]
+        print(name, m["executable"])' >"$out/all.txt"
+    while read -r name exe; do
         if [ -n "$("$exe" --list --ignored --format terse 2>/dev/null)" ]; then
-            name="$(basename "$exe" | sed -E 's/-[0-9a-f]{16}$//')"
-            # The library's unit tests share the binary's name.
-            [ "$name" = inferno ] && name=inferno_lib
             strip -o "$out/$name" "$exe" && gzip -9 "$out/$name"
             echo "gpu-tests: $name ($("$exe" --list --ignored --format terse | wc -l) GPU tests)"
         fi

@@ -4,27 +4,27 @@
 // gate = row 2j, up = row 2j+1 of gate_up; gate = min(gate, limit); up = clamp(up, -limit, limit);
 // act_j = gate * sigmoid(alpha * gate) * (up + 1).
 //
-// Two kernels, because every down row needs the whole activation vector of its (token, expert):
-//   moe_gate_up: one (token, slot) and 16 gate_up rows per block; writes act[slot, j], an f32
-//                scratch [tokens * k, I], with the bias and the SwiGLU applied.
-//   moe_down:    one token and 8 output rows per block, over the token's k experts; the routing
-//                weights and biases are applied and the experts summed in a fixed order (no
-//                atomics: deterministic), out written once.
-// Both are GEMVs straight off the packed weights [E, rows, K/32, 16] (+ scales [E, rows, K/32]).
+// Three kernels, because every down row needs the whole activation vector of its (token, expert)
+// and the experts' outputs are summed without atomics (deterministic):
+//   moe_gate_up: per (token, slot) and ROWS gate_up rows: GEMV, bias, SwiGLU -> act [tokens*k, I] f32.
+//   moe_down:    per (token, slot) and ROWS down rows: GEMV, bias, times the routing weight
+//                -> part [tokens*k, H] f32.
+//   moe_sum:     out[t] = sum over the token's k slots of part, in slot order.
+// The GEMVs run straight off the packed weights [E, rows, K/32, 16] (+ scales [E, rows, K/32]).
 // A block has WK = ceil(K / 1024) warps along K: lane l of warp y owns block g = 32 y + l, keeps its
-// 32 input values in registers, reads its block of each row with one 16-byte load (a warp reads
-// 512 contiguous bytes), decodes the FP4 codes through a 16-entry table in shared memory and
-// scales the block's partial sum; warps reduce with shuffles, the block adds the warps' sums.
-// Rows go RSTEP at a time with the next step's loads already issued. f32 accumulation throughout.
+// 32 inputs in registers (staged through shared memory), reads its block of each row with one
+// 16-byte load (a warp reads 512 contiguous bytes), decodes the FP4 codes through a 16-entry table
+// in shared memory and scales the block's partial sum; warps reduce with shuffles and the block
+// adds its warps' sums. Rows go RSTEP at a time, the next step's loads issued before this step's
+// arithmetic; the loop stays rolled (two steps per turn, static buffers) to keep the code small.
+// f32 accumulation throughout.
 
 #include "common.cuh"
 
-#define RSTEP 4      // rows per step: the next step's loads overlap this step's arithmetic
-#define GU_ROWS 32   // gate_up rows per block (16 gate/up pairs)
-#define DOWN_ROWS 8  // down rows per block
-#define MAX_SLOTS 8  // experts per token (k) the down kernel can sum
+// Template parameters of the GEMVs: RSTEP rows per step, ROWS rows per block (a multiple of
+// 2 RSTEP; gate_up: ROWS / 2 gate/up pairs).
 #define MAX_WK 8     // warps along K, one block of 32 per lane: K <= 8192
-#define XPAD 36      // x in shared memory: block g of 32 values at 36 g, so the lanes' 16-byte reads are conflict-free
+#define XPAD 36      // inputs in shared memory: block g of 32 values at 36 g (conflict-free 16-byte reads)
 
 __constant__ float FP4_TABLE[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                                     -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
@@ -50,12 +50,14 @@ __device__ __forceinline__ float block_dot(const uint4 w, const float* x, const 
 }
 
 // Loads of one step: RSTEP consecutive rows' block g (this lane's), zeros past the end of K.
+template <int RSTEP>
 struct Step {
     uint4 w[RSTEP];
     uint32_t s[RSTEP];
 };
 
-__device__ __forceinline__ void load_step(Step& st, const uint8_t* __restrict__ blocks,
+template <int RSTEP>
+__device__ __forceinline__ void load_step(Step<RSTEP>& st, const uint8_t* __restrict__ blocks,
                                           const uint8_t* __restrict__ scales, long long row0, int kb, int g,
                                           bool on) {
 #pragma unroll
@@ -72,44 +74,35 @@ __device__ __forceinline__ void load_step(Step& st, const uint8_t* __restrict__ 
 
 // The step's rows dotted with the lane's 32 inputs, summed over the warp (each warp holds one
 // slice of K; the block adds the slices).
-__device__ __forceinline__ void dot_step(const Step& st, const float* xr, const float* lut, float (&out)[RSTEP]) {
+template <int RSTEP>
+__device__ __forceinline__ void dot_step(const Step<RSTEP>& st, const float* xr, const float* lut, float (&out)[RSTEP]) {
 #pragma unroll
     for (int r = 0; r < RSTEP; r++) out[r] = warp_sum(e8m0(st.s[r]) * block_dot(st.w[r], xr, lut));
 }
 
-// Block (32, WK): lane l of warp y owns block g = 32 y + l of K (WK = ceil(K / 1024) warps).
-//
-// grid (tokens * k, 2I / GU_ROWS): slots on x, which has no 65535 limit. The block computes
-// GU_ROWS consecutive gate_up rows (GU_ROWS / 2 gate/up pairs) of its slot's expert, RSTEP rows
-// at a time with the next step's loads in flight, and writes act[slot, pair].
-template <typename T>
-__device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const uint32_t* __restrict__ ids,
-                                                 const uint8_t* __restrict__ blocks,
-                                                 const uint8_t* __restrict__ scales, const float* __restrict__ bias,
-                                                 float* __restrict__ act, int k, int n_experts, int hidden,
-                                                 int inter, float limit, float alpha) {
-    __shared__ float lut[16];
-    extern __shared__ __align__(16) float xs[];  // [kb * XPAD], sized by the launch
-    __shared__ float red[MAX_WK][GU_ROWS];
+// One block: slot blockIdx.x (expert e = ids[slot]), rows blockIdx.y * ROWS .. + ROWS of that
+// expert's [n_rows, K] matrix, dotted with input row (slot / in_div) of `in` [*, K]. Leaves the
+// row sums in red (summed over the warps by the caller's epilogue). Block (32, WK).
+template <typename TIn, int RSTEP, int ROWS>
+__device__ __forceinline__ void gemv_rows(const TIn* __restrict__ in, int in_div, const uint32_t* __restrict__ ids,
+                                          const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
+                                          int n_experts, int n_rows, int K, float* xs, float* lut,
+                                          float (*red)[ROWS], bool& on, long long& row0) {
+    constexpr int NST = ROWS / RSTEP;
     const int lane = threadIdx.x, wk = threadIdx.y, tid = wk * 32 + lane;
     const int nthreads = 32 * blockDim.y;
     const int slot = blockIdx.x;
     const uint32_t e = ids[slot];
-    const bool on = e < (uint32_t)n_experts;  // off: no contribution (the CPU reference errors)
-    const int kb = hidden / 32, g = wk * 32 + lane;
-    const long long row0 = (long long)(on ? e : 0) * 2 * inter + (long long)blockIdx.y * GU_ROWS;
+    on = e < (uint32_t)n_experts;  // off: no contribution (the CPU reference errors)
+    const int kb = K / 32, g = wk * 32 + lane;
+    row0 = (long long)(on ? e : 0) * n_rows + (long long)blockIdx.y * ROWS;
 
-    // Steps go through three buffers: two steps' loads in flight during each step's arithmetic.
-    constexpr int NST = GU_ROWS / RSTEP;
-    Step buf[3];
-    load_step(buf[0], blocks, scales, row0, kb, g, on);
-    load_step(buf[1], blocks, scales, row0 + RSTEP, kb, g, on);
+    Step<RSTEP> a, b;
+    load_step(a, blocks, scales, row0, kb, g, on);
     if (tid < 16) lut[tid] = FP4_TABLE[tid];
-    const T* xt = x + (long long)(slot / k) * hidden;
-    // Unrolled so that each thread has several loads in flight (x may be any alignment: no
-    // vector loads).
+    const TIn* xt = in + (long long)(slot / in_div) * K;
 #pragma unroll 8
-    for (int i = tid; i < hidden; i += nthreads) xs[(i >> 5) * XPAD + (i & 31)] = to_f32(xt[i]);
+    for (int i = tid; i < K; i += nthreads) xs[(i >> 5) * XPAD + (i & 31)] = to_f32(xt[i]);
     __syncthreads();
     float xr[32];
 #pragma unroll
@@ -120,19 +113,41 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
         xr[4 * q + 2] = v.z;
         xr[4 * q + 3] = v.w;
     }
-#pragma unroll
-    for (int st = 0; st < NST; st++) {
-        if (st + 2 < NST) load_step(buf[(st + 2) % 3], blocks, scales, row0 + (st + 2) * RSTEP, kb, g, on);
+#pragma unroll 1
+    for (int st = 0; st < NST; st += 2) {
+        load_step(b, blocks, scales, row0 + (st + 1) * RSTEP, kb, g, on);
         float d[RSTEP];
-        dot_step(buf[st % 3], xr, lut, d);
+        dot_step(a, xr, lut, d);
         if (lane == 0) {
 #pragma unroll
             for (int r = 0; r < RSTEP; r++) red[wk][st * RSTEP + r] = d[r];
         }
+        if (st + 2 < NST) load_step(a, blocks, scales, row0 + (st + 2) * RSTEP, kb, g, on);
+        dot_step(b, xr, lut, d);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < RSTEP; r++) red[wk][(st + 1) * RSTEP + r] = d[r];
+        }
     }
     __syncthreads();
-    if (tid < GU_ROWS / 2) {  // pair tid: gate row 2 tid, up row 2 tid + 1
-        const int j = blockIdx.y * (GU_ROWS / 2) + tid;
+}
+
+// grid (tokens * k, 2I / ROWS): slots on x, which has no 65535 limit. act[slot, j] for the block's
+// ROWS / 2 gate/up pairs (gate row 2j, up row 2j + 1).
+template <typename T, int RSTEP, int ROWS>
+__device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const uint32_t* __restrict__ ids,
+                                                 const uint8_t* __restrict__ blocks,
+                                                 const uint8_t* __restrict__ scales, const float* __restrict__ bias,
+                                                 float* __restrict__ act, int k, int n_experts, int hidden,
+                                                 int inter, float limit, float alpha) {
+    extern __shared__ __align__(16) float xs[];  // [K / 32 * XPAD], sized by the launch
+    __shared__ float lut[16];
+    __shared__ float red[MAX_WK][ROWS];
+    bool on;
+    long long row0;
+    gemv_rows<T, RSTEP, ROWS>(x, k, ids, blocks, scales, n_experts, 2 * inter, hidden, xs, lut, red, on, row0);
+    const int tid = threadIdx.y * 32 + threadIdx.x;
+    if (tid < ROWS / 2) {
         float out = 0.f;
         if (on) {
             float gs = 0.f, us = 0.f;
@@ -144,103 +159,76 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
             const float up = fminf(fmaxf(us + bias[row0 + 2 * tid + 1], -limit), limit);
             out = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
         }
-        act[(long long)slot * inter + j] = out;
+        act[(long long)blockIdx.x * inter + blockIdx.y * (ROWS / 2) + tid] = out;
     }
 }
 
-// grid (tokens, H / DOWN_ROWS), block (32, WK) as above. The block computes DOWN_ROWS output rows
-// for each of the token's k <= MAX_SLOTS experts in turn (the next step's loads, and the next
-// expert's activations, in flight during each step), then adds w * (dot + bias) over the experts
-// in a fixed order: no atomics, deterministic, out written once.
-template <typename T>
+// grid (tokens * k, H / ROWS). part[slot, r] = w[slot] * (dot + bias) for the block's rows.
+template <int RSTEP, int ROWS>
 __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, const uint32_t* __restrict__ ids,
                                               const float* __restrict__ weights, const uint8_t* __restrict__ blocks,
                                               const uint8_t* __restrict__ scales, const float* __restrict__ bias,
-                                              T* __restrict__ out, int k, int n_experts, int hidden, int inter) {
+                                              float* __restrict__ part, int n_experts, int hidden, int inter) {
+    extern __shared__ __align__(16) float xs[];
     __shared__ float lut[16];
-    __shared__ float red[MAX_SLOTS][MAX_WK][DOWN_ROWS];
-    __shared__ int eid[MAX_SLOTS];  // the token's experts, -1 where out of range
-    constexpr int NST = DOWN_ROWS / RSTEP;
-    const int lane = threadIdx.x, wk = threadIdx.y, tid = wk * 32 + lane;
-    const int t = blockIdx.x;
-    const int kb = inter / 32, g = wk * 32 + lane;
-    const int r0 = blockIdx.y * DOWN_ROWS;
-    if (tid < 16) lut[tid] = FP4_TABLE[tid];
-    if (tid < k) {
-        const uint32_t e = ids[t * k + tid];
-        eid[tid] = e < (uint32_t)n_experts ? (int)e : -1;
-    }
-    __syncthreads();
-
-    // Iteration it = slot kk * NST + step: rows r0 + step * RSTEP of expert eid[kk].
-    auto expert = [&](int kk) { return eid[kk]; };
-    auto load_x = [&](int kk, float (&xr)[32]) {
-        const float4* a = reinterpret_cast<const float4*>(act + (long long)(t * k + kk) * inter);
-#pragma unroll
-        for (int q = 0; q < 8; q++) {
-            const float4 v = g < kb ? __ldg(a + g * 8 + q) : make_float4(0.f, 0.f, 0.f, 0.f);
-            xr[4 * q] = v.x;
-            xr[4 * q + 1] = v.y;
-            xr[4 * q + 2] = v.z;
-            xr[4 * q + 3] = v.w;
-        }
-    };
-    // Iterations go through three step buffers (two steps' loads in flight during each step's
-    // arithmetic) and two activation buffers (the next expert's load during this expert's first
-    // step). The loop is unrolled so that every buffer index is static: a register copy of a
-    // buffer would wait for its loads.
-    const int total = k * NST;
-    auto issue = [&](Step& st, int it) {
-        const int e1 = expert(it / NST);
-        load_step(st, blocks, scales, (long long)max(e1, 0) * hidden + r0 + (it % NST) * RSTEP, kb, g, e1 >= 0);
-    };
-    Step buf[3];
-    float xb[2][32];
-    issue(buf[0], 0);
-    if (total > 1) issue(buf[1], 1);
-    load_x(0, xb[0]);
-#pragma unroll
-    for (int it = 0; it < MAX_SLOTS * NST; it++) {
-        if (it >= total) break;
-        const int kk = it / NST, st = it % NST;
-        if (it + 2 < total) issue(buf[(it + 2) % 3], it + 2);
-        if (st == 0 && kk + 1 < k) load_x(kk + 1, xb[(kk + 1) & 1]);
-        float d[RSTEP];
-        dot_step(buf[it % 3], xb[kk & 1], lut, d);
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < RSTEP; r++) red[kk][wk][st * RSTEP + r] = d[r];
-        }
-    }
-    __syncthreads();
-    if (tid < DOWN_ROWS) {
-        float acc = 0.f;
-        for (int kk = 0; kk < k; kk++) {
-            const int ek = expert(kk);
-            if (ek < 0) continue;
+    __shared__ float red[MAX_WK][ROWS];
+    bool on;
+    long long row0;
+    gemv_rows<float, RSTEP, ROWS>(act, 1, ids, blocks, scales, n_experts, hidden, inter, xs, lut, red, on, row0);
+    const int tid = threadIdx.y * 32 + threadIdx.x;
+    if (tid < ROWS) {
+        float out = 0.f;
+        if (on) {
             float dot = 0.f;
-            for (int w = 0; w < (int)blockDim.y; w++) dot += red[kk][w][tid];
-            acc = fmaf(weights[t * k + kk], dot + bias[(long long)ek * hidden + r0 + tid], acc);
+            for (int w = 0; w < (int)blockDim.y; w++) dot += red[w][tid];
+            out = weights[blockIdx.x] * (dot + bias[row0 + tid]);
         }
-        out[(long long)t * hidden + r0 + tid] = from_f32<T>(acc);
+        part[(long long)blockIdx.x * hidden + blockIdx.y * ROWS + tid] = out;
     }
 }
 
-#define MOE_GATE_UP(NAME, T)                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * MAX_WK)                                            \
+// out[t, r] = sum over kk < k of part[t * k + kk, r], in order. One thread per output element.
+template <typename T>
+__device__ __forceinline__ void moe_sum_impl(const float* __restrict__ part, T* __restrict__ out, int tokens, int k,
+                                             int hidden) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)tokens * hidden) return;
+    const long long t = i / hidden, r = i % hidden;
+    float acc = 0.f;
+    for (int kk = 0; kk < k; kk++) acc += part[(t * k + kk) * hidden + r];
+    out[i] = from_f32<T>(acc);
+}
+
+#define MOE_GATE_UP(NAME, T, RSTEP, ROWS)                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * MAX_WK)                                              \
         NAME(const T* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales, const float* bias, \
-             float* act, int k, int n_experts, int hidden, int inter, float limit, float alpha) {         \
-        moe_gate_up_impl<T>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha); \
+             float* act, int k, int n_experts, int hidden, int inter, float limit, float alpha) {           \
+        moe_gate_up_impl<T, RSTEP, ROWS>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, \
+                                         alpha);                                                           \
     }
 
-#define MOE_DOWN(NAME, T)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * MAX_WK)                                            \
-        NAME(const float* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,          \
-             const uint8_t* scales, const float* bias, T* out, int k, int n_experts, int hidden, int inter) { \
-        moe_down_impl<T>(act, ids, weights, blocks, scales, bias, out, k, n_experts, hidden, inter);      \
+#define MOE_DOWN(NAME, RSTEP, ROWS)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * MAX_WK)                                              \
+        NAME(const float* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,            \
+             const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter) {  \
+        moe_down_impl<RSTEP, ROWS>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter); \
     }
 
-MOE_GATE_UP(moe_gate_up_f32, float)
-MOE_GATE_UP(moe_gate_up_bf16, __nv_bfloat16)
-MOE_DOWN(moe_down_f32, float)
-MOE_DOWN(moe_down_bf16, __nv_bfloat16)
+// Variants _r{ROWS}, all with RSTEP 2; mxfp4_moe.rs picks one. Measured on an H200 for gpt-oss-20b
+// sizes, RSTEP 4 or 8 was no faster; 16 rows per block suit one or two tokens (more blocks),
+// 32 rows more tokens.
+#define MOE_VARIANTS(R)                                             \
+    MOE_GATE_UP(moe_gate_up_f32_r##R, float, 2, R)                  \
+    MOE_GATE_UP(moe_gate_up_bf16_r##R, __nv_bfloat16, 2, R)         \
+    MOE_DOWN(moe_down_r##R, 2, R)
+
+MOE_VARIANTS(16)
+MOE_VARIANTS(32)
+
+extern "C" __global__ void moe_sum_f32(const float* part, float* out, int tokens, int k, int hidden) {
+    moe_sum_impl<float>(part, out, tokens, k, hidden);
+}
+
+extern "C" __global__ void moe_sum_bf16(const float* part, __nv_bfloat16* out, int tokens, int k, int hidden) {
+    moe_sum_impl<__nv_bfloat16>(part, out, tokens, k, hidden);
+}

@@ -226,5 +226,4 @@ mod gpu {
             eprintln!("moe timing: {tokens} tokens bf16: {us:.1} us, {:.0} GB/s of expert weights", bytes / us / 1e3);
         }
     }
-
 }

@@ -1,6 +1,6 @@
 //! The CPU reference against a naive formulation, then the CUDA kernel against the reference.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
 
 use super::*;
@@ -211,6 +211,8 @@ fn ring_positions() {
 /// that are not multiples of the 32-key tile, both layouts and windows; plus d 128 and views.
 #[cfg(feature = "cuda")]
 mod gpu {
+    use candle_core::Device;
+
     use super::*;
     use crate::kernels::testing::gpu;
 
