@@ -26,9 +26,19 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-fn check_logits(device: &Device, dtype: DType, tolerance: f32) {
-    let fx = reference();
+/// The tiny model; with `chunk`, prompts run in chunks of that size and sliding layers keep a
+/// ring of `window + chunk − 1` slots (10 for chunk 3: the ring wraps many times in 60 positions).
+fn tiny(device: &Device, dtype: DType, chunk: Option<usize>) -> inferno::models::gpt_oss::GptOss {
     let mut model = load::load(&dir(), dtype, 64, device).unwrap();
+    if let Some(c) = chunk {
+        model.set_prefill_chunk(c).unwrap();
+    }
+    model
+}
+
+fn check_logits(device: &Device, dtype: DType, tolerance: f32, chunk: Option<usize>) {
+    let fx = reference();
+    let mut model = tiny(device, dtype, chunk);
     let prompt = ids(&fx["prompt_ids"]);
     let got: Vec<Vec<f32>> = model.forward_all(&prompt, 0).unwrap().to_vec2().unwrap();
     let want: Vec<Vec<f32>> = serde_json::from_value(fx["prompt_logits"].clone()).unwrap();
@@ -42,9 +52,9 @@ fn check_logits(device: &Device, dtype: DType, tolerance: f32) {
     assert!(worst < tolerance, "logits differ from transformers by {worst}");
 }
 
-fn check_greedy(device: &Device) {
+fn check_greedy(device: &Device, chunk: Option<usize>) {
     let fx = reference();
-    let mut model = load::load(&dir(), DType::F32, 64, device).unwrap();
+    let mut model = tiny(device, DType::F32, chunk);
     let prompt = ids(&fx["prompt_ids"]);
     let want = ids(&fx["greedy_tokens"]);
     let argmax = |t: Tensor| t.argmax(0).unwrap().to_scalar::<u32>().unwrap();
@@ -58,12 +68,21 @@ fn check_greedy(device: &Device) {
 
 #[test]
 fn f32_cpu_logits_match_transformers() {
-    check_logits(&Device::Cpu, DType::F32, 1e-3);
+    check_logits(&Device::Cpu, DType::F32, 1e-3, None);
 }
 
 #[test]
 fn f32_cpu_greedy_matches_transformers() {
-    check_greedy(&Device::Cpu);
+    check_greedy(&Device::Cpu, None);
+}
+
+#[test]
+fn ring_kv_cache_and_chunked_prefill_match_transformers() {
+    let model = tiny(&Device::Cpu, DType::F32, Some(3));
+    let full = tiny(&Device::Cpu, DType::F32, None);
+    assert!(model.kv_cache_bytes() < full.kv_cache_bytes(), "sliding layers should keep only a ring");
+    check_logits(&Device::Cpu, DType::F32, 1e-3, Some(3));
+    check_greedy(&Device::Cpu, Some(3));
 }
 
 fn gpu() -> Device {
@@ -74,8 +93,10 @@ fn gpu() -> Device {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
 fn gpu_f32_logits_and_greedy_match_transformers() {
     let dev = gpu();
-    check_logits(&dev, DType::F32, 1e-3);
-    check_greedy(&dev);
+    check_logits(&dev, DType::F32, 1e-3, None);
+    check_greedy(&dev, None);
+    check_logits(&dev, DType::F32, 1e-3, Some(3));
+    check_greedy(&dev, Some(3));
 }
 
 /// Full size: a random checkpoint in the exact gpt-oss-20b layout written by

@@ -1,5 +1,7 @@
-//! A KV cache preallocated for the whole context: appending writes in place (no per-token
-//! allocation, no concatenation), and attention reads a narrowed view of the filled part.
+//! A KV cache preallocated once: appending writes in place (no per-token allocation, no
+//! concatenation). Linear caches hold position p in slot p and attention reads the filled
+//! prefix; ring caches (sliding-window layers) hold position p in slot p mod capacity, so a
+//! layer that only ever looks back `window` positions needs no more than that.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -30,6 +32,22 @@ impl KvCache {
         self.v.slice_set(&v.contiguous()?, 1, start)?;
         let end = start + len;
         Ok((self.k.narrow(1, 0, end)?, self.v.narrow(1, 0, end)?))
+    }
+
+    /// Ring buffer: writes positions `start..start + len` to slots `p mod capacity` (wrapping)
+    /// and returns the whole buffers; slot-to-position mapping is `KvLayout::Ring`'s.
+    pub fn append_ring(&mut self, k: &Tensor, v: &Tensor, start: usize) -> anyhow::Result<(Tensor, Tensor)> {
+        let len = k.dim(1)?;
+        anyhow::ensure!(len <= self.capacity, "ring KV cache: {len} new positions exceed its {} slots", self.capacity);
+        let first = start % self.capacity;
+        let head = len.min(self.capacity - first);
+        for (cache, new) in [(&self.k, k), (&self.v, v)] {
+            cache.slice_set(&new.narrow(1, 0, head)?.contiguous()?, 1, first)?;
+            if head < len {
+                cache.slice_set(&new.narrow(1, head, len - head)?.contiguous()?, 1, 0)?;
+            }
+        }
+        Ok((self.k.clone(), self.v.clone()))
     }
 
     /// Bytes held on the device.

@@ -50,16 +50,60 @@ pub struct GptOss {
     sin: Tensor,
     dtype: DType,
     device: Device,
+    /// Positions the model can hold (full layers' cache size).
+    context: usize,
+    /// Longest chunk one forward pass runs; sliding layers' rings hold `window + chunk − 1`.
+    prefill_chunk: usize,
+    /// Per layer: whether its cache is a ring.
+    ring: Vec<bool>,
 }
+
+/// Default prefill chunk: long prompts run in pieces of this many tokens.
+pub const PREFILL_CHUNK: usize = 512;
 
 impl GptOss {
     pub fn new(cfg: GptOssConfig, w: Weights, context: usize, dtype: DType, device: &Device) -> anyhow::Result<GptOss> {
-        let caches = (0..cfg.num_layers)
-            .map(|_| KvCache::new(cfg.num_kv_heads, context, cfg.head_dim, dtype, device))
-            .collect::<anyhow::Result<Vec<_>>>()?;
         let inv_freq = rope::inv_freq(&cfg.rope, cfg.rope_theta, cfg.head_dim, 0);
         let (cos, sin) = rope::scaled_tables(&inv_freq, cfg.rope.attention_scaling(), 0, context, dtype, device)?;
-        Ok(GptOss { cfg, w, caches, cos, sin, dtype, device: device.clone() })
+        let mut model = GptOss {
+            cfg,
+            w,
+            caches: Vec::new(),
+            cos,
+            sin,
+            dtype,
+            device: device.clone(),
+            context,
+            prefill_chunk: PREFILL_CHUNK,
+            ring: Vec::new(),
+        };
+        model.set_prefill_chunk(PREFILL_CHUNK)?;
+        Ok(model)
+    }
+
+    /// Sets the prefill chunk and (re)allocates the KV caches: full layers hold the whole
+    /// context; sliding layers a ring of `window + chunk − 1` slots when that is smaller (every
+    /// key a chunk's queries can see is then still in the ring). Forgets the cache contents.
+    pub fn set_prefill_chunk(&mut self, chunk: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(chunk > 0, "the prefill chunk must be positive");
+        let cfg = &self.cfg;
+        let ring_slots = cfg.sliding_window + chunk - 1;
+        self.ring = cfg.sliding.iter().map(|&s| s && ring_slots < self.context).collect();
+        self.caches = self
+            .ring
+            .iter()
+            .map(|&ring| {
+                let slots = if ring { ring_slots } else { self.context };
+                KvCache::new(cfg.num_kv_heads, slots, cfg.head_dim, self.dtype, &self.device)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        self.prefill_chunk = chunk;
+        Ok(())
+    }
+
+    /// Bytes the KV caches hold on the device.
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.caches.iter().map(KvCache::bytes).sum()
     }
 
     pub fn config(&self) -> &GptOssConfig {
@@ -67,10 +111,25 @@ impl GptOss {
     }
 
     fn hidden_states(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        let capacity = self.context;
+        anyhow::ensure!(!tokens.is_empty(), "no tokens to run");
+        anyhow::ensure!(
+            start + tokens.len() <= capacity,
+            "context full: {} positions requested, {capacity} available",
+            start + tokens.len()
+        );
+        let mut outputs = Vec::new();
+        for (i, chunk) in tokens.chunks(self.prefill_chunk).enumerate() {
+            outputs.push(self.hidden_chunk(chunk, start + i * self.prefill_chunk)?);
+        }
+        if outputs.len() == 1 {
+            return Ok(outputs.remove(0));
+        }
+        Ok(Tensor::cat(&outputs, 0)?)
+    }
+
+    fn hidden_chunk(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
         let seq = tokens.len();
-        let capacity = self.cache_capacity();
-        anyhow::ensure!(seq > 0, "no tokens to run");
-        anyhow::ensure!(start + seq <= capacity, "context full: {} positions requested, {capacity} available", start + seq);
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self.w.embed.index_select(&ids, 0)?.to_dtype(DType::F32)?;
         let cos = self.cos.narrow(0, start, seq)?;
@@ -79,7 +138,7 @@ impl GptOss {
         for (n, (layer, cache)) in self.w.layers.iter().zip(self.caches.iter_mut()).enumerate() {
             let window = self.cfg.sliding[n].then_some(self.cfg.sliding_window);
             let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype)?;
-            let a = attention(&self.cfg, &layer.attn, cache, &h, start, &cos, &sin, window)?;
+            let a = attention(&self.cfg, &layer.attn, cache, self.ring[n], &h, start, &cos, &sin, window)?;
             x = (x + a.to_dtype(DType::F32)?)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?;
             let m = moe(&self.cfg, layer, &h, self.dtype)?;
@@ -99,7 +158,7 @@ impl Decoder for GptOss {
     }
 
     fn cache_capacity(&self) -> usize {
-        self.caches.first().map(KvCache::capacity).unwrap_or(0)
+        self.context
     }
 
     fn vocab(&self) -> usize {
@@ -113,6 +172,7 @@ fn attention(
     cfg: &GptOssConfig,
     a: &Attention,
     cache: &mut KvCache,
+    ring: bool,
     x: &Tensor,
     start: usize,
     cos: &Tensor,
@@ -127,8 +187,14 @@ fn attention(
     let q = candle_nn::rotary_emb::rope(&split(a.q.forward(x)?, heads)?, cos, sin)?.squeeze(0)?;
     let k = candle_nn::rotary_emb::rope(&split(a.k.forward(x)?, kv_heads)?, cos, sin)?.squeeze(0)?;
     let v = split(a.v.forward(x)?, kv_heads)?.squeeze(0)?;
-    let (k_all, v_all) = cache.append(&k, &v, start)?;
-    let cfg = SinkAttnConfig { start, window, layout: KvLayout::Linear, scale: 1.0 / (d as f32).sqrt() };
+    let (k_all, v_all, layout) = if ring {
+        let (k, v) = cache.append_ring(&k, &v, start)?;
+        (k, v, KvLayout::Ring)
+    } else {
+        let (k, v) = cache.append(&k, &v, start)?;
+        (k, v, KvLayout::Linear)
+    };
+    let cfg = SinkAttnConfig { start, window, layout, scale: 1.0 / (d as f32).sqrt() };
     let out = crate::kernels::sink_attention(&q.contiguous()?, &k_all, &v_all, &a.sinks, &cfg)?; // [heads, seq, d]
     let out = out.transpose(0, 1)?.reshape((seq, heads * d))?;
     Ok(a.o.forward(&out)?)
