@@ -132,8 +132,10 @@ pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<L
     Ok(Loaded { device_bytes, ..loaded })
 }
 
-fn context_for(cfg: &LlamaConfig, requested: Option<usize>) -> anyhow::Result<usize> {
-    let max = cfg.max_position_embeddings.max(1);
+/// The KV-cache size: `--context` when given, else the model's maximum capped at
+/// [`DEFAULT_CONTEXT`].
+fn context_for(max_position_embeddings: usize, requested: Option<usize>) -> anyhow::Result<usize> {
+    let max = max_position_embeddings.max(1);
     match requested {
         Some(0) => Err(fail(ErrorKind::InvalidInput, "--context must be positive")),
         Some(n) => Ok(n),
@@ -157,11 +159,7 @@ fn build(text: &str, kind: &str, dir: Option<&Path>, opts: &LoadOptions, device:
     match kind {
         "gpt_oss" => {
             let cfg = GptOssConfig::from_hf_json(text)?;
-            let context = match opts.context {
-                Some(0) => return Err(fail(ErrorKind::InvalidInput, "--context must be positive")),
-                Some(n) => n,
-                None => cfg.max_position_embeddings.min(DEFAULT_CONTEXT),
-            };
+            let context = context_for(cfg.max_position_embeddings, opts.context)?;
             // gpt-oss is trained in bf16; f16 overflows its residual stream (pitfall #7).
             let dtype = opts.dtype.unwrap_or(DType::BF16);
             if dtype == DType::F16 {
@@ -180,7 +178,7 @@ fn build(text: &str, kind: &str, dir: Option<&Path>, opts: &LoadOptions, device:
         }
         "llama" | "mistral" => {
             let cfg = LlamaConfig::from_hf_json(text)?;
-            let context = context_for(&cfg, opts.context)?;
+            let context = context_for(cfg.max_position_embeddings, opts.context)?;
             let dtype = load::choose_dtype(opts.dtype, &cfg);
             let max = cfg.max_position_embeddings;
             match dir {
@@ -208,7 +206,7 @@ fn load_source(name: &str, source: Source, opts: &LoadOptions, device: &Device) 
         Source::Gguf(path) => {
             let mut gguf = GgufFile::open(path)?;
             let cfg = gguf.config()?;
-            let context = context_for(&cfg, opts.context)?;
+            let context = context_for(cfg.max_position_embeddings, opts.context)?;
             let quant = crate::inspect::inspect(path).map(|i| i.format).unwrap_or_else(|_| "GGUF".into());
             let m = load::load_gguf(&mut gguf, context, device)?;
             (Box::new(m), quant, DType::F32, context, cfg.max_position_embeddings)
