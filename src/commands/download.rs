@@ -119,11 +119,7 @@ fn download_all(client: &HubClient, cache: &Cache, repo: &RepoCache, commit: &st
                     if first_error.lock().map(|e| e.is_some()).unwrap_or(true) {
                         break;
                     }
-                    let cached = fetch::is_cached(repo, spec);
                     let mut bar = progress.file(&spec.path, spec.size);
-                    if cached {
-                        bar.set_position(0);
-                    }
                     match fetch::fetch(client, cache, repo, commit, spec, &mut bar) {
                         Ok(Outcome::Downloaded) => bar.done("downloaded"),
                         Ok(Outcome::AlreadyCached) => bar.done("cached"),
