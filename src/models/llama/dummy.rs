@@ -10,7 +10,7 @@ use crate::models::linear::Linear;
 
 pub fn random_weights(cfg: &LlamaConfig, dtype: DType, device: &Device) -> candle_core::Result<Weights> {
     let t = |shape: (usize, usize)| Tensor::randn(0f32, 0.02, shape, device)?.to_dtype(dtype);
-    let ones = |n: usize| Tensor::ones(n, dtype, device);
+    let ones = |n: usize| Tensor::ones(n, DType::F32, device);
     let lin = |out: usize, inp: usize, bias: bool| -> candle_core::Result<Linear> {
         let bias = if bias { Some(Tensor::zeros(out, dtype, device)?) } else { None };
         Ok(Linear::Dense { weight: t((out, inp))?, bias })

@@ -81,18 +81,18 @@ fn dense_weights(cfg: &LlamaConfig, vb: &VarBuilder) -> candle_core::Result<Weig
         let a = l.pp("self_attn");
         let p = l.pp("mlp");
         layers.push(Layer {
-            attn_norm: l.get(h, "input_layernorm.weight")?,
+            attn_norm: l.get(h, "input_layernorm.weight")?.to_dtype(DType::F32)?,
             q: linear(a.pp("q_proj"), qd, h, cfg.attention_bias)?,
             k: linear(a.pp("k_proj"), kvd, h, cfg.attention_bias)?,
             v: linear(a.pp("v_proj"), kvd, h, cfg.attention_bias)?,
             o: linear(a.pp("o_proj"), h, qd, cfg.attention_bias)?,
-            mlp_norm: l.get(h, "post_attention_layernorm.weight")?,
+            mlp_norm: l.get(h, "post_attention_layernorm.weight")?.to_dtype(DType::F32)?,
             gate: linear(p.pp("gate_proj"), i, h, cfg.mlp_bias)?,
             up: linear(p.pp("up_proj"), i, h, cfg.mlp_bias)?,
             down: linear(p.pp("down_proj"), h, i, cfg.mlp_bias)?,
         });
     }
-    let norm = m.get(h, "norm.weight")?;
+    let norm = m.get(h, "norm.weight")?.to_dtype(DType::F32)?;
     let lm_head = if cfg.tie_word_embeddings && !vb.contains_tensor("lm_head.weight") {
         Linear::Dense { weight: embed.clone(), bias: None }
     } else {

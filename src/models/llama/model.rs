@@ -22,6 +22,7 @@ pub enum RopeStyle {
 }
 
 pub struct Layer {
+    /// Norm weights are f32 (the norms run in f32).
     pub attn_norm: Tensor,
     pub q: Linear,
     pub k: Linear,
