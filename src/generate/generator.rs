@@ -38,13 +38,13 @@ impl Generation {
 }
 
 /// A model with the token ids its KV cache currently holds.
-pub struct Session<'m> {
-    pub model: &'m mut dyn CausalLm,
+pub struct Session {
+    pub model: Box<dyn CausalLm>,
     cached: Vec<u32>,
 }
 
-impl<'m> Session<'m> {
-    pub fn new(model: &'m mut dyn CausalLm) -> Self {
+impl Session {
+    pub fn new(model: Box<dyn CausalLm>) -> Self {
         Session { model, cached: Vec::new() }
     }
 

@@ -20,14 +20,14 @@ use crate::util::human_bytes;
 pub use conversation::{Conversation, stats_line};
 pub use dialogue::{Dialogue, Output};
 
-/// Everything a chat needs, loaded.
+/// Everything a chat needs, loaded: the model (inside its session, with what its KV cache holds)
+/// and its text side.
 pub struct Chat {
-    pub loaded: Loaded,
+    pub session: Session,
     pub text: TextSide,
     pub sampler: SamplerConfig,
     pub stop_strings: Vec<String>,
     pub max_tokens: usize,
-    pub gpu_name: String,
 }
 
 impl Chat {
@@ -62,9 +62,8 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     spinner.finish_and_clear();
     let dialogue = Dialogue::for_model(&text, args.system.clone(), args.raw, effort);
     let sampler = sampler_config(&args, matches!(dialogue, Dialogue::Harmony(_)))?;
-    let chat = Chat { loaded, text, sampler, stop_strings: args.stop.clone(), max_tokens: args.max_tokens, gpu_name };
     if verbose {
-        eprintln!("{}", banner(&chat, &dialogue, started.elapsed().as_secs_f64()));
+        eprintln!("{}", banner(&loaded, &gpu_name, &dialogue, started.elapsed().as_secs_f64()));
         if interactive {
             eprintln!("/help for commands, Ctrl+D to quit");
         }
@@ -72,6 +71,8 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     if matches!(&dialogue, Dialogue::Plain(c) if c.raw) && !args.raw && verbose {
         eprintln!("note: the model has no chat template; completing raw text");
     }
+    let session = Session::new(loaded.model);
+    let chat = Chat { session, text, sampler, stop_strings: args.stop.clone(), max_tokens: args.max_tokens };
     if interactive {
         return repl::run(chat, dialogue, !args.hide_reasoning);
     }
@@ -98,12 +99,11 @@ fn one_shot(mut chat: Chat, mut dialogue: Dialogue, prompt: &str, out: Output, v
             std::process::exit(130);
         }
     });
-    let mut session = Session::new(chat.loaded.model.as_mut());
-    let reply = dialogue.turn(&mut session, &chat.text, prompt, &mut sampler, cond, &interrupt, out)?;
+    let reply = dialogue.turn(&mut chat.session, &chat.text, prompt, &mut sampler, cond, &interrupt, out)?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout)?;
     if verbose {
-        eprintln!("{}", stats_line(&reply, session.model.context_length()));
+        eprintln!("{}", stats_line(&reply, chat.session.model.context_length()));
     }
     Ok(())
 }
@@ -146,12 +146,11 @@ fn loading_spinner(visible: bool, model: &str) -> indicatif::ProgressBar {
     bar
 }
 
-fn banner(chat: &Chat, dialogue: &Dialogue, load_s: f64) -> String {
-    let l = &chat.loaded;
+fn banner(l: &Loaded, gpu_name: &str, dialogue: &Dialogue, load_s: f64) -> String {
     let mem = l.device_bytes.map(|b| format!(", {} on the GPU", human_bytes(b))).unwrap_or_default();
     let effort = dialogue.effort().map(|e| format!(" · reasoning {e}")).unwrap_or_default();
     format!(
         "inferno · {} ({}, {:?}) · {}{mem} · context {} (model max {}){effort} · loaded in {load_s:.1}s",
-        l.name, l.format, l.dtype, chat.gpu_name, l.context, l.max_context
+        l.name, l.format, l.dtype, gpu_name, l.context, l.max_context
     )
 }

@@ -9,7 +9,7 @@ use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
 
 use super::{Chat, Dialogue, Output, stats_line};
-use crate::generate::{Sampler, Session, StopReason};
+use crate::generate::{Sampler, StopReason};
 
 const HELP: &str = "\
 /help                 this help
@@ -35,8 +35,6 @@ pub fn run(mut chat: Chat, mut dialogue: Dialogue, show_reasoning: bool) -> anyh
     }
     let mut sampler = Sampler::new(chat.sampler.clone());
     let mut show_stats = true;
-    let mut model = std::mem::replace(&mut chat.loaded.model, Box::new(Placeholder));
-    let mut session = Session::new(model.as_mut());
     loop {
         let line = match read_message(&mut editor) {
             Ok(Some(l)) => l,
@@ -58,14 +56,14 @@ pub fn run(mut chat: Chat, mut dialogue: Dialogue, show_reasoning: bool) -> anyh
         if let Some(cmd) = trimmed.strip_prefix('/') {
             match command(cmd, &mut chat, &mut dialogue, &mut sampler, &mut show_stats, &mut out) {
                 Flow::Quit => break,
-                Flow::Clear => session.reset(),
+                Flow::Clear => chat.session.reset(),
                 Flow::Continue => {}
             }
             continue;
         }
         interrupt.store(false, Ordering::SeqCst);
         let cond = chat.stop_conditions();
-        let result = dialogue.turn(&mut session, &chat.text, &line, &mut sampler, cond, &interrupt, out);
+        let result = dialogue.turn(&mut chat.session, &chat.text, &line, &mut sampler, cond, &interrupt, out);
         println!();
         match result {
             Ok(reply) => {
@@ -73,14 +71,12 @@ pub fn run(mut chat: Chat, mut dialogue: Dialogue, show_reasoning: bool) -> anyh
                     eprintln!("the context is full: /clear to start over, or restart with a larger --context");
                 }
                 if show_stats {
-                    println!("\x1b[2m{}\x1b[0m", stats_line(&reply, session.model.context_length()));
+                    println!("\x1b[2m{}\x1b[0m", stats_line(&reply, chat.session.model.context_length()));
                 }
             }
             Err(e) => eprintln!("error: {e}"),
         }
     }
-    drop(session);
-    chat.loaded.model = model;
     Ok(())
 }
 
@@ -187,22 +183,4 @@ fn history_path() -> Option<PathBuf> {
     let dir = base.join("inferno");
     std::fs::create_dir_all(&dir).ok()?;
     Some(dir.join("history"))
-}
-
-/// Stands in for the model while the session borrows it.
-struct Placeholder;
-
-impl crate::models::CausalLm for Placeholder {
-    fn forward_last(&mut self, _: &[u32], _: usize) -> anyhow::Result<candle_core::Tensor> {
-        anyhow::bail!("no model")
-    }
-    fn forward_all(&mut self, _: &[u32], _: usize) -> anyhow::Result<candle_core::Tensor> {
-        anyhow::bail!("no model")
-    }
-    fn context_length(&self) -> usize {
-        0
-    }
-    fn vocab_size(&self) -> usize {
-        0
-    }
 }
