@@ -62,3 +62,14 @@ pub(super) fn time_us(dev: &Device, runs: usize, mut f: impl FnMut()) -> f64 {
     dev.synchronize().expect("synchronize");
     t0.elapsed().as_secs_f64() * 1e6 / runs as f64
 }
+
+#[cfg(feature = "cuda")]
+/// A GPU-vs-CPU check: every output element was written (outputs are poisoned with NaN before
+/// the kernel runs) and the relative error is under `tol`.
+pub(super) fn assert_written_and_close(name: &str, got: &[f32], want: &[f32], tol: f64) {
+    let unwritten = got.iter().filter(|v| v.is_nan()).count();
+    assert_eq!(unwritten, 0, "{name}: {unwritten} output elements not written (or NaN)");
+    let err = rel_err(got, want);
+    eprintln!("{name}: relative error {err:.2e}");
+    assert!(err < tol, "{name}: relative error {err:e}");
+}

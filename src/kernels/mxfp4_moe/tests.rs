@@ -163,7 +163,7 @@ fn rejects_out_of_range_experts_and_bad_shapes() {
 #[cfg(feature = "cuda")]
 mod gpu {
     use super::*;
-    use crate::kernels::testing::gpu;
+    use crate::kernels::testing::{assert_written_and_close, gpu};
 
     fn cases() -> Vec<Dims> {
         let d = |tokens, experts, hidden, inter, k| Dims { tokens, experts, hidden, inter, k };
@@ -187,11 +187,7 @@ mod gpu {
         let (x, ids, w) = (inp.x.to_device(&dev).unwrap(), inp.ids.to_device(&dev).unwrap(), inp.weights.to_device(&dev).unwrap());
         let op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, true).unwrap();
         let got = values(&x.apply_op3_no_bwd(&ids, &w, &op).unwrap());
-        let unwritten = got.iter().filter(|v| v.is_nan()).count();
-        assert_eq!(unwritten, 0, "{name}: {unwritten} output elements not written (or NaN)");
-        let err = rel_err(&got, &want);
-        eprintln!("{name}: relative error {err:.2e}");
-        assert!(err < tol, "{name}: relative error {err:e}");
+        assert_written_and_close(&name, &got, &want, tol);
     }
 
     #[test]

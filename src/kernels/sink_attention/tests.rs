@@ -214,7 +214,7 @@ mod gpu {
     use candle_core::Device;
 
     use super::*;
-    use crate::kernels::testing::gpu;
+    use crate::kernels::testing::{assert_written_and_close, gpu};
 
     fn cases() -> Vec<Case> {
         let oss = Case::new(64, 8, 64);
@@ -255,11 +255,7 @@ mod gpu {
         let sg = sinks.to_device(&dev).unwrap();
         let op = SinkAttention::new(&qg, &kg, &vg, &sg, c.cfg(), true).unwrap();
         let got = values(&qg.apply_op3_no_bwd(&kg, &vg, &op).unwrap());
-        let unwritten = got.iter().filter(|x| x.is_nan()).count();
-        assert_eq!(unwritten, 0, "{name}: {unwritten} output elements not written (or NaN)");
-        let err = rel_err(&got, &want);
-        eprintln!("{name}: relative error {err:.2e}");
-        assert!(err < tol, "{name}: relative error {err:e}");
+        assert_written_and_close(&name, &got, &want, tol);
     }
 
     #[test]
