@@ -11,17 +11,22 @@ use half::bf16;
 pub(super) const SINK_ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sink_attention.ptx"));
 /// PTX built by build.rs from `src/kernels/mxfp4_moe.cu`.
 pub(super) const MXFP4_MOE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/mxfp4_moe.ptx"));
+/// PTX built by build.rs from `src/kernels/moe_grouped.cu`.
+pub(super) const MOE_GROUPED_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/moe_grouped.ptx"));
 
 /// The activation dtypes the kernels are instantiated for.
 pub(super) trait KernelFloat: DeviceRepr + Copy + 'static {
     /// Kernel-name component: `f32` or `bf16`.
     const NAME: &'static str;
+    /// Whether this is bf16 (the tensor-core kernels take bf16 only).
+    const BF16: bool;
     const NAN: Self;
     fn wrap(slice: CudaSlice<Self>) -> CudaStorageSlice;
 }
 
 impl KernelFloat for f32 {
     const NAME: &'static str = "f32";
+    const BF16: bool = false;
     const NAN: Self = f32::NAN;
     fn wrap(slice: CudaSlice<Self>) -> CudaStorageSlice {
         CudaStorageSlice::F32(slice)
@@ -30,6 +35,7 @@ impl KernelFloat for f32 {
 
 impl KernelFloat for bf16 {
     const NAME: &'static str = "bf16";
+    const BF16: bool = true;
     const NAN: Self = bf16::NAN;
     fn wrap(slice: CudaSlice<Self>) -> CudaStorageSlice {
         CudaStorageSlice::BF16(slice)

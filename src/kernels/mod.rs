@@ -25,7 +25,7 @@ mod cuda;
 #[cfg(test)]
 mod testing;
 
-pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe};
+pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_f32};
 pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention};
 
 use candle_core::backend::BackendStorage;

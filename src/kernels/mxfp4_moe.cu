@@ -20,19 +20,13 @@
 // f32 accumulation throughout.
 
 #include "common.cuh"
+#include "mxfp4.cuh"
 
 // Template parameters of the GEMVs: RSTEP rows per step, ROWS rows per block (a multiple of
 // 2 RSTEP; gate_up: ROWS / 2 gate/up pairs).
 #define MAX_WK 8     // warps along K, one block of 32 per lane: K <= 8192
 #define XPAD 36      // inputs in shared memory: block g of 32 values at 36 g (conflict-free 16-byte reads)
 
-__constant__ float FP4_TABLE[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
-                                    -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
-
-// 2^(s - 127), exact: byte 0 is the subnormal 2^-127 (no flush-to-zero in these kernels).
-__device__ __forceinline__ float e8m0(uint32_t s) {
-    return s == 0 ? 0x1p-127f : __uint_as_float(s << 23);
-}
 
 // Sum over one block of 32 elements of FP4[code] * x (unscaled).
 __device__ __forceinline__ float block_dot(const uint4 w, const float* x, const float* lut) {
@@ -187,18 +181,20 @@ __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, con
     }
 }
 
-// out[t, r] = sum over kk < k of part[t * k + kk, r], in order. One thread per output element.
+// out[t, r] = sum over kk < k of part[t * k + kk, r], in order, skipping slots routed to no valid
+// expert (the grouped kernels never write those). One thread per output element.
 template <typename T>
-__device__ __forceinline__ void moe_sum_impl(const float* __restrict__ part, T* __restrict__ out, int tokens, int k,
-                                             int hidden) {
+__device__ __forceinline__ void moe_sum_impl(const float* __restrict__ part, const uint32_t* __restrict__ ids,
+                                             T* __restrict__ out, int tokens, int k, int hidden, int n_experts) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)tokens * hidden) return;
     const long long t = i / hidden, r = i % hidden;
     float acc = 0.f;
-    for (int kk = 0; kk < k; kk++) acc += part[(t * k + kk) * hidden + r];
+    for (int kk = 0; kk < k; kk++) {
+        if (ids[t * k + kk] < (uint32_t)n_experts) acc += part[(t * k + kk) * hidden + r];
+    }
     out[i] = from_f32<T>(acc);
 }
-
 #define MOE_GATE_UP(NAME, T, RSTEP, ROWS)                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * MAX_WK)                                              \
         NAME(const T* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales, const float* bias, \
@@ -225,10 +221,12 @@ __device__ __forceinline__ void moe_sum_impl(const float* __restrict__ part, T* 
 MOE_VARIANTS(16)
 MOE_VARIANTS(32)
 
-extern "C" __global__ void moe_sum_f32(const float* part, float* out, int tokens, int k, int hidden) {
-    moe_sum_impl<float>(part, out, tokens, k, hidden);
+extern "C" __global__ void moe_sum_f32(const float* part, const uint32_t* ids, float* out, int tokens, int k,
+                                       int hidden, int n_experts) {
+    moe_sum_impl<float>(part, ids, out, tokens, k, hidden, n_experts);
 }
 
-extern "C" __global__ void moe_sum_bf16(const float* part, __nv_bfloat16* out, int tokens, int k, int hidden) {
-    moe_sum_impl<__nv_bfloat16>(part, out, tokens, k, hidden);
+extern "C" __global__ void moe_sum_bf16(const float* part, const uint32_t* ids, __nv_bfloat16* out, int tokens,
+                                        int k, int hidden, int n_experts) {
+    moe_sum_impl<__nv_bfloat16>(part, ids, out, tokens, k, hidden, n_experts);
 }

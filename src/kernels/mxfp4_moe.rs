@@ -11,15 +11,19 @@
 //! The weights stay packed as in the checkpoint (`[E, rows, K/32, 16]` FP4 codes plus
 //! `[E, rows, K/32]` E8M0 scales, see [`super::mxfp4`]) and are decoded on the fly.
 //!
-//! CUDA (`mxfp4_moe.cu`): one op, three kernels, because every output row of the down
-//! projection needs the whole activation vector of its (token, expert), and the experts' outputs
-//! are summed without atomics: `moe_gate_up` (GEMV over the selected experts' gate/up rows, bias
-//! and SwiGLU fused, into an f32 scratch `[tokens·k, I]`), `moe_down` (GEMV over the down rows,
-//! bias and routing weight fused, into an f32 scratch `[tokens·k, H]`), `moe_sum` (the k experts
-//! summed in order, cast to x's dtype). One op rather than several CustomOps because the
-//! intermediates never need to be tensors. The GEMVs read the weights once per (token, expert),
-//! which is right for decode; prefill re-reads them per token (correct, not yet batched by expert).
-//! CUDA widths (hidden and intermediate) up to 8192.
+//! CUDA, two paths that end alike (`gpu.rs`):
+//! - Per slot (`mxfp4_moe.cu`), for decode and for f32: `moe_gate_up` (GEMV over the selected
+//!   experts' gate/up rows, bias and SwiGLU fused, into an f32 scratch `[tokens·k, I]`) and
+//!   `moe_down` (GEMV over the down rows, bias and routing weight fused, into an f32 scratch
+//!   `[tokens·k, H]`). They read each expert's weights once per (token, expert), which is right
+//!   for a token or two.
+//! - By expert (`moe_grouped.cu`), for bf16 batches (prefill): the slots are grouped by expert on
+//!   the device and each expert's weights are read once per tile of 64 of its slots, on tensor
+//!   cores (the activations between the projections rounded to bf16).
+//!
+//! Then `moe_sum` adds each token's k expert rows in order, so results are deterministic without
+//! atomics. One op rather than several CustomOps because the intermediates never need to be
+//! tensors. The GEMVs take widths (hidden and intermediate) up to 8192.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor, bail};
@@ -140,6 +144,14 @@ pub fn mxfp4_moe(x: &Tensor, experts: &Mxfp4Experts, expert_ids: &Tensor, weight
     x.contiguous()?.apply_op3_no_bwd(&expert_ids.contiguous()?, &weights.contiguous()?, &op)
 }
 
+/// [`mxfp4_moe`] with an f32 result whatever x's dtype: the sum over the experts, accumulated in
+/// f32, goes into an f32 residual stream without a round trip through bf16.
+pub fn mxfp4_moe_f32(x: &Tensor, experts: &Mxfp4Experts, expert_ids: &Tensor, weights: &Tensor, act: SwiGlu) -> Result<Tensor> {
+    let mut op = Mxfp4Moe::new(x, experts, expert_ids, weights, act, false)?;
+    op.out_f32 = true;
+    x.contiguous()?.apply_op3_no_bwd(&expert_ids.contiguous()?, &weights.contiguous()?, &op)
+}
+
 /// The CustomOp: `x`, ids and weights are its arguments, the experts travel inside.
 struct Mxfp4Moe {
     experts: Mxfp4Experts,
@@ -147,6 +159,8 @@ struct Mxfp4Moe {
     /// Tests: fill the CUDA output with NaN before the kernels run.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     poison: bool,
+    /// Return f32 instead of x's dtype.
+    out_f32: bool,
 }
 
 impl Mxfp4Moe {
@@ -167,7 +181,7 @@ impl Mxfp4Moe {
                 bail!("mxfp4_moe: {what} on {:?}, x on {:?}", t.device(), x.device());
             }
         }
-        Ok(Self { experts: experts.clone(), act, poison })
+        Ok(Self { experts: experts.clone(), act, poison, out_f32: false })
     }
 
     /// The reference, per token and selected expert: dequantize each gate/up row, dot with x, add
@@ -254,7 +268,8 @@ impl CustomOp3 for Mxfp4Moe {
         };
         let weights = cpu_f32(ws, wl, "routing weights")?;
         let out = self.reference(x, xl, ids, weights)?;
-        Ok((cpu_output(out, xs.dtype())?, xl.shape().clone()))
+        let dtype = if self.out_f32 { DType::F32 } else { xs.dtype() };
+        Ok((cpu_output(out, dtype)?, xl.shape().clone()))
     }
 
     #[cfg(feature = "cuda")]
@@ -267,12 +282,11 @@ impl CustomOp3 for Mxfp4Moe {
         ws: &candle_core::CudaStorage,
         wl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use super::cuda::KernelFloat;
         use candle_core::cuda_backend::CudaStorageSlice as S;
         let dev = xs.device.clone();
         let slice = match &xs.slice {
-            S::F32(x) => f32::wrap(gpu::launch(self, &dev, (x, xl), (is, il), (ws, wl))?),
-            S::BF16(x) => half::bf16::wrap(gpu::launch(self, &dev, (x, xl), (is, il), (ws, wl))?),
+            S::F32(x) => gpu::launch(self, &dev, (x, xl), (is, il), (ws, wl))?,
+            S::BF16(x) => gpu::launch(self, &dev, (x, xl), (is, il), (ws, wl))?,
             _ => bail!("mxfp4_moe: x must be f32 or bf16"),
         };
         Ok((candle_core::CudaStorage { slice, device: dev }, xl.shape().clone()))
@@ -280,94 +294,7 @@ impl CustomOp3 for Mxfp4Moe {
 }
 
 #[cfg(feature = "cuda")]
-mod gpu {
-    use candle_core::cuda_backend::WrapErr;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-    use candle_core::{CudaDevice, CudaStorage, Layout, Result, bail};
-
-    use super::Mxfp4Moe;
-    use crate::kernels::cuda::{KernelFloat, MXFP4_MOE_PTX, cuda_view, int, output};
-
-    const MODULE: &str = "inferno_mxfp4_moe";
-    /// The widest K: 8 warps of 32 lanes, 32 inputs each.
-    const MAX_K: usize = 8 * 32 * 32;
-    /// Up to this many tokens the GEMVs take 16 rows per block (more blocks to fill the GPU),
-    /// beyond it 32 (measured on an H200, gpt-oss-20b sizes: 1 token 52 vs 57 µs, 128 tokens
-    /// 3.3 vs 2.8 ms).
-    const SMALL_BATCH: usize = 2;
-
-    pub(super) fn launch<T: KernelFloat>(
-        op: &Mxfp4Moe,
-        dev: &CudaDevice,
-        (x, xl): (&CudaSlice<T>, &Layout),
-        (ids, il): (&CudaStorage, &Layout),
-        (weights, wl): (&CudaStorage, &Layout),
-    ) -> Result<CudaSlice<T>> {
-        let e = &op.experts;
-        let (tokens, hidden) = xl.shape().dims2()?;
-        let k = il.shape().dims2()?.1;
-        let inter = e.intermediate;
-        if hidden > MAX_K || inter > MAX_K {
-            bail!("mxfp4_moe: the CUDA kernels support widths up to {MAX_K}, got hidden {hidden}, intermediate {inter}");
-        }
-        if !xl.is_contiguous() || !il.is_contiguous() || !wl.is_contiguous() {
-            bail!("mxfp4_moe: x, expert ids and routing weights must be contiguous");
-        }
-        let x = x.slice(xl.start_offset()..);
-        let ids = ids.as_cuda_slice::<u32>()?.slice(il.start_offset()..);
-        let weights = weights.as_cuda_slice::<f32>()?.slice(wl.start_offset()..);
-        let guards = [&e.gate_up_blocks, &e.gate_up_scales, &e.gate_up_bias, &e.down_blocks, &e.down_scales, &e.down_bias]
-            .map(|t| t.storage_and_layout());
-        let gu_blocks = cuda_view::<u8>(&guards[0].0, guards[0].1, "gate_up blocks")?;
-        let gu_scales = cuda_view::<u8>(&guards[1].0, guards[1].1, "gate_up scales")?;
-        let gu_bias = cuda_view::<f32>(&guards[2].0, guards[2].1, "gate_up bias")?;
-        let d_blocks = cuda_view::<u8>(&guards[3].0, guards[3].1, "down blocks")?;
-        let d_scales = cuda_view::<u8>(&guards[4].0, guards[4].1, "down scales")?;
-        let d_bias = cuda_view::<f32>(&guards[5].0, guards[5].1, "down bias")?;
-
-        let slots = tokens * k;
-        let (k32, n_exp, h32, i32_) = (int(k, "k")?, int(e.experts, "experts")?, int(hidden, "hidden")?, int(inter, "intermediate")?);
-        // Warps along K (one block of 32 inputs per lane), and the inputs staged in shared memory
-        // as f32, each block of 32 padded to 36 (XPAD in the kernel).
-        let rows_per_block = if tokens <= SMALL_BATCH { 16 } else { 32 };
-        let variant = format!("r{rows_per_block}");
-        let launch_cfg = |rows: usize, width: usize| -> Result<LaunchConfig> {
-            Ok(LaunchConfig {
-                grid_dim: (int(slots, "tokens × k")? as u32, (rows / rows_per_block) as u32, 1),
-                block_dim: (32, width.div_ceil(32 * 32) as u32, 1),
-                shared_mem_bytes: (width / 32 * 36 * 4) as u32,
-            })
-        };
-        // SAFETY (both): moe_gate_up writes every element of act, moe_down every element of part.
-        let mut act = unsafe { dev.alloc::<f32>(slots * inter)? };
-        let mut part = unsafe { dev.alloc::<f32>(slots * hidden)? };
-        let mut out = output::<T>(dev, tokens * hidden, op.poison)?;
-
-        let func = dev.get_or_load_custom_func(&format!("moe_gate_up_{}_{variant}", T::NAME), MODULE, MXFP4_MOE_PTX)?;
-        let mut b = func.builder();
-        b.arg(&x).arg(&ids).arg(&gu_blocks).arg(&gu_scales).arg(&gu_bias).arg(&mut act);
-        b.arg(&k32).arg(&n_exp).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
-        // SAFETY: the arguments match moe_gate_up's signature; shapes were checked in Mxfp4Experts::new.
-        unsafe { b.launch(launch_cfg(2 * inter, hidden)?) }.w()?;
-
-        let func = dev.get_or_load_custom_func(&format!("moe_down_{variant}"), MODULE, MXFP4_MOE_PTX)?;
-        let mut b = func.builder();
-        b.arg(&act).arg(&ids).arg(&weights).arg(&d_blocks).arg(&d_scales).arg(&d_bias).arg(&mut part);
-        b.arg(&n_exp).arg(&h32).arg(&i32_);
-        // SAFETY: the arguments match moe_down's signature.
-        unsafe { b.launch(launch_cfg(hidden, inter)?) }.w()?;
-
-        let func = dev.get_or_load_custom_func(&format!("moe_sum_{}", T::NAME), MODULE, MXFP4_MOE_PTX)?;
-        let t32 = int(tokens, "tokens")?;
-        let mut b = func.builder();
-        b.arg(&part).arg(&mut out).arg(&t32).arg(&k32).arg(&h32);
-        let n = tokens * hidden;
-        let grid = LaunchConfig { grid_dim: (int(n.div_ceil(256), "blocks")? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: the arguments match moe_sum's signature.
-        unsafe { b.launch(grid) }.w()?;
-        Ok(out)
-    }
-}
+mod gpu;
 
 #[cfg(test)]
 mod tests;

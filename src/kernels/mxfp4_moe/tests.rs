@@ -174,6 +174,11 @@ mod gpu {
             d(5, 4, 64, 64, 2),
             d(2, 3, 4000, 96, 3),
             d(7, 4, 2048, 3072, 2),
+            // bf16 from GROUPED_MIN_TOKENS on: by expert. Widths not multiples of the 128-row
+            // tiles; experts with no slot; experts with several 64-slot tiles and a partial one.
+            d(24, 8, 2880, 2880, 4),
+            d(300, 4, 1088, 544, 2),
+            d(77, 128, 512, 256, 4),
         ]
     }
 
@@ -185,9 +190,14 @@ mod gpu {
         let dev = gpu();
         let ex = experts(&inp.packed, &dev);
         let (x, ids, w) = (inp.x.to_device(&dev).unwrap(), inp.ids.to_device(&dev).unwrap(), inp.weights.to_device(&dev).unwrap());
-        let op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, true).unwrap();
-        let got = values(&x.apply_op3_no_bwd(&ids, &w, &op).unwrap());
-        assert_written_and_close(&name, &got, &want, tol);
+        for out_f32 in [false, true] {
+            let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, true).unwrap();
+            op.out_f32 = out_f32;
+            let got = x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+            let want_dtype = if out_f32 { DType::F32 } else { dtype };
+            assert_eq!(got.dtype(), want_dtype, "{name}: output dtype");
+            assert_written_and_close(&format!("{name} out {want_dtype:?}"), &values(&got), &want, tol);
+        }
     }
 
     #[test]
@@ -207,19 +217,22 @@ mod gpu {
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_moe_timing() {
         let dev = gpu();
-        let d = Dims { tokens: 128, experts: 32, hidden: 2880, inter: 2880, k: 4 };
+        let d = Dims { tokens: 512, experts: 32, hidden: 2880, inter: 2880, k: 4 };
         let mut rng = rng("moe timing");
         let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
         let ex = experts(&inp.packed, &dev);
         let (x, ids, w) = (inp.x.to_device(&dev).unwrap(), inp.ids.to_device(&dev).unwrap(), inp.weights.to_device(&dev).unwrap());
-        for tokens in [1, 4, 128] {
+        for tokens in [1, 4, 16, 23, 24, 64, 128, 512] {
             let (x, ids, w) = (x.narrow(0, 0, tokens).unwrap(), ids.narrow(0, 0, tokens).unwrap(), w.narrow(0, 0, tokens).unwrap());
             let us = crate::kernels::testing::time_us(&dev, 20, || {
                 mxfp4_moe(&x, &ex, &ids, &w, SwiGlu::GPT_OSS).unwrap();
             });
-            // Bytes of the selected experts' packed weights, read once per (token, expert).
-            let bytes = (tokens * d.k) as f64 * (3 * d.hidden * d.inter) as f64 * 17.0 / 32.0;
-            eprintln!("moe timing: {tokens} tokens bf16: {us:.1} us, {:.0} GB/s of expert weights", bytes / us / 1e3);
+            // Bytes of the selected experts' packed weights, read once per (token, expert), and
+            // the multiply-adds.
+            let slots = (tokens * d.k) as f64;
+            let bytes = slots * (3 * d.hidden * d.inter) as f64 * 17.0 / 32.0;
+            let tflops = slots * (3 * d.hidden * d.inter) as f64 * 2.0 / us / 1e6;
+            eprintln!("moe timing: {tokens} tokens bf16: {us:.1} us, {:.0} GB/s of expert weights, {tflops:.1} TFLOP/s", bytes / us / 1e3);
         }
     }
 }

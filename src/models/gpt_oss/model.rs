@@ -205,8 +205,7 @@ fn moe(cfg: &GptOssConfig, layer: &Layer, h: &Tensor, dtype: DType) -> anyhow::R
     let logits = h.matmul(&layer.router_w.t()?)?.broadcast_add(&layer.router_b)?;
     let (ids, weights) = route(&logits, cfg.experts_per_token)?;
     let act = SwiGlu { limit: cfg.swiglu_limit, alpha: cfg.swiglu_alpha };
-    let y = crate::kernels::mxfp4_moe(&h.to_dtype(dtype)?, &layer.experts, &ids, &weights, act)?;
-    Ok(y.to_dtype(DType::F32)?)
+    Ok(crate::kernels::mxfp4_moe_f32(&h.to_dtype(dtype)?, &layer.experts, &ids, &weights, act)?)
 }
 
 /// Top-k of the raw router logits `[seq, experts]` (f32), then a softmax over those k
