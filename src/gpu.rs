@@ -26,6 +26,10 @@ pub fn open(ordinal: usize) -> anyhow::Result<(Device, GpuInfo)> {
             ),
         )
     })?;
+    // SAFETY: inferno runs all GPU work on the device's one stream, so cudarc's cross-stream
+    // event tracking (two events created and recorded per allocation, ~1000 allocations per
+    // decoded token) protects nothing and only costs host time.
+    unsafe { device.as_cuda_device()?.disable_event_tracking() };
     let info = info(&device, ordinal)?;
     Ok((device, info))
 }

@@ -130,7 +130,16 @@ impl GptOss {
 
     fn hidden_chunk(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
         let seq = tokens.len();
+        // Uploaded before the cache below is on: it would keep every token id it ever saw.
         let ids = Tensor::new(tokens, &self.device)?;
+        // Decode: candle uploads the dims and strides of reductions and strided copies on every
+        // call (a blocking host-to-device copy each); single-token shapes repeat, so let candle
+        // keep those uploads. Not for prefill, whose lengths vary (every new one would stay cached).
+        #[cfg(feature = "cuda")]
+        let _uploads = match (&self.device, seq) {
+            (Device::Cuda(cuda), 1) => Some(cuda.enable_cuda_graph_htod_cache()),
+            _ => None,
+        };
         let mut x = self.w.embed.index_select(&ids, 0)?.to_dtype(DType::F32)?;
         let cos = self.cos.narrow(0, start, seq)?;
         let sin = self.sin.narrow(0, start, seq)?;
