@@ -66,6 +66,33 @@ fn check_greedy(device: &Device, chunk: Option<usize>) {
     assert_eq!(got, want[..STEPS]);
 }
 
+/// Decoding token by token (on a GPU: replays of the captured CUDA graph) gives the logits that a
+/// fresh model computes for the same positions in one prefill.
+fn check_decode_matches_prefill(device: &Device, dtype: DType, chunk: Option<usize>, tolerance: f32) {
+    let fx = reference();
+    let prompt = ids(&fx["prompt_ids"]);
+    let mut model = tiny(device, dtype, chunk);
+    let mut logits = vec![model.forward_last(&prompt, 0).unwrap()];
+    let mut tokens = prompt.clone();
+    for _ in 0..20 {
+        let next = logits.last().unwrap().argmax(0).unwrap().to_scalar::<u32>().unwrap();
+        tokens.push(next);
+        logits.push(model.forward_last(&[next], tokens.len() - 1).unwrap());
+    }
+    let decoded = Tensor::stack(&logits, 0).unwrap();
+    let all = tiny(device, dtype, chunk).forward_all(&tokens, 0).unwrap();
+    let prefilled = all.narrow(0, prompt.len() - 1, logits.len()).unwrap();
+    let worst = (decoded - prefilled).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    eprintln!("decode vs prefill ({dtype:?}, chunk {chunk:?}): max |logit difference| = {worst:.2e}");
+    assert!(worst < tolerance, "decoded logits differ from prefill logits by {worst}");
+}
+
+#[test]
+fn cpu_decode_matches_prefill() {
+    check_decode_matches_prefill(&Device::Cpu, DType::F32, None, 1e-4);
+    check_decode_matches_prefill(&Device::Cpu, DType::F32, Some(3), 1e-4);
+}
+
 #[test]
 fn f32_cpu_logits_match_transformers() {
     check_logits(&Device::Cpu, DType::F32, 1e-3, None);
@@ -97,6 +124,9 @@ fn gpu_f32_logits_and_greedy_match_transformers() {
     check_greedy(&dev, None);
     check_logits(&dev, DType::F32, 1e-3, Some(3));
     check_greedy(&dev, Some(3));
+    check_decode_matches_prefill(&dev, DType::F32, None, 1e-4);
+    check_decode_matches_prefill(&dev, DType::F32, Some(3), 1e-4);
+    check_decode_matches_prefill(&dev, DType::BF16, None, 0.1);
 }
 
 /// Full size: a random checkpoint in the exact gpt-oss-20b layout written by

@@ -50,6 +50,20 @@ __device__ __forceinline__ long long slot_position(long long j, long long hi, lo
     return last - d < 0 ? -1 : last - d;
 }
 
+// A decode step whose position lives on the device (CUDA-graph replays): the host launched with
+// the worst-case split layout for the whole cache; set start, and for a linear cache the first
+// slot and the slots per split, from the real position (as the host computes them in
+// sink_attention.rs). Splits past the visible slots see none and leave neutral partials.
+__device__ __forceinline__ void resolve_start(SinkAttnParams& p, long long start) {
+    p.start = start;
+    if (p.ring) return;  // a ring's split layout covers all its slots, whatever the position
+    const long long hi = min((long long)p.kv_len, start + p.q_len);
+    const long long lo = p.window > 0 ? max(0LL, start - p.window + 1) : 0LL;
+    const long long per = (max(hi - lo, 1LL) + p.splits - 1) / p.splits;
+    p.key_lo = lo;
+    p.keys_per_split = (int)((per + BK - 1) / BK * BK);
+}
+
 // 16 bytes of T as floats: 4 f32 or 8 bf16.
 template <typename T> __device__ __forceinline__ void unpack16(uint4 u, float* out);
 template <> __device__ __forceinline__ void unpack16<float>(uint4 u, float* out) {
@@ -288,8 +302,10 @@ __device__ __forceinline__ void sink_combine_impl(const float* __restrict__ part
 #define SINK_ATTENTION(NAME, T, D, RPW)                                                                  \
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                \
         NAME(const T* q, const T* k, const T* v, const float* sinks, T* out, float* part_acc,           \
-             float* part_ml, const SinkAttnParams p) {                                                  \
-        sink_attention_impl<T, D, RPW>(q, k, v, sinks, out, part_acc, part_ml, p);                       \
+             float* part_ml, const long long* dyn_start, const SinkAttnParams p) {                      \
+        SinkAttnParams pp = p;                                                                           \
+        if (dyn_start) resolve_start(pp, *dyn_start);                                                    \
+        sink_attention_impl<T, D, RPW>(q, k, v, sinks, out, part_acc, part_ml, pp);                      \
     }
 
 #define SINK_COMBINE(NAME, T, D)                                                                         \

@@ -92,6 +92,23 @@ pub fn sink_attention(q: &Tensor, k: &Tensor, v: &Tensor, sinks: &Tensor, cfg: &
     q.apply_op3_no_bwd(&aligned(k)?, &aligned(v)?, &op)
 }
 
+/// [`sink_attention`] for one query whose position is read from the device: `pos` is an i64
+/// `[1]` tensor (`cfg.start` is ignored) and `k`/`v` are whole caches. Nothing about the launch
+/// depends on the position (the CUDA grid is the one for the last slot), so a CUDA graph that
+/// captured this call replays correctly at any position. The position must be below a linear
+/// cache's length (the caller checks it on the host; the CPU reference checks it too).
+pub fn sink_attention_at(q: &Tensor, k: &Tensor, v: &Tensor, sinks: &Tensor, cfg: &SinkAttnConfig, pos: &Tensor) -> Result<Tensor> {
+    let kv_len = k.dim(1)?;
+    if q.dim(1)? != 1 || pos.dims() != [1] || pos.dtype() != DType::I64 || !pos.device().same_device(q.device()) {
+        bail!("sink_attention_at: one query ({:?}) and an i64 [1] position on its device ({:?} {:?})", q.dims(), pos.dtype(), pos.dims());
+    }
+    // The host-side checks and the launch grid for the worst case: the last slot.
+    let cfg = SinkAttnConfig { start: kv_len - 1, ..*cfg };
+    let mut op = SinkAttention::new(q, k, v, sinks, cfg, false)?;
+    op.pos = Some(pos.contiguous()?);
+    q.apply_op3_no_bwd(&aligned(k)?, &aligned(v)?, &op)
+}
+
 /// `t` itself when its rows start on 16-byte boundaries (the CUDA kernel reads them 16 bytes at
 /// a time), else a contiguous copy. Views of a cache allocated by candle are always aligned.
 fn aligned(t: &Tensor) -> Result<Tensor> {
@@ -107,6 +124,8 @@ struct SinkAttention {
     /// Tests: fill the CUDA output with NaN before the kernel runs.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     poison: bool,
+    /// [`sink_attention_at`]: the query's position, on the device.
+    pos: Option<Tensor>,
 }
 
 impl SinkAttention {
@@ -154,7 +173,7 @@ impl SinkAttention {
             }
         }
         let sinks = sinks.to_dtype(DType::F32)?.contiguous()?;
-        Ok(Self { sinks, cfg, poison })
+        Ok(Self { sinks, cfg, poison, pos: None })
     }
 
     /// The reference: for each head and query, the visible keys' scores, their max with the sink,
@@ -226,7 +245,19 @@ impl CustomOp3 for SinkAttention {
     ) -> Result<(CpuStorage, Shape)> {
         let (q, k, v) = (F32Reader::new(qs, "q")?, F32Reader::new(ks, "k")?, F32Reader::new(vs, "v")?);
         let sinks = with_cpu(&self.sinks, "sinks", |s, l| Ok(cpu_f32(s, l, "sinks")?.to_vec()))?;
-        let out = self.reference(q, ql, k, kl, v, vl, &sinks)?;
+        let out = match &self.pos {
+            None => self.reference(q, ql, k, kl, v, vl, &sinks)?,
+            Some(pos) => {
+                let start = pos.to_vec1::<i64>()?[0];
+                let kv_len = kl.shape().dims3()?.1;
+                let start = match usize::try_from(start) {
+                    Ok(s) if s < kv_len || self.cfg.layout == KvLayout::Ring => s,
+                    _ => bail!("sink_attention_at: position {start} outside the {kv_len}-slot cache"),
+                };
+                let at = SinkAttention { cfg: SinkAttnConfig { start, ..self.cfg }, sinks: self.sinks.clone(), poison: false, pos: None };
+                at.reference(q, ql, k, kl, v, vl, &sinks)?
+            }
+        };
         Ok((cpu_output(out, qs.dtype())?, ql.shape().clone()))
     }
 
@@ -257,7 +288,7 @@ impl CustomOp3 for SinkAttention {
 #[cfg(feature = "cuda")]
 mod gpu {
     use candle_core::cuda_backend::WrapErr;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
     use candle_core::{CudaDevice, Layout, Result, bail};
 
     use super::{KvLayout, SinkAttention};
@@ -362,9 +393,17 @@ mod gpu {
         };
         let (sinks_storage, sinks_layout) = op.sinks.storage_and_layout();
         let sinks = cuda_view::<f32>(&sinks_storage, sinks_layout, "sinks")?;
+        // The kernel's dyn_start: the device position, or a null pointer.
+        let pos_guard = op.pos.as_ref().map(|t| t.storage_and_layout());
+        let pos_view = match &pos_guard {
+            Some((s, l)) => Some(cuda_view::<i64>(s, l, "position")?),
+            None => None,
+        };
+        let stream = dev.cuda_stream();
+        let pos_ptr: u64 = pos_view.as_ref().map_or(0, |v| v.device_ptr(&stream).0);
         if splits == 1 {
             let mut b = func.builder();
-            b.arg(&q).arg(&k).arg(&v).arg(&sinks).arg(&mut out).arg(&0u64).arg(&0u64).arg(&params);
+            b.arg(&q).arg(&k).arg(&v).arg(&sinks).arg(&mut out).arg(&0u64).arg(&0u64).arg(&pos_ptr).arg(&params);
             // SAFETY: the arguments match the kernel's signature; shapes were checked above.
             unsafe { b.launch(grid) }.w()?;
         } else {
@@ -372,7 +411,8 @@ mod gpu {
             let mut part_acc = unsafe { dev.alloc::<f32>(splits * heads * q_len * d)? };
             let mut part_ml = unsafe { dev.alloc::<f32>(splits * heads * q_len * 2)? };
             let mut b = func.builder();
-            b.arg(&q).arg(&k).arg(&v).arg(&sinks).arg(&mut out).arg(&mut part_acc).arg(&mut part_ml).arg(&params);
+            b.arg(&q).arg(&k).arg(&v).arg(&sinks).arg(&mut out).arg(&mut part_acc).arg(&mut part_ml).arg(&pos_ptr);
+            b.arg(&params);
             // SAFETY: as above.
             unsafe { b.launch(grid) }.w()?;
 

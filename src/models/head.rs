@@ -42,10 +42,20 @@ pub trait Decoder {
     fn head(&self) -> &Head;
     fn cache_capacity(&self) -> usize;
     fn vocab(&self) -> usize;
+    /// Logits `[vocab]` for one decode step, when the model has a faster path for it than
+    /// `hidden` + head (gpt-oss: a replayed CUDA graph); `None`: take the ordinary path.
+    fn decode_step(&mut self, _token: u32, _start: usize) -> Option<anyhow::Result<Tensor>> {
+        None
+    }
 }
 
 impl<T: Decoder> CausalLm for T {
     fn forward_last(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        if let [token] = tokens
+            && let Some(logits) = self.decode_step(*token, start)
+        {
+            return logits;
+        }
         let h = self.hidden(tokens, start)?;
         let last = h.narrow(0, tokens.len() - 1, 1)?;
         Ok(self.head().logits(&last)?.squeeze(0)?)

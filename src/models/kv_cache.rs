@@ -5,6 +5,8 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::kernels::{KvLayout, kv_write_at};
+
 /// Keys and values of one attention layer, laid out `[kv_heads, capacity, head_dim]`.
 pub struct KvCache {
     k: Tensor,
@@ -47,6 +49,15 @@ impl KvCache {
                 cache.slice_set(&new.narrow(1, head, len - head)?.contiguous()?, 1, 0)?;
             }
         }
+        Ok((self.k.clone(), self.v.clone()))
+    }
+
+    /// One position's `k`, `v` (`[kv_heads, 1, head_dim]`) written at the position held in `pos`
+    /// (i64 `[1]` on the device: slot `pos`, or `pos mod capacity` for a ring); returns the whole
+    /// buffers. For decode steps captured in a CUDA graph, whose position changes at every replay.
+    pub fn write_at(&mut self, k: &Tensor, v: &Tensor, pos: &Tensor, layout: KvLayout) -> anyhow::Result<(Tensor, Tensor)> {
+        kv_write_at(&self.k, k, pos, layout)?;
+        kv_write_at(&self.v, v, pos, layout)?;
         Ok((self.k.clone(), self.v.clone()))
     }
 

@@ -209,6 +209,36 @@ fn ring_positions() {
 
 /// The GPU cases: gpt-oss heads (64:8, d 64) over decode, short and long prefill, cache lengths
 /// that are not multiples of the 32-key tile, both layouts and windows; plus d 128 and views.
+/// Decode steps at positions held on the device, against the same steps with host positions:
+/// whole linear caches (slots past the position are NaN), a window, and rings before and after
+/// they wrap.
+fn device_position_cases() -> Vec<Case> {
+    let oss = Case::new(64, 8, 64);
+    let w = oss.window(128);
+    vec![oss.at(0, 1, 1000), oss.at(37, 1, 1000), oss.at(999, 1, 1000), w.at(500, 1, 1000), w.ring().at(999, 1, 128), w.ring().at(5, 1, 128)]
+}
+
+fn at_device_position(q: &Tensor, k: &Tensor, v: &Tensor, sinks: &Tensor, c: &Case) -> Tensor {
+    let pos = Tensor::new(&[c.start as i64], q.device()).unwrap();
+    sink_attention_at(q, k, v, sinks, &c.cfg(), &pos).expect("sink_attention_at")
+}
+
+#[test]
+fn a_position_on_the_device_matches_the_host_position() {
+    for c in device_position_cases() {
+        let mut rng = rng(&format!("device position {c:?}"));
+        let (q, k, v, sinks) = inputs(&mut rng, &c, DType::F32, NORMAL_SINKS);
+        let want = values(&sink_attention(&q, &k, &v, &sinks, &c.cfg()).unwrap());
+        let got = values(&at_device_position(&q, &k, &v, &sinks, &c));
+        assert_eq!(got, want, "{c:?}");
+    }
+    let c = Case::new(4, 2, 64).at(0, 1, 8);
+    let (q, k, v, sinks) = inputs(&mut rng("past the cache"), &c, DType::F32, NORMAL_SINKS);
+    let pos = Tensor::new(&[8i64], q.device()).unwrap();
+    let err = sink_attention_at(&q, &k, &v, &sinks, &c.cfg(), &pos).unwrap_err().to_string();
+    assert!(err.contains("outside"), "{err}");
+}
+
 #[cfg(feature = "cuda")]
 mod gpu {
     use candle_core::Device;
@@ -237,6 +267,25 @@ mod gpu {
             Case::new(8, 2, 128).at(293, 7, 300),
             Case::new(8, 2, 128).window(100).at(3000, 1, 3001),
         ]
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_device_position_matches_cpu() {
+        for dtype in [DType::F32, DType::BF16] {
+            for c in device_position_cases() {
+                let name = format!("gpu device position {dtype:?} {c:?}");
+                let mut rng = rng(&name);
+                let (q, k, v, sinks) = inputs(&mut rng, &c, dtype, NORMAL_SINKS);
+                let want = values(&sink_attention(&q, &k, &v, &sinks, &c.cfg()).expect("reference"));
+                let dev = gpu();
+                let (qg, kg, vg, sg) = [&q, &k, &v, &sinks].map(|t| t.to_device(&dev).unwrap()).into();
+                let mut op = SinkAttention::new(&qg, &kg, &vg, &sg, SinkAttnConfig { start: c.kv_len - 1, ..c.cfg() }, true).unwrap();
+                op.pos = Some(Tensor::new(&[c.start as i64], &dev).unwrap());
+                let got = values(&qg.apply_op3_no_bwd(&kg, &vg, &op).unwrap());
+                assert_written_and_close(&name, &got, &want, if dtype == DType::F32 { 1e-5 } else { 1e-2 });
+            }
+        }
     }
 
     fn check(c: Case, dtype: DType, tol: f64, views: bool) {

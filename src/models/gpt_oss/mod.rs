@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod dummy;
+mod graph;
 pub mod load;
 pub mod model;
 

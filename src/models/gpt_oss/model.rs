@@ -9,6 +9,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
+use super::graph::DecodeGraph;
 use crate::kernels::{KvLayout, Mxfp4Experts, SinkAttnConfig, SwiGlu};
 use crate::models::head::{Decoder, Head, rms_norm};
 use crate::models::kv_cache::KvCache;
@@ -56,6 +57,18 @@ pub struct GptOss {
     prefill_chunk: usize,
     /// Per layer: whether its cache is a ring.
     ring: Vec<bool>,
+    /// Decode steps as a replayed CUDA graph (None on the CPU or when switched off).
+    graph: Option<DecodeGraph>,
+}
+
+/// Where a chunk's positions come from.
+#[derive(Clone, Copy)]
+pub(super) enum At<'a> {
+    /// Known on the host: the chunk starts at this position.
+    Host(usize),
+    /// One token whose position is in a device tensor (i64 `[1]`): no launch depends on it, so
+    /// a CUDA graph of the step replays correctly at every position.
+    Device(&'a Tensor),
 }
 
 /// Default prefill chunk: long prompts run in pieces of this many tokens.
@@ -76,6 +89,7 @@ impl GptOss {
             context,
             prefill_chunk: PREFILL_CHUNK,
             ring: Vec::new(),
+            graph: None,
         };
         model.set_prefill_chunk(PREFILL_CHUNK)?;
         Ok(model)
@@ -98,6 +112,8 @@ impl GptOss {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         self.prefill_chunk = chunk;
+        // A captured graph holds the old caches' addresses.
+        self.graph = DecodeGraph::new(&self.device, self.cfg.vocab_size)?;
         Ok(())
     }
 
@@ -129,31 +145,63 @@ impl GptOss {
     }
 
     fn hidden_chunk(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
-        let seq = tokens.len();
         // Uploaded before the cache below is on: it would keep every token id it ever saw.
         let ids = Tensor::new(tokens, &self.device)?;
-        // Decode: candle uploads the dims and strides of reductions and strided copies on every
-        // call (a blocking host-to-device copy each); single-token shapes repeat, so let candle
-        // keep those uploads. Not for prefill, whose lengths vary (every new one would stay cached).
-        #[cfg(feature = "cuda")]
-        let _uploads = match (&self.device, seq) {
-            (Device::Cuda(cuda), 1) => Some(cuda.enable_cuda_graph_htod_cache()),
-            _ => None,
+        let _uploads = if tokens.len() == 1 { keep_uploads(&self.device) } else { None };
+        self.layers(&ids, At::Host(start))
+    }
+
+    /// The decoder layers for token ids `ids` (u32 or i64 `[seq]`, on the device) at `at`:
+    /// final hidden states `[seq, hidden]`, f32.
+    pub(super) fn layers(&mut self, ids: &Tensor, at: At) -> anyhow::Result<Tensor> {
+        let seq = ids.dim(0)?;
+        let mut x = self.w.embed.index_select(ids, 0)?.to_dtype(DType::F32)?;
+        let (cos, sin) = match at {
+            At::Host(start) => (self.cos.narrow(0, start, seq)?, self.sin.narrow(0, start, seq)?),
+            At::Device(pos) => (self.cos.index_select(pos, 0)?, self.sin.index_select(pos, 0)?),
         };
-        let mut x = self.w.embed.index_select(&ids, 0)?.to_dtype(DType::F32)?;
-        let cos = self.cos.narrow(0, start, seq)?;
-        let sin = self.sin.narrow(0, start, seq)?;
         let eps = self.cfg.rms_norm_eps;
         for (n, (layer, cache)) in self.w.layers.iter().zip(self.caches.iter_mut()).enumerate() {
             let window = self.cfg.sliding[n].then_some(self.cfg.sliding_window);
             let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype)?;
-            let a = attention(&self.cfg, &layer.attn, cache, self.ring[n], &h, start, &cos, &sin, window)?;
+            let a = attention(&self.cfg, &layer.attn, cache, self.ring[n], &h, at, &cos, &sin, window)?;
             x = (x + a.to_dtype(DType::F32)?)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?;
             let m = moe(&self.cfg, layer, &h, self.dtype)?;
             x = (x + m)?;
         }
         Ok(x)
+    }
+
+    /// Logits `[1, vocab]` of the token at the position held in `step` (i64 `[token, position]`
+    /// on the device), with nothing in the launches depending on either: the step a CUDA graph
+    /// captures.
+    pub(super) fn step_at_device_position(&mut self, step: &Tensor) -> anyhow::Result<Tensor> {
+        let _uploads = keep_uploads(&self.device);
+        let (token, pos) = (step.narrow(0, 0, 1)?, step.narrow(0, 1, 1)?);
+        let h = self.layers(&token, At::Device(&pos))?;
+        self.w.head.logits(&h)
+    }
+
+    pub(super) fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Positions the KV caches hold.
+    pub(super) fn cache_positions(&self) -> usize {
+        self.context
+    }
+}
+
+/// Decode steps: candle uploads the dims and strides of reductions and strided copies on every
+/// call (a blocking host-to-device copy each); single-token shapes repeat, so let candle keep
+/// those uploads (graph capture needs that too). Not for prefill, whose lengths vary (every new
+/// one would stay cached).
+fn keep_uploads(device: &Device) -> Option<Box<dyn std::any::Any>> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(cuda) => Some(Box::new(cuda.enable_cuda_graph_htod_cache())),
+        _ => None,
     }
 }
 
@@ -173,6 +221,13 @@ impl Decoder for GptOss {
     fn vocab(&self) -> usize {
         self.cfg.vocab_size
     }
+
+    fn decode_step(&mut self, token: u32, start: usize) -> Option<anyhow::Result<Tensor>> {
+        let mut graph = self.graph.take()?;
+        let logits = graph.step(self, token, start);
+        self.graph = Some(graph);
+        Some(logits)
+    }
 }
 
 
@@ -183,7 +238,7 @@ fn attention(
     cache: &mut KvCache,
     ring: bool,
     x: &Tensor,
-    start: usize,
+    at: At,
     cos: &Tensor,
     sin: &Tensor,
     window: Option<usize>,
@@ -196,15 +251,21 @@ fn attention(
     let q = candle_nn::rotary_emb::rope(&split(a.q.forward(x)?, heads)?, cos, sin)?.squeeze(0)?;
     let k = candle_nn::rotary_emb::rope(&split(a.k.forward(x)?, kv_heads)?, cos, sin)?.squeeze(0)?;
     let v = split(a.v.forward(x)?, kv_heads)?.squeeze(0)?;
-    let (k_all, v_all, layout) = if ring {
-        let (k, v) = cache.append_ring(&k, &v, start)?;
-        (k, v, KvLayout::Ring)
-    } else {
-        let (k, v) = cache.append(&k, &v, start)?;
-        (k, v, KvLayout::Linear)
-    };
-    let cfg = SinkAttnConfig { start, window, layout, scale: 1.0 / (d as f32).sqrt() };
-    let out = crate::kernels::sink_attention(&q.contiguous()?, &k_all, &v_all, &a.sinks, &cfg)?; // [heads, seq, d]
+    let layout = if ring { KvLayout::Ring } else { KvLayout::Linear };
+    let scale = 1.0 / (d as f32).sqrt();
+    let q = q.contiguous()?;
+    let out = match at {
+        At::Host(start) => {
+            let (k_all, v_all) = if ring { cache.append_ring(&k, &v, start)? } else { cache.append(&k, &v, start)? };
+            let cfg = SinkAttnConfig { start, window, layout, scale };
+            crate::kernels::sink_attention(&q, &k_all, &v_all, &a.sinks, &cfg)?
+        }
+        At::Device(pos) => {
+            let (k_all, v_all) = cache.write_at(&k, &v, pos, layout)?;
+            let cfg = SinkAttnConfig { start: 0, window, layout, scale };
+            crate::kernels::sink_attention_at(&q, &k_all, &v_all, &a.sinks, &cfg, pos)?
+        }
+    }; // [heads, seq, d]
     let out = out.transpose(0, 1)?.reshape((seq, heads * d))?;
     Ok(a.o.forward(&out)?)
 }
