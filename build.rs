@@ -20,6 +20,8 @@ fn main() {
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo::rerun-if-env-changed=CUDA_HOME");
 
+    // The folder too, so that a new kernel file triggers a rebuild.
+    println!("cargo::rerun-if-changed={KERNEL_DIR}");
     let sources = cuda_sources();
     for path in &sources {
         println!("cargo::rerun-if-changed={}", path.display());

@@ -138,7 +138,14 @@ fn context_for(max_position_embeddings: usize, requested: Option<usize>) -> anyh
     let max = max_position_embeddings.max(1);
     match requested {
         Some(0) => Err(fail(ErrorKind::InvalidInput, "--context must be positive")),
-        Some(n) => Ok(n),
+        Some(n) => {
+            if n > max {
+                // llama.cpp's behaviour: allowed, with a warning. Positions past the trained
+                // maximum get RoPE angles the model never saw (YaRN is scaled for `max`).
+                eprintln!("warning: --context {n} is beyond the {max} positions this model was trained for; output past position {max} is untested");
+            }
+            Ok(n)
+        }
         None => Ok(max.min(DEFAULT_CONTEXT)),
     }
 }

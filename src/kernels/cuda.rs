@@ -13,6 +13,8 @@ pub(super) const SINK_ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR")
 pub(super) const MXFP4_MOE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/mxfp4_moe.ptx"));
 /// PTX built by build.rs from `src/kernels/kv_write.cu`.
 pub(super) const KV_WRITE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_write.ptx"));
+/// PTX built by build.rs from `src/kernels/router.cu`.
+pub(super) const ROUTER_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/router.ptx"));
 /// PTX built by build.rs from `src/kernels/moe_grouped.cu`.
 pub(super) const MOE_GROUPED_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/moe_grouped.ptx"));
 

@@ -29,7 +29,7 @@ mod cuda;
 mod testing;
 
 pub use kv_write::kv_write_at;
-pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_f32};
+pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_f32, mxfp4_moe_routed, route};
 pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention, sink_attention_at};
 
 use candle_core::backend::BackendStorage;

@@ -164,24 +164,35 @@ struct Mxfp4Moe {
 }
 
 impl Mxfp4Moe {
-    fn new(x: &Tensor, experts: &Mxfp4Experts, ids: &Tensor, weights: &Tensor, act: SwiGlu, poison: bool) -> Result<Self> {
+    /// The op for `x` (checked against the experts); the caller checks the routing.
+    fn for_x(x: &Tensor, experts: &Mxfp4Experts, act: SwiGlu) -> Result<Self> {
         let (tokens, hidden) = x.dims2()?;
-        let (it, k) = ids.dims2()?;
-        if hidden != experts.hidden || !matches!(x.dtype(), DType::F32 | DType::BF16) {
-            bail!("mxfp4_moe: x {:?} {:?} must be f32 or bf16 [tokens, {}]", x.dtype(), x.dims(), experts.hidden);
+        if hidden != experts.hidden || tokens == 0 || !matches!(x.dtype(), DType::F32 | DType::BF16) {
+            bail!("mxfp4_moe: x {:?} {:?} must be f32 or bf16 [tokens ≥ 1, {}]", x.dtype(), x.dims(), experts.hidden);
         }
-        if it != tokens || k == 0 || tokens == 0 || ids.dtype() != DType::U32 {
+        if !experts.gate_up_blocks.device().same_device(x.device()) {
+            bail!("mxfp4_moe: experts on {:?}, x on {:?}", experts.gate_up_blocks.device(), x.device());
+        }
+        Ok(Self { experts: experts.clone(), act, poison: false, out_f32: false })
+    }
+
+    fn new(x: &Tensor, experts: &Mxfp4Experts, ids: &Tensor, weights: &Tensor, act: SwiGlu, poison: bool) -> Result<Self> {
+        let mut op = Self::for_x(x, experts, act)?;
+        op.poison = poison;
+        let tokens = x.dim(0)?;
+        let (it, k) = ids.dims2()?;
+        if it != tokens || k == 0 || ids.dtype() != DType::U32 {
             bail!("mxfp4_moe: expert ids {:?} {:?} must be u32 [{tokens}, k ≥ 1]", ids.dtype(), ids.dims());
         }
         if weights.dims() != ids.dims() || weights.dtype() != DType::F32 {
             bail!("mxfp4_moe: routing weights {:?} {:?} must be f32 {:?}", weights.dtype(), weights.dims(), ids.dims());
         }
-        for (what, t) in [("expert ids", ids), ("routing weights", weights), ("experts", &experts.gate_up_blocks)] {
+        for (what, t) in [("expert ids", ids), ("routing weights", weights)] {
             if !t.device().same_device(x.device()) {
                 bail!("mxfp4_moe: {what} on {:?}, x on {:?}", t.device(), x.device());
             }
         }
-        Ok(Self { experts: experts.clone(), act, poison, out_f32: false })
+        Ok(op)
     }
 
     /// The reference, per token and selected expert: dequantize each gate/up row, dot with x, add
@@ -295,6 +306,9 @@ impl CustomOp3 for Mxfp4Moe {
 
 #[cfg(feature = "cuda")]
 mod gpu;
+mod routed;
+
+pub use routed::{mxfp4_moe_routed, route};
 
 #[cfg(test)]
 mod tests;

@@ -59,15 +59,30 @@ pub(super) fn launch<T: KernelFloat>(
     (ids, il): (&CudaStorage, &Layout),
     (weights, wl): (&CudaStorage, &Layout),
 ) -> Result<CudaStorageSlice> {
-    let e = &op.experts;
-    let (tokens, hidden) = xl.shape().dims2()?;
-    let d = Dims { tokens, k: il.shape().dims2()?.1, experts: e.experts, hidden, inter: e.intermediate };
-    if !xl.is_contiguous() || !il.is_contiguous() || !wl.is_contiguous() {
-        bail!("mxfp4_moe: x, expert ids and routing weights must be contiguous");
+    if !il.is_contiguous() || !wl.is_contiguous() {
+        bail!("mxfp4_moe: expert ids and routing weights must be contiguous");
     }
-    let x = x.slice(xl.start_offset()..);
     let ids = ids.as_cuda_slice::<u32>()?.slice(il.start_offset()..);
     let weights = weights.as_cuda_slice::<f32>()?.slice(wl.start_offset()..);
+    launch_routed(op, dev, (x, xl), &ids, &weights, il.shape().dims2()?.1)
+}
+
+/// The experts for `x` with routing already on the device: ids and weights `[tokens, k]`.
+pub(super) fn launch_routed<T: KernelFloat>(
+    op: &Mxfp4Moe,
+    dev: &CudaDevice,
+    (x, xl): (&CudaSlice<T>, &Layout),
+    ids: &CudaView<u32>,
+    weights: &CudaView<f32>,
+    k: usize,
+) -> Result<CudaStorageSlice> {
+    let e = &op.experts;
+    let (tokens, hidden) = xl.shape().dims2()?;
+    let d = Dims { tokens, k, experts: e.experts, hidden, inter: e.intermediate };
+    if !xl.is_contiguous() {
+        bail!("mxfp4_moe: x must be contiguous");
+    }
+    let x = x.slice(xl.start_offset()..);
     let guards = [&e.gate_up_blocks, &e.gate_up_scales, &e.gate_up_bias, &e.down_blocks, &e.down_scales, &e.down_bias]
         .map(|t| t.storage_and_layout());
     let p = Packed {
@@ -80,9 +95,9 @@ pub(super) fn launch<T: KernelFloat>(
     };
     // 16-byte loads of x rows need an 8-aligned start (candle's buffers themselves are aligned).
     let grouped = T::BF16 && tokens >= GROUPED_MIN_TOKENS && hidden % 8 == 0 && xl.start_offset() % 8 == 0;
-    let part = if grouped { by_expert(op, dev, &x, &ids, &weights, &p, d)? } else { per_slot(op, dev, &x, &ids, &weights, &p, d)? };
+    let part = if grouped { by_expert(op, dev, &x, ids, weights, &p, d)? } else { per_slot(op, dev, &x, ids, weights, &p, d)? };
 
-    Ok(if op.out_f32 { f32::wrap(sum(op, dev, &part, &ids, d)?) } else { T::wrap(sum(op, dev, &part, &ids, d)?) })
+    Ok(if op.out_f32 { f32::wrap(sum(op, dev, &part, ids, d)?) } else { T::wrap(sum(op, dev, &part, ids, d)?) })
 }
 
 /// `out[t] = Σ_k part[t·k + kk]` in slot order, in the output dtype `O`.

@@ -158,6 +158,46 @@ fn rejects_out_of_range_experts_and_bad_shapes() {
     assert!(mxfp4_moe(&x, &ex, &inp.ids, &inp.weights, SwiGlu::GPT_OSS).is_err(), "x narrower than hidden");
 }
 
+#[test]
+fn routing_is_topk_then_softmax_over_k() {
+    let (ids, w) = route(&[1.0, 3.0, 2.0, -1.0], &[0.0; 4], 2);
+    assert_eq!(ids, vec![1, 2]);
+    let e = 1f32.exp();
+    assert!((w[0] - e / (1.0 + e)).abs() < 1e-6 && (w[1] - 1.0 / (1.0 + e)).abs() < 1e-6);
+    // The bias counts for the choice; ties go to the lower index.
+    let (ids, _) = route(&[0.0, 1.0, -5.0, 0.5], &[0.0, 0.0, 6.5, 0.5], 2); // scores 0, 1, 1.5, 1
+    assert_eq!(ids, vec![2, 1]);
+}
+
+/// Router logits with many exact ties (values on a coarse grid), so both implementations must
+/// break them the same way.
+fn router_inputs(rng: &mut StdRng, tokens: usize, experts: usize) -> (Tensor, Tensor) {
+    let logits: Vec<f32> = uniform(rng, tokens * experts, -4.0, 4.0).into_iter().map(|v| (v * 2.0).round() / 2.0).collect();
+    let bias: Vec<f32> = (0..experts).map(|e| if e % 3 == 0 { 0.5 } else { 0.0 }).collect();
+    (Tensor::from_vec(logits, (tokens, experts), &Device::Cpu).unwrap(), Tensor::from_vec(bias, experts, &Device::Cpu).unwrap())
+}
+
+#[test]
+fn routed_op_is_route_then_experts() {
+    let d = Dims { tokens: 6, experts: 8, hidden: 64, inter: 32, k: 3 };
+    let mut rng = rng("routed");
+    let inp = inputs(&mut rng, d, DType::F32, DType::F32);
+    let ex = experts(&inp.packed, &Device::Cpu);
+    let (logits, bias) = router_inputs(&mut rng, d.tokens, d.experts);
+    let got = values(&mxfp4_moe_routed(&inp.x, &ex, &logits, &bias, d.k, SwiGlu::GPT_OSS).unwrap());
+    let (mut ids, mut weights) = (Vec::new(), Vec::new());
+    for row in logits.to_vec2::<f32>().unwrap() {
+        let (i, w) = route(&row, &bias.to_vec1::<f32>().unwrap(), d.k);
+        ids.extend(i);
+        weights.extend(w);
+    }
+    let ids = Tensor::from_vec(ids, (d.tokens, d.k), &Device::Cpu).unwrap();
+    let weights = Tensor::from_vec(weights, (d.tokens, d.k), &Device::Cpu).unwrap();
+    let want = values(&mxfp4_moe(&inp.x, &ex, &ids, &weights, SwiGlu::GPT_OSS).unwrap());
+    assert_eq!(got, want);
+    assert!(mxfp4_moe_routed(&inp.x, &ex, &logits, &bias, 9, SwiGlu::GPT_OSS).is_err(), "k above the expert count");
+}
+
 /// The GPU cases: decode (1 and 3 tokens) at gpt-oss's 2880 widths, a 37-token prefill, tiny
 /// widths, and widths that need 1 to 4 blocks of 32 per lane (non-powers of two throughout).
 #[cfg(feature = "cuda")]
@@ -210,6 +250,29 @@ mod gpu {
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_moe_matches_cpu_bf16() {
         cases().into_iter().for_each(|d| check(d, DType::BF16, 1e-2));
+    }
+
+    /// Routing on the GPU (router.cu) plus experts against the CPU reference: decode and prefill
+    /// sizes, gpt-oss-20b's 32 and 120b's 128 experts, logits full of ties.
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_routed_matches_cpu() {
+        let dev = gpu();
+        for (tokens, experts, dtype) in [(1, 32, DType::BF16), (37, 128, DType::BF16), (300, 32, DType::BF16), (5, 128, DType::F32)] {
+            let d = Dims { tokens, experts, hidden: 256, inter: 128, k: 4 };
+            let name = format!("gpu routed {dtype:?} {d:?}");
+            let mut rng = rng(&name);
+            let inp = inputs(&mut rng, d, dtype, DType::BF16);
+            let (logits, bias) = router_inputs(&mut rng, tokens, experts);
+            let want = values(&mxfp4_moe_routed(&inp.x, &experts_on(&inp, &Device::Cpu), &logits, &bias, d.k, SwiGlu::GPT_OSS).unwrap());
+            let to = |t: &Tensor| t.to_device(&dev).unwrap();
+            let got = mxfp4_moe_routed(&to(&inp.x), &experts_on(&inp, &dev), &to(&logits), &to(&bias), d.k, SwiGlu::GPT_OSS).unwrap();
+            assert_written_and_close(&name, &values(&got), &want, if dtype == DType::F32 { 1e-5 } else { 1e-2 });
+        }
+    }
+
+    fn experts_on(inp: &Inputs, dev: &Device) -> Mxfp4Experts {
+        experts(&inp.packed, dev)
     }
 
     /// Not a check: prints the time of gpt-oss-20b-sized MoE calls (32 experts, top 4).

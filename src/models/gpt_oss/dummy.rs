@@ -35,13 +35,7 @@ pub fn random_weights(cfg: &GptOssConfig, dtype: DType, device: &Device) -> anyh
         )?;
         layers.push(Layer {
             attn_norm: ones(h)?,
-            attn: Attention {
-                q: dense(qd, h)?,
-                k: dense(kvd, h)?,
-                v: dense(kvd, h)?,
-                o: dense(h, qd)?,
-                sinks: Tensor::randn(0f32, 1.0, cfg.num_heads, device)?,
-            },
+            attn: Attention::new(dense(qd, h)?, dense(kvd, h)?, dense(kvd, h)?, dense(h, qd)?, Tensor::randn(0f32, 1.0, cfg.num_heads, device)?)?,
             mlp_norm: ones(h)?,
             router_w: Tensor::randn(0f32, (h as f32).powf(-0.5), (e, h), device)?,
             router_b: Tensor::zeros(e, DType::F32, device)?,

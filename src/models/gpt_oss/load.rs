@@ -69,13 +69,13 @@ fn read_weights(r: &Reader, cfg: &GptOssConfig, dtype: DType) -> anyhow::Result<
         let x = format!("{m}.experts");
         layers.push(Layer {
             attn_norm: r.get(&format!("{p}.input_layernorm.weight"), &[h], f32)?,
-            attn: Attention {
-                q: r.linear(&format!("{a}.q_proj"), qd, h, dtype)?,
-                k: r.linear(&format!("{a}.k_proj"), kvd, h, dtype)?,
-                v: r.linear(&format!("{a}.v_proj"), kvd, h, dtype)?,
-                o: r.linear(&format!("{a}.o_proj"), h, qd, dtype)?,
-                sinks: r.get(&format!("{a}.sinks"), &[cfg.num_heads], f32)?,
-            },
+            attn: Attention::new(
+                r.linear(&format!("{a}.q_proj"), qd, h, dtype)?,
+                r.linear(&format!("{a}.k_proj"), kvd, h, dtype)?,
+                r.linear(&format!("{a}.v_proj"), kvd, h, dtype)?,
+                r.linear(&format!("{a}.o_proj"), h, qd, dtype)?,
+                r.get(&format!("{a}.sinks"), &[cfg.num_heads], f32)?,
+            )?,
             mlp_norm: r.get(&format!("{p}.post_attention_layernorm.weight"), &[h], f32)?,
             router_w: r.get(&format!("{m}.router.weight"), &[e, h], f32)?,
             router_b: r.get(&format!("{m}.router.bias"), &[e], f32)?,

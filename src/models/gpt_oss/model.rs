@@ -17,12 +17,30 @@ use crate::models::linear::Linear;
 use crate::models::rope;
 
 pub struct Attention {
-    pub q: Linear,
-    pub k: Linear,
-    pub v: Linear,
+    /// q, k and v projections as one (rows q then k then v): one GEMM and one bias add where
+    /// there were three of each, which a decode step feels.
+    pub qkv: Linear,
     pub o: Linear,
     /// `[heads]`, f32.
     pub sinks: Tensor,
+}
+
+impl Attention {
+    /// From the checkpoint's separate dense projections (with biases).
+    pub fn new(q: Linear, k: Linear, v: Linear, o: Linear, sinks: Tensor) -> anyhow::Result<Attention> {
+        let (mut weights, mut biases) = (Vec::new(), Vec::new());
+        for p in [q, k, v] {
+            match p {
+                Linear::Dense { weight, bias: Some(bias) } => {
+                    weights.push(weight);
+                    biases.push(bias);
+                }
+                _ => anyhow::bail!("gpt-oss attention projections must be dense with biases"),
+            }
+        }
+        let qkv = Linear::Dense { weight: Tensor::cat(&weights, 0)?, bias: Some(Tensor::cat(&biases, 0)?) };
+        Ok(Attention { qkv, o, sinks })
+    }
 }
 
 pub struct Layer {
@@ -248,9 +266,11 @@ fn attention(
     let split = |t: Tensor, n: usize| -> candle_core::Result<Tensor> {
         t.reshape((seq, n, d))?.transpose(0, 1)?.contiguous()?.unsqueeze(0)
     };
-    let q = candle_nn::rotary_emb::rope(&split(a.q.forward(x)?, heads)?, cos, sin)?.squeeze(0)?;
-    let k = candle_nn::rotary_emb::rope(&split(a.k.forward(x)?, kv_heads)?, cos, sin)?.squeeze(0)?;
-    let v = split(a.v.forward(x)?, kv_heads)?.squeeze(0)?;
+    let qkv = a.qkv.forward(x)?;
+    let (qd, kvd) = (heads * d, kv_heads * d);
+    let q = candle_nn::rotary_emb::rope(&split(qkv.narrow(1, 0, qd)?, heads)?, cos, sin)?.squeeze(0)?;
+    let k = candle_nn::rotary_emb::rope(&split(qkv.narrow(1, qd, kvd)?, kv_heads)?, cos, sin)?.squeeze(0)?;
+    let v = split(qkv.narrow(1, qd + kvd, kvd)?, kv_heads)?.squeeze(0)?;
     let layout = if ring { KvLayout::Ring } else { KvLayout::Linear };
     let scale = 1.0 / (d as f32).sqrt();
     let q = q.contiguous()?;
@@ -270,40 +290,17 @@ fn attention(
     Ok(a.o.forward(&out)?)
 }
 
-/// Router and experts for `h` (`[seq, hidden]`, f32); returns the f32 MoE output.
+/// Router and experts for `h` (`[seq, hidden]`, f32); returns the f32 MoE output. The router
+/// runs in f32 on the f32 normed residual (pitfall #5: near-ties); routing (top-k, softmax over
+/// the k) is fused into the experts' op.
 fn moe(cfg: &GptOssConfig, layer: &Layer, h: &Tensor, dtype: DType) -> anyhow::Result<Tensor> {
-    let logits = h.matmul(&layer.router_w.t()?)?.broadcast_add(&layer.router_b)?;
-    let (ids, weights) = route(&logits, cfg.experts_per_token)?;
+    let logits = h.matmul(&layer.router_w.t()?)?;
     let act = SwiGlu { limit: cfg.swiglu_limit, alpha: cfg.swiglu_alpha };
-    Ok(crate::kernels::mxfp4_moe_f32(&h.to_dtype(dtype)?, &layer.experts, &ids, &weights, act)?)
-}
-
-/// Top-k of the raw router logits `[seq, experts]` (f32), then a softmax over those k
-/// (pitfall #5: not over all experts). Returns ids (u32) and weights (f32), `[seq, k]`.
-pub fn route(logits: &Tensor, k: usize) -> candle_core::Result<(Tensor, Tensor)> {
-    let order = logits.arg_sort_last_dim(false)?;
-    let ids = order.narrow(1, 0, k)?.contiguous()?;
-    let top = logits.gather(&ids, 1)?;
-    let weights = candle_nn::ops::softmax_last_dim(&top)?;
-    Ok((ids, weights))
+    Ok(crate::kernels::mxfp4_moe_routed(&h.to_dtype(dtype)?, &layer.experts, &logits, &layer.router_b, cfg.experts_per_token, act)?)
 }
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{Device, Tensor};
-
-    #[test]
-    fn routing_is_topk_then_softmax_over_k() {
-        let logits = Tensor::new(&[[1.0f32, 3.0, 2.0, -1.0], [0.0, 1.0, -5.0, 0.5]], &Device::Cpu).unwrap();
-        let (ids, w) = super::route(&logits, 2).unwrap();
-        assert_eq!(ids.to_vec2::<u32>().unwrap(), vec![vec![1, 2], vec![1, 3]]);
-        let w = w.to_vec2::<f32>().unwrap();
-        let e = 1f32.exp();
-        assert!((w[0][0] - e / (1.0 + e)).abs() < 1e-6 && (w[0][1] - 1.0 / (1.0 + e)).abs() < 1e-6);
-        let e = 0.5f32.exp();
-        assert!((w[1][0] - e / (1.0 + e)).abs() < 1e-6);
-    }
-
     #[test]
     fn sliding_window_counts_the_current_token() {
         let cfg = crate::kernels::SinkAttnConfig {

@@ -1,0 +1,108 @@
+//! Routing and experts in one op ([`mxfp4_moe_routed`]): from the router's raw logits to the
+//! experts' f32 sum. On CUDA the routing is one kernel (`router.cu`: top-k of logits + bias,
+//! softmax over the k) writing into scratch buffers the expert kernels read, instead of five
+//! candle ops (bias add, sort, narrow, gather, softmax) and their tensors: in a decode step
+//! every launch counts.
+
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, bail};
+
+use super::{Mxfp4Experts, Mxfp4Moe, SwiGlu};
+use crate::kernels::{F32Reader, cpu_f32, cpu_output};
+
+/// gpt-oss routing of one token (pitfall #5): the `k` largest of `logits + bias` (ties: the
+/// lower expert index), then a softmax over those k only. Returns (ids, weights).
+pub fn route(logits: &[f32], bias: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
+    let scores: Vec<f32> = logits.iter().zip(bias).map(|(l, b)| l + b).collect();
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a])); // stable: ties keep index order
+    let top = &order[..k.min(order.len())];
+    let exps: Vec<f32> = top.iter().map(|&e| (scores[e] - scores[top[0]]).exp()).collect();
+    let total: f32 = exps.iter().sum();
+    (top.iter().map(|&e| e as u32).collect(), exps.iter().map(|w| w / total).collect())
+}
+
+/// The experts' f32 output `[tokens, H]` for `x` `[tokens, H]` (f32 or bf16) routed by the
+/// router's raw `logits` (f32 `[tokens, E]`, before the bias) and `bias` (f32 `[E]`): top `k`,
+/// softmax over the k, then [`super::mxfp4_moe_f32`].
+pub fn mxfp4_moe_routed(x: &Tensor, experts: &Mxfp4Experts, logits: &Tensor, bias: &Tensor, k: usize, act: SwiGlu) -> Result<Tensor> {
+    let (tokens, e) = logits.dims2()?;
+    if e != experts.experts || tokens != x.dim(0)? || logits.dtype() != DType::F32 {
+        bail!("mxfp4_moe_routed: router logits {:?} {:?} must be f32 [{}, {}]", logits.dtype(), logits.dims(), x.dim(0)?, experts.experts);
+    }
+    if bias.dims() != [e] || bias.dtype() != DType::F32 {
+        bail!("mxfp4_moe_routed: router bias {:?} {:?} must be f32 [{e}]", bias.dtype(), bias.dims());
+    }
+    if k == 0 || k > e || k > 32 || e > 256 {
+        bail!("mxfp4_moe_routed: top-{k} of {e} experts is not supported (k ≤ 32, experts ≤ 256)");
+    }
+    let mut moe = Mxfp4Moe::for_x(x, experts, act)?;
+    moe.out_f32 = true;
+    for t in [logits, bias] {
+        if !t.device().same_device(x.device()) {
+            bail!("mxfp4_moe_routed: router tensors on {:?}, x on {:?}", t.device(), x.device());
+        }
+    }
+    x.contiguous()?.apply_op3_no_bwd(&logits.contiguous()?, &bias.contiguous()?, &Routed { moe, k })
+}
+
+struct Routed {
+    moe: Mxfp4Moe,
+    k: usize,
+}
+
+impl CustomOp3 for Routed {
+    fn name(&self) -> &'static str {
+        "mxfp4_moe_routed"
+    }
+
+    fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, ls: &CpuStorage, ll: &Layout, bs: &CpuStorage, bl: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (logits, bias) = (cpu_f32(ls, ll, "router logits")?, cpu_f32(bs, bl, "router bias")?);
+        let (mut ids, mut weights) = (Vec::new(), Vec::new());
+        for row in logits.chunks_exact(bias.len()) {
+            let (i, w) = route(row, bias, self.k);
+            ids.extend(i);
+            weights.extend(w);
+        }
+        let out = self.moe.reference(F32Reader::new(xs, "x")?, xl, &ids, &weights)?;
+        Ok((cpu_output(out, DType::F32)?, xl.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        ls: &candle_core::CudaStorage,
+        ll: &Layout,
+        bs: &candle_core::CudaStorage,
+        bl: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+        use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
+
+        use crate::kernels::cuda::{ROUTER_PTX, int};
+
+        let dev = xs.device.clone();
+        let (tokens, experts) = ll.shape().dims2()?;
+        let logits = ls.as_cuda_slice::<f32>()?.slice(ll.start_offset()..);
+        let bias = bs.as_cuda_slice::<f32>()?.slice(bl.start_offset()..);
+        // SAFETY: route_topk_softmax writes all k ids and weights of every token.
+        let mut ids = unsafe { dev.alloc::<u32>(tokens * self.k)? };
+        let mut weights = unsafe { dev.alloc::<f32>(tokens * self.k)? };
+        let func = dev.get_or_load_custom_func("route_topk_softmax", "inferno_router", ROUTER_PTX)?;
+        let (t32, e32, k32) = (int(tokens, "tokens")?, int(experts, "experts")?, int(self.k, "k")?);
+        let mut b = func.builder();
+        b.arg(&logits).arg(&bias).arg(&mut ids).arg(&mut weights).arg(&t32).arg(&e32).arg(&k32);
+        let cfg = LaunchConfig { grid_dim: (int(tokens.div_ceil(4), "blocks")? as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the arguments match the kernel's signature; experts ≤ 256 and k ≤ 32 were
+        // checked in mxfp4_moe_routed.
+        unsafe { b.launch(cfg) }.w()?;
+        let (ids, weights) = (ids.slice(..), weights.slice(..));
+        let slice = match &xs.slice {
+            S::F32(x) => super::gpu::launch_routed(&self.moe, &dev, (x, xl), &ids, &weights, self.k)?,
+            S::BF16(x) => super::gpu::launch_routed(&self.moe, &dev, (x, xl), &ids, &weights, self.k)?,
+            _ => bail!("mxfp4_moe_routed: x must be f32 or bf16"),
+        };
+        Ok((candle_core::CudaStorage { slice, device: dev }, xl.shape().clone()))
+    }
+}
