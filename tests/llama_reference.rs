@@ -157,6 +157,15 @@ fn gpu_gguf_output_is_close_to_the_reference() {
     }
     eprintln!("GGUF (Q4_1 kernels) greedy prefix agreement per prompt: {prefix_lengths:?}");
     assert_eq!(first_token_matches, cases.len(), "first tokens: {prefix_lengths:?}");
-    let long = prefix_lengths.iter().filter(|&&p| p >= 8).count();
-    assert!(long * 3 >= cases.len() * 2, "most prompts should agree for 8+ tokens: {prefix_lengths:?}");
+    // Beyond the first token, greedy prefixes only say where the first near-tie falls: the
+    // Q4_1 kernels quantize activations to 8 bits, and a one-ulp change in RMSNorm (candle-nn's
+    // fused kernel) moved two prompts from 15 agreeing tokens to 1. Teacher forcing counts
+    // every position instead: measured 87.1% on an H200 (candle's 8-bit activations against an
+    // f32 reference on the same dequantized weights); a wrong dequantization or layout lands
+    // far below the bar.
+    let mut gguf = GgufFile::open(&gguf_path()).unwrap();
+    let mut model = load::load_gguf(&mut gguf, 512, &dev).unwrap();
+    let agree = teacher_forced_agreement(&mut model);
+    eprintln!("GGUF (Q4_1 kernels) teacher-forced top-1 agreement: {:.2}%", agree * 100.0);
+    assert!(agree >= 0.85, "top-1 agreement {agree}");
 }
