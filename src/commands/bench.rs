@@ -77,12 +77,12 @@ fn one_run(model: &mut dyn crate::models::CausalLm, prompt: &[u32], steps: usize
     device.synchronize()?;
     let t0 = Instant::now();
     let logits = model.forward_last(prompt, 0)?;
-    let mut next = logits.argmax(0)?.to_scalar::<u32>()?;
+    let mut next = crate::kernels::argmax(&logits)?.to_scalar::<u32>()?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     for i in 0..steps {
         let logits = model.forward_last(&[next], prompt.len() + i)?;
-        next = logits.argmax(0)?.to_scalar::<u32>()?;
+        next = crate::kernels::argmax(&logits)?.to_scalar::<u32>()?;
     }
     let decode_s = t1.elapsed().as_secs_f64();
     Ok(Run { prefill_s, decode_s })

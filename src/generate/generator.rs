@@ -138,7 +138,7 @@ impl Session {
             self.cached.extend_from_slice(&pending);
             pos += pending.len();
             let id = if sampler.config().is_greedy() {
-                logits.argmax(0)?.to_scalar::<u32>()?
+                crate::kernels::argmax(&logits)?.to_scalar::<u32>()?
             } else {
                 let mut host = logits.to_vec1::<f32>()?;
                 sampler.sample(&mut host, &history)

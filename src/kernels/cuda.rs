@@ -11,6 +11,8 @@ use half::bf16;
 pub(super) const SINK_ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sink_attention.ptx"));
 /// PTX built by build.rs from `src/kernels/mxfp4_moe.cu`.
 pub(super) const MXFP4_MOE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/mxfp4_moe.ptx"));
+/// PTX built by build.rs from `src/kernels/argmax.cu`.
+pub(super) const ARGMAX_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx"));
 /// PTX built by build.rs from `src/kernels/kv_write.cu`.
 pub(super) const KV_WRITE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_write.ptx"));
 /// PTX built by build.rs from `src/kernels/router.cu`.

@@ -9,6 +9,8 @@
 //! - [`sink_attention()`]: `softmax([q·k · scale, sink])` without the sink column, times V.
 //! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights.
 //! - [`mxfp4`]: FP4/E8M0 decoding for references and tests.
+//! - [`argmax()`]: greedy decoding's argmax over a long logits row, in two stages.
+//! - [`mxfp4_moe_routed()`]: routing (top-k, softmax over k) fused into the experts' op.
 //! - [`kv_write_at()`]: a decode step's keys/values into the cache at a position held on the
 //!   device (CUDA-graph replays).
 //!
@@ -18,6 +20,7 @@
 //! with `scripts/gpu-tests.sh`. Register and shared-memory use per kernel:
 //! `nvcc --ptx -arch=sm_90 -O3 -std=c++17 -I src/kernels src/kernels/X.cu -o X.ptx && ptxas -arch=sm_90 -v X.ptx -o /dev/null`.
 
+pub mod argmax;
 pub mod kv_write;
 pub mod mxfp4;
 pub mod mxfp4_moe;
@@ -28,6 +31,7 @@ mod cuda;
 #[cfg(test)]
 mod testing;
 
+pub use argmax::argmax;
 pub use kv_write::kv_write_at;
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_f32, mxfp4_moe_routed, route};
 pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention, sink_attention_at};
