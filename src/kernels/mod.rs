@@ -11,6 +11,7 @@
 //! - [`mxfp4`]: FP4/E8M0 decoding for references and tests.
 //! - [`argmax()`]: greedy decoding's argmax over a long logits row, in two stages.
 //! - [`mxfp4_moe_routed()`]: routing (top-k, softmax over k) fused into the experts' op.
+//! - [`qkv_rope_store()`]: a decode step's bias, RoPE and cache writes in one launch.
 //! - [`kv_write_at()`]: a decode step's keys/values into the cache at a position held on the
 //!   device (CUDA-graph replays).
 //!
@@ -24,6 +25,7 @@ pub mod argmax;
 pub mod kv_write;
 pub mod mxfp4;
 pub mod mxfp4_moe;
+pub mod qkv_rope;
 pub mod sink_attention;
 
 #[cfg(feature = "cuda")]
@@ -33,6 +35,7 @@ mod testing;
 
 pub use argmax::argmax;
 pub use kv_write::kv_write_at;
+pub use qkv_rope::{QkvHeads, qkv_rope_store};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_f32, mxfp4_moe_routed, route};
 pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention, sink_attention_at};
 

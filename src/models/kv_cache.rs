@@ -5,8 +5,6 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::kernels::{KvLayout, kv_write_at};
-
 /// Keys and values of one attention layer, laid out `[kv_heads, capacity, head_dim]`.
 pub struct KvCache {
     k: Tensor,
@@ -52,13 +50,10 @@ impl KvCache {
         Ok((self.k.clone(), self.v.clone()))
     }
 
-    /// One position's `k`, `v` (`[kv_heads, 1, head_dim]`) written at the position held in `pos`
-    /// (i64 `[1]` on the device: slot `pos`, or `pos mod capacity` for a ring); returns the whole
-    /// buffers. For decode steps captured in a CUDA graph, whose position changes at every replay.
-    pub fn write_at(&mut self, k: &Tensor, v: &Tensor, pos: &Tensor, layout: KvLayout) -> anyhow::Result<(Tensor, Tensor)> {
-        kv_write_at(&self.k, k, pos, layout)?;
-        kv_write_at(&self.v, v, pos, layout)?;
-        Ok((self.k.clone(), self.v.clone()))
+    /// The whole key and value buffers, for kernels that write them in place at a position held
+    /// on the device (decode steps captured in a CUDA graph).
+    pub fn buffers(&self) -> (Tensor, Tensor) {
+        (self.k.clone(), self.v.clone())
     }
 
     /// Bytes held on the device.

@@ -174,9 +174,10 @@ impl GptOss {
     pub(super) fn layers(&mut self, ids: &Tensor, at: At) -> anyhow::Result<Tensor> {
         let seq = ids.dim(0)?;
         let mut x = self.w.embed.index_select(ids, 0)?.to_dtype(DType::F32)?;
+        // The chunk's rows of the RoPE tables; a device position reads its row in the kernel.
         let (cos, sin) = match at {
             At::Host(start) => (self.cos.narrow(0, start, seq)?, self.sin.narrow(0, start, seq)?),
-            At::Device(pos) => (self.cos.index_select(pos, 0)?, self.sin.index_select(pos, 0)?),
+            At::Device(_) => (self.cos.clone(), self.sin.clone()),
         };
         let eps = self.cfg.rms_norm_eps;
         for (n, (layer, cache)) in self.w.layers.iter().zip(self.caches.iter_mut()).enumerate() {
@@ -266,27 +267,32 @@ fn attention(
     let split = |t: Tensor, n: usize| -> candle_core::Result<Tensor> {
         t.reshape((seq, n, d))?.transpose(0, 1)?.contiguous()?.unsqueeze(0)
     };
-    let qkv = a.qkv.forward(x)?;
     let (qd, kvd) = (heads * d, kv_heads * d);
-    let q = candle_nn::rotary_emb::rope(&split(qkv.narrow(1, 0, qd)?, heads)?, cos, sin)?.squeeze(0)?;
-    let k = candle_nn::rotary_emb::rope(&split(qkv.narrow(1, qd, kvd)?, kv_heads)?, cos, sin)?.squeeze(0)?;
-    let v = split(qkv.narrow(1, qd + kvd, kvd)?, kv_heads)?.squeeze(0)?;
     let layout = if ring { KvLayout::Ring } else { KvLayout::Linear };
     let scale = 1.0 / (d as f32).sqrt();
-    let q = q.contiguous()?;
     let out = match at {
         At::Host(start) => {
+            let qkv = a.qkv.forward(x)?;
+            let q = candle_nn::rotary_emb::rope(&split(qkv.narrow(1, 0, qd)?, heads)?, cos, sin)?.squeeze(0)?.contiguous()?;
+            let k = candle_nn::rotary_emb::rope(&split(qkv.narrow(1, qd, kvd)?, kv_heads)?, cos, sin)?.squeeze(0)?;
+            let v = split(qkv.narrow(1, qd + kvd, kvd)?, kv_heads)?.squeeze(0)?;
             let (k_all, v_all) = if ring { cache.append_ring(&k, &v, start)? } else { cache.append(&k, &v, start)? };
             let cfg = SinkAttnConfig { start, window, layout, scale };
             crate::kernels::sink_attention(&q, &k_all, &v_all, &a.sinks, &cfg)?
         }
         At::Device(pos) => {
-            let (k_all, v_all) = cache.write_at(&k, &v, pos, layout)?;
+            // One token: bias, RoPE (cos/sin are the whole tables) and the cache writes in one
+            // launch, reading the position from the device.
+            let Linear::Dense { weight, bias: Some(bias) } = &a.qkv else { anyhow::bail!("gpt-oss q/k/v must be dense with biases") };
+            let (k_all, v_all) = cache.buffers();
+            let heads_of = crate::kernels::QkvHeads { heads, kv_heads, head_dim: d };
+            let q = crate::kernels::qkv_rope_store(&x.matmul(&weight.t()?)?, bias, cos, sin, pos, heads_of, (&k_all, &v_all), layout)?;
             let cfg = SinkAttnConfig { start: 0, window, layout, scale };
             crate::kernels::sink_attention_at(&q, &k_all, &v_all, &a.sinks, &cfg, pos)?
         }
     }; // [heads, seq, d]
-    let out = out.transpose(0, 1)?.reshape((seq, heads * d))?;
+    // [seq, heads·d]; one token's [heads, 1, d] already has that memory layout (no copy).
+    let out = if seq == 1 { out.reshape((1, heads * d))? } else { out.transpose(0, 1)?.reshape((seq, heads * d))? };
     Ok(a.o.forward(&out)?)
 }
 
