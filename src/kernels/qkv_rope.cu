@@ -16,17 +16,21 @@ __device__ __forceinline__ void qkv_rope_impl(const T* __restrict__ qkv, const T
                                               int kv_heads, int d, int capacity, int ring) {
     const long long p = *pos;
     const int b = blockIdx.x, i = threadIdx.x, half = d / 2;
-    const float x1 = to_f32(qkv[b * d + i]) + to_f32(bias[b * d + i]);
-    const float x2 = to_f32(qkv[b * d + i + half]) + to_f32(bias[b * d + i + half]);
-    float y1 = x1, y2 = x2;
+    // The same arithmetic as prefill's separate ops (candle's bias add, then its RoPE kernel,
+    // both in T): a decode step then rounds exactly as a prefill of the same token would. In
+    // bf16, rotating in f32 instead (one rounding, not three) drifted the tiny test model's
+    // decoded logits 4x further from f32 than prefill's.
+    const T x1 = from_f32<T>(to_f32(qkv[b * d + i]) + to_f32(bias[b * d + i]));
+    const T x2 = from_f32<T>(to_f32(qkv[b * d + i + half]) + to_f32(bias[b * d + i + half]));
+    T y1 = x1, y2 = x2;
     if (b < heads + kv_heads) {  // q and k: rotate
-        const float c = to_f32(cos[p * half + i]), s = to_f32(sin[p * half + i]);
+        const T c = cos[p * half + i], s = sin[p * half + i];
         y1 = x1 * c - x2 * s;
-        y2 = x2 * c + x1 * s;
+        y2 = x1 * s + x2 * c;
     }
     if (b < heads) {
-        q_out[b * d + i] = from_f32<T>(y1);
-        q_out[b * d + i + half] = from_f32<T>(y2);
+        q_out[b * d + i] = y1;
+        q_out[b * d + i + half] = y2;
         return;
     }
     if (p < 0 || (!ring && p >= capacity)) return;
@@ -34,8 +38,8 @@ __device__ __forceinline__ void qkv_rope_impl(const T* __restrict__ qkv, const T
     const bool is_k = b < heads + kv_heads;
     const int g = is_k ? b - heads : b - heads - kv_heads;
     T* cache = is_k ? k_cache : v_cache;
-    cache[((long long)g * capacity + slot) * d + i] = from_f32<T>(y1);
-    cache[((long long)g * capacity + slot) * d + i + half] = from_f32<T>(y2);
+    cache[((long long)g * capacity + slot) * d + i] = y1;
+    cache[((long long)g * capacity + slot) * d + i + half] = y2;
 }
 
 #define QKV_ROPE(NAME, T)                                                                                      \

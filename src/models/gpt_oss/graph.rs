@@ -15,7 +15,8 @@
 //! filling the upload cache, none of which may happen during a capture); the second is captured
 //! and then launched; later ones are launched. If a capture fails, decode goes on eagerly
 //! through the same device-position step (and the reason is printed once). Reallocating the KV
-//! caches makes a new [`DecodeGraph`]. `INFERNO_CUDA_GRAPH=0` switches graphs off.
+//! caches makes a new [`DecodeGraph`]. `INFERNO_CUDA_GRAPH=0` (or
+//! [`GptOss::set_decode_graph`]) switches graphs off: decode steps then take the ordinary path.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -36,17 +37,17 @@ enum State {
     Warm,
     #[cfg(feature = "cuda")]
     Ready(candle_core::cuda_backend::cudarc::driver::CudaGraph),
-    /// Capturing failed or graphs are off: steps run eagerly.
+    /// Capturing failed: steps run eagerly.
     Eager,
 }
 
 impl DecodeGraph {
     /// For a model on `device` (None on the CPU: nothing to gain there).
     pub fn new(device: &Device, vocab: usize) -> anyhow::Result<Option<DecodeGraph>> {
-        if !device.is_cuda() {
+        if !device.is_cuda() || std::env::var("INFERNO_CUDA_GRAPH").is_ok_and(|v| v == "0") {
             return Ok(None);
         }
-        let state = if std::env::var("INFERNO_CUDA_GRAPH").is_ok_and(|v| v == "0") { State::Eager } else { State::Cold };
+        let state = State::Cold;
         let step = Tensor::zeros(2, DType::I64, device)?;
         let logits = Tensor::zeros((1, vocab), DType::F32, device)?;
         Ok(Some(DecodeGraph { step, logits, state }))

@@ -202,6 +202,13 @@ impl GptOss {
         self.w.head.logits(&h)
     }
 
+    /// Whether decode steps run as a CUDA graph (the default on a GPU) or through the ordinary
+    /// per-op path (`INFERNO_CUDA_GRAPH=0` sets this off at load).
+    pub fn set_decode_graph(&mut self, on: bool) -> anyhow::Result<()> {
+        self.graph = if on { DecodeGraph::new(&self.device, self.cfg.vocab_size)? } else { None };
+        Ok(())
+    }
+
     pub(super) fn device(&self) -> &Device {
         &self.device
     }
