@@ -1,13 +1,15 @@
 //! inferno's own compute kernels, for what candle lacks: gpt-oss attention with sinks (sliding
-//! window, grouped-query heads) and the MXFP4 mixture of experts.
+//! window, grouped-query heads), the MXFP4 mixture of experts, and the pieces that let a decode
+//! step run as a CUDA graph or in fewer launches.
 //!
-//! Each op is a candle `CustomOp`: its `cpu_fwd` is the reference, plain Rust loops in f32 that
-//! follow docs/gpt-oss.md line by line; its `cuda_fwd` launches the kernel in the `.cu` file
-//! beside it. build.rs compiles `src/kernels/*.cu` to PTX for `sm_$CUDA_COMPUTE_CAP` (default 90)
+//! Each op is a candle `CustomOp` (or an in-place op): its `cpu_fwd` is the reference, plain Rust
+//! loops in f32 that follow docs/gpt-oss.md line by line (or, for the fused decode-step ops,
+//! the candle ops they replace); its `cuda_fwd` launches the kernel in the `.cu` file beside it. build.rs compiles `src/kernels/*.cu` to PTX for `sm_$CUDA_COMPUTE_CAP` (default 90)
 //! and the PTX is embedded in the binary, loaded on first use.
 //!
 //! - [`sink_attention()`]: `softmax([q·k · scale, sink])` without the sink column, times V.
-//! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights.
+//! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights
+//!   (GEMVs per slot for decode, tensor-core GEMMs batched by expert for prefill).
 //! - [`mxfp4`]: FP4/E8M0 decoding for references and tests.
 //! - [`argmax()`]: greedy decoding's argmax over a long logits row, in two stages.
 //! - [`mxfp4_moe_routed()`]: routing (top-k, softmax over k) fused into the experts' op.

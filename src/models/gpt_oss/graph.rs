@@ -26,6 +26,7 @@ pub struct DecodeGraph {
     /// i64 `[token, position]` for the step, written by the host before it runs.
     step: Tensor,
     /// The step's logits `[1, vocab]` (f32), written by the step.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     logits: Tensor,
     state: State,
 }
