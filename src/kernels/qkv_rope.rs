@@ -14,6 +14,20 @@ pub struct QkvHeads {
     pub head_dim: usize,
 }
 
+/// One call's inputs, checked by [`qkv_rope_store`].
+#[derive(Clone, Copy)]
+struct Args<'a> {
+    qkv: &'a Tensor,
+    bias: &'a Tensor,
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    pos: &'a Tensor,
+    h: QkvHeads,
+    k_cache: &'a Tensor,
+    v_cache: &'a Tensor,
+    layout: KvLayout,
+}
+
 /// For one token: `qkv` `[1, (heads + 2·kv_heads)·d]` (the fused projection without its bias),
 /// `bias` `[(heads + 2·kv_heads)·d]`, `cos`/`sin` the model's RoPE tables `[positions, d/2]`,
 /// `pos` i64 `[1]` on the device. Adds the bias, splits q, k, v, rotates q and k (half-split
@@ -45,25 +59,17 @@ pub fn qkv_rope_store(
     if k_cache.dims() != v_cache.dims() || k_cache.dim(0)? != h.kv_heads || k_cache.dim(2)? != h.head_dim {
         bail!("qkv_rope_store: caches {:?} must be [{}, capacity, {}]", k_cache.dims(), h.kv_heads, h.head_dim);
     }
+    let args = Args { qkv, bias, cos, sin, pos, h, k_cache, v_cache, layout };
     match qkv.device() {
         #[cfg(feature = "cuda")]
-        candle_core::Device::Cuda(_) => gpu::launch(qkv, bias, cos, sin, pos, h, (k_cache, v_cache), layout),
-        _ => reference(qkv, bias, cos, sin, pos, h, (k_cache, v_cache), layout),
+        candle_core::Device::Cuda(_) => gpu::launch(args),
+        _ => reference(args),
     }
 }
 
 /// The steps as candle ops.
-#[allow(clippy::too_many_arguments)]
-fn reference(
-    qkv: &Tensor,
-    bias: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-    pos: &Tensor,
-    h: QkvHeads,
-    (k_cache, v_cache): (&Tensor, &Tensor),
-    layout: KvLayout,
-) -> Result<Tensor> {
+fn reference(a: Args) -> Result<Tensor> {
+    let Args { qkv, bias, cos, sin, pos, h, k_cache, v_cache, layout } = a;
     let d = h.head_dim;
     let qkv = qkv.broadcast_add(bias)?.reshape((h.heads + 2 * h.kv_heads, 1, d))?;
     let (cos, sin) = (cos.index_select(pos, 0)?, sin.index_select(pos, 0)?);
@@ -83,7 +89,7 @@ mod gpu {
     use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
     use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor, bail};
 
-    use super::QkvHeads;
+    use super::{Args, QkvHeads};
     use crate::kernels::KvLayout;
     use crate::kernels::cuda::{QKV_ROPE_PTX, int};
 
@@ -107,17 +113,8 @@ mod gpu {
         layout: KvLayout,
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch(
-        qkv: &Tensor,
-        bias: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        pos: &Tensor,
-        h: QkvHeads,
-        (k_cache, v_cache): (&Tensor, &Tensor),
-        layout: KvLayout,
-    ) -> Result<Tensor> {
+    pub(super) fn launch(a: Args) -> Result<Tensor> {
+        let Args { qkv, bias, cos, sin, pos, h, k_cache, v_cache, layout } = a;
         if !k_cache.is_contiguous() || !v_cache.is_contiguous() || pos.dtype() != DType::I64 || pos.dims() != [1] {
             bail!("qkv_rope_store: contiguous caches and an i64 [1] position");
         }

@@ -36,6 +36,17 @@ struct Packed<'a> {
     d_bias: CudaView<'a, f32>,
 }
 
+/// Everything one call's kernels read: the op, the device, the routed inputs and the weights.
+struct Call<'a, T> {
+    op: &'a Mxfp4Moe,
+    dev: &'a CudaDevice,
+    x: &'a CudaView<'a, T>,
+    ids: &'a CudaView<'a, u32>,
+    weights: &'a CudaView<'a, f32>,
+    p: &'a Packed<'a>,
+    d: Dims,
+}
+
 /// Sizes of one call.
 #[derive(Clone, Copy)]
 struct Dims {
@@ -95,7 +106,8 @@ pub(super) fn launch_routed<T: KernelFloat>(
     };
     // 16-byte loads of x rows need an 8-aligned start (candle's buffers themselves are aligned).
     let grouped = T::BF16 && tokens >= GROUPED_MIN_TOKENS && hidden % 8 == 0 && xl.start_offset() % 8 == 0;
-    let part = if grouped { by_expert(op, dev, &x, ids, weights, &p, d)? } else { per_slot(op, dev, &x, ids, weights, &p, d)? };
+    let call = Call { op, dev, x: &x, ids, weights, p: &p, d };
+    let part = if grouped { by_expert(&call)? } else { per_slot(&call)? };
 
     Ok(if op.out_f32 { f32::wrap(sum(op, dev, &part, ids, d)?) } else { T::wrap(sum(op, dev, &part, ids, d)?) })
 }
@@ -116,15 +128,8 @@ fn sum<O: KernelFloat>(op: &Mxfp4Moe, dev: &CudaDevice, part: &CudaSlice<f32>, i
 }
 
 /// The GEMVs: every (token, slot) reads its expert's rows. Returns part `[slots, H]`.
-fn per_slot<T: KernelFloat>(
-    op: &Mxfp4Moe,
-    dev: &CudaDevice,
-    x: &CudaView<T>,
-    ids: &CudaView<u32>,
-    weights: &CudaView<f32>,
-    p: &Packed,
-    d: Dims,
-) -> Result<CudaSlice<f32>> {
+fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
+    let Call { op, dev, x, ids, weights, p, d } = *c;
     if d.hidden > MAX_K || d.inter > MAX_K {
         bail!("mxfp4_moe: the CUDA kernels support widths up to {MAX_K}, got hidden {}, intermediate {}", d.hidden, d.inter);
     }
@@ -166,15 +171,8 @@ fn per_slot<T: KernelFloat>(
 /// of slots routed to no valid expert stay unwritten (moe_sum skips them). The activations
 /// between the two projections travel as bf16 hi + lo (16 significant bits): with hi alone the
 /// 20b-shaped agreement test lost 3 points (88.7% → 85.7%).
-fn by_expert<T: KernelFloat>(
-    op: &Mxfp4Moe,
-    dev: &CudaDevice,
-    x: &CudaView<T>,
-    ids: &CudaView<u32>,
-    weights: &CudaView<f32>,
-    p: &Packed,
-    d: Dims,
-) -> Result<CudaSlice<f32>> {
+fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
+    let Call { op, dev, x, ids, weights, p, d } = *c;
     if d.experts > GROUPED_MAX_EXPERTS {
         bail!("mxfp4_moe: the grouped kernels support up to {GROUPED_MAX_EXPERTS} experts, got {}", d.experts);
     }
