@@ -40,12 +40,19 @@ run)
     log="$tmp/log"
     : >"$log"
     status=0
+    # The full-size gpt-oss test needs a 14 GB checkpoint written on the GPU machine first:
+    # skipped, visibly, unless one is named.
+    skip=()
+    if [ -z "${INFERNO_GPT_OSS_20B_DIR:-}" ]; then
+        skip=(--skip gpu_20b_shaped)
+        echo "gpu-tests: skipping gpu_20b_shaped_bf16_teacher_forced_agreement (set INFERNO_GPT_OSS_20B_DIR to a folder written by scripts/fixtures/gpt_oss_20b_random.py)"
+    fi
     for gz in "$out"/*.gz; do
         name="$(basename "$gz" .gz)"
         gunzip -c "$gz" >"$tmp/$name" && chmod +x "$tmp/$name"
         [ "$name" = inferno ] && continue
         echo "== $name"
-        "$tmp/$name" --ignored --test-threads=1 --nocapture "${@:2}" 2>&1 | tee -a "$log" || status=1
+        "$tmp/$name" --ignored --test-threads=1 --nocapture "${skip[@]}" "${@:2}" 2>&1 | tee -a "$log" || status=1
     done
     awk '/^test result:/ { for (i = 1; i <= NF; i++) {
             if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
