@@ -139,6 +139,10 @@ impl Session {
             pos += pending.len();
             let id = if sampler.config().is_greedy() {
                 crate::kernels::argmax(&logits)?.to_scalar::<u32>()?
+            } else if sampler.config().is_plain_temperature() && logits.device().is_cuda() {
+                // On the device: no copy of the logits, no 201k exponentials on the host.
+                let seed = sampler.next_seed();
+                crate::kernels::sample_gumbel(&logits, sampler.config().temperature, seed)?.to_scalar::<u32>()?
             } else {
                 let mut host = logits.to_vec1::<f32>()?;
                 sampler.sample(&mut host, &history)

@@ -99,6 +99,17 @@ impl SamplerConfig {
     pub fn is_greedy(&self) -> bool {
         !(self.temperature > 0.0 && self.temperature.is_finite())
     }
+
+    /// True for a draw from the whole `softmax(logits / T)`: temperature only, no top-k,
+    /// top-p, min-p or repetition penalty (gpt-oss's recommended setting). Such a draw can run
+    /// on the device ([`crate::kernels::sample_gumbel`]).
+    pub fn is_plain_temperature(&self) -> bool {
+        !self.is_greedy()
+            && self.top_k.is_none_or(|k| k == 0)
+            && self.top_p.is_none_or(|p| p >= 1.0)
+            && self.min_p.is_none_or(|m| m <= 0.0)
+            && (self.repeat_penalty == 1.0 || self.repeat_last_n == 0)
+    }
 }
 
 /// A stateful sampler: owns the RNG and scratch buffers. One per generation stream.
@@ -119,6 +130,12 @@ impl Sampler {
 
     pub fn config(&self) -> &SamplerConfig {
         &self.cfg
+    }
+
+    /// A seed for one draw made elsewhere (on the device), from this sampler's RNG: the same
+    /// `seed` in the config gives the same sequence of draws.
+    pub fn next_seed(&mut self) -> u64 {
+        self.rng.random()
     }
 
     /// Picks the next token. `logits` is modified in place (penalised); `history` is the ids so

@@ -1,4 +1,5 @@
-// Index of the largest value of a long f32 row (a decode step's logits, 201,088 for gpt-oss):
+// Index of the largest value of a long f32 row (a decode step's logits, 201,088 for gpt-oss),
+// optionally after adding Gumbel noise (a temperature-sampling draw, see gumbel() below):
 // candle's argmax reduces a row in one block, which took 156 us per token there. Two stages:
 // argmax_partial: each of up to 256 blocks reduces a contiguous chunk to (value, index);
 // argmax_final: one block reduces the partials. NaN is never the maximum; ties go to the lower
@@ -35,14 +36,30 @@ __device__ __forceinline__ void block_best(float& v, int& i) {
     }
 }
 
-// grid (blocks), block (THREADS): block b covers [b * chunk, min(n, (b + 1) * chunk)).
+// Gumbel noise for entry j of a draw with this seed: -log(-log(u)), u uniform in (0, 1) from a
+// counter-based hash (splitmix64), in double and then rounded, so the Rust reference gets the
+// same float. argmax(x / T + noise) is a draw from softmax(x / T) (the Gumbel-max trick): plain
+// temperature sampling needs neither the softmax's sum nor the logits on the host.
+__device__ __forceinline__ float gumbel(unsigned long long seed, int j) {
+    unsigned long long z = seed + 0x9E3779B97F4A7C15ull * (unsigned long long)(j + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const double u = ((double)(z >> 11) + 0.5) * 0x1p-53;
+    return (float)(-log(-log(u)));
+}
+
+// grid (blocks), block (THREADS): block b covers [b * chunk, min(n, (b + 1) * chunk)). With
+// sample != 0 the values are x * inv_t + gumbel(seed, j).
 extern "C" __global__ void __launch_bounds__(THREADS)
-    argmax_partial(const float* __restrict__ x, int n, int chunk, float* __restrict__ part_v, int* __restrict__ part_i) {
+    argmax_partial(const float* __restrict__ x, int n, int chunk, int sample, float inv_t, unsigned long long seed,
+                   float* __restrict__ part_v, int* __restrict__ part_i) {
     const int lo = blockIdx.x * chunk, hi = min(n, lo + chunk);
     float v = -INFINITY;
     int i = 0x7fffffff;
     for (int j = lo + threadIdx.x; j < hi; j += THREADS) {
-        const float xj = x[j];
+        float xj = x[j];
+        if (sample) xj = __fadd_rn(__fmul_rn(xj, inv_t), gumbel(seed, j));  // no FMA: as the reference
         if (!isnan(xj)) better(v, i, xj, j);
     }
     block_best(v, i);

@@ -11,7 +11,7 @@
 //! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights
 //!   (GEMVs per slot for decode, tensor-core GEMMs batched by expert for prefill).
 //! - [`mxfp4`]: FP4/E8M0 decoding for references and tests.
-//! - [`argmax()`]: greedy decoding's argmax over a long logits row, in two stages.
+//! - [`argmax()`], [`sample_gumbel()`]: the next token on the device, greedy or by temperature.
 //! - [`mxfp4_moe_routed()`]: routing (top-k, softmax over k) fused into the experts' op.
 //! - [`qkv_rope_store()`]: a decode step's bias, RoPE and cache writes in one launch.
 //! - [`kv_write_at()`]: a decode step's keys/values into the cache at a position held on the
@@ -35,7 +35,7 @@ mod cuda;
 #[cfg(test)]
 mod testing;
 
-pub use argmax::argmax;
+pub use argmax::{argmax, sample_gumbel};
 pub use kv_write::kv_write_at;
 pub use qkv_rope::{QkvHeads, qkv_rope_store};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_f32, mxfp4_moe_routed, route};
