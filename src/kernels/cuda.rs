@@ -15,8 +15,6 @@ pub(super) const MXFP4_MOE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/m
 pub(super) const ARGMAX_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx"));
 /// PTX built by build.rs from `src/kernels/qkv_rope.cu`.
 pub(super) const QKV_ROPE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/qkv_rope.ptx"));
-/// PTX built by build.rs from `src/kernels/kv_write.cu`.
-pub(super) const KV_WRITE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_write.ptx"));
 /// PTX built by build.rs from `src/kernels/router.cu`.
 pub(super) const ROUTER_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/router.ptx"));
 /// PTX built by build.rs from `src/kernels/moe_grouped.cu`.

@@ -1,6 +1,7 @@
-//! One decode step's keys or values written into a preallocated KV cache at a position held on
-//! the device. This is what lets a decode step be captured once in a CUDA graph and replayed at
-//! every position: candle's `slice_set` takes the slot from the host, which a graph would freeze.
+//! One decode step's keys or values written into a preallocated KV cache at a position held in a
+//! tensor rather than on the host (candle's `slice_set` takes the slot from the host, which a
+//! CUDA graph would freeze). CPU only: it is the reference for the cache writes that
+//! [`super::qkv_rope_store`]'s CUDA kernel does together with RoPE.
 //!
 //! Linear caches write slot `pos`, ring caches slot `pos mod capacity` (see [`KvLayout`]).
 
@@ -9,9 +10,8 @@ use candle_core::{CpuStorage, DType, InplaceOp3, Layout, Result, Tensor, bail};
 use super::KvLayout;
 
 /// Writes `new` (`[kv_heads, 1, d]`) into `cache` (`[kv_heads, capacity, d]`, contiguous) at the
-/// position in `pos` (i64 `[1]`, on the cache's device). On the CPU a position past a linear
-/// cache is an error; the CUDA kernel drops the write (it cannot report), so callers check the
-/// position on the host first.
+/// position in `pos` (i64 `[1]`, on the cache's device). A position past a linear cache is an
+/// error. CPU tensors only.
 pub fn kv_write_at(cache: &Tensor, new: &Tensor, pos: &Tensor, layout: KvLayout) -> Result<()> {
     let (heads, _, d) = cache.dims3()?;
     if new.dims() != [heads, 1, d] || new.dtype() != cache.dtype() || !matches!(cache.dtype(), DType::F32 | DType::BF16) {
@@ -74,51 +74,6 @@ impl InplaceOp3 for KvWrite {
         }
         Ok(())
     }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        c: &mut candle_core::CudaStorage,
-        cl: &Layout,
-        s: &candle_core::CudaStorage,
-        sl: &Layout,
-        p: &candle_core::CudaStorage,
-        pl: &Layout,
-    ) -> Result<()> {
-        use candle_core::backend::BackendStorage;
-        use candle_core::cuda_backend::WrapErr;
-        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-
-        use super::cuda::{KV_WRITE_PTX, int};
-
-        let (heads, capacity, d) = cl.shape().dims3()?;
-        let dev = c.device.clone();
-        let pos = p.as_cuda_slice::<i64>()?.slice(pl.start_offset()..);
-        let (cap32, d32, ring) = (int(capacity, "capacity")?, int(d, "head_dim")?, i32::from(self.ring));
-        let cfg = LaunchConfig {
-            grid_dim: (int(heads, "kv_heads")? as u32, 1, 1),
-            block_dim: (d.min(1024) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        macro_rules! launch {
-            ($t:ty, $name:literal) => {{
-                let src = s.as_cuda_slice::<$t>()?.slice(sl.start_offset()..);
-                let mut cache = c.as_cuda_slice_mut::<$t>()?.slice_mut(cl.start_offset()..);
-                let func = dev.get_or_load_custom_func($name, "inferno_kv_write", KV_WRITE_PTX)?;
-                let mut b = func.builder();
-                b.arg(&mut cache).arg(&src).arg(&pos).arg(&cap32).arg(&d32).arg(&ring);
-                // SAFETY: the arguments match the kernel's signature; shapes were checked in
-                // kv_write_at and every access stays inside the [heads, capacity, d] cache.
-                unsafe { b.launch(cfg) }.w()?;
-            }};
-        }
-        match c.dtype() {
-            DType::F32 => launch!(f32, "kv_write_f32"),
-            DType::BF16 => launch!(half::bf16, "kv_write_bf16"),
-            other => bail!("kv_write: unsupported dtype {other:?}"),
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -153,17 +108,5 @@ mod tests {
         let new = Tensor::zeros((1, 1, 8), DType::F32, &Device::Cpu).unwrap();
         let err = kv_write_at(&cache, &new, &Tensor::new(&[4i64], &Device::Cpu).unwrap(), KvLayout::Linear).unwrap_err();
         assert!(err.to_string().contains("past the cache"), "{err}");
-    }
-
-    #[cfg(feature = "cuda")]
-    #[test]
-    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
-    fn gpu_writes_one_slot_linear_and_ring() {
-        let dev = crate::kernels::testing::gpu();
-        for dtype in [DType::F32, DType::BF16] {
-            check(&dev, KvLayout::Linear, 0, dtype);
-            check(&dev, KvLayout::Linear, 4, dtype);
-            check(&dev, KvLayout::Ring, 13, dtype);
-        }
     }
 }

@@ -14,8 +14,8 @@
 //! - [`argmax()`], [`sample_gumbel()`]: the next token on the device, greedy or by temperature.
 //! - [`mxfp4_moe_routed()`]: routing (top-k, softmax over k) fused into the experts' op.
 //! - [`qkv_rope_store()`]: a decode step's bias, RoPE and cache writes in one launch.
-//! - [`kv_write_at()`]: a decode step's keys/values into the cache at a position held on the
-//!   device (CUDA-graph replays).
+//! - [`kv_write_at()`]: keys/values into the cache at a position held in a tensor (the CPU
+//!   reference of `qkv_rope_store`'s cache writes).
 //!
 //! Tests: CPU references against independent naive formulations run everywhere; GPU-vs-CPU tests
 //! are `#[ignore]`d (no GPU on the build machines) and run with
@@ -38,7 +38,7 @@ mod testing;
 pub use argmax::{argmax, sample_gumbel};
 pub use kv_write::kv_write_at;
 pub use qkv_rope::{QkvHeads, qkv_rope_store};
-pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_f32, mxfp4_moe_routed, route};
+pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};
 pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention, sink_attention_at};
 
 use candle_core::backend::BackendStorage;

@@ -144,14 +144,6 @@ pub fn mxfp4_moe(x: &Tensor, experts: &Mxfp4Experts, expert_ids: &Tensor, weight
     x.contiguous()?.apply_op3_no_bwd(&expert_ids.contiguous()?, &weights.contiguous()?, &op)
 }
 
-/// [`mxfp4_moe`] with an f32 result whatever x's dtype: the sum over the experts, accumulated in
-/// f32, goes into an f32 residual stream without a round trip through bf16.
-pub fn mxfp4_moe_f32(x: &Tensor, experts: &Mxfp4Experts, expert_ids: &Tensor, weights: &Tensor, act: SwiGlu) -> Result<Tensor> {
-    let mut op = Mxfp4Moe::new(x, experts, expert_ids, weights, act, false)?;
-    op.out_f32 = true;
-    x.contiguous()?.apply_op3_no_bwd(&expert_ids.contiguous()?, &weights.contiguous()?, &op)
-}
-
 /// The CustomOp: `x`, ids and weights are its arguments, the experts travel inside.
 struct Mxfp4Moe {
     experts: Mxfp4Experts,
@@ -159,7 +151,8 @@ struct Mxfp4Moe {
     /// Tests: fill the CUDA output with NaN before the kernels run.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     poison: bool,
-    /// Return f32 instead of x's dtype.
+    /// Return f32 instead of x's dtype ([`mxfp4_moe_routed`]: the sum over the experts,
+    /// accumulated in f32, goes into an f32 residual stream without a round trip through bf16).
     out_f32: bool,
 }
 

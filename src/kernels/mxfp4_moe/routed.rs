@@ -23,7 +23,7 @@ pub fn route(logits: &[f32], bias: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
 
 /// The experts' f32 output `[tokens, H]` for `x` `[tokens, H]` (f32 or bf16) routed by the
 /// router's raw `logits` (f32 `[tokens, E]`, before the bias) and `bias` (f32 `[E]`): top `k`,
-/// softmax over the k, then [`super::mxfp4_moe_f32`].
+/// softmax over the k, then the experts as in [`super::mxfp4_moe`], with an f32 result.
 pub fn mxfp4_moe_routed(x: &Tensor, experts: &Mxfp4Experts, logits: &Tensor, bias: &Tensor, k: usize, act: SwiGlu) -> Result<Tensor> {
     let (tokens, e) = logits.dims2()?;
     if e != experts.experts || tokens != x.dim(0)? || logits.dtype() != DType::F32 {

@@ -5,8 +5,8 @@
 //! cudarc support stream capture) and replayed with one launch per token. For that nothing a
 //! launch takes may depend on the token or the position: both live in a device tensor `step`
 //! (i64 `[token, position]`) that the host writes before each replay, and the step reads them
-//! there (embedding and RoPE rows by `index_select`, the KV write and attention through
-//! [`crate::kernels::kv_write_at`] and [`crate::kernels::sink_attention_at`]). The logits land
+//! there (the embedding row by `index_select`, RoPE and the KV writes in
+//! [`crate::kernels::qkv_rope_store`], attention in [`crate::kernels::sink_attention_at`]). The logits land
 //! in a fixed buffer. Intermediate tensors are allocated and freed inside the graph
 //! (stream-ordered allocations), and candle's upload cache keeps the few dims/strides uploads
 //! at fixed addresses.

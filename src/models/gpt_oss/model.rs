@@ -94,6 +94,7 @@ pub const PREFILL_CHUNK: usize = 512;
 
 impl GptOss {
     pub fn new(cfg: GptOssConfig, w: Weights, context: usize, dtype: DType, device: &Device) -> anyhow::Result<GptOss> {
+        let vocab = cfg.vocab_size;
         let inv_freq = rope::inv_freq(&cfg.rope, cfg.rope_theta, cfg.head_dim, 0);
         let (cos, sin) = rope::scaled_tables(&inv_freq, cfg.rope.attention_scaling(), 0, context, dtype, device)?;
         let mut model = GptOss {
@@ -107,7 +108,7 @@ impl GptOss {
             context,
             prefill_chunk: PREFILL_CHUNK,
             ring: Vec::new(),
-            graph: None,
+            graph: DecodeGraph::new(device, vocab)?,
         };
         model.set_prefill_chunk(PREFILL_CHUNK)?;
         Ok(model)
@@ -130,8 +131,10 @@ impl GptOss {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         self.prefill_chunk = chunk;
-        // A captured graph holds the old caches' addresses.
-        self.graph = DecodeGraph::new(&self.device, self.cfg.vocab_size)?;
+        // A captured graph holds the old caches' addresses; a graph switched off stays off.
+        if self.graph.is_some() {
+            self.graph = DecodeGraph::new(&self.device, self.cfg.vocab_size)?;
+        }
         Ok(())
     }
 
