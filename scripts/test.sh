@@ -11,12 +11,8 @@ source scripts/cuda-env.sh || { echo "test.sh: could not set up the CUDA build t
 
 HF_HUB_VERSION=2.4.0
 PY="${INFERNO_CACHE:-$HOME/.cache/inferno}/py-hub-$HF_HUB_VERSION"
-if ! "$PY/bin/python" -c 'import huggingface_hub' 2>/dev/null; then
-    echo "test.sh: installing huggingface_hub==$HF_HUB_VERSION into $PY" >&2
-    rm -rf "$PY"
-    python3 -m venv "$PY"
-    "$PY/bin/python" -m pip install --quiet --disable-pip-version-check "huggingface_hub==$HF_HUB_VERSION"
-fi
+source scripts/venv.sh
+pinned_venv "$PY" 'import huggingface_hub' "huggingface_hub==$HF_HUB_VERSION"
 export INFERNO_PYTHON="$PY/bin/python"
 
 # Real model files some tests read (they fail, saying which script to run, when one is missing).
