@@ -193,9 +193,10 @@ fn gpu_20b_shaped_bf16_teacher_forced_agreement() {
         let agree = kept.iter().filter(|&&i| got[i] == want[i]).count();
         eprintln!("  where the f32 top-1 margin is ≥ {floor}: {agree}/{} agree", kept.len());
     }
-    // On random weights the logits are nearly flat (a quarter of the positions have a top-1 margin
-    // under 0.3), so bf16 rounding anywhere flips predictions: transformers' own bf16 agrees with
-    // its f32 on ~77%. The bar that means something here: at least as close to f32 as that.
+    // The bar, on a checkpoint that is not chaotic (gpt_oss_20b_random.py says why), and
+    // at least as close to f32 as transformers' own bf16 on the same weights.
+    assert!(want.len() >= 256, "the reference covers only {} positions; the bar is over 256+", want.len());
+    assert!(agree >= 0.99, "bf16 top-1 agreement with transformers f32 is {agree}, under 99%");
     let yardstick = fx["transformers_bf16_agreement"].as_f64().expect("transformers_bf16_agreement");
     assert!(agree >= yardstick, "agreement {agree} is below transformers' own bf16 ({yardstick})");
 }

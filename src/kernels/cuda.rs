@@ -20,6 +20,9 @@ pub(super) const ROUTER_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rout
 /// PTX built by build.rs from `src/kernels/moe_grouped.cu`.
 pub(super) const MOE_GROUPED_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/moe_grouped.ptx"));
 
+/// PTX built by build.rs from `src/kernels/hi_lo.cu`.
+pub(super) const HI_LO_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/hi_lo.ptx"));
+
 /// The activation dtypes the kernels are instantiated for.
 pub(super) trait KernelFloat: DeviceRepr + Copy + 'static {
     /// Kernel-name component: `f32` or `bf16`.

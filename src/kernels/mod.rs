@@ -12,6 +12,8 @@
 //!   (GEMVs per slot for decode, tensor-core GEMMs batched by expert for prefill).
 //! - [`mxfp4`]: FP4/E8M0 decoding for references and tests.
 //! - [`argmax()`], [`sample_gumbel()`]: the next token on the device, greedy or by temperature.
+//! - [`matmul_f32_out()`], [`matmul_hi_lo()`]: the LM head's product with an f32 result
+//!   (cuBLAS), from an f32 input carried as two bf16 halves.
 //! - [`mxfp4_moe_routed()`]: routing (top-k, softmax over k) fused into the experts' op.
 //! - [`qkv_rope_store()`]: a decode step's bias, RoPE and cache writes in one launch.
 //! - [`kv_write_at()`]: keys/values into the cache at a position held in a tensor (the CPU
@@ -24,6 +26,7 @@
 //! `nvcc --ptx -arch=sm_90 -O3 -std=c++17 -I src/kernels src/kernels/X.cu -o X.ptx && ptxas -arch=sm_90 -v X.ptx -o /dev/null`.
 
 pub mod argmax;
+pub mod f32_out_matmul;
 pub mod kv_write;
 pub mod mxfp4;
 pub mod mxfp4_moe;
@@ -36,6 +39,7 @@ mod cuda;
 mod testing;
 
 pub use argmax::{argmax, sample_gumbel};
+pub use f32_out_matmul::{matmul_f32_out, matmul_hi_lo};
 pub use kv_write::kv_write_at;
 pub use qkv_rope::{QkvHeads, qkv_rope_store};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};

@@ -6,6 +6,7 @@ use candle_core::{DType, Tensor};
 
 use super::CausalLm;
 use super::linear::Linear;
+use crate::kernels::matmul_hi_lo;
 
 /// RMSNorm of `x` computed in f32 (the weight is upcast): `x / sqrt(mean(x²) + eps) · w`.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
@@ -23,14 +24,24 @@ pub struct Head {
 }
 
 impl Head {
-    /// f32 logits `[rows, vocab]` of final hidden states `[rows, hidden]`.
+    /// f32 logits `[rows, vocab]` of final hidden states `[rows, hidden]`. A bf16 head takes
+    /// the f32 normed state as bf16 hi + lo and keeps its product in f32 ([`matmul_hi_lo`]):
+    /// rounded to bf16, logits within ~1/32 of each other would tie or swap, and the rounded
+    /// input alone flips near-ties too.
     pub fn logits(&self, hidden: &Tensor) -> anyhow::Result<Tensor> {
         let h = rms_norm(hidden, &self.norm, self.eps)?;
-        let h = match &self.lm_head {
-            Linear::Dense { weight, .. } => h.to_dtype(weight.dtype())?,
-            Linear::Quantized { .. } => h,
+        let logits = match &self.lm_head {
+            Linear::Dense { weight, bias } if weight.dtype() == DType::BF16 => {
+                let y = matmul_hi_lo(&h, weight)?;
+                match bias {
+                    Some(b) => y.broadcast_add(&b.to_dtype(DType::F32)?)?,
+                    None => y,
+                }
+            }
+            Linear::Dense { weight, .. } => self.lm_head.forward(&h.to_dtype(weight.dtype())?)?,
+            Linear::Quantized { .. } => self.lm_head.forward(&h)?,
         };
-        Ok(self.lm_head.forward(&h)?.to_dtype(DType::F32)?)
+        Ok(logits.to_dtype(DType::F32)?)
     }
 }
 
