@@ -23,6 +23,10 @@ impl KvCache {
         self.capacity
     }
 
+    pub fn dtype(&self) -> DType {
+        self.k.dtype()
+    }
+
     /// Writes `k`, `v` (`[kv_heads, len, head_dim]`) at position `start` and returns views of
     /// positions `0..start + len`.
     pub fn append(&mut self, k: &Tensor, v: &Tensor, start: usize) -> anyhow::Result<(Tensor, Tensor)> {

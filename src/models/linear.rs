@@ -4,6 +4,8 @@
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Module, Tensor};
 
+use crate::kernels::matmul_f32_out;
+
 pub enum Linear {
     Dense { weight: Tensor, bias: Option<Tensor> },
     Quantized { weight: QMatMul, bias: Option<Tensor> },
@@ -21,8 +23,34 @@ impl Linear {
             }
         };
         match bias {
-            Some(b) => y.broadcast_add(b),
+            Some(b) => y.broadcast_add(&b.to_dtype(y.dtype())?),
             None => Ok(y),
+        }
+    }
+
+    /// `x` `[rows, in]` times the weight, as f32 `[rows, out]` without the bias. A bf16 weight
+    /// takes `x` in bf16 and keeps the product in f32 ([`matmul_f32_out`]) instead of rounding
+    /// it to bf16 as candle's matmul does.
+    pub fn matmul_f32(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Linear::Dense { weight, .. } if weight.dtype() == DType::BF16 => matmul_f32_out(&x.to_dtype(DType::BF16)?, weight),
+            Linear::Dense { weight, .. } => x.to_dtype(weight.dtype())?.matmul(&weight.t()?)?.to_dtype(DType::F32),
+            Linear::Quantized { weight, .. } => weight.forward(&x.to_dtype(DType::F32)?),
+        }
+    }
+
+    /// [`Linear::matmul_f32`] plus the bias, added in f32.
+    pub fn forward_f32(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = self.matmul_f32(x)?;
+        match self.bias() {
+            Some(b) => y.broadcast_add(&b.to_dtype(DType::F32)?),
+            None => Ok(y),
+        }
+    }
+
+    pub fn bias(&self) -> Option<&Tensor> {
+        match self {
+            Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
         }
     }
 }

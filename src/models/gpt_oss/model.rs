@@ -38,7 +38,14 @@ impl Attention {
                 _ => anyhow::bail!("gpt-oss attention projections must be dense with biases"),
             }
         }
-        let qkv = Linear::Dense { weight: Tensor::cat(&weights, 0)?, bias: Some(Tensor::cat(&biases, 0)?) };
+        // Biases in f32: the projections' products stay f32 (Linear::forward_f32) until RoPE
+        // has run, and converting them on every call would be a launch each.
+        let f32_bias = |b: &Tensor| b.to_dtype(DType::F32);
+        let qkv = Linear::Dense { weight: Tensor::cat(&weights, 0)?, bias: Some(f32_bias(&Tensor::cat(&biases, 0)?)?) };
+        let o = match o {
+            Linear::Dense { weight, bias } => Linear::Dense { weight, bias: bias.as_ref().map(f32_bias).transpose()? },
+            _ => anyhow::bail!("gpt-oss o_proj must be dense"),
+        };
         Ok(Attention { qkv, o, sinks })
     }
 }
@@ -96,7 +103,8 @@ impl GptOss {
     pub fn new(cfg: GptOssConfig, w: Weights, context: usize, dtype: DType, device: &Device) -> anyhow::Result<GptOss> {
         let vocab = cfg.vocab_size;
         let inv_freq = rope::inv_freq(&cfg.rope, cfg.rope_theta, cfg.head_dim, 0);
-        let (cos, sin) = rope::scaled_tables(&inv_freq, cfg.rope.attention_scaling(), 0, context, dtype, device)?;
+        // f32 tables: RoPE runs in f32 and rounds once (qkv_rope.rs says why).
+        let (cos, sin) = rope::scaled_tables(&inv_freq, cfg.rope.attention_scaling(), 0, context, DType::F32, device)?;
         let mut model = GptOss {
             cfg,
             w,
@@ -187,7 +195,7 @@ impl GptOss {
             let window = self.cfg.sliding[n].then_some(self.cfg.sliding_window);
             let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype)?;
             let a = attention(&self.cfg, &layer.attn, cache, self.ring[n], &h, at, &cos, &sin, window)?;
-            x = (x + a.to_dtype(DType::F32)?)?;
+            x = (x + a)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?;
             let m = moe(&self.cfg, layer, &h, self.dtype)?;
             x = (x + m)?;
@@ -282,10 +290,16 @@ fn attention(
     let scale = 1.0 / (d as f32).sqrt();
     let out = match at {
         At::Host(start) => {
-            let qkv = a.qkv.forward(x)?;
-            let q = candle_nn::rotary_emb::rope(&split(qkv.narrow(1, 0, qd)?, heads)?, cos, sin)?.squeeze(0)?.contiguous()?;
-            let k = candle_nn::rotary_emb::rope(&split(qkv.narrow(1, qd, kvd)?, kv_heads)?, cos, sin)?.squeeze(0)?;
-            let v = split(qkv.narrow(1, qd + kvd, kvd)?, kv_heads)?.squeeze(0)?;
+            // Product, bias and RoPE in f32, one rounding into the cache dtype (as the decode
+            // kernel does).
+            let dtype = cache.dtype();
+            let qkv = a.qkv.forward_f32(x)?;
+            let rope = |t: Tensor, n: usize| -> candle_core::Result<Tensor> {
+                candle_nn::rotary_emb::rope(&split(t, n)?, cos, sin)?.squeeze(0)?.to_dtype(dtype)
+            };
+            let q = rope(qkv.narrow(1, 0, qd)?, heads)?.contiguous()?;
+            let k = rope(qkv.narrow(1, qd, kvd)?, kv_heads)?;
+            let v = split(qkv.narrow(1, qd + kvd, kvd)?, kv_heads)?.squeeze(0)?.to_dtype(dtype)?;
             let (k_all, v_all) = if ring { cache.append_ring(&k, &v, start)? } else { cache.append(&k, &v, start)? };
             let cfg = SinkAttnConfig { start, window, layout, scale };
             crate::kernels::sink_attention(&q, &k_all, &v_all, &a.sinks, &cfg)?
@@ -293,17 +307,18 @@ fn attention(
         At::Device(pos) => {
             // One token: bias, RoPE (cos/sin are the whole tables) and the cache writes in one
             // launch, reading the position from the device.
-            let Linear::Dense { weight, bias: Some(bias) } = &a.qkv else { anyhow::bail!("gpt-oss q/k/v must be dense with biases") };
+            let Some(bias) = a.qkv.bias() else { anyhow::bail!("gpt-oss q/k/v must have biases") };
             let (k_all, v_all) = cache.buffers();
             let heads_of = crate::kernels::QkvHeads { heads, kv_heads, head_dim: d };
-            let q = crate::kernels::qkv_rope_store(&x.matmul(&weight.t()?)?, bias, cos, sin, pos, heads_of, (&k_all, &v_all), layout)?;
+            let q = crate::kernels::qkv_rope_store(&a.qkv.matmul_f32(x)?, bias, cos, sin, pos, heads_of, (&k_all, &v_all), layout)?;
             let cfg = SinkAttnConfig { start: 0, window, layout, scale };
             crate::kernels::sink_attention_at(&q, &k_all, &v_all, &a.sinks, &cfg, pos)?
         }
     }; // [heads, seq, d]
     // [seq, heads·d]; one token's [heads, 1, d] already has that memory layout (no copy).
     let out = if seq == 1 { out.reshape((1, heads * d))? } else { out.transpose(0, 1)?.reshape((seq, heads * d))? };
-    Ok(a.o.forward(&out)?)
+    // f32 straight into the f32 residual stream.
+    Ok(a.o.forward_f32(&out)?)
 }
 
 /// Router and experts for `h` (`[seq, hidden]`, f32); returns the f32 MoE output. The router
