@@ -46,21 +46,22 @@ BUGS = {
     "bug_rope": "RoPE on interleaved pairs instead of half-split",
     "bug_sinks": "no sink logit in the softmax",
 }
-# Where inferno's bf16 path holds values in bf16 (its residual stream, router and logits are
-# f32; the LM head takes the f32 hidden state as bf16 hi + lo).
-INFERNO = {"attn_in", "qkv", "attn_out", "o_out", "moe_in"}
+# Where inferno's bf16 path holds values in bf16: GEMM inputs and the KV cache. Its residual
+# stream, router, GEMM results, RoPE and logits are f32; the LM head takes the f32 hidden state
+# as bf16 hi + lo.
+INFERNO = {"attn_in", "qkv1", "attn_out", "moe_in"}
+BEFORE = {"attn_in", "qkv", "attn_out", "o_out", "moe_in", "head_in", "logits"}
 VARIANTS = {
     "transformers bf16": set(FLAGS),
-    "inferno, bf16 logits (before)": INFERNO | {"head_in", "logits"},
-    "inferno, f32 logits, bf16 head input": INFERNO | {"head_in"},
+    "inferno before (bf16 GEMM outputs and logits)": BEFORE,
+    "inferno before, f32 logits": BEFORE - {"logits"},
     "inferno (now)": INFERNO,
     "inferno - moe_in": INFERNO - {"moe_in"},
-    "inferno - qkv": INFERNO - {"qkv"},
-    "inferno - attention path": INFERNO - {"attn_in", "qkv", "attn_out", "o_out"},
-    "inferno, q/k/v rounded once after f32 bias + RoPE": INFERNO - {"qkv"} | {"qkv1"},
+    "inferno - attention path": INFERNO - {"attn_in", "qkv1", "attn_out"},
     "only head_in": {"head_in"},
     "only logits": {"logits"},
     "only qkv": {"qkv"},
+    "only qkv1": {"qkv1"},
     **{f"inferno + {bug}": INFERNO | {bug} for bug in BUGS},
 }
 
@@ -199,6 +200,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=300)
     ap.add_argument("--settings", nargs="*", default=["1,0"], help="ROUTER_SCALE,DAMP pairs (see gpt_oss_20b_random.py)")
     ap.add_argument("--check-tiny")
+    ap.add_argument("--reference", help="a folder written by gpt_oss_20b_random.py with the same settings and --tokens")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -215,6 +217,12 @@ def main():
         rs, damp = setting.split(",")
         w = checkpoint(cfg, float(rs), int(damp), dev)
         exact = Forward(cfg, w, set()).logits(ids, cos, sin)
+        if args.reference:
+            ref = json.load(open(os.path.join(args.reference, "reference.json")))
+            same = (exact.argmax(-1).cpu() == torch.tensor(ref["f32_argmax"])).float().mean().item()
+            print(f"unrounded forward vs transformers f32 ({args.reference}): top-1 agreement {100 * same:.2f}%")
+            for p, row in zip(ref.get("probe_positions", []), ref.get("f32_probe_logits", [])):
+                print(f"  position {p}: max |logit difference| {(exact[p].cpu() - torch.tensor(row)).abs().max().item():.2e}")
         top = torch.topk(exact, 2, dim=-1)
         want, margin = top.indices[:, 0], top.values[:, 0] - top.values[:, 1]
         print(f"\n== router scale {rs}, damp {damp}: {args.tokens} positions; f32 margin < 0.1 at "
