@@ -1,12 +1,14 @@
-//! `x · wᵀ` for bf16 `x` and `w` with the result *kept* in f32: the LM head's product.
+//! `x · wᵀ` for bf16 `x` and `w` with the result *kept* in f32: the LM head's product, and
+//! the q/k/v and o projections' ([`crate::models::linear::Linear::matmul_f32`]).
 //!
 //! candle's bf16 matmul accumulates in f32 but rounds its output to bf16, and a logit near 10
 //! then moves by up to 1/32 (bf16 keeps 8 significant bits). Logits closer than that tie or
 //! swap, which flips greedy picks and skews sampling for no gain: the head's output is 201k
-//! values per token, not a tensor anyone stores. On a 20b-shaped random gpt-oss checkpoint this
-//! rounding was the source of every bf16 top-1 miss left once the network is not chaotic
-//! (scripts/analysis/gpt_oss_precision.py). cuBLAS's GemmEx takes bf16 inputs and writes f32;
-//! candle has no way to ask for it, so this op calls it on candle's cuBLAS handle and stream.
+//! values per token, not a tensor anyone stores. On a 20b-shaped random gpt-oss checkpoint
+//! (damped, 512 positions) this rounding cost 11 of the 14 bf16 top-1 misses
+//! scripts/analysis/gpt_oss_precision.py counts. cuBLAS's GemmEx takes bf16 inputs and writes
+//! f32; candle has no way to ask for it, so this op calls it on candle's cuBLAS handle and
+//! stream.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor, bail};
 use half::bf16;

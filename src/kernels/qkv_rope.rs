@@ -3,8 +3,8 @@
 //! instead of eight launches; elsewhere the same steps as candle ops in f32, which are the
 //! reference. Everything is computed in f32 and rounded once into the cache dtype: candle's
 //! RoPE in bf16 rounds each product and the difference (three roundings, and the difference of
-//! two near-equal products loses most of its bits), which gave a 20b-shaped checkpoint about
-//! twice the bf16 top-1 misses that single roundings explain.
+//! two near-equal products loses most of its bits): with it, the tiny test model's bf16 logits
+//! were 0.134 off its f32 ones at worst; with one rounding, 0.019.
 
 use candle_core::{D, DType, Result, Tensor, bail};
 

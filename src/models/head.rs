@@ -30,18 +30,10 @@ impl Head {
     /// input alone flips near-ties too.
     pub fn logits(&self, hidden: &Tensor) -> anyhow::Result<Tensor> {
         let h = rms_norm(hidden, &self.norm, self.eps)?;
-        let logits = match &self.lm_head {
-            Linear::Dense { weight, bias } if weight.dtype() == DType::BF16 => {
-                let y = matmul_hi_lo(&h, weight)?;
-                match bias {
-                    Some(b) => y.broadcast_add(&b.to_dtype(DType::F32)?)?,
-                    None => y,
-                }
-            }
-            Linear::Dense { weight, .. } => self.lm_head.forward(&h.to_dtype(weight.dtype())?)?,
-            Linear::Quantized { .. } => self.lm_head.forward(&h)?,
-        };
-        Ok(logits.to_dtype(DType::F32)?)
+        Ok(match &self.lm_head {
+            Linear::Dense { weight, .. } if weight.dtype() == DType::BF16 => self.lm_head.add_bias_f32(matmul_hi_lo(&h, weight)?)?,
+            _ => self.lm_head.forward_f32(&h)?,
+        })
     }
 }
 

@@ -23,7 +23,7 @@ impl Linear {
             }
         };
         match bias {
-            Some(b) => y.broadcast_add(&b.to_dtype(y.dtype())?),
+            Some(b) => y.broadcast_add(b),
             None => Ok(y),
         }
     }
@@ -41,7 +41,11 @@ impl Linear {
 
     /// [`Linear::matmul_f32`] plus the bias, added in f32.
     pub fn forward_f32(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = self.matmul_f32(x)?;
+        self.add_bias_f32(self.matmul_f32(x)?)
+    }
+
+    /// `y` (f32 `[rows, out]`, a product with this weight) plus the bias, in f32.
+    pub fn add_bias_f32(&self, y: Tensor) -> candle_core::Result<Tensor> {
         match self.bias() {
             Some(b) => y.broadcast_add(&b.to_dtype(DType::F32)?),
             None => Ok(y),
