@@ -76,9 +76,10 @@ pub fn kind_of(err: &anyhow::Error) -> ErrorKind {
             return f.kind;
         }
         if let Some(io) = cause.downcast_ref::<std::io::Error>()
-            && is_storage_error(io) {
-                return ErrorKind::Storage;
-            }
+            && is_storage_error(io)
+        {
+            return ErrorKind::Storage;
+        }
     }
     ErrorKind::Other
 }

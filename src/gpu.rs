@@ -49,7 +49,10 @@ fn short_cuda_error(text: &str) -> String {
     if text.contains("CUDA_ERROR_STUB_LIBRARY") || text.contains("CUDA_ERROR_NO_DEVICE") {
         return "no NVIDIA driver or GPU found".to_string();
     }
-    if let Some(code) = text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).find(|w| w.starts_with("CUDA_ERROR_")) {
+    if let Some(code) = text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .find(|w| w.starts_with("CUDA_ERROR_"))
+    {
         return code.to_string();
     }
     text.lines().next().unwrap_or("unknown error").trim().to_string()
@@ -57,7 +60,10 @@ fn short_cuda_error(text: &str) -> String {
 
 #[cfg(not(feature = "cuda"))]
 pub fn open(_ordinal: usize) -> anyhow::Result<(Device, GpuInfo)> {
-    Err(fail(ErrorKind::NoDevice, "this inferno was built without CUDA support (rebuild with the default features)"))
+    Err(fail(
+        ErrorKind::NoDevice,
+        "this inferno was built without CUDA support (rebuild with the default features)",
+    ))
 }
 
 /// Free and total device memory now, for "memory used" reports.
@@ -77,9 +83,13 @@ pub fn memory(_device: &Device) -> Option<(u64, u64)> {
 mod tests {
     #[test]
     fn cuda_errors_are_short() {
-        let text = "DriverError(CUDA_ERROR_STUB_LIBRARY, \"x\")\n   0: candle_core::error::Error::bt";
+        let text =
+            "DriverError(CUDA_ERROR_STUB_LIBRARY, \"x\")\n   0: candle_core::error::Error::bt";
         assert_eq!(super::short_cuda_error(text), "no NVIDIA driver or GPU found");
-        assert_eq!(super::short_cuda_error("DriverError(CUDA_ERROR_INVALID_DEVICE, \"\")\n bt"), "CUDA_ERROR_INVALID_DEVICE");
+        assert_eq!(
+            super::short_cuda_error("DriverError(CUDA_ERROR_INVALID_DEVICE, \"\")\n bt"),
+            "CUDA_ERROR_INVALID_DEVICE"
+        );
         assert_eq!(super::short_cuda_error("odd\nmore"), "odd");
     }
 }

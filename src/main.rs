@@ -28,11 +28,7 @@ fn one_line(err: &anyhow::Error) -> String {
     let first = |s: String| s.lines().next().unwrap_or("").trim().to_string();
     let top = first(err.to_string());
     let root = first(err.root_cause().to_string());
-    if root == top || top.contains(&root) {
-        top
-    } else {
-        format!("{top}: {root}")
-    }
+    if root == top || top.contains(&root) { top } else { format!("{top}: {root}") }
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {

@@ -37,13 +37,18 @@ fn llama_repo() -> FakeRepo {
 }
 
 fn snapshot(cache: &Path, repo: &FakeRepo) -> PathBuf {
-    cache.join(format!("models--{}", repo.id.replace('/', "--"))).join("snapshots").join(&repo.commit)
+    cache
+        .join(format!("models--{}", repo.id.replace('/', "--")))
+        .join("snapshots")
+        .join(&repo.commit)
 }
 
 fn blobs(cache: &Path, repo: &FakeRepo) -> Vec<String> {
     let dir = cache.join(format!("models--{}", repo.id.replace('/', "--"))).join("blobs");
     let mut v: Vec<String> = std::fs::read_dir(dir)
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -88,7 +93,8 @@ fn full_download_writes_the_hf_cache_layout() {
     server.clear_log();
     let again = inferno(cache.path(), Some(&server.url), &["download", "org/tiny-llama"], &[]);
     assert!(again.status.success(), "{}", stderr(&again));
-    let gets: Vec<_> = server.content_gets().into_iter().filter(|l| !l.path.ends_with("index.json")).collect();
+    let gets: Vec<_> =
+        server.content_gets().into_iter().filter(|l| !l.path.ends_with("index.json")).collect();
     assert!(gets.is_empty(), "re-downloaded: {gets:?}");
 }
 
@@ -108,7 +114,8 @@ fn a_cut_connection_is_resumed_with_range() {
         .map(|l| l.range)
         .collect();
     assert_eq!(ranges, vec![None, Some("bytes=100000-".into()), Some("bytes=200000-".into())]);
-    let got = std::fs::read(snapshot(cache.path(), &repo).join("model-00001-of-00002.safetensors")).unwrap();
+    let got = std::fs::read(snapshot(cache.path(), &repo).join("model-00001-of-00002.safetensors"))
+        .unwrap();
     assert_eq!(got, repo.file("model-00001-of-00002.safetensors").data);
 }
 
@@ -120,10 +127,12 @@ fn a_partial_file_from_an_earlier_run_is_resumed() {
     let file = repo.file("model-00002-of-00002.safetensors");
     let blobs_dir = cache.path().join("models--org--tiny-llama/blobs");
     std::fs::create_dir_all(&blobs_dir).unwrap();
-    std::fs::write(blobs_dir.join(format!("{}.incomplete", file.sha256())), &file.data[..12_345]).unwrap();
+    std::fs::write(blobs_dir.join(format!("{}.incomplete", file.sha256())), &file.data[..12_345])
+        .unwrap();
     let out = inferno(cache.path(), Some(&server.url), &["download", "org/tiny-llama"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let log: Vec<_> = server.content_gets().into_iter().filter(|l| l.path.ends_with(&file.sha256())).collect();
+    let log: Vec<_> =
+        server.content_gets().into_iter().filter(|l| l.path.ends_with(&file.sha256())).collect();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].range.as_deref(), Some("bytes=12345-"));
     let got = std::fs::read(snapshot(cache.path(), &repo).join(&file.path)).unwrap();
@@ -139,7 +148,11 @@ fn a_checksum_mismatch_is_rejected_and_nothing_is_linked() {
     let out = inferno(cache.path(), Some(&server.url), &["download", "org/tiny-llama"], &[]);
     assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
     let err = stderr(&out);
-    assert!(err.contains("checksum mismatch") && err.lines().filter(|l| l.starts_with("error:")).count() == 1, "{err}");
+    assert!(
+        err.contains("checksum mismatch")
+            && err.lines().filter(|l| l.starts_with("error:")).count() == 1,
+        "{err}"
+    );
     let file = repo.file("model-00002-of-00002.safetensors");
     let names = blobs(cache.path(), &repo);
     assert!(!names.iter().any(|b| b.starts_with(&file.sha256())), "{names:?}");
@@ -157,12 +170,22 @@ fn gated_repos_need_a_token_and_the_token_stays_on_the_hub() {
     assert_eq!(out.status.code(), Some(4));
     assert!(stderr(&out).contains("set HF_TOKEN"), "{}", stderr(&out));
 
-    let bad = inferno(cache.path(), Some(&server.url), &["download", "org/gated"], &[("HF_TOKEN", "hf_wrong")]);
+    let bad = inferno(
+        cache.path(),
+        Some(&server.url),
+        &["download", "org/gated"],
+        &[("HF_TOKEN", "hf_wrong")],
+    );
     assert_eq!(bad.status.code(), Some(4));
     assert!(stderr(&bad).contains("no access"), "{}", stderr(&bad));
 
     server.clear_log();
-    let ok = inferno(cache.path(), Some(&server.url), &["download", "org/gated"], &[("HF_TOKEN", GOOD_TOKEN)]);
+    let ok = inferno(
+        cache.path(),
+        Some(&server.url),
+        &["download", "org/gated"],
+        &[("HF_TOKEN", GOOD_TOKEN)],
+    );
     assert!(ok.status.success(), "{}", stderr(&ok));
     for l in server.log() {
         if l.path.starts_with("/cdn/") {
@@ -180,7 +203,12 @@ fn missing_repo_and_revision_are_not_found() {
     let out = inferno(cache.path(), Some(&server.url), &["download", "org/nope"], &[]);
     assert_eq!(out.status.code(), Some(3));
     assert!(stderr(&out).contains("not found"), "{}", stderr(&out));
-    let out = inferno(cache.path(), Some(&server.url), &["download", "org/tiny-llama", "--revision", "v9"], &[]);
+    let out = inferno(
+        cache.path(),
+        Some(&server.url),
+        &["download", "org/tiny-llama", "--revision", "v9"],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(3));
     assert!(stderr(&out).contains("revision \"v9\" not found"), "{}", stderr(&out));
     assert!(!cache.path().join("models--org--nope").exists());
@@ -194,7 +222,12 @@ fn path_traversal_is_refused() {
         let out = inferno(cache.path(), Some(&server.url), &["download", bad], &[]);
         assert_eq!(out.status.code(), Some(2), "{bad}: {}", stderr(&out));
     }
-    let out = inferno(cache.path(), Some(&server.url), &["download", "org/tiny-llama", "--revision", "../../x"], &[]);
+    let out = inferno(
+        cache.path(),
+        Some(&server.url),
+        &["download", "org/tiny-llama", "--revision", "../../x"],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(2));
     for evil in ["../../../../tmp/pwned", "sub/../../x", "a\\b.json", "/etc/passwd"] {
         let server = HubServer::start(vec![llama_repo()]);
@@ -211,7 +244,8 @@ fn dry_run_lists_files_and_writes_nothing() {
     let repo = llama_repo();
     let server = HubServer::start(vec![repo.clone()]);
     let cache = tempfile::tempdir().unwrap();
-    let out = inferno(cache.path(), Some(&server.url), &["download", "org/tiny-llama", "--dry-run"], &[]);
+    let out =
+        inferno(cache.path(), Some(&server.url), &["download", "org/tiny-llama", "--dry-run"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     for name in FETCHED {
@@ -221,7 +255,10 @@ fn dry_run_lists_files_and_writes_nothing() {
     let total: usize = FETCHED.iter().map(|n| repo.file(n).data.len()).sum();
     let human = format!("{:.1} kB in total", total as f64 / 1000.0);
     assert!(text.contains("5 files") && text.contains(&human), "{text} (want {human})");
-    assert!(std::fs::read_dir(cache.path()).unwrap().next().is_none(), "dry run wrote to the cache");
+    assert!(
+        std::fs::read_dir(cache.path()).unwrap().next().is_none(),
+        "dry run wrote to the cache"
+    );
 }
 
 #[test]
@@ -239,7 +276,11 @@ fn include_and_exclude_choose_files() {
     let cache = tempfile::tempdir().unwrap();
     let out = inferno(cache.path(), Some(&server.url), &["download", "org/tiny-gguf"], &[]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("m.Q4_0.gguf") && stderr(&out).contains("--include"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("m.Q4_0.gguf") && stderr(&out).contains("--include"),
+        "{}",
+        stderr(&out)
+    );
 
     let args = ["download", "org/tiny-gguf", "--include", "*Q8_0.gguf", "--exclude", "tokenizer*"];
     let out = inferno(cache.path(), Some(&server.url), &args, &[]);
@@ -268,7 +309,8 @@ fn offline_mode_uses_the_cache_only() {
     assert!(server.log().is_empty(), "offline mode made requests: {:?}", server.log());
 
     // A file the selection needs is missing from the snapshot: offline cannot complete it.
-    std::fs::remove_file(snapshot(cache.path(), &repo).join("model-00002-of-00002.safetensors")).unwrap();
+    std::fs::remove_file(snapshot(cache.path(), &repo).join("model-00002-of-00002.safetensors"))
+        .unwrap();
     let out = inferno(cache.path(), None, &["download", "org/tiny-llama"], &offline);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
 }
@@ -294,7 +336,9 @@ fn tiny_safetensors(name: &str, n: usize) -> Vec<u8> {
 
 #[test]
 fn gpt_oss_20b_file_list_fetches_only_what_is_needed_and_lists_as_mxfp4() {
-    let config = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/configs/gpt-oss-20b.json")).unwrap();
+    let config =
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/configs/gpt-oss-20b.json"))
+            .unwrap();
     let index = r#"{"metadata":{"total_size":3000},"weight_map":{
         "model.embed_tokens.weight":"model-00000-of-00002.safetensors",
         "model.layers.0.mlp.experts.down_proj_blocks":"model-00001-of-00002.safetensors",
@@ -309,11 +353,27 @@ fn gpt_oss_20b_file_list_fetches_only_what_is_needed_and_lists_as_mxfp4() {
             FakeFile::new("USAGE_POLICY", text("policy"), false),
             FakeFile::new("chat_template.jinja", text("{{ messages }}"), false),
             FakeFile::new("config.json", config, false),
-            FakeFile::new("generation_config.json", text(r#"{"eos_token_id":[200002,199999,200012]}"#), false),
+            FakeFile::new(
+                "generation_config.json",
+                text(r#"{"eos_token_id":[200002,199999,200012]}"#),
+                false,
+            ),
             FakeFile::new("metal/model.bin", noise(4000, 7), true),
-            FakeFile::new("model-00000-of-00002.safetensors", tiny_safetensors("model.embed_tokens.weight", 1000), true),
-            FakeFile::new("model-00001-of-00002.safetensors", tiny_safetensors("model.layers.0.mlp.experts.down_proj_blocks", 1000), true),
-            FakeFile::new("model-00002-of-00002.safetensors", tiny_safetensors("lm_head.weight", 1000), true),
+            FakeFile::new(
+                "model-00000-of-00002.safetensors",
+                tiny_safetensors("model.embed_tokens.weight", 1000),
+                true,
+            ),
+            FakeFile::new(
+                "model-00001-of-00002.safetensors",
+                tiny_safetensors("model.layers.0.mlp.experts.down_proj_blocks", 1000),
+                true,
+            ),
+            FakeFile::new(
+                "model-00002-of-00002.safetensors",
+                tiny_safetensors("lm_head.weight", 1000),
+                true,
+            ),
             FakeFile::new("model.safetensors.index.json", text(index), false),
             FakeFile::new("original/config.json", text("{}"), false),
             FakeFile::new("original/dtypes.json", text("{}"), false),
@@ -328,14 +388,24 @@ fn gpt_oss_20b_file_list_fetches_only_what_is_needed_and_lists_as_mxfp4() {
     let out = inferno(cache.path(), Some(&server.url), &["download", "openai/gpt-oss-20b"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     let snap = snapshot(cache.path(), &repo);
-    let mut got: Vec<String> = std::fs::read_dir(&snap).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut got: Vec<String> = std::fs::read_dir(&snap)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     got.sort();
     assert_eq!(
         got,
         [
-            "chat_template.jinja", "config.json", "generation_config.json", "model-00000-of-00002.safetensors",
-            "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
-            "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
+            "chat_template.jinja",
+            "config.json",
+            "generation_config.json",
+            "model-00000-of-00002.safetensors",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "model.safetensors.index.json",
+            "special_tokens_map.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
         ]
     );
     let fetched: Vec<String> = server.content_gets().into_iter().map(|l| l.path).collect();

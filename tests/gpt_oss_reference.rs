@@ -19,7 +19,8 @@ fn dir() -> PathBuf {
 }
 
 fn reference() -> Value {
-    serde_json::from_str(include_str!("fixtures/gpt_oss_tiny/reference.json")).expect("reference JSON")
+    serde_json::from_str(include_str!("fixtures/gpt_oss_tiny/reference.json"))
+        .expect("reference JSON")
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -81,7 +82,14 @@ fn decode(model: &mut impl CausalLm, prompt: &[u32], steps: usize) -> (Vec<u32>,
 }
 
 /// A fresh model's prefill logits at the positions `decode` produced logits for.
-fn prefill(device: &Device, dtype: DType, chunk: Option<usize>, tokens: &[u32], prompt: usize, steps: usize) -> Tensor {
+fn prefill(
+    device: &Device,
+    dtype: DType,
+    chunk: Option<usize>,
+    tokens: &[u32],
+    prompt: usize,
+    steps: usize,
+) -> Tensor {
     let all = tiny(device, dtype, chunk).forward_all(tokens, 0).unwrap();
     all.narrow(0, prompt - 1, steps + 1).unwrap().to_dtype(DType::F32).unwrap()
 }
@@ -111,11 +119,20 @@ fn check_bf16_decode_is_as_accurate_as_prefill(device: &Device) {
     let (plain_tokens, plain_decoded) = decode(&mut plain, &prompt, 20);
     let exact = prefill(device, DType::F32, None, &tokens, prompt.len(), 20);
     let err_decode = max_diff(&decoded, &exact);
-    let err_prefill = max_diff(&prefill(device, DType::BF16, None, &tokens, prompt.len(), 20), &exact);
-    let err_plain = max_diff(&plain_decoded, &prefill(device, DType::F32, None, &plain_tokens, prompt.len(), 20));
-    eprintln!("bf16 against f32 logits (max |difference|): decode {err_decode:.3}, per-op decode {err_plain:.3}, prefill {err_prefill:.3}");
+    let err_prefill =
+        max_diff(&prefill(device, DType::BF16, None, &tokens, prompt.len(), 20), &exact);
+    let err_plain = max_diff(
+        &plain_decoded,
+        &prefill(device, DType::F32, None, &plain_tokens, prompt.len(), 20),
+    );
+    eprintln!(
+        "bf16 against f32 logits (max |difference|): decode {err_decode:.3}, per-op decode {err_plain:.3}, prefill {err_prefill:.3}"
+    );
     let bar = 1.5 * err_prefill.max(err_plain).max(1e-2);
-    assert!(err_decode <= bar, "bf16 decode error {err_decode} vs prefill {err_prefill}, per-op decode {err_plain}");
+    assert!(
+        err_decode <= bar,
+        "bf16 decode error {err_decode} vs prefill {err_prefill}, per-op decode {err_plain}"
+    );
 }
 
 #[test]
@@ -138,7 +155,10 @@ fn f32_cpu_greedy_matches_transformers() {
 fn ring_kv_cache_and_chunked_prefill_match_transformers() {
     let model = tiny(&Device::Cpu, DType::F32, Some(3));
     let full = tiny(&Device::Cpu, DType::F32, None);
-    assert!(model.kv_cache_bytes() < full.kv_cache_bytes(), "sliding layers should keep only a ring");
+    assert!(
+        model.kv_cache_bytes() < full.kv_cache_bytes(),
+        "sliding layers should keep only a ring"
+    );
     check_logits(&Device::Cpu, DType::F32, 1e-3, Some(3));
     check_greedy(&Device::Cpu, Some(3));
 }
@@ -166,12 +186,21 @@ fn gpu_f32_logits_and_greedy_match_transformers() {
 #[test]
 #[ignore = "needs a CUDA GPU and the 20b-shaped checkpoint (INFERNO_GPT_OSS_20B_DIR): scripts/fixtures/gpt_oss_20b_random.py"]
 fn gpu_20b_shaped_bf16_teacher_forced_agreement() {
-    let dir = PathBuf::from(std::env::var("INFERNO_GPT_OSS_20B_DIR").expect("set INFERNO_GPT_OSS_20B_DIR"));
-    let fx: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let dir = PathBuf::from(
+        std::env::var("INFERNO_GPT_OSS_20B_DIR").expect("set INFERNO_GPT_OSS_20B_DIR"),
+    );
+    let fx: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
     let dev = gpu();
     let tokens = ids(&fx["ids"]);
     let want = ids(&fx["f32_argmax"]);
-    let margins: Vec<f64> = fx["f32_margins"].as_array().expect("f32_margins").iter().filter_map(Value::as_f64).collect();
+    let margins: Vec<f64> = fx["f32_margins"]
+        .as_array()
+        .expect("f32_margins")
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
     let (free_before, _) = inferno::gpu::memory(&dev).unwrap();
     let mut model = load::load(&dir, DType::BF16, 8192, &dev).unwrap();
     let (free_loaded, _) = inferno::gpu::memory(&dev).unwrap();
@@ -184,10 +213,17 @@ fn gpu_20b_shaped_bf16_teacher_forced_agreement() {
         (free_before - free_prefilled) as f64 / 1e9,
         tokens.len()
     );
-    let probes: Vec<usize> = fx["probe_positions"].as_array().map(|a| a.iter().filter_map(Value::as_u64).map(|p| p as usize).collect()).unwrap_or_default();
+    let probes: Vec<usize> = fx["probe_positions"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_u64).map(|p| p as usize).collect())
+        .unwrap_or_default();
     let probe_logits: Vec<Vec<f32>> = fx["f32_probe_logits"]
         .as_array()
-        .map(|rows| rows.iter().map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect()).collect())
+        .map(|rows| {
+            rows.iter()
+                .map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect())
+                .collect()
+        })
         .unwrap_or_default();
     let agreement = |model: &mut inferno::models::gpt_oss::GptOss, what: &str| -> (f64, f32) {
         let logits = model.forward_all(&tokens, 0).unwrap();
@@ -203,25 +239,42 @@ fn gpu_20b_shaped_bf16_teacher_forced_agreement() {
         let diffs: Vec<String> = diffs.iter().map(|(p, d)| format!("{p}: {d:.2e}")).collect();
         eprintln!("{what}: max |logit − transformers f32| at positions {}", diffs.join(", "));
         let got: Vec<u32> = logits.argmax(1).unwrap().to_vec1().unwrap();
-        let misses: Vec<String> =
-            (0..want.len()).filter(|&i| got[i] != want[i]).map(|i| format!("{i} ({:.3})", margins.get(i).copied().unwrap_or(f64::NAN))).collect();
+        let misses: Vec<String> = (0..want.len())
+            .filter(|&i| got[i] != want[i])
+            .map(|i| format!("{i} ({:.3})", margins.get(i).copied().unwrap_or(f64::NAN)))
+            .collect();
         let agree = 1.0 - misses.len() as f64 / want.len() as f64;
-        eprintln!("{what}: top-1 agreement with transformers f32 {:.2}% over {} positions", agree * 100.0, want.len());
+        eprintln!(
+            "{what}: top-1 agreement with transformers f32 {:.2}% over {} positions",
+            agree * 100.0,
+            want.len()
+        );
         eprintln!("  misses at position (f32 top-1 margin): {}", misses.join(", "));
         (agree, worst)
     };
     let (agree, _) = agreement(&mut model, "bf16");
-    eprintln!("  transformers' own bf16: {:.2}%", fx["transformers_bf16_agreement"].as_f64().unwrap_or(f64::NAN) * 100.0);
+    eprintln!(
+        "  transformers' own bf16: {:.2}%",
+        fx["transformers_bf16_agreement"].as_f64().unwrap_or(f64::NAN) * 100.0
+    );
     drop(model);
     // The same weights in f32 against the f32 reference at full size: exact up to summation order.
     let mut model = load::load(&dir, DType::F32, tokens.len(), &dev).unwrap();
     let (f32_agree, f32_worst) = agreement(&mut model, "f32");
-    assert!(!probes.is_empty() && f32_worst < 1e-3, "f32 logits are {f32_worst} off transformers' f32 (probes: {probes:?})");
+    assert!(
+        !probes.is_empty() && f32_worst < 1e-3,
+        "f32 logits are {f32_worst} off transformers' f32 (probes: {probes:?})"
+    );
     // The bar, on a checkpoint that is not chaotic (gpt_oss_20b_random.py says why), and
     // at least as close to f32 as transformers' own bf16 on the same weights.
-    assert!(want.len() >= 256, "the reference covers only {} positions; the bar is over 256+", want.len());
+    assert!(
+        want.len() >= 256,
+        "the reference covers only {} positions; the bar is over 256+",
+        want.len()
+    );
     assert!(agree >= 0.99, "bf16 top-1 agreement with transformers f32 is {agree}, under 99%");
-    let yardstick = fx["transformers_bf16_agreement"].as_f64().expect("transformers_bf16_agreement");
+    let yardstick =
+        fx["transformers_bf16_agreement"].as_f64().expect("transformers_bf16_agreement");
     assert!(agree >= yardstick, "agreement {agree} is below transformers' own bf16 ({yardstick})");
     assert!(f32_agree >= 0.998, "f32 top-1 agreement with transformers f32 is {f32_agree}");
 }

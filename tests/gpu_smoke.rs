@@ -6,7 +6,8 @@
 use candle_core::{DType, Device, Tensor};
 
 fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
-    let diff = (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+    let diff =
+        (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
     let norm = b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
     (diff / norm).sqrt()
 }
@@ -15,16 +16,25 @@ fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
 fn cuda_device_runs_kernels_that_match_the_cpu() {
     let (gpu, info) = inferno::gpu::open(0).expect("a CUDA device");
-    eprintln!("GPU 0: {} ({} MiB total, {} MiB free)", info.name, info.total_bytes >> 20, info.free_bytes >> 20);
+    eprintln!(
+        "GPU 0: {} ({} MiB total, {} MiB free)",
+        info.name,
+        info.total_bytes >> 20,
+        info.free_bytes >> 20
+    );
     assert!(info.total_bytes > 0);
 
     // Fresh random inputs every run; matmul (cuBLAS), softmax and elementwise kernels (candle's nvcc-built PTX).
     let a = Tensor::randn(0f32, 1.0, (257, 513), &Device::Cpu).unwrap();
     let b = Tensor::randn(0f32, 1.0, (513, 129), &Device::Cpu).unwrap();
-    let cpu = candle_nn::ops::softmax_last_dim(&(a.matmul(&b).unwrap().tanh().unwrap() * 3.0).unwrap()).unwrap();
+    let cpu =
+        candle_nn::ops::softmax_last_dim(&(a.matmul(&b).unwrap().tanh().unwrap() * 3.0).unwrap())
+            .unwrap();
     let ga = a.to_device(&gpu).unwrap();
     let gb = b.to_device(&gpu).unwrap();
-    let out = candle_nn::ops::softmax_last_dim(&(ga.matmul(&gb).unwrap().tanh().unwrap() * 3.0).unwrap()).unwrap();
+    let out =
+        candle_nn::ops::softmax_last_dim(&(ga.matmul(&gb).unwrap().tanh().unwrap() * 3.0).unwrap())
+            .unwrap();
     let back = out.to_device(&Device::Cpu).unwrap();
     let err = rel_err(&back, &cpu);
     eprintln!("f32 relative error GPU vs CPU: {err:.2e}");

@@ -15,8 +15,14 @@ use sha2::{Digest, Sha256};
 
 fn python() -> String {
     let py = std::env::var("INFERNO_PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let ok = Command::new(&py).args(["-c", "import huggingface_hub"]).output().is_ok_and(|o| o.status.success());
-    assert!(ok, "{py} cannot import huggingface_hub: run scripts/test.sh, or set INFERNO_PYTHON to a python that has it");
+    let ok = Command::new(&py)
+        .args(["-c", "import huggingface_hub"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "{py} cannot import huggingface_hub: run scripts/test.sh, or set INFERNO_PYTHON to a python that has it"
+    );
     py
 }
 
@@ -34,7 +40,11 @@ fn helper(cache: &std::path::Path, endpoint: &str, args: &[&str]) -> serde_json:
         .env_remove("HF_HUB_OFFLINE")
         .output()
         .expect("running python");
-    assert!(out.status.success(), "hf_cache.py {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "hf_cache.py {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("hf_cache.py printed JSON")
 }
 
@@ -44,7 +54,11 @@ fn repo() -> FakeRepo {
         vec![
             FakeFile::new("config.json", br#"{"model_type":"llama"}"#.to_vec(), false),
             FakeFile::new("tokenizer.json", b"{}".to_vec(), false),
-            FakeFile::new("model.safetensors", (0..100_000u32).flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>(), true),
+            FakeFile::new(
+                "model.safetensors",
+                (0..100_000u32).flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>(),
+                true,
+            ),
         ],
     )
 }
@@ -76,19 +90,28 @@ fn inferno_reuses_what_huggingface_hub_downloaded() {
     let repo = repo();
     let server = HubServer::start(vec![repo.clone()]);
     let cache = tempfile::tempdir().unwrap();
-    helper(cache.path(), &server.url, &["fetch", "org/shared", "config.json", "tokenizer.json", "model.safetensors"]);
+    helper(
+        cache.path(),
+        &server.url,
+        &["fetch", "org/shared", "config.json", "tokenizer.json", "model.safetensors"],
+    );
     let python_gets = server.content_gets().len();
     assert!(python_gets >= 3, "huggingface_hub did not download through the test server");
 
     server.clear_log();
     let out = inferno(cache.path(), Some(&server.url), &["download", "org/shared"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(server.content_gets().is_empty(), "inferno downloaded again: {:?}", server.content_gets());
+    assert!(
+        server.content_gets().is_empty(),
+        "inferno downloaded again: {:?}",
+        server.content_gets()
+    );
     let snap = std::path::PathBuf::from(stdout(&out).trim());
     for f in &repo.files {
         assert_eq!(std::fs::read(snap.join(&f.path)).unwrap(), f.data, "{}", f.path);
     }
-    let offline = inferno(cache.path(), None, &["download", "org/shared"], &[("HF_HUB_OFFLINE", "1")]);
+    let offline =
+        inferno(cache.path(), None, &["download", "org/shared"], &[("HF_HUB_OFFLINE", "1")]);
     assert!(offline.status.success(), "{}", stderr(&offline));
     assert_eq!(stdout(&offline), stdout(&out));
 }

@@ -75,7 +75,11 @@ impl TestCache {
 }
 
 fn run_with_cache(root: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_inferno")).args(args).env("HF_HUB_CACHE", root).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(args)
+        .env("HF_HUB_CACHE", root)
+        .output()
+        .unwrap()
 }
 
 /// A real safetensors file: `(name, dtype, shape, bytes per element)`, zero data.
@@ -117,7 +121,8 @@ fn populated() -> (TestCache, Sizes) {
     let c = TestCache::new();
     let mut sizes = Sizes::default();
 
-    let config = br#"{"model_type": "llama", "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}"#;
+    let config =
+        br#"{"model_type": "llama", "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}"#;
     let weights = safetensors(&[
         ("model.embed_tokens.weight", "BF16", &[256, 64], 2),
         ("model.layers.0.self_attn.q_proj.weight", "BF16", &[64, 64], 2),
@@ -155,7 +160,12 @@ fn populated() -> (TestCache, Sizes) {
     c.set_ref(GGUF, "main", GGUF_MAIN);
     sizes.gguf = gguf.len() as u64;
 
-    c.add_file(DANGLING, DANGLING_MAIN, "model.safetensors", &safetensors(&[("w", "F16", &[8], 2)]));
+    c.add_file(
+        DANGLING,
+        DANGLING_MAIN,
+        "model.safetensors",
+        &safetensors(&[("w", "F16", &[8], 2)]),
+    );
     c.link(DANGLING, DANGLING_MAIN, "config.json", "0000000000000000000000000000000000000000");
     c.set_ref(DANGLING, "main", DANGLING_MAIN);
 
@@ -263,7 +273,16 @@ fn plain_output_is_tab_separated_without_header() {
     let llama_size = sizes.llama.to_string();
     assert_eq!(
         lines[4],
-        [LLAMA, LLAMA_MAIN, "main", llama_size.as_str(), "2024-01-02T03:04:05Z", "llama", "2048", "bf16"]
+        [
+            LLAMA,
+            LLAMA_MAIN,
+            "main",
+            llama_size.as_str(),
+            "2024-01-02T03:04:05Z",
+            "llama",
+            "2048",
+            "bf16"
+        ]
     );
     assert_eq!(lines[0][7], "GGUF Q4_0");
     assert_eq!(lines[1][7], "broken: missing blob for config.json");

@@ -100,19 +100,25 @@ fn gguf_to_hf_conversion_matches_transformers_bit_for_bit() {
 #[test]
 fn f32_cpu_greedy_matches_transformers() {
     let dir = hf_checkpoint();
-    check_greedy(|| Box::new(load::load_safetensors(&dir, Some(DType::F32), 256, &Device::Cpu).unwrap()), GREEDY_STEPS, "cpu f32");
+    check_greedy(
+        || Box::new(load::load_safetensors(&dir, Some(DType::F32), 256, &Device::Cpu).unwrap()),
+        GREEDY_STEPS,
+        "cpu f32",
+    );
 }
 
 #[test]
 fn f32_cpu_teacher_forced_matches_transformers() {
-    let mut model = load::load_safetensors(&hf_checkpoint(), Some(DType::F32), 512, &Device::Cpu).unwrap();
+    let mut model =
+        load::load_safetensors(&hf_checkpoint(), Some(DType::F32), 512, &Device::Cpu).unwrap();
     let agree = teacher_forced_agreement(&mut model);
     assert!(agree >= 0.99, "top-1 agreement {agree}");
 }
 
 #[test]
 fn a_prompt_longer_than_the_context_is_refused() {
-    let mut model = load::load_safetensors(&hf_checkpoint(), Some(DType::F32), 8, &Device::Cpu).unwrap();
+    let mut model =
+        load::load_safetensors(&hf_checkpoint(), Some(DType::F32), 8, &Device::Cpu).unwrap();
     let err = model.forward_last(&[1; 9], 0).unwrap_err();
     assert!(err.to_string().contains("context full"), "{err}");
 }
@@ -126,13 +132,18 @@ fn gpu() -> Device {
 fn gpu_f32_safetensors_greedy_matches_transformers() {
     let dir = hf_checkpoint();
     let dev = gpu();
-    check_greedy(|| Box::new(load::load_safetensors(&dir, Some(DType::F32), 256, &dev).unwrap()), GREEDY_STEPS, "gpu f32");
+    check_greedy(
+        || Box::new(load::load_safetensors(&dir, Some(DType::F32), 256, &dev).unwrap()),
+        GREEDY_STEPS,
+        "gpu f32",
+    );
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
 fn gpu_bf16_teacher_forced_agreement_is_at_least_98_percent() {
-    let mut model = load::load_safetensors(&hf_checkpoint(), Some(DType::BF16), 512, &gpu()).unwrap();
+    let mut model =
+        load::load_safetensors(&hf_checkpoint(), Some(DType::BF16), 512, &gpu()).unwrap();
     let agree = teacher_forced_agreement(&mut model);
     eprintln!("bf16 GPU teacher-forced top-1 agreement: {:.2}%", agree * 100.0);
     assert!(agree >= 0.98, "top-1 agreement {agree}");

@@ -19,8 +19,14 @@ fn model_dir() -> PathBuf {
     static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
-        let gguf = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
-        let out = Command::new(bin()).arg("convert").arg(&gguf).arg(dir.path()).output().expect("convert");
+        let gguf =
+            common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
+        let out = Command::new(bin())
+            .arg("convert")
+            .arg(&gguf)
+            .arg(dir.path())
+            .output()
+            .expect("convert");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         dir
     })
@@ -30,8 +36,10 @@ fn model_dir() -> PathBuf {
 
 /// transformers' greedy reply to chat case `i`, up to the end-of-turn token.
 fn reference_reply(i: usize) -> String {
-    let fx: serde_json::Value = serde_json::from_str(include_str!("fixtures/smollm2_reference.json")).unwrap();
-    let cases: Vec<&serde_json::Value> = fx["greedy"].as_array().unwrap().iter().filter(|c| c["kind"] == "chat").collect();
+    let fx: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/smollm2_reference.json")).unwrap();
+    let cases: Vec<&serde_json::Value> =
+        fx["greedy"].as_array().unwrap().iter().filter(|c| c["kind"] == "chat").collect();
     let text = cases[i]["text"].as_str().unwrap();
     text.split("<|im_end|>").next().unwrap().to_string()
 }
@@ -42,7 +50,9 @@ fn play(args: &[&str], stdin: Option<&str>) -> std::process::Output {
     cmd.env("XDG_STATE_HOME", std::env::temp_dir().join("inferno-test-state"));
     if let Some(input) = stdin {
         use std::io::Write;
-        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
         let mut child = cmd.spawn().expect("spawn");
         child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
         return child.wait_with_output().unwrap();
@@ -59,32 +69,42 @@ fn one_shot_prints_only_the_reply_and_matches_transformers() {
 
 #[test]
 fn stdin_prompt_with_a_system_prompt() {
-    let out = play(&["--max-tokens", "40", "--system", "You are a concise assistant."], Some("Name three primary colors."));
+    let out = play(
+        &["--max-tokens", "40", "--system", "You are a concise assistant."],
+        Some("Name three primary colors."),
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), reference_reply(1));
 }
 
 #[test]
 fn raw_completion_continues_the_text() {
-    let fx: serde_json::Value = serde_json::from_str(include_str!("fixtures/smollm2_reference.json")).unwrap();
-    let case = fx["greedy"].as_array().unwrap().iter().find(|c| c["prompt"] == "1, 2, 3, 4,").unwrap();
+    let fx: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/smollm2_reference.json")).unwrap();
+    let case =
+        fx["greedy"].as_array().unwrap().iter().find(|c| c["prompt"] == "1, 2, 3, 4,").unwrap();
     let steps = case["tokens"].as_array().unwrap().len().to_string();
     let out = play(&["--raw", "--max-tokens", &steps, "--prompt", "1, 2, 3, 4,"], None);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), case["text"].as_str().unwrap().trim_end());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        case["text"].as_str().unwrap().trim_end()
+    );
 }
 
 #[test]
 fn errors_are_one_line_with_exit_codes() {
     let cache = tempfile::tempdir().unwrap();
-    let out = common::inferno(cache.path(), None, &["play", "org/not-here", "--cpu", "-p", "hi"], &[]);
+    let out =
+        common::inferno(cache.path(), None, &["play", "org/not-here", "--cpu", "-p", "hi"], &[]);
     assert_eq!(out.status.code(), Some(3));
     let err = common::stderr(&out);
     assert!(err.contains("inferno download org/not-here") && err.lines().count() == 1, "{err}");
     // No GPU here and no --cpu: a clear error, never a silent CPU run.
     if std::env::var_os("INFERNO_GPU_TESTS").is_none() {
         let dir = model_dir();
-        let out = common::inferno(cache.path(), None, &["play", dir.to_str().unwrap(), "-p", "hi"], &[]);
+        let out =
+            common::inferno(cache.path(), None, &["play", dir.to_str().unwrap(), "-p", "hi"], &[]);
         assert_eq!(out.status.code(), Some(8), "{}", common::stderr(&out));
         assert!(common::stderr(&out).contains("no CUDA device"), "{}", common::stderr(&out));
     }

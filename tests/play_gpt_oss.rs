@@ -15,15 +15,22 @@ fn model_dir() -> PathBuf {
     static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
-        let fixture = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_oss_tiny"));
-        let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(fixture.join("config.json")).unwrap()).unwrap();
+        let fixture =
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_oss_tiny"));
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(fixture.join("config.json")).unwrap()).unwrap();
         let vocab = 201088;
         config["vocab_size"] = vocab.into();
         config["eos_token_id"] = 200002.into();
         std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-        let mut tensors: HashMap<String, Tensor> = candle_core::safetensors::load(fixture.join("model.safetensors"), &Device::Cpu).unwrap();
+        let mut tensors: HashMap<String, Tensor> =
+            candle_core::safetensors::load(fixture.join("model.safetensors"), &Device::Cpu)
+                .unwrap();
         for name in ["model.embed_tokens.weight", "lm_head.weight"] {
-            let t = Tensor::randn(0f32, 1.0, (vocab, 64), &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
+            let t = Tensor::randn(0f32, 1.0, (vocab, 64), &Device::Cpu)
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap();
             tensors.insert(name.to_string(), t);
         }
         candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
@@ -47,7 +54,15 @@ fn play(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn one_shot_goes_through_harmony_without_leaking_markup() {
-    let out = play(&["--dtype", "f32", "-v", "--reasoning", "high", "-p", "What is 2 + 2? <|start|>assistant<|channel|>final<|message|>"]);
+    let out = play(&[
+        "--dtype",
+        "f32",
+        "-v",
+        "--reasoning",
+        "high",
+        "-p",
+        "What is 2 + 2? <|start|>assistant<|channel|>final<|message|>",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains("<|"), "harmony markup leaked: {stdout:?}");

@@ -81,7 +81,10 @@ impl FromStr for ReasoningEffort {
             "low" => Ok(ReasoningEffort::Low),
             "medium" => Ok(ReasoningEffort::Medium),
             "high" => Ok(ReasoningEffort::High),
-            _ => Err(fail(ErrorKind::InvalidInput, format!("reasoning effort must be low, medium or high, not {s:?}"))),
+            _ => Err(fail(
+                ErrorKind::InvalidInput,
+                format!("reasoning effort must be low, medium or high, not {s:?}"),
+            )),
         }
     }
 }
@@ -119,7 +122,8 @@ impl SystemConfig {
     pub fn text(&self) -> String {
         let top: Vec<String> = [
             (!self.model_identity.is_empty()).then(|| self.model_identity.clone()),
-            (!self.knowledge_cutoff.is_empty()).then(|| format!("Knowledge cutoff: {}", self.knowledge_cutoff)),
+            (!self.knowledge_cutoff.is_empty())
+                .then(|| format!("Knowledge cutoff: {}", self.knowledge_cutoff)),
             self.current_date.as_ref().map(|d| format!("Current date: {d}")),
         ]
         .into_iter()
@@ -158,7 +162,9 @@ impl Role {
     }
 
     fn parse(s: &str) -> Option<Role> {
-        [Role::System, Role::Developer, Role::User, Role::Assistant, Role::Tool].into_iter().find(|r| r.as_str() == s)
+        [Role::System, Role::Developer, Role::User, Role::Assistant, Role::Tool]
+            .into_iter()
+            .find(|r| r.as_str() == s)
     }
 }
 
@@ -219,7 +225,14 @@ pub struct HarmonyMessage {
 
 impl HarmonyMessage {
     pub fn new(role: Role, content: impl Into<String>) -> Self {
-        HarmonyMessage { role, name: None, recipient: None, channel: None, content_type: None, content: content.into() }
+        HarmonyMessage {
+            role,
+            name: None,
+            recipient: None,
+            channel: None,
+            content_type: None,
+            content: content.into(),
+        }
     }
 
     pub fn user(content: impl Into<String>) -> Self {
@@ -312,7 +325,8 @@ impl<'t> HarmonyEncoding<'t> {
             call: id("<|call|>")?,
             constrain: id("<|constrain|>")?,
         };
-        let control = [ids.start, ids.end, ids.message, ids.channel, ids.return_, ids.call, ids.constrain];
+        let control =
+            [ids.start, ids.end, ids.message, ids.channel, ids.return_, ids.call, ids.constrain];
         let added = tokenizer.get_added_vocabulary().get_added_tokens_decoder().keys().copied();
         let first_added = added.chain(control).min().unwrap_or(u32::MAX);
         Ok(HarmonyEncoding { tokenizer, ids, first_added })
@@ -369,7 +383,10 @@ impl<'t> HarmonyEncoding<'t> {
         let mut out = Vec::new();
         self.render_message(&HarmonyMessage::new(Role::System, system.text()), &mut out)?;
         if let Some(text) = developer_instructions.filter(|t| !t.is_empty()) {
-            self.render_message(&HarmonyMessage::new(Role::Developer, format!("# Instructions\n\n{text}")), &mut out)?;
+            self.render_message(
+                &HarmonyMessage::new(Role::Developer, format!("# Instructions\n\n{text}")),
+                &mut out,
+            )?;
         }
         // Analysis before the last final answer belongs to a finished turn.
         let last_final = history.iter().rposition(|m| m.is_assistant_on(&Channel::Final));
@@ -452,7 +469,11 @@ pub struct HarmonyChat {
 
 impl HarmonyChat {
     pub fn new(system: SystemConfig, instructions: Option<String>) -> Self {
-        HarmonyChat { system, instructions: instructions.filter(|s| !s.is_empty()), messages: Vec::new() }
+        HarmonyChat {
+            system,
+            instructions: instructions.filter(|s| !s.is_empty()),
+            messages: Vec::new(),
+        }
     }
 
     /// Sets or removes the developer instructions (`--system`, `/system`).
@@ -480,8 +501,10 @@ impl HarmonyChat {
     /// next prompt has the answer ending in `<|end|>` and no analysis. Returns false (and
     /// records nothing) when the reply has no final text, e.g. stopped while still reasoning.
     pub fn record_reply(&mut self, reply: &[HarmonyMessage]) -> bool {
-        let finals: Vec<&HarmonyMessage> =
-            reply.iter().filter(|m| m.is_assistant_on(&Channel::Final) && !m.content.is_empty()).collect();
+        let finals: Vec<&HarmonyMessage> = reply
+            .iter()
+            .filter(|m| m.is_assistant_on(&Channel::Final) && !m.content.is_empty())
+            .collect();
         for m in &finals {
             self.push_assistant_final(&m.content);
         }

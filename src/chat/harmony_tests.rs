@@ -68,11 +68,18 @@ fn special_ids_and_stop_ids() {
 fn a_tokenizer_without_harmony_tokens_is_rejected() {
     // Has <|start|> but not <|end|>.
     let vocab = [("<|start|>".to_string(), 0), ("x".to_string(), 1)].into_iter().collect();
-    let model = tokenizers::models::wordlevel::WordLevel::builder().vocab(vocab).unk_token("x".into()).build().unwrap();
+    let model = tokenizers::models::wordlevel::WordLevel::builder()
+        .vocab(vocab)
+        .unk_token("x".into())
+        .build()
+        .unwrap();
     let tok = Tokenizer::new(model);
     let err = HarmonyEncoding::new(&tok).unwrap_err();
     assert_eq!(crate::error::kind_of(&err), ErrorKind::InvalidInput);
-    assert_eq!(err.to_string(), "the tokenizer has no <|end|> token: the harmony format needs gpt-oss's tokenizer");
+    assert_eq!(
+        err.to_string(),
+        "the tokenizer has no <|end|> token: the harmony format needs gpt-oss's tokenizer"
+    );
 }
 
 #[test]
@@ -92,7 +99,10 @@ fn control_sequences_have_the_documented_ids() {
         .with_recipient("functions.f")
         .with_content_type("<|constrain|>json");
     e.render_message(&call, &mut out).unwrap();
-    assert_eq!(decode(&out), "<|start|>assistant to=functions.f<|channel|>commentary <|constrain|>json<|message|>{}<|call|>");
+    assert_eq!(
+        decode(&out),
+        "<|start|>assistant to=functions.f<|channel|>commentary <|constrain|>json<|message|>{}<|call|>"
+    );
     assert!(out.contains(&200003) && out.last() == Some(&200012));
     let err = e.render_message(&HarmonyMessage::new(Role::Tool, "x"), &mut out).unwrap_err();
     assert!(err.to_string().contains("tool's name"), "{err}");
@@ -146,7 +156,13 @@ fn markup_in_user_text_stays_text() {
 #[test]
 fn full_prompt_is_the_documented_text() {
     let e = enc();
-    let ids = e.render_prompt(&dated("2025-08-05"), Some("Answer like a pirate."), &[HarmonyMessage::user("What is 2 + 2?")]).unwrap();
+    let ids = e
+        .render_prompt(
+            &dated("2025-08-05"),
+            Some("Answer like a pirate."),
+            &[HarmonyMessage::user("What is 2 + 2?")],
+        )
+        .unwrap();
     let want = "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n\
                 Knowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n\
                 # Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>\
@@ -173,7 +189,10 @@ fn drops_the_analysis_of_finished_turns_only() {
     // harmony's test_dropping_cot_by_default.
     let history = [
         HarmonyMessage::user("What is 2 + 2?"),
-        HarmonyMessage::assistant(Channel::Analysis, "User asks: “What is 2 + 2?” Simple arithmetic. Provide answer."),
+        HarmonyMessage::assistant(
+            Channel::Analysis,
+            "User asks: “What is 2 + 2?” Simple arithmetic. Provide answer.",
+        ),
         HarmonyMessage::assistant(Channel::Final, "2 + 2 equals 4."),
         HarmonyMessage::user("What about 9 / 2?"),
     ];
@@ -281,7 +300,8 @@ fn renders_as_openai_harmony() {
             current_date: case.system.current_date.clone(),
             reasoning: case.system.reasoning.parse().unwrap(),
         };
-        let history: Vec<HarmonyMessage> = case.messages.iter().map(FxMessage::to_message).collect();
+        let history: Vec<HarmonyMessage> =
+            case.messages.iter().map(FxMessage::to_message).collect();
         let ids = e.render_prompt(&system, case.instructions.as_deref(), &history).unwrap();
         assert_eq!(decode(&ids), case.expected_text, "{}", case.name);
         assert_eq!(ids, case.expected_ids, "{}", case.name);
@@ -343,13 +363,17 @@ struct TemplateCase {
 #[test]
 fn matches_the_hub_template_up_to_the_instructions_newlines() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates.json");
-    let fx: TemplateFixtures = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let fx: TemplateFixtures =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let e = enc();
     let mut checked = 0;
     for case in &fx.cases {
-        let usable = case.template == "gpt-oss-120b" && case.add_generation_prompt && case.extra.get("tools").is_none();
+        let usable = case.template == "gpt-oss-120b"
+            && case.add_generation_prompt
+            && case.extra.get("tools").is_none();
         let Some(hf) = case.expected.as_ref().filter(|_| usable) else { continue };
-        let mut system = SystemConfig::default().with_date(UNIX_EPOCH + Duration::from_secs(fx.now_unix));
+        let mut system =
+            SystemConfig::default().with_date(UNIX_EPOCH + Duration::from_secs(fx.now_unix));
         if let Some(effort) = case.extra["reasoning_effort"].as_str() {
             system.reasoning = effort.parse().unwrap();
         }
@@ -364,7 +388,8 @@ fn matches_the_hub_template_up_to_the_instructions_newlines() {
                     chat.set_instructions(Some(m.content.clone()));
                     let theirs = format!("# Instructions\n\n{}\n\n<|end|>", m.content);
                     assert!(hf.contains(&theirs), "{}", case.conversation);
-                    hf_canonical = hf.replace(&theirs, &format!("# Instructions\n\n{}<|end|>", m.content));
+                    hf_canonical =
+                        hf.replace(&theirs, &format!("# Instructions\n\n{}<|end|>", m.content));
                 }
                 "user" => chat.push_user(&m.content),
                 "assistant" => chat.push_assistant_final(&m.content),
@@ -415,7 +440,8 @@ fn parses_a_typical_reply() {
                <|start|>assistant<|channel|>final<|message|>Hello! How can I help?<|return|>";
     let (events, p) = parse_all(&with_markup(out));
     use HarmonyEvent::*;
-    let structure: Vec<&HarmonyEvent> = events.iter().filter(|e| !matches!(e, Text { .. })).collect();
+    let structure: Vec<&HarmonyEvent> =
+        events.iter().filter(|e| !matches!(e, Text { .. })).collect();
     assert_eq!(
         structure,
         [
@@ -469,7 +495,10 @@ fn streams_multibyte_characters_as_soon_as_complete() {
     }
     assert!(silent_content_tokens > 0, "want a character split over tokens");
     assert!(pieces.iter().all(|t| !t.contains('\u{FFFD}')), "{pieces:?}");
-    assert!(pieces.contains(&"🦀".to_string()) || pieces.iter().any(|t| t.ends_with('🦀')), "{pieces:?}");
+    assert!(
+        pieces.contains(&"🦀".to_string()) || pieces.iter().any(|t| t.ends_with('🦀')),
+        "{pieces:?}"
+    );
     assert_eq!(pieces.concat(), answer);
 }
 
@@ -480,7 +509,9 @@ fn reads_recipients_and_content_types_on_either_side_of_the_channel() {
         "<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>",
         "<|start|>assistant to=functions.get_weather<|channel|>commentary<|constrain|>json<|message|>",
     ] {
-        let out = format!("<|channel|>analysis<|message|>Need weather.<|end|>{header}{{\"city\":\"Paris\"}}<|call|>");
+        let out = format!(
+            "<|channel|>analysis<|message|>Need weather.<|end|>{header}{{\"city\":\"Paris\"}}<|call|>"
+        );
         let (events, p) = parse_all(&with_markup(&out));
         assert!(events.contains(&HarmonyEvent::MessageStart {
             channel: Channel::Commentary,
@@ -495,7 +526,10 @@ fn reads_recipients_and_content_types_on_either_side_of_the_channel() {
     }
     // No channel, but a recipient: commentary.
     let (_, p) = parse_all(&with_markup(" to=functions.f<|message|>{}<|call|>"));
-    assert_eq!(p.messages(), [HarmonyMessage::assistant(Channel::Commentary, "{}").with_recipient("functions.f")]);
+    assert_eq!(
+        p.messages(),
+        [HarmonyMessage::assistant(Channel::Commentary, "{}").with_recipient("functions.f")]
+    );
 }
 
 #[test]
@@ -505,7 +539,9 @@ fn a_missing_channel_reads_as_final() {
     assert_eq!(text_on(&events, &Channel::Final), "Just text.");
     assert_eq!(p.messages(), [HarmonyMessage::assistant(Channel::Final, "Just text.")]);
     // After <|start|>, the role comes from the header.
-    let (_, p) = parse_all(&with_markup("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|message|>b<|return|>"));
+    let (_, p) = parse_all(&with_markup(
+        "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|message|>b<|return|>",
+    ));
     assert_eq!(p.messages()[1], HarmonyMessage::assistant(Channel::Final, "b"));
 }
 
@@ -532,14 +568,20 @@ fn recovers_from_slips_without_leaking_markup() {
             &[(Channel::Final, "answer")],
         ),
         // Text outside any message is shown as an answer.
-        ("<|channel|>final<|message|>a<|end|> and more<|return|>", &[(Channel::Final, "a"), (Channel::Final, " and more")]),
+        (
+            "<|channel|>final<|message|>a<|end|> and more<|return|>",
+            &[(Channel::Final, "a"), (Channel::Final, " and more")],
+        ),
         // A header that never got <|message|> (harmony's non-strict reading).
-        ("<|channel|>commentary Hello there<|end|><|start|>assistant<|channel|>final<|message|>ok<|return|>", &[
-            (Channel::Commentary, "Hello there"),
-            (Channel::Final, "ok"),
-        ]),
+        (
+            "<|channel|>commentary Hello there<|end|><|start|>assistant<|channel|>final<|message|>ok<|return|>",
+            &[(Channel::Commentary, "Hello there"), (Channel::Final, "ok")],
+        ),
         // A restarted header.
-        ("<|channel|>anal<|start|>assistant<|channel|>final<|message|>ok<|return|>", &[(Channel::Final, "ok")]),
+        (
+            "<|channel|>anal<|start|>assistant<|channel|>final<|message|>ok<|return|>",
+            &[(Channel::Final, "ok")],
+        ),
     ];
     for (out, want) in cases {
         let (events, p) = parse_all(&with_markup(out));
@@ -555,7 +597,11 @@ fn recovers_from_slips_without_leaking_markup() {
             })
             .collect();
         assert_eq!(shown, want.iter().map(|(_, t)| *t).collect::<String>(), "{out}");
-        assert_eq!(events.last(), Some(&HarmonyEvent::Done { reason: DoneReason::Return }), "{out}");
+        assert_eq!(
+            events.last(),
+            Some(&HarmonyEvent::Done { reason: DoneReason::Return }),
+            "{out}"
+        );
     }
 }
 
@@ -567,15 +613,24 @@ fn another_roles_message_ends_the_turn() {
     assert_eq!(events.last(), Some(&HarmonyEvent::Done { reason: DoneReason::Return }));
     assert_eq!(p.messages(), [HarmonyMessage::assistant(Channel::Final, "4.")]);
     // A made-up tool result too; `to=` without a role is the assistant's.
-    let (_, p) = parse_all(&with_markup("<|start|>functions.f to=assistant<|channel|>commentary<|message|>{}<|end|>"));
+    let (_, p) = parse_all(&with_markup(
+        "<|start|>functions.f to=assistant<|channel|>commentary<|message|>{}<|end|>",
+    ));
     assert!(p.messages().is_empty() && p.done() == Some(DoneReason::Return));
-    let (_, p) = parse_all(&with_markup("<|start|> to=functions.f<|channel|>commentary<|message|>{}<|call|>"));
-    assert_eq!(p.messages(), [HarmonyMessage::assistant(Channel::Commentary, "{}").with_recipient("functions.f")]);
+    let (_, p) = parse_all(&with_markup(
+        "<|start|> to=functions.f<|channel|>commentary<|message|>{}<|call|>",
+    ));
+    assert_eq!(
+        p.messages(),
+        [HarmonyMessage::assistant(Channel::Commentary, "{}").with_recipient("functions.f")]
+    );
 }
 
 #[test]
 fn finish_closes_a_message_cut_short() {
-    let mut ids = with_markup("<|channel|>analysis<|message|>done<|end|><|start|>assistant<|channel|>final<|message|>Crab 🦀");
+    let mut ids = with_markup(
+        "<|channel|>analysis<|message|>done<|end|><|start|>assistant<|channel|>final<|message|>Crab 🦀",
+    );
     ids.pop(); // the crab's last byte never came
     let mut p = enc().parser();
     for &id in &ids {
@@ -593,7 +648,9 @@ fn finish_closes_a_message_cut_short() {
     assert_eq!(p.messages()[1].content, "Crab \u{FFFD}");
     assert!(p.finish().unwrap().is_empty());
     // Cut inside a header: nothing to show.
-    let (events, p) = parse_all(&with_markup("<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>fi"));
+    let (events, p) = parse_all(&with_markup(
+        "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>fi",
+    ));
     assert_eq!(events.last(), Some(&HarmonyEvent::MessageEnd { channel: Channel::Analysis }));
     assert_eq!(p.messages().len(), 1);
 }
@@ -619,7 +676,10 @@ fn a_chat_sends_back_answers_not_reasoning() {
         decode(&second[first.len()..]),
         "<|channel|>final<|message|>4.<|end|><|start|>user<|message|>And 9 / 2?<|end|><|start|>assistant"
     );
-    assert!(decode(&second).contains("Reasoning: low") && decode(&second).contains("# Instructions\n\nBe brief.<|end|>"));
+    assert!(
+        decode(&second).contains("Reasoning: low")
+            && decode(&second).contains("# Instructions\n\nBe brief.<|end|>")
+    );
     // A reply cut off while reasoning records nothing; undo takes the turn back.
     let (_, p) = parse_all(&with_markup("<|channel|>analysis<|message|>Hmm"));
     assert!(!chat.record_reply(p.messages()));

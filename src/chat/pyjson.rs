@@ -67,7 +67,11 @@ pub fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result
     o.sort_keys = opt[3].is_true();
     if !(opt[2].is_undefined() || opt[2].is_none()) {
         let seps: Vec<Value> = opt[2].try_iter()?.collect();
-        match (seps.first().and_then(Value::as_str), seps.get(1).and_then(Value::as_str), seps.len()) {
+        match (
+            seps.first().and_then(Value::as_str),
+            seps.get(1).and_then(Value::as_str),
+            seps.len(),
+        ) {
             (Some(a), Some(b), 2) => {
                 o.item_sep = a.to_string();
                 o.key_sep = b.to_string();
@@ -100,7 +104,9 @@ pub fn dump(v: &Value, o: &DumpOptions, level: usize, out: &mut String) -> Resul
         ValueKind::String => escape_into(v.as_str().unwrap_or_default(), o.ensure_ascii, out),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
-            container(out, o, level, '[', ']', items.len(), |i, out| dump(&items[i], o, level + 1, out))?;
+            container(out, o, level, '[', ']', items.len(), |i, out| {
+                dump(&items[i], o, level + 1, out)
+            })?;
         }
         ValueKind::Map => {
             let mut keys: Vec<Value> = v.try_iter()?.collect();
@@ -245,7 +251,8 @@ mod tests {
             dumps(v.clone(), &DumpOptions::python(Some("  ".into()))),
             "{\n  \"type\": \"function\",\n  \"b\": [\n    1,\n    2.5,\n    true,\n    null\n  ],\n  \"a\": {},\n  \"e\": [],\n  \"s\": \"é\\\"\\n<>&'\"\n}"
         );
-        let sorted = DumpOptions { sort_keys: true, ensure_ascii: true, ..DumpOptions::python(None) };
+        let sorted =
+            DumpOptions { sort_keys: true, ensure_ascii: true, ..DumpOptions::python(None) };
         assert_eq!(
             dumps(serde_json::json!({"z": "😀", "a": 1}), &sorted),
             r#"{"a": 1, "z": "\ud83d\ude00"}"#

@@ -125,17 +125,30 @@ impl ChatTemplate {
         }
         match extra {
             serde_json::Value::Null => {}
-            serde_json::Value::Object(m) => ctx.extend(m.iter().map(|(k, v)| (k.clone(), v.clone()))),
-            _ => return Err(fail(ErrorKind::InvalidInput, "chat template variables must be a JSON object")),
+            serde_json::Value::Object(m) => {
+                ctx.extend(m.iter().map(|(k, v)| (k.clone(), v.clone())))
+            }
+            _ => {
+                return Err(fail(
+                    ErrorKind::InvalidInput,
+                    "chat template variables must be a JSON object",
+                ));
+            }
         }
         ctx.insert("messages".into(), serde_json::to_value(messages)?);
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
-        let tmpl = self.env.get_template(NAME).context("chat template missing from its environment")?;
-        tmpl.render(Value::from(minijinja::value::Serde(&ctx))).map_err(|e| match raised_message(&e) {
-            Some(msg) => {
-                fail(ErrorKind::InvalidInput, format!("the chat template rejected the conversation: {msg}"))
+        let tmpl =
+            self.env.get_template(NAME).context("chat template missing from its environment")?;
+        tmpl.render(Value::from(minijinja::value::Serde(&ctx))).map_err(|e| {
+            match raised_message(&e) {
+                Some(msg) => fail(
+                    ErrorKind::InvalidInput,
+                    format!("the chat template rejected the conversation: {msg}"),
+                ),
+                None => {
+                    fail(ErrorKind::InvalidInput, format!("chat template failed: {}", describe(&e)))
+                }
             }
-            None => fail(ErrorKind::InvalidInput, format!("chat template failed: {}", describe(&e))),
         })
     }
 
@@ -153,7 +166,9 @@ impl ChatTemplate {
         };
         let token = |name: &str| match &tokenizer_config[name] {
             serde_json::Value::String(s) => Some(s.clone()),
-            serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(str::to_string),
+            serde_json::Value::Object(o) => {
+                o.get("content").and_then(|c| c.as_str()).map(str::to_string)
+            }
             _ => None,
         };
         Self::new(&source, token("bos_token"), token("eos_token"))

@@ -54,17 +54,20 @@ fn syntax_errors_surface_at_construction() {
 
 #[test]
 fn strftime_now_uses_the_injected_clock() {
-    let t = ChatTemplate::new("{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%Y-%m-%d') }}", None, None)
-        .unwrap()
-        .with_clock(|| UNIX_EPOCH + Duration::from_secs(1_722_012_709));
+    let t = ChatTemplate::new(
+        "{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%Y-%m-%d') }}",
+        None,
+        None,
+    )
+    .unwrap()
+    .with_clock(|| UNIX_EPOCH + Duration::from_secs(1_722_012_709));
     assert_eq!(t.render(&[], false, &json!(null)).unwrap(), "26 Jul 2024|2024-07-26");
 }
 
 #[test]
 fn tojson_is_pythons_json_dumps() {
     let src = "{{ tools[0] | tojson }}\n{{ tools[0] | tojson(indent=2) }}\n{{ 'é<' | tojson }}{{ 'é' | tojson(ensure_ascii=true) }}{{ tools[0].function | tojson(separators=(',', ':'), sort_keys=true) }}";
-    let tools =
-        json!([{"type": "function", "function": {"name": "f", "description": "<b>", "parameters": {}}}]);
+    let tools = json!([{"type": "function", "function": {"name": "f", "description": "<b>", "parameters": {}}}]);
     let out = render(src, &[], json!({"tools": tools})).unwrap();
     let want = concat!(
         r#"{"type": "function", "function": {"name": "f", "description": "<b>", "parameters": {}}}"#,
@@ -77,7 +80,8 @@ fn tojson_is_pythons_json_dumps() {
 #[test]
 fn python_methods_and_loop_controls() {
     let src = "{% for m in messages %}{% if loop.index0 == 1 %}{% continue %}{% endif %}{{ m.content.strip().upper().split(' ')[-1] }}{% if m.content.startswith(' a') %}!{% endif %}{% endfor %}{% for k, v in extra.items() %}{{ k }}={{ v }}{% endfor %}";
-    let msgs = [Message::new("user", " a b "), Message::new("user", "skip"), Message::new("user", "c d")];
+    let msgs =
+        [Message::new("user", " a b "), Message::new("user", "skip"), Message::new("user", "c d")];
     assert_eq!(render(src, &msgs, json!({"extra": {"z": 1, "a": 2}})).unwrap(), "B!Dz=1a=2");
 }
 
@@ -125,8 +129,11 @@ fn from_files_template_lists_and_missing_templates() {
     ]});
     let t = ChatTemplate::from_files(&cfg, None).unwrap();
     assert_eq!(t.render(&[], false, &json!(null)).unwrap(), "default");
-    let err = ChatTemplate::from_files(&json!({"chat_template": [{"name": "rag", "template": "x"}]}), None)
-        .unwrap_err();
+    let err = ChatTemplate::from_files(
+        &json!({"chat_template": [{"name": "rag", "template": "x"}]}),
+        None,
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("(rag)"), "{err}");
     let err = ChatTemplate::from_files(&json!({"bos_token": null}), None).unwrap_err();
     assert!(err.to_string().contains("no chat template"), "{err}");
@@ -163,8 +170,9 @@ struct Case {
 #[test]
 fn matches_transformers_apply_chat_template() {
     // INFERNO_CHAT_FIXTURES points at another file of the same shape (for exploring templates).
-    let path = std::env::var("INFERNO_CHAT_FIXTURES")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates.json").into());
+    let path = std::env::var("INFERNO_CHAT_FIXTURES").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates.json").into()
+    });
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let fx: Fixtures = serde_json::from_str(&text).expect("fixture JSON");
     let now = UNIX_EPOCH + Duration::from_secs(fx.now_unix);
@@ -179,14 +187,23 @@ fn matches_transformers_apply_chat_template() {
             }
         };
         let got = tmpl.render(&case.messages, case.add_generation_prompt, &case.extra);
-        let label = format!("{} / {} / agp={}", case.template, case.conversation, case.add_generation_prompt);
+        let label = format!(
+            "{} / {} / agp={}",
+            case.template, case.conversation, case.add_generation_prompt
+        );
         match (&case.expected, &case.error, got) {
             (Some(want), _, Ok(got)) if *want == got => {}
-            (Some(want), _, Ok(got)) => failures.push(format!("{label}:\n--- want\n{want}\n--- got\n{got}")),
+            (Some(want), _, Ok(got)) => {
+                failures.push(format!("{label}:\n--- want\n{want}\n--- got\n{got}"))
+            }
             (Some(_), _, Err(e)) => failures.push(format!("{label}: {e:#}")),
             (None, Some(msg), Err(e)) if e.to_string().contains(msg.as_str()) => {}
-            (None, Some(msg), other) => failures.push(format!("{label}: want error {msg:?}, got {other:?}")),
-            (None, None, _) => failures.push(format!("{label}: fixture has neither expected nor error")),
+            (None, Some(msg), other) => {
+                failures.push(format!("{label}: want error {msg:?}, got {other:?}"))
+            }
+            (None, None, _) => {
+                failures.push(format!("{label}: fixture has neither expected nor error"))
+            }
         }
     }
     assert!(fx.cases.len() >= 20, "too few fixture cases");

@@ -19,12 +19,19 @@ struct Run {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repeat == 0 {
-        return Err(fail(ErrorKind::InvalidInput, "--prompt-tokens, --gen-tokens and --repeat must be positive"));
+        return Err(fail(
+            ErrorKind::InvalidInput,
+            "--prompt-tokens, --gen-tokens and --repeat must be positive",
+        ));
     }
     let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
     let dtype = args.device.dtype.as_deref().map(engine::parse_dtype).transpose()?;
     let needed = args.prompt_tokens + args.gen_tokens;
-    let opts = LoadOptions { dtype, context: Some(args.context.unwrap_or(needed).max(needed)), dummy: args.dummy_weights };
+    let opts = LoadOptions {
+        dtype,
+        context: Some(args.context.unwrap_or(needed).max(needed)),
+        dummy: args.dummy_weights,
+    };
     let started = Instant::now();
     let mut loaded = engine::load(&args.model, &opts, &device)?;
     let load_s = started.elapsed().as_secs_f64();
@@ -62,18 +69,34 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!("model:   {} ({}, {:?}, context {})", loaded.name, loaded.format, loaded.dtype, loaded.context);
+        println!(
+            "model:   {} ({}, {:?}, context {})",
+            loaded.name, loaded.format, loaded.dtype, loaded.context
+        );
         println!("device:  {gpu_name}");
         if let Some(b) = loaded.device_bytes {
             println!("memory:  {} taken by the model (weights + KV cache)", human_bytes(b));
         }
-        println!("prefill: pp{:<6} {:>10.1} tok/s   (median of {})", args.prompt_tokens, prefill, args.repeat);
-        println!("decode:  tg{:<6} {:>10.1} tok/s   ({:.2} ms/token)", args.gen_tokens, decode, 1000.0 / decode);
+        println!(
+            "prefill: pp{:<6} {:>10.1} tok/s   (median of {})",
+            args.prompt_tokens, prefill, args.repeat
+        );
+        println!(
+            "decode:  tg{:<6} {:>10.1} tok/s   ({:.2} ms/token)",
+            args.gen_tokens,
+            decode,
+            1000.0 / decode
+        );
     }
     Ok(())
 }
 
-fn one_run(model: &mut dyn crate::models::CausalLm, prompt: &[u32], steps: usize, device: &Device) -> anyhow::Result<Run> {
+fn one_run(
+    model: &mut dyn crate::models::CausalLm,
+    prompt: &[u32],
+    steps: usize,
+    device: &Device,
+) -> anyhow::Result<Run> {
     device.synchronize()?;
     let t0 = Instant::now();
     let logits = model.forward_last(prompt, 0)?;

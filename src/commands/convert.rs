@@ -20,7 +20,9 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
 /// tokenizer.json, tokenizer_config.json (chat template, bos/eos) and generation_config.json.
 fn write_tokenizer(src: &Path, out: &Path) -> anyhow::Result<()> {
     let g = crate::tokenizer::gguf::from_gguf_file(src)?;
-    g.tokenizer.save(out.join("tokenizer.json"), false).map_err(|e| anyhow::anyhow!("writing tokenizer.json: {e}"))?;
+    g.tokenizer
+        .save(out.join("tokenizer.json"), false)
+        .map_err(|e| anyhow::anyhow!("writing tokenizer.json: {e}"))?;
     let name = |id: Option<u32>| id.and_then(|i| g.tokenizer.id_to_token(i));
     let cfg = serde_json::json!({
         "bos_token": name(g.bos_id),

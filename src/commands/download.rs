@@ -42,14 +42,20 @@ pub fn run(args: DownloadArgs) -> anyhow::Result<()> {
 }
 
 /// Validates the listing and chooses what to fetch, with each file's size and checksum.
-fn plan(client: &HubClient, repo: &RepoId, info: &RepoInfo, filters: &Filters) -> anyhow::Result<Vec<FileSpec>> {
+fn plan(
+    client: &HubClient,
+    repo: &RepoId,
+    info: &RepoInfo,
+    filters: &Filters,
+) -> anyhow::Result<Vec<FileSpec>> {
     let mut listed = Vec::with_capacity(info.siblings.len());
     for s in &info.siblings {
         names::check_relative_path(&s.rfilename)?;
         let size = s.lfs.as_ref().map(|l| l.size).or(s.size).unwrap_or(0);
         listed.push(Listed { path: s.rfilename.clone(), size });
     }
-    let shards = if filters.include.is_empty() && listed.iter().any(|f| f.path == SAFETENSORS_INDEX) {
+    let shards = if filters.include.is_empty() && listed.iter().any(|f| f.path == SAFETENSORS_INDEX)
+    {
         let bytes = retry_transient(|| client.read_small(repo, &info.sha, SAFETENSORS_INDEX))?;
         let shards = select::index_shards(&bytes)?;
         for shard in &shards {
@@ -61,7 +67,10 @@ fn plan(client: &HubClient, repo: &RepoId, info: &RepoInfo, filters: &Filters) -
     };
     let chosen = select::select(repo.as_str(), &listed, shards.as_ref(), filters)?;
     if chosen.is_empty() {
-        return Err(fail(ErrorKind::NotFound, format!("no files of {repo} match the given filters")));
+        return Err(fail(
+            ErrorKind::NotFound,
+            format!("no files of {repo} match the given filters"),
+        ));
     }
     chosen.iter().map(|f| spec_for(info, f)).collect()
 }
@@ -73,14 +82,24 @@ fn spec_for(info: &RepoInfo, file: &Listed) -> anyhow::Result<FileSpec> {
         .find(|s| s.rfilename == file.path)
         .context("selected file vanished from the listing")?;
     let (etag, checksum) = match (&sib.lfs, &sib.blob_id) {
-        (Some(lfs), _) => (lfs.sha256.to_ascii_lowercase(), Checksum::Sha256(lfs.sha256.to_ascii_lowercase())),
-        (None, Some(blob)) => (blob.to_ascii_lowercase(), Checksum::GitSha1(blob.to_ascii_lowercase())),
+        (Some(lfs), _) => {
+            (lfs.sha256.to_ascii_lowercase(), Checksum::Sha256(lfs.sha256.to_ascii_lowercase()))
+        }
+        (None, Some(blob)) => {
+            (blob.to_ascii_lowercase(), Checksum::GitSha1(blob.to_ascii_lowercase()))
+        }
         (None, None) => {
-            return Err(fail(ErrorKind::Integrity, format!("the Hub listing has no checksum for {}", file.path)));
+            return Err(fail(
+                ErrorKind::Integrity,
+                format!("the Hub listing has no checksum for {}", file.path),
+            ));
         }
     };
     if !etag.bytes().all(|b| b.is_ascii_hexdigit()) || !(etag.len() == 40 || etag.len() == 64) {
-        return Err(fail(ErrorKind::Integrity, format!("the Hub listing has an invalid checksum for {}", file.path)));
+        return Err(fail(
+            ErrorKind::Integrity,
+            format!("the Hub listing has an invalid checksum for {}", file.path),
+        ));
     }
     Ok(FileSpec { path: file.path.clone(), size: file.size, etag, checksum })
 }
@@ -98,11 +117,22 @@ fn print_dry_run(repo: &RepoCache, specs: &[FileSpec]) {
         let note = if cached { "  (cached)" } else { "" };
         println!("{:<width$}  {:>10}{note}", s.path, human_bytes(s.size));
     }
-    println!("{} files, {} in total, {} to download", specs.len(), human_bytes(total), human_bytes(to_fetch));
+    println!(
+        "{} files, {} in total, {} to download",
+        specs.len(),
+        human_bytes(total),
+        human_bytes(to_fetch)
+    );
 }
 
 /// Downloads small files first, then the weights, several at a time.
-fn download_all(client: &HubClient, cache: &Cache, repo: &RepoCache, commit: &str, specs: &[FileSpec]) -> anyhow::Result<()> {
+fn download_all(
+    client: &HubClient,
+    cache: &Cache,
+    repo: &RepoCache,
+    commit: &str,
+    specs: &[FileSpec],
+) -> anyhow::Result<()> {
     let mut order: Vec<&FileSpec> = specs.iter().collect();
     order.sort_by_key(|s| s.size);
     let total: u64 = specs.iter().map(|s| s.size).sum();
@@ -150,7 +180,8 @@ fn retry_transient<T>(mut f: impl FnMut() -> anyhow::Result<T>) -> anyhow::Resul
             Err(e) if e.downcast_ref::<Transient>().is_some() => {
                 attempt += 1;
                 if attempt >= 3 {
-                    let hint = "check your connection, or set HF_HUB_OFFLINE=1 to use what is cached";
+                    let hint =
+                        "check your connection, or set HF_HUB_OFFLINE=1 to use what is cached";
                     return Err(fail(ErrorKind::Network, format!("{e}; {hint}")));
                 }
                 std::thread::sleep(std::time::Duration::from_millis(500 * attempt));
@@ -161,11 +192,19 @@ fn retry_transient<T>(mut f: impl FnMut() -> anyhow::Result<T>) -> anyhow::Resul
 }
 
 /// `HF_HUB_OFFLINE=1`: no network; succeed only if the cache already has the files.
-fn offline(repo: &RepoCache, revision: &str, filters: &Filters, dry_run: bool) -> anyhow::Result<()> {
+fn offline(
+    repo: &RepoCache,
+    revision: &str,
+    filters: &Filters,
+    dry_run: bool,
+) -> anyhow::Result<()> {
     let not_cached = || {
         fail(
             ErrorKind::NotFound,
-            format!("offline mode (HF_HUB_OFFLINE is set) and {}@{revision} is not in the cache", repo.id),
+            format!(
+                "offline mode (HF_HUB_OFFLINE is set) and {}@{revision} is not in the cache",
+                repo.id
+            ),
         )
     };
     let commit = repo.resolve_ref(revision)?.ok_or_else(not_cached)?;
@@ -178,7 +217,8 @@ fn offline(repo: &RepoCache, revision: &str, filters: &Filters, dry_run: bool) -
         Ok(bytes) if filters.include.is_empty() => Some(select::index_shards(&bytes)?),
         _ => None,
     };
-    let chosen = select::select(repo.id.as_str(), &listed, shards.as_ref(), filters).map_err(|_| not_cached())?;
+    let chosen = select::select(repo.id.as_str(), &listed, shards.as_ref(), filters)
+        .map_err(|_| not_cached())?;
     for f in &chosen {
         if std::fs::metadata(dir.join(&f.path)).is_err() {
             return Err(not_cached());
@@ -197,7 +237,11 @@ fn offline(repo: &RepoCache, revision: &str, filters: &Filters, dry_run: bool) -
 
 /// The files of a snapshot folder as a listing (dangling links get size 0 and fail later).
 fn snapshot_listing(dir: &std::path::Path) -> anyhow::Result<Vec<Listed>> {
-    fn walk(base: &std::path::Path, dir: &std::path::Path, out: &mut Vec<Listed>) -> std::io::Result<()> {
+    fn walk(
+        base: &std::path::Path,
+        dir: &std::path::Path,
+        out: &mut Vec<Listed>,
+    ) -> std::io::Result<()> {
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
             if path.is_dir() {

@@ -77,7 +77,9 @@ pub fn run(args: ListArgs) -> anyhow::Result<()> {
 
 /// Every row for the cache at `cache`, sorted. Fails only if the cache root cannot be read.
 pub fn collect(cache: &Cache) -> anyhow::Result<Vec<Row>> {
-    let repos = cache.repos().with_context(|| format!("reading the cache at {}", cache.root().display()))?;
+    let repos = cache
+        .repos()
+        .with_context(|| format!("reading the cache at {}", cache.root().display()))?;
     Ok(repos.iter().flat_map(repo_rows).collect())
 }
 
@@ -288,11 +290,13 @@ mod tests {
     #[test]
     fn table_rows() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + 3 * 86400);
-        let text = render_table(&[row(Ok(info())), row(Err("missing blob for\nconfig.json".into()))], now);
+        let text =
+            render_table(&[row(Ok(info())), row(Err("missing blob for\nconfig.json".into()))], now);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(
-            lines[0].starts_with("MODEL  REVISION          SIZE  MODIFIED    ARCH   CONTEXT  FORMAT"),
+            lines[0]
+                .starts_with("MODEL  REVISION          SIZE  MODIFIED    ARCH   CONTEXT  FORMAT"),
             "{text}"
         );
         assert!(
@@ -308,8 +312,17 @@ mod tests {
         let keys: Vec<&str> =
             text.lines().filter_map(|l| l.trim().strip_prefix('"')?.split('"').next()).collect();
         let want = [
-            "model", "commit", "refs", "main", "path", "size_bytes", "modified", "architecture", "format",
-            "context_length", "error",
+            "model",
+            "commit",
+            "refs",
+            "main",
+            "path",
+            "size_bytes",
+            "modified",
+            "architecture",
+            "format",
+            "context_length",
+            "error",
         ];
         assert_eq!(keys, want, "{text}");
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();

@@ -12,8 +12,8 @@ use crate::gpu::{self, GpuInfo};
 use crate::hub::Cache;
 use crate::hub::resolve::resolve_model;
 use crate::models::CausalLm;
-use crate::models::llama::load::{self, GgufFile};
 use crate::models::gpt_oss::{self, GptOssConfig};
+use crate::models::llama::load::{self, GgufFile};
 use crate::models::llama::model::RopeStyle;
 use crate::models::llama::{LlamaConfig, dummy};
 
@@ -39,7 +39,10 @@ impl Source {
         if dummy {
             let cfg = if path.is_dir() { path.join("config.json") } else { path.to_path_buf() };
             if !cfg.is_file() {
-                return Err(fail(ErrorKind::NotFound, format!("--dummy-weights needs a config.json: {} not found", cfg.display())));
+                return Err(fail(
+                    ErrorKind::NotFound,
+                    format!("--dummy-weights needs a config.json: {} not found", cfg.display()),
+                ));
             }
             return Ok(Source::Dummy(cfg));
         }
@@ -54,13 +57,27 @@ impl Source {
             match ggufs.len() {
                 1 => return Ok(Source::Gguf(ggufs[0].clone())),
                 n if n > 1 => {
-                    let names: Vec<String> = ggufs.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
-                    return Err(fail(ErrorKind::InvalidInput, format!("{} holds {n} GGUF files; name one: {}", path.display(), names.join(", "))));
+                    let names: Vec<String> = ggufs
+                        .iter()
+                        .filter_map(|p| p.file_name())
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .collect();
+                    return Err(fail(
+                        ErrorKind::InvalidInput,
+                        format!(
+                            "{} holds {n} GGUF files; name one: {}",
+                            path.display(),
+                            names.join(", ")
+                        ),
+                    ));
                 }
                 _ => {}
             }
         }
-        Err(fail(ErrorKind::NotFound, format!("no safetensors or GGUF model in {}", path.display())))
+        Err(fail(
+            ErrorKind::NotFound,
+            format!("no safetensors or GGUF model in {}", path.display()),
+        ))
     }
 }
 
@@ -89,7 +106,10 @@ pub fn parse_dtype(s: &str) -> anyhow::Result<DType> {
         "f32" | "float32" => Ok(DType::F32),
         "bf16" | "bfloat16" => Ok(DType::BF16),
         "f16" | "float16" => Ok(DType::F16),
-        other => Err(fail(ErrorKind::InvalidInput, format!("unknown dtype {other:?} (use f32, bf16 or f16)"))),
+        other => Err(fail(
+            ErrorKind::InvalidInput,
+            format!("unknown dtype {other:?} (use f32, bf16 or f16)"),
+        )),
     }
 }
 
@@ -126,7 +146,9 @@ pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<L
     let loaded = load_source(name, source, opts, device)?;
     let after = gpu::memory(device);
     let device_bytes = match (before, after) {
-        (Some((free_before, _)), Some((free_after, _))) => Some(free_before.saturating_sub(free_after)),
+        (Some((free_before, _)), Some((free_after, _))) => {
+            Some(free_before.saturating_sub(free_after))
+        }
         _ => None,
     };
     Ok(Loaded { device_bytes, ..loaded })
@@ -142,7 +164,9 @@ fn context_for(max_position_embeddings: usize, requested: Option<usize>) -> anyh
             if n > max {
                 // llama.cpp's behaviour: allowed, with a warning. Positions past the trained
                 // maximum get RoPE angles the model never saw (YaRN is scaled for `max`).
-                eprintln!("warning: --context {n} is beyond the {max} positions this model was trained for; output past position {max} is untested");
+                eprintln!(
+                    "warning: --context {n} is beyond the {max} positions this model was trained for; output past position {max} is untested"
+                );
             }
             Ok(n)
         }
@@ -152,7 +176,8 @@ fn context_for(max_position_embeddings: usize, requested: Option<usize>) -> anyh
 
 /// `model_type` of a config.json (llama when absent).
 fn model_type(config_path: &Path) -> anyhow::Result<(String, String)> {
-    let text = std::fs::read_to_string(config_path).with_context(|| format!("reading {}", config_path.display()))?;
+    let text = std::fs::read_to_string(config_path)
+        .with_context(|| format!("reading {}", config_path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| fail(ErrorKind::InvalidInput, format!("{}: {e}", config_path.display())))?;
     let kind = v.get("model_type").and_then(|t| t.as_str()).unwrap_or("llama").to_string();
@@ -162,7 +187,13 @@ fn model_type(config_path: &Path) -> anyhow::Result<(String, String)> {
 type Built = (Box<dyn CausalLm>, String, DType, usize, usize);
 
 /// A model from a config.json text and a way to get its weights (checkpoint or random).
-fn build(text: &str, kind: &str, dir: Option<&Path>, opts: &LoadOptions, device: &Device) -> anyhow::Result<Built> {
+fn build(
+    text: &str,
+    kind: &str,
+    dir: Option<&Path>,
+    opts: &LoadOptions,
+    device: &Device,
+) -> anyhow::Result<Built> {
     match kind {
         "gpt_oss" => {
             let cfg = GptOssConfig::from_hf_json(text)?;
@@ -170,7 +201,10 @@ fn build(text: &str, kind: &str, dir: Option<&Path>, opts: &LoadOptions, device:
             // gpt-oss is trained in bf16; f16 overflows its residual stream (pitfall #7).
             let dtype = opts.dtype.unwrap_or(DType::BF16);
             if dtype == DType::F16 {
-                return Err(fail(ErrorKind::InvalidInput, "gpt-oss does not run in f16 (its activations overflow it): use bf16 or f32"));
+                return Err(fail(
+                    ErrorKind::InvalidInput,
+                    "gpt-oss does not run in f16 (its activations overflow it): use bf16 or f32",
+                ));
             }
             let max = cfg.max_position_embeddings;
             let model = match dir {
@@ -195,16 +229,31 @@ fn build(text: &str, kind: &str, dir: Option<&Path>, opts: &LoadOptions, device:
                 }
                 None => {
                     let weights = dummy::random_weights(&cfg, dtype, device)?;
-                    let m = crate::models::llama::Llama::new(cfg, weights, RopeStyle::HalfSplit, context, dtype, device)?;
+                    let m = crate::models::llama::Llama::new(
+                        cfg,
+                        weights,
+                        RopeStyle::HalfSplit,
+                        context,
+                        dtype,
+                        device,
+                    )?;
                     Ok((Box::new(m), "dummy".into(), dtype, context, max))
                 }
             }
         }
-        other => Err(fail(ErrorKind::InvalidInput, format!("unsupported architecture {other:?} (supported: llama, mistral, gpt_oss)"))),
+        other => Err(fail(
+            ErrorKind::InvalidInput,
+            format!("unsupported architecture {other:?} (supported: llama, mistral, gpt_oss)"),
+        )),
     }
 }
 
-fn load_source(name: &str, source: Source, opts: &LoadOptions, device: &Device) -> anyhow::Result<Loaded> {
+fn load_source(
+    name: &str,
+    source: Source,
+    opts: &LoadOptions,
+    device: &Device,
+) -> anyhow::Result<Loaded> {
     let (model, format, dtype, context, max): Built = match &source {
         Source::HfDir(dir) => {
             let (kind, text) = model_type(&dir.join("config.json"))?;
@@ -214,7 +263,8 @@ fn load_source(name: &str, source: Source, opts: &LoadOptions, device: &Device) 
             let mut gguf = GgufFile::open(path)?;
             let cfg = gguf.config()?;
             let context = context_for(cfg.max_position_embeddings, opts.context)?;
-            let quant = crate::inspect::inspect(path).map(|i| i.format).unwrap_or_else(|_| "GGUF".into());
+            let quant =
+                crate::inspect::inspect(path).map(|i| i.format).unwrap_or_else(|_| "GGUF".into());
             let m = load::load_gguf(&mut gguf, context, device)?;
             (Box::new(m), quant, DType::F32, context, cfg.max_position_embeddings)
         }
@@ -223,5 +273,14 @@ fn load_source(name: &str, source: Source, opts: &LoadOptions, device: &Device) 
             build(&text, &kind, None, opts, device)?
         }
     };
-    Ok(Loaded { model, source, name: name.to_string(), format, dtype, context, max_context: max, device_bytes: None })
+    Ok(Loaded {
+        model,
+        source,
+        name: name.to_string(),
+        format,
+        dtype,
+        context,
+        max_context: max,
+        device_bytes: None,
+    })
 }

@@ -30,7 +30,10 @@ impl TextSide {
     }
 
     fn encode(&self, text: &str, special: bool) -> anyhow::Result<Vec<u32>> {
-        let enc = self.tokenizer.encode(text, special).map_err(|e| anyhow::anyhow!("tokenizing the prompt: {e}"))?;
+        let enc = self
+            .tokenizer
+            .encode(text, special)
+            .map_err(|e| anyhow::anyhow!("tokenizing the prompt: {e}"))?;
         Ok(enc.get_ids().to_vec())
     }
 }
@@ -39,14 +42,17 @@ pub fn load(source: &Source) -> anyhow::Result<TextSide> {
     match source {
         Source::HfDir(dir) => from_hf_dir(dir),
         Source::Gguf(path) => from_gguf(path),
-        Source::Dummy(_) => Err(fail(ErrorKind::InvalidInput, "a model with dummy weights has no tokenizer")),
+        Source::Dummy(_) => {
+            Err(fail(ErrorKind::InvalidInput, "a model with dummy weights has no tokenizer"))
+        }
     }
 }
 
 fn read_json(path: &Path) -> anyhow::Result<Option<serde_json::Value>> {
     match std::fs::read_to_string(path) {
         Ok(text) => Ok(Some(
-            serde_json::from_str(&text).map_err(|e| fail(ErrorKind::Integrity, format!("{}: {e}", path.display())))?,
+            serde_json::from_str(&text)
+                .map_err(|e| fail(ErrorKind::Integrity, format!("{}: {e}", path.display())))?,
         )),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
@@ -70,10 +76,12 @@ fn from_hf_dir(dir: &Path) -> anyhow::Result<TextSide> {
     let config = read_json(&dir.join("config.json"))?.unwrap_or(serde_json::Value::Null);
     let gen_cfg = read_json(&dir.join("generation_config.json"))?;
     let mut eos_ids = eos_ids_from(&config, gen_cfg.as_ref());
-    if let Some(eos) = template.as_ref().and_then(|t| t.eos_token()).and_then(|t| tokenizer.token_to_id(t))
-        && !eos_ids.contains(&eos) {
-            eos_ids.push(eos);
-        }
+    if let Some(eos) =
+        template.as_ref().and_then(|t| t.eos_token()).and_then(|t| tokenizer.token_to_id(t))
+        && !eos_ids.contains(&eos)
+    {
+        eos_ids.push(eos);
+    }
     Ok(TextSide { tokenizer, template, eos_ids })
 }
 
@@ -81,7 +89,9 @@ fn from_gguf(path: &Path) -> anyhow::Result<TextSide> {
     let g = crate::tokenizer::gguf::from_gguf_file(path)?;
     let name = |id: Option<u32>| id.and_then(|i| g.tokenizer.id_to_token(i));
     let template = match &g.chat_template {
-        Some(src) => Some(ChatTemplate::new(src, name(g.bos_id), name(g.eos_ids.first().copied()))?),
+        Some(src) => {
+            Some(ChatTemplate::new(src, name(g.bos_id), name(g.eos_ids.first().copied()))?)
+        }
         None => None,
     };
     Ok(TextSide { eos_ids: g.eos_ids, template, tokenizer: g.tokenizer })

@@ -106,7 +106,10 @@ impl Session {
         if prompt.len() >= context {
             return Err(fail(
                 ErrorKind::InvalidInput,
-                format!("the prompt is {} tokens, the context holds {context}: shorten it or raise --context", prompt.len()),
+                format!(
+                    "the prompt is {} tokens, the context holds {context}: shorten it or raise --context",
+                    prompt.len()
+                ),
             ));
         }
         let reuse = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
@@ -142,7 +145,8 @@ impl Session {
             } else if sampler.config().is_plain_temperature() && logits.device().is_cuda() {
                 // On the device: no copy of the logits, no 201k exponentials on the host.
                 let seed = sampler.next_seed();
-                crate::kernels::sample_gumbel(&logits, sampler.config().temperature, seed)?.to_scalar::<u32>()?
+                crate::kernels::sample_gumbel(&logits, sampler.config().temperature, seed)?
+                    .to_scalar::<u32>()?
             } else {
                 let mut host = logits.to_vec1::<f32>()?;
                 sampler.sample(&mut host, &history)

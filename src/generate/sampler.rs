@@ -90,7 +90,10 @@ impl SamplerConfig {
             return bad(format!("min-p must be in [0, 1], not {p}"));
         }
         if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
-            return bad(format!("repeat penalty must be a number > 0, not {}", self.repeat_penalty));
+            return bad(format!(
+                "repeat penalty must be a number > 0, not {}",
+                self.repeat_penalty
+            ));
         }
         Ok(())
     }

@@ -27,7 +27,8 @@ fn reference(logits: &[f32], cfg: &SamplerConfig, history: &[u32]) -> Vec<f64> {
     }
     let max = scaled[order[0]];
     let z: f64 = order.iter().map(|&i| (scaled[i] - max).exp()).sum();
-    let mut probs: Vec<(usize, f64)> = order.iter().map(|&i| (i, (scaled[i] - max).exp() / z)).collect();
+    let mut probs: Vec<(usize, f64)> =
+        order.iter().map(|&i| (i, (scaled[i] - max).exp() / z)).collect();
     if let Some(p) = cfg.top_p.filter(|&p| p < 1.0) {
         let mut acc = 0.0;
         let mut keep = probs.len();
@@ -97,7 +98,12 @@ fn analytic_distribution_after_each_filter() {
     for (cfg, want) in cases {
         let got = frequencies(&cfg, &logits, &[], DRAWS);
         for i in 0..4 {
-            assert!((got[i] - want[i]).abs() < 0.012, "{cfg:?}: token {i} {} vs {}", got[i], want[i]);
+            assert!(
+                (got[i] - want[i]).abs() < 0.012,
+                "{cfg:?}: token {i} {} vs {}",
+                got[i],
+                want[i]
+            );
             if want[i] == 0.0 {
                 assert_eq!(got[i], 0.0);
             }
@@ -181,7 +187,8 @@ fn tiny_temperature_is_argmax_and_zero_is_greedy() {
     for seed in 0..20 {
         let logits = random_logits(5000, seed);
         let want = argmax(&logits);
-        let mut s = Sampler::new(SamplerConfig { temperature: 1e-4, seed, ..SamplerConfig::default() });
+        let mut s =
+            Sampler::new(SamplerConfig { temperature: 1e-4, seed, ..SamplerConfig::default() });
         assert_eq!(s.sample(&mut logits.clone(), &[]), want);
         let mut g = Sampler::new(SamplerConfig::greedy());
         assert_eq!(g.sample(&mut logits.clone(), &[]), want);
@@ -230,9 +237,10 @@ fn same_seed_same_sequence_different_seed_different() {
 #[test]
 fn large_vocab_is_fast_enough() {
     let logits = random_logits(201_088, 9);
-    for cfg in
-        [SamplerConfig::default(), SamplerConfig { top_k: None, min_p: None, ..SamplerConfig::default() }]
-    {
+    for cfg in [
+        SamplerConfig::default(),
+        SamplerConfig { top_k: None, min_p: None, ..SamplerConfig::default() },
+    ] {
         let mut s = Sampler::new(cfg.clone());
         let mut buf = logits.clone();
         let start = std::time::Instant::now();

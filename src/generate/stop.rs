@@ -102,10 +102,16 @@ impl StopChecker {
         self.held.push_str(text);
         if let Some((at, s)) = self.find_stop() {
             self.held.truncate(at);
-            return Step { text: std::mem::take(&mut self.held), stop: Some(StopReason::StopString(s)) };
+            return Step {
+                text: std::mem::take(&mut self.held),
+                stop: Some(StopReason::StopString(s)),
+            };
         }
         if self.generated >= self.max_tokens {
-            return Step { text: std::mem::take(&mut self.held), stop: Some(StopReason::MaxTokens) };
+            return Step {
+                text: std::mem::take(&mut self.held),
+                stop: Some(StopReason::MaxTokens),
+            };
         }
         let keep = self.partial_match_len();
         let text = self.held[..self.held.len() - keep].to_string();
@@ -166,7 +172,8 @@ pub fn eos_ids_from(
             serde_json::Value::Array(a) => a.iter().collect(),
             other => vec![other],
         };
-        for id in items.into_iter().filter_map(|x| x.as_u64()).filter_map(|x| u32::try_from(x).ok()) {
+        for id in items.into_iter().filter_map(|x| x.as_u64()).filter_map(|x| u32::try_from(x).ok())
+        {
             if !ids.contains(&id) {
                 ids.push(id);
             }
@@ -205,7 +212,10 @@ mod tests {
     #[test]
     fn display_strings() {
         assert_eq!(StopReason::Eos(3).to_string(), "eos");
-        assert_eq!(StopReason::StopString("\nUser:".into()).to_string(), "stop string \"\\nUser:\"");
+        assert_eq!(
+            StopReason::StopString("\nUser:".into()).to_string(),
+            "stop string \"\\nUser:\""
+        );
         assert_eq!(StopReason::MaxTokens.to_string(), "max tokens");
         assert_eq!(StopReason::ContextFull.to_string(), "context full");
         assert_eq!(StopReason::Interrupted.to_string(), "interrupted");
@@ -316,6 +326,9 @@ mod tests {
         let gen_cfg = json!({"eos_token_id": 200012});
         assert_eq!(eos_ids_from(&cfg, Some(&gen_cfg)), vec![200002, 199999, 200012]);
         assert!(eos_ids_from(&json!({"eos_token_id": null}), Some(&json!({}))).is_empty());
-        assert_eq!(eos_ids_from(&json!({}), Some(&json!({"eos_token_id": [2, "x", -1, 2]}))), vec![2]);
+        assert_eq!(
+            eos_ids_from(&json!({}), Some(&json!({"eos_token_id": [2, "x", -1, 2]}))),
+            vec![2]
+        );
     }
 }

@@ -37,14 +37,20 @@ fn check_stream(tok: &Tokenizer, ids: &[u32], skip_special: bool) {
         let full = tok.decode(&ids[..=i], skip_special).expect("decode");
         let complete = full.trim_end_matches(REPLACEMENT);
         if strict {
-            assert_eq!(out, complete, "after token {i} ({id}): streamed text is not the complete prefix");
+            assert_eq!(
+                out, complete,
+                "after token {i} ({id}): streamed text is not the complete prefix"
+            );
         } else {
             assert!(
                 out.starts_with(complete),
                 "after token {i} ({id}): {out:?} holds back part of {complete:?}"
             );
         }
-        assert!(last.starts_with(&out), "after token {i} ({id}): {out:?} is not a prefix of {last:?}");
+        assert!(
+            last.starts_with(&out),
+            "after token {i} ({id}): {out:?} is not a prefix of {last:?}"
+        );
     }
     if let Some(rest) = stream.finish().expect("finish") {
         out.push_str(&rest);
@@ -130,12 +136,24 @@ fn sentencepiece_bpe() -> Tokenizer {
     for b in 0..=255u8 {
         vocab.insert(format!("<0x{b:02X}>"), json!(vocab.len()));
     }
-    for c in ('a'..='z').chain('A'..='Z').chain('0'..='9').chain(".,!?:;'\"(){}[]+-=".chars()).chain(['▁'])
+    for c in ('a'..='z')
+        .chain('A'..='Z')
+        .chain('0'..='9')
+        .chain(".,!?:;'\"(){}[]+-=".chars())
+        .chain(['▁'])
     {
         vocab.insert(c.to_string(), json!(vocab.len()));
     }
-    let merges =
-        [("▁", "t"), ("h", "e"), ("▁t", "he"), ("▁", "H"), ("▁H", "e"), ("l", "l"), ("▁", "w"), ("o", "r")];
+    let merges = [
+        ("▁", "t"),
+        ("h", "e"),
+        ("▁t", "he"),
+        ("▁", "H"),
+        ("▁H", "e"),
+        ("l", "l"),
+        ("▁", "w"),
+        ("o", "r"),
+    ];
     let mut merge_list = Vec::new();
     for (a, b) in merges {
         vocab.insert(format!("{a}{b}"), json!(vocab.len()));
@@ -252,10 +270,14 @@ fn gptoss_tokenizer_streams_exactly() {
     let multi_token_emoji = TEXTS[3];
     let ids = tok.encode(multi_token_emoji, false).unwrap().get_ids().to_vec();
     let pieces: Vec<String> = ids.iter().map(|&i| tok.decode(&[i], false).unwrap()).collect();
-    assert!(pieces.iter().any(|p| p.contains(REPLACEMENT)), "want an emoji split over tokens: {pieces:?}");
+    assert!(
+        pieces.iter().any(|p| p.contains(REPLACEMENT)),
+        "want an emoji split over tokens: {pieces:?}"
+    );
     check_texts(&tok, TEXTS, false);
     // Harmony markup kept when special tokens are shown.
-    let ids = tok.encode("<|start|>assistant<|channel|>final<|message|>Hi 😀<|return|>", false).unwrap();
+    let ids =
+        tok.encode("<|start|>assistant<|channel|>final<|message|>Hi 😀<|return|>", false).unwrap();
     check_stream(&tok, ids.get_ids(), false);
     check_stream(&tok, ids.get_ids(), true);
 }

@@ -132,14 +132,24 @@ impl HubClient {
         let info: RepoInfo = serde_json::from_str(&body)
             .with_context(|| format!("the Hub sent an unreadable file list for {repo}"))?;
         if !super::names::is_commit_hash(&info.sha) {
-            return Err(fail(ErrorKind::Integrity, format!("the Hub sent an invalid commit id {:?}", info.sha)));
+            return Err(fail(
+                ErrorKind::Integrity,
+                format!("the Hub sent an invalid commit id {:?}", info.sha),
+            ));
         }
         Ok(info)
     }
 
     /// Opens `file` at `commit`, from byte `offset` (HTTP Range) when `offset > 0`.
-    pub fn open_file(&self, repo: &RepoId, commit: &str, file: &str, offset: u64) -> anyhow::Result<FileStream> {
-        let url = format!("{}/{}/resolve/{}/{}", self.config.endpoint, repo, commit, encode_path(file));
+    pub fn open_file(
+        &self,
+        repo: &RepoId,
+        commit: &str,
+        file: &str,
+        offset: u64,
+    ) -> anyhow::Result<FileStream> {
+        let url =
+            format!("{}/{}/resolve/{}/{}", self.config.endpoint, repo, commit, encode_path(file));
         let range = (offset > 0).then(|| format!("bytes={offset}-"));
         let resp = self.send(&url, range.as_deref(), repo, commit)?;
         let status = resp.status().as_u16();
@@ -185,11 +195,10 @@ impl HubClient {
             let resp = req.call().map_err(|e| self.transport_error(e))?;
             let status = resp.status().as_u16();
             if (300..400).contains(&status) {
-                let location = resp
-                    .headers()
-                    .get("location")
-                    .and_then(|v| v.to_str().ok())
-                    .ok_or_else(|| Transient(format!("redirect without a location from {url}")))?;
+                let location =
+                    resp.headers().get("location").and_then(|v| v.to_str().ok()).ok_or_else(
+                        || Transient(format!("redirect without a location from {url}")),
+                    )?;
                 url = join_url(&url, location);
                 continue;
             }
@@ -206,8 +215,12 @@ impl HubClient {
             ureq::Error::Io(_)
             | ureq::Error::ConnectionFailed
             | ureq::Error::HostNotFound
-            | ureq::Error::Timeout(_) => Transient(format!("cannot reach {}: {err}", self.config.endpoint)).into(),
-            other => Transient(format!("request to {} failed: {other}", self.config.endpoint)).into(),
+            | ureq::Error::Timeout(_) => {
+                Transient(format!("cannot reach {}: {err}", self.config.endpoint)).into()
+            }
+            other => {
+                Transient(format!("request to {} failed: {other}", self.config.endpoint)).into()
+            }
         }
     }
 
@@ -222,21 +235,33 @@ impl HubClient {
         let code = resp.headers().get("x-error-code").and_then(|v| v.to_str().ok()).unwrap_or("");
         let has_token = self.config.token.is_some();
         match (status, code) {
-            (_, "RepoNotFound") | (404, _) if code != "RevisionNotFound" && code != "EntryNotFound" => {
+            (_, "RepoNotFound") | (404, _)
+                if code != "RevisionNotFound" && code != "EntryNotFound" =>
+            {
                 let hint = if has_token { "" } else { " (if it is private, set HF_TOKEN)" };
                 fail(ErrorKind::NotFound, format!("repository {repo} not found on the Hub{hint}"))
             }
-            (_, "RevisionNotFound") => fail(ErrorKind::NotFound, format!("revision {revision:?} not found in {repo}")),
-            (_, "EntryNotFound") => fail(ErrorKind::NotFound, format!("file not found in {repo}: {url}")),
+            (_, "RevisionNotFound") => {
+                fail(ErrorKind::NotFound, format!("revision {revision:?} not found in {repo}"))
+            }
+            (_, "EntryNotFound") => {
+                fail(ErrorKind::NotFound, format!("file not found in {repo}: {url}"))
+            }
             (401 | 403, _) | (_, "GatedRepo") => {
                 let msg = if has_token {
-                    format!("access to {repo} denied: your HF_TOKEN has no access (for a gated repo, accept its terms on the Hub first)")
+                    format!(
+                        "access to {repo} denied: your HF_TOKEN has no access (for a gated repo, accept its terms on the Hub first)"
+                    )
                 } else {
-                    format!("{repo} is gated or private: set HF_TOKEN to a Hugging Face access token that has access")
+                    format!(
+                        "{repo} is gated or private: set HF_TOKEN to a Hugging Face access token that has access"
+                    )
                 };
                 fail(ErrorKind::Unauthorized, msg)
             }
-            (429 | 500..=599, _) => Transient(format!("the Hub answered HTTP {status} for {url}")).into(),
+            (429 | 500..=599, _) => {
+                Transient(format!("the Hub answered HTTP {status} for {url}")).into()
+            }
             _ => fail(ErrorKind::Other, format!("the Hub answered HTTP {status} for {url}")),
         }
     }

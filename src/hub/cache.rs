@@ -147,11 +147,17 @@ impl RepoCache {
 
     /// Links `snapshots/<commit>/<file>` to `blobs/<etag>` with a relative symlink, as
     /// huggingface_hub does, replacing whatever was there.
-    pub fn link_snapshot_file(&self, commit: &str, file: &str, etag: &str) -> anyhow::Result<PathBuf> {
+    pub fn link_snapshot_file(
+        &self,
+        commit: &str,
+        file: &str,
+        etag: &str,
+    ) -> anyhow::Result<PathBuf> {
         check_relative_path(file)?;
         let link = self.snapshot_dir(commit).join(file);
         let parent = link.parent().context("snapshot path has no parent")?;
-        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
         let depth = file.split('/').count() + 1; // up to the repo folder: <file dirs…>, <commit>, snapshots
         let mut target = PathBuf::new();
         for _ in 0..depth {

@@ -82,7 +82,10 @@ pub fn fetch(
                 if attempt > MAX_RETRIES {
                     return Err(fail(
                         ErrorKind::Network,
-                        format!("downloading {} failed after {MAX_RETRIES} retries: {err}", spec.path),
+                        format!(
+                            "downloading {} failed after {MAX_RETRIES} retries: {err}",
+                            spec.path
+                        ),
                     ));
                 }
                 progress.message(&format!("retry {attempt}/{MAX_RETRIES}: {err}"));
@@ -98,14 +101,16 @@ pub fn fetch(
         return Err(err);
     }
     let blob = repo.blob_path(&spec.etag);
-    std::fs::rename(&partial, &blob).with_context(|| format!("moving {} into place", blob.display()))?;
+    std::fs::rename(&partial, &blob)
+        .with_context(|| format!("moving {} into place", blob.display()))?;
     repo.link_snapshot_file(commit, &spec.path, &spec.etag)?;
     Ok(Outcome::Downloaded)
 }
 
 /// 0.5 s, 1 s, 2 s … capped at 8 s; `INFERNO_RETRY_DELAY_MS` overrides the base (tests).
 fn backoff(attempt: u32) -> Duration {
-    let base = std::env::var("INFERNO_RETRY_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500u64);
+    let base =
+        std::env::var("INFERNO_RETRY_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500u64);
     Duration::from_millis((base << (attempt - 1).min(4)).min(8_000))
 }
 
@@ -156,14 +161,19 @@ fn download_into(
         };
         have += n as u64;
         if have > spec.size {
-            return Err(fail(ErrorKind::Integrity, format!("{} is larger than the listed {} bytes", spec.path, spec.size)));
+            return Err(fail(
+                ErrorKind::Integrity,
+                format!("{} is larger than the listed {} bytes", spec.path, spec.size),
+            ));
         }
         file.write_all(&buf[..n]).with_context(|| format!("writing {}", partial.display()))?;
         progress.inc(n as u64);
     }
     file.sync_all().with_context(|| format!("writing {}", partial.display()))?;
     if have < spec.size {
-        return Err(Transient(format!("connection closed after {have} of {} bytes", spec.size)).into());
+        return Err(
+            Transient(format!("connection closed after {have} of {} bytes", spec.size)).into()
+        );
     }
     Ok(())
 }
@@ -184,7 +194,10 @@ pub fn verify(path: &Path, spec: &FileSpec) -> anyhow::Result<()> {
     if got != want {
         return Err(fail(
             ErrorKind::Integrity,
-            format!("checksum mismatch for {} (expected {want}, got {got}); the bad download was removed, run again", spec.path),
+            format!(
+                "checksum mismatch for {} (expected {want}, got {got}); the bad download was removed, run again",
+                spec.path
+            ),
         ));
     }
     Ok(())

@@ -13,7 +13,8 @@ impl RepoId {
     /// Accepts `name` or `org/name` made of ASCII letters, digits, `-`, `_`, `.`; no `..`, no
     /// `--` (the cache uses it as separator), no leading/trailing separators.
     pub fn parse(id: &str) -> anyhow::Result<RepoId> {
-        let invalid = |why: &str| fail(ErrorKind::InvalidInput, format!("invalid repo id {id:?}: {why}"));
+        let invalid =
+            |why: &str| fail(ErrorKind::InvalidInput, format!("invalid repo id {id:?}: {why}"));
         let parts: Vec<&str> = id.split('/').collect();
         if parts.is_empty() || parts.len() > 2 {
             return Err(invalid("expected `name` or `org/name`"));
@@ -31,7 +32,9 @@ impl RepoId {
             let first = part.chars().next().unwrap_or('.');
             let last = part.chars().last().unwrap_or('.');
             if !first.is_ascii_alphanumeric() || matches!(last, '-' | '.') {
-                return Err(invalid("must start with a letter or digit and not end with '-' or '.'"));
+                return Err(invalid(
+                    "must start with a letter or digit and not end with '-' or '.'",
+                ));
             }
         }
         Ok(RepoId(id.to_string()))
@@ -62,7 +65,8 @@ impl std::fmt::Display for RepoId {
 /// Checks a repo-relative file path (from the Hub listing or `--include`d names): forward
 /// slashes only, no absolute paths, no `.`/`..`/empty components, no NUL or control chars.
 pub fn check_relative_path(path: &str) -> anyhow::Result<()> {
-    let bad = |why: &str| fail(ErrorKind::InvalidInput, format!("refusing file name {path:?}: {why}"));
+    let bad =
+        |why: &str| fail(ErrorKind::InvalidInput, format!("refusing file name {path:?}: {why}"));
     if path.is_empty() {
         return Err(bad("empty"));
     }
@@ -101,7 +105,9 @@ mod tests {
         for ok in ["gpt2", "openai/gpt-oss-20b", "HuggingFaceTB/SmolLM2-135M-Instruct", "a/b.c_d"] {
             assert!(RepoId::parse(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "/", "a/", "/a", "a/b/c", "../x", "a/..", "a/.x", "a--b/c", "a\\b", "a/b c", "a/b."] {
+        for bad in [
+            "", "/", "a/", "/a", "a/b/c", "../x", "a/..", "a/.x", "a--b/c", "a\\b", "a/b c", "a/b.",
+        ] {
             assert!(RepoId::parse(bad).is_err(), "{bad}");
         }
     }
@@ -119,7 +125,8 @@ mod tests {
         for ok in ["config.json", "original/model.safetensors", "a.b/c-d_e.gguf"] {
             assert!(check_relative_path(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "../x", "a/../b", "/etc/passwd", "a\\b", "C:x", "a//b", "./a", "a/", "a\nb"] {
+        for bad in ["", "../x", "a/../b", "/etc/passwd", "a\\b", "C:x", "a//b", "./a", "a/", "a\nb"]
+        {
             assert!(check_relative_path(bad).is_err(), "{bad:?}");
         }
     }

@@ -21,7 +21,9 @@ impl Progress {
         }
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
         let total = multi.add(ProgressBar::new(total_bytes));
-        total.set_style(style("{prefix:>12.bold} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}"));
+        total.set_style(style(
+            "{prefix:>12.bold} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+        ));
         total.set_prefix("total");
         total.set_position(already);
         Progress { multi: Some(multi), total: Some(total) }
@@ -30,7 +32,9 @@ impl Progress {
     pub fn file(&self, name: &str, size: u64) -> FileProgress {
         let bar = self.multi.as_ref().map(|m| {
             let bar = m.insert_from_back(1, ProgressBar::new(size));
-            bar.set_style(style("{prefix:>12} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}"));
+            bar.set_style(style(
+                "{prefix:>12} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+            ));
             bar.set_prefix(short(name, 12));
             bar
         });

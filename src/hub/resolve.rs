@@ -43,7 +43,11 @@ pub fn resolve_model(name: &str, cache: &Cache) -> anyhow::Result<ResolvedModel>
     let Some(commit) = commit else {
         return Err(not_downloaded(id, revision));
     };
-    Ok(ResolvedModel { path: repo.snapshot_dir(&commit), repo: Some(repo.id), commit: Some(commit) })
+    Ok(ResolvedModel {
+        path: repo.snapshot_dir(&commit),
+        repo: Some(repo.id),
+        commit: Some(commit),
+    })
 }
 
 /// Names that can only be paths: absolute, `./`, `../`, `~`.
@@ -98,7 +102,8 @@ fn find_revision(repo: &RepoCache, rev: &str) -> anyhow::Result<Option<String>> 
     if let Some(commit) = repo.resolve_ref(rev)? {
         return Ok(Some(commit).filter(|c| repo.snapshot_dir(c).is_dir()));
     }
-    let is_short_hash = rev.len() >= 4 && !is_commit_hash(rev) && rev.bytes().all(|b| b.is_ascii_hexdigit());
+    let is_short_hash =
+        rev.len() >= 4 && !is_commit_hash(rev) && rev.bytes().all(|b| b.is_ascii_hexdigit());
     if !is_short_hash {
         return Ok(None);
     }
@@ -190,7 +195,10 @@ mod tests {
         let (_tmp, cache) = cache_with_two_snapshots();
         let err = resolve_model("org/other", &cache).unwrap_err();
         assert_eq!(kind_of(&err), ErrorKind::NotFound);
-        assert_eq!(err.to_string(), "model org/other is not downloaded: run `inferno download org/other`");
+        assert_eq!(
+            err.to_string(),
+            "model org/other is not downloaded: run `inferno download org/other`"
+        );
         let err = resolve_model("org/model@v2", &cache).unwrap_err();
         assert_eq!(kind_of(&err), ErrorKind::NotFound);
         assert!(err.to_string().contains("inferno download org/model --revision v2"), "{err}");
@@ -203,7 +211,10 @@ mod tests {
         let (_tmp, cache) = cache_with_two_snapshots();
         let repo = cache.repo(&RepoId::parse("org/model").unwrap());
         std::fs::remove_dir_all(repo.snapshot_dir(NEW)).unwrap();
-        assert_eq!(kind_of(&resolve_model("org/model@dev", &cache).unwrap_err()), ErrorKind::NotFound);
+        assert_eq!(
+            kind_of(&resolve_model("org/model@dev", &cache).unwrap_err()),
+            ErrorKind::NotFound
+        );
         assert_eq!(commit_of("org/model", &cache).as_deref(), Some(OLD));
     }
 
@@ -237,7 +248,10 @@ mod tests {
             ErrorKind::InvalidInput
         );
         // `./x` is a path even when it does not exist: never looked up as a repo.
-        assert_eq!(kind_of(&resolve_model("./org/model", &cache).unwrap_err()), ErrorKind::NotFound);
+        assert_eq!(
+            kind_of(&resolve_model("./org/model", &cache).unwrap_err()),
+            ErrorKind::NotFound
+        );
     }
 
     #[test]

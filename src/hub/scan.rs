@@ -33,7 +33,12 @@ pub fn usage(dir: &Path) -> std::io::Result<Usage> {
     Ok(usage)
 }
 
-fn walk(root: &Path, dir: &Path, usage: &mut Usage, seen: &mut HashSet<PathBuf>) -> std::io::Result<()> {
+fn walk(
+    root: &Path,
+    dir: &Path,
+    usage: &mut Usage,
+    seen: &mut HashSet<PathBuf>,
+) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let path = entry.path();
@@ -69,7 +74,12 @@ fn relative(root: &Path, path: &Path) -> String {
 /// Bytes in `blobs/`, for a repo folder that has no usable snapshot.
 pub fn blobs_size(repo: &RepoCache) -> u64 {
     let Ok(entries) = std::fs::read_dir(repo.blobs_dir()) else { return 0 };
-    entries.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
+    entries
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
 }
 
 /// Which refs (`main`, `v1.0`, `pr/3`) point at each commit, from the files under `refs/`.

@@ -46,8 +46,9 @@ pub fn index_shards(index_json: &[u8]) -> anyhow::Result<BTreeSet<String>> {
     struct Index {
         weight_map: HashMap<String, String>,
     }
-    let index: Index = serde_json::from_slice(index_json)
-        .map_err(|e| fail(ErrorKind::Integrity, format!("{SAFETENSORS_INDEX} is not valid: {e}")))?;
+    let index: Index = serde_json::from_slice(index_json).map_err(|e| {
+        fail(ErrorKind::Integrity, format!("{SAFETENSORS_INDEX} is not valid: {e}"))
+    })?;
     Ok(index.weight_map.into_values().collect())
 }
 
@@ -93,11 +94,17 @@ fn default_weights<'a>(
             if !files.iter().any(|f| &f.path == shard) {
                 return Err(fail(
                     ErrorKind::Integrity,
-                    format!("{SAFETENSORS_INDEX} of {repo} names {shard}, which the repo does not have"),
+                    format!(
+                        "{SAFETENSORS_INDEX} of {repo} names {shard}, which the repo does not have"
+                    ),
                 ));
             }
         }
-        return Ok(files.iter().filter(|f| shards.contains(&f.path)).map(|f| f.path.as_str()).collect());
+        return Ok(files
+            .iter()
+            .filter(|f| shards.contains(&f.path))
+            .map(|f| f.path.as_str())
+            .collect());
     }
     let top = |ext: &str| -> Vec<&'a Listed> {
         files.iter().filter(|f| !f.path.contains('/') && f.path.ends_with(ext)).collect()
@@ -131,7 +138,8 @@ fn build_globs(patterns: &[String]) -> anyhow::Result<Option<GlobSet>> {
     }
     let mut builder = GlobSetBuilder::new();
     for p in patterns {
-        let glob = Glob::new(p).map_err(|e| fail(ErrorKind::InvalidInput, format!("invalid glob {p:?}: {e}")))?;
+        let glob = Glob::new(p)
+            .map_err(|e| fail(ErrorKind::InvalidInput, format!("invalid glob {p:?}: {e}")))?;
         builder.add(glob);
     }
     Ok(Some(builder.build()?))
@@ -150,11 +158,24 @@ mod tests {
     }
 
     const GPT_OSS: &[&str] = &[
-        ".gitattributes", "LICENSE", "README.md", "USAGE_POLICY", "chat_template.jinja", "config.json",
-        "generation_config.json", "metal/model.bin", "model-00000-of-00002.safetensors",
-        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
-        "original/config.json", "original/dtypes.json", "original/model.safetensors", "special_tokens_map.json",
-        "tokenizer.json", "tokenizer_config.json",
+        ".gitattributes",
+        "LICENSE",
+        "README.md",
+        "USAGE_POLICY",
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "metal/model.bin",
+        "model-00000-of-00002.safetensors",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "original/config.json",
+        "original/dtypes.json",
+        "original/model.safetensors",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ];
 
     #[test]
@@ -166,20 +187,36 @@ mod tests {
         assert_eq!(
             paths(&got),
             vec![
-                "chat_template.jinja", "config.json", "generation_config.json",
-                "model-00000-of-00002.safetensors", "model-00001-of-00002.safetensors",
-                "model-00002-of-00002.safetensors", "model.safetensors.index.json", "special_tokens_map.json",
-                "tokenizer.json", "tokenizer_config.json",
+                "chat_template.jinja",
+                "config.json",
+                "generation_config.json",
+                "model-00000-of-00002.safetensors",
+                "model-00001-of-00002.safetensors",
+                "model-00002-of-00002.safetensors",
+                "model.safetensors.index.json",
+                "special_tokens_map.json",
+                "tokenizer.json",
+                "tokenizer_config.json",
             ]
         );
     }
 
     #[test]
     fn index_decides_the_shards() {
-        let files = listed(&["config.json", "model.safetensors.index.json", "a.safetensors", "b.safetensors", "consolidated.safetensors"]);
-        let shards: BTreeSet<String> = ["a.safetensors".to_string(), "b.safetensors".to_string()].into();
+        let files = listed(&[
+            "config.json",
+            "model.safetensors.index.json",
+            "a.safetensors",
+            "b.safetensors",
+            "consolidated.safetensors",
+        ]);
+        let shards: BTreeSet<String> =
+            ["a.safetensors".to_string(), "b.safetensors".to_string()].into();
         let got = select("x/y", &files, Some(&shards), &Filters::default()).unwrap();
-        assert_eq!(paths(&got), vec!["config.json", "model.safetensors.index.json", "a.safetensors", "b.safetensors"]);
+        assert_eq!(
+            paths(&got),
+            vec!["config.json", "model.safetensors.index.json", "a.safetensors", "b.safetensors"]
+        );
         let missing: BTreeSet<String> = ["c.safetensors".to_string()].into();
         assert!(select("x/y", &files, Some(&missing), &Filters::default()).is_err());
     }
@@ -192,14 +229,20 @@ mod tests {
         let f = Filters { include: vec!["*Q8_0.gguf".into()], exclude: vec![] };
         assert_eq!(paths(&select("x/y", &files, None, &f).unwrap()), vec!["m.Q8_0.gguf"]);
         let single = listed(&["m.Q4_0.gguf", "config.json"]);
-        assert_eq!(paths(&select("x/y", &single, None, &Filters::default()).unwrap()), vec!["m.Q4_0.gguf", "config.json"]);
+        assert_eq!(
+            paths(&select("x/y", &single, None, &Filters::default()).unwrap()),
+            vec!["m.Q4_0.gguf", "config.json"]
+        );
     }
 
     #[test]
     fn exclude_removes_anything() {
         let files = listed(&["config.json", "tokenizer.json", "model.safetensors"]);
         let f = Filters { include: vec![], exclude: vec!["tokenizer*".into()] };
-        assert_eq!(paths(&select("x/y", &files, None, &f).unwrap()), vec!["config.json", "model.safetensors"]);
+        assert_eq!(
+            paths(&select("x/y", &files, None, &f).unwrap()),
+            vec!["config.json", "model.safetensors"]
+        );
     }
 
     #[test]

@@ -10,7 +10,8 @@ use serde_json::Value;
 
 /// Field names for the trained context length, most common first (GPT-2 style `n_positions`,
 /// MPT `max_seq_len`, ChatGLM/Qwen-1 `seq_length`).
-const CONTEXT_KEYS: [&str; 4] = ["max_position_embeddings", "n_positions", "max_seq_len", "seq_length"];
+const CONTEXT_KEYS: [&str; 4] =
+    ["max_position_embeddings", "n_positions", "max_seq_len", "seq_length"];
 
 /// What `config.json` says about a model.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,7 +25,8 @@ pub struct ConfigFacts {
 
 /// Reads `config.json` at `path`; a missing or malformed file is an error.
 pub fn read(path: &Path) -> anyhow::Result<ConfigFacts> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let value: Value = serde_json::from_str(&text).context("not valid JSON")?;
     facts(&value)
 }
@@ -58,8 +60,11 @@ mod tests {
         let f = facts(
             &json!({"model_type": "llama", "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}),
         );
-        let want =
-            ConfigFacts { model_type: Some("llama".into()), context_length: Some(2048), quant_method: None };
+        let want = ConfigFacts {
+            model_type: Some("llama".into()),
+            context_length: Some(2048),
+            quant_method: None,
+        };
         assert_eq!(f.unwrap(), want);
     }
 
@@ -81,7 +86,8 @@ mod tests {
         assert_eq!(facts(&json!({"n_positions": 1024})).unwrap().context_length, Some(1024));
         assert_eq!(facts(&json!({"max_seq_len": 8192})).unwrap().context_length, Some(8192));
         assert_eq!(facts(&json!({"seq_length": 32768})).unwrap().context_length, Some(32768));
-        let mm = json!({"model_type": "gemma3", "text_config": {"max_position_embeddings": 131072}});
+        let mm =
+            json!({"model_type": "gemma3", "text_config": {"max_position_embeddings": 131072}});
         assert_eq!(facts(&mm).unwrap().context_length, Some(131072));
         assert_eq!(facts(&json!({"model_type": "x"})).unwrap().context_length, None);
     }

@@ -283,7 +283,11 @@ fn read_value<R: Read + Seek>(
     })
 }
 
-fn skip_array<R: Read + Seek>(r: &mut Reader<R>, version: u32, depth: u32) -> anyhow::Result<MetaValue> {
+fn skip_array<R: Read + Seek>(
+    r: &mut Reader<R>,
+    version: u32,
+    depth: u32,
+) -> anyhow::Result<MetaValue> {
     if depth >= MAX_ARRAY_DEPTH {
         bail!("arrays nested deeper than {MAX_ARRAY_DEPTH}");
     }
@@ -413,7 +417,10 @@ mod tests {
         let mut meta = vec![
             ("general.architecture", V::String("llama".into())),
             ("llama.context_length", V::U32(4096)),
-            ("tokenizer.ggml.tokens", V::Array(vec![V::String("<s>".into()), V::String("hi".into())])),
+            (
+                "tokenizer.ggml.tokens",
+                V::Array(vec![V::String("<s>".into()), V::String("hi".into())]),
+            ),
             ("tokenizer.ggml.scores", V::Array(vec![V::F32(0.0), V::F32(-1.0)])),
         ];
         meta.extend(extra_meta);
@@ -527,7 +534,10 @@ mod tests {
         for (ty, dt) in pairs {
             let want = (dt.block_size() as u64, dt.type_size() as u64);
             assert_eq!(type_layout(ty), Some(want), "{dt:?}");
-            assert_eq!(type_name(ty).replace('_', ""), format!("{dt:?}").to_uppercase().replace('_', ""));
+            assert_eq!(
+                type_name(ty).replace('_', ""),
+                format!("{dt:?}").to_uppercase().replace('_', "")
+            );
         }
     }
 }

@@ -49,8 +49,9 @@ pub struct ModelInfo {
 
 /// Describes the model at `path`: a directory, or a single `.gguf` file.
 pub fn inspect(path: &Path) -> anyhow::Result<ModelInfo> {
-    let meta = std::fs::metadata(path)
-        .map_err(|e| fail(ErrorKind::NotFound, format!("cannot read model at {}: {e}", path.display())))?;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        fail(ErrorKind::NotFound, format!("cannot read model at {}: {e}", path.display()))
+    })?;
     if meta.is_dir() {
         return inspect_dir(path);
     }
@@ -89,7 +90,9 @@ fn scan_dir(dir: &Path) -> anyhow::Result<DirFiles> {
             "model.safetensors.index.json" => files.safetensors_index = Some(path),
             _ if has_extension(&path, "safetensors") => files.safetensors.push(path),
             _ if has_extension(&path, "gguf") => files.gguf.push(path),
-            _ if name.starts_with("pytorch_model") && has_extension(&path, "bin") => files.pytorch.push(path),
+            _ if name.starts_with("pytorch_model") && has_extension(&path, "bin") => {
+                files.pytorch.push(path)
+            }
             _ => {}
         }
     }
@@ -133,8 +136,11 @@ fn inspect_safetensors(
     if let Some(index) = &files.safetensors_index {
         check_shards(dir, index)?;
     }
-    let headers =
-        files.safetensors.iter().map(|p| safetensors::read_header(p)).collect::<anyhow::Result<Vec<_>>>()?;
+    let headers = files
+        .safetensors
+        .iter()
+        .map(|p| safetensors::read_header(p))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     // A pre-quantized checkpoint says so in its config; its tensors' dtypes (U8 blocks for
     // MXFP4, I32 for GPTQ) would not name the format.
     let format = facts
@@ -153,7 +159,8 @@ fn inspect_safetensors(
 
 /// A sharded checkpoint must have every shard its index names (a partial download may not).
 fn check_shards(dir: &Path, index: &Path) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(index).with_context(|| format!("reading {}", index.display()))?;
+    let text =
+        std::fs::read_to_string(index).with_context(|| format!("reading {}", index.display()))?;
     let json: serde_json::Value =
         serde_json::from_str(&text).context("model.safetensors.index.json is not valid JSON")?;
     let map = json
@@ -168,13 +175,20 @@ fn check_shards(dir: &Path, index: &Path) -> anyhow::Result<()> {
         [] => Ok(()),
         [one] => anyhow::bail!("incomplete: shard {one} is missing"),
         [first, rest @ ..] => {
-            anyhow::bail!("incomplete: {} of {} shards missing ({first}, …)", rest.len() + 1, shards.len())
+            anyhow::bail!(
+                "incomplete: {} of {} shards missing ({first}, …)",
+                rest.len() + 1,
+                shards.len()
+            )
         }
     }
 }
 
 /// GGUF files, with `config.json` facts (when in a directory) as a fallback.
-fn inspect_gguf(facts: Option<config::ConfigFacts>, files: Vec<PathBuf>) -> anyhow::Result<ModelInfo> {
+fn inspect_gguf(
+    facts: Option<config::ConfigFacts>,
+    files: Vec<PathBuf>,
+) -> anyhow::Result<ModelInfo> {
     let facts = facts.unwrap_or_default();
     let mut labels: Vec<String> = Vec::new();
     let (mut architecture, mut context_length) = (None, None);
@@ -193,7 +207,8 @@ fn inspect_gguf(facts: Option<config::ConfigFacts>, files: Vec<PathBuf>) -> anyh
             labels.push(label);
         }
     }
-    let format = if labels.is_empty() { "GGUF".to_string() } else { format!("GGUF {}", labels.join(", ")) };
+    let format =
+        if labels.is_empty() { "GGUF".to_string() } else { format!("GGUF {}", labels.join(", ")) };
     Ok(ModelInfo {
         architecture: architecture.or(facts.model_type),
         format,
@@ -220,11 +235,18 @@ mod tests {
     fn safetensors_dir() {
         let tmp = tempfile::tempdir().unwrap();
         let d = tmp.path();
-        write(&d.join("config.json"), r#"{"model_type": "llama", "max_position_embeddings": 2048}"#);
-        safetensors::write_test_file(&d.join("model.safetensors"), &[("w", "BF16", &[8, 8], 2)]).unwrap();
-        std::fs::create_dir(d.join("original")).unwrap();
-        safetensors::write_test_file(&d.join("original/model.safetensors"), &[("w", "F32", &[99, 99], 4)])
+        write(
+            &d.join("config.json"),
+            r#"{"model_type": "llama", "max_position_embeddings": 2048}"#,
+        );
+        safetensors::write_test_file(&d.join("model.safetensors"), &[("w", "BF16", &[8, 8], 2)])
             .unwrap();
+        std::fs::create_dir(d.join("original")).unwrap();
+        safetensors::write_test_file(
+            &d.join("original/model.safetensors"),
+            &[("w", "F32", &[99, 99], 4)],
+        )
+        .unwrap();
         let info = inspect(d).unwrap();
         assert_eq!(info.architecture.as_deref(), Some("llama"));
         assert_eq!(info.format, "bf16", "original/ is ignored");
@@ -251,7 +273,10 @@ mod tests {
         )
         .unwrap();
         let info = inspect(d).unwrap();
-        assert_eq!((info.architecture.as_deref(), info.format.as_str()), (Some("gpt_oss"), "mxfp4"));
+        assert_eq!(
+            (info.architecture.as_deref(), info.format.as_str()),
+            (Some("gpt_oss"), "mxfp4")
+        );
         assert_eq!(info.context_length, Some(131072));
     }
 
@@ -264,12 +289,18 @@ mod tests {
             &d.join("model.safetensors.index.json"),
             r#"{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}"#,
         );
-        safetensors::write_test_file(&d.join("model-00001-of-00002.safetensors"), &[("a", "F16", &[4], 2)])
-            .unwrap();
+        safetensors::write_test_file(
+            &d.join("model-00001-of-00002.safetensors"),
+            &[("a", "F16", &[4], 2)],
+        )
+        .unwrap();
         let err = inspect(d).unwrap_err().to_string();
         assert_eq!(err, "incomplete: shard model-00002-of-00002.safetensors is missing");
-        safetensors::write_test_file(&d.join("model-00002-of-00002.safetensors"), &[("b", "F16", &[4], 2)])
-            .unwrap();
+        safetensors::write_test_file(
+            &d.join("model-00002-of-00002.safetensors"),
+            &[("b", "F16", &[4], 2)],
+        )
+        .unwrap();
         assert_eq!(inspect(d).unwrap().format, "f16");
     }
 
@@ -311,8 +342,12 @@ mod tests {
         };
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("tiny-Q8_0.gguf");
-        let t =
-            candle_core::Tensor::zeros((32, 64), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        let t = candle_core::Tensor::zeros(
+            (32, 64),
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
         let q = QTensor::quantize(&t, GgmlDType::Q8_0).unwrap();
         let arch = Value::String("qwen3".into());
         let ctx = Value::U64(40960);
@@ -322,6 +357,10 @@ mod tests {
         assert_eq!(info.architecture.as_deref(), Some("qwen3"));
         assert_eq!(info.format, "GGUF Q8_0");
         assert_eq!(info.context_length, Some(40960));
-        assert_eq!(inspect(tmp.path()).unwrap(), info, "a directory of one .gguf is the same model");
+        assert_eq!(
+            inspect(tmp.path()).unwrap(),
+            info,
+            "a directory of one .gguf is the same model"
+        );
     }
 }

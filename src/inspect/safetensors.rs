@@ -44,7 +44,8 @@ impl Header {
 
 /// Reads and validates the header of the safetensors file at `path`.
 pub fn read_header(path: &Path) -> anyhow::Result<Header> {
-    let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let file_len = file.metadata().with_context(|| format!("reading {}", path.display()))?.len();
     let name = file_name(path);
     let header = read_header_from(&mut file, file_len)
@@ -84,7 +85,9 @@ fn parse_header(json: &[u8], data_len: u64) -> anyhow::Result<Header> {
         let tensor = parse_entry(entry).with_context(|| format!("tensor {name:?}"))?;
         let end = entry_end(entry).unwrap_or(0);
         if end > data_len {
-            bail!("truncated: tensor {name:?} ends at data byte {end}, file has {data_len} bytes of data");
+            bail!(
+                "truncated: tensor {name:?} ends at data byte {end}, file has {data_len} bytes of data"
+            );
         }
         tensors.insert(name.clone(), tensor);
     }
@@ -100,9 +103,12 @@ fn parse_entry(entry: &serde_json::Value) -> anyhow::Result<TensorEntry> {
         .iter()
         .map(|d| d.as_u64().context("shape is not a list of sizes"))
         .collect::<anyhow::Result<Vec<u64>>>()?;
-    let offsets = entry.get("data_offsets").and_then(|o| o.as_array()).context("no data_offsets")?;
+    let offsets =
+        entry.get("data_offsets").and_then(|o| o.as_array()).context("no data_offsets")?;
     let (begin, end) = match offsets.as_slice() {
-        [b, e] => (b.as_u64().context("bad data_offsets")?, e.as_u64().context("bad data_offsets")?),
+        [b, e] => {
+            (b.as_u64().context("bad data_offsets")?, e.as_u64().context("bad data_offsets")?)
+        }
         _ => bail!("data_offsets must be [begin, end]"),
     };
     if begin > end {
@@ -116,7 +122,9 @@ fn entry_end(entry: &serde_json::Value) -> Option<u64> {
 }
 
 fn file_name(path: &Path) -> String {
-    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
 }
 
 /// The dtype holding the most bytes, lowercased (`bf16`, `f16`, `f32`, `u8` …); `None` when
@@ -140,7 +148,10 @@ pub fn dominant_dtype<'a>(headers: impl IntoIterator<Item = &'a Header>) -> Opti
 /// Test helper: writes a real safetensors file with tensors `(name, dtype, shape, bytes per
 /// element)`, data all zeros.
 #[cfg(test)]
-pub(crate) fn write_test_file(path: &Path, tensors: &[(&str, &str, &[u64], u64)]) -> std::io::Result<()> {
+pub(crate) fn write_test_file(
+    path: &Path,
+    tensors: &[(&str, &str, &[u64], u64)],
+) -> std::io::Result<()> {
     let mut header = serde_json::Map::new();
     let mut offset = 0u64;
     for (name, dtype, shape, elem_size) in tensors {
@@ -198,7 +209,12 @@ mod tests {
         // Three small F16 tensors, one big F32 one: F32 has more bytes.
         write_test_file(
             &path,
-            &[("a", "F16", &[4], 2), ("b", "F16", &[4], 2), ("c", "F16", &[4], 2), ("d", "F32", &[100], 4)],
+            &[
+                ("a", "F16", &[4], 2),
+                ("b", "F16", &[4], 2),
+                ("c", "F16", &[4], 2),
+                ("d", "F32", &[100], 4),
+            ],
         )
         .unwrap();
         assert_eq!(dominant_dtype([&read_header(&path).unwrap()]).as_deref(), Some("f32"));

@@ -32,8 +32,16 @@ pub fn sample_gumbel(logits: &Tensor, temperature: f32, seed: u64) -> Result<Ten
 }
 
 fn check(logits: &Tensor) -> Result<()> {
-    if logits.rank() != 1 || logits.dtype() != DType::F32 || logits.elem_count() == 0 || logits.elem_count() > i32::MAX as usize {
-        bail!("argmax: expected non-empty f32 [n] logits, got {:?} {:?}", logits.dtype(), logits.dims());
+    if logits.rank() != 1
+        || logits.dtype() != DType::F32
+        || logits.elem_count() == 0
+        || logits.elem_count() > i32::MAX as usize
+    {
+        bail!(
+            "argmax: expected non-empty f32 [n] logits, got {:?} {:?}",
+            logits.dtype(),
+            logits.dims()
+        );
     }
     Ok(())
 }
@@ -65,7 +73,8 @@ impl CustomOp1 for Argmax {
         let index = match self.draw {
             None => argmax_slice(values),
             Some((inv_t, seed)) => {
-                let noisy: Vec<f32> = values.iter().enumerate().map(|(j, &x)| x * inv_t + gumbel(seed, j)).collect();
+                let noisy: Vec<f32> =
+                    values.iter().enumerate().map(|(j, &x)| x * inv_t + gumbel(seed, j)).collect();
                 argmax_slice(&noisy)
             }
         };
@@ -73,7 +82,11 @@ impl CustomOp1 for Argmax {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
         use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
         use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 
@@ -90,21 +103,38 @@ impl CustomOp1 for Argmax {
         let mut part_v = unsafe { dev.alloc::<f32>(parts)? };
         let mut part_i = unsafe { dev.alloc::<i32>(parts)? };
         let mut out = unsafe { dev.alloc::<u32>(1)? };
-        let (n32, chunk32, parts32) = (int(n, "logits")?, int(chunk, "chunk")?, int(parts, "parts")?);
+        let (n32, chunk32, parts32) =
+            (int(n, "logits")?, int(chunk, "chunk")?, int(parts, "parts")?);
         let func = dev.get_or_load_custom_func("argmax_partial", "inferno_argmax", ARGMAX_PTX)?;
         let mut b = func.builder();
-        let (sample, (inv_t, seed)) = (i32::from(self.draw.is_some()), self.draw.unwrap_or((1.0, 0)));
-        b.arg(&x).arg(&n32).arg(&chunk32).arg(&sample).arg(&inv_t).arg(&seed).arg(&mut part_v).arg(&mut part_i);
-        let cfg = LaunchConfig { grid_dim: (parts as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (sample, (inv_t, seed)) =
+            (i32::from(self.draw.is_some()), self.draw.unwrap_or((1.0, 0)));
+        b.arg(&x)
+            .arg(&n32)
+            .arg(&chunk32)
+            .arg(&sample)
+            .arg(&inv_t)
+            .arg(&seed)
+            .arg(&mut part_v)
+            .arg(&mut part_i);
+        let cfg = LaunchConfig {
+            grid_dim: (parts as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the arguments match the kernel's signature; blocks stay inside [0, n).
         unsafe { b.launch(cfg) }.w()?;
         let func = dev.get_or_load_custom_func("argmax_final", "inferno_argmax", ARGMAX_PTX)?;
         let mut b = func.builder();
         b.arg(&part_v).arg(&part_i).arg(&parts32).arg(&mut out);
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let cfg =
+            LaunchConfig { grid_dim: (1, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: as above; it reads the `parts` partials just written.
         unsafe { b.launch(cfg) }.w()?;
-        Ok((candle_core::CudaStorage { slice: CudaStorageSlice::U32(out), device: dev }, Shape::from(())))
+        Ok((
+            candle_core::CudaStorage { slice: CudaStorageSlice::U32(out), device: dev },
+            Shape::from(()),
+        ))
     }
 }
 
@@ -149,25 +179,34 @@ mod tests {
     fn check_draw_frequencies(dev: &Device) {
         let logits = [1.0f32, 0.0, 2.0, -1.0, 1.5];
         let t = 0.7f32;
-        let weights: Vec<f64> = logits.iter().map(|&l| (f64::from(l) / f64::from(t)).exp()).collect();
+        let weights: Vec<f64> =
+            logits.iter().map(|&l| (f64::from(l) / f64::from(t)).exp()).collect();
         let total: f64 = weights.iter().sum();
         let x = Tensor::new(&logits, dev).unwrap();
         let n = 40_000;
         let mut counts = [0usize; 5];
         for seed in 0..n {
-            counts[sample_gumbel(&x, t, seed as u64 * 7919 + 1).unwrap().to_scalar::<u32>().unwrap() as usize] += 1;
+            counts[sample_gumbel(&x, t, seed as u64 * 7919 + 1).unwrap().to_scalar::<u32>().unwrap()
+                as usize] += 1;
         }
         for (i, &c) in counts.iter().enumerate() {
             let p = weights[i] / total;
             let sd = (n as f64 * p * (1.0 - p)).sqrt();
-            assert!((c as f64 - n as f64 * p).abs() < 5.0 * sd, "outcome {i}: {c} draws, expected {:.0} ± {sd:.0}", n as f64 * p);
+            assert!(
+                (c as f64 - n as f64 * p).abs() < 5.0 * sd,
+                "outcome {i}: {c} draws, expected {:.0} ± {sd:.0}",
+                n as f64 * p
+            );
         }
     }
 
     #[test]
     fn gumbel_draws_follow_the_softmax() {
         check_draw_frequencies(&Device::Cpu);
-        assert!(sample_gumbel(&Tensor::new(&[1f32, 2.0], &Device::Cpu).unwrap(), 0.0, 1).is_err(), "temperature 0");
+        assert!(
+            sample_gumbel(&Tensor::new(&[1f32, 2.0], &Device::Cpu).unwrap(), 0.0, 1).is_err(),
+            "temperature 0"
+        );
     }
 
     #[cfg(feature = "cuda")]
@@ -176,9 +215,13 @@ mod tests {
     fn gpu_sampling_matches_cpu_and_the_softmax() {
         let dev = crate::kernels::testing::gpu();
         for (k, v) in rows().into_iter().enumerate() {
-            let (cpu, gpu) = (Tensor::new(v.as_slice(), &Device::Cpu).unwrap(), Tensor::new(v.as_slice(), &dev).unwrap());
+            let (cpu, gpu) = (
+                Tensor::new(v.as_slice(), &Device::Cpu).unwrap(),
+                Tensor::new(v.as_slice(), &dev).unwrap(),
+            );
             for seed in [k as u64, 12345, u64::MAX] {
-                let draw = |t: &Tensor| sample_gumbel(t, 0.8, seed).unwrap().to_scalar::<u32>().unwrap();
+                let draw =
+                    |t: &Tensor| sample_gumbel(t, 0.8, seed).unwrap().to_scalar::<u32>().unwrap();
                 assert_eq!(draw(&gpu), draw(&cpu), "row of {} seed {seed}", v.len());
             }
         }
@@ -192,7 +235,12 @@ mod tests {
         let dev = crate::kernels::testing::gpu();
         for v in rows() {
             let t = Tensor::new(v.as_slice(), &dev).unwrap();
-            assert_eq!(argmax(&t).unwrap().to_scalar::<u32>().unwrap(), argmax_slice(&v), "row of {}", v.len());
+            assert_eq!(
+                argmax(&t).unwrap().to_scalar::<u32>().unwrap(),
+                argmax_slice(&v),
+                "row of {}",
+                v.len()
+            );
         }
     }
 }

@@ -8,7 +8,8 @@ use candle_core::{CudaDevice, Layout, Result, Storage, bail};
 use half::bf16;
 
 /// PTX built by build.rs from `src/kernels/sink_attention.cu`.
-pub(super) const SINK_ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sink_attention.ptx"));
+pub(super) const SINK_ATTENTION_PTX: &str =
+    include_str!(concat!(env!("OUT_DIR"), "/sink_attention.ptx"));
 /// PTX built by build.rs from `src/kernels/mxfp4_moe.cu`.
 pub(super) const MXFP4_MOE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/mxfp4_moe.ptx"));
 /// PTX built by build.rs from `src/kernels/argmax.cu`.
@@ -53,7 +54,11 @@ impl KernelFloat for bf16 {
 
 /// A new buffer of `n` elements for a kernel to fill. With `poison` it starts as NaN, so that a
 /// test sees any element the kernel failed to write.
-pub(super) fn output<T: KernelFloat>(dev: &CudaDevice, n: usize, poison: bool) -> Result<CudaSlice<T>> {
+pub(super) fn output<T: KernelFloat>(
+    dev: &CudaDevice,
+    n: usize,
+    poison: bool,
+) -> Result<CudaSlice<T>> {
     if poison {
         dev.cuda_stream().clone_htod(&vec![T::NAN; n]).w()
     } else {
@@ -72,7 +77,11 @@ pub(super) fn multiprocessors(dev: &CudaDevice) -> usize {
 
 /// The device data of a tensor an op holds (sinks, expert weights), from its offset on, given the
 /// storage guard of `tensor.storage_and_layout()`.
-pub(super) fn cuda_view<'a, T: CudaDType>(storage: &'a Storage, layout: &Layout, what: &str) -> Result<CudaView<'a, T>> {
+pub(super) fn cuda_view<'a, T: CudaDType>(
+    storage: &'a Storage,
+    layout: &Layout,
+    what: &str,
+) -> Result<CudaView<'a, T>> {
     match storage {
         Storage::Cuda(s) => Ok(s.as_cuda_slice::<T>()?.slice(layout.start_offset()..)),
         _ => bail!("{what}: expected a CUDA tensor like the op's inputs"),
@@ -81,5 +90,7 @@ pub(super) fn cuda_view<'a, T: CudaDType>(storage: &'a Storage, layout: &Layout,
 
 /// A kernel dimension as the `int` the kernels take.
 pub(super) fn int(n: usize, what: &str) -> Result<i32> {
-    i32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("{what} = {n} is too large for the CUDA kernel")))
+    i32::try_from(n).map_err(|_| {
+        candle_core::Error::Msg(format!("{what} = {n} is too large for the CUDA kernel"))
+    })
 }

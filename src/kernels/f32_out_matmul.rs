@@ -22,7 +22,13 @@ pub fn matmul_f32_out(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         bail!("matmul_f32_out: expected [m, k] and [n, k], got {:?} and {:?}", x.dims(), w.dims());
     };
     if k != kw || x.dtype() != DType::BF16 || w.dtype() != DType::BF16 {
-        bail!("matmul_f32_out: expected bf16 [{m}, k] and [{n}, k] with equal k, got {:?} {:?} and {:?} {:?}", x.dtype(), x.dims(), w.dtype(), w.dims());
+        bail!(
+            "matmul_f32_out: expected bf16 [{m}, k] and [{n}, k] with equal k, got {:?} {:?} and {:?} {:?}",
+            x.dtype(),
+            x.dims(),
+            w.dtype(),
+            w.dims()
+        );
     }
     x.contiguous()?.apply_op2_no_bwd(&w.contiguous()?, &F32OutMatmul)
 }
@@ -65,7 +71,11 @@ impl CustomOp1 for HiLoSplit {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
         use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
         use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 
@@ -84,7 +94,10 @@ impl CustomOp1 for HiLoSplit {
         let cfg = LaunchConfig::for_num_elems(n as u32);
         // SAFETY: the arguments match the kernel's signature; threads past n return.
         unsafe { b.launch(cfg) }.w()?;
-        Ok((candle_core::CudaStorage { slice: CudaStorageSlice::BF16(out), device: dev }, Shape::from((2 * m, k))))
+        Ok((
+            candle_core::CudaStorage { slice: CudaStorageSlice::BF16(out), device: dev },
+            Shape::from((2 * m, k)),
+        ))
     }
 }
 
@@ -96,7 +109,13 @@ impl CustomOp2 for F32OutMatmul {
     }
 
     /// The reference: each output a plain f32 sum of exact bf16 products.
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         let ((m, k), (n, _)) = (l1.shape().dims2()?, l2.shape().dims2()?);
         let to_f32 = |s: &CpuStorage, l: &Layout, len: usize| -> Result<Vec<f32>> {
             let r = F32Reader::new(s, "matmul_f32_out")?;
@@ -105,7 +124,9 @@ impl CustomOp2 for F32OutMatmul {
         let (x, w) = (to_f32(s1, l1, m * k)?, to_f32(s2, l2, n * k)?);
         let mut out = Vec::with_capacity(m * n);
         for row in x.chunks_exact(k) {
-            out.extend(w.chunks_exact(k).map(|col| row.iter().zip(col).map(|(a, b)| a * b).sum::<f32>()));
+            out.extend(
+                w.chunks_exact(k).map(|col| row.iter().zip(col).map(|(a, b)| a * b).sum::<f32>()),
+            );
         }
         Ok((CpuStorage::F32(out), Shape::from((m, n))))
     }
@@ -118,9 +139,9 @@ impl CustomOp2 for F32OutMatmul {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::CudaStorageSlice;
         use candle_core::cuda_backend::cudarc::cublas::{result::gemm_ex, sys};
         use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
-        use candle_core::cuda_backend::CudaStorageSlice;
 
         use super::cuda::int;
 
@@ -166,7 +187,10 @@ impl CustomOp2 for F32OutMatmul {
             }
             .map_err(|e| candle_core::Error::Msg(format!("matmul_f32_out: cuBLAS: {e:?}")))?;
         }
-        Ok((candle_core::CudaStorage { slice: CudaStorageSlice::F32(out), device: dev }, Shape::from((m, n))))
+        Ok((
+            candle_core::CudaStorage { slice: CudaStorageSlice::F32(out), device: dev },
+            Shape::from((m, n)),
+        ))
     }
 }
 
@@ -200,12 +224,18 @@ mod tests {
         let (m, n, k) = (5, 33, 200);
         let x = tensor(uniform(&mut r, m * k, -3.0, 3.0), &[m, k], DType::F32);
         let w = tensor(uniform(&mut r, n * k, -1.0, 1.0), &[n, k], DType::BF16);
-        let want = values(&x.matmul(&w.to_dtype(DType::F32).expect("f32").t().expect("t")).expect("matmul"));
-        let hi_lo = crate::kernels::testing::rel_err(&values(&matmul_hi_lo(&x, &w).expect("hi lo")), &want);
+        let want = values(
+            &x.matmul(&w.to_dtype(DType::F32).expect("f32").t().expect("t")).expect("matmul"),
+        );
+        let hi_lo =
+            crate::kernels::testing::rel_err(&values(&matmul_hi_lo(&x, &w).expect("hi lo")), &want);
         let bf16_only = matmul_f32_out(&x.to_dtype(DType::BF16).expect("bf16"), &w).expect("bf16");
         let bf16_only = crate::kernels::testing::rel_err(&values(&bf16_only), &want);
         eprintln!("relative error: hi + lo {hi_lo:.2e}, bf16 input {bf16_only:.2e}");
-        assert!(hi_lo < 2e-5 && hi_lo < bf16_only / 30.0, "hi + lo {hi_lo:e}, bf16 input {bf16_only:e}");
+        assert!(
+            hi_lo < 2e-5 && hi_lo < bf16_only / 30.0,
+            "hi + lo {hi_lo:e}, bf16 input {bf16_only:e}"
+        );
     }
 
     #[test]
@@ -229,22 +259,44 @@ mod tests {
             let x = tensor(uniform(&mut r, m * k, -1.0, 1.0), &[m, k], DType::BF16);
             let w = tensor(uniform(&mut r, n * k, -1.0, 1.0), &[n, k], DType::BF16);
             let want = values(&matmul_f32_out(&x, &w).expect("cpu"));
-            let got_t = matmul_f32_out(&x.to_device(&dev).expect("x"), &w.to_device(&dev).expect("w")).expect("gpu");
+            let got_t =
+                matmul_f32_out(&x.to_device(&dev).expect("x"), &w.to_device(&dev).expect("w"))
+                    .expect("gpu");
             assert_eq!(got_t.dtype(), DType::F32);
             let got = values(&got_t);
-            crate::kernels::testing::assert_written_and_close(&format!("matmul_f32_out {m}x{n}x{k}"), &got, &want, 1e-5);
+            crate::kernels::testing::assert_written_and_close(
+                &format!("matmul_f32_out {m}x{n}x{k}"),
+                &got,
+                &want,
+                1e-5,
+            );
             let off_bf16 = got.iter().filter(|&&v| half::bf16::from_f32(v).to_f32() != v).count();
-            assert!(off_bf16 > got.len() / 2, "{m}x{n}x{k}: only {off_bf16} of {} results are off the bf16 grid", got.len());
+            assert!(
+                off_bf16 > got.len() / 2,
+                "{m}x{n}x{k}: only {off_bf16} of {} results are off the bf16 grid",
+                got.len()
+            );
         }
         let x = tensor(uniform(&mut r, 5 * 999, -1e4, 1e4), &[5, 999], DType::F32);
         let want = values(&hi_lo_split(&x).expect("cpu"));
         let got = values(&hi_lo_split(&x.to_device(&dev).expect("x")).expect("gpu"));
-        assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()), "hi_lo_split differs from its reference");
+        assert!(
+            got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()),
+            "hi_lo_split differs from its reference"
+        );
         let (m, n, k) = (3, 2001, 2880);
         let x = tensor(uniform(&mut r, m * k, -3.0, 3.0), &[m, k], DType::F32);
         let w = tensor(uniform(&mut r, n * k, -1.0, 1.0), &[n, k], DType::BF16);
         let want = values(&matmul_hi_lo(&x, &w).expect("cpu"));
-        let got = values(&matmul_hi_lo(&x.to_device(&dev).expect("x"), &w.to_device(&dev).expect("w")).expect("gpu"));
-        crate::kernels::testing::assert_written_and_close("matmul_hi_lo 3x2001x2880", &got, &want, 1e-5);
+        let got = values(
+            &matmul_hi_lo(&x.to_device(&dev).expect("x"), &w.to_device(&dev).expect("w"))
+                .expect("gpu"),
+        );
+        crate::kernels::testing::assert_written_and_close(
+            "matmul_hi_lo 3x2001x2880",
+            &got,
+            &want,
+            1e-5,
+        );
     }
 }

@@ -14,8 +14,16 @@ use super::KvLayout;
 /// error. CPU tensors only.
 pub fn kv_write_at(cache: &Tensor, new: &Tensor, pos: &Tensor, layout: KvLayout) -> Result<()> {
     let (heads, _, d) = cache.dims3()?;
-    if new.dims() != [heads, 1, d] || new.dtype() != cache.dtype() || !matches!(cache.dtype(), DType::F32 | DType::BF16) {
-        bail!("kv_write: new {:?} {:?} must be {:?} [{heads}, 1, {d}] (f32 or bf16)", new.dtype(), new.dims(), cache.dtype());
+    if new.dims() != [heads, 1, d]
+        || new.dtype() != cache.dtype()
+        || !matches!(cache.dtype(), DType::F32 | DType::BF16)
+    {
+        bail!(
+            "kv_write: new {:?} {:?} must be {:?} [{heads}, 1, {d}] (f32 or bf16)",
+            new.dtype(),
+            new.dims(),
+            cache.dtype()
+        );
     }
     if pos.dims() != [1] || pos.dtype() != DType::I64 {
         bail!("kv_write: the position must be i64 [1], got {:?} {:?}", pos.dtype(), pos.dims());
@@ -28,7 +36,11 @@ pub fn kv_write_at(cache: &Tensor, new: &Tensor, pos: &Tensor, layout: KvLayout)
             bail!("kv_write: inputs on {:?}, the cache on {:?}", t.device(), cache.device());
         }
     }
-    cache.inplace_op3(&new.contiguous()?, &pos.contiguous()?, &KvWrite { ring: layout == KvLayout::Ring })
+    cache.inplace_op3(
+        &new.contiguous()?,
+        &pos.contiguous()?,
+        &KvWrite { ring: layout == KvLayout::Ring },
+    )
 }
 
 struct KvWrite {
@@ -48,7 +60,12 @@ impl KvWrite {
 }
 
 /// `cache[h, slot, :] = src[h, :]` for every head, in plain loops.
-fn copy_rows<T: Copy>(cache: &mut [T], src: &[T], (heads, capacity, d): (usize, usize, usize), slot: usize) {
+fn copy_rows<T: Copy>(
+    cache: &mut [T],
+    src: &[T],
+    (heads, capacity, d): (usize, usize, usize),
+    slot: usize,
+) {
     for h in 0..heads {
         cache[(h * capacity + slot) * d..][..d].copy_from_slice(&src[h * d..][..d]);
     }
@@ -59,7 +76,15 @@ impl InplaceOp3 for KvWrite {
         "kv_write"
     }
 
-    fn cpu_fwd(&self, c: &mut CpuStorage, cl: &Layout, s: &CpuStorage, sl: &Layout, p: &CpuStorage, pl: &Layout) -> Result<()> {
+    fn cpu_fwd(
+        &self,
+        c: &mut CpuStorage,
+        cl: &Layout,
+        s: &CpuStorage,
+        sl: &Layout,
+        p: &CpuStorage,
+        pl: &Layout,
+    ) -> Result<()> {
         let dims = cl.shape().dims3()?;
         let pos = match (p, pl.contiguous_offsets()) {
             (CpuStorage::I64(v), Some((a, _))) => v[a],
@@ -68,8 +93,12 @@ impl InplaceOp3 for KvWrite {
         let slot = self.slot(pos, dims.1)?;
         let (c0, s0) = (cl.start_offset(), sl.start_offset());
         match (c, s) {
-            (CpuStorage::F32(c), CpuStorage::F32(s)) => copy_rows(&mut c[c0..], &s[s0..], dims, slot),
-            (CpuStorage::BF16(c), CpuStorage::BF16(s)) => copy_rows(&mut c[c0..], &s[s0..], dims, slot),
+            (CpuStorage::F32(c), CpuStorage::F32(s)) => {
+                copy_rows(&mut c[c0..], &s[s0..], dims, slot)
+            }
+            (CpuStorage::BF16(c), CpuStorage::BF16(s)) => {
+                copy_rows(&mut c[c0..], &s[s0..], dims, slot)
+            }
             _ => bail!("kv_write: cache and new values must be both f32 or both bf16"),
         }
         Ok(())
@@ -86,15 +115,24 @@ mod tests {
     fn check(dev: &Device, layout: KvLayout, pos: i64, dtype: DType) {
         let (heads, capacity, d) = (3, 5, 64);
         let mut r = rng(&format!("kv_write {layout:?} {pos}"));
-        let cache = tensor(uniform(&mut r, heads * capacity * d, -1.0, 1.0), &[heads, capacity, d], dtype).to_device(dev).unwrap();
+        let cache =
+            tensor(uniform(&mut r, heads * capacity * d, -1.0, 1.0), &[heads, capacity, d], dtype)
+                .to_device(dev)
+                .unwrap();
         let before = values(&cache);
-        let new = tensor(uniform(&mut r, heads * d, -1.0, 1.0), &[heads, 1, d], dtype).to_device(dev).unwrap();
+        let new = tensor(uniform(&mut r, heads * d, -1.0, 1.0), &[heads, 1, d], dtype)
+            .to_device(dev)
+            .unwrap();
         kv_write_at(&cache, &new, &Tensor::new(&[pos], dev).unwrap(), layout).unwrap();
         let slot = pos as usize % capacity;
         for h in 0..heads {
             for s in 0..capacity {
                 let got = values(&cache.i((h, s)).unwrap());
-                let want = if s == slot { values(&new.i((h, 0)).unwrap()) } else { before[(h * capacity + s) * d..][..d].to_vec() };
+                let want = if s == slot {
+                    values(&new.i((h, 0)).unwrap())
+                } else {
+                    before[(h * capacity + s) * d..][..d].to_vec()
+                };
                 assert_eq!(got, want, "{layout:?} pos {pos}: head {h} slot {s}");
             }
         }
@@ -106,7 +144,13 @@ mod tests {
         check(&Device::Cpu, KvLayout::Ring, 13, DType::BF16);
         let cache = Tensor::zeros((1, 4, 8), DType::F32, &Device::Cpu).unwrap();
         let new = Tensor::zeros((1, 1, 8), DType::F32, &Device::Cpu).unwrap();
-        let err = kv_write_at(&cache, &new, &Tensor::new(&[4i64], &Device::Cpu).unwrap(), KvLayout::Linear).unwrap_err();
+        let err = kv_write_at(
+            &cache,
+            &new,
+            &Tensor::new(&[4i64], &Device::Cpu).unwrap(),
+            KvLayout::Linear,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("past the cache"), "{err}");
     }
 }

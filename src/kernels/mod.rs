@@ -41,8 +41,8 @@ mod testing;
 pub use argmax::{argmax, sample_gumbel};
 pub use f32_out_matmul::{matmul_f32_out, matmul_hi_lo};
 pub use kv_write::kv_write_at;
-pub use qkv_rope::{QkvHeads, qkv_rope_store};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};
+pub use qkv_rope::{QkvHeads, qkv_rope_store};
 pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention, sink_attention_at};
 
 use candle_core::backend::BackendStorage;
@@ -83,7 +83,11 @@ fn cpu_output(values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
 }
 
 /// Runs `f` on the CPU storage of a tensor an op holds (sinks, expert weights).
-fn with_cpu<R>(t: &Tensor, what: &str, f: impl FnOnce(&CpuStorage, &Layout) -> Result<R>) -> Result<R> {
+fn with_cpu<R>(
+    t: &Tensor,
+    what: &str,
+    f: impl FnOnce(&CpuStorage, &Layout) -> Result<R>,
+) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
     match &*storage {
         Storage::Cpu(s) => f(s, layout),

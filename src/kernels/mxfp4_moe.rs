@@ -80,7 +80,10 @@ impl Mxfp4Experts {
     ) -> Result<Self> {
         let (experts, rows2, hb, sixteen) = gate_up_blocks.dims4()?;
         if sixteen != 16 || rows2 % 2 != 0 {
-            bail!("mxfp4_moe: gate_up blocks {:?} must be [E, 2I, H/32, 16]", gate_up_blocks.dims());
+            bail!(
+                "mxfp4_moe: gate_up blocks {:?} must be [E, 2I, H/32, 16]",
+                gate_up_blocks.dims()
+            );
         }
         let (hidden, intermediate) = (hb * 32, rows2 / 2);
         let ib = intermediate / 32;
@@ -92,18 +95,35 @@ impl Mxfp4Experts {
             ("down bias", down_bias, vec![experts, hidden], None),
         ];
         if intermediate % 32 != 0 || gate_up_blocks.dtype() != DType::U8 {
-            bail!("mxfp4_moe: gate_up blocks {:?} {:?} must be u8 [E, 2I, H/32, 16] with I a multiple of 32", gate_up_blocks.dtype(), gate_up_blocks.dims());
+            bail!(
+                "mxfp4_moe: gate_up blocks {:?} {:?} must be u8 [E, 2I, H/32, 16] with I a multiple of 32",
+                gate_up_blocks.dtype(),
+                gate_up_blocks.dims()
+            );
         }
         for (what, t, dims, dtype) in expect {
             if t.dims() != dims.as_slice() || dtype.is_some_and(|d| d != t.dtype()) {
-                bail!("mxfp4_moe: {what} is {:?} {:?}, expected {dims:?}{}", t.dtype(), t.dims(), if dtype.is_some() { " u8" } else { "" });
+                bail!(
+                    "mxfp4_moe: {what} is {:?} {:?}, expected {dims:?}{}",
+                    t.dtype(),
+                    t.dims(),
+                    if dtype.is_some() { " u8" } else { "" }
+                );
             }
             if !t.device().same_device(gate_up_blocks.device()) {
-                bail!("mxfp4_moe: {what} is on {:?}, the gate_up blocks on {:?}", t.device(), gate_up_blocks.device());
+                bail!(
+                    "mxfp4_moe: {what} is on {:?}, the gate_up blocks on {:?}",
+                    t.device(),
+                    gate_up_blocks.device()
+                );
             }
         }
         let packed = |t: &Tensor| -> Result<Tensor> {
-            if t.is_contiguous() && t.layout().start_offset().is_multiple_of(16) { Ok(t.clone()) } else { t.force_contiguous() }
+            if t.is_contiguous() && t.layout().start_offset().is_multiple_of(16) {
+                Ok(t.clone())
+            } else {
+                t.force_contiguous()
+            }
         };
         let bias = |t: &Tensor| t.to_dtype(DType::F32)?.contiguous();
         Ok(Self {
@@ -139,7 +159,13 @@ impl Mxfp4Experts {
 /// `[tokens, k]`, `weights` f32 `[tokens, k]` (softmaxed over the k). Returns `[tokens, H]` in
 /// x's dtype, accumulated in f32. Ids must be below `E` (the CPU reference fails otherwise; the
 /// CUDA kernels skip such a slot).
-pub fn mxfp4_moe(x: &Tensor, experts: &Mxfp4Experts, expert_ids: &Tensor, weights: &Tensor, act: SwiGlu) -> Result<Tensor> {
+pub fn mxfp4_moe(
+    x: &Tensor,
+    experts: &Mxfp4Experts,
+    expert_ids: &Tensor,
+    weights: &Tensor,
+    act: SwiGlu,
+) -> Result<Tensor> {
     let op = Mxfp4Moe::new(x, experts, expert_ids, weights, act, false)?;
     x.contiguous()?.apply_op3_no_bwd(&expert_ids.contiguous()?, &weights.contiguous()?, &op)
 }
@@ -160,25 +186,51 @@ impl Mxfp4Moe {
     /// The op for `x` (checked against the experts); the caller checks the routing.
     fn for_x(x: &Tensor, experts: &Mxfp4Experts, act: SwiGlu) -> Result<Self> {
         let (tokens, hidden) = x.dims2()?;
-        if hidden != experts.hidden || tokens == 0 || !matches!(x.dtype(), DType::F32 | DType::BF16) {
-            bail!("mxfp4_moe: x {:?} {:?} must be f32 or bf16 [tokens ≥ 1, {}]", x.dtype(), x.dims(), experts.hidden);
+        if hidden != experts.hidden || tokens == 0 || !matches!(x.dtype(), DType::F32 | DType::BF16)
+        {
+            bail!(
+                "mxfp4_moe: x {:?} {:?} must be f32 or bf16 [tokens ≥ 1, {}]",
+                x.dtype(),
+                x.dims(),
+                experts.hidden
+            );
         }
         if !experts.gate_up_blocks.device().same_device(x.device()) {
-            bail!("mxfp4_moe: experts on {:?}, x on {:?}", experts.gate_up_blocks.device(), x.device());
+            bail!(
+                "mxfp4_moe: experts on {:?}, x on {:?}",
+                experts.gate_up_blocks.device(),
+                x.device()
+            );
         }
         Ok(Self { experts: experts.clone(), act, poison: false, out_f32: false })
     }
 
-    fn new(x: &Tensor, experts: &Mxfp4Experts, ids: &Tensor, weights: &Tensor, act: SwiGlu, poison: bool) -> Result<Self> {
+    fn new(
+        x: &Tensor,
+        experts: &Mxfp4Experts,
+        ids: &Tensor,
+        weights: &Tensor,
+        act: SwiGlu,
+        poison: bool,
+    ) -> Result<Self> {
         let mut op = Self::for_x(x, experts, act)?;
         op.poison = poison;
         let tokens = x.dim(0)?;
         let (it, k) = ids.dims2()?;
         if it != tokens || k == 0 || ids.dtype() != DType::U32 {
-            bail!("mxfp4_moe: expert ids {:?} {:?} must be u32 [{tokens}, k ≥ 1]", ids.dtype(), ids.dims());
+            bail!(
+                "mxfp4_moe: expert ids {:?} {:?} must be u32 [{tokens}, k ≥ 1]",
+                ids.dtype(),
+                ids.dims()
+            );
         }
         if weights.dims() != ids.dims() || weights.dtype() != DType::F32 {
-            bail!("mxfp4_moe: routing weights {:?} {:?} must be f32 {:?}", weights.dtype(), weights.dims(), ids.dims());
+            bail!(
+                "mxfp4_moe: routing weights {:?} {:?} must be f32 {:?}",
+                weights.dtype(),
+                weights.dims(),
+                ids.dims()
+            );
         }
         for (what, t) in [("expert ids", ids), ("routing weights", weights)] {
             if !t.device().same_device(x.device()) {
@@ -191,13 +243,26 @@ impl Mxfp4Moe {
     /// The reference, per token and selected expert: dequantize each gate/up row, dot with x, add
     /// the bias, SwiGLU; then each down row against the activations, plus bias, times the routing
     /// weight, summed over the experts. f32 throughout.
-    fn reference(&self, x: F32Reader, xl: &Layout, ids: &[u32], weights: &[f32]) -> Result<Vec<f32>> {
+    fn reference(
+        &self,
+        x: F32Reader,
+        xl: &Layout,
+        ids: &[u32],
+        weights: &[f32],
+    ) -> Result<Vec<f32>> {
         let e = &self.experts;
         let (tokens, h) = xl.shape().dims2()?;
         let (i, k) = (e.intermediate, ids.len() / tokens);
         let (hb, ib) = (h / 32, i / 32);
-        let storages = [&e.gate_up_blocks, &e.gate_up_scales, &e.gate_up_bias, &e.down_blocks, &e.down_scales, &e.down_bias]
-            .map(|t| t.storage_and_layout());
+        let storages = [
+            &e.gate_up_blocks,
+            &e.gate_up_scales,
+            &e.gate_up_bias,
+            &e.down_blocks,
+            &e.down_scales,
+            &e.down_bias,
+        ]
+        .map(|t| t.storage_and_layout());
         let cpu = |n: usize| match &*storages[n].0 {
             Storage::Cpu(s) => Ok((s, storages[n].1)),
             _ => bail!("mxfp4_moe: experts must be on the CPU like x"),
@@ -230,13 +295,17 @@ impl Mxfp4Moe {
                 }
                 for (j, a) in act.iter_mut().enumerate() {
                     let gate_row = ex * 2 * i + 2 * j;
-                    let gate = packed_dot(gu_blocks, gu_scales, gate_row, hb, &xt, &mut row) + gu_bias[gate_row];
-                    let up = packed_dot(gu_blocks, gu_scales, gate_row + 1, hb, &xt, &mut row) + gu_bias[gate_row + 1];
+                    let gate = packed_dot(gu_blocks, gu_scales, gate_row, hb, &xt, &mut row)
+                        + gu_bias[gate_row];
+                    let up = packed_dot(gu_blocks, gu_scales, gate_row + 1, hb, &xt, &mut row)
+                        + gu_bias[gate_row + 1];
                     *a = self.act.apply(gate, up);
                 }
                 for (r, y) in o.iter_mut().enumerate() {
                     let down_row = ex * h + r;
-                    *y += w * (packed_dot(d_blocks, d_scales, down_row, ib, &act, &mut row) + d_bias[down_row]);
+                    *y += w
+                        * (packed_dot(d_blocks, d_scales, down_row, ib, &act, &mut row)
+                            + d_bias[down_row]);
                 }
             }
         }
@@ -245,9 +314,20 @@ impl Mxfp4Moe {
 }
 
 /// Row `row` of a packed `[rows, n_blocks, 16]` matrix, dequantized into `buf`, dot `x`.
-fn packed_dot(blocks: &[u8], scales: &[u8], row: usize, n_blocks: usize, x: &[f32], buf: &mut [f32]) -> f32 {
+fn packed_dot(
+    blocks: &[u8],
+    scales: &[u8],
+    row: usize,
+    n_blocks: usize,
+    x: &[f32],
+    buf: &mut [f32],
+) -> f32 {
     let buf = &mut buf[..n_blocks * 32];
-    mxfp4::dequantize_row(&blocks[row * n_blocks * 16..][..n_blocks * 16], &scales[row * n_blocks..][..n_blocks], buf);
+    mxfp4::dequantize_row(
+        &blocks[row * n_blocks * 16..][..n_blocks * 16],
+        &scales[row * n_blocks..][..n_blocks],
+        buf,
+    );
     buf.iter().zip(x).map(|(w, x)| w * x).sum()
 }
 

@@ -87,7 +87,13 @@ impl SinkAttnConfig {
 /// Per call costs to avoid in a decode loop: bf16 sinks are cast to f32 (convert them once at
 /// load), and a cache whose rows are not 16-byte aligned is copied (candle's own allocations and
 /// their `narrow`s always are).
-pub fn sink_attention(q: &Tensor, k: &Tensor, v: &Tensor, sinks: &Tensor, cfg: &SinkAttnConfig) -> Result<Tensor> {
+pub fn sink_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    sinks: &Tensor,
+    cfg: &SinkAttnConfig,
+) -> Result<Tensor> {
     let op = SinkAttention::new(q, k, v, sinks, *cfg, false)?;
     q.apply_op3_no_bwd(&aligned(k)?, &aligned(v)?, &op)
 }
@@ -97,10 +103,26 @@ pub fn sink_attention(q: &Tensor, k: &Tensor, v: &Tensor, sinks: &Tensor, cfg: &
 /// depends on the position (the CUDA grid is the one for the last slot), so a CUDA graph that
 /// captured this call replays correctly at any position. The position must be below a linear
 /// cache's length (the caller checks it on the host; the CPU reference checks it too).
-pub fn sink_attention_at(q: &Tensor, k: &Tensor, v: &Tensor, sinks: &Tensor, cfg: &SinkAttnConfig, pos: &Tensor) -> Result<Tensor> {
+pub fn sink_attention_at(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    sinks: &Tensor,
+    cfg: &SinkAttnConfig,
+    pos: &Tensor,
+) -> Result<Tensor> {
     let kv_len = k.dim(1)?;
-    if q.dim(1)? != 1 || pos.dims() != [1] || pos.dtype() != DType::I64 || !pos.device().same_device(q.device()) {
-        bail!("sink_attention_at: one query ({:?}) and an i64 [1] position on its device ({:?} {:?})", q.dims(), pos.dtype(), pos.dims());
+    if q.dim(1)? != 1
+        || pos.dims() != [1]
+        || pos.dtype() != DType::I64
+        || !pos.device().same_device(q.device())
+    {
+        bail!(
+            "sink_attention_at: one query ({:?}) and an i64 [1] position on its device ({:?} {:?})",
+            q.dims(),
+            pos.dtype(),
+            pos.dims()
+        );
     }
     // The host-side checks and the launch grid for the worst case: the last slot.
     let cfg = SinkAttnConfig { start: kv_len - 1, ..*cfg };
@@ -113,7 +135,9 @@ pub fn sink_attention_at(q: &Tensor, k: &Tensor, v: &Tensor, sinks: &Tensor, cfg
 /// a time), else a contiguous copy. Views of a cache allocated by candle are always aligned.
 fn aligned(t: &Tensor) -> Result<Tensor> {
     let (l, size) = (t.layout(), t.dtype().size_in_bytes());
-    let ok = [l.start_offset(), l.stride()[0], l.stride()[1]].iter().all(|&n| (n * size).is_multiple_of(16));
+    let ok = [l.start_offset(), l.stride()[0], l.stride()[1]]
+        .iter()
+        .all(|&n| (n * size).is_multiple_of(16));
     if ok || !t.device().is_cuda() { Ok(t.clone()) } else { t.force_contiguous() }
 }
 
@@ -129,11 +153,22 @@ struct SinkAttention {
 }
 
 impl SinkAttention {
-    fn new(q: &Tensor, k: &Tensor, v: &Tensor, sinks: &Tensor, cfg: SinkAttnConfig, poison: bool) -> Result<Self> {
+    fn new(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        sinks: &Tensor,
+        cfg: SinkAttnConfig,
+        poison: bool,
+    ) -> Result<Self> {
         let (heads, q_len, d) = q.dims3()?;
         let (kv_heads, kv_len, kd) = k.dims3()?;
         if v.dims() != k.dims() || kd != d {
-            bail!("sink_attention: k {:?} and v {:?} must be [kv_heads, kv_len, {d}]", k.dims(), v.dims());
+            bail!(
+                "sink_attention: k {:?} and v {:?} must be [kv_heads, kv_len, {d}]",
+                k.dims(),
+                v.dims()
+            );
         }
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
             bail!("sink_attention: {heads} query heads are not a multiple of {kv_heads} kv heads");
@@ -141,12 +176,23 @@ impl SinkAttention {
         if q_len == 0 || kv_len == 0 || d == 0 {
             bail!("sink_attention: empty input (q_len {q_len}, kv_len {kv_len}, d {d})");
         }
-        if q.dtype() != k.dtype() || q.dtype() != v.dtype() || !matches!(q.dtype(), DType::F32 | DType::BF16) {
-            bail!("sink_attention: q, k, v must all be f32 or all bf16, got {:?} {:?} {:?}", q.dtype(), k.dtype(), v.dtype());
+        if q.dtype() != k.dtype()
+            || q.dtype() != v.dtype()
+            || !matches!(q.dtype(), DType::F32 | DType::BF16)
+        {
+            bail!(
+                "sink_attention: q, k, v must all be f32 or all bf16, got {:?} {:?} {:?}",
+                q.dtype(),
+                k.dtype(),
+                v.dtype()
+            );
         }
         for (name, t) in [("q", q), ("k", k), ("v", v)] {
             if d > 1 && t.stride()[2] != 1 {
-                bail!("sink_attention: the last dimension of {name} must be contiguous (strides {:?})", t.stride());
+                bail!(
+                    "sink_attention: the last dimension of {name} must be contiguous (strides {:?})",
+                    t.stride()
+                );
             }
         }
         if sinks.dims() != [heads] {
@@ -193,7 +239,9 @@ impl SinkAttention {
         let (kv_heads, kv_len, _) = kl.shape().dims3()?;
         let group = heads / kv_heads;
         let last = self.cfg.start + q_len - 1;
-        let at = |l: &Layout, a: usize, b: usize| l.start_offset() + a * l.stride()[0] + b * l.stride()[1];
+        let at = |l: &Layout, a: usize, b: usize| {
+            l.start_offset() + a * l.stride()[0] + b * l.stride()[1]
+        };
         let positions: Vec<Option<usize>> =
             (0..kv_len).map(|j| self.cfg.layout.position(j, kv_len, last)).collect();
 
@@ -243,7 +291,8 @@ impl CustomOp3 for SinkAttention {
         vs: &CpuStorage,
         vl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (q, k, v) = (F32Reader::new(qs, "q")?, F32Reader::new(ks, "k")?, F32Reader::new(vs, "v")?);
+        let (q, k, v) =
+            (F32Reader::new(qs, "q")?, F32Reader::new(ks, "k")?, F32Reader::new(vs, "v")?);
         let sinks = with_cpu(&self.sinks, "sinks", |s, l| Ok(cpu_f32(s, l, "sinks")?.to_vec()))?;
         let out = match &self.pos {
             None => self.reference(q, ql, k, kl, v, vl, &sinks)?,
@@ -252,9 +301,16 @@ impl CustomOp3 for SinkAttention {
                 let kv_len = kl.shape().dims3()?.1;
                 let start = match usize::try_from(start) {
                     Ok(s) if s < kv_len || self.cfg.layout == KvLayout::Ring => s,
-                    _ => bail!("sink_attention_at: position {start} outside the {kv_len}-slot cache"),
+                    _ => {
+                        bail!("sink_attention_at: position {start} outside the {kv_len}-slot cache")
+                    }
                 };
-                let at = SinkAttention { cfg: SinkAttnConfig { start, ..self.cfg }, sinks: self.sinks.clone(), poison: false, pos: None };
+                let at = SinkAttention {
+                    cfg: SinkAttnConfig { start, ..self.cfg },
+                    sinks: self.sinks.clone(),
+                    poison: false,
+                    pos: None,
+                };
                 at.reference(q, ql, k, kl, v, vl, &sinks)?
             }
         };
@@ -275,7 +331,9 @@ impl CustomOp3 for SinkAttention {
         use candle_core::cuda_backend::CudaStorageSlice as S;
         let dev = qs.device.clone();
         let slice = match (&qs.slice, &ks.slice, &vs.slice) {
-            (S::F32(q), S::F32(k), S::F32(v)) => f32::wrap(gpu::launch(self, &dev, (q, ql), (k, kl), (v, vl))?),
+            (S::F32(q), S::F32(k), S::F32(v)) => {
+                f32::wrap(gpu::launch(self, &dev, (q, ql), (k, kl), (v, vl))?)
+            }
             (S::BF16(q), S::BF16(k), S::BF16(v)) => {
                 half::bf16::wrap(gpu::launch(self, &dev, (q, ql), (k, kl), (v, vl))?)
             }
@@ -288,11 +346,15 @@ impl CustomOp3 for SinkAttention {
 #[cfg(feature = "cuda")]
 mod gpu {
     use candle_core::cuda_backend::WrapErr;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    };
     use candle_core::{CudaDevice, Layout, Result, bail};
 
     use super::{KvLayout, SinkAttention};
-    use crate::kernels::cuda::{KernelFloat, SINK_ATTENTION_PTX, cuda_view, int, multiprocessors, output};
+    use crate::kernels::cuda::{
+        KernelFloat, SINK_ATTENTION_PTX, cuda_view, int, multiprocessors, output,
+    };
 
     const MODULE: &str = "inferno_sink_attention";
     /// Keys per tile (`BK` in the kernel) and warps per block (`NW`).
@@ -350,13 +412,19 @@ mod gpu {
         // The slots any query may read, then how many splits of them keep the GPU busy.
         let last = cfg.start + q_len - 1;
         let (lo, hi) = match cfg.layout {
-            KvLayout::Linear => (cfg.window.map_or(0, |w| (cfg.start + 1).saturating_sub(w)), kv_len.min(last + 1)),
+            KvLayout::Linear => {
+                (cfg.window.map_or(0, |w| (cfg.start + 1).saturating_sub(w)), kv_len.min(last + 1))
+            }
             KvLayout::Ring => (0, kv_len),
         };
         let span = hi.saturating_sub(lo).max(1);
         let blocks = row_blocks * kv_heads;
         let sms = multiprocessors(dev);
-        let want = if blocks >= sms { 1 } else { (4 * sms).div_ceil(blocks).min(span.div_ceil(MIN_SPLIT)).min(MAX_SPLITS) };
+        let want = if blocks >= sms {
+            1
+        } else {
+            (4 * sms).div_ceil(blocks).min(span.div_ceil(MIN_SPLIT)).min(MAX_SPLITS)
+        };
         let keys_per_split = span.div_ceil(want.max(1)).div_ceil(TILE) * TILE;
         let splits = span.div_ceil(keys_per_split);
 
@@ -383,7 +451,11 @@ mod gpu {
         };
 
         let mut out = output::<T>(dev, heads * q_len * d, op.poison)?;
-        let (q, k, v) = (q.slice(ql.start_offset()..), k.slice(kl.start_offset()..), v.slice(vl.start_offset()..));
+        let (q, k, v) = (
+            q.slice(ql.start_offset()..),
+            k.slice(kl.start_offset()..),
+            v.slice(vl.start_offset()..),
+        );
         let name = format!("sink_attention_{}_d{d}_r{rpw}", T::NAME);
         let func = dev.get_or_load_custom_func(&name, MODULE, SINK_ATTENTION_PTX)?;
         let grid = LaunchConfig {
@@ -403,7 +475,15 @@ mod gpu {
         let pos_ptr: u64 = pos_view.as_ref().map_or(0, |v| v.device_ptr(&stream).0);
         if splits == 1 {
             let mut b = func.builder();
-            b.arg(&q).arg(&k).arg(&v).arg(&sinks).arg(&mut out).arg(&0u64).arg(&0u64).arg(&pos_ptr).arg(&params);
+            b.arg(&q)
+                .arg(&k)
+                .arg(&v)
+                .arg(&sinks)
+                .arg(&mut out)
+                .arg(&0u64)
+                .arg(&0u64)
+                .arg(&pos_ptr)
+                .arg(&params);
             // SAFETY: the arguments match the kernel's signature; shapes were checked above.
             unsafe { b.launch(grid) }.w()?;
         } else {
@@ -411,7 +491,14 @@ mod gpu {
             let mut part_acc = unsafe { dev.alloc::<f32>(splits * heads * q_len * d)? };
             let mut part_ml = unsafe { dev.alloc::<f32>(splits * heads * q_len * 2)? };
             let mut b = func.builder();
-            b.arg(&q).arg(&k).arg(&v).arg(&sinks).arg(&mut out).arg(&mut part_acc).arg(&mut part_ml).arg(&pos_ptr);
+            b.arg(&q)
+                .arg(&k)
+                .arg(&v)
+                .arg(&sinks)
+                .arg(&mut out)
+                .arg(&mut part_acc)
+                .arg(&mut part_ml)
+                .arg(&pos_ptr);
             b.arg(&params);
             // SAFETY: as above.
             unsafe { b.launch(grid) }.w()?;

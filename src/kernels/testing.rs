@@ -22,12 +22,17 @@ pub(super) fn uniform(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> 
 
 /// A CPU tensor of `values` in `shape`, converted to `dtype`.
 pub(super) fn tensor(values: Vec<f32>, shape: &[usize], dtype: DType) -> Tensor {
-    Tensor::from_vec(values, shape, &Device::Cpu).and_then(|t| t.to_dtype(dtype)).expect("test tensor")
+    Tensor::from_vec(values, shape, &Device::Cpu)
+        .and_then(|t| t.to_dtype(dtype))
+        .expect("test tensor")
 }
 
 /// All elements of `t` as f32, in row-major order, on the host.
 pub(super) fn values(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1()).expect("tensor values")
+    t.to_dtype(DType::F32)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1())
+        .expect("tensor values")
 }
 
 /// ‖got − want‖ / ‖want‖ in f64 (want must not be all zeros).
@@ -45,7 +50,8 @@ pub(super) fn rel_err(got: &[f32], want: &[f32]) -> f64 {
 /// The first CUDA device; GPU tests are `#[ignore]`d, so this runs only when asked for.
 #[cfg(feature = "cuda")]
 pub(super) fn gpu() -> Device {
-    Device::new_cuda(0).expect("GPU tests need a CUDA GPU (run them with --ignored on a GPU machine)")
+    Device::new_cuda(0)
+        .expect("GPU tests need a CUDA GPU (run them with --ignored on a GPU machine)")
 }
 
 /// Mean wall time of `f` on the GPU in microseconds, after warm-up runs, synchronizing around.

@@ -31,7 +31,9 @@ impl Head {
     pub fn logits(&self, hidden: &Tensor) -> anyhow::Result<Tensor> {
         let h = rms_norm(hidden, &self.norm, self.eps)?;
         Ok(match &self.lm_head {
-            Linear::Dense { weight, .. } if weight.dtype() == DType::BF16 => self.lm_head.add_bias_f32(matmul_hi_lo(&h, weight)?)?,
+            Linear::Dense { weight, .. } if weight.dtype() == DType::BF16 => {
+                self.lm_head.add_bias_f32(matmul_hi_lo(&h, weight)?)?
+            }
             _ => self.lm_head.forward_f32(&h)?,
         })
     }

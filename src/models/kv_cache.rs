@@ -13,7 +13,13 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(kv_heads: usize, capacity: usize, head_dim: usize, dtype: DType, device: &Device) -> anyhow::Result<Self> {
+    pub fn new(
+        kv_heads: usize,
+        capacity: usize,
+        head_dim: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> anyhow::Result<Self> {
         let k = Tensor::zeros((kv_heads, capacity, head_dim), dtype, device)?;
         let v = Tensor::zeros((kv_heads, capacity, head_dim), dtype, device)?;
         Ok(KvCache { k, v, capacity })
@@ -29,9 +35,19 @@ impl KvCache {
 
     /// Writes `k`, `v` (`[kv_heads, len, head_dim]`) at position `start` and returns views of
     /// positions `0..start + len`.
-    pub fn append(&mut self, k: &Tensor, v: &Tensor, start: usize) -> anyhow::Result<(Tensor, Tensor)> {
+    pub fn append(
+        &mut self,
+        k: &Tensor,
+        v: &Tensor,
+        start: usize,
+    ) -> anyhow::Result<(Tensor, Tensor)> {
         let len = k.dim(1)?;
-        anyhow::ensure!(start + len <= self.capacity, "KV cache overflow: {} > {}", start + len, self.capacity);
+        anyhow::ensure!(
+            start + len <= self.capacity,
+            "KV cache overflow: {} > {}",
+            start + len,
+            self.capacity
+        );
         self.k.slice_set(&k.contiguous()?, 1, start)?;
         self.v.slice_set(&v.contiguous()?, 1, start)?;
         let end = start + len;
@@ -40,9 +56,18 @@ impl KvCache {
 
     /// Ring buffer: writes positions `start..start + len` to slots `p mod capacity` (wrapping)
     /// and returns the whole buffers; slot-to-position mapping is `KvLayout::Ring`'s.
-    pub fn append_ring(&mut self, k: &Tensor, v: &Tensor, start: usize) -> anyhow::Result<(Tensor, Tensor)> {
+    pub fn append_ring(
+        &mut self,
+        k: &Tensor,
+        v: &Tensor,
+        start: usize,
+    ) -> anyhow::Result<(Tensor, Tensor)> {
         let len = k.dim(1)?;
-        anyhow::ensure!(len <= self.capacity, "ring KV cache: {len} new positions exceed its {} slots", self.capacity);
+        anyhow::ensure!(
+            len <= self.capacity,
+            "ring KV cache: {len} new positions exceed its {} slots",
+            self.capacity
+        );
         let first = start % self.capacity;
         let head = len.min(self.capacity - first);
         for (cache, new) in [(&self.k, k), (&self.v, v)] {

@@ -33,8 +33,12 @@ impl Linear {
     /// it to bf16 as candle's matmul does.
     pub fn matmul_f32(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Linear::Dense { weight, .. } if weight.dtype() == DType::BF16 => matmul_f32_out(&x.to_dtype(DType::BF16)?, weight),
-            Linear::Dense { weight, .. } => x.to_dtype(weight.dtype())?.matmul(&weight.t()?)?.to_dtype(DType::F32),
+            Linear::Dense { weight, .. } if weight.dtype() == DType::BF16 => {
+                matmul_f32_out(&x.to_dtype(DType::BF16)?, weight)
+            }
+            Linear::Dense { weight, .. } => {
+                x.to_dtype(weight.dtype())?.matmul(&weight.t()?)?.to_dtype(DType::F32)
+            }
             Linear::Quantized { weight, .. } => weight.forward(&x.to_dtype(DType::F32)?),
         }
     }

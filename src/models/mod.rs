@@ -2,9 +2,9 @@
 //! the checkpoint's `config.json`, loaders for the weight formats it accepts, and a forward pass
 //! with a preallocated KV cache. Generation (sampling, detokenising) lives outside, in `generate`.
 
-pub mod kv_cache;
 pub mod gpt_oss;
 pub mod head;
+pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod rope;

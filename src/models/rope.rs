@@ -28,19 +28,40 @@ pub struct RopeScaling {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeKind {
     Default,
-    Linear { factor: f64 },
+    Linear {
+        factor: f64,
+    },
     /// Dynamic NTK: the base grows once the sequence passes the trained length.
-    Dynamic { factor: f64, max_position_embeddings: usize },
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max: usize },
+    Dynamic {
+        factor: f64,
+        max_position_embeddings: usize,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max: usize,
+    },
     /// YaRN (NTK-by-parts) as in transformers' `_compute_yarn_parameters`.
-    Yarn { factor: f64, beta_fast: f64, beta_slow: f64, original_max: usize, truncate: bool, attention_factor: f64 },
+    Yarn {
+        factor: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        original_max: usize,
+        truncate: bool,
+        attention_factor: f64,
+    },
 }
 
 impl RopeKind {
-    pub fn from_scaling(s: Option<&RopeScaling>, max_position_embeddings: usize) -> anyhow::Result<RopeKind> {
+    pub fn from_scaling(
+        s: Option<&RopeScaling>,
+        max_position_embeddings: usize,
+    ) -> anyhow::Result<RopeKind> {
         let Some(s) = s else { return Ok(RopeKind::Default) };
         let kind = s.rope_type.as_deref().unwrap_or("default");
-        let factor = || s.factor.ok_or_else(|| anyhow::anyhow!("rope scaling {kind:?} needs a factor"));
+        let factor =
+            || s.factor.ok_or_else(|| anyhow::anyhow!("rope scaling {kind:?} needs a factor"));
         Ok(match kind {
             "default" => RopeKind::Default,
             "linear" => RopeKind::Linear { factor: factor()? },
@@ -57,12 +78,16 @@ impl RopeKind {
                     factor,
                     beta_fast: s.beta_fast.unwrap_or(32.0),
                     beta_slow: s.beta_slow.unwrap_or(1.0),
-                    original_max: s.original_max_position_embeddings.unwrap_or(max_position_embeddings),
+                    original_max: s
+                        .original_max_position_embeddings
+                        .unwrap_or(max_position_embeddings),
                     truncate: s.truncate.unwrap_or(true),
                     attention_factor: s.attention_factor.unwrap_or_else(|| yarn_mscale(factor)),
                 }
             }
-            other => anyhow::bail!("unsupported rope scaling type {other:?} (supported: default, linear, dynamic, llama3, yarn)"),
+            other => anyhow::bail!(
+                "unsupported rope scaling type {other:?} (supported: default, linear, dynamic, llama3, yarn)"
+            ),
         })
     }
 }
@@ -84,9 +109,17 @@ impl RopeKind {
 
 /// YaRN's correction range: the (fractional, unless `truncate`) dims where interpolation
 /// blends into extrapolation, clamped to `[0, dim-1]` — not rounded for gpt-oss (pitfall #1).
-pub fn yarn_range(beta_fast: f64, beta_slow: f64, dim: usize, base: f64, original_max: usize, truncate: bool) -> (f64, f64) {
+pub fn yarn_range(
+    beta_fast: f64,
+    beta_slow: f64,
+    dim: usize,
+    base: f64,
+    original_max: usize,
+    truncate: bool,
+) -> (f64, f64) {
     let correction = |rot: f64| {
-        (dim as f64 * (original_max as f64 / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln())
+        (dim as f64 * (original_max as f64 / (rot * 2.0 * std::f64::consts::PI)).ln())
+            / (2.0 * base.ln())
     };
     let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
     if truncate {
@@ -103,16 +136,20 @@ pub fn inv_freq(kind: &RopeKind, theta: f64, dim: usize, seq_len: usize) -> Vec<
     };
     match *kind {
         RopeKind::Default => base_freqs(theta),
-        RopeKind::Linear { factor } => base_freqs(theta).into_iter().map(|f| f / factor as f32).collect(),
+        RopeKind::Linear { factor } => {
+            base_freqs(theta).into_iter().map(|f| f / factor as f32).collect()
+        }
         RopeKind::Dynamic { factor, max_position_embeddings } => {
             let seq = seq_len.max(max_position_embeddings) as f64;
             let base = theta
-                * ((factor * seq / max_position_embeddings as f64) - (factor - 1.0)).powf(dim as f64 / (dim as f64 - 2.0));
+                * ((factor * seq / max_position_embeddings as f64) - (factor - 1.0))
+                    .powf(dim as f64 / (dim as f64 - 2.0));
             base_freqs(base)
         }
         RopeKind::Llama3 { factor, low_freq_factor, high_freq_factor, original_max } => {
             let old = original_max as f32;
-            let (factor, low, high) = (factor as f32, low_freq_factor as f32, high_freq_factor as f32);
+            let (factor, low, high) =
+                (factor as f32, low_freq_factor as f32, high_freq_factor as f32);
             let low_wavelen = old / low;
             let high_wavelen = old / high;
             base_freqs(theta)
@@ -131,7 +168,8 @@ pub fn inv_freq(kind: &RopeKind, theta: f64, dim: usize, seq_len: usize) -> Vec<
                 .collect()
         }
         RopeKind::Yarn { factor, beta_fast, beta_slow, original_max, truncate, .. } => {
-            let (low, mut high) = yarn_range(beta_fast, beta_slow, dim, theta, original_max, truncate);
+            let (low, mut high) =
+                yarn_range(beta_fast, beta_slow, dim, theta, original_max, truncate);
             if low == high {
                 high += 0.001;
             }
@@ -140,7 +178,8 @@ pub fn inv_freq(kind: &RopeKind, theta: f64, dim: usize, seq_len: usize) -> Vec<
                 .into_iter()
                 .enumerate()
                 .map(|(i, extrapolation)| {
-                    let ramp = ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                    let ramp =
+                        ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
                     let keep = 1.0 - ramp; // weight of the original (extrapolated) frequency
                     let interpolation = extrapolation / factor;
                     interpolation * (1.0 - keep) + extrapolation * keep
@@ -176,7 +215,13 @@ pub fn scaled_tables(
 }
 
 /// cos and sin tables `[positions, dim/2]` for positions `start..start+len`.
-pub fn tables(inv_freq: &[f32], start: usize, len: usize, dtype: DType, device: &Device) -> anyhow::Result<(Tensor, Tensor)> {
+pub fn tables(
+    inv_freq: &[f32],
+    start: usize,
+    len: usize,
+    dtype: DType,
+    device: &Device,
+) -> anyhow::Result<(Tensor, Tensor)> {
     scaled_tables(inv_freq, 1.0, start, len, dtype, device)
 }
 
@@ -188,20 +233,32 @@ mod tests {
     fn default_frequencies() {
         let f = inv_freq(&RopeKind::Default, 10000.0, 8, 0);
         assert_eq!(f.len(), 4);
-        assert!((f[0] - 1.0).abs() < 1e-7 && (f[1] - 0.1).abs() < 1e-6 && (f[3] - 0.001).abs() < 1e-8);
+        assert!(
+            (f[0] - 1.0).abs() < 1e-7 && (f[1] - 0.1).abs() < 1e-6 && (f[3] - 0.001).abs() < 1e-8
+        );
     }
 
     #[test]
     fn llama3_matches_transformers() {
         // The band structure of transformers' _compute_llama3_parameters, on Llama-3.1-8B's settings
         // (theta 500000, head_dim 128, factor 8, low 1, high 4, original 8192).
-        let kind = RopeKind::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max: 8192 };
+        let kind = RopeKind::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max: 8192,
+        };
         let f = inv_freq(&kind, 500000.0, 128, 0);
         let base = inv_freq(&RopeKind::Default, 500000.0, 128, 0);
         assert_eq!(f[0], base[0], "high frequencies are kept");
-        assert!((f[63] - base[63] / 8.0).abs() < 1e-12, "low frequencies are divided by the factor");
+        assert!(
+            (f[63] - base[63] / 8.0).abs() < 1e-12,
+            "low frequencies are divided by the factor"
+        );
         // Medium band: strictly between the two.
-        let mid = (0..64).find(|&i| f[i] != base[i] && (f[i] - base[i] / 8.0).abs() > 1e-12).expect("a blended frequency");
+        let mid = (0..64)
+            .find(|&i| f[i] != base[i] && (f[i] - base[i] / 8.0).abs() > 1e-12)
+            .expect("a blended frequency");
         assert!(f[mid] < base[mid] && f[mid] > base[mid] / 8.0);
     }
 
@@ -211,7 +268,9 @@ mod tests {
         // inv_freq[1] 0.6890443, [8] 0.05081327, [9] 0.0317057, [12] 6.794959e-3,
         // [17] 1.293187e-4, [18] 3.830881e-5, [31] 3.023511e-7.
         let (low, high) = yarn_range(32.0, 1.0, 64, 150000.0, 4096, false);
-        assert!((low - 8.092779115512402).abs() < 1e-12 && (high - 17.39802450158856).abs() < 1e-12);
+        assert!(
+            (low - 8.092779115512402).abs() < 1e-12 && (high - 17.39802450158856).abs() < 1e-12
+        );
         assert!((yarn_mscale(32.0) - 1.3465735902799727).abs() < 1e-15);
         let s: RopeScaling = serde_json::from_str(
             r#"{"rope_type":"yarn","factor":32.0,"beta_fast":32.0,"beta_slow":1.0,"original_max_position_embeddings":4096,"truncate":false}"#,
@@ -220,23 +279,43 @@ mod tests {
         let kind = RopeKind::from_scaling(Some(&s), 131072).unwrap();
         assert!((kind.attention_scaling() - 1.3465736).abs() < 1e-6);
         let f = inv_freq(&kind, 150000.0, 64, 0);
-        for (i, want) in [(0, 1.0), (1, 0.6890443), (8, 0.05081327), (9, 0.0317057), (12, 6.794959e-3), (17, 1.293187e-4), (18, 3.830881e-5), (31, 3.023511e-7)] {
-            assert!(((f[i] as f64) - want).abs() / want < 2e-6, "inv_freq[{i}] = {} want {want}", f[i]);
+        for (i, want) in [
+            (0, 1.0),
+            (1, 0.6890443),
+            (8, 0.05081327),
+            (9, 0.0317057),
+            (12, 6.794959e-3),
+            (17, 1.293187e-4),
+            (18, 3.830881e-5),
+            (31, 3.023511e-7),
+        ] {
+            assert!(
+                ((f[i] as f64) - want).abs() / want < 2e-6,
+                "inv_freq[{i}] = {} want {want}",
+                f[i]
+            );
         }
     }
 
     #[test]
     fn scaling_spellings() {
         let s: RopeScaling = serde_json::from_str(r#"{"type":"linear","factor":2.0}"#).unwrap();
-        assert_eq!(RopeKind::from_scaling(Some(&s), 2048).unwrap(), RopeKind::Linear { factor: 2.0 });
-        let s: RopeScaling = serde_json::from_str(r#"{"rope_type":"default","rope_theta":100000.0}"#).unwrap();
+        assert_eq!(
+            RopeKind::from_scaling(Some(&s), 2048).unwrap(),
+            RopeKind::Linear { factor: 2.0 }
+        );
+        let s: RopeScaling =
+            serde_json::from_str(r#"{"rope_type":"default","rope_theta":100000.0}"#).unwrap();
         assert_eq!(RopeKind::from_scaling(Some(&s), 2048).unwrap(), RopeKind::Default);
-        let s: RopeScaling = serde_json::from_str(r#"{"rope_type":"longrope","factor":4.0}"#).unwrap();
+        let s: RopeScaling =
+            serde_json::from_str(r#"{"rope_type":"longrope","factor":4.0}"#).unwrap();
         assert!(RopeKind::from_scaling(Some(&s), 2048).is_err());
         let linear = inv_freq(&RopeKind::Linear { factor: 4.0 }, 10000.0, 8, 0);
         assert!((linear[0] - 0.25).abs() < 1e-7);
         let dynamic = RopeKind::Dynamic { factor: 2.0, max_position_embeddings: 100 };
         assert_eq!(inv_freq(&dynamic, 10000.0, 8, 50), inv_freq(&RopeKind::Default, 10000.0, 8, 0));
-        assert!(inv_freq(&dynamic, 10000.0, 8, 400)[1] < inv_freq(&RopeKind::Default, 10000.0, 8, 0)[1]);
+        assert!(
+            inv_freq(&dynamic, 10000.0, 8, 400)[1] < inv_freq(&RopeKind::Default, 10000.0, 8, 0)[1]
+        );
     }
 }

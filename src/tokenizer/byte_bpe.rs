@@ -54,7 +54,8 @@ fn byte_char(b: u8) -> char {
     if printable {
         char::from(b)
     } else {
-        let rank = (0..b).filter(|&x| !matches!(x, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF)).count();
+        let rank =
+            (0..b).filter(|&x| !matches!(x, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF)).count();
         char::from_u32(0x100 + rank as u32).unwrap_or(char::REPLACEMENT_CHARACTER)
     }
 }

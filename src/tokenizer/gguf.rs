@@ -47,7 +47,8 @@ pub struct GgufTokenizer {
 /// files with tensor types it cannot run (MXFP4, IQ quants); use [`from_gguf_metadata`] with
 /// another reader for those.
 pub fn from_gguf_file(path: &Path) -> anyhow::Result<GgufTokenizer> {
-    let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let content = gguf_file::Content::read(&mut file).map_err(|e| {
         fail(ErrorKind::Integrity, format!("{}: not a readable GGUF file: {e}", path.display()))
     })?;
@@ -59,9 +60,9 @@ pub fn from_gguf_file(path: &Path) -> anyhow::Result<GgufTokenizer> {
 /// `gguf_file::Content::metadata`).
 pub fn from_gguf_metadata(md: &HashMap<String, Value>) -> anyhow::Result<GgufTokenizer> {
     let md = Meta(md);
-    let model = md
-        .str("tokenizer.ggml.model")?
-        .ok_or_else(|| fail(ErrorKind::Other, "the GGUF file has no tokenizer (no tokenizer.ggml.model)"))?;
+    let model = md.str("tokenizer.ggml.model")?.ok_or_else(|| {
+        fail(ErrorKind::Other, "the GGUF file has no tokenizer (no tokenizer.ggml.model)")
+    })?;
     let vocab = Vocabulary::read(&md)?;
     let (mut tokenizer, add_bos_default, default_bos, default_eos) = match model {
         "gpt2" => {
@@ -93,8 +94,10 @@ pub fn from_gguf_metadata(md: &HashMap<String, Value>) -> anyhow::Result<GgufTok
     }
     let add_bos = md.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos_default);
     let add_eos = md.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
-    let bos = if add_bos { Some(named(&vocab, bos_id, "add_bos_token", "bos_token_id")?) } else { None };
-    let eos = if add_eos { Some(named(&vocab, eos_id, "add_eos_token", "eos_token_id")?) } else { None };
+    let bos =
+        if add_bos { Some(named(&vocab, bos_id, "add_bos_token", "bos_token_id")?) } else { None };
+    let eos =
+        if add_eos { Some(named(&vocab, eos_id, "add_eos_token", "eos_token_id")?) } else { None };
     if let Some(post) = post_processor(bos, eos)? {
         tokenizer.with_post_processor(Some(post));
     }
@@ -121,14 +124,21 @@ fn add_added_tokens(tokenizer: &mut Tokenizer, vocab: &Vocabulary) -> anyhow::Re
     // An added token whose text the model's vocabulary does not map back to it would get a new id.
     for (i, token) in vocab.tokens.iter().enumerate().filter(|(i, _)| vocab.is_added(*i)) {
         if tokenizer.token_to_id(token) != Some(i as u32) {
-            return Err(corrupt(format!("token {i} ({token:?}) cannot be told apart from another token")));
+            return Err(corrupt(format!(
+                "token {i} ({token:?}) cannot be told apart from another token"
+            )));
         }
     }
     Ok(())
 }
 
 /// `(id, text)` of a token the file asks to add to every sequence; an error if it names none.
-fn named(vocab: &Vocabulary, id: Option<u32>, flag: &str, key: &str) -> anyhow::Result<(u32, String)> {
+fn named(
+    vocab: &Vocabulary,
+    id: Option<u32>,
+    flag: &str,
+    key: &str,
+) -> anyhow::Result<(u32, String)> {
     let id = id.ok_or_else(|| {
         corrupt(format!("tokenizer.ggml.{flag} is set but tokenizer.ggml.{key} is missing"))
     })?;
@@ -189,7 +199,9 @@ pub(super) fn parse_merges(merges: &[&str]) -> anyhow::Result<Merges> {
             let first = m.chars().next().map_or(0, char::len_utf8);
             match m[first..].find(' ') {
                 Some(at) => Ok((m[..first + at].to_string(), m[first + at + 1..].to_string())),
-                None => Err(corrupt(format!("tokenizer.ggml.merges[{i}] = {m:?} is not two tokens"))),
+                None => {
+                    Err(corrupt(format!("tokenizer.ggml.merges[{i}] = {m:?} is not two tokens")))
+                }
             }
         })
         .collect()
@@ -243,11 +255,18 @@ impl Vocabulary {
     }
 
     /// A special token id from `key`, or `default` when absent and in range; out of range is an error.
-    fn special_id(&self, md: &Meta, key: &str, default: Option<u32>) -> anyhow::Result<Option<u32>> {
+    fn special_id(
+        &self,
+        md: &Meta,
+        key: &str,
+        default: Option<u32>,
+    ) -> anyhow::Result<Option<u32>> {
         let n = self.tokens.len();
         match md.u32(key)? {
             Some(id) if (id as usize) < n => Ok(Some(id)),
-            Some(id) => Err(corrupt(format!("{key} = {id} is outside the vocabulary of {n} tokens"))),
+            Some(id) => {
+                Err(corrupt(format!("{key} = {id} is outside the vocabulary of {n} tokens")))
+            }
             None => Ok(default.filter(|&id| (id as usize) < n)),
         }
     }
@@ -409,7 +428,10 @@ mod tests {
         assert_eq!(t.chat_template.as_deref(), Some("{{ messages }}"));
         assert_eq!(ids(&t, "hi hi", true), [5, 3, 4]);
         assert_eq!(ids(&t, "hi<|eot|><think>hi", false), [3, 6, 7, 3]);
-        assert_eq!(t.tokenizer.decode(&[5, 3, 4, 6, 7], false).unwrap(), "<|begin|>hi hi<|eot|><think>");
+        assert_eq!(
+            t.tokenizer.decode(&[5, 3, 4, 6, 7], false).unwrap(),
+            "<|begin|>hi hi<|eot|><think>"
+        );
         assert_eq!(
             t.tokenizer.decode(&[5, 3, 4, 6, 7], true).unwrap(),
             "hi hi<think>",
@@ -434,7 +456,10 @@ mod tests {
         md.insert("tokenizer.ggml.model".into(), Value::String("bert".into()));
         let (kind, msg) = err(&md);
         assert_eq!(kind, ErrorKind::Other);
-        assert!(msg.contains("unsupported GGUF tokenizer \"bert\"") && !msg.contains('\n'), "{msg}");
+        assert!(
+            msg.contains("unsupported GGUF tokenizer \"bert\"") && !msg.contains('\n'),
+            "{msg}"
+        );
 
         md.remove("tokenizer.ggml.model");
         assert!(err(&md).1.contains("no tokenizer"));
@@ -452,7 +477,11 @@ mod tests {
                 Value::String("h".into()),
                 "tokenizer.ggml.tokens should be an array of strings",
             ),
-            ("tokenizer.ggml.tokens", Value::Array(vec![Value::U8(1)]), "tokenizer.ggml.tokens[0] should be"),
+            (
+                "tokenizer.ggml.tokens",
+                Value::Array(vec![Value::U8(1)]),
+                "tokenizer.ggml.tokens[0] should be",
+            ),
             (
                 "tokenizer.ggml.bos_token_id",
                 Value::U32(99),
@@ -484,7 +513,9 @@ mod tests {
         assert!(err(&md).1.contains("inconsistent"), "a merge of a token that does not exist");
         let mut md = byte_level();
         md.remove("tokenizer.ggml.bos_token_id");
-        assert!(err(&md).1.contains("add_bos_token is set but tokenizer.ggml.bos_token_id is missing"));
+        assert!(
+            err(&md).1.contains("add_bos_token is set but tokenizer.ggml.bos_token_id is missing")
+        );
     }
 
     #[test]

@@ -98,9 +98,12 @@ fn supported() -> String {
 pub fn pre_tokenizer(rule: &PreSplit) -> anyhow::Result<PreTokenizerWrapper> {
     let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(rule.regexes.len() + 1);
     for re in rule.regexes {
-        let split =
-            Split::new(SplitPattern::Regex((*re).to_string()), SplitDelimiterBehavior::Isolated, false)
-                .map_err(|e| anyhow::anyhow!("compiling pre-tokenizer regex {re:?}: {e}"))?;
+        let split = Split::new(
+            SplitPattern::Regex((*re).to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| anyhow::anyhow!("compiling pre-tokenizer regex {re:?}: {e}"))?;
         steps.push(split.into());
     }
     steps.push(ByteLevel::new(false, true, false).into());
@@ -132,7 +135,10 @@ mod tests {
 
     #[test]
     fn llama3_groups_digits_by_three_and_keeps_newlines_apart() {
-        assert_eq!(pieces("llama-bpe", "Hi 1234567\n\n  x"), ["Hi", "Ġ", "123", "456", "7", "ĊĊ", "Ġ", "Ġx"]);
+        assert_eq!(
+            pieces("llama-bpe", "Hi 1234567\n\n  x"),
+            ["Hi", "Ġ", "123", "456", "7", "ĊĊ", "Ġ", "Ġx"]
+        );
         assert_eq!(pieces("llama-bpe", "I'M ok"), ["I", "'M", "Ġok"], "contractions ignore case");
     }
 
@@ -167,6 +173,9 @@ mod tests {
         let err = lookup(Some("klingon-bpe")).unwrap_err();
         assert_eq!(crate::error::kind_of(&err), ErrorKind::Other);
         let msg = err.to_string();
-        assert!(msg.contains("\"klingon-bpe\"") && msg.contains("llama-bpe") && !msg.contains('\n'), "{msg}");
+        assert!(
+            msg.contains("\"klingon-bpe\"") && msg.contains("llama-bpe") && !msg.contains('\n'),
+            "{msg}"
+        );
     }
 }

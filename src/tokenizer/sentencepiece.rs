@@ -47,13 +47,16 @@ pub(super) fn build(md: &Meta, vocab: &Vocabulary) -> anyhow::Result<Tokenizer> 
         }
     };
     let unk_id = md.u32("tokenizer.ggml.unknown_token_id")?.unwrap_or(0);
-    let mut bpe =
-        BPE::builder().vocab_and_merges(vocab.ids.clone(), merges).fuse_unk(true).byte_fallback(true);
+    let mut bpe = BPE::builder()
+        .vocab_and_merges(vocab.ids.clone(), merges)
+        .fuse_unk(true)
+        .byte_fallback(true);
     if let Some(unk) = vocab.tokens.get(unk_id as usize) {
         bpe = bpe.unk_token(unk.clone());
     }
-    let bpe =
-        bpe.build().map_err(|e| corrupt(format!("the SentencePiece vocabulary is inconsistent: {e}")))?;
+    let bpe = bpe
+        .build()
+        .map_err(|e| corrupt(format!("the SentencePiece vocabulary is inconsistent: {e}")))?;
 
     // llama.cpp's default for a SentencePiece vocabulary is to add the `▁` prefix.
     let add_prefix = md.bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
@@ -127,7 +130,8 @@ mod tests {
         let (tokens, ids) = vocab(&["a", "b", "c", "ab", "bc", "abc"]);
         let scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0];
         let merges = merges_from_scores(&tokens, &scores, &ids);
-        let pairs: Vec<(&str, &str)> = merges.iter().map(|(l, r)| (l.as_str(), r.as_str())).collect();
+        let pairs: Vec<(&str, &str)> =
+            merges.iter().map(|(l, r)| (l.as_str(), r.as_str())).collect();
         // bc (-1) before ab (-2) before the two ways to make abc (-3); of those, the longer left
         // half first ("ab"+"c" and "a"+"bc" tie on score; lengths (2,1) > (1,2)).
         assert_eq!(pairs, [("b", "c"), ("a", "b"), ("ab", "c"), ("a", "bc")]);
@@ -145,6 +149,9 @@ mod tests {
         // 0.0 and -0.0 are equal in Python, so the halves' lengths decide: ("ab", "b") first.
         let (tokens, ids) = vocab(&["a", "b", "ab", "abb"]);
         let merges = merges_from_scores(&tokens, &[0.0, 0.0, 0.0, -0.0], &ids);
-        assert_eq!(merges, [("ab".to_string(), "b".to_string()), ("a".to_string(), "b".to_string())]);
+        assert_eq!(
+            merges,
+            [("ab".to_string(), "b".to_string()), ("a".to_string(), "b".to_string())]
+        );
     }
 }

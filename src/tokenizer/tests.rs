@@ -56,7 +56,8 @@ struct SpmFixture {
 
 fn fixture<T: DeserializeOwned>(name: &str) -> T {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
 }
 
@@ -66,7 +67,8 @@ fn asset(name: &str, script: &str) -> PathBuf {
         Some(dir) => PathBuf::from(dir),
         None => match std::env::var_os("INFERNO_CACHE") {
             Some(cache) => PathBuf::from(cache).join("assets"),
-            None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/inferno/assets"),
+            None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/inferno/assets"),
         },
     };
     let path = dir.join(name);
@@ -97,8 +99,9 @@ fn mismatches(tok: &Tokenizer, cases: &[Case]) -> Vec<String> {
         }
     };
     for c in cases {
-        let ids =
-            |t: &Tokenizer, special: bool| t.encode(c.text.as_str(), special).unwrap().get_ids().to_vec();
+        let ids = |t: &Tokenizer, special: bool| {
+            t.encode(c.text.as_str(), special).unwrap().get_ids().to_vec()
+        };
         let decode = |ids: &[u32], skip: bool| tok.decode(ids, skip).unwrap();
         check("ids", &c.text, format!("{:?}", ids(tok, true)), format!("{:?}", c.ids));
         check(
@@ -113,7 +116,12 @@ fn mismatches(tok: &Tokenizer, cases: &[Case]) -> Vec<String> {
             format!("{:?}", ids(&split, false)),
             format!("{:?}", c.ids_split_special),
         );
-        check("decode", &c.text, format!("{:?}", decode(&c.ids, false)), format!("{:?}", c.decoded));
+        check(
+            "decode",
+            &c.text,
+            format!("{:?}", decode(&c.ids, false)),
+            format!("{:?}", c.decoded),
+        );
         check(
             "decode skipping special",
             &c.text,
@@ -135,7 +143,12 @@ fn mismatches(tok: &Tokenizer, cases: &[Case]) -> Vec<String> {
 fn smollm2_gguf_matches_transformers() {
     let fx: Smollm2Fixture = fixture("smollm2_tokenizer.json");
     let path = asset(&fx.gguf, "scripts/assets/smollm2-gguf.sh");
-    assert_eq!(sha256(&path), fx.gguf_sha256, "{} is not the file the fixture was made from", path.display());
+    assert_eq!(
+        sha256(&path),
+        fx.gguf_sha256,
+        "{} is not the file the fixture was made from",
+        path.display()
+    );
 
     let t = from_gguf_file(&path).unwrap();
     assert_eq!(t.bos_id, Some(fx.bos_id));
@@ -166,7 +179,10 @@ fn write_spm_gguf(path: &Path, fx: &SpmFixture) {
         ("tokenizer.ggml.model", Value::String("llama".into())),
         ("tokenizer.ggml.tokens", strings(&fx.tokens)),
         ("tokenizer.ggml.scores", Value::Array(fx.scores.iter().map(|s| Value::F32(*s)).collect())),
-        ("tokenizer.ggml.token_type", Value::Array(fx.token_type.iter().map(|t| Value::I32(*t)).collect())),
+        (
+            "tokenizer.ggml.token_type",
+            Value::Array(fx.token_type.iter().map(|t| Value::I32(*t)).collect()),
+        ),
         ("tokenizer.ggml.bos_token_id", Value::U32(fx.bos_id)),
         ("tokenizer.ggml.eos_token_id", Value::U32(fx.eos_id)),
         ("tokenizer.ggml.unknown_token_id", Value::U32(0)),

@@ -21,8 +21,14 @@ pub fn human_bytes(n: u64) -> String {
 /// file copied from another machine) read as `just now`.
 pub fn human_age(then: SystemTime, now: SystemTime) -> String {
     let secs = now.duration_since(then).unwrap_or(Duration::ZERO).as_secs();
-    const UNITS: [(u64, &str); 6] =
-        [(365 * 86400, "year"), (30 * 86400, "month"), (7 * 86400, "week"), (86400, "day"), (3600, "hour"), (60, "minute")];
+    const UNITS: [(u64, &str); 6] = [
+        (365 * 86400, "year"),
+        (30 * 86400, "month"),
+        (7 * 86400, "week"),
+        (86400, "day"),
+        (3600, "hour"),
+        (60, "minute"),
+    ];
     for (size, name) in UNITS {
         let n = secs / size;
         if n >= 1 {
@@ -60,7 +66,10 @@ mod tests {
 
     #[test]
     fn rfc3339() {
-        assert_eq!(super::rfc3339(UNIX_EPOCH + Duration::from_secs(1_518_563_312)).as_deref(), Some("2018-02-13T23:08:32Z"));
+        assert_eq!(
+            super::rfc3339(UNIX_EPOCH + Duration::from_secs(1_518_563_312)).as_deref(),
+            Some("2018-02-13T23:08:32Z")
+        );
         assert_eq!(super::rfc3339(UNIX_EPOCH - Duration::from_secs(1)), None);
         assert_eq!(super::rfc3339(UNIX_EPOCH + Duration::from_secs(253_402_300_800)), None);
     }

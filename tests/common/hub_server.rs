@@ -211,14 +211,21 @@ fn handle(conn: TcpStream, state: &Mutex<State>, cdn: &str) -> std::io::Result<(
 fn route(st: &mut State, req: &Logged, cdn: &str) -> Reply {
     let path = percent_decode(&req.path);
     if let Some(rest) = path.strip_prefix("/api/models/") {
-        let Some((repo, rev)) = rest.split_once("/revision/") else { return Reply::error(404, "EntryNotFound") };
+        let Some((repo, rev)) = rest.split_once("/revision/") else {
+            return Reply::error(404, "EntryNotFound");
+        };
         return match find_repo(st, repo, req) {
             Ok(r) => api_info(&r, rev, &st.faults.extra_siblings),
             Err(e) => e,
         };
     }
     if let Some(sha) = path.strip_prefix("/cdn/") {
-        let file = st.repos.iter().flat_map(|r| r.files.iter()).find(|f| f.lfs && f.sha256() == sha).cloned();
+        let file = st
+            .repos
+            .iter()
+            .flat_map(|r| r.files.iter())
+            .find(|f| f.lfs && f.sha256() == sha)
+            .cloned();
         return match file {
             Some(f) => serve_bytes(st, &f, req, Reply::new(200)),
             None => Reply::error(404, "EntryNotFound"),
@@ -229,7 +236,9 @@ fn route(st: &mut State, req: &Logged, cdn: &str) -> Reply {
             Ok(r) => r,
             Err(e) => return e,
         };
-        let Some((rev, file)) = rest.split_once('/') else { return Reply::error(404, "EntryNotFound") };
+        let Some((rev, file)) = rest.split_once('/') else {
+            return Reply::error(404, "EntryNotFound");
+        };
         if rev != "main" && rev != repo.commit {
             return Reply::error(404, "RevisionNotFound");
         }
@@ -260,7 +269,9 @@ fn find_repo(st: &State, id: &str, req: &Logged) -> Result<FakeRepo, Reply> {
     if repo.gated {
         match req.auth.as_deref() {
             None => return Err(Reply::error(401, "GatedRepo")),
-            Some(a) if a != format!("Bearer {GOOD_TOKEN}") => return Err(Reply::error(403, "GatedRepo")),
+            Some(a) if a != format!("Bearer {GOOD_TOKEN}") => {
+                return Err(Reply::error(403, "GatedRepo"));
+            }
             _ => {}
         }
     }
@@ -305,15 +316,17 @@ fn serve_bytes(st: &mut State, f: &FakeFile, req: &Logged, mut reply: Reply) -> 
         }
         start = from;
         reply.status = 206;
-        reply = reply.header("Content-Range", format!("bytes {from}-{}/{total}", total.saturating_sub(1)));
+        reply = reply
+            .header("Content-Range", format!("bytes {from}-{}/{total}", total.saturating_sub(1)));
     }
     reply.body = data[start..].to_vec();
     if req.method == "GET"
         && let Some((after, times)) = st.faults.cut.get_mut(&f.path)
-            && *times > 0 {
-                *times -= 1;
-                reply.cut_at = Some((*after).min(reply.body.len()));
-            }
+        && *times > 0
+    {
+        *times -= 1;
+        reply.cut_at = Some((*after).min(reply.body.len()));
+    }
     reply.header("Accept-Ranges", "bytes")
 }
 
@@ -348,12 +361,14 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len()
-            && let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
         out.push(bytes[i]);
         i += 1;
     }

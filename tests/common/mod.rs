@@ -7,7 +7,12 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 /// Runs the real `inferno` binary with a clean HF environment pointing at `cache`.
-pub fn inferno(cache: &Path, endpoint: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Output {
+pub fn inferno(
+    cache: &Path,
+    endpoint: Option<&str>,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_inferno"));
     cmd.args(args)
         .env_remove("HF_HOME")
@@ -41,13 +46,21 @@ pub fn stderr(o: &Output) -> String {
 /// `${INFERNO_CACHE:-~/.cache/inferno}/assets/name`. Panics with how to fetch it when absent:
 /// tests that need real weights never pass without them.
 pub fn asset(name: &str, script: &str) -> std::path::PathBuf {
-    let dir = std::env::var_os("INFERNO_ASSETS").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        let cache = std::env::var_os("INFERNO_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|| {
-            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/inferno")
+    let dir =
+        std::env::var_os("INFERNO_ASSETS").map(std::path::PathBuf::from).unwrap_or_else(|| {
+            let cache = std::env::var_os("INFERNO_CACHE")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| {
+                    std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                        .join(".cache/inferno")
+                });
+            cache.join("assets")
         });
-        cache.join("assets")
-    });
     let path = dir.join(name);
-    assert!(path.exists(), "test asset {} is missing: run `bash {script}` (scripts/test.sh does)", path.display());
+    assert!(
+        path.exists(),
+        "test asset {} is missing: run `bash {script}` (scripts/test.sh does)",
+        path.display()
+    );
     path
 }

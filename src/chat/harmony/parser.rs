@@ -20,20 +20,36 @@ pub enum DoneReason {
 pub enum HarmonyEvent {
     /// A message header was read. A missing channel reads as `final` (`commentary` when the
     /// message has a recipient).
-    MessageStart { channel: Channel, recipient: Option<String> },
+    MessageStart {
+        channel: Channel,
+        recipient: Option<String>,
+    },
     /// Content text, released as soon as it is complete UTF-8 (never markup).
-    Text { channel: Channel, text: String },
-    MessageEnd { channel: Channel },
+    Text {
+        channel: Channel,
+        text: String,
+    },
+    MessageEnd {
+        channel: Channel,
+    },
     /// The turn is over; later tokens are ignored.
-    Done { reason: DoneReason },
+    Done {
+        reason: DoneReason,
+    },
 }
 
 enum State<'t> {
     /// Between messages: waiting for `<|start|>`.
     ExpectStart,
     /// Reading a header, up to `<|message|>`; `role` is known when the prompt wrote it.
-    Header { role: Option<Role>, ids: Vec<u32> },
-    Content { message: HarmonyMessage, stream: TokenStream<'t> },
+    Header {
+        role: Option<Role>,
+        ids: Vec<u32>,
+    },
+    Content {
+        message: HarmonyMessage,
+        stream: TokenStream<'t>,
+    },
     Done(DoneReason),
 }
 
@@ -54,7 +70,11 @@ pub struct HarmonyParser<'t> {
 impl<'t> HarmonyParser<'t> {
     /// A parser positioned after `<|start|>assistant`.
     pub fn new(enc: HarmonyEncoding<'t>) -> Self {
-        HarmonyParser { enc, state: State::Header { role: Some(Role::Assistant), ids: Vec::new() }, messages: Vec::new() }
+        HarmonyParser {
+            enc,
+            state: State::Header { role: Some(Role::Assistant), ids: Vec::new() },
+            messages: Vec::new(),
+        }
     }
 
     /// Messages completed so far (content included; analysis too).
@@ -134,8 +154,12 @@ impl<'t> HarmonyParser<'t> {
                     }
                     let channel = message.channel.clone().unwrap_or(Channel::Final);
                     message.channel = Some(channel.clone());
-                    events.push(HarmonyEvent::MessageStart { channel, recipient: message.recipient.clone() });
-                    self.state = State::Content { message, stream: TokenStream::new(self.enc.tokenizer) };
+                    events.push(HarmonyEvent::MessageStart {
+                        channel,
+                        recipient: message.recipient.clone(),
+                    });
+                    self.state =
+                        State::Content { message, stream: TokenStream::new(self.enc.tokenizer) };
                 } else if id == ids.start {
                     self.state = State::Header { role: None, ids: Vec::new() };
                 } else if id == ids.end || id == ids.return_ || id == ids.call {
@@ -186,7 +210,12 @@ impl<'t> HarmonyParser<'t> {
     }
 
     /// Flushes and records the message being read.
-    fn close(&mut self, mut message: HarmonyMessage, mut stream: TokenStream<'t>, events: &mut Vec<HarmonyEvent>) -> Result<()> {
+    fn close(
+        &mut self,
+        mut message: HarmonyMessage,
+        mut stream: TokenStream<'t>,
+        events: &mut Vec<HarmonyEvent>,
+    ) -> Result<()> {
         let channel = message.channel.clone().unwrap_or(Channel::Final);
         if let Some(text) = stream.finish()? {
             message.content.push_str(&text);
@@ -199,7 +228,12 @@ impl<'t> HarmonyParser<'t> {
 
     /// A header that ended without `<|message|>`: as harmony's non-strict parser, keep its
     /// channel and take the words that are not header fields as the content.
-    fn malformed_header(&mut self, role: Option<Role>, header: &[u32], events: &mut Vec<HarmonyEvent>) -> Result<()> {
+    fn malformed_header(
+        &mut self,
+        role: Option<Role>,
+        header: &[u32],
+        events: &mut Vec<HarmonyEvent>,
+    ) -> Result<()> {
         let (mut message, rest) = self.parse_header(role, header, false)?;
         if rest.is_empty() {
             return Ok(());
@@ -207,7 +241,10 @@ impl<'t> HarmonyParser<'t> {
         let channel = message.channel.clone().unwrap_or(Channel::Final);
         message.channel = Some(channel.clone());
         message.content = rest.clone();
-        events.push(HarmonyEvent::MessageStart { channel: channel.clone(), recipient: message.recipient.clone() });
+        events.push(HarmonyEvent::MessageStart {
+            channel: channel.clone(),
+            recipient: message.recipient.clone(),
+        });
         events.push(HarmonyEvent::Text { channel: channel.clone(), text: rest });
         events.push(HarmonyEvent::MessageEnd { channel });
         self.messages.push(message);
@@ -219,7 +256,12 @@ impl<'t> HarmonyParser<'t> {
     /// end a content type and/or a `to=` recipient (unless `fields` is false: a malformed
     /// header's words are content). Returns the message with empty content and the words left
     /// over (which a well-formed header has none of).
-    fn parse_header(&self, role: Option<Role>, header: &[u32], fields: bool) -> Result<(HarmonyMessage, String)> {
+    fn parse_header(
+        &self,
+        role: Option<Role>,
+        header: &[u32],
+        fields: bool,
+    ) -> Result<(HarmonyMessage, String)> {
         let mut text = self
             .enc
             .tokenizer
@@ -270,7 +312,8 @@ impl<'t> HarmonyParser<'t> {
         if channel.is_none() && recipient.is_some() {
             channel = Some(Channel::Commentary);
         }
-        let message = HarmonyMessage { role, name, recipient, channel, content_type, content: String::new() };
+        let message =
+            HarmonyMessage { role, name, recipient, channel, content_type, content: String::new() };
         Ok((message, rest))
     }
 }

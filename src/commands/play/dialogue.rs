@@ -6,7 +6,9 @@ use std::io::Write;
 use std::sync::atomic::AtomicBool;
 use std::time::SystemTime;
 
-use crate::chat::harmony::{Channel, HarmonyChat, HarmonyEncoding, HarmonyEvent, ReasoningEffort, SystemConfig};
+use crate::chat::harmony::{
+    Channel, HarmonyChat, HarmonyEncoding, HarmonyEvent, ReasoningEffort, SystemConfig,
+};
 use crate::engine::text::TextSide;
 use crate::error::{ErrorKind, fail};
 use crate::generate::{Generation, Sampler, Session, StopConditions, StopReason};
@@ -31,9 +33,15 @@ pub enum Dialogue {
 
 impl Dialogue {
     /// Harmony when the tokenizer has its control tokens (gpt-oss) and the text is not raw.
-    pub fn for_model(text: &TextSide, system: Option<String>, raw: bool, effort: ReasoningEffort) -> Dialogue {
+    pub fn for_model(
+        text: &TextSide,
+        system: Option<String>,
+        raw: bool,
+        effort: ReasoningEffort,
+    ) -> Dialogue {
         if !raw && HarmonyEncoding::new(&text.tokenizer).is_ok() {
-            let cfg = SystemConfig { reasoning: effort, ..SystemConfig::default() }.with_date(SystemTime::now());
+            let cfg = SystemConfig { reasoning: effort, ..SystemConfig::default() }
+                .with_date(SystemTime::now());
             return Dialogue::Harmony(HarmonyChat::new(cfg, system));
         }
         Dialogue::Plain(Conversation::new(system, raw || text.template.is_none()))
@@ -67,7 +75,10 @@ impl Dialogue {
                 h.set_reasoning(effort);
                 Ok(())
             }
-            Dialogue::Plain(_) => Err(fail(ErrorKind::InvalidInput, "reasoning effort applies to gpt-oss models only")),
+            Dialogue::Plain(_) => Err(fail(
+                ErrorKind::InvalidInput,
+                "reasoning effort applies to gpt-oss models only",
+            )),
         }
     }
 
@@ -94,11 +105,12 @@ impl Dialogue {
                     }
                 };
                 let mut stdout = std::io::stdout();
-                let reply = session.generate(&text.tokenizer, &ids, sampler, cond, interrupt, &mut |t| {
-                    stdout.write_all(t.as_bytes())?;
-                    stdout.flush()?;
-                    Ok(())
-                });
+                let reply =
+                    session.generate(&text.tokenizer, &ids, sampler, cond, interrupt, &mut |t| {
+                        stdout.write_all(t.as_bytes())?;
+                        stdout.flush()?;
+                        Ok(())
+                    });
                 match reply {
                     Ok(r) => {
                         c.push_assistant(&r.text);
@@ -112,7 +124,8 @@ impl Dialogue {
             }
             Dialogue::Harmony(h) => {
                 h.push_user(user);
-                let result = harmony_turn(h, session, text, sampler, cond.max_tokens, interrupt, out);
+                let result =
+                    harmony_turn(h, session, text, sampler, cond.max_tokens, interrupt, out);
                 if result.is_err() {
                     h.undo_turn();
                 }
@@ -145,7 +158,9 @@ fn harmony_turn(
         printer.event(&event)?;
     }
     printer.end()?;
-    if matches!(reply.reason, StopReason::MaxTokens) && parser.current_channel() == Some(&Channel::Analysis) {
+    if matches!(reply.reason, StopReason::MaxTokens)
+        && parser.current_channel() == Some(&Channel::Analysis)
+    {
         eprintln!("(stopped while reasoning: raise --max-tokens or lower the effort)");
     }
     chat.record_reply(parser.messages());
@@ -208,7 +223,9 @@ impl Printer {
             HarmonyEvent::MessageStart { channel: Channel::Commentary, recipient: Some(r) } => {
                 self.reasoning(&format!("\n(tool call to {r}: tools are not supported yet)\n"))
             }
-            HarmonyEvent::MessageEnd { channel } if *channel != Channel::Final => self.reasoning("\n"),
+            HarmonyEvent::MessageEnd { channel } if *channel != Channel::Final => {
+                self.reasoning("\n")
+            }
             _ => Ok(()),
         }
     }

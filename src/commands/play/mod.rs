@@ -32,7 +32,11 @@ pub struct Chat {
 
 impl Chat {
     pub fn stop_conditions(&self) -> StopConditions {
-        StopConditions { eos_ids: self.text.eos_ids.clone(), stop_strings: self.stop_strings.clone(), max_tokens: self.max_tokens }
+        StopConditions {
+            eos_ids: self.text.eos_ids.clone(),
+            stop_strings: self.stop_strings.clone(),
+            max_tokens: self.max_tokens,
+        }
     }
 }
 
@@ -41,7 +45,12 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     let model = match &args.model {
         Some(m) => m.clone(),
         None if interactive => picker::pick()?,
-        None => return Err(fail(ErrorKind::InvalidInput, "name a model: inferno play MODEL --prompt …")),
+        None => {
+            return Err(fail(
+                ErrorKind::InvalidInput,
+                "name a model: inferno play MODEL --prompt …",
+            ));
+        }
     };
     let effort: crate::chat::harmony::ReasoningEffort = args.reasoning.parse()?;
     let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
@@ -72,7 +81,13 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
         eprintln!("note: the model has no chat template; completing raw text");
     }
     let session = Session::new(loaded.model);
-    let chat = Chat { session, text, sampler, stop_strings: args.stop.clone(), max_tokens: args.max_tokens };
+    let chat = Chat {
+        session,
+        text,
+        sampler,
+        stop_strings: args.stop.clone(),
+        max_tokens: args.max_tokens,
+    };
     if interactive {
         return repl::run(chat, dialogue, !args.hide_reasoning);
     }
@@ -88,7 +103,13 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     one_shot(chat, dialogue, &prompt, out, args.verbose)
 }
 
-fn one_shot(mut chat: Chat, mut dialogue: Dialogue, prompt: &str, out: Output, verbose: bool) -> anyhow::Result<()> {
+fn one_shot(
+    mut chat: Chat,
+    mut dialogue: Dialogue,
+    prompt: &str,
+    out: Output,
+    verbose: bool,
+) -> anyhow::Result<()> {
     let mut sampler = Sampler::new(chat.sampler.clone());
     let cond = chat.stop_conditions();
     let interrupt = Arc::new(AtomicBool::new(false));
@@ -99,7 +120,15 @@ fn one_shot(mut chat: Chat, mut dialogue: Dialogue, prompt: &str, out: Output, v
             std::process::exit(130);
         }
     });
-    let reply = dialogue.turn(&mut chat.session, &chat.text, prompt, &mut sampler, cond, &interrupt, out)?;
+    let reply = dialogue.turn(
+        &mut chat.session,
+        &chat.text,
+        prompt,
+        &mut sampler,
+        cond,
+        &interrupt,
+        out,
+    )?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout)?;
     if verbose {
@@ -130,7 +159,10 @@ fn sampler_config(args: &PlayArgs, harmony: bool) -> anyhow::Result<SamplerConfi
         cfg.repeat_penalty = r;
     }
     cfg.seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
     });
     cfg.validate()?;
     Ok(cfg)
@@ -147,7 +179,8 @@ fn loading_spinner(visible: bool, model: &str) -> indicatif::ProgressBar {
 }
 
 fn banner(l: &Loaded, gpu_name: &str, dialogue: &Dialogue, load_s: f64) -> String {
-    let mem = l.device_bytes.map(|b| format!(", {} on the GPU", human_bytes(b))).unwrap_or_default();
+    let mem =
+        l.device_bytes.map(|b| format!(", {} on the GPU", human_bytes(b))).unwrap_or_default();
     let effort = dialogue.effort().map(|e| format!(" · reasoning {e}")).unwrap_or_default();
     format!(
         "inferno · {} ({}, {:?}) · {}{mem} · context {} (model max {}){effort} · loaded in {load_s:.1}s",

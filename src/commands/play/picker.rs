@@ -7,7 +7,8 @@ use crate::hub::Cache;
 pub fn pick() -> anyhow::Result<String> {
     let cache = Cache::from_env();
     let rows = list::collect(&cache)?;
-    let mut ids: Vec<String> = rows.iter().filter(|r| r.info.is_ok()).map(|r| r.model.clone()).collect();
+    let mut ids: Vec<String> =
+        rows.iter().filter(|r| r.info.is_ok()).map(|r| r.model.clone()).collect();
     ids.dedup();
     if ids.is_empty() {
         return Err(fail(

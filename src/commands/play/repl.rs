@@ -63,15 +63,28 @@ pub fn run(mut chat: Chat, mut dialogue: Dialogue, show_reasoning: bool) -> anyh
         }
         interrupt.store(false, Ordering::SeqCst);
         let cond = chat.stop_conditions();
-        let result = dialogue.turn(&mut chat.session, &chat.text, &line, &mut sampler, cond, &interrupt, out);
+        let result = dialogue.turn(
+            &mut chat.session,
+            &chat.text,
+            &line,
+            &mut sampler,
+            cond,
+            &interrupt,
+            out,
+        );
         println!();
         match result {
             Ok(reply) => {
                 if reply.reason == StopReason::ContextFull {
-                    eprintln!("the context is full: /clear to start over, or restart with a larger --context");
+                    eprintln!(
+                        "the context is full: /clear to start over, or restart with a larger --context"
+                    );
                 }
                 if show_stats {
-                    println!("\x1b[2m{}\x1b[0m", stats_line(&reply, chat.session.model.context_length()));
+                    println!(
+                        "\x1b[2m{}\x1b[0m",
+                        stats_line(&reply, chat.session.model.context_length())
+                    );
                 }
             }
             Err(e) => eprintln!("error: {e}"),
@@ -103,7 +116,14 @@ enum Flow {
     Quit,
 }
 
-fn command(cmd: &str, chat: &mut Chat, dialogue: &mut Dialogue, sampler: &mut Sampler, stats: &mut bool, out: &mut Output) -> Flow {
+fn command(
+    cmd: &str,
+    chat: &mut Chat,
+    dialogue: &mut Dialogue,
+    sampler: &mut Sampler,
+    stats: &mut bool,
+    out: &mut Output,
+) -> Flow {
     let (name, rest) = cmd.split_once(' ').map(|(a, b)| (a, b.trim())).unwrap_or((cmd, ""));
     match name {
         "exit" | "quit" | "bye" => Flow::Quit,
@@ -133,7 +153,10 @@ fn command(cmd: &str, chat: &mut Chat, dialogue: &mut Dialogue, sampler: &mut Sa
         }
         "system" => {
             dialogue.set_system((!rest.is_empty()).then(|| rest.to_string()));
-            println!("(system prompt {}; conversation cleared)", if rest.is_empty() { "removed" } else { "set" });
+            println!(
+                "(system prompt {}; conversation cleared)",
+                if rest.is_empty() { "removed" } else { "set" }
+            );
             Flow::Clear
         }
         "stats" => {
@@ -155,7 +178,8 @@ fn command(cmd: &str, chat: &mut Chat, dialogue: &mut Dialogue, sampler: &mut Sa
 }
 
 fn set(args: &str, chat: &mut Chat) -> anyhow::Result<()> {
-    let (name, value) = args.split_once(' ').ok_or_else(|| anyhow::anyhow!("usage: /set <name> <value>"))?;
+    let (name, value) =
+        args.split_once(' ').ok_or_else(|| anyhow::anyhow!("usage: /set <name> <value>"))?;
     let value = value.trim();
     let mut cfg = chat.sampler.clone();
     match name {

@@ -2,8 +2,8 @@
 //! [`GROUPED_MIN_TOKENS`] or more the tensor-core GEMMs batched by expert (`moe_grouped.cu`).
 //! Both leave one f32 row per (token, slot) that `moe_sum` adds up in slot order.
 
-use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{CudaDevice, CudaStorage, Layout, Result, bail};
 use half::bf16;
 
@@ -94,8 +94,15 @@ pub(super) fn launch_routed<T: KernelFloat>(
         bail!("mxfp4_moe: x must be contiguous");
     }
     let x = x.slice(xl.start_offset()..);
-    let guards = [&e.gate_up_blocks, &e.gate_up_scales, &e.gate_up_bias, &e.down_blocks, &e.down_scales, &e.down_bias]
-        .map(|t| t.storage_and_layout());
+    let guards = [
+        &e.gate_up_blocks,
+        &e.gate_up_scales,
+        &e.gate_up_bias,
+        &e.down_blocks,
+        &e.down_scales,
+        &e.down_bias,
+    ]
+    .map(|t| t.storage_and_layout());
     let p = Packed {
         gu_blocks: cuda_view::<u8>(&guards[0].0, guards[0].1, "gate_up blocks")?,
         gu_scales: cuda_view::<u8>(&guards[1].0, guards[1].1, "gate_up scales")?,
@@ -105,22 +112,43 @@ pub(super) fn launch_routed<T: KernelFloat>(
         d_bias: cuda_view::<f32>(&guards[5].0, guards[5].1, "down bias")?,
     };
     // 16-byte loads of x rows need an 8-aligned start (candle's buffers themselves are aligned).
-    let grouped = T::BF16 && tokens >= GROUPED_MIN_TOKENS && hidden % 8 == 0 && xl.start_offset() % 8 == 0;
+    let grouped =
+        T::BF16 && tokens >= GROUPED_MIN_TOKENS && hidden % 8 == 0 && xl.start_offset() % 8 == 0;
     let call = Call { op, dev, x: &x, ids, weights, p: &p, d };
     let part = if grouped { by_expert(&call)? } else { per_slot(&call)? };
 
-    Ok(if op.out_f32 { f32::wrap(sum(op, dev, &part, ids, d)?) } else { T::wrap(sum(op, dev, &part, ids, d)?) })
+    Ok(if op.out_f32 {
+        f32::wrap(sum(op, dev, &part, ids, d)?)
+    } else {
+        T::wrap(sum(op, dev, &part, ids, d)?)
+    })
 }
 
 /// `out[t] = Σ_k part[t·k + kk]` in slot order, in the output dtype `O`.
-fn sum<O: KernelFloat>(op: &Mxfp4Moe, dev: &CudaDevice, part: &CudaSlice<f32>, ids: &CudaView<u32>, d: Dims) -> Result<CudaSlice<O>> {
+fn sum<O: KernelFloat>(
+    op: &Mxfp4Moe,
+    dev: &CudaDevice,
+    part: &CudaSlice<f32>,
+    ids: &CudaView<u32>,
+    d: Dims,
+) -> Result<CudaSlice<O>> {
     let mut out = output::<O>(dev, d.tokens * d.hidden, op.poison)?;
-    let func = dev.get_or_load_custom_func(&format!("moe_sum_{}", O::NAME), MODULE, MXFP4_MOE_PTX)?;
-    let (t32, k32, h32, e32) = (int(d.tokens, "tokens")?, int(d.k, "k")?, int(d.hidden, "hidden")?, int(d.experts, "experts")?);
+    let func =
+        dev.get_or_load_custom_func(&format!("moe_sum_{}", O::NAME), MODULE, MXFP4_MOE_PTX)?;
+    let (t32, k32, h32, e32) = (
+        int(d.tokens, "tokens")?,
+        int(d.k, "k")?,
+        int(d.hidden, "hidden")?,
+        int(d.experts, "experts")?,
+    );
     let mut b = func.builder();
     b.arg(part).arg(ids).arg(&mut out).arg(&t32).arg(&k32).arg(&h32).arg(&e32);
     let n = d.tokens * d.hidden;
-    let grid = LaunchConfig { grid_dim: (int(n.div_ceil(256), "blocks")? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let grid = LaunchConfig {
+        grid_dim: (int(n.div_ceil(256), "blocks")? as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: the arguments match moe_sum's signature; it reads only the part rows of valid slots,
     // which both paths write.
     unsafe { b.launch(grid) }.w()?;
@@ -131,10 +159,19 @@ fn sum<O: KernelFloat>(op: &Mxfp4Moe, dev: &CudaDevice, part: &CudaSlice<f32>, i
 fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let Call { op, dev, x, ids, weights, p, d } = *c;
     if d.hidden > MAX_K || d.inter > MAX_K {
-        bail!("mxfp4_moe: the CUDA kernels support widths up to {MAX_K}, got hidden {}, intermediate {}", d.hidden, d.inter);
+        bail!(
+            "mxfp4_moe: the CUDA kernels support widths up to {MAX_K}, got hidden {}, intermediate {}",
+            d.hidden,
+            d.inter
+        );
     }
     let slots = d.slots();
-    let (k32, n_exp, h32, i32_) = (int(d.k, "k")?, int(d.experts, "experts")?, int(d.hidden, "hidden")?, int(d.inter, "intermediate")?);
+    let (k32, n_exp, h32, i32_) = (
+        int(d.k, "k")?,
+        int(d.experts, "experts")?,
+        int(d.hidden, "hidden")?,
+        int(d.inter, "intermediate")?,
+    );
     // Warps along K (one block of 32 inputs per lane), and the inputs staged in shared memory
     // as f32, each block of 32 padded to 36 (XPAD in the kernel).
     let rows_per_block = if d.tokens <= SMALL_BATCH { 16 } else { 32 };
@@ -150,16 +187,27 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let mut act = unsafe { dev.alloc::<f32>(slots * d.inter)? };
     let mut part = unsafe { dev.alloc::<f32>(slots * d.hidden)? };
 
-    let func = dev.get_or_load_custom_func(&format!("moe_gate_up_{}_{variant}", T::NAME), MODULE, MXFP4_MOE_PTX)?;
+    let func = dev.get_or_load_custom_func(
+        &format!("moe_gate_up_{}_{variant}", T::NAME),
+        MODULE,
+        MXFP4_MOE_PTX,
+    )?;
     let mut b = func.builder();
     b.arg(x).arg(ids).arg(&p.gu_blocks).arg(&p.gu_scales).arg(&p.gu_bias).arg(&mut act);
     b.arg(&k32).arg(&n_exp).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
     // SAFETY: the arguments match moe_gate_up's signature; shapes were checked in Mxfp4Experts::new.
     unsafe { b.launch(launch_cfg(2 * d.inter, d.hidden)?) }.w()?;
 
-    let func = dev.get_or_load_custom_func(&format!("moe_down_{variant}"), MODULE, MXFP4_MOE_PTX)?;
+    let func =
+        dev.get_or_load_custom_func(&format!("moe_down_{variant}"), MODULE, MXFP4_MOE_PTX)?;
     let mut b = func.builder();
-    b.arg(&act).arg(ids).arg(weights).arg(&p.d_blocks).arg(&p.d_scales).arg(&p.d_bias).arg(&mut part);
+    b.arg(&act)
+        .arg(ids)
+        .arg(weights)
+        .arg(&p.d_blocks)
+        .arg(&p.d_scales)
+        .arg(&p.d_bias)
+        .arg(&mut part);
     b.arg(&n_exp).arg(&h32).arg(&i32_);
     // SAFETY: the arguments match moe_down's signature.
     unsafe { b.launch(launch_cfg(d.hidden, d.inter)?) }.w()?;
@@ -174,7 +222,10 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
 fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let Call { op, dev, x, ids, weights, p, d } = *c;
     if d.experts > GROUPED_MAX_EXPERTS {
-        bail!("mxfp4_moe: the grouped kernels support up to {GROUPED_MAX_EXPERTS} experts, got {}", d.experts);
+        bail!(
+            "mxfp4_moe: the grouped kernels support up to {GROUPED_MAX_EXPERTS} experts, got {}",
+            d.experts
+        );
     }
     let slots = d.slots();
     // Each expert's slots are cut into tiles of BM; at most one partial tile per expert.
@@ -186,22 +237,37 @@ fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let mut act_hi = unsafe { dev.alloc::<bf16>(slots * d.inter)? };
     let mut act_lo = unsafe { dev.alloc::<bf16>(slots * d.inter)? };
     let mut part = unsafe { dev.alloc::<f32>(slots * d.hidden)? };
-    let (s32, e32, t32) = (int(slots, "tokens × k")?, int(d.experts, "experts")?, int(max_tiles, "tiles")?);
-    let (k32, h32, i32_) = (int(d.k, "k")?, int(d.hidden, "hidden")?, int(d.inter, "intermediate")?);
+    let (s32, e32, t32) =
+        (int(slots, "tokens × k")?, int(d.experts, "experts")?, int(max_tiles, "tiles")?);
+    let (k32, h32, i32_) =
+        (int(d.k, "k")?, int(d.hidden, "hidden")?, int(d.inter, "intermediate")?);
 
     let func = dev.get_or_load_custom_func("moe_group", GROUPED_MODULE, MOE_GROUPED_PTX)?;
     let mut b = func.builder();
     b.arg(ids).arg(&s32).arg(&e32).arg(&mut sorted).arg(&mut tiles).arg(&t32);
-    let one_block = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+    let one_block =
+        LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: the arguments match moe_group's signature; experts ≤ its shared-memory limit.
     unsafe { b.launch(one_block) }.w()?;
 
     let grid = |rows: usize| -> Result<LaunchConfig> {
-        Ok(LaunchConfig { grid_dim: (t32 as u32, int(rows.div_ceil(BN), "row tiles")? as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 })
+        Ok(LaunchConfig {
+            grid_dim: (t32 as u32, int(rows.div_ceil(BN), "row tiles")? as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        })
     };
-    let func = dev.get_or_load_custom_func("moe_grouped_gate_up", GROUPED_MODULE, MOE_GROUPED_PTX)?;
+    let func =
+        dev.get_or_load_custom_func("moe_grouped_gate_up", GROUPED_MODULE, MOE_GROUPED_PTX)?;
     let mut b = func.builder();
-    b.arg(x).arg(&sorted).arg(&tiles).arg(&p.gu_blocks).arg(&p.gu_scales).arg(&p.gu_bias).arg(&mut act_hi).arg(&mut act_lo);
+    b.arg(x)
+        .arg(&sorted)
+        .arg(&tiles)
+        .arg(&p.gu_blocks)
+        .arg(&p.gu_scales)
+        .arg(&p.gu_bias)
+        .arg(&mut act_hi)
+        .arg(&mut act_lo);
     b.arg(&k32).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
     // SAFETY: the arguments match the kernel's signature; x is bf16 (T::BF16) with 16-byte
     // aligned rows (hidden % 8 == 0, checked by the caller), act rows likewise (I % 32 == 0).
@@ -209,7 +275,15 @@ fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
 
     let func = dev.get_or_load_custom_func("moe_grouped_down", GROUPED_MODULE, MOE_GROUPED_PTX)?;
     let mut b = func.builder();
-    b.arg(&act_hi).arg(&act_lo).arg(&sorted).arg(&tiles).arg(weights).arg(&p.d_blocks).arg(&p.d_scales).arg(&p.d_bias).arg(&mut part);
+    b.arg(&act_hi)
+        .arg(&act_lo)
+        .arg(&sorted)
+        .arg(&tiles)
+        .arg(weights)
+        .arg(&p.d_blocks)
+        .arg(&p.d_scales)
+        .arg(&p.d_bias)
+        .arg(&mut part);
     b.arg(&h32).arg(&i32_);
     // SAFETY: the arguments match the kernel's signature.
     unsafe { b.launch(grid(d.hidden)?) }.w()?;

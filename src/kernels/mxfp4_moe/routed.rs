@@ -24,13 +24,30 @@ pub fn route(logits: &[f32], bias: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
 /// The experts' f32 output `[tokens, H]` for `x` `[tokens, H]` (f32 or bf16) routed by the
 /// router's raw `logits` (f32 `[tokens, E]`, before the bias) and `bias` (f32 `[E]`): top `k`,
 /// softmax over the k, then the experts as in [`super::mxfp4_moe`], with an f32 result.
-pub fn mxfp4_moe_routed(x: &Tensor, experts: &Mxfp4Experts, logits: &Tensor, bias: &Tensor, k: usize, act: SwiGlu) -> Result<Tensor> {
+pub fn mxfp4_moe_routed(
+    x: &Tensor,
+    experts: &Mxfp4Experts,
+    logits: &Tensor,
+    bias: &Tensor,
+    k: usize,
+    act: SwiGlu,
+) -> Result<Tensor> {
     let (tokens, e) = logits.dims2()?;
     if e != experts.experts || tokens != x.dim(0)? || logits.dtype() != DType::F32 {
-        bail!("mxfp4_moe_routed: router logits {:?} {:?} must be f32 [{}, {}]", logits.dtype(), logits.dims(), x.dim(0)?, experts.experts);
+        bail!(
+            "mxfp4_moe_routed: router logits {:?} {:?} must be f32 [{}, {}]",
+            logits.dtype(),
+            logits.dims(),
+            x.dim(0)?,
+            experts.experts
+        );
     }
     if bias.dims() != [e] || bias.dtype() != DType::F32 {
-        bail!("mxfp4_moe_routed: router bias {:?} {:?} must be f32 [{e}]", bias.dtype(), bias.dims());
+        bail!(
+            "mxfp4_moe_routed: router bias {:?} {:?} must be f32 [{e}]",
+            bias.dtype(),
+            bias.dims()
+        );
     }
     if k == 0 || k > e || k > 32 || e > 256 {
         bail!("mxfp4_moe_routed: top-{k} of {e} experts is not supported (k ≤ 32, experts ≤ 256)");
@@ -55,7 +72,15 @@ impl CustomOp3 for Routed {
         "mxfp4_moe_routed"
     }
 
-    fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout, ls: &CpuStorage, ll: &Layout, bs: &CpuStorage, bl: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ls: &CpuStorage,
+        ll: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         let (logits, bias) = (cpu_f32(ls, ll, "router logits")?, cpu_f32(bs, bl, "router bias")?);
         let (mut ids, mut weights) = (Vec::new(), Vec::new());
         for row in logits.chunks_exact(bias.len()) {
@@ -89,18 +114,27 @@ impl CustomOp3 for Routed {
         // SAFETY: route_topk_softmax writes all k ids and weights of every token.
         let mut ids = unsafe { dev.alloc::<u32>(tokens * self.k)? };
         let mut weights = unsafe { dev.alloc::<f32>(tokens * self.k)? };
-        let func = dev.get_or_load_custom_func("route_topk_softmax", "inferno_router", ROUTER_PTX)?;
+        let func =
+            dev.get_or_load_custom_func("route_topk_softmax", "inferno_router", ROUTER_PTX)?;
         let (t32, e32, k32) = (int(tokens, "tokens")?, int(experts, "experts")?, int(self.k, "k")?);
         let mut b = func.builder();
         b.arg(&logits).arg(&bias).arg(&mut ids).arg(&mut weights).arg(&t32).arg(&e32).arg(&k32);
-        let cfg = LaunchConfig { grid_dim: (int(tokens.div_ceil(4), "blocks")? as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (int(tokens.div_ceil(4), "blocks")? as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the arguments match the kernel's signature; experts ≤ 256 and k ≤ 32 were
         // checked in mxfp4_moe_routed.
         unsafe { b.launch(cfg) }.w()?;
         let (ids, weights) = (ids.slice(..), weights.slice(..));
         let slice = match &xs.slice {
-            S::F32(x) => super::gpu::launch_routed(&self.moe, &dev, (x, xl), &ids, &weights, self.k)?,
-            S::BF16(x) => super::gpu::launch_routed(&self.moe, &dev, (x, xl), &ids, &weights, self.k)?,
+            S::F32(x) => {
+                super::gpu::launch_routed(&self.moe, &dev, (x, xl), &ids, &weights, self.k)?
+            }
+            S::BF16(x) => {
+                super::gpu::launch_routed(&self.moe, &dev, (x, xl), &ids, &weights, self.k)?
+            }
             _ => bail!("mxfp4_moe_routed: x must be f32 or bf16"),
         };
         Ok((candle_core::CudaStorage { slice, device: dev }, xl.shape().clone()))

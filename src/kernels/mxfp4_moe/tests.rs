@@ -39,7 +39,8 @@ fn bytes(rng: &mut StdRng, n: usize) -> Vec<u8> {
 
 fn inputs(rng: &mut StdRng, d: Dims, x_dtype: DType, bias_dtype: DType) -> Inputs {
     let (e, h, i) = (d.experts, d.hidden, d.inter);
-    let u8t = |v: Vec<u8>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu).expect("u8 tensor");
+    let u8t =
+        |v: Vec<u8>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu).expect("u8 tensor");
     let packed = [
         u8t(bytes(rng, e * 2 * i * h / 2), &[e, 2 * i, h / 32, 16]),
         u8t(scales(rng, e * 2 * i * h / 32, h), &[e, 2 * i, h / 32]),
@@ -76,11 +77,14 @@ fn naive(inp: &Inputs, d: Dims, act: SwiGlu) -> (Vec<f32>, usize, usize) {
     let raw = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<u8>()).expect("bytes");
     let dense = |blocks: &Tensor, scales: &Tensor, rows: usize, cols: usize| {
         let w = mxfp4::dequantize(&raw(blocks), &raw(scales));
-        Tensor::from_vec(w, (e, rows, cols), &Device::Cpu).and_then(|t| t.to_dtype(DType::F64)).expect("dense")
+        Tensor::from_vec(w, (e, rows, cols), &Device::Cpu)
+            .and_then(|t| t.to_dtype(DType::F64))
+            .expect("dense")
     };
     let f64t = |t: &Tensor| t.to_dtype(DType::F64).expect("f64");
     let p = &inp.packed;
-    let (w1, b1, w2, b2) = (dense(&p[0], &p[1], 2 * i, h), f64t(&p[2]), dense(&p[3], &p[4], h, i), f64t(&p[5]));
+    let (w1, b1, w2, b2) =
+        (dense(&p[0], &p[1], 2 * i, h), f64t(&p[2]), dense(&p[3], &p[4], h, i), f64t(&p[5]));
     let x = f64t(&inp.x);
     let ids = inp.ids.to_vec2::<u32>().expect("ids");
     let weights = inp.weights.to_vec2::<f32>().expect("weights");
@@ -92,16 +96,24 @@ fn naive(inp: &Inputs, d: Dims, act: SwiGlu) -> (Vec<f32>, usize, usize) {
         let mut acc = Tensor::zeros(h, DType::F64, &Device::Cpu).expect("zeros");
         for (&ex, &w) in ids[t].iter().zip(&weights[t]) {
             let ex = ex as usize;
-            let hpre = (w1.i(ex).unwrap().matmul(&xt).unwrap().squeeze(1).unwrap() + b1.i(ex).unwrap()).unwrap();
+            let hpre = (w1.i(ex).unwrap().matmul(&xt).unwrap().squeeze(1).unwrap()
+                + b1.i(ex).unwrap())
+            .unwrap();
             let pairs = hpre.reshape((i, 2)).unwrap(); // column 0: gate (even rows), 1: up (odd rows)
             let (gate, up) = (pairs.i((.., 0)).unwrap(), pairs.i((.., 1)).unwrap());
             gate_clamped += values(&gate).iter().filter(|&&g| f64::from(g) > limit).count();
             up_clamped += values(&up).iter().filter(|&&u| f64::from(u).abs() > limit).count();
             let gate = gate.minimum(limit).unwrap();
             let up = up.clamp(-limit, limit).unwrap();
-            let sigmoid = ((gate.affine(-f64::from(act.alpha), 0.0).unwrap().exp().unwrap() + 1.0).unwrap().recip()).unwrap();
+            let sigmoid = ((gate.affine(-f64::from(act.alpha), 0.0).unwrap().exp().unwrap() + 1.0)
+                .unwrap()
+                .recip())
+            .unwrap();
             let a = ((gate * sigmoid).unwrap() * (up + 1.0).unwrap()).unwrap();
-            let y = (w2.i(ex).unwrap().matmul(&a.unsqueeze(1).unwrap()).unwrap().squeeze(1).unwrap() + b2.i(ex).unwrap()).unwrap();
+            let y =
+                (w2.i(ex).unwrap().matmul(&a.unsqueeze(1).unwrap()).unwrap().squeeze(1).unwrap()
+                    + b2.i(ex).unwrap())
+                .unwrap();
             acc = (acc + (y * f64::from(w)).unwrap()).unwrap();
         }
         out.extend(values(&acc));
@@ -113,7 +125,9 @@ fn check_cpu(name: &str, d: Dims, x_dtype: DType, bias_dtype: DType, tol: f64) -
     let mut rng = rng(name);
     let inp = inputs(&mut rng, d, x_dtype, bias_dtype);
     let ex = experts(&inp.packed, &Device::Cpu);
-    let got = values(&mxfp4_moe(&inp.x, &ex, &inp.ids, &inp.weights, SwiGlu::GPT_OSS).expect("reference"));
+    let got = values(
+        &mxfp4_moe(&inp.x, &ex, &inp.ids, &inp.weights, SwiGlu::GPT_OSS).expect("reference"),
+    );
     let (want, gates, ups) = naive(&inp, d, SwiGlu::GPT_OSS);
     let err = rel_err(&got, &want);
     assert!(err < tol, "{name} {d:?}: relative error {err:e}");
@@ -124,7 +138,10 @@ fn check_cpu(name: &str, d: Dims, x_dtype: DType, bias_dtype: DType, tol: f64) -
 fn reference_matches_dequantize_then_matmul() {
     let d = Dims { tokens: 5, experts: 4, hidden: 64, inter: 96, k: 2 };
     let (gates, ups) = check_cpu("moe f32", d, DType::F32, DType::BF16, 1e-5);
-    assert!(gates > 0 && ups > 0, "the inputs should exercise both clamps ({gates} gates, {ups} ups)");
+    assert!(
+        gates > 0 && ups > 0,
+        "the inputs should exercise both clamps ({gates} gates, {ups} ups)"
+    );
     let d = Dims { tokens: 3, experts: 5, hidden: 96, inter: 32, k: 3 };
     check_cpu("moe f32 bias", d, DType::F32, DType::F32, 1e-5);
     check_cpu("moe bf16", d, DType::BF16, DType::BF16, 1e-2);
@@ -153,9 +170,15 @@ fn rejects_out_of_range_experts_and_bad_shapes() {
     let err = mxfp4_moe(&inp.x, &ex, &ids, &inp.weights, SwiGlu::GPT_OSS).unwrap_err().to_string();
     assert!(err.contains("expert 3 of 3"), "{err}");
     let p = &inp.packed;
-    assert!(Mxfp4Experts::new(&p[0], &p[1], &p[2], &p[0], &p[4], &p[5]).is_err(), "down blocks of the wrong shape");
+    assert!(
+        Mxfp4Experts::new(&p[0], &p[1], &p[2], &p[0], &p[4], &p[5]).is_err(),
+        "down blocks of the wrong shape"
+    );
     let x = inp.x.narrow(D::Minus1, 0, 32).unwrap();
-    assert!(mxfp4_moe(&x, &ex, &inp.ids, &inp.weights, SwiGlu::GPT_OSS).is_err(), "x narrower than hidden");
+    assert!(
+        mxfp4_moe(&x, &ex, &inp.ids, &inp.weights, SwiGlu::GPT_OSS).is_err(),
+        "x narrower than hidden"
+    );
 }
 
 #[test]
@@ -172,9 +195,15 @@ fn routing_is_topk_then_softmax_over_k() {
 /// Router logits with many exact ties (values on a coarse grid), so both implementations must
 /// break them the same way.
 fn router_inputs(rng: &mut StdRng, tokens: usize, experts: usize) -> (Tensor, Tensor) {
-    let logits: Vec<f32> = uniform(rng, tokens * experts, -4.0, 4.0).into_iter().map(|v| (v * 2.0).round() / 2.0).collect();
+    let logits: Vec<f32> = uniform(rng, tokens * experts, -4.0, 4.0)
+        .into_iter()
+        .map(|v| (v * 2.0).round() / 2.0)
+        .collect();
     let bias: Vec<f32> = (0..experts).map(|e| if e % 3 == 0 { 0.5 } else { 0.0 }).collect();
-    (Tensor::from_vec(logits, (tokens, experts), &Device::Cpu).unwrap(), Tensor::from_vec(bias, experts, &Device::Cpu).unwrap())
+    (
+        Tensor::from_vec(logits, (tokens, experts), &Device::Cpu).unwrap(),
+        Tensor::from_vec(bias, experts, &Device::Cpu).unwrap(),
+    )
 }
 
 #[test]
@@ -195,7 +224,10 @@ fn routed_op_is_route_then_experts() {
     let weights = Tensor::from_vec(weights, (d.tokens, d.k), &Device::Cpu).unwrap();
     let want = values(&mxfp4_moe(&inp.x, &ex, &ids, &weights, SwiGlu::GPT_OSS).unwrap());
     assert_eq!(got, want);
-    assert!(mxfp4_moe_routed(&inp.x, &ex, &logits, &bias, 9, SwiGlu::GPT_OSS).is_err(), "k above the expert count");
+    assert!(
+        mxfp4_moe_routed(&inp.x, &ex, &logits, &bias, 9, SwiGlu::GPT_OSS).is_err(),
+        "k above the expert count"
+    );
 }
 
 /// The GPU cases: decode (1 and 3 tokens) at gpt-oss's 2880 widths, a 37-token prefill, tiny
@@ -226,17 +258,35 @@ mod gpu {
         let name = format!("gpu moe {dtype:?} {d:?}");
         let mut rng = rng(&name);
         let inp = inputs(&mut rng, d, dtype, DType::BF16);
-        let want = values(&mxfp4_moe(&inp.x, &experts(&inp.packed, &Device::Cpu), &inp.ids, &inp.weights, SwiGlu::GPT_OSS).unwrap());
+        let want = values(
+            &mxfp4_moe(
+                &inp.x,
+                &experts(&inp.packed, &Device::Cpu),
+                &inp.ids,
+                &inp.weights,
+                SwiGlu::GPT_OSS,
+            )
+            .unwrap(),
+        );
         let dev = gpu();
         let ex = experts(&inp.packed, &dev);
-        let (x, ids, w) = (inp.x.to_device(&dev).unwrap(), inp.ids.to_device(&dev).unwrap(), inp.weights.to_device(&dev).unwrap());
+        let (x, ids, w) = (
+            inp.x.to_device(&dev).unwrap(),
+            inp.ids.to_device(&dev).unwrap(),
+            inp.weights.to_device(&dev).unwrap(),
+        );
         for out_f32 in [false, true] {
             let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, true).unwrap();
             op.out_f32 = out_f32;
             let got = x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
             let want_dtype = if out_f32 { DType::F32 } else { dtype };
             assert_eq!(got.dtype(), want_dtype, "{name}: output dtype");
-            assert_written_and_close(&format!("{name} out {want_dtype:?}"), &values(&got), &want, tol);
+            assert_written_and_close(
+                &format!("{name} out {want_dtype:?}"),
+                &values(&got),
+                &want,
+                tol,
+            );
         }
     }
 
@@ -258,16 +308,44 @@ mod gpu {
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_routed_matches_cpu() {
         let dev = gpu();
-        for (tokens, experts, dtype) in [(1, 32, DType::BF16), (37, 128, DType::BF16), (300, 32, DType::BF16), (5, 128, DType::F32)] {
+        for (tokens, experts, dtype) in [
+            (1, 32, DType::BF16),
+            (37, 128, DType::BF16),
+            (300, 32, DType::BF16),
+            (5, 128, DType::F32),
+        ] {
             let d = Dims { tokens, experts, hidden: 256, inter: 128, k: 4 };
             let name = format!("gpu routed {dtype:?} {d:?}");
             let mut rng = rng(&name);
             let inp = inputs(&mut rng, d, dtype, DType::BF16);
             let (logits, bias) = router_inputs(&mut rng, tokens, experts);
-            let want = values(&mxfp4_moe_routed(&inp.x, &experts_on(&inp, &Device::Cpu), &logits, &bias, d.k, SwiGlu::GPT_OSS).unwrap());
+            let want = values(
+                &mxfp4_moe_routed(
+                    &inp.x,
+                    &experts_on(&inp, &Device::Cpu),
+                    &logits,
+                    &bias,
+                    d.k,
+                    SwiGlu::GPT_OSS,
+                )
+                .unwrap(),
+            );
             let to = |t: &Tensor| t.to_device(&dev).unwrap();
-            let got = mxfp4_moe_routed(&to(&inp.x), &experts_on(&inp, &dev), &to(&logits), &to(&bias), d.k, SwiGlu::GPT_OSS).unwrap();
-            assert_written_and_close(&name, &values(&got), &want, if dtype == DType::F32 { 1e-5 } else { 1e-2 });
+            let got = mxfp4_moe_routed(
+                &to(&inp.x),
+                &experts_on(&inp, &dev),
+                &to(&logits),
+                &to(&bias),
+                d.k,
+                SwiGlu::GPT_OSS,
+            )
+            .unwrap();
+            assert_written_and_close(
+                &name,
+                &values(&got),
+                &want,
+                if dtype == DType::F32 { 1e-5 } else { 1e-2 },
+            );
         }
     }
 
@@ -284,9 +362,17 @@ mod gpu {
         let mut rng = rng("moe timing");
         let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
         let ex = experts(&inp.packed, &dev);
-        let (x, ids, w) = (inp.x.to_device(&dev).unwrap(), inp.ids.to_device(&dev).unwrap(), inp.weights.to_device(&dev).unwrap());
+        let (x, ids, w) = (
+            inp.x.to_device(&dev).unwrap(),
+            inp.ids.to_device(&dev).unwrap(),
+            inp.weights.to_device(&dev).unwrap(),
+        );
         for tokens in [1, 4, 16, 23, 24, 64, 128, 512] {
-            let (x, ids, w) = (x.narrow(0, 0, tokens).unwrap(), ids.narrow(0, 0, tokens).unwrap(), w.narrow(0, 0, tokens).unwrap());
+            let (x, ids, w) = (
+                x.narrow(0, 0, tokens).unwrap(),
+                ids.narrow(0, 0, tokens).unwrap(),
+                w.narrow(0, 0, tokens).unwrap(),
+            );
             let us = crate::kernels::testing::time_us(&dev, 20, || {
                 mxfp4_moe(&x, &ex, &ids, &w, SwiGlu::GPT_OSS).unwrap();
             });
@@ -295,7 +381,10 @@ mod gpu {
             let slots = (tokens * d.k) as f64;
             let bytes = slots * (3 * d.hidden * d.inter) as f64 * 17.0 / 32.0;
             let tflops = slots * (3 * d.hidden * d.inter) as f64 * 2.0 / us / 1e6;
-            eprintln!("moe timing: {tokens} tokens bf16: {us:.1} us, {:.0} GB/s of expert weights, {tflops:.1} TFLOP/s", bytes / us / 1e3);
+            eprintln!(
+                "moe timing: {tokens} tokens bf16: {us:.1} us, {:.0} GB/s of expert weights, {tflops:.1} TFLOP/s",
+                bytes / us / 1e3
+            );
         }
     }
 }

@@ -20,7 +20,16 @@ struct Case {
 
 impl Case {
     fn new(heads: usize, kv_heads: usize, d: usize) -> Self {
-        Case { heads, kv_heads, q_len: 1, kv_len: 1, d, start: 0, window: None, layout: KvLayout::Linear }
+        Case {
+            heads,
+            kv_heads,
+            q_len: 1,
+            kv_len: 1,
+            d,
+            start: 0,
+            window: None,
+            layout: KvLayout::Linear,
+        }
     }
     fn at(self, start: usize, q_len: usize, kv_len: usize) -> Self {
         Case { start, q_len, kv_len, ..self }
@@ -32,7 +41,12 @@ impl Case {
         Case { layout: KvLayout::Ring, ..self }
     }
     fn cfg(&self) -> SinkAttnConfig {
-        SinkAttnConfig { start: self.start, window: self.window, layout: self.layout, scale: 1.0 / (self.d as f32).sqrt() }
+        SinkAttnConfig {
+            start: self.start,
+            window: self.window,
+            layout: self.layout,
+            scale: 1.0 / (self.d as f32).sqrt(),
+        }
     }
     /// Positions held by each slot, found by replaying the writes of positions 0..=last.
     fn slot_positions(&self) -> Vec<Option<usize>> {
@@ -50,8 +64,14 @@ impl Case {
 
 /// q, k, v, sinks as CPU tensors in `dtype`. Slots that hold no position the queries may know
 /// of (ring slots never written, linear slots past the last query) are NaN: they must not be read.
-fn inputs(rng: &mut StdRng, c: &Case, dtype: DType, sink: (f32, f32)) -> (Tensor, Tensor, Tensor, Tensor) {
-    let q = tensor(uniform(rng, c.heads * c.q_len * c.d, -2.0, 2.0), &[c.heads, c.q_len, c.d], dtype);
+fn inputs(
+    rng: &mut StdRng,
+    c: &Case,
+    dtype: DType,
+    sink: (f32, f32),
+) -> (Tensor, Tensor, Tensor, Tensor) {
+    let q =
+        tensor(uniform(rng, c.heads * c.q_len * c.d, -2.0, 2.0), &[c.heads, c.q_len, c.d], dtype);
     let last = c.start + c.q_len - 1;
     let kv = |rng: &mut StdRng| {
         let mut x = uniform(rng, c.kv_heads * c.kv_len * c.d, -2.0, 2.0);
@@ -148,7 +168,13 @@ fn reference_matches_naive_ring_buffer() {
     check_cpu("ring chunk wrapped", c.at(10, 3, 6), DType::F32, NORMAL_SINKS, 1e-5);
     check_cpu("ring not yet full", c.at(0, 3, 8), DType::F32, NORMAL_SINKS, 1e-5);
     check_cpu("ring exactly full", c.at(5, 1, 6), DType::F32, NORMAL_SINKS, 1e-5);
-    check_cpu("ring no window", Case::new(2, 1, 8).ring().at(2, 3, 8), DType::F32, NORMAL_SINKS, 1e-5);
+    check_cpu(
+        "ring no window",
+        Case::new(2, 1, 8).ring().at(2, 3, 8),
+        DType::F32,
+        NORMAL_SINKS,
+        1e-5,
+    );
 }
 
 #[test]
@@ -158,7 +184,10 @@ fn reference_matches_naive_when_the_sink_dominates() {
     let mut rng = rng("sink dominates, magnitude");
     let (q, k, v, sinks) = inputs(&mut rng, &c, DType::F32, (40.0, 41.0));
     let out = values(&sink_attention(&q, &k, &v, &sinks, &c.cfg()).expect("reference"));
-    assert!(out.iter().all(|x| x.abs() < 1e-12), "a dominant sink leaves almost no weight for the values");
+    assert!(
+        out.iter().all(|x| x.abs() < 1e-12),
+        "a dominant sink leaves almost no weight for the values"
+    );
     check_cpu("sink negligible", c, DType::F32, (-60.0, -50.0), 1e-5);
 }
 
@@ -215,7 +244,14 @@ fn ring_positions() {
 fn device_position_cases() -> Vec<Case> {
     let oss = Case::new(64, 8, 64);
     let w = oss.window(128);
-    vec![oss.at(0, 1, 1000), oss.at(37, 1, 1000), oss.at(999, 1, 1000), w.at(500, 1, 1000), w.ring().at(999, 1, 128), w.ring().at(5, 1, 128)]
+    vec![
+        oss.at(0, 1, 1000),
+        oss.at(37, 1, 1000),
+        oss.at(999, 1, 1000),
+        w.at(500, 1, 1000),
+        w.ring().at(999, 1, 128),
+        w.ring().at(5, 1, 128),
+    ]
 }
 
 fn at_device_position(q: &Tensor, k: &Tensor, v: &Tensor, sinks: &Tensor, c: &Case) -> Tensor {
@@ -277,13 +313,28 @@ mod gpu {
                 let name = format!("gpu device position {dtype:?} {c:?}");
                 let mut rng = rng(&name);
                 let (q, k, v, sinks) = inputs(&mut rng, &c, dtype, NORMAL_SINKS);
-                let want = values(&sink_attention(&q, &k, &v, &sinks, &c.cfg()).expect("reference"));
+                let want =
+                    values(&sink_attention(&q, &k, &v, &sinks, &c.cfg()).expect("reference"));
                 let dev = gpu();
-                let (qg, kg, vg, sg) = [&q, &k, &v, &sinks].map(|t| t.to_device(&dev).unwrap()).into();
-                let mut op = SinkAttention::new(&qg, &kg, &vg, &sg, SinkAttnConfig { start: c.kv_len - 1, ..c.cfg() }, true).unwrap();
+                let (qg, kg, vg, sg) =
+                    [&q, &k, &v, &sinks].map(|t| t.to_device(&dev).unwrap()).into();
+                let mut op = SinkAttention::new(
+                    &qg,
+                    &kg,
+                    &vg,
+                    &sg,
+                    SinkAttnConfig { start: c.kv_len - 1, ..c.cfg() },
+                    true,
+                )
+                .unwrap();
                 op.pos = Some(Tensor::new(&[c.start as i64], &dev).unwrap());
                 let got = values(&qg.apply_op3_no_bwd(&kg, &vg, &op).unwrap());
-                assert_written_and_close(&name, &got, &want, if dtype == DType::F32 { 1e-5 } else { 1e-2 });
+                assert_written_and_close(
+                    &name,
+                    &got,
+                    &want,
+                    if dtype == DType::F32 { 1e-5 } else { 1e-2 },
+                );
             }
         }
     }
@@ -294,7 +345,8 @@ mod gpu {
         let (q, k, v, sinks) = inputs(&mut rng, &c, dtype, NORMAL_SINKS);
         let want = values(&sink_attention(&q, &k, &v, &sinks, &c.cfg()).expect("reference"));
         let dev = gpu();
-        let (mut qg, mut kg, mut vg) = (q.to_device(&dev).unwrap(), k.to_device(&dev).unwrap(), v.to_device(&dev).unwrap());
+        let (mut qg, mut kg, mut vg) =
+            (q.to_device(&dev).unwrap(), k.to_device(&dev).unwrap(), v.to_device(&dev).unwrap());
         if views {
             qg = qg.transpose(0, 1).unwrap().contiguous().unwrap().transpose(0, 1).unwrap();
             let pad = Tensor::zeros((c.kv_heads, 17, c.d), dtype, &dev).unwrap();
@@ -338,12 +390,30 @@ mod gpu {
         let dev = gpu();
         // k and v start 3 elements into their buffers: not on a 16-byte boundary.
         let shift = |t: &Tensor| {
-            let flat = Tensor::cat(&[&Tensor::zeros(3, DType::BF16, &Device::Cpu).unwrap(), &t.flatten_all().unwrap()], 0).unwrap();
-            flat.to_device(&dev).unwrap().narrow(0, 3, t.elem_count()).unwrap().reshape(t.shape()).unwrap()
+            let flat = Tensor::cat(
+                &[&Tensor::zeros(3, DType::BF16, &Device::Cpu).unwrap(), &t.flatten_all().unwrap()],
+                0,
+            )
+            .unwrap();
+            flat.to_device(&dev)
+                .unwrap()
+                .narrow(0, 3, t.elem_count())
+                .unwrap()
+                .reshape(t.shape())
+                .unwrap()
         };
         let (kg, vg) = (shift(&k), shift(&v));
         assert_eq!(kg.layout().start_offset(), 3);
-        let got = values(&sink_attention(&q.to_device(&dev).unwrap(), &kg, &vg, &sinks.to_device(&dev).unwrap(), &c.cfg()).unwrap());
+        let got = values(
+            &sink_attention(
+                &q.to_device(&dev).unwrap(),
+                &kg,
+                &vg,
+                &sinks.to_device(&dev).unwrap(),
+                &c.cfg(),
+            )
+            .unwrap(),
+        );
         let err = rel_err(&got, &want);
         assert!(err < 1e-2, "misaligned: relative error {err:e}");
     }
@@ -363,8 +433,12 @@ mod gpu {
         ] {
             let mut rng = rng("attention timing");
             let (q, k, v, sinks) = inputs(&mut rng, &c, DType::BF16, NORMAL_SINKS);
-            let (q, k, v, sinks) =
-                (q.to_device(&dev).unwrap(), k.to_device(&dev).unwrap(), v.to_device(&dev).unwrap(), sinks.to_device(&dev).unwrap());
+            let (q, k, v, sinks) = (
+                q.to_device(&dev).unwrap(),
+                k.to_device(&dev).unwrap(),
+                v.to_device(&dev).unwrap(),
+                sinks.to_device(&dev).unwrap(),
+            );
             let us = crate::kernels::testing::time_us(&dev, 20, || {
                 sink_attention(&q, &k, &v, &sinks, &c.cfg()).unwrap();
             });

@@ -77,7 +77,8 @@ impl GptOssConfig {
             return Err(bad(format!("model_type {:?} is not gpt_oss", hf.model_type)));
         }
         let scaling = hf.rope_scaling.as_ref().or(hf.rope_parameters.as_ref());
-        let rope = RopeKind::from_scaling(scaling, hf.max_position_embeddings).map_err(|e| bad(e.to_string()))?;
+        let rope = RopeKind::from_scaling(scaling, hf.max_position_embeddings)
+            .map_err(|e| bad(e.to_string()))?;
         let theta = hf
             .rope_theta
             .or_else(|| hf.rope_parameters.as_ref().and_then(|p| p.rope_theta))
@@ -85,7 +86,11 @@ impl GptOssConfig {
         let sliding = match &hf.layer_types {
             Some(types) => {
                 if types.len() != hf.num_hidden_layers {
-                    return Err(bad(format!("layer_types has {} entries for {} layers", types.len(), hf.num_hidden_layers)));
+                    return Err(bad(format!(
+                        "layer_types has {} entries for {} layers",
+                        types.len(),
+                        hf.num_hidden_layers
+                    )));
                 }
                 types
                     .iter()
@@ -105,7 +110,10 @@ impl GptOssConfig {
             num_heads: hf.num_attention_heads,
             num_kv_heads: hf.num_key_value_heads,
             head_dim: hf.head_dim.unwrap_or(64),
-            num_experts: hf.num_local_experts.or(hf.num_experts).ok_or_else(|| bad("num_local_experts is missing".into()))?,
+            num_experts: hf
+                .num_local_experts
+                .or(hf.num_experts)
+                .ok_or_else(|| bad("num_local_experts is missing".into()))?,
             experts_per_token: hf
                 .num_experts_per_tok
                 .or(hf.experts_per_token)
@@ -126,14 +134,23 @@ impl GptOssConfig {
     }
 
     fn validate(&self) -> Result<(), String> {
-        if self.num_heads == 0 || self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return Err(format!("{} heads cannot be grouped over {} kv heads", self.num_heads, self.num_kv_heads));
+        if self.num_heads == 0
+            || self.num_kv_heads == 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
+        {
+            return Err(format!(
+                "{} heads cannot be grouped over {} kv heads",
+                self.num_heads, self.num_kv_heads
+            ));
         }
         if !self.hidden_size.is_multiple_of(32) || !self.intermediate_size.is_multiple_of(32) {
             return Err("MXFP4 experts need hidden and intermediate sizes divisible by 32".into());
         }
         if self.experts_per_token == 0 || self.experts_per_token > self.num_experts {
-            return Err(format!("{} experts per token out of {}", self.experts_per_token, self.num_experts));
+            return Err(format!(
+                "{} experts per token out of {}",
+                self.experts_per_token, self.num_experts
+            ));
         }
         if !self.head_dim.is_multiple_of(2) || self.sliding_window == 0 {
             return Err("head_dim must be even and sliding_window positive".into());
@@ -161,7 +178,10 @@ mod tests {
     #[test]
     fn the_real_20b_config() {
         let c = GptOssConfig::from_hf_json(GPT_OSS_20B).unwrap();
-        assert_eq!((c.head_dim, c.num_heads, c.num_kv_heads, c.num_experts, c.experts_per_token), (64, 64, 8, 32, 4));
+        assert_eq!(
+            (c.head_dim, c.num_heads, c.num_kv_heads, c.num_experts, c.experts_per_token),
+            (64, 64, 8, 32, 4)
+        );
         assert!(c.sliding[0] && !c.sliding[1] && c.sliding[22]);
         assert!(matches!(c.rope, RopeKind::Yarn { truncate: false, .. }));
     }
@@ -185,7 +205,8 @@ mod tests {
             GPT_OSS_20B.replace(r#""num_key_value_heads":8"#, r#""num_key_value_heads":7"#),
             GPT_OSS_20B.replace(r#""num_experts_per_tok":4"#, r#""num_experts_per_tok":40"#),
             GPT_OSS_20B.replace(r#""gpt_oss""#, r#""llama""#),
-            GPT_OSS_20B.replace(r#""sliding_attention","full_attention"]"#, r#""sliding_attention"]"#),
+            GPT_OSS_20B
+                .replace(r#""sliding_attention","full_attention"]"#, r#""sliding_attention"]"#),
         ] {
             let err = GptOssConfig::from_hf_json(&bad).unwrap_err();
             assert_eq!(crate::error::kind_of(&err), ErrorKind::InvalidInput, "{err}");

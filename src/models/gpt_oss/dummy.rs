@@ -4,17 +4,22 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
-use crate::models::head::Head;
 use super::model::{Attention, Layer, Weights};
 use crate::kernels::Mxfp4Experts;
+use crate::models::head::Head;
 use crate::models::linear::Linear;
 
-pub fn random_weights(cfg: &GptOssConfig, dtype: DType, device: &Device) -> anyhow::Result<Weights> {
+pub fn random_weights(
+    cfg: &GptOssConfig,
+    dtype: DType,
+    device: &Device,
+) -> anyhow::Result<Weights> {
     let (h, i, e) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
     let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
     let dense = |out: usize, inp: usize| -> candle_core::Result<Linear> {
         Ok(Linear::Dense {
-            weight: Tensor::randn(0f32, (inp as f32).powf(-0.5), (out, inp), device)?.to_dtype(dtype)?,
+            weight: Tensor::randn(0f32, (inp as f32).powf(-0.5), (out, inp), device)?
+                .to_dtype(dtype)?,
             bias: Some(Tensor::randn(0f32, 0.02, out, device)?.to_dtype(dtype)?),
         })
     };
@@ -35,7 +40,13 @@ pub fn random_weights(cfg: &GptOssConfig, dtype: DType, device: &Device) -> anyh
         )?;
         layers.push(Layer {
             attn_norm: ones(h)?,
-            attn: Attention::new(dense(qd, h)?, dense(kvd, h)?, dense(kvd, h)?, dense(h, qd)?, Tensor::randn(0f32, 1.0, cfg.num_heads, device)?)?,
+            attn: Attention::new(
+                dense(qd, h)?,
+                dense(kvd, h)?,
+                dense(kvd, h)?,
+                dense(h, qd)?,
+                Tensor::randn(0f32, 1.0, cfg.num_heads, device)?,
+            )?,
             mlp_norm: ones(h)?,
             router_w: Tensor::randn(0f32, (h as f32).powf(-0.5), (e, h), device)?,
             router_b: Tensor::zeros(e, DType::F32, device)?,
@@ -43,6 +54,10 @@ pub fn random_weights(cfg: &GptOssConfig, dtype: DType, device: &Device) -> anyh
         });
     }
     let embed = Tensor::randn(0f32, 1.0, (cfg.vocab_size, h), device)?.to_dtype(dtype)?;
-    let lm_head = Linear::Dense { weight: Tensor::randn(0f32, (h as f32).powf(-0.5), (cfg.vocab_size, h), device)?.to_dtype(dtype)?, bias: None };
+    let lm_head = Linear::Dense {
+        weight: Tensor::randn(0f32, (h as f32).powf(-0.5), (cfg.vocab_size, h), device)?
+            .to_dtype(dtype)?,
+        bias: None,
+    };
     Ok(Weights { embed, layers, head: Head { norm: ones(h)?, lm_head, eps: cfg.rms_norm_eps } })
 }

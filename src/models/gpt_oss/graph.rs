@@ -57,7 +57,11 @@ impl DecodeGraph {
     /// Logits `[vocab]` of `token` at position `start`, appending to the model's KV caches.
     pub fn step(&mut self, model: &mut GptOss, token: u32, start: usize) -> anyhow::Result<Tensor> {
         // The kernels cannot report a position past a linear cache: refuse it here.
-        anyhow::ensure!(start < model.cache_positions(), "context full: position {start} of {}", model.cache_positions());
+        anyhow::ensure!(
+            start < model.cache_positions(),
+            "context full: position {start} of {}",
+            model.cache_positions()
+        );
         let host = Tensor::new(&[i64::from(token), start as i64], model.device())?;
         self.step.slice_set(&host, 0, 0)?;
         match &self.state {
@@ -91,14 +95,20 @@ impl DecodeGraph {
 
     #[cfg(feature = "cuda")]
     fn capture(&mut self, model: &mut GptOss) -> anyhow::Result<()> {
-        use candle_core::cuda_backend::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        use candle_core::cuda_backend::cudarc::driver::sys::{
+            CUgraphInstantiate_flags, CUstreamCaptureMode,
+        };
 
-        let Device::Cuda(cuda) = model.device().clone() else { anyhow::bail!("CUDA graphs need a CUDA device") };
+        let Device::Cuda(cuda) = model.device().clone() else {
+            anyhow::bail!("CUDA graphs need a CUDA device")
+        };
         let stream = cuda.cuda_stream();
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         // Everything the step allocates is freed before the capture ends (the graph owns those
         // allocations); only the fixed logits buffer is written.
-        let recorded = model.step_at_device_position(&self.step).and_then(|logits| Ok(self.logits.slice_set(&logits, 0, 0)?));
+        let recorded = model
+            .step_at_device_position(&self.step)
+            .and_then(|logits| Ok(self.logits.slice_set(&logits, 0, 0)?));
         // Always end the capture, or the stream stays in capture mode.
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         self.state = match (recorded, graph) {
@@ -109,7 +119,10 @@ impl DecodeGraph {
                     (_, Err(e)) => e.to_string(),
                     _ => "the capture was empty".to_string(),
                 };
-                eprintln!("inferno: CUDA graph capture failed ({}); decoding without graphs", why.lines().next().unwrap_or(""));
+                eprintln!(
+                    "inferno: CUDA graph capture failed ({}); decoding without graphs",
+                    why.lines().next().unwrap_or("")
+                );
                 State::Eager
             }
         };
@@ -153,7 +166,14 @@ mod tests {
             let step = Tensor::new(&[i64::from(token), pos as i64], &Device::Cpu).unwrap();
             let got = by_device.step_at_device_position(&step).unwrap().squeeze(0).unwrap();
             let want = by_host.forward_last(&[token], pos).unwrap();
-            let diff = (got - &want).unwrap().abs().unwrap().max(D::Minus1).unwrap().to_scalar::<f32>().unwrap();
+            let diff = (got - &want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max(D::Minus1)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
             assert!(diff < 1e-5, "position {pos}: logits differ by {diff}");
             token = want.argmax(D::Minus1).unwrap().to_scalar::<u32>().unwrap();
         }

@@ -10,10 +10,10 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
-use crate::models::head::Head;
 use super::model::{Attention, GptOss, Layer, Weights};
-use crate::kernels::Mxfp4Experts;
 use crate::error::{ErrorKind, fail};
+use crate::kernels::Mxfp4Experts;
+use crate::models::head::Head;
 use crate::models::linear::Linear;
 
 struct Reader<'a> {
@@ -29,7 +29,10 @@ impl Reader<'_> {
             .load(name, self.device)
             .map_err(|e| fail(ErrorKind::Integrity, format!("checkpoint tensor {name}: {e}")))?;
         if t.dims() != shape {
-            return Err(fail(ErrorKind::Integrity, format!("tensor {name} has shape {:?}, expected {shape:?}", t.dims())));
+            return Err(fail(
+                ErrorKind::Integrity,
+                format!("tensor {name} has shape {:?}, expected {shape:?}", t.dims()),
+            ));
         }
         Ok(match dtype {
             Some(d) => t.to_dtype(d)?,
@@ -46,12 +49,17 @@ impl Reader<'_> {
 }
 
 pub fn load(dir: &Path, dtype: DType, context: usize, device: &Device) -> anyhow::Result<GptOss> {
-    let text = std::fs::read_to_string(dir.join("config.json")).with_context(|| format!("reading {}/config.json", dir.display()))?;
+    let text = std::fs::read_to_string(dir.join("config.json"))
+        .with_context(|| format!("reading {}/config.json", dir.display()))?;
     let cfg = GptOssConfig::from_hf_json(&text)?;
     let files = crate::models::llama::load::safetensors_files(dir)?;
     // SAFETY: read-only maps of files the cache never rewrites in place.
-    let st = unsafe { MmapedSafetensors::multi(&files) }
-        .map_err(|e| fail(ErrorKind::Integrity, format!("opening the safetensors files in {}: {e}", dir.display())))?;
+    let st = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| {
+        fail(
+            ErrorKind::Integrity,
+            format!("opening the safetensors files in {}: {e}", dir.display()),
+        )
+    })?;
     let r = Reader { st, device };
     let weights = read_weights(&r, &cfg, dtype)?;
     GptOss::new(cfg, weights, context, dtype, device)
@@ -93,8 +101,12 @@ fn read_weights(r: &Reader, cfg: &GptOssConfig, dtype: DType) -> anyhow::Result<
     let lm_head = if cfg.tie_word_embeddings {
         Linear::Dense { weight: embed.clone(), bias: None }
     } else {
-        Linear::Dense { weight: r.get("lm_head.weight", &[cfg.vocab_size, h], Some(dtype))?, bias: None }
+        Linear::Dense {
+            weight: r.get("lm_head.weight", &[cfg.vocab_size, h], Some(dtype))?,
+            bias: None,
+        }
     };
-    let head = Head { norm: r.get("model.norm.weight", &[h], f32)?, lm_head, eps: cfg.rms_norm_eps };
+    let head =
+        Head { norm: r.get("model.norm.weight", &[h], f32)?, lm_head, eps: cfg.rms_norm_eps };
     Ok(Weights { embed, layers, head })
 }

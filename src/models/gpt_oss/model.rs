@@ -27,7 +27,13 @@ pub struct Attention {
 
 impl Attention {
     /// From the checkpoint's separate dense projections (with biases).
-    pub fn new(q: Linear, k: Linear, v: Linear, o: Linear, sinks: Tensor) -> anyhow::Result<Attention> {
+    pub fn new(
+        q: Linear,
+        k: Linear,
+        v: Linear,
+        o: Linear,
+        sinks: Tensor,
+    ) -> anyhow::Result<Attention> {
         let (mut weights, mut biases) = (Vec::new(), Vec::new());
         for p in [q, k, v] {
             match p {
@@ -41,9 +47,14 @@ impl Attention {
         // Biases in f32: the projections' products stay f32 (Linear::forward_f32) until RoPE
         // has run, and converting them on every call would be a launch each.
         let f32_bias = |b: &Tensor| b.to_dtype(DType::F32);
-        let qkv = Linear::Dense { weight: Tensor::cat(&weights, 0)?, bias: Some(f32_bias(&Tensor::cat(&biases, 0)?)?) };
+        let qkv = Linear::Dense {
+            weight: Tensor::cat(&weights, 0)?,
+            bias: Some(f32_bias(&Tensor::cat(&biases, 0)?)?),
+        };
         let o = match o {
-            Linear::Dense { weight, bias } => Linear::Dense { weight, bias: bias.as_ref().map(f32_bias).transpose()? },
+            Linear::Dense { weight, bias } => {
+                Linear::Dense { weight, bias: bias.as_ref().map(f32_bias).transpose()? }
+            }
             _ => anyhow::bail!("gpt-oss o_proj must be dense"),
         };
         Ok(Attention { qkv, o, sinks })
@@ -100,11 +111,24 @@ pub(super) enum At<'a> {
 pub const PREFILL_CHUNK: usize = 512;
 
 impl GptOss {
-    pub fn new(cfg: GptOssConfig, w: Weights, context: usize, dtype: DType, device: &Device) -> anyhow::Result<GptOss> {
+    pub fn new(
+        cfg: GptOssConfig,
+        w: Weights,
+        context: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> anyhow::Result<GptOss> {
         let vocab = cfg.vocab_size;
         let inv_freq = rope::inv_freq(&cfg.rope, cfg.rope_theta, cfg.head_dim, 0);
         // f32 tables: RoPE runs in f32 and rounds once (qkv_rope.rs says why).
-        let (cos, sin) = rope::scaled_tables(&inv_freq, cfg.rope.attention_scaling(), 0, context, DType::F32, device)?;
+        let (cos, sin) = rope::scaled_tables(
+            &inv_freq,
+            cfg.rope.attention_scaling(),
+            0,
+            context,
+            DType::F32,
+            device,
+        )?;
         let mut model = GptOss {
             cfg,
             w,
@@ -194,7 +218,8 @@ impl GptOss {
         for (n, (layer, cache)) in self.w.layers.iter().zip(self.caches.iter_mut()).enumerate() {
             let window = self.cfg.sliding[n].then_some(self.cfg.sliding_window);
             let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype)?;
-            let a = attention(&self.cfg, &layer.attn, cache, self.ring[n], &h, at, &cos, &sin, window)?;
+            let a =
+                attention(&self.cfg, &layer.attn, cache, self.ring[n], &h, at, &cos, &sin, window)?;
             x = (x + a)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?;
             let m = moe(&self.cfg, layer, &h, self.dtype)?;
@@ -267,7 +292,6 @@ impl Decoder for GptOss {
     }
 }
 
-
 #[allow(clippy::too_many_arguments)]
 fn attention(
     cfg: &GptOssConfig,
@@ -300,7 +324,11 @@ fn attention(
             let q = rope(qkv.narrow(1, 0, qd)?, heads)?.contiguous()?;
             let k = rope(qkv.narrow(1, qd, kvd)?, kv_heads)?;
             let v = split(qkv.narrow(1, qd + kvd, kvd)?, kv_heads)?.squeeze(0)?.to_dtype(dtype)?;
-            let (k_all, v_all) = if ring { cache.append_ring(&k, &v, start)? } else { cache.append(&k, &v, start)? };
+            let (k_all, v_all) = if ring {
+                cache.append_ring(&k, &v, start)?
+            } else {
+                cache.append(&k, &v, start)?
+            };
             let cfg = SinkAttnConfig { start, window, layout, scale };
             crate::kernels::sink_attention(&q, &k_all, &v_all, &a.sinks, &cfg)?
         }
@@ -310,13 +338,26 @@ fn attention(
             let Some(bias) = a.qkv.bias() else { anyhow::bail!("gpt-oss q/k/v must have biases") };
             let (k_all, v_all) = cache.buffers();
             let heads_of = crate::kernels::QkvHeads { heads, kv_heads, head_dim: d };
-            let q = crate::kernels::qkv_rope_store(&a.qkv.matmul_f32(x)?, bias, cos, sin, pos, heads_of, (&k_all, &v_all), layout)?;
+            let q = crate::kernels::qkv_rope_store(
+                &a.qkv.matmul_f32(x)?,
+                bias,
+                cos,
+                sin,
+                pos,
+                heads_of,
+                (&k_all, &v_all),
+                layout,
+            )?;
             let cfg = SinkAttnConfig { start: 0, window, layout, scale };
             crate::kernels::sink_attention_at(&q, &k_all, &v_all, &a.sinks, &cfg, pos)?
         }
     }; // [heads, seq, d]
     // [seq, heads·d]; one token's [heads, 1, d] already has that memory layout (no copy).
-    let out = if seq == 1 { out.reshape((1, heads * d))? } else { out.transpose(0, 1)?.reshape((seq, heads * d))? };
+    let out = if seq == 1 {
+        out.reshape((1, heads * d))?
+    } else {
+        out.transpose(0, 1)?.reshape((seq, heads * d))?
+    };
     // f32 straight into the f32 residual stream.
     Ok(a.o.forward_f32(&out)?)
 }
@@ -327,7 +368,14 @@ fn attention(
 fn moe(cfg: &GptOssConfig, layer: &Layer, h: &Tensor, dtype: DType) -> anyhow::Result<Tensor> {
     let logits = h.matmul(&layer.router_w.t()?)?;
     let act = SwiGlu { limit: cfg.swiglu_limit, alpha: cfg.swiglu_alpha };
-    Ok(crate::kernels::mxfp4_moe_routed(&h.to_dtype(dtype)?, &layer.experts, &logits, &layer.router_b, cfg.experts_per_token, act)?)
+    Ok(crate::kernels::mxfp4_moe_routed(
+        &h.to_dtype(dtype)?,
+        &layer.experts,
+        &logits,
+        &layer.router_b,
+        cfg.experts_per_token,
+        act,
+    )?)
 }
 
 #[cfg(test)]
@@ -340,7 +388,8 @@ mod tests {
             layout: crate::kernels::KvLayout::Linear,
             scale: 1.0,
         };
-        let visible: Vec<Vec<usize>> = (4..7).map(|p| (0..7).filter(|&t| cfg.allows(t, p)).collect()).collect();
+        let visible: Vec<Vec<usize>> =
+            (4..7).map(|p| (0..7).filter(|&t| cfg.allows(t, p)).collect()).collect();
         assert_eq!(visible, vec![vec![3, 4], vec![4, 5], vec![5, 6]]);
     }
 }

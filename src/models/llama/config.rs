@@ -73,10 +73,14 @@ impl LlamaConfig {
         let hf: HfLlamaConfig = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         match hf.model_type.as_deref() {
             Some("llama") | Some("mistral") | None => {}
-            Some(other) => return Err(bad(format!("model_type {other:?} is not a Llama-family model"))),
+            Some(other) => {
+                return Err(bad(format!("model_type {other:?} is not a Llama-family model")));
+            }
         }
         if hf.sliding_window.as_ref().is_some_and(|w| !w.is_null()) {
-            return Err(bad("sliding-window attention is not supported for Llama-family models yet".into()));
+            return Err(bad(
+                "sliding-window attention is not supported for Llama-family models yet".into(),
+            ));
         }
         if hf.num_attention_heads == 0 || hf.num_hidden_layers == 0 || hf.hidden_size == 0 {
             return Err(bad("heads, layers and hidden_size must be positive".into()));
@@ -86,7 +90,8 @@ impl LlamaConfig {
             .rope_theta
             .or_else(|| hf.rope_parameters.as_ref().and_then(|p| p.rope_theta))
             .unwrap_or(10000.0);
-        let rope = RopeKind::from_scaling(scaling, hf.max_position_embeddings).map_err(|e| bad(e.to_string()))?;
+        let rope = RopeKind::from_scaling(scaling, hf.max_position_embeddings)
+            .map_err(|e| bad(e.to_string()))?;
         let cfg = LlamaConfig {
             hidden_size: hf.hidden_size,
             intermediate_size: hf.intermediate_size,
@@ -109,22 +114,41 @@ impl LlamaConfig {
     }
 
     /// From GGUF metadata of a `llama` architecture file; `vocab_size` from the embedding.
-    pub fn from_gguf(md: &HashMap<String, Value>, vocab_size: usize) -> anyhow::Result<LlamaConfig> {
-        let arch = md.get("general.architecture").and_then(|v| v.to_string().ok()).map(String::as_str).unwrap_or("");
+    pub fn from_gguf(
+        md: &HashMap<String, Value>,
+        vocab_size: usize,
+    ) -> anyhow::Result<LlamaConfig> {
+        let arch = md
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .map(String::as_str)
+            .unwrap_or("");
         if arch != "llama" {
-            return Err(fail(ErrorKind::InvalidInput, format!("GGUF architecture {arch:?} is not supported (expected llama)")));
+            return Err(fail(
+                ErrorKind::InvalidInput,
+                format!("GGUF architecture {arch:?} is not supported (expected llama)"),
+            ));
         }
         let get = |k: &str| md.get(&format!("llama.{k}"));
         let int = |k: &str| -> anyhow::Result<usize> {
-            let v = get(k).ok_or_else(|| fail(ErrorKind::InvalidInput, format!("GGUF metadata lacks llama.{k}")))?;
-            Ok(v.to_u64().or_else(|_| v.to_u32().map(u64::from)).or_else(|_| v.to_i32().map(|x| x as u64))? as usize)
+            let v = get(k).ok_or_else(|| {
+                fail(ErrorKind::InvalidInput, format!("GGUF metadata lacks llama.{k}"))
+            })?;
+            Ok(v.to_u64()
+                .or_else(|_| v.to_u32().map(u64::from))
+                .or_else(|_| v.to_i32().map(|x| x as u64))? as usize)
         };
-        let float = |k: &str| get(k).and_then(|v| v.to_f32().ok().map(f64::from).or_else(|| v.to_f64().ok()));
+        let float = |k: &str| {
+            get(k).and_then(|v| v.to_f32().ok().map(f64::from).or_else(|| v.to_f64().ok()))
+        };
         let heads = int("attention.head_count")?;
         let hidden = int("embedding_length")?;
         let head_dim = int("rope.dimension_count").unwrap_or(hidden / heads.max(1));
         let max_pos = int("context_length").unwrap_or(2048);
-        let rope = match (md.get("llama.rope.scaling.type").and_then(|v| v.to_string().ok()), float("rope.scaling.factor")) {
+        let rope = match (
+            md.get("llama.rope.scaling.type").and_then(|v| v.to_string().ok()),
+            float("rope.scaling.factor"),
+        ) {
             (Some(t), Some(f)) if t == "linear" => RopeKind::Linear { factor: f },
             _ => RopeKind::Default,
         };
@@ -186,7 +210,10 @@ mod tests {
 
     #[test]
     fn rope_parameters_spelling() {
-        let text = SMOLLM2.replace(r#""rope_theta":100000.0,"#, r#""rope_parameters":{"rope_type":"default","rope_theta":5e5},"#);
+        let text = SMOLLM2.replace(
+            r#""rope_theta":100000.0,"#,
+            r#""rope_parameters":{"rope_type":"default","rope_theta":5e5},"#,
+        );
         assert_eq!(LlamaConfig::from_hf_json(&text).unwrap().rope_theta, 5e5);
         let l3 = SMOLLM2.replace(
             r#""rope_theta":100000.0,"#,

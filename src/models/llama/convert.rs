@@ -23,7 +23,8 @@ pub fn hf_tensors(gguf: &mut GgufFile) -> anyhow::Result<HashMap<String, Tensor>
     let cpu = Device::Cpu;
     let has_output = gguf.has("output.weight");
     let mut out = HashMap::new();
-    let mut get = |name: &str| -> anyhow::Result<Tensor> { Ok(gguf.qtensor(name, &cpu)?.dequantize(&cpu)?) };
+    let mut get =
+        |name: &str| -> anyhow::Result<Tensor> { Ok(gguf.qtensor(name, &cpu)?.dequantize(&cpu)?) };
     out.insert("model.embed_tokens.weight".to_string(), get("token_embd.weight")?);
     out.insert("model.norm.weight".to_string(), get("output_norm.weight")?);
     for n in 0..cfg.num_layers {
@@ -79,7 +80,10 @@ mod tests {
     fn reverse_permute_inverts_llama_cpp_permute() {
         // llama.cpp: w.reshape(n_head, 2, out/n_head/2, in).swapaxes(1, 2).reshape(out, in)
         let (n_head, out, inp) = (3, 12, 5);
-        let w = Tensor::arange(0f32, (out * inp) as f32, &Device::Cpu).unwrap().reshape((out, inp)).unwrap();
+        let w = Tensor::arange(0f32, (out * inp) as f32, &Device::Cpu)
+            .unwrap()
+            .reshape((out, inp))
+            .unwrap();
         let permuted = w
             .reshape((n_head, 2, out / n_head / 2, inp))
             .unwrap()

@@ -4,11 +4,15 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::LlamaConfig;
-use crate::models::head::Head;
 use super::model::{Layer, Weights};
+use crate::models::head::Head;
 use crate::models::linear::Linear;
 
-pub fn random_weights(cfg: &LlamaConfig, dtype: DType, device: &Device) -> candle_core::Result<Weights> {
+pub fn random_weights(
+    cfg: &LlamaConfig,
+    dtype: DType,
+    device: &Device,
+) -> candle_core::Result<Weights> {
     let t = |shape: (usize, usize)| Tensor::randn(0f32, 0.02, shape, device)?.to_dtype(dtype);
     let ones = |n: usize| Tensor::ones(n, DType::F32, device);
     let lin = |out: usize, inp: usize, bias: bool| -> candle_core::Result<Linear> {

@@ -12,9 +12,9 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
 use super::config::LlamaConfig;
-use crate::models::head::Head;
 use super::model::{Layer, Llama, RopeStyle, Weights};
 use crate::error::{ErrorKind, fail};
+use crate::models::head::Head;
 use crate::models::linear::Linear;
 
 /// The safetensors files of a checkpoint folder, through the index when there is one.
@@ -26,7 +26,10 @@ pub fn safetensors_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         let files: Vec<PathBuf> = shards.iter().map(|s| dir.join(s)).collect();
         for f in &files {
             if !f.exists() {
-                return Err(fail(ErrorKind::NotFound, format!("shard {} named by the index is missing", f.display())));
+                return Err(fail(
+                    ErrorKind::NotFound,
+                    format!("shard {} named by the index is missing", f.display()),
+                ));
             }
         }
         return Ok(files);
@@ -35,7 +38,10 @@ pub fn safetensors_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     if single.exists() {
         return Ok(vec![single]);
     }
-    Err(fail(ErrorKind::NotFound, format!("no model.safetensors or model.safetensors.index.json in {}", dir.display())))
+    Err(fail(
+        ErrorKind::NotFound,
+        format!("no model.safetensors or model.safetensors.index.json in {}", dir.display()),
+    ))
 }
 
 /// The compute dtype: the one asked for, else the checkpoint's (bf16 when it says nothing).
@@ -48,9 +54,15 @@ pub fn choose_dtype(requested: Option<DType>, cfg: &LlamaConfig) -> DType {
 }
 
 /// Loads an HF-format Llama checkpoint folder.
-pub fn load_safetensors(dir: &Path, dtype: Option<DType>, context: usize, device: &Device) -> anyhow::Result<Llama> {
+pub fn load_safetensors(
+    dir: &Path,
+    dtype: Option<DType>,
+    context: usize,
+    device: &Device,
+) -> anyhow::Result<Llama> {
     let cfg_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
+    let text = std::fs::read_to_string(&cfg_path)
+        .with_context(|| format!("reading {}", cfg_path.display()))?;
     let cfg = LlamaConfig::from_hf_json(&text)?;
     let dtype = choose_dtype(dtype, &cfg);
     let files = safetensors_files(dir)?;
@@ -61,18 +73,20 @@ pub fn load_safetensors(dir: &Path, dtype: Option<DType>, context: usize, device
     // SAFETY: the files are memory-mapped read-only; a concurrent writer could change what we
     // read, which the HF cache layout (write to .incomplete, then rename) rules out.
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? };
-    let weights = dense_weights(&cfg, &vb).map_err(|e| fail(ErrorKind::Integrity, format!("loading weights: {e}")))?;
+    let weights = dense_weights(&cfg, &vb)
+        .map_err(|e| fail(ErrorKind::Integrity, format!("loading weights: {e}")))?;
     Llama::new(cfg, weights, RopeStyle::HalfSplit, context, dtype, device)
 }
 
 fn dense_weights(cfg: &LlamaConfig, vb: &VarBuilder) -> candle_core::Result<Weights> {
     let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
     let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
-    let linear = |vb: VarBuilder, out: usize, inp: usize, bias: bool| -> candle_core::Result<Linear> {
-        let weight = vb.get((out, inp), "weight")?;
-        let bias = if bias { Some(vb.get(out, "bias")?) } else { None };
-        Ok(Linear::Dense { weight, bias })
-    };
+    let linear =
+        |vb: VarBuilder, out: usize, inp: usize, bias: bool| -> candle_core::Result<Linear> {
+            let weight = vb.get((out, inp), "weight")?;
+            let bias = if bias { Some(vb.get(out, "bias")?) } else { None };
+            Ok(Linear::Dense { weight, bias })
+        };
     let m = vb.pp("model");
     let embed = m.get((cfg.vocab_size, h), "embed_tokens.weight")?;
     let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -111,15 +125,23 @@ pub struct GgufFile {
 impl GgufFile {
     pub fn open(path: &Path) -> anyhow::Result<GgufFile> {
         let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let content = gguf_file::Content::read(&mut file)
-            .map_err(|e| fail(ErrorKind::Integrity, format!("{} is not a readable GGUF file: {e}", path.display())))?;
+        let content = gguf_file::Content::read(&mut file).map_err(|e| {
+            fail(
+                ErrorKind::Integrity,
+                format!("{} is not a readable GGUF file: {e}", path.display()),
+            )
+        })?;
         Ok(GgufFile { path: path.to_path_buf(), content, file })
     }
 
-    pub fn qtensor(&mut self, name: &str, device: &Device) -> anyhow::Result<candle_core::quantized::QTensor> {
-        self.content
-            .tensor(&mut self.file, name, device)
-            .map_err(|e| fail(ErrorKind::Integrity, format!("{}: tensor {name}: {e}", self.path.display())))
+    pub fn qtensor(
+        &mut self,
+        name: &str,
+        device: &Device,
+    ) -> anyhow::Result<candle_core::quantized::QTensor> {
+        self.content.tensor(&mut self.file, name, device).map_err(|e| {
+            fail(ErrorKind::Integrity, format!("{}: tensor {name}: {e}", self.path.display()))
+        })
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -127,12 +149,12 @@ impl GgufFile {
     }
 
     pub fn config(&self) -> anyhow::Result<LlamaConfig> {
-        let vocab = self
-            .content
-            .tensor_infos
-            .get("token_embd.weight")
-            .map(|t| t.shape.dims()[0])
-            .ok_or_else(|| fail(ErrorKind::Integrity, "GGUF file has no token_embd.weight"))?;
+        let vocab =
+            self.content
+                .tensor_infos
+                .get("token_embd.weight")
+                .map(|t| t.shape.dims()[0])
+                .ok_or_else(|| fail(ErrorKind::Integrity, "GGUF file has no token_embd.weight"))?;
         LlamaConfig::from_gguf(&self.content.metadata, vocab)
     }
 }
@@ -148,7 +170,8 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for n in 0..cfg.num_layers {
         let b = |s: &str| format!("blk.{n}.{s}.weight");
-        let (qw, kw, vw, ow) = (q(b("attn_q"))?, q(b("attn_k"))?, q(b("attn_v"))?, q(b("attn_output"))?);
+        let (qw, kw, vw, ow) =
+            (q(b("attn_q"))?, q(b("attn_k"))?, q(b("attn_v"))?, q(b("attn_output"))?);
         let (g, u, d) = (q(b("ffn_gate"))?, q(b("ffn_up"))?, q(b("ffn_down"))?);
         layers.push(Layer {
             attn_norm: Tensor::zeros(1, DType::F32, device)?,
@@ -163,14 +186,19 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
         });
     }
     for (n, layer) in layers.iter_mut().enumerate() {
-        layer.attn_norm = gguf.qtensor(&format!("blk.{n}.attn_norm.weight"), device)?.dequantize(device)?;
-        layer.mlp_norm = gguf.qtensor(&format!("blk.{n}.ffn_norm.weight"), device)?.dequantize(device)?;
+        layer.attn_norm =
+            gguf.qtensor(&format!("blk.{n}.attn_norm.weight"), device)?.dequantize(device)?;
+        layer.mlp_norm =
+            gguf.qtensor(&format!("blk.{n}.ffn_norm.weight"), device)?.dequantize(device)?;
     }
     let embed_q = gguf.qtensor("token_embd.weight", device)?;
     let embed = embed_q.dequantize(device)?;
     let norm = gguf.qtensor("output_norm.weight", device)?.dequantize(device)?;
     let lm_head = if gguf.has("output.weight") {
-        Linear::Quantized { weight: QMatMul::from_qtensor(gguf.qtensor("output.weight", device)?)?, bias: None }
+        Linear::Quantized {
+            weight: QMatMul::from_qtensor(gguf.qtensor("output.weight", device)?)?,
+            bias: None,
+        }
     } else {
         Linear::Quantized { weight: QMatMul::from_qtensor(embed_q)?, bias: None }
     };
@@ -182,7 +210,17 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
 pub fn unused_gguf_tensors(gguf: &GgufFile, cfg: &LlamaConfig) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = gguf.content.tensor_infos.keys().cloned().collect();
     for n in 0..cfg.num_layers {
-        for s in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "attn_norm", "ffn_norm"] {
+        for s in [
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+            "attn_norm",
+            "ffn_norm",
+        ] {
             names.remove(&format!("blk.{n}.{s}.weight"));
         }
     }

@@ -56,7 +56,14 @@ pub struct Llama {
 
 impl Llama {
     /// Builds the model around loaded weights with a KV cache of `context` positions.
-    pub fn new(cfg: LlamaConfig, w: Weights, rope_style: RopeStyle, context: usize, dtype: DType, device: &Device) -> anyhow::Result<Llama> {
+    pub fn new(
+        cfg: LlamaConfig,
+        w: Weights,
+        rope_style: RopeStyle,
+        context: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> anyhow::Result<Llama> {
         let caches = (0..cfg.num_layers)
             .map(|_| KvCache::new(cfg.num_kv_heads, context, cfg.head_dim, dtype, device))
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -64,9 +71,25 @@ impl Llama {
         let w = f32_head(w, dtype)?;
         let rope_tables = match cfg.rope {
             RopeKind::Dynamic { .. } => None,
-            _ => Some(rope::scaled_tables(&inv_freq, cfg.rope.attention_scaling(), 0, context, dtype, device)?),
+            _ => Some(rope::scaled_tables(
+                &inv_freq,
+                cfg.rope.attention_scaling(),
+                0,
+                context,
+                dtype,
+                device,
+            )?),
         };
-        Ok(Llama { cfg, w, caches, rope_style, inv_freq, rope_tables, dtype, device: device.clone() })
+        Ok(Llama {
+            cfg,
+            w,
+            caches,
+            rope_style,
+            inv_freq,
+            rope_tables,
+            dtype,
+            device: device.clone(),
+        })
     }
 
     pub fn config(&self) -> &LlamaConfig {
@@ -86,7 +109,11 @@ impl Llama {
         let seq = tokens.len();
         let capacity = self.cache_capacity();
         anyhow::ensure!(seq > 0, "no tokens to run");
-        anyhow::ensure!(start + seq <= capacity, "context full: {} positions requested, {capacity} available", start + seq);
+        anyhow::ensure!(
+            start + seq <= capacity,
+            "context full: {} positions requested, {capacity} available",
+            start + seq
+        );
         let ids = Tensor::new(tokens, &self.device)?;
         // The residual stream stays in f32 whatever the compute dtype: sums of many bf16
         // updates lose the small ones otherwise (more accurate than the bf16 reference, and
@@ -97,7 +124,17 @@ impl Llama {
         let eps = self.cfg.rms_norm_eps;
         for (layer, cache) in self.w.layers.iter().zip(self.caches.iter_mut()) {
             let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype)?;
-            let a = attention(&self.cfg, layer, cache, &h, start, &cos, &sin, mask.as_ref(), self.rope_style)?;
+            let a = attention(
+                &self.cfg,
+                layer,
+                cache,
+                &h,
+                start,
+                &cos,
+                &sin,
+                mask.as_ref(),
+                self.rope_style,
+            )?;
             x = (x + a.to_dtype(DType::F32)?)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?.to_dtype(self.dtype)?;
             let gate = layer.gate.forward(&h)?.silu()?;
@@ -111,8 +148,20 @@ impl Llama {
         match &self.rope_tables {
             Some((cos, sin)) => Ok((cos.narrow(0, start, seq)?, sin.narrow(0, start, seq)?)),
             None => {
-                let f = rope::inv_freq(&self.cfg.rope, self.cfg.rope_theta, self.cfg.head_dim, start + seq);
-                rope::scaled_tables(&f, self.cfg.rope.attention_scaling(), start, seq, self.dtype, &self.device)
+                let f = rope::inv_freq(
+                    &self.cfg.rope,
+                    self.cfg.rope_theta,
+                    self.cfg.head_dim,
+                    start + seq,
+                );
+                rope::scaled_tables(
+                    &f,
+                    self.cfg.rope.attention_scaling(),
+                    start,
+                    seq,
+                    self.dtype,
+                    &self.device,
+                )
             }
         }
     }
@@ -153,17 +202,22 @@ fn f32_head(mut w: Weights, dtype: DType) -> anyhow::Result<Weights> {
         return Ok(w);
     }
     if let Linear::Dense { weight, bias } = &w.head.lm_head
-        && weight.elem_count() * 4 <= F32_HEAD_MAX_BYTES {
-            let weight = weight.to_dtype(DType::F32)?;
-            let bias = bias.as_ref().map(|b| b.to_dtype(DType::F32)).transpose()?;
-            w.head.lm_head = Linear::Dense { weight, bias };
-        }
+        && weight.elem_count() * 4 <= F32_HEAD_MAX_BYTES
+    {
+        let weight = weight.to_dtype(DType::F32)?;
+        let bias = bias.as_ref().map(|b| b.to_dtype(DType::F32)).transpose()?;
+        w.head.lm_head = Linear::Dense { weight, bias };
+    }
     Ok(w)
 }
 
-
 /// Additive mask `[seq, start+seq]`: 0 where query i may see key j (j ≤ start+i), −∞ elsewhere.
-fn causal_mask(seq: usize, start: usize, dtype: DType, device: &Device) -> candle_core::Result<Option<Tensor>> {
+fn causal_mask(
+    seq: usize,
+    start: usize,
+    dtype: DType,
+    device: &Device,
+) -> candle_core::Result<Option<Tensor>> {
     if seq == 1 {
         return Ok(None);
     }
@@ -196,8 +250,13 @@ fn attention(
     let k = split(layer.k.forward(x)?, kv_heads)?;
     let v = split(layer.v.forward(x)?, kv_heads)?.squeeze(0)?;
     let (q, k) = match style {
-        RopeStyle::HalfSplit => (candle_nn::rotary_emb::rope(&q, cos, sin)?, candle_nn::rotary_emb::rope(&k, cos, sin)?),
-        RopeStyle::Interleaved => (candle_nn::rotary_emb::rope_i(&q, cos, sin)?, candle_nn::rotary_emb::rope_i(&k, cos, sin)?),
+        RopeStyle::HalfSplit => {
+            (candle_nn::rotary_emb::rope(&q, cos, sin)?, candle_nn::rotary_emb::rope(&k, cos, sin)?)
+        }
+        RopeStyle::Interleaved => (
+            candle_nn::rotary_emb::rope_i(&q, cos, sin)?,
+            candle_nn::rotary_emb::rope_i(&k, cos, sin)?,
+        ),
     };
     let (k_all, v_all) = cache.append(&k.squeeze(0)?, &v, start)?;
     let total = start + seq;
