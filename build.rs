@@ -8,10 +8,21 @@
 //!
 //! No `--use_fast_math`: it turns on flush-to-zero, and the MXFP4 decoder relies on the subnormal
 //! scale 2^-127 (E8M0 byte 0) being exact; the kernels are memory-bound, so fast math buys little.
+//!
+//! It also generates the lazy-binding trampolines that let the binary start without the CUDA
+//! libraries (`src/gpu/lazy.rs` says why and how): `$OUT_DIR/cuda_symbols.rs` and
+//! `$OUT_DIR/cuda_lazy.s`, from the functions exported by the libraries the link will use.
 
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+#[path = "src/gpu/codegen.rs"]
+mod codegen;
+// Also used by the tests, which read more of it than the build does.
+#[allow(dead_code)]
+#[path = "src/gpu/elfdyn.rs"]
+mod elfdyn;
 
 const KERNEL_DIR: &str = "src/kernels";
 
@@ -19,6 +30,8 @@ fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo::rerun-if-env-changed=CUDA_HOME");
+    println!("cargo::rerun-if-changed=src/gpu/codegen.rs");
+    println!("cargo::rerun-if-changed=src/gpu/elfdyn.rs");
 
     // The folder too, so that a new kernel file triggers a rebuild.
     println!("cargo::rerun-if-changed={KERNEL_DIR}");
@@ -31,6 +44,7 @@ fn main() {
     }
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    generate_trampolines(&out_dir);
     let nvcc = find_nvcc();
     let cap = env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".to_string());
     let cap = cap.trim().trim_start_matches("sm_").replace('.', "");
@@ -91,4 +105,85 @@ fn find_nvcc() -> PathBuf {
          first (it assembles the toolkit from PyPI when none is installed), or build a CPU-only \
          binary with `--no-default-features`."
     );
+}
+
+/// Writes `cuda_symbols.rs` and `cuda_lazy.s` (see `src/gpu/lazy.rs`) for the CUDA libraries the
+/// link will find, in the order and folders it will search.
+fn generate_trampolines(out_dir: &Path) {
+    for var in codegen::CUDA_ROOT_VARS.iter().chain(&["LIBRARY_PATH"]) {
+        println!("cargo::rerun-if-env-changed={var}");
+    }
+    let target = |v: &str| env::var(format!("CARGO_CFG_TARGET_{v}")).unwrap_or_default();
+    let link_env = codegen::LinkEnv {
+        cuda_roots: codegen::CUDA_ROOT_VARS
+            .iter()
+            .filter_map(env::var_os)
+            .map(PathBuf::from)
+            .collect(),
+        encoded_rustflags: env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default(),
+        library_path: env::var("LIBRARY_PATH").unwrap_or_default(),
+        multiarch: codegen::multiarch(&target("ARCH"), &target("ENV")),
+    };
+    let dirs = codegen::search_dirs(&link_env);
+    link_static_cudart(&dirs);
+    let libs: Vec<codegen::Found> = codegen::LINKED.iter().map(|name| find(name, &dirs)).collect();
+    let symbols = codegen::assign(&libs);
+    assert!(symbols.len() < 1 << 16, "more CUDA functions than the aarch64 stubs can index");
+    write(&out_dir.join("cuda_symbols.rs"), &codegen::rust_tables(&libs, &symbols));
+    let asm = codegen::asm(&target("ARCH"), &symbols).unwrap_or_else(|| {
+        println!(
+            "cargo::warning=no lazy CUDA trampolines for {}: the binary will need the CUDA \
+             libraries to start",
+            target("ARCH")
+        );
+        String::new()
+    });
+    write(&out_dir.join("cuda_lazy.s"), &asm);
+}
+
+/// Links the CUDA runtime statically, as nvcc does by default. candle-kernels links nvcc-built
+/// kernels (`libmoe.a`) whose static constructors register their fat binaries with the runtime
+/// when the process starts, and asks for `-lcudart`. A lazy trampoline would have to open
+/// libcudart.so right then, before `main`, so the runtime is not trampolined: the static
+/// runtime records the registrations itself and opens libcuda.so.1 only at its first real call.
+/// `+whole-archive` makes its definitions win over libcudart.so's whatever the link order, so
+/// `--as-needed` drops libcudart.so as well.
+fn link_static_cudart(dirs: &[PathBuf]) {
+    let Some(dir) = dirs.iter().find(|d| d.join("libcudart_static.a").is_file()) else {
+        println!(
+            "cargo::warning=libcudart_static.a not found: the binary will need libcudart.so to start"
+        );
+        return;
+    };
+    println!("cargo::rerun-if-changed={}", dir.join("libcudart_static.a").display());
+    println!("cargo::rustc-link-search=native={}", dir.display());
+    println!("cargo::rustc-link-lib=static:-bundle,+whole-archive=cudart_static");
+}
+
+/// `-l{link_name}` as the linker will find it, with its SONAME and exported functions. A library
+/// that is not found or not readable gets no trampolines (the link then fails or binds it the
+/// old way, which `tests/no_cuda.rs` reports).
+fn find(link_name: &'static str, dirs: &[PathBuf]) -> codegen::Found {
+    let fallback =
+        codegen::Found { link_name, soname: format!("lib{link_name}.so"), functions: Vec::new() };
+    let Some(path) = codegen::find_library(link_name, dirs) else {
+        println!("cargo::warning=lib{link_name}.so not found for the lazy CUDA trampolines");
+        return fallback;
+    };
+    println!("cargo::rerun-if-changed={}", path.display());
+    match elfdyn::read(&path) {
+        Ok(elf) => codegen::Found {
+            link_name,
+            soname: elf.soname.unwrap_or(fallback.soname),
+            functions: elf.functions,
+        },
+        Err(e) => {
+            println!("cargo::warning=lazy CUDA trampolines: {e}");
+            fallback
+        }
+    }
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
 }

@@ -1,9 +1,29 @@
 //! Choosing the compute device. Users get a CUDA device or a clear error, never a silent CPU run;
 //! the CPU is only for tests and an explicit debug flag.
+//!
+//! The CUDA driver and libraries are loaded at run time, not at program start (`lazy`), so the
+//! binary runs without them; [`open`] checks first (`probe`) that everything is there.
 
 use candle_core::Device;
 
 use crate::error::{ErrorKind, fail};
+
+#[cfg(test)]
+mod codegen;
+#[cfg(test)]
+mod elfdyn;
+#[cfg(test)]
+mod elfdyn_tests;
+#[cfg(all(
+    feature = "cuda",
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+mod lazy;
+mod loader;
+pub mod probe;
+
+pub use probe::{LibStatus, libraries};
 
 /// What the banner and benchmarks report about the GPU.
 #[derive(Debug, Clone)]
@@ -17,6 +37,9 @@ pub struct GpuInfo {
 /// Opens CUDA device `ordinal` (the `--gpu N` flag).
 #[cfg(feature = "cuda")]
 pub fn open(ordinal: usize) -> anyhow::Result<(Device, GpuInfo)> {
+    // Before the first CUDA call: a missing driver, library or device is one precise line here,
+    // not an exit from inside a lazy trampoline.
+    probe::check(ordinal)?;
     let device = Device::new_cuda(ordinal).map_err(|e| {
         fail(
             ErrorKind::NoDevice,
