@@ -10,6 +10,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.dev/gpu
 
+# The binary itself, in the format of a test binary's output: it needs no CUDA library at start-up
+# (they are opened at run time: src/gpu/lazy.rs), and still runs a model on the GPU through them.
+binary_checks() {
+    local bin="$1" failed=0
+    if ldd "$bin" | grep -E 'lib(cuda|cublas|cublasLt|curand|nvrtc|cudart)\.so'; then
+        echo "test binary_needs_no_cuda_library ... FAILED"
+        failed=$((failed + 1))
+    else
+        echo "test binary_needs_no_cuda_library ... ok"
+    fi
+    if "$bin" bench benches/configs/tinyllama-1.1b.json --dummy-weights -p 64 -n 16 -r 2; then
+        echo "test bench_dummy_weights_runs ... ok"
+    else
+        echo "test bench_dummy_weights_runs ... FAILED"
+        failed=$((failed + 1))
+    fi
+    if [ "$failed" = 0 ]; then
+        echo "test result: ok. 2 passed; 0 failed"
+    else
+        echo "test result: FAILED. $((2 - failed)) passed; $failed failed"
+    fi
+}
+
 case "${1:-}" in
 build)
     source scripts/cuda-env.sh
@@ -54,6 +77,9 @@ run)
         echo "== $name"
         "$tmp/$name" --ignored --test-threads=1 --nocapture "${skip[@]}" "${@:2}" 2>&1 | tee -a "$log" || status=1
     done
+    echo "== inferno binary"
+    binary_checks "$tmp/inferno" 2>&1 | tee -a "$log"
+    tail -n 1 "$log" | grep -q '^test result: ok' || status=1
     awk '/^test result:/ { for (i = 1; i <= NF; i++) {
             if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
          END { printf "gpu total: %d passed, %d failed\n", p, f }' "$log"

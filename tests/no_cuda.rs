@@ -14,30 +14,44 @@ mod elfdyn;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 /// The CUDA libraries the binary must not need at start-up.
 const CUDA_LIBS: [&str; 6] =
     ["libcuda", "libcublas", "libcublasLt", "libcurand", "libnvrtc", "libcudart"];
 
-/// A copy of the binary in a fresh folder, with an empty HF cache and home beside it.
+/// A fresh folder (empty HF cache, home) and the copy of the binary the tests share.
 struct Sandbox {
     dir: tempfile::TempDir,
-    bin: PathBuf,
+    bin: &'static Path,
 }
 
-impl Sandbox {
-    fn new() -> Sandbox {
+/// The binary, copied once into a folder of its own with its run path blanked. Once, and before
+/// any test starts a process: a file being written while another thread forks can make exec of
+/// it fail with "text file busy".
+fn isolated_binary() -> &'static Path {
+    static BIN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    let (_, bin) = BIN.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("inferno");
         std::fs::copy(env!("CARGO_BIN_EXE_inferno"), &bin).unwrap();
         blank_run_paths(&bin);
+        (dir, bin)
+    });
+    bin
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        let bin = isolated_binary();
+        let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("hub")).unwrap();
         Sandbox { dir, bin }
     }
 
-    /// Runs the copy with only `env` besides HOME, PATH and the HF variables.
+    /// Runs the binary with only `env` besides HOME, PATH and the HF variables.
     fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
-        Command::new(&self.bin)
+        Command::new(self.bin)
             .args(args)
             .env_clear()
             .env("HOME", self.dir.path())
@@ -225,23 +239,68 @@ fn a_missing_cuda_library_is_named_with_the_folders_searched() {
     let sandbox = Sandbox::new();
     let driver = sandbox.fake_driver();
     let lib_path = driver.to_string_lossy().into_owned();
-    let out =
-        sandbox.run(&["play", "org/model", "--prompt", "hi"], &[("LD_LIBRARY_PATH", &lib_path)]);
-    assert_no_device(&out, &format!("no libnvrtc: libnvrtc.so.13 was not found in {lib_path}, "));
+    let play =
+        || sandbox.run(&["play", "org/model", "--prompt", "hi"], &[("LD_LIBRARY_PATH", &lib_path)]);
+    let out = play();
+    assert_no_device(&out, &format!("no libcublas: libcublas.so.13 was not found in {lib_path}, "));
     assert!(text(&out.stderr).contains("run scripts/install.sh"), "{}", text(&out.stderr));
 
-    // Everything but cuBLAS: the message names libcublas.
+    // cuBLAS without the cuBLASLt it loads: the loader's reason.
     let Some(real) = real_cuda_libs() else {
         panic!("no libcublas.so.* on LD_LIBRARY_PATH: run under `source scripts/cuda-env.sh`");
     };
-    for entry in std::fs::read_dir(&real).unwrap().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if ["libnvrtc", "libcurand"].iter().any(|p| name.starts_with(&format!("{p}."))) {
-            std::os::unix::fs::symlink(entry.path(), driver.join(&name)).unwrap();
+    link_libraries(&real, &driver, &["libcublas"]);
+    assert_no_device(
+        &play(),
+        "libcublas.so.13 could not be loaded: libcublasLt.so.13: cannot open",
+    );
+    link_libraries(&real, &driver, &["libcublasLt"]);
+    assert_no_device(
+        &play(),
+        &format!("no libcurand: libcurand.so.10 was not found in {lib_path}, "),
+    );
+}
+
+/// Symlinks `from/NAME.so*` into `to` for each NAME.
+fn link_libraries(from: &Path, to: &Path, names: &[&str]) {
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if names.iter().any(|n| file.starts_with(&format!("{n}.so"))) {
+            std::os::unix::fs::symlink(entry.path(), to.join(&file)).unwrap();
         }
     }
-    let out = sandbox.run(&["bench", "org/model"], &[("LD_LIBRARY_PATH", &lib_path)]);
-    assert_no_device(&out, &format!("no libcublas: libcublas.so.13 was not found in {lib_path}, "));
+}
+
+/// The probe requires the libraries that GPU commands call: every library with a trampoline
+/// left in the binary (`--gc-sections` drops the others) must be in `probe::REQUIRED`.
+#[test]
+fn the_probe_checks_every_library_the_binary_calls() {
+    let bytes = std::fs::read(env!("CARGO_BIN_EXE_inferno")).unwrap();
+    let file = object::read::elf::ElfFile64::<object::Endianness>::parse(&*bytes).unwrap();
+    let mut called: Vec<&str> = object::Object::symbols(&file)
+        .filter_map(|s| {
+            object::ObjectSymbol::name(&s).ok()?.strip_prefix("inferno_cuda_stub_")?.parse().ok()
+        })
+        .map(|index: usize| {
+            generated::LIBRARIES[usize::from(generated::SYMBOLS[index].0)].link_name
+        })
+        .collect();
+    called.sort_unstable();
+    called.dedup();
+    assert!(called.contains(&"cuda") && called.contains(&"cublas"), "{called:?} (no symbols?)");
+    for lib in &called {
+        assert!(inferno::gpu::probe::REQUIRED.contains(lib), "{lib} is called but not checked");
+    }
+}
+
+/// The build's table of trampolines (`build.rs`, `src/gpu/codegen.rs`).
+mod generated {
+    pub struct Library {
+        pub link_name: &'static str,
+        #[allow(dead_code)]
+        pub soname: &'static str,
+    }
+    include!(concat!(env!("OUT_DIR"), "/cuda_symbols.rs"));
 }
 
 /// With every library present the probe passes and the first call the fake driver lacks

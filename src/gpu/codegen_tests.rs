@@ -153,6 +153,15 @@ fn aarch64_trampolines_use_the_veneer_registers() {
 }
 
 #[test]
+fn cuda_roots_are_cudarcs() {
+    // cudarc 0.19 build.rs, TYPICAL_CUDA_PATH_ENV_VARS.
+    assert_eq!(
+        CUDA_ROOT_VARS,
+        ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDA_TOOLKIT_ROOT_DIR", "CUDNN_LIB"]
+    );
+}
+
+#[test]
 fn multiarch_names() {
     assert_eq!(multiarch("x86_64", "gnu"), "x86_64-linux-gnu");
     assert_eq!(multiarch("aarch64", ""), "aarch64-linux-gnu");

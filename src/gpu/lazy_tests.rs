@@ -121,3 +121,21 @@ fn the_driver_answers_through_its_trampoline() {
     // 0 with a driver, CUDA_ERROR_STUB_LIBRARY (34) with the stub the CI build links against.
     assert!(expected == 0 || expected == 34, "{expected}");
 }
+
+/// On a GPU machine: the probe passes, every library is found with its path, and the driver's
+/// answer through the trampoline is the real one.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
+fn gpu_probe_finds_the_driver_and_every_library() {
+    let driver = super::super::probe::check(0).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("driver: {:?}, CUDA {}, {} GPU(s)", driver.path, driver.cuda, driver.devices);
+    assert!(driver.cuda >= super::super::probe::MIN_CUDA);
+    for lib in super::super::libraries() {
+        eprintln!("{} ({}): {:?}", lib.name, lib.soname, lib.path);
+        assert!(lib.error.is_none() && lib.path.is_some(), "{lib:?}");
+    }
+    let mut version = 0;
+    // SAFETY: writes one int.
+    assert_eq!(unsafe { cuDriverGetVersion(&mut version) }, 0);
+    assert_eq!(super::super::probe::CudaVersion::from_driver(version), driver.cuda);
+}

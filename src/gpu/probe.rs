@@ -4,7 +4,7 @@
 //! `serve` stop with one line naming the problem (exit 8) instead of reaching a lazy trampoline
 //! that cannot bind. Checked in this order: the driver library (`libcuda.so.1`); the driver
 //! itself (not a stub, new enough, initialises, has GPUs, `--gpu N` exists); then the CUDA
-//! libraries (cuBLAS, cuBLASLt, cuRAND, NVRTC), naming the folders searched.
+//! libraries the binary calls ([`REQUIRED`]), naming the folders searched.
 //!
 //! [`libraries`], [`driver`] and [`search_dirs`] are the pieces, for a report such as
 //! `inferno doctor`: they never fail the process.
@@ -19,6 +19,14 @@ use crate::error::{ErrorKind, fail};
 /// The oldest CUDA version the driver must support: the CUDA libraries and our PTX are CUDA 13.
 pub const MIN_CUDA: CudaVersion = CudaVersion { major: 13, minor: 0 };
 
+/// The libraries [`check`] requires, in the order it checks them: those the binary calls into
+/// (the driver, cuBLAS for matmuls, cuRAND for random tensors), the ones the loader required
+/// before they were opened lazily. NVRTC is not called (candle's kernels are compiled when the
+/// binary is built) and cuBLASLt only through libcublas, which loads it itself; a call that did
+/// reach a missing one would stop the process with one line from its trampoline.
+/// `tests/no_cuda.rs` checks that every library with a trampoline in the binary is listed here.
+pub const REQUIRED: [&str; 3] = ["cuda", "cublas", "curand"];
+
 /// One CUDA library, found or not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LibStatus {
@@ -30,6 +38,8 @@ pub struct LibStatus {
     pub path: Option<PathBuf>,
     /// The loader's message when it could not be loaded.
     pub error: Option<String>,
+    /// Whether GPU commands need it (see [`REQUIRED`]).
+    pub required: bool,
 }
 
 /// Every CUDA library the binary uses, driver first, each opened if it can be (a library that
@@ -43,7 +53,8 @@ pub fn libraries() -> Vec<LibStatus> {
                 Ok(opened) => (opened.path.clone(), None),
                 Err(e) => (None, Some(e.to_string())),
             };
-            LibStatus { name: lib.link_name, soname: lib.soname, path, error }
+            let required = REQUIRED.contains(&lib.link_name);
+            LibStatus { name: lib.link_name, soname: lib.soname, path, error, required }
         })
         .collect()
 }
@@ -62,7 +73,7 @@ pub struct CudaVersion {
 }
 
 impl CudaVersion {
-    fn from_driver(v: c_int) -> CudaVersion {
+    pub(crate) fn from_driver(v: c_int) -> CudaVersion {
         let v = v.max(0) as u32;
         CudaVersion { major: v / 1000, minor: v % 1000 / 10 }
     }
@@ -114,7 +125,7 @@ pub fn driver() -> anyhow::Result<Driver> {
 }
 
 /// Everything device `ordinal` needs, checked before any CUDA call: the driver, the GPU, then
-/// the CUDA libraries. The error is one line (kind `NoDevice`, exit 8).
+/// the [`REQUIRED`] libraries. The error is one line (kind `NoDevice`, exit 8).
 pub fn check(ordinal: usize) -> anyhow::Result<Driver> {
     let driver = driver()?;
     if ordinal >= driver.devices {
@@ -125,9 +136,11 @@ pub fn check(ordinal: usize) -> anyhow::Result<Driver> {
             if n > 1 { format!("…{}", n - 1) } else { String::new() }
         )));
     }
-    for (i, lib) in LIBRARIES.iter().enumerate().filter(|(_, l)| l.link_name != "cuda") {
-        if let Err(e) = loader::open(i) {
-            return Err(no_device(library_missing(lib.soname, e, &search_dirs())));
+    let libraries = REQUIRED.iter().filter(|name| **name != "cuda");
+    for index in libraries.filter_map(|name| loader::index_of(name)) {
+        if let Err(e) = loader::open(index) {
+            let soname = LIBRARIES[index].soname;
+            return Err(no_device(library_missing(soname, e, &search_dirs())));
         }
     }
     Ok(driver)

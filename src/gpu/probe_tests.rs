@@ -69,10 +69,14 @@ fn messages_are_one_line() {
 fn the_driver_comes_first_and_every_library_is_listed() {
     let libs = libraries();
     let names: Vec<&str> = libs.iter().map(|l| l.name).collect();
-    assert_eq!(names, ["cuda", "nvrtc", "curand", "cublas", "cublasLt"]);
+    assert_eq!(names, crate::gpu::codegen::LINKED);
     assert_eq!(libs[0].soname, "libcuda.so.1");
     for lib in &libs {
         assert!(lib.soname.starts_with(&format!("lib{}.so", lib.name)), "{lib:?}");
         assert!(lib.path.is_some() != lib.error.is_some(), "{lib:?}");
+        assert_eq!(lib.required, REQUIRED.contains(&lib.name));
+    }
+    for name in REQUIRED {
+        assert!(names.contains(&name), "{name} is not a library of the build");
     }
 }
