@@ -70,7 +70,8 @@ _inferno_cuda_setup() {
 }
 
 # The driver library is not on PyPI. Stub every driver entry point cudarc can bind so the binary
-# links and, on a machine without a GPU, fails cleanly at the first CUDA call.
+# links and, on a machine without a GPU, fails cleanly at the first CUDA call. build.rs also takes
+# the driver's function names for its lazy trampolines from this library (src/gpu/lazy.rs).
 _inferno_cuda_stub() {
     local src="$1" dir="$2"
     rm -rf "$dir" && mkdir -p "$dir"

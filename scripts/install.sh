@@ -5,9 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cuda-env.sh
-# With the PyPI toolchain, let the binary find libcublas/libcudart/libcurand there at run time
-# (a machine with only the driver has none). The libcuda stub directory is never on the run
-# path: the real driver must be the one loaded.
+# With the PyPI toolchain, let the binary find libcublas/libcublasLt/libcurand there at run time
+# (a machine with only the driver has none): it opens them when a GPU command first needs them
+# (src/gpu/loader.rs), and dlopen from the executable searches its run path. The libcuda stub
+# directory is never on the run path: the real driver must be the one loaded.
 case "${CUDA_HOME:-}" in
 */.cache/inferno/*|"${INFERNO_CACHE:-/nonexistent}"/*) export RUSTFLAGS="$RUSTFLAGS -C link-arg=-Wl,-rpath,$CUDA_HOME/lib" ;;
 esac

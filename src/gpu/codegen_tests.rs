@@ -153,6 +153,12 @@ fn aarch64_trampolines_use_the_veneer_registers() {
 }
 
 #[test]
+fn cudarcs_libraries_in_its_link_order() {
+    // cudarc 0.19 build.rs, dynamic_linking(): driver, nvrtc, curand, cublas, cublasLt.
+    assert_eq!(LINKED, ["cuda", "nvrtc", "curand", "cublas", "cublasLt"]);
+}
+
+#[test]
 fn cuda_roots_are_cudarcs() {
     // cudarc 0.19 build.rs, TYPICAL_CUDA_PATH_ENV_VARS.
     assert_eq!(
