@@ -9,6 +9,7 @@
 //! `scripts/cuda-env.sh` put on this process's `LD_LIBRARY_PATH`.
 #![cfg(all(target_os = "linux", feature = "cuda"))]
 
+mod common;
 #[path = "../src/gpu/elfdyn.rs"]
 mod elfdyn;
 
@@ -196,6 +197,18 @@ fn without_any_cuda_library_the_cpu_commands_work() {
     // download runs: it gets as far as the network (exit code 5), not killed by the loader.
     let out = sandbox.run(&["download", "org/model"], &[]);
     assert_eq!(out.status.code(), Some(5), "stderr: {}", text(&out.stderr));
+}
+
+/// The CPU path (a debugging aid) touches no CUDA function, so it runs without CUDA too.
+#[test]
+fn without_any_cuda_library_play_runs_on_the_cpu() {
+    let gguf = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
+    let gguf = gguf.to_string_lossy().into_owned();
+    let args =
+        ["play", &gguf, "--cpu", "--prompt", "Hi", "--max-tokens", "3", "--temperature", "0"];
+    let out = Sandbox::new().run(&args, &[]);
+    assert_ok(&out);
+    assert!(!text(&out.stdout).trim().is_empty(), "no reply");
 }
 
 #[test]

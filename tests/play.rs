@@ -106,7 +106,8 @@ fn errors_are_one_line_with_exit_codes() {
         let out =
             common::inferno(cache.path(), None, &["play", dir.to_str().unwrap(), "-p", "hi"], &[]);
         assert_eq!(out.status.code(), Some(8), "{}", common::stderr(&out));
-        assert!(common::stderr(&out).contains("no CUDA device"), "{}", common::stderr(&out));
+        // CI has only the stub libcuda that the build links against, or none at all.
+        assert!(common::stderr(&out).contains("no NVIDIA driver"), "{}", common::stderr(&out));
     }
 }
 
