@@ -330,3 +330,7 @@ pub fn multiarch(target_arch: &str, target_env: &str) -> String {
 #[cfg(test)]
 #[path = "codegen_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "codegen_harness_tests.rs"]
+mod harness_tests;
