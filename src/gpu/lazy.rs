@@ -24,13 +24,18 @@
 //! interposition; a visible `cublasLt*` here would then capture libcublas's own calls into
 //! libcublasLt, and those would resolve back to libcublasLt only by luck.
 //!
-//! The probe (`probe.rs`) opens every library and checks the driver before the first CUDA call,
-//! so a missing piece is reported as one line with exit code 8. Should a call still reach a
-//! library or function that cannot be bound (say, a libcublas older than the one built against),
-//! the stub cannot return an error of the function's type: the process prints one line and exits
-//! with code 8.
+//! The probe (`probe.rs`) checks the driver and opens the libraries the binary calls before the
+//! first CUDA call, so a missing piece is reported as one line with exit code 8. Should a call
+//! still reach a library or function that cannot be bound (say, a libcublas older than the one
+//! built against), the stub cannot return an error of the function's type: the process prints
+//! one line and exits with code 8.
 //!
 //! Each trampoline sits in sections of its own, so `--gc-sections` keeps only those called.
+//!
+//! The CUDA runtime (libcudart) gets no trampolines: candle-kernels links nvcc-built kernels
+//! whose static constructors call it while the process starts, which would open it before
+//! `main` on every machine. `build.rs` links the static runtime instead, as nvcc does by
+//! default; it opens libcuda.so.1 itself at its first real call.
 
 use std::ffi::c_void;
 use std::io::Write as _;

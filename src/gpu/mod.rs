@@ -10,6 +10,7 @@ use crate::error::{ErrorKind, fail};
 
 #[cfg(test)]
 mod codegen;
+mod dlinfo;
 #[cfg(test)]
 mod elfdyn;
 #[cfg(test)]
