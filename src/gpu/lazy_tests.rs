@@ -139,3 +139,28 @@ fn gpu_probe_finds_the_driver_and_every_library() {
     assert_eq!(unsafe { cuDriverGetVersion(&mut version) }, 0);
     assert_eq!(super::super::probe::CudaVersion::from_driver(version), driver.cuda);
 }
+
+/// On a GPU machine: candle's quantized matmul runs nvcc-built kernels from candle-kernels
+/// (`libmoe.a`) through the CUDA runtime, which `build.rs` links statically instead of
+/// libcudart.so. One row takes the mat-vec kernel, sixteen the mat-mat one; both match the CPU.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
+fn gpu_quantized_matmul_runs_on_the_static_cuda_runtime() {
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{Device, Module, Tensor};
+    let (gpu, _) = crate::gpu::open(0).unwrap_or_else(|e| panic!("{e}"));
+    let cpu = Device::Cpu;
+    let w = Tensor::randn(0f32, 1.0, (256, 512), &cpu).unwrap();
+    for rows in [1, 16] {
+        let x = Tensor::randn(0f32, 1.0, (rows, 512), &cpu).unwrap();
+        let q = |w: &Tensor| QMatMul::from_qtensor(QTensor::quantize(w, GgmlDType::Q4_0).unwrap());
+        let want = q(&w).unwrap().forward(&x).unwrap();
+        let got = q(&w.to_device(&gpu).unwrap()).unwrap();
+        let got = got.forward(&x.to_device(&gpu).unwrap()).unwrap().to_device(&cpu).unwrap();
+        let err = (&got - &want).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>();
+        let norm = want.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        let rel = (err.unwrap() / norm).sqrt();
+        eprintln!("{rows} row(s): relative error GPU vs CPU {rel:.2e}");
+        assert!(rel < 2e-2, "{rows} row(s): {rel}");
+    }
+}
