@@ -17,6 +17,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor>
 }
 
 /// Final norm and LM head.
+#[derive(Clone)]
 pub struct Head {
     pub norm: Tensor,
     pub lm_head: Linear,
@@ -52,6 +53,14 @@ pub trait Decoder {
     fn decode_step(&mut self, _token: u32, _start: usize) -> Option<anyhow::Result<Tensor>> {
         None
     }
+    /// See [`CausalLm::rewind`]; caches that keep every position (linear) continue anywhere.
+    fn rewind(&mut self, want: usize) -> anyhow::Result<usize> {
+        Ok(want)
+    }
+    /// See [`CausalLm::checkpoint`].
+    fn checkpoint(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 impl<T: Decoder> CausalLm for T {
@@ -73,6 +82,14 @@ impl<T: Decoder> CausalLm for T {
 
     fn context_length(&self) -> usize {
         self.cache_capacity()
+    }
+
+    fn rewind(&mut self, want: usize) -> anyhow::Result<usize> {
+        Decoder::rewind(self, want)
+    }
+
+    fn checkpoint(&mut self) -> anyhow::Result<()> {
+        Decoder::checkpoint(self)
     }
 
     fn vocab_size(&self) -> usize {

@@ -12,7 +12,7 @@ use super::config::GptOssConfig;
 use super::graph::DecodeGraph;
 use crate::kernels::{KvLayout, Mxfp4Experts, SinkAttnConfig, SwiGlu};
 use crate::models::head::{Decoder, Head, rms_norm};
-use crate::models::kv_cache::KvCache;
+use crate::models::kv_cache::{KvCache, RingTracker};
 use crate::models::linear::Linear;
 use crate::models::rope;
 
@@ -93,8 +93,19 @@ pub struct GptOss {
     prefill_chunk: usize,
     /// Per layer: whether its cache is a ring.
     ring: Vec<bool>,
+    /// What the rings hold for the current sequence (`None`: no layer has a ring).
+    ring_track: Option<RingTracker>,
+    /// The rings as they were at the end of the last prompt ([`Decoder::checkpoint`]).
+    checkpoint: Option<RingCheckpoint>,
     /// Decode steps as a replayed CUDA graph (None on the CPU or when switched off).
     graph: Option<DecodeGraph>,
+}
+
+/// The ring caches' contents at one point of a sequence, and what they held then.
+struct RingCheckpoint {
+    track: RingTracker,
+    /// (layer, keys, values) of each ring layer.
+    kv: Vec<(usize, Tensor, Tensor)>,
 }
 
 /// Where a chunk's positions come from.
@@ -140,6 +151,8 @@ impl GptOss {
             context,
             prefill_chunk: PREFILL_CHUNK,
             ring: Vec::new(),
+            ring_track: None,
+            checkpoint: None,
             graph: DecodeGraph::new(device, vocab)?,
         };
         model.set_prefill_chunk(PREFILL_CHUNK)?;
@@ -163,10 +176,71 @@ impl GptOss {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         self.prefill_chunk = chunk;
+        let any_ring = self.ring.iter().any(|&r| r);
+        self.ring_track = any_ring.then(|| RingTracker::new(ring_slots, cfg.sliding_window));
+        self.checkpoint = None;
         // A captured graph holds the old caches' addresses; a graph switched off stays off.
         if self.graph.is_some() {
             self.graph = DecodeGraph::new(&self.device, self.cfg.vocab_size)?;
         }
+        Ok(())
+    }
+
+    /// Checks that a chunk may start at `start` and records the ring slots it overwrites. A
+    /// start whose window the rings lost is an error, never a silent read of the wrong keys.
+    fn before_write(&mut self, start: usize, len: usize) -> anyhow::Result<()> {
+        let Some(track) = &mut self.ring_track else { return Ok(()) };
+        anyhow::ensure!(
+            track.can_continue_at(start),
+            "the sliding-window caches no longer hold the keys position {start} attends to \
+             (rewind the sequence first)"
+        );
+        // Positions the checkpoint holds are being rewritten, perhaps with other tokens.
+        if self.checkpoint.as_ref().is_some_and(|c| start < c.track.end()) {
+            self.checkpoint = None;
+        }
+        track.record_write(start, len);
+        Ok(())
+    }
+
+    /// The latest position `≤ want` that continues exactly: `want` when the rings still hold
+    /// its window; else the checkpoint's end when that is not past `want` (its rings are copied
+    /// back, the caller re-runs from there); else 0.
+    fn rewind_rings(&mut self, want: usize) -> anyhow::Result<usize> {
+        let Some(track) = self.ring_track else { return Ok(want) };
+        if track.can_continue_at(want) {
+            return Ok(want);
+        }
+        if let Some(cp) = self.checkpoint.as_ref().filter(|c| c.track.end() <= want) {
+            for (layer, k, v) in &cp.kv {
+                self.caches[*layer].restore_from(k, v)?;
+            }
+            self.ring_track = Some(cp.track);
+            return Ok(cp.track.end());
+        }
+        self.ring_track = Some(track.emptied());
+        self.checkpoint = None;
+        Ok(0)
+    }
+
+    /// Copies the rings (a few MB: `window + chunk − 1` slots per sliding layer) into the
+    /// checkpoint buffers, allocated once.
+    fn checkpoint_rings(&mut self) -> anyhow::Result<()> {
+        let Some(track) = self.ring_track else { return Ok(()) };
+        let mut kv = match self.checkpoint.take() {
+            Some(cp) => cp.kv,
+            None => Vec::new(),
+        };
+        if kv.is_empty() {
+            for (n, cache) in self.caches.iter().enumerate().filter(|(n, _)| self.ring[*n]) {
+                let (k, v) = cache.empty_like()?;
+                kv.push((n, k, v));
+            }
+        }
+        for (layer, k, v) in &kv {
+            self.caches[*layer].copy_to(k, v)?;
+        }
+        self.checkpoint = Some(RingCheckpoint { track, kv });
         Ok(())
     }
 
@@ -198,6 +272,7 @@ impl GptOss {
     }
 
     fn hidden_chunk(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        self.before_write(start, tokens.len())?;
         // Uploaded before the cache below is on: it would keep every token id it ever saw.
         let ids = Tensor::new(tokens, &self.device)?;
         let _uploads = if tokens.len() == 1 { keep_uploads(&self.device) } else { None };
@@ -276,6 +351,14 @@ impl Decoder for GptOss {
         &self.w.head
     }
 
+    fn rewind(&mut self, want: usize) -> anyhow::Result<usize> {
+        self.rewind_rings(want)
+    }
+
+    fn checkpoint(&mut self) -> anyhow::Result<()> {
+        self.checkpoint_rings()
+    }
+
     fn cache_capacity(&self) -> usize {
         self.context
     }
@@ -286,6 +369,10 @@ impl Decoder for GptOss {
 
     fn decode_step(&mut self, token: u32, start: usize) -> Option<anyhow::Result<Tensor>> {
         let mut graph = self.graph.take()?;
+        if let Err(e) = self.before_write(start, 1) {
+            self.graph = Some(graph);
+            return Some(Err(e));
+        }
         let logits = graph.step(self, token, start);
         self.graph = Some(graph);
         Some(logits)

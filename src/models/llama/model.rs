@@ -21,6 +21,7 @@ pub enum RopeStyle {
     Interleaved,
 }
 
+#[derive(Clone)]
 pub struct Layer {
     /// Norm weights are f32 (the norms run in f32).
     pub attn_norm: Tensor,
@@ -34,6 +35,7 @@ pub struct Layer {
     pub down: Linear,
 }
 
+#[derive(Clone)]
 pub struct Weights {
     /// `[vocab, hidden]`, dense in the compute dtype.
     pub embed: Tensor,
