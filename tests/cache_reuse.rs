@@ -92,7 +92,7 @@ fn run_trials(
     let mut reused = Session::new(make());
     let mut fresh = Session::new(make());
     for trial in 0..trials {
-        let mut random = |n: usize, rng: &mut StdRng| -> Vec<u32> {
+        let random = |n: usize, rng: &mut StdRng| -> Vec<u32> {
             (0..n).map(|_| rng.random_range(0..vocab)).collect()
         };
         // Turn 1 on a reused session that ran other conversations before (not reset).
