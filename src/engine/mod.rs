@@ -198,7 +198,8 @@ fn build(
         "gpt_oss" => {
             let cfg = GptOssConfig::from_hf_json(text)?;
             let context = context_for(cfg.max_position_embeddings, opts.context)?;
-            // gpt-oss is trained in bf16; f16 overflows its residual stream (pitfall #7).
+            // gpt-oss is trained in bf16; f16 overflows its residual stream (docs/gpt-oss.md
+            // pitfall #7).
             let dtype = opts.dtype.unwrap_or(DType::BF16);
             if dtype == DType::F16 {
                 return Err(fail(

@@ -1,4 +1,4 @@
-//! The gpt-oss mixture of experts on MXFP4 weights (docs/gpt-oss.md §3–4), after routing.
+//! The gpt-oss mixture of experts on MXFP4 weights (docs/gpt-oss.md §3, §4.5), after routing.
 //!
 //! For token `t` routed to experts `e_1..e_k` with weights `w_1..w_k` (already softmaxed over the k):
 //!

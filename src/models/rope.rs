@@ -108,7 +108,8 @@ impl RopeKind {
 }
 
 /// YaRN's correction range: the (fractional, unless `truncate`) dims where interpolation
-/// blends into extrapolation, clamped to `[0, dim-1]` — not rounded for gpt-oss (pitfall #1).
+/// blends into extrapolation, clamped to `[0, dim-1]` — not rounded for gpt-oss
+/// (docs/gpt-oss.md pitfall #1).
 pub fn yarn_range(
     beta_fast: f64,
     beta_slow: f64,
@@ -264,9 +265,9 @@ mod tests {
 
     #[test]
     fn yarn_matches_the_gpt_oss_sanity_values() {
-        // gpt-oss.md §7: low 8.092779115512402, high 17.39802450158856, C 1.3465735902799727,
-        // inv_freq[1] 0.6890443, [8] 0.05081327, [9] 0.0317057, [12] 6.794959e-3,
-        // [17] 1.293187e-4, [18] 3.830881e-5, [31] 3.023511e-7.
+        // docs/gpt-oss.md §4.3: low 8.092779115512402, high 17.39802450158856,
+        // C 1.3465735902799727, inv_freq[1] 0.6890443, [8] 0.05081327, [9] 0.0317057,
+        // [12] 6.794959e-3, [17] 1.293187e-4, [18] 3.830881e-5, [31] 3.023511e-7.
         let (low, high) = yarn_range(32.0, 1.0, 64, 150000.0, 4096, false);
         assert!(
             (low - 8.092779115512402).abs() < 1e-12 && (high - 17.39802450158856).abs() < 1e-12

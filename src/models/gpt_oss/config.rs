@@ -1,4 +1,4 @@
-//! gpt-oss configuration from the HF `config.json` (gpt-oss.md §1). Accepts `rope_scaling` or
+//! gpt-oss configuration from the HF `config.json` (docs/gpt-oss.md §1). Accepts `rope_scaling` or
 //! `rope_parameters` (pitfall #2: a loader that reads only one silently drops YaRN) and
 //! `layer_types` or the even-sliding/odd-full default.
 

@@ -1,4 +1,4 @@
-//! Loading a gpt-oss checkpoint in the HF layout (gpt-oss.md §2): shards through
+//! Loading a gpt-oss checkpoint in the HF layout (docs/gpt-oss.md §2): shards through
 //! `model.safetensors.index.json` (zero-based `model-00000-of-00002` naming, resolved by the
 //! index, never guessed), MXFP4 expert blocks/scales kept packed as u8 on the device, biases,
 //! norms, sinks and router in f32, attention and embeddings in the compute dtype.

@@ -1,4 +1,4 @@
-//! The gpt-oss forward pass (gpt-oss.md §4). Attention and the experts are inferno's own ops
+//! The gpt-oss forward pass (docs/gpt-oss.md §4). Attention and the experts are inferno's own ops
 //! (`crate::kernels`: CUDA kernels on a GPU, their plain-loop references on the CPU); the rest
 //! is candle tensor ops. Routing stays on the device: no host round-trip inside a step. Per layer: RMSNorm → attention (q/k/v/o with biases, YaRN RoPE on
 //! half-split pairs, GQA, one learned sink logit per query head in the softmax denominator, a
@@ -65,7 +65,8 @@ pub struct Layer {
     pub attn_norm: Tensor,
     pub attn: Attention,
     pub mlp_norm: Tensor,
-    /// Router weight `[experts, hidden]` and bias `[experts]`, f32 (pitfall #5: near-ties).
+    /// Router weight `[experts, hidden]` and bias `[experts]`, f32 (docs/gpt-oss.md pitfall #5:
+    /// near-ties).
     pub router_w: Tensor,
     pub router_b: Tensor,
     /// Packed MXFP4 weights and biases of every expert.
@@ -450,8 +451,8 @@ fn attention(
 }
 
 /// Router and experts for `h` (`[seq, hidden]`, f32); returns the f32 MoE output. The router
-/// runs in f32 on the f32 normed residual (pitfall #5: near-ties); routing (top-k, softmax over
-/// the k) is fused into the experts' op.
+/// runs in f32 on the f32 normed residual (docs/gpt-oss.md pitfall #5: near-ties); routing
+/// (top-k, softmax over the k) is fused into the experts' op.
 fn moe(cfg: &GptOssConfig, layer: &Layer, h: &Tensor, dtype: DType) -> anyhow::Result<Tensor> {
     let logits = h.matmul(&layer.router_w.t()?)?;
     let act = SwiGlu { limit: cfg.swiglu_limit, alpha: cfg.swiglu_alpha };
