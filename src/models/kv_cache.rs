@@ -122,7 +122,7 @@ impl KvCache {
 /// dropped reasoning makes every turn — may continue at a position whose window the ring has
 /// already lost to later tokens. The tracker records the oldest position still held intact
 /// (`valid_from`), including what tokens of an abandoned continuation overwrote, so a model can
-/// refuse such a start instead of attending to the wrong keys.
+/// refuse such a start instead of attending to the wrong keys (docs/gpt-oss.md §4.4.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingTracker {
     slots: usize,
