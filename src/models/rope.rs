@@ -97,9 +97,7 @@ impl RopeKind {
             ),
         })
     }
-}
 
-impl RopeKind {
     /// llama.cpp's per-pair frequency factors for `dim` rotary dimensions (a GGUF's
     /// `rope_freqs.weight`), checked: a factor per pair, each positive and finite, or the
     /// frequencies would be misaligned or infinite.
@@ -274,9 +272,10 @@ pub fn llama3_from_factors(factors: &[f32], theta: f64, dim: usize) -> Option<Ro
     // smooth = (original_max·x - 1)/(high - 1): slope a, intercept b.
     let a = (s1 - s0) / (x1 - x0);
     let b = s0 - a * x0;
+    // The fit carries the factors' f32 rounding: snap to plain values, then check them all.
     let high = ((1.0 - 1.0 / b) * 1e4).round() / 1e4;
     let original_max = (-a / b).round();
-    if !(high > 1.0 && original_max >= 1.0 && original_max < 1e12) {
+    if !(high > 1.0 && (1.0..1e12).contains(&original_max)) {
         return None;
     }
     let kind = RopeKind::Llama3 {
@@ -363,6 +362,8 @@ mod tests {
         assert!(f[mid] < base[mid] && f[mid] > base[mid] / 8.0);
     }
 
+    const LLAMA3_THETA: f64 = 500000.0;
+
     fn llama3(factor: f64, original_max: usize) -> RopeKind {
         RopeKind::Llama3 { factor, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max }
     }
@@ -384,32 +385,35 @@ mod tests {
     #[test]
     fn llama3_factors_give_the_llama3_frequencies_and_parameters() {
         // Llama 3.1 8B, Llama 3.2 1B, and tests/fixtures/llama3_tiny's short original context.
+        let theta = LLAMA3_THETA;
         for (kind, dim) in
             [(llama3(8.0, 8192), 128), (llama3(32.0, 8192), 64), (llama3(8.0, 64), 64)]
         {
-            let factors = converter_factors(&kind, 500000.0, dim);
-            let gguf =
-                inv_freq(&RopeKind::freq_factors(factors.clone(), dim).unwrap(), 5e5, dim, 0);
-            let hf = inv_freq(&kind, 500000.0, dim, 0);
-            assert!(hf.iter().zip(&inv_freq(&RopeKind::Default, 5e5, dim, 0)).any(|(a, b)| a != b));
-            // Not bit for bit: the converter rounds each factor to f32 and both sides round
-            // their own chain of f32 operations (measured: up to 3 ulps in the blended band).
+            let factors = converter_factors(&kind, theta, dim);
+            let as_factors = RopeKind::freq_factors(factors.clone(), dim).unwrap();
+            let gguf = inv_freq(&as_factors, theta, dim, 0);
+            let hf = inv_freq(&kind, theta, dim, 0);
+            assert_ne!(hf, inv_freq(&RopeKind::Default, theta, dim, 0));
+            // Not bit for bit: each factor is rounded to f32 and both sides round their own
+            // chain of f32 operations (a few ulps here in the blended band; the real
+            // converter's factors land within one, tests/llama3_reference.rs).
             for (i, (g, h)) in gguf.iter().zip(&hf).enumerate() {
                 assert!((g - h).abs() <= 4.0 * h * f32::EPSILON, "{kind:?} pair {i}: {g} vs {h}");
             }
-            assert_eq!(llama3_from_factors(&factors, 500000.0, dim), Some(kind));
+            assert_eq!(llama3_from_factors(&factors, theta, dim), Some(kind));
         }
     }
 
     #[test]
     fn factors_that_are_not_llama3_scaling_are_not_taken_for_it() {
-        let factors = converter_factors(&llama3(8.0, 8192), 500000.0, 128);
+        let theta = LLAMA3_THETA;
+        let factors = converter_factors(&llama3(8.0, 8192), theta, 128);
         let blended = factors.iter().position(|&f| f > 1.0 && f < 8.0).unwrap();
         let mut nudged = factors.clone();
         nudged[blended + 1] *= 1.01;
-        assert_eq!(llama3_from_factors(&nudged, 500000.0, 128), None);
-        assert_eq!(llama3_from_factors(&[1.0; 64], 500000.0, 128), None);
-        assert_eq!(llama3_from_factors(&factors[..32], 500000.0, 128), None);
+        assert_eq!(llama3_from_factors(&nudged, theta, 128), None);
+        assert_eq!(llama3_from_factors(&[1.0; 64], theta, 128), None);
+        assert_eq!(llama3_from_factors(&factors[..32], theta, 128), None);
         // One blended pair cannot tell both band edges apart.
         let steps: Vec<f32> = (0..32)
             .map(|i| {
@@ -422,7 +426,7 @@ mod tests {
                 }
             })
             .collect();
-        assert_eq!(llama3_from_factors(&steps, 500000.0, 64), None);
+        assert_eq!(llama3_from_factors(&steps, theta, 64), None);
     }
 
     #[test]
