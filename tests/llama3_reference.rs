@@ -98,7 +98,7 @@ fn check_logits(model: &mut dyn CausalLm, tolerance: f32, label: &str) {
     assert!(worst < tolerance, "{label}: logits differ from transformers' by {worst}");
 }
 
-/// Largest difference in units of the last place, relative to `want`.
+/// Largest difference in units of `want`·ε: about one ulp (between one and two).
 fn max_ulps(got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len());
     got.iter().zip(want).map(|(g, w)| (g - w).abs() / (w * f32::EPSILON)).fold(0.0, f32::max)
