@@ -317,3 +317,37 @@ fn attention(
     let out = out.reshape((heads, seq, d))?.transpose(0, 1)?.reshape((seq, heads * d))?;
     Ok(layer.o.forward(&out)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device};
+
+    use super::*;
+    use crate::models::CausalLm;
+
+    #[test]
+    fn chunked_prefill_matches_decoding_token_by_token() {
+        // 600 positions run as chunks of 512 + 88; each row must be what decoding that token
+        // alone after the others gives (f32 on the CPU: the same sums in another order).
+        let cfg = LlamaConfig::from_hf_json(
+            r#"{"hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,
+            "num_attention_heads":4,"num_key_value_heads":2,"vocab_size":50,
+            "max_position_embeddings":1024}"#,
+        )
+        .unwrap();
+        let w = super::super::dummy::random_weights(&cfg, DType::F32, &Device::Cpu).unwrap();
+        let mut m =
+            Llama::new(cfg, w, RopeStyle::HalfSplit, 700, DType::F32, &Device::Cpu).unwrap();
+        let tokens: Vec<u32> = (0..600).map(|i| (i * 7 % 50) as u32).collect();
+        let all = m.forward_all(&tokens, 0).unwrap();
+        assert!(memory::PREFILL_CHUNK < tokens.len());
+        for (i, &t) in tokens.iter().enumerate() {
+            let step = m.forward_last(&[t], i).unwrap();
+            if [0, 1, 511, 512, 513, 599].contains(&i) {
+                let diff = (all.get(i).unwrap() - step).unwrap().abs().unwrap();
+                let max = diff.max(0).unwrap().to_scalar::<f32>().unwrap();
+                assert!(max < 1e-4, "position {i}: {max}");
+            }
+        }
+    }
+}
