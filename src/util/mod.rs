@@ -18,7 +18,7 @@ pub fn human_bytes(n: u64) -> String {
 
 /// `13_779_630_336` -> `12.8 GiB` (binary units, as GPU memory is usually quoted).
 pub fn human_bytes_iec(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut v = n as f64;
     let mut unit = 0;
     while v >= 1024.0 && unit + 1 < UNITS.len() {
@@ -66,7 +66,7 @@ mod tests {
         assert_eq!(super::human_bytes_iec(512), "512 B");
         assert_eq!(super::human_bytes_iec(13_779_630_336), "12.8 GiB");
         assert_eq!(super::human_bytes_iec(3 << 20), "3.0 MiB");
-        assert_eq!(super::human_bytes_iec(u64::MAX), "16384.0 PiB");
+        assert_eq!(super::human_bytes_iec(u64::MAX), "16.0 EiB");
     }
 
     #[test]
