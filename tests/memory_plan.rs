@@ -6,6 +6,8 @@
 //! The GPU test (ignored by default) holds the plan against the device memory that dummy-weight
 //! loads of the benches/configs shapes really take.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -143,55 +145,75 @@ mod pool {
     }
 }
 
-/// Tolerances, stated: the resident bytes (weights, KV cache, RoPE tables) come from the same
-/// formulas the models allocate by, so they must agree within the pool's rounding (0.5% + 8
-/// MiB); the workspace is an upper bound that must hold and not be more than 4× + 64 MiB what
-/// a worst-case step (a full prefill chunk at the end of the context, then decode steps)
-/// takes; the runtime allowance must cover what the CUDA libraries take outside the pool.
+/// One load measured against its plan; prints the numbers (the lead's report quotes them).
+#[cfg(feature = "cuda")]
+fn measure(
+    device: &candle_core::Device,
+    pool: &pool::Pool,
+    name: &str,
+    dummy: bool,
+    context: usize,
+) {
+    use inferno::engine::{self, LoadOptions};
+    let free = || inferno::gpu::memory(device).expect("free memory").0;
+    device.synchronize().unwrap();
+    let (free0, used0) = (free(), pool.used());
+    let opts = LoadOptions { dtype: None, context: Some(context), dummy };
+    let mut loaded = engine::load(name, &opts, device).expect("load");
+    device.synchronize().unwrap();
+    let resident = pool.used() - used0;
+    pool.reset_high();
+    // The worst step for the workspace: a full prefill chunk at the end of the context (its
+    // attention reads every position), then decode steps (gpt-oss captures its CUDA graph).
+    let n = 512.min(context);
+    let prompt: Vec<u32> = (0..n as u32).collect();
+    loaded.model.forward_last(&prompt, context - n).expect("prefill");
+    for pos in 0..4 {
+        loaded.model.forward_last(&[7], pos).expect("decode");
+    }
+    device.synchronize().unwrap();
+    let workspace = pool.high().saturating_sub(resident + used0);
+    let outside_pool = (free0 - free()).saturating_sub(pool.used() - used0);
+    let p = loaded.plan;
+    let planned_resident = p.weights + p.kv_cache + p.rope_tables;
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "{name} @ {context}: resident {:.1} MiB (planned {:.1}), workspace {:.1} MiB (planned {:.1}), outside the pool {:.1} MiB (planned runtime {:.1}), free-memory drop after loading {:.1} MiB",
+        mib(resident),
+        mib(planned_resident),
+        mib(workspace),
+        mib(p.workspace),
+        mib(outside_pool),
+        mib(p.runtime),
+        mib(loaded.device_bytes.unwrap_or(0)),
+    );
+    let slack = planned_resident / 50 + (32 << 20);
+    assert!(resident.abs_diff(planned_resident) <= slack, "{name}: resident");
+    assert!(workspace <= p.workspace, "{name}: the workspace bound does not hold");
+    assert!(p.workspace <= 4 * workspace + (64 << 20), "{name}: the workspace is far over");
+    assert!(outside_pool <= p.runtime, "{name}: the runtime allowance is too small");
+}
+
+/// Tolerances, stated. Resident bytes (weights, KV cache, RoPE tables) come from the formulas
+/// the models allocate by (exact on the CPU, see src/engine/plan/tests.rs); on the GPU they
+/// must agree within 2% + 32 MiB, room for the stream-ordered allocator's rounding. The
+/// workspace is an upper bound that must hold, and be no more than 4× + 64 MiB what the worst
+/// step takes. What the CUDA libraries take outside the pool (cuBLAS workspaces, modules,
+/// the decode graph's memory, what the pool keeps) must fit the runtime allowance. Cases: the
+/// benches/configs shapes with random weights, and the SmolLM2 Q4_1 GGUF (quantized tensors
+/// padded on the GPU); INFERNO_ASSETS names the folder holding it (scripts/gpu-tests.sh).
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
 fn gpu_plan_matches_the_memory_of_dummy_loads() {
-    use inferno::engine::{self, LoadOptions};
-    let (device, _) = engine::open_device(0, false).expect("a CUDA device");
+    let (device, _) = inferno::engine::open_device(0, false).expect("a CUDA device");
     let pool = pool::Pool::default_of(0);
-    let free = || inferno::gpu::memory(&device).expect("free memory").0;
-    let configs = [("tinyllama-1.1b", 2048), ("llama-3.1-8b", 8192), ("gpt-oss-20b", 8192)];
-    for (config, context) in configs {
+    for (config, context) in
+        [("tinyllama-1.1b", 2048), ("llama-3.1-8b", 8192), ("gpt-oss-20b", 8192)]
+    {
         let path = format!("{}/benches/configs/{config}.json", env!("CARGO_MANIFEST_DIR"));
-        device.synchronize().unwrap();
-        let (free0, used0) = (free(), pool.used());
-        let opts = LoadOptions { dtype: None, context: Some(context), dummy: true };
-        let mut loaded = engine::load(&path, &opts, &device).expect("load");
-        device.synchronize().unwrap();
-        let resident = pool.used() - used0;
-        pool.reset_high();
-        let n = 512.min(context);
-        let prompt: Vec<u32> = (0..n as u32).collect();
-        loaded.model.forward_last(&prompt, context - n).expect("prefill");
-        for pos in 0..4 {
-            loaded.model.forward_last(&[7], pos).expect("decode");
-        }
-        device.synchronize().unwrap();
-        let workspace = pool.high().saturating_sub(resident + used0);
-        let outside_pool = (free0 - free()).saturating_sub(pool.used() - used0);
-        let p = loaded.plan;
-        let planned_resident = p.weights + p.kv_cache + p.rope_tables;
-        let mib = |b: u64| b as f64 / (1 << 20) as f64;
-        eprintln!(
-            "{config} @ {context}: resident {:.1} MiB (planned {:.1}), workspace {:.1} MiB (planned {:.1}), outside the pool {:.1} MiB (planned runtime {:.1})",
-            mib(resident),
-            mib(planned_resident),
-            mib(workspace),
-            mib(p.workspace),
-            mib(outside_pool),
-            mib(p.runtime)
-        );
-        let slack = planned_resident / 200 + (8 << 20);
-        assert!(resident.abs_diff(planned_resident) <= slack, "{config}: resident");
-        assert!(workspace <= p.workspace, "{config}: the workspace bound does not hold");
-        assert!(p.workspace <= 4 * workspace + (64 << 20), "{config}: workspace far over");
-        assert!(outside_pool <= p.runtime, "{config}: runtime allowance too small");
-        drop(loaded);
+        measure(&device, &pool, &path, true, context);
     }
+    let gguf = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
+    measure(&device, &pool, gguf.to_str().unwrap(), false, 8192);
 }
