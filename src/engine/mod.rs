@@ -205,13 +205,15 @@ fn out_of_memory(
     if !crate::error::is_out_of_memory(&err) {
         return err;
     }
-    let free = budget.map(|b| format!(" with {} free", crate::util::human_bytes_iec(b.free)));
+    let iec = crate::util::human_bytes_iec;
+    let free = budget.map(|b| format!("; {} was free before loading", iec(b.free)));
     fail(
         ErrorKind::Memory,
         format!(
-            "out of GPU memory while loading {name} at context {}: planned {}{} (is another process using the GPU?)",
+            "out of GPU memory while loading {name} at context {}: the plan was {} ({}){} (is another process using the GPU?)",
             plan.context,
-            plan.summary(None),
+            iec(plan.total()),
+            plan.parts(),
             free.unwrap_or_default()
         ),
     )

@@ -8,7 +8,13 @@
 //! (`models::{gpt_oss,llama}::memory`), so the plan and what is allocated cannot drift apart;
 //! the tests compare them on built models. The workspace is an upper bound (every intermediate
 //! of one prefill chunk through one layer, counted as live at once), the runtime term a fixed
-//! allowance measured on an H100 (see [`Target::runtime_bytes`]).
+//! allowance (see [`Target::runtime_bytes`]).
+//!
+//! Without loading anything, e.g. for "does this cached model fit on this GPU at its default
+//! context": `engine::prepare(id, &LoadOptions { dtype: None, context: None, dummy: false },
+//! Target::Gpu)` gives the [`Spec`]; `spec.plan(spec.context)` the bytes, and
+//! `spec.check(id, Some(&Budget { free, target: Target::Gpu }), false)` the plan or the
+//! one-line refusal with the largest context that fits.
 
 use candle_core::Device;
 
