@@ -236,3 +236,24 @@ fn llama_gguf_plan_is_what_the_model_allocates() {
         plan_matches_allocation(&path, None, 200, false);
     }
 }
+
+#[test]
+fn a_device_allocation_failure_while_loading_is_exit_7_with_the_plan() {
+    let spec = spec_of(&Source::Dummy(bench_config("tinyllama-1.1b")), None, 2048, Target::Gpu);
+    let plan = spec.plan(2048);
+    let budget = Some(Budget { free: 1 << 30, target: Target::Gpu });
+    // What candle returns when cuMemAllocAsync fails, under the loader's context.
+    let oom =
+        candle_core::Error::Msg("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into());
+    let err =
+        engine::out_of_memory(anyhow::Error::from(oom).context("loading"), "m", &plan, budget);
+    assert_eq!(crate::error::kind_of(&err).exit_code(), 7);
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("out of GPU memory while loading m at context 2048: the plan was "),
+        "{msg}"
+    );
+    assert!(msg.contains("; 1.0 GiB was free before loading"), "{msg}");
+    let other = engine::out_of_memory(anyhow::anyhow!("bad shape"), "m", &plan, budget);
+    assert_eq!(other.to_string(), "bad shape");
+}
