@@ -38,6 +38,9 @@ fn one_shot_goes_through_harmony_without_leaking_markup() {
     assert!(!stdout.contains("<|"), "harmony markup leaked: {stdout:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("reasoning high"), "{stderr}");
+    // The memory plan in the banner, against the host's memory under --cpu.
+    assert!(stderr.contains("\nmemory: ") && stderr.contains(" planned (weights "), "{stderr}");
+    assert!(stderr.contains(" available on the host"), "{stderr}");
     assert!(stderr.contains("tokens"), "no stats line: {stderr}");
 }
 

@@ -139,6 +139,18 @@ impl Mxfp4Experts {
         })
     }
 
+    /// The six tensors it holds (for counting the model's bytes).
+    pub fn tensors(&self) -> [&Tensor; 6] {
+        [
+            &self.gate_up_blocks,
+            &self.gate_up_scales,
+            &self.gate_up_bias,
+            &self.down_blocks,
+            &self.down_scales,
+            &self.down_bias,
+        ]
+    }
+
     /// Number of experts `E`.
     pub fn num_experts(&self) -> usize {
         self.experts

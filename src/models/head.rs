@@ -48,6 +48,7 @@ pub trait Decoder {
     fn head(&self) -> &Head;
     fn cache_capacity(&self) -> usize;
     fn vocab(&self) -> usize;
+    fn allocated(&self) -> super::memory::Allocated;
     /// Logits `[vocab]` for one decode step, when the model has a faster path for it than
     /// `hidden` + head (gpt-oss: a replayed CUDA graph); `None`: take the ordinary path.
     fn decode_step(&mut self, _token: u32, _start: usize) -> Option<anyhow::Result<Tensor>> {
@@ -94,5 +95,9 @@ impl<T: Decoder> CausalLm for T {
 
     fn vocab_size(&self) -> usize {
         self.vocab()
+    }
+
+    fn allocated(&self) -> super::memory::Allocated {
+        Decoder::allocated(self)
     }
 }

@@ -25,6 +25,12 @@ impl KvCache {
         Ok(KvCache { k, v, capacity })
     }
 
+    /// Bytes [`KvCache::new`] allocates for these dimensions (keys and values), saturating:
+    /// what memory plans count before anything is allocated.
+    pub fn planned_bytes(kv_heads: usize, capacity: usize, head_dim: usize, dtype: DType) -> u64 {
+        2u64.saturating_mul(super::memory::dense_bytes(&[kv_heads, capacity, head_dim], dtype))
+    }
+
     pub fn capacity(&self) -> usize {
         self.capacity
     }

@@ -7,6 +7,7 @@ pub mod head;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;
+pub mod memory;
 pub mod rope;
 
 use candle_core::Tensor;
@@ -32,4 +33,6 @@ pub trait CausalLm {
     /// How many positions the KV cache holds.
     fn context_length(&self) -> usize;
     fn vocab_size(&self) -> usize;
+    /// The bytes its weights, KV cache and RoPE tables hold (what memory plans predict).
+    fn allocated(&self) -> memory::Allocated;
 }

@@ -301,8 +301,12 @@ pub fn scaled_tables(
     device: &Device,
 ) -> anyhow::Result<(Tensor, Tensor)> {
     let half = inv_freq.len();
-    let mut cos = Vec::with_capacity(len * half);
-    let mut sin = Vec::with_capacity(len * half);
+    // Built on the host first: a context too large for host memory must be an error here, not
+    // an abort inside the allocator (memory plans normally refuse such a context earlier).
+    let n = len.checked_mul(half).ok_or_else(|| too_large(len))?;
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    cos.try_reserve_exact(n).map_err(|_| too_large(len))?;
+    sin.try_reserve_exact(n).map_err(|_| too_large(len))?;
     for p in start..start + len {
         for &f in inv_freq {
             let angle = p as f32 * f;
@@ -313,6 +317,19 @@ pub fn scaled_tables(
     let cos = Tensor::from_vec(cos, (len, half), device)?.to_dtype(dtype)?;
     let sin = Tensor::from_vec(sin, (len, half), device)?.to_dtype(dtype)?;
     Ok((cos, sin))
+}
+
+fn too_large(len: usize) -> anyhow::Error {
+    crate::error::fail(
+        crate::error::ErrorKind::Memory,
+        format!("not enough host memory for the RoPE tables of {len} positions: lower --context"),
+    )
+}
+
+/// Bytes of the cos and sin tables [`scaled_tables`] makes for `len` positions of `dim/2`
+/// frequencies in `dtype`: what memory plans count.
+pub fn table_bytes(half: usize, len: usize, dtype: DType) -> u64 {
+    2u64.saturating_mul(super::memory::dense_bytes(&[len, half], dtype))
 }
 
 /// cos and sin tables `[positions, dim/2]` for positions `start..start+len`.

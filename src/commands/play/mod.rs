@@ -197,13 +197,20 @@ fn loading_spinner(visible: bool, model: &str) -> indicatif::ProgressBar {
     bar
 }
 
+/// Two lines: what runs where, then the memory plan (and what loading measurably took).
 fn banner(l: &Loaded, gpu_name: &str, dialogue: &Dialogue, load_s: f64) -> String {
     let mem =
         l.device_bytes.map(|b| format!(", {} on the GPU", human_bytes(b))).unwrap_or_default();
     let effort = dialogue.effort().map(|e| format!(" · reasoning {e}")).unwrap_or_default();
     format!(
-        "inferno · {} ({}, {:?}) · {}{mem} · context {} (model max {}){effort} · loaded in {load_s:.1}s",
-        l.name, l.format, l.dtype, gpu_name, l.context, l.max_context
+        "inferno · {} ({}, {:?}) · {}{mem} · context {} (model max {}){effort} · loaded in {load_s:.1}s\nmemory: {}",
+        l.name,
+        l.format,
+        l.dtype,
+        gpu_name,
+        l.context,
+        l.max_context,
+        l.plan.summary(l.budget.as_ref())
     )
 }
 

@@ -5,6 +5,7 @@ pub mod config;
 pub mod dummy;
 mod graph;
 pub mod load;
+pub mod memory;
 pub mod model;
 
 pub use config::GptOssConfig;

@@ -10,6 +10,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
 use super::graph::DecodeGraph;
+use super::memory;
 use crate::kernels::{KvLayout, Mxfp4Experts, SinkAttnConfig, SwiGlu};
 use crate::models::head::{Decoder, Head, rms_norm};
 use crate::models::kv_cache::{KvCache, RingTracker};
@@ -132,13 +133,12 @@ impl GptOss {
     ) -> anyhow::Result<GptOss> {
         let vocab = cfg.vocab_size;
         let inv_freq = rope::inv_freq(&cfg.rope, cfg.rope_theta, cfg.head_dim, 0);
-        // f32 tables: RoPE runs in f32 and rounds once (qkv_rope.rs says why).
         let (cos, sin) = rope::scaled_tables(
             &inv_freq,
             cfg.rope.attention_scaling(),
             0,
             context,
-            DType::F32,
+            memory::ROPE_DTYPE,
             device,
         )?;
         let mut model = GptOss {
@@ -160,20 +160,20 @@ impl GptOss {
         Ok(model)
     }
 
-    /// Sets the prefill chunk and (re)allocates the KV caches: full layers hold the whole
-    /// context; sliding layers a ring of `window + chunk − 1` slots when that is smaller (every
-    /// key a chunk's queries can see is then still in the ring). Forgets the cache contents.
+    /// Sets the prefill chunk and (re)allocates the KV caches as [`memory::layer_cache`] lays
+    /// them out (the memory plan counts the same). Forgets the cache contents.
     pub fn set_prefill_chunk(&mut self, chunk: usize) -> anyhow::Result<()> {
         anyhow::ensure!(chunk > 0, "the prefill chunk must be positive");
         let cfg = &self.cfg;
-        let ring_slots = cfg.sliding_window + chunk - 1;
-        self.ring = cfg.sliding.iter().map(|&s| s && ring_slots < self.context).collect();
-        self.caches = self
-            .ring
+        let layout: Vec<_> =
+            cfg.sliding.iter().map(|&s| memory::layer_cache(cfg, s, self.context, chunk)).collect();
+        // The old caches go first: both sets at once may not fit where one does.
+        self.caches.clear();
+        self.ring = layout.iter().map(|c| c.ring).collect();
+        self.caches = layout
             .iter()
-            .map(|&ring| {
-                let slots = if ring { ring_slots } else { self.context };
-                KvCache::new(cfg.num_kv_heads, slots, cfg.head_dim, self.dtype, &self.device)
+            .map(|c| {
+                KvCache::new(cfg.num_kv_heads, c.slots, cfg.head_dim, self.dtype, &self.device)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         self.prefill_chunk = chunk;
@@ -248,6 +248,28 @@ impl GptOss {
     /// Bytes the KV caches hold on the device.
     pub fn kv_cache_bytes(&self) -> usize {
         self.caches.iter().map(KvCache::bytes).sum()
+    }
+
+    /// Bytes of the RoPE tables.
+    pub fn rope_bytes(&self) -> usize {
+        [&self.cos, &self.sin].iter().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum()
+    }
+
+    /// Bytes of the weights, each tensor once (a tied LM head is the embedding).
+    pub fn weight_bytes(&self) -> u64 {
+        let mut m = crate::models::memory::Measured::default();
+        m.tensor(&self.w.embed);
+        for l in &self.w.layers {
+            for t in [&l.attn_norm, &l.mlp_norm, &l.router_w, &l.router_b, &l.attn.sinks] {
+                m.tensor(t);
+            }
+            m.linear(&l.attn.qkv);
+            m.linear(&l.attn.o);
+            l.experts.tensors().into_iter().for_each(|t| m.tensor(t));
+        }
+        m.tensor(&self.w.head.norm);
+        m.linear(&self.w.head.lm_head);
+        m.total
     }
 
     pub fn config(&self) -> &GptOssConfig {
@@ -366,6 +388,14 @@ impl Decoder for GptOss {
 
     fn vocab(&self) -> usize {
         self.cfg.vocab_size
+    }
+
+    fn allocated(&self) -> crate::models::memory::Allocated {
+        crate::models::memory::Allocated {
+            weights: self.weight_bytes(),
+            kv_cache: self.kv_cache_bytes() as u64,
+            rope_tables: self.rope_bytes() as u64,
+        }
     }
 
     fn decode_step(&mut self, token: u32, start: usize) -> Option<anyhow::Result<Tensor>> {

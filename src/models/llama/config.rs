@@ -178,6 +178,13 @@ impl LlamaConfig {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
+        // Lists are sized by the layer count: a corrupt one must not reach an allocation.
+        if self.num_layers == 0 || self.num_layers > 4096 {
+            return Err(fail(
+                ErrorKind::InvalidInput,
+                format!("model config: {} layers is not in 1..=4096", self.num_layers),
+            ));
+        }
         let ok = self.num_heads > 0
             && self.num_kv_heads > 0
             && self.num_heads.is_multiple_of(self.num_kv_heads)
