@@ -177,8 +177,8 @@ impl GptOss {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         self.prefill_chunk = chunk;
-        let any_ring = self.ring.iter().any(|&r| r);
-        self.ring_track = any_ring.then(|| RingTracker::new(ring_slots, cfg.sliding_window));
+        let ring_slots = layout.iter().find(|c| c.ring).map(|c| c.slots);
+        self.ring_track = ring_slots.map(|slots| RingTracker::new(slots, cfg.sliding_window));
         self.checkpoint = None;
         // A captured graph holds the old caches' addresses; a graph switched off stays off.
         if self.graph.is_some() {
