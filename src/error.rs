@@ -21,6 +21,9 @@ pub enum ErrorKind {
     Integrity,
     /// The disk is full or the cache is not writable.
     Storage,
+    /// Not enough GPU (or, with `--cpu`, host) memory: refused by the memory plan before
+    /// loading, or an allocation failed.
+    Memory,
     /// The user asked for something malformed or unsafe (bad repo id, path traversal).
     InvalidInput,
     /// No usable GPU.
@@ -37,7 +40,7 @@ impl ErrorKind {
             ErrorKind::Unauthorized => 4,
             ErrorKind::Network => 5,
             ErrorKind::Integrity => 6,
-            ErrorKind::Storage => 7,
+            ErrorKind::Storage | ErrorKind::Memory => 7,
             ErrorKind::NoDevice => 8,
         }
     }
@@ -81,7 +84,16 @@ pub fn kind_of(err: &anyhow::Error) -> ErrorKind {
             return ErrorKind::Storage;
         }
     }
+    if is_out_of_memory(err) {
+        return ErrorKind::Memory;
+    }
     ErrorKind::Other
+}
+
+/// A device allocation that failed: candle passes the driver's error on as text inside its
+/// own error type, so the code name is what can be recognised.
+pub fn is_out_of_memory(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| c.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"))
 }
 
 /// Disk full, quota exceeded or a read-only cache: the user must free space or pick another root.
@@ -102,6 +114,18 @@ mod tests {
         let err = fail(ErrorKind::Unauthorized, "gated").context("downloading x");
         assert_eq!(kind_of(&err), ErrorKind::Unauthorized);
         assert_eq!(kind_of(&err).exit_code(), 4);
+    }
+
+    #[test]
+    fn device_out_of_memory_is_memory() {
+        // The text candle gives a failed cuMemAllocAsync, under our context.
+        let candle = candle_core::Error::Msg(
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into(),
+        );
+        let err = anyhow::Error::from(candle).context("loading weights");
+        assert_eq!(kind_of(&err), ErrorKind::Memory);
+        assert_eq!(kind_of(&err).exit_code(), 7);
+        assert_eq!(kind_of(&anyhow::anyhow!("CUDA_ERROR_INVALID_VALUE")), ErrorKind::Other);
     }
 
     #[test]

@@ -77,6 +77,33 @@ fn stdin_prompt_with_a_system_prompt() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), reference_reply(1));
 }
 
+/// `echo "…" | inferno play` asks what `--prompt "…"` asks: the newline `echo` adds is not part
+/// of the message. Kept, the template rendered "…France?\n" and SmolLM2 answered otherwise.
+#[test]
+fn a_prompt_on_stdin_is_the_same_prompt_as_with_prompt() {
+    let question = "What is the capital of France?";
+    let args = ["-v", "--max-tokens", "40"];
+    let given = play(&[&args[..], &["--prompt", question]].concat(), None);
+    for input in [format!("{question}\n"), format!("{question}\r\n")] {
+        let piped = play(&args, Some(&input));
+        for out in [&given, &piped] {
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+        assert_eq!(common::stdout(&piped), common::stdout(&given), "{input:?}");
+        // The stats line (-v) ends "context USED/MAX", USED = prompt + reply tokens: with equal
+        // replies, equal prompt lengths.
+        let context = |o: &std::process::Output| {
+            let err = common::stderr(o);
+            err.rsplit_once("context ").map(|(_, c)| c.trim().to_string()).unwrap_or(err)
+        };
+        assert_eq!(context(&piped), context(&given), "{input:?}");
+    }
+    // Nothing to answer: a clear error, not a reply to an empty message.
+    let empty = play(&[], Some("\n"));
+    assert_eq!(empty.status.code(), Some(2), "{}", common::stderr(&empty));
+    assert!(common::stderr(&empty).contains("stdin is empty"), "{}", common::stderr(&empty));
+}
+
 #[test]
 fn raw_completion_continues_the_text() {
     let fx: serde_json::Value =
@@ -140,6 +167,61 @@ fn interactive_two_turn_chat_and_ctrl_c() {
     p.exp_string("interrupted").unwrap();
     p.exp_string(">>> ").unwrap();
 
+    p.send_line("/exit").unwrap();
+    p.exp_eof().unwrap();
+}
+
+/// `/stats` and `/set` answer every time: a setting only shows in later replies, so a silent
+/// command looks like one that did nothing.
+#[test]
+fn stats_and_set_say_what_they_did() {
+    let mut cmd = Command::new(bin());
+    cmd.arg("play").arg(model_dir()).args(["--cpu", "--temperature", "0", "--max-tokens", "400"]);
+    cmd.env("XDG_STATE_HOME", tempfile::tempdir().unwrap().keep());
+    let mut p = spawn_command(cmd, Some(60_000)).expect("spawn in a pty");
+    p.exp_string(">>> ").unwrap();
+
+    p.send_line("/stats").unwrap();
+    p.exp_string("(stats off)").unwrap();
+    p.exp_string(">>> ").unwrap();
+    p.send_line("What is the capital of Germany?").unwrap();
+    p.exp_string(&reference_reply(0)).unwrap();
+    let after_reply = p.exp_string(">>> ").unwrap();
+    assert!(!after_reply.contains("tok/s"), "stats line while off: {after_reply:?}");
+    p.send_line("/stats").unwrap();
+    p.exp_string("(stats on)").unwrap();
+    p.send_line("/stats maybe").unwrap();
+    p.exp_string("usage: /stats [on|off]").unwrap();
+    p.send_line("/reasoning hide").unwrap();
+    p.exp_string("(reasoning hidden)").unwrap();
+
+    // (rexpect reads bytes: the "→" is matched as \S+)
+    p.send_line("/set max_tokens 6").unwrap();
+    p.exp_regex(r"\(max_tokens 400 \S+ 6\)").unwrap();
+    p.send_line("/set temperature 0.2").unwrap();
+    p.exp_regex(r"\(temperature 0 \(greedy\) \S+ 0\.2\)").unwrap();
+    p.send_line("/set temperature 0").unwrap();
+    p.exp_regex(r"\(temperature 0\.2 \S+ 0 \(greedy\)\)").unwrap();
+    p.send_line("/set top_k 0").unwrap();
+    p.exp_regex(r"\(top_k 40 \S+ off\)").unwrap();
+    p.send_line("/set top_k 0").unwrap();
+    p.exp_string("(top_k off, unchanged)").unwrap();
+    p.send_line("/set temperature warm").unwrap();
+    p.exp_string("error: temperature takes a number, not \"warm\"").unwrap();
+    p.send_line("/set top_p 2").unwrap();
+    p.exp_string("error: top-p must be in (0, 1], not 2").unwrap();
+    p.send_line("/set colour 3").unwrap();
+    p.exp_string("error: unknown setting \"colour\"").unwrap();
+    p.send_line("/set").unwrap();
+    p.exp_regex(
+        r"\(temperature 0 \(greedy\), top_k off, top_p 0\.95, min_p 0\.05, repeat_penalty 1, max_tokens 6, seed \d+\)",
+    )
+    .unwrap();
+
+    // The stats line is back, and the new max_tokens holds.
+    p.send_line("And the capital of France?").unwrap();
+    p.exp_regex(r"decode [0-9.]+ tok/s \S+ 6 tokens \S+ max tokens").unwrap();
+    p.exp_string(">>> ").unwrap();
     p.send_line("/exit").unwrap();
     p.exp_eof().unwrap();
 }

@@ -5,41 +5,11 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 
-use candle_core::{DType, Device, Tensor};
-
 fn model_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let fixture =
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_oss_tiny"));
-        let mut config: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(fixture.join("config.json")).unwrap()).unwrap();
-        let vocab = 201088;
-        config["vocab_size"] = vocab.into();
-        config["eos_token_id"] = 200002.into();
-        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-        let mut tensors: HashMap<String, Tensor> =
-            candle_core::safetensors::load(fixture.join("model.safetensors"), &Device::Cpu)
-                .unwrap();
-        for name in ["model.embed_tokens.weight", "lm_head.weight"] {
-            let t = Tensor::randn(0f32, 1.0, (vocab, 64), &Device::Cpu)
-                .unwrap()
-                .to_dtype(DType::BF16)
-                .unwrap();
-            tensors.insert(name.to_string(), t);
-        }
-        candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
-        let tok = common::asset("gptoss-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
-        std::fs::copy(tok, dir.path().join("tokenizer.json")).unwrap();
-        dir
-    })
-    .path()
-    .to_path_buf()
+    common::tiny_gpt_oss_full_vocab()
 }
 
 fn play(args: &[&str]) -> std::process::Output {
@@ -68,6 +38,9 @@ fn one_shot_goes_through_harmony_without_leaking_markup() {
     assert!(!stdout.contains("<|"), "harmony markup leaked: {stdout:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("reasoning high"), "{stderr}");
+    // The memory plan in the banner, against the host's memory under --cpu.
+    assert!(stderr.contains("\nmemory: ") && stderr.contains(" planned (weights "), "{stderr}");
+    assert!(stderr.contains(" available on the host"), "{stderr}");
     assert!(stderr.contains("tokens"), "no stats line: {stderr}");
 }
 

@@ -39,7 +39,8 @@ FLAGS = {
     "head_in": "the final normed hidden state (lm_head's input)",
     "logits": "lm_head's output (a bf16 GEMM's result; inferno keeps it f32 since matmul_f32_out)",
 }
-# Bugs other engines shipped (docs/gpt-oss.md, pitfalls), to show what the agreement detects.
+# Bugs other engines shipped (docs/gpt-oss.md §7, pitfalls #3, #5, #13 and #4), to show what the
+# agreement detects.
 BUGS = {
     "bug_window": "a sliding window one key too wide",
     "bug_gates": "softmax over all experts' logits, top-k weights not renormalized",

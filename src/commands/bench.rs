@@ -26,7 +26,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
     let dtype = args.device.dtype.as_deref().map(engine::parse_dtype).transpose()?;
-    let needed = args.prompt_tokens + args.gen_tokens;
+    let needed = args.prompt_tokens.checked_add(args.gen_tokens).ok_or_else(|| {
+        fail(ErrorKind::InvalidInput, "--prompt-tokens plus --gen-tokens is too large")
+    })?;
     let opts = LoadOptions {
         dtype,
         context: Some(args.context.unwrap_or(needed).max(needed)),
@@ -39,7 +41,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let prompt = pseudo_random_tokens(args.prompt_tokens, vocab);
 
     one_run(loaded.model.as_mut(), &prompt, args.gen_tokens, &device)?; // warm-up
-    let mut runs = Vec::with_capacity(args.repeat);
+    // Grown as the runs finish: --repeat is the user's number, not an allocation size.
+    let mut runs = Vec::new();
     for _ in 0..args.repeat {
         runs.push(one_run(loaded.model.as_mut(), &prompt, args.gen_tokens, &device)?);
     }
@@ -63,6 +66,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "decode_ms_per_token": 1000.0 / decode,
             "prefill_runs_tok_s": runs.iter().map(|r| args.prompt_tokens as f64 / r.prefill_s).collect::<Vec<_>>(),
             "decode_runs_tok_s": runs.iter().map(|r| args.gen_tokens as f64 / r.decode_s).collect::<Vec<_>>(),
+            "memory_plan": loaded.plan.to_json(loaded.budget.as_ref()),
             "model_device_bytes": loaded.device_bytes,
             "device_bytes_in_use": mem_now,
             "load_seconds": load_s,
@@ -74,6 +78,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             loaded.name, loaded.format, loaded.dtype, loaded.context
         );
         println!("device:  {gpu_name}");
+        println!("plan:    {}", loaded.plan.summary(loaded.budget.as_ref()));
         if let Some(b) = loaded.device_bytes {
             println!("memory:  {} taken by the model (weights + KV cache)", human_bytes(b));
         }

@@ -1,6 +1,8 @@
 //! From a model name to a loaded model on a device: resolve the name (cache id or local path),
 //! tell the format apart (HF safetensors folder, GGUF file, or a bare config.json for dummy
-//! weights), load it, and report what was loaded and the device memory it took.
+//! weights), decide what to load from the headers ([`spec`]) and check that it fits
+//! ([`plan`]) before anything is allocated, load it, and report what was loaded and the device
+//! memory it took.
 
 use std::path::{Path, PathBuf};
 
@@ -12,12 +14,17 @@ use crate::gpu::{self, GpuInfo};
 use crate::hub::Cache;
 use crate::hub::resolve::resolve_model;
 use crate::models::CausalLm;
-use crate::models::gpt_oss::{self, GptOssConfig};
+use crate::models::gpt_oss;
 use crate::models::llama::load::{self, GgufFile};
 use crate::models::llama::model::RopeStyle;
-use crate::models::llama::{LlamaConfig, dummy};
+use crate::models::llama::{self, dummy};
 
+pub mod plan;
+pub mod spec;
 pub mod text;
+
+pub use plan::{Budget, MemoryPlan, Target};
+pub use spec::{Arch, Spec};
 
 /// Default KV-cache size when the model allows more (`--context` raises it).
 pub const DEFAULT_CONTEXT: usize = 8192;
@@ -130,20 +137,42 @@ pub struct Loaded {
     pub dtype: DType,
     pub context: usize,
     pub max_context: usize,
+    /// What the model was planned to need, and the memory that was free for it.
+    pub plan: MemoryPlan,
+    pub budget: Option<Budget>,
     /// Device memory taken by loading (weights + KV cache), when measurable.
     pub device_bytes: Option<u64>,
 }
 
-/// Resolves `name` (cache id, `id@rev`, local folder or .gguf) and loads it.
-pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<Loaded> {
+/// Resolves `name` to its files and decides what loading it needs (no tensor data is read):
+/// the memory plan of a model on `target`, as `doctor` asks for every cached model.
+pub fn prepare(name: &str, opts: &LoadOptions, target: Target) -> anyhow::Result<(Source, Spec)> {
     let path = if opts.dummy && Path::new(name).exists() {
         PathBuf::from(name)
     } else {
         resolve_model(name, &Cache::from_env())?.path
     };
     let source = Source::detect(&path, opts.dummy)?;
+    let spec = Spec::read(&source, opts, target)?;
+    Ok((source, spec))
+}
+
+/// Resolves `name` (cache id, `id@rev`, local folder or .gguf), checks its memory plan against
+/// the device's free memory, and loads it.
+pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<Loaded> {
+    let (source, spec) = prepare(name, opts, Target::of(device))?;
+    let budget = Budget::of(device);
+    let plan = spec.check(name, budget.as_ref(), opts.context.is_some())?;
+    let (n, max) = (spec.context, spec.max_context);
+    if n > max {
+        // Positions past the trained maximum get RoPE angles the model never saw (YaRN is
+        // scaled for `max`).
+        eprintln!(
+            "warning: --context {n} is beyond the {max} positions this model was trained for; output past position {max} is untested"
+        );
+    }
     let before = gpu::memory(device);
-    let loaded = load_source(name, source, opts, device)?;
+    let model = build(&source, &spec, device).map_err(|e| out_of_memory(e, name, &plan, budget))?;
     let after = gpu::memory(device);
     let device_bytes = match (before, after) {
         (Some((free_before, _)), Some((free_after, _))) => {
@@ -151,7 +180,43 @@ pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<L
         }
         _ => None,
     };
-    Ok(Loaded { device_bytes, ..loaded })
+    Ok(Loaded {
+        model,
+        format: format_name(&source, &spec),
+        source,
+        name: name.to_string(),
+        dtype: spec.dtype,
+        context: spec.context,
+        max_context: spec.max_context,
+        plan,
+        budget,
+        device_bytes,
+    })
+}
+
+/// An allocation that failed although the plan fitted (another process took the memory, or
+/// the plan fell short): exit code 7 with the numbers, not the driver's bare error.
+fn out_of_memory(
+    err: anyhow::Error,
+    name: &str,
+    plan: &MemoryPlan,
+    budget: Option<Budget>,
+) -> anyhow::Error {
+    if !crate::error::is_out_of_memory(&err) {
+        return err;
+    }
+    let iec = crate::util::human_bytes_iec;
+    let free = budget.map(|b| format!("; {} was free before loading", iec(b.free)));
+    fail(
+        ErrorKind::Memory,
+        format!(
+            "out of GPU memory while loading {name} at context {}: the plan was {} ({}){} (is another process using the GPU?)",
+            plan.context,
+            iec(plan.total()),
+            plan.parts(),
+            free.unwrap_or_default()
+        ),
+    )
 }
 
 /// The KV-cache size: `--context` when given, else the model's maximum capped at
@@ -160,18 +225,16 @@ fn context_for(max_position_embeddings: usize, requested: Option<usize>) -> anyh
     let max = max_position_embeddings.max(1);
     match requested {
         Some(0) => Err(fail(ErrorKind::InvalidInput, "--context must be positive")),
-        Some(n) => {
-            if n > max {
-                // llama.cpp's behaviour: allowed, with a warning. Positions past the trained
-                // maximum get RoPE angles the model never saw (YaRN is scaled for `max`).
-                eprintln!(
-                    "warning: --context {n} is beyond the {max} positions this model was trained for; output past position {max} is untested"
-                );
-            }
-            Ok(n)
-        }
-        None => Ok(max.min(DEFAULT_CONTEXT)),
+        // Past the trained maximum is allowed (llama.cpp's behaviour), with a warning once the
+        // memory plan has accepted it ([`load`]).
+        Some(n) => Ok(n),
+        None => Ok(default_context(max)),
     }
+}
+
+/// The context used when none is asked for: the model's maximum, at most [`DEFAULT_CONTEXT`].
+pub fn default_context(max_position_embeddings: usize) -> usize {
+    max_position_embeddings.clamp(1, DEFAULT_CONTEXT)
 }
 
 /// `model_type` of a config.json (llama when absent).
@@ -184,103 +247,41 @@ fn model_type(config_path: &Path) -> anyhow::Result<(String, String)> {
     Ok((kind, text))
 }
 
-type Built = (Box<dyn CausalLm>, String, DType, usize, usize);
-
-/// A model from a config.json text and a way to get its weights (checkpoint or random).
-fn build(
-    text: &str,
-    kind: &str,
-    dir: Option<&Path>,
-    opts: &LoadOptions,
-    device: &Device,
-) -> anyhow::Result<Built> {
-    match kind {
-        "gpt_oss" => {
-            let cfg = GptOssConfig::from_hf_json(text)?;
-            let context = context_for(cfg.max_position_embeddings, opts.context)?;
-            // gpt-oss is trained in bf16; f16 overflows its residual stream (pitfall #7).
-            let dtype = opts.dtype.unwrap_or(DType::BF16);
-            if dtype == DType::F16 {
-                return Err(fail(
-                    ErrorKind::InvalidInput,
-                    "gpt-oss does not run in f16 (its activations overflow it): use bf16 or f32",
-                ));
-            }
-            let max = cfg.max_position_embeddings;
-            let model = match dir {
-                Some(dir) => gpt_oss::load::load(dir, dtype, context, device)?,
-                None => {
-                    let w = gpt_oss::dummy::random_weights(&cfg, dtype, device)?;
-                    gpt_oss::GptOss::new(cfg, w, context, dtype, device)?
-                }
-            };
-            let format = if dir.is_some() { "mxfp4" } else { "dummy mxfp4" };
-            Ok((Box::new(model), format.into(), dtype, context, max))
+/// The weight format for banners.
+fn format_name(source: &Source, spec: &Spec) -> String {
+    match (source, &spec.arch) {
+        (Source::Gguf(path), _) => {
+            crate::inspect::inspect(path).map(|i| i.format).unwrap_or_else(|_| "GGUF".into())
         }
-        "llama" | "mistral" => {
-            let cfg = LlamaConfig::from_hf_json(text)?;
-            let context = context_for(cfg.max_position_embeddings, opts.context)?;
-            let dtype = load::choose_dtype(opts.dtype, &cfg);
-            let max = cfg.max_position_embeddings;
-            match dir {
-                Some(dir) => {
-                    let m = load::load_safetensors(dir, Some(dtype), context, device)?;
-                    Ok((Box::new(m), "safetensors".into(), dtype, context, max))
-                }
-                None => {
-                    let weights = dummy::random_weights(&cfg, dtype, device)?;
-                    let m = crate::models::llama::Llama::new(
-                        cfg,
-                        weights,
-                        RopeStyle::HalfSplit,
-                        context,
-                        dtype,
-                        device,
-                    )?;
-                    Ok((Box::new(m), "dummy".into(), dtype, context, max))
-                }
-            }
-        }
-        other => Err(fail(
-            ErrorKind::InvalidInput,
-            format!("unsupported architecture {other:?} (supported: llama, mistral, gpt_oss)"),
-        )),
+        (Source::HfDir(_), Arch::GptOss(_)) => "mxfp4".into(),
+        (Source::Dummy(_), Arch::GptOss(_)) => "dummy mxfp4".into(),
+        (Source::HfDir(_), Arch::Llama(_)) => "safetensors".into(),
+        (Source::Dummy(_), Arch::Llama(_)) => "dummy".into(),
     }
 }
 
-fn load_source(
-    name: &str,
-    source: Source,
-    opts: &LoadOptions,
-    device: &Device,
-) -> anyhow::Result<Loaded> {
-    let (model, format, dtype, context, max): Built = match &source {
-        Source::HfDir(dir) => {
-            let (kind, text) = model_type(&dir.join("config.json"))?;
-            build(&text, &kind, Some(dir), opts, device)?
-        }
-        Source::Gguf(path) => {
+/// Builds what `spec` describes.
+fn build(source: &Source, spec: &Spec, device: &Device) -> anyhow::Result<Box<dyn CausalLm>> {
+    let (dtype, context) = (spec.dtype, spec.context);
+    Ok(match (source, &spec.arch) {
+        (Source::Gguf(path), _) => {
             let mut gguf = GgufFile::open(path)?;
-            let cfg = gguf.config()?;
-            let context = context_for(cfg.max_position_embeddings, opts.context)?;
-            let quant =
-                crate::inspect::inspect(path).map(|i| i.format).unwrap_or_else(|_| "GGUF".into());
-            let m = load::load_gguf(&mut gguf, context, device)?;
-            (Box::new(m), quant, DType::F32, context, cfg.max_position_embeddings)
+            Box::new(load::load_gguf(&mut gguf, context, device)?)
         }
-        Source::Dummy(cfg_path) => {
-            let (kind, text) = model_type(cfg_path)?;
-            build(&text, &kind, None, opts, device)?
+        (Source::HfDir(dir), Arch::GptOss(_)) => {
+            Box::new(gpt_oss::load::load(dir, dtype, context, device)?)
         }
-    };
-    Ok(Loaded {
-        model,
-        source,
-        name: name.to_string(),
-        format,
-        dtype,
-        context,
-        max_context: max,
-        device_bytes: None,
+        (Source::Dummy(_), Arch::GptOss(cfg)) => {
+            let w = gpt_oss::dummy::random_weights(cfg, dtype, device)?;
+            Box::new(gpt_oss::GptOss::new(cfg.clone(), w, context, dtype, device)?)
+        }
+        (Source::HfDir(dir), Arch::Llama(_)) => {
+            Box::new(load::load_safetensors(dir, Some(dtype), context, device)?)
+        }
+        (Source::Dummy(_), Arch::Llama(cfg)) => {
+            let weights = dummy::random_weights(cfg, dtype, device)?;
+            let style = RopeStyle::HalfSplit;
+            Box::new(llama::Llama::new(cfg.clone(), weights, style, context, dtype, device)?)
+        }
     })
 }

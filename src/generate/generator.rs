@@ -112,7 +112,16 @@ impl Session {
                 ),
             ));
         }
-        let reuse = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
+        // The model may continue from an earlier position than the common prefix (a ring cache
+        // that a longer reply overwrote): it re-runs those prompt tokens, exactly as fresh.
+        let common = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
+        let reuse = match self.model.rewind(common) {
+            Ok(r) => r.min(common),
+            Err(e) => {
+                self.cached.clear();
+                return Err(e);
+            }
+        };
         self.cached.truncate(reuse);
         let started = Instant::now();
         let mut history = prompt.to_vec();
@@ -137,8 +146,20 @@ impl Session {
             if pos + pending.len() > context {
                 break StopReason::ContextFull;
             }
-            let logits = self.model.forward_last(&pending, pos)?;
+            let logits = match self.model.forward_last(&pending, pos) {
+                Ok(l) => l,
+                Err(e) => {
+                    // What the caches hold after a failed step is unknown: start over next time.
+                    self.cached.clear();
+                    return Err(e);
+                }
+            };
             self.cached.extend_from_slice(&pending);
+            if out.tokens.is_empty() && pending.len() > 1 {
+                // A prompt is in: the next turn's prompt usually diverges right here. (A prompt
+                // that only adds a token to the cache keeps the earlier, likelier point.)
+                self.model.checkpoint()?;
+            }
             pos += pending.len();
             let id = if sampler.config().is_greedy() {
                 crate::kernels::argmax(&logits)?.to_scalar::<u32>()?

@@ -3,9 +3,10 @@
 //! step run as a CUDA graph or in fewer launches.
 //!
 //! Each op is a candle `CustomOp` (or an in-place op): its `cpu_fwd` is the reference, plain Rust
-//! loops in f32 that follow docs/gpt-oss.md line by line (or, for the fused decode-step ops,
-//! the candle ops they replace); its `cuda_fwd` launches the kernel in the `.cu` file beside it. build.rs compiles `src/kernels/*.cu` to PTX for `sm_$CUDA_COMPUTE_CAP` (default 90)
-//! and the PTX is embedded in the binary, loaded on first use.
+//! loops in f32 that follow docs/gpt-oss.md §3–4 line by line (or, for the fused decode-step
+//! ops, the candle ops they replace); its `cuda_fwd` launches the kernel in the `.cu` file beside
+//! it. build.rs compiles `src/kernels/*.cu` to PTX for `sm_$CUDA_COMPUTE_CAP` (default 90) and
+//! the PTX is embedded in the binary, loaded on first use.
 //!
 //! - [`sink_attention()`]: `softmax([q·k · scale, sink])` without the sink column, times V.
 //! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights

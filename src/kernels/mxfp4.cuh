@@ -1,4 +1,4 @@
-// MXFP4 decoding shared by the MoE kernels (docs/gpt-oss.md §4): FP4 E2M1 codes, low nibble
+// MXFP4 decoding shared by the MoE kernels (docs/gpt-oss.md §3): FP4 E2M1 codes, low nibble
 // first, and E8M0 block scales.
 #pragma once
 

@@ -1,4 +1,4 @@
-//! The gpt-oss mixture of experts on MXFP4 weights (docs/gpt-oss.md §3–4), after routing.
+//! The gpt-oss mixture of experts on MXFP4 weights (docs/gpt-oss.md §3, §4.5), after routing.
 //!
 //! For token `t` routed to experts `e_1..e_k` with weights `w_1..w_k` (already softmaxed over the k):
 //!
@@ -137,6 +137,18 @@ impl Mxfp4Experts {
             hidden,
             intermediate,
         })
+    }
+
+    /// The six tensors it holds (for counting the model's bytes).
+    pub fn tensors(&self) -> [&Tensor; 6] {
+        [
+            &self.gate_up_blocks,
+            &self.gate_up_scales,
+            &self.gate_up_bias,
+            &self.down_blocks,
+            &self.down_scales,
+            &self.down_bias,
+        ]
     }
 
     /// Number of experts `E`.

@@ -1,4 +1,4 @@
-// gpt-oss routing (docs/gpt-oss.md §4, pitfall #5): per token, the k largest of the raw router
+// gpt-oss routing (docs/gpt-oss.md §4.5, pitfall #5): per token, the k largest of the raw router
 // logits (plus bias), then a softmax over those k only. One warp per token; lane l holds logits
 // l, l + 32, ...; k rounds of a warp argmax (ties: the lower expert index, as a stable sort
 // gives), each winner knocked out. Replaces sort + narrow + gather + softmax + bias add.

@@ -1,5 +1,5 @@
 //! Attention with sinks, a sliding window and grouped-query heads: the gpt-oss attention core
-//! (docs/gpt-oss.md §4), after RoPE and before the output projection.
+//! (docs/gpt-oss.md §4.4), after RoPE and before the output projection.
 //!
 //! For query head `h` at position `P` and the keys it may see:
 //!

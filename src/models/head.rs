@@ -17,6 +17,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor>
 }
 
 /// Final norm and LM head.
+#[derive(Clone)]
 pub struct Head {
     pub norm: Tensor,
     pub lm_head: Linear,
@@ -47,10 +48,19 @@ pub trait Decoder {
     fn head(&self) -> &Head;
     fn cache_capacity(&self) -> usize;
     fn vocab(&self) -> usize;
+    fn allocated(&self) -> super::memory::Allocated;
     /// Logits `[vocab]` for one decode step, when the model has a faster path for it than
     /// `hidden` + head (gpt-oss: a replayed CUDA graph); `None`: take the ordinary path.
     fn decode_step(&mut self, _token: u32, _start: usize) -> Option<anyhow::Result<Tensor>> {
         None
+    }
+    /// See [`CausalLm::rewind`]; caches that keep every position (linear) continue anywhere.
+    fn rewind(&mut self, want: usize) -> anyhow::Result<usize> {
+        Ok(want)
+    }
+    /// See [`CausalLm::checkpoint`].
+    fn checkpoint(&mut self) -> anyhow::Result<()> {
+        Ok(())
     }
 }
 
@@ -75,7 +85,19 @@ impl<T: Decoder> CausalLm for T {
         self.cache_capacity()
     }
 
+    fn rewind(&mut self, want: usize) -> anyhow::Result<usize> {
+        Decoder::rewind(self, want)
+    }
+
+    fn checkpoint(&mut self) -> anyhow::Result<()> {
+        Decoder::checkpoint(self)
+    }
+
     fn vocab_size(&self) -> usize {
         self.vocab()
+    }
+
+    fn allocated(&self) -> super::memory::Allocated {
+        Decoder::allocated(self)
     }
 }

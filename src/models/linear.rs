@@ -6,6 +6,7 @@ use candle_core::{DType, Module, Tensor};
 
 use crate::kernels::matmul_f32_out;
 
+#[derive(Clone)]
 pub enum Linear {
     Dense { weight: Tensor, bias: Option<Tensor> },
     Quantized { weight: QMatMul, bias: Option<Tensor> },

@@ -7,6 +7,7 @@ pub mod head;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;
+pub mod memory;
 pub mod rope;
 
 use candle_core::Tensor;
@@ -20,7 +21,18 @@ pub trait CausalLm {
     /// Like [`CausalLm::forward_last`] but returns the logits of every position, `[len, vocab]`
     /// (teacher-forced evaluation).
     fn forward_all(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor>;
+    /// Prepares the caches to continue a sequence whose first `want` positions are the same
+    /// tokens they last held, and returns the position to continue from: `want`, or an earlier
+    /// one when the caches no longer hold everything the positions from `want` on attend to
+    /// (a sliding-window ring overwritten by a longer continuation). The caller re-runs its
+    /// tokens from the returned position; the result is what a fresh cache would give.
+    fn rewind(&mut self, want: usize) -> anyhow::Result<usize>;
+    /// Remembers the caches at their current end (a prompt just prefilled) as a point
+    /// [`CausalLm::rewind`] can return to: the next chat turn usually diverges right there.
+    fn checkpoint(&mut self) -> anyhow::Result<()>;
     /// How many positions the KV cache holds.
     fn context_length(&self) -> usize;
     fn vocab_size(&self) -> usize;
+    /// The bytes its weights, KV cache and RoPE tables hold (what memory plans predict).
+    fn allocated(&self) -> memory::Allocated;
 }

@@ -16,6 +16,18 @@ pub fn human_bytes(n: u64) -> String {
     if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
 }
 
+/// `13_779_630_336` -> `12.8 GiB` (binary units, as GPU memory is usually quoted).
+pub fn human_bytes_iec(n: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+}
+
 /// How long ago `then` was, in the largest whole unit: `just now`, `5 minutes ago`,
 /// `1 day ago`, `3 months ago` (a month is 30 days, a year 365). Future times (clock skew, a
 /// file copied from another machine) read as `just now`.
@@ -48,6 +60,14 @@ pub fn rfc3339(t: SystemTime) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn human_bytes_iec() {
+        assert_eq!(super::human_bytes_iec(512), "512 B");
+        assert_eq!(super::human_bytes_iec(13_779_630_336), "12.8 GiB");
+        assert_eq!(super::human_bytes_iec(3 << 20), "3.0 MiB");
+        assert_eq!(super::human_bytes_iec(u64::MAX), "16.0 EiB");
+    }
 
     #[test]
     fn human_age() {

@@ -64,3 +64,61 @@ pub fn asset(name: &str, script: &str) -> std::path::PathBuf {
     );
     path
 }
+
+/// A tiny Llama with random weights (linear KV cache), f32: a maker of identical instances.
+pub fn tiny_llama(
+    device: &candle_core::Device,
+    context: usize,
+) -> impl Fn() -> Box<dyn inferno::models::CausalLm> {
+    use inferno::models::llama::{Llama, LlamaConfig, dummy, model::RopeStyle};
+    let cfg = LlamaConfig::from_hf_json(
+        r#"{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+            "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}"#,
+    )
+    .expect("tiny llama config");
+    let dtype = candle_core::DType::F32;
+    let w = dummy::random_weights(&cfg, dtype, device).expect("random weights");
+    let device = device.clone();
+    move || {
+        let m = Llama::new(cfg.clone(), w.clone(), RopeStyle::HalfSplit, context, dtype, &device);
+        Box::new(m.expect("tiny llama"))
+    }
+}
+
+/// A folder with the tiny gpt-oss checkpoint (tests/fixtures/gpt_oss_tiny) widened to the real
+/// gpt-oss vocabulary (random embeddings and head) and the real gpt-oss tokenizer: harmony
+/// chats end to end. Made once per test binary.
+pub fn tiny_gpt_oss_full_vocab() -> std::path::PathBuf {
+    use candle_core::{DType, Device, Tensor};
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture =
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_oss_tiny"));
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(fixture.join("config.json")).unwrap()).unwrap();
+        let vocab = 201088;
+        config["vocab_size"] = vocab.into();
+        config["eos_token_id"] = 200002.into();
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        let mut tensors: HashMap<String, Tensor> =
+            candle_core::safetensors::load(fixture.join("model.safetensors"), &Device::Cpu)
+                .unwrap();
+        for name in ["model.embed_tokens.weight", "lm_head.weight"] {
+            let t = Tensor::randn(0f32, 1.0, (vocab, 64), &Device::Cpu)
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap();
+            tensors.insert(name.to_string(), t);
+        }
+        candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
+        let tok = asset("gptoss-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
+        std::fs::copy(tok, dir.path().join("tokenizer.json")).unwrap();
+        dir
+    })
+    .path()
+    .to_path_buf()
+}

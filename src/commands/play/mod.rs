@@ -93,14 +93,33 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     }
     let prompt = match &args.prompt {
         Some(p) => p.clone(),
-        None => {
-            let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s)?;
-            s
-        }
+        None => stdin_prompt(std::io::stdin().lock())?,
     };
     let out = Output { interactive: false, show_reasoning: args.verbose && !args.hide_reasoning };
     one_shot(chat, dialogue, &prompt, out, args.verbose)
+}
+
+/// The prompt piped on stdin, without the line break(s) that end it.
+///
+/// `echo`, here-strings and editors end the text with a newline that the user did not mean as
+/// part of the message: kept, the chat template renders `…France?\n` and a small model answers
+/// differently than to the same `--prompt`. Only `\n` and `\r` are stripped, and only at the
+/// end (as shell command substitution does): inner line breaks are the user's, and trailing
+/// spaces or tabs are kept because with `--raw` they are part of the text to continue
+/// (`"The capital is "` and `"The capital is"` tokenize differently).
+fn stdin_prompt(mut input: impl Read) -> anyhow::Result<String> {
+    let mut bytes = Vec::new();
+    input.read_to_end(&mut bytes)?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| fail(ErrorKind::InvalidInput, "the prompt on stdin is not UTF-8 text"))?;
+    let prompt = text.trim_end_matches(['\n', '\r']);
+    if prompt.is_empty() {
+        return Err(fail(
+            ErrorKind::InvalidInput,
+            "no prompt: stdin is empty (pipe text in, or pass --prompt TEXT)",
+        ));
+    }
+    Ok(prompt.to_string())
 }
 
 fn one_shot(
@@ -178,12 +197,48 @@ fn loading_spinner(visible: bool, model: &str) -> indicatif::ProgressBar {
     bar
 }
 
+/// Two lines: what runs where, then the memory plan (and what loading measurably took).
 fn banner(l: &Loaded, gpu_name: &str, dialogue: &Dialogue, load_s: f64) -> String {
     let mem =
         l.device_bytes.map(|b| format!(", {} on the GPU", human_bytes(b))).unwrap_or_default();
     let effort = dialogue.effort().map(|e| format!(" · reasoning {e}")).unwrap_or_default();
     format!(
-        "inferno · {} ({}, {:?}) · {}{mem} · context {} (model max {}){effort} · loaded in {load_s:.1}s",
-        l.name, l.format, l.dtype, gpu_name, l.context, l.max_context
+        "inferno · {} ({}, {:?}) · {}{mem} · context {} (model max {}){effort} · loaded in {load_s:.1}s\nmemory: {}",
+        l.name,
+        l.format,
+        l.dtype,
+        gpu_name,
+        l.context,
+        l.max_context,
+        l.plan.summary(l.budget.as_ref())
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stdin_prompt;
+
+    #[test]
+    fn stdin_prompt_loses_only_its_final_line_breaks() {
+        for (input, want) in [
+            ("What is the capital of France?\n", "What is the capital of France?"),
+            ("What is the capital of France?", "What is the capital of France?"),
+            ("Windows line end\r\n", "Windows line end"),
+            ("blank lines after\n\n\r\n", "blank lines after"),
+            ("two\nlines\n", "two\nlines"),
+            ("\n  indented\n", "\n  indented"),
+            ("The capital is \n", "The capital is "),
+            ("tab\t", "tab\t"),
+        ] {
+            assert_eq!(stdin_prompt(input.as_bytes()).unwrap(), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn empty_or_non_utf8_stdin_is_invalid_input() {
+        for input in [&b""[..], b"\n", b"\r\n", b"caf\xe9\n"] {
+            let err = stdin_prompt(input).unwrap_err();
+            assert_eq!(crate::error::kind_of(&err), crate::error::ErrorKind::InvalidInput, "{err}");
+        }
+    }
 }

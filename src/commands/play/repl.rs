@@ -17,7 +17,8 @@ const HELP: &str = "\
 /clear                forget the conversation
 /system <text>        set the system prompt (and clear the conversation)
 /set <name> <value>   temperature, top_k, top_p, min_p, repeat_penalty, max_tokens, seed
-/stats                show or hide the stats line
+/set                  show those settings
+/stats [on|off]       show or hide the stats line
 /effort low|medium|high   gpt-oss reasoning effort
 /reasoning show|hide  gpt-oss: show or hide the reasoning
 \"\"\"                   start or end a multi-line message
@@ -147,8 +148,12 @@ fn command(
             match rest {
                 "show" => out.show_reasoning = true,
                 "hide" => out.show_reasoning = false,
-                _ => eprintln!("usage: /reasoning show|hide"),
+                _ => {
+                    eprintln!("usage: /reasoning show|hide");
+                    return Flow::Continue;
+                }
             }
+            println!("(reasoning {})", if out.show_reasoning { "shown" } else { "hidden" });
             Flow::Continue
         }
         "system" => {
@@ -160,12 +165,34 @@ fn command(
             Flow::Clear
         }
         "stats" => {
-            *stats = !*stats;
+            // Always answer: the line only shows after the next reply, so a silent toggle
+            // looks like a command that did nothing.
+            match rest {
+                "" => *stats = !*stats,
+                "on" => *stats = true,
+                "off" => *stats = false,
+                _ => {
+                    eprintln!("usage: /stats [on|off]");
+                    return Flow::Continue;
+                }
+            }
+            println!("(stats {})", if *stats { "on" } else { "off" });
+            Flow::Continue
+        }
+        "set" if rest.is_empty() => {
+            let all: Vec<String> = SETTINGS
+                .iter()
+                .map(|n| format!("{n} {}", setting(chat, n).unwrap_or_default()))
+                .collect();
+            println!("({})", all.join(", "));
             Flow::Continue
         }
         "set" => {
             match set(rest, chat) {
-                Ok(()) => *sampler = Sampler::new(chat.sampler.clone()),
+                Ok(change) => {
+                    *sampler = Sampler::new(chat.sampler.clone());
+                    println!("({change})");
+                }
                 Err(e) => eprintln!("error: {e}"),
             }
             Flow::Continue
@@ -177,27 +204,64 @@ fn command(
     }
 }
 
-fn set(args: &str, chat: &mut Chat) -> anyhow::Result<()> {
-    let (name, value) =
-        args.split_once(' ').ok_or_else(|| anyhow::anyhow!("usage: /set <name> <value>"))?;
+/// What `/set` can change, in the order `/set` lists them.
+const SETTINGS: [&str; 7] =
+    ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_tokens", "seed"];
+
+/// The current value of setting `name` as `/set` shows it (`off` for a filter that is off).
+fn setting(chat: &Chat, name: &str) -> Option<String> {
+    let s = &chat.sampler;
+    let or_off = |v: Option<String>| v.unwrap_or_else(|| "off".to_string());
+    Some(match name {
+        "temperature" if s.is_greedy() => format!("{} (greedy)", s.temperature),
+        "temperature" => s.temperature.to_string(),
+        "top_k" => or_off(s.top_k.filter(|&k| k > 0).map(|k| k.to_string())),
+        "top_p" => or_off(s.top_p.map(|p| p.to_string())),
+        "min_p" => or_off(s.min_p.map(|p| p.to_string())),
+        "repeat_penalty" => s.repeat_penalty.to_string(),
+        "max_tokens" => chat.max_tokens.to_string(),
+        "seed" => s.seed.to_string(),
+        _ => return None,
+    })
+}
+
+/// Applies `/set <name> <value>` and says what changed (`temperature 0.8 → 0.2`): a setting
+/// only shows in later replies, so without an answer a typo and a change look alike.
+fn set(args: &str, chat: &mut Chat) -> anyhow::Result<String> {
+    let (name, value) = args
+        .split_once(char::is_whitespace)
+        .ok_or_else(|| anyhow::anyhow!("usage: /set <name> <value>"))?;
     let value = value.trim();
+    let before = setting(chat, name).ok_or_else(|| {
+        anyhow::anyhow!("unknown setting {name:?} (one of {})", SETTINGS.join(", "))
+    })?;
+    let number = |v: &str| -> anyhow::Result<f32> {
+        v.parse().map_err(|_| anyhow::anyhow!("{name} takes a number, not {v:?}"))
+    };
+    let count = |v: &str| -> anyhow::Result<u64> {
+        v.parse().map_err(|_| anyhow::anyhow!("{name} takes a whole number, not {v:?}"))
+    };
     let mut cfg = chat.sampler.clone();
+    let mut max_tokens = chat.max_tokens;
     match name {
-        "temperature" => cfg.temperature = value.parse()?,
-        "top_k" => cfg.top_k = Some(value.parse::<usize>()?).filter(|&k| k > 0),
-        "top_p" => cfg.top_p = Some(value.parse()?),
-        "min_p" => cfg.min_p = Some(value.parse()?),
-        "repeat_penalty" => cfg.repeat_penalty = value.parse()?,
-        "seed" => cfg.seed = value.parse()?,
-        "max_tokens" => {
-            chat.max_tokens = value.parse()?;
-            return Ok(());
-        }
+        "temperature" => cfg.temperature = number(value)?,
+        "top_k" => cfg.top_k = Some(usize::try_from(count(value)?)?).filter(|&k| k > 0),
+        "top_p" => cfg.top_p = Some(number(value)?),
+        "min_p" => cfg.min_p = Some(number(value)?),
+        "repeat_penalty" => cfg.repeat_penalty = number(value)?,
+        "seed" => cfg.seed = count(value)?,
+        "max_tokens" => max_tokens = usize::try_from(count(value)?)?,
         other => anyhow::bail!("unknown setting {other:?}"),
     }
     cfg.validate()?;
     chat.sampler = cfg;
-    Ok(())
+    chat.max_tokens = max_tokens;
+    let after = setting(chat, name).unwrap_or_default();
+    Ok(if after == before {
+        format!("{name} {after}, unchanged")
+    } else {
+        format!("{name} {before} → {after}")
+    })
 }
 
 fn history_path() -> Option<PathBuf> {

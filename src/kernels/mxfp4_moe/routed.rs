@@ -9,8 +9,9 @@ use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, b
 use super::{Mxfp4Experts, Mxfp4Moe, SwiGlu};
 use crate::kernels::{F32Reader, cpu_f32, cpu_output};
 
-/// gpt-oss routing of one token (pitfall #5): the `k` largest of `logits + bias` (ties: the
-/// lower expert index), then a softmax over those k only. Returns (ids, weights).
+/// gpt-oss routing of one token (docs/gpt-oss.md §4.5, pitfall #5): the `k` largest of
+/// `logits + bias` (ties: the lower expert index), then a softmax over those k only. Returns
+/// (ids, weights).
 pub fn route(logits: &[f32], bias: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
     let scores: Vec<f32> = logits.iter().zip(bias).map(|(l, b)| l + b).collect();
     let mut order: Vec<usize> = (0..scores.len()).collect();

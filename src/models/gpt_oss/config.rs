@@ -1,6 +1,6 @@
-//! gpt-oss configuration from the HF `config.json` (gpt-oss.md §1). Accepts `rope_scaling` or
-//! `rope_parameters` (pitfall #2: a loader that reads only one silently drops YaRN) and
-//! `layer_types` or the even-sliding/odd-full default.
+//! gpt-oss configuration from the HF `config.json` (docs/gpt-oss.md §1). Accepts `rope_scaling` or
+//! `rope_parameters` (docs/gpt-oss.md pitfall #2: a loader that reads only one silently drops
+//! YaRN) and `layer_types` or the even-sliding/odd-full default.
 
 use serde::Deserialize;
 
@@ -36,6 +36,9 @@ struct HfConfig {
     #[serde(default)]
     tie_word_embeddings: bool,
 }
+
+/// More layers than any real model has (gpt-oss-120b: 36); past this a config is corrupt.
+const MAX_LAYERS: usize = 4096;
 
 fn default_eps() -> f64 {
     1e-5
@@ -83,6 +86,13 @@ impl GptOssConfig {
             .rope_theta
             .or_else(|| hf.rope_parameters.as_ref().and_then(|p| p.rope_theta))
             .unwrap_or(150000.0);
+        // The per-layer lists below are sized by this number: bound it before allocating.
+        if hf.num_hidden_layers == 0 || hf.num_hidden_layers > MAX_LAYERS {
+            return Err(bad(format!(
+                "num_hidden_layers {} is not in 1..={MAX_LAYERS}",
+                hf.num_hidden_layers
+            )));
+        }
         let sliding = match &hf.layer_types {
             Some(types) => {
                 if types.len() != hf.num_hidden_layers {
@@ -207,6 +217,10 @@ mod tests {
             GPT_OSS_20B.replace(r#""gpt_oss""#, r#""llama""#),
             GPT_OSS_20B
                 .replace(r#""sliding_attention","full_attention"]"#, r#""sliding_attention"]"#),
+            // No layer_types and a layer count that would size a list of 10^18 entries.
+            GPT_OSS_20B[..GPT_OSS_20B.find(r#","layer_types""#).unwrap()]
+                .replace(r#""num_hidden_layers":24"#, r#""num_hidden_layers":1000000000000000000"#)
+                + "}",
         ] {
             let err = GptOssConfig::from_hf_json(&bad).unwrap_err();
             assert_eq!(crate::error::kind_of(&err), ErrorKind::InvalidInput, "{err}");

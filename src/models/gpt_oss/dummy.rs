@@ -54,9 +54,14 @@ pub fn random_weights(
         });
     }
     let embed = Tensor::randn(0f32, 1.0, (cfg.vocab_size, h), device)?.to_dtype(dtype)?;
+    // Tied like a checkpoint would be, so the memory plan's count holds for both.
     let lm_head = Linear::Dense {
-        weight: Tensor::randn(0f32, (h as f32).powf(-0.5), (cfg.vocab_size, h), device)?
-            .to_dtype(dtype)?,
+        weight: if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            Tensor::randn(0f32, (h as f32).powf(-0.5), (cfg.vocab_size, h), device)?
+                .to_dtype(dtype)?
+        },
         bias: None,
     };
     Ok(Weights { embed, layers, head: Head { norm: ones(h)?, lm_head, eps: cfg.rms_norm_eps } })

@@ -1,7 +1,8 @@
-//! Loading a gpt-oss checkpoint in the HF layout (gpt-oss.md §2): shards through
+//! Loading a gpt-oss checkpoint in the HF layout (docs/gpt-oss.md §2): shards through
 //! `model.safetensors.index.json` (zero-based `model-00000-of-00002` naming, resolved by the
 //! index, never guessed), MXFP4 expert blocks/scales kept packed as u8 on the device, biases,
-//! norms, sinks and router in f32, attention and embeddings in the compute dtype.
+//! norms, sinks and router in f32, attention and embeddings in the compute dtype
+//! ([`memory::stored_dtype`], which the memory plan uses too).
 
 use std::path::Path;
 
@@ -10,6 +11,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
+use super::memory;
 use super::model::{Attention, GptOss, Layer, Weights};
 use crate::error::{ErrorKind, fail};
 use crate::kernels::Mxfp4Experts;
@@ -19,11 +21,13 @@ use crate::models::linear::Linear;
 struct Reader<'a> {
     st: MmapedSafetensors,
     device: &'a Device,
+    /// The compute dtype.
+    dtype: DType,
 }
 
 impl Reader<'_> {
-    /// Tensor `name` with the expected shape, on the device, in `dtype` (None: as stored).
-    fn get(&self, name: &str, shape: &[usize], dtype: Option<DType>) -> anyhow::Result<Tensor> {
+    /// Tensor `name` with the expected shape, on the device, in the dtype it is kept in.
+    fn get(&self, name: &str, shape: &[usize]) -> anyhow::Result<Tensor> {
         let t = self
             .st
             .load(name, self.device)
@@ -34,16 +38,16 @@ impl Reader<'_> {
                 format!("tensor {name} has shape {:?}, expected {shape:?}", t.dims()),
             ));
         }
-        Ok(match dtype {
+        Ok(match memory::stored_dtype(name, self.dtype) {
             Some(d) => t.to_dtype(d)?,
             None => t,
         })
     }
 
-    fn linear(&self, prefix: &str, out: usize, inp: usize, dtype: DType) -> anyhow::Result<Linear> {
+    fn linear(&self, prefix: &str, out: usize, inp: usize) -> anyhow::Result<Linear> {
         Ok(Linear::Dense {
-            weight: self.get(&format!("{prefix}.weight"), &[out, inp], Some(dtype))?,
-            bias: Some(self.get(&format!("{prefix}.bias"), &[out], Some(dtype))?),
+            weight: self.get(&format!("{prefix}.weight"), &[out, inp])?,
+            bias: Some(self.get(&format!("{prefix}.bias"), &[out])?),
         })
     }
 }
@@ -60,15 +64,14 @@ pub fn load(dir: &Path, dtype: DType, context: usize, device: &Device) -> anyhow
             format!("opening the safetensors files in {}: {e}", dir.display()),
         )
     })?;
-    let r = Reader { st, device };
-    let weights = read_weights(&r, &cfg, dtype)?;
+    let r = Reader { st, device, dtype };
+    let weights = read_weights(&r, &cfg)?;
     GptOss::new(cfg, weights, context, dtype, device)
 }
 
-fn read_weights(r: &Reader, cfg: &GptOssConfig, dtype: DType) -> anyhow::Result<Weights> {
+fn read_weights(r: &Reader, cfg: &GptOssConfig) -> anyhow::Result<Weights> {
     let (h, i, e) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
     let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
-    let f32 = Some(DType::F32);
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for n in 0..cfg.num_layers {
         let p = format!("model.layers.{n}");
@@ -76,37 +79,33 @@ fn read_weights(r: &Reader, cfg: &GptOssConfig, dtype: DType) -> anyhow::Result<
         let m = format!("{p}.mlp");
         let x = format!("{m}.experts");
         layers.push(Layer {
-            attn_norm: r.get(&format!("{p}.input_layernorm.weight"), &[h], f32)?,
+            attn_norm: r.get(&format!("{p}.input_layernorm.weight"), &[h])?,
             attn: Attention::new(
-                r.linear(&format!("{a}.q_proj"), qd, h, dtype)?,
-                r.linear(&format!("{a}.k_proj"), kvd, h, dtype)?,
-                r.linear(&format!("{a}.v_proj"), kvd, h, dtype)?,
-                r.linear(&format!("{a}.o_proj"), h, qd, dtype)?,
-                r.get(&format!("{a}.sinks"), &[cfg.num_heads], f32)?,
+                r.linear(&format!("{a}.q_proj"), qd, h)?,
+                r.linear(&format!("{a}.k_proj"), kvd, h)?,
+                r.linear(&format!("{a}.v_proj"), kvd, h)?,
+                r.linear(&format!("{a}.o_proj"), h, qd)?,
+                r.get(&format!("{a}.sinks"), &[cfg.num_heads])?,
             )?,
-            mlp_norm: r.get(&format!("{p}.post_attention_layernorm.weight"), &[h], f32)?,
-            router_w: r.get(&format!("{m}.router.weight"), &[e, h], f32)?,
-            router_b: r.get(&format!("{m}.router.bias"), &[e], f32)?,
+            mlp_norm: r.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+            router_w: r.get(&format!("{m}.router.weight"), &[e, h])?,
+            router_b: r.get(&format!("{m}.router.bias"), &[e])?,
             experts: Mxfp4Experts::new(
-                &r.get(&format!("{x}.gate_up_proj_blocks"), &[e, 2 * i, h / 32, 16], None)?,
-                &r.get(&format!("{x}.gate_up_proj_scales"), &[e, 2 * i, h / 32], None)?,
-                &r.get(&format!("{x}.gate_up_proj_bias"), &[e, 2 * i], f32)?,
-                &r.get(&format!("{x}.down_proj_blocks"), &[e, h, i / 32, 16], None)?,
-                &r.get(&format!("{x}.down_proj_scales"), &[e, h, i / 32], None)?,
-                &r.get(&format!("{x}.down_proj_bias"), &[e, h], f32)?,
+                &r.get(&format!("{x}.gate_up_proj_blocks"), &[e, 2 * i, h / 32, 16])?,
+                &r.get(&format!("{x}.gate_up_proj_scales"), &[e, 2 * i, h / 32])?,
+                &r.get(&format!("{x}.gate_up_proj_bias"), &[e, 2 * i])?,
+                &r.get(&format!("{x}.down_proj_blocks"), &[e, h, i / 32, 16])?,
+                &r.get(&format!("{x}.down_proj_scales"), &[e, h, i / 32])?,
+                &r.get(&format!("{x}.down_proj_bias"), &[e, h])?,
             )?,
         });
     }
-    let embed = r.get("model.embed_tokens.weight", &[cfg.vocab_size, h], Some(dtype))?;
+    let embed = r.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
     let lm_head = if cfg.tie_word_embeddings {
         Linear::Dense { weight: embed.clone(), bias: None }
     } else {
-        Linear::Dense {
-            weight: r.get("lm_head.weight", &[cfg.vocab_size, h], Some(dtype))?,
-            bias: None,
-        }
+        Linear::Dense { weight: r.get("lm_head.weight", &[cfg.vocab_size, h])?, bias: None }
     };
-    let head =
-        Head { norm: r.get("model.norm.weight", &[h], f32)?, lm_head, eps: cfg.rms_norm_eps };
+    let head = Head { norm: r.get("model.norm.weight", &[h])?, lm_head, eps: cfg.rms_norm_eps };
     Ok(Weights { embed, layers, head })
 }

@@ -1,10 +1,11 @@
 //! OpenAI gpt-oss (20b, 120b): MoE transformer with MXFP4 experts, attention sinks, alternating
-//! sliding-window and full attention, YaRN RoPE. See ../shared/docs/gpt-oss.md.
+//! sliding-window and full attention, YaRN RoPE. See docs/gpt-oss.md.
 
 pub mod config;
 pub mod dummy;
 mod graph;
 pub mod load;
+pub mod memory;
 pub mod model;
 
 pub use config::GptOssConfig;

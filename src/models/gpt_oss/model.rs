@@ -1,4 +1,4 @@
-//! The gpt-oss forward pass (gpt-oss.md §4). Attention and the experts are inferno's own ops
+//! The gpt-oss forward pass (docs/gpt-oss.md §4). Attention and the experts are inferno's own ops
 //! (`crate::kernels`: CUDA kernels on a GPU, their plain-loop references on the CPU); the rest
 //! is candle tensor ops. Routing stays on the device: no host round-trip inside a step. Per layer: RMSNorm → attention (q/k/v/o with biases, YaRN RoPE on
 //! half-split pairs, GQA, one learned sink logit per query head in the softmax denominator, a
@@ -10,9 +10,10 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
 use super::graph::DecodeGraph;
+use super::memory;
 use crate::kernels::{KvLayout, Mxfp4Experts, SinkAttnConfig, SwiGlu};
 use crate::models::head::{Decoder, Head, rms_norm};
-use crate::models::kv_cache::KvCache;
+use crate::models::kv_cache::{KvCache, RingTracker};
 use crate::models::linear::Linear;
 use crate::models::rope;
 
@@ -65,7 +66,8 @@ pub struct Layer {
     pub attn_norm: Tensor,
     pub attn: Attention,
     pub mlp_norm: Tensor,
-    /// Router weight `[experts, hidden]` and bias `[experts]`, f32 (pitfall #5: near-ties).
+    /// Router weight `[experts, hidden]` and bias `[experts]`, f32 (docs/gpt-oss.md pitfall #5:
+    /// near-ties).
     pub router_w: Tensor,
     pub router_b: Tensor,
     /// Packed MXFP4 weights and biases of every expert.
@@ -93,8 +95,19 @@ pub struct GptOss {
     prefill_chunk: usize,
     /// Per layer: whether its cache is a ring.
     ring: Vec<bool>,
+    /// What the rings hold for the current sequence (`None`: no layer has a ring).
+    ring_track: Option<RingTracker>,
+    /// The rings as they were at the end of the last prompt ([`Decoder::checkpoint`]).
+    checkpoint: Option<RingCheckpoint>,
     /// Decode steps as a replayed CUDA graph (None on the CPU or when switched off).
     graph: Option<DecodeGraph>,
+}
+
+/// The ring caches' contents at one point of a sequence, and what they held then.
+struct RingCheckpoint {
+    track: RingTracker,
+    /// (layer, keys, values) of each ring layer.
+    kv: Vec<(usize, Tensor, Tensor)>,
 }
 
 /// Where a chunk's positions come from.
@@ -120,13 +133,12 @@ impl GptOss {
     ) -> anyhow::Result<GptOss> {
         let vocab = cfg.vocab_size;
         let inv_freq = rope::inv_freq(&cfg.rope, cfg.rope_theta, cfg.head_dim, 0);
-        // f32 tables: RoPE runs in f32 and rounds once (qkv_rope.rs says why).
         let (cos, sin) = rope::scaled_tables(
             &inv_freq,
             cfg.rope.attention_scaling(),
             0,
             context,
-            DType::F32,
+            memory::ROPE_DTYPE,
             device,
         )?;
         let mut model = GptOss {
@@ -140,29 +152,34 @@ impl GptOss {
             context,
             prefill_chunk: PREFILL_CHUNK,
             ring: Vec::new(),
+            ring_track: None,
+            checkpoint: None,
             graph: DecodeGraph::new(device, vocab)?,
         };
         model.set_prefill_chunk(PREFILL_CHUNK)?;
         Ok(model)
     }
 
-    /// Sets the prefill chunk and (re)allocates the KV caches: full layers hold the whole
-    /// context; sliding layers a ring of `window + chunk − 1` slots when that is smaller (every
-    /// key a chunk's queries can see is then still in the ring). Forgets the cache contents.
+    /// Sets the prefill chunk and (re)allocates the KV caches as [`memory::layer_cache`] lays
+    /// them out (the memory plan counts the same). Forgets the cache contents.
     pub fn set_prefill_chunk(&mut self, chunk: usize) -> anyhow::Result<()> {
         anyhow::ensure!(chunk > 0, "the prefill chunk must be positive");
         let cfg = &self.cfg;
-        let ring_slots = cfg.sliding_window + chunk - 1;
-        self.ring = cfg.sliding.iter().map(|&s| s && ring_slots < self.context).collect();
-        self.caches = self
-            .ring
+        let layout: Vec<_> =
+            cfg.sliding.iter().map(|&s| memory::layer_cache(cfg, s, self.context, chunk)).collect();
+        // The old caches go first: both sets at once may not fit where one does.
+        self.caches.clear();
+        self.ring = layout.iter().map(|c| c.ring).collect();
+        self.caches = layout
             .iter()
-            .map(|&ring| {
-                let slots = if ring { ring_slots } else { self.context };
-                KvCache::new(cfg.num_kv_heads, slots, cfg.head_dim, self.dtype, &self.device)
+            .map(|c| {
+                KvCache::new(cfg.num_kv_heads, c.slots, cfg.head_dim, self.dtype, &self.device)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         self.prefill_chunk = chunk;
+        let ring_slots = layout.iter().find(|c| c.ring).map(|c| c.slots);
+        self.ring_track = ring_slots.map(|slots| RingTracker::new(slots, cfg.sliding_window));
+        self.checkpoint = None;
         // A captured graph holds the old caches' addresses; a graph switched off stays off.
         if self.graph.is_some() {
             self.graph = DecodeGraph::new(&self.device, self.cfg.vocab_size)?;
@@ -170,9 +187,89 @@ impl GptOss {
         Ok(())
     }
 
+    /// Checks that a chunk may start at `start` and records the ring slots it overwrites. A
+    /// start whose window the rings lost is an error, never a silent read of the wrong keys.
+    fn before_write(&mut self, start: usize, len: usize) -> anyhow::Result<()> {
+        let Some(track) = &mut self.ring_track else { return Ok(()) };
+        anyhow::ensure!(
+            track.can_continue_at(start),
+            "the sliding-window caches no longer hold the keys position {start} attends to \
+             (rewind the sequence first)"
+        );
+        // Positions the checkpoint holds are being rewritten, perhaps with other tokens.
+        if self.checkpoint.as_ref().is_some_and(|c| start < c.track.end()) {
+            self.checkpoint = None;
+        }
+        track.record_write(start, len);
+        Ok(())
+    }
+
+    /// The latest position `≤ want` that continues exactly: `want` when the rings still hold
+    /// its window; else the checkpoint's end when that is not past `want` (its rings are copied
+    /// back, the caller re-runs from there); else 0.
+    fn rewind_rings(&mut self, want: usize) -> anyhow::Result<usize> {
+        let Some(track) = self.ring_track else { return Ok(want) };
+        if track.can_continue_at(want) {
+            return Ok(want);
+        }
+        if let Some(cp) = self.checkpoint.as_ref().filter(|c| c.track.end() <= want) {
+            for (layer, k, v) in &cp.kv {
+                self.caches[*layer].restore_from(k, v)?;
+            }
+            self.ring_track = Some(cp.track);
+            return Ok(cp.track.end());
+        }
+        self.ring_track = Some(track.emptied());
+        self.checkpoint = None;
+        Ok(0)
+    }
+
+    /// Copies the rings (a few MB: `window + chunk − 1` slots per sliding layer) into the
+    /// checkpoint buffers, allocated once.
+    fn checkpoint_rings(&mut self) -> anyhow::Result<()> {
+        let Some(track) = self.ring_track else { return Ok(()) };
+        let mut kv = match self.checkpoint.take() {
+            Some(cp) => cp.kv,
+            None => Vec::new(),
+        };
+        if kv.is_empty() {
+            for (n, cache) in self.caches.iter().enumerate().filter(|(n, _)| self.ring[*n]) {
+                let (k, v) = cache.empty_like()?;
+                kv.push((n, k, v));
+            }
+        }
+        for (layer, k, v) in &kv {
+            self.caches[*layer].copy_to(k, v)?;
+        }
+        self.checkpoint = Some(RingCheckpoint { track, kv });
+        Ok(())
+    }
+
     /// Bytes the KV caches hold on the device.
     pub fn kv_cache_bytes(&self) -> usize {
         self.caches.iter().map(KvCache::bytes).sum()
+    }
+
+    /// Bytes of the RoPE tables.
+    pub fn rope_bytes(&self) -> usize {
+        [&self.cos, &self.sin].iter().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum()
+    }
+
+    /// Bytes of the weights, each tensor once (a tied LM head is the embedding).
+    pub fn weight_bytes(&self) -> u64 {
+        let mut m = crate::models::memory::Measured::default();
+        m.tensor(&self.w.embed);
+        for l in &self.w.layers {
+            for t in [&l.attn_norm, &l.mlp_norm, &l.router_w, &l.router_b, &l.attn.sinks] {
+                m.tensor(t);
+            }
+            m.linear(&l.attn.qkv);
+            m.linear(&l.attn.o);
+            l.experts.tensors().into_iter().for_each(|t| m.tensor(t));
+        }
+        m.tensor(&self.w.head.norm);
+        m.linear(&self.w.head.lm_head);
+        m.total
     }
 
     pub fn config(&self) -> &GptOssConfig {
@@ -198,6 +295,7 @@ impl GptOss {
     }
 
     fn hidden_chunk(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        self.before_write(start, tokens.len())?;
         // Uploaded before the cache below is on: it would keep every token id it ever saw.
         let ids = Tensor::new(tokens, &self.device)?;
         let _uploads = if tokens.len() == 1 { keep_uploads(&self.device) } else { None };
@@ -276,6 +374,14 @@ impl Decoder for GptOss {
         &self.w.head
     }
 
+    fn rewind(&mut self, want: usize) -> anyhow::Result<usize> {
+        self.rewind_rings(want)
+    }
+
+    fn checkpoint(&mut self) -> anyhow::Result<()> {
+        self.checkpoint_rings()
+    }
+
     fn cache_capacity(&self) -> usize {
         self.context
     }
@@ -284,8 +390,20 @@ impl Decoder for GptOss {
         self.cfg.vocab_size
     }
 
+    fn allocated(&self) -> crate::models::memory::Allocated {
+        crate::models::memory::Allocated {
+            weights: self.weight_bytes(),
+            kv_cache: self.kv_cache_bytes() as u64,
+            rope_tables: self.rope_bytes() as u64,
+        }
+    }
+
     fn decode_step(&mut self, token: u32, start: usize) -> Option<anyhow::Result<Tensor>> {
         let mut graph = self.graph.take()?;
+        if let Err(e) = self.before_write(start, 1) {
+            self.graph = Some(graph);
+            return Some(Err(e));
+        }
         let logits = graph.step(self, token, start);
         self.graph = Some(graph);
         Some(logits)
@@ -363,8 +481,8 @@ fn attention(
 }
 
 /// Router and experts for `h` (`[seq, hidden]`, f32); returns the f32 MoE output. The router
-/// runs in f32 on the f32 normed residual (pitfall #5: near-ties); routing (top-k, softmax over
-/// the k) is fused into the experts' op.
+/// runs in f32 on the f32 normed residual (docs/gpt-oss.md pitfall #5: near-ties); routing
+/// (top-k, softmax over the k) is fused into the experts' op.
 fn moe(cfg: &GptOssConfig, layer: &Layer, h: &Tensor, dtype: DType) -> anyhow::Result<Tensor> {
     let logits = h.matmul(&layer.router_w.t()?)?;
     let act = SwiGlu { limit: cfg.swiglu_limit, alpha: cfg.swiglu_alpha };

@@ -113,10 +113,12 @@ impl LlamaConfig {
         Ok(cfg)
     }
 
-    /// From GGUF metadata of a `llama` architecture file; `vocab_size` from the embedding.
+    /// From GGUF metadata of a `llama` architecture file; `vocab_size` from the embedding,
+    /// `rope_freqs` from the `rope_freqs.weight` tensor when the file has one.
     pub fn from_gguf(
         md: &HashMap<String, Value>,
         vocab_size: usize,
+        rope_freqs: Option<Vec<f32>>,
     ) -> anyhow::Result<LlamaConfig> {
         let arch = md
             .get("general.architecture")
@@ -145,13 +147,15 @@ impl LlamaConfig {
         let hidden = int("embedding_length")?;
         let head_dim = int("rope.dimension_count").unwrap_or(hidden / heads.max(1));
         let max_pos = int("context_length").unwrap_or(2048);
-        let rope = match (
+        let linear = match (
             md.get("llama.rope.scaling.type").and_then(|v| v.to_string().ok()),
             float("rope.scaling.factor"),
         ) {
-            (Some(t), Some(f)) if t == "linear" => RopeKind::Linear { factor: f },
-            _ => RopeKind::Default,
+            (Some(t), Some(f)) if t == "linear" => Some(f),
+            _ => None,
         };
+        let rope = gguf_rope(linear, rope_freqs, head_dim)
+            .map_err(|e| fail(ErrorKind::InvalidInput, format!("GGUF {e}")))?;
         let cfg = LlamaConfig {
             hidden_size: hidden,
             intermediate_size: int("feed_forward_length")?,
@@ -174,6 +178,13 @@ impl LlamaConfig {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
+        // Lists are sized by the layer count: a corrupt one must not reach an allocation.
+        if self.num_layers == 0 || self.num_layers > 4096 {
+            return Err(fail(
+                ErrorKind::InvalidInput,
+                format!("model config: {} layers is not in 1..=4096", self.num_layers),
+            ));
+        }
         let ok = self.num_heads > 0
             && self.num_kv_heads > 0
             && self.num_heads.is_multiple_of(self.num_kv_heads)
@@ -191,6 +202,24 @@ impl LlamaConfig {
         }
         Ok(())
     }
+}
+
+/// A GGUF's RoPE: linear scaling from the metadata, and llama.cpp's per-pair factors
+/// (`rope_freqs.weight`, how its converter stores Llama 3.x's llama3 scaling) when present.
+/// llama.cpp applies both, so a linear factor multiplies each per-pair factor.
+fn gguf_rope(
+    linear: Option<f64>,
+    rope_freqs: Option<Vec<f32>>,
+    head_dim: usize,
+) -> anyhow::Result<RopeKind> {
+    Ok(match (rope_freqs, linear) {
+        (None, None) => RopeKind::Default,
+        (None, Some(factor)) => RopeKind::Linear { factor },
+        (Some(factors), linear) => {
+            let scale = linear.unwrap_or(1.0) as f32;
+            RopeKind::freq_factors(factors.into_iter().map(|f| f * scale).collect(), head_dim)?
+        }
+    })
 }
 
 #[cfg(test)]
@@ -220,6 +249,18 @@ mod tests {
             r#""rope_theta":5e5,"rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192},"#,
         );
         assert!(matches!(LlamaConfig::from_hf_json(&l3).unwrap().rope, RopeKind::Llama3 { .. }));
+    }
+
+    #[test]
+    fn gguf_rope_takes_rope_freqs_and_linear_scaling() {
+        assert_eq!(gguf_rope(None, None, 8).unwrap(), RopeKind::Default);
+        assert_eq!(gguf_rope(Some(2.0), None, 8).unwrap(), RopeKind::Linear { factor: 2.0 });
+        // llama.cpp divides by both, so the linear factor multiplies each pair's factor.
+        assert_eq!(
+            gguf_rope(Some(2.0), Some(vec![1.0, 1.5, 4.0, 8.0]), 8).unwrap(),
+            RopeKind::FreqFactors { factors: vec![2.0, 3.0, 8.0, 16.0] }
+        );
+        assert!(gguf_rope(None, Some(vec![1.0; 3]), 8).is_err());
     }
 
     #[test]

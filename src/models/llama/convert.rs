@@ -7,8 +7,12 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
+use serde_json::{Value, json};
 
+use super::config::LlamaConfig;
 use super::load::GgufFile;
+use crate::error::{ErrorKind, fail};
+use crate::models::rope::{self, RopeKind};
 
 /// Undoes llama.cpp's `permute(w, n_head)` on q/k weights: rows go back to half-split order.
 pub fn reverse_permute(w: &Tensor, n_head: usize) -> candle_core::Result<Tensor> {
@@ -53,7 +57,7 @@ pub fn write_hf_checkpoint(gguf: &mut GgufFile, dir: &Path) -> anyhow::Result<()
     let tied = !tensors.contains_key("lm_head.weight");
     std::fs::create_dir_all(dir)?;
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
-    let config = serde_json::json!({
+    let mut config = json!({
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -68,8 +72,43 @@ pub fn write_hf_checkpoint(gguf: &mut GgufFile, dir: &Path) -> anyhow::Result<()
         "tie_word_embeddings": tied,
         "torch_dtype": "float32",
     });
+    if let Some(scaling) = rope_scaling(&cfg)? {
+        config["rope_scaling"] = scaling;
+    }
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config)?)?;
     Ok(())
+}
+
+/// `rope_scaling` for config.json: the GGUF's RoPE in transformers' terms. llama.cpp stores
+/// llama3 scaling only as `rope_freqs.weight`, so the parameters are recovered from the
+/// factors; factors no llama3 scaling explains are refused, since a config.json without them
+/// would describe a model that rotates differently.
+fn rope_scaling(cfg: &LlamaConfig) -> anyhow::Result<Option<Value>> {
+    let kind = match &cfg.rope {
+        RopeKind::Default => return Ok(None),
+        RopeKind::FreqFactors { factors } => {
+            rope::llama3_from_factors(factors, cfg.rope_theta, cfg.head_dim).ok_or_else(|| {
+                fail(
+                    ErrorKind::InvalidInput,
+                    "rope_freqs.weight is not llama3 scaling: config.json cannot express these RoPE frequencies",
+                )
+            })?
+        }
+        other => other.clone(),
+    };
+    match kind {
+        RopeKind::Linear { factor } => Ok(Some(json!({"rope_type": "linear", "factor": factor}))),
+        RopeKind::Llama3 { factor, low_freq_factor, high_freq_factor, original_max } => {
+            Ok(Some(json!({
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": low_freq_factor,
+                "high_freq_factor": high_freq_factor,
+                "original_max_position_embeddings": original_max,
+            })))
+        }
+        other => anyhow::bail!("no config.json form for RoPE {other:?} from a GGUF"),
+    }
 }
 
 #[cfg(test)]

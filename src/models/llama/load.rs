@@ -155,7 +155,26 @@ impl GgufFile {
                 .get("token_embd.weight")
                 .map(|t| t.shape.dims()[0])
                 .ok_or_else(|| fail(ErrorKind::Integrity, "GGUF file has no token_embd.weight"))?;
-        LlamaConfig::from_gguf(&self.content.metadata, vocab)
+        LlamaConfig::from_gguf(&self.content.metadata, vocab, self.rope_freqs()?)
+    }
+
+    /// llama.cpp's per-pair RoPE frequency factors (Llama 3.x's llama3 scaling), if present.
+    fn rope_freqs(&self) -> anyhow::Result<Option<Vec<f32>>> {
+        const NAME: &str = "rope_freqs.weight";
+        if !self.has(NAME) {
+            return Ok(None);
+        }
+        // `&File` reads and seeks too, so a shared borrow is enough for one small tensor.
+        let mut file = &self.file;
+        let cpu = Device::Cpu;
+        let factors = self
+            .content
+            .tensor(&mut file, NAME, &cpu)
+            .and_then(|t| t.dequantize(&cpu)?.flatten_all()?.to_vec1::<f32>())
+            .map_err(|e| {
+                fail(ErrorKind::Integrity, format!("{}: tensor {NAME}: {e}", self.path.display()))
+            })?;
+        Ok(Some(factors))
     }
 }
 

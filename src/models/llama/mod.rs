@@ -5,6 +5,7 @@ pub mod config;
 pub mod convert;
 pub mod dummy;
 pub mod load;
+pub mod memory;
 pub mod model;
 
 pub use config::LlamaConfig;

@@ -8,10 +8,11 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::LlamaConfig;
+use super::memory;
 use crate::models::head::{Decoder, Head, rms_norm};
 use crate::models::kv_cache::KvCache;
 use crate::models::linear::Linear;
-use crate::models::rope::{self, RopeKind};
+use crate::models::rope;
 
 /// How q/k pairs are rotated: HF checkpoints pair dim i with i + d/2; llama.cpp's converter
 /// permutes q/k rows so GGUF files pair 2i with 2i+1.
@@ -21,6 +22,7 @@ pub enum RopeStyle {
     Interleaved,
 }
 
+#[derive(Clone)]
 pub struct Layer {
     /// Norm weights are f32 (the norms run in f32).
     pub attn_norm: Tensor,
@@ -34,6 +36,7 @@ pub struct Layer {
     pub down: Linear,
 }
 
+#[derive(Clone)]
 pub struct Weights {
     /// `[vocab, hidden]`, dense in the compute dtype.
     pub embed: Tensor,
@@ -69,16 +72,11 @@ impl Llama {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let inv_freq = rope::inv_freq(&cfg.rope, cfg.rope_theta, cfg.head_dim, 0);
         let w = f32_head(w, dtype)?;
-        let rope_tables = match cfg.rope {
-            RopeKind::Dynamic { .. } => None,
-            _ => Some(rope::scaled_tables(
-                &inv_freq,
-                cfg.rope.attention_scaling(),
-                0,
-                context,
-                dtype,
-                device,
-            )?),
+        let rope_tables = if memory::has_rope_tables(&cfg) {
+            let scale = cfg.rope.attention_scaling();
+            Some(rope::scaled_tables(&inv_freq, scale, 0, context, dtype, device)?)
+        } else {
+            None
         };
         Ok(Llama {
             cfg,
@@ -104,16 +102,52 @@ impl Llama {
         self.caches.iter().map(KvCache::bytes).sum()
     }
 
-    /// The final hidden states `[seq, hidden]` (before the final norm).
+    /// Bytes of the RoPE tables (none for dynamic NTK).
+    pub fn rope_bytes(&self) -> usize {
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        self.rope_tables.as_ref().map_or(0, |(cos, sin)| bytes(cos) + bytes(sin))
+    }
+
+    /// Bytes of the weights, each tensor once (a tied LM head is the embedding).
+    pub fn weight_bytes(&self) -> u64 {
+        let mut m = crate::models::memory::Measured::default();
+        m.tensor(&self.w.embed);
+        for l in &self.w.layers {
+            m.tensor(&l.attn_norm);
+            m.tensor(&l.mlp_norm);
+            for p in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
+                m.linear(p);
+            }
+        }
+        m.tensor(&self.w.head.norm);
+        m.linear(&self.w.head.lm_head);
+        m.total
+    }
+
+    /// The final hidden states `[seq, hidden]` (before the final norm), computed in chunks of
+    /// at most [`memory::PREFILL_CHUNK`] tokens so a long prompt's attention scores stay
+    /// within the memory plan.
     fn hidden_states(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
-        let seq = tokens.len();
         let capacity = self.cache_capacity();
-        anyhow::ensure!(seq > 0, "no tokens to run");
+        anyhow::ensure!(!tokens.is_empty(), "no tokens to run");
         anyhow::ensure!(
-            start + seq <= capacity,
+            start + tokens.len() <= capacity,
             "context full: {} positions requested, {capacity} available",
-            start + seq
+            start + tokens.len()
         );
+        let chunk = memory::PREFILL_CHUNK;
+        let mut outputs = Vec::new();
+        for (i, piece) in tokens.chunks(chunk).enumerate() {
+            outputs.push(self.hidden_chunk(piece, start + i * chunk)?);
+        }
+        if outputs.len() == 1 {
+            return Ok(outputs.remove(0));
+        }
+        Ok(Tensor::cat(&outputs, 0)?)
+    }
+
+    fn hidden_chunk(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        let seq = tokens.len();
         let ids = Tensor::new(tokens, &self.device)?;
         // The residual stream stays in f32 whatever the compute dtype: sums of many bf16
         // updates lose the small ones otherwise (more accurate than the bf16 reference, and
@@ -188,21 +222,23 @@ impl Decoder for Llama {
     fn vocab(&self) -> usize {
         self.cfg.vocab_size
     }
-}
 
-/// Largest LM head kept as an f32 copy under bf16/f16 compute.
-const F32_HEAD_MAX_BYTES: usize = 1 << 30;
+    fn allocated(&self) -> crate::models::memory::Allocated {
+        crate::models::memory::Allocated {
+            weights: self.weight_bytes(),
+            kv_cache: self.kv_cache_bytes() as u64,
+            rope_tables: self.rope_bytes() as u64,
+        }
+    }
+}
 
 /// Logits rounded to bf16 have a spacing of 0.125 at typical magnitudes (16–32), which turns
 /// close calls into ties and costs top-1 agreement with the f32 reference (measured on SmolLM2:
 /// 5% of positions have a reference margin below 0.125). Until a bf16-in/f32-out GEMV kernel
-/// exists, keep an f32 copy of the head when it is small enough.
+/// exists, keep an f32 copy of the head when it is small enough ([`memory::keeps_f32_head`]).
 fn f32_head(mut w: Weights, dtype: DType) -> anyhow::Result<Weights> {
-    if dtype == DType::F32 {
-        return Ok(w);
-    }
     if let Linear::Dense { weight, bias } = &w.head.lm_head
-        && weight.elem_count() * 4 <= F32_HEAD_MAX_BYTES
+        && memory::keeps_f32_head(weight.elem_count() as u64, dtype)
     {
         let weight = weight.to_dtype(DType::F32)?;
         let bias = bias.as_ref().map(|b| b.to_dtype(DType::F32)).transpose()?;
@@ -222,9 +258,14 @@ fn causal_mask(
         return Ok(None);
     }
     let total = start + seq;
-    let data: Vec<f32> = (0..seq)
-        .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
-        .collect();
+    // Reserved fallibly: `[chunk, context]` can be large, and failing must be an error.
+    let mut data: Vec<f32> = Vec::new();
+    data.try_reserve_exact(seq * total).map_err(|_| {
+        candle_core::Error::Msg(format!("no host memory for a {seq} × {total} attention mask"))
+    })?;
+    data.extend((0..seq).flat_map(|i| {
+        (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY })
+    }));
     Tensor::from_vec(data, (seq, total), device)?.to_dtype(dtype).map(Some)
 }
 
@@ -277,4 +318,38 @@ fn attention(
     let out = probs.matmul(&v_all.contiguous()?)?; // [kv_heads, group*seq, d]
     let out = out.reshape((heads, seq, d))?.transpose(0, 1)?.reshape((seq, heads * d))?;
     Ok(layer.o.forward(&out)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device};
+
+    use super::*;
+    use crate::models::CausalLm;
+
+    #[test]
+    fn chunked_prefill_matches_decoding_token_by_token() {
+        // 600 positions run as chunks of 512 + 88; each row must be what decoding that token
+        // alone after the others gives (f32 on the CPU: the same sums in another order).
+        let cfg = LlamaConfig::from_hf_json(
+            r#"{"hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,
+            "num_attention_heads":4,"num_key_value_heads":2,"vocab_size":50,
+            "max_position_embeddings":1024}"#,
+        )
+        .unwrap();
+        let w = super::super::dummy::random_weights(&cfg, DType::F32, &Device::Cpu).unwrap();
+        let mut m =
+            Llama::new(cfg, w, RopeStyle::HalfSplit, 700, DType::F32, &Device::Cpu).unwrap();
+        let tokens: Vec<u32> = (0..600).map(|i| (i * 7 % 50) as u32).collect();
+        let all = m.forward_all(&tokens, 0).unwrap();
+        assert!(memory::PREFILL_CHUNK < tokens.len());
+        for (i, &t) in tokens.iter().enumerate() {
+            let step = m.forward_last(&[t], i).unwrap();
+            if [0, 1, 511, 512, 513, 599].contains(&i) {
+                let diff = (all.get(i).unwrap() - step).unwrap().abs().unwrap();
+                let max = diff.max(0).unwrap().to_scalar::<f32>().unwrap();
+                assert!(max < 1e-4, "position {i}: {max}");
+            }
+        }
+    }
 }

@@ -1,0 +1,67 @@
+//! `inferno doctor`: what a user runs when something is off, and pastes into a bug report.
+//!
+//! It checks, in order: the GPUs (name, compute capability, free memory) and whether this
+//! binary's kernels were built for them; the NVIDIA driver, the CUDA version and the CUDA
+//! libraries found (with their paths); the Hugging Face cache (where, how big, how many models,
+//! whether a token is set — never its value); and for each cached model whether it fits on the
+//! GPU at the default context, by the same memory plan `play` and `bench` use before loading.
+//! Every problem comes with a line saying how to fix it. It never needs a GPU to run: on a
+//! machine without the driver it says so and still reports the cache.
+//!
+//! Exit code 0 when nothing is wrong, 1 when a problem was found (the report says which).
+
+mod cache;
+mod gpu;
+mod models;
+mod render;
+
+use serde::Serialize;
+
+use crate::cli::DoctorArgs;
+use crate::error::{ErrorKind, fail};
+
+/// Something wrong, and what to do about it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    pub what: String,
+    pub fix: String,
+}
+
+/// Everything doctor found; `--json` prints it as is.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub version: &'static str,
+    pub gpu: gpu::GpuReport,
+    pub cache: cache::CacheReport,
+    pub models: Vec<models::ModelFit>,
+    pub problems: Vec<Problem>,
+}
+
+pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
+    let report = collect();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render::human(&report));
+    }
+    if report.problems.is_empty() {
+        Ok(())
+    } else {
+        let n = report.problems.len();
+        Err(fail(
+            ErrorKind::Other,
+            format!("doctor found {n} problem{}", if n == 1 { "" } else { "s" }),
+        ))
+    }
+}
+
+fn collect() -> Report {
+    let gpu = gpu::check();
+    let cache = cache::check();
+    let models = models::check(&cache, &gpu);
+    let mut problems = Vec::new();
+    problems.extend(gpu.problems());
+    problems.extend(cache.problems());
+    problems.extend(models.iter().filter_map(models::ModelFit::problem));
+    Report { version: env!("CARGO_PKG_VERSION"), gpu, cache, models, problems }
+}

@@ -1,0 +1,259 @@
+//! The plan against what the models allocate (built on the CPU), and the largest-context search.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+
+use super::*;
+use crate::engine::{self, LoadOptions, Source};
+
+fn bench_config(name: &str) -> PathBuf {
+    PathBuf::from(format!("{}/benches/configs/{name}.json", env!("CARGO_MANIFEST_DIR")))
+}
+
+fn spec_of(source: &Source, dtype: Option<DType>, context: usize, target: Target) -> Spec {
+    let opts = LoadOptions { dtype, context: Some(context), dummy: false };
+    Spec::read(source, &opts, target).unwrap()
+}
+
+#[test]
+fn largest_fitting_finds_the_edge() {
+    for edge in [1, 2, 3, 100, 4095, 4096, 999_999] {
+        assert_eq!(largest_fitting(1_000_000, |c| c <= edge), Some(edge), "edge {edge}");
+    }
+    assert_eq!(largest_fitting(1_000_000, |c| c <= 5_000_000), Some(1_000_000));
+    assert_eq!(largest_fitting(1_000_000, |_| false), None);
+    assert_eq!(largest_fitting(0, |_| true), None);
+    assert_eq!(largest_fitting(1, |_| true), Some(1));
+    assert_eq!(largest_fitting(usize::MAX, |c| c <= usize::MAX / 3), Some(usize::MAX / 3));
+}
+
+#[test]
+fn the_largest_context_of_gpt_oss_20b_on_an_h100() {
+    // 77.1 GiB free: the weights (12.8 GiB) and the fixed terms leave room for about 2.7 M
+    // positions at 24.25 KiB each (KV cache 24 KiB, f32 RoPE tables 256 B).
+    let source = Source::Dummy(bench_config("gpt-oss-20b"));
+    let spec = spec_of(&source, None, 1_000_000_000, Target::Gpu);
+    let free = (77.1 * (1u64 << 30) as f64) as u64;
+    let c = spec.largest_context(free, spec.context).unwrap();
+    assert!(spec.plan(c).total() <= free && spec.plan(c + 1).total() > free, "{c}");
+    assert!((2_600_000..2_800_000).contains(&c), "{c}");
+    let err = spec.check("gpt-oss-20b", Some(&Budget { free, target: Target::Gpu }), true);
+    let msg = err.unwrap_err().to_string();
+    assert!(msg.starts_with("gpt-oss-20b needs "), "{msg}");
+    assert!(
+        msg.contains(" at --context 1000000000 (weights 12.8 GiB, KV cache 22.4 TiB, "),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("but the GPU has 77.1 GiB free; the largest context that fits is"),
+        "{msg}"
+    );
+    assert!(msg.ends_with(&format!("is {c}")), "{msg}");
+}
+
+#[test]
+fn a_model_larger_than_the_memory_fits_at_no_context() {
+    let source = Source::Dummy(bench_config("llama-3.1-8b"));
+    let spec = spec_of(&source, None, 8192, Target::Gpu);
+    let budget = Budget { free: 10 << 30, target: Target::Gpu };
+    assert_eq!(spec.largest_context(budget.free, 8192), None);
+    let msg = spec.check("llama", Some(&budget), false).unwrap_err().to_string();
+    assert!(msg.contains("at its default context 8192"), "{msg}");
+    assert!(msg.ends_with("it does not fit at any context"), "{msg}");
+    let err = spec.check("llama", Some(&budget), false).unwrap_err();
+    assert_eq!(crate::error::kind_of(&err).exit_code(), 7);
+}
+
+#[test]
+fn the_default_context_says_which_flag_to_pass() {
+    let source = Source::Dummy(bench_config("tinyllama-1.1b"));
+    let opts = LoadOptions { dtype: None, context: None, dummy: true };
+    let spec = Spec::read(&source, &opts, Target::Gpu).unwrap();
+    assert_eq!(spec.context, 2048, "min(model max, 8192)");
+    let need = spec.plan(2048).total();
+    let budget = Budget { free: need - 1, target: Target::Gpu };
+    let msg = spec.check("tiny", Some(&budget), false).unwrap_err().to_string();
+    let c = spec.largest_context(budget.free, 2047).unwrap();
+    assert!(msg.ends_with(&format!("the largest context that fits is {c}: pass --context {c}")));
+    assert_eq!(
+        spec.check("tiny", Some(&Budget { free: need, target: Target::Gpu }), false).unwrap(),
+        spec.plan(2048)
+    );
+}
+
+#[test]
+fn meminfo() {
+    let text =
+        "MemTotal:       32594000 kB\nMemFree:          845000 kB\nMemAvailable:   20000000 kB\n";
+    assert_eq!(meminfo_available(text), Some(20_000_000 * 1024));
+    assert_eq!(meminfo_available("MemTotal: 1 kB\n"), None);
+    assert!(host_available().is_some(), "Linux has /proc/meminfo");
+}
+
+/// Loads `name` on the CPU through the engine and checks the plan it made against what the
+/// model it built holds.
+fn plan_matches_allocation(name: &Path, dtype: Option<DType>, context: usize, dummy: bool) {
+    let opts = LoadOptions { dtype, context: Some(context), dummy };
+    let loaded = engine::load(name.to_str().unwrap(), &opts, &Device::Cpu).unwrap();
+    let got = loaded.model.allocated();
+    let plan = loaded.plan;
+    let what = format!("{} {dtype:?} context {context}", name.display());
+    assert_eq!(plan.context, context, "{what}");
+    assert_eq!(plan.weights, got.weights, "weights: {what}");
+    assert_eq!(plan.kv_cache, got.kv_cache, "KV cache: {what}");
+    assert_eq!(plan.rope_tables, got.rope_tables, "RoPE tables: {what}");
+    assert!(got.kv_cache > 0 && got.weights > 0);
+}
+
+fn gpt_oss_fixture() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_oss_tiny"))
+}
+
+#[test]
+fn gpt_oss_checkpoint_plan_is_what_the_model_allocates() {
+    // The fixture's window is 8: rings of 8 + 512 − 1 slots only past that context.
+    for (dtype, context) in
+        [(None, 64), (Some(DType::F32), 300), (None, 519), (None, 520), (None, 2000)]
+    {
+        plan_matches_allocation(&gpt_oss_fixture(), dtype, context, false);
+    }
+}
+
+fn write_config(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let mut v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(gpt_oss_fixture().join("config.json")).unwrap(),
+    )
+    .unwrap();
+    edit(&mut v);
+    let path = dir.join(name);
+    std::fs::write(&path, v.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn gpt_oss_random_weights_plan_is_what_the_model_allocates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let untied = write_config(tmp.path(), "untied.json", |_| {});
+    let tied = write_config(tmp.path(), "tied.json", |v| v["tie_word_embeddings"] = true.into());
+    for path in [&untied, &tied] {
+        plan_matches_allocation(path, None, 700, true);
+        plan_matches_allocation(path, Some(DType::F32), 100, true);
+    }
+}
+
+const TINY_LLAMA: &str = r#"{"model_type":"llama","hidden_size":64,"intermediate_size":96,
+    "num_hidden_layers":3,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":300,
+    "max_position_embeddings":128,"rms_norm_eps":1e-5,"rope_theta":10000.0,"tie_word_embeddings":TIE,
+    "attention_bias":BIAS,"torch_dtype":"bfloat16"ROPE}"#;
+
+fn tiny_llama(tie: bool, bias: bool, rope: &str) -> String {
+    TINY_LLAMA
+        .replace("TIE", &tie.to_string())
+        .replace("BIAS", &bias.to_string())
+        .replace("ROPE", rope)
+}
+
+#[test]
+fn llama_random_weights_plan_is_what_the_model_allocates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dynamic = r#","rope_scaling":{"type":"dynamic","factor":2.0}"#;
+    for (i, (tie, bias, rope)) in
+        [(false, false, ""), (true, true, ""), (false, false, dynamic)].into_iter().enumerate()
+    {
+        let path = tmp.path().join(format!("llama{i}.json"));
+        std::fs::write(&path, tiny_llama(tie, bias, rope)).unwrap();
+        for dtype in [None, Some(DType::F32), Some(DType::F16)] {
+            plan_matches_allocation(&path, dtype, 200, true);
+        }
+    }
+}
+
+#[test]
+fn llama_checkpoint_plan_is_what_the_model_allocates() {
+    // A checkpoint written from random weights (f32 in the file, bf16 once loaded), tied with
+    // and without an lm_head tensor in the file.
+    use std::collections::HashMap;
+    let dev = Device::Cpu;
+    for (tie, with_head) in [(false, true), (true, false), (true, true)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let text = tiny_llama(tie, false, "");
+        std::fs::write(tmp.path().join("config.json"), &text).unwrap();
+        let cfg = crate::models::llama::LlamaConfig::from_hf_json(&text).unwrap();
+        let mut tensors: HashMap<String, candle_core::Tensor> = HashMap::new();
+        for (name, shape) in crate::models::llama::memory::checkpoint_tensors(&cfg, with_head) {
+            tensors.insert(name, candle_core::Tensor::randn(0f32, 0.02, shape, &dev).unwrap());
+        }
+        candle_core::safetensors::save(&tensors, tmp.path().join("model.safetensors")).unwrap();
+        for dtype in [None, Some(DType::F32)] {
+            plan_matches_allocation(tmp.path(), dtype, 100, false);
+        }
+    }
+}
+
+#[test]
+fn llama_gguf_plan_is_what_the_model_allocates() {
+    use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+    let dev = Device::Cpu;
+    let q = |shape: &[usize], t: GgmlDType| {
+        QTensor::quantize(&candle_core::Tensor::randn(0f32, 0.02, shape, &dev).unwrap(), t).unwrap()
+    };
+    for with_output in [true, false] {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("tiny.gguf");
+        let (h, i, v) = (64, 96, 256);
+        let mut tensors = vec![("token_embd.weight".to_string(), q(&[v, h], GgmlDType::Q8_0))];
+        tensors.push(("output_norm.weight".into(), q(&[h], GgmlDType::F32)));
+        if with_output {
+            tensors.push(("output.weight".into(), q(&[v, h], GgmlDType::Q4_1)));
+        }
+        for n in 0..2 {
+            let b = |s: &str| format!("blk.{n}.{s}.weight");
+            tensors.push((b("attn_norm"), q(&[h], GgmlDType::F32)));
+            tensors.push((b("ffn_norm"), q(&[h], GgmlDType::F32)));
+            tensors.push((b("attn_q"), q(&[h, h], GgmlDType::Q4_0)));
+            tensors.push((b("attn_k"), q(&[32, h], GgmlDType::Q8_0)));
+            tensors.push((b("attn_v"), q(&[32, h], GgmlDType::F16)));
+            tensors.push((b("attn_output"), q(&[h, h], GgmlDType::Q4_0)));
+            tensors.push((b("ffn_gate"), q(&[i, h], GgmlDType::Q4_1)));
+            tensors.push((b("ffn_up"), q(&[i, h], GgmlDType::Q4_1)));
+            tensors.push((b("ffn_down"), q(&[h, i], GgmlDType::Q8_0)));
+        }
+        use gguf_file::Value as V;
+        let meta = [
+            ("general.architecture", V::String("llama".into())),
+            ("llama.context_length", V::U32(256)),
+            ("llama.embedding_length", V::U32(h as u32)),
+            ("llama.feed_forward_length", V::U32(i as u32)),
+            ("llama.block_count", V::U32(2)),
+            ("llama.attention.head_count", V::U32(4)),
+            ("llama.attention.head_count_kv", V::U32(2)),
+            ("llama.rope.dimension_count", V::U32(16)),
+        ];
+        let meta: Vec<(&str, &V)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+        let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+        gguf_file::write(&mut std::fs::File::create(&path).unwrap(), &meta, &refs).unwrap();
+        plan_matches_allocation(&path, None, 200, false);
+    }
+}
+
+#[test]
+fn a_device_allocation_failure_while_loading_is_exit_7_with_the_plan() {
+    let spec = spec_of(&Source::Dummy(bench_config("tinyllama-1.1b")), None, 2048, Target::Gpu);
+    let plan = spec.plan(2048);
+    let budget = Some(Budget { free: 1 << 30, target: Target::Gpu });
+    // What candle returns when cuMemAllocAsync fails, under the loader's context.
+    let oom =
+        candle_core::Error::Msg("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into());
+    let err =
+        engine::out_of_memory(anyhow::Error::from(oom).context("loading"), "m", &plan, budget);
+    assert_eq!(crate::error::kind_of(&err).exit_code(), 7);
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("out of GPU memory while loading m at context 2048: the plan was "),
+        "{msg}"
+    );
+    assert!(msg.contains("; 1.0 GiB was free before loading"), "{msg}");
+    let other = engine::out_of_memory(anyhow::anyhow!("bad shape"), "m", &plan, budget);
+    assert_eq!(other.to_string(), "bad shape");
+}

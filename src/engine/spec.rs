@@ -1,0 +1,164 @@
+//! What will be loaded, decided before anything is allocated: the architecture and its config,
+//! the compute dtype, the context, and the bytes the weights will take on the device (from the
+//! files' headers and the loaders' rules). The memory plan is computed from it, and the loader
+//! builds exactly what it describes.
+
+use std::path::Path;
+
+use candle_core::DType;
+
+use super::plan::{MemoryPlan, Target};
+use super::{LoadOptions, Source, context_for, model_type};
+use crate::error::{ErrorKind, fail};
+use crate::models::gpt_oss::{self, GptOssConfig};
+use crate::models::llama::{self, LlamaConfig, load::GgufFile};
+use crate::models::memory::{FileTensors, safetensors_tensors};
+
+/// The architecture, with its config.
+#[derive(Debug, Clone)]
+pub enum Arch {
+    GptOss(GptOssConfig),
+    Llama(LlamaConfig),
+}
+
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub arch: Arch,
+    pub dtype: DType,
+    /// The KV-cache size in positions.
+    pub context: usize,
+    /// The context the model was trained for.
+    pub max_context: usize,
+    /// Bytes the weights take once loaded.
+    pub weights: u64,
+    pub target: Target,
+}
+
+impl Spec {
+    /// Reads the config and the weights' headers of `source` (no tensor data) and decides what
+    /// to load for `opts` on `target`.
+    pub fn read(source: &Source, opts: &LoadOptions, target: Target) -> anyhow::Result<Spec> {
+        match source {
+            Source::HfDir(dir) => {
+                let (kind, text) = model_type(&dir.join("config.json"))?;
+                Spec::from_config(&text, &kind, Some(&checkpoint_tensors(dir)?), opts, target)
+            }
+            Source::Dummy(config) => {
+                let (kind, text) = model_type(config)?;
+                Spec::from_config(&text, &kind, None, opts, target)
+            }
+            Source::Gguf(path) => Spec::from_gguf(path, opts, target),
+        }
+    }
+
+    /// From a config.json text; `file`: the checkpoint's tensors, `None` for random weights.
+    fn from_config(
+        text: &str,
+        kind: &str,
+        file: Option<&FileTensors>,
+        opts: &LoadOptions,
+        target: Target,
+    ) -> anyhow::Result<Spec> {
+        let (arch, dtype, max, weights) = match kind {
+            "gpt_oss" => {
+                let cfg = GptOssConfig::from_hf_json(text)?;
+                // gpt-oss is trained in bf16; f16 overflows its residual stream (docs/gpt-oss.md
+                // pitfall #7).
+                let dtype = opts.dtype.unwrap_or(DType::BF16);
+                if dtype == DType::F16 {
+                    return Err(fail(
+                        ErrorKind::InvalidInput,
+                        "gpt-oss does not run in f16 (its activations overflow it): use bf16 or f32",
+                    ));
+                }
+                let weights = gpt_oss::memory::weight_bytes(&cfg, dtype, file);
+                let max = cfg.max_position_embeddings;
+                (Arch::GptOss(cfg), dtype, max, weights)
+            }
+            "llama" | "mistral" => {
+                let cfg = LlamaConfig::from_hf_json(text)?;
+                let dtype = llama::load::choose_dtype(opts.dtype, &cfg);
+                let weights = llama::memory::weight_bytes(&cfg, dtype, file);
+                let max = cfg.max_position_embeddings;
+                (Arch::Llama(cfg), dtype, max, weights)
+            }
+            other => {
+                return Err(fail(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "unsupported architecture {other:?} (supported: llama, mistral, gpt_oss)"
+                    ),
+                ));
+            }
+        };
+        let context = context_for(max, opts.context)?;
+        Ok(Spec { arch, dtype, context, max_context: max, weights, target })
+    }
+
+    /// A llama GGUF: its header is read and checked by our own reader first (every length
+    /// against the file size, so a corrupt file cannot make candle's reader allocate wildly),
+    /// and its tensor infos give the weights' bytes.
+    fn from_gguf(path: &Path, opts: &LoadOptions, target: Target) -> anyhow::Result<Spec> {
+        let header = crate::inspect::gguf::read_header(path)
+            .map_err(|e| fail(ErrorKind::Integrity, format!("{e:#}")))?;
+        let cfg = GgufFile::open(path)?.config()?;
+        let context = context_for(cfg.max_position_embeddings, opts.context)?;
+        let on_gpu = target == Target::Gpu;
+        let weights = llama::memory::gguf_weight_bytes(&cfg, &header.tensors, on_gpu);
+        let max_context = cfg.max_position_embeddings;
+        // GGUF models compute in f32 whatever was asked (quantized kernels take f32).
+        Ok(Spec {
+            arch: Arch::Llama(cfg),
+            dtype: DType::F32,
+            context,
+            max_context,
+            weights,
+            target,
+        })
+    }
+
+    /// The memory needed at `context`.
+    pub fn plan(&self, context: usize) -> MemoryPlan {
+        let (kv_cache, rope_tables, workspace) = match &self.arch {
+            Arch::GptOss(cfg) => {
+                use gpt_oss::memory as m;
+                let chunk = gpt_oss::model::PREFILL_CHUNK;
+                (
+                    m::kv_cache_bytes(cfg, context, chunk, self.dtype),
+                    m::rope_table_bytes(cfg, context),
+                    m::workspace_bytes(cfg, context, self.dtype),
+                )
+            }
+            Arch::Llama(cfg) => {
+                use llama::memory as m;
+                (
+                    m::kv_cache_bytes(cfg, context, self.dtype),
+                    m::rope_table_bytes(cfg, context, self.dtype),
+                    m::workspace_bytes(cfg, context, self.dtype),
+                )
+            }
+        };
+        MemoryPlan {
+            context,
+            weights: self.weights,
+            kv_cache,
+            rope_tables,
+            workspace,
+            runtime: self.target.runtime_bytes(),
+            target: self.target,
+        }
+    }
+}
+
+/// The tensors of a safetensors checkpoint folder, from its headers.
+fn checkpoint_tensors(dir: &Path) -> anyhow::Result<FileTensors> {
+    let files = crate::models::llama::load::safetensors_files(dir)?;
+    let headers = files
+        .iter()
+        .map(|f| {
+            crate::inspect::safetensors::read_header(f)
+                .map_err(|e| fail(ErrorKind::Integrity, format!("{e:#}")))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(safetensors_tensors(&headers))
+}

@@ -1,0 +1,223 @@
+//! What a Llama model allocates, as functions of its config, the context and the compute
+//! dtype. `model.rs` and the loaders decide with the same functions ([`has_rope_tables`],
+//! [`keeps_f32_head`], [`PREFILL_CHUNK`]), so `engine::plan` and the allocation cannot drift
+//! apart; tests compare the plan with the bytes of a built model.
+
+use candle_core::DType;
+
+use super::config::LlamaConfig;
+use crate::inspect::gguf::TensorInfo;
+use crate::models::kv_cache::KvCache;
+use crate::models::memory::{FileTensors, dense_bytes, elems, sum};
+use crate::models::rope::RopeKind;
+
+/// Longest chunk one forward pass runs: attention scores are `[heads, chunk, context]`, so a
+/// long prompt in one piece would need memory quadratic in its length.
+pub const PREFILL_CHUNK: usize = 512;
+
+/// Largest LM head kept as an f32 copy under bf16/f16 compute (`model.rs` says why).
+const F32_HEAD_MAX_BYTES: u64 = 1 << 30;
+
+/// Whether the LM head of `elems` weights gets an f32 copy under compute dtype `dtype`.
+pub fn keeps_f32_head(elems: u64, dtype: DType) -> bool {
+    dtype != DType::F32 && elems.saturating_mul(4) <= F32_HEAD_MAX_BYTES
+}
+
+/// Dynamic NTK's frequencies depend on the length, so its tables are made per call instead.
+pub fn has_rope_tables(cfg: &LlamaConfig) -> bool {
+    !matches!(cfg.rope, RopeKind::Dynamic { .. })
+}
+
+/// Every layer's cache holds the whole context.
+pub fn kv_cache_bytes(cfg: &LlamaConfig, context: usize, dtype: DType) -> u64 {
+    let layer = KvCache::planned_bytes(cfg.num_kv_heads, context, cfg.head_dim, dtype);
+    layer.saturating_mul(cfg.num_layers as u64)
+}
+
+/// Bytes of the cos and sin tables, one row per position, in the compute dtype.
+pub fn rope_table_bytes(cfg: &LlamaConfig, context: usize, dtype: DType) -> u64 {
+    if !has_rope_tables(cfg) {
+        return 0;
+    }
+    crate::models::rope::table_bytes(cfg.head_dim / 2, context, dtype)
+}
+
+/// Every tensor the safetensors loader (or the random-weight builder) makes, with its shape;
+/// `separate_head`: the LM head is its own tensor (untied, or present in the checkpoint).
+pub fn checkpoint_tensors(cfg: &LlamaConfig, separate_head: bool) -> Vec<(String, Vec<usize>)> {
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
+    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h])];
+    for n in 0..cfg.num_layers {
+        let p = format!("model.layers.{n}");
+        out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        let projections = [
+            ("self_attn.q_proj", qd, h, cfg.attention_bias),
+            ("self_attn.k_proj", kvd, h, cfg.attention_bias),
+            ("self_attn.v_proj", kvd, h, cfg.attention_bias),
+            ("self_attn.o_proj", h, qd, cfg.attention_bias),
+            ("mlp.gate_proj", i, h, cfg.mlp_bias),
+            ("mlp.up_proj", i, h, cfg.mlp_bias),
+            ("mlp.down_proj", h, i, cfg.mlp_bias),
+        ];
+        for (name, rows, cols, bias) in projections {
+            out.push((format!("{p}.{name}.weight"), vec![rows, cols]));
+            if bias {
+                out.push((format!("{p}.{name}.bias"), vec![rows]));
+            }
+        }
+    }
+    out.push(("model.norm.weight".to_string(), vec![h]));
+    if separate_head {
+        out.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h]));
+    }
+    out
+}
+
+/// Bytes of the weights of a safetensors checkpoint (`file`: its headers) or of random weights
+/// (`None`) once loaded: everything in the compute dtype but the f32 norms, and the LM head
+/// also as an f32 copy when [`keeps_f32_head`] (replacing it, or beside a tied embedding).
+pub fn weight_bytes(cfg: &LlamaConfig, dtype: DType, file: Option<&FileTensors>) -> u64 {
+    let separate_head =
+        !cfg.tie_word_embeddings || file.is_some_and(|f| f.contains_key("lm_head.weight"));
+    let tensors = checkpoint_tensors(cfg, separate_head);
+    let stored = sum(tensors.iter().map(|(name, shape)| {
+        let n = file.and_then(|f| f.get(name)).map_or_else(|| elems(shape), |t| t.elems);
+        let size = if name.ends_with("norm.weight")
+            || (name == "lm_head.weight" && keeps_f32_head(n, dtype))
+        {
+            4
+        } else {
+            dtype.size_in_bytes() as u64
+        };
+        n.saturating_mul(size)
+    }));
+    let head = elems(&[cfg.vocab_size, cfg.hidden_size]);
+    let tied_copy = if !separate_head && keeps_f32_head(head, dtype) { head * 4 } else { 0 };
+    stored.saturating_add(tied_copy)
+}
+
+/// The GGUF tensors `load_gguf` reads. Projections (and the LM head) stay quantized as candle's
+/// `QMatMul` keeps them; embeddings and norms are dequantized to f32.
+const GGUF_PROJECTIONS: [&str; 7] =
+    ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"];
+
+/// Bytes of a GGUF file's weights once loaded by `load_gguf`, from its tensor infos. On a GPU,
+/// candle pads every quantized tensor by 512 elements' worth of blocks.
+pub fn gguf_weight_bytes(cfg: &LlamaConfig, tensors: &[TensorInfo], on_gpu: bool) -> u64 {
+    let find = |name: &str| tensors.iter().find(|t| t.name == name);
+    let count = |t: &TensorInfo| t.dims.iter().fold(1u64, |a, &d| a.saturating_mul(d));
+    let dequantized = |name: &str| find(name).map_or(0, |t| count(t).saturating_mul(4));
+    let matmul = |t: &TensorInfo| qmatmul_bytes(t.ggml_type, count(t), t.bytes, on_gpu);
+    let mut parts = vec![dequantized("token_embd.weight"), dequantized("output_norm.weight")];
+    for n in 0..cfg.num_layers {
+        for norm in ["attn_norm", "ffn_norm"] {
+            parts.push(dequantized(&format!("blk.{n}.{norm}.weight")));
+        }
+        for p in GGUF_PROJECTIONS {
+            parts.push(find(&format!("blk.{n}.{p}.weight")).map_or(0, matmul));
+        }
+    }
+    // Without an output tensor the LM head is the quantized embedding, kept beside its f32 copy.
+    let head = find("output.weight").or_else(|| find("token_embd.weight"));
+    parts.push(head.map_or(0, matmul));
+    sum(parts)
+}
+
+/// What candle's `QMatMul::from_qtensor` keeps: f32/f16/bf16 tensors (and every tensor under
+/// `CANDLE_DEQUANTIZE_ALL`) become dense f32, `CANDLE_DEQUANTIZE_ALL_F16` dense f16, the rest
+/// stays in its blocks.
+fn qmatmul_bytes(ggml_type: u32, elems: u64, file_bytes: u64, on_gpu: bool) -> u64 {
+    let env = |k: &str| std::env::var(k).is_ok_and(|v| !v.is_empty() && v != "0");
+    if matches!(ggml_type, 0 | 1 | 30) || env("CANDLE_DEQUANTIZE_ALL") {
+        return elems.saturating_mul(4);
+    }
+    if env("CANDLE_DEQUANTIZE_ALL_F16") {
+        return elems.saturating_mul(2);
+    }
+    let padding = match crate::inspect::gguf::type_layout(ggml_type) {
+        Some((block, size)) if on_gpu => 512 * size / block,
+        _ => 0,
+    };
+    file_bytes.saturating_add(padding)
+}
+
+/// Peak bytes of the intermediates of a forward pass: one prefill chunk at the end of the
+/// context through one layer, every intermediate counted as live at once (an upper bound), plus
+/// the logits. Attention materialises its scores `[heads, chunk, context]`: the scaled product
+/// (compute dtype), its f32 copy, the masked scores, softmax's f32 output and the
+/// probabilities (compute dtype) are alive together in `attention()`; in f32 the casts are
+/// no-ops sharing storage. This term grows with the context, as fast as the KV cache for
+/// typical shapes.
+pub fn workspace_bytes(cfg: &LlamaConfig, context: usize, dtype: DType) -> u64 {
+    let (n, t, sd) = (PREFILL_CHUNK.min(context), context, dtype.size_in_bytes());
+    let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
+    let (qd, kvd) = (cfg.num_heads * d, cfg.num_kv_heads * d);
+    let per_score = if sd == 4 { 12 } else { 2 * sd + 12 };
+    let bytes =
+        |dims: &[usize], size: usize| dense_bytes(dims, DType::U8).saturating_mul(size as u64);
+    sum([
+        bytes(&[cfg.num_heads, n, t], per_score),
+        // The causal mask: built in f32, cast to the compute dtype, and back to f32 per layer.
+        bytes(&[n, t], 8 + sd),
+        // The cached values made contiguous for the probabilities' product.
+        bytes(&[cfg.num_kv_heads, t, d], sd),
+        // Embedding rows, the f32 residual, norms, attention and MLP outputs in both dtypes.
+        bytes(&[n, h], 8 * 4 + 4 * sd),
+        // q/k/v projections, their head-split copies and RoPE's outputs; attention's output and
+        // its [seq, heads·d] copy; per-call RoPE tables (dynamic NTK) in f32 and cast.
+        bytes(&[n, qd + 2 * kvd], 3 * sd),
+        bytes(&[n, qd], 2 * sd),
+        bytes(&[n, d], 4 + sd),
+        // MLP: gate, its SiLU, up and their product ([seq, intermediate]); the quantized
+        // kernels' q8_1 copy of their input is smaller than one of these.
+        bytes(&[n, i], 4 * sd + 2),
+        // f32 logits of the last position, and their host-side sampling copy's device twin.
+        dense_bytes(&[2, cfg.vocab_size], DType::F32),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(name: &str) -> LlamaConfig {
+        let path = format!("{}/benches/configs/{name}.json", env!("CARGO_MANIFEST_DIR"));
+        LlamaConfig::from_hf_json(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn llama_8b_by_hand() {
+        // 32 layers × 8 kv heads × 128 dims × (k and v) × bf16 = 128 KiB per position.
+        let cfg = config("llama-3.1-8b");
+        assert_eq!(kv_cache_bytes(&cfg, 8192, DType::BF16), 8192 * 128 * 1024);
+        // 8.03 B parameters in bf16; the 128256 × 4096 head is 2.1 GB in f32, over the limit
+        // for an f32 copy.
+        let w = weight_bytes(&cfg, DType::BF16, None);
+        let params: u64 =
+            128256 * 4096 * 2 + 32 * (4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336);
+        let norms: u64 = (32 * 2 + 1) * 4096;
+        assert_eq!(w, params * 2 + norms * 4);
+        // RoPE tables: 64 frequencies × cos and sin × bf16 per position.
+        assert_eq!(rope_table_bytes(&cfg, 8192, DType::BF16), 8192 * 64 * 2 * 2);
+    }
+
+    #[test]
+    fn a_small_head_gets_an_f32_copy() {
+        // TinyLlama: the 32000 × 2048 head is 262 MB in f32, under the 1 GiB limit.
+        let cfg = config("tinyllama-1.1b");
+        let (head, norms): (u64, u64) = (32000 * 2048, (22 * 2 + 1) * 2048);
+        let layers: u64 = 22 * (2048 * (2048 + 2 * 256 + 2048) + 3 * 2048 * 5632);
+        let f32 = weight_bytes(&cfg, DType::F32, None);
+        assert_eq!(f32, (2 * head + layers + norms) * 4);
+        // bf16: the head is replaced by its f32 copy.
+        let bf16 = weight_bytes(&cfg, DType::BF16, None);
+        assert_eq!(bf16, (head + layers) * 2 + (head + norms) * 4);
+        // Tied: the bf16 embedding stays and the f32 copy comes beside it: the same bytes.
+        let mut tied = cfg.clone();
+        tied.tie_word_embeddings = true;
+        assert_eq!(weight_bytes(&tied, DType::BF16, None), bf16);
+        assert_eq!(weight_bytes(&tied, DType::F32, None), f32 - head * 4);
+    }
+}
