@@ -48,6 +48,8 @@ fn main() {
     let nvcc = find_nvcc();
     let cap = env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".to_string());
     let cap = cap.trim().trim_start_matches("sm_").replace('.', "");
+    // `inferno doctor` compares it with the GPU's compute capability.
+    println!("cargo::rustc-env=INFERNO_CUDA_COMPUTE_CAP={cap}");
     for src in sources.iter().filter(|p| p.extension().is_some_and(|e| e == "cu")) {
         let stem = src.file_stem().and_then(|s| s.to_str()).expect("kernel file names are UTF-8");
         let ptx = out_dir.join(format!("{stem}.ptx"));

@@ -20,6 +20,9 @@ pub enum Command {
     Play(PlayArgs),
     /// Measure prefill and decode throughput of a model on the GPU.
     Bench(BenchArgs),
+    /// Check the GPU, the NVIDIA driver, the CUDA libraries, the model cache and whether each
+    /// cached model fits; paste its output into a bug report.
+    Doctor(DoctorArgs),
     /// Write an HF-format f32 safetensors checkpoint of a llama GGUF (developer tool).
     #[command(hide = true)]
     Convert(ConvertArgs),
@@ -47,6 +50,13 @@ pub struct DownloadArgs {
 #[derive(Debug, Args)]
 pub struct ListArgs {
     /// Machine-readable output: a JSON array, one object per cached model revision.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Machine-readable output: one JSON object with every finding and the problems.
     #[arg(long)]
     pub json: bool,
 }

@@ -331,3 +331,50 @@ fn a_function_missing_from_the_driver_stops_the_process_with_one_line() {
     let fake = driver.join("libcuda.so.1");
     assert_no_device(&out, &format!("error: {} has no function cu", fake.display()));
 }
+
+/// `inferno doctor` on a machine without the driver: it runs, names the problem with a fix,
+/// reports the cache (and that a token is set, never the token), plans each cached model from
+/// its headers (the same plan `play` checks), and exits nonzero.
+#[test]
+fn doctor_without_the_driver_reports_the_cache_and_the_fix() {
+    let sandbox = Sandbox::new();
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let repo = sandbox.dir.path().join("hub/models--test--tiny-gpt-oss");
+    let snapshot = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt_oss_tiny");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture.join(f), snapshot.join(f)).unwrap();
+    }
+    let token = "hf_doctor_must_not_print_this";
+    let out = sandbox.run(&["doctor"], &[("HF_TOKEN", token)]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("no NVIDIA driver") && stdout.contains("fix: "), "{stdout}");
+    assert!(stdout.contains("1 model revision(s)"), "{stdout}");
+    assert!(stdout.contains("HF_TOKEN is set") && !stdout.contains(token), "{stdout}");
+    assert!(stdout.contains("test/tiny-gpt-oss@01234567: needs"), "{stdout}");
+
+    let out = sandbox.run(&["doctor", "--json"], &[("HF_TOKEN", token)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!text(&out.stdout).contains(token));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor --json");
+    assert!(v["gpu"]["driver_error"].as_str().is_some_and(|e| e.contains("libcuda.so.1")), "{v}");
+    assert_eq!(v["cache"]["models"], 1);
+    assert_eq!(v["cache"]["hf_token_set"], true);
+    assert!(!v["problems"].as_array().unwrap().is_empty());
+    // The model's plan is the loader's: the same numbers `play` checks before loading.
+    let opts = inferno::engine::LoadOptions { dtype: None, context: None, dummy: false };
+    let (_, spec) = inferno::engine::prepare(
+        &snapshot.to_string_lossy(),
+        &opts,
+        inferno::engine::plan::Target::Gpu,
+    )
+    .unwrap();
+    let model = &v["models"][0];
+    assert_eq!(model["needed_bytes"], spec.plan(spec.context).total(), "{v}");
+    assert_eq!(model["context"], spec.context);
+    assert!(model["fits"].is_null(), "no GPU to check against: {v}");
+}

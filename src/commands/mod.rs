@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod convert;
+pub mod doctor;
 pub mod download;
 pub mod list;
 pub mod play;
@@ -14,6 +15,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::List(args) => list::run(args),
         Command::Play(args) => play::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::Convert(args) => convert::run(args),
     }
 }

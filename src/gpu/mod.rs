@@ -33,6 +33,8 @@ pub struct GpuInfo {
     pub name: String,
     pub total_bytes: u64,
     pub free_bytes: u64,
+    /// (major, minor); (0, 0) when the driver would not say.
+    pub compute_capability: (i32, i32),
 }
 
 /// Opens CUDA device `ordinal` (the `--gpu N` flag).
@@ -64,7 +66,14 @@ fn info(device: &Device, ordinal: usize) -> anyhow::Result<GpuInfo> {
     let ctx = cuda.cuda_stream().context().clone();
     let name = ctx.name().unwrap_or_else(|_| "unknown NVIDIA GPU".to_string());
     let (free, total) = ctx.mem_get_info().unwrap_or((0, 0));
-    Ok(GpuInfo { ordinal, name, total_bytes: total as u64, free_bytes: free as u64 })
+    let compute_capability = ctx.compute_capability().unwrap_or((0, 0));
+    Ok(GpuInfo {
+        ordinal,
+        name,
+        total_bytes: total as u64,
+        free_bytes: free as u64,
+        compute_capability,
+    })
 }
 
 /// The driver's error code out of candle's error text (which may carry a backtrace).

@@ -1,0 +1,279 @@
+//! The GPU side: the NVIDIA driver, the CUDA libraries the binary opens at run time (with where
+//! they were found), each GPU with its compute capability and free memory, and whether this
+//! binary's kernels were compiled for it. Nothing here can stop the process: every failure is a
+//! finding.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::Problem;
+use super::render::Line;
+use crate::gpu::probe;
+use crate::util::human_bytes_iec as iec;
+
+/// The compute capability the kernels were compiled for (`CUDA_COMPUTE_CAP` at build time);
+/// `None` in a build without CUDA.
+pub const KERNELS_FOR: Option<&str> = option_env!("INFERNO_CUDA_COMPUTE_CAP");
+
+#[derive(Debug, Serialize)]
+pub struct GpuReport {
+    /// The NVIDIA kernel module's version (`/proc/driver/nvidia/version`).
+    pub driver_version: Option<String>,
+    /// The newest CUDA version the driver supports.
+    pub cuda_version: Option<String>,
+    pub driver_path: Option<PathBuf>,
+    /// Why the driver is unusable, if it is.
+    pub driver_error: Option<String>,
+    pub libraries: Vec<Library>,
+    /// Where the loader looks for them (besides ld.so.cache).
+    pub search_dirs: Vec<PathBuf>,
+    /// `sm_XY` the kernels were built for; `None`: a build without CUDA.
+    pub kernels_built_for: Option<String>,
+    pub devices: Vec<DeviceReport>,
+    /// GPUs the driver lists that could not be opened.
+    pub device_errors: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Library {
+    pub name: &'static str,
+    pub soname: &'static str,
+    pub required: bool,
+    pub path: Option<PathBuf>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceReport {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: String,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Whether the kernels were built for this GPU's compute capability.
+    pub kernels_match: bool,
+}
+
+pub fn check() -> GpuReport {
+    let libraries: Vec<Library> = crate::gpu::libraries()
+        .into_iter()
+        .map(|l| Library {
+            name: l.name,
+            soname: l.soname,
+            required: probe::REQUIRED.contains(&l.name),
+            path: l.path,
+            error: l.error,
+        })
+        .collect();
+    let mut report = GpuReport {
+        driver_version: kernel_module_version(),
+        cuda_version: None,
+        driver_path: None,
+        driver_error: None,
+        search_dirs: probe::search_dirs(),
+        kernels_built_for: KERNELS_FOR.map(|c| format!("sm_{c}")),
+        devices: Vec::new(),
+        device_errors: Vec::new(),
+        libraries,
+    };
+    match probe::driver() {
+        Ok(d) => {
+            report.cuda_version = Some(d.cuda.to_string());
+            report.driver_path = d.path;
+            if report.libraries.iter().all(|l| !l.required || l.error.is_none()) {
+                open_devices(&mut report, d.devices);
+            }
+        }
+        Err(e) => report.driver_error = Some(format!("{e:#}")),
+    }
+    report
+}
+
+fn open_devices(report: &mut GpuReport, count: usize) {
+    for ordinal in 0..count {
+        match crate::gpu::open(ordinal) {
+            Ok((_, info)) => {
+                let (major, minor) = info.compute_capability;
+                let cap = format!("{major}{minor}");
+                report.devices.push(DeviceReport {
+                    ordinal,
+                    name: info.name,
+                    compute_capability: format!("{major}.{minor}"),
+                    total_bytes: info.total_bytes,
+                    free_bytes: info.free_bytes,
+                    kernels_match: KERNELS_FOR.is_some_and(|k| k == cap),
+                });
+            }
+            Err(e) => report.device_errors.push(format!("GPU {ordinal}: {e:#}")),
+        }
+    }
+}
+
+/// `580.159.04` out of "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Mon …".
+fn kernel_module_version() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/driver/nvidia/version").ok()?;
+    parse_module_version(&text)
+}
+
+fn parse_module_version(text: &str) -> Option<String> {
+    let line = text.lines().find(|l| l.starts_with("NVRM version"))?;
+    let after = line.split("Kernel Module").nth(1)?;
+    after.split_whitespace().next().map(str::to_string)
+}
+
+impl GpuReport {
+    pub fn lines(&self) -> Vec<Line> {
+        let mut out = Vec::new();
+        match (&self.driver_error, &self.cuda_version) {
+            (Some(e), _) => out.push(Line::bad(e.clone())),
+            (None, Some(cuda)) => out.push(Line::ok(format!(
+                "NVIDIA driver {} (CUDA {cuda}){}",
+                self.driver_version.as_deref().unwrap_or("(version unknown)"),
+                self.driver_path.as_ref().map_or(String::new(), |p| format!(", {}", p.display()))
+            ))),
+            (None, None) => {}
+        }
+        // The driver's own library is covered by the driver line above.
+        for l in self.libraries.iter().filter(|l| l.name != "cuda" || self.driver_error.is_none()) {
+            let text = match (&l.path, &l.error) {
+                (Some(p), _) => format!("{} at {}", l.soname, p.display()),
+                (None, None) => format!("{} loaded", l.soname),
+                (None, Some(_)) if !l.required => {
+                    format!("{} not found (optional: not called by this build)", l.soname)
+                }
+                (None, Some(e)) => format!("{} not loaded: {e}", l.soname),
+            };
+            let fine = l.error.is_none() || !l.required;
+            out.push(if fine { Line::ok(text) } else { Line::bad(text) });
+        }
+        for d in &self.devices {
+            out.push(Line::ok(format!(
+                "GPU {}: {}, compute capability {}, {} free of {}",
+                d.ordinal,
+                d.name,
+                d.compute_capability,
+                iec(d.free_bytes),
+                iec(d.total_bytes)
+            )));
+            let built = self.kernels_built_for.as_deref().unwrap_or("no GPU");
+            let text = format!("kernels built for {built}");
+            out.push(if d.kernels_match { Line::ok(text) } else { Line::bad(text) });
+        }
+        out.extend(self.device_errors.iter().map(|e| Line::bad(e.clone())));
+        if self.kernels_built_for.is_none() {
+            out.push(Line::bad("this inferno was built without CUDA (CPU-only build)"));
+        }
+        out
+    }
+
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        if self.kernels_built_for.is_none() {
+            out.push(Problem {
+                what: "this inferno was built without CUDA".into(),
+                fix: "build it with the default features: bash scripts/install.sh".into(),
+            });
+            return out;
+        }
+        if let Some(e) = &self.driver_error {
+            out.push(Problem {
+                what: e.clone(),
+                fix: "install or update the NVIDIA driver (CUDA 13.0 or newer); download, list \
+                      and doctor work without it"
+                    .into(),
+            });
+        }
+        let missing = |l: &&Library| l.required && l.error.is_some() && l.name != "cuda";
+        for l in self.libraries.iter().filter(missing) {
+            let dirs: Vec<String> =
+                self.search_dirs.iter().map(|d| d.display().to_string()).collect();
+            out.push(Problem {
+                what: format!(
+                    "{} not found (searched {} and the ld.so cache)",
+                    l.soname,
+                    dirs.join(", ")
+                ),
+                fix: "run scripts/install.sh (it fetches the CUDA 13 libraries and records their \
+                      folder in the binary), install the CUDA 13 toolkit, or add the folder \
+                      holding them to LD_LIBRARY_PATH"
+                    .into(),
+            });
+        }
+        for d in self.devices.iter().filter(|d| !d.kernels_match) {
+            let cap = d.compute_capability.replace('.', "");
+            out.push(Problem {
+                what: format!(
+                    "GPU {} ({}) has compute capability {}; this binary's kernels were built for {}",
+                    d.ordinal,
+                    d.name,
+                    d.compute_capability,
+                    self.kernels_built_for.as_deref().unwrap_or("none")
+                ),
+                fix: format!("rebuild for it: CUDA_COMPUTE_CAP={cap} bash scripts/install.sh"),
+            });
+        }
+        for e in &self.device_errors {
+            out.push(Problem {
+                what: e.clone(),
+                fix: "check `nvidia-smi`; another process may hold the GPU, or \
+                      CUDA_VISIBLE_DEVICES hides it"
+                    .into(),
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn module_version_from_proc() {
+        let text = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue Oct  7 2025\n\
+                    GCC version:  gcc version 12.2.0\n";
+        assert_eq!(super::parse_module_version(text).as_deref(), Some("580.159.04"));
+        assert_eq!(super::parse_module_version("garbage"), None);
+    }
+}
+
+#[cfg(test)]
+mod report_tests {
+    use super::{DeviceReport, GpuReport};
+
+    fn report(built_for: Option<&str>, cap: &str, matches: bool) -> GpuReport {
+        GpuReport {
+            driver_version: Some("580.1".into()),
+            cuda_version: Some("13.0".into()),
+            driver_path: None,
+            driver_error: None,
+            libraries: Vec::new(),
+            search_dirs: Vec::new(),
+            kernels_built_for: built_for.map(str::to_string),
+            devices: vec![DeviceReport {
+                ordinal: 0,
+                name: "NVIDIA L40S".into(),
+                compute_capability: cap.into(),
+                total_bytes: 48 << 30,
+                free_bytes: 47 << 30,
+                kernels_match: matches,
+            }],
+            device_errors: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn kernels_for_another_gpu_are_a_problem_with_the_rebuild_command() {
+        let problems = report(Some("sm_90"), "8.9", false).problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].what.contains("8.9") && problems[0].what.contains("sm_90"));
+        assert!(problems[0].fix.contains("CUDA_COMPUTE_CAP=89"), "{:?}", problems[0]);
+        assert!(report(Some("sm_90"), "9.0", true).problems().is_empty());
+    }
+
+    #[test]
+    fn a_build_without_cuda_says_how_to_get_one() {
+        let problems = report(None, "9.0", false).problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].fix.contains("install.sh"));
+    }
+}
