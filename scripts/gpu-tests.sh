@@ -26,10 +26,21 @@ binary_checks() {
         echo "test bench_dummy_weights_runs ... FAILED"
         failed=$((failed + 1))
     fi
-    if [ "$failed" = 0 ]; then
-        echo "test result: ok. 2 passed; 0 failed"
+    # doctor on a working GPU machine: exit 0, the GPU found, the kernels built for it.
+    local hub
+    hub="$(mktemp -d)"
+    if HF_HUB_CACHE="$hub" "$bin" doctor && HF_HUB_CACHE="$hub" "$bin" doctor --json \
+        | python3 -c 'import json,sys; r=json.load(sys.stdin); d=r["gpu"]["devices"]; assert d and all(x["kernels_match"] for x in d) and not r["problems"], r'; then
+        echo "test doctor_finds_the_gpu_and_no_problem ... ok"
     else
-        echo "test result: FAILED. $((2 - failed)) passed; $failed failed"
+        echo "test doctor_finds_the_gpu_and_no_problem ... FAILED"
+        failed=$((failed + 1))
+    fi
+    rm -rf "$hub"
+    if [ "$failed" = 0 ]; then
+        echo "test result: ok. 3 passed; 0 failed"
+    else
+        echo "test result: FAILED. $((3 - failed)) passed; $failed failed"
     fi
 }
 
