@@ -162,10 +162,17 @@ fn measure(
     let mut loaded = engine::load(name, &opts, device).expect("load");
     device.synchronize().unwrap();
     let resident = pool.used() - used0;
-    pool.reset_high();
     // The worst step for the workspace: a full prefill chunk at the end of the context (its
     // attention reads every position), then decode steps (gpt-oss captures its CUDA graph).
+    // The positions before it are filled first: a sliding-window ring refuses a chunk whose
+    // window it never held.
     let n = 512.min(context);
+    if context > n {
+        let before: Vec<u32> = (0..(context - n) as u32).map(|t| t % 1000).collect();
+        loaded.model.forward_last(&before, 0).expect("filling the context");
+        device.synchronize().unwrap();
+    }
+    pool.reset_high();
     let prompt: Vec<u32> = (0..n as u32).collect();
     loaded.model.forward_last(&prompt, context - n).expect("prefill");
     for pos in 0..4 {

@@ -116,10 +116,14 @@ fn kernel_module_version() -> Option<String> {
     parse_module_version(&text)
 }
 
+/// The first word that looks like a version after "Kernel Module" (the open module writes
+/// "Open Kernel Module for x86_64  580.159.04").
 fn parse_module_version(text: &str) -> Option<String> {
     let line = text.lines().find(|l| l.starts_with("NVRM version"))?;
     let after = line.split("Kernel Module").nth(1)?;
-    after.split_whitespace().next().map(str::to_string)
+    let is_version =
+        |w: &&str| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.');
+    after.split_whitespace().find(is_version).map(str::to_string)
 }
 
 impl GpuReport {
@@ -232,6 +236,9 @@ mod tests {
         let text = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue Oct  7 2025\n\
                     GCC version:  gcc version 12.2.0\n";
         assert_eq!(super::parse_module_version(text).as_deref(), Some("580.159.04"));
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release \
+                    Build  (dvs-builder@U16-I3-B08-4-1)  Tue Oct  7 2025\n";
+        assert_eq!(super::parse_module_version(open).as_deref(), Some("580.159.04"));
         assert_eq!(super::parse_module_version("garbage"), None);
     }
 }
