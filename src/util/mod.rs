@@ -6,26 +6,23 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// `1234567` -> `1.2 MB` (decimal units, as the Hub and most tools show sizes).
 pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "kB", "MB", "GB", "TB", "PB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1000.0 && unit + 1 < UNITS.len() {
-        v /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+    scaled(n, 1000.0, &["B", "kB", "MB", "GB", "TB", "PB"])
 }
 
 /// `13_779_630_336` -> `12.8 GiB` (binary units, as GPU memory is usually quoted).
 pub fn human_bytes_iec(n: u64) -> String {
-    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    scaled(n, 1024.0, &["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"])
+}
+
+/// `n` in the largest unit (each `step` times the previous) that keeps it at least 1.
+fn scaled(n: u64, step: f64, units: &[&str]) -> String {
     let mut v = n as f64;
     let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
+    while v >= step && unit + 1 < units.len() {
+        v /= step;
         unit += 1;
     }
-    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", units[unit]) }
 }
 
 /// How long ago `then` was, in the largest whole unit: `just now`, `5 minutes ago`,
