@@ -1,9 +1,8 @@
 //! `inferno play [MODEL]`: chat with a model in a REPL, or answer one prompt (`--prompt`, or
 //! stdin when it is not a terminal) printing only the reply on stdout.
 
-mod conversation;
-mod dialogue;
 mod picker;
+mod printer;
 mod repl;
 
 use std::io::{IsTerminal, Read, Write};
@@ -11,14 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+use crate::chat::{Dialogue, Sampling, TurnEnd};
 use crate::cli::PlayArgs;
 use crate::engine::{self, LoadOptions, Loaded, text::TextSide};
 use crate::error::{ErrorKind, fail};
 use crate::generate::{Sampler, SamplerConfig, Session, StopConditions};
 use crate::util::human_bytes;
 
-pub use conversation::{Conversation, stats_line};
-pub use dialogue::{Dialogue, Output};
+use printer::{Output, Printer, stats_line};
 
 /// Everything a chat needs, loaded: the model (inside its session, with what its KV cache holds)
 /// and its text side.
@@ -37,6 +36,19 @@ impl Chat {
             stop_strings: self.stop_strings.clone(),
             max_tokens: self.max_tokens,
         }
+    }
+
+    /// Runs one turn of `dialogue`, printed as `out` says.
+    pub fn turn(
+        &mut self,
+        dialogue: &mut Dialogue,
+        user: &str,
+        sampler: &mut Sampler,
+        interrupt: &AtomicBool,
+        out: Output,
+    ) -> anyhow::Result<TurnEnd> {
+        let sampling = Sampling { sampler, stop: self.stop_conditions(), interrupt };
+        dialogue.turn(&mut self.session, &self.text, user, sampling, &mut Printer::new(out))
     }
 }
 
@@ -130,7 +142,6 @@ fn one_shot(
     verbose: bool,
 ) -> anyhow::Result<()> {
     let mut sampler = Sampler::new(chat.sampler.clone());
-    let cond = chat.stop_conditions();
     let interrupt = Arc::new(AtomicBool::new(false));
     let flag = interrupt.clone();
     // A second Ctrl-C while we wind down exits the usual way.
@@ -139,19 +150,11 @@ fn one_shot(
             std::process::exit(130);
         }
     });
-    let reply = dialogue.turn(
-        &mut chat.session,
-        &chat.text,
-        prompt,
-        &mut sampler,
-        cond,
-        &interrupt,
-        out,
-    )?;
+    let end = chat.turn(&mut dialogue, prompt, &mut sampler, &interrupt, out)?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout)?;
     if verbose {
-        eprintln!("{}", stats_line(&reply, chat.session.model.context_length()));
+        eprintln!("{}", stats_line(&end.generation, chat.session.model.context_length()));
     }
     Ok(())
 }

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
 
-use super::{Chat, Dialogue, Output, stats_line};
+use super::{Chat, Output, stats_line};
+use crate::chat::Dialogue;
 use crate::generate::{Sampler, StopReason};
 
 const HELP: &str = "\
@@ -63,19 +64,11 @@ pub fn run(mut chat: Chat, mut dialogue: Dialogue, show_reasoning: bool) -> anyh
             continue;
         }
         interrupt.store(false, Ordering::SeqCst);
-        let cond = chat.stop_conditions();
-        let result = dialogue.turn(
-            &mut chat.session,
-            &chat.text,
-            &line,
-            &mut sampler,
-            cond,
-            &interrupt,
-            out,
-        );
+        let result = chat.turn(&mut dialogue, &line, &mut sampler, &interrupt, out);
         println!();
         match result {
-            Ok(reply) => {
+            Ok(end) => {
+                let reply = end.generation;
                 if reply.reason == StopReason::ContextFull {
                     eprintln!(
                         "the context is full: /clear to start over, or restart with a larger --context"

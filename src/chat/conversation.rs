@@ -1,10 +1,11 @@
-//! The conversation state of `play` and how it becomes prompt ids.
+//! A conversation with a model that speaks through a Hugging Face chat template (or raw text),
+//! and how it becomes prompt ids. gpt-oss's harmony conversations are [`super::harmony::HarmonyChat`];
+//! [`super::turn::Dialogue`] holds either and runs the turns.
 
 use serde_json::json;
 
-use crate::chat::Message;
+use super::Message;
 use crate::engine::text::TextSide;
-use crate::generate::Generation;
 
 pub struct Conversation {
     pub system: Option<String>,
@@ -24,6 +25,13 @@ impl Conversation {
 
     pub fn push_assistant(&mut self, text: &str) {
         self.messages.push(Message::new("assistant", text));
+    }
+
+    /// Takes back the last user message and anything after it (a turn that failed).
+    pub fn undo_turn(&mut self) {
+        if let Some(at) = self.messages.iter().rposition(|m| m.role == "user") {
+            self.messages.truncate(at);
+        }
     }
 
     pub fn clear(&mut self) {
@@ -48,18 +56,4 @@ impl Conversation {
             }
         }
     }
-}
-
-/// `ttft 41 ms · prefill 1234 tok/s · decode 70.1 tok/s · 57 tokens · eos · context 312/8192`
-pub fn stats_line(g: &Generation, context: usize) -> String {
-    format!(
-        "ttft {} ms · prefill {:.0} tok/s · decode {:.1} tok/s · {} tokens · {} · context {}/{}",
-        g.time_to_first_token.as_millis(),
-        g.prefill_tok_s(),
-        g.decode_tok_s(),
-        g.tokens.len(),
-        g.reason,
-        g.prompt_tokens + g.tokens.len(),
-        context
-    )
 }
