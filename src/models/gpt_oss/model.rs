@@ -314,10 +314,19 @@ impl GptOss {
         };
         let eps = self.cfg.rms_norm_eps;
         for (n, (layer, cache)) in self.w.layers.iter().zip(self.caches.iter_mut()).enumerate() {
-            let window = self.cfg.sliding[n].then_some(self.cfg.sliding_window);
+            let l = AttnLayer {
+                w: &layer.attn,
+                cache,
+                layout: if self.ring[n] { KvLayout::Ring } else { KvLayout::Linear },
+                window: self.cfg.sliding[n].then_some(self.cfg.sliding_window),
+            };
             let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype)?;
-            let a =
-                attention(&self.cfg, &layer.attn, cache, self.ring[n], &h, at, &cos, &sin, window)?;
+            let a = match at {
+                At::Host(start) => attention_prefill(&self.cfg, l, &h, start, (&cos, &sin))?,
+                At::Device(pos) => {
+                    attention_at_device_position(&self.cfg, l, &h, pos, (&cos, &sin))?
+                }
+            };
             x = (x + a)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?;
             let m = moe(&self.cfg, layer, &h, self.dtype)?;
@@ -410,74 +419,92 @@ impl Decoder for GptOss {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attention(
-    cfg: &GptOssConfig,
-    a: &Attention,
-    cache: &mut KvCache,
-    ring: bool,
-    x: &Tensor,
-    at: At,
-    cos: &Tensor,
-    sin: &Tensor,
+/// One layer's attention weights and KV cache, as the layer loop hands them to attention.
+struct AttnLayer<'a> {
+    w: &'a Attention,
+    cache: &'a mut KvCache,
+    layout: KvLayout,
+    /// Sliding layers: the window; full layers: `None`.
     window: Option<usize>,
+}
+
+/// Attention of a chunk whose positions the host knows (prefill, and decode steps run without
+/// the CUDA graph); `x` is `[seq, hidden]`, `rope` the chunk's rows of the cos/sin tables.
+fn attention_prefill(
+    cfg: &GptOssConfig,
+    l: AttnLayer,
+    x: &Tensor,
+    start: usize,
+    (cos, sin): (&Tensor, &Tensor),
 ) -> anyhow::Result<Tensor> {
-    let seq = x.dim(0)?;
-    let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-    let split = |t: Tensor, n: usize| -> candle_core::Result<Tensor> {
-        t.reshape((seq, n, d))?.transpose(0, 1)?.contiguous()?.unsqueeze(0)
-    };
+    let (seq, heads, kv_heads, d) = (x.dim(0)?, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let dtype = l.cache.dtype();
+    // q, k, v in one product with its bias, kept in f32 ...
+    let qkv = l.w.qkv.forward_f32(x)?;
     let (qd, kvd) = (heads * d, kv_heads * d);
-    let layout = if ring { KvLayout::Ring } else { KvLayout::Linear };
+    // ... RoPE in f32 on q and k, then one rounding into the cache dtype (as the decode kernel).
+    let rope = |t: Tensor, n: usize| -> candle_core::Result<Tensor> {
+        candle_nn::rotary_emb::rope(&heads_first(t, n, d)?, cos, sin)?.squeeze(0)?.to_dtype(dtype)
+    };
+    let q = rope(qkv.narrow(1, 0, qd)?, heads)?.contiguous()?;
+    let k = rope(qkv.narrow(1, qd, kvd)?, kv_heads)?;
+    let v = heads_first(qkv.narrow(1, qd + kvd, kvd)?, kv_heads, d)?.squeeze(0)?.to_dtype(dtype)?;
+    // The chunk's keys and values into the cache (ring slots p mod slots on sliding layers).
+    let (k_all, v_all) = match l.layout {
+        KvLayout::Ring => l.cache.append_ring(&k, &v, start)?,
+        KvLayout::Linear => l.cache.append(&k, &v, start)?,
+    };
+    // Sink attention over what the cache holds; [heads, seq, d] back to rows [seq, heads·d].
     let scale = 1.0 / (d as f32).sqrt();
-    let out = match at {
-        At::Host(start) => {
-            // Product, bias and RoPE in f32, one rounding into the cache dtype (as the decode
-            // kernel does).
-            let dtype = cache.dtype();
-            let qkv = a.qkv.forward_f32(x)?;
-            let rope = |t: Tensor, n: usize| -> candle_core::Result<Tensor> {
-                candle_nn::rotary_emb::rope(&split(t, n)?, cos, sin)?.squeeze(0)?.to_dtype(dtype)
-            };
-            let q = rope(qkv.narrow(1, 0, qd)?, heads)?.contiguous()?;
-            let k = rope(qkv.narrow(1, qd, kvd)?, kv_heads)?;
-            let v = split(qkv.narrow(1, qd + kvd, kvd)?, kv_heads)?.squeeze(0)?.to_dtype(dtype)?;
-            let (k_all, v_all) = if ring {
-                cache.append_ring(&k, &v, start)?
-            } else {
-                cache.append(&k, &v, start)?
-            };
-            let cfg = SinkAttnConfig { start, window, layout, scale };
-            crate::kernels::sink_attention(&q, &k_all, &v_all, &a.sinks, &cfg)?
-        }
-        At::Device(pos) => {
-            // One token: bias, RoPE (cos/sin are the whole tables) and the cache writes in one
-            // launch, reading the position from the device.
-            let Some(bias) = a.qkv.bias() else { anyhow::bail!("gpt-oss q/k/v must have biases") };
-            let (k_all, v_all) = cache.buffers();
-            let heads_of = crate::kernels::QkvHeads { heads, kv_heads, head_dim: d };
-            let q = crate::kernels::qkv_rope_store(
-                &a.qkv.matmul_f32(x)?,
-                bias,
-                cos,
-                sin,
-                pos,
-                heads_of,
-                (&k_all, &v_all),
-                layout,
-            )?;
-            let cfg = SinkAttnConfig { start: 0, window, layout, scale };
-            crate::kernels::sink_attention_at(&q, &k_all, &v_all, &a.sinks, &cfg, pos)?
-        }
-    }; // [heads, seq, d]
-    // [seq, heads·d]; one token's [heads, 1, d] already has that memory layout (no copy).
+    let attn = SinkAttnConfig { start, window: l.window, layout: l.layout, scale };
+    let out = crate::kernels::sink_attention(&q, &k_all, &v_all, &l.w.sinks, &attn)?;
     let out = if seq == 1 {
-        out.reshape((1, heads * d))?
+        out.reshape((1, heads * d))? // [heads, 1, d] is already that layout: no copy
     } else {
         out.transpose(0, 1)?.reshape((seq, heads * d))?
     };
-    // f32 straight into the f32 residual stream.
-    Ok(a.o.forward_f32(&out)?)
+    // o_proj in f32, straight into the f32 residual stream.
+    Ok(l.w.o.forward_f32(&out)?)
+}
+
+/// Attention of one token at the position held in `pos` (i64 `[1]` on the device): no launch
+/// depends on the position, so a CUDA graph of the step replays at every position. `rope` are
+/// the whole cos/sin tables; the kernels read the position's row.
+fn attention_at_device_position(
+    cfg: &GptOssConfig,
+    l: AttnLayer,
+    x: &Tensor,
+    pos: &Tensor,
+    (cos, sin): (&Tensor, &Tensor),
+) -> anyhow::Result<Tensor> {
+    let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let Some(bias) = l.w.qkv.bias() else { anyhow::bail!("gpt-oss q/k/v must have biases") };
+    // The q, k, v product in f32; then bias, RoPE at the device position and both cache writes
+    // in one launch.
+    let (k_all, v_all) = l.cache.buffers();
+    let q = crate::kernels::qkv_rope_store(
+        &l.w.qkv.matmul_f32(x)?,
+        bias,
+        cos,
+        sin,
+        pos,
+        crate::kernels::QkvHeads { heads, kv_heads, head_dim: d },
+        (&k_all, &v_all),
+        l.layout,
+    )?;
+    // Sink attention reading its last position from the device; [heads, 1, d] is already the
+    // memory layout of the row [1, heads·d].
+    let scale = 1.0 / (d as f32).sqrt();
+    let attn = SinkAttnConfig { start: 0, window: l.window, layout: l.layout, scale };
+    let out = crate::kernels::sink_attention_at(&q, &k_all, &v_all, &l.w.sinks, &attn, pos)?;
+    // o_proj in f32, straight into the f32 residual stream.
+    Ok(l.w.o.forward_f32(&out.reshape((1, heads * d))?)?)
+}
+
+/// `[seq, n·d]` rows as `[1, n, seq, d]` heads (contiguous), the layout RoPE and attention take.
+fn heads_first(t: Tensor, n: usize, d: usize) -> candle_core::Result<Tensor> {
+    let seq = t.dim(0)?;
+    t.reshape((seq, n, d))?.transpose(0, 1)?.contiguous()?.unsqueeze(0)
 }
 
 /// Router and experts for `h` (`[seq, hidden]`, f32); returns the f32 MoE output. The router
