@@ -44,6 +44,9 @@ pub const DEFAULT_KNOWLEDGE_CUTOFF: &str = "2024-06";
 /// The system message's last section: every gpt-oss prompt declares these three channels.
 const CHANNELS_LINE: &str =
     "# Valid channels: analysis, commentary, final. Channel must be included for every message.";
+/// Added under the channels line when the developer message defines function tools.
+const TOOLS_CHANNEL_LINE: &str =
+    "Calls to these tools must go to the commentary channel: 'functions'.";
 
 // ------------------------------------------------------------------------------- messages
 
@@ -120,6 +123,12 @@ impl SystemConfig {
 
     /// The system message text: sections joined by a blank line.
     pub fn text(&self) -> String {
+        self.text_with_tools(false)
+    }
+
+    /// The system message text for a conversation that defines function tools or not: with
+    /// tools, harmony adds a line to the channels section saying where calls go.
+    pub fn text_with_tools(&self, function_tools: bool) -> String {
         let top: Vec<String> = [
             (!self.model_identity.is_empty()).then(|| self.model_identity.clone()),
             (!self.knowledge_cutoff.is_empty())
@@ -134,7 +143,12 @@ impl SystemConfig {
             sections.push(top.join("\n"));
         }
         sections.push(format!("Reasoning: {}", self.reasoning));
-        sections.push(CHANNELS_LINE.to_string());
+        let mut channels = CHANNELS_LINE.to_string();
+        if function_tools {
+            channels.push('\n');
+            channels.push_str(TOOLS_CHANNEL_LINE);
+        }
+        sections.push(channels);
         sections.join("\n\n")
     }
 }
@@ -380,13 +394,33 @@ impl<'t> HarmonyEncoding<'t> {
         developer_instructions: Option<&str>,
         history: &[HarmonyMessage],
     ) -> Result<Vec<u32>> {
+        self.render_prompt_with_tools(system, developer_instructions, &[], history)
+    }
+
+    /// [`Self::render_prompt`] for a conversation with function tools: the developer message
+    /// (written when there are instructions or tools) is `# Instructions\n\n{text}` and the
+    /// `# Tools` section, joined by a blank line, and the system message says that calls go
+    /// to the commentary channel.
+    pub fn render_prompt_with_tools(
+        &self,
+        system: &SystemConfig,
+        developer_instructions: Option<&str>,
+        tools: &[ToolDef],
+        history: &[HarmonyMessage],
+    ) -> Result<Vec<u32>> {
         let mut out = Vec::new();
-        self.render_message(&HarmonyMessage::new(Role::System, system.text()), &mut out)?;
+        let system_text = system.text_with_tools(!tools.is_empty());
+        self.render_message(&HarmonyMessage::new(Role::System, system_text), &mut out)?;
+        let mut developer = Vec::new();
         if let Some(text) = developer_instructions.filter(|t| !t.is_empty()) {
-            self.render_message(
-                &HarmonyMessage::new(Role::Developer, format!("# Instructions\n\n{text}")),
-                &mut out,
-            )?;
+            developer.push(format!("# Instructions\n\n{text}"));
+        }
+        if !tools.is_empty() {
+            developer.push(tools::functions_section(tools)?);
+        }
+        if !developer.is_empty() {
+            let m = HarmonyMessage::new(Role::Developer, developer.join("\n\n"));
+            self.render_message(&m, &mut out)?;
         }
         // Analysis before the last final answer belongs to a finished turn.
         let last_final = history.iter().rposition(|m| m.is_assistant_on(&Channel::Final));
@@ -452,19 +486,35 @@ const CHANNEL: &str = "<|channel|>";
 const CONSTRAIN: &str = "<|constrain|>";
 
 mod parser;
+pub mod tools;
 pub use parser::{DoneReason, HarmonyEvent, HarmonyParser};
+pub use tools::{ToolCall, ToolDef};
 
 // ------------------------------------------------------------------------------- chat state
 
-/// A conversation with gpt-oss as a REPL keeps it: system settings, developer instructions
-/// (the user's system prompt) and the turns so far, where each finished assistant turn is only
-/// its final answer (its analysis is never sent back).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// A conversation with gpt-oss as a REPL or a server keeps it: system settings, developer
+/// instructions (the user's system prompt), function tools and the turns so far. A turn still
+/// inside tool calls keeps its analysis (the model needs its reasoning to go on after a
+/// result); once a turn ends in a final answer its analysis is no longer sent back.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct HarmonyChat {
     pub system: SystemConfig,
     /// Written as the developer message; `None` leaves it out.
     pub instructions: Option<String>,
+    /// Written as the developer message's `functions` namespace.
+    pub tools: Vec<ToolDef>,
     messages: Vec<HarmonyMessage>,
+    /// The function calls in `messages`, so a result can be matched to its call by id.
+    calls: Vec<CallRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CallRecord {
+    /// Index of the call's message in `messages`.
+    at: usize,
+    id: String,
+    name: String,
+    answered: bool,
 }
 
 impl HarmonyChat {
@@ -472,7 +522,7 @@ impl HarmonyChat {
         HarmonyChat {
             system,
             instructions: instructions.filter(|s| !s.is_empty()),
-            messages: Vec::new(),
+            ..HarmonyChat::default()
         }
     }
 
@@ -497,10 +547,92 @@ impl HarmonyChat {
         self.messages.push(HarmonyMessage::assistant(Channel::Final, text));
     }
 
-    /// Records a reply from [`HarmonyParser::messages`]: its final message(s) only, so the
-    /// next prompt has the answer ending in `<|end|>` and no analysis. Returns false (and
-    /// records nothing) when the reply has no final text, e.g. stopped while still reasoning.
+    /// Sets the function tools (OpenAI `tools`, see [`tools::tools_from_openai`]).
+    pub fn set_tools(&mut self, tools: Vec<ToolDef>) {
+        self.tools = tools;
+    }
+
+    /// An earlier assistant message's reasoning (OpenAI `reasoning_content`): sent back only
+    /// while its turn is still inside tool calls.
+    pub fn push_assistant_reasoning(&mut self, text: &str) {
+        self.messages.push(HarmonyMessage::assistant(Channel::Analysis, text));
+    }
+
+    /// An assistant's call of function `name` (OpenAI `tool_calls[]`), rendered as harmony
+    /// renders a past call; `id` is what its result will name.
+    pub fn push_tool_call(&mut self, id: &str, name: &str, arguments: &str) -> Result<()> {
+        if self.calls.iter().any(|c| c.id == id) {
+            return Err(fail(
+                ErrorKind::InvalidInput,
+                format!("tool call id {id:?} is used twice"),
+            ));
+        }
+        self.calls.push(CallRecord {
+            at: self.messages.len(),
+            id: id.to_string(),
+            name: name.to_string(),
+            answered: false,
+        });
+        self.messages.push(tools::call_message(name, arguments));
+        Ok(())
+    }
+
+    /// A tool's result (OpenAI `role: "tool"`), matched to its call by `call_id`: rendered as
+    /// `functions.NAME to=assistant` on the commentary channel. A result without a call, or a
+    /// second result for one call, is an error: harmony needs the name, and the model would
+    /// read a result nobody asked for.
+    pub fn push_tool_result(&mut self, call_id: &str, content: &str) -> Result<()> {
+        let call = self.calls.iter_mut().find(|c| c.id == call_id).ok_or_else(|| {
+            fail(
+                ErrorKind::InvalidInput,
+                format!("tool message for call {call_id:?}: no assistant tool call has that id"),
+            )
+        })?;
+        if call.answered {
+            return Err(fail(
+                ErrorKind::InvalidInput,
+                format!("tool call {call_id:?} already has a result"),
+            ));
+        }
+        call.answered = true;
+        let name = format!("{}.{}", tools::FUNCTIONS, call.name);
+        self.messages.push(HarmonyMessage::tool_result(name, content));
+        Ok(())
+    }
+
+    /// The function calls not yet given a result: (id, name).
+    pub fn pending_calls(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.calls.iter().filter(|c| !c.answered).map(|c| (c.id.as_str(), c.name.as_str()))
+    }
+
+    /// Records a reply from [`HarmonyParser::messages`]. A reply that ends in a final answer
+    /// is recorded as its final message(s) only, so the next prompt has the answer ending in
+    /// `<|end|>` and no analysis. A reply that calls a tool is recorded whole (analysis,
+    /// preambles, the call), since the turn goes on after the result; function calls get the
+    /// ids `call_N`, see [`Self::pending_calls`]. Returns false (and records nothing) when the
+    /// reply has neither, e.g. stopped while still reasoning.
     pub fn record_reply(&mut self, reply: &[HarmonyMessage]) -> bool {
+        let calls = reply.iter().any(|m| m.role == Role::Assistant && m.recipient.is_some());
+        if calls {
+            for m in reply.iter().filter(|m| m.role == Role::Assistant) {
+                if let Some(name) = m.recipient.as_deref().and_then(tools::function_name) {
+                    // The first free `call_N`: ids pushed by hand may already use some.
+                    let id = (self.calls.len()..)
+                        .map(|n| format!("call_{n}"))
+                        .find(|id| self.calls.iter().all(|c| &c.id != id))
+                        .unwrap_or_default();
+                    let name = name.to_string();
+                    self.calls.push(CallRecord {
+                        at: self.messages.len(),
+                        id,
+                        name,
+                        answered: false,
+                    });
+                }
+                self.messages.push(m.clone());
+            }
+            return true;
+        }
         let finals: Vec<&HarmonyMessage> = reply
             .iter()
             .filter(|m| m.is_assistant_on(&Channel::Final) && !m.content.is_empty())
@@ -515,17 +647,24 @@ impl HarmonyChat {
     pub fn undo_turn(&mut self) {
         if let Some(at) = self.messages.iter().rposition(|m| m.role == Role::User) {
             self.messages.truncate(at);
+            self.calls.retain(|c| c.at < at);
         }
     }
 
     /// Forgets the turns (keeps the system settings and instructions).
     pub fn clear(&mut self) {
         self.messages.clear();
+        self.calls.clear();
     }
 
     /// The prompt for the next assistant turn.
     pub fn prompt_ids(&self, enc: &HarmonyEncoding) -> Result<Vec<u32>> {
-        enc.render_prompt(&self.system, self.instructions.as_deref(), &self.messages)
+        enc.render_prompt_with_tools(
+            &self.system,
+            self.instructions.as_deref(),
+            &self.tools,
+            &self.messages,
+        )
     }
 }
 
