@@ -605,34 +605,39 @@ impl HarmonyChat {
         self.calls.iter().filter(|c| !c.answered).map(|c| (c.id.as_str(), c.name.as_str()))
     }
 
-    /// Records a reply from [`HarmonyParser::messages`]. A reply that ends in a final answer
-    /// is recorded as its final message(s) only, so the next prompt has the answer ending in
-    /// `<|end|>` and no analysis. A reply that calls a tool is recorded whole (analysis,
-    /// preambles, the call), since the turn goes on after the result; function calls get the
-    /// ids `call_N`, see [`Self::pending_calls`]. Returns false (and records nothing) when the
-    /// reply has neither, e.g. stopped while still reasoning.
-    pub fn record_reply(&mut self, reply: &[HarmonyMessage]) -> bool {
-        let calls = reply.iter().any(|m| m.role == Role::Assistant && m.recipient.is_some());
-        if calls {
-            for m in reply.iter().filter(|m| m.role == Role::Assistant) {
-                if let Some(name) = m.recipient.as_deref().and_then(tools::function_name) {
-                    // The first free `call_N`: ids pushed by hand may already use some.
-                    let id = (self.calls.len()..)
-                        .map(|n| format!("call_{n}"))
-                        .find(|id| self.calls.iter().all(|c| &c.id != id))
-                        .unwrap_or_default();
-                    let name = name.to_string();
-                    self.calls.push(CallRecord {
-                        at: self.messages.len(),
-                        id,
-                        name,
-                        answered: false,
-                    });
-                }
-                self.messages.push(m.clone());
-            }
-            return true;
+    /// Records a reply that ended in a tool call (`<|call|>`, [`HarmonyParser::messages`])
+    /// whole: analysis, preambles and the call, since the turn goes on after the result and the
+    /// model needs its reasoning then. Function calls get the ids `call_N`; returns them, in
+    /// order, for [`Self::push_tool_result`]. Records nothing and returns nothing for a reply
+    /// without a call (that is [`Self::record_reply`]'s case).
+    pub fn record_tool_calls(&mut self, reply: &[HarmonyMessage]) -> Vec<String> {
+        if !reply.iter().any(|m| m.role == Role::Assistant && m.recipient.is_some()) {
+            return Vec::new();
         }
+        let mut ids = Vec::new();
+        for m in reply.iter().filter(|m| m.role == Role::Assistant) {
+            if let Some(name) = m.recipient.as_deref().and_then(tools::function_name) {
+                // The first free `call_N`: ids pushed by hand may already use some.
+                let id = (self.calls.len()..)
+                    .map(|n| format!("call_{n}"))
+                    .find(|id| self.calls.iter().all(|c| &c.id != id))
+                    .unwrap_or_default();
+                let name = name.to_string();
+                let at = self.messages.len();
+                self.calls.push(CallRecord { at, id: id.clone(), name, answered: false });
+                ids.push(id);
+            }
+            self.messages.push(m.clone());
+        }
+        ids
+    }
+
+    /// Records a reply from [`HarmonyParser::messages`]: its final message(s) only, so the
+    /// next prompt has the answer ending in `<|end|>` and no analysis. Returns false (and
+    /// records nothing) when the reply has no final text, e.g. stopped while still reasoning
+    /// or in a tool call (a caller that runs tools records those with
+    /// [`Self::record_tool_calls`]).
+    pub fn record_reply(&mut self, reply: &[HarmonyMessage]) -> bool {
         let finals: Vec<&HarmonyMessage> = reply
             .iter()
             .filter(|m| m.is_assistant_on(&Channel::Final) && !m.content.is_empty())

@@ -443,7 +443,8 @@ fn a_tool_turn_keeps_its_analysis_until_the_answer() {
         "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary \
          to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>",
     ));
-    assert!(chat.record_reply(p.messages()));
+    assert!(!chat.record_reply(p.messages()), "a tool call is not an answer");
+    assert_eq!(chat.record_tool_calls(p.messages()), ["call_0"]);
     let pending: Vec<(String, String)> =
         chat.pending_calls().map(|(i, n)| (i.to_string(), n.to_string())).collect();
     assert_eq!(pending, [("call_0".to_string(), "get_weather".to_string())]);

@@ -41,7 +41,9 @@ impl ToolDef {
         match tool.get("type").and_then(Value::as_str) {
             Some("function") => {}
             Some(other) => {
-                return Err(bad(format!("tool type {other:?} is not supported: only \"function\"")));
+                return Err(bad(format!(
+                    "tool type {other:?} is not supported: only \"function\""
+                )));
             }
             None => return Err(bad("a tool needs \"type\": \"function\"".into())),
         }
