@@ -25,7 +25,8 @@
 //! [`HarmonyParser`] is the other direction: fed the sampled ids one by one, it emits
 //! [`HarmonyEvent`]s (message start, text deltas per channel, message end, done), so a front-end
 //! can show reasoning apart from the answer and never shows markup. [`HarmonyChat`] is the
-//! conversation state a REPL keeps between turns.
+//! conversation state a REPL or a server keeps between turns. Function tools (the developer
+//! message's `functions` namespace, tool calls and their results) are in [`tools`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -44,6 +45,9 @@ pub const DEFAULT_KNOWLEDGE_CUTOFF: &str = "2024-06";
 /// The system message's last section: every gpt-oss prompt declares these three channels.
 const CHANNELS_LINE: &str =
     "# Valid channels: analysis, commentary, final. Channel must be included for every message.";
+/// Added under the channels line when the developer message defines function tools.
+const TOOLS_CHANNEL_LINE: &str =
+    "Calls to these tools must go to the commentary channel: 'functions'.";
 
 // ------------------------------------------------------------------------------- messages
 
@@ -120,6 +124,12 @@ impl SystemConfig {
 
     /// The system message text: sections joined by a blank line.
     pub fn text(&self) -> String {
+        self.text_with_tools(false)
+    }
+
+    /// The system message text for a conversation that defines function tools or not: with
+    /// tools, harmony adds a line to the channels section saying where calls go.
+    pub fn text_with_tools(&self, function_tools: bool) -> String {
         let top: Vec<String> = [
             (!self.model_identity.is_empty()).then(|| self.model_identity.clone()),
             (!self.knowledge_cutoff.is_empty())
@@ -134,7 +144,12 @@ impl SystemConfig {
             sections.push(top.join("\n"));
         }
         sections.push(format!("Reasoning: {}", self.reasoning));
-        sections.push(CHANNELS_LINE.to_string());
+        let mut channels = CHANNELS_LINE.to_string();
+        if function_tools {
+            channels.push('\n');
+            channels.push_str(TOOLS_CHANNEL_LINE);
+        }
+        sections.push(channels);
         sections.join("\n\n")
     }
 }
@@ -380,13 +395,33 @@ impl<'t> HarmonyEncoding<'t> {
         developer_instructions: Option<&str>,
         history: &[HarmonyMessage],
     ) -> Result<Vec<u32>> {
+        self.render_prompt_with_tools(system, developer_instructions, &[], history)
+    }
+
+    /// [`Self::render_prompt`] for a conversation with function tools: the developer message
+    /// (written when there are instructions or tools) is `# Instructions\n\n{text}` and the
+    /// `# Tools` section, joined by a blank line, and the system message says that calls go
+    /// to the commentary channel.
+    pub fn render_prompt_with_tools(
+        &self,
+        system: &SystemConfig,
+        developer_instructions: Option<&str>,
+        tools: &[ToolDef],
+        history: &[HarmonyMessage],
+    ) -> Result<Vec<u32>> {
         let mut out = Vec::new();
-        self.render_message(&HarmonyMessage::new(Role::System, system.text()), &mut out)?;
+        let system_text = system.text_with_tools(!tools.is_empty());
+        self.render_message(&HarmonyMessage::new(Role::System, system_text), &mut out)?;
+        let mut developer = Vec::new();
         if let Some(text) = developer_instructions.filter(|t| !t.is_empty()) {
-            self.render_message(
-                &HarmonyMessage::new(Role::Developer, format!("# Instructions\n\n{text}")),
-                &mut out,
-            )?;
+            developer.push(format!("# Instructions\n\n{text}"));
+        }
+        if !tools.is_empty() {
+            developer.push(tools::functions_section(tools)?);
+        }
+        if !developer.is_empty() {
+            let m = HarmonyMessage::new(Role::Developer, developer.join("\n\n"));
+            self.render_message(&m, &mut out)?;
         }
         // Analysis before the last final answer belongs to a finished turn.
         let last_final = history.iter().rposition(|m| m.is_assistant_on(&Channel::Final));
@@ -452,82 +487,12 @@ const CHANNEL: &str = "<|channel|>";
 const CONSTRAIN: &str = "<|constrain|>";
 
 mod parser;
+pub mod tools;
 pub use parser::{DoneReason, HarmonyEvent, HarmonyParser};
+pub use tools::{ToolCall, ToolDef};
 
-// ------------------------------------------------------------------------------- chat state
-
-/// A conversation with gpt-oss as a REPL keeps it: system settings, developer instructions
-/// (the user's system prompt) and the turns so far, where each finished assistant turn is only
-/// its final answer (its analysis is never sent back).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HarmonyChat {
-    pub system: SystemConfig,
-    /// Written as the developer message; `None` leaves it out.
-    pub instructions: Option<String>,
-    messages: Vec<HarmonyMessage>,
-}
-
-impl HarmonyChat {
-    pub fn new(system: SystemConfig, instructions: Option<String>) -> Self {
-        HarmonyChat {
-            system,
-            instructions: instructions.filter(|s| !s.is_empty()),
-            messages: Vec::new(),
-        }
-    }
-
-    /// Sets or removes the developer instructions (`--system`, `/system`).
-    pub fn set_instructions(&mut self, instructions: Option<String>) {
-        self.instructions = instructions.filter(|s| !s.is_empty());
-    }
-
-    pub fn set_reasoning(&mut self, effort: ReasoningEffort) {
-        self.system.reasoning = effort;
-    }
-
-    pub fn messages(&self) -> &[HarmonyMessage] {
-        &self.messages
-    }
-
-    pub fn push_user(&mut self, text: &str) {
-        self.messages.push(HarmonyMessage::user(text));
-    }
-
-    pub fn push_assistant_final(&mut self, text: &str) {
-        self.messages.push(HarmonyMessage::assistant(Channel::Final, text));
-    }
-
-    /// Records a reply from [`HarmonyParser::messages`]: its final message(s) only, so the
-    /// next prompt has the answer ending in `<|end|>` and no analysis. Returns false (and
-    /// records nothing) when the reply has no final text, e.g. stopped while still reasoning.
-    pub fn record_reply(&mut self, reply: &[HarmonyMessage]) -> bool {
-        let finals: Vec<&HarmonyMessage> = reply
-            .iter()
-            .filter(|m| m.is_assistant_on(&Channel::Final) && !m.content.is_empty())
-            .collect();
-        for m in &finals {
-            self.push_assistant_final(&m.content);
-        }
-        !finals.is_empty()
-    }
-
-    /// Takes back the last user message and anything after it (a turn that failed).
-    pub fn undo_turn(&mut self) {
-        if let Some(at) = self.messages.iter().rposition(|m| m.role == Role::User) {
-            self.messages.truncate(at);
-        }
-    }
-
-    /// Forgets the turns (keeps the system settings and instructions).
-    pub fn clear(&mut self) {
-        self.messages.clear();
-    }
-
-    /// The prompt for the next assistant turn.
-    pub fn prompt_ids(&self, enc: &HarmonyEncoding) -> Result<Vec<u32>> {
-        enc.render_prompt(&self.system, self.instructions.as_deref(), &self.messages)
-    }
-}
+mod chat;
+pub use chat::HarmonyChat;
 
 #[cfg(test)]
 #[path = "harmony_tests.rs"]

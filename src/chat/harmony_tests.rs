@@ -268,6 +268,9 @@ struct RenderCase {
     name: String,
     system: FxSystem,
     instructions: Option<String>,
+    /// OpenAI chat-completions function tools.
+    #[serde(default)]
+    tools: Vec<serde_json::Value>,
     messages: Vec<FxMessage>,
     expected_ids: Vec<u32>,
     expected_text: String,
@@ -292,7 +295,8 @@ fn renders_as_openai_harmony() {
     let fx = harmony_fixtures();
     let e = enc();
     assert_eq!(e.stop_ids(), fx.stop_tokens_for_assistant_actions);
-    assert!(fx.render.len() >= 9);
+    assert!(fx.render.len() >= 14);
+    assert!(fx.render.iter().filter(|c| !c.tools.is_empty()).count() >= 5);
     for case in &fx.render {
         let system = SystemConfig {
             model_identity: case.system.model_identity.clone(),
@@ -302,7 +306,10 @@ fn renders_as_openai_harmony() {
         };
         let history: Vec<HarmonyMessage> =
             case.messages.iter().map(FxMessage::to_message).collect();
-        let ids = e.render_prompt(&system, case.instructions.as_deref(), &history).unwrap();
+        let tools = tools::tools_from_openai(&serde_json::Value::from(case.tools.clone())).unwrap();
+        let ids = e
+            .render_prompt_with_tools(&system, case.instructions.as_deref(), &tools, &history)
+            .unwrap();
         assert_eq!(decode(&ids), case.expected_text, "{}", case.name);
         assert_eq!(ids, case.expected_ids, "{}", case.name);
     }
@@ -311,7 +318,7 @@ fn renders_as_openai_harmony() {
 #[test]
 fn parses_as_openai_harmony() {
     let fx = harmony_fixtures();
-    assert!(fx.parse.len() >= 6);
+    assert!(fx.parse.len() >= 9);
     for case in &fx.parse {
         let mut p = enc().parser();
         for (i, (&id, want)) in case.ids.iter().zip(&case.deltas).enumerate() {
@@ -337,7 +344,121 @@ fn parses_as_openai_harmony() {
             })
             .collect();
         assert_eq!(p.messages(), want, "{}", case.name);
+        // Harmony's messages to `functions.NAME` are the tool calls, arguments verbatim.
+        let calls: Vec<ToolCall> = case
+            .messages
+            .iter()
+            .filter_map(|m| {
+                let name = m.recipient.as_deref()?.strip_prefix("functions.")?;
+                Some(ToolCall { name: name.into(), arguments: m.content.clone() })
+            })
+            .collect();
+        assert_eq!(tools::tool_calls(p.messages()), calls, "{}", case.name);
     }
+}
+
+/// The tool conversations of the fixture, built the way a server builds them from an OpenAI
+/// request (tools, reasoning, tool calls with ids, results by id), render as harmony does.
+#[test]
+fn a_chat_with_tool_calls_renders_as_openai_harmony() {
+    let fx = harmony_fixtures();
+    let e = enc();
+    let cases: Vec<&RenderCase> = fx.render.iter().filter(|c| !c.tools.is_empty()).collect();
+    for case in cases {
+        let system = SystemConfig {
+            model_identity: case.system.model_identity.clone(),
+            knowledge_cutoff: case.system.knowledge_cutoff.clone(),
+            current_date: case.system.current_date.clone(),
+            reasoning: case.system.reasoning.parse().unwrap(),
+        };
+        let mut chat = HarmonyChat::new(system, case.instructions.clone());
+        chat.set_tools(
+            tools::tools_from_openai(&serde_json::Value::from(case.tools.clone())).unwrap(),
+        );
+        for (i, m) in case.messages.iter().enumerate() {
+            let id = format!("call_{i}");
+            match (m.role.as_str(), m.channel.as_deref(), &m.recipient, &m.name) {
+                ("user", _, _, _) => chat.push_user(&m.content),
+                ("assistant", Some("analysis"), None, _) => {
+                    chat.push_assistant_reasoning(&m.content)
+                }
+                ("assistant", Some("final"), None, _) => chat.push_assistant_final(&m.content),
+                ("assistant", Some("commentary"), Some(r), _) => {
+                    let name = tools::function_name(r).unwrap();
+                    chat.push_tool_call(&id, name, &m.content).unwrap();
+                }
+                ("tool", _, _, Some(tool)) => {
+                    let (call, _) = chat.pending_calls().next().expect("a pending call");
+                    assert_eq!(
+                        Some(chat.pending_calls().next().unwrap().1),
+                        tool.strip_prefix("functions.")
+                    );
+                    let call = call.to_string();
+                    chat.push_tool_result(&call, &m.content).unwrap();
+                }
+                other => panic!("{}: unexpected message {other:?}", case.name),
+            }
+        }
+        let ids = chat.prompt_ids(&e).unwrap();
+        assert_eq!(decode(&ids), case.expected_text, "{}", case.name);
+        assert_eq!(ids, case.expected_ids, "{}", case.name);
+    }
+}
+
+#[test]
+fn tool_results_must_match_a_call() {
+    let mut chat = HarmonyChat::default();
+    chat.push_user("Weather?");
+    let err = chat.push_tool_result("call_x", "{}").unwrap_err();
+    assert_eq!(crate::error::kind_of(&err), ErrorKind::InvalidInput);
+    assert!(err.to_string().contains("no assistant tool call has that id"), "{err}");
+    chat.push_tool_call("call_1", "get_weather", "{}").unwrap();
+    assert!(
+        chat.push_tool_call("call_1", "get_weather", "{}")
+            .unwrap_err()
+            .to_string()
+            .contains("used twice")
+    );
+    chat.push_tool_result("call_1", "sunny").unwrap();
+    let err = chat.push_tool_result("call_1", "sunny").unwrap_err();
+    assert!(err.to_string().contains("already has a result"), "{err}");
+    assert_eq!(chat.pending_calls().count(), 0);
+    // Taking the turn back forgets its calls.
+    chat.undo_turn();
+    assert!(chat.push_tool_result("call_1", "x").is_err());
+    assert!(chat.messages().is_empty());
+}
+
+/// A parsed reply that calls a tool is kept whole with its analysis; the result goes back by
+/// the id the chat gave the call; once the turn ends in an answer, its analysis is dropped.
+#[test]
+fn a_tool_turn_keeps_its_analysis_until_the_answer() {
+    let e = enc();
+    let mut chat = HarmonyChat::new(dated("2025-08-05"), None);
+    let weather = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Weather.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    chat.set_tools(tools::tools_from_openai(&weather).unwrap());
+    chat.push_user("Weather in Paris?");
+    let (_, p) = parse_all(&with_markup(
+        "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary \
+         to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>",
+    ));
+    assert!(!chat.record_reply(p.messages()), "a tool call is not an answer");
+    assert_eq!(chat.record_tool_calls(p.messages()), ["call_0"]);
+    let pending: Vec<(String, String)> =
+        chat.pending_calls().map(|(i, n)| (i.to_string(), n.to_string())).collect();
+    assert_eq!(pending, [("call_0".to_string(), "get_weather".to_string())]);
+    chat.push_tool_result("call_0", "{\"temp\":20}").unwrap();
+    let text = decode(&chat.prompt_ids(&e).unwrap());
+    assert!(text.contains("Need the weather.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{\"temp\":20}<|end|><|start|>assistant"), "{text}");
+    let (_, p) = parse_all(&with_markup(
+        "<|channel|>analysis<|message|>20 degrees.<|end|><|start|>assistant<|channel|>final<|message|>20 °C.<|return|>",
+    ));
+    assert!(chat.record_reply(p.messages()));
+    let text = decode(&chat.prompt_ids(&e).unwrap());
+    assert!(!text.contains("Need the weather.") && !text.contains("20 degrees."), "{text}");
+    assert!(text.contains("<|call|><|start|>functions.get_weather to=assistant"), "{text}");
+    assert!(text.ends_with("<|channel|>final<|message|>20 °C.<|end|><|start|>assistant"), "{text}");
 }
 
 // ---------------------------------------------------------------- the Hub template
