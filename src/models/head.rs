@@ -43,8 +43,30 @@ impl Head {
 /// A decoder stack: hidden states for a chunk of tokens (appending to its KV cache) and a head.
 pub trait Decoder {
     /// Final hidden states `[tokens, hidden]` (before the final norm) for positions
-    /// `start..start + tokens.len()`.
-    fn hidden(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor>;
+    /// `start..start + tokens.len()`, at most [`Decoder::prefill_chunk`] of them.
+    fn hidden_chunk(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor>;
+    /// The most tokens one [`Decoder::hidden_chunk`] runs: longer prompts go in pieces, which
+    /// bounds the activations (the memory plan counts one chunk) and sizes gpt-oss's rings.
+    fn prefill_chunk(&self) -> usize;
+    /// [`Decoder::hidden_chunk`] over any number of tokens, chunk by chunk.
+    fn hidden(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        let capacity = self.cache_capacity();
+        anyhow::ensure!(!tokens.is_empty(), "no tokens to run");
+        anyhow::ensure!(
+            start + tokens.len() <= capacity,
+            "context full: {} positions requested, {capacity} available",
+            start + tokens.len()
+        );
+        let chunk = self.prefill_chunk();
+        let mut outputs = Vec::new();
+        for (i, piece) in tokens.chunks(chunk).enumerate() {
+            outputs.push(self.hidden_chunk(piece, start + i * chunk)?);
+        }
+        if outputs.len() == 1 {
+            return Ok(outputs.remove(0));
+        }
+        Ok(Tensor::cat(&outputs, 0)?)
+    }
     fn head(&self) -> &Head;
     fn cache_capacity(&self) -> usize;
     fn vocab(&self) -> usize;

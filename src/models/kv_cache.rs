@@ -95,9 +95,7 @@ impl KvCache {
     pub fn bytes(&self) -> usize {
         2 * self.k.elem_count() * self.k.dtype().size_in_bytes()
     }
-}
 
-impl KvCache {
     /// Copies this cache's keys and values into `k`, `v` (same shapes): a checkpoint.
     pub fn copy_to(&self, k: &Tensor, v: &Tensor) -> anyhow::Result<()> {
         k.slice_set(&self.k, 1, 0)?;
@@ -154,8 +152,8 @@ impl RingTracker {
     }
 
     /// Whether a chunk can start at `start`: at 0 (a new sequence), or within what was written
-    /// with every key its first query sees (`start − window < t < start`) still held. Later queries of the chunk see the
-    /// chunk's own keys.
+    /// with every key its first query sees (`start − window < t < start`) still held. Later
+    /// queries of the chunk see the chunk's own keys.
     pub fn can_continue_at(&self, start: usize) -> bool {
         start == 0
             || (start <= self.end && start.saturating_sub(self.window - 1) >= self.valid_from)

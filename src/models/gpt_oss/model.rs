@@ -228,10 +228,7 @@ impl GptOss {
     /// checkpoint buffers, allocated once.
     fn checkpoint_rings(&mut self) -> anyhow::Result<()> {
         let Some(track) = self.ring_track else { return Ok(()) };
-        let mut kv = match self.checkpoint.take() {
-            Some(cp) => cp.kv,
-            None => Vec::new(),
-        };
+        let mut kv = self.checkpoint.take().map(|cp| cp.kv).unwrap_or_default();
         if kv.is_empty() {
             for (n, cache) in self.caches.iter().enumerate().filter(|(n, _)| self.ring[*n]) {
                 let (k, v) = cache.empty_like()?;
@@ -274,32 +271,6 @@ impl GptOss {
 
     pub fn config(&self) -> &GptOssConfig {
         &self.cfg
-    }
-
-    fn hidden_states(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
-        let capacity = self.context;
-        anyhow::ensure!(!tokens.is_empty(), "no tokens to run");
-        anyhow::ensure!(
-            start + tokens.len() <= capacity,
-            "context full: {} positions requested, {capacity} available",
-            start + tokens.len()
-        );
-        let mut outputs = Vec::new();
-        for (i, chunk) in tokens.chunks(self.prefill_chunk).enumerate() {
-            outputs.push(self.hidden_chunk(chunk, start + i * self.prefill_chunk)?);
-        }
-        if outputs.len() == 1 {
-            return Ok(outputs.remove(0));
-        }
-        Ok(Tensor::cat(&outputs, 0)?)
-    }
-
-    fn hidden_chunk(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
-        self.before_write(start, tokens.len())?;
-        // Uploaded before the cache below is on: it would keep every token id it ever saw.
-        let ids = Tensor::new(tokens, &self.device)?;
-        let _uploads = if tokens.len() == 1 { keep_uploads(&self.device) } else { None };
-        self.layers(&ids, At::Host(start))
     }
 
     /// The decoder layers for token ids `ids` (u32 or i64 `[seq]`, on the device) at `at`:
@@ -375,8 +346,16 @@ fn keep_uploads(device: &Device) -> Option<Box<dyn std::any::Any>> {
 }
 
 impl Decoder for GptOss {
-    fn hidden(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
-        self.hidden_states(tokens, start)
+    fn hidden_chunk(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        self.before_write(start, tokens.len())?;
+        // Uploaded before the cache below is on: it would keep every token id it ever saw.
+        let ids = Tensor::new(tokens, &self.device)?;
+        let _uploads = if tokens.len() == 1 { keep_uploads(&self.device) } else { None };
+        self.layers(&ids, At::Host(start))
+    }
+
+    fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
     }
 
     fn head(&self) -> &Head {

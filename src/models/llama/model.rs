@@ -124,29 +124,9 @@ impl Llama {
         m.total
     }
 
-    /// The final hidden states `[seq, hidden]` (before the final norm), computed in chunks of
-    /// at most [`memory::PREFILL_CHUNK`] tokens so a long prompt's attention scores stay
-    /// within the memory plan.
-    fn hidden_states(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
-        let capacity = self.cache_capacity();
-        anyhow::ensure!(!tokens.is_empty(), "no tokens to run");
-        anyhow::ensure!(
-            start + tokens.len() <= capacity,
-            "context full: {} positions requested, {capacity} available",
-            start + tokens.len()
-        );
-        let chunk = memory::PREFILL_CHUNK;
-        let mut outputs = Vec::new();
-        for (i, piece) in tokens.chunks(chunk).enumerate() {
-            outputs.push(self.hidden_chunk(piece, start + i * chunk)?);
-        }
-        if outputs.len() == 1 {
-            return Ok(outputs.remove(0));
-        }
-        Ok(Tensor::cat(&outputs, 0)?)
-    }
-
-    fn hidden_chunk(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+    /// The final hidden states `[seq, hidden]` (before the final norm) of one prefill chunk or
+    /// decode step.
+    fn forward_chunk(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
         let seq = tokens.len();
         let ids = Tensor::new(tokens, &self.device)?;
         // The residual stream stays in f32 whatever the compute dtype: sums of many bf16
@@ -207,8 +187,12 @@ impl Llama {
 }
 
 impl Decoder for Llama {
-    fn hidden(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
-        self.hidden_states(tokens, start)
+    fn hidden_chunk(&mut self, tokens: &[u32], start: usize) -> anyhow::Result<Tensor> {
+        self.forward_chunk(tokens, start)
+    }
+
+    fn prefill_chunk(&self) -> usize {
+        memory::PREFILL_CHUNK
     }
 
     fn head(&self) -> &Head {
