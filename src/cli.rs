@@ -78,9 +78,14 @@ pub struct BenchArgs {
     /// Random weights from the config, created on the GPU: benchmark shapes without downloading.
     #[arg(long)]
     pub dummy_weights: bool,
-    /// KV-cache size (default: prompt + generated tokens).
+    /// KV-cache size per sequence (default: prompt + generated tokens).
     #[arg(long)]
     pub context: Option<usize>,
+    /// Streams run at once through the engine: each run submits this many requests together
+    /// (distinct prompts) and reports aggregate and per-stream decode rates and TTFT
+    /// percentiles.
+    #[arg(short = 'c', long, default_value_t = 1)]
+    pub concurrency: usize,
     #[command(flatten)]
     pub device: DeviceArgs,
     /// Print the results as JSON.

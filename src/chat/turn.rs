@@ -11,6 +11,7 @@
 //! A turn that fails (the model, the prompt or the sink) leaves the conversation as it was
 //! before it: the user's message is taken back.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::SystemTime;
 
@@ -80,7 +81,7 @@ pub struct Sampling<'a> {
     pub sampler: &'a mut Sampler,
     pub stop: StopConditions,
     /// Polled between tokens (Ctrl-C, a cancelled request).
-    pub interrupt: &'a AtomicBool,
+    pub interrupt: &'a Arc<AtomicBool>,
 }
 
 /// A conversation in the format the model speaks, with its history.

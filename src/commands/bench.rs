@@ -1,27 +1,42 @@
-//! `inferno bench MODEL`: llama-bench-style throughput. Prefill: one forward pass over an
-//! N-token prompt (default 512). Decode: M tokens generated one at a time (default 128), each
-//! step including the argmax read-back a real generation loop pays. One warm-up run, then
-//! `--repeat` runs; medians are reported with the GPU name and the device memory the model took.
+//! `inferno bench MODEL`: throughput through the engine, the path play and serve use.
+//!
+//! Each run submits `--concurrency` requests at once, each with its own pseudo-random prompt of
+//! `-p` tokens (distinct per run and stream, so the prefix cache never serves one) and `-n`
+//! tokens to generate greedily with no end id. At concurrency 1 this is llama-bench's pp/tg
+//! pair: prefill is the prompt over the time to the first token, decode the other tokens over
+//! the time after it. At higher concurrency it reports the aggregate rate (all generated
+//! tokens over the run's wall time), each stream's decode rate, and the TTFT percentiles. One
+//! warm-up run, then `--repeat` runs; medians are reported with the GPU name and memory.
 
-use std::time::Instant;
-
-use candle_core::Device;
+use std::time::{Duration, Instant};
 
 use crate::cli::BenchArgs;
+use crate::engine::core::{Engine, EngineConfig};
+use crate::engine::request::{Event, Request};
 use crate::engine::{self, LoadOptions};
 use crate::error::{ErrorKind, fail};
+use crate::generate::SamplerConfig;
 use crate::util::human_bytes;
 
+/// One stream of one run.
+struct Stream {
+    ttft: Duration,
+    decode: Duration,
+    generated: usize,
+}
+
+/// One run: its streams and its wall time.
 struct Run {
-    prefill_s: f64,
-    decode_s: f64,
+    streams: Vec<Stream>,
+    wall: Duration,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repeat == 0 {
+    if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repeat == 0 || args.concurrency == 0
+    {
         return Err(fail(
             ErrorKind::InvalidInput,
-            "--prompt-tokens, --gen-tokens and --repeat must be positive",
+            "--prompt-tokens, --gen-tokens, --repeat and --concurrency must be positive",
         ));
     }
     let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
@@ -29,27 +44,35 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let needed = args.prompt_tokens.checked_add(args.gen_tokens).ok_or_else(|| {
         fail(ErrorKind::InvalidInput, "--prompt-tokens plus --gen-tokens is too large")
     })?;
-    let opts = LoadOptions {
-        dtype,
-        context: Some(args.context.unwrap_or(needed).max(needed)),
-        dummy: args.dummy_weights,
-    };
+    let context = args.context.unwrap_or(needed).max(needed);
+    let opts = LoadOptions { dtype, context: Some(context), dummy: args.dummy_weights };
+    let streams = args.concurrency;
     let started = Instant::now();
-    let mut loaded = engine::load(&args.model, &opts, &device)?;
+    let (engine, loaded) = engine::start(&args.model, &opts, &device, move |info| EngineConfig {
+        max_seqs: streams,
+        // Every stream's whole sequence, plus a block each for rounding.
+        kv_tokens: streams * (info.context + crate::engine::core::BLOCK_SIZE),
+        token_budget: 512,
+    })?;
     let load_s = started.elapsed().as_secs_f64();
-    let vocab = loaded.model.vocab_size();
-    let prompt = pseudo_random_tokens(args.prompt_tokens, vocab);
-
-    one_run(loaded.model.as_mut(), &prompt, args.gen_tokens, &device)?; // warm-up
-    // Grown as the runs finish: --repeat is the user's number, not an allocation size.
+    let vocab = engine.vocab_size();
+    let mut seed = 0u64;
+    let mut next_prompts = || {
+        (0..streams)
+            .map(|_| {
+                seed += 1;
+                pseudo_random_tokens(args.prompt_tokens, vocab, seed)
+            })
+            .collect::<Vec<_>>()
+    };
+    one_run(&engine, next_prompts(), args.gen_tokens)?; // warm-up
     let mut runs = Vec::new();
     for _ in 0..args.repeat {
-        runs.push(one_run(loaded.model.as_mut(), &prompt, args.gen_tokens, &device)?);
+        runs.push(one_run(&engine, next_prompts(), args.gen_tokens)?);
     }
-    let prefill = median(runs.iter().map(|r| args.prompt_tokens as f64 / r.prefill_s).collect());
-    let decode = median(runs.iter().map(|r| args.gen_tokens as f64 / r.decode_s).collect());
     let gpu_name = gpu.as_ref().map(|g| g.name.clone()).unwrap_or_else(|| "CPU".into());
     let mem_now = crate::gpu::memory(&device).map(|(free, total)| total - free);
+    let r = Report::of(&runs, args.prompt_tokens);
 
     if args.json {
         let v = serde_json::json!({
@@ -58,67 +81,134 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "dtype": format!("{:?}", loaded.dtype).to_lowercase(),
             "device": gpu_name,
             "context": loaded.context,
+            "concurrency": streams,
             "prompt_tokens": args.prompt_tokens,
             "gen_tokens": args.gen_tokens,
             "repeat": args.repeat,
-            "prefill_tok_s": prefill,
-            "decode_tok_s": decode,
-            "decode_ms_per_token": 1000.0 / decode,
-            "prefill_runs_tok_s": runs.iter().map(|r| args.prompt_tokens as f64 / r.prefill_s).collect::<Vec<_>>(),
-            "decode_runs_tok_s": runs.iter().map(|r| args.gen_tokens as f64 / r.decode_s).collect::<Vec<_>>(),
+            "prefill_tok_s": r.prefill,
+            "decode_tok_s": r.decode,
+            "decode_ms_per_token": 1000.0 / r.decode,
+            "aggregate_tok_s": r.aggregate,
+            "ttft_p50_ms": r.ttft_p50 * 1e3,
+            "ttft_p99_ms": r.ttft_p99 * 1e3,
+            "decode_runs_tok_s": r.decode_runs,
             "memory_plan": loaded.plan.to_json(loaded.budget.as_ref()),
             "model_device_bytes": loaded.device_bytes,
             "device_bytes_in_use": mem_now,
             "load_seconds": load_s,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        println!(
-            "model:   {} ({}, {:?}, context {})",
-            loaded.name, loaded.format, loaded.dtype, loaded.context
-        );
-        println!("device:  {gpu_name}");
-        println!("plan:    {}", loaded.plan.summary(loaded.budget.as_ref()));
-        if let Some(b) = loaded.device_bytes {
-            println!("memory:  {} taken by the model (weights + KV cache)", human_bytes(b));
-        }
-        println!(
-            "prefill: pp{:<6} {:>10.1} tok/s   (median of {})",
-            args.prompt_tokens, prefill, args.repeat
-        );
+        return Ok(());
+    }
+    println!(
+        "model:   {} ({}, {:?}, context {})",
+        loaded.name, loaded.format, loaded.dtype, loaded.context
+    );
+    println!("device:  {gpu_name}");
+    println!("plan:    {}", loaded.plan.summary(loaded.budget.as_ref()));
+    if let Some(b) = loaded.device_bytes {
+        println!("memory:  {} taken by the model (weights + KV cache)", human_bytes(b));
+    }
+    let n = args.repeat;
+    if streams == 1 {
+        println!("prefill: pp{:<6} {:>10.1} tok/s   (median of {n})", args.prompt_tokens, r.prefill);
         println!(
             "decode:  tg{:<6} {:>10.1} tok/s   ({:.2} ms/token)",
             args.gen_tokens,
-            decode,
-            1000.0 / decode
+            r.decode,
+            1000.0 / r.decode
         );
+    } else {
+        println!(
+            "streams: {streams} × (pp{} + tg{})   (median of {n} runs)",
+            args.prompt_tokens, args.gen_tokens
+        );
+        println!("aggregate:  {:>10.1} tok/s generated", r.aggregate);
+        println!("per stream: {:>10.1} tok/s decode (median)", r.decode);
+        println!("TTFT:       p50 {:.1} ms, p99 {:.1} ms", r.ttft_p50 * 1e3, r.ttft_p99 * 1e3);
     }
     Ok(())
 }
 
-fn one_run(
-    model: &mut dyn crate::models::CausalLm,
-    prompt: &[u32],
-    steps: usize,
-    device: &Device,
-) -> anyhow::Result<Run> {
-    device.synchronize()?;
+/// Submits every prompt at once and waits for all of them.
+fn one_run(engine: &Engine, prompts: Vec<Vec<u32>>, gen: usize) -> anyhow::Result<Run> {
     let t0 = Instant::now();
-    let logits = model.forward_last(prompt, 0)?;
-    let mut next = crate::kernels::argmax(&logits)?.to_scalar::<u32>()?;
-    let prefill_s = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    for i in 0..steps {
-        let logits = model.forward_last(&[next], prompt.len() + i)?;
-        next = crate::kernels::argmax(&logits)?.to_scalar::<u32>()?;
+    let mut handles = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        let request = Request {
+            prompt,
+            sampling: SamplerConfig::greedy(),
+            max_tokens: gen,
+            eos_ids: Vec::new(),
+            interrupt: None,
+        };
+        handles.push(engine.submit(request)?);
     }
-    let decode_s = t1.elapsed().as_secs_f64();
-    Ok(Run { prefill_s, decode_s })
+    let mut streams = Vec::with_capacity(handles.len());
+    for mut h in handles {
+        let finish = loop {
+            match h.blocking_next() {
+                Some(Event::Token(_)) => {}
+                Some(Event::Finished(f)) => break f,
+                Some(Event::Failed(msg)) => return Err(anyhow::anyhow!(msg)),
+                None => anyhow::bail!("the engine stopped during the benchmark"),
+            }
+        };
+        streams.push(Stream {
+            ttft: finish.time_to_first_token,
+            decode: finish.decode_time,
+            generated: finish.generated,
+        });
+    }
+    Ok(Run { streams, wall: t0.elapsed() })
 }
 
-/// Deterministic token ids spread over the vocabulary (no RNG state to seed or share).
-fn pseudo_random_tokens(n: usize, vocab: usize) -> Vec<u32> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+/// Medians over runs.
+struct Report {
+    prefill: f64,
+    decode: f64,
+    aggregate: f64,
+    ttft_p50: f64,
+    ttft_p99: f64,
+    decode_runs: Vec<f64>,
+}
+
+impl Report {
+    fn of(runs: &[Run], prompt: usize) -> Report {
+        let rate = |s: &Stream| {
+            let n = s.generated.saturating_sub(1) as f64;
+            n / s.decode.as_secs_f64().max(1e-9)
+        };
+        // Per run: the median stream.
+        let decode_runs: Vec<f64> =
+            runs.iter().map(|r| median(r.streams.iter().map(rate).collect())).collect();
+        let ttfts: Vec<f64> =
+            runs.iter().flat_map(|r| r.streams.iter().map(|s| s.ttft.as_secs_f64())).collect();
+        Report {
+            prefill: median(
+                runs.iter()
+                    .map(|r| prompt as f64 / r.streams[0].ttft.as_secs_f64().max(1e-9))
+                    .collect(),
+            ),
+            decode: median(decode_runs.clone()),
+            aggregate: median(
+                runs.iter()
+                    .map(|r| {
+                        let total: usize = r.streams.iter().map(|s| s.generated).sum();
+                        total as f64 / r.wall.as_secs_f64().max(1e-9)
+                    })
+                    .collect(),
+            ),
+            ttft_p50: percentile(ttfts.clone(), 0.50),
+            ttft_p99: percentile(ttfts, 0.99),
+            decode_runs,
+        }
+    }
+}
+
+/// Deterministic token ids spread over the vocabulary, a different sequence per `seed`.
+fn pseudo_random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03);
     (0..n)
         .map(|_| {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -127,10 +217,19 @@ fn pseudo_random_tokens(n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+fn median(v: Vec<f64>) -> f64 {
+    percentile(v, 0.5)
+}
+
+/// The `q` quantile by linear interpolation between closest ranks (0 for no values).
+fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
     v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    let pos = q * (v.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
 }
 
 #[cfg(test)]
@@ -139,8 +238,10 @@ mod tests {
     fn median_and_tokens() {
         assert_eq!(super::median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(super::median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
-        let t = super::pseudo_random_tokens(1000, 50);
+        assert_eq!(super::percentile(vec![1.0, 2.0, 3.0, 4.0, 5.0], 0.99), 4.96);
+        let t = super::pseudo_random_tokens(1000, 50, 1);
         assert!(t.iter().all(|&x| x < 50));
         assert!(t.iter().collect::<std::collections::BTreeSet<_>>().len() > 40);
+        assert_ne!(t, super::pseudo_random_tokens(1000, 50, 2));
     }
 }

@@ -19,7 +19,12 @@ use crate::models::llama::load::{self, GgufFile};
 use crate::models::llama::model::RopeStyle;
 use crate::models::llama::{self, dummy};
 
+pub mod core;
+pub mod kv;
 pub mod plan;
+pub mod request;
+pub mod runner;
+pub mod scheduler;
 pub mod spec;
 pub mod text;
 
@@ -142,6 +147,54 @@ pub struct Loaded {
     pub budget: Option<Budget>,
     /// Device memory taken by loading (weights + KV cache), when measurable.
     pub device_bytes: Option<u64>,
+}
+
+/// What was loaded, without the model (which the engine thread owns).
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub source: Source,
+    pub name: String,
+    pub format: String,
+    pub dtype: DType,
+    pub context: usize,
+    pub max_context: usize,
+    pub plan: MemoryPlan,
+    pub budget: Option<Budget>,
+    pub device_bytes: Option<u64>,
+}
+
+impl Loaded {
+    /// The model and what the banners report about it.
+    pub fn split(self) -> (Box<dyn CausalLm>, ModelInfo) {
+        let info = ModelInfo {
+            source: self.source,
+            name: self.name,
+            format: self.format,
+            dtype: self.dtype,
+            context: self.context,
+            max_context: self.max_context,
+            plan: self.plan,
+            budget: self.budget,
+            device_bytes: self.device_bytes,
+        };
+        (self.model, info)
+    }
+}
+
+/// Loads `name` on `device` inside a new engine thread sized by `size` (from the loaded
+/// context): the engine every front end submits to.
+pub fn start(
+    name: &str,
+    opts: &LoadOptions,
+    device: &Device,
+    size: impl FnOnce(&ModelInfo) -> core::EngineConfig + Send + 'static,
+) -> anyhow::Result<(core::Engine, ModelInfo)> {
+    let (name, opts, device) = (name.to_string(), opts.clone(), device.clone());
+    core::Engine::start(move || {
+        let (model, info) = load(&name, &opts, &device)?.split();
+        let cfg = size(&info);
+        Ok((model.into_batch(), cfg, info))
+    })
 }
 
 /// Resolves `name` to its files and decides what loading it needs (no tensor data is read):

@@ -1,17 +1,18 @@
 //! The generation loop: prompt ids in, streamed text out, with timings and the stop reason.
 //!
-//! The KV cache is reused across calls: a chat re-renders the whole conversation every turn, and
-//! only the part after the longest common prefix with what the cache already holds is run.
-//! Greedy decoding picks the token on the device (one id crosses to the host, not the logits).
+//! Every generation is a request to the engine ([`Engine`]), which batches it with whatever
+//! else runs; a chat re-renders the whole conversation every turn and the engine's prefix cache
+//! runs only what it does not hold.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use tokenizers::Tokenizer;
 
 use super::{Sampler, StopChecker, StopConditions, StopReason, TokenStream};
-use crate::error::{ErrorKind, fail};
-use crate::models::CausalLm;
+use crate::engine::core::Engine;
+use crate::engine::request::{Event, Request};
 
 /// What one generation did.
 #[derive(Debug, Clone)]
@@ -37,46 +38,52 @@ impl Generation {
     }
 }
 
-/// A model with the token ids its KV cache currently holds.
+/// A conversation's view of the engine: one request per turn. The KV cache lives in the
+/// engine's pool, content-addressed: a turn whose prompt starts with an earlier turn's tokens
+/// reuses their blocks (the prefix cache), exactly as a fresh run would compute them.
 pub struct Session {
-    pub model: Box<dyn CausalLm>,
-    cached: Vec<u32>,
+    engine: Engine,
 }
 
 impl Session {
-    pub fn new(model: Box<dyn CausalLm>) -> Self {
-        Session { model, cached: Vec::new() }
+    pub fn new(engine: Engine) -> Self {
+        Session { engine }
     }
 
-    /// Forget the cache contents (e.g. `/clear`).
-    pub fn reset(&mut self) {
-        self.cached.clear();
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
+
+    /// Forget the conversation (`/clear`): nothing to do, the prefix cache only ever serves
+    /// exact matches.
+    pub fn reset(&mut self) {}
 
     /// Generates after `prompt`, calling `on_text` with each piece of text as soon as it may be
-    /// shown. `interrupt` is polled between tokens (Ctrl-C).
+    /// shown. `interrupt` is polled between steps (Ctrl-C).
     pub fn generate(
         &mut self,
         tokenizer: &Tokenizer,
         prompt: &[u32],
         sampler: &mut Sampler,
         cond: StopConditions,
-        interrupt: &AtomicBool,
+        interrupt: &Arc<AtomicBool>,
         on_text: &mut dyn FnMut(&str) -> anyhow::Result<()>,
     ) -> anyhow::Result<Generation> {
+        let eos = cond.eos_ids.clone();
         let mut stop = StopChecker::new(cond);
         let mut stream = TokenStream::new(tokenizer);
         let max_tokens = stop.remaining();
         let mut text = String::new();
-        let mut out = self.generate_tokens(prompt, sampler, max_tokens, interrupt, &mut |id| {
-            let piece = if stop.is_eos(id) { None } else { stream.push(id)? };
-            let step = stop.push(id, piece.as_deref().unwrap_or(""));
-            if !step.text.is_empty() {
-                text.push_str(&step.text);
-                on_text(&step.text)?;
-            }
-            Ok(step.stop)
-        })?;
+        let mut out =
+            self.run(prompt, sampler, max_tokens, eos, interrupt, &mut |id| {
+                let piece = if stop.is_eos(id) { None } else { stream.push(id)? };
+                let step = stop.push(id, piece.as_deref().unwrap_or(""));
+                if !step.text.is_empty() {
+                    text.push_str(&step.text);
+                    on_text(&step.text)?;
+                }
+                Ok(step.stop)
+            })?;
         if !matches!(out.reason, StopReason::StopString(_)) {
             let tail = format!("{}{}", stop.finish(), stream.finish()?.unwrap_or_default());
             if !tail.is_empty() {
@@ -88,116 +95,73 @@ impl Session {
         Ok(out)
     }
 
-    /// The token loop under every generation: runs the uncached part of `prompt`, then samples
-    /// until `on_token` returns a stop reason, `max_tokens` are made, the context is full or
-    /// `interrupt` is set. `on_token` sees every sampled id (special tokens included).
+    /// The token loop under every generation: submits `prompt` to the engine and hands each
+    /// sampled id to `on_token` until it returns a stop reason, `max_tokens` are made, the
+    /// context is full or `interrupt` is set. `on_token` sees every sampled id (special tokens
+    /// included).
     pub fn generate_tokens(
         &mut self,
         prompt: &[u32],
         sampler: &mut Sampler,
         max_tokens: usize,
-        interrupt: &AtomicBool,
+        interrupt: &Arc<AtomicBool>,
         on_token: &mut dyn FnMut(u32) -> anyhow::Result<Option<StopReason>>,
     ) -> anyhow::Result<Generation> {
-        let context = self.model.context_length();
-        if prompt.is_empty() {
-            return Err(fail(ErrorKind::InvalidInput, "the prompt is empty"));
-        }
-        if prompt.len() >= context {
-            return Err(fail(
-                ErrorKind::InvalidInput,
-                format!(
-                    "the prompt is {} tokens, the context holds {context}: shorten it or raise --context",
-                    prompt.len()
-                ),
-            ));
-        }
-        // The model may continue from an earlier position than the common prefix (a ring cache
-        // that a longer reply overwrote): it re-runs those prompt tokens, exactly as fresh.
-        let common = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
-        let reuse = match self.model.rewind(common) {
-            Ok(r) => r.min(common),
-            Err(e) => {
-                self.cached.clear();
-                return Err(e);
-            }
-        };
-        self.cached.truncate(reuse);
-        let started = Instant::now();
-        let mut history = prompt.to_vec();
-        let mut out = Generation {
-            tokens: Vec::new(),
-            text: String::new(),
-            reason: StopReason::MaxTokens,
-            prompt_tokens: prompt.len(),
-            prefilled_tokens: prompt.len() - reuse,
-            time_to_first_token: Duration::ZERO,
-            decode_time: Duration::ZERO,
-        };
-        let mut pending: Vec<u32> = prompt[reuse..].to_vec();
-        let mut pos = reuse;
-        let reason = loop {
-            if out.tokens.len() >= max_tokens {
-                break StopReason::MaxTokens;
-            }
-            if interrupt.load(Ordering::Relaxed) {
-                break StopReason::Interrupted;
-            }
-            if pos + pending.len() > context {
-                break StopReason::ContextFull;
-            }
-            let logits = match self.model.forward_last(&pending, pos) {
-                Ok(l) => l,
-                Err(e) => {
-                    // What the caches hold after a failed step is unknown: start over next time.
-                    self.cached.clear();
-                    return Err(e);
-                }
-            };
-            self.cached.extend_from_slice(&pending);
-            if out.tokens.is_empty() && pending.len() > 1 {
-                // A prompt is in: the next turn's prompt usually diverges right here. (A prompt
-                // that only adds a token to the cache keeps the earlier, likelier point.)
-                self.model.checkpoint()?;
-            }
-            pos += pending.len();
-            let id = if sampler.config().is_greedy() {
-                crate::kernels::argmax(&logits)?.to_scalar::<u32>()?
-            } else if sampler.config().is_plain_temperature() && logits.device().is_cuda() {
-                // On the device: no copy of the logits, no 201k exponentials on the host.
-                let seed = sampler.next_seed();
-                crate::kernels::sample_gumbel(&logits, sampler.config().temperature, seed)?
-                    .to_scalar::<u32>()?
-            } else {
-                let mut host = logits.to_vec1::<f32>()?;
-                sampler.sample(&mut host, &history)
-            };
-            if out.tokens.is_empty() {
-                out.time_to_first_token = started.elapsed();
-            }
-            history.push(id);
-            out.tokens.push(id);
-            if let Some(reason) = on_token(id)? {
-                break reason;
-            }
-            pending.clear();
-            pending.push(id);
-        };
-        out.decode_time = started.elapsed().saturating_sub(out.time_to_first_token);
-        out.reason = reason;
-        Ok(out)
+        self.run(prompt, sampler, max_tokens, Vec::new(), interrupt, on_token)
     }
-}
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn prefix() {
-        assert_eq!(super::common_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
-        assert_eq!(super::common_prefix(&[], &[1]), 0);
+    fn run(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        max_tokens: usize,
+        eos_ids: Vec<u32>,
+        interrupt: &Arc<AtomicBool>,
+        on_token: &mut dyn FnMut(u32) -> anyhow::Result<Option<StopReason>>,
+    ) -> anyhow::Result<Generation> {
+        // Each turn draws its seed from the session's sampler: a seeded chat is reproducible
+        // as a whole.
+        let mut sampling = sampler.config().clone();
+        sampling.seed = sampler.next_seed();
+        let request = Request {
+            prompt: prompt.to_vec(),
+            sampling,
+            max_tokens,
+            eos_ids,
+            interrupt: Some(interrupt.clone()),
+        };
+        let started = Instant::now();
+        let mut handle = self.engine.submit(request)?;
+        let mut tokens = Vec::new();
+        let mut first = None;
+        let mut stopped = None;
+        let finish = loop {
+            match handle.blocking_next() {
+                Some(Event::Token(id)) => {
+                    if stopped.is_some() {
+                        continue; // sampled before the engine saw the cancellation
+                    }
+                    first.get_or_insert_with(|| started.elapsed());
+                    tokens.push(id);
+                    if let Some(reason) = on_token(id)? {
+                        stopped = Some(reason);
+                        handle.cancel();
+                    }
+                }
+                Some(Event::Finished(f)) => break f,
+                Some(Event::Failed(msg)) => return Err(anyhow::anyhow!(msg)),
+                None => return Err(anyhow::anyhow!("the engine stopped during the generation")),
+            }
+        };
+        let ttft = first.unwrap_or(finish.time_to_first_token);
+        Ok(Generation {
+            tokens,
+            text: String::new(),
+            reason: stopped.unwrap_or(finish.reason),
+            prompt_tokens: finish.prompt_tokens,
+            prefilled_tokens: finish.prompt_tokens - finish.cached_tokens,
+            time_to_first_token: ttft,
+            decode_time: started.elapsed().saturating_sub(ttft),
+        })
     }
 }

@@ -84,6 +84,8 @@ pub trait Decoder {
     fn checkpoint(&mut self) -> anyhow::Result<()> {
         Ok(())
     }
+    /// See [`CausalLm::into_batch`].
+    fn into_batch(self: Box<Self>) -> Box<dyn super::batch::BatchModel>;
 }
 
 impl<T: Decoder> CausalLm for T {
@@ -121,5 +123,9 @@ impl<T: Decoder> CausalLm for T {
 
     fn allocated(&self) -> super::memory::Allocated {
         Decoder::allocated(self)
+    }
+
+    fn into_batch(self: Box<Self>) -> Box<dyn super::batch::BatchModel> {
+        Decoder::into_batch(self)
     }
 }

@@ -2,6 +2,7 @@
 //! the checkpoint's `config.json`, loaders for the weight formats it accepts, and a forward pass
 //! with a preallocated KV cache. Generation (sampling, detokenising) lives outside, in `generate`.
 
+pub mod batch;
 pub mod gpt_oss;
 pub mod head;
 pub mod kv_cache;
@@ -35,4 +36,6 @@ pub trait CausalLm {
     fn vocab_size(&self) -> usize;
     /// The bytes its weights, KV cache and RoPE tables hold (what memory plans predict).
     fn allocated(&self) -> memory::Allocated;
+    /// The same model for the batched engine.
+    fn into_batch(self: Box<Self>) -> Box<dyn batch::BatchModel>;
 }

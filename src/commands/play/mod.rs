@@ -12,7 +12,8 @@ use std::time::Instant;
 
 use crate::chat::{Dialogue, Sampling, TurnEnd};
 use crate::cli::PlayArgs;
-use crate::engine::{self, LoadOptions, Loaded, text::TextSide};
+use crate::engine::core::EngineConfig;
+use crate::engine::{self, LoadOptions, ModelInfo, text::TextSide};
 use crate::error::{ErrorKind, fail};
 use crate::generate::{Sampler, SamplerConfig, Session, StopConditions};
 use crate::util::human_bytes;
@@ -44,7 +45,7 @@ impl Chat {
         dialogue: &mut Dialogue,
         user: &str,
         sampler: &mut Sampler,
-        interrupt: &AtomicBool,
+        interrupt: &Arc<AtomicBool>,
         out: Output,
     ) -> anyhow::Result<TurnEnd> {
         let sampling = Sampling { sampler, stop: self.stop_conditions(), interrupt };
@@ -75,11 +76,13 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     let verbose = interactive || args.verbose;
     let spinner = loading_spinner(verbose, &model);
     let started = Instant::now();
-    let mut loaded = engine::load(&model, &opts, &device)?;
+    // One sequence at a time: the pool holds the context once (what the memory plan counted).
+    let (engine, loaded) =
+        engine::start(&model, &opts, &device, |info| EngineConfig::single(info.context))?;
     let text = engine::text::load(&loaded.source)?;
-    // One throw-away forward pass loads the kernels and creates the cuBLAS handle now, so the
-    // first reply's time to first token measures the model, not CUDA start-up.
-    loaded.model.forward_last(&[0], 0)?;
+    // One throw-away step loads the kernels and creates the cuBLAS handle now, so the first
+    // reply's time to first token measures the model, not CUDA start-up.
+    warm_up(&engine)?;
     spinner.finish_and_clear();
     let dialogue = Dialogue::for_model(&text, args.system.clone(), args.raw, effort);
     let sampler = sampler_config(&args, matches!(dialogue, Dialogue::Harmony(_)))?;
@@ -92,7 +95,7 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     if matches!(&dialogue, Dialogue::Plain(c) if c.raw) && !args.raw && verbose {
         eprintln!("note: the model has no chat template; completing raw text");
     }
-    let session = Session::new(loaded.model);
+    let session = Session::new(engine);
     let chat = Chat {
         session,
         text,
@@ -109,6 +112,24 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     };
     let out = Output { interactive: false, show_reasoning: args.verbose && !args.hide_reasoning };
     one_shot(chat, dialogue, &prompt, out, args.verbose)
+}
+
+/// One greedy token through the engine.
+fn warm_up(engine: &engine::core::Engine) -> anyhow::Result<()> {
+    let request = engine::request::Request {
+        prompt: vec![0],
+        sampling: SamplerConfig::greedy(),
+        max_tokens: 1,
+        eos_ids: Vec::new(),
+        interrupt: None,
+    };
+    let mut handle = engine.submit(request)?;
+    while let Some(event) = handle.blocking_next() {
+        if let engine::request::Event::Failed(msg) = event {
+            return Err(anyhow::anyhow!(msg));
+        }
+    }
+    Ok(())
 }
 
 /// The prompt piped on stdin, without the line break(s) that end it.
@@ -201,7 +222,7 @@ fn loading_spinner(visible: bool, model: &str) -> indicatif::ProgressBar {
 }
 
 /// Two lines: what runs where, then the memory plan (and what loading measurably took).
-fn banner(l: &Loaded, gpu_name: &str, dialogue: &Dialogue, load_s: f64) -> String {
+fn banner(l: &ModelInfo, gpu_name: &str, dialogue: &Dialogue, load_s: f64) -> String {
     let mem =
         l.device_bytes.map(|b| format!(", {} on the GPU", human_bytes(b))).unwrap_or_default();
     let effort = dialogue.effort().map(|e| format!(" · reasoning {e}")).unwrap_or_default();

@@ -331,6 +331,27 @@ impl GptOss {
     pub(super) fn cache_positions(&self) -> usize {
         self.context
     }
+
+    pub(super) fn weights(&self) -> &Weights {
+        &self.w
+    }
+
+    pub(super) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The f32 RoPE tables `[positions, d/2]`.
+    pub(super) fn rope_tables(&self) -> (&Tensor, &Tensor) {
+        (&self.cos, &self.sin)
+    }
+
+    /// Frees the single-sequence caches (and the graph that holds their addresses) when the
+    /// engine's paged pool takes over; the single-sequence path must not be used afterwards.
+    pub(super) fn drop_single_sequence_cache(&mut self) {
+        self.caches.clear();
+        self.graph = None;
+        self.checkpoint = None;
+    }
 }
 
 /// Decode steps: candle uploads the dims and strides of reductions and strided copies on every
@@ -384,6 +405,10 @@ impl Decoder for GptOss {
             kv_cache: self.kv_cache_bytes() as u64,
             rope_tables: self.rope_bytes() as u64,
         }
+    }
+
+    fn into_batch(self: Box<Self>) -> Box<dyn crate::models::batch::BatchModel> {
+        self
     }
 
     fn decode_step(&mut self, token: u32, start: usize) -> Option<anyhow::Result<Tensor>> {
@@ -489,7 +514,12 @@ fn heads_first(t: Tensor, n: usize, d: usize) -> candle_core::Result<Tensor> {
 /// Router and experts for `h` (`[seq, hidden]`, f32); returns the f32 MoE output. The router
 /// runs in f32 on the f32 normed residual (docs/gpt-oss.md pitfall #5: near-ties); routing
 /// (top-k, softmax over the k) is fused into the experts' op.
-fn moe(cfg: &GptOssConfig, layer: &Layer, h: &Tensor, dtype: DType) -> anyhow::Result<Tensor> {
+pub(super) fn moe(
+    cfg: &GptOssConfig,
+    layer: &Layer,
+    h: &Tensor,
+    dtype: DType,
+) -> anyhow::Result<Tensor> {
     let logits = h.matmul(&layer.router_w.t()?)?;
     let act = SwiGlu { limit: cfg.swiglu_limit, alpha: cfg.swiglu_alpha };
     Ok(crate::kernels::mxfp4_moe_routed(

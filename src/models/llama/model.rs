@@ -55,6 +55,8 @@ pub struct Llama {
     rope_tables: Option<(Tensor, Tensor)>,
     dtype: DType,
     device: Device,
+    /// f32 cos/sin for the batched path (built by `prepare_batched`).
+    rope_f32: Option<(Tensor, Tensor)>,
 }
 
 impl Llama {
@@ -87,6 +89,7 @@ impl Llama {
             rope_tables,
             dtype,
             device: device.clone(),
+            rope_f32: None,
         })
     }
 
@@ -180,6 +183,38 @@ impl Llama {
         }
     }
 
+    pub(super) fn weights(&self) -> &Weights {
+        &self.w
+    }
+
+    pub(super) fn rope_style(&self) -> RopeStyle {
+        self.rope_style
+    }
+
+    pub(super) fn device_ref(&self) -> &Device {
+        &self.device
+    }
+
+    pub(super) fn rope_f32(&self) -> Option<&(Tensor, Tensor)> {
+        self.rope_f32.as_ref()
+    }
+
+    /// Drops the single-sequence caches and builds f32 RoPE tables for every position the
+    /// caches held (the batched path rotates in f32, as gpt-oss does).
+    pub(super) fn switch_to_batched(&mut self) -> anyhow::Result<()> {
+        let context = self.cache_capacity();
+        anyhow::ensure!(
+            memory::has_rope_tables(&self.cfg),
+            "dynamic NTK RoPE (angles that depend on the sequence length) is not supported by the batched engine"
+        );
+        let scale = self.cfg.rope.attention_scaling();
+        let tables =
+            rope::scaled_tables(&self.inv_freq, scale, 0, context, DType::F32, &self.device)?;
+        self.rope_f32 = Some(tables);
+        self.caches.clear();
+        Ok(())
+    }
+
     /// The inverse frequencies in use (for tests).
     pub fn inv_freq(&self) -> &[f32] {
         &self.inv_freq
@@ -197,6 +232,10 @@ impl Decoder for Llama {
 
     fn head(&self) -> &Head {
         &self.w.head
+    }
+
+    fn into_batch(self: Box<Self>) -> Box<dyn crate::models::batch::BatchModel> {
+        self
     }
 
     fn cache_capacity(&self) -> usize {

@@ -1,0 +1,485 @@
+//! The engine: one thread that owns the model and its KV pool and runs steps while any request
+//! is live. Front ends (play, bench, serve) only submit [`Request`]s and read events; they
+//! share this one generation path.
+//!
+//! Each loop: take new requests and cancellations from the command channel (blocking only when
+//! idle), let the scheduler pick the step, run it, then hand out the sampled ids and finish the
+//! sequences that stopped (their blocks go back at once).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+
+use super::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
+use super::request::{Event, Finish, Request, RequestHandle};
+use super::runner::{Runner, SampleSpec, sample_rows};
+use super::scheduler::{Scheduler, SchedulerConfig};
+use crate::error::{ErrorKind, fail};
+use crate::generate::{Sampler, StopReason};
+use crate::models::batch::{BatchModel, KvPool};
+
+/// Tokens per KV block (vLLM's default): the prefix cache's granularity.
+pub const BLOCK_SIZE: usize = 16;
+
+/// How big the engine is.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineConfig {
+    /// Sequences decoded together at most.
+    pub max_seqs: usize,
+    /// Tokens of KV the pool holds for full-attention layers (over all sequences).
+    pub kv_tokens: usize,
+    /// Tokens one step runs at most: bounds a prompt chunk, and so a step's time and workspace.
+    pub token_budget: usize,
+}
+
+impl EngineConfig {
+    /// One sequence of up to `context` tokens (play).
+    pub fn single(context: usize) -> Self {
+        EngineConfig { max_seqs: 1, kv_tokens: context, token_budget: 512 }
+    }
+}
+
+/// The pool's and the queue's state, for front ends (`/metrics`, bench, tests).
+#[derive(Debug, Clone, Default)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    /// Per KV group: blocks a new allocation could get, and all blocks.
+    pub free_blocks: Vec<usize>,
+    pub total_blocks: Vec<usize>,
+    pub steps: u64,
+    /// Sequences in the last step.
+    pub last_batch: usize,
+}
+
+pub(super) enum Command {
+    Submit(Box<Pending>),
+    /// Something changed (a cancellation): look again.
+    Wake,
+    Shutdown,
+}
+
+pub(super) struct Pending {
+    id: u64,
+    req: Request,
+    events: UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+    submitted: Instant,
+}
+
+/// A handle on the engine thread; dropping it stops the thread after the running requests.
+pub struct Engine {
+    tx: Sender<Command>,
+    next_id: AtomicU64,
+    stats: Arc<Mutex<EngineStats>>,
+    context: usize,
+    vocab: usize,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Starts the engine thread, which builds the model with `load` (so the model never moves
+    /// between threads) and sizes its pool from `cfg`. Returns once the model is loaded, with
+    /// what `load` returned beside it.
+    pub fn start<I, F>(load: F) -> anyhow::Result<(Engine, I)>
+    where
+        I: Send + 'static,
+        F: FnOnce() -> anyhow::Result<(Box<dyn BatchModel>, EngineConfig, I)> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(EngineStats::default()));
+        let thread_stats = stats.clone();
+        let thread = std::thread::Builder::new().name("inferno-engine".into()).spawn(move || {
+            let core = load().and_then(|(model, cfg, info)| {
+                let core = Core::new(model, cfg, thread_stats)?;
+                Ok((core, info))
+            });
+            match core {
+                Ok((mut core, info)) => {
+                    let dims = (core.max_context, core.runner.model.vocab_size());
+                    if ready_tx.send(Ok((dims, info))).is_ok() {
+                        core.run(rx);
+                    }
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })?;
+        let ((context, vocab), info) = ready_rx
+            .recv()
+            .map_err(|_| anyhow::anyhow!("the engine thread stopped while loading"))??;
+        let engine =
+            Engine { tx, next_id: AtomicU64::new(1), stats, context, vocab, thread: Some(thread) };
+        Ok((engine, info))
+    }
+
+    /// Queues a request. Its events start once the scheduler admits it.
+    pub fn submit(&self, req: Request) -> anyhow::Result<RequestHandle> {
+        if req.prompt.is_empty() {
+            return Err(fail(ErrorKind::InvalidInput, "the prompt is empty"));
+        }
+        if req.prompt.len() >= self.context {
+            return Err(fail(
+                ErrorKind::InvalidInput,
+                format!(
+                    "the prompt is {} tokens, the context holds {}: shorten it or raise --context",
+                    req.prompt.len(),
+                    self.context
+                ),
+            ));
+        }
+        req.sampling.validate()?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events_tx, events) = unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let pending = Pending {
+            id,
+            req,
+            events: events_tx,
+            cancel: cancel.clone(),
+            submitted: Instant::now(),
+        };
+        self.tx
+            .send(Command::Submit(Box::new(pending)))
+            .map_err(|_| anyhow::anyhow!("the engine has stopped"))?;
+        Ok(RequestHandle { id, events, cancel, wake: self.tx.clone() })
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Positions one sequence may hold.
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A request the scheduler knows, with its sampling state and event channel.
+struct Live {
+    req: Request,
+    events: UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+    sampler: Sampler,
+    submitted: Instant,
+    started: Option<Instant>,
+    first_token: Option<Instant>,
+    cached: usize,
+    generated: usize,
+}
+
+struct Core {
+    runner: Runner,
+    blocks: BlockManager,
+    sched: Scheduler,
+    live: HashMap<u64, Live>,
+    stats: Arc<Mutex<EngineStats>>,
+    max_context: usize,
+    steps: u64,
+}
+
+impl Core {
+    fn new(
+        mut model: Box<dyn BatchModel>,
+        cfg: EngineConfig,
+        stats: Arc<Mutex<EngineStats>>,
+    ) -> anyhow::Result<Core> {
+        model.prepare_batched()?;
+        let shape = model.kv_shape();
+        let max_context = model.max_positions();
+        let full = cfg.kv_tokens.div_ceil(BLOCK_SIZE).max(1);
+        let groups: Vec<GroupSpec> = shape
+            .group_windows
+            .iter()
+            .map(|w| {
+                // A sliding layer never needs more than its window and one chunk per sequence.
+                let blocks = match w {
+                    Some(w) => {
+                        let per_seq = (w + cfg.token_budget).div_ceil(BLOCK_SIZE) + 1;
+                        full.min(per_seq * cfg.max_seqs)
+                    }
+                    None => full,
+                };
+                GroupSpec { blocks, window: *w }
+            })
+            .collect();
+        let sizes: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
+        let blocks = BlockManager::new(BlockConfig { block_size: BLOCK_SIZE, groups });
+        // The pool also holds each group's padding block when the manager reserves one.
+        let pool_blocks: Vec<usize> = (0..sizes.len())
+            .map(|g| blocks.total_blocks(g) + blocks.reserved_blocks())
+            .collect();
+        let pool = KvPool::new(&shape, BLOCK_SIZE, &pool_blocks, model.device())?;
+        let sched = Scheduler::new(SchedulerConfig {
+            max_seqs: cfg.max_seqs.max(1),
+            token_budget: cfg.token_budget.max(1),
+            max_context,
+        });
+        let core = Core {
+            runner: Runner { model, pool, shape },
+            blocks,
+            sched,
+            live: HashMap::new(),
+            stats,
+            max_context,
+            steps: 0,
+        };
+        core.publish(0);
+        Ok(core)
+    }
+
+    fn run(&mut self, rx: Receiver<Command>) {
+        loop {
+            // Block only when there is nothing to run.
+            let first = if self.sched.is_idle() {
+                match rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                }
+            } else {
+                None
+            };
+            for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+                match cmd {
+                    Command::Submit(p) => self.admit(*p),
+                    Command::Wake => {}
+                    Command::Shutdown => {
+                        self.fail_all("the engine is shutting down");
+                        return;
+                    }
+                }
+            }
+            self.drop_cancelled();
+            self.publish(0);
+            if !self.sched.is_idle() {
+                self.step();
+            }
+        }
+    }
+
+    fn admit(&mut self, p: Pending) {
+        let mut sampling = p.req.sampling.clone();
+        sampling.seed = p.req.sampling.seed;
+        let live = Live {
+            sampler: Sampler::new(sampling),
+            events: p.events,
+            cancel: p.cancel,
+            submitted: p.submitted,
+            started: None,
+            first_token: None,
+            cached: 0,
+            generated: 0,
+            req: p.req,
+        };
+        if live.req.max_tokens == 0 {
+            self.live.insert(p.id, live);
+            self.finish(p.id, StopReason::MaxTokens);
+            return;
+        }
+        self.sched.push(p.id, live.req.prompt.clone());
+        self.live.insert(p.id, live);
+    }
+
+    /// Cancelled requests and those whose receiver is gone leave at once.
+    fn drop_cancelled(&mut self) {
+        let gone: Vec<u64> = self
+            .live
+            .iter()
+            .filter(|(_, l)| {
+                let interrupted = l.req.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
+                interrupted || l.cancel.load(Ordering::Relaxed) || l.events.is_closed()
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.finish(id, StopReason::Interrupted);
+        }
+    }
+
+    fn step(&mut self) {
+        let plan = self.sched.schedule(&mut self.blocks);
+        let now = Instant::now();
+        for (id, cached) in &plan.admitted {
+            if let Some(l) = self.live.get_mut(id) {
+                l.started.get_or_insert(now);
+                // A preempted sequence re-admitted keeps its first count.
+                if l.generated == 0 {
+                    l.cached = *cached;
+                }
+            }
+        }
+        if plan.chunks.is_empty() {
+            // Nothing fits although nothing runs: the head of the queue can never fit.
+            if self.sched.running() == 0
+                && let Some(id) = self.oldest_waiting()
+            {
+                self.fail(id, "the request does not fit in the KV cache: raise --kv-tokens");
+            }
+            return;
+        }
+        let result = {
+            let inputs: Vec<&[u32]> = plan
+                .chunks
+                .iter()
+                .map(|c| {
+                    self.sched.get(c.id).map_or(&[][..], |s| &s.tokens[c.start..c.start + c.len])
+                })
+                .collect();
+            self.runner.forward(&plan.chunks, &inputs, &self.blocks)
+        };
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                // What the pool holds for these sequences is unknown: fail them, keep serving.
+                let msg = format!("{e:#}");
+                for c in &plan.chunks {
+                    self.fail(c.id, &msg);
+                }
+                return;
+            }
+        };
+        let sampling: Vec<_> = plan.chunks.iter().filter(|c| c.sample).copied().collect();
+        let sampled = match logits.map(|l| self.sample(&l, &sampling)).transpose() {
+            Ok(s) => s.unwrap_or_default(),
+            Err(e) => {
+                let msg = format!("{e:#}");
+                for c in &plan.chunks {
+                    self.fail(c.id, &msg);
+                }
+                return;
+            }
+        };
+        let mut sampled = sampled.into_iter();
+        self.steps += 1;
+        for c in &plan.chunks {
+            let id = if c.sample { sampled.next() } else { None };
+            self.sched.complete(c, id, &mut self.blocks);
+            if let Some(tok) = id {
+                self.emit(c.id, tok);
+            }
+        }
+        self.publish(plan.chunks.len());
+    }
+
+    fn sample(
+        &mut self,
+        logits: &candle_core::Tensor,
+        chunks: &[super::scheduler::Chunk],
+    ) -> anyhow::Result<Vec<u32>> {
+        // Split the borrows: samplers live in `live`, histories in the scheduler.
+        let mut samplers: Vec<(u64, Sampler)> = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            let l = self.live.get_mut(&c.id).ok_or_else(|| anyhow::anyhow!("unknown sequence"))?;
+            let placeholder = Sampler::new(crate::generate::SamplerConfig::greedy());
+            samplers.push((c.id, std::mem::replace(&mut l.sampler, placeholder)));
+        }
+        let result = {
+            let mut specs: Vec<SampleSpec> = samplers
+                .iter_mut()
+                .map(|(id, s)| SampleSpec {
+                    sampler: s,
+                    history: self.sched.get(*id).map_or(&[][..], |q| &q.tokens),
+                })
+                .collect();
+            sample_rows(logits, &mut specs)
+        };
+        for (id, s) in samplers {
+            if let Some(l) = self.live.get_mut(&id) {
+                l.sampler = s;
+            }
+        }
+        result
+    }
+
+    /// Hands a sampled id to its request and finishes the request when it stops.
+    fn emit(&mut self, id: u64, tok: u32) {
+        let Some(l) = self.live.get_mut(&id) else { return };
+        l.first_token.get_or_insert_with(Instant::now);
+        l.generated += 1;
+        let sent = l.events.send(Event::Token(tok)).is_ok();
+        let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
+        let reason = if !sent {
+            Some(StopReason::Interrupted)
+        } else if l.req.eos_ids.contains(&tok) {
+            Some(StopReason::Eos(tok))
+        } else if l.generated >= l.req.max_tokens {
+            Some(StopReason::MaxTokens)
+        } else if len >= self.max_context {
+            Some(StopReason::ContextFull)
+        } else {
+            None
+        };
+        if let Some(r) = reason {
+            self.finish(id, r);
+        }
+    }
+
+    fn finish(&mut self, id: u64, reason: StopReason) {
+        self.sched.remove(id, &mut self.blocks);
+        let Some(l) = self.live.remove(&id) else { return };
+        let now = Instant::now();
+        let first = l.first_token.unwrap_or(now);
+        let finish = Finish {
+            reason,
+            prompt_tokens: l.req.prompt.len(),
+            cached_tokens: l.cached,
+            generated: l.generated,
+            queued: l.started.unwrap_or(now).duration_since(l.submitted),
+            time_to_first_token: first.duration_since(l.submitted),
+            decode_time: now.duration_since(first),
+        };
+        let _ = l.events.send(Event::Finished(finish));
+    }
+
+    fn fail(&mut self, id: u64, msg: &str) {
+        self.sched.remove(id, &mut self.blocks);
+        if let Some(l) = self.live.remove(&id) {
+            let _ = l.events.send(Event::Failed(msg.to_string()));
+        }
+    }
+
+    fn fail_all(&mut self, msg: &str) {
+        let ids: Vec<u64> = self.live.keys().copied().collect();
+        for id in ids {
+            self.fail(id, msg);
+        }
+    }
+
+    fn oldest_waiting(&self) -> Option<u64> {
+        self.live.keys().copied().filter(|id| self.sched.get(*id).is_some()).min()
+    }
+
+    fn publish(&self, batch: usize) {
+        if let Ok(mut s) = self.stats.lock() {
+            let groups = self.runner.shape.group_windows.len();
+            *s = EngineStats {
+                running: self.sched.running(),
+                waiting: self.sched.waiting(),
+                free_blocks: (0..groups).map(|g| self.blocks.free_blocks(g)).collect(),
+                total_blocks: (0..groups).map(|g| self.blocks.total_blocks(g)).collect(),
+                steps: self.steps,
+                last_batch: batch,
+            };
+        }
+    }
+}

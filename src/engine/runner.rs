@@ -1,0 +1,132 @@
+//! One forward step for the whole batch: the scheduler's chunks become the model's
+//! [`StepInput`] (token ids, positions, pool slots, block tables, as device tensors uploaded
+//! once per step), the model runs, and each sampling sequence's next id is picked: greedy rows
+//! by one argmax over all rows on the device, plain-temperature rows by a Gumbel draw on the
+//! device, other settings on the host from the row's logits.
+
+use candle_core::{Device, Tensor};
+
+use super::kv::blocks::BlockManager;
+use super::scheduler::Chunk;
+use crate::generate::Sampler;
+use crate::kernels::PagedBounds;
+use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
+
+pub struct Runner {
+    pub model: Box<dyn BatchModel>,
+    pub pool: KvPool,
+    pub shape: KvShape,
+}
+
+/// What a sampling chunk needs to pick its token.
+pub struct SampleSpec<'a> {
+    pub sampler: &'a mut Sampler,
+    /// The sequence so far (repetition penalties read it).
+    pub history: &'a [u32],
+}
+
+impl Runner {
+    pub fn device(&self) -> &Device {
+        self.model.device()
+    }
+
+    /// Runs `chunks` (whose token ids are `inputs[i]`) and returns the logits of the sampling
+    /// chunks' last rows, in chunk order (`None` when no chunk samples).
+    pub fn forward(
+        &mut self,
+        chunks: &[Chunk],
+        inputs: &[&[u32]],
+        blocks: &BlockManager,
+    ) -> anyhow::Result<Option<Tensor>> {
+        let step = self.step_input(chunks, inputs, blocks)?;
+        let any_sample = chunks.iter().any(|c| c.sample);
+        let logits = self.model.forward_batch(&step, &self.pool)?;
+        Ok(any_sample.then_some(logits))
+    }
+
+    fn step_input(
+        &self,
+        chunks: &[Chunk],
+        inputs: &[&[u32]],
+        blocks: &BlockManager,
+    ) -> anyhow::Result<StepInput> {
+        let dev = self.model.device();
+        let groups = self.shape.group_windows.len();
+        let total: usize = chunks.iter().map(|c| c.len).sum();
+        let (mut tokens, mut positions) = (Vec::with_capacity(total), Vec::with_capacity(total));
+        let mut slots = vec![Vec::with_capacity(total); groups];
+        let (mut cu_q, mut q_pos, mut rows) = (vec![0u32], Vec::new(), Vec::new());
+        let (mut max_q, mut max_ctx) = (0, 0);
+        for (c, ids) in chunks.iter().zip(inputs) {
+            anyhow::ensure!(ids.len() == c.len, "runner: chunk of {} tokens, {} ids", c.len, ids.len());
+            tokens.extend_from_slice(ids);
+            for pos in c.start..c.start + c.len {
+                positions.push(pos as u32);
+                for (g, s) in slots.iter_mut().enumerate() {
+                    s.push(blocks.slot(c.id, g, pos).ok_or_else(|| {
+                        anyhow::anyhow!("runner: no KV slot for position {pos} of sequence {}", c.id)
+                    })?);
+                }
+            }
+            let end = tokens.len() as u32;
+            if c.sample {
+                rows.push(end - 1);
+            }
+            cu_q.push(end);
+            q_pos.push(c.start as u32);
+            max_q = max_q.max(c.len);
+            max_ctx = max_ctx.max(c.start + c.len);
+        }
+        if rows.is_empty() {
+            rows.push(0); // a row nobody reads: the head needs at least one
+        }
+        let mut tables = Vec::with_capacity(groups);
+        for g in 0..groups {
+            let width = chunks.iter().map(|c| blocks.table(c.id, g).len()).max().unwrap_or(0).max(1);
+            let mut t = vec![u32::MAX; chunks.len() * width];
+            for (i, c) in chunks.iter().enumerate() {
+                let row = blocks.table(c.id, g);
+                t[i * width..i * width + row.len()].copy_from_slice(row);
+            }
+            tables.push(Tensor::from_vec(t, (chunks.len(), width), dev)?);
+        }
+        let n = tokens.len();
+        Ok(StepInput {
+            tokens: Tensor::from_vec(tokens, n, dev)?,
+            positions: Tensor::from_vec(positions, n, dev)?,
+            slots: slots.into_iter().map(|s| Tensor::from_vec(s, n, dev)).collect::<Result<_, _>>()?,
+            tables,
+            cu_q: Tensor::new(cu_q.as_slice(), dev)?,
+            q_pos: Tensor::new(q_pos.as_slice(), dev)?,
+            logit_rows: Tensor::new(rows.as_slice(), dev)?,
+            bounds: PagedBounds { max_q_len: max_q, max_context: max_ctx },
+        })
+    }
+}
+
+/// The next id of each sampling row of `logits` (`[R, vocab]`, f32), by each row's sampler:
+/// one device argmax covers every greedy row.
+pub fn sample_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Vec<u32>> {
+    let greedy = if specs.iter().any(|s| s.sampler.config().is_greedy()) {
+        Some(crate::kernels::argmax_rows(logits)?.to_vec1::<u32>()?)
+    } else {
+        None
+    };
+    let mut out = Vec::with_capacity(specs.len());
+    for (r, spec) in specs.iter_mut().enumerate() {
+        let cfg = spec.sampler.config();
+        let id = if let (true, Some(g)) = (cfg.is_greedy(), &greedy) {
+            g[r]
+        } else if cfg.is_plain_temperature() && logits.device().is_cuda() {
+            // On the device: no copy of the logits, no 201k exponentials on the host.
+            let t = cfg.temperature;
+            let seed = spec.sampler.next_seed();
+            crate::kernels::sample_gumbel(&logits.get(r)?, t, seed)?.to_scalar::<u32>()?
+        } else {
+            let mut host = logits.get(r)?.to_vec1::<f32>()?;
+            spec.sampler.sample(&mut host, spec.history)
+        };
+        out.push(id);
+    }
+    Ok(out)
+}

@@ -1,0 +1,191 @@
+//! Which sequences run in the next step, and how many of their tokens. No tensor work.
+//!
+//! A sequence is tracked by how many of its tokens are computed (their keys are in the pool):
+//! its next input is `tokens[computed..]` — a prompt (or what is left of it) or the one token
+//! sampled last. There are no separate prefill and decode phases (vLLM v1's scheduler): every
+//! step, each running sequence that decodes gets its one token first, so running streams keep
+//! their rate; prompts then fill what is left of the step's token budget in chunks; waiting
+//! requests are admitted, oldest first, while the KV pool has room for their next chunk. When a
+//! decoding sequence needs a block and none is free, the newest running sequence is preempted:
+//! its blocks are freed and it goes back to the front of the queue, to be recomputed (its
+//! prompt is then everything it has so far; the prefix cache usually still holds most of it).
+//! Nothing running is ever corrupted and nothing waiting is ever dropped.
+
+use std::collections::VecDeque;
+
+use super::kv::blocks::{BlockManager, SeqId};
+
+/// Limits of one step.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerConfig {
+    /// Sequences running at once (the largest batch a step decodes).
+    pub max_seqs: usize,
+    /// Tokens one step runs at most (decode tokens plus prompt chunks).
+    pub token_budget: usize,
+    /// Positions a sequence may hold (the RoPE tables' length).
+    pub max_context: usize,
+}
+
+/// A sequence's tokens and progress, as the scheduler sees it.
+#[derive(Debug)]
+pub struct SeqState {
+    pub id: SeqId,
+    /// Prompt, then every sampled token.
+    pub tokens: Vec<u32>,
+    /// Tokens whose keys are in the pool.
+    pub computed: usize,
+}
+
+/// One sequence's share of a step: tokens `start..start + len` of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub id: SeqId,
+    pub start: usize,
+    pub len: usize,
+    /// The chunk ends at the sequence's last token: sample the next one from its logits.
+    pub sample: bool,
+}
+
+/// What the scheduler decided besides the chunks.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub chunks: Vec<Chunk>,
+    /// Sequences admitted in this step, with the prompt tokens the prefix cache already held.
+    pub admitted: Vec<(SeqId, usize)>,
+    /// Running sequences sent back to the queue to free space.
+    pub preempted: Vec<SeqId>,
+}
+
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    /// In order of admission (the oldest first).
+    running: Vec<SeqState>,
+    waiting: VecDeque<SeqState>,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig) -> Self {
+        Scheduler { cfg, running: Vec::new(), waiting: VecDeque::new() }
+    }
+
+    pub fn config(&self) -> SchedulerConfig {
+        self.cfg
+    }
+
+    /// Queues a new sequence (its prompt must be non-empty and shorter than the context).
+    pub fn push(&mut self, id: SeqId, prompt: Vec<u32>) {
+        self.waiting.push_back(SeqState { id, tokens: prompt, computed: 0 });
+    }
+
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    pub fn get(&self, id: SeqId) -> Option<&SeqState> {
+        self.running.iter().chain(self.waiting.iter()).find(|s| s.id == id)
+    }
+
+    /// Removes a sequence wherever it is, freeing its blocks (finished or cancelled).
+    pub fn remove(&mut self, id: SeqId, blocks: &mut BlockManager) -> Option<SeqState> {
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            blocks.free_sequence(id);
+            return Some(self.running.remove(i));
+        }
+        let i = self.waiting.iter().position(|s| s.id == id)?;
+        self.waiting.remove(i)
+    }
+
+    /// Records a step's results: `chunk` is computed, and `sampled` (when it sampled) is the
+    /// sequence's new last token. Hashes the now-full blocks for the prefix cache and gives
+    /// back sliding-window blocks no later query can see.
+    pub fn complete(&mut self, chunk: &Chunk, sampled: Option<u32>, blocks: &mut BlockManager) {
+        let Some(seq) = self.running.iter_mut().find(|s| s.id == chunk.id) else { return };
+        seq.computed = chunk.start + chunk.len;
+        blocks.commit(seq.id, &seq.tokens[..seq.computed]);
+        blocks.release_out_of_window(seq.id, seq.computed);
+        if let Some(id) = sampled {
+            seq.tokens.push(id);
+        }
+    }
+
+    /// The next step. Empty when nothing can run (idle, or waiting for space that only a
+    /// finishing sequence can free).
+    pub fn schedule(&mut self, blocks: &mut BlockManager) -> Plan {
+        let mut plan = Plan::default();
+        let mut budget = self.cfg.token_budget;
+        // Decoding sequences first: one token each, preempting the newest when out of blocks.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let (id, start, todo) = {
+                let s = &self.running[i];
+                (s.id, s.computed, s.tokens.len() - s.computed)
+            };
+            if todo != 1 {
+                i += 1;
+                continue;
+            }
+            if blocks.ensure(id, start, start + 1).is_ok() {
+                plan.chunks.push(Chunk { id, start, len: 1, sample: true });
+                budget -= 1;
+                i += 1;
+            } else if !self.preempt_newest(i, blocks, &mut plan) {
+                // Nothing newer to preempt: this sequence waits for space (its own retry).
+                i += 1;
+            }
+        }
+        // Prompts still being prefilled, in admission order.
+        for s in &self.running {
+            let todo = s.tokens.len() - s.computed;
+            if todo <= 1 || budget == 0 {
+                continue;
+            }
+            let len = todo.min(budget);
+            if blocks.ensure(s.id, s.computed, s.computed + len).is_ok() {
+                let sample = s.computed + len == s.tokens.len();
+                plan.chunks.push(Chunk { id: s.id, start: s.computed, len, sample });
+                budget -= len;
+            }
+        }
+        // New requests while there is room.
+        while budget > 0 && self.running.len() < self.cfg.max_seqs {
+            let Some(mut s) = self.waiting.pop_front() else { break };
+            let cached = blocks.add_sequence(s.id, &s.tokens);
+            let len = (s.tokens.len() - cached).min(budget);
+            if blocks.ensure(s.id, cached, cached + len).is_err() {
+                blocks.free_sequence(s.id);
+                self.waiting.push_front(s);
+                break;
+            }
+            s.computed = cached;
+            let sample = cached + len == s.tokens.len();
+            plan.chunks.push(Chunk { id: s.id, start: cached, len, sample });
+            plan.admitted.push((s.id, cached));
+            budget -= len;
+            self.running.push(s);
+        }
+        plan
+    }
+
+    /// Sends the newest running sequence after position `keep` back to the queue's front.
+    /// Returns false when there is none (the sequence at `keep` is the newest).
+    fn preempt_newest(&mut self, keep: usize, blocks: &mut BlockManager, plan: &mut Plan) -> bool {
+        if self.running.len() <= keep + 1 {
+            return false;
+        }
+        let Some(mut s) = self.running.pop() else { return false };
+        blocks.free_sequence(s.id);
+        plan.chunks.retain(|c| c.id != s.id);
+        s.computed = 0;
+        plan.preempted.push(s.id);
+        self.waiting.push_front(s);
+        true
+    }
+}

@@ -1,0 +1,115 @@
+//! The batched forward pass every architecture offers the engine: the tokens of several
+//! sequences packed in one step (prefill chunks and decode tokens mixed), their keys and values
+//! in a paged pool owned outside the model. The model knows nothing of requests: it gets
+//! positions, pool slots and block tables as device tensors and returns the logits of the rows
+//! asked for. Nothing about a step's launches depends on data held on the device, so a step of a
+//! fixed shape can be captured in a CUDA graph and replayed with other contents.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::kernels::PagedBounds;
+
+/// How a model's attention layers share KV block tables: one group per kind of layer (gpt-oss:
+/// full and sliding-window layers; Llama: one group), each with its own pool and tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvShape {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub dtype: DType,
+    /// Per group: the sliding window (keys `t > P − W`), `None` for full attention.
+    pub group_windows: Vec<Option<usize>>,
+    /// Per layer: its group.
+    pub layer_group: Vec<usize>,
+}
+
+impl KvShape {
+    /// Bytes one token's keys and values take in one layer.
+    pub fn bytes_per_token_layer(&self) -> u64 {
+        2 * (self.kv_heads * self.head_dim * self.dtype.size_in_bytes()) as u64
+    }
+
+    /// Layers in group `g`.
+    pub fn layers_in(&self, g: usize) -> usize {
+        self.layer_group.iter().filter(|&&x| x == g).count()
+    }
+}
+
+/// The device KV memory: per layer, keys and values `[slots, kv_heads, d]`, where slot
+/// `block · block_size + offset` holds one token. Layers of one group have the same slot count.
+pub struct KvPool {
+    pub block_size: usize,
+    /// Per layer (keys, values).
+    pub layers: Vec<(Tensor, Tensor)>,
+}
+
+impl KvPool {
+    /// Allocates `blocks[g]` blocks for each group's layers (zeroed: a slot never written holds
+    /// finite values, though no query reads one).
+    pub fn new(
+        shape: &KvShape,
+        block_size: usize,
+        blocks: &[usize],
+        device: &Device,
+    ) -> anyhow::Result<KvPool> {
+        anyhow::ensure!(
+            blocks.len() == shape.group_windows.len(),
+            "KV pool: {} group sizes for {} groups",
+            blocks.len(),
+            shape.group_windows.len()
+        );
+        let mut layers = Vec::with_capacity(shape.layer_group.len());
+        for &g in &shape.layer_group {
+            let dims = (blocks[g] * block_size, shape.kv_heads, shape.head_dim);
+            let k = Tensor::zeros(dims, shape.dtype, device)?;
+            let v = Tensor::zeros(dims, shape.dtype, device)?;
+            layers.push((k, v));
+        }
+        Ok(KvPool { block_size, layers })
+    }
+
+    /// Bytes the pool holds on the device.
+    pub fn bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|(k, v)| ((k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes()) as u64)
+            .sum()
+    }
+}
+
+/// One step's inputs, on the model's device. `T` tokens of `S` sequences: sequence `s` owns
+/// rows `cu_q[s]..cu_q[s + 1]`, its first at position `q_pos[s]`, the rest consecutive.
+pub struct StepInput {
+    /// u32 `[T]`.
+    pub tokens: Tensor,
+    /// u32 `[T]`: each token's position (its RoPE row).
+    pub positions: Tensor,
+    /// Per group, u32 `[T]`: the pool slot each token's key and value go to (`u32::MAX`: none,
+    /// a padding row).
+    pub slots: Vec<Tensor>,
+    /// Per group, u32 `[S, max_blocks]`: each sequence's block table.
+    pub tables: Vec<Tensor>,
+    /// u32 `[S + 1]`.
+    pub cu_q: Tensor,
+    /// u32 `[S]`.
+    pub q_pos: Tensor,
+    /// u32 `[R]`: the rows whose logits are wanted (each sequence's last, when it samples).
+    pub logit_rows: Tensor,
+    /// Host-side bounds that fix the attention launches.
+    pub bounds: PagedBounds,
+}
+
+/// A model the engine can batch.
+pub trait BatchModel {
+    /// The KV layout the pool must have.
+    fn kv_shape(&self) -> KvShape;
+    /// Runs the step (writing its keys and values into `kv`) and returns the f32 logits of
+    /// `step.logit_rows`, `[R, vocab]`.
+    fn forward_batch(&self, step: &StepInput, kv: &KvPool) -> anyhow::Result<Tensor>;
+    fn vocab_size(&self) -> usize;
+    /// Positions the RoPE tables cover: the longest sequence.
+    fn max_positions(&self) -> usize;
+    fn device(&self) -> &Device;
+    /// Gets ready for batched steps: drops the model's own single-sequence KV cache (the
+    /// engine keeps keys in its pool) and builds what the batched path needs.
+    fn prepare_batched(&mut self) -> anyhow::Result<()>;
+}

@@ -1,0 +1,112 @@
+//! gpt-oss over a batch of sequences (the engine's step, [`BatchModel`]): the same layers as
+//! `model.rs` (docs/gpt-oss.md §4), with keys and values in the engine's paged pool. Per layer,
+//! top to bottom:
+//! RMSNorm → q/k/v product in f32 → bias, RoPE at each token's position and the k/v stores into
+//! the pool (one launch) → sink attention over each sequence's block table (sliding layers with
+//! their window, in their own group of blocks) → o_proj into the f32 residual → RMSNorm →
+//! router and MXFP4 experts (routing sees tokens, not sequences) → residual.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::model::{GptOss, moe};
+use crate::kernels::{PagedAttnConfig, QkvHeads, RotaryPairs, paged_attention, qkv_rope_paged};
+use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
+use crate::models::head::rms_norm;
+
+/// Group of the full-attention layers; sliding layers, when the model has any, are group 1.
+const FULL: usize = 0;
+const SLIDING: usize = 1;
+
+impl GptOss {
+    /// The KV group of layer `n`.
+    fn group(&self, n: usize) -> usize {
+        if self.config().sliding[n] { SLIDING } else { FULL }
+    }
+}
+
+impl BatchModel for GptOss {
+    fn kv_shape(&self) -> KvShape {
+        let cfg = self.config();
+        let any_sliding = cfg.sliding.iter().any(|&s| s);
+        let mut group_windows = vec![None];
+        if any_sliding {
+            group_windows.push(Some(cfg.sliding_window));
+        }
+        KvShape {
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            dtype: self.dtype(),
+            group_windows,
+            layer_group: (0..cfg.sliding.len()).map(|n| self.group(n)).collect(),
+        }
+    }
+
+    fn forward_batch(&self, step: &StepInput, kv: &KvPool) -> anyhow::Result<Tensor> {
+        let cfg = self.config();
+        let w = self.weights();
+        let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let tokens = step.tokens.dim(0)?;
+        let (cos, sin) = self.rope_tables();
+        let eps = cfg.rms_norm_eps;
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut x = w.embed.index_select(&step.tokens, 0)?.to_dtype(DType::F32)?;
+        for (n, layer) in w.layers.iter().enumerate() {
+            let g = self.group(n);
+            let (k_pool, v_pool) = &kv.layers[n];
+            let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype())?;
+            // q, k, v in one product kept in f32; bias, RoPE and the pool stores in one launch.
+            let q = qkv_rope_paged(
+                &layer.attn.qkv.matmul_f32(&h)?,
+                layer.attn.qkv.bias(),
+                cos,
+                sin,
+                &step.positions,
+                &step.slots[g],
+                QkvHeads { heads, kv_heads, head_dim: d },
+                RotaryPairs::HalfSplit,
+                k_pool,
+                v_pool,
+            )?;
+            // Each sequence's queries over its own blocks; [T, heads, d] is already the layout
+            // of the rows [T, heads·d] o_proj takes.
+            let attn = PagedAttnConfig {
+                block_size: kv.block_size,
+                window: cfg.sliding[n].then_some(cfg.sliding_window),
+                scale,
+            };
+            let o = paged_attention(
+                &q,
+                k_pool,
+                v_pool,
+                Some(&layer.attn.sinks),
+                &step.cu_q,
+                &step.q_pos,
+                &step.tables[g],
+                step.bounds,
+                &attn,
+            )?;
+            x = (x + layer.attn.o.forward_f32(&o.reshape((tokens, heads * d))?)?)?;
+            let h = rms_norm(&x, &layer.mlp_norm, eps)?;
+            x = (x + moe(cfg, layer, &h, self.dtype())?)?;
+        }
+        let last = x.index_select(&step.logit_rows, 0)?;
+        w.head.logits(&last)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config().vocab_size
+    }
+
+    fn max_positions(&self) -> usize {
+        self.rope_tables().0.dim(0).unwrap_or(0)
+    }
+
+    fn device(&self) -> &Device {
+        GptOss::device(self)
+    }
+
+    fn prepare_batched(&mut self) -> anyhow::Result<()> {
+        self.drop_single_sequence_cache();
+        Ok(())
+    }
+}

@@ -1,0 +1,107 @@
+//! Llama over a batch of sequences (the engine's step, [`BatchModel`]): the layers of
+//! `model.rs` with keys and values in the engine's paged pool, one group of blocks. Per layer:
+//! RMSNorm → q, k, v products in f32 → RoPE at each token's position and the k/v stores into
+//! the pool (one launch) → causal attention over each sequence's block table → o_proj →
+//! residual → RMSNorm → SwiGLU MLP → residual.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::model::{Llama, RopeStyle};
+use crate::kernels::{PagedAttnConfig, QkvHeads, RotaryPairs, paged_attention, qkv_rope_paged};
+use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
+use crate::models::head::rms_norm;
+
+impl BatchModel for Llama {
+    fn kv_shape(&self) -> KvShape {
+        let cfg = self.config();
+        KvShape {
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            dtype: self.dtype(),
+            group_windows: vec![None],
+            layer_group: vec![0; cfg.num_layers],
+        }
+    }
+
+    fn forward_batch(&self, step: &StepInput, kv: &KvPool) -> anyhow::Result<Tensor> {
+        let cfg = self.config();
+        let w = self.weights();
+        let Some((cos, sin)) = self.rope_f32() else {
+            anyhow::bail!("Llama: prepare_batched was not called before a batched step")
+        };
+        let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let tokens = step.tokens.dim(0)?;
+        let pairs = match self.rope_style() {
+            RopeStyle::HalfSplit => RotaryPairs::HalfSplit,
+            RopeStyle::Interleaved => RotaryPairs::Interleaved,
+        };
+        let attn = PagedAttnConfig {
+            block_size: kv.block_size,
+            window: None,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
+        let eps = cfg.rms_norm_eps;
+        // The residual stream stays in f32 (see model.rs).
+        let mut x = w.embed.index_select(&step.tokens, 0)?.to_dtype(DType::F32)?;
+        for (n, layer) in w.layers.iter().enumerate() {
+            let (k_pool, v_pool) = &kv.layers[n];
+            let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype())?;
+            // q, k, v in f32 with their biases (Llama has none; some derivatives do).
+            let qkv = Tensor::cat(
+                &[
+                    layer.q.forward_f32(&h)?,
+                    layer.k.forward_f32(&h)?,
+                    layer.v.forward_f32(&h)?,
+                ],
+                1,
+            )?;
+            let q = qkv_rope_paged(
+                &qkv,
+                None,
+                cos,
+                sin,
+                &step.positions,
+                &step.slots[0],
+                QkvHeads { heads, kv_heads, head_dim: d },
+                pairs,
+                k_pool,
+                v_pool,
+            )?;
+            let o = paged_attention(
+                &q,
+                k_pool,
+                v_pool,
+                None,
+                &step.cu_q,
+                &step.q_pos,
+                &step.tables[0],
+                step.bounds,
+                &attn,
+            )?;
+            let a = layer.o.forward(&o.reshape((tokens, heads * d))?)?;
+            x = (x + a.to_dtype(DType::F32)?)?;
+            let h = rms_norm(&x, &layer.mlp_norm, eps)?.to_dtype(self.dtype())?;
+            let gate = layer.gate.forward(&h)?.silu()?;
+            let m = layer.down.forward(&(gate * layer.up.forward(&h)?)?)?;
+            x = (x + m.to_dtype(DType::F32)?)?;
+        }
+        let last = x.index_select(&step.logit_rows, 0)?;
+        w.head.logits(&last)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config().vocab_size
+    }
+
+    fn max_positions(&self) -> usize {
+        self.rope_f32().map_or(0, |(cos, _)| cos.dim(0).unwrap_or(0))
+    }
+
+    fn device(&self) -> &Device {
+        self.device_ref()
+    }
+
+    fn prepare_batched(&mut self) -> anyhow::Result<()> {
+        self.switch_to_batched()
+    }
+}
