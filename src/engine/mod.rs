@@ -19,6 +19,7 @@ use crate::models::llama::load::{self, GgufFile};
 use crate::models::llama::model::RopeStyle;
 use crate::models::llama::{self, dummy};
 
+pub mod kv;
 pub mod plan;
 pub mod spec;
 pub mod text;
