@@ -270,20 +270,28 @@ impl BlockManager {
             let parent = if i == 0 { 0 } else { hashes[i - 1] };
             hashes.push(block_hash(parent, chunk));
         }
-        let qualifies = |n: usize| {
-            self.groups.iter().all(|grp| {
+        // Full groups: n is at most their longest cached run. Sliding groups: the window blocks
+        // of each candidate n, longest first (O(W / bs) lookups each).
+        let (full, sliding): (Vec<&Group>, Vec<&Group>) =
+            self.groups.iter().partition(|grp| grp.window.is_none());
+        let full_run = (full.iter())
+            .map(|grp| hashes.iter().take_while(|h| grp.cached.contains_key(h)).count())
+            .min()
+            .unwrap_or(max_n);
+        let window_cached = |n: usize| {
+            sliding.iter().all(|grp| {
                 let lo = grp.first_needed(n * bs, bs);
                 hashes[lo..n].iter().all(|h| grp.cached.contains_key(h))
             })
         };
-        let n = (0..=max_n).rev().find(|&n| qualifies(n)).unwrap_or(0);
+        let n = (0..=full_run).rev().find(|&n| window_cached(n)).unwrap_or(0);
         hashes.truncate(n);
         let mut seq = Seq { tables: Vec::new(), released: Vec::new(), hashes };
         for grp in &mut self.groups {
             let lo = grp.first_needed(n * bs, bs);
             let mut table = vec![INVALID; n];
             for (entry, &h) in table[lo..].iter_mut().zip(&seq.hashes[lo..]) {
-                // `qualifies(n)` found every one of these hashes.
+                // Found cached above.
                 *entry = grp.hit(h).expect("a checked cache hit vanished");
             }
             seq.tables.push(table);
