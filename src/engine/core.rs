@@ -207,7 +207,8 @@ impl Core {
         model.prepare_batched()?;
         let shape = model.kv_shape();
         let max_context = model.max_positions();
-        let full = cfg.kv_tokens.div_ceil(BLOCK_SIZE).max(1);
+        // One more block per group: the manager's padding block.
+        let full = cfg.kv_tokens.div_ceil(BLOCK_SIZE).max(1) + 1;
         let groups: Vec<GroupSpec> = shape
             .group_windows
             .iter()
@@ -216,19 +217,16 @@ impl Core {
                 let blocks = match w {
                     Some(w) => {
                         let per_seq = (w + cfg.token_budget).div_ceil(BLOCK_SIZE) + 1;
-                        full.min(per_seq * cfg.max_seqs)
+                        full.min(per_seq * cfg.max_seqs + 1)
                     }
                     None => full,
                 };
                 GroupSpec { blocks, window: *w }
             })
             .collect();
-        let sizes: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
-        let blocks = BlockManager::new(BlockConfig { block_size: BLOCK_SIZE, groups });
-        // The pool also holds each group's padding block when the manager reserves one.
-        let pool_blocks: Vec<usize> = (0..sizes.len())
-            .map(|g| blocks.total_blocks(g) + blocks.reserved_blocks())
-            .collect();
+        // The pool holds every block the manager hands out, its padding block included.
+        let pool_blocks: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
+        let blocks = BlockManager::new(BlockConfig { block_size: BLOCK_SIZE, groups })?;
         let pool = KvPool::new(&shape, BLOCK_SIZE, &pool_blocks, model.device())?;
         let sched = Scheduler::new(SchedulerConfig {
             max_seqs: cfg.max_seqs.max(1),

@@ -109,7 +109,8 @@ impl Scheduler {
     pub fn complete(&mut self, chunk: &Chunk, sampled: Option<u32>, blocks: &mut BlockManager) {
         let Some(seq) = self.running.iter_mut().find(|s| s.id == chunk.id) else { return };
         seq.computed = chunk.start + chunk.len;
-        blocks.commit(seq.id, &seq.tokens[..seq.computed]);
+        // Only an unknown id fails, and every running sequence is known to the manager.
+        let _ = blocks.commit(seq.id, &seq.tokens[..seq.computed]);
         blocks.release_out_of_window(seq.id, seq.computed);
         if let Some(id) = sampled {
             seq.tokens.push(id);
