@@ -26,6 +26,10 @@ use crate::models::batch::{BatchModel, KvPool};
 /// Tokens per KV block (vLLM's default): the prefix cache's granularity.
 pub const BLOCK_SIZE: usize = 16;
 
+/// Tokens of released sliding-window blocks kept for the prefix cache beyond what running
+/// sequences need (see [`Core::new`]).
+pub const SLIDING_HEADROOM: usize = 4096;
+
 /// How big the engine is.
 #[derive(Debug, Clone, Copy)]
 pub struct EngineConfig {
@@ -213,11 +217,15 @@ impl Core {
             .group_windows
             .iter()
             .map(|w| {
-                // A sliding layer never needs more than its window and one chunk per sequence.
+                // A sliding layer needs no more than its window and one chunk per sequence, plus
+                // room to keep released windows cached: a chat's next turn reuses the window at
+                // the end of the previous prompt, which a reply of up to SLIDING_HEADROOM tokens
+                // does not evict.
                 let blocks = match w {
                     Some(w) => {
                         let per_seq = (w + cfg.token_budget).div_ceil(BLOCK_SIZE) + 1;
-                        full.min(per_seq * cfg.max_seqs + 1)
+                        let headroom = SLIDING_HEADROOM.div_ceil(BLOCK_SIZE);
+                        full.min(per_seq * cfg.max_seqs + headroom + 1)
                     }
                     None => full,
                 };
