@@ -23,6 +23,7 @@
 //!   pool through per-sequence block tables, with or without sinks.
 //! - [`qkv_rope_paged()`]: a varlen batch's bias, RoPE (either pairing) and pool writes in one
 //!   launch.
+//! - [`argmax_rows()`], [`sample_gumbel_rows()`]: the next token of every row of a batch.
 //!
 //! Tests: CPU references against independent naive formulations run everywhere; GPU-vs-CPU tests
 //! are `#[ignore]`d (no GPU on the build machines) and run with
@@ -45,7 +46,7 @@ mod cuda;
 #[cfg(test)]
 mod testing;
 
-pub use argmax::{argmax, sample_gumbel};
+pub use argmax::{argmax, argmax_rows, sample_gumbel, sample_gumbel_rows};
 pub use f32_out_matmul::{matmul_f32_out, matmul_hi_lo};
 pub use kv_write::kv_write_at;
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};
