@@ -3,7 +3,9 @@
 //! candle reduces a row in a single block, 156 µs for gpt-oss's 201,088 logits on an H200, a
 //! twentieth of a decode step; the CUDA version here (`argmax.cu`) spreads the row over up to
 //! 256 blocks, then reduces those. Sampling on the host instead costs a copy of the logits and
-//! 201k exponentials per token.
+//! 201k exponentials per token. A batch's rows (continuous batching) go through [`argmax_rows`] /
+//! [`sample_gumbel_rows`]: one launch pair for all rows, each row with its own temperature and
+//! seed, the same index as the single-row ops give.
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, bail};
 
@@ -56,6 +58,156 @@ pub fn gumbel(seed: u64, j: usize) -> f32 {
     z ^= z >> 31;
     let u = ((z >> 11) as f64 + 0.5) * (-53f64).exp2();
     (-(-u.ln()).ln()) as f32
+}
+
+/// [`argmax`] of every row of `logits` (f32 `[R, n]`): u32 `[R]`, by the same rules.
+pub fn argmax_rows(logits: &Tensor) -> Result<Tensor> {
+    let rows = check_rows(logits)?;
+    logits.contiguous()?.apply_op1_no_bwd(&ArgmaxRows { draws: None, rows })
+}
+
+/// One draw per row of `logits` (f32 `[R, n]`): u32 `[R]`, row `r` by [`sample_gumbel`] with
+/// `temperatures[r]` and `seeds[r]`, or by [`argmax`] where `temperatures[r] ≤ 0` (a greedy
+/// row); the indices are the ones those ops give row by row.
+pub fn sample_gumbel_rows(logits: &Tensor, temperatures: &[f32], seeds: &[u64]) -> Result<Tensor> {
+    let rows = check_rows(logits)?;
+    if temperatures.len() != rows || seeds.len() != rows {
+        bail!(
+            "sample_gumbel_rows: {rows} rows, {} temperatures, {} seeds",
+            temperatures.len(),
+            seeds.len()
+        );
+    }
+    if let Some(t) = temperatures.iter().find(|t| !t.is_finite()) {
+        bail!("sample_gumbel_rows: temperature {t} (≤ 0 is greedy, > 0 must be finite)");
+    }
+    // 1/T as sample_gumbel computes it; 0 marks a greedy row.
+    let draws = temperatures
+        .iter()
+        .zip(seeds)
+        .map(|(&t, &seed)| (if t > 0.0 { 1.0 / t } else { 0.0 }, seed))
+        .collect();
+    logits.contiguous()?.apply_op1_no_bwd(&ArgmaxRows { draws: Some(draws), rows })
+}
+
+/// The row count of f32 `[R, n]` logits with `R, n ≥ 1` that the kernels can index.
+fn check_rows(logits: &Tensor) -> Result<usize> {
+    match (logits.dims(), logits.dtype()) {
+        ([r, n], DType::F32) if *r > 0 && *r <= 65_535 && *n > 0 && *n <= i32::MAX as usize => {
+            Ok(*r)
+        }
+        (dims, dtype) => bail!(
+            "argmax_rows: expected f32 [rows, n] logits (1 ≤ rows ≤ 65535, n ≥ 1), got {dtype:?} \
+             {dims:?}"
+        ),
+    }
+}
+
+/// The index of `values` as [`Argmax`] picks it: greedy for `inv_t ≤ 0`, else the Gumbel-max
+/// draw of `seed`.
+fn pick(values: &[f32], (inv_t, seed): (f32, u64)) -> u32 {
+    if inv_t > 0.0 {
+        let noisy: Vec<f32> =
+            values.iter().enumerate().map(|(j, &x)| x * inv_t + gumbel(seed, j)).collect();
+        argmax_slice(&noisy)
+    } else {
+        argmax_slice(values)
+    }
+}
+
+/// `draws`: per row `(1/T, seed)`, 1/T = 0 for a greedy row; `None`: every row greedy.
+struct ArgmaxRows {
+    draws: Option<Vec<(f32, u64)>>,
+    rows: usize,
+}
+
+impl CustomOp1 for ArgmaxRows {
+    fn name(&self) -> &'static str {
+        "argmax_rows"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let values = cpu_f32(s, l, "argmax_rows")?;
+        let n = values.len() / self.rows;
+        let out = values
+            .chunks_exact(n)
+            .enumerate()
+            .map(|(r, row)| pick(row, self.draws.as_ref().map_or((0.0, 0), |d| d[r])))
+            .collect();
+        Ok((CpuStorage::U32(out), Shape::from(self.rows)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+        use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+
+        use super::cuda::{ARGMAX_PTX, int};
+
+        const BLOCKS: usize = 256;
+        const THREADS: u32 = 256;
+        let dev = s.device.clone();
+        let rows = self.rows;
+        let n = l.shape().elem_count() / rows;
+        let x = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
+        // About BLOCKS blocks in all, at least 4 per row: one row gets argmax's 256 chunks.
+        let chunk = n.div_ceil((BLOCKS / rows).max(4)).max(1);
+        let parts = n.div_ceil(chunk);
+        // SAFETY (all three): argmax_rows_partial writes every partial, argmax_rows_final every
+        // output.
+        let mut part_v = unsafe { dev.alloc::<f32>(rows * parts)? };
+        let mut part_i = unsafe { dev.alloc::<i32>(rows * parts)? };
+        let mut out = unsafe { dev.alloc::<u32>(rows)? };
+        let (n32, chunk32, parts32) =
+            (int(n, "logits")?, int(chunk, "chunk")?, int(parts, "parts")?);
+        int(rows * parts, "partials")?;
+        // Per-row 1/T and seeds on the device, or null pointers (every row greedy).
+        let stream = dev.cuda_stream();
+        let draws = match &self.draws {
+            Some(d) => {
+                let inv_t: Vec<f32> = d.iter().map(|x| x.0).collect();
+                let seeds: Vec<u64> = d.iter().map(|x| x.1).collect();
+                Some((stream.clone_htod(&inv_t).w()?, stream.clone_htod(&seeds).w()?))
+            }
+            None => None,
+        };
+        let func =
+            dev.get_or_load_custom_func("argmax_rows_partial", "inferno_argmax", ARGMAX_PTX)?;
+        let mut b = func.builder();
+        b.arg(&x).arg(&n32).arg(&chunk32).arg(&parts32);
+        let null = 0u64;
+        match &draws {
+            Some((inv_t, seeds)) => b.arg(inv_t).arg(seeds),
+            None => b.arg(&null).arg(&null),
+        };
+        b.arg(&mut part_v).arg(&mut part_i);
+        let cfg = LaunchConfig {
+            grid_dim: (parts as u32, rows as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match the kernel's signature; blocks stay inside their row.
+        unsafe { b.launch(cfg) }.w()?;
+        let func =
+            dev.get_or_load_custom_func("argmax_rows_final", "inferno_argmax", ARGMAX_PTX)?;
+        let mut b = func.builder();
+        b.arg(&part_v).arg(&part_i).arg(&parts32).arg(&mut out);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: as above; each row's block reads the `parts` partials just written.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok((
+            candle_core::CudaStorage { slice: CudaStorageSlice::U32(out), device: dev },
+            Shape::from(rows),
+        ))
+    }
 }
 
 /// `draw`: `(1/T, seed)` for a Gumbel-max draw, `None` for the plain argmax.
@@ -207,6 +359,70 @@ mod tests {
             sample_gumbel(&Tensor::new(&[1f32, 2.0], &Device::Cpu).unwrap(), 0.0, 1).is_err(),
             "temperature 0"
         );
+    }
+
+    /// Batches of rows on `dev` (planted ties, NaNs, an all-NaN and an all −∞ row) against the
+    /// single-row ops on the CPU, row by row: greedy, and draws with random temperatures (some
+    /// ≤ 0: greedy rows) and seeds.
+    fn check_rows_on(dev: &Device, shapes: &[(usize, usize)]) {
+        let mut r = rng(&format!("argmax rows {dev:?}"));
+        for &(rows, n) in shapes {
+            let mut data = Vec::with_capacity(rows * n);
+            for row in 0..rows {
+                let mut v = uniform(&mut r, n, -30.0, 30.0);
+                match row % 5 {
+                    3 if rows > 3 => v.fill(f32::NAN),
+                    4 => v.fill(f32::NEG_INFINITY),
+                    _ if n > 10 => {
+                        v[(n / 3 + row) % (n - 2)] = 31.0;
+                        v[n - 2] = 31.0; // tie: the lower index must win
+                        v[n / 5] = f32::NAN;
+                    }
+                    _ => {}
+                }
+                data.extend(v);
+            }
+            let cpu = Tensor::from_vec(data, (rows, n), &Device::Cpu).unwrap();
+            let row = |i: usize| cpu.get(i).unwrap();
+            let t = cpu.to_device(dev).unwrap();
+            let greedy = argmax_rows(&t).unwrap().to_vec1::<u32>().unwrap();
+            let temps: Vec<f32> = (0..rows)
+                .map(|i| match i % 4 {
+                    0 => 0.0,
+                    1 => -1.0,
+                    _ => uniform(&mut r, 1, 0.3, 1.5)[0],
+                })
+                .collect();
+            let seeds: Vec<u64> = (0..rows).map(|_| rand::Rng::random(&mut r)).collect();
+            let drawn = sample_gumbel_rows(&t, &temps, &seeds).unwrap().to_vec1::<u32>().unwrap();
+            for i in 0..rows {
+                let one = argmax(&row(i)).unwrap().to_scalar::<u32>().unwrap();
+                assert_eq!(greedy[i], one, "argmax row {i} of {rows} × {n}");
+                let want = if temps[i] > 0.0 {
+                    sample_gumbel(&row(i), temps[i], seeds[i]).unwrap().to_scalar::<u32>().unwrap()
+                } else {
+                    one
+                };
+                assert_eq!(drawn[i], want, "draw row {i} of {rows} × {n}, T {}", temps[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn rows_match_the_single_row_ops() {
+        check_rows_on(&Device::Cpu, &[(1, 7), (6, 1000), (3, 65_537)]);
+        let x = Tensor::zeros((2, 5), DType::F32, &Device::Cpu).unwrap();
+        assert!(sample_gumbel_rows(&x, &[1.0], &[1, 2]).is_err(), "one temperature for 2 rows");
+        assert!(sample_gumbel_rows(&x, &[1.0, f32::NAN], &[1, 2]).is_err(), "NaN temperature");
+        assert!(argmax_rows(&Tensor::zeros(5, DType::F32, &Device::Cpu).unwrap()).is_err());
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_rows_match_the_single_row_ops() {
+        let dev = crate::kernels::testing::gpu();
+        check_rows_on(&dev, &[(1, 7), (6, 1000), (3, 65_537), (64, 201_088), (300, 333)]);
     }
 
     #[cfg(feature = "cuda")]

@@ -21,6 +21,13 @@ pub(super) const ROUTER_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rout
 /// PTX built by build.rs from `src/kernels/moe_grouped.cu`.
 pub(super) const MOE_GROUPED_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/moe_grouped.ptx"));
 
+/// PTX built by build.rs from `src/kernels/paged_attention.cu`.
+pub(super) const PAGED_ATTENTION_PTX: &str =
+    include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
+/// PTX built by build.rs from `src/kernels/qkv_rope_paged.cu`.
+pub(super) const QKV_ROPE_PAGED_PTX: &str =
+    include_str!(concat!(env!("OUT_DIR"), "/qkv_rope_paged.ptx"));
+
 /// PTX built by build.rs from `src/kernels/hi_lo.cu`.
 pub(super) const HI_LO_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/hi_lo.ptx"));
 

@@ -19,6 +19,11 @@
 //! - [`qkv_rope_store()`]: a decode step's bias, RoPE and cache writes in one launch.
 //! - [`kv_write_at()`]: keys/values into the cache at a position held in a tensor (the CPU
 //!   reference of `qkv_rope_store`'s cache writes).
+//! - [`paged_attention()`]: attention of a varlen batch (continuous batching) over a paged KV
+//!   pool through per-sequence block tables, with or without sinks.
+//! - [`qkv_rope_paged()`]: a varlen batch's bias, RoPE (either pairing) and pool writes in one
+//!   launch.
+//! - [`argmax_rows()`], [`sample_gumbel_rows()`]: the next token of every row of a batch.
 //!
 //! Tests: CPU references against independent naive formulations run everywhere; GPU-vs-CPU tests
 //! are `#[ignore]`d (no GPU on the build machines) and run with
@@ -31,7 +36,9 @@ pub mod f32_out_matmul;
 pub mod kv_write;
 pub mod mxfp4;
 pub mod mxfp4_moe;
+pub mod paged_attention;
 pub mod qkv_rope;
+pub mod qkv_rope_paged;
 pub mod sink_attention;
 
 #[cfg(feature = "cuda")]
@@ -39,11 +46,15 @@ mod cuda;
 #[cfg(test)]
 mod testing;
 
-pub use argmax::{argmax, sample_gumbel};
+pub use argmax::{argmax, argmax_rows, sample_gumbel, sample_gumbel_rows};
 pub use f32_out_matmul::{matmul_f32_out, matmul_hi_lo};
 pub use kv_write::kv_write_at;
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};
+pub use paged_attention::{
+    PagedAttnConfig, PagedBounds, PagedLaunch, paged_attention, paged_launch,
+};
 pub use qkv_rope::{QkvHeads, qkv_rope_store};
+pub use qkv_rope_paged::{RotaryPairs, qkv_rope_paged};
 pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention, sink_attention_at};
 
 use candle_core::backend::BackendStorage;

@@ -1,0 +1,415 @@
+//! Attention over a paged KV pool for a varlen batch: the continuous-batching engine's attention
+//! core, after RoPE ([`super::qkv_rope_paged`]) and before the output projection.
+//!
+//! The pool: per layer, `k_pool` and `v_pool` are `[num_slots, kv_heads, d]` (contiguous, f32 or
+//! bf16), slot = `block · block_size + offset`. Each sequence has a block table (a u32 row of
+//! block ids): its position `t` lives in slot `table[t / block_size] · block_size +
+//! t % block_size`. The batch packs the queries of several sequences in one `[T, heads, d]`
+//! tensor: sequence `s` owns rows `cu_q[s]..cu_q[s+1]`, its first query at position `q_pos[s]`,
+//! the others at consecutive positions (a prefill chunk has many, a decode step one, padding
+//! none).
+//!
+//! The math per query row is [`super::sink_attention`]'s (its module doc): query head `h` reads
+//! kv head `h / (heads / kv_heads)`; a query at position `P` sees the keys `t ≤ P` and, with a
+//! window `W`, `t > P − W`; scores `scale · q·k`, softmax in f32, with the sink logit (unscaled,
+//! no value) in the denominator when sinks are given (gpt-oss) and the plain softmax otherwise
+//! (Llama). Table entries of blocks a query cannot see are never read (they may be garbage).
+//!
+//! CUDA (`paged_attention.cu`): head_dim 64 or 128. The launch depends only on the number of
+//! sequences, the shapes and the host-side [`PagedBounds`], never on the metadata's contents, so
+//! a CUDA graph captured for one batch shape replays with other positions, lengths and tables:
+//! one block per (sequence, tile of query rows of one kv group, kv head, split of the keys); a
+//! block finds its sequence's length and position on the device and exits when its tile is
+//! empty. When few blocks would cover the GPU (decode), the keys are split and the partial
+//! softmax states merged by a second kernel; each split's key range comes from the sequence's
+//! real position.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, bail};
+
+use super::{F32Reader, cpu_output};
+
+/// What [`paged_attention`] needs beyond the tensors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PagedAttnConfig {
+    /// Pool slots per block (the block table's unit).
+    pub block_size: usize,
+    /// Sliding window `W`: keys `t` with `P − W < t ≤ P`. `None`: every `t ≤ P` (full causal).
+    pub window: Option<usize>,
+    /// Score scale, normally `1/√d`.
+    pub scale: f32,
+}
+
+/// Host-side bounds that fix the launch, so that a CUDA graph captured for a batch shape replays
+/// with other data. The kernel trusts them: a sequence longer than `max_q_len` would leave rows
+/// unwritten (the CPU reference checks both bounds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedBounds {
+    /// At least every sequence's query count `cu_q[s+1] − cu_q[s]`.
+    pub max_q_len: usize,
+    /// At least every `q_pos[s] + q_len(s)`: the longest context, which sizes the key splits.
+    pub max_context: usize,
+}
+
+/// Attention of a varlen batch over a paged KV pool; see the module documentation. `q` is
+/// `[T, heads, d]`, `k_pool`/`v_pool` `[num_slots, kv_heads, d]` (contiguous, same dtype as q:
+/// f32 or bf16), `sinks` f32 `[heads]` or `None`, `cu_q` u32 `[S+1]` (`cu_q[0] = 0`,
+/// `cu_q[S] = T`), `q_pos` u32 `[S]`, `tables` u32 `[S, max_blocks]`, all on one device. Returns
+/// `[T, heads, d]` in q's dtype, contiguous. Runs the CUDA kernels on a CUDA device and the
+/// reference loops on the CPU.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    sinks: Option<&Tensor>,
+    cu_q: &Tensor,
+    q_pos: &Tensor,
+    tables: &Tensor,
+    bounds: PagedBounds,
+    cfg: &PagedAttnConfig,
+) -> Result<Tensor> {
+    let meta = Meta { sinks, cu_q, q_pos, tables };
+    let op = PagedAttention::new(q, k_pool, v_pool, meta, bounds, *cfg, false)?;
+    if q.dim(0)? == 0 {
+        return q.zeros_like();
+    }
+    q.contiguous()?.apply_op3_no_bwd(k_pool, v_pool, &op)
+}
+
+/// The launch of one call as the host computes it: the same for any metadata contents, which is
+/// what lets a CUDA graph replay it ([`paged_launch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedLaunch {
+    /// The attention kernel's grid: (sequences × row tiles, kv heads, key splits).
+    pub grid: (u32, u32, u32),
+    /// Query rows per warp (the kernel variant): 2 for short tiles, else 4.
+    pub rows_per_warp: usize,
+    /// Key splits merged by the combine kernel (1: no combine launch).
+    pub splits: usize,
+    /// The combine kernel's grid (0 with one split).
+    pub combine_blocks: usize,
+}
+
+/// Keys per tile (`BK` in the kernel) and warps per block (`NW`).
+const TILE: usize = 32;
+const WARPS: usize = 4;
+/// Fewest keys in a split (4 tiles): below that the merge costs more than it saves.
+const MIN_SPLIT: usize = 4 * TILE;
+/// Most splits paged_combine merges (`MAX_SPLITS` in the kernel).
+const MAX_SPLITS: usize = 256;
+
+/// The launch for `seqs` sequences, `tokens` query rows and `heads`:`kv_heads` heads on a GPU of
+/// `sms` multiprocessors: a function of those and the bounds alone. The keys are split until
+/// about 4 blocks per multiprocessor run, but no split is shorter than 4 tiles of the longest
+/// context's visible keys.
+pub fn paged_launch(
+    seqs: usize,
+    tokens: usize,
+    (heads, kv_heads): (usize, usize),
+    bounds: PagedBounds,
+    window: Option<usize>,
+    sms: usize,
+) -> PagedLaunch {
+    let rows = heads / kv_heads.max(1) * bounds.max_q_len.max(1); // query rows per kv head
+    let rows_per_warp = if rows <= 8 { 2 } else { 4 };
+    let row_blocks = rows.div_ceil(WARPS * rows_per_warp);
+    let span = window
+        .map_or(bounds.max_context, |w| bounds.max_context.min(w + bounds.max_q_len))
+        .max(1);
+    let blocks = (seqs * row_blocks * kv_heads).max(1);
+    let splits = (4 * sms.max(1))
+        .div_ceil(blocks)
+        .min(span.div_ceil(MIN_SPLIT))
+        .clamp(1, MAX_SPLITS);
+    PagedLaunch {
+        grid: ((seqs * row_blocks) as u32, kv_heads as u32, splits as u32),
+        rows_per_warp,
+        splits,
+        combine_blocks: if splits > 1 { (tokens * heads).div_ceil(WARPS) } else { 0 },
+    }
+}
+
+/// The metadata tensors of one call.
+#[derive(Clone, Copy)]
+struct Meta<'a> {
+    sinks: Option<&'a Tensor>,
+    cu_q: &'a Tensor,
+    q_pos: &'a Tensor,
+    tables: &'a Tensor,
+}
+
+/// The CustomOp: `q`, `k_pool`, `v_pool` are its arguments, the metadata travels inside
+/// (contiguous; sinks as f32).
+struct PagedAttention {
+    heads: usize,
+    kv_heads: usize,
+    sinks: Option<Tensor>,
+    cu_q: Tensor,
+    q_pos: Tensor,
+    tables: Tensor,
+    bounds: PagedBounds,
+    cfg: PagedAttnConfig,
+    /// Tests: fill the CUDA output with NaN before the kernel runs.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    poison: bool,
+}
+
+impl PagedAttention {
+    fn new(
+        q: &Tensor,
+        k_pool: &Tensor,
+        v_pool: &Tensor,
+        meta: Meta,
+        bounds: PagedBounds,
+        cfg: PagedAttnConfig,
+        poison: bool,
+    ) -> Result<Self> {
+        let (tokens, heads, d) = q.dims3()?;
+        let (num_slots, kv_heads, kd) = k_pool.dims3()?;
+        if v_pool.dims() != k_pool.dims() || kd != d {
+            bail!(
+                "paged_attention: k_pool {:?} and v_pool {:?} must be [num_slots, kv_heads, {d}]",
+                k_pool.dims(),
+                v_pool.dims()
+            );
+        }
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+            bail!("paged_attention: {heads} query heads are not a multiple of {kv_heads} kv heads");
+        }
+        if d == 0 || num_slots == 0 {
+            bail!("paged_attention: empty head_dim ({d}) or pool ({num_slots} slots)");
+        }
+        if q.dtype() != k_pool.dtype()
+            || q.dtype() != v_pool.dtype()
+            || !matches!(q.dtype(), DType::F32 | DType::BF16)
+        {
+            bail!(
+                "paged_attention: q and the pools must all be f32 or all bf16, got {:?} {:?} {:?}",
+                q.dtype(),
+                k_pool.dtype(),
+                v_pool.dtype()
+            );
+        }
+        if !k_pool.is_contiguous() || !v_pool.is_contiguous() {
+            bail!("paged_attention: the pools must be contiguous");
+        }
+        let seqs = match meta.cu_q.dims() {
+            [n] if *n >= 2 => n - 1,
+            dims => bail!("paged_attention: cu_q {dims:?} must be [S+1] with S ≥ 1"),
+        };
+        let max_blocks = match meta.tables.dims() {
+            [s, b] if *s == seqs && *b > 0 => *b,
+            dims => bail!("paged_attention: tables {dims:?} must be [{seqs}, max_blocks ≥ 1]"),
+        };
+        if meta.q_pos.dims() != [seqs] {
+            bail!("paged_attention: q_pos {:?} must be [{seqs}]", meta.q_pos.dims());
+        }
+        for (name, t) in [("cu_q", meta.cu_q), ("q_pos", meta.q_pos), ("tables", meta.tables)] {
+            if t.dtype() != DType::U32 {
+                bail!("paged_attention: {name} must be u32, got {:?}", t.dtype());
+            }
+        }
+        let on_q = [meta.cu_q, meta.q_pos, meta.tables, k_pool, v_pool].into_iter().chain(meta.sinks);
+        for t in on_q {
+            if !t.device().same_device(q.device()) {
+                bail!("paged_attention: inputs on {:?} and {:?}", t.device(), q.device());
+            }
+        }
+        if let Some(s) = meta.sinks
+            && s.dims() != [heads]
+        {
+            bail!("paged_attention: sinks {:?} must be [{heads}]", s.dims());
+        }
+        if cfg.window == Some(0) {
+            bail!("paged_attention: a window of 0 keys sees nothing; use None for full attention");
+        }
+        if cfg.block_size == 0 || max_blocks.checked_mul(cfg.block_size).is_none() {
+            bail!("paged_attention: block_size {} is not usable", cfg.block_size);
+        }
+        if tokens > seqs * bounds.max_q_len {
+            bail!(
+                "paged_attention: {tokens} query rows do not fit {seqs} sequences of at most {} \
+                 (bounds.max_q_len)",
+                bounds.max_q_len
+            );
+        }
+        Ok(Self {
+            heads,
+            kv_heads,
+            sinks: meta.sinks.map(|s| s.to_dtype(DType::F32)?.contiguous()).transpose()?,
+            cu_q: meta.cu_q.contiguous()?,
+            q_pos: meta.q_pos.contiguous()?,
+            tables: meta.tables.contiguous()?,
+            bounds,
+            cfg,
+            poison,
+        })
+    }
+
+    /// The launch for `tokens` query rows on a GPU of `sms` multiprocessors ([`paged_launch`]).
+    fn plan(&self, tokens: usize, sms: usize) -> PagedLaunch {
+        let seqs = self.q_pos.dims().first().copied().unwrap_or(0);
+        paged_launch(seqs, tokens, (self.heads, self.kv_heads), self.bounds, self.cfg.window, sms)
+    }
+
+    /// Whether a key at position `t` is visible from a query at position `p`.
+    fn allows(&self, t: usize, p: usize) -> bool {
+        t <= p && self.cfg.window.is_none_or(|w| t + w > p)
+    }
+
+    /// The reference: for each sequence, query row and head, the visible keys' slots through the
+    /// block table, their scores, the max with the sink (if any), and the weighted sum of values
+    /// over the (sink-extended) denominator. f32 throughout. Checks the metadata on the way: the
+    /// row offsets, the bounds, and every table entry it needs.
+    fn reference(&self, q: F32Reader, k: F32Reader, v: F32Reader, dims: Dims) -> Result<Vec<f32>> {
+        let Dims { tokens, heads, kv_heads, d, num_slots } = dims;
+        let cu_q = self.cu_q.to_vec1::<u32>()?;
+        let q_pos = self.q_pos.to_vec1::<u32>()?;
+        let tables = self.tables.to_vec2::<u32>()?;
+        let sinks = self.sinks.as_ref().map(|s| s.to_vec1::<f32>()).transpose()?;
+        if cu_q[0] != 0 || cu_q[cu_q.len() - 1] as usize != tokens {
+            bail!("paged_attention: cu_q must run from 0 to {tokens}, got {cu_q:?}");
+        }
+        let (bs, group) = (self.cfg.block_size, heads / kv_heads);
+        let mut out = vec![0f32; tokens * heads * d];
+        let mut scores: Vec<(usize, f32)> = Vec::new();
+        for (s, table) in tables.iter().enumerate() {
+            let (r0, r1) = (cu_q[s] as usize, cu_q[s + 1] as usize);
+            let Some(q_len) = r1.checked_sub(r0) else {
+                bail!("paged_attention: cu_q decreases at sequence {s}: {cu_q:?}")
+            };
+            let pos0 = q_pos[s] as usize;
+            if q_len > self.bounds.max_q_len || pos0 + q_len > self.bounds.max_context {
+                bail!(
+                    "paged_attention: sequence {s} ({q_len} queries from position {pos0}) is \
+                     outside the bounds {:?}",
+                    self.bounds
+                );
+            }
+            // The slot of every position the sequence's queries see, checked once.
+            let lo = self.cfg.window.map_or(0, |w| (pos0 + 1).saturating_sub(w));
+            let slots = (lo..pos0 + q_len)
+                .map(|t| {
+                    let slot = table.get(t / bs).map(|&b| b as usize * bs + t % bs);
+                    match slot {
+                        Some(slot) if slot < num_slots => Ok(slot),
+                        _ => bail!(
+                            "paged_attention: sequence {s} position {t}: block table entry {} \
+                             ({:?}) is outside the {num_slots}-slot pool",
+                            t / bs,
+                            table.get(t / bs)
+                        ),
+                    }
+                })
+                .collect::<Result<Vec<usize>>>()?;
+            for i in 0..q_len {
+                let (row, p) = (r0 + i, pos0 + i);
+                for h in 0..heads {
+                    let (g, q0) = (h / group, (row * heads + h) * d);
+                    scores.clear();
+                    for (j, &slot) in slots.iter().enumerate() {
+                        if self.allows(lo + j, p) {
+                            let k0 = (slot * kv_heads + g) * d;
+                            let dot: f32 = (0..d).map(|c| q.get(q0 + c) * k.get(k0 + c)).sum();
+                            scores.push((k0, self.cfg.scale * dot));
+                        }
+                    }
+                    let sink = sinks.as_ref().map_or(f32::NEG_INFINITY, |s| s[h]);
+                    let m = scores.iter().fold(sink, |m, &(_, s)| m.max(s));
+                    let mut denom = if sink == f32::NEG_INFINITY { 0.0 } else { (sink - m).exp() };
+                    let o = &mut out[q0..q0 + d];
+                    for &(v0, s) in &scores {
+                        let w = (s - m).exp();
+                        denom += w;
+                        for (c, x) in o.iter_mut().enumerate() {
+                            *x += w * v.get(v0 + c);
+                        }
+                    }
+                    o.iter_mut().for_each(|x| *x /= denom);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One call's sizes.
+#[derive(Clone, Copy)]
+struct Dims {
+    tokens: usize,
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    num_slots: usize,
+}
+
+impl Dims {
+    fn new(ql: &Layout, kl: &Layout) -> Result<Self> {
+        let (tokens, heads, d) = ql.shape().dims3()?;
+        let (num_slots, kv_heads, _) = kl.shape().dims3()?;
+        Ok(Self { tokens, heads, kv_heads, d, num_slots })
+    }
+}
+
+impl CustomOp3 for PagedAttention {
+    fn name(&self) -> &'static str {
+        "paged_attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        qs: &CpuStorage,
+        ql: &Layout,
+        ks: &CpuStorage,
+        kl: &Layout,
+        vs: &CpuStorage,
+        vl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let contiguous = |l: &Layout, what: &str| match l.contiguous_offsets() {
+            Some((a, _)) => Ok(a),
+            None => bail!("paged_attention: {what} must be contiguous"),
+        };
+        let (q0, k0, v0) = (contiguous(ql, "q")?, contiguous(kl, "k_pool")?, contiguous(vl, "v_pool")?);
+        let reader = |s: &CpuStorage, what: &str, at: usize| -> Result<F32Reader> {
+            Ok(match F32Reader::new(s, what)? {
+                F32Reader::F32(x) => F32Reader::F32(&x[at..]),
+                F32Reader::Bf16(x) => F32Reader::Bf16(&x[at..]),
+            })
+        };
+        let (q, k, v) = (reader(qs, "q", q0)?, reader(ks, "k_pool", k0)?, reader(vs, "v_pool", v0)?);
+        let out = self.reference(q, k, v, Dims::new(ql, kl)?)?;
+        Ok((cpu_output(out, qs.dtype())?, ql.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        qs: &candle_core::CudaStorage,
+        ql: &Layout,
+        ks: &candle_core::CudaStorage,
+        kl: &Layout,
+        vs: &candle_core::CudaStorage,
+        vl: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::cuda::KernelFloat;
+        use candle_core::cuda_backend::CudaStorageSlice as S;
+        let dev = qs.device.clone();
+        let slice = match (&qs.slice, &ks.slice, &vs.slice) {
+            (S::F32(q), S::F32(k), S::F32(v)) => {
+                f32::wrap(gpu::launch(self, &dev, (q, ql), (k, kl), (v, vl))?)
+            }
+            (S::BF16(q), S::BF16(k), S::BF16(v)) => {
+                half::bf16::wrap(gpu::launch(self, &dev, (q, ql), (k, kl), (v, vl))?)
+            }
+            _ => bail!("paged_attention: q and the pools must all be f32 or all bf16"),
+        };
+        Ok((candle_core::CudaStorage { slice, device: dev }, ql.shape().clone()))
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod gpu;
+
+#[cfg(test)]
+mod tests;

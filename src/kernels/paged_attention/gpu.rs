@@ -1,0 +1,135 @@
+//! The CUDA launch of [`super::paged_attention`]: the attention kernel, then (with several key
+//! splits) the combine kernel, on a grid from [`super::paged_launch`] alone.
+
+use candle_core::cuda_backend::WrapErr;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use candle_core::{CudaDevice, Layout, Result, bail};
+
+use super::{Dims, PagedAttention, WARPS};
+use crate::kernels::cuda::{
+    KernelFloat, PAGED_ATTENTION_PTX, cuda_view, int, multiprocessors, output,
+};
+
+const MODULE: &str = "inferno_paged_attention";
+
+/// Mirrors `PagedAttnParams` in paged_attention.cu, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct Params {
+    num_slots: i64,
+    tokens: i64,
+    heads: i32,
+    kv_heads: i32,
+    max_blocks: i32,
+    block_size: i32,
+    window: i32,
+    splits: i32,
+    row_blocks: i32,
+    scale_log2: f32,
+}
+
+// SAFETY: plain old data with the C layout the kernel expects.
+unsafe impl DeviceRepr for Params {}
+
+/// 16-byte alignment of a pool's first row: the kernel reads rows 16 bytes at a time (rows are
+/// d ≥ 64 elements, so every row is aligned when the first is).
+fn check_aligned(l: &Layout, size: usize, what: &str) -> Result<()> {
+    if !(l.start_offset() * size).is_multiple_of(16) {
+        bail!("paged_attention: {what} must start on a 16-byte boundary (offset {})", l.start_offset());
+    }
+    Ok(())
+}
+
+pub(super) fn launch<T: KernelFloat>(
+    op: &PagedAttention,
+    dev: &CudaDevice,
+    (q, ql): (&CudaSlice<T>, &Layout),
+    (k, kl): (&CudaSlice<T>, &Layout),
+    (v, vl): (&CudaSlice<T>, &Layout),
+) -> Result<CudaSlice<T>> {
+    let Dims { tokens, heads, kv_heads, d, num_slots } = Dims::new(ql, kl)?;
+    if d != 64 && d != 128 {
+        bail!("paged_attention: the CUDA kernel supports head_dim 64 and 128, not {d}");
+    }
+    if !ql.is_contiguous() {
+        bail!("paged_attention: q must be contiguous");
+    }
+    let size = std::mem::size_of::<T>();
+    check_aligned(kl, size, "k_pool")?;
+    check_aligned(vl, size, "v_pool")?;
+    let seqs = op.q_pos.dim(0)?;
+    let max_blocks = op.tables.dim(1)?;
+    let cfg = op.cfg;
+    let plan = op.plan(tokens, multiprocessors(dev));
+    int(plan.grid.0 as usize, "sequences × row tiles")?;
+    let params = Params {
+        num_slots: num_slots as i64,
+        tokens: tokens as i64,
+        heads: int(heads, "heads")?,
+        kv_heads: int(kv_heads, "kv_heads")?,
+        max_blocks: int(max_blocks, "max_blocks")?,
+        block_size: int(cfg.block_size, "block_size")?,
+        window: cfg.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+        splits: int(plan.splits, "splits")?,
+        row_blocks: int(plan.grid.0 as usize / seqs, "row blocks")?,
+        scale_log2: cfg.scale * std::f32::consts::LOG2_E,
+    };
+
+    let mut out = output::<T>(dev, tokens * heads * d, op.poison)?;
+    let (q, k, v) =
+        (q.slice(ql.start_offset()..), k.slice(kl.start_offset()..), v.slice(vl.start_offset()..));
+    let guards = [&op.cu_q, &op.q_pos, &op.tables].map(|t| t.storage_and_layout());
+    let [cu_q, q_pos, tables] = [("cu_q", 0), ("q_pos", 1), ("tables", 2)]
+        .map(|(what, i)| cuda_view::<u32>(&guards[i].0, guards[i].1, what));
+    let (cu_q, q_pos, tables) = (cu_q?, q_pos?, tables?);
+    // The kernels' sinks: the f32 heads, or a null pointer for the plain softmax.
+    let sinks_guard = op.sinks.as_ref().map(|t| t.storage_and_layout());
+    let sinks_view = match &sinks_guard {
+        Some((s, l)) => Some(cuda_view::<f32>(s, l, "sinks")?),
+        None => None,
+    };
+    let stream = dev.cuda_stream();
+    let sinks_ptr: u64 = sinks_view.as_ref().map_or(0, |v| v.device_ptr(&stream).0);
+
+    let name = format!("paged_attention_{}_d{d}_r{}", T::NAME, plan.rows_per_warp);
+    let func = dev.get_or_load_custom_func(&name, MODULE, PAGED_ATTENTION_PTX)?;
+    let grid = LaunchConfig {
+        grid_dim: plan.grid,
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    if plan.splits == 1 {
+        let mut b = func.builder();
+        b.arg(&q).arg(&k).arg(&v).arg(&sinks_ptr).arg(&cu_q).arg(&q_pos).arg(&tables);
+        b.arg(&mut out).arg(&0u64).arg(&0u64).arg(&params);
+        // SAFETY: the arguments match the kernel's signature; shapes were checked by the op, and
+        // the kernel guards every block-table lookup against the table and the pool.
+        unsafe { b.launch(grid) }.w()?;
+        return Ok(out);
+    }
+    // SAFETY: for every row of every sequence, each split's block writes its partials (neutral
+    // ones when it sees no key) before the combine kernel reads them.
+    let mut part_acc = unsafe { dev.alloc::<f32>(plan.splits * tokens * heads * d)? };
+    let mut part_ml = unsafe { dev.alloc::<f32>(plan.splits * tokens * heads * 2)? };
+    let mut b = func.builder();
+    b.arg(&q).arg(&k).arg(&v).arg(&sinks_ptr).arg(&cu_q).arg(&q_pos).arg(&tables);
+    b.arg(&mut out).arg(&mut part_acc).arg(&mut part_ml).arg(&params);
+    // SAFETY: as above.
+    unsafe { b.launch(grid) }.w()?;
+
+    let name = format!("paged_combine_{}_d{d}", T::NAME);
+    let combine = dev.get_or_load_custom_func(&name, MODULE, PAGED_ATTENTION_PTX)?;
+    let (h, t, sp) = (params.heads, params.tokens, params.splits);
+    let mut b = combine.builder();
+    b.arg(&part_acc).arg(&part_ml).arg(&sinks_ptr).arg(&mut out).arg(&h).arg(&t).arg(&sp);
+    let grid = LaunchConfig {
+        grid_dim: (int(plan.combine_blocks, "rows")? as u32, 1, 1),
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match paged_combine's signature.
+    unsafe { b.launch(grid) }.w()?;
+    Ok(out)
+}

@@ -1,0 +1,301 @@
+//! The CPU reference against [`sink_attention`] run per sequence over contiguous copies of its
+//! keys and values, then the CUDA kernels against the reference.
+
+use candle_core::{DType, Device, Tensor};
+use rand::Rng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+
+use super::*;
+use crate::kernels::testing::{rel_err, rng, tensor, uniform, values};
+use crate::kernels::{KvLayout, SinkAttnConfig, sink_attention};
+
+/// One batch's shape: heads, the pool's geometry and the sequences `(q_len, q_pos)`.
+#[derive(Debug, Clone)]
+struct Batch {
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    block_size: usize,
+    window: Option<usize>,
+    sinks: bool,
+    seqs: Vec<(usize, usize)>,
+    /// Block-table width and pool blocks, when fixed (graph replays); else what the batch needs
+    /// plus a little garbage.
+    fixed: Option<(usize, usize)>,
+}
+
+impl Batch {
+    fn new(heads: usize, kv_heads: usize, d: usize, block_size: usize) -> Self {
+        Batch {
+            heads,
+            kv_heads,
+            d,
+            block_size,
+            window: None,
+            sinks: true,
+            seqs: Vec::new(),
+            fixed: None,
+        }
+    }
+    fn window(self, w: Option<usize>) -> Self {
+        Batch { window: w, ..self }
+    }
+    fn sinks(self, sinks: bool) -> Self {
+        Batch { sinks, ..self }
+    }
+    /// `n` sequences: decode steps, empty ones (padding) and chunks of up to `max_q` queries, at
+    /// positions below `max_pos`.
+    fn random(self, rng: &mut StdRng, n: usize, max_q: usize, max_pos: usize) -> Self {
+        let seqs = (0..n)
+            .map(|_| {
+                let q_len = match rng.random_range(0..4) {
+                    0 => 1,
+                    1 if n > 1 => 0,
+                    _ => rng.random_range(1..=max_q),
+                };
+                (q_len, rng.random_range(0..max_pos))
+            })
+            .collect();
+        Batch { seqs, ..self }
+    }
+    fn tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.0).sum()
+    }
+    fn bounds(&self) -> PagedBounds {
+        PagedBounds {
+            max_q_len: self.seqs.iter().map(|s| s.0).max().unwrap_or(0).max(1),
+            max_context: self.seqs.iter().map(|s| s.0 + s.1).max().unwrap_or(0).max(1),
+        }
+    }
+    fn cfg(&self) -> PagedAttnConfig {
+        PagedAttnConfig {
+            block_size: self.block_size,
+            window: self.window,
+            scale: 1.0 / (self.d as f32).sqrt(),
+        }
+    }
+    /// The first position any query of sequence `(q_len, q_pos)` sees.
+    fn first_key(&self, q_pos: usize) -> usize {
+        self.window.map_or(0, |w| (q_pos + 1).saturating_sub(w))
+    }
+}
+
+/// A batch's tensors (CPU, in `dtype`), and per sequence its keys and values as contiguous
+/// `[kv_heads, context, d]` caches (slot = position) for the naive formulation.
+struct Inputs {
+    q: Tensor,
+    k_pool: Tensor,
+    v_pool: Tensor,
+    sinks: Option<Tensor>,
+    cu_q: Tensor,
+    q_pos: Tensor,
+    tables: Tensor,
+    k_seq: Vec<Tensor>,
+    v_seq: Vec<Tensor>,
+}
+
+/// Random inputs: the pool's blocks are handed out in shuffled order, block-table entries the
+/// queries never need (before the window, past the context) are u32::MAX, and every pool slot
+/// that holds no visible key is NaN, as are the contiguous copies' unseen positions.
+fn inputs(rng: &mut StdRng, b: &Batch, dtype: DType) -> Inputs {
+    let (bs, kv, d) = (b.block_size, b.kv_heads, b.d);
+    let needed: Vec<(usize, usize)> = // (first block used, blocks to the context's end)
+        b.seqs.iter().map(|&(l, p)| (b.first_key(p) / bs, (p + l).div_ceil(bs))).collect();
+    let (max_blocks, num_blocks) = b.fixed.unwrap_or_else(|| {
+        let used: usize = needed.iter().map(|(a, z)| z - a).sum();
+        (needed.iter().map(|n| n.1).max().unwrap_or(0) + rng.random_range(1..3), used + 3)
+    });
+    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+    ids.shuffle(rng);
+    let mut free = ids.into_iter();
+    let row = kv * d;
+    let (mut k_pool, mut v_pool) = (vec![f32::NAN; num_blocks * bs * row], vec![f32::NAN; num_blocks * bs * row]);
+    let (mut tables, mut k_seq, mut v_seq) = (Vec::new(), Vec::new(), Vec::new());
+    for (&(q_len, q_pos), &(first, end)) in b.seqs.iter().zip(&needed) {
+        let context = q_pos + q_len;
+        let mut table = vec![u32::MAX; max_blocks];
+        for entry in &mut table[first..end] {
+            *entry = free.next().expect("enough pool blocks");
+        }
+        let (mut ks, mut vs) = (vec![f32::NAN; kv * context * d], vec![f32::NAN; kv * context * d]);
+        for t in b.first_key(q_pos)..context {
+            let slot = table[t / bs] as usize * bs + t % bs;
+            for g in 0..kv {
+                let (kx, vx) = (uniform(rng, d, -2.0, 2.0), uniform(rng, d, -2.0, 2.0));
+                k_pool[(slot * kv + g) * d..][..d].copy_from_slice(&kx);
+                v_pool[(slot * kv + g) * d..][..d].copy_from_slice(&vx);
+                ks[(g * context + t) * d..][..d].copy_from_slice(&kx);
+                vs[(g * context + t) * d..][..d].copy_from_slice(&vx);
+            }
+        }
+        k_seq.push(tensor(ks, &[kv, context, d], dtype));
+        v_seq.push(tensor(vs, &[kv, context, d], dtype));
+        tables.extend(table);
+    }
+    let tokens = b.tokens();
+    let cu: Vec<u32> = std::iter::once(0)
+        .chain(b.seqs.iter().scan(0u32, |acc, s| {
+            *acc += s.0 as u32;
+            Some(*acc)
+        }))
+        .collect();
+    let u32s = |v: Vec<u32>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu).unwrap();
+    let pool_shape = [num_blocks * bs, kv, d];
+    Inputs {
+        q: tensor(uniform(rng, tokens * b.heads * d, -2.0, 2.0), &[tokens, b.heads, d], dtype),
+        k_pool: tensor(k_pool, &pool_shape, dtype),
+        v_pool: tensor(v_pool, &pool_shape, dtype),
+        sinks: b.sinks.then(|| tensor(uniform(rng, b.heads, -2.0, 2.0), &[b.heads], DType::F32)),
+        cu_q: u32s(cu, &[b.seqs.len() + 1]),
+        q_pos: u32s(b.seqs.iter().map(|s| s.1 as u32).collect(), &[b.seqs.len()]),
+        tables: u32s(tables, &[b.seqs.len(), max_blocks]),
+        k_seq,
+        v_seq,
+    }
+}
+
+fn run(x: &Inputs, b: &Batch, bounds: PagedBounds) -> candle_core::Result<Tensor> {
+    paged_attention(
+        &x.q,
+        &x.k_pool,
+        &x.v_pool,
+        x.sinks.as_ref(),
+        &x.cu_q,
+        &x.q_pos,
+        &x.tables,
+        bounds,
+        &b.cfg(),
+    )
+}
+
+/// The naive formulation: per sequence, `sink_attention` (already checked against its own naive
+/// formulation) over the contiguous copies with the sequence's first position as `start`; no
+/// sinks are sinks of −∞ (a zero term in the denominator). Rows in `[T, heads, d]` order.
+fn naive(x: &Inputs, b: &Batch) -> Vec<f32> {
+    let (heads, d) = (b.heads, b.d);
+    let sinks = match &x.sinks {
+        Some(s) => s.clone(),
+        None => Tensor::full(f32::NEG_INFINITY, heads, &Device::Cpu).unwrap(),
+    };
+    let mut out = vec![f32::NAN; b.tokens() * heads * d];
+    let mut row0 = 0;
+    for (s, &(q_len, q_pos)) in b.seqs.iter().enumerate() {
+        if q_len == 0 {
+            continue;
+        }
+        let q = x.q.narrow(0, row0, q_len).unwrap().transpose(0, 1).unwrap(); // [heads, q_len, d]
+        let cfg = SinkAttnConfig {
+            start: q_pos,
+            window: b.window,
+            layout: KvLayout::Linear,
+            scale: b.cfg().scale,
+        };
+        let o = sink_attention(&q, &x.k_seq[s], &x.v_seq[s], &sinks, &cfg).expect("sink_attention");
+        let o = values(&o.transpose(0, 1).unwrap().contiguous().unwrap());
+        out[row0 * heads * d..][..o.len()].copy_from_slice(&o);
+        row0 += q_len;
+    }
+    out
+}
+
+fn check_cpu(name: &str, b: &Batch, dtype: DType, tol: f64) {
+    let mut rng = rng(name);
+    let x = inputs(&mut rng, b, dtype);
+    let got = values(&run(&x, b, b.bounds()).unwrap_or_else(|e| panic!("{name} {b:?}: {e}")));
+    assert!(got.iter().all(|v| v.is_finite()), "{name} {b:?}: non-finite output");
+    let err = rel_err(&got, &naive(&x, b));
+    assert!(err < tol, "{name} {b:?}: relative error {err:e}");
+}
+
+#[test]
+fn reference_matches_sink_attention_per_sequence() {
+    let mut r = rng("paged shapes");
+    for (heads, kv_heads, d) in [(4, 2, 8), (6, 1, 16), (3, 3, 8), (8, 2, 16)] {
+        for window in [None, Some(r.random_range(1..20))] {
+            for sinks in [true, false] {
+                let bs = [1, 4, 5, 16][r.random_range(0..4)];
+                let n = r.random_range(1..7);
+                let b = Batch::new(heads, kv_heads, d, bs)
+                    .window(window)
+                    .sinks(sinks)
+                    .random(&mut r, n, 40, 90);
+                check_cpu("paged reference", &b, DType::F32, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_matches_sink_attention_bf16_and_decode() {
+    let mut r = rng("paged decode shapes");
+    let decode = Batch::new(8, 2, 16, 16).random(&mut r, 9, 1, 200);
+    check_cpu("paged decode", &decode, DType::F32, 1e-5);
+    check_cpu("paged decode window", &decode.clone().window(Some(7)), DType::F32, 1e-5);
+    let b = Batch::new(4, 2, 16, 4).window(Some(10)).random(&mut r, 5, 30, 60);
+    check_cpu("paged bf16", &b, DType::BF16, 1e-2);
+    check_cpu("paged bf16 no sinks", &b.sinks(false), DType::BF16, 1e-2);
+}
+
+#[test]
+fn empty_batches_and_padding_sequences() {
+    let mut r = rng("paged empty");
+    let mut b = Batch::new(4, 2, 8, 4);
+    b.seqs = vec![(0, 5), (3, 0), (0, 0), (1, 9)];
+    check_cpu("paged padding", &b, DType::F32, 1e-5);
+    b.seqs = vec![(0, 5), (0, 0)];
+    let x = inputs(&mut r, &b, DType::F32);
+    assert_eq!(run(&x, &b, b.bounds()).unwrap().dims(), [0, 4, 8]);
+}
+
+#[test]
+fn rejects_bad_metadata() {
+    let mut r = rng("paged rejects");
+    let mut b = Batch::new(4, 2, 8, 4).window(Some(6));
+    b.seqs = vec![(3, 10), (1, 20)];
+    let x = inputs(&mut r, &b, DType::F32);
+    // Position 10's window starts at 5 (block 1): block 0's entry is garbage and never read.
+    assert_eq!(x.tables.to_vec2::<u32>().unwrap()[0][0], u32::MAX);
+    assert!(run(&x, &b, b.bounds()).is_ok());
+    let err = |x: &Inputs, bounds| run(x, &b, bounds).unwrap_err().to_string();
+    // Bounds below the batch.
+    let tight = err(&x, PagedBounds { max_q_len: 2, ..b.bounds() });
+    assert!(tight.contains("bounds"), "{tight}");
+    let short = err(&x, PagedBounds { max_context: 20, ..b.bounds() });
+    assert!(short.contains("bounds"), "{short}");
+    // A garbage entry where a query needs a key: sequence 1's block of position 20.
+    let mut tables = x.tables.to_vec2::<u32>().unwrap();
+    tables[1][20 / 4] = u32::MAX;
+    let bad = Inputs { tables: Tensor::new(tables, &Device::Cpu).unwrap(), ..x };
+    let garbage = err(&bad, b.bounds());
+    assert!(garbage.contains("outside"), "{garbage}");
+}
+
+/// The launch is a function of the sequence count, the shapes and the bounds only: batches with
+/// other positions, lengths and tables but the same bounds get the same one; decode splits the
+/// keys, long prefill does not.
+#[test]
+fn launch_depends_on_bounds_only() {
+    let mut r = rng("paged launch");
+    let bounds = PagedBounds { max_q_len: 1, max_context: 3000 };
+    let mut plans = Vec::new();
+    for _ in 0..3 {
+        let mut b = Batch::new(8, 2, 64, 16);
+        b.seqs = (0..4).map(|_| (1, r.random_range(0..2999))).collect();
+        b.fixed = Some((3000usize.div_ceil(16), 4 * 3000usize.div_ceil(16)));
+        let x = inputs(&mut r, &b, DType::F32);
+        let meta = Meta { sinks: x.sinks.as_ref(), cu_q: &x.cu_q, q_pos: &x.q_pos, tables: &x.tables };
+        let op = PagedAttention::new(&x.q, &x.k_pool, &x.v_pool, meta, bounds, b.cfg(), false).unwrap();
+        plans.push(op.plan(4, 132));
+    }
+    assert!(plans.windows(2).all(|w| w[0] == w[1]), "{plans:?}");
+    let decode = plans[0];
+    assert_eq!(decode.grid, (4, 2, decode.splits as u32));
+    assert!(decode.splits > 1 && decode.combine_blocks == (4 * 8usize).div_ceil(4), "{decode:?}");
+    let prefill = paged_launch(2, 1200, (64, 8), PagedBounds { max_q_len: 600, max_context: 5000 }, None, 132);
+    assert_eq!((prefill.splits, prefill.rows_per_warp, prefill.combine_blocks), (1, 4, 0));
+    assert_eq!(prefill.grid, (2 * (8 * 600usize).div_ceil(16) as u32, 8, 1));
+}
+
+#[cfg(feature = "cuda")]
+mod gpu;

@@ -1,0 +1,177 @@
+//! The CUDA kernels against the CPU reference: random batches (decode, chunks, long prefill,
+//! padding sequences, loose bounds as a graph bucket has), both dtypes and head sizes, outputs
+//! poisoned with NaN first; and a captured CUDA graph replayed with other positions, lengths and
+//! tables.
+
+use candle_core::Device;
+
+use super::*;
+use crate::kernels::testing::{assert_written_and_close, gpu};
+
+/// The batch's tensors on `dev` (without the contiguous copies, which only the CPU needs).
+fn to_device(x: &Inputs, dev: &Device) -> Inputs {
+    let on = |t: &Tensor| t.to_device(dev).unwrap();
+    Inputs {
+        q: on(&x.q),
+        k_pool: on(&x.k_pool),
+        v_pool: on(&x.v_pool),
+        sinks: x.sinks.as_ref().map(on),
+        cu_q: on(&x.cu_q),
+        q_pos: on(&x.q_pos),
+        tables: on(&x.tables),
+        k_seq: Vec::new(),
+        v_seq: Vec::new(),
+    }
+}
+
+/// CUDA (poisoned output) against the reference, under the batch's own bounds and under looser
+/// ones (more rows and keys than any sequence has: tiles with no rows, splits past the keys).
+fn check(name: &str, b: &Batch, dtype: DType, tol: f64) {
+    if b.tokens() == 0 {
+        return;
+    }
+    let mut rng = rng(name);
+    let x = inputs(&mut rng, b, dtype);
+    let want = values(&run(&x, b, b.bounds()).expect("reference"));
+    let dev = gpu();
+    let g = to_device(&x, &dev);
+    let tight = b.bounds();
+    let loose = PagedBounds { max_q_len: tight.max_q_len + 9, max_context: 2 * tight.max_context };
+    for bounds in [tight, loose] {
+        let meta =
+            Meta { sinks: g.sinks.as_ref(), cu_q: &g.cu_q, q_pos: &g.q_pos, tables: &g.tables };
+        let op = PagedAttention::new(&g.q, &g.k_pool, &g.v_pool, meta, bounds, b.cfg(), true)
+            .expect("op");
+        let plan = op.plan(b.tokens(), 132);
+        let got = values(&g.q.apply_op3_no_bwd(&g.k_pool, &g.v_pool, &op).expect("cuda"));
+        let what = format!("{name} {dtype:?} {bounds:?} {plan:?} {b:?}");
+        assert_written_and_close(&what, &got, &want, tol);
+    }
+}
+
+/// The cases, drawn afresh each run.
+fn batches(rng: &mut StdRng) -> Vec<(&'static str, Batch)> {
+    let oss = Batch::new(64, 8, 64, 16);
+    let mut long = Batch::new(8, 2, 128, 16);
+    long.seqs = vec![(600, 0), (517, rng.random_range(3000..4400)), (1, 4999), (0, 100), (37, 63)];
+    vec![
+        ("decode 64 full", oss.clone().random(rng, 64, 1, 5000)),
+        ("decode 64 window", oss.clone().window(Some(128)).random(rng, 64, 1, 5000)),
+        ("decode 3", oss.clone().random(rng, 3, 1, 5000)),
+        ("mixed", oss.clone().random(rng, 12, 40, 3000)),
+        ("mixed window", oss.clone().window(Some(128)).random(rng, 12, 300, 3000)),
+        ("long prefill", long.clone()),
+        ("long prefill window no sinks", long.window(Some(100)).sinks(false)),
+        ("llama", Batch::new(32, 8, 128, 16).sinks(false).random(rng, 8, 100, 2000)),
+        ("llama decode", Batch::new(32, 8, 128, 16).sinks(false).random(rng, 40, 1, 4000)),
+        ("block 5", Batch::new(12, 4, 64, 5).random(rng, 20, 33, 700)),
+        ("mqa", Batch::new(6, 1, 64, 16).window(Some(50)).random(rng, 7, 60, 500)),
+    ]
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_matches_cpu_f32() {
+    let mut r = rng("paged gpu f32 cases");
+    for (name, b) in batches(&mut r) {
+        check(name, &b, DType::F32, 1e-5);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_matches_cpu_bf16() {
+    let mut r = rng("paged gpu bf16 cases");
+    for (name, b) in batches(&mut r) {
+        check(name, &b, DType::BF16, 1e-2);
+    }
+}
+
+/// A decode batch of 10 sequences (2 of them padding) captured once into a CUDA graph, then
+/// replayed after the host overwrote the inputs in place with other batches of the same shape:
+/// other positions, other padding rows (cu_q), other tables and pool contents.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_graph_replays_with_other_metadata() {
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::cuda_backend::cudarc::driver::sys::{
+        CUgraphInstantiate_flags, CUstreamCaptureMode,
+    };
+
+    let dev = gpu();
+    let Device::Cuda(cuda) = &dev else { panic!("not a CUDA device") };
+    let mut r = rng("paged graph");
+    let bounds = PagedBounds { max_q_len: 1, max_context: 3000 };
+    for (window, sinks) in [(None, true), (Some(128), false)] {
+        let batch = |r: &mut StdRng| {
+            let mut b = Batch::new(16, 2, 64, 16).window(window).sinks(sinks);
+            let mut lens = vec![1usize; 8];
+            lens.extend([0, 0]);
+            lens.shuffle(r);
+            b.seqs = lens.into_iter().map(|l| (l, r.random_range(0..3000 - 1))).collect();
+            b.fixed = Some((3000usize.div_ceil(16), 10 * 3000usize.div_ceil(16)));
+            b
+        };
+        let b0 = batch(&mut r);
+        let g = to_device(&inputs(&mut r, &b0, DType::F32), &dev);
+        // Eagerly first: loads the kernels (which a capture may not), and gives the output buffer.
+        let out = run(&g, &b0, bounds).expect("eager");
+        let stream = cuda.cuda_stream();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).w().unwrap();
+        let recorded = run(&g, &b0, bounds).and_then(|o| out.slice_set(&o, 0, 0));
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0)).w().unwrap();
+        recorded.expect("captured call");
+        let graph = graph.expect("a non-empty graph");
+        for round in 0..3 {
+            let b = batch(&mut r);
+            let x = inputs(&mut r, &b, DType::F32);
+            let fresh = to_device(&x, &dev);
+            let pairs = [
+                (&g.q, &fresh.q),
+                (&g.k_pool, &fresh.k_pool),
+                (&g.v_pool, &fresh.v_pool),
+                (&g.cu_q, &fresh.cu_q),
+                (&g.q_pos, &fresh.q_pos),
+                (&g.tables, &fresh.tables),
+            ];
+            for (dst, src) in pairs {
+                dst.slice_set(src, 0, 0).unwrap();
+            }
+            if let (Some(dst), Some(src)) = (&g.sinks, &fresh.sinks) {
+                dst.slice_set(src, 0, 0).unwrap();
+            }
+            graph.launch().w().unwrap();
+            let want = values(&run(&x, &b, bounds).expect("reference"));
+            let name = format!("graph replay {round} window {window:?} sinks {sinks}");
+            assert_written_and_close(&name, &values(&out), &want, 1e-5);
+        }
+    }
+}
+
+/// Not a check: prints the time of gpt-oss-sized batches (64:8 heads, d 64, bf16).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_paged_attention_timing() {
+    let dev = gpu();
+    let mut r = rng("paged timing");
+    let oss = Batch::new(64, 8, 64, 16);
+    let mut prefill = oss.clone();
+    prefill.seqs = vec![(1024, 0)];
+    let mut decode = oss.clone();
+    decode.seqs = (0..32).map(|_| (1, 2047)).collect();
+    let mut one = oss.clone();
+    one.seqs = vec![(1, 4095)];
+    for (what, b) in [
+        ("decode 1 × 4096 keys", one),
+        ("decode 32 × 2048 keys", decode.clone()),
+        ("decode 32 × window 128", decode.window(Some(128))),
+        ("prefill 1024", prefill.clone()),
+        ("prefill 1024 window 128", prefill.window(Some(128))),
+    ] {
+        let g = to_device(&inputs(&mut r, &b, DType::BF16), &dev);
+        let us = crate::kernels::testing::time_us(&dev, 20, || {
+            run(&g, &b, b.bounds()).unwrap();
+        });
+        eprintln!("paged attention timing: {what}: {us:.1} us");
+    }
+}

@@ -1,0 +1,351 @@
+//! A varlen batch's attention inputs ([`qkv_rope_paged`]): bias, head split, RoPE on q and k at
+//! each token's own position, k and v into the paged pools (see [`super::paged_attention`]) at
+//! each token's slot. On CUDA one kernel (`qkv_rope_paged.cu`) for the whole batch, whatever mix
+//! of prefill chunks and decode steps it packs; on the CPU plain loops, which are the reference.
+//! Everything is computed in f32 and rounded once into the pools' dtype, as
+//! [`super::qkv_rope_store`] does (its module doc says why).
+
+use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Result, Tensor, bail};
+
+use super::QkvHeads;
+
+/// Which elements of a head RoPE rotates together (by angle `i` of the tables' row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RotaryPairs {
+    /// `(i, i + d/2)`: Hugging Face checkpoints (candle's `rope`).
+    HalfSplit,
+    /// `(2i, 2i + 1)`: GGUF checkpoints (candle's `rope_i`).
+    Interleaved,
+}
+
+impl RotaryPairs {
+    /// The two elements of pair `i` in a head of `d`.
+    fn pair(self, i: usize, d: usize) -> (usize, usize) {
+        match self {
+            RotaryPairs::HalfSplit => (i, i + d / 2),
+            RotaryPairs::Interleaved => (2 * i, 2 * i + 1),
+        }
+    }
+}
+
+/// The slot value of a token whose k and v are not stored (padding).
+pub const NO_SLOT: u32 = u32::MAX;
+
+/// One call's inputs, checked by [`qkv_rope_paged`].
+#[derive(Clone, Copy)]
+struct Args<'a> {
+    qkv: &'a Tensor,
+    bias: Option<&'a Tensor>,
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    positions: &'a Tensor,
+    slots: &'a Tensor,
+    h: QkvHeads,
+    pairs: RotaryPairs,
+    k_pool: &'a Tensor,
+    v_pool: &'a Tensor,
+}
+
+/// For `T` tokens: `qkv` f32 `[T, (heads + 2·kv_heads)·d]` (the fused projection without its
+/// bias), `bias` f32 `[(heads + 2·kv_heads)·d]` or `None`, `cos`/`sin` the model's f32 RoPE
+/// tables `[positions, d/2]`, `positions` u32 `[T]` (each token's row of the tables) and `slots`
+/// u32 `[T]` (the pool slot each token's k and v go to; [`NO_SLOT`] stores nothing). Adds the
+/// bias, splits q, k, v, rotates q and k by `pairs`, writes k and v in place into `k_pool` /
+/// `v_pool` (`[num_slots, kv_heads, d]`, contiguous, f32 or bf16) and returns q `[T, heads, d]`
+/// in the pools' dtype. The CPU refuses positions past the tables and slots past the pool; the
+/// CUDA kernel rotates the former by NaN and stores nothing for the latter.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_paged(
+    qkv: &Tensor,
+    bias: Option<&Tensor>,
+    cos: &Tensor,
+    sin: &Tensor,
+    positions: &Tensor,
+    slots: &Tensor,
+    h: QkvHeads,
+    pairs: RotaryPairs,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+) -> Result<Tensor> {
+    let d = h.head_dim;
+    let width = (h.heads + 2 * h.kv_heads) * d;
+    let tokens = match qkv.dims() {
+        [t, w] if *w == width => *t,
+        dims => bail!("qkv_rope_paged: qkv {dims:?} must be [T, {width}]"),
+    };
+    if h.heads == 0 || h.kv_heads == 0 || d == 0 || !d.is_multiple_of(2) || d > 2048 {
+        bail!("qkv_rope_paged: unusable heads {h:?} (even head_dim up to 2048)");
+    }
+    if bias.is_some_and(|b| b.dims() != [width]) {
+        bail!("qkv_rope_paged: bias {:?} must be [{width}]", bias.map(|b| b.dims()));
+    }
+    if cos.rank() != 2 || cos.dim(1)? != d / 2 || sin.dims() != cos.dims() {
+        bail!(
+            "qkv_rope_paged: cos {:?} / sin {:?} must be [positions, {}]",
+            cos.dims(),
+            sin.dims(),
+            d / 2
+        );
+    }
+    if positions.dims() != [tokens] || slots.dims() != [tokens] {
+        bail!(
+            "qkv_rope_paged: positions {:?} and slots {:?} must be [{tokens}]",
+            positions.dims(),
+            slots.dims()
+        );
+    }
+    let dtype = k_pool.dtype();
+    if [qkv, cos, sin].into_iter().chain(bias).any(|t| t.dtype() != DType::F32)
+        || positions.dtype() != DType::U32
+        || slots.dtype() != DType::U32
+        || v_pool.dtype() != dtype
+        || !matches!(dtype, DType::F32 | DType::BF16)
+    {
+        bail!(
+            "qkv_rope_paged: qkv, bias, cos and sin must be f32, positions and slots u32, the \
+             pools both f32 or both bf16"
+        );
+    }
+    match k_pool.dims() {
+        [_, g, hd] if *g == h.kv_heads && *hd == d && v_pool.dims() == k_pool.dims() => {}
+        _ => bail!(
+            "qkv_rope_paged: pools {:?} / {:?} must be [num_slots, {}, {d}]",
+            k_pool.dims(),
+            v_pool.dims(),
+            h.kv_heads
+        ),
+    }
+    if !k_pool.is_contiguous() || !v_pool.is_contiguous() {
+        bail!("qkv_rope_paged: the pools must be contiguous (they are written in place)");
+    }
+    let others = [cos, sin, positions, slots, k_pool, v_pool].into_iter().chain(bias);
+    for t in others {
+        if !t.device().same_device(qkv.device()) {
+            bail!("qkv_rope_paged: inputs on {:?} and {:?}", t.device(), qkv.device());
+        }
+    }
+    if tokens == 0 {
+        return Tensor::zeros((0, h.heads, d), dtype, qkv.device());
+    }
+    let args = Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool };
+    match qkv.device() {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => gpu::launch(args),
+        _ => reference(args),
+    }
+}
+
+/// The reference in loops: per token and head, the bias added, the pairs rotated by the token's
+/// row of the tables (f32, no fused multiply-add), q gathered and k, v written slot by slot.
+fn reference(a: Args) -> Result<Tensor> {
+    let Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool } = a;
+    let (d, half, dtype) = (h.head_dim, h.head_dim / 2, k_pool.dtype());
+    let (x, cos, sin) = (qkv.to_vec2::<f32>()?, cos.to_vec2::<f32>()?, sin.to_vec2::<f32>()?);
+    let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
+    let (positions, slots) = (positions.to_vec1::<u32>()?, slots.to_vec1::<u32>()?);
+    let num_slots = k_pool.dim(0)?;
+
+    let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    let mut stored = Vec::new();
+    for (t, row) in x.iter().enumerate() {
+        let p = positions[t] as usize;
+        let (Some(c), Some(s)) = (cos.get(p), sin.get(p)) else {
+            bail!("qkv_rope_paged: token {t}'s position {p} is past the {}-row tables", cos.len())
+        };
+        let slot = slots[t];
+        if slot != NO_SLOT && slot as usize >= num_slots {
+            bail!("qkv_rope_paged: token {t}'s slot {slot} is past the {num_slots}-slot pool");
+        }
+        for b in 0..h.heads + 2 * h.kv_heads {
+            let mut head: Vec<f32> = row[b * d..][..d].to_vec();
+            if let Some(bias) = &bias {
+                head.iter_mut().zip(&bias[b * d..]).for_each(|(x, b)| *x += b);
+            }
+            if b < h.heads + h.kv_heads {
+                let mut rotated = head.clone();
+                for i in 0..half {
+                    let (i1, i2) = pairs.pair(i, d);
+                    rotated[i1] = head[i1] * c[i] - head[i2] * s[i];
+                    rotated[i2] = head[i1] * s[i] + head[i2] * c[i];
+                }
+                head = rotated;
+            }
+            match b {
+                b if b < h.heads => q.extend(head),
+                _ if slot == NO_SLOT => {}
+                b if b < h.heads + h.kv_heads => k.extend(head),
+                _ => v.extend(head),
+            }
+        }
+        if slot != NO_SLOT {
+            stored.push(slot as usize);
+        }
+    }
+    let rows = |x: Vec<f32>| {
+        Tensor::from_vec(x, (stored.len(), h.kv_heads, d), &Device::Cpu)?.to_dtype(dtype)
+    };
+    let op = PoolWrite { slots: stored.clone() };
+    k_pool.inplace_op2(&rows(k)?, &op)?;
+    v_pool.inplace_op2(&rows(v)?, &op)?;
+    Tensor::from_vec(q, (x.len(), h.heads, d), &Device::Cpu)?.to_dtype(dtype)
+}
+
+/// `pool[slots[n]] = rows[n]` for every stored token: the CPU reference's in-place pool writes.
+struct PoolWrite {
+    slots: Vec<usize>,
+}
+
+/// Copies row `n` of `rows` (`kv_heads · d` elements each) into row `slots[n]` of `pool`.
+fn copy_slots<T: Copy>(pool: &mut [T], rows: &[T], slots: &[usize], row: usize) {
+    for (n, &slot) in slots.iter().enumerate() {
+        pool[slot * row..][..row].copy_from_slice(&rows[n * row..][..row]);
+    }
+}
+
+impl InplaceOp2 for PoolWrite {
+    fn name(&self) -> &'static str {
+        "pool_write"
+    }
+
+    fn cpu_fwd(&self, p: &mut CpuStorage, pl: &Layout, r: &CpuStorage, rl: &Layout) -> Result<()> {
+        let (Some((p0, p1)), Some((r0, _))) = (pl.contiguous_offsets(), rl.contiguous_offsets())
+        else {
+            bail!("pool_write: the pool and the rows must be contiguous");
+        };
+        let (slots, kv_heads, d) = pl.shape().dims3()?;
+        let row = kv_heads * d;
+        if self.slots.iter().any(|&s| s >= slots) || p1 - p0 != slots * row {
+            bail!("pool_write: a slot past the {slots}-slot pool");
+        }
+        match (p, r) {
+            (CpuStorage::F32(p), CpuStorage::F32(r)) => {
+                copy_slots(&mut p[p0..], &r[r0..], &self.slots, row)
+            }
+            (CpuStorage::BF16(p), CpuStorage::BF16(r)) => {
+                copy_slots(&mut p[p0..], &r[r0..], &self.slots, row)
+            }
+            _ => bail!("pool_write: the pool and the rows must be both f32 or both bf16"),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    };
+    use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+    use candle_core::{
+        CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor, bail,
+    };
+
+    use super::{Args, QkvHeads, RotaryPairs};
+    use crate::kernels::cuda::{QKV_ROPE_PAGED_PTX, int};
+
+    /// The device address of a tensor's first element.
+    fn address(t: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<u64> {
+        let (storage, layout) = t.storage_and_layout();
+        let Storage::Cuda(s) = &*storage else { bail!("qkv_rope_paged: expected CUDA tensors") };
+        let base = match &s.slice {
+            CudaStorageSlice::F32(x) => x.device_ptr(stream).0,
+            CudaStorageSlice::BF16(x) => x.device_ptr(stream).0,
+            CudaStorageSlice::U32(x) => x.device_ptr(stream).0,
+            _ => bail!("qkv_rope_paged: unexpected dtype {:?}", t.dtype()),
+        };
+        Ok(base + (layout.start_offset() * t.dtype().size_in_bytes()) as u64)
+    }
+
+    /// The op on qkv; the other inputs and the pools it writes travel inside.
+    struct QkvRopePaged {
+        /// cos, sin, positions, slots (contiguous), k pool, v pool.
+        tensors: [Tensor; 6],
+        bias: Option<Tensor>,
+        h: QkvHeads,
+        pairs: RotaryPairs,
+    }
+
+    pub(super) fn launch(a: Args) -> Result<Tensor> {
+        let Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool } = a;
+        let tensors = [
+            cos.contiguous()?,
+            sin.contiguous()?,
+            positions.contiguous()?,
+            slots.contiguous()?,
+            k_pool.clone(),
+            v_pool.clone(),
+        ];
+        let bias = bias.map(Tensor::contiguous).transpose()?;
+        qkv.contiguous()?.apply_op1_no_bwd(&QkvRopePaged { tensors, bias, h, pairs })
+    }
+
+    impl CustomOp1 for QkvRopePaged {
+        fn name(&self) -> &'static str {
+            "qkv_rope_paged"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            bail!("qkv_rope_paged: the CPU runs the reference loops instead")
+        }
+
+        fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+            let dev = s.device.clone();
+            let stream = dev.cuda_stream();
+            let h = self.h;
+            let tokens = l.shape().dims2()?.0;
+            let n = tokens * h.heads * h.head_dim;
+            let addrs =
+                self.tensors.iter().map(|t| address(t, &stream)).collect::<Result<Vec<u64>>>()?;
+            let bias = self.bias.as_ref().map_or(Ok(0), |b| address(b, &stream))?;
+            let (heads, kv_heads, d) = (
+                int(h.heads, "heads")?,
+                int(h.kv_heads, "kv_heads")?,
+                int(h.head_dim, "head_dim")?,
+            );
+            let n_positions = int(self.tensors[0].dim(0)?, "RoPE table rows")?;
+            let num_slots = self.tensors[4].dim(0)? as i64;
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    int(tokens, "tokens")? as u32,
+                    int(h.heads + 2 * h.kv_heads, "heads")? as u32,
+                    1,
+                ),
+                block_dim: ((h.head_dim / 2) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let pairs = match self.pairs {
+                RotaryPairs::HalfSplit => "half",
+                RotaryPairs::Interleaved => "interleaved",
+            };
+            macro_rules! run {
+                ($t:ty, $wrap:ident) => {{
+                    let qkv = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
+                    // SAFETY: the kernel writes all T × heads × d elements of q.
+                    let mut q = unsafe { dev.alloc::<$t>(n)? };
+                    let name = format!("qkv_rope_paged_{pairs}_{}", stringify!($wrap).to_lowercase());
+                    let func =
+                        dev.get_or_load_custom_func(&name, "inferno_qkv_rope_paged", QKV_ROPE_PAGED_PTX)?;
+                    let mut b = func.builder();
+                    b.arg(&qkv).arg(&bias).arg(&addrs[0]).arg(&addrs[1]).arg(&addrs[2]);
+                    b.arg(&addrs[3]).arg(&mut q).arg(&addrs[4]).arg(&addrs[5]);
+                    b.arg(&heads).arg(&kv_heads).arg(&d).arg(&n_positions).arg(&num_slots);
+                    // SAFETY: the arguments match the kernel's signature; shapes were checked by
+                    // qkv_rope_paged and the kernel guards positions and slots. It also writes
+                    // the pools through their addresses: candle does not see those writes, which
+                    // is fine on the one stream all work runs on.
+                    unsafe { b.launch(cfg) }.w()?;
+                    CudaStorageSlice::$wrap(q)
+                }};
+            }
+            let slice = match self.tensors[4].dtype() {
+                DType::F32 => run!(f32, F32),
+                DType::BF16 => run!(half::bf16, BF16),
+                other => bail!("qkv_rope_paged: unsupported dtype {other:?}"),
+            };
+            Ok((CudaStorage { slice, device: dev }, Shape::from((tokens, h.heads, h.head_dim))))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
