@@ -17,7 +17,6 @@ use inferno::engine::core::{Engine, EngineConfig};
 use inferno::engine::request::{Event, Finish, Request, RequestHandle};
 use inferno::engine::{self, LoadOptions};
 use inferno::generate::{SamplerConfig, StopReason};
-use inferno::models::CausalLm;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -131,14 +131,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 /// Submits every prompt at once and waits for all of them.
-fn one_run(engine: &Engine, prompts: Vec<Vec<u32>>, gen: usize) -> anyhow::Result<Run> {
+fn one_run(engine: &Engine, prompts: Vec<Vec<u32>>, new_tokens: usize) -> anyhow::Result<Run> {
     let t0 = Instant::now();
     let mut handles = Vec::with_capacity(prompts.len());
     for prompt in prompts {
         let request = Request {
             prompt,
             sampling: SamplerConfig::greedy(),
-            max_tokens: gen,
+            max_tokens: new_tokens,
             eos_ids: Vec::new(),
             interrupt: None,
         };

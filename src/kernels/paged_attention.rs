@@ -371,12 +371,12 @@ impl CustomOp3 for PagedAttention {
             None => bail!("paged_attention: {what} must be contiguous"),
         };
         let (q0, k0, v0) = (contiguous(ql, "q")?, contiguous(kl, "k_pool")?, contiguous(vl, "v_pool")?);
-        let reader = |s: &CpuStorage, what: &str, at: usize| -> Result<F32Reader> {
+        fn reader<'a>(s: &'a CpuStorage, what: &str, at: usize) -> Result<F32Reader<'a>> {
             Ok(match F32Reader::new(s, what)? {
                 F32Reader::F32(x) => F32Reader::F32(&x[at..]),
                 F32Reader::Bf16(x) => F32Reader::Bf16(&x[at..]),
             })
-        };
+        }
         let (q, k, v) = (reader(qs, "q", q0)?, reader(ks, "k_pool", k0)?, reader(vs, "v_pool", v0)?);
         let out = self.reference(q, k, v, Dims::new(ql, kl)?)?;
         Ok((cpu_output(out, qs.dtype())?, ql.shape().clone()))

@@ -175,7 +175,7 @@ fn one_shot(
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout)?;
     if verbose {
-        eprintln!("{}", stats_line(&end.generation, chat.session.model.context_length()));
+        eprintln!("{}", stats_line(&end.generation, chat.session.engine().context()));
     }
     Ok(())
 }

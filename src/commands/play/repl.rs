@@ -77,7 +77,7 @@ pub fn run(mut chat: Chat, mut dialogue: Dialogue, show_reasoning: bool) -> anyh
                 if show_stats {
                     println!(
                         "\x1b[2m{}\x1b[0m",
-                        stats_line(&reply, chat.session.model.context_length())
+                        stats_line(&reply, chat.session.engine().context())
                     );
                 }
             }
