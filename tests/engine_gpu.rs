@@ -1,0 +1,127 @@
+//! The engine's batched step on the GPU in bf16: a batch of 32 sequences gives the same next
+//! tokens as each sequence alone, teacher-forced (every step feeds the same fixed tokens to both
+//! runs, so one flip does not change what follows). In a batch the attention reads 32 block
+//! tables and the MoE takes its grouped path; alone, one table and the per-slot GEMVs: the sums
+//! run in other orders, so bf16 results differ by rounding, and near-ties may flip. The bar is
+//! ≥ 99.5% top-1 agreement. Random weights in the exact layouts (`benches/configs`), so no
+//! checkpoint is needed; `#[ignore]`d without a GPU.
+
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor};
+use inferno::engine::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
+use inferno::engine::runner::Runner;
+use inferno::engine::scheduler::Chunk;
+use inferno::engine::{self, LoadOptions};
+use inferno::models::batch::KvPool;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const SEQS: usize = 32;
+const STEPS: usize = 32;
+const BLOCK: usize = 16;
+
+fn runner(config: &str, device: &Device) -> Runner {
+    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/configs")).join(config);
+    let opts = LoadOptions { dtype: Some(DType::BF16), context: Some(1024), dummy: true };
+    let loaded = engine::load(path.to_str().expect("path"), &opts, device).expect("model");
+    let mut model = loaded.split().0.into_batch();
+    model.prepare_batched().expect("batched");
+    let shape = model.kv_shape();
+    let blocks = vec![(SEQS + 1) * 1024 / BLOCK + 1; shape.group_windows.len()];
+    let pool = KvPool::new(&shape, BLOCK, &blocks, device).expect("pool");
+    Runner { model, pool, shape }
+}
+
+fn manager(r: &Runner) -> BlockManager {
+    let groups = r
+        .shape
+        .group_windows
+        .iter()
+        .map(|w| GroupSpec { blocks: (SEQS + 1) * 1024 / BLOCK + 1, window: *w })
+        .collect();
+    BlockManager::new(BlockConfig { block_size: BLOCK, groups }).expect("blocks")
+}
+
+/// Prefills each sequence's prompt, then feeds its forced tokens one step at a time; returns
+/// each sequence's argmax after every forced token. `together`: all sequences in each step.
+fn forced(r: &mut Runner, seqs: &[(Vec<u32>, Vec<u32>)], together: bool) -> Vec<Vec<u32>> {
+    let mut blocks = manager(r);
+    let groups: Vec<Vec<usize>> =
+        if together { vec![(0..seqs.len()).collect()] } else { (0..seqs.len()).map(|i| vec![i]).collect() };
+    let mut out = vec![Vec::new(); seqs.len()];
+    for group in groups {
+        for &i in &group {
+            assert_eq!(blocks.add_sequence(i as u64, &seqs[i].0), 0, "no prefix is shared");
+        }
+        let run = |r: &mut Runner, blocks: &mut BlockManager, chunks: Vec<(usize, usize, &[u32])>| -> Vec<u32> {
+            let cs: Vec<Chunk> = chunks
+                .iter()
+                .map(|&(i, start, ids)| {
+                    blocks.ensure(i as u64, start, start + ids.len()).expect("space");
+                    Chunk { id: i as u64, start, len: ids.len(), sample: true }
+                })
+                .collect();
+            let inputs: Vec<&[u32]> = chunks.iter().map(|c| c.2).collect();
+            let logits: Tensor = r.forward(&cs, &inputs, blocks).expect("step").expect("logits");
+            inferno::kernels::argmax_rows(&logits).expect("argmax").to_vec1::<u32>().expect("ids")
+        };
+        let prefill: Vec<(usize, usize, &[u32])> = group.iter().map(|&i| (i, 0, &seqs[i].0[..])).collect();
+        let first = run(r, &mut blocks, prefill);
+        for (k, &i) in group.iter().enumerate() {
+            out[i].push(first[k]);
+        }
+        for step in 0..STEPS {
+            let chunks: Vec<(usize, usize, &[u32])> = group
+                .iter()
+                .map(|&i| (i, seqs[i].0.len() + step, &seqs[i].1[step..step + 1]))
+                .collect();
+            let ids = run(r, &mut blocks, chunks);
+            for (k, &i) in group.iter().enumerate() {
+                out[i].push(ids[k]);
+            }
+        }
+        for &i in &group {
+            blocks.free_sequence(i as u64);
+        }
+        blocks.clear_cache();
+    }
+    out
+}
+
+fn agreement(config: &str) -> f64 {
+    let device = Device::new_cuda(0).expect("a CUDA GPU");
+    let mut r = runner(config, &device);
+    let vocab = r.model.vocab_size() as u32;
+    let mut rng = StdRng::seed_from_u64(2026);
+    let seqs: Vec<(Vec<u32>, Vec<u32>)> = (0..SEQS)
+        .map(|_| {
+            let len = rng.random_range(20..400);
+            let prompt = (0..len).map(|_| rng.random_range(0..vocab)).collect();
+            let forced = (0..STEPS).map(|_| rng.random_range(0..vocab)).collect();
+            (prompt, forced)
+        })
+        .collect();
+    let batched = forced(&mut r, &seqs, true);
+    let alone = forced(&mut r, &seqs, false);
+    let (mut same, mut all) = (0, 0);
+    for (b, a) in batched.iter().zip(&alone) {
+        same += b.iter().zip(a).filter(|(x, y)| x == y).count();
+        all += a.len();
+    }
+    let pct = 100.0 * same as f64 / all as f64;
+    println!("{config}: batch {SEQS} vs batch 1, teacher-forced top-1 agreement {pct:.2}% ({same}/{all})");
+    pct
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_gpt_oss_batch32_agrees_with_batch1() {
+    assert!(agreement("gpt-oss-20b.json") >= 99.5);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_llama_batch32_agrees_with_batch1() {
+    assert!(agreement("tinyllama-1.1b.json") >= 99.5);
+}
