@@ -16,13 +16,17 @@ pub fn random_weights(
 ) -> anyhow::Result<Weights> {
     let (h, i, e) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
     let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
-    let dense = |out: usize, inp: usize| -> candle_core::Result<Linear> {
+    // Scaled as scripts/fixtures/gpt_oss_20b_random.py scales its checkpoint (see there): each
+    // layer adds a quarter-size update to the residual stream, so the network is not chaotic and
+    // a rounding difference stays a rounding difference (bf16 comparisons mean something).
+    let damp = 0.25f32;
+    let dense = |out: usize, inp: usize, std: f32, bias_std: f32| -> candle_core::Result<Linear> {
         Ok(Linear::Dense {
-            weight: Tensor::randn(0f32, (inp as f32).powf(-0.5), (out, inp), device)?
-                .to_dtype(dtype)?,
-            bias: Some(Tensor::randn(0f32, 0.02, out, device)?.to_dtype(dtype)?),
+            weight: Tensor::randn(0f32, std, (out, inp), device)?.to_dtype(dtype)?,
+            bias: Some(Tensor::randn(0f32, bias_std, out, device)?.to_dtype(dtype)?),
         })
     };
+    let proj = |out: usize, inp: usize| dense(out, inp, (inp as f32).powf(-0.5), 0.05);
     // Uniform random bytes for the FP4 codes, scales near 2^-4.
     let bytes = |shape: &[usize], lo: f64, hi: f64| -> candle_core::Result<Tensor> {
         Tensor::rand(lo as f32, hi as f32, shape, device)?.floor()?.to_dtype(DType::U8)
@@ -32,24 +36,24 @@ pub fn random_weights(
     for _ in 0..cfg.num_layers {
         let experts = Mxfp4Experts::new(
             &bytes(&[e, 2 * i, h / 32, 16], 0.0, 256.0)?,
-            &bytes(&[e, 2 * i, h / 32], 119.0, 124.0)?,
-            &Tensor::randn(0f32, 0.02, (e, 2 * i), device)?,
+            &bytes(&[e, 2 * i, h / 32], 116.0, 121.0)?,
+            &Tensor::randn(0f32, 0.05, (e, 2 * i), device)?,
             &bytes(&[e, h, i / 32, 16], 0.0, 256.0)?,
-            &bytes(&[e, h, i / 32], 119.0, 124.0)?,
-            &Tensor::randn(0f32, 0.02, (e, h), device)?,
+            &bytes(&[e, h, i / 32], 114.0, 119.0)?,
+            &Tensor::randn(0f32, damp * 0.05, (e, h), device)?,
         )?;
         layers.push(Layer {
             attn_norm: ones(h)?,
             attn: Attention::new(
-                dense(qd, h)?,
-                dense(kvd, h)?,
-                dense(kvd, h)?,
-                dense(h, qd)?,
+                proj(qd, h)?,
+                proj(kvd, h)?,
+                proj(kvd, h)?,
+                dense(h, qd, damp * 0.25 * (qd as f32).powf(-0.5), damp * 0.05)?,
                 Tensor::randn(0f32, 1.0, cfg.num_heads, device)?,
             )?,
             mlp_norm: ones(h)?,
             router_w: Tensor::randn(0f32, (h as f32).powf(-0.5), (e, h), device)?,
-            router_b: Tensor::zeros(e, DType::F32, device)?,
+            router_b: Tensor::randn(0f32, 0.1, e, device)?,
             experts,
         });
     }

@@ -14,6 +14,14 @@ pub fn random_weights(
     device: &Device,
 ) -> candle_core::Result<Weights> {
     let t = |shape: (usize, usize)| Tensor::randn(0f32, 0.02, shape, device)?.to_dtype(dtype);
+    // What each layer adds to the residual stream is 4x smaller (the o and down projections),
+    // as in the gpt-oss dummy weights: random networks with full-size updates are chaotic, and
+    // bf16 comparisons on them measure the chaos, not the implementation.
+    let damped = |out: usize, inp: usize, bias: bool| -> candle_core::Result<Linear> {
+        let bias = if bias { Some(Tensor::zeros(out, dtype, device)?) } else { None };
+        let weight = Tensor::randn(0f32, 0.005, (out, inp), device)?.to_dtype(dtype)?;
+        Ok(Linear::Dense { weight, bias })
+    };
     let ones = |n: usize| Tensor::ones(n, DType::F32, device);
     let lin = |out: usize, inp: usize, bias: bool| -> candle_core::Result<Linear> {
         let bias = if bias { Some(Tensor::zeros(out, dtype, device)?) } else { None };
@@ -28,11 +36,11 @@ pub fn random_weights(
             q: lin(qd, h, cfg.attention_bias)?,
             k: lin(kvd, h, cfg.attention_bias)?,
             v: lin(kvd, h, cfg.attention_bias)?,
-            o: lin(h, qd, cfg.attention_bias)?,
+            o: damped(h, qd, cfg.attention_bias)?,
             mlp_norm: ones(h)?,
             gate: lin(i, h, cfg.mlp_bias)?,
             up: lin(i, h, cfg.mlp_bias)?,
-            down: lin(h, i, cfg.mlp_bias)?,
+            down: damped(h, i, cfg.mlp_bias)?,
         });
     }
     let embed = t((cfg.vocab_size, h))?;
