@@ -279,6 +279,9 @@ impl PagedAttention {
             let Some(q_len) = r1.checked_sub(r0) else {
                 bail!("paged_attention: cu_q decreases at sequence {s}: {cu_q:?}")
             };
+            if q_len == 0 {
+                continue; // padding: its position and table may be anything
+            }
             let pos0 = q_pos[s] as usize;
             if q_len > self.bounds.max_q_len || pos0 + q_len > self.bounds.max_context {
                 bail!(
@@ -334,6 +337,14 @@ impl PagedAttention {
     }
 }
 
+/// An f32 or bf16 CPU buffer read from element `at` on.
+fn from<'a>(s: &'a CpuStorage, what: &str, at: usize) -> Result<F32Reader<'a>> {
+    Ok(match F32Reader::new(s, what)? {
+        F32Reader::F32(x) => F32Reader::F32(&x[at..]),
+        F32Reader::Bf16(x) => F32Reader::Bf16(&x[at..]),
+    })
+}
+
 /// One call's sizes.
 #[derive(Clone, Copy)]
 struct Dims {
@@ -371,13 +382,7 @@ impl CustomOp3 for PagedAttention {
             None => bail!("paged_attention: {what} must be contiguous"),
         };
         let (q0, k0, v0) = (contiguous(ql, "q")?, contiguous(kl, "k_pool")?, contiguous(vl, "v_pool")?);
-        let reader = |s: &CpuStorage, what: &str, at: usize| -> Result<F32Reader> {
-            Ok(match F32Reader::new(s, what)? {
-                F32Reader::F32(x) => F32Reader::F32(&x[at..]),
-                F32Reader::Bf16(x) => F32Reader::Bf16(&x[at..]),
-            })
-        };
-        let (q, k, v) = (reader(qs, "q", q0)?, reader(ks, "k_pool", k0)?, reader(vs, "v_pool", v0)?);
+        let (q, k, v) = (from(qs, "q", q0)?, from(ks, "k_pool", k0)?, from(vs, "v_pool", v0)?);
         let out = self.reference(q, k, v, Dims::new(ql, kl)?)?;
         Ok((cpu_output(out, qs.dtype())?, ql.shape().clone()))
     }

@@ -47,7 +47,7 @@ impl Batch {
     /// `n` sequences: decode steps, empty ones (padding) and chunks of up to `max_q` queries, at
     /// positions below `max_pos`.
     fn random(self, rng: &mut StdRng, n: usize, max_q: usize, max_pos: usize) -> Self {
-        let seqs = (0..n)
+        let mut seqs: Vec<(usize, usize)> = (0..n)
             .map(|_| {
                 let q_len = match rng.random_range(0..4) {
                     0 => 1,
@@ -57,6 +57,9 @@ impl Batch {
                 (q_len, rng.random_range(0..max_pos))
             })
             .collect();
+        if seqs.iter().all(|s| s.0 == 0) {
+            seqs[0].0 = 1; // at least one query
+        }
         Batch { seqs, ..self }
     }
     fn tokens(&self) -> usize {
