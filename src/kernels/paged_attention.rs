@@ -114,14 +114,11 @@ pub fn paged_launch(
     let rows = heads / kv_heads.max(1) * bounds.max_q_len.max(1); // query rows per kv head
     let rows_per_warp = if rows <= 8 { 2 } else { 4 };
     let row_blocks = rows.div_ceil(WARPS * rows_per_warp);
-    let span = window
-        .map_or(bounds.max_context, |w| bounds.max_context.min(w + bounds.max_q_len))
-        .max(1);
+    let span =
+        window.map_or(bounds.max_context, |w| bounds.max_context.min(w + bounds.max_q_len)).max(1);
     let blocks = (seqs * row_blocks * kv_heads).max(1);
-    let splits = (4 * sms.max(1))
-        .div_ceil(blocks)
-        .min(span.div_ceil(MIN_SPLIT))
-        .clamp(1, MAX_SPLITS);
+    let splits =
+        (4 * sms.max(1)).div_ceil(blocks).min(span.div_ceil(MIN_SPLIT)).clamp(1, MAX_SPLITS);
     PagedLaunch {
         grid: ((seqs * row_blocks) as u32, kv_heads as u32, splits as u32),
         rows_per_warp,
@@ -210,7 +207,8 @@ impl PagedAttention {
                 bail!("paged_attention: {name} must be u32, got {:?}", t.dtype());
             }
         }
-        let on_q = [meta.cu_q, meta.q_pos, meta.tables, k_pool, v_pool].into_iter().chain(meta.sinks);
+        let on_q =
+            [meta.cu_q, meta.q_pos, meta.tables, k_pool, v_pool].into_iter().chain(meta.sinks);
         for t in on_q {
             if !t.device().same_device(q.device()) {
                 bail!("paged_attention: inputs on {:?} and {:?}", t.device(), q.device());
@@ -381,7 +379,8 @@ impl CustomOp3 for PagedAttention {
             Some((a, _)) => Ok(a),
             None => bail!("paged_attention: {what} must be contiguous"),
         };
-        let (q0, k0, v0) = (contiguous(ql, "q")?, contiguous(kl, "k_pool")?, contiguous(vl, "v_pool")?);
+        let (q0, k0, v0) =
+            (contiguous(ql, "q")?, contiguous(kl, "k_pool")?, contiguous(vl, "v_pool")?);
         let (q, k, v) = (from(qs, "q", q0)?, from(ks, "k_pool", k0)?, from(vs, "v_pool", v0)?);
         let out = self.reference(q, k, v, Dims::new(ql, kl)?)?;
         Ok((cpu_output(out, qs.dtype())?, ql.shape().clone()))
