@@ -139,7 +139,10 @@ struct Meta<'a> {
 /// The CustomOp: `q`, `k_pool`, `v_pool` are its arguments, the metadata travels inside
 /// (contiguous; sinks as f32).
 struct PagedAttention {
+    /// Query and kv heads, for the launch ([`PagedAttention::plan`]).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     heads: usize,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     kv_heads: usize,
     sinks: Option<Tensor>,
     cu_q: Tensor,
@@ -246,6 +249,7 @@ impl PagedAttention {
     }
 
     /// The launch for `tokens` query rows on a GPU of `sms` multiprocessors ([`paged_launch`]).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn plan(&self, tokens: usize, sms: usize) -> PagedLaunch {
         let seqs = self.q_pos.dims().first().copied().unwrap_or(0);
         paged_launch(seqs, tokens, (self.heads, self.kv_heads), self.bounds, self.cfg.window, sms)
