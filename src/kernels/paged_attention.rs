@@ -114,14 +114,11 @@ pub fn paged_launch(
     let rows = heads / kv_heads.max(1) * bounds.max_q_len.max(1); // query rows per kv head
     let rows_per_warp = if rows <= 8 { 2 } else { 4 };
     let row_blocks = rows.div_ceil(WARPS * rows_per_warp);
-    let span = window
-        .map_or(bounds.max_context, |w| bounds.max_context.min(w + bounds.max_q_len))
-        .max(1);
+    let span =
+        window.map_or(bounds.max_context, |w| bounds.max_context.min(w + bounds.max_q_len)).max(1);
     let blocks = (seqs * row_blocks * kv_heads).max(1);
-    let splits = (4 * sms.max(1))
-        .div_ceil(blocks)
-        .min(span.div_ceil(MIN_SPLIT))
-        .clamp(1, MAX_SPLITS);
+    let splits =
+        (4 * sms.max(1)).div_ceil(blocks).min(span.div_ceil(MIN_SPLIT)).clamp(1, MAX_SPLITS);
     PagedLaunch {
         grid: ((seqs * row_blocks) as u32, kv_heads as u32, splits as u32),
         rows_per_warp,
@@ -142,7 +139,10 @@ struct Meta<'a> {
 /// The CustomOp: `q`, `k_pool`, `v_pool` are its arguments, the metadata travels inside
 /// (contiguous; sinks as f32).
 struct PagedAttention {
+    /// Query and kv heads, for the launch ([`PagedAttention::plan`]).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     heads: usize,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     kv_heads: usize,
     sinks: Option<Tensor>,
     cu_q: Tensor,
@@ -210,7 +210,8 @@ impl PagedAttention {
                 bail!("paged_attention: {name} must be u32, got {:?}", t.dtype());
             }
         }
-        let on_q = [meta.cu_q, meta.q_pos, meta.tables, k_pool, v_pool].into_iter().chain(meta.sinks);
+        let on_q =
+            [meta.cu_q, meta.q_pos, meta.tables, k_pool, v_pool].into_iter().chain(meta.sinks);
         for t in on_q {
             if !t.device().same_device(q.device()) {
                 bail!("paged_attention: inputs on {:?} and {:?}", t.device(), q.device());
@@ -248,6 +249,7 @@ impl PagedAttention {
     }
 
     /// The launch for `tokens` query rows on a GPU of `sms` multiprocessors ([`paged_launch`]).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn plan(&self, tokens: usize, sms: usize) -> PagedLaunch {
         let seqs = self.q_pos.dims().first().copied().unwrap_or(0);
         paged_launch(seqs, tokens, (self.heads, self.kv_heads), self.bounds, self.cfg.window, sms)
@@ -279,6 +281,9 @@ impl PagedAttention {
             let Some(q_len) = r1.checked_sub(r0) else {
                 bail!("paged_attention: cu_q decreases at sequence {s}: {cu_q:?}")
             };
+            if q_len == 0 {
+                continue; // padding: its position and table may be anything
+            }
             let pos0 = q_pos[s] as usize;
             if q_len > self.bounds.max_q_len || pos0 + q_len > self.bounds.max_context {
                 bail!(
@@ -334,6 +339,14 @@ impl PagedAttention {
     }
 }
 
+/// An f32 or bf16 CPU buffer read from element `at` on.
+fn from<'a>(s: &'a CpuStorage, what: &str, at: usize) -> Result<F32Reader<'a>> {
+    Ok(match F32Reader::new(s, what)? {
+        F32Reader::F32(x) => F32Reader::F32(&x[at..]),
+        F32Reader::Bf16(x) => F32Reader::Bf16(&x[at..]),
+    })
+}
+
 /// One call's sizes.
 #[derive(Clone, Copy)]
 struct Dims {
@@ -370,14 +383,9 @@ impl CustomOp3 for PagedAttention {
             Some((a, _)) => Ok(a),
             None => bail!("paged_attention: {what} must be contiguous"),
         };
-        let (q0, k0, v0) = (contiguous(ql, "q")?, contiguous(kl, "k_pool")?, contiguous(vl, "v_pool")?);
-        fn reader<'a>(s: &'a CpuStorage, what: &str, at: usize) -> Result<F32Reader<'a>> {
-            Ok(match F32Reader::new(s, what)? {
-                F32Reader::F32(x) => F32Reader::F32(&x[at..]),
-                F32Reader::Bf16(x) => F32Reader::Bf16(&x[at..]),
-            })
-        }
-        let (q, k, v) = (reader(qs, "q", q0)?, reader(ks, "k_pool", k0)?, reader(vs, "v_pool", v0)?);
+        let (q0, k0, v0) =
+            (contiguous(ql, "q")?, contiguous(kl, "k_pool")?, contiguous(vl, "v_pool")?);
+        let (q, k, v) = (from(qs, "q", q0)?, from(ks, "k_pool", k0)?, from(vs, "v_pool", v0)?);
         let out = self.reference(q, k, v, Dims::new(ql, kl)?)?;
         Ok((cpu_output(out, qs.dtype())?, ql.shape().clone()))
     }

@@ -322,9 +322,13 @@ mod gpu {
                     let qkv = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
                     // SAFETY: the kernel writes all T × heads × d elements of q.
                     let mut q = unsafe { dev.alloc::<$t>(n)? };
-                    let name = format!("qkv_rope_paged_{pairs}_{}", stringify!($wrap).to_lowercase());
-                    let func =
-                        dev.get_or_load_custom_func(&name, "inferno_qkv_rope_paged", QKV_ROPE_PAGED_PTX)?;
+                    let name =
+                        format!("qkv_rope_paged_{pairs}_{}", stringify!($wrap).to_lowercase());
+                    let func = dev.get_or_load_custom_func(
+                        &name,
+                        "inferno_qkv_rope_paged",
+                        QKV_ROPE_PAGED_PTX,
+                    )?;
                     let mut b = func.builder();
                     b.arg(&qkv).arg(&bias).arg(&addrs[0]).arg(&addrs[1]).arg(&addrs[2]);
                     b.arg(&addrs[3]).arg(&mut q).arg(&addrs[4]).arg(&addrs[5]);

@@ -37,7 +37,10 @@ unsafe impl DeviceRepr for Params {}
 /// d ≥ 64 elements, so every row is aligned when the first is).
 fn check_aligned(l: &Layout, size: usize, what: &str) -> Result<()> {
     if !(l.start_offset() * size).is_multiple_of(16) {
-        bail!("paged_attention: {what} must start on a 16-byte boundary (offset {})", l.start_offset());
+        bail!(
+            "paged_attention: {what} must start on a 16-byte boundary (offset {})",
+            l.start_offset()
+        );
     }
     Ok(())
 }

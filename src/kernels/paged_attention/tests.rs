@@ -47,7 +47,7 @@ impl Batch {
     /// `n` sequences: decode steps, empty ones (padding) and chunks of up to `max_q` queries, at
     /// positions below `max_pos`.
     fn random(self, rng: &mut StdRng, n: usize, max_q: usize, max_pos: usize) -> Self {
-        let seqs = (0..n)
+        let mut seqs: Vec<(usize, usize)> = (0..n)
             .map(|_| {
                 let q_len = match rng.random_range(0..4) {
                     0 => 1,
@@ -57,6 +57,9 @@ impl Batch {
                 (q_len, rng.random_range(0..max_pos))
             })
             .collect();
+        if seqs.iter().all(|s| s.0 == 0) {
+            seqs[0].0 = 1; // at least one query
+        }
         Batch { seqs, ..self }
     }
     fn tokens(&self) -> usize {
@@ -110,7 +113,8 @@ fn inputs(rng: &mut StdRng, b: &Batch, dtype: DType) -> Inputs {
     ids.shuffle(rng);
     let mut free = ids.into_iter();
     let row = kv * d;
-    let (mut k_pool, mut v_pool) = (vec![f32::NAN; num_blocks * bs * row], vec![f32::NAN; num_blocks * bs * row]);
+    let (mut k_pool, mut v_pool) =
+        (vec![f32::NAN; num_blocks * bs * row], vec![f32::NAN; num_blocks * bs * row]);
     let (mut tables, mut k_seq, mut v_seq) = (Vec::new(), Vec::new(), Vec::new());
     for (&(q_len, q_pos), &(first, end)) in b.seqs.iter().zip(&needed) {
         let context = q_pos + q_len;
@@ -284,15 +288,24 @@ fn launch_depends_on_bounds_only() {
         b.seqs = (0..4).map(|_| (1, r.random_range(0..2999))).collect();
         b.fixed = Some((3000usize.div_ceil(16), 4 * 3000usize.div_ceil(16)));
         let x = inputs(&mut r, &b, DType::F32);
-        let meta = Meta { sinks: x.sinks.as_ref(), cu_q: &x.cu_q, q_pos: &x.q_pos, tables: &x.tables };
-        let op = PagedAttention::new(&x.q, &x.k_pool, &x.v_pool, meta, bounds, b.cfg(), false).unwrap();
+        let meta =
+            Meta { sinks: x.sinks.as_ref(), cu_q: &x.cu_q, q_pos: &x.q_pos, tables: &x.tables };
+        let op =
+            PagedAttention::new(&x.q, &x.k_pool, &x.v_pool, meta, bounds, b.cfg(), false).unwrap();
         plans.push(op.plan(4, 132));
     }
     assert!(plans.windows(2).all(|w| w[0] == w[1]), "{plans:?}");
     let decode = plans[0];
     assert_eq!(decode.grid, (4, 2, decode.splits as u32));
     assert!(decode.splits > 1 && decode.combine_blocks == (4 * 8usize).div_ceil(4), "{decode:?}");
-    let prefill = paged_launch(2, 1200, (64, 8), PagedBounds { max_q_len: 600, max_context: 5000 }, None, 132);
+    let prefill = paged_launch(
+        2,
+        1200,
+        (64, 8),
+        PagedBounds { max_q_len: 600, max_context: 5000 },
+        None,
+        132,
+    );
     assert_eq!((prefill.splits, prefill.rows_per_warp, prefill.combine_blocks), (1, 4, 0));
     assert_eq!(prefill.grid, (2 * (8 * 600usize).div_ceil(16) as u32, 8, 1));
 }

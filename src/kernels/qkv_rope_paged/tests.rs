@@ -24,7 +24,14 @@ struct Inputs {
 
 /// `tokens` tokens at random positions, stored in distinct random slots of a `num_slots` pool,
 /// every third or so padding (no slot); pools of random values in `dtype`.
-fn inputs(r: &mut StdRng, h: QkvHeads, tokens: usize, num_slots: usize, dtype: DType, bias: bool) -> Inputs {
+fn inputs(
+    r: &mut StdRng,
+    h: QkvHeads,
+    tokens: usize,
+    num_slots: usize,
+    dtype: DType,
+    bias: bool,
+) -> Inputs {
     let (d, width) = (h.head_dim, (h.heads + 2 * h.kv_heads) * h.head_dim);
     let angles = uniform(r, TABLE_ROWS * d / 2, -3.0, 3.0);
     let table = |f: fn(f32) -> f32| {
@@ -118,7 +125,12 @@ fn check_reference(h: QkvHeads, pairs: RotaryPairs, dtype: DType, bias: bool) {
         match slots.iter().position(|&s| s as usize == slot) {
             Some(t) => {
                 let from = t * row..(t + 1) * row;
-                assert_close(&format!("{name} k slot {slot}"), &k[at.clone()], &want_k[from.clone()], tol);
+                assert_close(
+                    &format!("{name} k slot {slot}"),
+                    &k[at.clone()],
+                    &want_k[from.clone()],
+                    tol,
+                );
                 assert_eq!(&v[at], &want_v[from], "{name} v slot {slot}");
             }
             None => {
@@ -148,7 +160,7 @@ fn rejects_positions_and_slots_outside() {
     let h = QkvHeads { heads: 2, kv_heads: 1, head_dim: 8 };
     let mut r = rng("qkv_rope_paged rejects");
     let x = inputs(&mut r, h, 3, 10, DType::F32, false);
-    let with = |positions: &[u32], slots: &[u32]| {
+    let mut with = |positions: &[u32], slots: &[u32]| {
         let x = Inputs {
             positions: Tensor::new(positions, &Device::Cpu).unwrap(),
             slots: Tensor::new(slots, &Device::Cpu).unwrap(),
@@ -161,7 +173,18 @@ fn rejects_positions_and_slots_outside() {
     assert!(with(&[0, 1, 2], &[0, 10, 2]).unwrap_err().contains("past the"));
     let empty = Tensor::zeros((0, 32), DType::F32, &Device::Cpu).unwrap();
     let none = Tensor::zeros(0, DType::U32, &Device::Cpu).unwrap();
-    let q = qkv_rope_paged(&empty, None, &x.cos, &x.sin, &none, &none, h, RotaryPairs::HalfSplit, &x.k_pool, &x.v_pool);
+    let q = qkv_rope_paged(
+        &empty,
+        None,
+        &x.cos,
+        &x.sin,
+        &none,
+        &none,
+        h,
+        RotaryPairs::HalfSplit,
+        &x.k_pool,
+        &x.v_pool,
+    );
     assert_eq!(q.unwrap().dims(), [0, 2, 8]);
 }
 
@@ -200,7 +223,12 @@ fn gpu_matches_reference() {
                 assert_written_and_close(&format!("{name} q"), &got, &want, tol);
                 let pools = [(&g.k_pool, &x.k_pool, "k"), (&g.v_pool, &x.v_pool, "v")];
                 for (gp, cp, what) in pools {
-                    assert_written_and_close(&format!("{name} {what}"), &values(gp), &values(cp), tol);
+                    assert_written_and_close(
+                        &format!("{name} {what}"),
+                        &values(gp),
+                        &values(cp),
+                        tol,
+                    );
                 }
             }
         }
