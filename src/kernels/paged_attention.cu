@@ -92,7 +92,8 @@ __device__ __forceinline__ void paged_attention_impl(
     const long long q_len = (long long)cu_q[seq + 1] - tok0;
     const long long rows = G * q_len;
     const int row0 = tile * BQ;
-    if (row0 >= rows) return;  // block-uniform: nothing to do for this tile (or q_len 0)
+    // Block-uniform: nothing to do for this tile (or q_len 0), or rows past T (bad cu_q).
+    if (row0 >= rows || tok0 + q_len > p.tokens) return;
     const long long pos0 = q_pos[seq];
     const uint32_t* table = tables + (long long)seq * p.max_blocks;
 
