@@ -48,9 +48,11 @@ struct PagedAttnParams {
 // past the pool (garbage, u32::MAX).
 __device__ __forceinline__ long long paged_slot(const uint32_t* __restrict__ table, long long t,
                                                 const PagedAttnParams& p) {
-    const long long b = t / p.block_size;
-    if (t < 0 || b >= p.max_blocks) return -1;
-    const long long slot = (long long)table[b] * p.block_size + t % p.block_size;
+    if (t < 0 || t > 0xffffffffLL) return -1;
+    const uint32_t u = (uint32_t)t, bs = (uint32_t)p.block_size;  // 32-bit division: cheaper
+    const uint32_t b = u / bs;
+    if (b >= (uint32_t)p.max_blocks) return -1;
+    const long long slot = (long long)table[b] * bs + (u - b * bs);
     return slot < p.num_slots ? slot : -1;
 }
 
