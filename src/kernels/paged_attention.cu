@@ -48,9 +48,11 @@ struct PagedAttnParams {
 // past the pool (garbage, u32::MAX).
 __device__ __forceinline__ long long paged_slot(const uint32_t* __restrict__ table, long long t,
                                                 const PagedAttnParams& p) {
-    const long long b = t / p.block_size;
-    if (t < 0 || b >= p.max_blocks) return -1;
-    const long long slot = (long long)table[b] * p.block_size + t % p.block_size;
+    if (t < 0 || t > 0xffffffffLL) return -1;
+    const uint32_t u = (uint32_t)t, bs = (uint32_t)p.block_size;  // 32-bit division: cheaper
+    const uint32_t b = u / bs;
+    if (b >= (uint32_t)p.max_blocks) return -1;
+    const long long slot = (long long)table[b] * bs + (u - b * bs);
     return slot < p.num_slots ? slot : -1;
 }
 
@@ -92,7 +94,8 @@ __device__ __forceinline__ void paged_attention_impl(
     const long long q_len = (long long)cu_q[seq + 1] - tok0;
     const long long rows = G * q_len;
     const int row0 = tile * BQ;
-    if (row0 >= rows) return;  // block-uniform: nothing to do for this tile (or q_len 0)
+    // Block-uniform: nothing to do for this tile (or q_len 0), or rows past T (bad cu_q).
+    if (row0 >= rows || tok0 + q_len > p.tokens) return;
     const long long pos0 = q_pos[seq];
     const uint32_t* table = tables + (long long)seq * p.max_blocks;
 

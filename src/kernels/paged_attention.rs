@@ -270,17 +270,17 @@ impl PagedAttention {
         let q_pos = self.q_pos.to_vec1::<u32>()?;
         let tables = self.tables.to_vec2::<u32>()?;
         let sinks = self.sinks.as_ref().map(|s| s.to_vec1::<f32>()).transpose()?;
-        if cu_q[0] != 0 || cu_q[cu_q.len() - 1] as usize != tokens {
-            bail!("paged_attention: cu_q must run from 0 to {tokens}, got {cu_q:?}");
+        if cu_q[0] != 0
+            || cu_q[cu_q.len() - 1] as usize != tokens
+            || cu_q.windows(2).any(|w| w[1] < w[0])
+        {
+            bail!("paged_attention: cu_q must rise from 0 to {tokens}, got {cu_q:?}");
         }
         let (bs, group) = (self.cfg.block_size, heads / kv_heads);
         let mut out = vec![0f32; tokens * heads * d];
         let mut scores: Vec<(usize, f32)> = Vec::new();
         for (s, table) in tables.iter().enumerate() {
-            let (r0, r1) = (cu_q[s] as usize, cu_q[s + 1] as usize);
-            let Some(q_len) = r1.checked_sub(r0) else {
-                bail!("paged_attention: cu_q decreases at sequence {s}: {cu_q:?}")
-            };
+            let (r0, q_len) = (cu_q[s] as usize, (cu_q[s + 1] - cu_q[s]) as usize);
             if q_len == 0 {
                 continue; // padding: its position and table may be anything
             }

@@ -267,6 +267,13 @@ fn rejects_bad_metadata() {
     assert!(tight.contains("bounds"), "{tight}");
     let short = err(&x, PagedBounds { max_context: 20, ..b.bounds() });
     assert!(short.contains("bounds"), "{short}");
+    // Row offsets that do not rise.
+    let bad = Inputs {
+        cu_q: Tensor::new(&[0u32, 5, 4], &Device::Cpu).unwrap(),
+        ..inputs(&mut r, &b, DType::F32)
+    };
+    let falls = err(&bad, b.bounds());
+    assert!(falls.contains("rise"), "{falls}");
     // A garbage entry where a query needs a key: sequence 1's block of position 20.
     let mut tables = x.tables.to_vec2::<u32>().unwrap();
     tables[1][20 / 4] = u32::MAX;
