@@ -148,7 +148,7 @@ fn rejects_positions_and_slots_outside() {
     let h = QkvHeads { heads: 2, kv_heads: 1, head_dim: 8 };
     let mut r = rng("qkv_rope_paged rejects");
     let x = inputs(&mut r, h, 3, 10, DType::F32, false);
-    let with = |positions: &[u32], slots: &[u32]| {
+    let mut with = |positions: &[u32], slots: &[u32]| {
         let x = Inputs {
             positions: Tensor::new(positions, &Device::Cpu).unwrap(),
             slots: Tensor::new(slots, &Device::Cpu).unwrap(),
