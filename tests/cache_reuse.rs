@@ -48,10 +48,9 @@ fn small_engine() -> EngineConfig {
 fn gpt_oss(device: &Device, dtype: DType) -> Engine {
     let opts = LoadOptions { dtype: Some(dtype), context: Some(CONTEXT), dummy: false };
     let path = gpt_oss_dir();
-    let (engine, _) = engine::start(path.to_str().expect("utf-8 path"), &opts, device, |_| {
-        small_engine()
-    })
-    .expect("tiny gpt-oss engine");
+    let (engine, _) =
+        engine::start(path.to_str().expect("utf-8 path"), &opts, device, |_| small_engine())
+            .expect("tiny gpt-oss engine");
     engine
 }
 
