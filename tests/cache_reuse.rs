@@ -1,43 +1,68 @@
-//! A reused KV cache gives exactly what a fresh one gives (issue: gpt-oss chats went wrong after
-//! a long reply). A chat re-renders the conversation every turn and the session reuses the
-//! cached prefix it shares with the new prompt; gpt-oss's sliding layers keep only a ring of
-//! `window + chunk − 1` positions, which a long reply overwrites, so the session must rewind to a
-//! point the caches still hold and re-run from there.
+//! Reusing a cached prefix gives exactly what a fresh run gives (issue: gpt-oss chats went wrong
+//! after a long reply). A chat re-renders the conversation every turn; the engine's prefix cache
+//! keeps every full block of 16 computed positions under a hash of the token prefix it ends, and
+//! a new prompt takes back the longest run of leading blocks it holds. gpt-oss's sliding-window
+//! layers keep their blocks in a group of their own, which gives blocks back to the cache as soon
+//! as they fall out of the window: a hit needs the full-attention blocks of the whole prefix and
+//! the sliding blocks of the last window before its end, so after a long reply those windows
+//! must still be cached, not recomputed or lost.
 //!
-//! Each trial: a random first prompt, a greedy first turn of random length (on both sides of the
-//! ring size), then a second prompt that shares a random prefix with what the cache holds —
-//! diverging long before the end (the ring lost the window), inside the last chunk (the ring
-//! still holds it), or exactly at the end of the first prompt (harmony's dropped reasoning) — and
-//! greedy tokens from the reused session against a fresh one. Random per run; the seed is printed
-//! and `INFERNO_TEST_SEED` replays one.
+//! Each trial: a random first prompt, a greedy first turn of random length (shorter and longer
+//! than the window and the block), then a second prompt that shares a random prefix with what
+//! the cache holds — diverging long before the end (its window's sliding blocks were released
+//! during the reply), inside the last block, or exactly at the end of the first prompt (harmony's
+//! dropped reasoning) — and greedy tokens from the reused session against a fresh engine's. Both
+//! engines run prompts in chunks of 4, so prompts take several steps. Reuse is whole blocks, at
+//! most the prompt less its last token, and every cached block of the shared prefix is taken.
+//! Random per run; the seed is printed and `INFERNO_TEST_SEED` replays one.
 
 mod common;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use candle_core::{DType, Device};
+use inferno::engine::core::{BLOCK_SIZE, Engine, EngineConfig};
+use inferno::engine::{self, LoadOptions};
 use inferno::generate::{Sampler, SamplerConfig, Session};
-use inferno::models::CausalLm;
-use inferno::models::gpt_oss::load;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// Prompts run in chunks of 4: the tiny model's sliding layers (window 8) keep a ring of 11.
+/// The tiny gpt-oss checkpoint's sliding window.
+const WINDOW: usize = 8;
+/// Tokens per step: prompts go in chunks of 4.
 const CHUNK: usize = 4;
-const RING: usize = 8 + CHUNK - 1;
 const CONTEXT: usize = 256;
 const REPLY: usize = 10;
 
 fn gpt_oss_dir() -> PathBuf {
-    let built = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_oss_tiny"));
-    if built.exists() { built } else { PathBuf::from("tests/fixtures/gpt_oss_tiny") }
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_oss_tiny"))
 }
 
-fn gpt_oss(device: &Device, dtype: DType) -> Box<dyn CausalLm> {
-    let mut model = load::load(&gpt_oss_dir(), dtype, CONTEXT, device).expect("tiny gpt-oss");
-    model.set_prefill_chunk(CHUNK).expect("prefill chunk");
-    Box::new(model)
+/// A pool far larger than one trial needs: nothing of the trial under test is evicted.
+fn small_engine() -> EngineConfig {
+    EngineConfig { max_seqs: 2, kv_tokens: 4 * CONTEXT, token_budget: CHUNK }
+}
+
+fn gpt_oss(device: &Device, dtype: DType) -> Engine {
+    let opts = LoadOptions { dtype: Some(dtype), context: Some(CONTEXT), dummy: false };
+    let path = gpt_oss_dir();
+    let (engine, _) =
+        engine::start(path.to_str().expect("utf-8 path"), &opts, device, |_| small_engine())
+            .expect("tiny gpt-oss engine");
+    engine
+}
+
+/// A maker of engines over identical tiny Llamas (random weights, full attention only).
+fn llama(device: &Device) -> impl Fn() -> Engine {
+    let make = Arc::new(common::tiny_llama(device, CONTEXT));
+    move || {
+        let make = make.clone();
+        Engine::start(move || Ok((make().into_batch(), small_engine(), ())))
+            .expect("tiny llama engine")
+            .0
+    }
 }
 
 fn seed() -> u64 {
@@ -48,66 +73,73 @@ fn seed() -> u64 {
     })
 }
 
-/// Greedy tokens after `prompt`, at most `max` of them.
+/// Greedy tokens after `prompt`, at most `max` of them, and how many prompt tokens came from
+/// the cache.
 fn greedy(session: &mut Session, prompt: &[u32], max: usize) -> (Vec<u32>, usize) {
     let mut sampler = Sampler::new(SamplerConfig::greedy());
-    let stop = AtomicBool::new(false);
+    let stop = Arc::new(AtomicBool::new(false));
     let g = session
         .generate_tokens(prompt, &mut sampler, max, &stop, &mut |_| Ok(None))
         .expect("generation");
+    assert_eq!(g.prompt_tokens, prompt.len());
     (g.tokens, g.prompt_tokens - g.prefilled_tokens)
+}
+
+/// Prompt tokens a request takes from the cache when the cache holds (every block of) the
+/// first `cached` tokens of it: whole blocks, never the last token (it must run for logits).
+fn expected_reuse(cached: usize, prompt_len: usize) -> usize {
+    cached.min(prompt_len - 1) / BLOCK_SIZE * BLOCK_SIZE
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Divergence {
-    /// More than a chunk before the end of what the cache holds: the ring lost the window.
-    Lost,
-    /// Within the last chunk: the ring still holds everything.
-    Held,
+    /// More than a block before the end of what the cache holds.
+    Early,
+    /// Within the last block the cache holds, or right at its end.
+    LastBlock,
     /// Right after the first prompt (a chat turn whose reply's reasoning is dropped).
     PromptEnd,
 }
 
-/// What the trials covered: (divergence, how the session continued).
+/// What the trials covered.
 #[derive(Debug, Default)]
 struct Coverage {
-    lost: usize,
-    held: usize,
+    early: usize,
+    last_block: usize,
     prompt_end: usize,
-    /// Trials where the session re-ran tokens the cache had (rewound below the common prefix).
-    rewound: usize,
-    /// Trials where the ring had lost the window but the checkpoint at the end of the first
-    /// prompt served the second prompt without a re-run.
-    from_checkpoint: usize,
+    /// Trials whose second prompt took blocks from the cache.
+    reused: usize,
+    /// Trials whose reused prefix ends a window or more before the last position the first
+    /// turn computed: its sliding-window blocks had been released to the cache during the turn.
+    reused_released_window: usize,
 }
 
-fn run_trials(
-    make: &dyn Fn() -> Box<dyn CausalLm>,
-    vocab: u32,
-    trials: usize,
-    seed: u64,
-) -> Coverage {
+fn run_trials(make: &dyn Fn() -> Engine, trials: usize, seed: u64) -> Coverage {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut cov = Coverage::default();
     let mut reused = Session::new(make());
-    let mut fresh = Session::new(make());
+    let vocab = reused.engine().vocab_size() as u32;
     for trial in 0..trials {
         let random = |n: usize, rng: &mut StdRng| -> Vec<u32> {
             (0..n).map(|_| rng.random_range(0..vocab)).collect()
         };
-        // Turn 1 on a reused session that ran other conversations before (not reset).
-        let prompt1 = random(rng.random_range(2..24), &mut rng);
-        let turn1 = rng.random_range(1..3 * RING);
+        // Turn 1 on a reused engine that ran other conversations before.
+        let prompt1 = random(rng.random_range(2..40), &mut rng);
+        let turn1 = rng.random_range(1..3 * BLOCK_SIZE);
         let (reply1, _) = greedy(&mut reused, &prompt1, turn1);
         let held: Vec<u32> = prompt1.iter().chain(&reply1).copied().collect();
+        // Every position but the last sampled token's has been computed (and so cached).
+        let computed = held.len() - 1;
         let kind = match rng.random_range(0..3) {
-            0 if held.len() > CHUNK + 2 => Divergence::Lost,
-            1 => Divergence::Held,
+            0 if held.len() > BLOCK_SIZE + 2 => Divergence::Early,
+            1 => Divergence::LastBlock,
             _ => Divergence::PromptEnd,
         };
         let cut = match kind {
-            Divergence::Lost => rng.random_range(1..held.len() - CHUNK - 1),
-            Divergence::Held => rng.random_range(held.len().saturating_sub(CHUNK)..=held.len()),
+            Divergence::Early => rng.random_range(1..held.len() - BLOCK_SIZE - 1),
+            Divergence::LastBlock => {
+                rng.random_range(held.len().saturating_sub(BLOCK_SIZE)..=held.len())
+            }
             Divergence::PromptEnd => prompt1.len(),
         }
         .max(1);
@@ -118,29 +150,30 @@ fn run_trials(
         }
         prompt2.extend(tail);
         let (got, reuse) = greedy(&mut reused, &prompt2, REPLY);
-        fresh.reset();
-        let (want, _) = greedy(&mut fresh, &prompt2, REPLY);
-        assert_eq!(
-            got,
-            want,
-            "seed {seed}, trial {trial}: {kind:?} at {cut} after {} cached positions \
-             (prompt 1 {}, reply {}), continued from {reuse}",
-            held.len(),
+        let (want, fresh_reuse) = greedy(&mut Session::new(make()), &prompt2, REPLY);
+        let what = format!(
+            "seed {seed}, trial {trial}: {kind:?} at {cut} after {computed} computed positions \
+             (prompt 1 {}, reply {}), prompt 2 of {}, {reuse} tokens from the cache",
             prompt1.len(),
-            reply1.len()
+            reply1.len(),
+            prompt2.len()
         );
+        assert_eq!(fresh_reuse, 0, "{what}: a fresh engine has nothing cached");
+        assert_eq!(got, want, "{what}: the reused prefix gives other tokens than a fresh run");
+        assert!(reuse % BLOCK_SIZE == 0 && reuse < prompt2.len(), "{what}");
+        // The trial's blocks are the newest in a pool much larger than a trial: every full block
+        // of the shared prefix is still cached, in both groups, and must be taken.
+        assert_eq!(reuse, expected_reuse(cut.min(computed), prompt2.len()), "{what}");
         match kind {
-            Divergence::Lost => cov.lost += 1,
-            Divergence::Held => cov.held += 1,
+            Divergence::Early => cov.early += 1,
+            Divergence::LastBlock => cov.last_block += 1,
             Divergence::PromptEnd => cov.prompt_end += 1,
         }
-        // The session runs every token but the last sampled one.
-        let common = cut.min(held.len() - 1).min(prompt2.len() - 1);
-        if reuse < common {
-            cov.rewound += 1;
-        }
-        if kind == Divergence::PromptEnd && reuse == common && held.len() - 1 > cut + CHUNK {
-            cov.from_checkpoint += 1;
+        if reuse > 0 {
+            cov.reused += 1;
+            if reuse + WINDOW <= computed {
+                cov.reused_released_window += 1;
+            }
         }
     }
     cov
@@ -150,21 +183,24 @@ fn run_trials(
 fn gpt_oss_reused_cache_equals_fresh_cpu_f32() {
     let seed = seed();
     eprintln!("seed {seed}");
-    let cov = run_trials(&|| gpt_oss(&Device::Cpu, DType::F32), 256, 60, seed);
+    let cov = run_trials(&|| gpt_oss(&Device::Cpu, DType::F32), 60, seed);
     eprintln!("{cov:?}");
-    assert!(cov.lost > 0 && cov.held > 0 && cov.prompt_end > 0, "seed {seed}: {cov:?}");
-    assert!(cov.rewound > 0, "no trial needed a rewind: the test checks nothing (seed {seed})");
-    assert!(cov.from_checkpoint > 0, "no trial used the prompt checkpoint (seed {seed})");
+    assert!(cov.early > 0 && cov.last_block > 0 && cov.prompt_end > 0, "seed {seed}: {cov:?}");
+    assert!(
+        cov.reused_released_window > 0,
+        "no trial reused a window released during the first turn: the test checks little \
+         (seed {seed}, {cov:?})"
+    );
 }
 
-/// Linear caches (Llama) reuse any prefix as is; the same trials hold for them.
+/// Full attention only (Llama): the same trials hold.
 #[test]
 fn llama_reused_cache_equals_fresh_cpu_f32() {
     let seed = seed();
     eprintln!("seed {seed}");
-    let cov = run_trials(&common::tiny_llama(&Device::Cpu, CONTEXT), 256, 30, seed);
+    let cov = run_trials(&llama(&Device::Cpu), 30, seed);
     eprintln!("{cov:?}");
-    assert_eq!(cov.rewound, 0, "a linear cache never needs a rewind");
+    assert!(cov.reused > 0, "no trial reused the cache (seed {seed}, {cov:?})");
 }
 
 #[test]
@@ -174,17 +210,18 @@ fn gpt_oss_reused_cache_equals_fresh_gpu_bf16_decode_graph() {
     let seed = seed();
     eprintln!("seed {seed}");
     // The decode steps are replays of the captured CUDA graph (on by default on a GPU).
-    let cov = run_trials(&|| gpt_oss(&device, DType::BF16), 256, 60, seed);
+    let cov = run_trials(&|| gpt_oss(&device, DType::BF16), 60, seed);
     eprintln!("{cov:?}");
-    assert!(cov.rewound > 0, "no trial needed a rewind (seed {seed})");
+    assert!(cov.reused_released_window > 0, "no trial reused a released window (seed {seed})");
 }
 
 /// A harmony chat as `play` runs it: the first reply reasons at length (over 600 tokens of
-/// analysis, more than the 512-token prefill chunk, as real gpt-oss replies do), then answers;
-/// the second turn's prompt drops that analysis, so it diverges from the cache right after the
-/// first prompt, hundreds of tokens before the cache's end. The reply's tokens are fed one decode
-/// step at a time (a random model would not write them); the second turn must then decode
-/// exactly what a fresh session decodes.
+/// analysis, more than the 512-token step budget, as real gpt-oss replies do), then answers; the
+/// second turn's prompt drops that analysis, so it diverges from the cache right after the first
+/// prompt, hundreds of tokens before the cache's end, long after the sliding layers' blocks of
+/// that point were released. The reply's tokens are fed one request per token (a random model
+/// would not write them), each reusing the one before; the second turn must then take every
+/// full block of the shared prefix from the cache and decode exactly what a fresh engine decodes.
 #[test]
 fn harmony_second_turn_after_long_reasoning_equals_fresh_cpu_f32() {
     harmony_two_turns(&Device::Cpu, DType::F32);
@@ -203,9 +240,13 @@ fn harmony_two_turns(device: &Device, dtype: DType) {
     let dir = common::tiny_gpt_oss_full_vocab();
     let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     let enc = HarmonyEncoding::new(&tokenizer).unwrap();
-    // The production prefill chunk (512): rings of window + 511 slots.
-    let make =
-        || -> Box<dyn CausalLm> { Box::new(load::load(&dir, dtype, 2048, device).expect("model")) };
+    // Play's engine: one sequence, the production step budget (512).
+    let make = || -> Engine {
+        let opts = LoadOptions { dtype: Some(dtype), context: Some(2048), dummy: false };
+        engine::start(dir.to_str().unwrap(), &opts, device, |_| EngineConfig::single(2048))
+            .expect("engine")
+            .0
+    };
     let mut chat = HarmonyChat::new(SystemConfig::default(), Some("Be brief.".into()));
     chat.push_user("What is 2 + 2? Think it through carefully.");
     let prompt1 = chat.prompt_ids(&enc).unwrap();
@@ -232,7 +273,9 @@ fn harmony_two_turns(device: &Device, dtype: DType) {
     greedy(&mut session, &seq, 1);
     for &t in &reply {
         seq.push(t);
-        greedy(&mut session, &seq, 1); // one decode step for `t`
+        // One request per token, each reusing the previous one's blocks.
+        let (_, reused) = greedy(&mut session, &seq, 1);
+        assert_eq!(reused, expected_reuse(seq.len() - 1, seq.len()), "at {}", seq.len());
     }
     let mut parser = enc.parser();
     for &t in &reply {
@@ -244,12 +287,16 @@ fn harmony_two_turns(device: &Device, dtype: DType) {
     let prompt2 = chat.prompt_ids(&enc).unwrap();
     let shared = prompt2.iter().zip(&seq).take_while(|(a, b)| a == b).count();
     assert!(
-        seq.len() - shared > 512,
+        shared >= prompt1.len() && seq.len() - shared > 512,
         "the second prompt shares {shared} of the {} cached tokens: not the case under test",
         seq.len()
     );
     let (got, reused) = greedy(&mut session, &prompt2, 24);
-    assert_eq!(reused, prompt1.len(), "the first prompt's checkpoint should serve the second turn");
-    let (want, _) = greedy(&mut Session::new(make()), &prompt2, 24);
-    assert_eq!(got, want, "the second turn differs from a fresh session's");
+    // Everything up to the last full block of the shared prefix (which holds the whole first
+    // prompt) comes from the cache.
+    assert_eq!(reused, expected_reuse(shared, prompt2.len()), "shared {shared}");
+    assert!(reused >= prompt1.len() / BLOCK_SIZE * BLOCK_SIZE && reused > 0);
+    let (want, fresh_reused) = greedy(&mut Session::new(make()), &prompt2, 24);
+    assert_eq!(fresh_reused, 0);
+    assert_eq!(got, want, "the second turn differs from a fresh engine's");
 }

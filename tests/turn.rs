@@ -4,9 +4,12 @@
 //! turn leaves the history as it was, and a chat-template model's events are its streamed text.
 //! Real tokenizers and models throughout: the gpt-oss tokenizer with the tiny gpt-oss checkpoint
 //! (random weights, so its replies are noise: the checks hold for any reply), and SmolLM2.
+//! Turns run as a [`Session`] does in play: one request per turn to a batching engine on the
+//! CPU, which re-reads the re-rendered conversation through its prefix cache.
 
 mod common;
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use candle_core::{DType, Device};
@@ -15,6 +18,7 @@ use inferno::chat::harmony::{
 };
 use inferno::chat::turn::HarmonyReply;
 use inferno::chat::{Conversation, Dialogue, Part, Sampling, TurnEvent, TurnSink};
+use inferno::engine::core::EngineConfig;
 use inferno::engine::{self, LoadOptions, text::TextSide};
 use inferno::generate::{Generation, Sampler, SamplerConfig, Session, StopConditions, StopReason};
 
@@ -225,13 +229,22 @@ fn harmony_budget_spent_in_reasoning_is_reported() {
     );
 }
 
+/// A session over an engine (one sequence of up to `context` tokens, as play runs it) on the
+/// CPU, and the model's text side.
+fn chat_session(name: &str, opts: &LoadOptions) -> (Session, TextSide) {
+    let context = opts.context.expect("a context");
+    let (engine, info) =
+        engine::start(name, opts, &Device::Cpu, move |_| EngineConfig::single(context))
+            .expect("engine");
+    let text = engine::text::load(&info.source).expect("text side");
+    (Session::new(engine), text)
+}
+
 /// The tiny gpt-oss checkpoint with the full vocabulary, in a session, and its text side.
 fn gpt_oss_chat() -> (Session, TextSide) {
     let dir = common::tiny_gpt_oss_full_vocab();
     let opts = LoadOptions { dtype: Some(DType::F32), context: Some(512), dummy: false };
-    let loaded = engine::load(dir.to_str().unwrap(), &opts, &Device::Cpu).expect("tiny gpt-oss");
-    let text = engine::text::load(&loaded.source).expect("text side");
-    (Session::new(loaded.model), text)
+    chat_session(dir.to_str().unwrap(), &opts)
 }
 
 fn run_turn(
@@ -244,7 +257,7 @@ fn run_turn(
     sink: &mut dyn TurnSink,
 ) -> anyhow::Result<inferno::chat::TurnEnd> {
     let stop = StopConditions { eos_ids: text.eos_ids.clone(), stop_strings: vec![], max_tokens };
-    let interrupt = AtomicBool::new(false);
+    let interrupt = Arc::new(AtomicBool::new(false));
     let sampling = Sampling { sampler, stop, interrupt: &interrupt };
     dialogue.turn(session, text, user, sampling, sink)
 }
@@ -315,10 +328,7 @@ fn a_failed_turn_leaves_the_history_as_it_was() {
 fn plain_template_events_are_the_streamed_text() {
     let gguf = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
     let opts = LoadOptions { dtype: None, context: Some(512), dummy: false };
-    let load = || engine::load(gguf.to_str().unwrap(), &opts, &Device::Cpu).expect("SmolLM2");
-    let loaded = load();
-    let text = engine::text::load(&loaded.source).expect("text side");
-    let mut session = Session::new(loaded.model);
+    let (mut session, text) = chat_session(gguf.to_str().unwrap(), &opts);
     let mut dialogue =
         Dialogue::for_model(&text, Some("Answer briefly.".into()), false, ReasoningEffort::Low);
     let Dialogue::Plain(conversation) = &dialogue else { panic!("SmolLM2 is not harmony") };
@@ -336,13 +346,15 @@ fn plain_template_events_are_the_streamed_text() {
     let mut streamed = Vec::new();
     let stop =
         StopConditions { eos_ids: text.eos_ids.clone(), stop_strings: vec![], max_tokens: 16 };
-    let g = Session::new(load().model)
+    // On an engine of its own: nothing comes from the first one's prefix cache.
+    let (mut fresh, _) = chat_session(gguf.to_str().unwrap(), &opts);
+    let g = fresh
         .generate(
             &text.tokenizer,
             &ids,
             &mut Sampler::new(SamplerConfig::greedy()),
             stop,
-            &AtomicBool::new(false),
+            &Arc::new(AtomicBool::new(false)),
             &mut |t| {
                 streamed.push(Ev::Answer(t.to_string()));
                 Ok(())

@@ -69,7 +69,7 @@ pub fn asset(name: &str, script: &str) -> std::path::PathBuf {
 pub fn tiny_llama(
     device: &candle_core::Device,
     context: usize,
-) -> impl Fn() -> Box<dyn inferno::models::CausalLm> {
+) -> impl Fn() -> Box<dyn inferno::models::CausalLm> + Send + Sync + use<> {
     use inferno::models::llama::{Llama, LlamaConfig, dummy, model::RopeStyle};
     let cfg = LlamaConfig::from_hf_json(
         r#"{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
