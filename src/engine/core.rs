@@ -242,7 +242,7 @@ impl Core {
             max_context,
         });
         let core = Core {
-            runner: Runner { model, pool, shape },
+            runner: Runner { model, pool, shape, graphs: Default::default() },
             blocks,
             sched,
             live: HashMap::new(),

@@ -20,6 +20,7 @@ use crate::models::llama::model::RopeStyle;
 use crate::models::llama::{self, dummy};
 
 pub mod core;
+pub mod graphs;
 pub mod kv;
 pub mod plan;
 pub mod request;

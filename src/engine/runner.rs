@@ -6,6 +6,7 @@
 
 use candle_core::{Device, Tensor};
 
+use super::graphs::{self, BucketGraph};
 use super::kv::blocks::BlockManager;
 use super::scheduler::Chunk;
 use crate::generate::Sampler;
@@ -16,6 +17,8 @@ pub struct Runner {
     pub model: Box<dyn BatchModel>,
     pub pool: KvPool,
     pub shape: KvShape,
+    /// Decode-step graphs by bucket size (empty on the CPU or with graphs off).
+    pub graphs: std::collections::HashMap<usize, BucketGraph>,
 }
 
 /// What a sampling chunk needs to pick its token.
@@ -38,10 +41,35 @@ impl Runner {
         inputs: &[&[u32]],
         blocks: &BlockManager,
     ) -> anyhow::Result<Option<Tensor>> {
+        if let Some(logits) = self.decode_graph(chunks, inputs, blocks)? {
+            return Ok(Some(logits));
+        }
         let step = self.step_input(chunks, inputs, blocks)?;
         let any_sample = chunks.iter().any(|c| c.sample);
         let logits = self.model.forward_batch(&step, &self.pool)?;
         Ok(any_sample.then_some(logits))
+    }
+
+    /// A step where every sequence decodes one token runs as its bucket's CUDA graph.
+    fn decode_graph(
+        &mut self,
+        chunks: &[Chunk],
+        inputs: &[&[u32]],
+        blocks: &BlockManager,
+    ) -> anyhow::Result<Option<Tensor>> {
+        let decode_only = !chunks.is_empty() && chunks.iter().all(|c| c.len == 1 && c.sample);
+        if !decode_only || !graphs::enabled(self.model.device()) {
+            return Ok(None);
+        }
+        let Some(size) = graphs::bucket(chunks.len()) else { return Ok(None) };
+        if !self.graphs.contains_key(&size) {
+            let groups = self.shape.group_windows.len();
+            let g = BucketGraph::new(size, self.model.as_ref(), groups, self.pool.block_size)?;
+            self.graphs.insert(size, g);
+        }
+        let ids: Vec<u32> = inputs.iter().map(|i| i[0]).collect();
+        let Some(graph) = self.graphs.get_mut(&size) else { return Ok(None) };
+        Ok(Some(graph.step(self.model.as_ref(), &self.pool, chunks, &ids, blocks)?))
     }
 
     fn step_input(

@@ -78,12 +78,14 @@ impl BatchModel for Llama {
                 step.bounds,
                 &attn,
             )?;
-            let a = layer.o.forward(&o.reshape((tokens, heads * d))?)?;
-            x = (x + a.to_dtype(DType::F32)?)?;
+            // o_proj and the MLP keep their products in f32 (bf16 weights, f32 accumulators
+            // and results): each bf16 rounding of an output is noise that depends on how the
+            // GEMM splits its sums, which differs between batch sizes.
+            x = (x + layer.o.forward_f32(&o.reshape((tokens, heads * d))?)?)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?.to_dtype(self.dtype())?;
-            let gate = layer.gate.forward(&h)?.silu()?;
-            let m = layer.down.forward(&(gate * layer.up.forward(&h)?)?)?;
-            x = (x + m.to_dtype(DType::F32)?)?;
+            let gate = layer.gate.forward_f32(&h)?.silu()?;
+            let act = (gate * layer.up.forward_f32(&h)?)?;
+            x = (x + layer.down.forward_f32(&act)?)?;
         }
         let last = x.index_select(&step.logit_rows, 0)?;
         w.head.logits(&last)

@@ -1,0 +1,243 @@
+//! Decode steps as CUDA graphs, one per batch-size bucket (1, 2, 4, 8, 16, 32, 48, 64): a step
+//! whose every sequence decodes one token is padded to the next bucket and replays the graph
+//! captured for it, instead of ~30 launches per layer issued by the host. Everything a step
+//! reads lives in fixed device buffers the host rewrites before each replay (one upload, then
+//! device copies): token ids, positions, pool slots, block tables (as wide as the longest
+//! sequence can need) and the varlen offsets. The launches depend only on the bucket and on
+//! the model's longest sequence, never on the data, which is what makes replays correct.
+//!
+//! Padding rows decode token 0 at position 0 into the block manager's padding block, which no
+//! sequence owns; their logits are ignored. `INFERNO_CUDA_GRAPH=0` switches graphs off.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::kv::blocks::{BlockManager, PAD_BLOCK};
+use super::scheduler::Chunk;
+use crate::kernels::PagedBounds;
+use crate::models::batch::{BatchModel, KvPool, StepInput};
+
+const BUCKETS: [usize; 8] = [1, 2, 4, 8, 16, 32, 48, 64];
+
+/// The bucket a decode batch of `n` sequences pads to (`None`: larger than any).
+pub fn bucket(n: usize) -> Option<usize> {
+    BUCKETS.iter().copied().find(|&b| b >= n)
+}
+
+/// Whether decode graphs are used on `device`.
+pub fn enabled(device: &Device) -> bool {
+    device.is_cuda() && !std::env::var("INFERNO_CUDA_GRAPH").is_ok_and(|v| v == "0")
+}
+
+enum State {
+    /// No step has run: the next one runs eagerly (loads kernels, sizes the allocator).
+    Cold,
+    /// One eager step ran: the next one is captured.
+    Warm,
+    #[cfg(feature = "cuda")]
+    Ready(candle_core::cuda_backend::cudarc::driver::CudaGraph),
+    /// Capturing failed: steps run eagerly through the same buffers.
+    Eager,
+}
+
+/// One bucket's fixed buffers and graph.
+pub struct BucketGraph {
+    size: usize,
+    /// Blocks a table row holds: enough for the longest sequence.
+    width: usize,
+    groups: usize,
+    input: StepInput,
+    /// The host-written buffer every input is copied from, u32 `[len]`.
+    packed_len: usize,
+    /// f32 `[size, vocab]`, written by the step.
+    logits: Tensor,
+    state: State,
+}
+
+impl BucketGraph {
+    pub fn new(
+        size: usize,
+        model: &dyn BatchModel,
+        groups: usize,
+        block_size: usize,
+    ) -> anyhow::Result<BucketGraph> {
+        let dev = model.device();
+        let max_context = model.max_positions();
+        let width = max_context.div_ceil(block_size).max(1);
+        let z = |n: usize| Tensor::zeros(n, DType::U32, dev);
+        let input = StepInput {
+            tokens: z(size)?,
+            positions: z(size)?,
+            slots: (0..groups).map(|_| z(size)).collect::<Result<_, _>>()?,
+            tables: (0..groups)
+                .map(|_| Tensor::zeros((size, width), DType::U32, dev))
+                .collect::<Result<_, _>>()?,
+            cu_q: z(size + 1)?,
+            q_pos: z(size)?,
+            logit_rows: z(size)?,
+            bounds: PagedBounds { max_q_len: 1, max_context },
+        };
+        let packed_len = size * (5 + groups + groups * width) + 1;
+        let logits = Tensor::zeros((size, model.vocab_size()), DType::F32, dev)?;
+        Ok(BucketGraph { size, width, groups, input, packed_len, logits, state: State::Cold })
+    }
+
+    /// Runs a decode step of `chunks` (each one token, `ids[i]`) and returns the logits of its
+    /// rows `[chunks.len(), vocab]`.
+    pub fn step(
+        &mut self,
+        model: &dyn BatchModel,
+        pool: &KvPool,
+        chunks: &[Chunk],
+        ids: &[u32],
+        blocks: &BlockManager,
+    ) -> anyhow::Result<Tensor> {
+        anyhow::ensure!(chunks.len() <= self.size, "decode graph: batch over its bucket");
+        self.upload(chunks, ids, blocks, pool.block_size)?;
+        match &self.state {
+            State::Cold | State::Eager => {
+                self.run_into_buffer(model, pool)?;
+                if matches!(self.state, State::Cold) {
+                    self.state = State::Warm;
+                }
+            }
+            State::Warm => {
+                self.capture(model, pool)?;
+                self.replay(model, pool)?;
+            }
+            #[cfg(feature = "cuda")]
+            State::Ready(_) => self.replay(model, pool)?,
+        }
+        Ok(self.logits.narrow(0, 0, chunks.len())?)
+    }
+
+    /// Writes the step's inputs into the fixed buffers: one upload, then device copies.
+    fn upload(
+        &self,
+        chunks: &[Chunk],
+        ids: &[u32],
+        blocks: &BlockManager,
+        block_size: usize,
+    ) -> anyhow::Result<()> {
+        let (b, w, g) = (self.size, self.width, self.groups);
+        let mut p = Vec::with_capacity(self.packed_len);
+        let pad = |v: &mut Vec<u32>, n: usize, x: u32| v.extend(std::iter::repeat_n(x, b - n));
+        let n = chunks.len();
+        p.extend_from_slice(ids);
+        pad(&mut p, n, 0);
+        p.extend(chunks.iter().map(|c| c.start as u32));
+        pad(&mut p, n, 0);
+        for group in 0..g {
+            for c in chunks {
+                let slot = blocks.slot(c.id, group, c.start).ok_or_else(|| {
+                    anyhow::anyhow!("decode graph: no KV slot for sequence {}", c.id)
+                })?;
+                p.push(slot);
+            }
+            pad(&mut p, n, PAD_BLOCK * block_size as u32);
+        }
+        for group in 0..g {
+            for c in chunks {
+                let row = blocks.table(c.id, group);
+                anyhow::ensure!(row.len() <= w, "decode graph: a block table wider than the context");
+                p.extend_from_slice(row);
+                p.extend(std::iter::repeat_n(u32::MAX, w - row.len()));
+            }
+            for _ in n..b {
+                p.extend(std::iter::repeat_n(PAD_BLOCK, w));
+            }
+        }
+        p.extend(0..=b as u32); // cu_q: one query per row, padding included
+        p.extend(chunks.iter().map(|c| c.start as u32));
+        pad(&mut p, n, 0);
+        p.extend(0..b as u32); // every row's logits
+        debug_assert_eq!(p.len(), self.packed_len);
+        let host = Tensor::from_vec(p, self.packed_len, self.logits.device())?;
+        let mut at = 0;
+        let mut copy = |dst: &Tensor, len: usize| -> candle_core::Result<()> {
+            let src = host.narrow(0, at, len)?.reshape(dst.shape())?;
+            at += len;
+            dst.slice_set(&src, 0, 0)
+        };
+        let i = &self.input;
+        copy(&i.tokens, b)?;
+        copy(&i.positions, b)?;
+        for s in &i.slots {
+            copy(s, b)?;
+        }
+        for t in &i.tables {
+            copy(t, b * w)?;
+        }
+        copy(&i.cu_q, b + 1)?;
+        copy(&i.q_pos, b)?;
+        copy(&i.logit_rows, b)?;
+        Ok(())
+    }
+
+    fn run_into_buffer(&self, model: &dyn BatchModel, pool: &KvPool) -> anyhow::Result<()> {
+        let _uploads = keep_uploads(model.device());
+        let logits = model.forward_batch(&self.input, pool)?;
+        Ok(self.logits.slice_set(&logits, 0, 0)?)
+    }
+
+    fn replay(&self, model: &dyn BatchModel, pool: &KvPool) -> anyhow::Result<()> {
+        match &self.state {
+            #[cfg(feature = "cuda")]
+            State::Ready(graph) => {
+                use candle_core::cuda_backend::WrapErr;
+                graph.launch().w()?;
+                Ok(())
+            }
+            _ => self.run_into_buffer(model, pool),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn capture(&mut self, model: &dyn BatchModel, pool: &KvPool) -> anyhow::Result<()> {
+        use candle_core::cuda_backend::cudarc::driver::sys::{
+            CUgraphInstantiate_flags, CUstreamCaptureMode,
+        };
+        let Device::Cuda(cuda) = model.device().clone() else {
+            anyhow::bail!("CUDA graphs need a CUDA device")
+        };
+        let stream = cuda.cuda_stream();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        // Everything the step allocates is freed before the capture ends (the graph owns those
+        // allocations); only the fixed logits buffer is written.
+        let recorded = self.run_into_buffer(model, pool);
+        // Always end the capture, or the stream stays in capture mode.
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        self.state = match (recorded, graph) {
+            (Ok(()), Ok(Some(graph))) => State::Ready(graph),
+            (recorded, graph) => {
+                let why = match (recorded, graph) {
+                    (Err(e), _) => e.to_string(),
+                    (_, Err(e)) => e.to_string(),
+                    _ => "the capture was empty".to_string(),
+                };
+                eprintln!(
+                    "inferno: CUDA graph capture failed for batch {} ({}); decoding without graphs",
+                    self.size,
+                    why.lines().next().unwrap_or("")
+                );
+                State::Eager
+            }
+        };
+        Ok(())
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn capture(&mut self, _model: &dyn BatchModel, _pool: &KvPool) -> anyhow::Result<()> {
+        self.state = State::Eager;
+        Ok(())
+    }
+}
+
+/// candle uploads the dims and strides of some kernels on every call (a blocking copy each);
+/// a decode step's shapes repeat, so let candle keep those uploads (graph capture needs that).
+fn keep_uploads(device: &Device) -> Option<Box<dyn std::any::Any>> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(cuda) => Some(Box::new(cuda.enable_cuda_graph_htod_cache())),
+        _ => None,
+    }
+}
