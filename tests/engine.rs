@@ -35,8 +35,9 @@ fn opts() -> LoadOptions {
 fn start(model: &str, max_seqs: usize, kv_tokens: usize, budget: usize) -> Engine {
     let path = fixture(model);
     let cfg = EngineConfig { max_seqs, kv_tokens, token_budget: budget };
-    let (engine, _) = engine::start(path.to_str().expect("utf-8 path"), &opts(), &Device::Cpu, move |_| cfg)
-        .expect("engine");
+    let (engine, _) =
+        engine::start(path.to_str().expect("utf-8 path"), &opts(), &Device::Cpu, move |_| cfg)
+            .expect("engine");
     engine
 }
 
@@ -65,8 +66,17 @@ fn random_prompt(rng: &mut StdRng, len: usize, vocab: u32) -> Vec<u32> {
 fn sampling(i: usize) -> SamplerConfig {
     match i % 3 {
         0 => SamplerConfig::greedy(),
-        1 => SamplerConfig { temperature: 0.9, top_k: None, top_p: None, min_p: None, seed: 7 + i as u64, ..SamplerConfig::default() },
-        _ => SamplerConfig { repeat_penalty: 1.3, seed: 100 + i as u64, ..SamplerConfig::default() },
+        1 => SamplerConfig {
+            temperature: 0.9,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            seed: 7 + i as u64,
+            ..SamplerConfig::default()
+        },
+        _ => {
+            SamplerConfig { repeat_penalty: 1.3, seed: 100 + i as u64, ..SamplerConfig::default() }
+        }
     }
 }
 
@@ -114,7 +124,9 @@ fn batched_equals_alone(model: &str) {
     assert!(matches!(first, Some(Event::Token(_))), "{first:?}");
     let Some(Event::Token(first)) = first else { unreachable!() };
     handles.extend(
-        reqs[8..].iter().map(|(p, s, n)| engine.submit(request(p.clone(), s.clone(), *n)).expect("submit")),
+        reqs[8..]
+            .iter()
+            .map(|(p, s, n)| engine.submit(request(p.clone(), s.clone(), *n)).expect("submit")),
     );
     let mut batched: Vec<Vec<u32>> = handles.into_iter().map(|h| collect(h).0).collect();
     batched[0].insert(0, first);
@@ -123,7 +135,11 @@ fn batched_equals_alone(model: &str) {
     }
     // Greedy requests also match the single-sequence model path.
     for (i, (p, s, n)) in reqs.iter().enumerate().filter(|(_, r)| r.1.is_greedy()) {
-        assert_eq!(alone[i], greedy_single(model, p, *n), "request {i}: engine vs model path ({s:?})");
+        assert_eq!(
+            alone[i],
+            greedy_single(model, p, *n),
+            "request {i}: engine vs model path ({s:?})"
+        );
     }
     assert!(engine.stats().running == 0);
 }
@@ -158,7 +174,11 @@ fn cancellations_free_the_cache() {
     for i in 0..200 {
         let len = 1 + rng.random_range(0..120);
         let h = engine
-            .submit(request(random_prompt(&mut rng, len, vocab), sampling(i), 1 + rng.random_range(0..30)))
+            .submit(request(
+                random_prompt(&mut rng, len, vocab),
+                sampling(i),
+                1 + rng.random_range(0..30),
+            ))
             .expect("submit");
         live.push(h);
         // Now and then: cancel one (possibly mid-prefill), drop one, or read one to its end.
@@ -206,7 +226,9 @@ fn a_continued_conversation_prefills_only_the_new_tokens() {
         let vocab = engine.vocab_size() as u32;
         // Turn 1: a prompt of 70 tokens and a 40-token reply (longer than the tiny window).
         let first = random_prompt(&mut rng, 70, vocab);
-        let (reply, f1) = collect(engine.submit(request(first.clone(), SamplerConfig::greedy(), 40)).expect("submit"));
+        let (reply, f1) = collect(
+            engine.submit(request(first.clone(), SamplerConfig::greedy(), 40)).expect("submit"),
+        );
         assert_eq!(f1.cached_tokens, 0);
         // Turn 2 diverges right at the end of turn 1's prompt (harmony drops the reasoning) ...
         let mut second = first.clone();
@@ -216,7 +238,11 @@ fn a_continued_conversation_prefills_only_the_new_tokens() {
         third.extend(&reply);
         third.extend(random_prompt(&mut rng, 5, vocab));
         for (prompt, at_least) in [(&second, 64), (&third, 96)] {
-            let (tokens, f) = collect(engine.submit(request(prompt.clone(), SamplerConfig::greedy(), 20)).expect("submit"));
+            let (tokens, f) = collect(
+                engine
+                    .submit(request(prompt.clone(), SamplerConfig::greedy(), 20))
+                    .expect("submit"),
+            );
             assert!(
                 f.cached_tokens >= at_least && f.cached_tokens % 16 == 0,
                 "{model}: {} of {} prompt tokens came from the cache",
@@ -224,7 +250,9 @@ fn a_continued_conversation_prefills_only_the_new_tokens() {
                 prompt.len()
             );
             let fresh = start(model, 1, CONTEXT, 16);
-            let (want, g) = collect(fresh.submit(request(prompt.clone(), SamplerConfig::greedy(), 20)).expect("submit"));
+            let (want, g) = collect(
+                fresh.submit(request(prompt.clone(), SamplerConfig::greedy(), 20)).expect("submit"),
+            );
             assert_eq!(g.cached_tokens, 0);
             assert_eq!(tokens, want, "{model}: reused prefix differs from a fresh run");
         }

@@ -99,23 +99,24 @@ impl Engine {
         let (ready_tx, ready_rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let thread_stats = stats.clone();
-        let thread = std::thread::Builder::new().name("inferno-engine".into()).spawn(move || {
-            let core = load().and_then(|(model, cfg, info)| {
-                let core = Core::new(model, cfg, thread_stats)?;
-                Ok((core, info))
-            });
-            match core {
-                Ok((mut core, info)) => {
-                    let dims = (core.max_context, core.runner.model.vocab_size());
-                    if ready_tx.send(Ok((dims, info))).is_ok() {
-                        core.run(rx);
+        let thread =
+            std::thread::Builder::new().name("inferno-engine".into()).spawn(move || {
+                let core = load().and_then(|(model, cfg, info)| {
+                    let core = Core::new(model, cfg, thread_stats)?;
+                    Ok((core, info))
+                });
+                match core {
+                    Ok((mut core, info)) => {
+                        let dims = (core.max_context, core.runner.model.vocab_size());
+                        if ready_tx.send(Ok((dims, info))).is_ok() {
+                            core.run(rx);
+                        }
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
                     }
                 }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                }
-            }
-        })?;
+            })?;
         let ((context, vocab), info) = ready_rx
             .recv()
             .map_err(|_| anyhow::anyhow!("the engine thread stopped while loading"))??;
@@ -193,6 +194,9 @@ struct Live {
 }
 
 struct Core {
+    /// Step times by kind (`INFERNO_STEP_STATS=1` prints them when the engine stops): where a
+    /// benchmark's time goes without a profiler.
+    step_times: Option<std::collections::BTreeMap<(bool, usize), (u32, std::time::Duration)>>,
     runner: Runner,
     blocks: BlockManager,
     sched: Scheduler,
@@ -242,6 +246,9 @@ impl Core {
             max_context,
         });
         let core = Core {
+            step_times: std::env::var("INFERNO_STEP_STATS")
+                .is_ok_and(|v| v == "1")
+                .then(Default::default),
             runner: Runner { model, pool, shape, graphs: Default::default() },
             blocks,
             sched,
@@ -271,6 +278,7 @@ impl Core {
                     Command::Wake => {}
                     Command::Shutdown => {
                         self.fail_all("the engine is shutting down");
+                        self.print_step_times();
                         return;
                     }
                 }
@@ -312,7 +320,8 @@ impl Core {
             .live
             .iter()
             .filter(|(_, l)| {
-                let interrupted = l.req.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
+                let interrupted =
+                    l.req.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
                 interrupted || l.cancel.load(Ordering::Relaxed) || l.events.is_closed()
             })
             .map(|(&id, _)| id)
@@ -323,6 +332,7 @@ impl Core {
     }
 
     fn step(&mut self) {
+        let t0 = Instant::now();
         let plan = self.sched.schedule(&mut self.blocks);
         let now = Instant::now();
         for (id, cached) in &plan.admitted {
@@ -377,6 +387,12 @@ impl Core {
         };
         let mut sampled = sampled.into_iter();
         self.steps += 1;
+        if let Some(times) = &mut self.step_times {
+            let decode_only = plan.chunks.iter().all(|c| c.len == 1);
+            let e = times.entry((decode_only, plan.chunks.len())).or_default();
+            e.0 += 1;
+            e.1 += t0.elapsed();
+        }
         for c in &plan.chunks {
             let id = if c.sample { sampled.next() } else { None };
             self.sched.complete(c, id, &mut self.blocks);
@@ -468,6 +484,15 @@ impl Core {
         let ids: Vec<u64> = self.live.keys().copied().collect();
         for id in ids {
             self.fail(id, msg);
+        }
+    }
+
+    fn print_step_times(&self) {
+        let Some(times) = &self.step_times else { return };
+        for ((decode_only, seqs), (n, total)) in times {
+            let kind = if *decode_only { "decode" } else { "mixed " };
+            let ms = total.as_secs_f64() * 1e3 / f64::from(*n);
+            eprintln!("step {kind} seqs {seqs:>3}: {n:>6} steps, {ms:>8.3} ms each");
         }
     }
 

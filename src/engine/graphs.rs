@@ -138,7 +138,10 @@ impl BucketGraph {
         for group in 0..g {
             for c in chunks {
                 let row = blocks.table(c.id, group);
-                anyhow::ensure!(row.len() <= w, "decode graph: a block table wider than the context");
+                anyhow::ensure!(
+                    row.len() <= w,
+                    "decode graph: a block table wider than the context"
+                );
                 p.extend_from_slice(row);
                 p.extend(std::iter::repeat_n(u32::MAX, w - row.len()));
             }

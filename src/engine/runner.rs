@@ -86,13 +86,21 @@ impl Runner {
         let (mut cu_q, mut q_pos, mut rows) = (vec![0u32], Vec::new(), Vec::new());
         let (mut max_q, mut max_ctx) = (0, 0);
         for (c, ids) in chunks.iter().zip(inputs) {
-            anyhow::ensure!(ids.len() == c.len, "runner: chunk of {} tokens, {} ids", c.len, ids.len());
+            anyhow::ensure!(
+                ids.len() == c.len,
+                "runner: chunk of {} tokens, {} ids",
+                c.len,
+                ids.len()
+            );
             tokens.extend_from_slice(ids);
             for pos in c.start..c.start + c.len {
                 positions.push(pos as u32);
                 for (g, s) in slots.iter_mut().enumerate() {
                     s.push(blocks.slot(c.id, g, pos).ok_or_else(|| {
-                        anyhow::anyhow!("runner: no KV slot for position {pos} of sequence {}", c.id)
+                        anyhow::anyhow!(
+                            "runner: no KV slot for position {pos} of sequence {}",
+                            c.id
+                        )
                     })?);
                 }
             }
@@ -110,7 +118,8 @@ impl Runner {
         }
         let mut tables = Vec::with_capacity(groups);
         for g in 0..groups {
-            let width = chunks.iter().map(|c| blocks.table(c.id, g).len()).max().unwrap_or(0).max(1);
+            let width =
+                chunks.iter().map(|c| blocks.table(c.id, g).len()).max().unwrap_or(0).max(1);
             let mut t = vec![u32::MAX; chunks.len() * width];
             for (i, c) in chunks.iter().enumerate() {
                 let row = blocks.table(c.id, g);
@@ -122,7 +131,10 @@ impl Runner {
         Ok(StepInput {
             tokens: Tensor::from_vec(tokens, n, dev)?,
             positions: Tensor::from_vec(positions, n, dev)?,
-            slots: slots.into_iter().map(|s| Tensor::from_vec(s, n, dev)).collect::<Result<_, _>>()?,
+            slots: slots
+                .into_iter()
+                .map(|s| Tensor::from_vec(s, n, dev))
+                .collect::<Result<_, _>>()?,
             tables,
             cu_q: Tensor::new(cu_q.as_slice(), dev)?,
             q_pos: Tensor::new(q_pos.as_slice(), dev)?,

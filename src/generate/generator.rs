@@ -74,16 +74,15 @@ impl Session {
         let mut stream = TokenStream::new(tokenizer);
         let max_tokens = stop.remaining();
         let mut text = String::new();
-        let mut out =
-            self.run(prompt, sampler, max_tokens, eos, interrupt, &mut |id| {
-                let piece = if stop.is_eos(id) { None } else { stream.push(id)? };
-                let step = stop.push(id, piece.as_deref().unwrap_or(""));
-                if !step.text.is_empty() {
-                    text.push_str(&step.text);
-                    on_text(&step.text)?;
-                }
-                Ok(step.stop)
-            })?;
+        let mut out = self.run(prompt, sampler, max_tokens, eos, interrupt, &mut |id| {
+            let piece = if stop.is_eos(id) { None } else { stream.push(id)? };
+            let step = stop.push(id, piece.as_deref().unwrap_or(""));
+            if !step.text.is_empty() {
+                text.push_str(&step.text);
+                on_text(&step.text)?;
+            }
+            Ok(step.stop)
+        })?;
         if !matches!(out.reason, StopReason::StopString(_)) {
             let tail = format!("{}{}", stop.finish(), stream.finish()?.unwrap_or_default());
             if !tail.is_empty() {

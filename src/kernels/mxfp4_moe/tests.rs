@@ -367,7 +367,7 @@ mod gpu {
             inp.ids.to_device(&dev).unwrap(),
             inp.weights.to_device(&dev).unwrap(),
         );
-        for tokens in [1, 4, 16, 23, 24, 64, 128, 512] {
+        for tokens in [1, 4, 8, 16, 23, 24, 31, 32, 64, 128, 512] {
             let (x, ids, w) = (
                 x.narrow(0, 0, tokens).unwrap(),
                 ids.narrow(0, 0, tokens).unwrap(),

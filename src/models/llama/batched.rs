@@ -48,11 +48,7 @@ impl BatchModel for Llama {
             let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype())?;
             // q, k, v in f32 with their biases (Llama has none; some derivatives do).
             let qkv = Tensor::cat(
-                &[
-                    layer.q.forward_f32(&h)?,
-                    layer.k.forward_f32(&h)?,
-                    layer.v.forward_f32(&h)?,
-                ],
+                &[layer.q.forward_f32(&h)?, layer.k.forward_f32(&h)?, layer.v.forward_f32(&h)?],
                 1,
             )?;
             let q = qkv_rope_paged(

@@ -175,3 +175,36 @@ fn gpu_paged_attention_timing() {
         eprintln!("paged attention timing: {what}: {us:.1} us");
     }
 }
+
+/// Not a check: prints the time of gpt-oss-shaped decode steps (64 query heads, 8 kv heads,
+/// d 64, sinks) for batches of 1–64 sequences at 640 and 4,000 positions, full and windowed,
+/// with the graph bucket's bounds (the model's whole context).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_decode_timing() {
+    let dev = gpu();
+    let mut r = rng("paged decode timing");
+    for (pos, window) in [(640, None), (640, Some(128)), (4000, None)] {
+        for n in [1, 8, 64] {
+            let mut b = Batch::new(64, 8, 64, 16).window(window);
+            b.seqs = (0..n).map(|_| (1, pos - 1)).collect();
+            let x = to_device(&inputs(&mut r, &b, DType::BF16), &dev);
+            let bounds = PagedBounds { max_q_len: 1, max_context: 8192 };
+            let us = crate::kernels::testing::time_us(&dev, 20, || {
+                paged_attention(
+                    &x.q,
+                    &x.k_pool,
+                    &x.v_pool,
+                    x.sinks.as_ref(),
+                    &x.cu_q,
+                    &x.q_pos,
+                    &x.tables,
+                    bounds,
+                    &b.cfg(),
+                )
+                .unwrap();
+            });
+            eprintln!("paged decode timing: {n} seqs at {pos} window {window:?}: {us:.1} us");
+        }
+    }
+}
