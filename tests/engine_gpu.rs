@@ -24,6 +24,9 @@ const BLOCK: usize = 16;
 fn runner(config: &str, dtype: DType, device: &Device) -> Runner {
     let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/configs")).join(config);
     let opts = LoadOptions { dtype: Some(dtype), context: Some(1024), dummy: true };
+    // The same random weights for every runner (bf16 ones are the f32 draws rounded): runs in
+    // different dtypes compare the dtypes, not two models.
+    device.set_seed(2026).expect("seed");
     let loaded = engine::load(path.to_str().expect("path"), &opts, device).expect("model");
     let mut model = loaded.split().0.into_batch();
     model.prepare_batched().expect("batched");
