@@ -181,7 +181,7 @@ fn measure(
     device.synchronize().unwrap();
     let workspace = pool.high().saturating_sub(resident + used0);
     let outside_pool = (free0 - free()).saturating_sub(pool.used() - used0);
-    let p = loaded.plan;
+    let p = loaded.info.plan;
     let planned_resident = p.weights + p.kv_cache + p.rope_tables;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     eprintln!(
@@ -192,7 +192,7 @@ fn measure(
         mib(p.workspace),
         mib(outside_pool),
         mib(p.runtime),
-        mib(loaded.device_bytes.unwrap_or(0)),
+        mib(loaded.info.device_bytes.unwrap_or(0)),
     );
     let slack = planned_resident / 50 + (32 << 20);
     assert!(resident.abs_diff(planned_resident) <= slack, "{name}: resident");

@@ -137,6 +137,12 @@ pub struct LoadOptions {
 /// A model on its device, with what the banner and benchmarks report.
 pub struct Loaded {
     pub model: Box<dyn CausalLm>,
+    pub info: ModelInfo,
+}
+
+/// What was loaded, apart from the model itself (which an engine thread owns).
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
     pub source: Source,
     pub name: String,
     pub format: String,
@@ -150,35 +156,10 @@ pub struct Loaded {
     pub device_bytes: Option<u64>,
 }
 
-/// What was loaded, without the model (which the engine thread owns).
-#[derive(Debug, Clone)]
-pub struct ModelInfo {
-    pub source: Source,
-    pub name: String,
-    pub format: String,
-    pub dtype: DType,
-    pub context: usize,
-    pub max_context: usize,
-    pub plan: MemoryPlan,
-    pub budget: Option<Budget>,
-    pub device_bytes: Option<u64>,
-}
-
 impl Loaded {
     /// The model and what the banners report about it.
     pub fn split(self) -> (Box<dyn CausalLm>, ModelInfo) {
-        let info = ModelInfo {
-            source: self.source,
-            name: self.name,
-            format: self.format,
-            dtype: self.dtype,
-            context: self.context,
-            max_context: self.max_context,
-            plan: self.plan,
-            budget: self.budget,
-            device_bytes: self.device_bytes,
-        };
-        (self.model, info)
+        (self.model, self.info)
     }
 }
 
@@ -234,8 +215,7 @@ pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<L
         }
         _ => None,
     };
-    Ok(Loaded {
-        model,
+    let info = ModelInfo {
         format: format_name(&source, &spec),
         source,
         name: name.to_string(),
@@ -245,7 +225,8 @@ pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<L
         plan,
         budget,
         device_bytes,
-    })
+    };
+    Ok(Loaded { model, info })
 }
 
 /// An allocation that failed although the plan fitted (another process took the memory, or

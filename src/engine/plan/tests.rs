@@ -97,7 +97,7 @@ fn plan_matches_allocation(name: &Path, dtype: Option<DType>, context: usize, du
     let opts = LoadOptions { dtype, context: Some(context), dummy };
     let loaded = engine::load(name.to_str().unwrap(), &opts, &Device::Cpu).unwrap();
     let got = loaded.model.allocated();
-    let plan = loaded.plan;
+    let plan = loaded.info.plan;
     let what = format!("{} {dtype:?} context {context}", name.display());
     assert_eq!(plan.context, context, "{what}");
     assert_eq!(plan.weights, got.weights, "weights: {what}");
