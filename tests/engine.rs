@@ -258,3 +258,18 @@ fn a_continued_conversation_prefills_only_the_new_tokens() {
         }
     }
 }
+
+/// A KV pool larger than the memory that is free is refused before anything is allocated,
+/// with the memory error kind (exit code 7) and a line that says what to lower.
+#[test]
+fn an_oversized_pool_is_refused_with_the_numbers() {
+    let path = fixture("gpt_oss_tiny");
+    let cfg = EngineConfig { max_seqs: 64, kv_tokens: 1 << 40, token_budget: 64 };
+    let err = engine::start(path.to_str().expect("path"), &opts(), &Device::Cpu, move |_| cfg)
+        .err()
+        .expect("a refusal");
+    assert_eq!(inferno::error::kind_of(&err), inferno::error::ErrorKind::Memory, "{err:#}");
+    let msg = format!("{err}");
+    assert!(msg.contains("KV cache") && msg.contains("lower"), "{msg}");
+    assert!(!msg.contains('\n'), "one line: {msg}");
+}

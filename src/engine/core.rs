@@ -180,6 +180,44 @@ impl Drop for Engine {
     }
 }
 
+/// Memory kept free beside the pool for a step's intermediates and the CUDA libraries (the
+/// loader's plan counted them for one sequence; a batch of prompt chunks is bounded by the
+/// same token budget).
+const POOL_RESERVE: u64 = 512 << 20;
+
+/// Refuses a pool that would not fit in what is free now (exit code 7, with the numbers and
+/// what to lower), instead of failing in the allocator.
+fn check_pool_fits(
+    shape: &crate::models::batch::KvShape,
+    blocks: &[usize],
+    cfg: &EngineConfig,
+    device: &candle_core::Device,
+) -> anyhow::Result<()> {
+    let per_block: Vec<u64> = (0..blocks.len())
+        .map(|g| shape.bytes_per_token_layer() * (BLOCK_SIZE * shape.layers_in(g)) as u64)
+        .collect();
+    let bytes = blocks
+        .iter()
+        .zip(&per_block)
+        .fold(0u64, |sum, (&n, &b)| sum.saturating_add((n as u64).saturating_mul(b)));
+    let Some(budget) = super::Budget::of(device) else { return Ok(()) };
+    if bytes.saturating_add(POOL_RESERVE) <= budget.free {
+        return Ok(());
+    }
+    let iec = crate::util::human_bytes_iec;
+    Err(fail(
+        ErrorKind::Memory,
+        format!(
+            "the KV cache for {} sequence(s) and {} tokens needs {}, but {} is free beside the model (keeping {} for the steps): lower the concurrency, --kv-tokens or --context",
+            cfg.max_seqs,
+            cfg.kv_tokens,
+            iec(bytes),
+            iec(budget.free),
+            iec(POOL_RESERVE)
+        ),
+    ))
+}
+
 /// A request the scheduler knows, with its sampling state and event channel.
 struct Live {
     req: Request,
@@ -238,6 +276,7 @@ impl Core {
             .collect();
         // The pool holds every block the manager hands out, its padding block included.
         let pool_blocks: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
+        check_pool_fits(&shape, &pool_blocks, &cfg, model.device())?;
         let blocks = BlockManager::new(BlockConfig { block_size: BLOCK_SIZE, groups })?;
         let pool = KvPool::new(&shape, BLOCK_SIZE, &pool_blocks, model.device())?;
         let sched = Scheduler::new(SchedulerConfig {

@@ -144,27 +144,45 @@ impl Runner {
     }
 }
 
-/// The next id of each sampling row of `logits` (`[R, vocab]`, f32), by each row's sampler:
-/// one device argmax covers every greedy row.
+/// The next id of each sampling row of `logits` (`[R, vocab]`, f32), by each row's sampler.
+/// On a GPU, greedy and plain-temperature rows are drawn together in one launch pair (argmax, or
+/// the Gumbel-max draw with the row's next seed); rows with other settings are copied to the
+/// host and sampled there. On the CPU only greedy rows take the kernel.
 pub fn sample_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Vec<u32>> {
-    let greedy = if specs.iter().any(|s| s.sampler.config().is_greedy()) {
-        Some(crate::kernels::argmax_rows(logits)?.to_vec1::<u32>()?)
+    let cuda = logits.device().is_cuda();
+    let on_device = |s: &SampleSpec| {
+        let cfg = s.sampler.config();
+        cfg.is_greedy() || (cuda && cfg.is_plain_temperature())
+    };
+    let device_ids = if specs.iter().any(on_device) {
+        let mut temps = Vec::with_capacity(specs.len());
+        let mut seeds = Vec::with_capacity(specs.len());
+        for s in specs.iter_mut() {
+            if on_device(s) && !s.sampler.config().is_greedy() {
+                temps.push(s.sampler.config().temperature);
+                seeds.push(s.sampler.next_seed());
+            } else {
+                temps.push(0.0); // greedy (rows sampled on the host ignore this result)
+                seeds.push(0);
+            }
+        }
+        let ids = if temps.iter().all(|&t| t == 0.0) {
+            crate::kernels::argmax_rows(logits)?
+        } else {
+            crate::kernels::sample_gumbel_rows(logits, &temps, &seeds)?
+        };
+        Some(ids.to_vec1::<u32>()?)
     } else {
         None
     };
     let mut out = Vec::with_capacity(specs.len());
     for (r, spec) in specs.iter_mut().enumerate() {
-        let cfg = spec.sampler.config();
-        let id = if let (true, Some(g)) = (cfg.is_greedy(), &greedy) {
-            g[r]
-        } else if cfg.is_plain_temperature() && logits.device().is_cuda() {
-            // On the device: no copy of the logits, no 201k exponentials on the host.
-            let t = cfg.temperature;
-            let seed = spec.sampler.next_seed();
-            crate::kernels::sample_gumbel(&logits.get(r)?, t, seed)?.to_scalar::<u32>()?
-        } else {
-            let mut host = logits.get(r)?.to_vec1::<f32>()?;
-            spec.sampler.sample(&mut host, spec.history)
+        let id = match &device_ids {
+            Some(ids) if on_device(spec) => ids[r],
+            _ => {
+                let mut host = logits.get(r)?.to_vec1::<f32>()?;
+                spec.sampler.sample(&mut host, spec.history)
+            }
         };
         out.push(id);
     }
