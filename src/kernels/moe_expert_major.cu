@@ -35,8 +35,7 @@
 
 #include "common.cuh"
 
-#define EM_WARPS 4   // warps per block
-#define EM_U 4       // 32-value blocks of K loaded per batch (all issued before any arithmetic)
+#define EM_WARPS 4  // warps per block (each MT tiles of 16 weight rows over all of K)
 
 // c += A (16 x 16, row-major bf16) * B (16 x 8, column-major bf16), f32 accumulation.
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -59,24 +58,19 @@ __device__ __forceinline__ uint32_t fp4_pair_bits(uint32_t w) {
     return ((v & 0x00070007u) << 6) | ((v & 0x00080008u) << 12);
 }
 
-// The E8M0 scale s as the factors of the decode: f1 = 2^(min(s, 128) - 1), and f2 = 2^(s - 128)
-// when s > 128 (big). Both as bf16x2.
+// The E8M0 scale s as the factor of the decode, f1 = 2^(min(s, 128) - 1) as bf16x2; s itself for
+// the rare s > 128, whose second factor is 2^(s - 128).
 struct Scale {
-    uint32_t f1, f2;
-    bool big;
+    uint32_t f1, s;
 };
 __device__ __forceinline__ Scale scale_of(uint32_t s) {
-    Scale r;
-    r.f1 = ((min(s, 128u) + 126u) << 7) * 0x10001u;
-    r.big = s > 128u;
-    r.f2 = ((s - 1u) << 7) * 0x10001u;
-    return r;
+    return Scale{((min(s, 128u) + 126u) << 7) * 0x10001u, s};
 }
 
 template <int J>
-__device__ __forceinline__ uint32_t fp4_pair(uint32_t w, const Scale& s) {
-    uint32_t v = bf16x2_mul(fp4_pair_bits<J>(w), s.f1);
-    if (s.big) v = bf16x2_mul(v, s.f2);
+__device__ __forceinline__ uint32_t fp4_pair(uint32_t w, const Scale& sc) {
+    uint32_t v = bf16x2_mul(fp4_pair_bits<J>(w), sc.f1);
+    if (sc.s > 128u) v = bf16x2_mul(v, ((sc.s - 1u) << 7) * 0x10001u);
     return v;
 }
 
@@ -89,11 +83,89 @@ __device__ __forceinline__ void b_frag(const uint4& u, int st, uint32_t& b0, uin
     b1 = __byte_perm(lo, hi, 0x7632);
 }
 
+// One batch of U blocks of 32 along K: this lane's word of each of its 2 MT rows' blocks, their
+// scales, and its 8 values of each block of its slot rows (hi, and lo with SPLIT).
+template <int MT, int NT, int U, bool SPLIT>
+struct Batch {
+    uint32_t w[U][MT][2], s[U][MT][2];
+    uint4 xh[U][NT], xl[U][SPLIT ? NT : 1];
+};
+
+// Blocks b0 .. b0 + U - 1; zeros past kb, for rows that are off (rv) and for absent slots.
+template <int MT, int NT, int U, bool SPLIT>
+__device__ __forceinline__ void load_batch(Batch<MT, NT, U, SPLIT>& bt, int b0, int kb, const uint32_t* const (&wp)[MT][2],
+                                           const uint8_t* const (&sp)[MT][2], const bool (&rv)[MT][2],
+                                           const __nv_bfloat16* const (&hi)[NT],
+                                           const __nv_bfloat16* const (&lo)[NT]) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int b = b0 + u;
+        const bool in = b < kb;
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const bool on = in && rv[i][h];
+                bt.w[u][i][h] = on ? __ldg(wp[i][h] + 4 * b) : 0u;
+                bt.s[u][i][h] = on ? __ldg(sp[i][h] + b) : 127u;
+            }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const uint4 z = make_uint4(0, 0, 0, 0);
+            bt.xh[u][j] = in && hi[j] ? __ldg(reinterpret_cast<const uint4*>(hi[j] + 32 * b + 8 * t)) : z;
+            if (SPLIT) bt.xl[u][j] = in && lo[j] ? __ldg(reinterpret_cast<const uint4*>(lo[j] + 32 * b + 8 * t)) : z;
+        }
+    }
+}
+
+// acc += the batch's products (zeros contribute nothing).
+template <int MT, int NT, int U, bool SPLIT>
+__device__ __forceinline__ void mma_batch(float (&acc)[MT][NT][4], const Batch<MT, NT, U, SPLIT>& bt) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        Scale sc[MT][2];
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) sc[i][h] = scale_of(bt.s[u][i][h]);
+#pragma unroll
+        for (int st = 0; st < 2; st++) {
+            uint32_t bh[NT][2], bl[NT][2];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                b_frag(bt.xh[u][j], st, bh[j][0], bh[j][1]);
+                if (SPLIT) b_frag(bt.xl[u][j], st, bl[j][0], bl[j][1]);
+            }
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                uint32_t a[4];
+                if (st == 0) {
+                    a[0] = fp4_pair<0>(bt.w[u][i][0], sc[i][0]);
+                    a[1] = fp4_pair<0>(bt.w[u][i][1], sc[i][1]);
+                    a[2] = fp4_pair<1>(bt.w[u][i][0], sc[i][0]);
+                    a[3] = fp4_pair<1>(bt.w[u][i][1], sc[i][1]);
+                } else {
+                    a[0] = fp4_pair<2>(bt.w[u][i][0], sc[i][0]);
+                    a[1] = fp4_pair<2>(bt.w[u][i][1], sc[i][1]);
+                    a[2] = fp4_pair<3>(bt.w[u][i][0], sc[i][0]);
+                    a[3] = fp4_pair<3>(bt.w[u][i][1], sc[i][1]);
+                }
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    mma_bf16(acc[i][j], a, bh[j][0], bh[j][1]);
+                    if (SPLIT) mma_bf16(acc[i][j], a, bl[j][0], bl[j][1]);
+                }
+            }
+        }
+    }
+}
+
 // One warp: acc[i][j] += rows (16 i .. 16 i + 15 of the warp's first row `row0`, of the packed
 // [*, K/32, 16] matrix) dotted with the slots of n-tile j (hi[j]: this lane's slot row of K bf16
 // values, nullptr for none; with SPLIT also lo[j], the low halves). rows_left: rows of the matrix
 // from row0 on (rows past it read as zeros). kb = K / 32.
-template <int MT, int NT, bool SPLIT>
+template <int MT, int NT, int U, bool SPLIT>
 __device__ __forceinline__ void em_rows(float (&acc)[MT][NT][4], const uint8_t* __restrict__ blocks,
                                         const uint8_t* __restrict__ scales, long long row0, int rows_left,
                                         int kb, const __nv_bfloat16* const (&hi)[NT],
@@ -119,72 +191,23 @@ __device__ __forceinline__ void em_rows(float (&acc)[MT][NT][4], const uint8_t* 
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
+    // Two batches of U blocks in flight: the next one's loads are issued before this one's
+    // arithmetic. The loop stays rolled (two batches per turn, static buffers).
+    Batch<MT, NT, U, SPLIT> p, q;
+    load_batch(p, 0, kb, wp, sp, rv, hi, lo);
 #pragma unroll 1
-    for (int b0 = 0; b0 < kb; b0 += EM_U) {
-        uint32_t w[EM_U][MT][2], s[EM_U][MT][2];
-        uint4 xh[EM_U][NT], xl[EM_U][SPLIT ? NT : 1];
-#pragma unroll
-        for (int u = 0; u < EM_U; u++) {
-            const int b = b0 + u;
-            const bool in = b < kb;
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const bool on = in && rv[i][h];
-                    w[u][i][h] = on ? __ldg(wp[i][h] + 4 * b) : 0u;
-                    s[u][i][h] = on ? __ldg(sp[i][h] + b) : 127u;
-                }
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const uint4 z = make_uint4(0, 0, 0, 0);
-                xh[u][j] = in && hi[j] ? __ldg(reinterpret_cast<const uint4*>(hi[j] + 32 * b + 8 * t)) : z;
-                if (SPLIT) xl[u][j] = in && lo[j] ? __ldg(reinterpret_cast<const uint4*>(lo[j] + 32 * b + 8 * t)) : z;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < EM_U; u++) {
-            Scale sc[MT][2];
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) sc[i][h] = scale_of(s[u][i][h]);
-#pragma unroll
-            for (int st = 0; st < 2; st++) {
-                uint32_t bh[NT][2], bl[NT][2];
-#pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    b_frag(xh[u][j], st, bh[j][0], bh[j][1]);
-                    if (SPLIT) b_frag(xl[u][j], st, bl[j][0], bl[j][1]);
-                }
-#pragma unroll
-                for (int i = 0; i < MT; i++) {
-                    uint32_t a[4];
-                    if (st == 0) {
-                        a[0] = fp4_pair<0>(w[u][i][0], sc[i][0]);
-                        a[1] = fp4_pair<0>(w[u][i][1], sc[i][1]);
-                        a[2] = fp4_pair<1>(w[u][i][0], sc[i][0]);
-                        a[3] = fp4_pair<1>(w[u][i][1], sc[i][1]);
-                    } else {
-                        a[0] = fp4_pair<2>(w[u][i][0], sc[i][0]);
-                        a[1] = fp4_pair<2>(w[u][i][1], sc[i][1]);
-                        a[2] = fp4_pair<3>(w[u][i][0], sc[i][0]);
-                        a[3] = fp4_pair<3>(w[u][i][1], sc[i][1]);
-                    }
-#pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        mma_bf16(acc[i][j], a, bh[j][0], bh[j][1]);
-                        if (SPLIT) mma_bf16(acc[i][j], a, bl[j][0], bl[j][1]);
-                    }
-                }
-            }
-        }
+    for (int b0 = 0; b0 < kb; b0 += 2 * U) {
+        load_batch(q, b0 + U, kb, wp, sp, rv, hi, lo);
+        mma_batch(acc, p);
+        if (b0 + U >= kb) break;
+        if (b0 + 2 * U < kb) load_batch(p, b0 + 2 * U, kb, wp, sp, rv, hi, lo);
+        mma_batch(acc, q);
     }
 }
 
 // grid (max_tiles, ceil(2I / (16 MT EM_WARPS))), block 32 EM_WARPS. x [tokens, H] bf16; act_hi/lo
 // [slots, I] bf16 in grouped order. Tiles from moe_group with tile size 8 NT.
-template <int MT, int NT>
+template <int MT, int NT, int U>
 __device__ __forceinline__ void em_gate_up(const __nv_bfloat16* __restrict__ x, const int* __restrict__ sorted,
                                            const int* __restrict__ tiles, const uint8_t* __restrict__ blocks,
                                            const uint8_t* __restrict__ scales, const float* __restrict__ bias,
@@ -204,7 +227,7 @@ __device__ __forceinline__ void em_gate_up(const __nv_bfloat16* __restrict__ x, 
         rows[j] = m < count ? x + (long long)(sorted[p0 + m] / k) * hidden : nullptr;
     }
     float acc[MT][NT][4];
-    em_rows<MT, NT, false>(acc, blocks, scales, (long long)e * n_rows + r0, n_rows - r0, hidden / 32, rows, rows);
+    em_rows<MT, NT, U, false>(acc, blocks, scales, (long long)e * n_rows + r0, n_rows - r0, hidden / 32, rows, rows);
     // Fragment row g is weight row r0 + 16 i + 2 g (gate of pair (r0 + 16 i) / 2 + g), row g + 8 the
     // next row (its up); columns 2t, 2t + 1 are the tile's slots 8 j + 2 t + c.
 #pragma unroll
@@ -231,7 +254,7 @@ __device__ __forceinline__ void em_gate_up(const __nv_bfloat16* __restrict__ x, 
 
 // grid (max_tiles, ceil(H / (16 MT EM_WARPS))). part[slot, n] = weights[slot] * (dot + bias), f32,
 // rows in slot order.
-template <int MT, int NT>
+template <int MT, int NT, int U>
 __device__ __forceinline__ void em_down(const __nv_bfloat16* __restrict__ act_hi,
                                         const __nv_bfloat16* __restrict__ act_lo, const int* __restrict__ sorted,
                                         const int* __restrict__ tiles, const float* __restrict__ weights,
@@ -252,7 +275,7 @@ __device__ __forceinline__ void em_down(const __nv_bfloat16* __restrict__ act_hi
         lo[j] = m < count ? act_lo + (long long)(p0 + m) * inter : nullptr;
     }
     float acc[MT][NT][4];
-    em_rows<MT, NT, true>(acc, blocks, scales, (long long)e * hidden + r0, hidden - r0, inter / 32, hi, lo);
+    em_rows<MT, NT, U, true>(acc, blocks, scales, (long long)e * hidden + r0, hidden - r0, inter / 32, hi, lo);
 #pragma unroll
     for (int i = 0; i < MT; i++) {
         const int r = r0 + 16 * i + 2 * g;
@@ -273,21 +296,25 @@ __device__ __forceinline__ void em_down(const __nv_bfloat16* __restrict__ act_hi
     }
 }
 
-// Variants: _n{NT} (tiles of 8 NT slots), MT = 2 (128 rows per block of 4 warps).
-#define EM_VARIANT(MT, NT)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_gate_up_n##NT(                        \
+// Variants _n{NT}_u{U}: tiles of 8 NT slots, batches of U blocks along K (two batches in flight per
+// warp), MT = 2 (128 rows per block of 4 warps). gpu.rs picks one (EXPERT_MAJOR_BATCH); more
+// loads in flight per warp against more registers (fewer warps per SM).
+#define EM_VARIANT(MT, NT, U)                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_gate_up_n##NT##_u##U(                 \
         const __nv_bfloat16* x, const int* sorted, const int* tiles, const uint8_t* blocks,                  \
         const uint8_t* scales, const float* bias, __nv_bfloat16* act_hi, __nv_bfloat16* act_lo, int k,        \
         int hidden, int inter, float limit, float alpha) {                                                   \
-        em_gate_up<MT, NT>(x, sorted, tiles, blocks, scales, bias, act_hi, act_lo, k, hidden, inter, limit,  \
-                           alpha);                                                                           \
+        em_gate_up<MT, NT, U>(x, sorted, tiles, blocks, scales, bias, act_hi, act_lo, k, hidden, inter,      \
+                              limit, alpha);                                                                 \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_down_n##NT(                           \
+    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_down_n##NT##_u##U(                    \
         const __nv_bfloat16* act_hi, const __nv_bfloat16* act_lo, const int* sorted, const int* tiles,      \
         const float* weights, const uint8_t* blocks, const uint8_t* scales, const float* bias, float* part, \
         int hidden, int inter) {                                                                             \
-        em_down<MT, NT>(act_hi, act_lo, sorted, tiles, weights, blocks, scales, bias, part, hidden, inter);  \
+        em_down<MT, NT, U>(act_hi, act_lo, sorted, tiles, weights, blocks, scales, bias, part, hidden, inter); \
     }
 
-EM_VARIANT(2, 1)
-EM_VARIANT(2, 2)
+EM_VARIANT(2, 1, 2)
+EM_VARIANT(2, 1, 4)
+EM_VARIANT(2, 2, 1)
+EM_VARIANT(2, 2, 2)

@@ -201,6 +201,10 @@ struct Mxfp4Moe {
     /// Tests and timings: take this CUDA path whatever the batch size (`None`: by batch size).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     force_path: Option<Path>,
+    /// Tests and timings: the expert-major kernels' variant (slot tiles of 8·nt, batches of u
+    /// blocks along K), whatever the batch size (`None`: gpu.rs's choice).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    em_variant: Option<(usize, usize)>,
 }
 
 /// The CUDA paths (`gpu.rs` chooses by batch size).
@@ -235,7 +239,14 @@ impl Mxfp4Moe {
                 x.device()
             );
         }
-        Ok(Self { experts: experts.clone(), act, poison: false, out_f32: false, force_path: None })
+        Ok(Self {
+            experts: experts.clone(),
+            act,
+            poison: false,
+            out_f32: false,
+            force_path: None,
+            em_variant: None,
+        })
     }
 
     fn new(

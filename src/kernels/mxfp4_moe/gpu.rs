@@ -34,6 +34,14 @@ pub(super) const EXPERT_MAJOR_MIN_TOKENS: usize = 2;
 /// of 8 (twice the tensor-core work per weight byte, half the weight re-reads for experts with more
 /// than 8 slots). To be measured (gpu_moe_timing prints both).
 pub(super) const EXPERT_MAJOR_TILE16_MIN_TOKENS: usize = 32;
+/// The expert-major kernels' batches along K (blocks of 32 loaded per batch, two batches in
+/// flight per warp) for tiles of 8 and of 16 slots: `moe_em_*_n{1,2}_u{U}`. Compiled: n1 with
+/// U 2 (gate_up 128 registers, down 163) or 4 (166, 255); n2 with U 1 (96, 128) or 2 (160, 197).
+/// More bytes in flight per warp against fewer warps per SM; to be measured (gpu_moe_timing
+/// prints all four).
+const EXPERT_MAJOR_BATCH: [usize; 2] = [2, 1];
+/// The compiled (tile of 8·nt, batch u) variants.
+pub(super) const EXPERT_MAJOR_VARIANTS: [(usize, usize); 4] = [(1, 2), (1, 4), (2, 1), (2, 2)];
 /// From this many tokens bf16 batches go to the grouped tensor-core GEMMs (tiles of 64 slots).
 /// Before the expert-major path, the per-slot GEMVs and the grouped path crossed near 32 tokens
 /// on an H100 (gpt-oss-20b sizes, one layer: grouped ~790 µs from 24 to 64 tokens). The
@@ -290,6 +298,10 @@ fn group(dev: &CudaDevice, ids: &CudaView<u32>, d: Dims, tile: usize) -> Result<
 fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let Call { op, dev, x, ids, weights, p, d } = *c;
     let nt = if d.tokens >= EXPERT_MAJOR_TILE16_MIN_TOKENS { 2 } else { 1 };
+    let (nt, u) = op.em_variant.unwrap_or((nt, EXPERT_MAJOR_BATCH[nt - 1]));
+    if !EXPERT_MAJOR_VARIANTS.contains(&(nt, u)) {
+        bail!("mxfp4_moe: no expert-major variant with tiles of {} and batches of {u}", 8 * nt);
+    }
     let slots = d.slots();
     let Groups { sorted, tiles, max_tiles } = group(dev, ids, d, 8 * nt)?;
     // The kernels write act's and part's rows of the validly routed slots and read only those
@@ -308,7 +320,7 @@ fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
         })
     };
     let func = dev.get_or_load_custom_func(
-        &format!("moe_em_gate_up_n{nt}"),
+        &format!("moe_em_gate_up_n{nt}_u{u}"),
         EXPERT_MAJOR_MODULE,
         MOE_EXPERT_MAJOR_PTX,
     )?;
@@ -327,7 +339,7 @@ fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     unsafe { b.launch(grid(2 * d.inter)?) }.w()?;
 
     let func = dev.get_or_load_custom_func(
-        &format!("moe_em_down_n{nt}"),
+        &format!("moe_em_down_n{nt}_u{u}"),
         EXPERT_MAJOR_MODULE,
         MOE_EXPERT_MAJOR_PTX,
     )?;

@@ -364,6 +364,39 @@ mod gpu {
         for tokens in [5, t16 + 3] {
             check_path(d(tokens, 6, 256, 128, 3), DType::BF16, 1e-2, Some(Path::ExpertMajor), true);
         }
+        // Every compiled variant, whatever the batch size would choose; K of 7 blocks of 32 (not
+        // a multiple of any batch, nor of two).
+        for variant in crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_VARIANTS {
+            for tokens in [3, 21, 50] {
+                check_variant(d(tokens, 7, 224, 224, 4), variant);
+            }
+        }
+    }
+
+    fn check_variant(d: Dims, variant: (usize, usize)) {
+        let name = format!("gpu moe expert-major {variant:?} {d:?}");
+        let mut rng = rng(&name);
+        let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
+        let want = values(
+            &mxfp4_moe(
+                &inp.x,
+                &experts(&inp.packed, &Device::Cpu),
+                &inp.ids,
+                &inp.weights,
+                SwiGlu::GPT_OSS,
+            )
+            .unwrap(),
+        );
+        let dev = gpu();
+        let to = |t: &Tensor| t.to_device(&dev).unwrap();
+        let (x, ids, w) = (to(&inp.x), to(&inp.ids), to(&inp.weights));
+        let mut op =
+            Mxfp4Moe::new(&x, &experts(&inp.packed, &dev), &ids, &w, SwiGlu::GPT_OSS, true)
+                .unwrap();
+        op.force_path = Some(Path::ExpertMajor);
+        op.em_variant = Some(variant);
+        let got = x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+        assert_written_and_close(&name, &values(&got), &want, 1e-2);
     }
 
     /// By batch size, bf16 takes the per-slot GEMVs at one token and the expert-major path from
@@ -476,7 +509,17 @@ mod gpu {
                     x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
                 });
                 let name = path.map_or("auto".to_string(), |p| format!("{p:?}"));
-                line += &format!(" {name} {us:.1} us ({:.0} GB/s)", bytes / us / 1e3);
+                line += &format!(" | {name} {us:.1} us ({:.0} GB/s)", bytes / us / 1e3);
+            }
+            // The expert-major variants: (tiles of 8·nt slots, batches of u blocks along K).
+            for variant in crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_VARIANTS {
+                let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, false).unwrap();
+                op.force_path = Some(Path::ExpertMajor);
+                op.em_variant = Some(variant);
+                let us = crate::kernels::testing::time_us(&dev, 20, || {
+                    x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+                });
+                line += &format!(" | em{variant:?} {us:.1}");
             }
             eprintln!("{line}");
         }
