@@ -18,6 +18,9 @@ pub(super) const ARGMAX_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argm
 pub(super) const QKV_ROPE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/qkv_rope.ptx"));
 /// PTX built by build.rs from `src/kernels/router.cu`.
 pub(super) const ROUTER_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/router.ptx"));
+/// PTX built by build.rs from `src/kernels/moe_expert_major.cu`.
+pub(super) const MOE_EXPERT_MAJOR_PTX: &str =
+    include_str!(concat!(env!("OUT_DIR"), "/moe_expert_major.ptx"));
 /// PTX built by build.rs from `src/kernels/moe_grouped.cu`.
 pub(super) const MOE_GROUPED_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/moe_grouped.ptx"));
 

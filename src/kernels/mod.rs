@@ -10,7 +10,8 @@
 //!
 //! - [`sink_attention()`]: `softmax([q·k · scale, sink])` without the sink column, times V.
 //! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights
-//!   (GEMVs per slot for decode, tensor-core GEMMs batched by expert for prefill).
+//!   (GEMVs per slot for one token, expert-major tensor-core GEMVs for batched decode, tensor-core
+//!   GEMMs batched by expert for prefill).
 //! - [`mxfp4`]: FP4/E8M0 decoding for references and tests.
 //! - [`argmax()`], [`sample_gumbel()`]: the next token on the device, greedy or by temperature.
 //! - [`matmul_f32_out()`], [`matmul_hi_lo()`]: the LM head's product with an f32 result

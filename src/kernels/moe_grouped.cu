@@ -33,12 +33,13 @@ using namespace nvcuda;
 #define MAX_EXPERTS 1024  // moe_group's shared counters
 
 // Tile t of the grouping: tiles[3t] expert (-1: no tile), tiles[3t + 1] first grouped position,
-// tiles[3t + 2] slot count (1..BM). sorted[p] is the slot at grouped position p.
+// tiles[3t + 2] slot count (1..bm). sorted[p] is the slot at grouped position p. bm is the tile
+// size: BM for this file's GEMMs, 8 or 16 for moe_expert_major.cu.
 // One block of 1024 threads; each warp takes experts w, w + 32, ... and compacts their slots with
 // ballots, so the order within an expert is the slot order.
 extern "C" __global__ void __launch_bounds__(1024)
     moe_group(const uint32_t* __restrict__ ids, int slots, int n_experts, int* __restrict__ sorted,
-              int* __restrict__ tiles, int max_tiles) {
+              int* __restrict__ tiles, int max_tiles, int bm) {
     __shared__ int start[MAX_EXPERTS + 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     for (int e = warp; e < n_experts; e += nwarps) {
@@ -55,10 +56,10 @@ extern "C" __global__ void __launch_bounds__(1024)
         for (int e = 0; e < n_experts; e++) {
             const int count = start[e];
             start[e] = pos;
-            for (int m = 0; m < count && t < max_tiles; m += BM, t++) {
+            for (int m = 0; m < count && t < max_tiles; m += bm, t++) {
                 tiles[3 * t] = e;
                 tiles[3 * t + 1] = pos + m;
-                tiles[3 * t + 2] = min(BM, count - m);
+                tiles[3 * t + 2] = min(bm, count - m);
             }
             pos += count;
         }

@@ -11,15 +11,21 @@
 //! The weights stay packed as in the checkpoint (`[E, rows, K/32, 16]` FP4 codes plus
 //! `[E, rows, K/32]` E8M0 scales, see [`super::mxfp4`]) and are decoded on the fly.
 //!
-//! CUDA, two paths that end alike (`gpu.rs`):
+//! CUDA, three paths that end alike (`gpu.rs`):
 //! - Per slot (`mxfp4_moe.cu`), for decode and for f32: `moe_gate_up` (GEMV over the selected
 //!   experts' gate/up rows, bias and SwiGLU fused, into an f32 scratch `[tokens·k, I]`) and
 //!   `moe_down` (GEMV over the down rows, bias and routing weight fused, into an f32 scratch
 //!   `[tokens·k, H]`). They read each expert's weights once per (token, expert), which is right
 //!   for a token or two.
+//! - Expert-major (`moe_expert_major.cu`), for bf16 batches of a few tokens to a few dozen (batched
+//!   decode): the slots are grouped by expert on the device into tiles of 8 or 16 and each
+//!   expert's weight rows are read once per tile, decoded straight into tensor-core fragments.
 //! - By expert (`moe_grouped.cu`), for bf16 batches (prefill): the slots are grouped by expert on
 //!   the device and each expert's weights are read once per tile of 64 of its slots, on tensor
-//!   cores (the activations between the projections rounded to bf16).
+//!   cores.
+//!
+//! Both tiled paths carry the activations between the projections as bf16 hi + lo (16 significant
+//! bits).
 //!
 //! Then `moe_sum` adds each token's k expert rows in order, so results are deterministic without
 //! atomics. One op rather than several CustomOps because the intermediates never need to be
@@ -192,6 +198,25 @@ struct Mxfp4Moe {
     /// Return f32 instead of x's dtype ([`mxfp4_moe_routed`]: the sum over the experts,
     /// accumulated in f32, goes into an f32 residual stream without a round trip through bf16).
     out_f32: bool,
+    /// Tests and timings: take this CUDA path whatever the batch size (`None`: by batch size).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    force_path: Option<Path>,
+    /// Tests and timings: the expert-major kernels' variant (slot tiles of 8·nt, batches of u
+    /// blocks along K), whatever the batch size (`None`: gpu.rs's choice).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    em_variant: Option<(usize, usize)>,
+}
+
+/// The CUDA paths (`gpu.rs` chooses by batch size).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// GEMVs per (token, slot): `mxfp4_moe.cu`.
+    PerSlot,
+    /// Slots grouped by expert in tiles of 8 or 16, GEMVs on tensor cores: `moe_expert_major.cu`.
+    ExpertMajor,
+    /// Slots grouped by expert in tiles of 64, GEMMs on tensor cores: `moe_grouped.cu`.
+    Grouped,
 }
 
 impl Mxfp4Moe {
@@ -214,7 +239,14 @@ impl Mxfp4Moe {
                 x.device()
             );
         }
-        Ok(Self { experts: experts.clone(), act, poison: false, out_f32: false })
+        Ok(Self {
+            experts: experts.clone(),
+            act,
+            poison: false,
+            out_f32: false,
+            force_path: None,
+            em_variant: None,
+        })
     }
 
     fn new(

@@ -1,32 +1,59 @@
-//! The CUDA launches: per-slot GEMVs (`mxfp4_moe.cu`) for decode and f32, or for bf16 batches of
-//! [`GROUPED_MIN_TOKENS`] or more the tensor-core GEMMs batched by expert (`moe_grouped.cu`).
-//! Both leave one f32 row per (token, slot) that `moe_sum` adds up in slot order.
+//! The CUDA launches, by batch size (bf16 x; f32 always takes the per-slot GEMVs):
+//! - below [`EXPERT_MAJOR_MIN_TOKENS`] tokens, the per-slot GEMVs (`mxfp4_moe.cu`);
+//! - from there below [`GROUPED_MIN_TOKENS`], expert-major GEMVs on tensor cores
+//!   (`moe_expert_major.cu`): slots grouped by expert into tiles of 8 or 16, each expert's weight
+//!   rows read once per tile;
+//! - from [`GROUPED_MIN_TOKENS`] on, the tensor-core GEMMs batched by expert in tiles of 64 slots
+//!   (`moe_grouped.cu`).
+//!
+//! All leave one f32 row per (token, slot) that `moe_sum` adds up in slot order.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{CudaDevice, CudaStorage, Layout, Result, bail};
 use half::bf16;
 
-use super::Mxfp4Moe;
-use crate::kernels::cuda::{KernelFloat, MOE_GROUPED_PTX, MXFP4_MOE_PTX, cuda_view, int, output};
+use super::{Mxfp4Moe, Path};
+use crate::kernels::cuda::{
+    KernelFloat, MOE_EXPERT_MAJOR_PTX, MOE_GROUPED_PTX, MXFP4_MOE_PTX, cuda_view, int, output,
+};
 
 const MODULE: &str = "inferno_mxfp4_moe";
 const GROUPED_MODULE: &str = "inferno_moe_grouped";
+const EXPERT_MAJOR_MODULE: &str = "inferno_moe_expert_major";
 /// The GEMVs' widest K: 8 warps of 32 lanes, 32 inputs each.
 const MAX_K: usize = 8 * 32 * 32;
 /// Up to this many tokens the GEMVs take 16 rows per block (more blocks to fill the GPU),
 /// beyond it 32 (measured on an H200, gpt-oss-20b sizes: 1 token 52 vs 57 µs, 128 tokens
 /// 3.3 vs 2.8 ms).
 const SMALL_BATCH: usize = 2;
-/// From this many tokens bf16 batches go by expert. Below it most experts see one slot, and the
-/// GEMVs read the same weight bytes without the tiles' padding. Measured on an H100 (gpt-oss-20b
-/// sizes, one layer): GEMVs 580 µs at 23 tokens and rising ~25 µs a token, the grouped path
-/// ~790 µs from 24 to 64 tokens: they cross near 32.
-pub(super) const GROUPED_MIN_TOKENS: usize = 32;
+/// From this many tokens bf16 batches take the expert-major GEMVs; below it (one token: each
+/// expert has one slot anyway) the per-slot GEMVs, which spread one slot over more blocks.
+pub(super) const EXPERT_MAJOR_MIN_TOKENS: usize = 2;
+/// From this many tokens the expert-major GEMVs cut each expert's slots into tiles of 16 instead
+/// of 8 (twice the tensor-core work per weight byte, half the weight re-reads for experts with more
+/// than 8 slots). To be measured (gpu_moe_timing prints both).
+pub(super) const EXPERT_MAJOR_TILE16_MIN_TOKENS: usize = 32;
+/// The expert-major kernels' batches along K (blocks of 32 loaded per batch, two batches in
+/// flight per warp) for tiles of 8 and of 16 slots: `moe_em_*_n{1,2}_u{U}`. Compiled: n1 with
+/// U 2 (gate_up 128 registers, down 163) or 4 (166, 255); n2 with U 1 (96, 128) or 2 (160, 197).
+/// More bytes in flight per warp against fewer warps per SM; to be measured (gpu_moe_timing
+/// prints all four).
+const EXPERT_MAJOR_BATCH: [usize; 2] = [2, 1];
+/// The compiled (tile of 8·nt, batch u) variants.
+pub(super) const EXPERT_MAJOR_VARIANTS: [(usize, usize); 4] = [(1, 2), (1, 4), (2, 1), (2, 2)];
+/// From this many tokens bf16 batches go to the grouped tensor-core GEMMs (tiles of 64 slots).
+/// Before the expert-major path, the per-slot GEMVs and the grouped path crossed near 32 tokens
+/// on an H100 (gpt-oss-20b sizes, one layer: grouped ~790 µs from 24 to 64 tokens). The
+/// expert-major path's crossover with the grouped one is to be read off gpu_moe_timing.
+pub(super) const GROUPED_MIN_TOKENS: usize = 128;
 /// Tile sizes of moe_grouped.cu (BM slots, BN weight rows) and its expert limit.
 const BM: usize = 64;
 const BN: usize = 128;
 const GROUPED_MAX_EXPERTS: usize = 1024;
+/// moe_expert_major.cu's blocks: EM_WARPS = 4 warps of MT = 2 tiles of 16 weight rows.
+const EM_THREADS: u32 = 128;
+const EM_ROWS: usize = 128;
 
 /// The layer's packed weights as device views.
 struct Packed<'a> {
@@ -113,11 +140,21 @@ pub(super) fn launch_routed<T: KernelFloat>(
         d_scales: cuda_view::<u8>(&guards[4].0, guards[4].1, "down scales")?,
         d_bias: cuda_view::<f32>(&guards[5].0, guards[5].1, "down bias")?,
     };
-    // 16-byte loads of x rows need an 8-aligned start (candle's buffers themselves are aligned).
-    let grouped =
-        T::BF16 && tokens >= GROUPED_MIN_TOKENS && hidden % 8 == 0 && xl.start_offset() % 8 == 0;
     let call = Call { op, dev, x: &x, ids, weights, p: &p, d };
-    let part = if grouped { by_expert(&call)? } else { per_slot(&call)? };
+    // 16-byte loads of x rows need an 8-aligned start (candle's buffers themselves are aligned).
+    let tiled = T::BF16 && hidden % 8 == 0 && xl.start_offset() % 8 == 0;
+    let path = match op.force_path {
+        Some(path) if tiled || path == Path::PerSlot => path,
+        Some(path) => bail!("mxfp4_moe: the {path:?} path needs bf16 x with 16-byte aligned rows"),
+        None if !tiled || tokens < EXPERT_MAJOR_MIN_TOKENS => Path::PerSlot,
+        None if tokens < GROUPED_MIN_TOKENS => Path::ExpertMajor,
+        None => Path::Grouped,
+    };
+    let part = match path {
+        Path::PerSlot => per_slot(&call)?,
+        Path::ExpertMajor => expert_major(&call)?,
+        Path::Grouped => by_expert(&call)?,
+    };
 
     Ok(if op.out_f32 {
         f32::wrap(sum(op, dev, &part, ids, d)?)
@@ -216,13 +253,15 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     Ok(part)
 }
 
-/// Batched by expert on tensor cores (bf16 x only): group the slots by expert on the device,
-/// then one GEMM tile per (expert's slots, weight rows). Returns part `[slots, H]`, whose rows
-/// of slots routed to no valid expert stay unwritten (moe_sum skips them). The activations
-/// between the two projections travel as bf16 hi + lo (16 significant bits): with hi alone the
-/// 20b-shaped agreement test lost 3 points (88.7% → 85.7%).
-fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
-    let Call { op, dev, x, ids, weights, p, d } = *c;
+/// The slots grouped by expert on the device (`moe_group`): `sorted[p]` the slot at grouped
+/// position p, `tiles` `[max_tiles, 3]` (expert or −1, first position, slot count ≤ `tile`).
+struct Groups {
+    sorted: CudaSlice<i32>,
+    tiles: CudaSlice<i32>,
+    max_tiles: usize,
+}
+
+fn group(dev: &CudaDevice, ids: &CudaView<u32>, d: Dims, tile: usize) -> Result<Groups> {
     if d.experts > GROUPED_MAX_EXPERTS {
         bail!(
             "mxfp4_moe: the grouped kernels support up to {GROUPED_MAX_EXPERTS} experts, got {}",
@@ -230,27 +269,113 @@ fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
         );
     }
     let slots = d.slots();
-    // Each expert's slots are cut into tiles of BM; at most one partial tile per expert.
-    let max_tiles = slots.div_ceil(BM) + d.experts;
-    // SAFETY (all five): moe_group writes sorted[0..n] for the n validly routed slots and every
-    // tile entry; the GEMMs read only those, and write act's and part's rows of those slots.
+    // Each expert's slots are cut into tiles; at most one partial tile per expert.
+    let max_tiles = slots.div_ceil(tile) + d.experts;
+    // SAFETY (both): moe_group writes sorted[0..n] for the n validly routed slots and every tile
+    // entry; the kernels after it read only those.
     let mut sorted = unsafe { dev.alloc::<i32>(slots)? };
     let mut tiles = unsafe { dev.alloc::<i32>(3 * max_tiles)? };
-    let mut act_hi = unsafe { dev.alloc::<bf16>(slots * d.inter)? };
-    let mut act_lo = unsafe { dev.alloc::<bf16>(slots * d.inter)? };
-    let mut part = unsafe { dev.alloc::<f32>(slots * d.hidden)? };
-    let (s32, e32, t32) =
-        (int(slots, "tokens × k")?, int(d.experts, "experts")?, int(max_tiles, "tiles")?);
-    let (k32, h32, i32_) =
-        (int(d.k, "k")?, int(d.hidden, "hidden")?, int(d.inter, "intermediate")?);
-
+    let (s32, e32, t32, bm) = (
+        int(slots, "tokens × k")?,
+        int(d.experts, "experts")?,
+        int(max_tiles, "tiles")?,
+        int(tile, "tile")?,
+    );
     let func = dev.get_or_load_custom_func("moe_group", GROUPED_MODULE, MOE_GROUPED_PTX)?;
     let mut b = func.builder();
-    b.arg(ids).arg(&s32).arg(&e32).arg(&mut sorted).arg(&mut tiles).arg(&t32);
+    b.arg(ids).arg(&s32).arg(&e32).arg(&mut sorted).arg(&mut tiles).arg(&t32).arg(&bm);
     let one_block =
         LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: the arguments match moe_group's signature; experts ≤ its shared-memory limit.
     unsafe { b.launch(one_block) }.w()?;
+    Ok(Groups { sorted, tiles, max_tiles })
+}
+
+/// Expert-major GEMVs on tensor cores (bf16 x only): group the slots by expert into tiles of 8
+/// (or 16 from [`EXPERT_MAJOR_TILE16_MIN_TOKENS`] tokens), then per (tile, 128 weight rows) read
+/// each row once for all the tile's slots. Returns part `[slots, H]` like [`by_expert`] (rows of
+/// slots routed to no valid expert unwritten); the activations travel as bf16 hi + lo too.
+fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
+    let Call { op, dev, x, ids, weights, p, d } = *c;
+    let nt = if d.tokens >= EXPERT_MAJOR_TILE16_MIN_TOKENS { 2 } else { 1 };
+    let (nt, u) = op.em_variant.unwrap_or((nt, EXPERT_MAJOR_BATCH[nt - 1]));
+    if !EXPERT_MAJOR_VARIANTS.contains(&(nt, u)) {
+        bail!("mxfp4_moe: no expert-major variant with tiles of {} and batches of {u}", 8 * nt);
+    }
+    let slots = d.slots();
+    let Groups { sorted, tiles, max_tiles } = group(dev, ids, d, 8 * nt)?;
+    // The kernels write act's and part's rows of the validly routed slots and read only those
+    // (poisoned for tests, so that a missed element shows).
+    let mut act_hi = output::<bf16>(dev, slots * d.inter, op.poison)?;
+    let mut act_lo = output::<bf16>(dev, slots * d.inter, op.poison)?;
+    let mut part = output::<f32>(dev, slots * d.hidden, op.poison)?;
+    let t32 = int(max_tiles, "tiles")?;
+    let (k32, h32, i32_) =
+        (int(d.k, "k")?, int(d.hidden, "hidden")?, int(d.inter, "intermediate")?);
+    let grid = |rows: usize| -> Result<LaunchConfig> {
+        Ok(LaunchConfig {
+            grid_dim: (t32 as u32, int(rows.div_ceil(EM_ROWS), "row blocks")? as u32, 1),
+            block_dim: (EM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    };
+    let func = dev.get_or_load_custom_func(
+        &format!("moe_em_gate_up_n{nt}_u{u}"),
+        EXPERT_MAJOR_MODULE,
+        MOE_EXPERT_MAJOR_PTX,
+    )?;
+    let mut b = func.builder();
+    b.arg(x)
+        .arg(&sorted)
+        .arg(&tiles)
+        .arg(&p.gu_blocks)
+        .arg(&p.gu_scales)
+        .arg(&p.gu_bias)
+        .arg(&mut act_hi)
+        .arg(&mut act_lo);
+    b.arg(&k32).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
+    // SAFETY: the arguments match the kernel's signature; x is bf16 (T::BF16) with 16-byte
+    // aligned rows (hidden % 8 == 0, checked by the caller), act rows likewise (I % 32 == 0).
+    unsafe { b.launch(grid(2 * d.inter)?) }.w()?;
+
+    let func = dev.get_or_load_custom_func(
+        &format!("moe_em_down_n{nt}_u{u}"),
+        EXPERT_MAJOR_MODULE,
+        MOE_EXPERT_MAJOR_PTX,
+    )?;
+    let mut b = func.builder();
+    b.arg(&act_hi)
+        .arg(&act_lo)
+        .arg(&sorted)
+        .arg(&tiles)
+        .arg(weights)
+        .arg(&p.d_blocks)
+        .arg(&p.d_scales)
+        .arg(&p.d_bias)
+        .arg(&mut part);
+    b.arg(&h32).arg(&i32_);
+    // SAFETY: the arguments match the kernel's signature.
+    unsafe { b.launch(grid(d.hidden)?) }.w()?;
+    Ok(part)
+}
+
+/// Batched by expert on tensor cores (bf16 x only): group the slots by expert on the device,
+/// then one GEMM tile per (expert's slots, weight rows). Returns part `[slots, H]`, whose rows
+/// of slots routed to no valid expert stay unwritten (moe_sum skips them). The activations
+/// between the two projections travel as bf16 hi + lo (16 significant bits): with hi alone the
+/// 20b-shaped agreement test lost 3 points (88.7% → 85.7%).
+fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
+    let Call { op, dev, x, ids, weights, p, d } = *c;
+    let slots = d.slots();
+    let Groups { sorted, tiles, max_tiles } = group(dev, ids, d, BM)?;
+    // SAFETY (all three): the GEMMs write act's and part's rows of the validly routed slots and
+    // read only those.
+    let mut act_hi = unsafe { dev.alloc::<bf16>(slots * d.inter)? };
+    let mut act_lo = unsafe { dev.alloc::<bf16>(slots * d.inter)? };
+    let mut part = unsafe { dev.alloc::<f32>(slots * d.hidden)? };
+    let t32 = int(max_tiles, "tiles")?;
+    let (k32, h32, i32_) =
+        (int(d.k, "k")?, int(d.hidden, "hidden")?, int(d.inter, "intermediate")?);
 
     let grid = |rows: usize| -> Result<LaunchConfig> {
         Ok(LaunchConfig {

@@ -230,7 +230,8 @@ fn routed_op_is_route_then_experts() {
     );
 }
 
-/// The GPU cases: decode (1 and 3 tokens) at gpt-oss's 2880 widths, a 37-token prefill, tiny
+/// The GPU cases, on the path chosen by batch size: decode (1 and 3 tokens) at gpt-oss's 2880
+/// widths, a 37-token batch, tiny
 /// widths, and widths that need 1 to 4 blocks of 32 per lane (non-powers of two throughout).
 #[cfg(feature = "cuda")]
 mod gpu {
@@ -246,8 +247,9 @@ mod gpu {
             d(5, 4, 64, 64, 2),
             d(2, 3, 4000, 96, 3),
             d(7, 4, 2048, 3072, 2),
-            // bf16 from GROUPED_MIN_TOKENS on: by expert. Widths not multiples of the 128-row
-            // tiles; experts with no slot; experts with several 64-slot tiles and a partial one.
+            // bf16 from 2 tokens: expert-major, from GROUPED_MIN_TOKENS on: grouped. Widths not
+            // multiples of the 128-row tiles; experts with no slot; experts with several tiles
+            // and a partial one.
             d(24, 8, 2880, 2880, 4),
             d(300, 4, 1088, 544, 2),
             d(77, 128, 512, 256, 4),
@@ -255,9 +257,29 @@ mod gpu {
     }
 
     fn check(d: Dims, dtype: DType, tol: f64) {
-        let name = format!("gpu moe {dtype:?} {d:?}");
+        check_path(d, dtype, tol, None, false);
+    }
+
+    /// The GPU op (output poisoned with NaN first, both output dtypes) against the CPU reference,
+    /// on the path `path` (`None`: chosen by batch size). With `wild_scales`, an eighth of the
+    /// E8M0 scales are extreme: 2^-127 (byte 0, subnormal), 2^-126, 2^2 and 2^3 (bytes 129 and
+    /// 130, past what a bf16 factor 2^(s-1) holds).
+    fn check_path(d: Dims, dtype: DType, tol: f64, path: Option<Path>, wild_scales: bool) {
+        let name =
+            format!("gpu moe {dtype:?} {path:?} {d:?}{}", if wild_scales { " wild" } else { "" });
         let mut rng = rng(&name);
-        let inp = inputs(&mut rng, d, dtype, DType::BF16);
+        let mut inp = inputs(&mut rng, d, dtype, DType::BF16);
+        if wild_scales {
+            for n in [1, 4] {
+                let mut v = inp.packed[n].flatten_all().unwrap().to_vec1::<u8>().unwrap();
+                for s in v.iter_mut() {
+                    if rng.random_range(0..8) == 0 {
+                        *s = [0, 1, 129, 130][rng.random_range(0..4)];
+                    }
+                }
+                inp.packed[n] = Tensor::from_vec(v, inp.packed[n].dims(), &Device::Cpu).unwrap();
+            }
+        }
         let want = values(
             &mxfp4_moe(
                 &inp.x,
@@ -278,6 +300,7 @@ mod gpu {
         for out_f32 in [false, true] {
             let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, true).unwrap();
             op.out_f32 = out_f32;
+            op.force_path = path;
             let got = x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
             let want_dtype = if out_f32 { DType::F32 } else { dtype };
             assert_eq!(got.dtype(), want_dtype, "{name}: output dtype");
@@ -300,6 +323,99 @@ mod gpu {
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_moe_matches_cpu_bf16() {
         cases().into_iter().for_each(|d| check(d, DType::BF16, 1e-2));
+    }
+
+    /// The expert-major path (forced, whatever the batch size) against the CPU: gpt-oss-20b sizes
+    /// at 2 and 64 tokens, tiles of 8 and of 16 (from EXPERT_MAJOR_TILE16_MIN_TOKENS), experts with
+    /// several tiles and a partial one, one expert for every slot, widths that leave partial
+    /// blocks of 128 weight rows and K not a multiple of the 4 blocks of 32 loaded per batch, then
+    /// random shapes (tokens 2..70, any expert count, top-1..4; the same expert recurs across
+    /// tokens). Also the wild E8M0 scales, once per tile size.
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_expert_major_matches_cpu() {
+        let d = |tokens, experts, hidden, inter, k| Dims { tokens, experts, hidden, inter, k };
+        let t16 = crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_TILE16_MIN_TOKENS;
+        let mut cases = vec![
+            d(2, 32, 2880, 2880, 4),
+            d(64, 32, 2880, 2880, 4),
+            d(t16 - 1, 5, 160, 96, 4),
+            d(t16, 5, 160, 96, 4),
+            d(70, 2, 96, 64, 1),
+            d(40, 1, 64, 32, 1),
+            d(9, 3, 4000, 96, 3),
+            d(3, 33, 32, 4000, 2),
+            d(17, 13, 1088, 544, 4),
+        ];
+        let mut rng = rng("gpu expert-major random shapes");
+        for _ in 0..12 {
+            let experts = rng.random_range(1..=40);
+            cases.push(d(
+                rng.random_range(2..=70),
+                experts,
+                32 * rng.random_range(1..=40),
+                32 * rng.random_range(1..=24),
+                rng.random_range(1..=experts.min(4)),
+            ));
+        }
+        for d in cases {
+            check_path(d, DType::BF16, 1e-2, Some(Path::ExpertMajor), false);
+        }
+        for tokens in [5, t16 + 3] {
+            check_path(d(tokens, 6, 256, 128, 3), DType::BF16, 1e-2, Some(Path::ExpertMajor), true);
+        }
+        // Every compiled variant, whatever the batch size would choose; K of 7 blocks of 32 (not
+        // a multiple of any batch, nor of two).
+        for variant in crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_VARIANTS {
+            for tokens in [3, 21, 50] {
+                check_variant(d(tokens, 7, 224, 224, 4), variant);
+            }
+        }
+    }
+
+    fn check_variant(d: Dims, variant: (usize, usize)) {
+        let name = format!("gpu moe expert-major {variant:?} {d:?}");
+        let mut rng = rng(&name);
+        let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
+        let want = values(
+            &mxfp4_moe(
+                &inp.x,
+                &experts(&inp.packed, &Device::Cpu),
+                &inp.ids,
+                &inp.weights,
+                SwiGlu::GPT_OSS,
+            )
+            .unwrap(),
+        );
+        let dev = gpu();
+        let to = |t: &Tensor| t.to_device(&dev).unwrap();
+        let (x, ids, w) = (to(&inp.x), to(&inp.ids), to(&inp.weights));
+        let mut op =
+            Mxfp4Moe::new(&x, &experts(&inp.packed, &dev), &ids, &w, SwiGlu::GPT_OSS, true)
+                .unwrap();
+        op.force_path = Some(Path::ExpertMajor);
+        op.em_variant = Some(variant);
+        let got = x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+        assert_written_and_close(&name, &values(&got), &want, 1e-2);
+    }
+
+    /// By batch size, bf16 takes the per-slot GEMVs at one token and the expert-major path from
+    /// two: the same answers either way (both against the CPU).
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_moe_paths_agree_with_cpu_at_the_thresholds() {
+        use crate::kernels::mxfp4_moe::gpu::{EXPERT_MAJOR_MIN_TOKENS, GROUPED_MIN_TOKENS};
+        for tokens in [
+            EXPERT_MAJOR_MIN_TOKENS - 1,
+            EXPERT_MAJOR_MIN_TOKENS,
+            GROUPED_MIN_TOKENS - 1,
+            GROUPED_MIN_TOKENS,
+        ] {
+            let d = Dims { tokens, experts: 8, hidden: 256, inter: 128, k: 4 };
+            for path in [None, Some(Path::PerSlot), Some(Path::ExpertMajor), Some(Path::Grouped)] {
+                check_path(d, DType::BF16, 1e-2, path, false);
+            }
+        }
     }
 
     /// Routing on the GPU (router.cu) plus experts against the CPU reference: decode and prefill
@@ -353,7 +469,8 @@ mod gpu {
         experts(&inp.packed, dev)
     }
 
-    /// Not a check: prints the time of gpt-oss-20b-sized MoE calls (32 experts, top 4).
+    /// Not a check: prints the time of gpt-oss-20b-sized MoE calls (32 experts, top 4) on each
+    /// CUDA path and on the one chosen by batch size, to read the crossovers off.
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_moe_timing() {
@@ -367,24 +484,44 @@ mod gpu {
             inp.ids.to_device(&dev).unwrap(),
             inp.weights.to_device(&dev).unwrap(),
         );
-        for tokens in [1, 4, 8, 16, 23, 24, 31, 32, 64, 128, 512] {
+        let ids_host = inp.ids.to_vec2::<u32>().unwrap();
+        for tokens in [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 512] {
             let (x, ids, w) = (
                 x.narrow(0, 0, tokens).unwrap(),
                 ids.narrow(0, 0, tokens).unwrap(),
                 w.narrow(0, 0, tokens).unwrap(),
             );
-            let us = crate::kernels::testing::time_us(&dev, 20, || {
-                mxfp4_moe(&x, &ex, &ids, &w, SwiGlu::GPT_OSS).unwrap();
-            });
-            // Bytes of the selected experts' packed weights, read once per (token, expert), and
-            // the multiply-adds.
-            let slots = (tokens * d.k) as f64;
-            let bytes = slots * (3 * d.hidden * d.inter) as f64 * 17.0 / 32.0;
-            let tflops = slots * (3 * d.hidden * d.inter) as f64 * 2.0 / us / 1e6;
-            eprintln!(
-                "moe timing: {tokens} tokens bf16: {us:.1} us, {:.0} GB/s of expert weights, {tflops:.1} TFLOP/s",
-                bytes / us / 1e3
-            );
+            // The distinct experts' packed weights: what a path that reads each used expert once
+            // must read.
+            let mut used = ids_host[..tokens].iter().flatten().copied().collect::<Vec<_>>();
+            used.sort_unstable();
+            used.dedup();
+            let bytes = used.len() as f64 * (3 * d.hidden * d.inter) as f64 * 17.0 / 32.0;
+            let mut line =
+                format!("moe timing: {tokens:>3} tokens bf16 ({:>2} experts):", used.len());
+            for path in [None, Some(Path::PerSlot), Some(Path::ExpertMajor), Some(Path::Grouped)] {
+                if path == Some(Path::PerSlot) && tokens > 128 {
+                    continue;
+                }
+                let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, false).unwrap();
+                op.force_path = path;
+                let us = crate::kernels::testing::time_us(&dev, 20, || {
+                    x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+                });
+                let name = path.map_or("auto".to_string(), |p| format!("{p:?}"));
+                line += &format!(" | {name} {us:.1} us ({:.0} GB/s)", bytes / us / 1e3);
+            }
+            // The expert-major variants: (tiles of 8·nt slots, batches of u blocks along K).
+            for variant in crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_VARIANTS {
+                let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, false).unwrap();
+                op.force_path = Some(Path::ExpertMajor);
+                op.em_variant = Some(variant);
+                let us = crate::kernels::testing::time_us(&dev, 20, || {
+                    x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+                });
+                line += &format!(" | em{variant:?} {us:.1}");
+            }
+            eprintln!("{line}");
         }
     }
 }

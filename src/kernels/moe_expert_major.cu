@@ -1,0 +1,320 @@
+// The MXFP4 mixture of experts for small batches (a few to a few dozen tokens per decode step),
+// expert-major: same maths as mxfp4_moe.cu (see mxfp4_moe.rs), bf16 x only.
+//
+// moe_group (moe_grouped.cu) sorts the (token, slot) pairs by expert and cuts them into tiles of
+// at most 8 NT slots of one expert. Then, per (tile, block of weight rows), every weight row of the
+// expert is read from memory once and dotted with all the tile's slots:
+//
+//   moe_em_gate_up: x rows of the tile's slots against the expert's gate/up rows, bias and clamped
+//                   SwiGLU fused -> act [slots, I] as bf16 hi + lo (hi = bf16(a), lo = bf16(a - hi):
+//                   16 significant bits, like moe_grouped.cu), rows in grouped order.
+//   moe_em_down:    act rows (hi and lo) against the down rows, bias and routing weight fused ->
+//                   part [slots, H] f32 in slot order; mxfp4_moe.cu's moe_sum adds a token's k
+//                   slots in order (deterministic, no atomics).
+//
+// The products run on tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulation) with the weight
+// rows as the 16-row A operand and the tile's slots as the 8 columns of B ("swap AB"): a warp owns
+// MT tiles of 16 weight rows over all of K, so nothing is reduced across warps. The MXFP4 weights
+// go straight from global memory into A fragments:
+//
+// - In a quad (lanes 4g..4g+3) lane t reads word t (values 8t..8t+7) of each 32-value block of its
+//   two rows; fragment row g is weight row 2g of the 16-row tile and fragment row g + 8 is row 2g + 1
+//   (so for gate_up a thread ends with the gate AND the up value of pair g: SwiGLU in registers).
+// - The dot product does not care in which order K is walked, as long as A and B agree: the two
+//   k16 steps of a block take the word's nibbles as pairs (j, j + 4) (cheap to decode: one shift
+//   apart in both halves of a 32-bit register) and x's values at the same positions
+//   (__byte_perm of one 16-byte load of x).
+// - FP4 E2M1 -> bf16 by bits: sign to bit 15, the 3 magnitude bits to bits 6..8 gives FP4 * 2^-126
+//   exactly (code 1, 0.5, lands on the bf16 subnormal 2^-127), then one bf16x2 multiply by
+//   2^(s - 1) = 2^126 * 2^(s - 127) applies the E8M0 scale s exactly (s > 128 takes a second
+//   multiply, as 2^(s-1) has no bf16).
+//
+// No shared memory and no block-level sync. The grid is sized for the worst case (slots / (8 NT) +
+// experts tiles); tiles past the real count exit at once, so the host never waits for the grouping
+// and the launches can be captured in a CUDA graph.
+
+#include "common.cuh"
+
+#define EM_WARPS 4  // warps per block (each MT tiles of 16 weight rows over all of K)
+
+// c += A (16 x 16, row-major bf16) * B (16 x 8, column-major bf16), f32 accumulation.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// Nibbles J and J + 4 of w as two bf16 (low half: nibble J), each FP4 * 2^-126 (see the top).
+template <int J>
+__device__ __forceinline__ uint32_t fp4_pair_bits(uint32_t w) {
+    const uint32_t v = w >> (4 * J);
+    return ((v & 0x00070007u) << 6) | ((v & 0x00080008u) << 12);
+}
+
+// The E8M0 scale s as the factor of the decode, f1 = 2^(min(s, 128) - 1) as bf16x2; s itself for
+// the rare s > 128, whose second factor is 2^(s - 128).
+struct Scale {
+    uint32_t f1, s;
+};
+__device__ __forceinline__ Scale scale_of(uint32_t s) {
+    return Scale{((min(s, 128u) + 126u) << 7) * 0x10001u, s};
+}
+
+template <int J>
+__device__ __forceinline__ uint32_t fp4_pair(uint32_t w, const Scale& sc) {
+    uint32_t v = bf16x2_mul(fp4_pair_bits<J>(w), sc.f1);
+    if (sc.s > 128u) v = bf16x2_mul(v, ((sc.s - 1u) << 7) * 0x10001u);
+    return v;
+}
+
+// x's values at the positions of fp4_pair<J> / fp4_pair<J + 1> of step st (x = 8 bf16 values of one
+// lane: words u0 = (x0, x1), u1 = (x2, x3), u2 = (x4, x5), u3 = (x6, x7)): step 0 takes (x0, x4) and
+// (x1, x5), step 1 (x2, x6) and (x3, x7).
+__device__ __forceinline__ void b_frag(const uint4& u, int st, uint32_t& b0, uint32_t& b1) {
+    const uint32_t lo = st == 0 ? u.x : u.y, hi = st == 0 ? u.z : u.w;
+    b0 = __byte_perm(lo, hi, 0x5410);
+    b1 = __byte_perm(lo, hi, 0x7632);
+}
+
+// One batch of U blocks of 32 along K: this lane's word of each of its 2 MT rows' blocks, their
+// scales, and its 8 values of each block of its slot rows (hi, and lo with SPLIT).
+template <int MT, int NT, int U, bool SPLIT>
+struct Batch {
+    uint32_t w[U][MT][2], s[U][MT][2];
+    uint4 xh[U][NT], xl[U][SPLIT ? NT : 1];
+};
+
+// Blocks b0 .. b0 + U - 1; zeros past kb, for rows that are off (rv) and for absent slots.
+template <int MT, int NT, int U, bool SPLIT>
+__device__ __forceinline__ void load_batch(Batch<MT, NT, U, SPLIT>& bt, int b0, int kb, const uint32_t* const (&wp)[MT][2],
+                                           const uint8_t* const (&sp)[MT][2], const bool (&rv)[MT][2],
+                                           const __nv_bfloat16* const (&hi)[NT],
+                                           const __nv_bfloat16* const (&lo)[NT]) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int b = b0 + u;
+        const bool in = b < kb;
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const bool on = in && rv[i][h];
+                bt.w[u][i][h] = on ? __ldg(wp[i][h] + 4 * b) : 0u;
+                bt.s[u][i][h] = on ? __ldg(sp[i][h] + b) : 127u;
+            }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const uint4 z = make_uint4(0, 0, 0, 0);
+            bt.xh[u][j] = in && hi[j] ? __ldg(reinterpret_cast<const uint4*>(hi[j] + 32 * b + 8 * t)) : z;
+            if (SPLIT) bt.xl[u][j] = in && lo[j] ? __ldg(reinterpret_cast<const uint4*>(lo[j] + 32 * b + 8 * t)) : z;
+        }
+    }
+}
+
+// acc += the batch's products (zeros contribute nothing).
+template <int MT, int NT, int U, bool SPLIT>
+__device__ __forceinline__ void mma_batch(float (&acc)[MT][NT][4], const Batch<MT, NT, U, SPLIT>& bt) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        Scale sc[MT][2];
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) sc[i][h] = scale_of(bt.s[u][i][h]);
+#pragma unroll
+        for (int st = 0; st < 2; st++) {
+            uint32_t bh[NT][2], bl[NT][2];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                b_frag(bt.xh[u][j], st, bh[j][0], bh[j][1]);
+                if (SPLIT) b_frag(bt.xl[u][j], st, bl[j][0], bl[j][1]);
+            }
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                uint32_t a[4];
+                if (st == 0) {
+                    a[0] = fp4_pair<0>(bt.w[u][i][0], sc[i][0]);
+                    a[1] = fp4_pair<0>(bt.w[u][i][1], sc[i][1]);
+                    a[2] = fp4_pair<1>(bt.w[u][i][0], sc[i][0]);
+                    a[3] = fp4_pair<1>(bt.w[u][i][1], sc[i][1]);
+                } else {
+                    a[0] = fp4_pair<2>(bt.w[u][i][0], sc[i][0]);
+                    a[1] = fp4_pair<2>(bt.w[u][i][1], sc[i][1]);
+                    a[2] = fp4_pair<3>(bt.w[u][i][0], sc[i][0]);
+                    a[3] = fp4_pair<3>(bt.w[u][i][1], sc[i][1]);
+                }
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    mma_bf16(acc[i][j], a, bh[j][0], bh[j][1]);
+                    if (SPLIT) mma_bf16(acc[i][j], a, bl[j][0], bl[j][1]);
+                }
+            }
+        }
+    }
+}
+
+// One warp: acc[i][j] += rows (16 i .. 16 i + 15 of the warp's first row `row0`, of the packed
+// [*, K/32, 16] matrix) dotted with the slots of n-tile j (hi[j]: this lane's slot row of K bf16
+// values, nullptr for none; with SPLIT also lo[j], the low halves). rows_left: rows of the matrix
+// from row0 on (rows past it read as zeros). kb = K / 32.
+template <int MT, int NT, int U, bool SPLIT>
+__device__ __forceinline__ void em_rows(float (&acc)[MT][NT][4], const uint8_t* __restrict__ blocks,
+                                        const uint8_t* __restrict__ scales, long long row0, int rows_left,
+                                        int kb, const __nv_bfloat16* const (&hi)[NT],
+                                        const __nv_bfloat16* const (&lo)[NT]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint32_t* wp[MT][2];
+    const uint8_t* sp[MT][2];
+    bool rv[MT][2];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = 16 * i + 2 * g + h;
+            rv[i][h] = r < rows_left;
+            const long long row = row0 + (rv[i][h] ? r : 0);
+            wp[i][h] = reinterpret_cast<const uint32_t*>(blocks) + row * kb * 4 + t;
+            sp[i][h] = scales + row * kb;
+        }
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+
+    // Two batches of U blocks in flight: the next one's loads are issued before this one's
+    // arithmetic. The loop stays rolled (two batches per turn, static buffers).
+    Batch<MT, NT, U, SPLIT> p, q;
+    load_batch(p, 0, kb, wp, sp, rv, hi, lo);
+#pragma unroll 1
+    for (int b0 = 0; b0 < kb; b0 += 2 * U) {
+        load_batch(q, b0 + U, kb, wp, sp, rv, hi, lo);
+        mma_batch(acc, p);
+        if (b0 + U >= kb) break;
+        if (b0 + 2 * U < kb) load_batch(p, b0 + 2 * U, kb, wp, sp, rv, hi, lo);
+        mma_batch(acc, q);
+    }
+}
+
+// grid (max_tiles, ceil(2I / (16 MT EM_WARPS))), block 32 EM_WARPS. x [tokens, H] bf16; act_hi/lo
+// [slots, I] bf16 in grouped order. Tiles from moe_group with tile size 8 NT.
+template <int MT, int NT, int U>
+__device__ __forceinline__ void em_gate_up(const __nv_bfloat16* __restrict__ x, const int* __restrict__ sorted,
+                                           const int* __restrict__ tiles, const uint8_t* __restrict__ blocks,
+                                           const uint8_t* __restrict__ scales, const float* __restrict__ bias,
+                                           __nv_bfloat16* __restrict__ act_hi, __nv_bfloat16* __restrict__ act_lo,
+                                           int k, int hidden, int inter, float limit, float alpha) {
+    const int e = tiles[3 * blockIdx.x];
+    if (e < 0) return;
+    const int p0 = tiles[3 * blockIdx.x + 1], count = tiles[3 * blockIdx.x + 2];
+    const int n_rows = 2 * inter;
+    const int r0 = (blockIdx.y * EM_WARPS + (threadIdx.x >> 5)) * 16 * MT;
+    if (r0 >= n_rows) return;  // whole warps: no block-level sync below
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const __nv_bfloat16* rows[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int m = 8 * j + g;
+        rows[j] = m < count ? x + (long long)(sorted[p0 + m] / k) * hidden : nullptr;
+    }
+    float acc[MT][NT][4];
+    em_rows<MT, NT, U, false>(acc, blocks, scales, (long long)e * n_rows + r0, n_rows - r0, hidden / 32, rows, rows);
+    // Fragment row g is weight row r0 + 16 i + 2 g (gate of pair (r0 + 16 i) / 2 + g), row g + 8 the
+    // next row (its up); columns 2t, 2t + 1 are the tile's slots 8 j + 2 t + c.
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        const int r = r0 + 16 * i + 2 * g;
+        if (r >= n_rows) continue;
+        const float bg = bias[(long long)e * n_rows + r], bu = bias[(long long)e * n_rows + r + 1];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int m = 8 * j + 2 * t + c;
+                if (m >= count) continue;
+                const float gate = fminf(acc[i][j][c] + bg, limit);
+                const float up = fminf(fmaxf(acc[i][j][2 + c] + bu, -limit), limit);
+                const float a = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
+                const __nv_bfloat16 h = __float2bfloat16_rn(a);
+                const long long at = (long long)(p0 + m) * inter + r / 2;
+                act_hi[at] = h;
+                act_lo[at] = __float2bfloat16_rn(a - __bfloat162float(h));
+            }
+    }
+}
+
+// grid (max_tiles, ceil(H / (16 MT EM_WARPS))). part[slot, n] = weights[slot] * (dot + bias), f32,
+// rows in slot order.
+template <int MT, int NT, int U>
+__device__ __forceinline__ void em_down(const __nv_bfloat16* __restrict__ act_hi,
+                                        const __nv_bfloat16* __restrict__ act_lo, const int* __restrict__ sorted,
+                                        const int* __restrict__ tiles, const float* __restrict__ weights,
+                                        const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
+                                        const float* __restrict__ bias, float* __restrict__ part, int hidden,
+                                        int inter) {
+    const int e = tiles[3 * blockIdx.x];
+    if (e < 0) return;
+    const int p0 = tiles[3 * blockIdx.x + 1], count = tiles[3 * blockIdx.x + 2];
+    const int r0 = (blockIdx.y * EM_WARPS + (threadIdx.x >> 5)) * 16 * MT;
+    if (r0 >= hidden) return;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const __nv_bfloat16 *hi[NT], *lo[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int m = 8 * j + g;
+        hi[j] = m < count ? act_hi + (long long)(p0 + m) * inter : nullptr;
+        lo[j] = m < count ? act_lo + (long long)(p0 + m) * inter : nullptr;
+    }
+    float acc[MT][NT][4];
+    em_rows<MT, NT, U, true>(acc, blocks, scales, (long long)e * hidden + r0, hidden - r0, inter / 32, hi, lo);
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        const int r = r0 + 16 * i + 2 * g;
+        if (r >= hidden) continue;
+        const float b0 = bias[(long long)e * hidden + r], b1 = bias[(long long)e * hidden + r + 1];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int m = 8 * j + 2 * t + c;
+                if (m >= count) continue;
+                const int slot = sorted[p0 + m];
+                const float w = weights[slot];
+                // Rows r and r + 1 are adjacent (H is even): one 8-byte store.
+                *reinterpret_cast<float2*>(part + (long long)slot * hidden + r) =
+                    make_float2(w * (acc[i][j][c] + b0), w * (acc[i][j][2 + c] + b1));
+            }
+    }
+}
+
+// Variants _n{NT}_u{U}: tiles of 8 NT slots, batches of U blocks along K (two batches in flight per
+// warp), MT = 2 (128 rows per block of 4 warps). gpu.rs picks one (EXPERT_MAJOR_BATCH); more
+// loads in flight per warp against more registers (fewer warps per SM).
+#define EM_VARIANT(MT, NT, U)                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_gate_up_n##NT##_u##U(                 \
+        const __nv_bfloat16* x, const int* sorted, const int* tiles, const uint8_t* blocks,                  \
+        const uint8_t* scales, const float* bias, __nv_bfloat16* act_hi, __nv_bfloat16* act_lo, int k,        \
+        int hidden, int inter, float limit, float alpha) {                                                   \
+        em_gate_up<MT, NT, U>(x, sorted, tiles, blocks, scales, bias, act_hi, act_lo, k, hidden, inter,      \
+                              limit, alpha);                                                                 \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_down_n##NT##_u##U(                    \
+        const __nv_bfloat16* act_hi, const __nv_bfloat16* act_lo, const int* sorted, const int* tiles,      \
+        const float* weights, const uint8_t* blocks, const uint8_t* scales, const float* bias, float* part, \
+        int hidden, int inter) {                                                                             \
+        em_down<MT, NT, U>(act_hi, act_lo, sorted, tiles, weights, blocks, scales, bias, part, hidden, inter); \
+    }
+
+EM_VARIANT(2, 1, 2)
+EM_VARIANT(2, 1, 4)
+EM_VARIANT(2, 2, 1)
+EM_VARIANT(2, 2, 2)
