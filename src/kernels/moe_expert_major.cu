@@ -296,24 +296,26 @@ __device__ __forceinline__ void em_down(const __nv_bfloat16* __restrict__ act_hi
     }
 }
 
-// Variants _n{NT}_u{U}: tiles of 8 NT slots, batches of U blocks along K (two batches in flight per
-// warp), MT = 2 (128 rows per block of 4 warps). gpu.rs picks one (EXPERT_MAJOR_BATCH); more
-// loads in flight per warp against more registers (fewer warps per SM).
+// Variants _m{MT}_n{NT}_u{U}: warps of MT tiles of 16 weight rows (blocks of 64 MT rows), tiles of
+// 8 NT slots, batches of U blocks along K (two batches in flight per warp). gpu.rs picks one
+// (EXPERT_MAJOR_DEFAULT): more loads in flight per warp against more registers (fewer warps per
+// SM); fewer rows per warp give more blocks when few experts are in use, but read x more often.
 #define EM_VARIANT(MT, NT, U)                                                                                \
-    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_gate_up_n##NT##_u##U(                 \
+    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_gate_up_m##MT##_n##NT##_u##U(                 \
         const __nv_bfloat16* x, const int* sorted, const int* tiles, const uint8_t* blocks,                  \
         const uint8_t* scales, const float* bias, __nv_bfloat16* act_hi, __nv_bfloat16* act_lo, int k,        \
         int hidden, int inter, float limit, float alpha) {                                                   \
         em_gate_up<MT, NT, U>(x, sorted, tiles, blocks, scales, bias, act_hi, act_lo, k, hidden, inter,      \
                               limit, alpha);                                                                 \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_down_n##NT##_u##U(                    \
+    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_down_m##MT##_n##NT##_u##U(                    \
         const __nv_bfloat16* act_hi, const __nv_bfloat16* act_lo, const int* sorted, const int* tiles,      \
         const float* weights, const uint8_t* blocks, const uint8_t* scales, const float* bias, float* part, \
         int hidden, int inter) {                                                                             \
         em_down<MT, NT, U>(act_hi, act_lo, sorted, tiles, weights, blocks, scales, bias, part, hidden, inter); \
     }
 
+EM_VARIANT(1, 1, 4)
 EM_VARIANT(2, 1, 2)
 EM_VARIANT(2, 1, 4)
 EM_VARIANT(2, 2, 1)
