@@ -27,7 +27,8 @@
 // - FP4 E2M1 -> bf16 by bits: sign to bit 15, the 3 magnitude bits to bits 6..8 gives FP4 * 2^-126
 //   exactly (code 1, 0.5, lands on the bf16 subnormal 2^-127), then one bf16x2 multiply by
 //   2^(s - 1) = 2^126 * 2^(s - 127) applies the E8M0 scale s exactly (s > 128 takes a second
-//   multiply, as 2^(s-1) has no bf16).
+//   multiply, as 2^(s-1) has no bf16; a warp takes that slower decode only for a batch where
+//   some scale is 128 or more, which real checkpoints hardly have).
 //
 // No shared memory and no block-level sync. The grid is sized for the worst case (slots / (8 NT) +
 // experts tiles); tiles past the real count exit at once, so the host never waits for the grouping
@@ -59,18 +60,21 @@ __device__ __forceinline__ uint32_t fp4_pair_bits(uint32_t w) {
 }
 
 // The E8M0 scale s as the factor of the decode, f1 = 2^(min(s, 128) - 1) as bf16x2; s itself for
-// the rare s > 128, whose second factor is 2^(s - 128).
+// the rare s > 128, whose second factor is 2^(s - 128). BIG: s may be 128 or more (else the
+// factor is one multiply-add: bf16 exponent s + 126 in both halves).
 struct Scale {
     uint32_t f1, s;
 };
+template <bool BIG>
 __device__ __forceinline__ Scale scale_of(uint32_t s) {
-    return Scale{((min(s, 128u) + 126u) << 7) * 0x10001u, s};
+    if (BIG) return Scale{((min(s, 128u) + 126u) << 7) * 0x10001u, s};
+    return Scale{s * 0x00800080u + 0x3F003F00u, s};
 }
 
-template <int J>
+template <int J, bool BIG>
 __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, const Scale& sc) {
     uint32_t v = bf16x2_mul(fp4_pair_bits<J>(w), sc.f1);
-    if (sc.s > 128u) v = bf16x2_mul(v, ((sc.s - 1u) << 7) * 0x10001u);
+    if (BIG && sc.s > 128u) v = bf16x2_mul(v, ((sc.s - 1u) << 7) * 0x10001u);
     return v;
 }
 
@@ -119,8 +123,9 @@ __device__ __forceinline__ void load_batch(Batch<MT, NT, U, SPLIT>& bt, int b0, 
     }
 }
 
-// acc += the batch's products (zeros contribute nothing).
-template <int MT, int NT, int U, bool SPLIT>
+// acc += the batch's products (zeros contribute nothing). BIG: some scale of the batch may be 128
+// or more (the slow decode).
+template <bool BIG, int MT, int NT, int U, bool SPLIT>
 __device__ __forceinline__ void mma_batch(float (&acc)[MT][NT][4], const Batch<MT, NT, U, SPLIT>& bt) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -128,7 +133,7 @@ __device__ __forceinline__ void mma_batch(float (&acc)[MT][NT][4], const Batch<M
 #pragma unroll
         for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) sc[i][h] = scale_of(bt.s[u][i][h]);
+            for (int h = 0; h < 2; h++) sc[i][h] = scale_of<BIG>(bt.s[u][i][h]);
 #pragma unroll
         for (int st = 0; st < 2; st++) {
             uint32_t bh[NT][2], bl[NT][2];
@@ -141,15 +146,15 @@ __device__ __forceinline__ void mma_batch(float (&acc)[MT][NT][4], const Batch<M
             for (int i = 0; i < MT; i++) {
                 uint32_t a[4];
                 if (st == 0) {
-                    a[0] = fp4_pair<0>(bt.w[u][i][0], sc[i][0]);
-                    a[1] = fp4_pair<0>(bt.w[u][i][1], sc[i][1]);
-                    a[2] = fp4_pair<1>(bt.w[u][i][0], sc[i][0]);
-                    a[3] = fp4_pair<1>(bt.w[u][i][1], sc[i][1]);
+                    a[0] = fp4_pair<0, BIG>(bt.w[u][i][0], sc[i][0]);
+                    a[1] = fp4_pair<0, BIG>(bt.w[u][i][1], sc[i][1]);
+                    a[2] = fp4_pair<1, BIG>(bt.w[u][i][0], sc[i][0]);
+                    a[3] = fp4_pair<1, BIG>(bt.w[u][i][1], sc[i][1]);
                 } else {
-                    a[0] = fp4_pair<2>(bt.w[u][i][0], sc[i][0]);
-                    a[1] = fp4_pair<2>(bt.w[u][i][1], sc[i][1]);
-                    a[2] = fp4_pair<3>(bt.w[u][i][0], sc[i][0]);
-                    a[3] = fp4_pair<3>(bt.w[u][i][1], sc[i][1]);
+                    a[0] = fp4_pair<2, BIG>(bt.w[u][i][0], sc[i][0]);
+                    a[1] = fp4_pair<2, BIG>(bt.w[u][i][1], sc[i][1]);
+                    a[2] = fp4_pair<3, BIG>(bt.w[u][i][0], sc[i][0]);
+                    a[3] = fp4_pair<3, BIG>(bt.w[u][i][1], sc[i][1]);
                 }
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
@@ -158,6 +163,29 @@ __device__ __forceinline__ void mma_batch(float (&acc)[MT][NT][4], const Batch<M
                 }
             }
         }
+    }
+}
+
+// Whether any lane of the warp has a scale of 128 or more in the batch (warp-uniform).
+template <int MT, int NT, int U, bool SPLIT>
+__device__ __forceinline__ bool batch_big(const Batch<MT, NT, U, SPLIT>& bt) {
+    uint32_t any = 0;
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) any |= bt.s[u][i][h];
+    return __any_sync(FULL_MASK, any & 0x80u);
+}
+
+// acc += the batch's products, by the fast decode unless a scale needs the slow one.
+template <int MT, int NT, int U, bool SPLIT>
+__device__ __forceinline__ void mma_batch_any(float (&acc)[MT][NT][4], const Batch<MT, NT, U, SPLIT>& bt) {
+    if (batch_big(bt)) {
+        mma_batch<true>(acc, bt);
+    } else {
+        mma_batch<false>(acc, bt);
     }
 }
 
@@ -198,10 +226,10 @@ __device__ __forceinline__ void em_rows(float (&acc)[MT][NT][4], const uint8_t* 
 #pragma unroll 1
     for (int b0 = 0; b0 < kb; b0 += 2 * U) {
         load_batch(q, b0 + U, kb, wp, sp, rv, hi, lo);
-        mma_batch(acc, p);
+        mma_batch_any(acc, p);
         if (b0 + U >= kb) break;
         if (b0 + 2 * U < kb) load_batch(p, b0 + 2 * U, kb, wp, sp, rv, hi, lo);
-        mma_batch(acc, q);
+        mma_batch_any(acc, q);
     }
 }
 
@@ -296,24 +324,26 @@ __device__ __forceinline__ void em_down(const __nv_bfloat16* __restrict__ act_hi
     }
 }
 
-// Variants _n{NT}_u{U}: tiles of 8 NT slots, batches of U blocks along K (two batches in flight per
-// warp), MT = 2 (128 rows per block of 4 warps). gpu.rs picks one (EXPERT_MAJOR_BATCH); more
-// loads in flight per warp against more registers (fewer warps per SM).
+// Variants _m{MT}_n{NT}_u{U}: warps of MT tiles of 16 weight rows (blocks of 64 MT rows), tiles of
+// 8 NT slots, batches of U blocks along K (two batches in flight per warp). gpu.rs picks one
+// (EXPERT_MAJOR_DEFAULT): more loads in flight per warp against more registers (fewer warps per
+// SM); fewer rows per warp give more blocks when few experts are in use, but read x more often.
 #define EM_VARIANT(MT, NT, U)                                                                                \
-    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_gate_up_n##NT##_u##U(                 \
+    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_gate_up_m##MT##_n##NT##_u##U(                 \
         const __nv_bfloat16* x, const int* sorted, const int* tiles, const uint8_t* blocks,                  \
         const uint8_t* scales, const float* bias, __nv_bfloat16* act_hi, __nv_bfloat16* act_lo, int k,        \
         int hidden, int inter, float limit, float alpha) {                                                   \
         em_gate_up<MT, NT, U>(x, sorted, tiles, blocks, scales, bias, act_hi, act_lo, k, hidden, inter,      \
                               limit, alpha);                                                                 \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_down_n##NT##_u##U(                    \
+    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_down_m##MT##_n##NT##_u##U(                    \
         const __nv_bfloat16* act_hi, const __nv_bfloat16* act_lo, const int* sorted, const int* tiles,      \
         const float* weights, const uint8_t* blocks, const uint8_t* scales, const float* bias, float* part, \
         int hidden, int inter) {                                                                             \
         em_down<MT, NT, U>(act_hi, act_lo, sorted, tiles, weights, blocks, scales, bias, part, hidden, inter); \
     }
 
+EM_VARIANT(1, 1, 4)
 EM_VARIANT(2, 1, 2)
 EM_VARIANT(2, 1, 4)
 EM_VARIANT(2, 2, 1)

@@ -201,10 +201,10 @@ struct Mxfp4Moe {
     /// Tests and timings: take this CUDA path whatever the batch size (`None`: by batch size).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     force_path: Option<Path>,
-    /// Tests and timings: the expert-major kernels' variant (slot tiles of 8·nt, batches of u
-    /// blocks along K), whatever the batch size (`None`: gpu.rs's choice).
+    /// Tests and timings: the expert-major kernels' variant `(MT, NT, U)` (gpu.rs's
+    /// `EXPERT_MAJOR_VARIANTS`), whatever the batch size (`None`: gpu.rs's choice).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    em_variant: Option<(usize, usize)>,
+    em_variant: Option<(usize, usize, usize)>,
 }
 
 /// The CUDA paths (`gpu.rs` chooses by batch size).

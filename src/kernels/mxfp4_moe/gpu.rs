@@ -34,14 +34,18 @@ pub(super) const EXPERT_MAJOR_MIN_TOKENS: usize = 2;
 /// of 8 (twice the tensor-core work per weight byte, half the weight re-reads for experts with more
 /// than 8 slots). To be measured (gpu_moe_timing prints both).
 pub(super) const EXPERT_MAJOR_TILE16_MIN_TOKENS: usize = 32;
-/// The expert-major kernels' batches along K (blocks of 32 loaded per batch, two batches in
-/// flight per warp) for tiles of 8 and of 16 slots: `moe_em_*_n{1,2}_u{U}`. Compiled: n1 with
-/// U 2 (gate_up 128 registers, down 163) or 4 (166, 255); n2 with U 1 (96, 128) or 2 (160, 197).
-/// More bytes in flight per warp against fewer warps per SM; to be measured (gpu_moe_timing
-/// prints all four).
-const EXPERT_MAJOR_BATCH: [usize; 2] = [2, 1];
-/// The compiled (tile of 8·nt, batch u) variants.
-pub(super) const EXPERT_MAJOR_VARIANTS: [(usize, usize); 4] = [(1, 2), (1, 4), (2, 1), (2, 2)];
+/// The expert-major kernels' default variants `(MT, NT, U)` for tiles of 8 and of 16 slots:
+/// `moe_em_*_m{MT}_n{NT}_u{U}`, warps of MT tiles of 16 weight rows (blocks of 4 warps), tiles of
+/// 8·NT slots, batches of U blocks of 32 along K (two batches in flight per warp). To be measured
+/// (gpu_moe_timing prints every compiled variant).
+const EXPERT_MAJOR_DEFAULT: [EmVariant; 2] = [(2, 1, 2), (2, 2, 1)];
+/// An expert-major kernel variant `(MT, NT, U)`.
+pub(super) type EmVariant = (usize, usize, usize);
+/// The compiled variants, with their registers per thread (gate_up, down; sm_90, nvcc 13.0, no
+/// shared memory): (1, 1, 4) 121, 168; (2, 1, 2) 128, 167; (2, 1, 4) 168 (4 bytes spilled), 255;
+/// (2, 2, 1) 96, 122; (2, 2, 2) 160, 161.
+pub(super) const EXPERT_MAJOR_VARIANTS: [EmVariant; 5] =
+    [(1, 1, 4), (2, 1, 2), (2, 1, 4), (2, 2, 1), (2, 2, 2)];
 /// From this many tokens bf16 batches go to the grouped tensor-core GEMMs (tiles of 64 slots).
 /// Before the expert-major path, the per-slot GEMVs and the grouped path crossed near 32 tokens
 /// on an H100 (gpt-oss-20b sizes, one layer: grouped ~790 µs from 24 to 64 tokens). The
@@ -51,9 +55,8 @@ pub(super) const GROUPED_MIN_TOKENS: usize = 128;
 const BM: usize = 64;
 const BN: usize = 128;
 const GROUPED_MAX_EXPERTS: usize = 1024;
-/// moe_expert_major.cu's blocks: EM_WARPS = 4 warps of MT = 2 tiles of 16 weight rows.
-const EM_THREADS: u32 = 128;
-const EM_ROWS: usize = 128;
+/// moe_expert_major.cu's blocks: EM_WARPS = 4 warps (of MT tiles of 16 weight rows each).
+const EM_WARPS: usize = 4;
 
 /// The layer's packed weights as device views.
 struct Packed<'a> {
@@ -292,16 +295,17 @@ fn group(dev: &CudaDevice, ids: &CudaView<u32>, d: Dims, tile: usize) -> Result<
 }
 
 /// Expert-major GEMVs on tensor cores (bf16 x only): group the slots by expert into tiles of 8
-/// (or 16 from [`EXPERT_MAJOR_TILE16_MIN_TOKENS`] tokens), then per (tile, 128 weight rows) read
+/// (or 16 from [`EXPERT_MAJOR_TILE16_MIN_TOKENS`] tokens), then per (tile, 64·MT weight rows) read
 /// each row once for all the tile's slots. Returns part `[slots, H]` like [`by_expert`] (rows of
 /// slots routed to no valid expert unwritten); the activations travel as bf16 hi + lo too.
 fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let Call { op, dev, x, ids, weights, p, d } = *c;
-    let nt = if d.tokens >= EXPERT_MAJOR_TILE16_MIN_TOKENS { 2 } else { 1 };
-    let (nt, u) = op.em_variant.unwrap_or((nt, EXPERT_MAJOR_BATCH[nt - 1]));
-    if !EXPERT_MAJOR_VARIANTS.contains(&(nt, u)) {
-        bail!("mxfp4_moe: no expert-major variant with tiles of {} and batches of {u}", 8 * nt);
+    let tile16 = usize::from(d.tokens >= EXPERT_MAJOR_TILE16_MIN_TOKENS);
+    let (mt, nt, u) = op.em_variant.unwrap_or(EXPERT_MAJOR_DEFAULT[tile16]);
+    if !EXPERT_MAJOR_VARIANTS.contains(&(mt, nt, u)) {
+        bail!("mxfp4_moe: no expert-major variant {:?} (MT, NT, U)", (mt, nt, u));
     }
+    let block_rows = 16 * mt * EM_WARPS;
     let slots = d.slots();
     let Groups { sorted, tiles, max_tiles } = group(dev, ids, d, 8 * nt)?;
     // The kernels write act's and part's rows of the validly routed slots and read only those
@@ -314,13 +318,13 @@ fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
         (int(d.k, "k")?, int(d.hidden, "hidden")?, int(d.inter, "intermediate")?);
     let grid = |rows: usize| -> Result<LaunchConfig> {
         Ok(LaunchConfig {
-            grid_dim: (t32 as u32, int(rows.div_ceil(EM_ROWS), "row blocks")? as u32, 1),
-            block_dim: (EM_THREADS, 1, 1),
+            grid_dim: (t32 as u32, int(rows.div_ceil(block_rows), "row blocks")? as u32, 1),
+            block_dim: (32 * EM_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         })
     };
     let func = dev.get_or_load_custom_func(
-        &format!("moe_em_gate_up_n{nt}_u{u}"),
+        &format!("moe_em_gate_up_m{mt}_n{nt}_u{u}"),
         EXPERT_MAJOR_MODULE,
         MOE_EXPERT_MAJOR_PTX,
     )?;
@@ -339,7 +343,7 @@ fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     unsafe { b.launch(grid(2 * d.inter)?) }.w()?;
 
     let func = dev.get_or_load_custom_func(
-        &format!("moe_em_down_n{nt}_u{u}"),
+        &format!("moe_em_down_m{mt}_n{nt}_u{u}"),
         EXPERT_MAJOR_MODULE,
         MOE_EXPERT_MAJOR_PTX,
     )?;

@@ -373,7 +373,7 @@ mod gpu {
         }
     }
 
-    fn check_variant(d: Dims, variant: (usize, usize)) {
+    fn check_variant(d: Dims, variant: (usize, usize, usize)) {
         let name = format!("gpu moe expert-major {variant:?} {d:?}");
         let mut rng = rng(&name);
         let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
@@ -485,7 +485,7 @@ mod gpu {
             inp.weights.to_device(&dev).unwrap(),
         );
         let ids_host = inp.ids.to_vec2::<u32>().unwrap();
-        for tokens in [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 512] {
+        for tokens in [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256, 512] {
             let (x, ids, w) = (
                 x.narrow(0, 0, tokens).unwrap(),
                 ids.narrow(0, 0, tokens).unwrap(),
@@ -511,7 +511,8 @@ mod gpu {
                 let name = path.map_or("auto".to_string(), |p| format!("{p:?}"));
                 line += &format!(" | {name} {us:.1} us ({:.0} GB/s)", bytes / us / 1e3);
             }
-            // The expert-major variants: (tiles of 8·nt slots, batches of u blocks along K).
+            // The expert-major variants (MT, NT, U): warps of MT tiles of 16 rows, tiles of 8·NT
+            // slots, batches of U blocks along K.
             for variant in crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_VARIANTS {
                 let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, false).unwrap();
                 op.force_path = Some(Path::ExpertMajor);
