@@ -5,7 +5,9 @@
 //! tokens to generate greedily with no end id. At concurrency 1 this is llama-bench's pp/tg
 //! pair: prefill is the prompt over the time to the first token, decode the other tokens over
 //! the time after it. At higher concurrency it reports the aggregate rate (all generated
-//! tokens over the run's wall time), each stream's decode rate, and the TTFT percentiles. One
+//! tokens over the run's wall time, prefill included), the decode rate while all streams decode
+//! (streams over the mean time of such a step: their inter-token latency), each stream's
+//! decode rate, and the TTFT percentiles. One
 //! warm-up run, then `--repeat` runs; medians are reported with the GPU name and memory.
 
 use std::time::{Duration, Instant};
@@ -66,10 +68,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
     };
     one_run(&engine, next_prompts(), args.gen_tokens)?; // warm-up
+    let before = engine.stats().decode_steps.get(&streams).copied().unwrap_or_default();
     let mut runs = Vec::new();
     for _ in 0..args.repeat {
         runs.push(one_run(&engine, next_prompts(), args.gen_tokens)?);
     }
+    // Steps in which all streams decoded: their mean time is the inter-token latency of a full
+    // batch, and streams over it the aggregate decode rate (what SGLang's and vLLM's batch
+    // numbers are).
+    let after = engine.stats().decode_steps.get(&streams).copied().unwrap_or_default();
+    let full_steps = after.0.saturating_sub(before.0);
+    let full_step_s = after.1.saturating_sub(before.1).as_secs_f64() / full_steps.max(1) as f64;
+    let full_decode = if full_steps > 0 { streams as f64 / full_step_s } else { 0.0 };
     let gpu_name = gpu.as_ref().map(|g| g.name.clone()).unwrap_or_else(|| "CPU".into());
     let mem_now = crate::gpu::memory(&device).map(|(free, total)| total - free);
     let r = Report::of(&runs, args.prompt_tokens);
@@ -89,6 +99,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "decode_tok_s": r.decode,
             "decode_ms_per_token": 1000.0 / r.decode,
             "aggregate_tok_s": r.aggregate,
+            "full_batch_decode_tok_s": full_decode,
+            "full_batch_step_ms": full_step_s * 1e3,
             "ttft_p50_ms": r.ttft_p50 * 1e3,
             "ttft_p99_ms": r.ttft_p99 * 1e3,
             "decode_runs_tok_s": r.decode_runs,
@@ -126,7 +138,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "streams: {streams} × (pp{} + tg{})   (median of {n} runs)",
             args.prompt_tokens, args.gen_tokens
         );
-        println!("aggregate:  {:>10.1} tok/s generated", r.aggregate);
+        println!("aggregate:  {:>10.1} tok/s generated (prefill included)", r.aggregate);
+        println!(
+            "decode:     {:>10.1} tok/s with all {streams} streams decoding ({:.2} ms a step)",
+            full_decode,
+            full_step_s * 1e3
+        );
         println!("per stream: {:>10.1} tok/s decode (median)", r.decode);
         println!("TTFT:       p50 {:.1} ms, p99 {:.1} ms", r.ttft_p50 * 1e3, r.ttft_p99 * 1e3);
     }

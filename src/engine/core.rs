@@ -59,6 +59,9 @@ pub struct EngineStats {
     pub steps: u64,
     /// Sequences in the last step.
     pub last_batch: usize,
+    /// Steps in which every sequence decoded one token, by batch size: (count, total time).
+    /// A full batch's step time is its streams' inter-token latency.
+    pub decode_steps: std::collections::BTreeMap<usize, (u64, std::time::Duration)>,
 }
 
 pub(super) enum Command {
@@ -232,9 +235,10 @@ struct Live {
 }
 
 struct Core {
-    /// Step times by kind (`INFERNO_STEP_STATS=1` prints them when the engine stops): where a
-    /// benchmark's time goes without a profiler.
-    step_times: Option<std::collections::BTreeMap<(bool, usize), (u32, std::time::Duration)>>,
+    /// Step times by kind and batch size (`INFERNO_STEP_STATS=1` prints them when the engine
+    /// stops): where a benchmark's time goes without a profiler.
+    step_times: std::collections::BTreeMap<(bool, usize), (u64, std::time::Duration)>,
+    print_step_times: bool,
     runner: Runner,
     blocks: BlockManager,
     sched: Scheduler,
@@ -285,9 +289,8 @@ impl Core {
             max_context,
         });
         let core = Core {
-            step_times: std::env::var("INFERNO_STEP_STATS")
-                .is_ok_and(|v| v == "1")
-                .then(Default::default),
+            step_times: Default::default(),
+            print_step_times: std::env::var("INFERNO_STEP_STATS").is_ok_and(|v| v == "1"),
             runner: Runner { model, pool, shape, graphs: Default::default() },
             blocks,
             sched,
@@ -426,12 +429,10 @@ impl Core {
         };
         let mut sampled = sampled.into_iter();
         self.steps += 1;
-        if let Some(times) = &mut self.step_times {
-            let decode_only = plan.chunks.iter().all(|c| c.len == 1);
-            let e = times.entry((decode_only, plan.chunks.len())).or_default();
-            e.0 += 1;
-            e.1 += t0.elapsed();
-        }
+        let decode_only = plan.chunks.iter().all(|c| c.len == 1);
+        let e = self.step_times.entry((decode_only, plan.chunks.len())).or_default();
+        e.0 += 1;
+        e.1 += t0.elapsed();
         for c in &plan.chunks {
             let id = if c.sample { sampled.next() } else { None };
             self.sched.complete(c, id, &mut self.blocks);
@@ -527,10 +528,12 @@ impl Core {
     }
 
     fn print_step_times(&self) {
-        let Some(times) = &self.step_times else { return };
-        for ((decode_only, seqs), (n, total)) in times {
+        if !self.print_step_times {
+            return;
+        }
+        for ((decode_only, seqs), (n, total)) in &self.step_times {
             let kind = if *decode_only { "decode" } else { "mixed " };
-            let ms = total.as_secs_f64() * 1e3 / f64::from(*n);
+            let ms = total.as_secs_f64() * 1e3 / *n as f64;
             eprintln!("step {kind} seqs {seqs:>3}: {n:>6} steps, {ms:>8.3} ms each");
         }
     }
@@ -549,6 +552,12 @@ impl Core {
                 total_blocks: (0..groups).map(|g| self.blocks.total_blocks(g)).collect(),
                 steps: self.steps,
                 last_batch: batch,
+                decode_steps: self
+                    .step_times
+                    .iter()
+                    .filter(|((decode_only, _), _)| *decode_only)
+                    .map(|((_, n), v)| (*n, *v))
+                    .collect(),
             };
         }
     }

@@ -27,17 +27,20 @@ const MAX_K: usize = 8 * 32 * 32;
 /// beyond it 32 (measured on an H200, gpt-oss-20b sizes: 1 token 52 vs 57 µs, 128 tokens
 /// 3.3 vs 2.8 ms).
 const SMALL_BATCH: usize = 2;
-/// From this many tokens bf16 batches take the expert-major GEMVs; below it (one token: each
-/// expert has one slot anyway) the per-slot GEMVs, which spread one slot over more blocks.
-pub(super) const EXPERT_MAJOR_MIN_TOKENS: usize = 2;
+/// From this many tokens bf16 batches take the expert-major GEMVs; below it (most experts have
+/// one slot) the per-slot GEMVs, which spread one slot over more blocks. Measured on an H100
+/// (gpt-oss-20b sizes, one layer, `gpu_moe_timing`): per-slot / best expert-major 56 / 77 µs at
+/// 1 token, 91 / 103 at 2, 148 / 169 at 4, 235 / 227 at 8.
+pub(super) const EXPERT_MAJOR_MIN_TOKENS: usize = 8;
 /// From this many tokens the expert-major GEMVs cut each expert's slots into tiles of 16 instead
 /// of 8 (twice the tensor-core work per weight byte, half the weight re-reads for experts with more
-/// than 8 slots). To be measured (gpu_moe_timing prints both).
-pub(super) const EXPERT_MAJOR_TILE16_MIN_TOKENS: usize = 32;
+/// than 8 slots). Measured (H100, as above): 8-slot / 16-slot tiles 296 / 334 µs at 32 tokens,
+/// 327 / 350 at 48, 357 / 358 at 64, 578 / 403 at 128.
+pub(super) const EXPERT_MAJOR_TILE16_MIN_TOKENS: usize = 64;
 /// The expert-major kernels' default variants `(MT, NT, U)` for tiles of 8 and of 16 slots:
 /// `moe_em_*_m{MT}_n{NT}_u{U}`, warps of MT tiles of 16 weight rows (blocks of 4 warps), tiles of
-/// 8·NT slots, batches of U blocks of 32 along K (two batches in flight per warp). To be measured
-/// (gpu_moe_timing prints every compiled variant).
+/// 8·NT slots, batches of U blocks of 32 along K (two batches in flight per warp). On the H100
+/// these were the best or within 2% of it at 8–512 tokens (gpu_moe_timing prints every variant).
 const EXPERT_MAJOR_DEFAULT: [EmVariant; 2] = [(2, 1, 2), (2, 2, 1)];
 /// An expert-major kernel variant `(MT, NT, U)`.
 pub(super) type EmVariant = (usize, usize, usize);
@@ -47,10 +50,12 @@ pub(super) type EmVariant = (usize, usize, usize);
 pub(super) const EXPERT_MAJOR_VARIANTS: [EmVariant; 5] =
     [(1, 1, 4), (2, 1, 2), (2, 1, 4), (2, 2, 1), (2, 2, 2)];
 /// From this many tokens bf16 batches go to the grouped tensor-core GEMMs (tiles of 64 slots).
-/// Before the expert-major path, the per-slot GEMVs and the grouped path crossed near 32 tokens
-/// on an H100 (gpt-oss-20b sizes, one layer: grouped ~790 µs from 24 to 64 tokens). The
-/// expert-major path's crossover with the grouped one is to be read off gpu_moe_timing.
-pub(super) const GROUPED_MIN_TOKENS: usize = 128;
+/// Measured on the H100 (as above), expert-major / grouped: 358 / 793 µs at 64 tokens, 402 /
+/// 814 at 128, 640 / 845 at 256, 1,126 / 1,318 at 512. The expert-major path is faster up to
+/// 512 tokens; it takes everything below 256 for now, and prefill chunks of 256 and more stay
+/// on the grouped path, whose agreement numbers at full size are established, until the
+/// expert-major path's are (docs/gpt-oss.md).
+pub(super) const GROUPED_MIN_TOKENS: usize = 256;
 /// Tile sizes of moe_grouped.cu (BM slots, BN weight rows) and its expert limit.
 const BM: usize = 64;
 const BN: usize = 128;

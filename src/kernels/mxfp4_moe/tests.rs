@@ -247,7 +247,7 @@ mod gpu {
             d(5, 4, 64, 64, 2),
             d(2, 3, 4000, 96, 3),
             d(7, 4, 2048, 3072, 2),
-            // bf16 from 2 tokens: expert-major, from GROUPED_MIN_TOKENS on: grouped. Widths not
+            // bf16 from EXPERT_MAJOR_MIN_TOKENS: expert-major, from GROUPED_MIN_TOKENS on: grouped. Widths not
             // multiples of the 128-row tiles; experts with no slot; experts with several tiles
             // and a partial one.
             d(24, 8, 2880, 2880, 4),
