@@ -48,7 +48,10 @@ async fn run(
     if let Some(user) = &req.common.user {
         tracing::debug!("{} user {user:?}", log.id);
     }
-    let prompt = super::prompt::chat_prompt(&ready, &req)?;
+    let date = req.common.x_inferno_date.as_deref().filter(|_| state.hooks);
+    let prompt = super::prompt::chat_prompt(&ready, &req, date)?;
+    let echo_ids =
+        (state.hooks && req.common.x_inferno_prompt_ids == Some(true)).then(|| prompt.clone());
     check_prompt(&ready, prompt.len())?;
     let slot = state.admit()?;
     let job = Job {
@@ -71,7 +74,11 @@ async fn run(
     let (reply, outcome) = sse::collect(state, &ready, job, log).await?;
     drop(slot);
     log.done(200, &outcome, false);
-    Ok(axum::Json(chunks.response(reply, &outcome)).into_response())
+    let mut body = chunks.response(reply, &outcome);
+    if let Some(ids) = echo_ids {
+        body["x_inferno_prompt_ids"] = ids.into();
+    }
+    Ok(axum::Json(body).into_response())
 }
 
 struct ChatChunks {

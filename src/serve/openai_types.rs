@@ -65,6 +65,11 @@ pub struct Common {
     /// Test hook (honoured only when the server runs with `INFERNO_TEST_HOOKS=1`): the reply's
     /// tokens are this text's ids instead of sampled ones (see [`super::hooks`]).
     pub x_inferno_force_reply: Option<String>,
+    /// Test hook: the harmony system message's date (`YYYY-MM-DD`), to compare prompts with
+    /// fixtures rendered by openai-harmony.
+    pub x_inferno_date: Option<String>,
+    /// Test hook: the response carries the prompt's ids (`x_inferno_prompt_ids`).
+    pub x_inferno_prompt_ids: Option<bool>,
 }
 
 /// `POST /v1/chat/completions`.

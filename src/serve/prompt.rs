@@ -19,13 +19,18 @@ use crate::chat::harmony::tools::tools_from_openai;
 use crate::chat::harmony::{HarmonyChat, HarmonyEncoding, ReasoningEffort, SystemConfig};
 
 /// The prompt ids of a chat request.
-pub fn chat_prompt(ready: &Ready, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+/// `date`: the harmony system message's date instead of today's (a test hook).
+pub fn chat_prompt(
+    ready: &Ready,
+    req: &ChatRequest,
+    date: Option<&str>,
+) -> Result<Vec<u32>, ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::bad_param("messages", "messages must not be empty"));
     }
     let tools = tools_in(req)?;
     if ready.harmony {
-        harmony_prompt(ready, req, tools)
+        harmony_prompt(ready, req, tools, date)
     } else {
         template_prompt(ready, req, tools)
     }
@@ -68,10 +73,14 @@ fn harmony_prompt(
     ready: &Ready,
     req: &ChatRequest,
     tools: Option<&Value>,
+    date: Option<&str>,
 ) -> Result<Vec<u32>, ApiError> {
     let enc = HarmonyEncoding::new(&ready.text.tokenizer).map_err(|e| ApiError::from_anyhow(&e))?;
-    let system = SystemConfig { reasoning: effort(req)?, ..SystemConfig::default() }
+    let mut system = SystemConfig { reasoning: effort(req)?, ..SystemConfig::default() }
         .with_date(SystemTime::now());
+    if let Some(d) = date {
+        system.current_date = Some(d.to_string());
+    }
     let mut instructions = Vec::new();
     for m in req.messages.iter().filter(|m| m.role == "system" || m.role == "developer") {
         instructions.push(text_of(m)?);
