@@ -452,11 +452,14 @@ def load():
         return content, finish, usage.completion_tokens
 
     started = time.time()
+    alone = [one(p)[0] for p in prompts] if ARGS.get("alone") else None
+    alone_s = time.time() - started
+    started = time.time()
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         together = list(pool.map(one, prompts))
     wall = time.time() - started
-    return {"replies": [t[0] for t in together], "finish": [t[1] for t in together],
-            "tokens": sum(t[2] for t in together), "wall_s": wall}
+    return {"replies": [t[0] for t in together], "alone": alone, "finish": [t[1] for t in together],
+            "tokens": sum(t[2] for t in together), "wall_s": wall, "alone_s": alone_s}
 
 
 def disconnects():
@@ -485,9 +488,10 @@ def disconnects():
             h.close()
         return stream
 
+    started = time.time()
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         kinds = list(pool.map(one, range(n)))
-    return {"streamed": sum(kinds), "collected": n - sum(kinds)}
+    return {"streamed": sum(kinds), "collected": n - sum(kinds), "wall_s": time.time() - started}
 
 
 if __name__ == "__main__":
