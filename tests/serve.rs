@@ -122,3 +122,9 @@ fn ctrl_c_ends_open_streams_with_an_error_and_exits() {
     assert!(r["error"].as_str().unwrap().contains("shutting down"), "{r}");
     assert!(s.log().contains("shutting down"), "{}", s.log());
 }
+
+#[test]
+fn a_waiting_stream_gets_keep_alive_comments() {
+    let s = server(&["--max-seqs", "1"], &[("INFERNO_SSE_KEEP_ALIVE_SECS", "1")]);
+    s.python("keep_alive", json!({"busy_tokens": 900}));
+}

@@ -277,6 +277,30 @@ def queue_full():
     return {"error": err}
 
 
+def keep_alive():
+    """A stream waiting for its turn gets `: keep-alive` comments before its first token."""
+    h = httpx.Client(base_url=BASE, timeout=600)
+    long = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": ARGS["busy_tokens"],
+            "stream": True, "temperature": 1.0}
+    busy_client = httpx.Client(base_url=BASE, timeout=600)
+    busy = busy_client.send(busy_client.build_request("POST", "/v1/chat/completions", json=long), stream=True)
+    next(busy.iter_lines())
+    waiting = dict(long, max_tokens=2)
+    comments, content = 0, None
+    with h.stream("POST", "/v1/chat/completions", json=waiting) as r:
+        for line in r.iter_lines():
+            if line.startswith(":"):
+                comments += 1
+                # The busy stream goes away (cancelled): the waiting one runs.
+                busy.close()
+                busy_client.close()
+            elif line.startswith("data: {") and '"content":"' in line and '"role"' not in line:
+                content = line
+                break
+    assert comments >= 1 and content, (comments, content)
+    return {"comments": comments}
+
+
 def stream_until_interrupted():
     """Reads a long stream until the server ends it (shutdown): an error event, no hang."""
     c = client()
