@@ -128,3 +128,65 @@ fn a_waiting_stream_gets_keep_alive_comments() {
     let s = server(&["--max-seqs", "1"], &[("INFERNO_SSE_KEEP_ALIVE_SECS", "1")]);
     s.python("keep_alive", json!({"busy_tokens": 900}));
 }
+
+/// A folder with the tiny Llama-3 checkpoint (random weights widened to Llama 2's tokenizer)
+/// and the chat template `template` from tests/fixtures/chat_templates.json.
+fn tiny_llama_with_template(template: &str) -> tempfile::TempDir {
+    use candle_core::{Device, Tensor};
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures"));
+    let tok_path = common::asset("llama2-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
+    let tok = std::fs::read_to_string(tok_path).unwrap();
+    let vocab = tokenizers::Tokenizer::from_bytes(tok.as_bytes()).unwrap().get_vocab_size(true);
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixtures.join("llama3_tiny/config.json")).unwrap())
+            .unwrap();
+    config["vocab_size"] = vocab.into();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let mut tensors = candle_core::safetensors::load(
+        fixtures.join("llama3_tiny/model.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    for name in ["model.embed_tokens.weight", "lm_head.weight"] {
+        tensors
+            .insert(name.to_string(), Tensor::randn(0f32, 1.0, (vocab, 64), &Device::Cpu).unwrap());
+    }
+    candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
+    std::fs::write(dir.path().join("tokenizer.json"), tok).unwrap();
+    let fx: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
+    let t = &fx["templates"][template];
+    let cfg = json!({"chat_template": t["source"], "bos_token": t["bos_token"], "eos_token": t["eos_token"]});
+    std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn tools_go_through_a_chat_template_that_supports_them() {
+    let template = "llama3_1-8b-instruct";
+    let dir = tiny_llama_with_template(template);
+    let s = Server::start(dir.path(), &["--context", "512"], &[("INFERNO_TEST_HOOKS", "1")]);
+    let fx: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
+    let case = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| {
+            c["template"] == template
+                && c["add_generation_prompt"] == true
+                && c["extra"].get("tools").is_some()
+        })
+        .unwrap();
+    let body = json!({"messages": case["messages"], "tools": case["extra"]["tools"], "max_tokens": 1,
+                      "x_inferno_prompt_ids": true});
+    let (status, text) =
+        s.request("POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+    let got: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // transformers' rendering, tokenized as the server tokenizes a rendered chat.
+    let tok = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
+    let want = tok.encode(case["expected"].as_str().unwrap(), false).unwrap().get_ids().to_vec();
+    assert_eq!(got["x_inferno_prompt_ids"], json!(want));
+}
