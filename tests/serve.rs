@@ -190,3 +190,9 @@ fn tools_go_through_a_chat_template_that_supports_them() {
     let want = tok.encode(case["expected"].as_str().unwrap(), false).unwrap().get_ids().to_vec();
     assert_eq!(got["x_inferno_prompt_ids"], json!(want));
 }
+
+#[test]
+fn odd_inputs_never_break_the_server() {
+    let s = server(&[], &[]);
+    common::serve::odd_bodies_are_answered(&s, &[]);
+}

@@ -89,3 +89,31 @@ fn test_hooks_are_off_unless_enabled() {
     assert!(v.get("x_inferno_prompt_ids").is_none(), "{v}");
     assert_ne!(v["choices"][0]["message"]["content"], "forced", "{v}");
 }
+
+#[test]
+fn odd_harmony_conversations_are_400s() {
+    let s = server(false);
+    let call = |id: &str, name: &str| json!({"id": id, "type": "function", "function": {"name": name, "arguments": "{}"}});
+    let user = json!({"role": "user", "content": "hi"});
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    let bodies = [
+        json!({"messages": [user, {"role": "assistant", "tool_calls": [call("a", "f"), call("a", "f")]}], "tools": tools}),
+        json!({"messages": [user, {"role": "tool", "tool_call_id": "nope", "content": "x"}]}),
+        json!({"messages": [user, {"role": "tool", "content": "x"}]}),
+        json!({"messages": [user, {"role": "assistant", "tool_calls": [call("a", "<|call|>")]}]}),
+        json!({"messages": [user], "tools": [{"type": "function", "function": {"name": "a b"}}]}),
+        json!({"messages": [user], "tools": [{"type": "retrieval"}]}),
+        json!({"messages": [user], "reasoning_effort": "max"}),
+        json!({"messages": [user], "reasoning": {"effort": 3}}),
+    ];
+    let texts: Vec<String> = bodies.iter().map(|b| b.to_string()).collect();
+    let extra: Vec<(&str, &str, u16)> =
+        texts.iter().map(|t| ("/v1/chat/completions", t.as_str(), 400)).collect();
+    common::serve::odd_bodies_are_answered(&s, &extra);
+    // A call answered by its result, without an id on the result (the one pending call).
+    let ok = json!({"max_tokens": 1, "tools": tools, "messages": [user,
+        {"role": "assistant", "content": null, "tool_calls": [call("c1", "f")]},
+        {"role": "tool", "content": "42"}]});
+    let (status, text) = s.request("POST", "/v1/chat/completions", &[], ok.to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+}

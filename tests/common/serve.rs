@@ -196,3 +196,95 @@ pub fn python_command() -> Command {
     );
     Command::new(py)
 }
+
+/// Bodies a fuzzer or a confused client sends: every one gets an answer (never a dropped
+/// connection or a 500), and the server keeps serving.
+pub fn odd_bodies_are_answered(s: &Server, extra: &[(&str, &str, u16)]) {
+    let cases: Vec<(&str, &str, u16)> = vec![
+        ("/v1/chat/completions", "", 400),
+        ("/v1/chat/completions", "{}", 400),
+        ("/v1/chat/completions", "null", 400),
+        ("/v1/chat/completions", "[]", 400),
+        ("/v1/chat/completions", r#""x""#, 400),
+        ("/v1/chat/completions", r#"{"messages": null}"#, 400),
+        ("/v1/chat/completions", r#"{"messages": [{}]}"#, 400),
+        ("/v1/chat/completions", r#"{"messages": [{"role": "user"}], "max_tokens": 1}"#, 200),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": [{"type": "text"}]}]}"#,
+            400,
+        ),
+        ("/v1/chat/completions", r#"{"messages": [{"role": "user", "content": 5}]}"#, 400),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e309}"#,
+            400,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}"#,
+            400,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1.5}"#,
+            400,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "seed": 1e20}"#,
+            400,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "stop": [1, 2]}"#,
+            400,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}"#,
+            400,
+        ),
+        ("/v1/chat/completions", r#"{"messages": [{"role": "user", "content": "\ud800"}]}"#, 400),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "top_k": 99999999999, "temperature": 1e30, "seed": -5, "max_tokens": 2}"#,
+            200,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}"#,
+            400,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "tools": "all"}"#,
+            400,
+        ),
+        ("/v1/completions", r#"{"prompt": [-1]}"#, 400),
+        ("/v1/completions", r#"{"prompt": [10000000000]}"#, 400),
+        ("/v1/completions", r#"{"prompt": []}"#, 400),
+        ("/v1/completions", r#"{"prompt": [[]]}"#, 400),
+        ("/v1/completions", r#"{"prompt": ["a", "b"]}"#, 400),
+        ("/v1/completions", r#"{"prompt": {"x": 1}}"#, 400),
+        ("/v1/completions", r#"{"prompt": ""}"#, 400),
+        ("/v1/completions", r#"{"prompt": [[1, 2]], "max_tokens": 1}"#, 200),
+        ("/v1/completions", r#"{"prompt": "x", "logprobs": 3}"#, 400),
+        ("/v1/completions", r#"{"prompt": "x", "echo": true}"#, 400),
+    ];
+    let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+    let mut all = cases;
+    all.push(("/v1/chat/completions", &deep, 400));
+    all.extend_from_slice(extra);
+    for (path, body, want) in all {
+        let (status, text) =
+            s.request("POST", path, &[("Content-Type", "application/json")], body.as_bytes());
+        assert_eq!(status, want, "{path} {body:.200}: {text}\n{}", s.log());
+        let v: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{body:.100}: {e}: {text}"));
+        if want != 200 {
+            assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        }
+    }
+    assert_eq!(s.request("GET", "/health", &[], b"").0, 200);
+}
