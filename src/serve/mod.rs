@@ -64,9 +64,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             format!("--kv-tokens {kv} must hold at least one full sequence (--context {ctx})"),
         ));
     }
-    let host: std::net::IpAddr = args.host.parse().map_err(|_| {
-        fail(ErrorKind::InvalidInput, format!("--host {:?} is not an IP address", args.host))
-    })?;
     let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
     let device_name = gpu.map(|g| g.name).unwrap_or_else(|| "CPU (--cpu)".to_string());
     let opts = LoadOptions {
@@ -78,20 +75,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .thread_name("inferno-http")
         .build()?;
-    runtime.block_on(serve(args, SocketAddr::new(host, 0), device, device_name, opts))
+    runtime.block_on(serve(args, device, device_name, opts))
 }
 
 async fn serve(
     args: ServeArgs,
-    mut addr: SocketAddr,
     device: Device,
     device_name: String,
     opts: LoadOptions,
 ) -> anyhow::Result<()> {
-    addr.set_port(args.port);
-    let listener = tokio::net::TcpListener::bind(addr)
+    // An IP address or a name (`localhost`), resolved as the system does.
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
     let addr = listener.local_addr()?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let state = Arc::new(AppState::new(
