@@ -186,6 +186,10 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 16 << 20, hide = true)]
     pub body_limit: usize,
+    /// Random weights from MODEL's config.json, with the tokenizer.json beside it (serving
+    /// benchmarks without a checkpoint).
+    #[arg(long, hide = true)]
+    pub dummy_weights: bool,
     #[command(flatten)]
     pub device: DeviceArgs,
     /// More logging (-v: debug).

@@ -69,7 +69,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let opts = LoadOptions {
         dtype: args.device.dtype.as_deref().map(engine::parse_dtype).transpose()?,
         context: args.context,
-        dummy: false,
+        dummy: args.dummy_weights,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
