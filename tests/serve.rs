@@ -80,12 +80,30 @@ fn errors_are_openai_error_objects_with_the_right_status() {
 
 #[test]
 fn the_api_key_is_a_bearer_token_from_the_flag_or_the_environment() {
-    let s = server(&["--api-key", "sekret"], &[]);
+    let s = server(&["--api-key", "sekret", "--cors-origin", "http://app.example"], &[]);
     s.python("api_key", json!({"api_key": "sekret"}));
+    // CORS: a preflight from an allowed origin is answered (without the key), others are not.
+    let preflight = |origin: &str| {
+        let headers = [
+            ("Origin", origin),
+            ("Access-Control-Request-Method", "POST"),
+            ("Access-Control-Request-Headers", "authorization,content-type"),
+        ];
+        let (status, _) = s.request("OPTIONS", "/v1/chat/completions", &headers, b"");
+        (status, s.last_head())
+    };
+    let (status, head) = preflight("http://app.example");
+    assert_eq!(status, 200, "{head}");
+    assert!(head.contains("access-control-allow-origin: http://app.example"), "{head}");
+    let (_, head) = preflight("http://evil.example");
+    assert!(!head.contains("access-control-allow-origin"), "{head}");
     drop(s);
     let s = server(&[], &[("INFERNO_API_KEY", "from-env")]);
     s.python("api_key", json!({"api_key": "from-env"}));
     assert_eq!(s.request("GET", "/v1/models", &[], b"").0, 401);
+    // No --cors-origin: no CORS headers at all.
+    s.request("GET", "/health", &[("Origin", "http://app.example")], b"");
+    assert!(!s.last_head().contains("access-control"), "{}", s.last_head());
 }
 
 #[test]

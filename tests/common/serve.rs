@@ -17,6 +17,7 @@ pub struct Server {
     log: Arc<Mutex<String>>,
     /// `/health` answered 503 before it answered 200 (the model was loading).
     pub saw_loading: bool,
+    last_head: Mutex<String>,
 }
 
 impl Server {
@@ -56,7 +57,8 @@ impl Server {
                 panic!("inferno serve printed no address:\n{}", log.lock().unwrap());
             }
         };
-        let mut server = Server { child, addr, log, saw_loading: false };
+        let mut server =
+            Server { child, addr, log, saw_loading: false, last_head: Mutex::default() };
         let t0 = Instant::now();
         loop {
             match server.try_request("GET", "/health", &[], b"") {
@@ -122,8 +124,14 @@ impl Server {
         s.read_to_end(&mut raw).ok()?;
         let text = String::from_utf8_lossy(&raw).into_owned();
         let status = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-        Some((status, body))
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        *self.last_head.lock().unwrap() = head.to_ascii_lowercase();
+        Some((status, body.to_string()))
+    }
+
+    /// The status line and headers of the last answer (lowercased).
+    pub fn last_head(&self) -> String {
+        self.last_head.lock().unwrap().clone()
     }
 
     /// `/metrics` as `name{labels}` → value.
