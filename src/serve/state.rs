@@ -62,7 +62,7 @@ pub struct AppState {
     pub created: u64,
     /// `INFERNO_TEST_HOOKS=1`: test-only request fields are honoured.
     pub hooks: bool,
-    /// Seconds between SSE keep-alive comments.
+    /// Seconds between SSE keep-alive comments (10; `INFERNO_SSE_KEEP_ALIVE_SECS` for tests).
     pub keep_alive: u64,
     ready: OnceLock<Arc<Ready>>,
     in_flight: AtomicUsize,
