@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on any machine, GPU or not. Installs what it needs on first use:
 # the CUDA 13 build toolchain from PyPI (scripts/cuda-env.sh), in a venv, the official
-# huggingface_hub client that the cache-sharing tests compare against, and the real test model
+# huggingface_hub and openai clients that the cache-sharing and server tests use, and the real
+# test model
 # (scripts/assets/). It also checks formatting (cargo fmt) and lints (clippy -D warnings, GPU and
 # CPU-only builds). GPU tests are #[ignore]d
 # and show up as "ignored"/"skipped"; run them on a GPU machine with scripts/gpu-tests.sh.
@@ -10,10 +11,14 @@ cd "$(dirname "$0")/.."
 
 source scripts/cuda-env.sh || { echo "test.sh: could not set up the CUDA build toolchain" >&2; exit 1; }
 
+# The official clients the tests drive inferno with: huggingface_hub (cache sharing) and
+# openai (`inferno serve`, tests/serve*.rs), pinned.
 HF_HUB_VERSION=2.4.0
-PY="${INFERNO_CACHE:-$HOME/.cache/inferno}/py-hub-$HF_HUB_VERSION"
+OPENAI_VERSION=3.54.0
+PY="${INFERNO_CACHE:-$HOME/.cache/inferno}/py-hub-$HF_HUB_VERSION-openai-$OPENAI_VERSION"
 source scripts/venv.sh
-pinned_venv "$PY" 'import huggingface_hub' "huggingface_hub==$HF_HUB_VERSION"
+pinned_venv "$PY" "import huggingface_hub, openai; assert openai.__version__ == '$OPENAI_VERSION'" \
+    "huggingface_hub==$HF_HUB_VERSION" "openai==$OPENAI_VERSION"
 export INFERNO_PYTHON="$PY/bin/python"
 
 # Real model files some tests read (they fail, saying which script to run, when one is missing).

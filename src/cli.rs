@@ -20,6 +20,8 @@ pub enum Command {
     Play(PlayArgs),
     /// Measure prefill and decode throughput of a model on the GPU.
     Bench(BenchArgs),
+    /// Serve a model over the OpenAI HTTP API (chat completions, completions, models).
+    Serve(ServeArgs),
     /// Check the GPU, the NVIDIA driver, the CUDA libraries, the model cache and whether each
     /// cached model fits; paste its output into a bug report.
     Doctor(DoctorArgs),
@@ -151,6 +153,48 @@ pub struct PlayArgs {
     /// Print loading details and the stats line also in non-interactive mode (on stderr).
     #[arg(short, long)]
     pub verbose: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Model: a cached repo id (`org/name[@rev]`), a local folder or `.gguf` file.
+    pub model: String,
+    /// Address to listen on (`0.0.0.0` to accept other machines: set an API key then).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
+    #[arg(long, env = "INFERNO_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Allow browser pages from this origin (CORS); repeatable, `*` for any. Off by default.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
+    /// Requests that may wait for a free sequence slot; more get 503 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    pub max_waiting: usize,
+    /// Sequences decoded together at most.
+    #[arg(long, default_value_t = 16)]
+    pub max_seqs: usize,
+    /// Positions one sequence may hold, prompt and reply (default: the model's, at most 8192).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Tokens of KV cache shared by all sequences (default: what fits beside the model, up to
+    /// --max-seqs full contexts; at least one context).
+    #[arg(long)]
+    pub kv_tokens: Option<usize>,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 16 << 20, hide = true)]
+    pub body_limit: usize,
+    /// Random weights from MODEL's config.json, with the tokenizer.json beside it (serving
+    /// benchmarks without a checkpoint).
+    #[arg(long, hide = true)]
+    pub dummy_weights: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// More logging (-v: debug).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
 }
 
 /// Where and in which precision a model runs (shared by `play` and `bench`).

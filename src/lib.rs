@@ -13,6 +13,7 @@
 //! - [`chat`]: turning a conversation into a prompt (Hugging Face chat templates).
 //! - [`tokenizer`]: tokenizers rebuilt from GGUF metadata.
 //! - [`kernels`]: our own CUDA kernels (gpt-oss attention with sinks, MXFP4 experts), each with a CPU reference.
+//! - [`serve`]: the OpenAI-compatible HTTP server (`inferno serve`) over the engine.
 //! - [`commands`]: one module per subcommand.
 
 pub mod chat;
@@ -26,5 +27,6 @@ pub mod hub;
 pub mod inspect;
 pub mod kernels;
 pub mod models;
+pub mod serve;
 pub mod tokenizer;
 pub mod util;

@@ -96,6 +96,12 @@ impl ChatTemplate {
         self
     }
 
+    /// True when the template reads the context variable `name` (e.g. `tools`: whether the
+    /// model's template can render tool definitions at all).
+    pub fn uses_variable(&self, name: &str) -> bool {
+        self.env.get_template(NAME).is_ok_and(|t| t.undeclared_variables(false).contains(name))
+    }
+
     pub fn bos_token(&self) -> Option<&str> {
         self.bos_token.as_deref()
     }
@@ -111,6 +117,17 @@ impl ChatTemplate {
     pub fn render(
         &self,
         messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &serde_json::Value,
+    ) -> Result<String> {
+        self.render_values(&serde_json::to_value(messages)?, add_generation_prompt, extra)
+    }
+
+    /// [`Self::render`] for messages given as JSON objects, with the fields beyond `role` and
+    /// `content` that tool-using templates read (`tool_calls`, `tool_call_id`, `name`).
+    pub fn render_values(
+        &self,
+        messages: &serde_json::Value,
         add_generation_prompt: bool,
         extra: &serde_json::Value,
     ) -> Result<String> {
@@ -135,7 +152,7 @@ impl ChatTemplate {
                 ));
             }
         }
-        ctx.insert("messages".into(), serde_json::to_value(messages)?);
+        ctx.insert("messages".into(), messages.clone());
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
         let tmpl =
             self.env.get_template(NAME).context("chat template missing from its environment")?;

@@ -15,6 +15,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::List(args) => list::run(args),
         Command::Play(args) => play::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => crate::serve::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Convert(args) => convert::run(args),
     }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod hub_server;
+pub mod serve;
 
 use std::path::Path;
 use std::process::{Command, Output};

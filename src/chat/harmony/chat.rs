@@ -73,6 +73,12 @@ impl HarmonyChat {
         self.messages.push(HarmonyMessage::assistant(Channel::Analysis, text));
     }
 
+    /// The text an assistant wrote before its tool calls (OpenAI `content` beside
+    /// `tool_calls`): a commentary message without recipient, as harmony writes a preamble.
+    pub fn push_assistant_preamble(&mut self, text: &str) {
+        self.messages.push(HarmonyMessage::assistant(Channel::Commentary, text));
+    }
+
     /// An assistant's call of function `name` (OpenAI `tool_calls[]`), rendered as harmony
     /// renders a past call; `id` is what its result will name.
     pub fn push_tool_call(&mut self, id: &str, name: &str, arguments: &str) -> Result<()> {

@@ -115,7 +115,7 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
 }
 
 /// One greedy token through the engine.
-fn warm_up(engine: &engine::core::Engine) -> anyhow::Result<()> {
+pub(crate) fn warm_up(engine: &engine::core::Engine) -> anyhow::Result<()> {
     let request = engine::request::Request {
         prompt: vec![0],
         sampling: SamplerConfig::greedy(),
@@ -180,12 +180,19 @@ fn one_shot(
     Ok(())
 }
 
-fn sampler_config(args: &PlayArgs, harmony: bool) -> anyhow::Result<SamplerConfig> {
-    let mut cfg = SamplerConfig::default();
+/// The sampling of a chat when nothing is set: gpt-oss's recommendation (temperature 1.0,
+/// top_p 1.0, nothing else) for harmony models, the library default otherwise. `serve` uses
+/// the same for fields a request leaves out.
+pub(crate) fn default_sampling(harmony: bool) -> SamplerConfig {
+    let cfg = SamplerConfig::default();
     if harmony {
-        // gpt-oss's recommended sampling: temperature 1.0, top_p 1.0, nothing else.
-        cfg = SamplerConfig { temperature: 1.0, top_k: None, top_p: None, min_p: None, ..cfg };
+        return SamplerConfig { temperature: 1.0, top_k: None, top_p: None, min_p: None, ..cfg };
     }
+    cfg
+}
+
+fn sampler_config(args: &PlayArgs, harmony: bool) -> anyhow::Result<SamplerConfig> {
+    let mut cfg = default_sampling(harmony);
     if let Some(t) = args.temperature {
         cfg.temperature = t;
     }

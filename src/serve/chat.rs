@@ -1,0 +1,171 @@
+//! `POST /v1/chat/completions`: messages in, the assistant's reply out, whole or streamed as
+//! `chat.completion.chunk`s. For gpt-oss the reply's reasoning goes in `reasoning_content`
+//! (and, under the name other clients read, `reasoning`), the answer in `content`, function
+//! calls in `tool_calls` (streamed: the first delta of a call carries its index, id and name,
+//! later ones argument fragments).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::errors::ApiError;
+use super::generation::{Delta, Job, Outcome};
+use super::openai_types::{ChatRequest, parse};
+use super::params::{clip_max_tokens, refuse_logprobs, settings};
+use super::sse::{self, Chunker, Collected, RequestLog, usage};
+use super::state::AppState;
+use super::{body_bytes, check_prompt, hooks, unix_now};
+
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let log = RequestLog::new("chatcmpl", "/v1/chat/completions");
+    match run(&state, body, &log).await {
+        Ok(r) => r,
+        Err(e) => {
+            log.failed(&e);
+            e.into_response()
+        }
+    }
+}
+
+async fn run(
+    state: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    log: &RequestLog,
+) -> Result<Response, ApiError> {
+    let req: ChatRequest = parse(&body_bytes(body)?)?;
+    state.model.check(req.common.model.as_deref())?;
+    let ready = state.ready()?;
+    refuse_logprobs(req.logprobs == Some(true) || req.top_logprobs.is_some_and(|n| n > 0))?;
+    let s =
+        settings(&req.common, req.max_completion_tokens.or(req.common.max_tokens), ready.harmony)?;
+    if let Some(user) = &req.common.user {
+        tracing::debug!("{} user {user:?}", log.id);
+    }
+    let date = req.common.x_inferno_date.as_deref().filter(|_| state.hooks);
+    let prompt = super::prompt::chat_prompt(&ready, &req, date)?;
+    let echo_ids =
+        (state.hooks && req.common.x_inferno_prompt_ids == Some(true)).then(|| prompt.clone());
+    check_prompt(&ready, prompt.len())?;
+    let slot = state.admit()?;
+    let job = Job {
+        max_tokens: clip_max_tokens(s.max_tokens, prompt.len(), ready.engine.context()),
+        forced: hooks::forced_reply(state, &ready, &req.common)?,
+        prompt,
+        sampling: s.sampling,
+        stop: s.stop,
+        harmony: ready.harmony,
+    };
+    let chunks = ChatChunks {
+        id: log.id.clone(),
+        created: unix_now(),
+        model: state.model.id.clone(),
+        include_usage: s.include_usage,
+    };
+    if s.stream {
+        return Ok(sse::stream(state.clone(), ready, job, chunks, log.clone(), slot));
+    }
+    let (reply, outcome) = sse::collect(state, &ready, job, log).await?;
+    drop(slot);
+    log.done(200, &outcome, false);
+    let mut body = chunks.response(reply, &outcome);
+    if let Some(ids) = echo_ids {
+        body["x_inferno_prompt_ids"] = ids.into();
+    }
+    Ok(axum::Json(body).into_response())
+}
+
+struct ChatChunks {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+impl ChatChunks {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    /// The non-streamed body.
+    fn response(&self, r: Collected, o: &Outcome) -> Value {
+        let calls: Vec<Value> = r
+            .calls
+            .iter()
+            .map(|(id, name, args)| {
+                json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
+            })
+            .collect();
+        let mut message = json!({"role": "assistant"});
+        // With tool calls and no answer, `content` is null (as OpenAI sends it).
+        message["content"] =
+            if calls.is_empty() || !r.content.is_empty() { r.content.into() } else { Value::Null };
+        if !r.reasoning.is_empty() {
+            message["reasoning_content"] = r.reasoning.clone().into();
+            message["reasoning"] = r.reasoning.into();
+        }
+        if !calls.is_empty() {
+            message["tool_calls"] = calls.into();
+        }
+        json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": o.finish.as_str()}],
+            "usage": usage(o),
+        })
+    }
+}
+
+impl Chunker for ChatChunks {
+    fn first(&mut self) -> Vec<Value> {
+        vec![self.chunk(json!({"role": "assistant", "content": ""}), None)]
+    }
+
+    fn delta(&mut self, d: Delta) -> Option<Value> {
+        let delta = match d {
+            Delta::Reasoning(t) => json!({"reasoning_content": t, "reasoning": t}),
+            Delta::Content(t) => json!({"content": t}),
+            Delta::ToolStart { index, id, name } => json!({"tool_calls": [{
+                "index": index, "id": id, "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }]}),
+            Delta::ToolArgs { index, text } => {
+                json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+            }
+        };
+        Some(self.chunk(delta, None))
+    }
+
+    fn last(&mut self, o: &Outcome) -> Vec<Value> {
+        let mut out = vec![self.chunk(json!({}), Some(o.finish.as_str()))];
+        if self.include_usage {
+            out.push(json!({
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": usage(o),
+            }));
+        }
+        out
+    }
+}

@@ -1,0 +1,154 @@
+//! `POST /v1/completions`: a raw prompt (text, or token ids) continued as plain text, without
+//! chat template or harmony parsing, whole or streamed as `text_completion` chunks.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::errors::ApiError;
+use super::generation::{Delta, Job, Outcome};
+use super::openai_types::{CompletionRequest, parse};
+use super::params::{clip_max_tokens, refuse_logprobs, settings};
+use super::sse::{self, Chunker, RequestLog, usage};
+use super::state::{AppState, Ready};
+use super::{body_bytes, check_prompt, hooks, unix_now};
+
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let log = RequestLog::new("cmpl", "/v1/completions");
+    match run(&state, body, &log).await {
+        Ok(r) => r,
+        Err(e) => {
+            log.failed(&e);
+            e.into_response()
+        }
+    }
+}
+
+async fn run(
+    state: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    log: &RequestLog,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse(&body_bytes(body)?)?;
+    state.model.check(req.common.model.as_deref())?;
+    let ready = state.ready()?;
+    refuse_logprobs(req.logprobs.as_ref().is_some_and(|l| !l.is_null() && l.as_u64() != Some(0)))?;
+    if req.echo == Some(true) {
+        return Err(ApiError::bad_param("echo", "echo is not supported by this server"));
+    }
+    if req.best_of.is_some_and(|b| b != 1) {
+        return Err(ApiError::bad_param("best_of", "best_of other than 1 is not supported"));
+    }
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::bad_param("suffix", "suffix (fill-in-the-middle) is not supported"));
+    }
+    // Raw text: the library's default sampling, whatever the model.
+    let s = settings(&req.common, req.common.max_tokens, false)?;
+    let prompt = prompt_ids(&ready, req.prompt.as_ref())?;
+    check_prompt(&ready, prompt.len())?;
+    let slot = state.admit()?;
+    let job = Job {
+        max_tokens: clip_max_tokens(s.max_tokens, prompt.len(), ready.engine.context()),
+        forced: hooks::forced_reply(state, &ready, &req.common)?,
+        prompt,
+        sampling: s.sampling,
+        stop: s.stop,
+        harmony: false,
+    };
+    let chunks = TextChunks {
+        id: log.id.clone(),
+        created: unix_now(),
+        model: state.model.id.clone(),
+        include_usage: s.include_usage,
+    };
+    if s.stream {
+        return Ok(sse::stream(state.clone(), ready, job, chunks, log.clone(), slot));
+    }
+    let (reply, outcome) = sse::collect(state, &ready, job, log).await?;
+    drop(slot);
+    log.done(200, &outcome, false);
+    let mut body = chunks.chunk(reply.content, Some(outcome.finish.as_str()));
+    body["usage"] = usage(&outcome);
+    Ok(axum::Json(body).into_response())
+}
+
+/// `prompt`: a string, a list of one string, token ids, or a list of one list of ids.
+fn prompt_ids(ready: &Ready, prompt: Option<&Value>) -> Result<Vec<u32>, ApiError> {
+    let bad = |m: &str| ApiError::bad_param("prompt", m.to_string());
+    let prompt = prompt.ok_or_else(|| bad("prompt is required"))?;
+    let one = match prompt {
+        Value::Array(items) if items.len() == 1 && !items[0].is_number() => &items[0],
+        Value::Array(items) if items.len() > 1 && !items[0].is_number() => {
+            return Err(bad("a list of prompts is not supported: send one prompt per request"));
+        }
+        other => other,
+    };
+    match one {
+        Value::String(s) if s.is_empty() => Err(bad("the prompt is empty")),
+        Value::String(s) => ready.text.encode_raw(s).map_err(|e| ApiError::from_anyhow(&e)),
+        Value::Array(ids) => {
+            let vocab = ready.engine.vocab_size() as u64;
+            ids.iter()
+                .map(|v| match v.as_u64() {
+                    Some(id) if id < vocab => Ok(id as u32),
+                    _ => Err(bad(&format!("token ids must be integers in [0, {vocab}), not {v}"))),
+                })
+                .collect()
+        }
+        _ => Err(bad("prompt must be a string or a list of token ids")),
+    }
+}
+
+struct TextChunks {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+impl TextChunks {
+    fn chunk(&self, text: String, finish: Option<&str>) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+}
+
+impl Chunker for TextChunks {
+    fn first(&mut self) -> Vec<Value> {
+        Vec::new()
+    }
+
+    fn delta(&mut self, d: Delta) -> Option<Value> {
+        match d {
+            Delta::Content(t) => Some(self.chunk(t, None)),
+            _ => None,
+        }
+    }
+
+    fn last(&mut self, o: &Outcome) -> Vec<Value> {
+        let mut out = vec![self.chunk(String::new(), Some(o.finish.as_str()))];
+        if self.include_usage {
+            let mut u = self.chunk(String::new(), None);
+            u["choices"] = json!([]);
+            u["usage"] = usage(o);
+            out.push(u);
+        }
+        out
+    }
+}

@@ -1,0 +1,152 @@
+//! The HTTP surface: which path goes to which handler, the API key check (every path but
+//! `/health`), CORS (only for the origins given), the body limit, a request count per
+//! endpoint and status for `/metrics`, and OpenAI-shaped 404/405s for everything else.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use super::errors::ApiError;
+use super::metrics::Gauges;
+use super::state::AppState;
+use super::{chat, completions};
+use crate::error::{ErrorKind, fail};
+
+pub fn router(
+    state: Arc<AppState>,
+    cors_origins: &[String],
+    body_limit: usize,
+) -> anyhow::Result<Router> {
+    let api = Router::new()
+        .route("/v1/chat/completions", post(chat::handle))
+        .route("/v1/completions", post(completions::handle))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    let mut app = Router::new()
+        .route("/health", get(health))
+        .merge(api)
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(state.clone(), count))
+        .with_state(state);
+    if !cors_origins.is_empty() {
+        app = app.layer(cors(cors_origins)?);
+    }
+    Ok(app)
+}
+
+fn cors(origins: &[String]) -> anyhow::Result<CorsLayer> {
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        let values = origins
+            .iter()
+            .map(|o| {
+                HeaderValue::from_str(o.trim_end_matches('/')).map_err(|_| {
+                    fail(
+                        ErrorKind::InvalidInput,
+                        format!("--cors-origin {o:?} is not a valid origin"),
+                    )
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        AllowOrigin::list(values)
+    };
+    Ok(CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]))
+}
+
+async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Equality in time independent of where the first difference is.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn count(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let endpoint = match req.uri().path() {
+        "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/completions" => "/v1/completions",
+        "/health" => "/health",
+        "/metrics" => "/metrics",
+        p if p == "/v1/models" || p.starts_with("/v1/models/") => "/v1/models",
+        _ => "other",
+    };
+    let resp = next.run(req).await;
+    state.metrics.count_request(endpoint, resp.status().as_u16());
+    resp
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let (status, text) = if state.is_shutting_down() {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down")
+    } else if state.loaded().is_some() {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "loading")
+    };
+    let mut resp = (status, axum::Json(json!({"status": text}))).into_response();
+    if status != StatusCode::OK {
+        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(5));
+    }
+    resp
+}
+
+fn model_object(state: &AppState) -> serde_json::Value {
+    let mut m = json!({
+        "id": state.model.id,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "inferno",
+    });
+    if let Some(r) = state.loaded() {
+        m["max_model_len"] = r.engine.context().into();
+    }
+    m
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({"object": "list", "data": [model_object(&state)]})).into_response()
+}
+
+async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match state.model.check(Some(&id)) {
+        Ok(()) => axum::Json(model_object(&state)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let g = Gauges {
+        loaded: state.loaded().is_some(),
+        engine: state.loaded().map(|r| r.engine.stats()),
+        in_flight: state.in_flight(),
+    };
+    let body = state.metrics.render(&g);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+}

@@ -1,0 +1,225 @@
+//! Running a generation for a response: streamed as server-sent events (`data: {chunk}` lines,
+//! `data: [DONE]` at the end, `: keep-alive` comments while nothing else is sent, e.g. during a
+//! long prefill), or collected into one body. Both stop the generation as soon as their client
+//! is gone: the streaming task watches its channel's receiver (dropped with the connection),
+//! the collecting future is dropped with the connection. On shutdown a stream ends with an
+//! error event and a collected request with 503.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::errors::ApiError;
+use super::generation::{Delta, Generation, Job, Outcome, Step};
+use super::state::{AppState, Ready, Slot, shutdown_started};
+
+/// How a response's deltas become JSON chunks (chat and completions differ).
+pub trait Chunker: Send + 'static {
+    /// Chunks before any delta (chat: the assistant role).
+    fn first(&mut self) -> Vec<Value>;
+    fn delta(&mut self, d: Delta) -> Option<Value>;
+    /// The chunk with the finish reason, and the usage chunk when asked for.
+    fn last(&mut self, outcome: &Outcome) -> Vec<Value>;
+}
+
+/// Who a request is, for its log line.
+#[derive(Debug, Clone)]
+pub struct RequestLog {
+    pub id: String,
+    pub endpoint: &'static str,
+    pub started: Instant,
+}
+
+impl RequestLog {
+    pub fn new(prefix: &str, endpoint: &'static str) -> Self {
+        RequestLog {
+            id: format!("{prefix}-{:016x}", rand::random::<u64>()),
+            endpoint,
+            started: Instant::now(),
+        }
+    }
+
+    /// One line per request: id, status, tokens, TTFT, decode rate.
+    pub fn done(&self, status: u16, o: &Outcome, streamed: bool) {
+        tracing::info!(
+            "{} {} {status} {}{} · prompt {} ({} cached) · {} tokens · TTFT {:.0} ms · {:.1} tok/s · {:.2} s",
+            self.id,
+            self.endpoint,
+            o.finish.as_str(),
+            if streamed { " (stream)" } else { "" },
+            o.prompt_tokens,
+            o.cached_tokens,
+            o.completion_tokens,
+            o.ttft.as_secs_f64() * 1e3,
+            o.tok_s(),
+            self.started.elapsed().as_secs_f64(),
+        );
+    }
+
+    pub fn failed(&self, e: &ApiError) {
+        tracing::info!("{} {} {} {}", self.id, self.endpoint, e.status.as_u16(), e.message);
+    }
+
+    pub fn disconnected(&self) {
+        tracing::info!(
+            "{} {} client disconnected after {:.2} s: generation cancelled",
+            self.id,
+            self.endpoint,
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// Streams the generation of `job` as SSE.
+pub fn stream(
+    state: Arc<AppState>,
+    ready: Arc<Ready>,
+    job: Job,
+    mut chunker: impl Chunker,
+    log: RequestLog,
+    slot: Slot,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Event>(64);
+    let keep_alive = Duration::from_secs(state.keep_alive);
+    tokio::spawn(async move {
+        let _slot = slot;
+        match pump(&state, &ready, job, &mut chunker, &tx, &log).await {
+            Ok(Some(outcome)) => log.done(200, &outcome, true),
+            Ok(None) => log.disconnected(),
+            Err(e) => {
+                log.failed(&e);
+                let _ = tx.send(Event::default().data(e.body().to_string())).await;
+            }
+        }
+    });
+    let sse =
+        Sse::new(Channel(rx)).keep_alive(KeepAlive::new().interval(keep_alive).text("keep-alive"));
+    sse.into_response()
+}
+
+/// Runs the generation into the channel; `Ok(None)` when the client went away.
+async fn pump(
+    state: &AppState,
+    ready: &Ready,
+    job: Job,
+    chunker: &mut impl Chunker,
+    tx: &mpsc::Sender<Event>,
+    log: &RequestLog,
+) -> Result<Option<Outcome>, ApiError> {
+    let send = |v: Value| tx.send(Event::default().data(v.to_string()));
+    let mut generation = Generation::start(ready, job, &state.metrics, log.started)?;
+    for v in chunker.first() {
+        if send(v).await.is_err() {
+            return Ok(None);
+        }
+    }
+    let shutdown = shutdown_started(state.shutdown.clone());
+    tokio::pin!(shutdown);
+    loop {
+        let step = tokio::select! {
+            _ = tx.closed() => return Ok(None),
+            _ = &mut shutdown => return Err(ApiError::unavailable("the server is shutting down", 5)),
+            step = generation.next() => step?,
+        };
+        let (deltas, outcome) = match step {
+            Some(Step::Deltas(d)) => (d, None),
+            Some(Step::Done { tail, outcome }) => (tail, Some(outcome)),
+            None => return Err(ApiError::internal("the generation ended without finishing")),
+        };
+        for d in deltas {
+            if let Some(v) = chunker.delta(d)
+                && send(v).await.is_err()
+            {
+                return Ok(None);
+            }
+        }
+        if let Some(outcome) = outcome {
+            for v in chunker.last(&outcome) {
+                if send(v).await.is_err() {
+                    return Ok(None);
+                }
+            }
+            let _ = tx.send(Event::default().data("[DONE]")).await;
+            return Ok(Some(outcome));
+        }
+    }
+}
+
+/// The whole reply, for a request that is not streamed.
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub reasoning: String,
+    pub content: String,
+    /// (id, name, arguments)
+    pub calls: Vec<(String, String, String)>,
+}
+
+impl Collected {
+    fn add(&mut self, d: Delta) {
+        match d {
+            Delta::Reasoning(t) => self.reasoning.push_str(&t),
+            Delta::Content(t) => self.content.push_str(&t),
+            Delta::ToolStart { id, name, .. } => self.calls.push((id, name, String::new())),
+            Delta::ToolArgs { index, text } => {
+                if let Some(c) = self.calls.get_mut(index) {
+                    c.2.push_str(&text);
+                }
+            }
+        }
+    }
+}
+
+/// Runs the generation to its end. Dropped (client gone), it cancels the generation.
+pub async fn collect(
+    state: &AppState,
+    ready: &Ready,
+    job: Job,
+    log: &RequestLog,
+) -> Result<(Collected, Outcome), ApiError> {
+    let mut generation = Generation::start(ready, job, &state.metrics, log.started)?;
+    let mut out = Collected::default();
+    let shutdown = shutdown_started(state.shutdown.clone());
+    tokio::pin!(shutdown);
+    loop {
+        let step = tokio::select! {
+            _ = &mut shutdown => return Err(ApiError::unavailable("the server is shutting down", 5)),
+            step = generation.next() => step?,
+        };
+        match step {
+            Some(Step::Deltas(d)) => d.into_iter().for_each(|d| out.add(d)),
+            Some(Step::Done { tail, outcome }) => {
+                tail.into_iter().for_each(|d| out.add(d));
+                return Ok((out, outcome));
+            }
+            None => return Err(ApiError::internal("the generation ended without finishing")),
+        }
+    }
+}
+
+/// `usage` of a response.
+pub fn usage(o: &Outcome) -> Value {
+    serde_json::json!({
+        "prompt_tokens": o.prompt_tokens,
+        "completion_tokens": o.completion_tokens,
+        "total_tokens": o.prompt_tokens + o.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": o.cached_tokens},
+    })
+}
+
+/// The receiving end of a stream's channel as the event stream axum sends.
+struct Channel(mpsc::Receiver<Event>);
+
+impl futures_core::Stream for Channel {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx).map(|e| e.map(Ok))
+    }
+}

@@ -1,0 +1,522 @@
+"""Drives `inferno serve` with the real `openai` Python client (PyPI), as applications do.
+
+    python serve_client.py BASE_URL SCENARIO [JSON_ARGS]
+
+Each scenario checks the protocol with asserts (a failure exits non-zero with the traceback)
+and prints one JSON object with what the Rust test compares further (e.g. against
+`inferno play`). BASE_URL is the server's root (http://127.0.0.1:PORT); the client gets
+BASE_URL/v1. Run by tests/serve*.rs with the venv scripts/test.sh makes.
+"""
+
+import concurrent.futures
+import json
+import random
+import sys
+import time
+
+import openai
+
+try:  # the HTTP library the openai client uses (renamed httpx2 in 2026)
+    import httpx2 as httpx
+except ImportError:
+    import httpx
+
+BASE = sys.argv[1]
+SCENARIO = sys.argv[2]
+ARGS = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+KEY = ARGS.get("api_key", "unused")
+
+
+def client(**kw):
+    # No retries: a 503 must reach the test, not be retried away.
+    return openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=600, **kw)
+
+
+def model_id():
+    return client().models.list().data[0].id
+
+
+def chat_stream(c, **kw):
+    """Streams a chat completion; returns (content, reasoning, finish, usage, chunks)."""
+    content, reasoning, finish, usage, n = "", "", None, None, 0
+    tools = {}
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        n += 1
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            d = choice.delta
+            content += d.content or ""
+            extra = d.model_extra or {}
+            r1, r2 = extra.get("reasoning_content"), extra.get("reasoning")
+            assert r1 == r2, (r1, r2)
+            reasoning += r1 or ""
+            for tc in d.tool_calls or []:
+                if tc.index not in tools:
+                    # The first delta of a call: index, id, type, name.
+                    assert tc.id and tc.id.startswith("call_"), tc
+                    assert tc.type == "function" and tc.function.name, tc
+                    tools[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": ""}
+                else:
+                    assert tc.id is None and tc.function.name is None, tc
+                tools[tc.index]["arguments"] += tc.function.arguments or ""
+            if choice.finish_reason:
+                finish = choice.finish_reason
+    calls = [tools[i] for i in sorted(tools)]
+    return content, reasoning, finish, usage, n, calls
+
+
+def check_usage(u, completion_max=None):
+    assert u is not None
+    assert u.prompt_tokens > 0 and u.completion_tokens > 0, u
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens, u
+    if completion_max is not None:
+        assert u.completion_tokens <= completion_max, u
+
+
+def no_markup(*texts):
+    for t in texts:
+        assert "<|" not in (t or ""), f"harmony markup leaked: {t!r}"
+
+
+# ------------------------------------------------------------------------------- scenarios
+
+
+def basic():
+    """Chat and completions, streamed and not: the same greedy text either way, usage."""
+    c = client()
+    msgs = [{"role": "user", "content": ARGS["prompt"]}]
+    greedy = dict(model=model_id(), messages=msgs, temperature=0, max_tokens=ARGS["max_tokens"])
+    r = c.chat.completions.create(**greedy)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-"), r
+    assert len(r.choices) == 1 and r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason in ("stop", "length"), r.choices[0].finish_reason
+    check_usage(r.usage, ARGS["max_tokens"])
+    text = r.choices[0].message.content
+    s_text, _, s_finish, s_usage, n, _ = chat_stream(
+        c, **greedy, stream_options={"include_usage": True}
+    )
+    assert s_text == text, (s_text, text)
+    assert s_finish == r.choices[0].finish_reason
+    assert n >= 3, n
+    check_usage(s_usage)
+    assert s_usage.completion_tokens == r.usage.completion_tokens, (s_usage, r.usage)
+    # Without include_usage no chunk carries usage.
+    *_, no_usage, _, _ = chat_stream(c, **greedy)
+    assert no_usage is None
+
+    p = dict(model=model_id(), prompt=ARGS["raw"], temperature=0, max_tokens=ARGS["max_tokens"])
+    cr = c.completions.create(**p)
+    assert cr.object == "text_completion"
+    check_usage(cr.usage, ARGS["max_tokens"])
+    streamed, finish, usage = "", None, None
+    for chunk in c.completions.create(stream=True, stream_options={"include_usage": True}, **p):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            streamed += ch.text
+            finish = ch.finish_reason or finish
+    assert streamed == cr.choices[0].text, (streamed, cr.choices[0].text)
+    assert finish == cr.choices[0].finish_reason
+    check_usage(usage)
+    # Token ids as the prompt.
+    ids = c.completions.create(model=model_id(), prompt=[1, 2, 3], max_tokens=2, temperature=0)
+    assert ids.usage.prompt_tokens == 3, ids.usage
+    return {"chat": text, "completion": cr.choices[0].text, "chat_usage": r.usage.model_dump()}
+
+
+def stop_strings():
+    """A stop string cuts the reply before it, streamed or not, with finish_reason stop."""
+    c = client()
+    msgs = [{"role": "user", "content": ARGS["prompt"]}]
+    base = dict(model=model_id(), messages=msgs, temperature=0, max_tokens=ARGS["max_tokens"])
+    full = c.chat.completions.create(**base).choices[0].message.content
+    words = full.split()
+    assert len(words) >= 3, full
+    stop = " " + words[2]
+    want = full[: full.index(stop)]
+    r = c.chat.completions.create(stop=[stop, "never-appears"], **base)
+    assert r.choices[0].message.content == want, (r.choices[0].message.content, want)
+    assert r.choices[0].finish_reason == "stop"
+    s, _, finish, *_ = chat_stream(c, stop=stop, **base)
+    assert s == want and finish == "stop", (s, finish)
+    cr = c.completions.create(model=model_id(), prompt=ARGS["prompt"], stop=stop, max_tokens=ARGS["max_tokens"], temperature=0)
+    assert stop not in cr.choices[0].text
+    return {"full": full, "cut": want}
+
+
+def seeds():
+    """The same seed gives the same sampled reply; different seeds differ."""
+    c = client()
+    msgs = [{"role": "user", "content": ARGS["prompt"]}]
+    kw = dict(model=model_id(), messages=msgs, temperature=1.5, max_tokens=24)
+    a = c.chat.completions.create(seed=42, **kw).choices[0].message.content
+    b = c.chat.completions.create(seed=42, **kw).choices[0].message.content
+    assert a == b, (a, b)
+    s, *_ = chat_stream(c, seed=42, **kw)
+    assert s == a, (s, a)
+    others = {c.chat.completions.create(seed=s, **kw).choices[0].message.content for s in (1, 2, 3)}
+    assert len(others | {a}) > 1, "four seeds, one reply"
+    return {"a": a}
+
+
+def models():
+    c = client()
+    data = c.models.list().data
+    assert len(data) == 1 and data[0].object == "model", data
+    ids = [data[0].id] + ARGS.get("aliases", [])
+    for name in ids:
+        assert c.models.retrieve(name).id == data[0].id
+        r = c.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+        assert r.model == data[0].id
+    try:
+        c.models.retrieve("no-such-model")
+        raise AssertionError("unknown model retrieved")
+    except openai.NotFoundError:
+        pass
+    return {"id": data[0].id}
+
+
+def expect(status, fn, contains=None):
+    try:
+        fn()
+    except openai.APIStatusError as e:
+        assert e.status_code == status, (e.status_code, status, e.message)
+        body = e.response.json()
+        assert set(body["error"]) >= {"message", "type", "param", "code"}, body
+        if contains:
+            assert contains in body["error"]["message"], body
+        return body["error"]
+    raise AssertionError(f"expected HTTP {status}")
+
+
+def errors():
+    """OpenAI error objects with the right statuses."""
+    c = client()
+    m = model_id()
+    hi = [{"role": "user", "content": "hi"}]
+    chat = c.chat.completions.create
+    out = {}
+    out["model"] = expect(404, lambda: chat(model="gpt-4o", messages=hi), "gpt-4o")
+    out["temperature"] = expect(400, lambda: chat(model=m, messages=hi, temperature=-1))
+    out["n"] = expect(400, lambda: chat(model=m, messages=hi, n=2), "n = 2")
+    out["logprobs"] = expect(400, lambda: chat(model=m, messages=hi, logprobs=True), "logprobs")
+    out["role"] = expect(400, lambda: chat(model=m, messages=[{"role": "wizard", "content": "x"}]), "wizard")
+    out["empty"] = expect(400, lambda: chat(model=m, messages=[]))
+    out["max_tokens"] = expect(400, lambda: chat(model=m, messages=hi, max_tokens=0))
+    long = "word " * ARGS["context"]
+    out["too_long"] = expect(400, lambda: chat(model=m, messages=[{"role": "user", "content": long}]), "context")
+    out["completion_too_long"] = expect(400, lambda: c.completions.create(model=m, prompt=long))
+    out["best_of"] = expect(400, lambda: c.completions.create(model=m, prompt="x", best_of=3))
+    if ARGS.get("no_tools"):
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        out["tools"] = expect(400, lambda: chat(model=m, messages=hi, tools=tools), "does not support tools")
+    h = httpx.Client(base_url=BASE, timeout=60)
+    r = h.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"], r.text
+    r = h.post("/v1/chat/completions", json={"messages": "hello"})
+    assert r.status_code == 400, r.text
+    r = h.post("/v1/chat/completions", json={"model": m, "messages": hi, "temperature": "hot"})
+    assert r.status_code == 400, r.text
+    r = h.post("/v1/chat/completions", content=b"x" * (ARGS["body_limit"] + 1))
+    assert r.status_code == 413 and r.json()["error"]["message"], r.text
+    r = h.get("/v1/nowhere")
+    assert r.status_code == 404 and r.json()["error"]["message"], r.text
+    r = h.get("/v1/chat/completions")
+    assert r.status_code == 405, r.text
+    # Unknown fields are ignored; `user` is accepted.
+    r = h.post("/v1/chat/completions", json={"model": m, "messages": hi, "max_tokens": 1, "user": "u1", "frobnicate": [1]})
+    assert r.status_code == 200, r.text
+    # Nothing above broke the server.
+    assert h.get("/health").status_code == 200
+    return out
+
+
+def api_key():
+    """The key is a Bearer token; /health stays open."""
+    good = openai.OpenAI(base_url=BASE + "/v1", api_key=ARGS["api_key"], max_retries=0)
+    assert good.models.list().data
+    r = good.chat.completions.create(model="", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    assert r.choices
+    bad = openai.OpenAI(base_url=BASE + "/v1", api_key="wrong", max_retries=0)
+    for fn in (lambda: bad.models.list(), lambda: bad.chat.completions.create(model="", messages=[], max_tokens=1)):
+        try:
+            fn()
+            raise AssertionError("a wrong key was accepted")
+        except openai.AuthenticationError as e:
+            assert e.status_code == 401
+    h = httpx.Client(base_url=BASE, timeout=60)
+    assert h.get("/health").status_code == 200
+    assert h.get("/metrics").status_code == 401
+    assert h.get("/metrics", headers={"authorization": "Bearer " + ARGS["api_key"]}).status_code == 200
+    return {}
+
+
+def queue_full():
+    """With every slot taken, the next request gets 503 with Retry-After."""
+    c = client()
+    m = model_id()
+    h = httpx.Client(base_url=BASE, timeout=600)
+    body = {"model": m, "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 4000, "stream": True, "temperature": 1.0}
+    with h.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        next(lines)  # the request is admitted
+        err = expect(503, lambda: c.chat.completions.create(model=m, messages=[{"role": "user", "content": "hi"}], max_tokens=1))
+        raw = h.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        assert raw.status_code == 503 and int(raw.headers["retry-after"]) >= 1, raw.headers
+    # The first stream is closed: its slot frees and requests are served again.
+    deadline = time.time() + 60
+    while True:
+        r = h.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        if r.status_code == 200:
+            break
+        assert time.time() < deadline, "the slot of a closed stream was not freed"
+        time.sleep(0.2)
+    return {"error": err}
+
+
+def keep_alive():
+    """A stream waiting for its turn gets `: keep-alive` comments before its first token."""
+    h = httpx.Client(base_url=BASE, timeout=600)
+    long = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": ARGS["busy_tokens"],
+            "stream": True, "temperature": 1.0}
+    busy_client = httpx.Client(base_url=BASE, timeout=600)
+    busy = busy_client.send(busy_client.build_request("POST", "/v1/chat/completions", json=long), stream=True)
+    next(busy.iter_lines())
+    waiting = dict(long, max_tokens=2)
+    comments, content = 0, None
+    with h.stream("POST", "/v1/chat/completions", json=waiting) as r:
+        for line in r.iter_lines():
+            if line.startswith(":"):
+                comments += 1
+                # The busy stream goes away (cancelled): the waiting one runs.
+                busy.close()
+                busy_client.close()
+            elif line.startswith("data: {") and '"content":"' in line and '"role"' not in line:
+                content = line
+                break
+    assert comments >= 1 and content, (comments, content)
+    return {"comments": comments}
+
+
+def stream_until_interrupted():
+    """Reads a long stream until the server ends it (shutdown): an error event, no hang."""
+    c = client()
+    got = ""
+    try:
+        for chunk in c.chat.completions.create(model=model_id(), stream=True, max_tokens=100000,
+                                               messages=[{"role": "user", "content": "Count forever."}]):
+            for ch in chunk.choices:
+                got += ch.delta.content or ""
+            if ARGS.get("ready_file"):
+                open(ARGS["ready_file"], "w").close()
+    except openai.APIError as e:
+        return {"error": str(e), "got": got}
+    raise AssertionError("the stream ended without an error")
+
+
+def harmony_chat():
+    """gpt-oss: reasoning and answer apart, no markup anywhere, streamed equals whole."""
+    c = client()
+    out = {}
+    for effort in ("low", "high"):
+        kw = dict(model=model_id(), temperature=0, max_tokens=ARGS["max_tokens"], reasoning_effort=effort,
+                  messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": ARGS["prompt"]}])
+        r = c.chat.completions.create(**kw)
+        msg = r.choices[0].message
+        extra = msg.model_extra or {}
+        assert extra.get("reasoning_content") == extra.get("reasoning"), extra
+        no_markup(msg.content, extra.get("reasoning_content"))
+        check_usage(r.usage, ARGS["max_tokens"])
+        content, reasoning, finish, _, _, calls = chat_stream(c, **kw)
+        assert content == (msg.content or ""), (content, msg.content)
+        assert reasoning == (extra.get("reasoning_content") or ""), (reasoning, extra)
+        assert finish == r.choices[0].finish_reason
+        out[effort] = {"content": msg.content, "reasoning": extra.get("reasoning_content"), "finish": finish,
+                       "prompt_tokens": r.usage.prompt_tokens}
+    # ollama's spelling of the effort.
+    r = client().post("/chat/completions", cast_to=object, body={
+        "model": model_id(), "max_tokens": 1, "reasoning": {"effort": "high"},
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ARGS["prompt"]}]})
+    assert r["usage"]["prompt_tokens"] == out["high"]["prompt_tokens"], r
+    expect(400, lambda: c.chat.completions.create(model=model_id(), messages=[{"role": "user", "content": "x"}],
+                                                  reasoning_effort="extreme"))
+    return out
+
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Gets the current weather in the provided location.",
+    "parameters": {"type": "object", "properties": {
+        "location": {"type": "string", "description": "The city and state, e.g. San Francisco, CA"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"}},
+        "required": ["location"]}}}]
+
+
+def tool_calls():
+    """A tool call, its result and the final answer through the API (forced replies)."""
+    tools = ARGS.get("tools", WEATHER)
+    c = client()
+    m = model_id()
+    user = {"role": "user", "content": "What's the weather in Tokyo?"}
+    call_reply = ("<|channel|>analysis<|message|>Need get_weather for Tokyo.<|end|>"
+                  "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                  "<|message|>{\"location\": \"Tokyo\"}<|call|>")
+    kw = dict(model=m, messages=[user], tools=tools, max_tokens=200)
+    r = c.chat.completions.create(extra_body={"x_inferno_force_reply": call_reply}, **kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    assert ch.message.content is None, ch.message
+    assert ch.message.model_extra["reasoning_content"] == "Need get_weather for Tokyo.", ch.message
+    [call] = ch.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_"), call
+    assert call.function.name == "get_weather", call
+    assert json.loads(call.function.arguments) == {"location": "Tokyo"}, call
+    # Streamed: the same call as deltas.
+    content, reasoning, finish, _, _, calls = chat_stream(c, extra_body={"x_inferno_force_reply": call_reply}, **kw)
+    assert finish == "tool_calls" and content == "", (finish, content)
+    assert reasoning == "Need get_weather for Tokyo."
+    assert [(x["name"], x["arguments"]) for x in calls] == [("get_weather", call.function.arguments)], calls
+
+    # The result goes back; the model answers.
+    history = [user, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()],
+                      "reasoning_content": "Need get_weather for Tokyo."},
+               {"role": "tool", "tool_call_id": call.id, "content": "{\"temperature\": 21, \"unit\": \"celsius\"}"}]
+    answer = "<|channel|>analysis<|message|>21 degrees. Answer.<|end|><|start|>assistant<|channel|>final<|message|>It is 21 °C in Tokyo.<|return|>"
+    r2 = c.chat.completions.create(model=m, messages=history, tools=tools, max_tokens=200,
+                                   extra_body={"x_inferno_force_reply": answer, "x_inferno_prompt_ids": True,
+                                               "x_inferno_date": "2025-03-07"})
+    ch2 = r2.choices[0]
+    assert ch2.finish_reason == "stop" and ch2.message.content == "It is 21 °C in Tokyo.", ch2
+    assert ch2.message.model_extra["reasoning"] == "21 degrees. Answer.", ch2.message
+    assert not ch2.message.tool_calls
+    # Invalid JSON arguments from the model stay a string for the client: never a 500.
+    bad = ("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\": Tokyo<|call|>")
+    r3 = c.chat.completions.create(extra_body={"x_inferno_force_reply": bad}, **kw)
+    assert r3.choices[0].message.tool_calls[0].function.arguments == "{\"location\": Tokyo"
+    # Markup in odd places never reaches a name, content or reasoning.
+    odd = ("<|channel|>analysis<|message|>hmm<|start|>assistant to=functions.get_weather<|channel|>analysis"
+           "<|message|>{}<|call|>")
+    r4 = c.chat.completions.create(extra_body={"x_inferno_force_reply": odd}, **kw)
+    msg = r4.choices[0].message
+    no_markup(msg.content, msg.model_extra.get("reasoning_content"), *[t.function.name for t in msg.tool_calls or []])
+    return {"prompt_ids": r2.model_extra["x_inferno_prompt_ids"], "call_id": call.id}
+
+
+def harmony_fixtures():
+    """Prompts rendered by the server equal openai-harmony's (tests/fixtures/harmony.json)."""
+    fx = json.load(open(ARGS["fixtures"]))
+    c = client()
+    done = []
+    for case in fx["render"]:
+        if case["system"]["model_identity"] != "You are ChatGPT, a large language model trained by OpenAI." \
+                or case["system"]["current_date"] is None or "note" in case:
+            continue
+        msgs = openai_messages(case)
+        if msgs is None:
+            continue
+        body = {"model": model_id(), "messages": msgs, "max_tokens": 1, "reasoning_effort": case["system"]["reasoning"],
+                "x_inferno_prompt_ids": True, "x_inferno_date": case["system"]["current_date"]}
+        if case.get("tools"):
+            body["tools"] = case["tools"]
+        r = c.post("/chat/completions", cast_to=object, body=body)
+        assert r["x_inferno_prompt_ids"] == case["expected_ids"], case["name"]
+        done.append(case["name"])
+    return {"cases": done}
+
+
+def openai_messages(case):
+    """A harmony fixture conversation as OpenAI chat messages (None if it has no such form)."""
+    out = []
+    if case["instructions"]:
+        out.append({"role": "system", "content": case["instructions"]})
+    reasoning, calls = None, {}
+    for m in case["messages"]:
+        role, ch = m["role"], m["channel"]
+        if role == "user":
+            out.append({"role": "user", "content": m["content"]})
+        elif role == "assistant" and ch == "analysis":
+            reasoning = m["content"]
+        elif role == "assistant" and (m["recipient"] or "").startswith("functions."):
+            name = m["recipient"].split(".", 1)[1]
+            cid = f"call_{len(calls)}"
+            calls[name] = cid
+            msg = {"role": "assistant", "content": None,
+                   "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": m["content"]}}]}
+            if reasoning:
+                msg["reasoning_content"] = reasoning
+            reasoning = None
+            out.append(msg)
+        elif role == "tool":
+            out.append({"role": "tool", "tool_call_id": calls[m["name"].split(".", 1)[1]], "content": m["content"]})
+        elif role == "assistant" and ch == "final":
+            msg = {"role": "assistant", "content": m["content"]}
+            if reasoning:
+                msg["reasoning"] = reasoning
+            reasoning = None
+            out.append(msg)
+        else:
+            return None
+    if reasoning is not None:
+        return None
+    return out
+
+
+def load():
+    """Many concurrent streams: each equals the reply it gets alone (greedy)."""
+    prompts = ARGS["prompts"]
+    c = client()
+    m = model_id()
+
+    def one(p):
+        content, _, finish, usage, _, _ = chat_stream(
+            c, model=m, messages=[{"role": "user", "content": p}], temperature=0,
+            max_tokens=ARGS["max_tokens"], stream_options={"include_usage": True})
+        return content, finish, usage.completion_tokens
+
+    started = time.time()
+    alone = [one(p)[0] for p in prompts] if ARGS.get("alone") else None
+    alone_s = time.time() - started
+    started = time.time()
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(one, prompts))
+    wall = time.time() - started
+    return {"replies": [t[0] for t in together], "alone": alone, "finish": [t[1] for t in together],
+            "tokens": sum(t[2] for t in together), "wall_s": wall, "alone_s": alone_s}
+
+
+def disconnects():
+    """Requests whose clients go away at random points; all must be cancelled."""
+    n = ARGS["requests"]
+    rng = random.Random(ARGS.get("seed", 0))
+    m = model_id()
+
+    def one(i):
+        h = httpx.Client(base_url=BASE, timeout=600)
+        stream = rng.random() < 0.7
+        body = {"model": m, "messages": [{"role": "user", "content": f"Story number {i}, please."}],
+                "max_tokens": 10000, "temperature": 1.0, "stream": stream}
+        after = rng.choice([0, 1, 3, 8])
+        try:
+            if stream:
+                with h.stream("POST", "/v1/chat/completions", json=body) as r:
+                    for k, _ in enumerate(r.iter_lines()):
+                        if k >= after:
+                            break
+            else:
+                h.post("/v1/chat/completions", json=body, timeout=0.05 + rng.random() * 0.5)
+        except httpx.TimeoutException:
+            pass
+        finally:
+            h.close()
+        return stream
+
+    started = time.time()
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        kinds = list(pool.map(one, range(n)))
+    return {"streamed": sum(kinds), "collected": n - sum(kinds), "wall_s": time.time() - started}
+
+
+if __name__ == "__main__":
+    print(json.dumps(globals()[SCENARIO]()))

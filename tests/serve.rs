@@ -1,0 +1,216 @@
+//! `inferno serve` driven by the real `openai` Python client (PyPI) on 127.0.0.1, with the real
+//! SmolLM2-135M-Instruct weights on the CPU: chat and completions streamed and not, usage, stop
+//! strings, seeds, /v1/models, the error statuses, the API key, the queue limit, Ctrl+C, and
+//! greedy replies identical to `inferno play`'s. Needs the SmolLM2 asset and a python with
+//! `openai` (scripts/test.sh provides both).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use common::serve::Server;
+use serde_json::json;
+
+fn model() -> PathBuf {
+    common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh")
+}
+
+const CONTEXT: usize = 1024;
+
+fn server(args: &[&str], env: &[(&str, &str)]) -> Server {
+    let context = CONTEXT.to_string();
+    let mut all = vec!["--context", &context, "--kv-tokens", "8192"];
+    if !args.contains(&"--max-seqs") {
+        all.extend(["--max-seqs", "8"]);
+    }
+    all.extend_from_slice(args);
+    Server::start(&model(), &all, env)
+}
+
+/// `inferno play MODEL --cpu --temperature 0 …` stdout, without its final newline.
+fn play(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .arg("play")
+        .arg(model())
+        .args(["--cpu", "--temperature", "0", "--context", &CONTEXT.to_string()])
+        .args(args)
+        .env("XDG_STATE_HOME", std::env::temp_dir().join("inferno-test-state"))
+        .output()
+        .expect("run play");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = String::from_utf8(out.stdout).expect("utf-8");
+    s.strip_suffix('\n').unwrap_or(&s).to_string()
+}
+
+#[test]
+fn chat_and_completions_match_play_streamed_or_not() {
+    let s = server(&[], &[]);
+    assert!(s.saw_loading, "/health never said 503 while the model loaded");
+    let prompt = "What is the capital of Germany?";
+    let raw = "The three primary colors are";
+    let r = s.python("basic", json!({"prompt": prompt, "raw": raw, "max_tokens": 24}));
+    assert_eq!(r["chat"], play(&["--max-tokens", "24", "--prompt", prompt]), "{r}");
+    assert_eq!(r["completion"], play(&["--raw", "--max-tokens", "24", "--prompt", raw]), "{r}");
+    assert!(s.log().contains(" /v1/chat/completions 200 "), "no request log line:\n{}", s.log());
+}
+
+#[test]
+fn stop_strings_seeds_and_models() {
+    let s = server(&[], &[]);
+    let r =
+        s.python("stop_strings", json!({"prompt": "Name three primary colors.", "max_tokens": 30}));
+    assert!(r["cut"].as_str().unwrap().len() < r["full"].as_str().unwrap().len(), "{r}");
+    s.python("seeds", json!({"prompt": "Write a short poem about the sea."}));
+    s.python("models", json!({"aliases": ["SmolLM2-135M-Instruct.Q4_1"]}));
+}
+
+#[test]
+fn errors_are_openai_error_objects_with_the_right_status() {
+    let s = server(&["--body-limit", "65536"], &[]);
+    s.python("errors", json!({"context": CONTEXT, "body_limit": 65536, "no_tools": true}));
+    let m = s.metrics(&[]);
+    assert!(
+        m["inferno_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}"] >= 5.0,
+        "{m:?}"
+    );
+    assert_eq!(m["inferno_running_sequences"], 0.0);
+}
+
+#[test]
+fn the_api_key_is_a_bearer_token_from_the_flag_or_the_environment() {
+    let s = server(&["--api-key", "sekret", "--cors-origin", "http://app.example"], &[]);
+    s.python("api_key", json!({"api_key": "sekret"}));
+    // CORS: a preflight from an allowed origin is answered (without the key), others are not.
+    let preflight = |origin: &str| {
+        let headers = [
+            ("Origin", origin),
+            ("Access-Control-Request-Method", "POST"),
+            ("Access-Control-Request-Headers", "authorization,content-type"),
+        ];
+        let (status, _) = s.request("OPTIONS", "/v1/chat/completions", &headers, b"");
+        (status, s.last_head())
+    };
+    let (status, head) = preflight("http://app.example");
+    assert_eq!(status, 200, "{head}");
+    assert!(head.contains("access-control-allow-origin: http://app.example"), "{head}");
+    let (_, head) = preflight("http://evil.example");
+    assert!(!head.contains("access-control-allow-origin"), "{head}");
+    drop(s);
+    let s = server(&[], &[("INFERNO_API_KEY", "from-env")]);
+    s.python("api_key", json!({"api_key": "from-env"}));
+    assert_eq!(s.request("GET", "/v1/models", &[], b"").0, 401);
+    // No --cors-origin: no CORS headers at all.
+    s.request("GET", "/health", &[("Origin", "http://app.example")], b"");
+    assert!(!s.last_head().contains("access-control"), "{}", s.last_head());
+}
+
+#[test]
+fn a_full_queue_is_503_with_retry_after() {
+    let s = server(&["--max-seqs", "1", "--max-waiting", "0"], &[]);
+    s.python("queue_full", json!({}));
+}
+
+#[test]
+fn ctrl_c_ends_open_streams_with_an_error_and_exits() {
+    let mut s = server(&[], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("streaming");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/serve_client.py");
+    let client = common::serve::python_command()
+        .arg(script)
+        .arg(s.url())
+        .arg("stream_until_interrupted")
+        .arg(json!({"ready_file": ready}).to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the stream never started:\n{}", s.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = s.interrupt(Duration::from_secs(20));
+    assert!(status.success(), "{status}:\n{}", s.log());
+    let out = client.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r["error"].as_str().unwrap().contains("shutting down"), "{r}");
+    assert!(s.log().contains("shutting down"), "{}", s.log());
+}
+
+#[test]
+fn a_waiting_stream_gets_keep_alive_comments() {
+    let s = server(&["--max-seqs", "1"], &[("INFERNO_SSE_KEEP_ALIVE_SECS", "1")]);
+    s.python("keep_alive", json!({"busy_tokens": 900}));
+}
+
+/// A folder with the tiny Llama-3 checkpoint (random weights widened to Llama 2's tokenizer)
+/// and the chat template `template` from tests/fixtures/chat_templates.json.
+fn tiny_llama_with_template(template: &str) -> tempfile::TempDir {
+    use candle_core::{Device, Tensor};
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures"));
+    let tok_path = common::asset("llama2-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
+    let tok = std::fs::read_to_string(tok_path).unwrap();
+    let vocab = tokenizers::Tokenizer::from_bytes(tok.as_bytes()).unwrap().get_vocab_size(true);
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixtures.join("llama3_tiny/config.json")).unwrap())
+            .unwrap();
+    config["vocab_size"] = vocab.into();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let mut tensors = candle_core::safetensors::load(
+        fixtures.join("llama3_tiny/model.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    for name in ["model.embed_tokens.weight", "lm_head.weight"] {
+        tensors
+            .insert(name.to_string(), Tensor::randn(0f32, 1.0, (vocab, 64), &Device::Cpu).unwrap());
+    }
+    candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
+    std::fs::write(dir.path().join("tokenizer.json"), tok).unwrap();
+    let fx: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
+    let t = &fx["templates"][template];
+    let cfg = json!({"chat_template": t["source"], "bos_token": t["bos_token"], "eos_token": t["eos_token"]});
+    std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn tools_go_through_a_chat_template_that_supports_them() {
+    let template = "llama3_1-8b-instruct";
+    let dir = tiny_llama_with_template(template);
+    let s = Server::start(dir.path(), &["--context", "512"], &[("INFERNO_TEST_HOOKS", "1")]);
+    let fx: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
+    let case = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| {
+            c["template"] == template
+                && c["add_generation_prompt"] == true
+                && c["extra"].get("tools").is_some()
+        })
+        .unwrap();
+    let body = json!({"messages": case["messages"], "tools": case["extra"]["tools"], "max_tokens": 1,
+                      "x_inferno_prompt_ids": true});
+    let (status, text) =
+        s.request("POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+    let got: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // transformers' rendering, tokenized as the server tokenizes a rendered chat.
+    let tok = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
+    let want = tok.encode(case["expected"].as_str().unwrap(), false).unwrap().get_ids().to_vec();
+    assert_eq!(got["x_inferno_prompt_ids"], json!(want));
+}
+
+#[test]
+fn odd_inputs_never_break_the_server() {
+    let s = server(&[], &[]);
+    common::serve::odd_bodies_are_answered(&s, &[]);
+}

@@ -1,0 +1,111 @@
+//! `inferno serve` under load on 127.0.0.1 (CPU, SmolLM2): 64 concurrent streams each give exactly the
+//! reply they give alone (greedy), and 200 clients that disconnect at random points
+//! leave no running sequence and no KV block behind (read from `/metrics`). Bounded in time:
+//! every wait has a deadline.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::serve::Server;
+use serde_json::json;
+
+/// Polls `/metrics` until the engine is idle with every KV block free, or fails after `limit`.
+fn wait_drained(s: &Server, limit: Duration) -> HashMap<String, f64> {
+    let t0 = Instant::now();
+    loop {
+        let m = s.metrics(&[]);
+        let groups: Vec<&String> =
+            m.keys().filter(|k| k.starts_with("inferno_kv_total_blocks{")).collect();
+        let free = groups.iter().all(|k| {
+            let free = k.replace("inferno_kv_total_blocks", "inferno_kv_free_blocks");
+            m.get(&free) == m.get(*k)
+        });
+        if m["inferno_running_sequences"] == 0.0
+            && m["inferno_waiting_sequences"] == 0.0
+            && m["inferno_requests_in_flight"] == 0.0
+            && !groups.is_empty()
+            && free
+        {
+            return m;
+        }
+        assert!(t0.elapsed() < limit, "not drained after {limit:?}: {m:?}\n{}", s.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn smollm2() -> std::path::PathBuf {
+    common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh")
+}
+
+#[test]
+fn concurrent_streams_equal_their_single_replies() {
+    let model = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
+    let s = Server::start(
+        &model,
+        &["--context", "512", "--kv-tokens", "16384", "--max-seqs", "64"],
+        &[],
+    );
+    let subjects = ["the sea", "a cat", "winter", "bread", "a city", "the moon", "rain", "music"];
+    let asks = [
+        "Write one sentence about",
+        "Name a color linked to",
+        "Give a title for a story about",
+        "Describe",
+    ];
+    let mut prompts: Vec<String> = Vec::new();
+    for a in asks {
+        for subject in subjects {
+            prompts.push(format!("{a} {subject}."));
+            prompts.push(format!("{a} {subject}, briefly."));
+        }
+    }
+    assert_eq!(prompts.len(), 64);
+    let max_tokens = 8;
+    // Alone, one after the other, then all at once.
+    let t0 = Instant::now();
+    let r = s.python("load", json!({"prompts": prompts, "max_tokens": max_tokens, "alone": true}));
+    eprintln!(
+        "load: {:.1} s alone, {:.1} s together ({:.1} s in all)",
+        r["alone_s"],
+        r["wall_s"],
+        t0.elapsed().as_secs_f64()
+    );
+    let alone = r["alone"].as_array().unwrap();
+    for (i, want) in alone.iter().enumerate() {
+        assert_eq!(
+            &r["replies"][i], want,
+            "request {i} ({:?}): concurrent differs from alone",
+            prompts[i]
+        );
+    }
+    let m = wait_drained(&s, Duration::from_secs(60));
+    assert!(m["inferno_batch_size"] >= 0.0);
+    assert!(
+        m.iter()
+            .any(|(k, v)| k.starts_with("inferno_inter_token_latency_seconds_count") && *v > 0.0),
+        "{m:?}"
+    );
+}
+
+#[test]
+fn random_client_disconnects_leave_no_sequence_and_no_kv_block() {
+    let s = Server::start(
+        &smollm2(),
+        &["--context", "512", "--kv-tokens", "16384", "--max-seqs", "32"],
+        &[],
+    );
+    let before = s.metrics(&[])["inferno_cancelled_total"];
+    let t0 = Instant::now();
+    let r = s.python("disconnects", json!({"requests": 200, "seed": 7}));
+    eprintln!("disconnects: {r} ({:.1} s)", t0.elapsed().as_secs_f64());
+    assert!(r["streamed"].as_u64().unwrap() > 100 && r["collected"].as_u64().unwrap() > 20, "{r}");
+    let t0 = Instant::now();
+    let m = wait_drained(&s, Duration::from_secs(120));
+    eprintln!("drained in {:.1} s", t0.elapsed().as_secs_f64());
+    assert!(
+        m["inferno_cancelled_total"] - before >= 150.0,
+        "few generations were cancelled: {m:?}"
+    );
+}
