@@ -273,3 +273,30 @@ fn an_oversized_pool_is_refused_with_the_numbers() {
     assert!(msg.contains("KV cache") && msg.contains("lower"), "{msg}");
     assert!(!msg.contains('\n'), "one line: {msg}");
 }
+
+/// Greedy decoding with a repetition penalty picks from the penalised logits (a device argmax of
+/// the raw row would ignore the penalty): the engine equals the host sampler run on the
+/// single-sequence model path.
+#[test]
+fn greedy_with_a_repetition_penalty_applies_it() {
+    let cfg = SamplerConfig { repeat_penalty: 3.0, repeat_last_n: 64, ..SamplerConfig::greedy() };
+    let engine = start("llama3_tiny", 1, CONTEXT, 16);
+    let vocab = engine.vocab_size() as u32;
+    let prompt = random_prompt(&mut StdRng::seed_from_u64(9), 12, vocab);
+    let (got, _) =
+        collect(engine.submit(request(prompt.clone(), cfg.clone(), 24)).expect("submit"));
+    let mut m = engine::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
+        .expect("model")
+        .model;
+    let mut sampler = inferno::generate::Sampler::new(cfg);
+    let mut history = prompt.clone();
+    let mut logits = m.forward_last(&prompt, 0).expect("prefill");
+    let mut want = Vec::new();
+    for _ in 0..24 {
+        let id = sampler.sample(&mut logits.to_vec1::<f32>().expect("row"), &history);
+        want.push(id);
+        history.push(id);
+        logits = m.forward_last(&[id], history.len() - 1).expect("decode");
+    }
+    assert_eq!(got, want);
+}
