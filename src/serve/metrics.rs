@@ -233,6 +233,7 @@ mod tests {
             total_blocks: vec![11, 21],
             steps: 5,
             last_batch: 2,
+            ..EngineStats::default()
         };
         let text = m.render(&Gauges { loaded: true, engine: Some(stats), in_flight: 3 });
         assert!(
