@@ -304,15 +304,61 @@ fn group(dev: &CudaDevice, ids: &CudaView<u32>, d: Dims, tile: usize) -> Result<
 /// each row once for all the tile's slots. Returns part `[slots, H]` like [`by_expert`] (rows of
 /// slots routed to no valid expert unwritten); the activations travel as bf16 hi + lo too.
 fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
-    let Call { op, dev, x, ids, weights, p, d } = *c;
-    let tile16 = usize::from(d.tokens >= EXPERT_MAJOR_TILE16_MIN_TOKENS);
-    let (mt, nt, u) = op.em_variant.unwrap_or(EXPERT_MAJOR_DEFAULT[tile16]);
+    let tile16 = usize::from(c.d.tokens >= EXPERT_MAJOR_TILE16_MIN_TOKENS);
+    let (mt, nt, u) = c.op.em_variant.unwrap_or(EXPERT_MAJOR_DEFAULT[tile16]);
     if !EXPERT_MAJOR_VARIANTS.contains(&(mt, nt, u)) {
         bail!("mxfp4_moe: no expert-major variant {:?} (MT, NT, U)", (mt, nt, u));
     }
-    let block_rows = 16 * mt * EM_WARPS;
+    let kernels = GroupKernels {
+        module: EXPERT_MAJOR_MODULE,
+        ptx: MOE_EXPERT_MAJOR_PTX,
+        gate_up: format!("moe_em_gate_up_m{mt}_n{nt}_u{u}"),
+        down: format!("moe_em_down_m{mt}_n{nt}_u{u}"),
+        rows_per_block: 16 * mt * EM_WARPS,
+        threads: 32 * EM_WARPS as u32,
+    };
+    project_groups(c, group(c.dev, c.ids, c.d, 8 * nt)?, &kernels)
+}
+
+/// Batched by expert on tensor cores (bf16 x only): group the slots by expert on the device,
+/// then one GEMM tile per (expert's slots, weight rows). Returns part `[slots, H]`, whose rows
+/// of slots routed to no valid expert stay unwritten (moe_sum skips them). The activations
+/// between the two projections travel as bf16 hi + lo (16 significant bits): with hi alone the
+/// 20b-shaped agreement test lost 3 points (88.7% → 85.7%).
+fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
+    let kernels = GroupKernels {
+        module: GROUPED_MODULE,
+        ptx: MOE_GROUPED_PTX,
+        gate_up: "moe_grouped_gate_up".into(),
+        down: "moe_grouped_down".into(),
+        rows_per_block: BN,
+        threads: 128,
+    };
+    project_groups(c, group(c.dev, c.ids, c.d, BM)?, &kernels)
+}
+
+/// A pair of kernels over slots grouped by expert ([`group`]): gate_up (bias, clamped SwiGLU,
+/// activations as bf16 hi + lo), then down (bias, routing weight) into part. The grouped GEMMs
+/// and the expert-major GEMVs take the same arguments; they differ in their kernels and blocks.
+struct GroupKernels {
+    module: &'static str,
+    ptx: &'static str,
+    gate_up: String,
+    down: String,
+    /// Weight rows one block covers (the grid's second dimension).
+    rows_per_block: usize,
+    threads: u32,
+}
+
+/// Runs `k` over the tiles of `g`; returns part `[slots, H]`.
+fn project_groups<T: KernelFloat>(
+    c: &Call<T>,
+    g: Groups,
+    k: &GroupKernels,
+) -> Result<CudaSlice<f32>> {
+    let Call { op, dev, x, weights, p, d, .. } = *c;
+    let Groups { sorted, tiles, max_tiles } = g;
     let slots = d.slots();
-    let Groups { sorted, tiles, max_tiles } = group(dev, ids, d, 8 * nt)?;
     // The kernels write act's and part's rows of the validly routed slots and read only those
     // (poisoned for tests, so that a missed element shows).
     let mut act_hi = output::<bf16>(dev, slots * d.inter, op.poison)?;
@@ -323,16 +369,12 @@ fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
         (int(d.k, "k")?, int(d.hidden, "hidden")?, int(d.inter, "intermediate")?);
     let grid = |rows: usize| -> Result<LaunchConfig> {
         Ok(LaunchConfig {
-            grid_dim: (t32 as u32, int(rows.div_ceil(block_rows), "row blocks")? as u32, 1),
-            block_dim: (32 * EM_WARPS as u32, 1, 1),
+            grid_dim: (t32 as u32, int(rows.div_ceil(k.rows_per_block), "row blocks")? as u32, 1),
+            block_dim: (k.threads, 1, 1),
             shared_mem_bytes: 0,
         })
     };
-    let func = dev.get_or_load_custom_func(
-        &format!("moe_em_gate_up_m{mt}_n{nt}_u{u}"),
-        EXPERT_MAJOR_MODULE,
-        MOE_EXPERT_MAJOR_PTX,
-    )?;
+    let func = dev.get_or_load_custom_func(&k.gate_up, k.module, k.ptx)?;
     let mut b = func.builder();
     b.arg(x)
         .arg(&sorted)
@@ -347,69 +389,7 @@ fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     // aligned rows (hidden % 8 == 0, checked by the caller), act rows likewise (I % 32 == 0).
     unsafe { b.launch(grid(2 * d.inter)?) }.w()?;
 
-    let func = dev.get_or_load_custom_func(
-        &format!("moe_em_down_m{mt}_n{nt}_u{u}"),
-        EXPERT_MAJOR_MODULE,
-        MOE_EXPERT_MAJOR_PTX,
-    )?;
-    let mut b = func.builder();
-    b.arg(&act_hi)
-        .arg(&act_lo)
-        .arg(&sorted)
-        .arg(&tiles)
-        .arg(weights)
-        .arg(&p.d_blocks)
-        .arg(&p.d_scales)
-        .arg(&p.d_bias)
-        .arg(&mut part);
-    b.arg(&h32).arg(&i32_);
-    // SAFETY: the arguments match the kernel's signature.
-    unsafe { b.launch(grid(d.hidden)?) }.w()?;
-    Ok(part)
-}
-
-/// Batched by expert on tensor cores (bf16 x only): group the slots by expert on the device,
-/// then one GEMM tile per (expert's slots, weight rows). Returns part `[slots, H]`, whose rows
-/// of slots routed to no valid expert stay unwritten (moe_sum skips them). The activations
-/// between the two projections travel as bf16 hi + lo (16 significant bits): with hi alone the
-/// 20b-shaped agreement test lost 3 points (88.7% → 85.7%).
-fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
-    let Call { op, dev, x, ids, weights, p, d } = *c;
-    let slots = d.slots();
-    let Groups { sorted, tiles, max_tiles } = group(dev, ids, d, BM)?;
-    // SAFETY (all three): the GEMMs write act's and part's rows of the validly routed slots and
-    // read only those.
-    let mut act_hi = unsafe { dev.alloc::<bf16>(slots * d.inter)? };
-    let mut act_lo = unsafe { dev.alloc::<bf16>(slots * d.inter)? };
-    let mut part = unsafe { dev.alloc::<f32>(slots * d.hidden)? };
-    let t32 = int(max_tiles, "tiles")?;
-    let (k32, h32, i32_) =
-        (int(d.k, "k")?, int(d.hidden, "hidden")?, int(d.inter, "intermediate")?);
-
-    let grid = |rows: usize| -> Result<LaunchConfig> {
-        Ok(LaunchConfig {
-            grid_dim: (t32 as u32, int(rows.div_ceil(BN), "row tiles")? as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        })
-    };
-    let func =
-        dev.get_or_load_custom_func("moe_grouped_gate_up", GROUPED_MODULE, MOE_GROUPED_PTX)?;
-    let mut b = func.builder();
-    b.arg(x)
-        .arg(&sorted)
-        .arg(&tiles)
-        .arg(&p.gu_blocks)
-        .arg(&p.gu_scales)
-        .arg(&p.gu_bias)
-        .arg(&mut act_hi)
-        .arg(&mut act_lo);
-    b.arg(&k32).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
-    // SAFETY: the arguments match the kernel's signature; x is bf16 (T::BF16) with 16-byte
-    // aligned rows (hidden % 8 == 0, checked by the caller), act rows likewise (I % 32 == 0).
-    unsafe { b.launch(grid(2 * d.inter)?) }.w()?;
-
-    let func = dev.get_or_load_custom_func("moe_grouped_down", GROUPED_MODULE, MOE_GROUPED_PTX)?;
+    let func = dev.get_or_load_custom_func(&k.down, k.module, k.ptx)?;
     let mut b = func.builder();
     b.arg(&act_hi)
         .arg(&act_lo)
