@@ -16,22 +16,17 @@ use super::errors::ApiError;
 use super::generation::{Delta, Job, Outcome};
 use super::openai_types::{ChatRequest, parse};
 use super::params::{clip_max_tokens, refuse_logprobs, settings};
-use super::sse::{self, Chunker, Collected, RequestLog, usage};
+use super::sse::{self, ChunkHead, Chunker, Collected, RequestLog, usage};
 use super::state::AppState;
-use super::{body_bytes, check_prompt, hooks, unix_now};
+use super::{body_bytes, check_prompt, hooks};
 
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let log = RequestLog::new("chatcmpl", "/v1/chat/completions");
-    match run(&state, body, &log).await {
-        Ok(r) => r,
-        Err(e) => {
-            log.failed(&e);
-            e.into_response()
-        }
-    }
+    let result = run(&state, body, &log).await;
+    sse::respond(&log, result)
 }
 
 async fn run(
@@ -62,12 +57,7 @@ async fn run(
         stop: s.stop,
         harmony: ready.harmony,
     };
-    let chunks = ChatChunks {
-        id: log.id.clone(),
-        created: unix_now(),
-        model: state.model.id.clone(),
-        include_usage: s.include_usage,
-    };
+    let chunks = ChatChunks(ChunkHead::new(log, &state.model.id, s.include_usage));
     if s.stream {
         return Ok(sse::stream(state.clone(), ready, job, chunks, log.clone(), slot));
     }
@@ -81,26 +71,14 @@ async fn run(
     Ok(axum::Json(body).into_response())
 }
 
-struct ChatChunks {
-    id: String,
-    created: u64,
-    model: String,
-    include_usage: bool,
-}
+struct ChatChunks(ChunkHead);
+
+const CHUNK: &str = "chat.completion.chunk";
 
 impl ChatChunks {
     fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
-        let mut v = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-        });
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
+        let choice = json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish});
+        self.0.frame(CHUNK, json!([choice]))
     }
 
     /// The non-streamed body.
@@ -123,14 +101,10 @@ impl ChatChunks {
         if !calls.is_empty() {
             message["tool_calls"] = calls.into();
         }
-        json!({
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": o.finish.as_str()}],
-            "usage": usage(o),
-        })
+        let choice = json!({"index": 0, "message": message, "logprobs": null, "finish_reason": o.finish.as_str()});
+        let mut body = self.0.frame("chat.completion", json!([choice]));
+        body["usage"] = usage(o);
+        body
     }
 }
 
@@ -155,17 +129,7 @@ impl Chunker for ChatChunks {
     }
 
     fn last(&mut self, o: &Outcome) -> Vec<Value> {
-        let mut out = vec![self.chunk(json!({}), Some(o.finish.as_str()))];
-        if self.include_usage {
-            out.push(json!({
-                "id": self.id,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.model,
-                "choices": [],
-                "usage": usage(o),
-            }));
-        }
-        out
+        let last = self.chunk(json!({}), Some(o.finish.as_str()));
+        std::iter::once(last).chain(self.0.usage_chunk(CHUNK, o)).collect()
     }
 }

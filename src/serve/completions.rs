@@ -13,22 +13,17 @@ use super::errors::ApiError;
 use super::generation::{Delta, Job, Outcome};
 use super::openai_types::{CompletionRequest, parse};
 use super::params::{clip_max_tokens, refuse_logprobs, settings};
-use super::sse::{self, Chunker, RequestLog, usage};
+use super::sse::{self, ChunkHead, Chunker, RequestLog, usage};
 use super::state::{AppState, Ready};
-use super::{body_bytes, check_prompt, hooks, unix_now};
+use super::{body_bytes, check_prompt, hooks};
 
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let log = RequestLog::new("cmpl", "/v1/completions");
-    match run(&state, body, &log).await {
-        Ok(r) => r,
-        Err(e) => {
-            log.failed(&e);
-            e.into_response()
-        }
-    }
+    let result = run(&state, body, &log).await;
+    sse::respond(&log, result)
 }
 
 async fn run(
@@ -62,12 +57,7 @@ async fn run(
         stop: s.stop,
         harmony: false,
     };
-    let chunks = TextChunks {
-        id: log.id.clone(),
-        created: unix_now(),
-        model: state.model.id.clone(),
-        include_usage: s.include_usage,
-    };
+    let chunks = TextChunks(ChunkHead::new(log, &state.model.id, s.include_usage));
     if s.stream {
         return Ok(sse::stream(state.clone(), ready, job, chunks, log.clone(), slot));
     }
@@ -106,26 +96,14 @@ fn prompt_ids(ready: &Ready, prompt: Option<&Value>) -> Result<Vec<u32>, ApiErro
     }
 }
 
-struct TextChunks {
-    id: String,
-    created: u64,
-    model: String,
-    include_usage: bool,
-}
+struct TextChunks(ChunkHead);
+
+const OBJECT: &str = "text_completion";
 
 impl TextChunks {
     fn chunk(&self, text: String, finish: Option<&str>) -> Value {
-        let mut v = json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
-        });
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
+        let choice = json!({"text": text, "index": 0, "logprobs": null, "finish_reason": finish});
+        self.0.frame(OBJECT, json!([choice]))
     }
 }
 
@@ -142,13 +120,7 @@ impl Chunker for TextChunks {
     }
 
     fn last(&mut self, o: &Outcome) -> Vec<Value> {
-        let mut out = vec![self.chunk(String::new(), Some(o.finish.as_str()))];
-        if self.include_usage {
-            let mut u = self.chunk(String::new(), None);
-            u["choices"] = json!([]);
-            u["usage"] = usage(o);
-            out.push(u);
-        }
-        out
+        let last = self.chunk(String::new(), Some(o.finish.as_str()));
+        std::iter::once(last).chain(self.0.usage_chunk(OBJECT, o)).collect()
     }
 }

@@ -203,6 +203,62 @@ pub async fn collect(
     }
 }
 
+/// A handler's result as the response: an error is logged and sent as an OpenAI error object.
+pub fn respond(log: &RequestLog, result: Result<Response, ApiError>) -> Response {
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            log.failed(&e);
+            e.into_response()
+        }
+    }
+}
+
+/// What every chunk of one response (and its non-streamed body) repeats: id, creation time,
+/// model; and whether the client asked for usage, when each chunk carries `usage: null` and a
+/// last chunk without choices carries the numbers.
+pub struct ChunkHead {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub include_usage: bool,
+}
+
+impl ChunkHead {
+    pub fn new(log: &RequestLog, model: &str, include_usage: bool) -> Self {
+        ChunkHead {
+            id: log.id.clone(),
+            created: super::unix_now(),
+            model: model.to_string(),
+            include_usage,
+        }
+    }
+
+    /// An `object` with these `choices`.
+    pub fn frame(&self, object: &str, choices: Value) -> Value {
+        let mut v = serde_json::json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    /// The chunk that ends a stream with the usage, when it was asked for.
+    pub fn usage_chunk(&self, object: &str, o: &Outcome) -> Option<Value> {
+        self.include_usage.then(|| {
+            let mut v = self.frame(object, serde_json::json!([]));
+            v["usage"] = usage(o);
+            v
+        })
+    }
+}
+
 /// `usage` of a response.
 pub fn usage(o: &Outcome) -> Value {
     serde_json::json!({
