@@ -20,6 +20,10 @@ use crate::error::{ErrorKind, fail};
 use crate::generate::SamplerConfig;
 use crate::util::human_bytes;
 
+/// Streams one run may submit: far more than a step batches (64), small enough that the
+/// prompts and the KV pool's size cannot overflow.
+const MAX_CONCURRENCY: usize = 4096;
+
 /// One stream of one run.
 struct Stream {
     ttft: Duration,
@@ -41,6 +45,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "--prompt-tokens, --gen-tokens, --repeat and --concurrency must be positive",
         ));
     }
+    if args.concurrency > MAX_CONCURRENCY {
+        return Err(fail(
+            ErrorKind::InvalidInput,
+            format!("--concurrency is at most {MAX_CONCURRENCY}, not {}", args.concurrency),
+        ));
+    }
     let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
     let dtype = args.device.dtype.as_deref().map(engine::parse_dtype).transpose()?;
     let needed = args.prompt_tokens.checked_add(args.gen_tokens).ok_or_else(|| {
@@ -53,7 +63,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let (engine, loaded) = engine::start(&args.model, &opts, &device, move |info| EngineConfig {
         max_seqs: streams,
         // Every stream's whole sequence, plus a block each for rounding.
-        kv_tokens: streams * (info.context + crate::engine::core::BLOCK_SIZE),
+        kv_tokens: streams
+            .saturating_mul(info.context.saturating_add(crate::engine::core::BLOCK_SIZE)),
         token_budget: 512,
     })?;
     let load_s = started.elapsed().as_secs_f64();

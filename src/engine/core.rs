@@ -334,10 +334,8 @@ impl Core {
     }
 
     fn admit(&mut self, p: Pending) {
-        let mut sampling = p.req.sampling.clone();
-        sampling.seed = p.req.sampling.seed;
         let live = Live {
-            sampler: Sampler::new(sampling),
+            sampler: Sampler::new(p.req.sampling.clone()),
             events: p.events,
             cancel: p.cancel,
             submitted: p.submitted,
@@ -448,29 +446,23 @@ impl Core {
         logits: &candle_core::Tensor,
         chunks: &[super::scheduler::Chunk],
     ) -> anyhow::Result<Vec<u32>> {
-        // Split the borrows: samplers live in `live`, histories in the scheduler.
-        let mut samplers: Vec<(u64, Sampler)> = Vec::with_capacity(chunks.len());
-        for c in chunks {
-            let l = self.live.get_mut(&c.id).ok_or_else(|| anyhow::anyhow!("unknown sequence"))?;
-            let placeholder = Sampler::new(crate::generate::SamplerConfig::greedy());
-            samplers.push((c.id, std::mem::replace(&mut l.sampler, placeholder)));
-        }
-        let result = {
-            let mut specs: Vec<SampleSpec> = samplers
-                .iter_mut()
-                .map(|(id, s)| SampleSpec {
-                    sampler: s,
-                    history: self.sched.get(*id).map_or(&[][..], |q| &q.tokens),
-                })
-                .collect();
-            sample_rows(logits, &mut specs)
-        };
-        for (id, s) in samplers {
-            if let Some(l) = self.live.get_mut(&id) {
-                l.sampler = s;
+        // Samplers live in `live`, histories in the scheduler: borrow both fields, each sampler
+        // once, in chunk order.
+        let Core { live, sched, .. } = self;
+        let order: HashMap<u64, usize> =
+            chunks.iter().enumerate().map(|(i, c)| (c.id, i)).collect();
+        let mut specs: Vec<Option<SampleSpec>> = chunks.iter().map(|_| None).collect();
+        for (id, l) in live.iter_mut() {
+            if let Some(&i) = order.get(id) {
+                let history = sched.get(*id).map_or(&[][..], |q| &q.tokens);
+                specs[i] = Some(SampleSpec { sampler: &mut l.sampler, history });
             }
         }
-        result
+        let mut specs: Vec<SampleSpec> = specs
+            .into_iter()
+            .collect::<Option<_>>()
+            .ok_or_else(|| anyhow::anyhow!("a sampling sequence has no request"))?;
+        sample_rows(logits, &mut specs)
     }
 
     /// Hands a sampled id to its request and finishes the request when it stops.
