@@ -30,7 +30,7 @@ pub fn matmul_f32_out(x: &Tensor, w: &Tensor) -> Result<Tensor> {
             w.dims()
         );
     }
-    x.contiguous()?.apply_op2_no_bwd(&w.contiguous()?, &F32OutMatmul)
+    x.contiguous()?.apply_op2_no_bwd(&w.contiguous()?, &F32OutMatmul { cublas_only: false })
 }
 
 /// `x · wᵀ` for f32 `x` (`[m, k]`) and bf16 `w` (`[n, k]`): f32 `[m, n]` with `x` carried as two
@@ -101,7 +101,11 @@ impl CustomOp1 for HiLoSplit {
     }
 }
 
-struct F32OutMatmul;
+/// `cublas_only`: skip the GEMV (tests and timings compare the two).
+struct F32OutMatmul {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    cublas_only: bool,
+}
 
 impl CustomOp2 for F32OutMatmul {
     fn name(&self) -> &'static str {
@@ -149,8 +153,16 @@ impl CustomOp2 for F32OutMatmul {
         let dev = s1.device.clone();
         let x = s1.as_cuda_slice::<bf16>()?.slice(l1.start_offset()..);
         let w = s2.as_cuda_slice::<bf16>()?.slice(l2.start_offset()..);
-        // SAFETY: the GEMM below writes all m·n elements.
+        // SAFETY: the GEMV or the GEMM below writes all m·n elements.
         let mut out = unsafe { dev.alloc::<f32>(m * n)? };
+        let aligned = k % 8 == 0 && l1.start_offset() % 8 == 0 && l2.start_offset() % 8 == 0;
+        if aligned && m <= GEMV_MAX_ROWS && !self.cublas_only && !gemv_off() {
+            gemv::launch(&dev, &x, &w, &mut out, (m, n, k))?;
+            return Ok((
+                candle_core::CudaStorage { slice: CudaStorageSlice::F32(out), device: dev },
+                Shape::from((m, n)),
+            ));
+        }
         let (m32, n32, k32) = (int(m, "rows")?, int(n, "outputs")?, int(k, "inner dim")?);
         let blas = dev.cublas_handle();
         let stream = dev.cuda_stream();
@@ -191,6 +203,78 @@ impl CustomOp2 for F32OutMatmul {
             candle_core::CudaStorage { slice: CudaStorageSlice::F32(out), device: dev },
             Shape::from((m, n)),
         ))
+    }
+}
+
+/// Up to this many rows of x, [`F32OutMatmul`] takes our tensor-core GEMV (`gemv_bf16.cu`)
+/// instead of cuBLAS: decode steps, whose time is all weight reads.
+#[cfg(feature = "cuda")]
+const GEMV_MAX_ROWS: usize = 32;
+
+/// `INFERNO_GEMV=0` sends every product to cuBLAS (for comparisons).
+#[cfg(feature = "cuda")]
+fn gemv_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("INFERNO_GEMV").is_ok_and(|v| v == "0"))
+}
+
+#[cfg(feature = "cuda")]
+mod gemv {
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, CudaView, LaunchConfig, PushKernelArg,
+    };
+    use candle_core::{CudaDevice, Result};
+    use half::bf16;
+
+    use crate::kernels::cuda::{GEMV_BF16_PTX, int};
+
+    /// gemv_bf16.cu's largest block: GEMV_MAX_WK warps along K.
+    const MAX_WK: usize = 8;
+    /// Enough warps to keep every multiprocessor's loads in flight (132 SMs on an H100, ~16
+    /// warps each); fewer output tiles than that get more warps along K.
+    const TARGET_WARPS: usize = 2048;
+
+    /// Warps along K for `n` outputs of width `k`: from the shape only, so that a row's sums
+    /// run in the same order whatever the batch (see the kernel's header).
+    pub fn warps_along_k(n: usize, k: usize) -> usize {
+        let tiles = n.div_ceil(16);
+        // At least two groups of 32 values per warp.
+        let by_k = (k / 64).max(1);
+        TARGET_WARPS.div_ceil(tiles).clamp(1, MAX_WK).min(by_k)
+    }
+
+    /// y `[m, n]` = x `[m, k]` · w `[n, k]`ᵀ, m ≤ 32, k % 8 == 0, 16-byte aligned starts.
+    pub fn launch(
+        dev: &CudaDevice,
+        x: &CudaView<bf16>,
+        w: &CudaView<bf16>,
+        out: &mut CudaSlice<f32>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<()> {
+        let nt = match m {
+            0..=8 => 1,
+            9..=16 => 2,
+            _ => 4,
+        };
+        let func = dev.get_or_load_custom_func(
+            &format!("gemv_bf16_n{nt}"),
+            "inferno_gemv",
+            GEMV_BF16_PTX,
+        )?;
+        let wk = warps_along_k(n, k);
+        let cfg = LaunchConfig {
+            grid_dim: (int(n.div_ceil(16), "output tiles")? as u32, 1, 1),
+            block_dim: (32, wk as u32, 1),
+            shared_mem_bytes: 0,
+        };
+        let (m32, n32, k32) = (int(m, "rows")?, int(n, "outputs")?, int(k, "inner dim")?);
+        let mut b = func.builder();
+        b.arg(x).arg(w).arg(out).arg(&m32).arg(&n32).arg(&k32);
+        // SAFETY: the arguments match gemv_bf16_n*'s signature; x holds m·k, w n·k and out m·n
+        // elements, k % 8 == 0 and both starts are 16-byte aligned (the caller checks).
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
     }
 }
 
@@ -277,6 +361,17 @@ mod tests {
                 got.len()
             );
         }
+        // The GEMV's shapes: 1..=32 rows (n-tiles of 8), N not a multiple of 16, K a multiple
+        // of 8 but not of 32 (partial groups), K short of one group per warp, and long K.
+        for (m, n, k) in [(1, 17, 8), (8, 33, 24), (9, 100, 200), (16, 5, 2888), (32, 300, 4096)] {
+            check_gemv(&dev, &mut r, m, n, k);
+        }
+        for _ in 0..8 {
+            use rand::Rng;
+            let (m, n, k) =
+                (r.random_range(1..=32), r.random_range(1..=700), 8 * r.random_range(1..=400));
+            check_gemv(&dev, &mut r, m, n, k);
+        }
         let x = tensor(uniform(&mut r, 5 * 999, -1e4, 1e4), &[5, 999], DType::F32);
         let want = values(&hi_lo_split(&x).expect("cpu"));
         let got = values(&hi_lo_split(&x.to_device(&dev).expect("x")).expect("gpu"));
@@ -298,5 +393,68 @@ mod tests {
             &want,
             1e-5,
         );
+    }
+
+    /// The GEMV against the reference, and batch invariance: every row of an m-row product
+    /// is bit for bit that row's product alone.
+    #[cfg(feature = "cuda")]
+    fn check_gemv(dev: &Device, r: &mut rand::rngs::StdRng, m: usize, n: usize, k: usize) {
+        let x = tensor(uniform(r, m * k, -1.0, 1.0), &[m, k], DType::BF16);
+        let w = tensor(uniform(r, n * k, -1.0, 1.0), &[n, k], DType::BF16);
+        let want = values(&matmul_f32_out(&x, &w).expect("cpu"));
+        let (xd, wd) = (x.to_device(dev).expect("x"), w.to_device(dev).expect("w"));
+        let got = values(&matmul_f32_out(&xd, &wd).expect("gpu"));
+        let name = format!("gemv {m}x{n}x{k}");
+        crate::kernels::testing::assert_written_and_close(&name, &got, &want, 1e-5);
+        for row in [0, m - 1] {
+            let one =
+                values(&matmul_f32_out(&xd.narrow(0, row, 1).expect("row"), &wd).expect("gpu"));
+            assert!(
+                one.iter()
+                    .zip(&got[row * n..(row + 1) * n])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: row {row} alone differs from the same row in the batch"
+            );
+        }
+    }
+
+    /// Not a check: our GEMV against cuBLAS at the decode shapes of gpt-oss-20b and Llama-3.2-1B.
+    #[cfg(feature = "cuda")]
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_gemv_timing() {
+        let dev = crate::kernels::testing::gpu();
+        let mut r = rng("gemv timing");
+        let shapes = [
+            ("gpt-oss qkv", 5120, 2880),
+            ("gpt-oss o", 2880, 4096),
+            ("gpt-oss head", 201_088, 2880),
+            ("llama qkv", 3072, 2048),
+            ("llama o", 2048, 2048),
+            ("llama gate+up", 16_384, 2048),
+            ("llama down", 2048, 8192),
+            ("llama head", 128_256, 2048),
+        ];
+        for (name, n, k) in shapes {
+            let w = tensor(uniform(&mut r, n * k, -1.0, 1.0), &[n, k], DType::BF16)
+                .to_device(&dev)
+                .expect("w");
+            let mut line = format!("gemv timing: {name:<14} {n:>6}x{k:<5}");
+            for m in [1, 2, 8, 16, 32] {
+                let x = tensor(uniform(&mut r, m * k, -1.0, 1.0), &[m, k], DType::BF16)
+                    .to_device(&dev)
+                    .expect("x");
+                let mut us = [0.0; 2];
+                for (i, cublas_only) in [false, true].into_iter().enumerate() {
+                    let op = F32OutMatmul { cublas_only };
+                    us[i] = crate::kernels::testing::time_us(&dev, 50, || {
+                        x.apply_op2_no_bwd(&w, &op).expect("matmul");
+                    });
+                }
+                let gbs = (n * k * 2) as f64 / us[0] / 1e3;
+                line += &format!(" | m{m} {:.1} us ({gbs:.0} GB/s) vs cuBLAS {:.1}", us[0], us[1]);
+            }
+            eprintln!("{line}");
+        }
     }
 }

@@ -53,10 +53,13 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 }
 
 // Nibbles J and J + 4 of w as two bf16 (low half: nibble J), each FP4 * 2^-126 (see the top).
+// Shifting nibble J to bits 12..15 (and so J + 4 to 28..31) leaves sign and magnitude one mask and
+// one shift from their places (Marlin's FP4 decode): three logic ops per pair after the shift, two
+// fewer than masking each field at bit 0. The decode is most of the kernel's instructions.
 template <int J>
 __device__ __forceinline__ uint32_t fp4_pair_bits(uint32_t w) {
-    const uint32_t v = w >> (4 * J);
-    return ((v & 0x00070007u) << 6) | ((v & 0x00080008u) << 12);
+    const uint32_t q = w << (12 - 4 * J);
+    return (q & 0x80008000u) | ((q & 0x70007000u) >> 6);
 }
 
 // The E8M0 scale s as the factor of the decode, f1 = 2^(min(s, 128) - 1) as bf16x2; s itself for
@@ -96,12 +99,52 @@ struct Batch {
 };
 
 // Blocks b0 .. b0 + U - 1; zeros past kb, for rows that are off (rv) and for absent slots.
-template <int MT, int NT, int U, bool SPLIT>
+// Narrow (WIDE false): lane t of a quad reads word t of each block b0 + u (4-byte loads; batch
+// entry u is block b0 + u). WIDE (U a multiple of 4): lane t reads the whole block b0 + 4v + t of
+// each of its rows with one 16-byte load, and batch entry u = 4v + q is that block's word q (x
+// likewise at values 8q .. 8q + 7 of the lane's block). The dot product does not care: A and B
+// walk K in the same permuted order, and each k16 step still pairs a lane's weights with its x.
+// WIDE issues a quarter of the weight load instructions, each moving four times the bytes.
+template <int MT, int NT, int U, bool SPLIT, bool WIDE>
 __device__ __forceinline__ void load_batch(Batch<MT, NT, U, SPLIT>& bt, int b0, int kb, const uint32_t* const (&wp)[MT][2],
                                            const uint8_t* const (&sp)[MT][2], const bool (&rv)[MT][2],
                                            const __nv_bfloat16* const (&hi)[NT],
                                            const __nv_bfloat16* const (&lo)[NT]) {
     const int t = threadIdx.x & 3;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    if (WIDE) {
+#pragma unroll
+        for (int v = 0; v < U / 4; v++) {
+            const int b = b0 + 4 * v + t;
+            const bool in = b < kb;
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const bool on = in && rv[i][h];
+                    // wp points at word t of the row's block 0: the row starts t words before.
+                    const uint4 w = on ? __ldg(reinterpret_cast<const uint4*>(wp[i][h] - t) + b) : z;
+                    const uint32_t s = on ? __ldg(sp[i][h] + b) : 127u;
+                    bt.w[4 * v][i][h] = w.x;
+                    bt.w[4 * v + 1][i][h] = w.y;
+                    bt.w[4 * v + 2][i][h] = w.z;
+                    bt.w[4 * v + 3][i][h] = w.w;
+#pragma unroll
+                    for (int q = 0; q < 4; q++) bt.s[4 * v + q][i][h] = s;
+                }
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    bt.xh[4 * v + q][j] =
+                        in && hi[j] ? __ldg(reinterpret_cast<const uint4*>(hi[j] + 32 * b + 8 * q)) : z;
+                    if (SPLIT)
+                        bt.xl[4 * v + q][j] =
+                            in && lo[j] ? __ldg(reinterpret_cast<const uint4*>(lo[j] + 32 * b + 8 * q)) : z;
+                }
+        }
+        return;
+    }
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int b = b0 + u;
@@ -116,7 +159,6 @@ __device__ __forceinline__ void load_batch(Batch<MT, NT, U, SPLIT>& bt, int b0, 
             }
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            const uint4 z = make_uint4(0, 0, 0, 0);
             bt.xh[u][j] = in && hi[j] ? __ldg(reinterpret_cast<const uint4*>(hi[j] + 32 * b + 8 * t)) : z;
             if (SPLIT) bt.xl[u][j] = in && lo[j] ? __ldg(reinterpret_cast<const uint4*>(lo[j] + 32 * b + 8 * t)) : z;
         }
@@ -193,7 +235,7 @@ __device__ __forceinline__ void mma_batch_any(float (&acc)[MT][NT][4], const Bat
 // [*, K/32, 16] matrix) dotted with the slots of n-tile j (hi[j]: this lane's slot row of K bf16
 // values, nullptr for none; with SPLIT also lo[j], the low halves). rows_left: rows of the matrix
 // from row0 on (rows past it read as zeros). kb = K / 32.
-template <int MT, int NT, int U, bool SPLIT>
+template <int MT, int NT, int U, bool SPLIT, bool WIDE>
 __device__ __forceinline__ void em_rows(float (&acc)[MT][NT][4], const uint8_t* __restrict__ blocks,
                                         const uint8_t* __restrict__ scales, long long row0, int rows_left,
                                         int kb, const __nv_bfloat16* const (&hi)[NT],
@@ -222,20 +264,20 @@ __device__ __forceinline__ void em_rows(float (&acc)[MT][NT][4], const uint8_t* 
     // Two batches of U blocks in flight: the next one's loads are issued before this one's
     // arithmetic. The loop stays rolled (two batches per turn, static buffers).
     Batch<MT, NT, U, SPLIT> p, q;
-    load_batch(p, 0, kb, wp, sp, rv, hi, lo);
+    load_batch<MT, NT, U, SPLIT, WIDE>(p, 0, kb, wp, sp, rv, hi, lo);
 #pragma unroll 1
     for (int b0 = 0; b0 < kb; b0 += 2 * U) {
-        load_batch(q, b0 + U, kb, wp, sp, rv, hi, lo);
+        load_batch<MT, NT, U, SPLIT, WIDE>(q, b0 + U, kb, wp, sp, rv, hi, lo);
         mma_batch_any(acc, p);
         if (b0 + U >= kb) break;
-        if (b0 + 2 * U < kb) load_batch(p, b0 + 2 * U, kb, wp, sp, rv, hi, lo);
+        if (b0 + 2 * U < kb) load_batch<MT, NT, U, SPLIT, WIDE>(p, b0 + 2 * U, kb, wp, sp, rv, hi, lo);
         mma_batch_any(acc, q);
     }
 }
 
 // grid (max_tiles, ceil(2I / (16 MT EM_WARPS))), block 32 EM_WARPS. x [tokens, H] bf16; act_hi/lo
 // [slots, I] bf16 in grouped order. Tiles from moe_group with tile size 8 NT.
-template <int MT, int NT, int U>
+template <int MT, int NT, int U, bool WIDE>
 __device__ __forceinline__ void em_gate_up(const __nv_bfloat16* __restrict__ x, const int* __restrict__ sorted,
                                            const int* __restrict__ tiles, const uint8_t* __restrict__ blocks,
                                            const uint8_t* __restrict__ scales, const float* __restrict__ bias,
@@ -255,7 +297,7 @@ __device__ __forceinline__ void em_gate_up(const __nv_bfloat16* __restrict__ x, 
         rows[j] = m < count ? x + (long long)(sorted[p0 + m] / k) * hidden : nullptr;
     }
     float acc[MT][NT][4];
-    em_rows<MT, NT, U, false>(acc, blocks, scales, (long long)e * n_rows + r0, n_rows - r0, hidden / 32, rows, rows);
+    em_rows<MT, NT, U, false, WIDE>(acc, blocks, scales, (long long)e * n_rows + r0, n_rows - r0, hidden / 32, rows, rows);
     // Fragment row g is weight row r0 + 16 i + 2 g (gate of pair (r0 + 16 i) / 2 + g), row g + 8 the
     // next row (its up); columns 2t, 2t + 1 are the tile's slots 8 j + 2 t + c.
 #pragma unroll
@@ -282,7 +324,7 @@ __device__ __forceinline__ void em_gate_up(const __nv_bfloat16* __restrict__ x, 
 
 // grid (max_tiles, ceil(H / (16 MT EM_WARPS))). part[slot, n] = weights[slot] * (dot + bias), f32,
 // rows in slot order.
-template <int MT, int NT, int U>
+template <int MT, int NT, int U, bool WIDE>
 __device__ __forceinline__ void em_down(const __nv_bfloat16* __restrict__ act_hi,
                                         const __nv_bfloat16* __restrict__ act_lo, const int* __restrict__ sorted,
                                         const int* __restrict__ tiles, const float* __restrict__ weights,
@@ -303,7 +345,7 @@ __device__ __forceinline__ void em_down(const __nv_bfloat16* __restrict__ act_hi
         lo[j] = m < count ? act_lo + (long long)(p0 + m) * inter : nullptr;
     }
     float acc[MT][NT][4];
-    em_rows<MT, NT, U, true>(acc, blocks, scales, (long long)e * hidden + r0, hidden - r0, inter / 32, hi, lo);
+    em_rows<MT, NT, U, true, WIDE>(acc, blocks, scales, (long long)e * hidden + r0, hidden - r0, inter / 32, hi, lo);
 #pragma unroll
     for (int i = 0; i < MT; i++) {
         const int r = r0 + 16 * i + 2 * g;
@@ -328,23 +370,29 @@ __device__ __forceinline__ void em_down(const __nv_bfloat16* __restrict__ act_hi
 // 8 NT slots, batches of U blocks along K (two batches in flight per warp). gpu.rs picks one
 // (EXPERT_MAJOR_DEFAULT): more loads in flight per warp against more registers (fewer warps per
 // SM); fewer rows per warp give more blocks when few experts are in use, but read x more often.
-#define EM_VARIANT(MT, NT, U)                                                                                \
-    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_gate_up_m##MT##_n##NT##_u##U(                 \
+#define EM_VARIANT(MT, NT, U, WIDE, SUF)                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_gate_up_m##MT##_n##NT##_u##U##SUF(                 \
         const __nv_bfloat16* x, const int* sorted, const int* tiles, const uint8_t* blocks,                  \
         const uint8_t* scales, const float* bias, __nv_bfloat16* act_hi, __nv_bfloat16* act_lo, int k,        \
         int hidden, int inter, float limit, float alpha) {                                                   \
-        em_gate_up<MT, NT, U>(x, sorted, tiles, blocks, scales, bias, act_hi, act_lo, k, hidden, inter,      \
+        em_gate_up<MT, NT, U, WIDE>(x, sorted, tiles, blocks, scales, bias, act_hi, act_lo, k, hidden, inter,      \
                               limit, alpha);                                                                 \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_down_m##MT##_n##NT##_u##U(                    \
+    extern "C" __global__ void __launch_bounds__(32 * EM_WARPS) moe_em_down_m##MT##_n##NT##_u##U##SUF(                    \
         const __nv_bfloat16* act_hi, const __nv_bfloat16* act_lo, const int* sorted, const int* tiles,      \
         const float* weights, const uint8_t* blocks, const uint8_t* scales, const float* bias, float* part, \
         int hidden, int inter) {                                                                             \
-        em_down<MT, NT, U>(act_hi, act_lo, sorted, tiles, weights, blocks, scales, bias, part, hidden, inter); \
+        em_down<MT, NT, U, WIDE>(act_hi, act_lo, sorted, tiles, weights, blocks, scales, bias, part, hidden, inter); \
     }
 
-EM_VARIANT(1, 1, 4)
-EM_VARIANT(2, 1, 2)
-EM_VARIANT(2, 1, 4)
-EM_VARIANT(2, 2, 1)
-EM_VARIANT(2, 2, 2)
+EM_VARIANT(1, 1, 4, false, )
+EM_VARIANT(2, 1, 2, false, )
+EM_VARIANT(2, 1, 4, false, )
+EM_VARIANT(2, 2, 1, false, )
+EM_VARIANT(2, 2, 2, false, )
+// 16-byte loads (WIDE): suffix w.
+EM_VARIANT(1, 1, 4, true, w)
+EM_VARIANT(2, 1, 4, true, w)
+EM_VARIANT(1, 2, 4, true, w)
+EM_VARIANT(2, 2, 4, true, w)
+EM_VARIANT(1, 1, 8, true, w)

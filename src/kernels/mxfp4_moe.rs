@@ -201,10 +201,10 @@ struct Mxfp4Moe {
     /// Tests and timings: take this CUDA path whatever the batch size (`None`: by batch size).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     force_path: Option<Path>,
-    /// Tests and timings: the expert-major kernels' variant `(MT, NT, U)` (gpu.rs's
+    /// Tests and timings: the expert-major kernels' variant `(MT, NT, U, WIDE)` (gpu.rs's
     /// `EXPERT_MAJOR_VARIANTS`), whatever the batch size (`None`: gpu.rs's choice).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    em_variant: Option<(usize, usize, usize)>,
+    em_variant: Option<(usize, usize, usize, bool)>,
 }
 
 /// The CUDA paths (`gpu.rs` chooses by batch size).

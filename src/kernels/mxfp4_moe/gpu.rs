@@ -31,7 +31,7 @@ const SMALL_BATCH: usize = 2;
 /// one slot) the per-slot GEMVs, which spread one slot over more blocks. Measured on an H100
 /// (gpt-oss-20b sizes, one layer, `gpu_moe_timing`): per-slot / best expert-major 56 / 77 µs at
 /// 1 token, 91 / 103 at 2, 148 / 169 at 4, 235 / 227 at 8.
-pub(super) const EXPERT_MAJOR_MIN_TOKENS: usize = 8;
+pub(super) const EXPERT_MAJOR_MIN_TOKENS: usize = 2;
 /// From this many tokens the expert-major GEMVs cut each expert's slots into tiles of 16 instead
 /// of 8 (twice the tensor-core work per weight byte, half the weight re-reads for experts with more
 /// than 8 slots). Measured (H100, as above): 8-slot / 16-slot tiles 296 / 334 µs at 32 tokens,
@@ -41,14 +41,25 @@ pub(super) const EXPERT_MAJOR_TILE16_MIN_TOKENS: usize = 64;
 /// `moe_em_*_m{MT}_n{NT}_u{U}`, warps of MT tiles of 16 weight rows (blocks of 4 warps), tiles of
 /// 8·NT slots, batches of U blocks of 32 along K (two batches in flight per warp). On the H100
 /// these were the best or within 2% of it at 8–512 tokens (gpu_moe_timing prints every variant).
-const EXPERT_MAJOR_DEFAULT: [EmVariant; 2] = [(2, 1, 2), (2, 2, 1)];
-/// An expert-major kernel variant `(MT, NT, U)`.
-pub(super) type EmVariant = (usize, usize, usize);
+const EXPERT_MAJOR_DEFAULT: [EmVariant; 2] = [(1, 1, 4, true), (2, 2, 1, false)];
+/// An expert-major kernel variant `(MT, NT, U, WIDE)`; WIDE: 16-byte weight loads (a lane reads
+/// whole blocks of 32 along K; suffix `w`), else 4-byte ones (a lane reads one word of each block).
+pub(super) type EmVariant = (usize, usize, usize, bool);
 /// The compiled variants, with their registers per thread (gate_up, down; sm_90, nvcc 13.0, no
 /// shared memory): (1, 1, 4) 121, 168; (2, 1, 2) 128, 167; (2, 1, 4) 168 (4 bytes spilled), 255;
 /// (2, 2, 1) 96, 122; (2, 2, 2) 160, 161.
-pub(super) const EXPERT_MAJOR_VARIANTS: [EmVariant; 5] =
-    [(1, 1, 4), (2, 1, 2), (2, 1, 4), (2, 2, 1), (2, 2, 2)];
+pub(super) const EXPERT_MAJOR_VARIANTS: [EmVariant; 10] = [
+    (1, 1, 4, false),
+    (2, 1, 2, false),
+    (2, 1, 4, false),
+    (2, 2, 1, false),
+    (2, 2, 2, false),
+    (1, 1, 4, true),
+    (2, 1, 4, true),
+    (1, 2, 4, true),
+    (2, 2, 4, true),
+    (1, 1, 8, true),
+];
 /// From this many tokens bf16 batches go to the grouped tensor-core GEMMs (tiles of 64 slots).
 /// Measured on the H100 (as above), expert-major / grouped: 358 / 793 µs at 64 tokens, 402 /
 /// 814 at 128, 640 / 845 at 256, 1,126 / 1,318 at 512. The expert-major path is faster up to
@@ -305,15 +316,16 @@ fn group(dev: &CudaDevice, ids: &CudaView<u32>, d: Dims, tile: usize) -> Result<
 /// slots routed to no valid expert unwritten); the activations travel as bf16 hi + lo too.
 fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let tile16 = usize::from(c.d.tokens >= EXPERT_MAJOR_TILE16_MIN_TOKENS);
-    let (mt, nt, u) = c.op.em_variant.unwrap_or(EXPERT_MAJOR_DEFAULT[tile16]);
-    if !EXPERT_MAJOR_VARIANTS.contains(&(mt, nt, u)) {
-        bail!("mxfp4_moe: no expert-major variant {:?} (MT, NT, U)", (mt, nt, u));
+    let (mt, nt, u, wide) = c.op.em_variant.unwrap_or(EXPERT_MAJOR_DEFAULT[tile16]);
+    if !EXPERT_MAJOR_VARIANTS.contains(&(mt, nt, u, wide)) {
+        bail!("mxfp4_moe: no expert-major variant {:?} (MT, NT, U, WIDE)", (mt, nt, u, wide));
     }
+    let suffix = if wide { "w" } else { "" };
     let kernels = GroupKernels {
         module: EXPERT_MAJOR_MODULE,
         ptx: MOE_EXPERT_MAJOR_PTX,
-        gate_up: format!("moe_em_gate_up_m{mt}_n{nt}_u{u}"),
-        down: format!("moe_em_down_m{mt}_n{nt}_u{u}"),
+        gate_up: format!("moe_em_gate_up_m{mt}_n{nt}_u{u}{suffix}"),
+        down: format!("moe_em_down_m{mt}_n{nt}_u{u}{suffix}"),
         rows_per_block: 16 * mt * EM_WARPS,
         threads: 32 * EM_WARPS as u32,
     };

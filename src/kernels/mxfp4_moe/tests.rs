@@ -373,7 +373,7 @@ mod gpu {
         }
     }
 
-    fn check_variant(d: Dims, variant: (usize, usize, usize)) {
+    fn check_variant(d: Dims, variant: crate::kernels::mxfp4_moe::gpu::EmVariant) {
         let name = format!("gpu moe expert-major {variant:?} {d:?}");
         let mut rng = rng(&name);
         let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);

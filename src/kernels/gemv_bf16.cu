@@ -1,0 +1,129 @@
+// y = x · wᵀ for a few rows of x (decode steps: 1 to 32 rows), bf16 in, f32 out, on tensor cores.
+//
+// Why not cuBLAS: at 1 to 8 rows its GEMMs read the weights at well under the GPU's bandwidth,
+// and a decode step is nothing but weight reads (gpt-oss's attention projections and LM head, every
+// Llama projection). Here each weight byte is loaded once with 16-byte loads, many in flight, and
+// nothing else is done per byte but the tensor-core product.
+//
+// Layout ("swap AB", as moe_expert_major.cu): the 16 weight rows of a block are mma.sync's A
+// operand (m16n8k16, bf16, f32 accumulation), x's rows the 8 columns of B (NT tiles of 8 for more
+// rows). The dot product does not care in which order K is walked as long as A and B agree, so lane
+// (g, t) of a quad loads whole 16-byte chunks: chunk 4q + t of weight rows g and g + 8 and of x row
+// g of each n-tile, and feeds them to two k16 steps (values 0..3, then 4..7 of the chunk: each
+// lane's a0/a2 and b0/b1 pairs sit at the same K positions).
+//
+// Split K: the block's WK warps take groups of 4 chunks (32 values) q = wk, wk + WK, ... and add
+// their 16 × 8NT partial sums in shared memory in warp order. The order of every sum depends on K,
+// N and WK only (WK is chosen from N), never on how many rows x has: a row's result is the same
+// bits at batch 1 and at batch 32.
+
+#include "common.cuh"
+
+#define GEMV_MAX_WK 8
+
+__device__ __forceinline__ void gemv_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// U groups of this lane's chunks: weight rows g and g + 8, x rows of each n-tile.
+template <int NT, int U>
+struct GemvBatch {
+    uint4 a[U][2], b[U][NT];
+};
+
+template <int NT, int U>
+__device__ __forceinline__ void gemv_load(GemvBatch<NT, U>& bt, int q0, int stride, int groups, int chunks,
+                                          const uint4* const (&wr)[2], const uint4* const (&xr)[NT]) {
+    const int t = threadIdx.x & 3;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int q = q0 + u * stride, c = 4 * q + t;
+        const bool in = q < groups && c < chunks;
+        bt.a[u][0] = in ? __ldg(wr[0] + c) : z;
+        bt.a[u][1] = in ? __ldg(wr[1] + c) : z;
+#pragma unroll
+        for (int j = 0; j < NT; j++) bt.b[u][j] = in && xr[j] ? __ldg(xr[j] + c) : z;
+    }
+}
+
+template <int NT, int U>
+__device__ __forceinline__ void gemv_mma_batch(float (&acc)[NT][4], const GemvBatch<NT, U>& bt) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const uint4 &r0 = bt.a[u][0], &r1 = bt.a[u][1];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const uint4& x = bt.b[u][j];
+            gemv_mma(acc[j], r0.x, r1.x, r0.y, r1.y, x.x, x.y);  // chunk values 0..3
+            gemv_mma(acc[j], r0.z, r1.z, r0.w, r1.w, x.z, x.w);  // chunk values 4..7
+        }
+    }
+}
+
+// grid (ceil(N / 16)), block (32, WK). x [M, K] bf16 (M <= 8 NT), w [N, K] bf16, y [M, N] f32.
+// K % 8 == 0 and 16-byte aligned rows (checked by the caller).
+template <int NT, int U>
+__device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                               float* __restrict__ y, int M, int N, int K) {
+    __shared__ float red[GEMV_MAX_WK][16][8 * NT];
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wk = threadIdx.y, WK = blockDim.y;
+    const int row0 = blockIdx.x * 16, chunks = K / 8, groups = (chunks + 3) / 4;
+    // Rows past N read row N - 1 (their results are not stored): no branch around the mma.
+    const uint4* wr[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        wr[h] = reinterpret_cast<const uint4*>(w) + (long long)min(row0 + g + 8 * h, N - 1) * chunks;
+    const uint4* xr[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        xr[j] = 8 * j + g < M ? reinterpret_cast<const uint4*>(x) + (long long)(8 * j + g) * chunks : nullptr;
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[j][c] = 0.f;
+
+    // Two batches in flight: the next one's loads are issued before this one's products.
+    GemvBatch<NT, U> p, n;
+    const int step = U * WK;
+    gemv_load(p, wk, WK, groups, chunks, wr, xr);
+#pragma unroll 1
+    for (int q0 = wk; q0 < groups; q0 += 2 * step) {
+        gemv_load(n, q0 + step, WK, groups, chunks, wr, xr);
+        gemv_mma_batch(acc, p);
+        if (q0 + step >= groups) break;
+        if (q0 + 2 * step < groups) gemv_load(p, q0 + 2 * step, WK, groups, chunks, wr, xr);
+        gemv_mma_batch(acc, n);
+    }
+
+    // Fragment: c0, c1 row g, columns 2t, 2t + 1 of the n-tile; c2, c3 row g + 8.
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) red[wk][g + 8 * (c >> 1)][8 * j + 2 * t + (c & 1)] = acc[j][c];
+    __syncthreads();
+    for (int i = wk * 32 + lane; i < 16 * 8 * NT; i += 32 * WK) {
+        const int r = i / (8 * NT), m = i % (8 * NT);
+        if (row0 + r >= N || m >= M) continue;
+        float s = 0.f;
+        for (int v = 0; v < WK; v++) s += red[v][r][m];
+        y[(long long)m * N + row0 + r] = s;
+    }
+}
+
+#define GEMV_VARIANT(NT, U)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_MAX_WK)                                          \
+        gemv_bf16_n##NT(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int M, int N, int K) {    \
+        gemv_bf16_impl<NT, U>(x, w, y, M, N, K);                                                             \
+    }
+
+// Rows of x up to 8, 16, 32; fewer groups per batch as the x tiles take more registers.
+GEMV_VARIANT(1, 4)
+GEMV_VARIANT(2, 2)
+GEMV_VARIANT(4, 1)
