@@ -155,7 +155,9 @@ impl CustomOp2 for F32OutMatmul {
         let w = s2.as_cuda_slice::<bf16>()?.slice(l2.start_offset()..);
         // SAFETY: the GEMV or the GEMM below writes all m·n elements.
         let mut out = unsafe { dev.alloc::<f32>(m * n)? };
-        let aligned = k % 8 == 0 && l1.start_offset() % 8 == 0 && l2.start_offset() % 8 == 0;
+        let aligned = k.is_multiple_of(8)
+            && l1.start_offset().is_multiple_of(8)
+            && l2.start_offset().is_multiple_of(8);
         if aligned && m <= GEMV_MAX_ROWS && !self.cublas_only && !gemv_off() {
             gemv::launch(&dev, &x, &w, &mut out, (m, n, k))?;
             return Ok((
