@@ -34,6 +34,10 @@ pub(super) const QKV_ROPE_PAGED_PTX: &str =
 /// PTX built by build.rs from `src/kernels/hi_lo.cu`.
 pub(super) const HI_LO_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/hi_lo.ptx"));
 
+/// PTX built by build.rs from `src/kernels/layer_norm_act.cu`.
+pub(super) const LAYER_NORM_ACT_PTX: &str =
+    include_str!(concat!(env!("OUT_DIR"), "/layer_norm_act.ptx"));
+
 /// PTX built by build.rs from `src/kernels/gemv_bf16.cu`.
 pub(super) const GEMV_BF16_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gemv_bf16.ptx"));
 

@@ -158,7 +158,7 @@ impl CustomOp2 for F32OutMatmul {
         let aligned = k.is_multiple_of(8)
             && l1.start_offset().is_multiple_of(8)
             && l2.start_offset().is_multiple_of(8);
-        if aligned && m <= GEMV_MAX_ROWS && !self.cublas_only && !gemv_off() {
+        if aligned && gemv_wins(m, n) && !self.cublas_only && !gemv_off() {
             gemv::launch(&dev, &x, &w, &mut out, (m, n, k))?;
             return Ok((
                 candle_core::CudaStorage { slice: CudaStorageSlice::F32(out), device: dev },
@@ -208,10 +208,17 @@ impl CustomOp2 for F32OutMatmul {
     }
 }
 
-/// Up to this many rows of x, [`F32OutMatmul`] takes our tensor-core GEMV (`gemv_bf16.cu`)
-/// instead of cuBLAS: decode steps, whose time is all weight reads.
+/// Whether [`F32OutMatmul`] takes our tensor-core GEMV (`gemv_bf16.cu`, up to 64 rows) rather
+/// than cuBLAS for `m` rows of x against `n` weight rows: decode steps, whose time is all weight
+/// reads. The crossover is measured (`gpu_gemv_timing`, H100, docs/performance.md): up to 16
+/// rows the GEMV wins or ties everywhere; at 17–32 rows only for weights of at most 4096 rows
+/// (gpt-oss o 14.2 vs 17.3 µs, Llama qkv 11.8 vs 15.5; but gpt-oss qkv 20.9 vs 14.6 and the LM
+/// heads 648 vs 427); past 32 rows cuBLAS everywhere (64 rows: gpt-oss head 1,080 vs 455,
+/// which cost the 64-stream step 1 ms when the GEMV took them).
 #[cfg(feature = "cuda")]
-const GEMV_MAX_ROWS: usize = 32;
+fn gemv_wins(m: usize, n: usize) -> bool {
+    m <= 16 || (m <= 32 && n <= 4096)
+}
 
 /// `INFERNO_GEMV=0` sends every product to cuBLAS (for comparisons).
 #[cfg(feature = "cuda")]
@@ -246,7 +253,23 @@ mod gemv {
         TARGET_WARPS.div_ceil(tiles).clamp(1, MAX_WK).min(by_k)
     }
 
-    /// y `[m, n]` = x `[m, k]` · w `[n, k]`ᵀ, m ≤ 32, k % 8 == 0, 16-byte aligned starts.
+    /// The kernel variant for `m` rows and `wk` warps along K: `(MT, NT)`, MT tiles of 16 weight
+    /// rows per warp (each x fragment reused MT times: with 32 or 64 rows of x and one tile per
+    /// warp, the LM head's x reads from L2 outweigh its weight reads; measured on the H100 at
+    /// 32 rows: 952 µs with one tile, cuBLAS 433), NT tiles of 8 rows of x. The block's
+    /// shared memory holds WK · MT ≤ 8 tiles. MT does not change any sum's order.
+    pub fn tiles(m: usize, wk: usize) -> (usize, usize) {
+        let (nt, mt_best) = match m {
+            0..=8 => (1, 1),
+            9..=16 => (2, 2),
+            17..=32 => (4, 4),
+            _ => (8, 2),
+        };
+        let mt = [4, 2, 1].into_iter().find(|&t| t <= mt_best && t * wk <= MAX_WK).unwrap_or(1);
+        (mt, nt)
+    }
+
+    /// y `[m, n]` = x `[m, k]` · w `[n, k]`ᵀ, m ≤ 64, k % 8 == 0, 16-byte aligned starts.
     pub fn launch(
         dev: &CudaDevice,
         x: &CudaView<bf16>,
@@ -254,19 +277,15 @@ mod gemv {
         out: &mut CudaSlice<f32>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
-        let nt = match m {
-            0..=8 => 1,
-            9..=16 => 2,
-            _ => 4,
-        };
+        let wk = warps_along_k(n, k);
+        let (mt, nt) = tiles(m, wk);
         let func = dev.get_or_load_custom_func(
-            &format!("gemv_bf16_n{nt}"),
+            &format!("gemv_bf16_m{mt}_n{nt}"),
             "inferno_gemv",
             GEMV_BF16_PTX,
         )?;
-        let wk = warps_along_k(n, k);
         let cfg = LaunchConfig {
-            grid_dim: (int(n.div_ceil(16), "output tiles")? as u32, 1, 1),
+            grid_dim: (int(n.div_ceil(16 * mt), "output tiles")? as u32, 1, 1),
             block_dim: (32, wk as u32, 1),
             shared_mem_bytes: 0,
         };
@@ -363,15 +382,26 @@ mod tests {
                 got.len()
             );
         }
-        // The GEMV's shapes: 1..=32 rows (n-tiles of 8), N not a multiple of 16, K a multiple
-        // of 8 but not of 32 (partial groups), K short of one group per warp, and long K.
-        for (m, n, k) in [(1, 17, 8), (8, 33, 24), (9, 100, 200), (16, 5, 2888), (32, 300, 4096)] {
+        // The GEMV's shapes: 1..=64 rows (n-tiles of 8), N not a multiple of 16, K a multiple
+        // of 8 but not of 32 (partial groups), K short of one group per warp, long K, and tall
+        // N with few warps along K (2 and 4 weight tiles per warp).
+        for (m, n, k) in [
+            (1, 17, 8),
+            (8, 33, 24),
+            (9, 100, 200),
+            (16, 5, 2888),
+            (32, 300, 4096),
+            (64, 301, 1000),
+            (12, 20_001, 72),
+            (24, 20_000, 264),
+            (40, 20_007, 128),
+        ] {
             check_gemv(&dev, &mut r, m, n, k);
         }
         for _ in 0..8 {
             use rand::Rng;
             let (m, n, k) =
-                (r.random_range(1..=32), r.random_range(1..=700), 8 * r.random_range(1..=400));
+                (r.random_range(1..=64), r.random_range(1..=700), 8 * r.random_range(1..=400));
             check_gemv(&dev, &mut r, m, n, k);
         }
         let x = tensor(uniform(&mut r, 5 * 999, -1e4, 1e4), &[5, 999], DType::F32);
@@ -442,7 +472,7 @@ mod tests {
                 .to_device(&dev)
                 .expect("w");
             let mut line = format!("gemv timing: {name:<14} {n:>6}x{k:<5}");
-            for m in [1, 2, 8, 16, 32] {
+            for m in [1, 2, 8, 16, 32, 64] {
                 let x = tensor(uniform(&mut r, m * k, -1.0, 1.0), &[m, k], DType::BF16)
                     .to_device(&dev)
                     .expect("x");

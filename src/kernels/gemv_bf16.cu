@@ -1,4 +1,4 @@
-// y = x · wᵀ for a few rows of x (decode steps: 1 to 32 rows), bf16 in, f32 out, on tensor cores.
+// y = x · wᵀ for a few rows of x (decode steps: 1 to 64 rows), bf16 in, f32 out, on tensor cores.
 //
 // Why not cuBLAS: at 1 to 8 rows its GEMMs read the weights at well under the GPU's bandwidth,
 // and a decode step is nothing but weight reads (gpt-oss's attention projections and LM head, every
@@ -11,6 +11,10 @@
 // (g, t) of a quad loads whole 16-byte chunks: chunk 4q + t of weight rows g and g + 8 and of x row
 // g of each n-tile, and feeds them to two k16 steps (values 0..3, then 4..7 of the chunk: each
 // lane's a0/a2 and b0/b1 pairs sit at the same K positions).
+//
+// MT tiles per warp: a warp takes MT tiles of 16 weight rows and reuses each x fragment for all
+// of them. With many rows of x (NT = 4, 8) and a tall weight (an LM head), one tile per warp
+// reads x from L2 twice as often as it reads weights, and that, not HBM, sets the time.
 //
 // Split K: the block's WK warps take groups of 4 chunks (32 values) q = wk, wk + WK, ... and add
 // their 16 × 8NT partial sums in shared memory in warp order. The order of every sum depends on K,
@@ -29,68 +33,79 @@ __device__ __forceinline__ void gemv_mma(float (&c)[4], uint32_t a0, uint32_t a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// U groups of this lane's chunks: weight rows g and g + 8, x rows of each n-tile.
-template <int NT, int U>
+// U groups of this lane's chunks: weight rows g and g + 8 of each of the MT tiles, x rows of
+// each n-tile.
+template <int MT, int NT, int U>
 struct GemvBatch {
-    uint4 a[U][2], b[U][NT];
+    uint4 a[U][MT][2], b[U][NT];
 };
 
-template <int NT, int U>
-__device__ __forceinline__ void gemv_load(GemvBatch<NT, U>& bt, int q0, int stride, int groups, int chunks,
-                                          const uint4* const (&wr)[2], const uint4* const (&xr)[NT]) {
+template <int MT, int NT, int U>
+__device__ __forceinline__ void gemv_load(GemvBatch<MT, NT, U>& bt, int q0, int stride, int groups, int chunks,
+                                          const uint4* const (&wr)[MT][2], const uint4* const (&xr)[NT]) {
     const int t = threadIdx.x & 3;
     const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int q = q0 + u * stride, c = 4 * q + t;
         const bool in = q < groups && c < chunks;
-        bt.a[u][0] = in ? __ldg(wr[0] + c) : z;
-        bt.a[u][1] = in ? __ldg(wr[1] + c) : z;
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            bt.a[u][i][0] = in ? __ldg(wr[i][0] + c) : z;
+            bt.a[u][i][1] = in ? __ldg(wr[i][1] + c) : z;
+        }
 #pragma unroll
         for (int j = 0; j < NT; j++) bt.b[u][j] = in && xr[j] ? __ldg(xr[j] + c) : z;
     }
 }
 
-template <int NT, int U>
-__device__ __forceinline__ void gemv_mma_batch(float (&acc)[NT][4], const GemvBatch<NT, U>& bt) {
+template <int MT, int NT, int U>
+__device__ __forceinline__ void gemv_mma_batch(float (&acc)[MT][NT][4], const GemvBatch<MT, NT, U>& bt) {
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-        const uint4 &r0 = bt.a[u][0], &r1 = bt.a[u][1];
+    for (int u = 0; u < U; u++)
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const uint4& x = bt.b[u][j];
-            gemv_mma(acc[j], r0.x, r1.x, r0.y, r1.y, x.x, x.y);  // chunk values 0..3
-            gemv_mma(acc[j], r0.z, r1.z, r0.w, r1.w, x.z, x.w);  // chunk values 4..7
+        for (int i = 0; i < MT; i++) {
+            const uint4 &r0 = bt.a[u][i][0], &r1 = bt.a[u][i][1];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const uint4& x = bt.b[u][j];
+                gemv_mma(acc[i][j], r0.x, r1.x, r0.y, r1.y, x.x, x.y);  // chunk values 0..3
+                gemv_mma(acc[i][j], r0.z, r1.z, r0.w, r1.w, x.z, x.w);  // chunk values 4..7
+            }
         }
-    }
 }
 
-// grid (ceil(N / 16)), block (32, WK). x [M, K] bf16 (M <= 8 NT), w [N, K] bf16, y [M, N] f32.
-// K % 8 == 0 and 16-byte aligned rows (checked by the caller).
-template <int NT, int U>
+// grid (ceil(N / (16 MT))), block (32, WK), WK · MT <= GEMV_MAX_WK. x [M, K] bf16 (M <= 8 NT),
+// w [N, K] bf16, y [M, N] f32. K % 8 == 0 and 16-byte aligned rows (checked by the caller).
+template <int MT, int NT, int U>
 __device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                                float* __restrict__ y, int M, int N, int K) {
-    __shared__ float red[GEMV_MAX_WK][16][8 * NT];
+    // Partial sums of every warp along K: at most GEMV_MAX_WK · 16 rows of weights (WK · MT).
+    __shared__ float red[GEMV_MAX_WK / MT][16 * MT][8 * NT];
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wk = threadIdx.y, WK = blockDim.y;
-    const int row0 = blockIdx.x * 16, chunks = K / 8, groups = (chunks + 3) / 4;
+    const int row0 = blockIdx.x * 16 * MT, chunks = K / 8, groups = (chunks + 3) / 4;
     // Rows past N read row N - 1 (their results are not stored): no branch around the mma.
-    const uint4* wr[2];
+    const uint4* wr[MT][2];
 #pragma unroll
-    for (int h = 0; h < 2; h++)
-        wr[h] = reinterpret_cast<const uint4*>(w) + (long long)min(row0 + g + 8 * h, N - 1) * chunks;
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wr[i][h] = reinterpret_cast<const uint4*>(w) + (long long)min(row0 + 16 * i + g + 8 * h, N - 1) * chunks;
     const uint4* xr[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++)
         xr[j] = 8 * j + g < M ? reinterpret_cast<const uint4*>(x) + (long long)(8 * j + g) * chunks : nullptr;
 
-    float acc[NT][4];
+    float acc[MT][NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; j++)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int c = 0; c < 4; c++) acc[j][c] = 0.f;
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
     // Two batches in flight: the next one's loads are issued before this one's products.
-    GemvBatch<NT, U> p, n;
+    GemvBatch<MT, NT, U> p, n;
     const int step = U * WK;
     gemv_load(p, wk, WK, groups, chunks, wr, xr);
 #pragma unroll 1
@@ -104,12 +119,14 @@ __device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__
 
     // Fragment: c0, c1 row g, columns 2t, 2t + 1 of the n-tile; c2, c3 row g + 8.
 #pragma unroll
-    for (int j = 0; j < NT; j++)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int c = 0; c < 4; c++) red[wk][g + 8 * (c >> 1)][8 * j + 2 * t + (c & 1)] = acc[j][c];
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) red[wk][16 * i + g + 8 * (c >> 1)][8 * j + 2 * t + (c & 1)] = acc[i][j][c];
     __syncthreads();
-    for (int i = wk * 32 + lane; i < 16 * 8 * NT; i += 32 * WK) {
-        const int r = i / (8 * NT), m = i % (8 * NT);
+    for (int e = wk * 32 + lane; e < 16 * MT * 8 * NT; e += 32 * WK) {
+        const int r = e / (8 * NT), m = e % (8 * NT);
         if (row0 + r >= N || m >= M) continue;
         float s = 0.f;
         for (int v = 0; v < WK; v++) s += red[v][r][m];
@@ -117,13 +134,19 @@ __device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__
     }
 }
 
-#define GEMV_VARIANT(NT, U)                                                                                  \
+#define GEMV_VARIANT(MT, NT, U)                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_MAX_WK)                                          \
-        gemv_bf16_n##NT(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int M, int N, int K) {    \
-        gemv_bf16_impl<NT, U>(x, w, y, M, N, K);                                                             \
+        gemv_bf16_m##MT##_n##NT(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int M, int N, int K) { \
+        gemv_bf16_impl<MT, NT, U>(x, w, y, M, N, K);                                                         \
     }
 
-// Rows of x up to 8, 16, 32; fewer groups per batch as the x tiles take more registers.
-GEMV_VARIANT(1, 4)
-GEMV_VARIANT(2, 2)
-GEMV_VARIANT(4, 1)
+// Rows of x up to 8, 16, 32, 64 (NT); more weight tiles per warp (MT) where the launch allows it;
+// fewer groups per batch (U) as the tiles take more registers.
+GEMV_VARIANT(1, 1, 4)
+GEMV_VARIANT(1, 2, 2)
+GEMV_VARIANT(2, 2, 2)
+GEMV_VARIANT(1, 4, 1)
+GEMV_VARIANT(2, 4, 1)
+GEMV_VARIANT(4, 4, 1)
+GEMV_VARIANT(1, 8, 1)
+GEMV_VARIANT(2, 8, 1)

@@ -1,15 +1,17 @@
 //! Llama over a batch of sequences (the engine's step, [`BatchModel`]): the layers of
 //! `model.rs` with keys and values in the engine's paged pool, one group of blocks. Per layer:
-//! RMSNorm → q, k, v products in f32 → RoPE at each token's position and the k/v stores into
+//! RMSNorm → the fused q/k/v product in f32 → RoPE at each token's position and the k/v stores into
 //! the pool (one launch) → causal attention over each sequence's block table → o_proj →
-//! residual → RMSNorm → SwiGLU MLP → residual.
+//! residual → RMSNorm → fused gate/up product → SwiGLU → down → residual.
 
 use candle_core::{DType, Device, Tensor};
 
 use super::model::{Llama, RopeStyle};
-use crate::kernels::{PagedAttnConfig, QkvHeads, RotaryPairs, paged_attention, qkv_rope_paged};
+use crate::kernels::{
+    PagedAttnConfig, QkvHeads, RotaryPairs, paged_attention, qkv_rope_paged, rms_norm_to,
+    silu_mul_to,
+};
 use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
-use crate::models::head::rms_norm;
 
 impl BatchModel for Llama {
     fn kv_shape(&self) -> KvShape {
@@ -45,12 +47,17 @@ impl BatchModel for Llama {
         let mut x = w.embed.index_select(&step.tokens, 0)?.to_dtype(DType::F32)?;
         for (n, layer) in w.layers.iter().enumerate() {
             let (k_pool, v_pool) = &kv.layers[n];
-            let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype())?;
-            // q, k, v in f32 with their biases (Llama has none; some derivatives do).
-            let qkv = Tensor::cat(
-                &[layer.q.forward_f32(&h)?, layer.k.forward_f32(&h)?, layer.v.forward_f32(&h)?],
-                1,
-            )?;
+            let fused = self.fused(n);
+            let h = rms_norm_to(&x, &layer.attn_norm, eps, self.dtype())?;
+            // q, k, v in f32 with their biases (Llama has none; some derivatives do): one
+            // product where the weights could be fused.
+            let qkv = match fused.and_then(|f| f.qkv.as_ref()) {
+                Some(qkv) => qkv.forward_f32(&h)?,
+                None => Tensor::cat(
+                    &[layer.q.forward_f32(&h)?, layer.k.forward_f32(&h)?, layer.v.forward_f32(&h)?],
+                    1,
+                )?,
+            };
             let q = qkv_rope_paged(
                 &qkv,
                 None,
@@ -75,12 +82,17 @@ impl BatchModel for Llama {
                 &attn,
             )?;
             // o_proj and the MLP keep their products in f32 (bf16 weights, f32 accumulators
-            // and results): each bf16 rounding of an output is noise that depends on how the
-            // GEMM splits its sums, which differs between batch sizes.
+            // and results): each bf16 rounding of a product's output is noise that depends on
+            // how the GEMM splits its sums, which differs between batch sizes. The SwiGLU's
+            // output is rounded once, as the products' input (an elementwise rounding, the same
+            // in any batch).
             x = (x + layer.o.forward_f32(&o.reshape((tokens, heads * d))?)?)?;
-            let h = rms_norm(&x, &layer.mlp_norm, eps)?.to_dtype(self.dtype())?;
-            let gate = layer.gate.forward_f32(&h)?.silu()?;
-            let act = (gate * layer.up.forward_f32(&h)?)?;
+            let h = rms_norm_to(&x, &layer.mlp_norm, eps, self.dtype())?;
+            let gu = match fused.and_then(|f| f.gate_up.as_ref()) {
+                Some(gate_up) => gate_up.forward_f32(&h)?,
+                None => Tensor::cat(&[layer.gate.forward_f32(&h)?, layer.up.forward_f32(&h)?], 1)?,
+            };
+            let act = silu_mul_to(&gu, self.dtype())?;
             x = (x + layer.down.forward_f32(&act)?)?;
         }
         let last = x.index_select(&step.logit_rows, 0)?;

@@ -5,6 +5,7 @@ mod batched;
 pub mod config;
 pub mod convert;
 pub mod dummy;
+mod fuse;
 pub mod load;
 pub mod memory;
 pub mod model;

@@ -8,6 +8,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::LlamaConfig;
+use super::fuse::{Fused, fuse_layer};
 use super::memory;
 use crate::models::head::{Decoder, Head, rms_norm};
 use crate::models::kv_cache::KvCache;
@@ -57,6 +58,8 @@ pub struct Llama {
     device: Device,
     /// f32 cos/sin for the batched path (built by `prepare_batched`).
     rope_f32: Option<(Tensor, Tensor)>,
+    /// Each layer's fused products for the batched path (built by `prepare_batched`).
+    fused: Vec<Fused>,
 }
 
 impl Llama {
@@ -90,6 +93,7 @@ impl Llama {
             dtype,
             device: device.clone(),
             rope_f32: None,
+            fused: Vec::new(),
         })
     }
 
@@ -195,6 +199,11 @@ impl Llama {
         &self.device
     }
 
+    /// Layer `n`'s fused products (empty before `prepare_batched`).
+    pub(super) fn fused(&self, n: usize) -> Option<&Fused> {
+        self.fused.get(n)
+    }
+
     pub(super) fn rope_f32(&self) -> Option<&(Tensor, Tensor)> {
         self.rope_f32.as_ref()
     }
@@ -212,6 +221,8 @@ impl Llama {
             rope::scaled_tables(&self.inv_freq, scale, 0, context, DType::F32, &self.device)?;
         self.rope_f32 = Some(tables);
         self.caches.clear();
+        self.fused =
+            self.w.layers.iter_mut().map(fuse_layer).collect::<candle_core::Result<_>>()?;
         Ok(())
     }
 
