@@ -2,9 +2,15 @@
 // step runs them 32 times; as candle ops they took 2 and 3 launches, and every launch is a few
 // microseconds of a ~1 ms step).
 //
-// rms_norm_bf16: out = bf16(x / sqrt(mean(x²) + eps) · w) for f32 x [rows, n] and f32 w [n], one
-// block per row. The sum of squares runs in a fixed order per row (thread-strided partial sums,
-// then a fixed tree), so a row gives the same bits in any batch.
+// add_rms_norm_bf16: the residual add in front of a norm and the norm itself, for f32 x [rows, n]
+// and f32 w [n], one block per row:
+//   v = x + (delta + bias)   (delta, bias optional: v = x + delta, or v = x; the unfused step
+//                             added the product's bias first, then the residual)
+//   x_out = v (optional: only with delta), h32 = v / sqrt(mean(v^2) + eps) * w (optional),
+//   h16 = bf16(h32).
+// Four launches (bias add, residual add, RMSNorm, cast) become one. The sum of squares runs in a
+// fixed order per row (thread-strided partial sums, then a fixed tree), so a row gives the same
+// bits in any batch.
 //
 // silu_mul_bf16: out = bf16(silu(g) · u) for the fused gate/up product gu [rows, 2n] in f32
 // (g = gu[:, :n], u = gu[:, n:]), the SwiGLU of Llama's MLP, rounded once as candle's bf16 path
@@ -14,12 +20,21 @@
 #define NORM_THREADS 256
 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
-    rms_norm_bf16(const float* __restrict__ x, const float* __restrict__ w, __nv_bfloat16* __restrict__ out, int n,
-                  float eps) {
+    add_rms_norm_bf16(const float* __restrict__ x, const float* __restrict__ delta, const float* __restrict__ bias,
+                      const float* __restrict__ w, float* __restrict__ x_out, float* __restrict__ h32,
+                      __nv_bfloat16* __restrict__ h16, int n, float eps) {
     __shared__ float partial[NORM_THREADS / 32];
-    const float* xr = x + (long long)blockIdx.x * n;
+    const long long row = (long long)blockIdx.x * n;
+    const float* xr = x + row;
     float s = 0.f;
-    for (int i = threadIdx.x; i < n; i += NORM_THREADS) s += xr[i] * xr[i];
+    for (int i = threadIdx.x; i < n; i += NORM_THREADS) {
+        float v = xr[i];
+        if (delta) {
+            v += bias ? delta[row + i] + bias[i] : delta[row + i];
+            x_out[row + i] = v;
+        }
+        s += v * v;
+    }
     s = warp_sum(s);
     if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = s;
     __syncthreads();
@@ -27,8 +42,13 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 #pragma unroll
     for (int v = 0; v < NORM_THREADS / 32; v++) total += partial[v];
     const float inv = rsqrtf(total / n + eps);
-    __nv_bfloat16* o = out + (long long)blockIdx.x * n;
-    for (int i = threadIdx.x; i < n; i += NORM_THREADS) o[i] = __float2bfloat16_rn(xr[i] * inv * w[i]);
+    // Each thread reads back only the values it wrote above.
+    const float* vr = delta ? x_out + row : xr;
+    for (int i = threadIdx.x; i < n; i += NORM_THREADS) {
+        const float y = vr[i] * inv * w[i];
+        if (h32) h32[row + i] = y;
+        h16[row + i] = __float2bfloat16_rn(y);
+    }
 }
 
 extern "C" __global__ void silu_mul_bf16(const float* __restrict__ gu, __nv_bfloat16* __restrict__ out, int rows,

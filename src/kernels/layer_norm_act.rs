@@ -1,24 +1,59 @@
-//! The elementwise steps around a Llama layer's products in one launch each
-//! (`layer_norm_act.cu`): RMSNorm to the products' input dtype, and SwiGLU from the fused
-//! gate/up product. bf16 outputs take the kernels; f32 outputs (CPU tests, f32 models) take
-//! candle's ops, which compute the same values.
+//! The elementwise steps around a layer's products in one launch each (`layer_norm_act.cu`):
+//! the residual add (with the product's bias) in front of an RMSNorm and the norm itself, to
+//! the products' input dtype; and SwiGLU from the fused gate/up product. bf16 outputs of f32
+//! inputs on the GPU take the kernels; everything else (CPU, f32 models) takes candle's ops,
+//! the unfused steps computing the same values.
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, bail};
 use half::bf16;
 
 use super::cpu_f32;
+use crate::models::head::rms_norm;
+
+/// The residual stream after a layer's step and its RMSNorm: what [`add_rms_norm`] returns.
+pub struct Normed {
+    /// `x + (delta + bias)`, f32.
+    pub x: Tensor,
+    /// RMSNorm of `x` in the products' dtype.
+    pub h: Tensor,
+    /// The same in f32, when asked for (gpt-oss's router reads it).
+    pub h_f32: Option<Tensor>,
+}
 
 /// RMSNorm of f32 `x` `[rows, n]` with f32 weight `w` `[n]`, in `dtype`: computed in f32,
 /// rounded once.
 pub fn rms_norm_to(x: &Tensor, w: &Tensor, eps: f64, dtype: DType) -> Result<Tensor> {
-    if dtype != DType::BF16 || x.dtype() != DType::F32 || w.dtype() != DType::F32 {
-        return crate::models::head::rms_norm(x, w, eps)?.to_dtype(dtype);
+    Ok(add_rms_norm(x, None, None, w, eps, dtype, false)?.h)
+}
+
+/// `x + (delta + bias)` (f32 `[rows, n]`, bias `[n]`; the bias only with a delta) and its
+/// RMSNorm with weight `w` in `dtype` (and in f32 with `want_f32`), in one launch on the GPU.
+pub fn add_rms_norm(
+    x: &Tensor,
+    delta: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    w: &Tensor,
+    eps: f64,
+    dtype: DType,
+    want_f32: bool,
+) -> Result<Normed> {
+    if bias.is_some() && delta.is_none() {
+        bail!("add_rms_norm: a bias needs the product it belongs to");
     }
-    let n = x.dim(1)?;
-    if w.dims() != [n] {
-        bail!("rms_norm_to: weight {:?} for rows of {n}", w.dims());
+    #[cfg(feature = "cuda")]
+    if dtype == DType::BF16
+        && x.device().is_cuda()
+        && [Some(x), delta, bias, Some(w)].into_iter().flatten().all(|t| t.dtype() == DType::F32)
+    {
+        return gpu::add_rms_norm(x, delta, bias, w, eps as f32, want_f32);
     }
-    x.contiguous()?.apply_op1_no_bwd(&RmsNormBf16 { w: w.contiguous()?, eps: eps as f32 })
+    let x = match (delta, bias) {
+        (Some(d), Some(b)) => (x + d.broadcast_add(&b.to_dtype(DType::F32)?)?)?,
+        (Some(d), None) => (x + d)?,
+        _ => x.clone(),
+    };
+    let h32 = rms_norm(&x, w, eps)?;
+    Ok(Normed { h: h32.to_dtype(dtype)?, h_f32: want_f32.then_some(h32), x })
 }
 
 /// `silu(g) · u` in `dtype` for the fused gate/up product `gu` (f32 `[rows, 2n]`, gate first).
@@ -31,67 +66,137 @@ pub fn silu_mul_to(gu: &Tensor, dtype: DType) -> Result<Tensor> {
     gu.contiguous()?.apply_op1_no_bwd(&SiluMulBf16)
 }
 
-struct RmsNormBf16 {
-    w: Tensor,
+/// The kernel's reference: (`x + (delta + bias)`, its RMSNorm in f32) with a plain f32 sum of
+/// squares per row.
+pub fn add_rms_norm_reference(
+    x: &[f32],
+    delta: Option<&[f32]>,
+    bias: Option<&[f32]>,
+    w: &[f32],
     eps: f32,
+) -> (Vec<f32>, Vec<f32>) {
+    let n = w.len();
+    let v: Vec<f32> = match delta {
+        Some(d) => x
+            .iter()
+            .zip(d)
+            .enumerate()
+            .map(|(i, (x, d))| x + bias.map_or(*d, |b| d + b[i % n]))
+            .collect(),
+        None => x.to_vec(),
+    };
+    let mut h = Vec::with_capacity(v.len());
+    for row in v.chunks_exact(n) {
+        let ss: f32 = row.iter().map(|v| v * v).sum();
+        let inv = 1.0 / (ss / n as f32 + eps).sqrt();
+        h.extend(row.iter().zip(w).map(|(v, w)| v * inv * w));
+    }
+    (v, h)
 }
 
-impl CustomOp1 for RmsNormBf16 {
-    fn name(&self) -> &'static str {
-        "rms_norm_bf16"
+#[cfg(feature = "cuda")]
+mod gpu {
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::op::BackpropOp;
+    use candle_core::{CudaStorage, Device, Result, Storage, Tensor, bail};
+    use half::bf16;
+
+    use super::Normed;
+    use crate::kernels::cuda::{LAYER_NORM_ACT_PTX, cuda_view, int};
+
+    fn wrap<T: candle_core::cuda_backend::CudaDType>(
+        slice: candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
+        dev: &candle_core::CudaDevice,
+        shape: (usize, usize),
+    ) -> Tensor {
+        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
+        Tensor::from_storage(storage, shape, BackpropOp::none(), false)
     }
 
-    /// The reference: a plain f32 sum of squares per row.
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (rows, n) = l.shape().dims2()?;
-        let x = cpu_f32(s, l, "rms_norm_bf16")?;
-        let w = self.w.to_vec1::<f32>()?;
-        let mut out = Vec::with_capacity(rows * n);
-        for row in x.chunks_exact(n) {
-            let ss: f32 = row.iter().map(|v| v * v).sum();
-            let inv = 1.0 / (ss / n as f32 + self.eps).sqrt();
-            out.extend(row.iter().zip(&w).map(|(v, w)| bf16::from_f32(v * inv * w)));
+    pub fn add_rms_norm(
+        x: &Tensor,
+        delta: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        w: &Tensor,
+        eps: f32,
+        want_f32: bool,
+    ) -> Result<Normed> {
+        let (rows, n) = x.dims2()?;
+        let Device::Cuda(dev) = x.device() else { bail!("add_rms_norm: x is not on the GPU") };
+        if delta.is_some_and(|d| d.dims() != [rows, n])
+            || bias.is_some_and(|b| b.dims() != [n])
+            || w.dims() != [n]
+        {
+            bail!(
+                "add_rms_norm: x {:?}, delta, bias and weight {:?} do not fit",
+                x.dims(),
+                w.dims()
+            );
         }
-        Ok((CpuStorage::BF16(out), Shape::from((rows, n))))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-        use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
-
-        use super::cuda::{LAYER_NORM_ACT_PTX, cuda_view, int};
-
-        let (rows, n) = l.shape().dims2()?;
-        let dev = s.device.clone();
-        let x = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
-        let (ws, wl) = self.w.storage_and_layout();
-        let w = cuda_view::<f32>(&ws, wl, "rms_norm_bf16 weight")?;
-        // SAFETY: one block per row writes all of it.
-        let mut out = unsafe { dev.alloc::<bf16>(rows * n)? };
+        let x = x.contiguous()?;
+        let (delta, bias) =
+            (delta.map(Tensor::contiguous).transpose()?, bias.map(Tensor::contiguous).transpose()?);
+        let w = w.contiguous()?;
+        let (xs, xl) = x.storage_and_layout();
+        let ds = delta.as_ref().map(|t| t.storage_and_layout());
+        let bs = bias.as_ref().map(|t| t.storage_and_layout());
+        let (ws, wl) = w.storage_and_layout();
+        let xv = cuda_view::<f32>(&xs, xl, "add_rms_norm x")?;
+        let dv =
+            ds.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "add_rms_norm delta")).transpose()?;
+        let bv =
+            bs.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "add_rms_norm bias")).transpose()?;
+        let wv = cuda_view::<f32>(&ws, wl, "add_rms_norm weight")?;
+        // SAFETY: one block per row writes every element of each output it is given.
+        let mut x_out = dv.as_ref().map(|_| unsafe { dev.alloc::<f32>(rows * n) }).transpose()?;
+        let mut h32 = want_f32.then(|| unsafe { dev.alloc::<f32>(rows * n) }).transpose()?;
+        let mut h16 = unsafe { dev.alloc::<bf16>(rows * n)? };
         let func = dev.get_or_load_custom_func(
-            "rms_norm_bf16",
+            "add_rms_norm_bf16",
             "inferno_layer_norm_act",
             LAYER_NORM_ACT_PTX,
         )?;
-        let n32 = int(n, "rms_norm_bf16 width")?;
+        let n32 = int(n, "add_rms_norm width")?;
         let cfg = LaunchConfig {
-            grid_dim: (int(rows, "rms_norm_bf16 rows")? as u32, 1, 1),
+            grid_dim: (int(rows, "add_rms_norm rows")? as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        let null = 0u64;
         let mut b = func.builder();
-        b.arg(&x).arg(&w).arg(&mut out).arg(&n32).arg(&self.eps);
-        // SAFETY: the arguments match the kernel's signature; x holds rows·n values, w n.
+        b.arg(&xv);
+        match &dv {
+            Some(v) => b.arg(v),
+            None => b.arg(&null),
+        };
+        match &bv {
+            Some(v) => b.arg(v),
+            None => b.arg(&null),
+        };
+        b.arg(&wv);
+        match &mut x_out {
+            Some(v) => b.arg(v),
+            None => b.arg(&null),
+        };
+        match &mut h32 {
+            Some(v) => b.arg(v),
+            None => b.arg(&null),
+        };
+        b.arg(&mut h16).arg(&n32).arg(&eps);
+        // SAFETY: the arguments match the kernel's signature; x and delta hold rows·n values,
+        // bias and w n; x_out is given whenever delta is.
         unsafe { b.launch(cfg) }.w()?;
-        Ok((
-            candle_core::CudaStorage { slice: CudaStorageSlice::BF16(out), device: dev },
-            Shape::from((rows, n)),
-        ))
+        drop(b);
+        let new_x = match x_out {
+            Some(s) => wrap(s, dev, (rows, n)),
+            None => x.clone(),
+        };
+        Ok(Normed {
+            x: new_x,
+            h: wrap(h16, dev, (rows, n)),
+            h_f32: h32.map(|s| wrap(s, dev, (rows, n))),
+        })
     }
 }
 
@@ -165,24 +270,55 @@ mod tests {
         }
     }
 
-    /// The bf16 references against candle's f32 ops (what the f32 path runs).
+    /// The f32 values within `tol` of the reference's, relative to the row's largest.
+    fn assert_f32_close(name: &str, got: &[f32], want: &[f32], tol: f32) {
+        assert_eq!(got.len(), want.len(), "{name}: lengths");
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= tol * scale, "{name}[{i}]: {g} vs {w}");
+        }
+    }
+
+    /// Random f32 inputs of add_rms_norm: x, delta, bias, w.
+    fn norm_inputs(r: &mut rand::rngs::StdRng, rows: usize, n: usize) -> [Tensor; 4] {
+        [
+            tensor(uniform(r, rows * n, -4.0, 4.0), &[rows, n], DType::F32),
+            tensor(uniform(r, rows * n, -2.0, 2.0), &[rows, n], DType::F32),
+            tensor(uniform(r, n, -1.0, 1.0), &[n], DType::F32),
+            tensor(uniform(r, n, -1.5, 1.5), &[n], DType::F32),
+        ]
+    }
+
+    /// The reference against candle's unfused ops (what CPU and f32 models run), with and
+    /// without a delta and a bias; and the bf16 SwiGLU against the f32 one.
     #[test]
     fn references_match_candle_ops() {
         let mut r = rng("layer_norm_act reference");
         let (rows, n) = (3, 70);
-        let x = tensor(uniform(&mut r, rows * n, -3.0, 3.0), &[rows, n], DType::F32);
-        let w = tensor(uniform(&mut r, n, 0.5, 1.5), &[n], DType::F32);
-        let got = values(&rms_norm_to(&x, &w, 1e-5, DType::BF16).expect("bf16"));
-        let want = values(&rms_norm_to(&x, &w, 1e-5, DType::F32).expect("f32"));
-        assert_bf16_close("rms_norm", &got, &want);
+        let [x, d, b, w] = norm_inputs(&mut r, rows, n);
+        for (delta, bias) in [(None, None), (Some(&d), None), (Some(&d), Some(&b))] {
+            let got = add_rms_norm(&x, delta, bias, &w, 1e-5, DType::F32, true).expect("ops");
+            let (v, h) = add_rms_norm_reference(
+                &values(&x),
+                delta.map(values).as_deref(),
+                bias.map(values).as_deref(),
+                &values(&w),
+                1e-5,
+            );
+            let name = format!("delta {} bias {}", delta.is_some(), bias.is_some());
+            assert_eq!(values(&got.x), v, "{name}: the residual stream");
+            assert_f32_close(&name, &values(&got.h), &h, 1e-5);
+            assert_eq!(values(&got.h_f32.expect("f32 asked for")), values(&got.h), "{name}");
+        }
+        assert!(add_rms_norm(&x, None, Some(&b), &w, 1e-5, DType::F32, false).is_err());
         let gu = tensor(uniform(&mut r, rows * 2 * n, -6.0, 6.0), &[rows, 2 * n], DType::F32);
         let got = values(&silu_mul_to(&gu, DType::BF16).expect("bf16"));
         let want = values(&silu_mul_to(&gu, DType::F32).expect("f32"));
         assert_bf16_close("silu_mul", &got, &want);
     }
 
-    /// The kernels against the references on random shapes, and a row alone equals the same
-    /// row in a batch bit for bit.
+    /// The kernels against the references on random shapes (the residual stream bit for bit,
+    /// the norm in f32 and bf16), and a row alone equals the same row in a batch bit for bit.
     #[cfg(feature = "cuda")]
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
@@ -190,19 +326,38 @@ mod tests {
         use rand::Rng;
         let dev = crate::kernels::testing::gpu();
         let mut r = rng("layer_norm_act gpu");
-        for _ in 0..6 {
+        for case in 0..9 {
             let (rows, n) = (r.random_range(1..=40), r.random_range(1..=3000));
-            let x = tensor(uniform(&mut r, rows * n, -4.0, 4.0), &[rows, n], DType::F32);
-            let w = tensor(uniform(&mut r, n, -1.5, 1.5), &[n], DType::F32);
-            let want = values(&rms_norm_to(&x, &w, 1e-6, DType::BF16).expect("cpu"));
-            let (xd, wd) = (x.to_device(&dev).expect("x"), w.to_device(&dev).expect("w"));
-            let got = values(&rms_norm_to(&xd, &wd, 1e-6, DType::BF16).expect("gpu"));
-            assert_bf16_close(&format!("rms_norm {rows}x{n}"), &got, &want);
-            let last = xd.narrow(0, rows - 1, 1).expect("row");
-            let one = values(&rms_norm_to(&last, &wd, 1e-6, DType::BF16).expect("gpu"));
+            let cpu = norm_inputs(&mut r, rows, n);
+            let [x, d, b, w] = cpu.clone().map(|t| t.to_device(&dev).expect("to GPU"));
+            let (delta, bias) = match case % 3 {
+                0 => (None, None),
+                1 => (Some(&d), None),
+                _ => (Some(&d), Some(&b)),
+            };
+            let name = format!("add_rms_norm {rows}x{n} case {}", case % 3);
+            let (v, h) = add_rms_norm_reference(
+                &values(&cpu[0]),
+                delta.map(|_| values(&cpu[1])).as_deref(),
+                bias.map(|_| values(&cpu[2])).as_deref(),
+                &values(&cpu[3]),
+                1e-6,
+            );
+            let got = add_rms_norm(&x, delta, bias, &w, 1e-6, DType::BF16, true).expect("gpu");
+            assert_eq!(values(&got.x), v, "{name}: the residual stream");
+            assert_f32_close(&name, &values(&got.h_f32.expect("asked for")), &h, 1e-5);
+            assert_bf16_close(&name, &values(&got.h), &h);
+            let row = |t: &Tensor| t.narrow(0, rows - 1, 1).expect("row");
+            let one =
+                add_rms_norm(&row(&x), delta.map(row).as_ref(), bias, &w, 1e-6, DType::BF16, false)
+                    .expect("gpu");
+            let all = values(&got.h);
             assert!(
-                one.iter().zip(&got[(rows - 1) * n..]).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "rms_norm {rows}x{n}: the last row alone differs"
+                values(&one.h)
+                    .iter()
+                    .zip(&all[(rows - 1) * n..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: the last row alone differs"
             );
             let gu = tensor(uniform(&mut r, rows * 2 * n, -8.0, 8.0), &[rows, 2 * n], DType::F32);
             let want = values(&silu_mul_to(&gu, DType::BF16).expect("cpu"));

@@ -1,14 +1,14 @@
 //! Llama over a batch of sequences (the engine's step, [`BatchModel`]): the layers of
 //! `model.rs` with keys and values in the engine's paged pool, one group of blocks. Per layer:
-//! RMSNorm → the fused q/k/v product in f32 → RoPE at each token's position and the k/v stores into
-//! the pool (one launch) → causal attention over each sequence's block table → o_proj →
-//! residual → RMSNorm → fused gate/up product → SwiGLU → down → residual.
+//! residual add + RMSNorm (one launch) → the fused q/k/v product in f32 → RoPE at each token's
+//! position and the k/v stores into the pool (one launch) → causal attention over each
+//! sequence's block table → o_proj → residual add + RMSNorm → fused gate/up product → SwiGLU → down (added by the next norm).
 
 use candle_core::{DType, Device, Tensor};
 
 use super::model::{Llama, RopeStyle};
 use crate::kernels::{
-    PagedAttnConfig, QkvHeads, RotaryPairs, paged_attention, qkv_rope_paged, rms_norm_to,
+    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged,
     silu_mul_to,
 };
 use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
@@ -45,10 +45,22 @@ impl BatchModel for Llama {
         let eps = cfg.rms_norm_eps;
         // The residual stream stays in f32 (see model.rs).
         let mut x = w.embed.index_select(&step.tokens, 0)?.to_dtype(DType::F32)?;
+        // The previous layer's MLP output, added to the stream by this layer's first norm.
+        let mut mlp_out: Option<Tensor> = None;
         for (n, layer) in w.layers.iter().enumerate() {
             let (k_pool, v_pool) = &kv.layers[n];
             let fused = self.fused(n);
-            let h = rms_norm_to(&x, &layer.attn_norm, eps, self.dtype())?;
+            let normed = add_rms_norm(
+                &x,
+                mlp_out.as_ref(),
+                None,
+                &layer.attn_norm,
+                eps,
+                self.dtype(),
+                false,
+            )?;
+            let (x_now, h) = (normed.x, normed.h);
+            x = x_now;
             // q, k, v in f32 with their biases (Llama has none; some derivatives do): one
             // product where the weights could be fused.
             let qkv = match fused.and_then(|f| f.qkv.as_ref()) {
@@ -86,14 +98,27 @@ impl BatchModel for Llama {
             // how the GEMM splits its sums, which differs between batch sizes. The SwiGLU's
             // output is rounded once, as the products' input (an elementwise rounding, the same
             // in any batch).
-            x = (x + layer.o.forward_f32(&o.reshape((tokens, heads * d))?)?)?;
-            let h = rms_norm_to(&x, &layer.mlp_norm, eps, self.dtype())?;
+            let o = layer.o.matmul_f32(&o.reshape((tokens, heads * d))?)?;
+            let normed = add_rms_norm(
+                &x,
+                Some(&o),
+                layer.o.bias(),
+                &layer.mlp_norm,
+                eps,
+                self.dtype(),
+                false,
+            )?;
+            let (x_now, h) = (normed.x, normed.h);
+            x = x_now;
             let gu = match fused.and_then(|f| f.gate_up.as_ref()) {
                 Some(gate_up) => gate_up.forward_f32(&h)?,
                 None => Tensor::cat(&[layer.gate.forward_f32(&h)?, layer.up.forward_f32(&h)?], 1)?,
             };
             let act = silu_mul_to(&gu, self.dtype())?;
-            x = (x + layer.down.forward_f32(&act)?)?;
+            mlp_out = Some(layer.down.forward_f32(&act)?);
+        }
+        if let Some(m) = mlp_out {
+            x = (x + m)?;
         }
         let last = x.index_select(&step.logit_rows, 0)?;
         w.head.logits(&last)
