@@ -30,7 +30,7 @@ pub fn matmul_f32_out(x: &Tensor, w: &Tensor) -> Result<Tensor> {
             w.dims()
         );
     }
-    x.contiguous()?.apply_op2_no_bwd(&w.contiguous()?, &F32OutMatmul { cublas_only: false })
+    x.contiguous()?.apply_op2_no_bwd(&w.contiguous()?, &F32OutMatmul { route: Route::Auto })
 }
 
 /// `x · wᵀ` for f32 `x` (`[m, k]`) and bf16 `w` (`[n, k]`): f32 `[m, n]` with `x` carried as two
@@ -101,10 +101,19 @@ impl CustomOp1 for HiLoSplit {
     }
 }
 
-/// `cublas_only`: skip the GEMV (tests and timings compare the two).
+/// Which product [`F32OutMatmul`] runs on the GPU: the faster for the shape ([`gemv_wins`]), or
+/// one of the two by force (tests and timings compare them).
+#[derive(Clone, Copy, PartialEq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+enum Route {
+    Auto,
+    Cublas,
+    Gemv,
+}
+
 struct F32OutMatmul {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    cublas_only: bool,
+    route: Route,
 }
 
 impl CustomOp2 for F32OutMatmul {
@@ -158,7 +167,12 @@ impl CustomOp2 for F32OutMatmul {
         let aligned = k.is_multiple_of(8)
             && l1.start_offset().is_multiple_of(8)
             && l2.start_offset().is_multiple_of(8);
-        if aligned && gemv_wins(m, n) && !self.cublas_only && !gemv_off() {
+        let gemv = match self.route {
+            Route::Auto => gemv_wins(m, n) && !gemv_off(),
+            Route::Gemv => m <= 64,
+            Route::Cublas => false,
+        };
+        if aligned && gemv {
             gemv::launch(&dev, &x, &w, &mut out, (m, n, k))?;
             return Ok((
                 candle_core::CudaStorage { slice: CudaStorageSlice::F32(out), device: dev },
@@ -427,20 +441,22 @@ mod tests {
         );
     }
 
-    /// The GEMV against the reference, and batch invariance: every row of an m-row product
-    /// is bit for bit that row's product alone.
+    /// The GEMV (taken by force) against the reference, and batch invariance: every row of an
+    /// m-row product is bit for bit that row's product alone.
     #[cfg(feature = "cuda")]
     fn check_gemv(dev: &Device, r: &mut rand::rngs::StdRng, m: usize, n: usize, k: usize) {
         let x = tensor(uniform(r, m * k, -1.0, 1.0), &[m, k], DType::BF16);
         let w = tensor(uniform(r, n * k, -1.0, 1.0), &[n, k], DType::BF16);
         let want = values(&matmul_f32_out(&x, &w).expect("cpu"));
         let (xd, wd) = (x.to_device(dev).expect("x"), w.to_device(dev).expect("w"));
-        let got = values(&matmul_f32_out(&xd, &wd).expect("gpu"));
+        let gemv = F32OutMatmul { route: Route::Gemv };
+        let got = values(&xd.apply_op2_no_bwd(&wd, &gemv).expect("gpu"));
         let name = format!("gemv {m}x{n}x{k}");
         crate::kernels::testing::assert_written_and_close(&name, &got, &want, 1e-5);
         for row in [0, m - 1] {
-            let one =
-                values(&matmul_f32_out(&xd.narrow(0, row, 1).expect("row"), &wd).expect("gpu"));
+            let one = values(
+                &xd.narrow(0, row, 1).expect("row").apply_op2_no_bwd(&wd, &gemv).expect("gpu"),
+            );
             assert!(
                 one.iter()
                     .zip(&got[row * n..(row + 1) * n])
@@ -477,8 +493,8 @@ mod tests {
                     .to_device(&dev)
                     .expect("x");
                 let mut us = [0.0; 2];
-                for (i, cublas_only) in [false, true].into_iter().enumerate() {
-                    let op = F32OutMatmul { cublas_only };
+                for (i, route) in [Route::Gemv, Route::Cublas].into_iter().enumerate() {
+                    let op = F32OutMatmul { route };
                     us[i] = crate::kernels::testing::time_us(&dev, 50, || {
                         x.apply_op2_no_bwd(&w, &op).expect("matmul");
                     });

@@ -1,19 +1,17 @@
 //! gpt-oss over a batch of sequences (the engine's step, [`BatchModel`]): the same layers as
 //! `model.rs` (docs/gpt-oss.md §4), with keys and values in the engine's paged pool. Per layer,
 //! top to bottom:
-//! residual add + RMSNorm (one launch) → q/k/v product in f32 → bias, RoPE at each token's
-//! position and the k/v stores into the pool (one launch) → sink attention over each sequence's
-//! block table (sliding layers with their window, in their own group of blocks) → o_proj →
-//! its bias, the residual add and RMSNorm (one launch) → router and MXFP4 experts (routing sees
-//! tokens, not sequences), added by the next layer's norm.
+//! RMSNorm → q/k/v product in f32 → bias, RoPE at each token's position and the k/v stores into
+//! the pool (one launch) → sink attention over each sequence's block table (sliding layers with
+//! their window, in their own group of blocks) → o_proj into the f32 residual → RMSNorm →
+//! router and MXFP4 experts (routing sees tokens, not sequences) → residual.
 
 use candle_core::{DType, Device, Tensor};
 
 use super::model::{GptOss, moe};
-use crate::kernels::{
-    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged,
-};
+use crate::kernels::{PagedAttnConfig, QkvHeads, RotaryPairs, paged_attention, qkv_rope_paged};
 use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
+use crate::models::head::rms_norm;
 
 /// Group of the full-attention layers; sliding layers, when the model has any, are group 1.
 const FULL: usize = 0;
@@ -52,22 +50,10 @@ impl BatchModel for GptOss {
         let eps = cfg.rms_norm_eps;
         let scale = 1.0 / (d as f32).sqrt();
         let mut x = w.embed.index_select(&step.tokens, 0)?.to_dtype(DType::F32)?;
-        // The previous layer's MoE output, added to the stream by this layer's first norm.
-        let mut moe_out: Option<Tensor> = None;
         for (n, layer) in w.layers.iter().enumerate() {
             let g = self.group(n);
             let (k_pool, v_pool) = &kv.layers[n];
-            let normed = add_rms_norm(
-                &x,
-                moe_out.as_ref(),
-                None,
-                &layer.attn_norm,
-                eps,
-                self.dtype(),
-                false,
-            )?;
-            let (x_now, h) = (normed.x, normed.h);
-            x = x_now;
+            let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype())?;
             // q, k, v in one product kept in f32; bias, RoPE and the pool stores in one launch.
             let q = qkv_rope_paged(
                 &layer.attn.qkv.matmul_f32(&h)?,
@@ -99,18 +85,9 @@ impl BatchModel for GptOss {
                 step.bounds,
                 &attn,
             )?;
-            // o_proj's bias and the residual add go into the MLP norm's launch; the router
-            // reads the norm in f32, the experts in the compute dtype.
-            let o = layer.attn.o.matmul_f32(&o.reshape((tokens, heads * d))?)?;
-            let bias = layer.attn.o.bias();
-            let normed =
-                add_rms_norm(&x, Some(&o), bias, &layer.mlp_norm, eps, self.dtype(), true)?;
-            let h32 = normed.h_f32.as_ref().unwrap_or(&normed.h);
-            moe_out = Some(moe(cfg, layer, h32, &normed.h)?);
-            x = normed.x;
-        }
-        if let Some(m) = moe_out {
-            x = (x + m)?;
+            x = (x + layer.attn.o.forward_f32(&o.reshape((tokens, heads * d))?)?)?;
+            let h = rms_norm(&x, &layer.mlp_norm, eps)?;
+            x = (x + moe(cfg, layer, &h, &h.to_dtype(self.dtype())?)?)?;
         }
         let last = x.index_select(&step.logit_rows, 0)?;
         w.head.logits(&last)
