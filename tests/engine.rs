@@ -42,7 +42,15 @@ fn start(model: &str, max_seqs: usize, kv_tokens: usize, budget: usize) -> Engin
 }
 
 fn request(prompt: Vec<u32>, sampling: SamplerConfig, max_tokens: usize) -> Request {
-    Request { prompt, sampling, max_tokens, eos_ids: Vec::new(), interrupt: None }
+    Request {
+        prompt,
+        sampling,
+        max_tokens,
+        eos_ids: Vec::new(),
+        interrupt: None,
+        logprobs: None,
+        forced: Vec::new(),
+    }
 }
 
 /// Every token of a request, and how it finished.
@@ -50,7 +58,7 @@ fn collect(mut h: RequestHandle) -> (Vec<u32>, Finish) {
     let mut tokens = Vec::new();
     loop {
         match h.blocking_next() {
-            Some(Event::Token(t)) => tokens.push(t),
+            Some(Event::Token(t, _)) => tokens.push(t),
             Some(Event::Finished(f)) => return (tokens, f),
             Some(Event::Failed(m)) => panic!("request failed: {m}"),
             None => panic!("the engine dropped the request"),
@@ -121,8 +129,8 @@ fn batched_equals_alone(model: &str) {
         .map(|(p, s, n)| engine.submit(request(p.clone(), s.clone(), *n)).expect("submit"))
         .collect();
     let first = handles[0].blocking_next();
-    assert!(matches!(first, Some(Event::Token(_))), "{first:?}");
-    let Some(Event::Token(first)) = first else { unreachable!() };
+    assert!(matches!(first, Some(Event::Token(_, _))), "{first:?}");
+    let Some(Event::Token(first, _)) = first else { unreachable!() };
     handles.extend(
         reqs[8..]
             .iter()
@@ -193,7 +201,7 @@ fn cancellations_free_the_cache() {
                 1 => {
                     // Read a few tokens first: mid-decode.
                     for _ in 0..rng.random_range(0..4) {
-                        if !matches!(h.blocking_next(), Some(Event::Token(_))) {
+                        if !matches!(h.blocking_next(), Some(Event::Token(_, _))) {
                             break;
                         }
                     }

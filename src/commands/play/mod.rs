@@ -122,6 +122,8 @@ pub(crate) fn warm_up(engine: &engine::core::Engine) -> anyhow::Result<()> {
         max_tokens: 1,
         eos_ids: Vec::new(),
         interrupt: None,
+        logprobs: None,
+        forced: Vec::new(),
     };
     let mut handle = engine.submit(request)?;
     while let Some(event) = handle.blocking_next() {
