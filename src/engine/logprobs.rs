@@ -47,6 +47,9 @@ fn log_sum_exp(row: &[f32]) -> f64 {
 
 /// Ids of the `k` largest logits, largest first, ties to the lower id; NaN never ranks.
 fn top_k(row: &[f32], k: usize) -> Vec<u32> {
+    if k == 0 {
+        return Vec::new();
+    }
     let mut cand: Vec<(u32, f32)> =
         row.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (i as u32, l)).collect();
     let k = k.min(cand.len());
