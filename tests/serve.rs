@@ -287,17 +287,18 @@ fn presence_and_frequency_penalties_follow_openais_formula() {
     let s = server(&[], &[]);
     // (presence, frequency): none, then each kind, discouraging and encouraging repeats.
     let penalties = [[0.0, 0.0], [0.0, 1.5], [-2.0, 0.0], [0.5, -1.0]];
-    let r = s.python(
-        "penalties",
-        json!({"prompt": "Repeat after me: yes yes yes yes yes yes", "max_tokens": 32,
-               "penalties": penalties}),
-    );
+    let prompt = "Repeat after me: yes yes yes yes yes yes";
+    let r =
+        s.python("penalties", json!({"prompt": prompt, "max_tokens": 32, "penalties": penalties}));
     // The formula is checked at every step in the scenario; here, that the replies moved the
     // way each penalty pushes: fewer repeats when penalised, more when encouraged.
     let yes = |i: usize| r["replies"][i].as_str().unwrap().to_lowercase().matches("yes").count();
     assert!(yes(1) < yes(0), "frequency 1.5 did not cut the repeats: {r}");
     assert!(yes(2) > yes(0), "presence -2 did not add repeats: {r}");
     assert!(yes(3) > yes(0), "frequency -1 did not add repeats: {r}");
+    // `play` with the same penalties says the same.
+    let args = ["--max-tokens", "32", "--presence-penalty", "0.5", "--frequency-penalty", "-1"];
+    assert_eq!(r["replies"][3], play(&[&args[..], &["--prompt", prompt]].concat()), "{r}");
 }
 
 #[test]

@@ -8,6 +8,11 @@
 //! reasoning, a client that hides reasoning would hide them, and the next request would send
 //! them back as reasoning, which is dropped once a turn ends. Consecutive visible messages (a
 //! preamble, then the final answer) are joined with a newline, as vLLM joins them.
+//!
+//! Logprobs cover the same text: the content tokens of the final and preamble messages, never
+//! a header, a control token, the analysis or a call's arguments (so `content`'s bytes are the
+//! entries' bytes, apart from that joining newline, which no token wrote). Their alternatives
+//! are the model's most likely tokens at that step, whatever they are, as vLLM reports them.
 
 use std::time::Duration;
 

@@ -210,6 +210,8 @@ fn sampler_config(args: &PlayArgs, harmony: bool) -> anyhow::Result<SamplerConfi
     if let Some(r) = args.repeat_penalty {
         cfg.repeat_penalty = r;
     }
+    cfg.presence_penalty = args.presence_penalty.unwrap_or(cfg.presence_penalty);
+    cfg.frequency_penalty = args.frequency_penalty.unwrap_or(cfg.frequency_penalty);
     cfg.seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
