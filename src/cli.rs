@@ -139,6 +139,13 @@ pub struct PlayArgs {
     /// Repetition penalty (1.0 = off).
     #[arg(long)]
     pub repeat_penalty: Option<f32>,
+    /// OpenAI's presence penalty, -2 to 2: subtracted once from every token already in the
+    /// reply (0 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+    /// OpenAI's frequency penalty, -2 to 2: subtracted per occurrence in the reply (0 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
     /// Random seed (default: a fresh one each run).
     #[arg(long)]
     pub seed: Option<u64>,

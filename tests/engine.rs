@@ -7,7 +7,8 @@
 //! - cancellation mid-prefill and mid-decode frees the cache: after 200 requests with random
 //!   cancellations and dropped handles, the engine reports every block free;
 //! - prefix reuse: a conversation continued in a second request prefills only the new tokens and
-//!   gives exactly what a fresh engine gives.
+//!   gives exactly what a fresh engine gives;
+//! - forced ids and logprobs: teacher forcing, and the raw log-softmax of each step.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -42,7 +43,15 @@ fn start(model: &str, max_seqs: usize, kv_tokens: usize, budget: usize) -> Engin
 }
 
 fn request(prompt: Vec<u32>, sampling: SamplerConfig, max_tokens: usize) -> Request {
-    Request { prompt, sampling, max_tokens, eos_ids: Vec::new(), interrupt: None }
+    Request {
+        prompt,
+        sampling,
+        max_tokens,
+        eos_ids: Vec::new(),
+        interrupt: None,
+        logprobs: None,
+        forced: Vec::new(),
+    }
 }
 
 /// Every token of a request, and how it finished.
@@ -50,7 +59,7 @@ fn collect(mut h: RequestHandle) -> (Vec<u32>, Finish) {
     let mut tokens = Vec::new();
     loop {
         match h.blocking_next() {
-            Some(Event::Token(t)) => tokens.push(t),
+            Some(Event::Token(t, _)) => tokens.push(t),
             Some(Event::Finished(f)) => return (tokens, f),
             Some(Event::Failed(m)) => panic!("request failed: {m}"),
             None => panic!("the engine dropped the request"),
@@ -121,8 +130,8 @@ fn batched_equals_alone(model: &str) {
         .map(|(p, s, n)| engine.submit(request(p.clone(), s.clone(), *n)).expect("submit"))
         .collect();
     let first = handles[0].blocking_next();
-    assert!(matches!(first, Some(Event::Token(_))), "{first:?}");
-    let Some(Event::Token(first)) = first else { unreachable!() };
+    assert!(matches!(first, Some(Event::Token(_, _))), "{first:?}");
+    let Some(Event::Token(first, _)) = first else { unreachable!() };
     handles.extend(
         reqs[8..]
             .iter()
@@ -193,7 +202,7 @@ fn cancellations_free_the_cache() {
                 1 => {
                     // Read a few tokens first: mid-decode.
                     for _ in 0..rng.random_range(0..4) {
-                        if !matches!(h.blocking_next(), Some(Event::Token(_))) {
+                        if !matches!(h.blocking_next(), Some(Event::Token(_, _))) {
                             break;
                         }
                     }
@@ -299,4 +308,54 @@ fn greedy_with_a_repetition_penalty_applies_it() {
         logits = m.forward_last(&[id], history.len() - 1).expect("decode");
     }
     assert_eq!(got, want);
+}
+
+/// A request with forced ids and logprobs, run beside another request: the engine continues
+/// from the forced ids (teacher forcing), and each step's logprobs are the log-softmax of the
+/// single-sequence model path's logits for that prefix (the raw logits: the request samples
+/// with a penalty and a temperature, which must not change them).
+#[test]
+fn forced_ids_are_teacher_forcing_and_logprobs_are_the_raw_log_softmax() {
+    let engine = start("llama3_tiny", 4, 4 * CONTEXT, 16);
+    let vocab = engine.vocab_size() as u32;
+    let mut rng = StdRng::seed_from_u64(21);
+    let prompt = random_prompt(&mut rng, 10, vocab);
+    let forced = random_prompt(&mut rng, 12, vocab);
+    let cfg = SamplerConfig { frequency_penalty: 1.0, temperature: 0.7, ..sampling(1) };
+    let mut req = request(prompt.clone(), cfg, forced.len());
+    req.logprobs = Some(5);
+    req.forced = forced.clone();
+    let other = engine.submit(request(random_prompt(&mut rng, 30, vocab), sampling(2), 20));
+    let mut h = engine.submit(req).expect("submit");
+    let mut steps = Vec::new();
+    loop {
+        match h.blocking_next() {
+            Some(Event::Token(id, scores)) => steps.push((id, scores.expect("logprobs asked"))),
+            Some(Event::Finished(_)) => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    drop(other);
+    let ids: Vec<u32> = steps.iter().map(|s| s.0).collect();
+    assert_eq!(ids, forced);
+    let mut m = engine::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
+        .expect("model")
+        .model;
+    let mut logits = m.forward_last(&prompt, 0).expect("prefill");
+    for (i, (id, scores)) in steps.iter().enumerate() {
+        let row: Vec<f64> =
+            logits.to_vec1::<f32>().expect("row").iter().map(|&l| l as f64).collect();
+        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + row.iter().map(|l| (l - max).exp()).sum::<f64>().ln();
+        assert_eq!(scores.id, *id);
+        assert!((scores.logprob as f64 - (row[*id as usize] - lse)).abs() < 1e-4, "step {i}");
+        let mut best: Vec<usize> = (0..row.len()).collect();
+        best.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        assert_eq!(scores.top.len(), 5);
+        for ((t, lp), want) in scores.top.iter().zip(&best) {
+            assert_eq!(*t as usize, *want, "step {i}");
+            assert!((*lp as f64 - (row[*want] - lse)).abs() < 1e-4, "step {i}");
+        }
+        logits = m.forward_last(&[*id], prompt.len() + i).expect("decode");
+    }
 }

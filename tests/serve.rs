@@ -209,6 +209,125 @@ fn tools_go_through_a_chat_template_that_supports_them() {
     assert_eq!(got["x_inferno_prompt_ids"], json!(want));
 }
 
+/// `log_softmax` of a logits row, in f64.
+fn log_softmax(row: &[f64]) -> Vec<f64> {
+    let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lse = max + row.iter().map(|l| (l - max).exp()).sum::<f64>().ln();
+    row.iter().map(|l| l - lse).collect()
+}
+
+#[test]
+fn completion_logprobs_are_the_log_softmax_of_transformers_logits() {
+    // The tiny Llama 3 GGUF and transformers' f32 logits on it (scripts/fixtures/llama3_tiny.py):
+    // greedy from the fixture's prompt is the fixture's greedy sequence, and the logits it kept
+    // at some positions are those of the steps that sampled the next token there.
+    let fx: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/llama3_tiny/reference.json")).unwrap();
+    let model = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/llama3_tiny/model.gguf"
+    ));
+    let s = Server::start(&model, &["--context", "256"], &[]);
+    let prompt = fx["prompt_ids"].as_array().unwrap();
+    let want: Vec<u64> =
+        fx["greedy_tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    let r = s.python(
+        "completion_logprobs",
+        json!({"prompt": prompt, "max_tokens": want.len(), "top": 20}),
+    );
+    let id = |t: &serde_json::Value| -> usize {
+        t.as_str().and_then(|t| t.strip_prefix("token_id:")).unwrap().parse().unwrap()
+    };
+    let got: Vec<u64> = r["tokens"].as_array().unwrap().iter().map(|t| id(t) as u64).collect();
+    assert_eq!(got, want, "greedy tokens");
+    let mut compared = 0;
+    for (pos, row) in
+        fx["logit_positions"].as_array().unwrap().iter().zip(fx["logits"].as_array().unwrap())
+    {
+        // The row at position p predicts token p + 1: generated token p + 1 - prompt length.
+        let Some(step) = (pos.as_u64().unwrap() as usize + 1).checked_sub(prompt.len()) else {
+            continue;
+        };
+        let row: Vec<f64> = row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let reference = log_softmax(&row);
+        let chosen = r["token_logprobs"][step].as_f64().unwrap();
+        assert!((chosen - reference[want[step] as usize]).abs() < 1e-3, "step {step}: {chosen}");
+        // The 20 alternatives: the 20 best of the reference, each with its number.
+        let alternatives = r["top_logprobs"][step].as_object().unwrap();
+        assert_eq!(alternatives.len(), 20, "{alternatives:?}");
+        let mut best = reference.clone();
+        best.sort_by(|a, b| b.total_cmp(a));
+        for (token, lp) in alternatives {
+            let lp = lp.as_f64().unwrap();
+            let t = id(&json!(token));
+            assert!(
+                (lp - reference[t]).abs() < 1e-3,
+                "step {step} token {t}: {lp} vs {}",
+                reference[t]
+            );
+            assert!(
+                reference[t] >= best[19] - 1e-3,
+                "step {step}: token {t} is not among the 20 best"
+            );
+        }
+        compared += 1;
+    }
+    assert!(compared >= 5, "only {compared} fixture rows fall in the generated part");
+}
+
+#[test]
+fn chat_logprobs_agree_with_completions_streamed_or_not() {
+    let s = server(&[], &[("INFERNO_TEST_HOOKS", "1")]);
+    let r = s.python("chat_logprobs", json!({"prompt": "Name three colors.", "max_tokens": 24}));
+    assert!(r["entries"].as_u64().unwrap() >= 3, "{r}");
+}
+
+#[test]
+fn presence_and_frequency_penalties_follow_openais_formula() {
+    let s = server(&[], &[]);
+    // (presence, frequency): none, then each kind, discouraging and encouraging repeats.
+    let penalties = [[0.0, 0.0], [0.0, 1.5], [-2.0, 0.0], [0.5, -1.0]];
+    let prompt = "Repeat after me: yes yes yes yes yes yes";
+    let r =
+        s.python("penalties", json!({"prompt": prompt, "max_tokens": 32, "penalties": penalties}));
+    // The formula is checked at every step in the scenario; here, that the replies moved the
+    // way each penalty pushes: fewer repeats when penalised, more when encouraged.
+    let yes = |i: usize| r["replies"][i].as_str().unwrap().to_lowercase().matches("yes").count();
+    assert!(yes(1) < yes(0), "frequency 1.5 did not cut the repeats: {r}");
+    assert!(yes(2) > yes(0), "presence -2 did not add repeats: {r}");
+    assert!(yes(3) > yes(0), "frequency -1 did not add repeats: {r}");
+    // `play` with the same penalties says the same.
+    let args = ["--max-tokens", "32", "--presence-penalty", "0.5", "--frequency-penalty", "-1"];
+    assert_eq!(r["replies"][3], play(&[&args[..], &["--prompt", prompt]].concat()), "{r}");
+}
+
+#[test]
+fn llama_tool_calls_become_tool_calls_and_their_results_render_back() {
+    let template = "llama3_1-8b-instruct";
+    let dir = tiny_llama_with_template(template);
+    let s = Server::start(dir.path(), &["--context", "1024"], &[("INFERNO_TEST_HOOKS", "1")]);
+    let fx: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
+    let case = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| {
+            c["template"] == template
+                && c["conversation"] == "tool_round_trip"
+                && c["add_generation_prompt"] == true
+        })
+        .expect("tests/fixtures/chat_templates.json has no tool_round_trip case");
+    let r = s.python(
+        "llama_tool_calls",
+        json!({"tools": case["extra"]["tools"], "messages": case["messages"]}),
+    );
+    // transformers' rendering (arguments as a dict), tokenized as the server tokenizes a chat.
+    let tok = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
+    let want = tok.encode(case["expected"].as_str().unwrap(), false).unwrap().get_ids().to_vec();
+    assert_eq!(r["prompt_ids"], json!(want));
+}
+
 #[test]
 fn odd_inputs_never_break_the_server() {
     let s = server(&[], &[]);

@@ -3,7 +3,8 @@
 //! noise, so the checks are the format's: reasoning apart from the answer, no markup anywhere,
 //! `reasoning_effort` in the prompt, the same greedy answer as `inferno play`, prompts token
 //! for token as `openai-harmony` renders them (tests/fixtures/harmony.json), and the tool-call
-//! path (a call, its result, the final answer) driven by forced replies (`INFERNO_TEST_HOOKS`).
+//! path (a call, its result, the final answer) driven by forced replies (`INFERNO_TEST_HOOKS`),
+//! preambles as content, and logprobs of the visible content only.
 
 mod common;
 
@@ -56,6 +57,7 @@ fn prompts_render_exactly_as_openai_harmony() {
         "tools_call_in_progress",
         "tools_turn_answered",
         "tools_second_call_in_progress",
+        "tools_preamble_call_in_progress",
     ] {
         assert!(cases.contains(&want), "case {want} not checked: {cases:?}");
     }
@@ -74,6 +76,13 @@ fn a_tool_call_its_result_and_the_answer() {
     let r = s.python("tool_calls", json!({"tools": case["tools"]}));
     // The second turn's prompt (call, result, reasoning kept mid-turn) is openai-harmony's.
     assert_eq!(r["prompt_ids"], case["expected_ids"], "{r}");
+}
+
+#[test]
+fn preambles_are_content_and_logprobs_cover_the_content_only() {
+    let s = server(true);
+    let r = s.python("harmony_preamble_and_logprobs", json!({}));
+    assert_eq!(r["content"], "One moment.\nIt is 21 °C.", "{r}");
 }
 
 #[test]

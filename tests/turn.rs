@@ -26,6 +26,7 @@ use inferno::generate::{Generation, Sampler, SamplerConfig, Session, StopConditi
 #[derive(Debug, Clone, PartialEq)]
 enum Ev {
     Reasoning(String),
+    Preamble(String),
     Answer(String),
     ToolCall(String),
     ToolArguments(String),
@@ -40,6 +41,7 @@ impl TurnSink for Collect {
     fn event(&mut self, e: &TurnEvent) -> anyhow::Result<()> {
         self.0.push(match *e {
             TurnEvent::Reasoning(s) => Ev::Reasoning(s.into()),
+            TurnEvent::Preamble(s) => Ev::Preamble(s.into()),
             TurnEvent::Answer(s) => Ev::Answer(s.into()),
             TurnEvent::ToolCall { recipient } => Ev::ToolCall(recipient.into()),
             TurnEvent::ToolArguments(s) => Ev::ToolArguments(s.into()),
@@ -67,9 +69,11 @@ impl Collect {
         self.0
             .iter()
             .filter_map(|e| match e {
-                Ev::Reasoning(s) | Ev::Answer(s) | Ev::ToolCall(s) | Ev::ToolArguments(s) => {
-                    Some(s.as_str())
-                }
+                Ev::Reasoning(s)
+                | Ev::Preamble(s)
+                | Ev::Answer(s)
+                | Ev::ToolCall(s)
+                | Ev::ToolArguments(s) => Some(s.as_str()),
                 Ev::End { text, .. } => Some(text.as_str()),
                 Ev::MessageEnd(_) => None,
             })
@@ -82,6 +86,7 @@ impl Collect {
         for e in &self.0 {
             match (out.last_mut(), e) {
                 (Some(Ev::Reasoning(a)), Ev::Reasoning(b))
+                | (Some(Ev::Preamble(a)), Ev::Preamble(b))
                 | (Some(Ev::Answer(a)), Ev::Answer(b))
                 | (Some(Ev::ToolArguments(a)), Ev::ToolArguments(b)) => a.push_str(b),
                 _ => out.push(e.clone()),
@@ -194,9 +199,9 @@ fn harmony_tool_call_is_its_own_event_and_keeps_the_turn_open() {
         [
             Ev::Reasoning("Need the weather.".into()),
             Ev::MessageEnd(Part::Reasoning),
-            // A preamble (commentary to no one) is reasoning, as play shows it.
-            Ev::Reasoning("Checking.".into()),
-            Ev::MessageEnd(Part::Reasoning),
+            // A preamble (commentary to no one) is its own, user-visible kind of text.
+            Ev::Preamble("Checking.".into()),
+            Ev::MessageEnd(Part::Preamble),
             Ev::ToolCall("functions.get_weather".into()),
             Ev::ToolArguments(r#"{"city":"Paris"}"#.into()),
             Ev::MessageEnd(Part::ToolCall),

@@ -383,6 +383,9 @@ fn a_chat_with_tool_calls_renders_as_openai_harmony() {
                     chat.push_assistant_reasoning(&m.content)
                 }
                 ("assistant", Some("final"), None, _) => chat.push_assistant_final(&m.content),
+                ("assistant", Some("commentary"), None, _) => {
+                    chat.push_assistant_preamble(&m.content)
+                }
                 ("assistant", Some("commentary"), Some(r), _) => {
                     let name = tools::function_name(r).unwrap();
                     chat.push_tool_call(&id, name, &m.content).unwrap();

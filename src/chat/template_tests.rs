@@ -160,7 +160,8 @@ struct FixtureTemplate {
 struct Case {
     template: String,
     conversation: String,
-    messages: Vec<Message>,
+    /// As transformers got them: tool calls and tool results included.
+    messages: serde_json::Value,
     add_generation_prompt: bool,
     extra: serde_json::Value,
     expected: Option<String>,
@@ -186,7 +187,7 @@ fn matches_transformers_apply_chat_template() {
                 continue;
             }
         };
-        let got = tmpl.render(&case.messages, case.add_generation_prompt, &case.extra);
+        let got = tmpl.render_values(&case.messages, case.add_generation_prompt, &case.extra);
         let label = format!(
             "{} / {} / agp={}",
             case.template, case.conversation, case.add_generation_prompt

@@ -28,8 +28,11 @@ use crate::generate::{Generation, Sampler, Session, StopConditions, StopReason};
 /// strings held back, harmony's has no control tokens.
 #[derive(Debug, Clone, Copy)]
 pub enum TurnEvent<'a> {
-    /// Chain of thought (harmony analysis, and commentary that is not a tool call).
+    /// Chain of thought (harmony analysis, and channels the format does not define).
     Reasoning(&'a str),
+    /// Harmony commentary addressed to no tool: a preamble, which OpenAI's harmony guide says
+    /// the model writes for the user to see (e.g. what it is about to call and why).
+    Preamble(&'a str),
     /// Text of the answer: everything a plain model says, harmony's final channel.
     Answer(&'a str),
     /// The model began a message to a tool (harmony commentary to e.g. `functions.get_weather`);
@@ -48,6 +51,7 @@ pub enum TurnEvent<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
     Reasoning,
+    Preamble,
     Answer,
     ToolCall,
 }
@@ -252,6 +256,16 @@ impl<'t> HarmonyReply<'t> {
         Ok(TurnEnd { generation, awaiting_tool, cut_in_reasoning })
     }
 
+    /// Whether the message being read is one the user sees (the answer or a preamble): its
+    /// text tokens are the reply's visible content, its markup and other messages are not.
+    pub fn in_visible_content(&self) -> bool {
+        match self.parser.current_channel() {
+            Some(Channel::Final) => true,
+            Some(Channel::Commentary) => !self.in_tool_call,
+            _ => false,
+        }
+    }
+
     /// The reply's messages so far, analysis included (what [`HarmonyChat::record_reply`] reads).
     pub fn messages(&self) -> &[HarmonyMessage] {
         self.parser.messages()
@@ -274,11 +288,15 @@ impl<'t> HarmonyReply<'t> {
             HarmonyEvent::Text { text, .. } if self.in_tool_call => {
                 sink.event(&TurnEvent::ToolArguments(text))
             }
+            HarmonyEvent::Text { channel: Channel::Commentary, text } => {
+                sink.event(&TurnEvent::Preamble(text))
+            }
             HarmonyEvent::Text { text, .. } => sink.event(&TurnEvent::Reasoning(text)),
             HarmonyEvent::MessageEnd { channel } => {
                 let part = match channel {
                     Channel::Final => Part::Answer,
                     _ if self.in_tool_call => Part::ToolCall,
+                    Channel::Commentary => Part::Preamble,
                     _ => Part::Reasoning,
                 };
                 self.in_tool_call = false;

@@ -172,6 +172,8 @@ fn one_run(engine: &Engine, prompts: Vec<Vec<u32>>, new_tokens: usize) -> anyhow
             max_tokens: new_tokens,
             eos_ids: Vec::new(),
             interrupt: None,
+            logprobs: None,
+            forced: Vec::new(),
         };
         handles.push(engine.submit(request)?);
     }
@@ -179,7 +181,7 @@ fn one_run(engine: &Engine, prompts: Vec<Vec<u32>>, new_tokens: usize) -> anyhow
     for mut h in handles {
         let finish = loop {
             match h.blocking_next() {
-                Some(Event::Token(_)) => {}
+                Some(Event::Token(_, _)) => {}
                 Some(Event::Finished(f)) => break f,
                 Some(Event::Failed(msg)) => return Err(anyhow::anyhow!(msg)),
                 None => anyhow::bail!("the engine stopped during the benchmark"),

@@ -16,6 +16,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 
 use super::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
+use super::logprobs::{TokenLogprobs, token_logprobs};
 use super::request::{Event, Finish, Request, RequestHandle};
 use super::runner::{Runner, SampleSpec, sample_rows};
 use super::scheduler::{Scheduler, SchedulerConfig};
@@ -221,6 +222,9 @@ fn check_pool_fits(
     ))
 }
 
+/// A sampled (or forced) id and, when its request asked, its log probabilities.
+type Sampled = (u32, Option<Box<TokenLogprobs>>);
+
 /// A request the scheduler knows, with its sampling state and event channel.
 struct Live {
     req: Request,
@@ -335,7 +339,7 @@ impl Core {
 
     fn admit(&mut self, p: Pending) {
         let live = Live {
-            sampler: Sampler::new(p.req.sampling.clone()),
+            sampler: Sampler::new(p.req.sampling.clone()).with_prompt_len(p.req.prompt.len()),
             events: p.events,
             cancel: p.cancel,
             submitted: p.submitted,
@@ -432,16 +436,48 @@ impl Core {
         e.0 += 1;
         e.1 += t0.elapsed();
         for c in &plan.chunks {
-            let id = if c.sample { sampled.next() } else { None };
+            let (id, scores) = match c.sample.then(|| sampled.next()).flatten() {
+                Some((id, scores)) => (Some(id), scores),
+                None => (None, None),
+            };
             self.sched.complete(c, id, &mut self.blocks);
             if let Some(tok) = id {
-                self.emit(c.id, tok);
+                self.emit(c.id, tok, scores);
             }
         }
         self.publish(plan.chunks.len());
     }
 
+    /// Each sampling chunk's next id (forced where the request forces it) and, for requests
+    /// that asked, its log probabilities.
     fn sample(
+        &mut self,
+        logits: &candle_core::Tensor,
+        chunks: &[super::scheduler::Chunk],
+    ) -> anyhow::Result<Vec<Sampled>> {
+        let ids = self.draw(logits, chunks)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for (r, (c, id)) in chunks.iter().zip(ids).enumerate() {
+            let Some(l) = self.live.get(&c.id) else {
+                out.push((id, None));
+                continue;
+            };
+            let id = l.req.forced.get(l.generated).copied().unwrap_or(id);
+            let scores = match l.req.logprobs {
+                // Only this row leaves the device, and only for a request that asked.
+                Some(k) => {
+                    let row = logits.get(r)?.to_vec1::<f32>()?;
+                    Some(Box::new(token_logprobs(&row, id, k)))
+                }
+                None => None,
+            };
+            out.push((id, scores));
+        }
+        Ok(out)
+    }
+
+    /// Each sampling chunk's id as its sampler draws it.
+    fn draw(
         &mut self,
         logits: &candle_core::Tensor,
         chunks: &[super::scheduler::Chunk],
@@ -465,12 +501,13 @@ impl Core {
         sample_rows(logits, &mut specs)
     }
 
-    /// Hands a sampled id to its request and finishes the request when it stops.
-    fn emit(&mut self, id: u64, tok: u32) {
+    /// Hands a sampled id (with its log probabilities, when asked) to its request and finishes
+    /// the request when it stops.
+    fn emit(&mut self, id: u64, tok: u32, scores: Option<Box<TokenLogprobs>>) {
         let Some(l) = self.live.get_mut(&id) else { return };
         l.first_token.get_or_insert_with(Instant::now);
         l.generated += 1;
-        let sent = l.events.send(Event::Token(tok)).is_ok();
+        let sent = l.events.send(Event::Token(tok, scores)).is_ok();
         let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
         let reason = if !sent {
             Some(StopReason::Interrupted)

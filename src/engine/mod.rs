@@ -22,6 +22,7 @@ use crate::models::llama::{self, dummy};
 pub mod core;
 pub mod graphs;
 pub mod kv;
+pub mod logprobs;
 pub mod plan;
 pub mod request;
 pub mod runner;

@@ -1,9 +1,9 @@
 //! What goes into the engine and what comes out: a [`Request`] (prompt ids, sampling, limits)
-//! becomes a [`RequestHandle`] that yields [`Event`]s: each sampled id as it is made, then one
-//! [`Finish`] with the stop reason and the timings. The channel works from synchronous code
-//! (`blocking_recv`, play and bench) and from async code (`recv().await`, the server). Dropping
-//! the handle or calling [`RequestHandle::cancel`] stops the sequence at the next step and frees
-//! its cache.
+//! becomes a [`RequestHandle`] that yields [`Event`]s: each sampled id as it is made (with its
+//! log probabilities when asked), then one [`Finish`] with the stop reason and the timings.
+//! The channel works from synchronous code (`blocking_recv`, play and bench) and from async
+//! code (`recv().await`, the server). Dropping the handle or calling [`RequestHandle::cancel`]
+//! stops the sequence at the next step and frees its cache.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,12 +26,20 @@ pub struct Request {
     pub eos_ids: Vec<u32>,
     /// A flag the caller owns (Ctrl-C): set, it stops the request like [`RequestHandle::cancel`].
     pub interrupt: Option<Arc<AtomicBool>>,
+    /// Report each token's log probability and this many most likely alternatives (in its
+    /// [`Event::Token`]); `None` for none (the fast path).
+    pub logprobs: Option<usize>,
+    /// Teacher forcing: the first tokens of the reply are these ids in place of sampled ones
+    /// (the sequence continues from them, and their log probabilities are theirs). Empty for
+    /// none.
+    pub forced: Vec<u32>,
 }
 
 /// What a request reports, in order: tokens, then exactly one `Finished` or `Failed`.
 #[derive(Debug, Clone)]
 pub enum Event {
-    Token(u32),
+    /// A sampled id, with its log probabilities when the request asked for them.
+    Token(u32, Option<Box<super::logprobs::TokenLogprobs>>),
     Finished(Finish),
     /// The request could not run (a prompt longer than the context, a failed step).
     Failed(String),

@@ -150,12 +150,8 @@ impl Runner {
 /// host and sampled there. On the CPU only greedy rows take the kernel.
 pub fn sample_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Vec<u32>> {
     let cuda = logits.device().is_cuda();
-    // Greedy with a repetition penalty needs the penalised row: the host sampler does that.
-    let on_device = |s: &SampleSpec| {
-        let cfg = s.sampler.config();
-        let penalised = cfg.repeat_penalty != 1.0 && cfg.repeat_last_n > 0;
-        (cfg.is_greedy() && !penalised) || (cuda && cfg.is_plain_temperature())
-    };
+    // Greedy with a penalty needs the penalised row: the host sampler does that.
+    let on_device = |s: &SampleSpec| s.sampler.config().samples_on_device(cuda);
     let device_ids = if specs.iter().any(on_device) {
         let mut temps = Vec::with_capacity(specs.len());
         let mut seeds = Vec::with_capacity(specs.len());

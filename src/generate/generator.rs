@@ -128,6 +128,8 @@ impl Session {
             max_tokens,
             eos_ids,
             interrupt: Some(interrupt.clone()),
+            logprobs: None,
+            forced: Vec::new(),
         };
         let started = Instant::now();
         let mut handle = self.engine.submit(request)?;
@@ -136,7 +138,7 @@ impl Session {
         let mut stopped = None;
         let finish = loop {
             match handle.blocking_next() {
-                Some(Event::Token(id)) => {
+                Some(Event::Token(id, _)) => {
                     if stopped.is_some() {
                         continue; // sampled before the engine saw the cancellation
                     }

@@ -1,7 +1,8 @@
 //! Model-independent generation: everything between "the model produced logits" and "the user
 //! sees text".
 //!
-//! - [`sampler`]: logits → next token id (penalty, temperature, top-k/p, min-p, seeded RNG).
+//! - [`sampler`]: logits → next token id (penalties, temperature, top-k/p, min-p, seeded RNG);
+//!   [`penalty`]: OpenAI's presence and frequency penalties.
 //! - [`stop`]: when to stop (EOS ids, stop strings, token budget) and which text to hold back so
 //!   a stop string never reaches the user.
 //! - [`stream`]: token ids → text, incrementally, without holding back complete characters.
@@ -31,6 +32,7 @@
 //! ```
 
 pub mod generator;
+pub mod penalty;
 pub mod sampler;
 pub mod stop;
 pub mod stream;

@@ -6,7 +6,9 @@
 //!
 //! 1. **repetition penalty** over the *distinct* ids among the last `repeat_last_n` of the
 //!    history, with HF semantics: a positive logit is divided by the penalty, a negative one
-//!    multiplied (so the token always becomes less likely for a penalty > 1);
+//!    multiplied (so the token always becomes less likely for a penalty > 1); then OpenAI's
+//!    additive **presence and frequency penalties** over the output part of the history
+//!    ([`super::penalty`]; vLLM applies the three in this order too);
 //! 2. **temperature** (`temperature <= 0` short-circuits to greedy argmax, ties going to the
 //!    lowest id);
 //! 3. **top-k**: keep the k highest logits;
@@ -22,6 +24,7 @@
 //! bisects by selection (O(n) even for a flat distribution). Buffers are reused between calls.
 //! With vocabulary 201,088 on one core: ~0.1 ms with top-k, a few ms without.
 
+use super::penalty::OutputCounts;
 use crate::error::{ErrorKind, fail};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -44,6 +47,12 @@ pub struct SamplerConfig {
     pub repeat_penalty: f32,
     /// How many of the most recent history tokens the penalty looks at (0 = none).
     pub repeat_last_n: usize,
+    /// OpenAI's presence penalty, in [-2, 2]: subtracted once from the logit of every id that
+    /// occurs in the output so far (not the prompt). 0 is off.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty, in [-2, 2]: subtracted from an id's logit once per
+    /// occurrence in the output so far. 0 is off.
+    pub frequency_penalty: f32,
     /// Seed of the RNG: the same seed, logits and history give the same tokens.
     pub seed: u64,
 }
@@ -57,6 +66,8 @@ impl Default for SamplerConfig {
             min_p: Some(0.05),
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -72,6 +83,8 @@ impl SamplerConfig {
             min_p: None,
             repeat_penalty: 1.0,
             repeat_last_n: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -95,6 +108,14 @@ impl SamplerConfig {
                 self.repeat_penalty
             ));
         }
+        for (name, v) in [
+            ("presence penalty", self.presence_penalty),
+            ("frequency penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(format!("{name} must be in [-2, 2], not {v}"));
+            }
+        }
         Ok(())
     }
 
@@ -103,15 +124,30 @@ impl SamplerConfig {
         !(self.temperature > 0.0 && self.temperature.is_finite())
     }
 
+    /// True when no penalty changes the logits (repetition, presence, frequency): the draw
+    /// needs only the model's logits, not the history.
+    pub fn is_unpenalised(&self) -> bool {
+        (self.repeat_penalty == 1.0 || self.repeat_last_n == 0)
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
+    }
+
     /// True for a draw from the whole `softmax(logits / T)`: temperature only, no top-k,
-    /// top-p, min-p or repetition penalty (gpt-oss's recommended setting). Such a draw can run
-    /// on the device ([`crate::kernels::sample_gumbel`]).
+    /// top-p, min-p or penalty (gpt-oss's recommended setting). Such a draw can run on the
+    /// device ([`crate::kernels::sample_gumbel`]).
     pub fn is_plain_temperature(&self) -> bool {
         !self.is_greedy()
             && self.top_k.is_none_or(|k| k == 0)
             && self.top_p.is_none_or(|p| p >= 1.0)
             && self.min_p.is_none_or(|m| m <= 0.0)
-            && (self.repeat_penalty == 1.0 || self.repeat_last_n == 0)
+            && self.is_unpenalised()
+    }
+
+    /// Whether the engine may pick the token on the device without this sampler: plain argmax
+    /// (anywhere), or a plain-temperature draw (on a GPU, `cuda`). Anything that needs the
+    /// penalised or filtered row is sampled on the host.
+    pub fn samples_on_device(&self, cuda: bool) -> bool {
+        (self.is_greedy() && self.is_unpenalised()) || (cuda && self.is_plain_temperature())
     }
 }
 
@@ -123,12 +159,22 @@ pub struct Sampler {
     cand: Vec<(u32, f32)>,
     /// Distinct recent ids for the repetition penalty.
     recent: Vec<u32>,
+    /// Occurrences of each id in the output, for the presence and frequency penalties.
+    output: OutputCounts,
 }
 
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Self {
         let rng = StdRng::seed_from_u64(cfg.seed);
-        Sampler { cfg, rng, cand: Vec::new(), recent: Vec::new() }
+        Sampler { cfg, rng, cand: Vec::new(), recent: Vec::new(), output: OutputCounts::new(0) }
+    }
+
+    /// The first `prompt_len` ids of every history given to [`Sampler::sample`] are the prompt:
+    /// the presence and frequency penalties count only what follows (OpenAI's and vLLM's
+    /// definition). Without it the whole history counts as output.
+    pub fn with_prompt_len(mut self, prompt_len: usize) -> Self {
+        self.output = OutputCounts::new(prompt_len);
+        self
     }
 
     pub fn config(&self) -> &SamplerConfig {
@@ -149,6 +195,7 @@ impl Sampler {
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         assert!(!logits.is_empty(), "Sampler::sample: empty logits");
         self.apply_repeat_penalty(logits, history);
+        self.output.apply(logits, history, self.cfg.presence_penalty, self.cfg.frequency_penalty);
         if self.cfg.is_greedy() {
             return argmax(logits);
         }

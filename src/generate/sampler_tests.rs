@@ -15,9 +15,16 @@ fn reference(logits: &[f32], cfg: &SamplerConfig, history: &[u32]) -> Vec<f64> {
         seen.dedup();
         let p = cfg.repeat_penalty as f64;
         for id in seen {
-            let v = &mut l[id as usize];
-            *v = if *v > 0.0 { *v / p } else { *v * p };
+            if let Some(v) = l.get_mut(id as usize) {
+                *v = if *v > 0.0 { *v / p } else { *v * p };
+            }
         }
+    }
+    // Presence and frequency: the whole history is output for a sampler without a prompt length.
+    for (t, v) in l.iter_mut().enumerate() {
+        let n = history.iter().filter(|&&h| h as usize == t).count() as f64;
+        let seen = if n > 0.0 { 1.0 } else { 0.0 };
+        *v -= cfg.presence_penalty as f64 * seen + cfg.frequency_penalty as f64 * n;
     }
     let scaled: Vec<f64> = l.iter().map(|v| v / cfg.temperature as f64).collect();
     let mut order: Vec<usize> = (0..l.len()).collect();
@@ -126,6 +133,14 @@ fn empirical_frequencies_match_reference() {
         SamplerConfig { top_k: Some(5), top_p: Some(0.9), min_p: Some(0.1), ..plain(0.9) },
         SamplerConfig { seed: 7, ..SamplerConfig::default() },
         SamplerConfig { repeat_penalty: 1.8, repeat_last_n: 3, ..plain(1.0) },
+        SamplerConfig { presence_penalty: 0.8, frequency_penalty: 0.5, ..plain(1.0) },
+        SamplerConfig {
+            presence_penalty: -1.0,
+            frequency_penalty: 0.3,
+            top_k: Some(4),
+            ..plain(1.2)
+        },
+        SamplerConfig { repeat_penalty: 1.3, presence_penalty: 0.4, ..SamplerConfig::default() },
     ];
     let history = [5, 0, 9, 0, 1, 7];
     for cfg in &configs {
@@ -272,9 +287,42 @@ fn validate_rejects_nonsense_settings() {
         SamplerConfig { top_p: Some(1.5), ..SamplerConfig::default() },
         SamplerConfig { min_p: Some(-0.1), ..SamplerConfig::default() },
         SamplerConfig { repeat_penalty: 0.0, ..SamplerConfig::default() },
+        SamplerConfig { presence_penalty: 2.5, ..SamplerConfig::default() },
+        SamplerConfig { frequency_penalty: -2.01, ..SamplerConfig::default() },
+        SamplerConfig { frequency_penalty: f32::NAN, ..SamplerConfig::default() },
     ];
     for cfg in bad {
         let err = cfg.validate().expect_err("should be rejected");
         assert_eq!(crate::error::kind_of(&err), crate::error::ErrorKind::InvalidInput, "{cfg:?}");
     }
+}
+
+#[test]
+fn greedy_presence_and_frequency_count_only_the_output() {
+    // Prompt [0, 0]; output [1, 1, 2]: id 1 loses 0.5 + 2 * 1.0, id 2 loses 0.5 + 1.0, id 0
+    // (prompt only) nothing.
+    let cfg =
+        SamplerConfig { presence_penalty: 0.5, frequency_penalty: 1.0, ..SamplerConfig::greedy() };
+    let mut s = Sampler::new(cfg).with_prompt_len(2);
+    let mut logits = [1.0, 3.0, 2.25, 0.0];
+    assert_eq!(s.sample(&mut logits, &[0, 0, 1, 1, 2]), 0);
+    assert_eq!(logits, [1.0, 0.5, 0.75, 0.0]);
+}
+
+#[test]
+fn only_unpenalised_argmax_or_plain_temperature_samples_on_the_device() {
+    let greedy = SamplerConfig::greedy();
+    assert!(greedy.samples_on_device(false));
+    let penalised = [
+        SamplerConfig { presence_penalty: 0.1, ..greedy.clone() },
+        SamplerConfig { frequency_penalty: -0.1, ..greedy.clone() },
+        SamplerConfig { repeat_penalty: 1.1, repeat_last_n: 64, ..greedy.clone() },
+    ];
+    for cfg in &penalised {
+        assert!(!cfg.samples_on_device(true), "{cfg:?}");
+        let hot = SamplerConfig { temperature: 1.0, ..cfg.clone() };
+        assert!(!hot.samples_on_device(true), "{hot:?}");
+    }
+    assert!(plain(1.0).samples_on_device(true));
+    assert!(!plain(1.0).samples_on_device(false), "the CPU draws on the host");
 }

@@ -2,7 +2,9 @@
 //! `chat.completion.chunk`s. For gpt-oss the reply's reasoning goes in `reasoning_content`
 //! (and, under the name other clients read, `reasoning`), the answer in `content`, function
 //! calls in `tool_calls` (streamed: the first delta of a call carries its index, id and name,
-//! later ones argument fragments).
+//! later ones argument fragments). Other models' replies that are Llama-style tool calls
+//! become `tool_calls` too. With `logprobs`, each chunk carries the log probabilities of its
+//! content's tokens ([`super::logprobs`]).
 
 use std::sync::Arc;
 
@@ -14,8 +16,9 @@ use serde_json::{Value, json};
 
 use super::errors::ApiError;
 use super::generation::{Delta, Job, Outcome};
+use super::logprobs::{Entry, chat_json};
 use super::openai_types::{ChatRequest, parse};
-use super::params::{clip_max_tokens, refuse_logprobs, settings};
+use super::params::{chat_logprobs, clip_max_tokens, settings};
 use super::sse::{self, ChunkHead, Chunker, Collected, RequestLog, usage};
 use super::state::AppState;
 use super::{body_bytes, check_prompt, hooks};
@@ -37,7 +40,7 @@ async fn run(
     let req: ChatRequest = parse(&body_bytes(body)?)?;
     state.model.check(req.common.model.as_deref())?;
     let ready = state.ready()?;
-    refuse_logprobs(req.logprobs == Some(true) || req.top_logprobs.is_some_and(|n| n > 0))?;
+    let logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
     let s =
         settings(&req.common, req.max_completion_tokens.or(req.common.max_tokens), ready.harmony)?;
     if let Some(user) = &req.common.user {
@@ -52,12 +55,17 @@ async fn run(
     let job = Job {
         max_tokens: clip_max_tokens(s.max_tokens, prompt.len(), ready.engine.context()),
         forced: hooks::forced_reply(state, &ready, &req.common)?,
+        // Harmony has its own tool-call syntax, read by its parser.
+        tools: if ready.harmony { Vec::new() } else { super::prompt::tool_names(&req) },
         prompt,
         sampling: s.sampling,
         stop: s.stop,
         harmony: ready.harmony,
+        logprobs,
+        token_ids: req.common.return_tokens_as_token_ids == Some(true),
     };
-    let chunks = ChatChunks(ChunkHead::new(log, &state.model.id, s.include_usage));
+    let head = ChunkHead::new(log, &state.model.id, s.include_usage);
+    let chunks = ChatChunks { head, logprobs: logprobs.is_some(), pending: Vec::new() };
     if s.stream {
         return Ok(sse::stream(state.clone(), ready, job, chunks, log.clone(), slot));
     }
@@ -71,14 +79,29 @@ async fn run(
     Ok(axum::Json(body).into_response())
 }
 
-struct ChatChunks(ChunkHead);
+struct ChatChunks {
+    head: ChunkHead,
+    /// The request asked for logprobs.
+    logprobs: bool,
+    /// Entries for the next content chunk.
+    pending: Vec<Entry>,
+}
 
 const CHUNK: &str = "chat.completion.chunk";
 
 impl ChatChunks {
-    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
-        let choice = json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish});
-        self.0.frame(CHUNK, json!([choice]))
+    fn chunk(&self, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
+        let choice =
+            json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
+        self.head.frame(CHUNK, json!([choice]))
+    }
+
+    /// The `logprobs` of the entries waiting (null when none are).
+    fn take_logprobs(&mut self) -> Value {
+        match std::mem::take(&mut self.pending) {
+            e if e.is_empty() => Value::Null,
+            e => chat_json(&e),
+        }
     }
 
     /// The non-streamed body.
@@ -101,8 +124,9 @@ impl ChatChunks {
         if !calls.is_empty() {
             message["tool_calls"] = calls.into();
         }
-        let choice = json!({"index": 0, "message": message, "logprobs": null, "finish_reason": o.finish.as_str()});
-        let mut body = self.0.frame("chat.completion", json!([choice]));
+        let logprobs = if self.logprobs { chat_json(&r.logprobs) } else { Value::Null };
+        let choice = json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": o.finish.as_str()});
+        let mut body = self.head.frame("chat.completion", json!([choice]));
         body["usage"] = usage(o);
         body
     }
@@ -110,13 +134,16 @@ impl ChatChunks {
 
 impl Chunker for ChatChunks {
     fn first(&mut self) -> Vec<Value> {
-        vec![self.chunk(json!({"role": "assistant", "content": ""}), None)]
+        vec![self.chunk(json!({"role": "assistant", "content": ""}), Value::Null, None)]
     }
 
     fn delta(&mut self, d: Delta) -> Option<Value> {
         let delta = match d {
             Delta::Reasoning(t) => json!({"reasoning_content": t, "reasoning": t}),
-            Delta::Content(t) => json!({"content": t}),
+            Delta::Content(t) => {
+                let logprobs = self.take_logprobs();
+                return Some(self.chunk(json!({"content": t}), logprobs, None));
+            }
             Delta::ToolStart { index, id, name } => json!({"tool_calls": [{
                 "index": index, "id": id, "type": "function",
                 "function": {"name": name, "arguments": ""},
@@ -124,12 +151,18 @@ impl Chunker for ChatChunks {
             Delta::ToolArgs { index, text } => {
                 json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
             }
+            // They go out with the content that follows them (or with the last chunk).
+            Delta::Logprobs(entries) => {
+                self.pending.extend(entries);
+                return None;
+            }
         };
-        Some(self.chunk(delta, None))
+        Some(self.chunk(delta, Value::Null, None))
     }
 
     fn last(&mut self, o: &Outcome) -> Vec<Value> {
-        let last = self.chunk(json!({}), Some(o.finish.as_str()));
-        std::iter::once(last).chain(self.0.usage_chunk(CHUNK, o)).collect()
+        let logprobs = self.take_logprobs();
+        let last = self.chunk(json!({}), logprobs, Some(o.finish.as_str()));
+        std::iter::once(last).chain(self.head.usage_chunk(CHUNK, o)).collect()
     }
 }

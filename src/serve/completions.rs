@@ -1,5 +1,6 @@
 //! `POST /v1/completions`: a raw prompt (text, or token ids) continued as plain text, without
-//! chat template or harmony parsing, whole or streamed as `text_completion` chunks.
+//! chat template or harmony parsing, whole or streamed as `text_completion` chunks. With
+//! `logprobs: N`, each chunk carries its tokens' log probabilities in the legacy format.
 
 use std::sync::Arc;
 
@@ -11,8 +12,9 @@ use serde_json::{Value, json};
 
 use super::errors::ApiError;
 use super::generation::{Delta, Job, Outcome};
+use super::logprobs::{Entry, completion_json};
 use super::openai_types::{CompletionRequest, parse};
-use super::params::{clip_max_tokens, refuse_logprobs, settings};
+use super::params::{clip_max_tokens, completion_logprobs, settings};
 use super::sse::{self, ChunkHead, Chunker, RequestLog, usage};
 use super::state::{AppState, Ready};
 use super::{body_bytes, check_prompt, hooks};
@@ -34,7 +36,7 @@ async fn run(
     let req: CompletionRequest = parse(&body_bytes(body)?)?;
     state.model.check(req.common.model.as_deref())?;
     let ready = state.ready()?;
-    refuse_logprobs(req.logprobs.as_ref().is_some_and(|l| !l.is_null() && l.as_u64() != Some(0)))?;
+    let logprobs = completion_logprobs(req.logprobs.as_ref())?;
     if req.echo == Some(true) {
         return Err(ApiError::bad_param("echo", "echo is not supported by this server"));
     }
@@ -56,14 +58,20 @@ async fn run(
         sampling: s.sampling,
         stop: s.stop,
         harmony: false,
+        tools: Vec::new(),
+        logprobs,
+        token_ids: req.common.return_tokens_as_token_ids == Some(true),
     };
-    let chunks = TextChunks(ChunkHead::new(log, &state.model.id, s.include_usage));
+    let head = ChunkHead::new(log, &state.model.id, s.include_usage);
+    let mut chunks =
+        TextChunks { head, logprobs: logprobs.is_some(), pending: Vec::new(), offset: 0 };
     if s.stream {
         return Ok(sse::stream(state.clone(), ready, job, chunks, log.clone(), slot));
     }
     let (reply, outcome) = sse::collect(state, &ready, job, log).await?;
     drop(slot);
     log.done(200, &outcome, false);
+    chunks.pending = reply.logprobs;
     let mut body = chunks.chunk(reply.content, Some(outcome.finish.as_str()));
     body["usage"] = usage(&outcome);
     Ok(axum::Json(body).into_response())
@@ -96,14 +104,30 @@ fn prompt_ids(ready: &Ready, prompt: Option<&Value>) -> Result<Vec<u32>, ApiErro
     }
 }
 
-struct TextChunks(ChunkHead);
+struct TextChunks {
+    head: ChunkHead,
+    /// The request asked for logprobs.
+    logprobs: bool,
+    /// Entries for the next chunk with text.
+    pending: Vec<Entry>,
+    /// Characters of the completion before the next entry (`text_offset`).
+    offset: usize,
+}
 
 const OBJECT: &str = "text_completion";
 
 impl TextChunks {
-    fn chunk(&self, text: String, finish: Option<&str>) -> Value {
-        let choice = json!({"text": text, "index": 0, "logprobs": null, "finish_reason": finish});
-        self.0.frame(OBJECT, json!([choice]))
+    /// A chunk with `text` and the log probabilities waiting (all of them in the whole body).
+    fn chunk(&mut self, text: String, finish: Option<&str>) -> Value {
+        let entries = std::mem::take(&mut self.pending);
+        let logprobs = if self.logprobs && (!entries.is_empty() || finish.is_some()) {
+            completion_json(&entries, &mut self.offset)
+        } else {
+            Value::Null
+        };
+        let choice =
+            json!({"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish});
+        self.head.frame(OBJECT, json!([choice]))
     }
 }
 
@@ -115,12 +139,17 @@ impl Chunker for TextChunks {
     fn delta(&mut self, d: Delta) -> Option<Value> {
         match d {
             Delta::Content(t) => Some(self.chunk(t, None)),
+            // They go out with the text that follows them (or with the last chunk).
+            Delta::Logprobs(entries) => {
+                self.pending.extend(entries);
+                None
+            }
             _ => None,
         }
     }
 
     fn last(&mut self, o: &Outcome) -> Vec<Value> {
         let last = self.chunk(String::new(), Some(o.finish.as_str()));
-        std::iter::once(last).chain(self.0.usage_chunk(OBJECT, o)).collect()
+        std::iter::once(last).chain(self.head.usage_chunk(OBJECT, o)).collect()
     }
 }

@@ -1,26 +1,24 @@
 //! One request's generation, pulled step by step by its handler: submit the prompt to the
 //! engine, read the sampled ids, and turn them into [`Delta`]s with the shared output code:
-//! the incremental detokenizer and stop strings for plain text, [`HarmonyReply`] for gpt-oss
-//! (reasoning, answer and tool calls apart, no markup). The same path `Session` takes for
-//! `play`, asynchronously, one per HTTP request.
+//! the incremental detokenizer and stop strings for plain text ([`PlainOut`], with Llama-style
+//! tool calls when tools were offered), [`HarmonyOut`] for gpt-oss (reasoning, answer and tool
+//! calls apart, no markup). The same path `Session` takes for `play`, asynchronously, one per
+//! HTTP request.
 //!
 //! Dropping a [`Generation`] drops its [`RequestHandle`], which cancels the sequence at the
 //! engine's next step: a handler whose client went away stops its generation by ending.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::errors::ApiError;
+use super::harmony_reply::HarmonyOut;
+use super::logprobs::{Entry, TokenText};
 use super::metrics::Metrics;
+use super::plain_reply::PlainOut;
 use super::state::Ready;
-use crate::chat::TurnEvent;
 use crate::chat::harmony::HarmonyEncoding;
-use crate::chat::harmony::tools::function_name;
-use crate::chat::turn::HarmonyReply;
 use crate::engine::request::{Event, Request, RequestHandle};
-use crate::generate::{
-    Generation as Stats, SamplerConfig, StopChecker, StopConditions, StopReason, TokenStream,
-};
+use crate::generate::{SamplerConfig, StopConditions, StopReason};
 
 /// What one request asks the engine for.
 pub struct Job {
@@ -30,7 +28,14 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Parse the reply as harmony (chat with gpt-oss); else plain text.
     pub harmony: bool,
-    /// Test hook: these ids replace the sampled ones (see `INFERNO_TEST_HOOKS`).
+    /// Names of the tools offered to a plain model: a reply that is a call to one of them
+    /// becomes tool calls. Empty: the reply is text.
+    pub tools: Vec<String>,
+    /// Log probabilities of each content token and this many alternatives.
+    pub logprobs: Option<usize>,
+    /// Show logprob tokens as `token_id:ID` (vLLM's `return_tokens_as_token_ids`).
+    pub token_ids: bool,
+    /// Test hook: the reply is these ids, not sampled ones (see `INFERNO_TEST_HOOKS`).
     pub forced: Option<Vec<u32>>,
 }
 
@@ -50,6 +55,9 @@ pub enum Delta {
         index: usize,
         text: String,
     },
+    /// Log probabilities of the tokens of the content that follows (or, last, of tokens whose
+    /// text a stop string cut).
+    Logprobs(Vec<Entry>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +104,8 @@ pub enum Step {
 pub struct Generation<'r> {
     handle: RequestHandle,
     reader: Reader<'r>,
+    /// Set when logprobs were asked for.
+    text: Option<TokenText<'r>>,
     metrics: &'r Metrics,
     started: Instant,
     first: Option<Instant>,
@@ -103,7 +113,6 @@ pub struct Generation<'r> {
     tokens: usize,
     /// Set when this side decided the end (a stop string, harmony's end of turn).
     stopped: Option<Finish>,
-    forced: Option<VecDeque<u32>>,
     done: bool,
 }
 
@@ -125,14 +134,13 @@ impl<'r> Generation<'r> {
                 stop_strings: job.stop.clone(),
                 max_tokens: job.max_tokens,
             };
-            let (stream, stop) = (TokenStream::new(tokenizer), StopChecker::new(cond));
-            Reader::Plain { stream, stop, on_string: false }
+            Reader::Plain(Box::new(PlainOut::new(tokenizer, cond, job.tools)))
         };
         let eos_ids = match (&job.forced, &reader) {
             // Forced ids: the engine must run exactly as many steps; the reader decides the end.
             (Some(_), _) => Vec::new(),
             (None, Reader::Harmony(h)) => h.stop_ids.clone(),
-            (None, Reader::Plain { .. }) => ready.text.eos_ids.clone(),
+            (None, Reader::Plain(_)) => ready.text.eos_ids.clone(),
         };
         let max_tokens = match &job.forced {
             Some(ids) => ids.len().min(job.max_tokens),
@@ -144,18 +152,20 @@ impl<'r> Generation<'r> {
             max_tokens,
             eos_ids,
             interrupt: None,
+            logprobs: job.logprobs,
+            forced: job.forced.unwrap_or_default(),
         };
         let handle = ready.engine.submit(request).map_err(|e| ApiError::from_anyhow(&e))?;
         Ok(Generation {
             handle,
             reader,
+            text: job.logprobs.map(|_| TokenText::new(tokenizer, job.token_ids)),
             metrics,
             started,
             first: None,
             last: None,
             tokens: 0,
             stopped: None,
-            forced: job.forced.map(VecDeque::from),
             done: false,
         })
     }
@@ -164,15 +174,15 @@ impl<'r> Generation<'r> {
     pub async fn next(&mut self) -> Result<Option<Step>, ApiError> {
         while !self.done {
             match self.handle.next().await {
-                Some(Event::Token(id)) => {
+                Some(Event::Token(id, scores)) => {
                     if self.stopped.is_some() {
                         continue; // sampled before the engine saw the cancellation
                     }
-                    let id = self.forced.as_mut().and_then(VecDeque::pop_front).unwrap_or(id);
                     self.timing();
                     self.tokens += 1;
+                    let entry = self.text.as_ref().zip(scores).map(|(t, s)| t.entry(&s));
                     let (deltas, stop) =
-                        self.reader.push(id).map_err(|e| ApiError::from_anyhow(&e))?;
+                        self.reader.push(id, entry).map_err(|e| ApiError::from_anyhow(&e))?;
                     if let Some(f) = stop {
                         self.stopped = Some(f);
                         self.handle.cancel();
@@ -247,7 +257,7 @@ impl Drop for Generation<'_> {
     }
 }
 
-fn finish_of(reason: &StopReason) -> Finish {
+pub fn finish_of(reason: &StopReason) -> Finish {
     match reason {
         StopReason::MaxTokens | StopReason::ContextFull => Finish::Length,
         _ => Finish::Stop,
@@ -255,26 +265,19 @@ fn finish_of(reason: &StopReason) -> Finish {
 }
 
 enum Reader<'r> {
-    /// `on_string`: a stop string ended it (what follows it is never shown).
-    Plain {
-        stream: TokenStream<'r>,
-        stop: StopChecker,
-        on_string: bool,
-    },
+    Plain(Box<PlainOut<'r>>),
     Harmony(Box<HarmonyOut<'r>>),
 }
 
 impl Reader<'_> {
-    fn push(&mut self, id: u32) -> anyhow::Result<(Vec<Delta>, Option<Finish>)> {
+    fn push(
+        &mut self,
+        id: u32,
+        entry: Option<Entry>,
+    ) -> anyhow::Result<(Vec<Delta>, Option<Finish>)> {
         match self {
-            Reader::Plain { stream, stop, on_string } => {
-                let piece = if stop.is_eos(id) { None } else { stream.push(id)? };
-                let step = stop.push(id, piece.as_deref().unwrap_or(""));
-                *on_string = matches!(step.stop, Some(StopReason::StopString(_)));
-                let deltas = content(step.text);
-                Ok((deltas, step.stop.as_ref().map(finish_of)))
-            }
-            Reader::Harmony(h) => h.push(id),
+            Reader::Plain(p) => p.push(id, entry),
+            Reader::Harmony(h) => h.push(id, entry),
         }
     }
 
@@ -284,168 +287,49 @@ impl Reader<'_> {
         ours: Option<Finish>,
     ) -> anyhow::Result<(Vec<Delta>, Finish)> {
         match self {
-            Reader::Plain { stream, stop, on_string } => {
-                let mut tail = String::new();
-                if !*on_string {
-                    tail = format!("{}{}", stop.finish(), stream.finish()?.unwrap_or_default());
-                }
-                Ok((content(tail), ours.unwrap_or_else(|| finish_of(engine))))
-            }
+            Reader::Plain(p) => p.finish(engine, ours),
             Reader::Harmony(h) => h.finish(engine, ours),
         }
     }
 }
 
-fn content(text: String) -> Vec<Delta> {
-    if text.is_empty() { Vec::new() } else { vec![Delta::Content(text)] }
-}
+/// Log-probability entries waiting for the content they belong to: a token's text can come
+/// out later than the token (an incomplete character, a possible stop string, a possible tool
+/// call), and a chunk's logprobs describe the tokens of its text.
+#[derive(Default)]
+pub struct Pending(Vec<Entry>);
 
-/// A harmony reply read into deltas: reasoning, answer (with stop strings applied), and tool
-/// calls to `functions.NAME` with ids and indexes.
-struct HarmonyOut<'r> {
-    reply: HarmonyReply<'r>,
-    stop_ids: Vec<u32>,
-    /// Stop strings on the answer text (reasoning and arguments are not cut).
-    answer: StopChecker,
-    answer_stopped: bool,
-    /// Per call made: whether any argument text came.
-    calls: Vec<bool>,
-    /// The message being read is a call with this index.
-    current: Option<usize>,
-    id_prefix: String,
-}
+impl Pending {
+    pub fn push(&mut self, entry: Option<Entry>) {
+        self.0.extend(entry);
+    }
 
-/// An owned copy of a [`TurnEvent`].
-enum Raw {
-    Reasoning(String),
-    Answer(String),
-    ToolCall(String),
-    ToolArgs(String),
-    MessageEnd,
-}
-
-impl<'r> HarmonyOut<'r> {
-    fn new(enc: HarmonyEncoding<'r>, stop: Vec<String>) -> Self {
-        let cond =
-            StopConditions { eos_ids: Vec::new(), stop_strings: stop, max_tokens: usize::MAX };
-        HarmonyOut {
-            reply: HarmonyReply::new(&enc),
-            stop_ids: enc.stop_ids(),
-            answer: StopChecker::new(cond),
-            answer_stopped: false,
-            calls: Vec::new(),
-            current: None,
-            id_prefix: format!("call_{:016x}", rand::random::<u64>()),
+    /// Puts the waiting entries just before the first content of `deltas`, if there is any.
+    pub fn attach(&mut self, deltas: &mut Vec<Delta>) {
+        if self.0.is_empty() {
+            return;
+        }
+        if let Some(at) = deltas.iter().position(|d| matches!(d, Delta::Content(_))) {
+            deltas.insert(at, Delta::Logprobs(std::mem::take(&mut self.0)));
         }
     }
 
-    fn push(&mut self, id: u32) -> anyhow::Result<(Vec<Delta>, Option<Finish>)> {
-        let mut raw = Vec::new();
-        let done = self.reply.push(id, &mut |e: &TurnEvent| {
-            raw.push(owned(e));
-            Ok(())
-        })?;
-        let deltas = self.convert(raw);
-        let stop = if self.answer_stopped || done.is_some() { Some(Finish::Stop) } else { None };
-        Ok((deltas, stop))
+    /// At the end: the waiting entries go out, with content or alone.
+    pub fn flush(&mut self, deltas: &mut Vec<Delta>) {
+        self.attach(deltas);
+        if !self.0.is_empty() {
+            deltas.push(Delta::Logprobs(std::mem::take(&mut self.0)));
+        }
     }
 
-    fn finish(
-        &mut self,
-        engine: &StopReason,
-        ours: Option<Finish>,
-    ) -> anyhow::Result<(Vec<Delta>, Finish)> {
-        let mut raw = Vec::new();
-        let reason = if ours.is_some() { StopReason::Eos(0) } else { engine.clone() };
-        let stats = Stats {
-            tokens: Vec::new(),
-            text: String::new(),
-            reason,
-            prompt_tokens: 0,
-            prefilled_tokens: 0,
-            time_to_first_token: Duration::ZERO,
-            decode_time: Duration::ZERO,
-        };
-        let end = self.reply.finish(stats, &mut |e: &TurnEvent| {
-            raw.push(owned(e));
-            Ok(())
-        })?;
-        let mut tail = self.convert(raw);
-        if !self.answer_stopped {
-            let rest = self.answer.finish();
-            if !rest.is_empty() {
-                tail.push(Delta::Content(rest));
-            }
-        }
-        // A call whose arguments never came: `{}`, so clients can parse them.
-        for (index, had_args) in self.calls.iter().enumerate() {
-            if !had_args {
-                tail.push(Delta::ToolArgs { index, text: "{}".into() });
-            }
-        }
-        let finish = if self.answer_stopped {
-            Finish::Stop
-        } else if end.awaiting_tool && !self.calls.is_empty() {
-            Finish::ToolCalls
-        } else if ours.is_some() {
-            Finish::Stop
-        } else {
-            finish_of(engine)
-        };
-        Ok((tail, finish))
-    }
-
-    fn convert(&mut self, raw: Vec<Raw>) -> Vec<Delta> {
-        let mut out = Vec::new();
-        for r in raw {
-            match r {
-                Raw::Reasoning(t) => out.push(Delta::Reasoning(t)),
-                Raw::Answer(t) if !self.answer_stopped => {
-                    let step = self.answer.push(0, &t);
-                    if !step.text.is_empty() {
-                        out.push(Delta::Content(step.text));
-                    }
-                    self.answer_stopped = step.stop.is_some();
-                }
-                Raw::Answer(_) => {}
-                Raw::ToolCall(recipient) => {
-                    match function_name(&recipient).filter(|n| valid_name(n)) {
-                        Some(name) => {
-                            let index = self.calls.len();
-                            self.calls.push(false);
-                            self.current = Some(index);
-                            let id = format!("{}{index}", self.id_prefix);
-                            out.push(Delta::ToolStart { index, id, name: name.to_string() });
-                        }
-                        // A built-in tool (`browser.search`) or a garbled recipient: not a function
-                        // call this API can report; its text is shown as reasoning.
-                        None => self.current = None,
-                    }
-                }
-                Raw::ToolArgs(text) => match self.current {
-                    Some(index) => {
-                        if !text.is_empty() {
-                            self.calls[index] = true;
-                        }
-                        out.push(Delta::ToolArgs { index, text });
-                    }
-                    None => out.push(Delta::Reasoning(text)),
-                },
-                Raw::MessageEnd => self.current = None,
-            }
-        }
-        out
+    pub fn clear(&mut self) {
+        self.0.clear();
     }
 }
 
-fn owned(e: &TurnEvent) -> Raw {
-    match e {
-        TurnEvent::Reasoning(t) => Raw::Reasoning(t.to_string()),
-        TurnEvent::Answer(t) => Raw::Answer(t.to_string()),
-        TurnEvent::ToolCall { recipient } => Raw::ToolCall(recipient.to_string()),
-        TurnEvent::ToolArguments(t) => Raw::ToolArgs(t.to_string()),
-        TurnEvent::MessageEnd(_) | TurnEvent::End(_) => Raw::MessageEnd,
-    }
+/// The prefix of one reply's tool call ids (`call_…`, then the call's index).
+pub fn call_ids() -> String {
+    format!("call_{:016x}", rand::random::<u64>())
 }
 
 /// A function name as OpenAI allows it, so no markup or stray text ever becomes a tool name.

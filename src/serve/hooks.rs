@@ -3,7 +3,8 @@
 //! tool, so the tool-call path is driven end to end by forcing the reply:
 //! `"x_inferno_force_reply": "<|channel|>analysis<|message|>…<|call|>"` makes the reply's
 //! tokens that text's ids (special tokens included) in place of the sampled ones. The engine
-//! still runs every step (one per forced id); only the ids the server reads are replaced.
+//! runs one step per forced id and continues from the forced ids (teacher forcing), so their
+//! log probabilities are the model's for that text.
 
 use super::errors::ApiError;
 use super::openai_types::Common;

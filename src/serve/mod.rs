@@ -10,7 +10,9 @@
 //! - [`chat`], [`completions`]: the two generation endpoints.
 //! - [`openai_types`], [`params`]: request bodies and their values → generation settings.
 //! - [`prompt`]: chat messages → prompt ids (harmony or the chat template).
-//! - [`generation`]: one request's tokens → deltas (text, reasoning, tool calls).
+//! - [`generation`]: one request's tokens → deltas (text, reasoning, tool calls, logprobs):
+//!   [`plain_reply`] (with [`llama_tools`]) and [`harmony_reply`] read the two formats;
+//!   [`logprobs`] writes log probabilities as the API does.
 //! - [`sse`]: streaming (SSE) or collecting a generation; the per-request log line.
 //! - [`errors`]: OpenAI error objects; [`metrics`]: Prometheus text; [`hooks`]: test-only.
 
@@ -18,10 +20,14 @@ mod chat;
 mod completions;
 pub mod errors;
 mod generation;
+mod harmony_reply;
 mod hooks;
+mod llama_tools;
+mod logprobs;
 pub mod metrics;
 pub mod openai_types;
 pub mod params;
+mod plain_reply;
 mod prompt;
 mod routes;
 mod sse;

@@ -62,6 +62,8 @@ pub struct Common {
     pub n: Option<i64>,
     /// Free text for the caller's own tracking; logged with `-v`.
     pub user: Option<String>,
+    /// vLLM's extension: logprob tokens as `token_id:ID` (exact even where text is ambiguous).
+    pub return_tokens_as_token_ids: Option<bool>,
     /// Test hook (honoured only when the server runs with `INFERNO_TEST_HOOKS=1`): the reply's
     /// tokens are this text's ids instead of sampled ones (see [`super::hooks`]).
     pub x_inferno_force_reply: Option<String>,

@@ -1,6 +1,6 @@
 //! Request fields to generation settings: the sampler (defaults as `inferno play` has them, so
-//! the same request and flags give the same output), the token budget, stop strings, and the
-//! 400s for values out of range or features not offered (`n > 1`, logprobs).
+//! the same request and flags give the same output), the token budget, stop strings, logprobs,
+//! and the 400s for values out of range or features not offered (`n > 1`).
 
 use super::errors::ApiError;
 use super::openai_types::Common;
@@ -8,6 +8,8 @@ use crate::generate::SamplerConfig;
 
 /// Stop strings accepted at most (OpenAI allows 4).
 const MAX_STOP: usize = 16;
+/// Alternatives per token at most (OpenAI's `top_logprobs` limit; vLLM's default too).
+const MAX_TOP_LOGPROBS: i64 = 20;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -56,20 +58,24 @@ pub fn settings(c: &Common, max_tokens: Option<i64>, harmony: bool) -> Result<Se
     if let Some(m) = c.min_p {
         cfg.min_p = Some(finite("min_p", m)? as f32);
     }
-    for (name, v) in
-        [("presence_penalty", c.presence_penalty), ("frequency_penalty", c.frequency_penalty)]
-    {
-        if let Some(v) = v
-            && !(-2.0..=2.0).contains(&finite(name, v)?)
-        {
-            return Err(ApiError::bad_param(name, format!("{name} must be in [-2, 2], not {v}")));
+    // OpenAI's additive penalties, over the output only (see `generate::penalty`).
+    for (name, v, field) in [
+        ("presence_penalty", c.presence_penalty, &mut cfg.presence_penalty),
+        ("frequency_penalty", c.frequency_penalty, &mut cfg.frequency_penalty),
+    ] {
+        if let Some(v) = v {
+            if !(-2.0..=2.0).contains(&finite(name, v)?) {
+                return Err(ApiError::bad_param(
+                    name,
+                    format!("{name} must be in [-2, 2], not {v}"),
+                ));
+            }
+            *field = v as f32;
         }
     }
-    cfg.repeat_penalty = match c.repetition_penalty {
-        Some(r) => finite("repetition_penalty", r)? as f32,
-        None => approximate_penalty(c.presence_penalty, c.frequency_penalty)
-            .unwrap_or(cfg.repeat_penalty),
-    };
+    if let Some(r) = c.repetition_penalty {
+        cfg.repeat_penalty = finite("repetition_penalty", r)? as f32;
+    }
     if cfg.repeat_penalty != 1.0 && cfg.repeat_last_n == 0 {
         cfg.repeat_last_n = SamplerConfig::default().repeat_last_n;
     }
@@ -113,16 +119,6 @@ fn finite(name: &str, v: f64) -> Result<f64, ApiError> {
     }
 }
 
-/// OpenAI's presence and frequency penalties subtract from the logits of tokens already in the
-/// output (frequency once per occurrence). The sampler has only Hugging Face's multiplicative
-/// repetition penalty over the last 64 tokens (prompt included), so they are **approximated**:
-/// `repeat_penalty = 1 + (presence + frequency) / 2`, kept within [0.5, 2]. An explicit
-/// `repetition_penalty` wins. Both zero (the default) leaves the sampler as it is.
-fn approximate_penalty(presence: Option<f64>, frequency: Option<f64>) -> Option<f32> {
-    let sum = presence.unwrap_or(0.0) + frequency.unwrap_or(0.0);
-    (sum != 0.0).then(|| (1.0 + sum / 2.0).clamp(0.5, 2.0) as f32)
-}
-
 /// The token budget of a request with `prompt` tokens in a `context`: what was asked, at most
 /// what the context has left (the reply then ends with `finish_reason: "length"`), or all of
 /// it when nothing was asked.
@@ -131,12 +127,45 @@ pub fn clip_max_tokens(asked: Option<usize>, prompt: usize, context: usize) -> u
     asked.map_or(room, |n| n.min(room))
 }
 
-/// 400 for logprobs, which are not implemented.
-pub fn refuse_logprobs(asked: bool) -> Result<(), ApiError> {
-    if asked {
-        return Err(ApiError::bad_param("logprobs", "logprobs are not supported by this server"));
+/// Chat's `logprobs` (a bool) and `top_logprobs` (0..=20): the alternatives per token, or
+/// `None` when not asked. `top_logprobs` without `logprobs: true` is a 400, as in vLLM.
+pub fn chat_logprobs(logprobs: Option<bool>, top: Option<i64>) -> Result<Option<usize>, ApiError> {
+    let top = match top {
+        None => 0,
+        Some(n) => top_count("top_logprobs", n)?,
+    };
+    match logprobs {
+        Some(true) => Ok(Some(top)),
+        _ if top > 0 => {
+            Err(ApiError::bad_param("top_logprobs", "top_logprobs needs logprobs: true"))
+        }
+        _ => Ok(None),
     }
-    Ok(())
+}
+
+/// The completions `logprobs` (an integer 0..=20, the alternatives per token; null or absent
+/// for none).
+pub fn completion_logprobs(v: Option<&serde_json::Value>) -> Result<Option<usize>, ApiError> {
+    match v {
+        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => Ok(None),
+        Some(n) => match n.as_i64() {
+            Some(n) => top_count("logprobs", n).map(Some),
+            None => Err(ApiError::bad_param(
+                "logprobs",
+                format!("logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, not {n}"),
+            )),
+        },
+    }
+}
+
+fn top_count(name: &str, n: i64) -> Result<usize, ApiError> {
+    if !(0..=MAX_TOP_LOGPROBS).contains(&n) {
+        return Err(ApiError::bad_param(
+            name,
+            format!("{name} must be from 0 to {MAX_TOP_LOGPROBS}, not {n}"),
+        ));
+    }
+    Ok(n as usize)
 }
 
 #[cfg(test)]
@@ -173,19 +202,42 @@ mod tests {
     }
 
     #[test]
-    fn penalties_are_approximated_and_explicit_wins() {
+    fn penalties_are_openais_and_repetition_is_separate() {
         let s = settings(
-            &common(r#"{"presence_penalty": 0.5, "frequency_penalty": 0.5}"#),
+            &common(r#"{"presence_penalty": 0.5, "frequency_penalty": -1.5}"#),
             None,
             false,
         )
         .unwrap();
-        assert_eq!(s.sampling.repeat_penalty, 1.5);
+        assert_eq!((s.sampling.presence_penalty, s.sampling.frequency_penalty), (0.5, -1.5));
+        assert_eq!(s.sampling.repeat_penalty, 1.0, "no longer folded into the repetition penalty");
         let s =
-            settings(&common(r#"{"presence_penalty": 1, "repetition_penalty": 1.1}"#), None, false)
+            settings(&common(r#"{"presence_penalty": 1, "repetition_penalty": 1.1}"#), None, true)
                 .unwrap();
-        assert_eq!(s.sampling.repeat_penalty, 1.1);
-        assert!(settings(&common(r#"{"presence_penalty": 3}"#), None, false).is_err());
+        assert_eq!((s.sampling.presence_penalty, s.sampling.repeat_penalty), (1.0, 1.1));
+        assert!(s.sampling.repeat_last_n > 0);
+        for bad in [r#"{"presence_penalty": 3}"#, r#"{"frequency_penalty": -2.5}"#] {
+            assert_eq!(settings(&common(bad), None, false).unwrap_err().status.as_u16(), 400);
+        }
+    }
+
+    #[test]
+    fn logprobs_fields() {
+        assert_eq!(chat_logprobs(None, None).unwrap(), None);
+        assert_eq!(chat_logprobs(Some(false), Some(0)).unwrap(), None);
+        assert_eq!(chat_logprobs(Some(true), None).unwrap(), Some(0));
+        assert_eq!(chat_logprobs(Some(true), Some(20)).unwrap(), Some(20));
+        for (l, t) in [(Some(true), Some(21)), (Some(true), Some(-1)), (None, Some(3))] {
+            assert_eq!(chat_logprobs(l, t).unwrap_err().status.as_u16(), 400, "{l:?} {t:?}");
+        }
+        let v = |j: &str| serde_json::from_str::<serde_json::Value>(j).unwrap();
+        assert_eq!(completion_logprobs(None).unwrap(), None);
+        assert_eq!(completion_logprobs(Some(&v("null"))).unwrap(), None);
+        assert_eq!(completion_logprobs(Some(&v("0"))).unwrap(), Some(0));
+        assert_eq!(completion_logprobs(Some(&v("5"))).unwrap(), Some(5));
+        for bad in ["21", "-1", "true", "2.5", "\"5\""] {
+            assert!(completion_logprobs(Some(&v(bad))).is_err(), "{bad}");
+        }
     }
 
     #[test]

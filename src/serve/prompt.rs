@@ -52,6 +52,18 @@ fn tools_in(req: &ChatRequest) -> Result<Option<&Value>, ApiError> {
     Ok(req.tools.as_ref().filter(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())))
 }
 
+/// Names of the function tools a request offers (none with `tool_choice: "none"`): the calls
+/// a plain model's reply may make.
+pub fn tool_names(req: &ChatRequest) -> Vec<String> {
+    let Ok(Some(Value::Array(tools))) = tools_in(req) else { return Vec::new() };
+    tools
+        .iter()
+        .filter_map(|t| t.get("function")?.get("name")?.as_str())
+        .filter(|n| super::generation::valid_name(n))
+        .map(str::to_string)
+        .collect()
+}
+
 fn effort(req: &ChatRequest) -> Result<ReasoningEffort, ApiError> {
     let asked = req
         .reasoning_effort

@@ -159,6 +159,8 @@ pub struct Collected {
     pub content: String,
     /// (id, name, arguments)
     pub calls: Vec<(String, String, String)>,
+    /// Of the content's tokens, when asked for.
+    pub logprobs: Vec<super::logprobs::Entry>,
 }
 
 impl Collected {
@@ -172,6 +174,7 @@ impl Collected {
                     c.2.push_str(&text);
                 }
             }
+            Delta::Logprobs(entries) => self.logprobs.extend(entries),
         }
     }
 }

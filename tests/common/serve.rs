@@ -277,7 +277,19 @@ pub fn odd_bodies_are_answered(s: &Server, extra: &[(&str, &str, u16)]) {
         ("/v1/completions", r#"{"prompt": {"x": 1}}"#, 400),
         ("/v1/completions", r#"{"prompt": ""}"#, 400),
         ("/v1/completions", r#"{"prompt": [[1, 2]], "max_tokens": 1}"#, 200),
-        ("/v1/completions", r#"{"prompt": "x", "logprobs": 3}"#, 400),
+        ("/v1/completions", r#"{"prompt": "x", "logprobs": 30}"#, 400),
+        ("/v1/completions", r#"{"prompt": "x", "logprobs": "3"}"#, 400),
+        ("/v1/completions", r#"{"prompt": "x", "logprobs": 3, "max_tokens": 2}"#, 200),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 20, "max_tokens": 2, "frequency_penalty": -2, "presence_penalty": 2}"#,
+            200,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "logprobs": "yes"}"#,
+            400,
+        ),
         ("/v1/completions", r#"{"prompt": "x", "echo": true}"#, 400),
     ];
     let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));

@@ -10,6 +10,7 @@ BASE_URL/v1. Run by tests/serve*.rs with the venv scripts/test.sh makes.
 
 import concurrent.futures
 import json
+import math
 import random
 import sys
 import time
@@ -200,7 +201,11 @@ def errors():
     out["model"] = expect(404, lambda: chat(model="gpt-4o", messages=hi), "gpt-4o")
     out["temperature"] = expect(400, lambda: chat(model=m, messages=hi, temperature=-1))
     out["n"] = expect(400, lambda: chat(model=m, messages=hi, n=2), "n = 2")
-    out["logprobs"] = expect(400, lambda: chat(model=m, messages=hi, logprobs=True), "logprobs")
+    out["top_logprobs"] = expect(400, lambda: chat(model=m, messages=hi, logprobs=True, top_logprobs=21), "top_logprobs")
+    out["top_logprobs_alone"] = expect(400, lambda: chat(model=m, messages=hi, top_logprobs=2), "logprobs: true")
+    out["logprobs_int"] = expect(400, lambda: c.completions.create(model=m, prompt="x", logprobs=21), "logprobs")
+    out["presence"] = expect(400, lambda: chat(model=m, messages=hi, presence_penalty=2.5), "presence_penalty")
+    out["frequency"] = expect(400, lambda: chat(model=m, messages=hi, frequency_penalty=-3), "frequency_penalty")
     out["role"] = expect(400, lambda: chat(model=m, messages=[{"role": "wizard", "content": "x"}]), "wizard")
     out["empty"] = expect(400, lambda: chat(model=m, messages=[]))
     out["max_tokens"] = expect(400, lambda: chat(model=m, messages=hi, max_tokens=0))
@@ -404,6 +409,254 @@ def tool_calls():
     return {"prompt_ids": r2.model_extra["x_inferno_prompt_ids"], "call_id": call.id}
 
 
+def entries_of(logprobs):
+    """A chat choice's `logprobs.content` as plain dicts ([] when there is none)."""
+    return [e.model_dump() for e in (logprobs.content or [])] if logprobs else []
+
+
+def check_entries(entries, greedy, top):
+    """What holds for any logprobs: alternatives most likely first, a distribution's share at
+    most, `token` the text of `bytes`; the chosen token is listed with its own number when it
+    ranks among them, and ranks below all of them otherwise (greedy: it is the first)."""
+    for e in entries:
+        alts = e["top_logprobs"]
+        assert len(alts) == top, e
+        lps = [a["logprob"] for a in alts]
+        assert lps == sorted(lps, reverse=True), e
+        assert all(x <= 0 for x in lps) and e["logprob"] <= 0, e
+        assert sum(math.exp(x) for x in lps) <= 1 + 1e-4, e
+        for t in [e] + alts:
+            assert bytes(t["bytes"]).decode("utf-8", "replace") == t["token"], t
+        same = [a for a in alts if a["bytes"] == e["bytes"]]
+        if same:
+            assert abs(same[0]["logprob"] - e["logprob"]) < 1e-6, e
+        else:
+            assert e["logprob"] <= lps[-1] + 1e-6, e
+        if greedy:
+            assert alts[0]["bytes"] == e["bytes"], e
+
+
+def near(x, y, tol=1e-4):
+    """Equal up to float noise: a request that finds its prompt in the prefix cache computes the
+    rest of it in other shapes, so the last bits of its logits may differ (relative to their
+    size: a random model's logits reach tens)."""
+    return abs(x - y) <= tol * max(1.0, abs(x))
+
+
+def same_entries(a, b):
+    """Two lists of logprob entries: the same tokens, the same numbers up to float noise."""
+    def close(x, y):
+        return x["token"] == y["token"] and x["bytes"] == y["bytes"] and near(x["logprob"], y["logprob"])
+
+    assert len(a) == len(b), (len(a), len(b))
+    for x, y in zip(a, b):
+        assert close(x, y) and len(x["top_logprobs"]) == len(y["top_logprobs"]), (x, y)
+        # Alternatives whose numbers are that close may swap places.
+        for p, q in zip(x["top_logprobs"], y["top_logprobs"]):
+            assert close(p, q) or near(p["logprob"], q["logprob"]), (x, y)
+    return True
+
+
+def stream_logprobs(c, **kw):
+    """A streamed chat's content and logprob entries; every chunk with entries has the text of
+    their tokens or ends the reply."""
+    content, entries = "", []
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            got = entries_of(ch.logprobs)
+            assert not got or ch.delta.content or ch.finish_reason, chunk
+            entries += got
+            content += ch.delta.content or ""
+    return content, entries
+
+
+def chat_logprobs():
+    """Chat logprobs: consistent, the same streamed or not, the same numbers as /v1/completions
+    gives for the same ids, and absent unless asked."""
+    c = client()
+    m = model_id()
+    msgs = [{"role": "user", "content": ARGS["prompt"]}]
+    n = ARGS["max_tokens"]
+    kw = dict(model=m, messages=msgs, temperature=0, max_tokens=n, logprobs=True, top_logprobs=5)
+    r = c.chat.completions.create(**kw, extra_body={"x_inferno_prompt_ids": True})
+    ch = r.choices[0]
+    whole = entries_of(ch.logprobs)
+    check_entries(whole, greedy=True, top=5)
+    # One entry per token of the text (the end-of-sequence token is not text).
+    eos = 1 if ch.finish_reason == "stop" else 0
+    assert len(whole) == r.usage.completion_tokens - eos, (len(whole), r.usage)
+    assert b"".join(bytes(e["bytes"]) for e in whole).decode() == ch.message.content
+    content, streamed = stream_logprobs(c, **kw)
+    assert content == ch.message.content and same_entries(streamed, whole), content
+    plain = c.chat.completions.create(model=m, messages=msgs, temperature=0, max_tokens=4)
+    assert plain.choices[0].logprobs is None
+    # The chat's prompt ids continued as a raw completion: the same tokens, the same numbers.
+    ids = r.model_extra["x_inferno_prompt_ids"]
+    cr = c.completions.create(model=m, prompt=ids, temperature=0, max_tokens=n, logprobs=5)
+    lp = cr.choices[0].logprobs
+    assert cr.choices[0].text == ch.message.content, (cr.choices[0].text, ch.message.content)
+    assert lp.tokens == [e["token"] for e in whole], lp.tokens
+    for e, got, alts in zip(whole, lp.token_logprobs, lp.top_logprobs):
+        assert near(e["logprob"], got), (e, got)
+        want = {a["token"]: a["logprob"] for a in e["top_logprobs"]}
+        assert alts.keys() == want.keys() and all(near(alts[k], want[k]) for k in want), (alts, want)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    streamed_lp = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    for chunk in c.completions.create(model=m, prompt=ids, temperature=0, max_tokens=n, logprobs=5, stream=True):
+        for choice in chunk.choices:
+            for k in streamed_lp:
+                streamed_lp[k] += getattr(choice.logprobs, k) if choice.logprobs else []
+    assert streamed_lp["tokens"] == lp.tokens and streamed_lp["text_offset"] == lp.text_offset, streamed_lp
+    assert all(near(a, b) for a, b in zip(streamed_lp["token_logprobs"], lp.token_logprobs)), streamed_lp
+    # Sampled: the drawn token is listed where its number ranks it.
+    hot = dict(kw, temperature=1.0, seed=5, top_logprobs=20)
+    check_entries(entries_of(c.chat.completions.create(**hot).choices[0].logprobs), greedy=False, top=20)
+    return {"entries": len(whole), "content": ch.message.content}
+
+
+def completion_logprobs():
+    """Completions logprobs for token ids, streamed equal to whole; the whole ones returned."""
+    c = client()
+    kw = dict(model=model_id(), prompt=ARGS["prompt"], temperature=0, max_tokens=ARGS["max_tokens"],
+              logprobs=ARGS["top"], extra_body={"return_tokens_as_token_ids": True})
+    whole = c.completions.create(**kw).choices[0].logprobs
+    tokens, lps = [], []
+    for chunk in c.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            if ch.logprobs:
+                tokens += ch.logprobs.tokens
+                lps += ch.logprobs.token_logprobs
+    assert tokens == whole.tokens, (tokens, whole.tokens)
+    assert all(near(a, b) for a, b in zip(lps, whole.token_logprobs)), (lps, whole.token_logprobs)
+    return whole.model_dump()
+
+
+def token_id(t):
+    assert t.startswith("token_id:"), t
+    return int(t.split(":", 1)[1])
+
+
+def penalties():
+    """Greedy with presence/frequency penalties picks, at every step, the token whose raw
+    logprob minus `presence * (count > 0) + frequency * count` (count: in the reply so far) is
+    highest, among the 20 most likely and the one chosen: OpenAI's formula, recomputed here
+    from the server's own raw logprobs."""
+    c = client()
+    msgs = [{"role": "user", "content": ARGS["prompt"]}]
+    base = dict(model=model_id(), messages=msgs, temperature=0, max_tokens=ARGS["max_tokens"], logprobs=True,
+                top_logprobs=20, extra_body={"return_tokens_as_token_ids": True})
+    replies = []
+    for presence, frequency in ARGS["penalties"]:
+        r = c.chat.completions.create(presence_penalty=presence, frequency_penalty=frequency, **base)
+        counts = {}
+        for step, e in enumerate(entries_of(r.choices[0].logprobs)):
+            chosen = token_id(e["token"])
+            cands = {token_id(a["token"]): a["logprob"] for a in e["top_logprobs"]}
+            cands[chosen] = e["logprob"]
+
+            def score(t):
+                k = counts.get(t, 0)
+                return cands[t] - presence * (k > 0) - frequency * k
+
+            best = max(cands, key=score)
+            assert score(chosen) >= score(best) - 1e-4, (presence, frequency, step, chosen, best, cands, counts)
+            counts[chosen] = counts.get(chosen, 0) + 1
+        replies.append(r.choices[0].message.content)
+    return {"replies": replies}
+
+
+LLAMA_CALL = '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}'
+
+
+def llama_tool_calls():
+    """A plain (Llama 3.1 template) model's JSON call becomes tool_calls, streamed too; anything
+    else stays text; the call and its result render back through the template."""
+    c = client()
+    m = model_id()
+    tools = ARGS["tools"]
+    user = {"role": "user", "content": "What's the weather in Paris?"}
+    kw = dict(model=m, messages=[user], tools=tools, max_tokens=200)
+
+    def forced(text, **more):
+        return c.chat.completions.create(extra_body={"x_inferno_force_reply": text}, **dict(kw, **more))
+
+    r = forced(LLAMA_CALL)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content is None, ch
+    [call] = ch.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather", call
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}, call
+    content, _, finish, _, _, calls = chat_stream(c, extra_body={"x_inferno_force_reply": LLAMA_CALL}, **kw)
+    assert finish == "tool_calls" and content == "", (finish, content)
+    assert [(x["name"], x["arguments"]) for x in calls] == [("get_weather", call.function.arguments)], calls
+    # Several calls, the `arguments` spelling.
+    two = '{"name": "get_weather", "arguments": {"city": "Paris"}}; {"name": "get_weather", "arguments": {"city": "Rome"}}'
+    got = [json.loads(t.function.arguments)["city"] for t in forced(two).choices[0].message.tool_calls]
+    assert got == ["Paris", "Rome"], got
+    # Not a call to an offered tool, or not a call at all: the text, as it was.
+    for text in ['{"name": "rm_rf", "parameters": {}}', '{"city": "Paris"}', "Sunny, 21 degrees.",
+                 '{"name": "get_weather", "parameters": {']:
+        ch = forced(text).choices[0]
+        assert ch.message.content == text and not ch.message.tool_calls and ch.finish_reason != "tool_calls", ch
+        content, _, finish, _, _, calls = chat_stream(c, extra_body={"x_inferno_force_reply": text}, **kw)
+        assert content == text and not calls and finish != "tool_calls", (content, calls)
+    # Without tools in the request, a call's JSON is text.
+    ch = c.chat.completions.create(model=m, messages=[user], max_tokens=200,
+                                   extra_body={"x_inferno_force_reply": LLAMA_CALL}).choices[0]
+    assert ch.message.content == LLAMA_CALL and not ch.message.tool_calls, ch
+    # The call and its result go back (OpenAI's shape: arguments as a JSON string).
+    history = []
+    for msg in ARGS["messages"]:
+        msg = dict(msg)
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = [dict(t, function=dict(t["function"], arguments=json.dumps(t["function"]["arguments"])))
+                                 for t in msg["tool_calls"]]
+        history.append(msg)
+    answer = "It is 21 °C in Paris."
+    r2 = c.chat.completions.create(model=m, messages=history, tools=tools, max_tokens=200,
+                                   extra_body={"x_inferno_force_reply": answer, "x_inferno_prompt_ids": True})
+    ch2 = r2.choices[0]
+    assert ch2.message.content == answer and not ch2.message.tool_calls, ch2
+    return {"prompt_ids": r2.model_extra["x_inferno_prompt_ids"]}
+
+
+def harmony_preamble_and_logprobs():
+    """gpt-oss: a preamble is content (reasoning apart, the call parsed); logprobs cover the
+    visible content's tokens only, never markup; a preamble and an answer join on a newline."""
+    c = client()
+    m = model_id()
+    preamble = "Checking the weather in Tokyo for you."
+    reply = ("<|channel|>analysis<|message|>Need get_weather for Tokyo.<|end|>"
+             f"<|start|>assistant<|channel|>commentary<|message|>{preamble}<|end|>"
+             "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+             "<|message|>{\"location\": \"Tokyo\"}<|call|>")
+    kw = dict(model=m, messages=[{"role": "user", "content": "What's the weather in Tokyo?"}], tools=WEATHER,
+              max_tokens=200, logprobs=True, top_logprobs=3, extra_body={"x_inferno_force_reply": reply})
+    r = c.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content == preamble, ch
+    assert ch.message.model_extra["reasoning_content"] == "Need get_weather for Tokyo.", ch.message
+    assert [t.function.name for t in ch.message.tool_calls] == ["get_weather"], ch.message
+    entries = entries_of(ch.logprobs)
+    check_entries(entries, greedy=False, top=3)
+    no_markup(*[e["token"] for e in entries])
+    assert b"".join(bytes(e["bytes"]) for e in entries).decode() == preamble, entries
+    assert len(entries) < r.usage.completion_tokens
+    content, reasoning, finish, _, _, calls = chat_stream(c, **kw)
+    assert (content, reasoning, finish) == (preamble, "Need get_weather for Tokyo.", "tool_calls")
+    assert [x["name"] for x in calls] == ["get_weather"], calls
+    s_content, s_entries = stream_logprobs(c, **kw)
+    assert s_content == preamble and same_entries(s_entries, entries)
+    both = ("<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>commentary<|message|>"
+            "One moment.<|end|><|start|>assistant<|channel|>final<|message|>It is 21 °C.<|return|>")
+    kw["extra_body"] = {"x_inferno_force_reply": both}
+    ch = c.chat.completions.create(**kw).choices[0]
+    assert ch.message.content == "One moment.\nIt is 21 °C." and ch.finish_reason == "stop", ch
+    assert b"".join(bytes(e["bytes"]) for e in entries_of(ch.logprobs)).decode() == "One moment.It is 21 °C."
+    assert chat_stream(c, **kw)[0] == ch.message.content
+    return {"content": ch.message.content}
+
+
 def harmony_fixtures():
     """Prompts rendered by the server equal openai-harmony's (tests/fixtures/harmony.json)."""
     fx = json.load(open(ARGS["fixtures"]))
@@ -431,19 +684,22 @@ def openai_messages(case):
     out = []
     if case["instructions"]:
         out.append({"role": "system", "content": case["instructions"]})
-    reasoning, calls = None, {}
+    reasoning, preamble, calls = None, None, {}
     for m in case["messages"]:
         role, ch = m["role"], m["channel"]
         if role == "user":
             out.append({"role": "user", "content": m["content"]})
         elif role == "assistant" and ch == "analysis":
             reasoning = m["content"]
+        elif role == "assistant" and ch == "commentary" and not m["recipient"]:
+            preamble = m["content"]  # the content of the message that makes the call
         elif role == "assistant" and (m["recipient"] or "").startswith("functions."):
             name = m["recipient"].split(".", 1)[1]
             cid = f"call_{len(calls)}"
             calls[name] = cid
-            msg = {"role": "assistant", "content": None,
+            msg = {"role": "assistant", "content": preamble,
                    "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": m["content"]}}]}
+            preamble = None
             if reasoning:
                 msg["reasoning_content"] = reasoning
             reasoning = None
@@ -458,7 +714,7 @@ def openai_messages(case):
             out.append(msg)
         else:
             return None
-    if reasoning is not None:
+    if reasoning is not None or preamble is not None:
         return None
     return out
 

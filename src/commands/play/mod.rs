@@ -122,6 +122,8 @@ pub(crate) fn warm_up(engine: &engine::core::Engine) -> anyhow::Result<()> {
         max_tokens: 1,
         eos_ids: Vec::new(),
         interrupt: None,
+        logprobs: None,
+        forced: Vec::new(),
     };
     let mut handle = engine.submit(request)?;
     while let Some(event) = handle.blocking_next() {
@@ -208,6 +210,8 @@ fn sampler_config(args: &PlayArgs, harmony: bool) -> anyhow::Result<SamplerConfi
     if let Some(r) = args.repeat_penalty {
         cfg.repeat_penalty = r;
     }
+    cfg.presence_penalty = args.presence_penalty.unwrap_or(cfg.presence_penalty);
+    cfg.frequency_penalty = args.frequency_penalty.unwrap_or(cfg.frequency_penalty);
     cfg.seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

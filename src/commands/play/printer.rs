@@ -78,11 +78,17 @@ impl TurnSink for Printer {
     fn event(&mut self, e: &TurnEvent) -> anyhow::Result<()> {
         match e {
             TurnEvent::Answer(s) => self.answer(s)?,
-            TurnEvent::Reasoning(s) | TurnEvent::ToolArguments(s) => self.reasoning(s)?,
+            // play runs no tools, so a preamble (what the model is about to call) is shown
+            // with the reasoning around it, as it always was.
+            TurnEvent::Reasoning(s) | TurnEvent::Preamble(s) | TurnEvent::ToolArguments(s) => {
+                self.reasoning(s)?
+            }
             TurnEvent::ToolCall { recipient } => self.reasoning(&format!(
                 "\n(tool call to {recipient}: tools are not supported yet)\n"
             ))?,
-            TurnEvent::MessageEnd(Part::Reasoning | Part::ToolCall) => self.reasoning("\n")?,
+            TurnEvent::MessageEnd(Part::Reasoning | Part::Preamble | Part::ToolCall) => {
+                self.reasoning("\n")?
+            }
             TurnEvent::MessageEnd(Part::Answer) => {}
             TurnEvent::End(end) => self.end(end)?,
         }

@@ -1,0 +1,111 @@
+//! OpenAI's presence and frequency penalties, exactly as OpenAI documents them and vLLM
+//! implements them: for every id `t` of the vocabulary,
+//!
+//! `logit[t] -= presence * (count[t] > 0) + frequency * count[t]`
+//!
+//! where `count[t]` is how often `t` occurs in the generated output so far. The prompt does not
+//! count (unlike the multiplicative repetition penalty, which looks at prompt and output).
+//! Negative values encourage repeats.
+
+use std::collections::HashMap;
+
+/// How often each id occurs in the output part of a history, kept up to date as the history
+/// grows: each step counts only the ids added since the last one.
+#[derive(Debug, Clone)]
+pub struct OutputCounts {
+    /// Ids of the history before this index are the prompt.
+    prompt_len: usize,
+    /// Output ids counted so far.
+    counted: usize,
+    counts: HashMap<u32, u32>,
+}
+
+impl OutputCounts {
+    pub fn new(prompt_len: usize) -> Self {
+        OutputCounts { prompt_len, counted: 0, counts: HashMap::new() }
+    }
+
+    /// Subtracts the penalties from `logits` for the output in `history` (prompt first). Ids
+    /// outside the vocabulary are ignored.
+    pub fn apply(&mut self, logits: &mut [f32], history: &[u32], presence: f32, frequency: f32) {
+        if presence == 0.0 && frequency == 0.0 {
+            return;
+        }
+        self.update(history);
+        for (&id, &n) in &self.counts {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l -= presence + frequency * n as f32;
+            }
+        }
+    }
+
+    /// Occurrences of `id` in the output counted so far.
+    pub fn count(&self, id: u32) -> u32 {
+        self.counts.get(&id).copied().unwrap_or(0)
+    }
+
+    fn update(&mut self, history: &[u32]) {
+        let output = history.get(self.prompt_len..).unwrap_or(&[]);
+        if output.len() < self.counted {
+            // Not the history this counted (one sampler serves one growing stream, so only a
+            // caller reusing a sampler gets here): count again from scratch.
+            self.counts.clear();
+            self.counted = 0;
+        }
+        for &id in &output[self.counted..] {
+            *self.counts.entry(id).or_default() += 1;
+        }
+        self.counted = output.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The formula written out over a plain count of the output (the oracle).
+    fn direct(logits: &[f32], output: &[u32], presence: f32, frequency: f32) -> Vec<f32> {
+        (0..logits.len())
+            .map(|t| {
+                let n = output.iter().filter(|&&o| o as usize == t).count() as f32;
+                let seen = if n > 0.0 { 1.0 } else { 0.0 };
+                logits[t] - presence * seen - frequency * n
+            })
+            .collect()
+    }
+
+    #[test]
+    fn matches_the_formula_step_by_step_and_ignores_the_prompt() {
+        let prompt = [0u32, 1, 1, 2];
+        let output = [3u32, 1, 3, 3, 4, 9];
+        let base = [1.0f32, 0.5, -0.5, 2.0, 0.0];
+        for (presence, frequency) in [(0.5, 0.0), (0.0, 0.7), (1.5, -0.4), (-2.0, 2.0)] {
+            let mut counts = OutputCounts::new(prompt.len());
+            // Grows one id at a time, as a generation does: the incremental count stays exact.
+            for n in 0..=output.len() {
+                let history: Vec<u32> = prompt.iter().chain(&output[..n]).copied().collect();
+                let mut got = base;
+                counts.apply(&mut got, &history, presence, frequency);
+                let want = direct(&base, &output[..n], presence, frequency);
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((g - w).abs() < 1e-6, "{presence} {frequency} n={n}: {got:?} {want:?}");
+                }
+            }
+            assert_eq!(counts.count(3), 3);
+            assert_eq!(counts.count(2), 0, "prompt ids are not output");
+        }
+    }
+
+    #[test]
+    fn off_is_a_no_op_and_a_shorter_history_recounts() {
+        let mut counts = OutputCounts::new(0);
+        let mut l = [1.0f32, 2.0];
+        counts.apply(&mut l, &[0, 0, 1], 0.0, 0.0);
+        assert_eq!(l, [1.0, 2.0]);
+        counts.apply(&mut l, &[0, 0, 1], 0.0, 1.0);
+        assert_eq!(l, [-1.0, 1.0]);
+        let mut l = [1.0f32, 2.0];
+        counts.apply(&mut l, &[1], 0.0, 1.0);
+        assert_eq!(l, [1.0, 1.0]);
+    }
+}

@@ -1,0 +1,206 @@
+//! A harmony (gpt-oss) reply read into deltas: reasoning, visible content (with stop strings
+//! applied), and tool calls to `functions.NAME` with ids and indexes. No markup reaches any of
+//! them.
+//!
+//! Preambles, commentary messages addressed to no tool, are **content**: OpenAI's harmony guide
+//! says the model writes them for the user to see (what it is about to do, before its calls),
+//! unlike the analysis channel, and vLLM's harmony parser shows them as content too. Reported as
+//! reasoning, a client that hides reasoning would hide them, and the next request would send
+//! them back as reasoning, which is dropped once a turn ends. Consecutive visible messages (a
+//! preamble, then the final answer) are joined with a newline, as vLLM joins them.
+//!
+//! Logprobs cover the same text: the content tokens of the final and preamble messages, never
+//! a header, a control token, the analysis or a call's arguments (so `content`'s bytes are the
+//! entries' bytes, apart from that joining newline, which no token wrote). Their alternatives
+//! are the model's most likely tokens at that step, whatever they are, as vLLM reports them.
+
+use std::time::Duration;
+
+use super::generation::{Delta, Finish, Pending, call_ids, finish_of, valid_name};
+use super::logprobs::Entry;
+use crate::chat::TurnEvent;
+use crate::chat::harmony::HarmonyEncoding;
+use crate::chat::harmony::tools::function_name;
+use crate::chat::turn::HarmonyReply;
+use crate::generate::{Generation as Stats, StopChecker, StopConditions, StopReason};
+
+pub struct HarmonyOut<'r> {
+    enc: HarmonyEncoding<'r>,
+    reply: HarmonyReply<'r>,
+    pub stop_ids: Vec<u32>,
+    /// Stop strings on the visible text (reasoning and arguments are not cut).
+    answer: StopChecker,
+    answer_stopped: bool,
+    /// A visible message with text was read: the next one starts on a new line.
+    visible_gap: bool,
+    /// The message being read has shown text.
+    visible_open: bool,
+    /// Per call made: whether any argument text came.
+    calls: Vec<bool>,
+    /// The message being read is a call with this index.
+    current: Option<usize>,
+    id_prefix: String,
+    logprobs: Pending,
+}
+
+/// An owned copy of a [`TurnEvent`].
+enum Raw {
+    Reasoning(String),
+    Visible(String),
+    ToolCall(String),
+    ToolArgs(String),
+    MessageEnd,
+}
+
+impl<'r> HarmonyOut<'r> {
+    pub fn new(enc: HarmonyEncoding<'r>, stop: Vec<String>) -> Self {
+        let cond =
+            StopConditions { eos_ids: Vec::new(), stop_strings: stop, max_tokens: usize::MAX };
+        HarmonyOut {
+            enc,
+            reply: HarmonyReply::new(&enc),
+            stop_ids: enc.stop_ids(),
+            answer: StopChecker::new(cond),
+            answer_stopped: false,
+            visible_gap: false,
+            visible_open: false,
+            calls: Vec::new(),
+            current: None,
+            id_prefix: call_ids(),
+            logprobs: Pending::default(),
+        }
+    }
+
+    /// One token: its deltas, and the end when the model ended its turn or a stop string came.
+    /// Its log probabilities are kept when it is text of a visible message (never markup, nor
+    /// reasoning or a call's arguments).
+    pub fn push(
+        &mut self,
+        id: u32,
+        entry: Option<Entry>,
+    ) -> anyhow::Result<(Vec<Delta>, Option<Finish>)> {
+        let was_stopped = self.answer_stopped;
+        let mut raw = Vec::new();
+        let done = self.reply.push(id, &mut |e: &TurnEvent| {
+            raw.push(owned(e));
+            Ok(())
+        })?;
+        if !was_stopped && !self.enc.is_special(id) && self.reply.in_visible_content() {
+            self.logprobs.push(entry);
+        }
+        let mut deltas = self.convert(raw);
+        self.logprobs.attach(&mut deltas);
+        let stop = if self.answer_stopped || done.is_some() { Some(Finish::Stop) } else { None };
+        Ok((deltas, stop))
+    }
+
+    pub fn finish(
+        &mut self,
+        engine: &StopReason,
+        ours: Option<Finish>,
+    ) -> anyhow::Result<(Vec<Delta>, Finish)> {
+        let mut raw = Vec::new();
+        let reason = if ours.is_some() { StopReason::Eos(0) } else { engine.clone() };
+        let stats = Stats {
+            tokens: Vec::new(),
+            text: String::new(),
+            reason,
+            prompt_tokens: 0,
+            prefilled_tokens: 0,
+            time_to_first_token: Duration::ZERO,
+            decode_time: Duration::ZERO,
+        };
+        let end = self.reply.finish(stats, &mut |e: &TurnEvent| {
+            raw.push(owned(e));
+            Ok(())
+        })?;
+        let mut tail = self.convert(raw);
+        if !self.answer_stopped {
+            let rest = self.answer.finish();
+            if !rest.is_empty() {
+                tail.push(Delta::Content(rest));
+            }
+        }
+        self.logprobs.flush(&mut tail);
+        // A call whose arguments never came: `{}`, so clients can parse them.
+        for (index, had_args) in self.calls.iter().enumerate() {
+            if !had_args {
+                tail.push(Delta::ToolArgs { index, text: "{}".into() });
+            }
+        }
+        let finish = if self.answer_stopped {
+            Finish::Stop
+        } else if end.awaiting_tool && !self.calls.is_empty() {
+            Finish::ToolCalls
+        } else if ours.is_some() {
+            Finish::Stop
+        } else {
+            finish_of(engine)
+        };
+        Ok((tail, finish))
+    }
+
+    fn convert(&mut self, raw: Vec<Raw>) -> Vec<Delta> {
+        let mut out = Vec::new();
+        for r in raw {
+            match r {
+                Raw::Reasoning(t) => out.push(Delta::Reasoning(t)),
+                Raw::Visible(t) => self.visible(t, &mut out),
+                Raw::ToolCall(recipient) => self.call_start(&recipient, &mut out),
+                Raw::ToolArgs(text) => match self.current {
+                    Some(index) => {
+                        if !text.is_empty() {
+                            self.calls[index] = true;
+                        }
+                        out.push(Delta::ToolArgs { index, text });
+                    }
+                    None => out.push(Delta::Reasoning(text)),
+                },
+                Raw::MessageEnd => {
+                    self.current = None;
+                    self.visible_gap |= std::mem::take(&mut self.visible_open);
+                }
+            }
+        }
+        out
+    }
+
+    /// Text of the answer or a preamble, through the stop strings.
+    fn visible(&mut self, text: String, out: &mut Vec<Delta>) {
+        if self.answer_stopped || text.is_empty() {
+            return;
+        }
+        let text = if std::mem::take(&mut self.visible_gap) { format!("\n{text}") } else { text };
+        self.visible_open = true;
+        let step = self.answer.push(0, &text);
+        if !step.text.is_empty() {
+            out.push(Delta::Content(step.text));
+        }
+        self.answer_stopped = step.stop.is_some();
+    }
+
+    fn call_start(&mut self, recipient: &str, out: &mut Vec<Delta>) {
+        match function_name(recipient).filter(|n| valid_name(n)) {
+            Some(name) => {
+                let index = self.calls.len();
+                self.calls.push(false);
+                self.current = Some(index);
+                let id = format!("{}{index}", self.id_prefix);
+                out.push(Delta::ToolStart { index, id, name: name.to_string() });
+            }
+            // A built-in tool (`browser.search`) or a garbled recipient: not a function call
+            // this API can report; its text is shown as reasoning.
+            None => self.current = None,
+        }
+    }
+}
+
+fn owned(e: &TurnEvent) -> Raw {
+    match e {
+        TurnEvent::Reasoning(t) => Raw::Reasoning(t.to_string()),
+        TurnEvent::Answer(t) | TurnEvent::Preamble(t) => Raw::Visible(t.to_string()),
+        TurnEvent::ToolCall { recipient } => Raw::ToolCall(recipient.to_string()),
+        TurnEvent::ToolArguments(t) => Raw::ToolArgs(t.to_string()),
+        TurnEvent::MessageEnd(_) | TurnEvent::End(_) => Raw::MessageEnd,
+    }
+}

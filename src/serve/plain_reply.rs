@@ -1,0 +1,102 @@
+//! A plain model's reply read into deltas: the incremental detokenizer and stop strings, as
+//! `play` shows it, and, when the request offered tools, Llama-style tool calls
+//! ([`super::llama_tools`]) in place of their JSON text.
+
+use tokenizers::Tokenizer;
+
+use super::generation::{Delta, Finish, Pending, call_ids, finish_of};
+use super::llama_tools::{PYTHON_TAG, Sniffer};
+use super::logprobs::Entry;
+use crate::generate::{StopChecker, StopConditions, StopReason, TokenStream};
+
+pub struct PlainOut<'r> {
+    stream: TokenStream<'r>,
+    stop: StopChecker,
+    /// A stop string ended it (what follows it is never shown).
+    on_string: bool,
+    /// With tools offered: the reply may be a call.
+    calls: Option<Sniffer>,
+    python_tag: Option<u32>,
+    logprobs: Pending,
+}
+
+impl<'r> PlainOut<'r> {
+    pub fn new(tokenizer: &'r Tokenizer, cond: StopConditions, tools: Vec<String>) -> Self {
+        PlainOut {
+            stream: TokenStream::new(tokenizer),
+            stop: StopChecker::new(cond),
+            on_string: false,
+            calls: (!tools.is_empty()).then(|| Sniffer::new(tools)),
+            python_tag: tokenizer.token_to_id(PYTHON_TAG),
+            logprobs: Pending::default(),
+        }
+    }
+
+    /// One token (with its log probabilities when asked): the deltas it completes, and the
+    /// end when a stop string or an end-of-sequence id came.
+    pub fn push(
+        &mut self,
+        id: u32,
+        entry: Option<Entry>,
+    ) -> anyhow::Result<(Vec<Delta>, Option<Finish>)> {
+        let eos = self.stop.is_eos(id);
+        // The end-of-sequence token is not part of the reply's text, so not of its logprobs.
+        if !eos {
+            self.logprobs.push(entry);
+        }
+        let piece = if eos { None } else { self.stream.push(id)? };
+        let step = self.stop.push(id, piece.as_deref().unwrap_or(""));
+        self.on_string = matches!(step.stop, Some(StopReason::StopString(_)));
+        let text = match &mut self.calls {
+            Some(sniffer) => sniffer.push(&step.text, Some(id) == self.python_tag),
+            None => step.text,
+        };
+        let mut deltas = content(text);
+        self.logprobs.attach(&mut deltas);
+        Ok((deltas, step.stop.as_ref().map(finish_of)))
+    }
+
+    /// What is left after the last token, and how the reply ended (`ours`: this side stopped
+    /// it). Tokens a stop string cut stay in the logprobs (vLLM's choice: the text is cut, not
+    /// the tokens).
+    pub fn finish(
+        &mut self,
+        engine: &StopReason,
+        ours: Option<Finish>,
+    ) -> anyhow::Result<(Vec<Delta>, Finish)> {
+        let mut tail = String::new();
+        if !self.on_string {
+            let rest = self.stream.finish()?.unwrap_or_default();
+            tail = format!("{}{rest}", self.stop.finish());
+        }
+        let finish = ours.unwrap_or_else(|| finish_of(engine));
+        let Some(sniffer) = &mut self.calls else {
+            let mut deltas = content(tail);
+            self.logprobs.flush(&mut deltas);
+            return Ok((deltas, finish));
+        };
+        match sniffer.finish(&tail) {
+            Ok(calls) => {
+                // A call is not content: its tokens have no place in `logprobs.content`.
+                self.logprobs.clear();
+                let ids = call_ids();
+                let mut deltas = Vec::new();
+                for (index, call) in calls.into_iter().enumerate() {
+                    let id = format!("{ids}{index}");
+                    deltas.push(Delta::ToolStart { index, id, name: call.name });
+                    deltas.push(Delta::ToolArgs { index, text: call.arguments });
+                }
+                Ok((deltas, Finish::ToolCalls))
+            }
+            Err(text) => {
+                let mut deltas = content(text);
+                self.logprobs.flush(&mut deltas);
+                Ok((deltas, finish))
+            }
+        }
+    }
+}
+
+fn content(text: String) -> Vec<Delta> {
+    if text.is_empty() { Vec::new() } else { vec![Delta::Content(text)] }
+}
