@@ -180,23 +180,25 @@ fn tiny_llama_with_template(template: &str) -> tempfile::TempDir {
     dir
 }
 
+/// The first case of tests/fixtures/chat_templates.json (transformers' renderings) for
+/// `template` with a generation prompt that `pick` accepts.
+fn template_case(template: &str, pick: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let fx: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
+    let found = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["template"] == template && c["add_generation_prompt"] == true && pick(c));
+    found.cloned().unwrap_or_else(|| panic!("chat_templates.json has no such {template} case"))
+}
+
 #[test]
 fn tools_go_through_a_chat_template_that_supports_them() {
     let template = "llama3_1-8b-instruct";
     let dir = tiny_llama_with_template(template);
     let s = Server::start(dir.path(), &["--context", "512"], &[("INFERNO_TEST_HOOKS", "1")]);
-    let fx: serde_json::Value =
-        serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
-    let case = fx["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| {
-            c["template"] == template
-                && c["add_generation_prompt"] == true
-                && c["extra"].get("tools").is_some()
-        })
-        .unwrap();
+    let case = template_case(template, |c| c["extra"].get("tools").is_some());
     let body = json!({"messages": case["messages"], "tools": case["extra"]["tools"], "max_tokens": 1,
                       "x_inferno_prompt_ids": true});
     let (status, text) =
@@ -306,18 +308,7 @@ fn llama_tool_calls_become_tool_calls_and_their_results_render_back() {
     let template = "llama3_1-8b-instruct";
     let dir = tiny_llama_with_template(template);
     let s = Server::start(dir.path(), &["--context", "1024"], &[("INFERNO_TEST_HOOKS", "1")]);
-    let fx: serde_json::Value =
-        serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
-    let case = fx["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| {
-            c["template"] == template
-                && c["conversation"] == "tool_round_trip"
-                && c["add_generation_prompt"] == true
-        })
-        .expect("tests/fixtures/chat_templates.json has no tool_round_trip case");
+    let case = template_case(template, |c| c["conversation"] == "tool_round_trip");
     let r = s.python(
         "llama_tool_calls",
         json!({"tools": case["extra"]["tools"], "messages": case["messages"]}),

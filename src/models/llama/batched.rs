@@ -47,20 +47,16 @@ impl BatchModel for Llama {
         let mut x = w.embed.index_select(&step.tokens, 0)?.to_dtype(DType::F32)?;
         // The previous layer's MLP output, added to the stream by this layer's first norm.
         let mut mlp_out: Option<Tensor> = None;
+        // The residual add in front of a norm and the norm, to the products' dtype (one launch).
+        let norm = |x: &Tensor, delta: Option<&Tensor>, bias: Option<&Tensor>, w: &Tensor| {
+            add_rms_norm(x, delta, bias, w, eps, self.dtype(), false)
+        };
         for (n, layer) in w.layers.iter().enumerate() {
             let (k_pool, v_pool) = &kv.layers[n];
             let fused = self.fused(n);
-            let normed = add_rms_norm(
-                &x,
-                mlp_out.as_ref(),
-                None,
-                &layer.attn_norm,
-                eps,
-                self.dtype(),
-                false,
-            )?;
-            let (x_now, h) = (normed.x, normed.h);
-            x = x_now;
+            let normed = norm(&x, mlp_out.as_ref(), None, &layer.attn_norm)?;
+            let h = normed.h;
+            x = normed.x;
             // q, k, v in f32 with their biases (Llama has none; some derivatives do): one
             // product where the weights could be fused.
             let qkv = match fused.and_then(|f| f.qkv.as_ref()) {
@@ -99,17 +95,9 @@ impl BatchModel for Llama {
             // output is rounded once, as the products' input (an elementwise rounding, the same
             // in any batch).
             let o = layer.o.matmul_f32(&o.reshape((tokens, heads * d))?)?;
-            let normed = add_rms_norm(
-                &x,
-                Some(&o),
-                layer.o.bias(),
-                &layer.mlp_norm,
-                eps,
-                self.dtype(),
-                false,
-            )?;
-            let (x_now, h) = (normed.x, normed.h);
-            x = x_now;
+            let normed = norm(&x, Some(&o), layer.o.bias(), &layer.mlp_norm)?;
+            let h = normed.h;
+            x = normed.x;
             let gu = match fused.and_then(|f| f.gate_up.as_ref()) {
                 Some(gate_up) => gate_up.forward_f32(&h)?,
                 None => Tensor::cat(&[layer.gate.forward_f32(&h)?, layer.up.forward_f32(&h)?], 1)?,
