@@ -104,7 +104,8 @@ impl CustomOp1 for HiLoSplit {
 /// Which product [`F32OutMatmul`] runs on the GPU: the faster for the shape ([`gemv_wins`]), or
 /// one of the two by force (tests and timings compare them).
 #[derive(Clone, Copy, PartialEq)]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+// Only the GPU tests and timings force a route.
+#[cfg_attr(any(not(feature = "cuda"), not(test)), allow(dead_code))]
 enum Route {
     Auto,
     Cublas,
