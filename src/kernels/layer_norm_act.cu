@@ -1,13 +1,12 @@
 // The elementwise steps between a Llama layer's products, each fused into one launch (a decode
-// step runs them 32 times; as candle ops they took 2 and 3 launches, and every launch is a few
-// microseconds of a ~1 ms step).
+// step runs them once or twice per layer; as candle ops they took 2 to 4 launches each, and every
+// launch is a few microseconds of a ~1 ms step).
 //
 // add_rms_norm_bf16: the residual add in front of a norm and the norm itself, for f32 x [rows, n]
 // and f32 w [n], one block per row:
 //   v = x + (delta + bias)   (delta, bias optional: v = x + delta, or v = x; the unfused step
 //                             added the product's bias first, then the residual)
-//   x_out = v (optional: only with delta), h32 = v / sqrt(mean(v^2) + eps) * w (optional),
-//   h16 = bf16(h32).
+//   x_out = v (only with delta), h16 = bf16(v / sqrt(mean(v^2) + eps) * w).
 // Four launches (bias add, residual add, RMSNorm, cast) become one. The sum of squares runs in a
 // fixed order per row (thread-strided partial sums, then a fixed tree), so a row gives the same
 // bits in any batch.
@@ -21,8 +20,8 @@
 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     add_rms_norm_bf16(const float* __restrict__ x, const float* __restrict__ delta, const float* __restrict__ bias,
-                      const float* __restrict__ w, float* __restrict__ x_out, float* __restrict__ h32,
-                      __nv_bfloat16* __restrict__ h16, int n, float eps) {
+                      const float* __restrict__ w, float* __restrict__ x_out, __nv_bfloat16* __restrict__ h16,
+                      int n, float eps) {
     __shared__ float partial[NORM_THREADS / 32];
     const long long row = (long long)blockIdx.x * n;
     const float* xr = x + row;
@@ -45,9 +44,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     // Each thread reads back only the values it wrote above.
     const float* vr = delta ? x_out + row : xr;
     for (int i = threadIdx.x; i < n; i += NORM_THREADS) {
-        const float y = vr[i] * inv * w[i];
-        if (h32) h32[row + i] = y;
-        h16[row + i] = __float2bfloat16_rn(y);
+        h16[row + i] = __float2bfloat16_rn(vr[i] * inv * w[i]);
     }
 }
 

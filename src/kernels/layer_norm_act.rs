@@ -14,20 +14,12 @@ use crate::models::head::rms_norm;
 pub struct Normed {
     /// `x + (delta + bias)`, f32.
     pub x: Tensor,
-    /// RMSNorm of `x` in the products' dtype.
+    /// RMSNorm of `x` in the products' dtype: computed in f32, rounded once.
     pub h: Tensor,
-    /// The same in f32, when asked for (gpt-oss's router reads it).
-    pub h_f32: Option<Tensor>,
-}
-
-/// RMSNorm of f32 `x` `[rows, n]` with f32 weight `w` `[n]`, in `dtype`: computed in f32,
-/// rounded once.
-pub fn rms_norm_to(x: &Tensor, w: &Tensor, eps: f64, dtype: DType) -> Result<Tensor> {
-    Ok(add_rms_norm(x, None, None, w, eps, dtype, false)?.h)
 }
 
 /// `x + (delta + bias)` (f32 `[rows, n]`, bias `[n]`; the bias only with a delta) and its
-/// RMSNorm with weight `w` in `dtype` (and in f32 with `want_f32`), in one launch on the GPU.
+/// RMSNorm with weight `w` in `dtype`, in one launch on the GPU.
 pub fn add_rms_norm(
     x: &Tensor,
     delta: Option<&Tensor>,
@@ -35,7 +27,6 @@ pub fn add_rms_norm(
     w: &Tensor,
     eps: f64,
     dtype: DType,
-    want_f32: bool,
 ) -> Result<Normed> {
     if bias.is_some() && delta.is_none() {
         bail!("add_rms_norm: a bias needs the product it belongs to");
@@ -45,15 +36,14 @@ pub fn add_rms_norm(
         && x.device().is_cuda()
         && [Some(x), delta, bias, Some(w)].into_iter().flatten().all(|t| t.dtype() == DType::F32)
     {
-        return gpu::add_rms_norm(x, delta, bias, w, eps as f32, want_f32);
+        return gpu::add_rms_norm(x, delta, bias, w, eps as f32);
     }
     let x = match (delta, bias) {
         (Some(d), Some(b)) => (x + d.broadcast_add(&b.to_dtype(DType::F32)?)?)?,
         (Some(d), None) => (x + d)?,
         _ => x.clone(),
     };
-    let h32 = rms_norm(&x, w, eps)?;
-    Ok(Normed { h: h32.to_dtype(dtype)?, h_f32: want_f32.then_some(h32), x })
+    Ok(Normed { h: rms_norm(&x, w, eps)?.to_dtype(dtype)?, x })
 }
 
 /// `silu(g) · u` in `dtype` for the fused gate/up product `gu` (f32 `[rows, 2n]`, gate first).
@@ -64,34 +54,6 @@ pub fn silu_mul_to(gu: &Tensor, dtype: DType) -> Result<Tensor> {
         return act.to_dtype(dtype);
     }
     gu.contiguous()?.apply_op1_no_bwd(&SiluMulBf16)
-}
-
-/// The kernel's reference: (`x + (delta + bias)`, its RMSNorm in f32) with a plain f32 sum of
-/// squares per row.
-pub fn add_rms_norm_reference(
-    x: &[f32],
-    delta: Option<&[f32]>,
-    bias: Option<&[f32]>,
-    w: &[f32],
-    eps: f32,
-) -> (Vec<f32>, Vec<f32>) {
-    let n = w.len();
-    let v: Vec<f32> = match delta {
-        Some(d) => x
-            .iter()
-            .zip(d)
-            .enumerate()
-            .map(|(i, (x, d))| x + bias.map_or(*d, |b| d + b[i % n]))
-            .collect(),
-        None => x.to_vec(),
-    };
-    let mut h = Vec::with_capacity(v.len());
-    for row in v.chunks_exact(n) {
-        let ss: f32 = row.iter().map(|v| v * v).sum();
-        let inv = 1.0 / (ss / n as f32 + eps).sqrt();
-        h.extend(row.iter().zip(w).map(|(v, w)| v * inv * w));
-    }
-    (v, h)
 }
 
 #[cfg(feature = "cuda")]
@@ -120,7 +82,6 @@ mod gpu {
         bias: Option<&Tensor>,
         w: &Tensor,
         eps: f32,
-        want_f32: bool,
     ) -> Result<Normed> {
         let (rows, n) = x.dims2()?;
         let Device::Cuda(dev) = x.device() else { bail!("add_rms_norm: x is not on the GPU") };
@@ -150,7 +111,6 @@ mod gpu {
         let wv = cuda_view::<f32>(&ws, wl, "add_rms_norm weight")?;
         // SAFETY: one block per row writes every element of each output it is given.
         let mut x_out = dv.as_ref().map(|_| unsafe { dev.alloc::<f32>(rows * n) }).transpose()?;
-        let mut h32 = want_f32.then(|| unsafe { dev.alloc::<f32>(rows * n) }).transpose()?;
         let mut h16 = unsafe { dev.alloc::<bf16>(rows * n)? };
         let func = dev.get_or_load_custom_func(
             "add_rms_norm_bf16",
@@ -179,10 +139,6 @@ mod gpu {
             Some(v) => b.arg(v),
             None => b.arg(&null),
         };
-        match &mut h32 {
-            Some(v) => b.arg(v),
-            None => b.arg(&null),
-        };
         b.arg(&mut h16).arg(&n32).arg(&eps);
         // SAFETY: the arguments match the kernel's signature; x and delta hold rows·n values,
         // bias and w n; x_out is given whenever delta is.
@@ -192,11 +148,7 @@ mod gpu {
             Some(s) => wrap(s, dev, (rows, n)),
             None => x.clone(),
         };
-        Ok(Normed {
-            x: new_x,
-            h: wrap(h16, dev, (rows, n)),
-            h_f32: h32.map(|s| wrap(s, dev, (rows, n))),
-        })
+        Ok(Normed { x: new_x, h: wrap(h16, dev, (rows, n)) })
     }
 }
 
@@ -261,6 +213,34 @@ mod tests {
     use super::*;
     use crate::kernels::testing::{rng, tensor, uniform, values};
 
+    /// The kernel's reference: (`x + (delta + bias)`, its RMSNorm in f32) with a plain f32 sum of
+    /// squares per row.
+    fn add_rms_norm_reference(
+        x: &[f32],
+        delta: Option<&[f32]>,
+        bias: Option<&[f32]>,
+        w: &[f32],
+        eps: f32,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let n = w.len();
+        let v: Vec<f32> = match delta {
+            Some(d) => x
+                .iter()
+                .zip(d)
+                .enumerate()
+                .map(|(i, (x, d))| x + bias.map_or(*d, |b| d + b[i % n]))
+                .collect(),
+            None => x.to_vec(),
+        };
+        let mut h = Vec::with_capacity(v.len());
+        for row in v.chunks_exact(n) {
+            let ss: f32 = row.iter().map(|v| v * v).sum();
+            let inv = 1.0 / (ss / n as f32 + eps).sqrt();
+            h.extend(row.iter().zip(w).map(|(v, w)| v * inv * w));
+        }
+        (v, h)
+    }
+
     /// Within one bf16 rounding step of the f32 value (the two sides may round a value near a
     /// boundary apart).
     fn assert_bf16_close(name: &str, got: &[f32], want: &[f32]) {
@@ -297,7 +277,7 @@ mod tests {
         let (rows, n) = (3, 70);
         let [x, d, b, w] = norm_inputs(&mut r, rows, n);
         for (delta, bias) in [(None, None), (Some(&d), None), (Some(&d), Some(&b))] {
-            let got = add_rms_norm(&x, delta, bias, &w, 1e-5, DType::F32, true).expect("ops");
+            let got = add_rms_norm(&x, delta, bias, &w, 1e-5, DType::F32).expect("ops");
             let (v, h) = add_rms_norm_reference(
                 &values(&x),
                 delta.map(values).as_deref(),
@@ -308,9 +288,8 @@ mod tests {
             let name = format!("delta {} bias {}", delta.is_some(), bias.is_some());
             assert_eq!(values(&got.x), v, "{name}: the residual stream");
             assert_f32_close(&name, &values(&got.h), &h, 1e-5);
-            assert_eq!(values(&got.h_f32.expect("f32 asked for")), values(&got.h), "{name}");
         }
-        assert!(add_rms_norm(&x, None, Some(&b), &w, 1e-5, DType::F32, false).is_err());
+        assert!(add_rms_norm(&x, None, Some(&b), &w, 1e-5, DType::F32).is_err());
         let gu = tensor(uniform(&mut r, rows * 2 * n, -6.0, 6.0), &[rows, 2 * n], DType::F32);
         let got = values(&silu_mul_to(&gu, DType::BF16).expect("bf16"));
         let want = values(&silu_mul_to(&gu, DType::F32).expect("f32"));
@@ -343,14 +322,12 @@ mod tests {
                 &values(&cpu[3]),
                 1e-6,
             );
-            let got = add_rms_norm(&x, delta, bias, &w, 1e-6, DType::BF16, true).expect("gpu");
+            let got = add_rms_norm(&x, delta, bias, &w, 1e-6, DType::BF16).expect("gpu");
             assert_eq!(values(&got.x), v, "{name}: the residual stream");
-            assert_f32_close(&name, &values(&got.h_f32.expect("asked for")), &h, 1e-5);
             assert_bf16_close(&name, &values(&got.h), &h);
             let row = |t: &Tensor| t.narrow(0, rows - 1, 1).expect("row");
-            let one =
-                add_rms_norm(&row(&x), delta.map(row).as_ref(), bias, &w, 1e-6, DType::BF16, false)
-                    .expect("gpu");
+            let one = add_rms_norm(&row(&x), delta.map(row).as_ref(), bias, &w, 1e-6, DType::BF16)
+                .expect("gpu");
             let all = values(&got.h);
             assert!(
                 values(&one.h)

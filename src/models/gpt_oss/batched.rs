@@ -87,7 +87,7 @@ impl BatchModel for GptOss {
             )?;
             x = (x + layer.attn.o.forward_f32(&o.reshape((tokens, heads * d))?)?)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?;
-            x = (x + moe(cfg, layer, &h, &h.to_dtype(self.dtype())?)?)?;
+            x = (x + moe(cfg, layer, &h, self.dtype())?)?;
         }
         let last = x.index_select(&step.logit_rows, 0)?;
         w.head.logits(&last)

@@ -300,7 +300,7 @@ impl GptOss {
             };
             x = (x + a)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?;
-            let m = moe(&self.cfg, layer, &h, &h.to_dtype(self.dtype)?)?;
+            let m = moe(&self.cfg, layer, &h, self.dtype)?;
             x = (x + m)?;
         }
         Ok(x)
@@ -514,18 +514,16 @@ fn heads_first(t: Tensor, n: usize, d: usize) -> candle_core::Result<Tensor> {
 /// Router and experts for `h` (`[seq, hidden]`, f32); returns the f32 MoE output. The router
 /// runs in f32 on the f32 normed residual (docs/gpt-oss.md pitfall #5: near-ties); routing
 /// (top-k, softmax over the k) is fused into the experts' op.
-/// The MoE block for the MLP norm's output `h` in f32 (the router's input) and `hx`, the same
-/// in the compute dtype (the experts' input).
 pub(super) fn moe(
     cfg: &GptOssConfig,
     layer: &Layer,
     h: &Tensor,
-    hx: &Tensor,
+    dtype: DType,
 ) -> anyhow::Result<Tensor> {
     let logits = h.matmul(&layer.router_w.t()?)?;
     let act = SwiGlu { limit: cfg.swiglu_limit, alpha: cfg.swiglu_alpha };
     Ok(crate::kernels::mxfp4_moe_routed(
-        hx,
+        &h.to_dtype(dtype)?,
         &layer.experts,
         &logits,
         &layer.router_b,

@@ -2,7 +2,8 @@
 //! `model.rs` with keys and values in the engine's paged pool, one group of blocks. Per layer:
 //! residual add + RMSNorm (one launch) → the fused q/k/v product in f32 → RoPE at each token's
 //! position and the k/v stores into the pool (one launch) → causal attention over each
-//! sequence's block table → o_proj → residual add + RMSNorm → fused gate/up product → SwiGLU → down (added by the next norm).
+//! sequence's block table → o_proj → its bias, the residual add and RMSNorm (one launch) →
+//! fused gate/up product → SwiGLU → down (added to the stream by the next layer's norm).
 
 use candle_core::{DType, Device, Tensor};
 
@@ -49,7 +50,7 @@ impl BatchModel for Llama {
         let mut mlp_out: Option<Tensor> = None;
         // The residual add in front of a norm and the norm, to the products' dtype (one launch).
         let norm = |x: &Tensor, delta: Option<&Tensor>, bias: Option<&Tensor>, w: &Tensor| {
-            add_rms_norm(x, delta, bias, w, eps, self.dtype(), false)
+            add_rms_norm(x, delta, bias, w, eps, self.dtype())
         };
         for (n, layer) in w.layers.iter().enumerate() {
             let (k_pool, v_pool) = &kv.layers[n];

@@ -112,10 +112,6 @@ mod tests {
             weight: Tensor::zeros((2, 4), DType::BF16, &d).expect("z"),
             bias: None,
         };
-        assert!(concat(&[&parts_dtype(), &other]).expect("cat").is_none(), "mixed dtypes");
-    }
-
-    fn parts_dtype() -> Linear {
-        dense(2, 0.0, false)
+        assert!(concat(&[&dense(2, 0.0, false), &other]).expect("cat").is_none(), "mixed dtypes");
     }
 }
