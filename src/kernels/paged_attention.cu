@@ -10,26 +10,36 @@
 //   With sinks: o = sum_j e^{s_j - M} v_j / (e^{S_h - M} + sum_j e^{s_j - M}); without, the plain
 //   softmax (the sink taken as -inf). Log2 domain, f32 softmax and accumulators.
 //
-// Grid (num_seqs * row_blocks, kv_heads, splits), all from host-side bounds (so a CUDA graph
-// replays with other metadata): block (s * row_blocks + tile, g, split) handles BQ = 4 warps * RPW
-// query rows (query, head-in-group pairs, query-major) of sequence s and kv head g over one split
-// of the keys the sequence sees. It reads the sequence's q_len and q_pos on the device and exits
-// at once when its tile has no rows (short sequences, padding with q_len 0). The split's key
-// range is resolved from the real position (as sink_attention.cu's resolve_start), so the splits
-// always cover exactly the keys the sequence sees. Keys go in tiles of 32: a lane scores one key
-// per row, the warp applies the online softmax, each lane accumulates D/32 output dimensions.
-// Every key is loaded through the block table by the thread that loads it, so block_size is free;
-// table entries outside the keys a tile's rows may see are never read (they may be garbage), and
-// an entry that points past the pool is treated as a masked key instead of read.
-// With one split the block writes the output; with several it writes (m, l, acc) partials
-// [split][T][heads] that paged_combine merges.
+// Batch invariance: a query row's output is bit for bit the same whatever else is in the launch
+// (a decode step of one sequence, a prefill chunk of many, any grid). So a prefix computed in
+// decode steps and reused from the cache equals what a fresh prefill of it computes. The keys are
+// cut into fixed splits of SK positions (absolute: split f holds positions [f*SK, (f+1)*SK)), and
+// keys go in tiles of BK aligned to absolute positions too, so every key always meets the same
+// lane and tile. Each split runs its own online softmax (m from the sink, l, acc), and the splits
+// are folded in position order by fold() below, the one formula both paths use. Tiles or splits
+// a row cannot see leave its state bit for bit unchanged (shown at fold()).
+//
+// Grid (num_seqs * row_blocks, kv_heads, zs), all from host-side bounds (so a CUDA graph replays
+// with other metadata): block (s * row_blocks + tile, g, z) handles BQ = 4 warps * RPW query rows
+// (query, head-in-group pairs, query-major) of sequence s and kv head g over the fixed splits it
+// owns: the sequence's fixed splits from the one holding its first visible key, shared out in
+// contiguous runs of ceil(fixed_splits / zs). It reads the sequence's q_len and q_pos on the
+// device and exits at once when its tile has no rows (short sequences, padding with q_len 0).
+// A lane scores one key per row, the warp applies the online softmax, each lane accumulates
+// D/32 output dimensions. Every key is loaded through the block table by the thread that loads
+// it, so block_size is free; table entries outside the keys a tile's rows may see are never read
+// (they may be garbage), and an entry that points past the pool is treated as a masked key
+// instead of read.
+// With zs = 1 the block folds its splits as it goes and writes the output; with several it
+// writes each split's (m, l, acc) [split - first split][T][heads], and paged_combine folds them
+// per row in order.
 
 #include "common.cuh"
 
 #define NW 4   // warps per block
 #define BK 32  // keys per tile: one per lane
+#define SK 128  // positions per fixed split (a multiple of BK); SPLIT_KEYS in paged_attention.rs
 #define LOG2E 1.4426950408889634f
-#define MAX_SPLITS 256  // splits paged_combine merges
 
 // Mirrors Params in paged_attention.rs (repr(C)): keep the field order.
 struct PagedAttnParams {
@@ -39,8 +49,10 @@ struct PagedAttnParams {
     int max_blocks;       // block-table row length
     int block_size;
     int window;           // 0: no window
-    int splits;           // gridDim.z
+    int zs;               // gridDim.z: blocks sharing one tile's fixed splits
+    int fixed_splits;     // partial rows per (token, head): every sequence has at most this many
     int row_blocks;       // row tiles per sequence
+    int num_seqs;
     float scale_log2;     // scale * log2(e)
 };
 
@@ -73,6 +85,34 @@ template <> __device__ __forceinline__ void unpack16<__nv_bfloat16>(uint4 u, flo
     }
 }
 
+// Folds one split's softmax state (m_s, l_s, acc_s), m_s >= the sink logit, into a row's running
+// state (M, L, A), which starts at (sink or -inf, 0, 0). Both paths fold with this, in position
+// order, so they agree bit for bit. Exact cases that make skipping harmless: the first real split
+// gives (M, L, A) = (m_s, l_s, acc_s) exactly (w = 1, L and A were 0); a split the row does not
+// see (m_s = the sink logit or -inf, l_s = 0, acc_s = 0) changes nothing (a = 1, or everything 0
+// while M is still -inf).
+template <int DC>
+__device__ __forceinline__ void fold(float& M, float& L, float* A, float m_s, float l_s, const float* acc_s) {
+    const float mn = fmaxf(M, m_s);
+    const float base = mn == -INFINITY ? 0.f : mn;
+    const float a = exp2f(M - base), w = exp2f(m_s - base);
+    L = fmaf(l_s, w, L * a);
+#pragma unroll
+    for (int dc = 0; dc < DC; dc++) A[dc] = fmaf(acc_s[dc], w, A[dc] * a);
+    M = mn;
+}
+
+// The output of a folded state: A over L plus the sink's share.
+__device__ __forceinline__ float finish_denom(float M, float L, float sink2) {
+    return L + (sink2 == -INFINITY ? 0.f : exp2f(sink2 - M));
+}
+
+// The first visible key of a query at position P, and the first fixed split of sequence whose
+// first query is at pos0 (what partial rows are numbered from).
+__device__ __forceinline__ long long first_key(long long P, int window) {
+    return window > 0 ? max(0LL, P - window + 1) : 0LL;
+}
+
 template <typename T, int D, int RPW>
 __device__ __forceinline__ void paged_attention_impl(
     const T* __restrict__ q, const T* __restrict__ k_pool, const T* __restrict__ v_pool,
@@ -88,7 +128,7 @@ __device__ __forceinline__ void paged_attention_impl(
     __shared__ long long KP[BK];  // position of each key of the tile, -1 if none
 
     const int seq = blockIdx.x / p.row_blocks, tile = blockIdx.x % p.row_blocks;
-    const int g = blockIdx.y, split = blockIdx.z;
+    const int g = blockIdx.y, z = blockIdx.z;
     const int G = p.heads / p.kv_heads;
     const long long tok0 = cu_q[seq];
     const long long q_len = (long long)cu_q[seq + 1] - tok0;
@@ -100,7 +140,9 @@ __device__ __forceinline__ void paged_attention_impl(
     const uint32_t* table = tables + (long long)seq * p.max_blocks;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // Per row: the current split's state (m, l per lane, acc) and, with zs = 1, the folded state.
     float m[RPW], l[RPW], sink2[RPW], acc[RPW][DC];
+    float Mt[RPW], Lt[RPW], At[RPW][DC];
     long long qpos[RPW];
     bool rvalid[RPW];
 #pragma unroll
@@ -113,22 +155,46 @@ __device__ __forceinline__ void paged_attention_impl(
         sink2[r] = sinks ? sinks[h] * LOG2E : -INFINITY;
         m[r] = sink2[r];  // the running max starts at the sink (-inf without sinks)
         l[r] = 0.f;
+        Mt[r] = sink2[r];
+        Lt[r] = 0.f;
 #pragma unroll
-        for (int dc = 0; dc < DC; dc++) acc[r][dc] = 0.f;
+        for (int dc = 0; dc < DC; dc++) acc[r][dc] = At[r][dc] = 0.f;
     }
 
-    // The split layout over the keys the whole sequence sees, then the part of this split that
-    // the tile's rows may see.
-    const long long seq_lo = p.window > 0 ? max(0LL, pos0 - p.window + 1) : 0LL;
-    const long long seq_hi = pos0 + q_len;
-    const long long per = ((max(seq_hi - seq_lo, 1LL) + p.splits - 1) / p.splits + BK - 1) / BK * BK;
-    const long long split_lo = seq_lo + (long long)split * per;
+    // The fixed splits this block owns, then the keys of those that the tile's rows may see.
+    const long long f_base = first_key(pos0, p.window) / SK;
+    const long long per_z = (p.fixed_splits + p.zs - 1) / p.zs;
     const long long qi_lo = row0 / G;
     const long long qi_hi = min(rows - 1, (long long)row0 + BQ - 1) / G;
-    long long lo = p.window > 0 ? max(0LL, pos0 + qi_lo - p.window + 1) : 0LL;
-    long long hi = pos0 + qi_hi + 1;
-    lo = max(lo, split_lo);
-    hi = min(hi, split_lo + per);
+    const long long lo = max(first_key(pos0 + qi_lo, p.window), (f_base + z * per_z) * SK);
+    const long long hi = min(pos0 + qi_hi + 1, (f_base + (z + 1) * per_z) * SK);
+    const long long start = lo / BK * BK;  // tiles at absolute multiples of BK
+
+    // Ends fixed split f for every row: folds it (zs = 1) or writes it as a partial, and starts
+    // the next split's state.
+    auto close_split = [&](long long f) {
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            const float lt = warp_sum(l[r]);
+            if (p.zs == 1) {
+                fold<DC>(Mt[r], Lt[r], At[r], m[r], lt, acc[r]);
+            } else if (rvalid[r] && f - f_base < p.fixed_splits) {
+                const long long R = row0 + warp * RPW + r;
+                const long long orow = (tok0 + R / G) * p.heads + g * G + (int)(R % G);
+                const long long prow = (f - f_base) * p.tokens * p.heads + orow;
+#pragma unroll
+                for (int dc = 0; dc < DC; dc++) part_acc[prow * D + lane + 32 * dc] = acc[r][dc];
+                if (lane == 0) {
+                    part_ml[2 * prow] = m[r];
+                    part_ml[2 * prow + 1] = lt;
+                }
+            }
+            m[r] = sink2[r];
+            l[r] = 0.f;
+#pragma unroll
+            for (int dc = 0; dc < DC; dc++) acc[r][dc] = 0.f;
+        }
+    };
 
     // K/V tiles go through registers: the next tile's 16-byte loads are in flight while the
     // current one is scored. Each thread finds its keys' slots in the block table itself.
@@ -142,7 +208,7 @@ __device__ __forceinline__ void paged_attention_impl(
         for (int i = 0; i < LOADS; i++) {
             const int idx = threadIdx.x + i * NW * 32, jj = idx / VPR, c = (idx % VPR) * N;
             const long long t = t0 + jj;
-            const long long slot = t < hi ? paged_slot(table, t, p) : -1;
+            const long long slot = t >= lo && t < hi ? paged_slot(table, t, p) : -1;
             if (slot >= 0) {
                 const long long at = slot * row_stride + (long long)g * D + c;
                 kr[i] = *reinterpret_cast<const uint4*>(k_pool + at);
@@ -153,7 +219,7 @@ __device__ __forceinline__ void paged_attention_impl(
             }
         }
     };
-    if (lo < hi) fetch(lo);  // in flight while Q is staged
+    if (lo < hi) fetch(start);  // in flight while Q is staged
     for (int i = threadIdx.x; i < BQ * D; i += blockDim.x) {
         const int r = i / D, c = i % D;
         const long long R = row0 + r;
@@ -166,7 +232,8 @@ __device__ __forceinline__ void paged_attention_impl(
         Qs[r][c] = x;
     }
 
-    for (long long t0 = lo; t0 < hi; t0 += BK) {
+    for (long long t0 = start; t0 < hi; t0 += BK) {
+        if (t0 > start && t0 % SK == 0) close_split(t0 / SK - 1);
         __syncthreads();  // the previous tile is consumed (and Qs is written)
 #pragma unroll
         for (int i = 0; i < LOADS; i++) {
@@ -182,7 +249,7 @@ __device__ __forceinline__ void paged_attention_impl(
         }
         if (threadIdx.x < BK) {
             const long long t = t0 + threadIdx.x;
-            KP[threadIdx.x] = t < hi && paged_slot(table, t, p) >= 0 ? t : -1;
+            KP[threadIdx.x] = t >= lo && t < hi && paged_slot(table, t, p) >= 0 ? t : -1;
         }
         __syncthreads();
         if (t0 + BK < hi) fetch(t0 + BK);
@@ -245,66 +312,57 @@ __device__ __forceinline__ void paged_attention_impl(
         }
     }
 
+    if (lo < hi) close_split((hi - 1) / SK);
+    if (p.zs > 1) return;  // (no key: the combine reads none of this block's splits)
 #pragma unroll
     for (int r = 0; r < RPW; r++) {
-        const float lt = warp_sum(l[r]);
         if (!rvalid[r]) continue;
         const long long R = row0 + warp * RPW + r;
-        const long long tok = tok0 + R / G;
-        const int h = g * G + (int)(R % G);
-        const long long orow = tok * p.heads + h;
-        if (p.splits == 1) {
-            const float denom = lt + (sink2[r] == -INFINITY ? 0.f : exp2f(sink2[r] - m[r]));
+        const long long orow = (tok0 + R / G) * p.heads + g * G + (int)(R % G);
+        const float denom = finish_denom(Mt[r], Lt[r], sink2[r]);
 #pragma unroll
-            for (int dc = 0; dc < DC; dc++) out[orow * D + lane + 32 * dc] = from_f32<T>(acc[r][dc] / denom);
-        } else {
-            const long long prow = (long long)split * p.tokens * p.heads + orow;
-#pragma unroll
-            for (int dc = 0; dc < DC; dc++) part_acc[prow * D + lane + 32 * dc] = acc[r][dc];
-            if (lane == 0) {
-                part_ml[2 * prow] = m[r];
-                part_ml[2 * prow + 1] = lt;
-            }
-        }
+        for (int dc = 0; dc < DC; dc++) out[orow * D + lane + 32 * dc] = from_f32<T>(At[r][dc] / denom);
     }
 }
 
-// Merges the splits' partials: one warp per output row (token, head). A split that saw no key
-// left m = sink (or -inf) and l = 0, which weighs nothing.
+// Folds the fixed splits' partials of each row in position order: one warp per output row
+// (token, head). It reads exactly the splits holding keys the row sees, which the attention
+// blocks wrote; the others would fold as no-ops.
 template <typename T, int D>
 __device__ __forceinline__ void paged_combine_impl(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                                   const float* __restrict__ sinks, T* __restrict__ out, int heads,
-                                                   long long tokens, int splits) {
+                                                   const float* __restrict__ sinks, const uint32_t* __restrict__ cu_q,
+                                                   const uint32_t* __restrict__ q_pos, T* __restrict__ out,
+                                                   const PagedAttnParams& p) {
     constexpr int DC = D / 32;
-    __shared__ float wsh[NW][MAX_SPLITS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long rows = tokens * heads;
+    const long long rows = p.tokens * p.heads;
     const long long row = (long long)blockIdx.x * NW + warp;
     if (row >= rows) return;
-    const float sink2 = sinks ? sinks[row % heads] * LOG2E : -INFINITY;
-    float M = sink2;
-    for (int s = lane; s < splits; s += 32) M = fmaxf(M, part_ml[2 * (s * rows + row)]);
-    M = warp_max(M);
-    float L = 0.f;
-    for (int s = lane; s < splits; s += 32) {
-        const long long prow = s * rows + row;
-        const float w = exp2f(part_ml[2 * prow] - M);
-        wsh[warp][s] = w;
-        L = fmaf(part_ml[2 * prow + 1], w, L);
+    const long long tok = row / p.heads;
+    // The row's sequence: the last s with cu_q[s] <= tok (cu_q is non-decreasing).
+    int a = 0, b = p.num_seqs - 1;
+    while (a < b) {
+        const int mid = (a + b + 1) / 2;
+        if ((long long)cu_q[mid] <= tok) a = mid; else b = mid - 1;
     }
-    L = warp_sum(L) + (sink2 == -INFINITY ? 0.f : exp2f(sink2 - M));
-    __syncwarp();
-    float acc[DC];
+    const long long pos0 = q_pos[a];
+    const long long P = pos0 + tok - cu_q[a];
+    const long long f_base = first_key(pos0, p.window) / SK;
+    const float sink2 = sinks ? sinks[row % p.heads] * LOG2E : -INFINITY;
+    float M = sink2, L = 0.f, A[DC];
 #pragma unroll
-    for (int dc = 0; dc < DC; dc++) acc[dc] = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < splits; s++) {
-        const float w = wsh[warp][s];
+    for (int dc = 0; dc < DC; dc++) A[dc] = 0.f;
+    const long long f_end = min(P / SK + 1, f_base + p.fixed_splits);
+    for (long long f = first_key(P, p.window) / SK; f < f_end; f++) {
+        const long long prow = (f - f_base) * rows + row;
+        float acc[DC];
 #pragma unroll
-        for (int dc = 0; dc < DC; dc++) acc[dc] = fmaf(w, part_acc[(s * rows + row) * D + lane + 32 * dc], acc[dc]);
+        for (int dc = 0; dc < DC; dc++) acc[dc] = part_acc[prow * D + lane + 32 * dc];
+        fold<DC>(M, L, A, part_ml[2 * prow], part_ml[2 * prow + 1], acc);
     }
+    const float denom = finish_denom(M, L, sink2);
 #pragma unroll
-    for (int dc = 0; dc < DC; dc++) out[row * D + lane + 32 * dc] = from_f32<T>(acc[dc] / L);
+    for (int dc = 0; dc < DC; dc++) out[row * D + lane + 32 * dc] = from_f32<T>(A[dc] / denom);
 }
 
 #define PAGED_ATTENTION(NAME, T, D, RPW)                                                                 \
@@ -318,9 +376,9 @@ __device__ __forceinline__ void paged_combine_impl(const float* __restrict__ par
 
 #define PAGED_COMBINE(NAME, T, D)                                                                        \
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                \
-        NAME(const float* part_acc, const float* part_ml, const float* sinks, T* out, int heads,         \
-             long long tokens, int splits) {                                                             \
-        paged_combine_impl<T, D>(part_acc, part_ml, sinks, out, heads, tokens, splits);                  \
+        NAME(const float* part_acc, const float* part_ml, const float* sinks, const uint32_t* cu_q,      \
+             const uint32_t* q_pos, T* out, const PagedAttnParams p) {                                   \
+        paged_combine_impl<T, D>(part_acc, part_ml, sinks, cu_q, q_pos, out, p);                         \
     }
 
 PAGED_ATTENTION(paged_attention_f32_d64_r2, float, 64, 2)

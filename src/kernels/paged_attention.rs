@@ -18,11 +18,16 @@
 //! CUDA (`paged_attention.cu`): head_dim 64 or 128. The launch depends only on the number of
 //! sequences, the shapes and the host-side [`PagedBounds`], never on the metadata's contents, so
 //! a CUDA graph captured for one batch shape replays with other positions, lengths and tables:
-//! one block per (sequence, tile of query rows of one kv group, kv head, split of the keys); a
+//! one block per (sequence, tile of query rows of one kv group, kv head, run of key splits); a
 //! block finds its sequence's length and position on the device and exits when its tile is
-//! empty. When few blocks would cover the GPU (decode), the keys are split and the partial
-//! softmax states merged by a second kernel; each split's key range comes from the sequence's
-//! real position.
+//! empty. When few blocks would cover the GPU (decode), a tile's keys are shared among several
+//! blocks and their partial softmax states merged by a second kernel.
+//!
+//! Batch invariance: a row's output is bit for bit the same in any launch (alone in a decode
+//! step, inside a prefill chunk, split among blocks or not), so a prefix computed token by token
+//! and reused from the cache equals a fresh prefill of it. Every query folds its keys' softmax in
+//! fixed runs of [`SPLIT_KEYS`] absolute positions, in position order, with one formula in both
+//! the one-block and the combine path (the kernel's header has the argument).
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, bail};
@@ -81,32 +86,41 @@ pub fn paged_attention(
 /// what lets a CUDA graph replay it ([`paged_launch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PagedLaunch {
-    /// The attention kernel's grid: (sequences × row tiles, kv heads, key splits).
+    /// The attention kernel's grid: (sequences × row tiles, kv heads, blocks sharing a tile's
+    /// fixed splits).
     pub grid: (u32, u32, u32),
     /// Query rows per warp (the kernel variant): 2 for short tiles, else 4.
     pub rows_per_warp: usize,
-    /// Key splits merged by the combine kernel (1: no combine launch).
+    /// Blocks that share one tile's fixed splits (`grid.2`); above 1 their partial states go to
+    /// the combine kernel.
     pub splits: usize,
-    /// The combine kernel's grid (0 with one split).
+    /// Fixed splits any sequence can have: partial states kept per (token, head).
+    pub fixed_splits: usize,
+    /// The combine kernel's grid (0 with one block per tile).
     pub combine_blocks: usize,
 }
 
 /// Keys per tile (`BK` in the kernel) and warps per block (`NW`).
 const TILE: usize = 32;
 const WARPS: usize = 4;
-/// Fewest keys in a split (4 tiles): below that the merge costs more than it saves.
-const MIN_SPLIT: usize = 4 * TILE;
-/// Most splits paged_combine merges (`MAX_SPLITS` in the kernel).
-const MAX_SPLITS: usize = 256;
+/// Positions per fixed split (`SK` in the kernel): every query folds its keys' softmax in these
+/// absolute runs, whatever the launch, which makes the result batch invariant (the kernel's
+/// header). 4 tiles: short enough that a decode step at a few hundred positions still spreads
+/// over several blocks.
+pub const SPLIT_KEYS: usize = 4 * TILE;
+/// Most bytes of partial states one call may take (the combine path's workspace); past it the
+/// tile's blocks do not share their splits. Big batches at long bounds reach it, and have the
+/// blocks to fill the GPU anyway.
+const MAX_PARTIAL_BYTES: usize = 32 << 20;
 
-/// The launch for `seqs` sequences, `tokens` query rows and `heads`:`kv_heads` heads on a GPU of
-/// `sms` multiprocessors: a function of those and the bounds alone. The keys are split until
-/// about 4 blocks per multiprocessor run, but no split is shorter than 4 tiles of the longest
-/// context's visible keys.
+/// The launch for `seqs` sequences, `tokens` query rows, `heads`:`kv_heads` heads of size `d`
+/// on a GPU of `sms` multiprocessors: a function of those and the bounds alone. A tile's fixed
+/// splits are shared by more blocks until about 4 blocks per multiprocessor run, within the
+/// partial states' memory cap.
 pub fn paged_launch(
     seqs: usize,
     tokens: usize,
-    (heads, kv_heads): (usize, usize),
+    (heads, kv_heads, d): (usize, usize, usize),
     bounds: PagedBounds,
     window: Option<usize>,
     sms: usize,
@@ -116,13 +130,20 @@ pub fn paged_launch(
     let row_blocks = rows.div_ceil(WARPS * rows_per_warp);
     let span =
         window.map_or(bounds.max_context, |w| bounds.max_context.min(w + bounds.max_q_len)).max(1);
+    // A span that does not start on a split boundary touches one split more.
+    let fixed_splits = span.div_ceil(SPLIT_KEYS) + 1;
     let blocks = (seqs * row_blocks * kv_heads).max(1);
-    let splits =
-        (4 * sms.max(1)).div_ceil(blocks).min(span.div_ceil(MIN_SPLIT)).clamp(1, MAX_SPLITS);
+    let partial_bytes = fixed_splits * tokens * heads * (d + 2) * 4;
+    let splits = if partial_bytes > MAX_PARTIAL_BYTES {
+        1
+    } else {
+        (4 * sms.max(1)).div_ceil(blocks).clamp(1, fixed_splits)
+    };
     PagedLaunch {
         grid: ((seqs * row_blocks) as u32, kv_heads as u32, splits as u32),
         rows_per_warp,
         splits,
+        fixed_splits,
         combine_blocks: if splits > 1 { (tokens * heads).div_ceil(WARPS) } else { 0 },
     }
 }
@@ -144,6 +165,8 @@ struct PagedAttention {
     heads: usize,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     kv_heads: usize,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    d: usize,
     sinks: Option<Tensor>,
     cu_q: Tensor,
     q_pos: Tensor,
@@ -238,6 +261,7 @@ impl PagedAttention {
         Ok(Self {
             heads,
             kv_heads,
+            d,
             sinks: meta.sinks.map(|s| s.to_dtype(DType::F32)?.contiguous()).transpose()?,
             cu_q: meta.cu_q.contiguous()?,
             q_pos: meta.q_pos.contiguous()?,
@@ -252,7 +276,14 @@ impl PagedAttention {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn plan(&self, tokens: usize, sms: usize) -> PagedLaunch {
         let seqs = self.q_pos.dims().first().copied().unwrap_or(0);
-        paged_launch(seqs, tokens, (self.heads, self.kv_heads), self.bounds, self.cfg.window, sms)
+        paged_launch(
+            seqs,
+            tokens,
+            (self.heads, self.kv_heads, self.d),
+            self.bounds,
+            self.cfg.window,
+            sms,
+        )
     }
 
     /// Whether a key at position `t` is visible from a query at position `p`.

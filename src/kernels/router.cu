@@ -61,3 +61,59 @@ extern "C" __global__ void __launch_bounds__(128)
         weights[t * k + lane] = mine / sum;
     }
 }
+
+// The router's logits h · wᵀ in f32: h [tokens, hidden], w [experts, hidden] (contiguous, rows
+// 16-byte aligned, hidden % 4 == 0) -> out [tokens, experts]. Batch invariant: each (token,
+// expert) dot is summed in one fixed order whatever the token count (lane l takes the float4
+// chunks l, l + 32, ... in order, then the warp's fixed butterfly), unlike a GEMM library that
+// picks its reduction by shape. A warp computes RT tokens × RE experts, so each chunk it loads
+// serves several products. grid (ceil(token groups × expert groups / 4)), block (128).
+#define RT 4
+#define RE 4
+
+extern "C" __global__ void __launch_bounds__(128)
+    router_logits_f32(const float* __restrict__ h, const float* __restrict__ w, float* __restrict__ out, int tokens,
+                      int experts, int hidden) {
+    const int lane = threadIdx.x & 31;
+    const long long warp = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int egroups = (experts + RE - 1) / RE;
+    const long long t0 = warp / egroups * RT;
+    const int e0 = (int)(warp % egroups) * RE;
+    if (t0 >= tokens) return;
+    const int n4 = hidden / 4;
+    const float4* hr[RT];
+    const float4* wr[RE];
+#pragma unroll
+    for (int r = 0; r < RT; r++) hr[r] = reinterpret_cast<const float4*>(h + min(t0 + r, (long long)tokens - 1) * hidden);
+#pragma unroll
+    for (int c = 0; c < RE; c++) wr[c] = reinterpret_cast<const float4*>(w + (long long)min(e0 + c, experts - 1) * hidden);
+    float acc[RT][RE];
+#pragma unroll
+    for (int r = 0; r < RT; r++)
+#pragma unroll
+        for (int c = 0; c < RE; c++) acc[r][c] = 0.f;
+    for (int i = lane; i < n4; i += 32) {
+        float4 hv[RT], wv[RE];
+#pragma unroll
+        for (int r = 0; r < RT; r++) hv[r] = hr[r][i];
+#pragma unroll
+        for (int c = 0; c < RE; c++) wv[c] = wr[c][i];
+#pragma unroll
+        for (int r = 0; r < RT; r++)
+#pragma unroll
+            for (int c = 0; c < RE; c++) {
+                float a = acc[r][c];
+                a = fmaf(hv[r].x, wv[c].x, a);
+                a = fmaf(hv[r].y, wv[c].y, a);
+                a = fmaf(hv[r].z, wv[c].z, a);
+                acc[r][c] = fmaf(hv[r].w, wv[c].w, a);
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < RT; r++)
+#pragma unroll
+        for (int c = 0; c < RE; c++) {
+            const float s = warp_sum(acc[r][c]);
+            if (lane == 0 && t0 + r < tokens && e0 + c < experts) out[(t0 + r) * experts + e0 + c] = s;
+        }
+}

@@ -25,8 +25,10 @@ struct Params {
     max_blocks: i32,
     block_size: i32,
     window: i32,
-    splits: i32,
+    zs: i32,
+    fixed_splits: i32,
     row_blocks: i32,
+    num_seqs: i32,
     scale_log2: f32,
 }
 
@@ -75,8 +77,10 @@ pub(super) fn launch<T: KernelFloat>(
         max_blocks: int(max_blocks, "max_blocks")?,
         block_size: int(cfg.block_size, "block_size")?,
         window: cfg.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
-        splits: int(plan.splits, "splits")?,
+        zs: int(plan.splits, "splits")?,
+        fixed_splits: int(plan.fixed_splits, "fixed splits")?,
         row_blocks: int(plan.grid.0 as usize / seqs, "row blocks")?,
+        num_seqs: int(seqs, "sequences")?,
         scale_log2: cfg.scale * std::f32::consts::LOG2_E,
     };
 
@@ -112,10 +116,11 @@ pub(super) fn launch<T: KernelFloat>(
         unsafe { b.launch(grid) }.w()?;
         return Ok(out);
     }
-    // SAFETY: for every row of every sequence, each split's block writes its partials (neutral
-    // ones when it sees no key) before the combine kernel reads them.
-    let mut part_acc = unsafe { dev.alloc::<f32>(plan.splits * tokens * heads * d)? };
-    let mut part_ml = unsafe { dev.alloc::<f32>(plan.splits * tokens * heads * 2)? };
+    // SAFETY: the combine kernel reads, for each row, the partials of the fixed splits holding
+    // keys the row sees, and the attention blocks write exactly those first.
+    let parts = plan.fixed_splits * tokens * heads;
+    let mut part_acc = unsafe { dev.alloc::<f32>(parts * d)? };
+    let mut part_ml = unsafe { dev.alloc::<f32>(parts * 2)? };
     let mut b = func.builder();
     b.arg(&q).arg(&k).arg(&v).arg(&sinks_ptr).arg(&cu_q).arg(&q_pos).arg(&tables);
     b.arg(&mut out).arg(&mut part_acc).arg(&mut part_ml).arg(&params);
@@ -124,9 +129,9 @@ pub(super) fn launch<T: KernelFloat>(
 
     let name = format!("paged_combine_{}_d{d}", T::NAME);
     let combine = dev.get_or_load_custom_func(&name, MODULE, PAGED_ATTENTION_PTX)?;
-    let (h, t, sp) = (params.heads, params.tokens, params.splits);
     let mut b = combine.builder();
-    b.arg(&part_acc).arg(&part_ml).arg(&sinks_ptr).arg(&mut out).arg(&h).arg(&t).arg(&sp);
+    b.arg(&part_acc).arg(&part_ml).arg(&sinks_ptr).arg(&cu_q).arg(&q_pos).arg(&mut out);
+    b.arg(&params);
     let grid = LaunchConfig {
         grid_dim: (int(plan.combine_blocks, "rows")? as u32, 1, 1),
         block_dim: ((WARPS * 32) as u32, 1, 1),

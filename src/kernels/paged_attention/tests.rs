@@ -308,7 +308,7 @@ fn launch_depends_on_bounds_only() {
     let prefill = paged_launch(
         2,
         1200,
-        (64, 8),
+        (64, 8, 64),
         PagedBounds { max_q_len: 600, max_context: 5000 },
         None,
         132,

@@ -520,7 +520,7 @@ pub(super) fn moe(
     h: &Tensor,
     dtype: DType,
 ) -> anyhow::Result<Tensor> {
-    let logits = h.matmul(&layer.router_w.t()?)?;
+    let logits = crate::kernels::router_logits(h, &layer.router_w)?;
     let act = SwiGlu { limit: cfg.swiglu_limit, alpha: cfg.swiglu_alpha };
     Ok(crate::kernels::mxfp4_moe_routed(
         &h.to_dtype(dtype)?,

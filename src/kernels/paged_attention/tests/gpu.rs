@@ -208,3 +208,71 @@ fn gpu_decode_timing() {
         }
     }
 }
+
+/// Batch invariance, bit for bit: every query row of a batch of prefill chunks equals the same
+/// query computed alone in a decode step under a graph bucket's loose bounds (its keys shared
+/// among blocks and combined), and the same query inside chunks of 7 (other tiles, other rows).
+/// This is what makes a prefix decoded token by token and reused from the cache equal a fresh
+/// prefill of it in bf16.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_rows_are_batch_invariant() {
+    let dev = gpu();
+    let mut r = rng("paged invariance");
+    let loose = PagedBounds { max_q_len: 1, max_context: 8192 };
+    let u32s = |v: &[u32]| Tensor::new(v, &dev).unwrap();
+    for dtype in [DType::F32, DType::BF16] {
+        for (window, sinks) in [(None, true), (Some(128), true), (Some(100), false), (None, false)]
+        {
+            let mut b = Batch::new(64, 8, 64, 16).window(window).sinks(sinks);
+            b.seqs = vec![(200, 0), (37, 900), (1, 2500), (70, r.random_range(100..300))];
+            let x = to_device(&inputs(&mut r, &b, dtype), &dev);
+            let full = values(&run(&x, &b, b.bounds()).unwrap());
+            let row = b.heads * b.d;
+            let what = format!("{dtype:?} window {window:?} sinks {sinks}");
+            let same = |got: &[f32], at: usize, how: &str| {
+                let want = &full[at * row..][..got.len()];
+                let diff = got.iter().zip(want).position(|(a, w)| a.to_bits() != w.to_bits());
+                assert!(diff.is_none(), "{what}: {how}: row {at} differs at {diff:?}");
+            };
+            // Each query alone, as a decode step.
+            let mut at = 0;
+            for (s, &(q_len, q_pos)) in b.seqs.iter().enumerate() {
+                for i in 0..q_len {
+                    let one = Inputs {
+                        q: x.q.narrow(0, at, 1).unwrap(),
+                        cu_q: u32s(&[0, 1]),
+                        q_pos: u32s(&[(q_pos + i) as u32]),
+                        tables: x.tables.narrow(0, s, 1).unwrap(),
+                        sinks: x.sinks.clone(),
+                        k_pool: x.k_pool.clone(),
+                        v_pool: x.v_pool.clone(),
+                        k_seq: Vec::new(),
+                        v_seq: Vec::new(),
+                    };
+                    let plan = paged_launch(1, 1, (b.heads, b.kv_heads, b.d), loose, window, 132);
+                    assert!(plan.splits > 1, "{what}: the decode call does not split: {plan:?}");
+                    same(&values(&run(&one, &b, loose).unwrap()), at, "alone");
+                    at += 1;
+                }
+            }
+            // Every sequence in chunks of 7, all in one call.
+            let (mut cu, mut pos, mut rows) = (vec![0u32], Vec::new(), Vec::new());
+            for (s, &(q_len, q_pos)) in b.seqs.iter().enumerate() {
+                for c in (0..q_len).step_by(7) {
+                    cu.push(cu.last().unwrap() + (q_len - c).min(7) as u32);
+                    pos.push((q_pos + c) as u32);
+                    rows.push(s as u32);
+                }
+            }
+            let chunked = Inputs {
+                cu_q: u32s(&cu),
+                q_pos: u32s(&pos),
+                tables: x.tables.index_select(&u32s(&rows), 0).unwrap(),
+                ..to_device(&x, &dev)
+            };
+            let bounds = PagedBounds { max_q_len: 7, max_context: b.bounds().max_context };
+            same(&values(&run(&chunked, &b, bounds).unwrap()), 0, "in chunks of 7");
+        }
+    }
+}
