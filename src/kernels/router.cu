@@ -64,22 +64,24 @@ extern "C" __global__ void __launch_bounds__(128)
 
 // The router's logits h · wᵀ in f32: h [tokens, hidden], w [experts, hidden] (contiguous, rows
 // 16-byte aligned, hidden % 4 == 0) -> out [tokens, experts]. Batch invariant: each (token,
-// expert) dot is summed in one fixed order whatever the token count (lane l takes the float4
-// chunks l, l + 32, ... in order, then the warp's fixed butterfly), unlike a GEMM library that
-// picks its reduction by shape. A warp computes RT tokens × RE experts, so each chunk it loads
-// serves several products. grid (ceil(token groups × expert groups / 4)), block (128).
+// expert) dot is summed in one fixed order whatever the token count (thread i of the block takes
+// the float4 chunks i, i + RK, ... in order; then each warp's fixed butterfly, then the warps in
+// order), unlike a GEMM library that picks its reduction by shape. A block computes RT tokens ×
+// RE experts, so each chunk a thread loads serves several products; the RK threads along K keep
+// enough loads in flight for a single token. grid (ceil(tokens / RT) · ceil(experts / RE)),
+// block (RK).
 #define RT 4
 #define RE 4
+#define RK 256
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(RK)
     router_logits_f32(const float* __restrict__ h, const float* __restrict__ w, float* __restrict__ out, int tokens,
                       int experts, int hidden) {
-    const int lane = threadIdx.x & 31;
-    const long long warp = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
+    __shared__ float red[RK / 32][RT][RE];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int egroups = (experts + RE - 1) / RE;
-    const long long t0 = warp / egroups * RT;
-    const int e0 = (int)(warp % egroups) * RE;
-    if (t0 >= tokens) return;
+    const long long t0 = (long long)(blockIdx.x / egroups) * RT;
+    const int e0 = (int)(blockIdx.x % egroups) * RE;
     const int n4 = hidden / 4;
     const float4* hr[RT];
     const float4* wr[RE];
@@ -92,7 +94,8 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int r = 0; r < RT; r++)
 #pragma unroll
         for (int c = 0; c < RE; c++) acc[r][c] = 0.f;
-    for (int i = lane; i < n4; i += 32) {
+#pragma unroll 2
+    for (int i = threadIdx.x; i < n4; i += RK) {
         float4 hv[RT], wv[RE];
 #pragma unroll
         for (int r = 0; r < RT; r++) hv[r] = hr[r][i];
@@ -114,6 +117,14 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int c = 0; c < RE; c++) {
             const float s = warp_sum(acc[r][c]);
-            if (lane == 0 && t0 + r < tokens && e0 + c < experts) out[(t0 + r) * experts + e0 + c] = s;
+            if (lane == 0) red[warp][r][c] = s;
         }
+    __syncthreads();
+    if (threadIdx.x < RT * RE) {
+        const int r = threadIdx.x / RE, c = threadIdx.x % RE;
+        float s = 0.f;
+#pragma unroll
+        for (int v = 0; v < RK / 32; v++) s += red[v][r][c];
+        if (t0 + r < tokens && e0 + c < experts) out[(t0 + r) * experts + e0 + c] = s;
+    }
 }

@@ -62,18 +62,19 @@ impl CustomOp2 for RouterLogits {
         }
         let h = hs.as_cuda_slice::<f32>()?.slice(hl.start_offset()..);
         let w = ws.as_cuda_slice::<f32>()?.slice(wl.start_offset()..);
-        // SAFETY: every (token, expert) output is written by the warp that computes it.
+        // SAFETY: every (token, expert) output is written by the block that computes it.
         let mut out = unsafe { dev.alloc::<f32>(tokens * experts)? };
         let func =
             dev.get_or_load_custom_func("router_logits_f32", "inferno_router", ROUTER_PTX)?;
-        let warps = tokens.div_ceil(4) * experts.div_ceil(4);
+        // One block per 4 tokens × 4 experts (RT × RE in the kernel).
+        let blocks = tokens.div_ceil(4) * experts.div_ceil(4);
         let (t32, e32, h32) =
             (int(tokens, "tokens")?, int(experts, "experts")?, int(hidden, "hidden")?);
         let mut b = func.builder();
         b.arg(&h).arg(&w).arg(&mut out).arg(&t32).arg(&e32).arg(&h32);
         let cfg = LaunchConfig {
-            grid_dim: (int(warps.div_ceil(4), "blocks")? as u32, 1, 1),
-            block_dim: (128, 1, 1),
+            grid_dim: (int(blocks, "blocks")? as u32, 1, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: the arguments match the kernel's signature; rows are contiguous, aligned and
