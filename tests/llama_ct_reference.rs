@@ -11,8 +11,7 @@
 //! (~1e-6 relative): where x / scale sits that close to a rounding boundary (none does here, on
 //! this machine), one input element moves by a whole step (max|x| / 127.5), which moves a logit
 //! by ~1e-4 to 1e-3 at these weight sizes; the looser bound leaves room for one such flip on
-//! another CPU's summation order. Skipping the activation quantization altogether is off by
-//! ~1e-2 (it is an error of 1/255 relative on every input).
+//! another CPU's summation order.
 
 use std::path::PathBuf;
 

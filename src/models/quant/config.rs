@@ -253,7 +253,9 @@ fn scheme(field: &str, format: Option<&str>, g: &Value) -> anyhow::Result<Scheme
                 "group" => match w.int("group_size") {
                     Some(n) if n > 0 => Some(n as usize),
                     _ => {
-                        return Err(w.refuse("group_size", "a group strategy needs a positive size"));
+                        return Err(
+                            w.refuse("group_size", "a group strategy needs a positive size")
+                        );
                     }
                 },
                 "channel" => None,
