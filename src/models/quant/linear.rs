@@ -169,6 +169,100 @@ impl QuantLinear {
         }
     }
 
+    /// Random codes with scales that give weights of about `std` (`inferno bench
+    /// --dummy-weights` on a quantized layout, and the kernels' tests), made on the host from
+    /// `seed` and copied to `dev`. Zero points and activation-order groups when the scheme
+    /// has them.
+    pub fn random(
+        scheme: Scheme,
+        (out, inp): (usize, usize),
+        std: f32,
+        seed: u64,
+        dev: &Device,
+    ) -> anyhow::Result<QuantLinear> {
+        use rand::{Rng, RngCore, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut l = match scheme.weight {
+            WeightFormat::Int8 | WeightFormat::Fp8 => {
+                let mut bytes = vec![0u8; out * inp];
+                rng.fill_bytes(&mut bytes);
+                let int8 = scheme.weight == WeightFormat::Int8;
+                // int8: uniform over -127..=127 (std ≈ 73); FP8: sign and codes below 0x58
+                // (|v| < 16, no NaN; std ≈ 5).
+                let spread = if int8 { 73.0 } else { 5.0 };
+                for b in &mut bytes {
+                    *b =
+                        if int8 { (*b % 255).wrapping_sub(127) } else { (*b & 0x80) | (*b % 0x58) };
+                }
+                let q = Tensor::from_vec(bytes, (out, inp), dev)?;
+                let scale = Tensor::full(std / spread, out, dev)?;
+                QuantLinear {
+                    scheme,
+                    out,
+                    inp,
+                    q,
+                    scale,
+                    zero: None,
+                    g_idx: None,
+                    group: inp,
+                    dense: None,
+                }
+            }
+            WeightFormat::Int4 { group, symmetric, g_idx } => {
+                let group = group.unwrap_or(inp);
+                let groups = inp.div_ceil(group);
+                let wpr = inp.div_ceil(8);
+                let words: Vec<i32> = (0..out * wpr).map(|_| rng.next_u32() as i32).collect();
+                let q = Tensor::from_vec(words, (out, wpr), dev)?;
+                // Uniform nibbles have std ≈ 4.6; scales vary by group.
+                let scales: Vec<f32> =
+                    (0..out * groups).map(|_| std / 4.6 * rng.random_range(0.5..1.5)).collect();
+                let scale = Tensor::from_vec(scales, (out, groups), dev)?;
+                let zero = (!symmetric)
+                    .then(|| {
+                        let z: Vec<f32> =
+                            (0..out * groups).map(|_| rng.random_range(-8..8) as f32).collect();
+                        Tensor::from_vec(z, (out, groups), dev)
+                    })
+                    .transpose()?;
+                let g_idx = g_idx
+                    .then(|| {
+                        let g: Vec<u32> =
+                            (0..inp).map(|_| rng.random_range(0..groups as u32)).collect();
+                        Tensor::from_vec(g, inp, dev)
+                    })
+                    .transpose()?;
+                QuantLinear { scheme, out, inp, q, scale, zero, g_idx, group, dense: None }
+            }
+        };
+        if dev.is_cpu() {
+            let w = l.dequantize_host()?;
+            l.dense = Some(Tensor::from_vec(w, (out, inp), dev)?);
+        }
+        Ok(l)
+    }
+
+    /// The same weight on another device.
+    pub fn to_device(&self, dev: &Device) -> anyhow::Result<QuantLinear> {
+        let move_ = |t: &Tensor| t.to_device(dev);
+        let dense = if dev.is_cpu() {
+            Some(Tensor::from_vec(self.dequantize_host()?, (self.out, self.inp), dev)?)
+        } else {
+            None
+        };
+        Ok(QuantLinear {
+            scheme: self.scheme,
+            out: self.out,
+            inp: self.inp,
+            q: move_(&self.q)?,
+            scale: move_(&self.scale)?,
+            zero: self.zero.as_ref().map(move_).transpose()?,
+            g_idx: self.g_idx.as_ref().map(move_).transpose()?,
+            group: self.group,
+            dense,
+        })
+    }
+
     /// Bytes of the tensors held (what the memory plan counts).
     pub fn bytes(&self) -> u64 {
         let b = |t: &Tensor| (t.elem_count() * t.dtype().size_in_bytes()) as u64;
