@@ -51,7 +51,10 @@ impl Target {
     fn parse(s: &str, field: &str) -> anyhow::Result<Target> {
         if let Some(p) = s.strip_prefix("re:") {
             let re = Regex::new(&format!("^(?:{p})")).map_err(|e| {
-                bad(format!("{field}: {s:?} is not a regular expression we can read: {e}"))
+                // regex's message spans lines (the pattern, a caret); its last says why.
+                let text = e.to_string();
+                let why = text.lines().last().unwrap_or("").trim().to_string();
+                bad(format!("{field}: {s:?} is not a regular expression we can read ({why})"))
             })?;
             return Ok(Target::Pattern(re));
         }
