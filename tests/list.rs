@@ -309,3 +309,25 @@ fn empty_or_missing_cache_prints_a_hint() {
         assert_eq!(serde_json::from_slice::<Value>(&out.stdout).unwrap(), json!([]));
     }
 }
+
+/// compressed-tensors checkpoints are listed by scheme (the fixtures of llama_ct_reference.rs).
+#[test]
+fn compressed_tensors_checkpoints_show_their_scheme() {
+    let c = TestCache::new();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama_ct");
+    let commit = "c0ffee0000000000000000000000000000000000";
+    for (dir, id) in [("w8a8_int8", "org/w8a8"), ("fp8_dynamic", "org/fp8"), ("w4a16", "org/w4a16")]
+    {
+        for file in ["config.json", "model.safetensors"] {
+            let data = std::fs::read(fixtures.join(dir).join(file)).unwrap();
+            c.add_file(id, commit, file, &data);
+        }
+        c.set_ref(id, "main", commit);
+    }
+    let rows = json_rows(&c);
+    let formats: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r["model"].as_str().unwrap(), r["format"].as_str().unwrap()))
+        .collect();
+    assert_eq!(formats, [("org/fp8", "fp8"), ("org/w4a16", "w4a16"), ("org/w8a8", "w8a8-int8")]);
+}

@@ -291,8 +291,14 @@ fn format_name(source: &Source, spec: &Spec) -> String {
         }
         (Source::HfDir(_), Arch::GptOss(_)) => "mxfp4".into(),
         (Source::Dummy(_), Arch::GptOss(_)) => "dummy mxfp4".into(),
-        (Source::HfDir(_), Arch::Llama(_)) => "safetensors".into(),
-        (Source::Dummy(_), Arch::Llama(_)) => "dummy".into(),
+        (Source::HfDir(_), Arch::Llama(cfg)) => match &cfg.quant {
+            Some(q) => q.label().into(),
+            None => "safetensors".into(),
+        },
+        (Source::Dummy(_), Arch::Llama(cfg)) => match &cfg.quant {
+            Some(q) => format!("dummy {}", q.label()),
+            None => "dummy".into(),
+        },
     }
 }
 

@@ -19,7 +19,8 @@ pub struct ConfigFacts {
     /// `model_type`, e.g. `llama`, `gpt_oss`.
     pub model_type: Option<String>,
     pub context_length: Option<u64>,
-    /// `quantization_config.quant_method`, lowercased (`mxfp4`, `awq`, `gptq`, `fp8` …).
+    /// `quantization_config.quant_method`, lowercased (`mxfp4`, `awq`, `gptq`, `fp8` …); for
+    /// compressed-tensors the scheme instead (`w8a8-int8`, `fp8`, `w4a16`).
     pub quant_method: Option<String>,
 }
 
@@ -38,11 +39,14 @@ pub fn facts(config: &Value) -> anyhow::Result<ConfigFacts> {
     let text = obj.get("text_config");
     let model_type = obj.get("model_type").and_then(Value::as_str).map(str::to_string);
     let context_length = context_length(config).or_else(|| text.and_then(context_length));
-    let quant_method = obj
-        .get("quantization_config")
-        .and_then(|q| q.get("quant_method"))
-        .and_then(Value::as_str)
-        .map(str::to_lowercase);
+    let quant = obj.get("quantization_config").or_else(|| obj.get("compression_config"));
+    let quant_method = quant.and_then(|q| q.get("quant_method")).and_then(Value::as_str).map(|m| {
+        match crate::models::quant::CtConfig::from_config(config) {
+            // A scheme we cannot run is still listed by its method.
+            Ok(Some(ct)) => ct.label().to_string(),
+            _ => m.to_lowercase(),
+        }
+    });
     Ok(ConfigFacts { model_type, context_length, quant_method })
 }
 
@@ -79,6 +83,18 @@ mod tests {
         assert_eq!(f.model_type.as_deref(), Some("gpt_oss"));
         assert_eq!(f.context_length, Some(131072));
         assert_eq!(f.quant_method.as_deref(), Some("mxfp4"));
+    }
+
+    #[test]
+    fn compressed_tensors_shows_the_scheme() {
+        let w4 = json!({"model_type": "llama", "compression_config": {
+            "quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4,
+                "type": "int", "symmetric": true, "strategy": "group", "group_size": 128}}}}});
+        assert_eq!(facts(&w4).unwrap().quant_method.as_deref(), Some("w4a16"));
+        let odd = json!({"quantization_config": {"quant_method": "compressed-tensors",
+            "format": "marlin-24", "config_groups": {}}});
+        assert_eq!(facts(&odd).unwrap().quant_method.as_deref(), Some("compressed-tensors"));
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub(super) const HI_LO_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/hi_lo
 pub(super) const LAYER_NORM_ACT_PTX: &str =
     include_str!(concat!(env!("OUT_DIR"), "/layer_norm_act.ptx"));
 
+/// PTX built by build.rs from `src/kernels/ct_quant.cu`.
+pub(super) const CT_QUANT_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/ct_quant.ptx"));
+
 /// PTX built by build.rs from `src/kernels/gemv_bf16.cu`.
 pub(super) const GEMV_BF16_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gemv_bf16.ptx"));
 

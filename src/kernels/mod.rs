@@ -41,6 +41,7 @@ pub mod mxfp4_moe;
 pub mod paged_attention;
 pub mod qkv_rope;
 pub mod qkv_rope_paged;
+pub mod quant_matmul;
 pub mod router_logits;
 pub mod sink_attention;
 
@@ -59,6 +60,7 @@ pub use paged_attention::{
 };
 pub use qkv_rope::{QkvHeads, qkv_rope_store};
 pub use qkv_rope_paged::{RotaryPairs, qkv_rope_paged};
+pub use quant_matmul::quant_matmul;
 pub use router_logits::router_logits;
 pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention, sink_attention_at};
 

@@ -1,15 +1,20 @@
-//! A projection whose weight is either a dense tensor (safetensors) or a quantized GGUF tensor
-//! (candle's QMatMul, which has CUDA kernels for the GGUF block formats), with an optional bias.
+//! A projection whose weight is a dense tensor (safetensors), a quantized GGUF tensor (candle's
+//! QMatMul, which has CUDA kernels for the GGUF block formats) or a compressed-tensors
+//! quantized weight ([`QuantLinear`]), with an optional bias.
+
+use std::sync::Arc;
 
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Module, Tensor};
 
 use crate::kernels::matmul_f32_out;
+use crate::models::quant::QuantLinear;
 
 #[derive(Clone)]
 pub enum Linear {
     Dense { weight: Tensor, bias: Option<Tensor> },
     Quantized { weight: QMatMul, bias: Option<Tensor> },
+    Ct { weight: Arc<QuantLinear>, bias: Option<Tensor> },
 }
 
 impl Linear {
@@ -22,6 +27,7 @@ impl Linear {
                 let y = weight.forward(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype())?;
                 (y, bias)
             }
+            Linear::Ct { weight, bias } => (weight.matmul_f32(x)?.to_dtype(x.dtype())?, bias),
         };
         match bias {
             Some(b) => y.broadcast_add(b),
@@ -41,6 +47,7 @@ impl Linear {
                 x.to_dtype(weight.dtype())?.matmul(&weight.t()?)?.to_dtype(DType::F32)
             }
             Linear::Quantized { weight, .. } => weight.forward(&x.to_dtype(DType::F32)?),
+            Linear::Ct { weight, .. } => weight.matmul_f32(x),
         }
     }
 
@@ -59,7 +66,9 @@ impl Linear {
 
     pub fn bias(&self) -> Option<&Tensor> {
         match self {
-            Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
+            Linear::Dense { bias, .. }
+            | Linear::Quantized { bias, .. }
+            | Linear::Ct { bias, .. } => bias.as_ref(),
         }
     }
 }

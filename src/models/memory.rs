@@ -94,6 +94,10 @@ impl Measured {
                 }
                 bias.iter().for_each(|b| self.tensor(b));
             }
+            Linear::Ct { weight, bias } => {
+                self.total += weight.bytes();
+                bias.iter().for_each(|b| self.tensor(b));
+            }
         }
     }
 }

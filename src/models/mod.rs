@@ -9,6 +9,7 @@ pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod memory;
+pub mod quant;
 pub mod rope;
 
 use candle_core::Tensor;

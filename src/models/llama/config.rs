@@ -7,6 +7,7 @@ use candle_core::quantized::gguf_file::Value;
 use serde::Deserialize;
 
 use crate::error::{ErrorKind, fail};
+use crate::models::quant::CtConfig;
 use crate::models::rope::{RopeKind, RopeScaling};
 
 /// The subset of HF `config.json` the Llama forward pass needs.
@@ -65,12 +66,17 @@ pub struct LlamaConfig {
     pub mlp_bias: bool,
     /// The checkpoint's own dtype name (`bfloat16`, `float16`, `float32`), if stated.
     pub checkpoint_dtype: Option<String>,
+    /// compressed-tensors quantization of the projections, if any.
+    pub quant: Option<CtConfig>,
 }
 
 impl LlamaConfig {
     pub fn from_hf_json(text: &str) -> anyhow::Result<LlamaConfig> {
         let bad = |e: String| fail(ErrorKind::InvalidInput, format!("config.json: {e}"));
-        let hf: HfLlamaConfig = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let hf: HfLlamaConfig =
+            serde_json::from_value(value.clone()).map_err(|e| bad(e.to_string()))?;
         match hf.model_type.as_deref() {
             Some("llama") | Some("mistral") | None => {}
             Some(other) => {
@@ -108,6 +114,7 @@ impl LlamaConfig {
             attention_bias: hf.attention_bias,
             mlp_bias: hf.mlp_bias,
             checkpoint_dtype: hf.torch_dtype.or(hf.dtype),
+            quant: CtConfig::from_config(&value)?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -172,6 +179,7 @@ impl LlamaConfig {
             attention_bias: false,
             mlp_bias: false,
             checkpoint_dtype: None,
+            quant: None,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -7,47 +7,55 @@ use super::config::LlamaConfig;
 use super::model::{Layer, Weights};
 use crate::models::head::Head;
 use crate::models::linear::Linear;
+use crate::models::quant::QuantLinear;
 
-pub fn random_weights(
-    cfg: &LlamaConfig,
-    dtype: DType,
-    device: &Device,
-) -> candle_core::Result<Weights> {
+pub fn random_weights(cfg: &LlamaConfig, dtype: DType, device: &Device) -> anyhow::Result<Weights> {
     let t = |shape: (usize, usize)| Tensor::randn(0f32, 0.02, shape, device)?.to_dtype(dtype);
     // What each layer adds to the residual stream is 4x smaller (the o and down projections),
     // as in the gpt-oss dummy weights: random networks with full-size updates are chaotic, and
     // bf16 comparisons on them measure the chaos, not the implementation.
-    let damped = |out: usize, inp: usize, bias: bool| -> candle_core::Result<Linear> {
-        let bias = if bias { Some(Tensor::zeros(out, dtype, device)?) } else { None };
-        let weight = Tensor::randn(0f32, 0.005, (out, inp), device)?.to_dtype(dtype)?;
-        Ok(Linear::Dense { weight, bias })
-    };
+    // A quantized layout (a config with a compressed-tensors `quantization_config`) gets
+    // random codes for the projections its scheme covers.
+    let seed = std::cell::Cell::new(0u64);
+    let proj =
+        |name: String, out: usize, inp: usize, bias: bool, std: f32| -> anyhow::Result<Linear> {
+            let bias = if bias { Some(Tensor::zeros(out, dtype, device)?) } else { None };
+            if let Some(scheme) = cfg.quant.as_ref().and_then(|q| q.scheme_for(&name)) {
+                seed.set(seed.get() + 1);
+                let q = QuantLinear::random(scheme, (out, inp), std, seed.get(), device)?;
+                return Ok(Linear::Ct { weight: std::sync::Arc::new(q), bias });
+            }
+            let weight = Tensor::randn(0f32, std, (out, inp), device)?.to_dtype(dtype)?;
+            Ok(Linear::Dense { weight, bias })
+        };
+    let damped =
+        |name: String, out: usize, inp: usize, bias: bool| proj(name, out, inp, bias, 0.005);
     let ones = |n: usize| Tensor::ones(n, DType::F32, device);
-    let lin = |out: usize, inp: usize, bias: bool| -> candle_core::Result<Linear> {
-        let bias = if bias { Some(Tensor::zeros(out, dtype, device)?) } else { None };
-        Ok(Linear::Dense { weight: t((out, inp))?, bias })
-    };
+    let lin = |name: String, out: usize, inp: usize, bias: bool| proj(name, out, inp, bias, 0.02);
     let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
     let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
     let mut layers = Vec::with_capacity(cfg.num_layers);
-    for _ in 0..cfg.num_layers {
+    for n in 0..cfg.num_layers {
+        let a = |p: &str| format!("model.layers.{n}.self_attn.{p}");
+        let m = |p: &str| format!("model.layers.{n}.mlp.{p}");
+        let (ab, mb) = (cfg.attention_bias, cfg.mlp_bias);
         layers.push(Layer {
             attn_norm: ones(h)?,
-            q: lin(qd, h, cfg.attention_bias)?,
-            k: lin(kvd, h, cfg.attention_bias)?,
-            v: lin(kvd, h, cfg.attention_bias)?,
-            o: damped(h, qd, cfg.attention_bias)?,
+            q: lin(a("q_proj"), qd, h, ab)?,
+            k: lin(a("k_proj"), kvd, h, ab)?,
+            v: lin(a("v_proj"), kvd, h, ab)?,
+            o: damped(a("o_proj"), h, qd, ab)?,
             mlp_norm: ones(h)?,
-            gate: lin(i, h, cfg.mlp_bias)?,
-            up: lin(i, h, cfg.mlp_bias)?,
-            down: damped(h, i, cfg.mlp_bias)?,
+            gate: lin(m("gate_proj"), i, h, mb)?,
+            up: lin(m("up_proj"), i, h, mb)?,
+            down: damped(m("down_proj"), h, i, mb)?,
         });
     }
     let embed = t((cfg.vocab_size, h))?;
     let lm_head = if cfg.tie_word_embeddings {
         Linear::Dense { weight: embed.clone(), bias: None }
     } else {
-        lin(cfg.vocab_size, h, false)?
+        lin("lm_head".into(), cfg.vocab_size, h, false)?
     };
     Ok(Weights { embed, layers, head: Head { norm: ones(h)?, lm_head, eps: cfg.rms_norm_eps } })
 }

@@ -5,9 +5,11 @@
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use candle_core::quantized::{QMatMul, gguf_file};
+use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
@@ -16,6 +18,7 @@ use super::model::{Layer, Llama, RopeStyle, Weights};
 use crate::error::{ErrorKind, fail};
 use crate::models::head::Head;
 use crate::models::linear::Linear;
+use crate::models::quant::{CtConfig, QuantLinear};
 
 /// The safetensors files of a checkpoint folder, through the index when there is one.
 pub fn safetensors_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
@@ -73,20 +76,38 @@ pub fn load_safetensors(
     // SAFETY: the files are memory-mapped read-only; a concurrent writer could change what we
     // read, which the HF cache layout (write to .incomplete, then rename) rules out.
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? };
-    let weights = dense_weights(&cfg, &vb)
-        .map_err(|e| fail(ErrorKind::Integrity, format!("loading weights: {e}")))?;
+    let ct = match &cfg.quant {
+        Some(q) => {
+            // SAFETY: as above; the quantized tensors are read raw (candle has no int8 dtype).
+            let st = unsafe { MmapedSafetensors::multi(&files) }
+                .map_err(|e| fail(ErrorKind::Integrity, format!("opening the weights: {e}")))?;
+            Some((q.clone(), st))
+        }
+        None => None,
+    };
+    let weights = checkpoint_weights(&cfg, &vb, ct.as_ref().map(|(q, st)| (q, st)))
+        .map_err(|e| fail(ErrorKind::Integrity, format!("loading weights: {e:#}")))?;
     Llama::new(cfg, weights, RopeStyle::HalfSplit, context, dtype, device)
 }
 
-fn dense_weights(cfg: &LlamaConfig, vb: &VarBuilder) -> candle_core::Result<Weights> {
+/// The weights of a safetensors checkpoint; `ct`: its compressed-tensors quantization and the
+/// files again, for the quantized tensors candle cannot read as typed tensors.
+fn checkpoint_weights(
+    cfg: &LlamaConfig,
+    vb: &VarBuilder,
+    ct: Option<(&CtConfig, &MmapedSafetensors)>,
+) -> anyhow::Result<Weights> {
     let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
     let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
-    let linear =
-        |vb: VarBuilder, out: usize, inp: usize, bias: bool| -> candle_core::Result<Linear> {
-            let weight = vb.get((out, inp), "weight")?;
-            let bias = if bias { Some(vb.get(out, "bias")?) } else { None };
-            Ok(Linear::Dense { weight, bias })
-        };
+    let linear = |vb: VarBuilder, out: usize, inp: usize, bias: bool| -> anyhow::Result<Linear> {
+        let bias = if bias { Some(vb.get(out, "bias")?) } else { None };
+        let scheme = ct.and_then(|(q, st)| q.scheme_for(&vb.prefix()).map(|s| (s, st)));
+        if let Some((scheme, st)) = scheme {
+            let q = QuantLinear::load(st, &vb.prefix(), scheme, (out, inp), vb.device())?;
+            return Ok(Linear::Ct { weight: Arc::new(q), bias });
+        }
+        Ok(Linear::Dense { weight: vb.get((out, inp), "weight")?, bias })
+    };
     let m = vb.pp("model");
     let embed = m.get((cfg.vocab_size, h), "embed_tokens.weight")?;
     let mut layers = Vec::with_capacity(cfg.num_layers);

@@ -1,0 +1,223 @@
+//! The launches of `ct_quant.cu` (see `quant_matmul.rs`).
+
+use candle_core::cuda_backend::WrapErr;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, DType, Device, Result, Storage, Tensor, bail};
+use half::bf16;
+
+use super::GEMV_ROWS;
+use crate::kernels::cuda::{CT_QUANT_PTX, cuda_view, int};
+use crate::kernels::matmul_f32_out;
+use crate::models::quant::{ActQuant, QuantLinear, WeightFormat};
+
+/// Which product runs: the one for the shape, or one by force (tests).
+#[derive(Clone, Copy, PartialEq)]
+pub enum Route {
+    Auto,
+    #[cfg_attr(not(test), allow(dead_code))]
+    Gemm,
+}
+
+fn wrap<T: candle_core::cuda_backend::CudaDType>(
+    slice: CudaSlice<T>,
+    dev: &CudaDevice,
+    shape: &[usize],
+) -> Tensor {
+    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
+    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
+}
+
+fn act_code(act: ActQuant) -> i32 {
+    match act {
+        ActQuant::Int8Token => 1,
+        ActQuant::Fp8Token => 2,
+        ActQuant::None => 0,
+    }
+}
+
+/// The rows of `x` (bf16 `[m, k]`) quantized per token: the quantized values (bf16, exact) and
+/// each row's scale (f32 `[m]`).
+pub fn act_quant(x: &Tensor, act: ActQuant) -> Result<(Tensor, Tensor)> {
+    let (m, k) = x.dims2()?;
+    let Device::Cuda(dev) = x.device() else { bail!("act_quant: x is not on the GPU") };
+    let x = x.to_dtype(DType::BF16)?.contiguous()?;
+    let (xs, xl) = x.storage_and_layout();
+    let xv = cuda_view::<bf16>(&xs, xl, "act_quant x")?;
+    // SAFETY: one block per row writes all k values and the scale.
+    let mut q = unsafe { dev.alloc::<bf16>(m * k)? };
+    let mut s = unsafe { dev.alloc::<f32>(m)? };
+    let func = dev.get_or_load_custom_func("ct_act_quant", "inferno_ct_quant", CT_QUANT_PTX)?;
+    let cfg = LaunchConfig {
+        grid_dim: (int(m, "rows")? as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (k32, a) = (int(k, "inner dim")?, act_code(act));
+    let mut b = func.builder();
+    b.arg(&xv).arg(&mut q).arg(&mut s).arg(&k32).arg(&a);
+    // SAFETY: the arguments match ct_act_quant's signature and sizes.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(xs);
+    Ok((wrap(q, dev, &[m, k]), wrap(s, dev, &[m])))
+}
+
+fn elementwise(n: usize) -> Result<LaunchConfig> {
+    let blocks = n.div_ceil(256);
+    Ok(LaunchConfig {
+        grid_dim: (int(blocks, "blocks")? as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// The weight as bf16 `[out, in]`: the quantized values for 8-bit weights (unscaled), the
+/// dequantized values for 4-bit ones.
+pub fn dequantize(w: &QuantLinear) -> Result<Tensor> {
+    let Device::Cuda(dev) = w.q.device() else { bail!("dequantize: weight is not on the GPU") };
+    let n = w.out * w.inp;
+    // SAFETY: one thread per element writes all n.
+    let mut out = unsafe { dev.alloc::<bf16>(n)? };
+    let (qs, ql) = w.q.storage_and_layout();
+    match w.scheme.weight {
+        WeightFormat::Int8 | WeightFormat::Fp8 => {
+            let qv = cuda_view::<u8>(&qs, ql, "weight")?;
+            let func =
+                dev.get_or_load_custom_func("ct_dequant_8bit", "inferno_ct_quant", CT_QUANT_PTX)?;
+            let (n64, fp8) = (n as i64, i32::from(w.scheme.weight == WeightFormat::Fp8));
+            let mut b = func.builder();
+            b.arg(&qv).arg(&mut out).arg(&n64).arg(&fp8);
+            // SAFETY: q holds n bytes, out n values.
+            unsafe { b.launch(elementwise(n)?) }.w()?;
+        }
+        WeightFormat::Int4 { .. } => {
+            let qv = cuda_view::<i32>(&qs, ql, "packed weight")?;
+            let (ss, sl) = w.scale.storage_and_layout();
+            let sv = cuda_view::<f32>(&ss, sl, "scale")?;
+            let zs = w.zero.as_ref().map(|z| z.storage_and_layout());
+            let zv = zs.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "zero")).transpose()?;
+            let gs = w.g_idx.as_ref().map(|g| g.storage_and_layout());
+            let gv = gs.as_ref().map(|(s, l)| cuda_view::<u32>(s, l, "g_idx")).transpose()?;
+            let func =
+                dev.get_or_load_custom_func("ct_dequant_int4", "inferno_ct_quant", CT_QUANT_PTX)?;
+            let groups = w.scale.elem_count() / w.out;
+            let (rows, inp) = (int(w.out, "rows")?, int(w.inp, "in")?);
+            let (g32, group) = (int(groups, "groups")?, int(w.group, "group")?);
+            let null = 0u64;
+            let mut b = func.builder();
+            b.arg(&qv).arg(&sv);
+            match &zv {
+                Some(v) => b.arg(v),
+                None => b.arg(&null),
+            };
+            match &gv {
+                Some(v) => b.arg(v),
+                None => b.arg(&null),
+            };
+            b.arg(&mut out).arg(&rows).arg(&inp).arg(&g32).arg(&group);
+            // SAFETY: the tensors hold what the kernel indexes (shapes checked at load).
+            unsafe { b.launch(elementwise(n)?) }.w()?;
+        }
+    }
+    drop(qs);
+    Ok(wrap(out, dev, &[w.out, w.inp]))
+}
+
+/// Whether the decode GEMV takes `m` rows of this weight.
+fn gemv_fits(w: &QuantLinear, m: usize) -> bool {
+    if m > GEMV_ROWS {
+        return false;
+    }
+    match w.scheme.weight {
+        WeightFormat::Int8 | WeightFormat::Fp8 => {
+            w.scheme.act != ActQuant::None && w.inp.is_multiple_of(16)
+        }
+        WeightFormat::Int4 { .. } => {
+            w.g_idx.is_none() && w.inp.is_multiple_of(32) && w.group.is_multiple_of(32)
+        }
+    }
+}
+
+pub fn quant_matmul(x: &Tensor, w: &QuantLinear, route: Route) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    if k != w.inp {
+        bail!("quant_matmul: x {:?} against a [{}, {}] weight", x.dims(), w.out, w.inp);
+    }
+    if route == Route::Auto && gemv_fits(w, m) {
+        return gemv(x, w);
+    }
+    let weight = dequantize(w)?;
+    match w.scheme.act {
+        ActQuant::None => {
+            // W8A16 keeps its scales out of the bf16 temporary: applied per output column.
+            let y = matmul_f32_out(&x.to_dtype(DType::BF16)?, &weight)?;
+            match w.scheme.weight {
+                WeightFormat::Int4 { .. } => Ok(y),
+                _ => y.broadcast_mul(&w.scale.unsqueeze(0)?),
+            }
+        }
+        act => {
+            let (xq, sx) = act_quant(x, act)?;
+            let y = matmul_f32_out(&xq, &weight)?;
+            y.broadcast_mul(&sx.unsqueeze(1)?)?.broadcast_mul(&w.scale.unsqueeze(0)?)
+        }
+    }
+}
+
+fn gemv(x: &Tensor, w: &QuantLinear) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    let Device::Cuda(dev) = x.device() else { bail!("quant_matmul: x is not on the GPU") };
+    const WARPS: usize = 8;
+    let cfg = LaunchConfig {
+        grid_dim: (int(w.out.div_ceil(WARPS), "blocks")? as u32, 1, 1),
+        block_dim: ((32 * WARPS) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (m32, n32, k32) = (int(m, "rows")?, int(w.out, "out")?, int(k, "in")?);
+    // SAFETY: one warp per output column writes all m values of it.
+    let mut y = unsafe { dev.alloc::<f32>(m * w.out)? };
+    let (qs, ql) = w.q.storage_and_layout();
+    let (ss, sl) = w.scale.storage_and_layout();
+    let sv = cuda_view::<f32>(&ss, sl, "scale")?;
+    match w.scheme.weight {
+        WeightFormat::Int8 | WeightFormat::Fp8 => {
+            let (xq, sx) = act_quant(x, w.scheme.act)?;
+            let (xs, xl) = xq.storage_and_layout();
+            let xv = cuda_view::<bf16>(&xs, xl, "x")?;
+            let (sxs, sxl) = sx.storage_and_layout();
+            let sxv = cuda_view::<f32>(&sxs, sxl, "x scales")?;
+            let qv = cuda_view::<u8>(&qs, ql, "weight")?;
+            let name =
+                if w.scheme.weight == WeightFormat::Fp8 { "ct_gemv_fp8" } else { "ct_gemv_int8" };
+            let func = dev.get_or_load_custom_func(name, "inferno_ct_quant", CT_QUANT_PTX)?;
+            let mut b = func.builder();
+            b.arg(&qv).arg(&sv).arg(&xv).arg(&sxv).arg(&mut y).arg(&m32).arg(&n32).arg(&k32);
+            // SAFETY: k % 16 == 0 (gemv_fits), contiguous tensors of the sizes named.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        WeightFormat::Int4 { .. } => {
+            let x = x.to_dtype(DType::BF16)?.contiguous()?;
+            let (xs, xl) = x.storage_and_layout();
+            let xv = cuda_view::<bf16>(&xs, xl, "x")?;
+            let qv = cuda_view::<i32>(&qs, ql, "packed weight")?;
+            let zs = w.zero.as_ref().map(|z| z.storage_and_layout());
+            let zv = zs.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "zero")).transpose()?;
+            let groups = int(w.scale.elem_count() / w.out, "groups")?;
+            let group = int(w.group, "group")?;
+            let func =
+                dev.get_or_load_custom_func("ct_gemv_int4", "inferno_ct_quant", CT_QUANT_PTX)?;
+            let null = 0u64;
+            let mut b = func.builder();
+            b.arg(&qv).arg(&sv);
+            match &zv {
+                Some(v) => b.arg(v),
+                None => b.arg(&null),
+            };
+            b.arg(&xv).arg(&mut y).arg(&m32).arg(&n32).arg(&k32).arg(&groups).arg(&group);
+            // SAFETY: k % 32 == 0 and group % 32 == 0 (gemv_fits), sizes as named.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+    }
+    drop((qs, ss));
+    Ok(wrap(y, dev, &[m, w.out]))
+}

@@ -1,0 +1,15 @@
+//! Quantized checkpoints in the compressed-tensors format (RedHatAI / neuralmagic, what vLLM
+//! and SGLang users hold): W8A8 int8 (`int-quantized`), FP8 E4M3 with dynamic per-token
+//! activations (`float-quantized`) and W4A16 (`pack-quantized`), for Llama-family models.
+//!
+//! - [`config`]: the `quantization_config`, which projections it covers and how.
+//! - [`numerics`]: FP8 coding, per-token activation fake-quantization, 4-bit unpacking (the
+//!   CPU reference).
+//! - [`linear`]: one quantized projection, loaded from the checkpoint, and its product.
+
+pub mod config;
+pub mod linear;
+pub mod numerics;
+
+pub use config::{ActQuant, CtConfig, Scheme, WeightFormat};
+pub use linear::QuantLinear;
