@@ -46,9 +46,71 @@ pub fn dequantize(blocks: &[u8], scales: &[u8]) -> Vec<f32> {
     out
 }
 
+// ------------------------------------------------------------------------- ggml's MXFP4 blocks
+
+/// Bytes of one ggml MXFP4 block (type 39): the E8M0 scale byte, then 16 bytes of codes.
+pub const GGML_BLOCK_BYTES: usize = 17;
+
+/// The 16 code bytes of a ggml MXFP4 block respelled in the checkpoint's nibble order. ggml puts
+/// element `j` in the low nibble of byte `j` and element `j + 16` in its high nibble
+/// (`dequantize_row_mxfp4` in ggml-quants.c); the checkpoint puts elements `2b` and `2b + 1` in
+/// the low and high nibbles of byte `b`. The codes themselves index the same FP4 table in both,
+/// and the scale byte is the same E8M0 exponent (ggml doubles its table and halves the scale).
+pub fn ggml_codes_to_hf(qs: &[u8; BLOCK_BYTES]) -> [u8; BLOCK_BYTES] {
+    let code = |k: usize| if k < 16 { qs[k] & 0xF } else { qs[k - 16] >> 4 };
+    std::array::from_fn(|b| code(2 * b) | (code(2 * b + 1) << 4))
+}
+
+/// Splits ggml MXFP4 blocks (`[n, 17]`, flattened) into checkpoint-layout codes (`[n, 16]`) and
+/// scales (`[n]`).
+///
+/// # Panics
+/// When `raw.len()` is not a multiple of 17.
+pub fn split_ggml_blocks(raw: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    assert!(raw.len().is_multiple_of(GGML_BLOCK_BYTES), "MXFP4: 17 bytes per ggml block");
+    let n = raw.len() / GGML_BLOCK_BYTES;
+    let (mut codes, mut scales) = (Vec::with_capacity(n * BLOCK_BYTES), Vec::with_capacity(n));
+    for block in raw.chunks_exact(GGML_BLOCK_BYTES) {
+        scales.push(block[0]);
+        let qs: &[u8; BLOCK_BYTES] = block[1..].try_into().expect("16 code bytes");
+        codes.extend_from_slice(&ggml_codes_to_hf(qs));
+    }
+    (codes, scales)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// llama.cpp's own decoding of one ggml block, transcribed from `dequantize_row_mxfp4`:
+    /// `kvalues_mxfp4` (the FP4 values doubled) times `GGML_E8M0_TO_FP32_HALF(e)`.
+    fn ggml_dequantize_block(block: &[u8]) -> [f32; 32] {
+        const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+        let d = 2f32.powi(i32::from(block[0]) - 127) * 0.5;
+        let mut y = [0f32; 32];
+        for j in 0..16 {
+            y[j] = f32::from(KVALUES[usize::from(block[1 + j] & 0x0F)]) * d;
+            y[j + 16] = f32::from(KVALUES[usize::from(block[1 + j] >> 4)]) * d;
+        }
+        y
+    }
+
+    #[test]
+    fn ggml_blocks_respelled_decode_to_the_same_values() {
+        let mut raw = vec![0u8; 17 * 40];
+        for (i, byte) in raw.iter_mut().enumerate() {
+            *byte = (i as u8).wrapping_mul(73).wrapping_add(5);
+        }
+        for (g, block) in raw.chunks_exact_mut(17).enumerate() {
+            block[0] = 110 + (g as u8 % 30); // scales around 2^0, away from inf
+        }
+        let (codes, scales) = split_ggml_blocks(&raw);
+        let ours = dequantize(&codes, &scales);
+        for (g, block) in raw.chunks_exact(17).enumerate() {
+            let want = ggml_dequantize_block(block);
+            assert_eq!(&ours[32 * g..32 * g + 32], &want[..], "block {g}");
+        }
+    }
 
     #[test]
     fn doc_example_byte_0x2a_scale_125() {
