@@ -170,9 +170,9 @@ mod tests {
         let cpu = Device::Cpu;
         let w = Tensor::randn(0f32, 1.0, (8, 64), &cpu).unwrap();
         let q8 = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        let row = w.get(0).unwrap().to_vec1::<f32>().unwrap();
         let f =
-            QTensor::quantize(&w.narrow(0, 0, 1).unwrap().flatten_all().unwrap(), GgmlDType::F32)
-                .unwrap();
+            QTensor::quantize(&Tensor::new(row.as_slice(), &cpu).unwrap(), GgmlDType::F32).unwrap();
         write(&path, &[("w", &q8), ("n", &f)]);
         let g = GgufTensors::open(&path).unwrap();
         assert!(matches!(&g.metadata["t.tokens"], gguf_file::Value::Array(a) if a.len() == 1));
@@ -181,7 +181,7 @@ mod tests {
         assert_eq!(got.to_vec2::<f32>().unwrap(), want.to_vec2::<f32>().unwrap());
         assert_eq!(g.raw("w", &[8, 64], 8).unwrap().len(), 8 * 2 * 34);
         let n = g.dense("n", &[64], DType::F32, &cpu).unwrap();
-        assert_eq!(n.to_vec1::<f32>().unwrap(), w.get(0).unwrap().to_vec1::<f32>().unwrap());
+        assert_eq!(n.to_vec1::<f32>().unwrap(), row);
 
         // Wrong shape, wrong type, missing: one line each, naming the tensor.
         let msg = |e: anyhow::Error| {
