@@ -117,6 +117,17 @@ impl GgufTensors {
             ))
         })?;
         let bytes = self.bytes_of(t)?;
+        // Float types as they are: candle's CUDA `QTensor` would decode them on the host.
+        let float = match ggml {
+            GgmlDType::F32 => Some(DType::F32),
+            GgmlDType::F16 => Some(DType::F16),
+            GgmlDType::BF16 => Some(DType::BF16),
+            _ => None,
+        };
+        if let Some(stored) = float {
+            let t = Tensor::from_raw_buffer(&bytes, stored, shape, &Device::Cpu)?;
+            return Ok(t.to_dtype(dtype)?.to_device(device)?);
+        }
         // `qtensor_from_ggml` reads exactly the bytes its type and shape need, unchecked; the
         // header reader sized `bytes` from the same type and shape.
         let q = ggml_file::qtensor_from_ggml(ggml, &bytes, shape.to_vec(), device)
