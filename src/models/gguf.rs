@@ -12,7 +12,6 @@
 //! raw (gpt-oss repacks them into the layout our kernels take).
 
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::{GgmlDType, ggml_file};
@@ -24,12 +23,16 @@ use crate::inspect::gguf::{self as header, FullMetadata, Header, TensorInfo};
 /// ggml's MXFP4 type number.
 pub const MXFP4: u32 = 39;
 
-/// An opened GGUF file: its checked header, its whole metadata, and the file to read from.
+/// Elements dequantized at a time: a Q8_0 tensor is decoded in pieces of this size into its
+/// output, so loading a 201088×2880 embedding does not hold its f32 copy (2.3 GB) on the device.
+const DEQUANT_CHUNK: usize = 1 << 24;
+
+/// An opened GGUF file: its checked header, its whole metadata, and the file mapped for reading.
 pub struct GgufTensors {
     pub path: PathBuf,
     pub header: Header,
     pub metadata: FullMetadata,
-    file: File,
+    map: memmap2::Mmap,
 }
 
 impl GgufTensors {
@@ -38,7 +41,11 @@ impl GgufTensors {
             header::read_full(path).map_err(|e| fail(ErrorKind::Integrity, format!("{e:#}")))?;
         let file = File::open(path)
             .map_err(|e| fail(ErrorKind::NotFound, format!("opening {}: {e}", path.display())))?;
-        Ok(GgufTensors { path: path.to_path_buf(), header, metadata, file })
+        // SAFETY: a read-only map of a file the cache never rewrites in place (as the
+        // safetensors loaders map theirs). Every range read from it is checked against its length.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .map_err(|e| fail(ErrorKind::Other, format!("mapping {}: {e}", path.display())))?;
+        Ok(GgufTensors { path: path.to_path_buf(), header, metadata, map })
     }
 
     fn corrupt(&self, msg: impl std::fmt::Display) -> anyhow::Error {
@@ -64,7 +71,7 @@ impl GgufTensors {
     }
 
     /// The bytes of tensor `name`, checked to have `shape` and the ggml type `ty`.
-    pub fn raw(&self, name: &str, shape: &[usize], ty: u32) -> anyhow::Result<Vec<u8>> {
+    pub fn raw(&self, name: &str, shape: &[usize], ty: u32) -> anyhow::Result<&[u8]> {
         let t = self.expect(name, shape)?;
         if t.ggml_type != ty {
             return Err(self.corrupt(format!(
@@ -77,8 +84,9 @@ impl GgufTensors {
     }
 
     /// A tensor's bytes. The header reader checked that `offset + bytes` lies inside the file for
-    /// every type whose size it knows; a type it does not know has no trustworthy size.
-    fn bytes_of(&self, t: &TensorInfo) -> anyhow::Result<Vec<u8>> {
+    /// every type whose size it knows (checked again here against the map); a type it does not
+    /// know has no trustworthy size.
+    fn bytes_of(&self, t: &TensorInfo) -> anyhow::Result<&[u8]> {
         if header::type_layout(t.ggml_type).is_none() {
             return Err(self.corrupt(format!(
                 "tensor {} has type {}, which inferno cannot load",
@@ -87,17 +95,12 @@ impl GgufTensors {
             )));
         }
         let start = self.header.data_offset.checked_add(t.offset);
-        let len = usize::try_from(t.bytes).ok();
-        let (Some(start), Some(len)) = (start, len) else {
-            return Err(self.corrupt(format!("tensor {} lies past the end of the file", t.name)));
-        };
-        let mut buf = vec![0u8; len];
-        // `&File` reads and seeks too: no `&mut self` needed to read one tensor.
-        let mut file = &self.file;
-        file.seek(SeekFrom::Start(start))
-            .and_then(|_| file.read_exact(&mut buf))
-            .map_err(|e| self.corrupt(format!("reading tensor {}: {e}", t.name)))?;
-        Ok(buf)
+        let range = start
+            .zip(start.and_then(|s| s.checked_add(t.bytes)))
+            .and_then(|(s, e)| Some(usize::try_from(s).ok()?..usize::try_from(e).ok()?));
+        range
+            .and_then(|r| self.map.get(r))
+            .ok_or_else(|| self.corrupt(format!("tensor {} lies past the end of the file", t.name)))
     }
 
     /// Tensor `name` (`shape`, any type candle can dequantize) as a dense `dtype` tensor on
@@ -128,11 +131,44 @@ impl GgufTensors {
             let t = Tensor::from_raw_buffer(&bytes, stored, shape, &Device::Cpu)?;
             return Ok(t.to_dtype(dtype)?.to_device(device)?);
         }
-        // `qtensor_from_ggml` reads exactly the bytes its type and shape need, unchecked; the
-        // header reader sized `bytes` from the same type and shape.
-        let q = ggml_file::qtensor_from_ggml(ggml, &bytes, shape.to_vec(), device)
-            .map_err(|e| self.corrupt(format!("tensor {name}: {e}")))?;
-        Ok(q.dequantize(device)?.to_dtype(dtype)?)
+        self.dequantize(name, (ggml, bytes, shape), dtype, device, DEQUANT_CHUNK)
+    }
+
+    /// Quantized bytes (of `ggml` type, `shape`) decoded on `device` about `chunk` elements (whole
+    /// rows) at a time into one `dtype` tensor.
+    fn dequantize(
+        &self,
+        name: &str,
+        (ggml, bytes, shape): (GgmlDType, &[u8], &[usize]),
+        dtype: DType,
+        device: &Device,
+        chunk: usize,
+    ) -> anyhow::Result<Tensor> {
+        let cols = shape.last().copied().unwrap_or(1);
+        let rows = shape.iter().rev().skip(1).product::<usize>();
+        // ggml quantizes along rows: a row is whole blocks (the header reader sized `bytes` as
+        // rows × cols / block elements × block bytes).
+        if cols % ggml.block_size() != 0 {
+            return Err(self.corrupt(format!("tensor {name}: rows of {cols} are not whole blocks")));
+        }
+        let row_bytes = cols / ggml.block_size() * ggml.type_size();
+        let piece = (chunk / cols.max(1)).max(1);
+        let decode = |r0: usize, n: usize| -> anyhow::Result<Tensor> {
+            let raw = &bytes[r0 * row_bytes..(r0 + n) * row_bytes];
+            // `qtensor_from_ggml` reads exactly the bytes its type and shape need, unchecked:
+            // `raw` is that long.
+            let q = ggml_file::qtensor_from_ggml(ggml, raw, vec![n, cols], device)
+                .map_err(|e| self.corrupt(format!("tensor {name}: {e}")))?;
+            Ok(q.dequantize(device)?.to_dtype(dtype)?)
+        };
+        if rows <= piece {
+            return Ok(decode(0, rows)?.reshape(shape)?);
+        }
+        let out = Tensor::zeros((rows, cols), dtype, device)?;
+        for r0 in (0..rows).step_by(piece) {
+            out.slice_set(&decode(r0, piece.min(rows - r0))?, 0, r0)?;
+        }
+        Ok(out.reshape(shape)?)
     }
 }
 
@@ -190,7 +226,11 @@ mod tests {
         let got = g.dense("w", &[8, 64], DType::F32, &cpu).unwrap();
         let want = q8.dequantize(&cpu).unwrap();
         assert_eq!(got.to_vec2::<f32>().unwrap(), want.to_vec2::<f32>().unwrap());
-        assert_eq!(g.raw("w", &[8, 64], 8).unwrap().len(), 8 * 2 * 34);
+        let raw = g.raw("w", &[8, 64], 8).unwrap();
+        assert_eq!(raw.len(), 8 * 2 * 34);
+        // In pieces of 3 rows (3 + 3 + 2), as large tensors are decoded.
+        let pieces = g.dequantize("w", (GgmlDType::Q8_0, raw, &[8, 64]), DType::F32, &cpu, 3 * 64);
+        assert_eq!(pieces.unwrap().to_vec2::<f32>().unwrap(), want.to_vec2::<f32>().unwrap());
         let n = g.dense("n", &[64], DType::F32, &cpu).unwrap();
         assert_eq!(n.to_vec1::<f32>().unwrap(), row);
 

@@ -5,7 +5,7 @@
 //! (`src/models/openai-moe.cpp`). The weights are mapped onto the same [`Weights`] the HF loader
 //! builds, so the model, its kernels and the batched engine run unchanged:
 //! - the MXFP4 experts (`ffn_{gate,up,down}_exps`, 17-byte ggml blocks) are respelled into the
-//!   checkpoint's layout ([`mxfp4::split_ggml_blocks`]: same codes and scales, other nibble
+//!   checkpoint's layout ([`mxfp4::ggml_rows_to_hf`]: same codes and scales, other nibble
 //!   order) and gate and up are interleaved row by row as HF's `gate_up_proj` is (gate channel j
 //!   = row 2j, up = row 2j + 1), with their biases likewise;
 //! - the Q8_0 tensors (attention, embedding, output) are dequantized to the compute dtype at load.
@@ -256,20 +256,17 @@ fn experts(
     device: &Device,
 ) -> anyhow::Result<Mxfp4Experts> {
     let (h, i, e) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
-    let unpack = |name: &str, rows: usize, cols: usize| -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
-        let raw = g.raw(&format!("{b}.{name}.weight"), &[e, rows, cols], MXFP4)?;
-        Ok(mxfp4::split_ggml_blocks(&raw))
+    let raw = |name: &str, rows: usize, cols: usize| -> anyhow::Result<&[u8]> {
+        g.raw(&format!("{b}.{name}.weight"), &[e, rows, cols], MXFP4)
     };
     let host_f32 = |name: &str, rows: usize| -> anyhow::Result<Vec<f32>> {
         let t = g.dense(&format!("{b}.{name}.bias"), &[e, rows], DType::F32, &Device::Cpu)?;
         Ok(t.flatten_all()?.to_vec1::<f32>()?)
     };
-    let (gate, gate_scales) = unpack("ffn_gate_exps", i, h)?;
-    let (up, up_scales) = unpack("ffn_up_exps", i, h)?;
-    let (down, down_scales) = unpack("ffn_down_exps", h, i)?;
     let hb = h / 32;
-    let gate_up = interleave_rows(&gate, &up, hb * 16);
-    let gate_up_scales = interleave_rows(&gate_scales, &up_scales, hb);
+    let (gate, up) = (raw("ffn_gate_exps", i, h)?, raw("ffn_up_exps", i, h)?);
+    let (gate_up, gate_up_scales) = mxfp4::ggml_rows_to_hf(&[gate, up], hb);
+    let (down, down_scales) = mxfp4::ggml_rows_to_hf(&[raw("ffn_down_exps", h, i)?], i / 32);
     let gate_up_bias =
         interleave_rows(&host_f32("ffn_gate_exps", i)?, &host_f32("ffn_up_exps", i)?, 1);
     let down_bias = g.dense(&format!("{b}.ffn_down_exps.bias"), &[e, h], DType::F32, device)?;
@@ -285,7 +282,7 @@ fn experts(
 }
 
 /// Rows of `a` and `b` (each `row` elements) alternated: a₀ b₀ a₁ b₁ … — HF's fused gate/up
-/// order. Over all experts at once: expert x's row j is row x·I + j of either input and lands at
+/// order (of the biases; the packed weights are fused by [`mxfp4::ggml_rows_to_hf`]). Over all experts at once: expert x's row j is row x·I + j of either input and lands at
 /// row x·2I + 2j (+1 for `b`).
 fn interleave_rows<T: Copy>(a: &[T], b: &[T], row: usize) -> Vec<T> {
     debug_assert_eq!(a.len(), b.len());
