@@ -128,7 +128,7 @@ impl GgufTensors {
             _ => None,
         };
         if let Some(stored) = float {
-            let t = Tensor::from_raw_buffer(&bytes, stored, shape, &Device::Cpu)?;
+            let t = Tensor::from_raw_buffer(bytes, stored, shape, &Device::Cpu)?;
             return Ok(t.to_dtype(dtype)?.to_device(device)?);
         }
         self.dequantize(name, (ggml, bytes, shape), dtype, device, DEQUANT_CHUNK)
