@@ -273,7 +273,12 @@ fn read_header_from<R: Read + Seek>(
         None => DEFAULT_ALIGNMENT,
     };
     let data_offset = r.pos.div_ceil(alignment) * alignment;
-    let data_len = r.len.checked_sub(data_offset).context("truncated: no tensor data section")?;
+    // A vocabulary-only file (llama.cpp's `--vocab-only`) ends at its header, unpadded.
+    let data_len = match r.len.checked_sub(data_offset) {
+        Some(n) => n,
+        None if tensors.is_empty() => 0,
+        None => bail!("truncated: no tensor data section"),
+    };
     size_tensors(&mut tensors, data_len)?;
     Ok(Header { version, metadata, tensors, data_offset })
 }
@@ -634,6 +639,31 @@ mod tests {
         }
         std::fs::write(&path, b"PK\x03\x04 this is a zip file, not a model").unwrap();
         assert!(format!("{:#}", read_header(&path).unwrap_err()).contains("magic"));
+    }
+
+    #[test]
+    fn a_vocabulary_only_file_ends_at_its_header() {
+        // llama.cpp's `convert_hf_to_gguf.py --vocab-only`: no tensors, no padding after the
+        // header, whose length need not be a multiple of the 32-byte alignment.
+        let mut bytes = Vec::new();
+        for v in [MAGIC, 3] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [0u64, 1, 3] {
+            bytes.extend_from_slice(&v.to_le_bytes()); // tensors, kvs, key length
+        }
+        bytes.extend_from_slice(b"k.x");
+        bytes.extend_from_slice(&8u32.to_le_bytes()); // a string
+        bytes.extend_from_slice(&5u64.to_le_bytes());
+        bytes.extend_from_slice(b"hello");
+        assert!(!bytes.len().is_multiple_of(32));
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("vocab.gguf");
+        std::fs::write(&path, &bytes).unwrap();
+        let (h, full) = read_full(&path).unwrap();
+        assert!(h.tensors.is_empty());
+        assert_eq!(h.get_str("k.x"), Some("hello"));
+        assert!(matches!(&full["k.x"], Value::String(s) if s == "hello"));
     }
 
     #[test]
