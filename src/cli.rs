@@ -207,7 +207,8 @@ pub struct ServeArgs {
 /// Where and in which precision a model runs (shared by `play` and `bench`).
 #[derive(Debug, Args)]
 pub struct DeviceArgs {
-    /// Compute dtype: f32, bf16 or f16 (default: the checkpoint's; GGUF computes in f32).
+    /// Compute dtype: f32, bf16 or f16 (default: the checkpoint's; a Llama GGUF computes in f32,
+    /// a gpt-oss GGUF in bf16).
     #[arg(long)]
     pub dtype: Option<String>,
     /// CUDA device index.

@@ -159,6 +159,11 @@ fn gpt_oss_batched_equals_alone() {
 }
 
 #[test]
+fn gpt_oss_gguf_batched_equals_alone() {
+    batched_equals_alone("gpt_oss_tiny_gguf/model.gguf");
+}
+
+#[test]
 fn llama_batched_equals_alone() {
     batched_equals_alone("llama3_tiny");
 }

@@ -306,7 +306,10 @@ fn format_name(source: &Source, spec: &Spec) -> String {
 fn build(source: &Source, spec: &Spec, device: &Device) -> anyhow::Result<Box<dyn CausalLm>> {
     let (dtype, context) = (spec.dtype, spec.context);
     Ok(match (source, &spec.arch) {
-        (Source::Gguf(path), _) => {
+        (Source::Gguf(path), Arch::GptOss(_)) => {
+            Box::new(gpt_oss::gguf::load(path, dtype, context, device)?)
+        }
+        (Source::Gguf(path), Arch::Llama(_)) => {
             let mut gguf = GgufFile::open(path)?;
             Box::new(load::load_gguf(&mut gguf, context, device)?)
         }

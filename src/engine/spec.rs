@@ -62,15 +62,7 @@ impl Spec {
         let (arch, dtype, max, weights) = match kind {
             "gpt_oss" => {
                 let cfg = GptOssConfig::from_hf_json(text)?;
-                // gpt-oss is trained in bf16; f16 overflows its residual stream (docs/gpt-oss.md
-                // pitfall #7).
-                let dtype = opts.dtype.unwrap_or(DType::BF16);
-                if dtype == DType::F16 {
-                    return Err(fail(
-                        ErrorKind::InvalidInput,
-                        "gpt-oss does not run in f16 (its activations overflow it): use bf16 or f32",
-                    ));
-                }
+                let dtype = gpt_oss_dtype(opts)?;
                 let weights = gpt_oss::memory::weight_bytes(&cfg, dtype, file);
                 let max = cfg.max_position_embeddings;
                 (Arch::GptOss(cfg), dtype, max, weights)
@@ -95,12 +87,16 @@ impl Spec {
         Ok(Spec { arch, dtype, context, max_context: max, weights, target })
     }
 
-    /// A llama GGUF: its header is read and checked by our own reader first (every length
-    /// against the file size, so a corrupt file cannot make candle's reader allocate wildly),
-    /// and its tensor infos give the weights' bytes.
+    /// A GGUF: its header is read and checked by our own reader first (every length against
+    /// the file size, so a corrupt file cannot make candle's reader allocate wildly). gpt-oss
+    /// files go to their own loader (candle cannot open them); the rest are llama GGUFs, whose
+    /// tensor infos give the weights' bytes.
     fn from_gguf(path: &Path, opts: &LoadOptions, target: Target) -> anyhow::Result<Spec> {
         let header = crate::inspect::gguf::read_header(path)
             .map_err(|e| fail(ErrorKind::Integrity, format!("{e:#}")))?;
+        if header.architecture() == Some(gpt_oss::gguf::ARCH) {
+            return Spec::from_gpt_oss_gguf(path, opts, target);
+        }
         let cfg = GgufFile::open(path)?.config()?;
         let context = context_for(cfg.max_position_embeddings, opts.context)?;
         let on_gpu = target == Target::Gpu;
@@ -115,6 +111,18 @@ impl Spec {
             weights,
             target,
         })
+    }
+
+    /// A gpt-oss GGUF: loaded into the same tensors as the HF checkpoint (the experts repacked,
+    /// Q8_0 dequantized to the compute dtype), so the HF layout's byte count applies.
+    fn from_gpt_oss_gguf(path: &Path, opts: &LoadOptions, target: Target) -> anyhow::Result<Spec> {
+        let g = crate::models::gguf::GgufTensors::open(path)?;
+        let cfg = gpt_oss::gguf::config(&g)?;
+        let dtype = gpt_oss_dtype(opts)?;
+        let weights = gpt_oss::memory::weight_bytes(&cfg, dtype, None);
+        let max_context = cfg.max_position_embeddings;
+        let context = context_for(max_context, opts.context)?;
+        Ok(Spec { arch: Arch::GptOss(cfg), dtype, context, max_context, weights, target })
     }
 
     /// The memory needed at `context`.
@@ -148,6 +156,19 @@ impl Spec {
             target: self.target,
         }
     }
+}
+
+/// gpt-oss's compute dtype: bf16 unless asked; f16 is refused, it overflows gpt-oss's residual
+/// stream (docs/gpt-oss.md pitfall #7).
+fn gpt_oss_dtype(opts: &LoadOptions) -> anyhow::Result<DType> {
+    let dtype = opts.dtype.unwrap_or(DType::BF16);
+    if dtype == DType::F16 {
+        return Err(fail(
+            ErrorKind::InvalidInput,
+            "gpt-oss does not run in f16 (its activations overflow it): use bf16 or f32",
+        ));
+    }
+    Ok(dtype)
 }
 
 /// The tensors of a safetensors checkpoint folder, from its headers.

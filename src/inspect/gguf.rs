@@ -6,17 +6,21 @@
 //! `IQ4_XS` file, would show up as broken in `inferno list`. Listing must describe every file,
 //! whether or not we can run it, so this reader keeps tensor types as raw numbers and names them
 //! from ggml's table. It also skips array values (the tokenizer's 100k+ strings) instead of
-//! keeping them. Loading weights is still candle's job.
+//! keeping them, unless asked for the whole metadata ([`read_full`], which loaders use: candle's
+//! reader cannot open an MXFP4 file at all, see `crate::models::gguf`).
 //!
 //! Format: <https://github.com/ggml-org/ggml/blob/master/docs/gguf.md>.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufReader, Read, Seek};
 use std::path::Path;
 
 use anyhow::{Context, bail};
+use candle_core::quantized::gguf_file::Value;
 
 const MAGIC: u32 = 0x4655_4747; // "GGUF" read as little-endian u32
+const F32: u32 = 0;
+const MXFP4: u32 = 39;
 const MAX_DIMS: u32 = 4;
 const MAX_ARRAY_DEPTH: u32 = 8;
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -54,6 +58,8 @@ pub struct Header {
     pub version: u32,
     pub metadata: BTreeMap<String, MetaValue>,
     pub tensors: Vec<TensorInfo>,
+    /// Where the tensor data starts in the file (tensor offsets count from here).
+    pub data_offset: u64,
 }
 
 impl Header {
@@ -89,7 +95,14 @@ impl Header {
     /// (`Q4_K_M` vs `Q4_K_S`), which is what users know from file names. Otherwise the tensor
     /// type holding the most bytes among 2-D and larger tensors (1-D norms and biases stay f32
     /// in every recipe, so they would only blur the answer).
+    ///
+    /// Files with MXFP4 tensors (gpt-oss) are labelled by their tensor types instead, MXFP4
+    /// first, e.g. `MXFP4 + Q8_0`: their `general.file_type` says little (llama.cpp's converter
+    /// writes `MXFP4_MOE` or, with `--outtype q8_0`, `Q8_0` for the same experts).
     pub fn quant_label(&self) -> Option<String> {
+        if self.tensors.iter().any(|t| t.ggml_type == MXFP4) {
+            return Some(self.mixed_label());
+        }
         let declared = self.get_u64("general.file_type").and_then(|t| u32::try_from(t).ok());
         if let Some(name) = declared.and_then(file_type_name) {
             return Some(name.to_string());
@@ -99,27 +112,57 @@ impl Header {
 
     /// The ggml type with the most bytes among tensors of two or more dimensions.
     pub fn dominant_tensor_type(&self) -> Option<u32> {
-        let mut bytes: BTreeMap<u32, u64> = BTreeMap::new();
-        for t in self.tensors.iter().filter(|t| t.dims.iter().filter(|&&d| d > 1).count() >= 2) {
-            *bytes.entry(t.ggml_type).or_insert(0) += t.bytes;
-        }
         let mut best: Option<(u32, u64)> = None;
-        for (ty, b) in bytes {
+        for (ty, b) in self.bytes_by_type() {
             if best.is_none_or(|(_, most)| b > most) {
                 best = Some((ty, b));
             }
         }
         best.map(|(ty, _)| ty)
     }
+
+    /// Bytes per ggml type among tensors of two or more dimensions.
+    fn bytes_by_type(&self) -> BTreeMap<u32, u64> {
+        let mut bytes: BTreeMap<u32, u64> = BTreeMap::new();
+        for t in self.tensors.iter().filter(|t| t.dims.iter().filter(|&&d| d > 1).count() >= 2) {
+            *bytes.entry(t.ggml_type).or_insert(0) += t.bytes;
+        }
+        bytes
+    }
+
+    /// `MXFP4 + …`: the other types of 2-D and larger tensors by bytes, F32 left out (routers and
+    /// stacked biases are F32 in every recipe).
+    fn mixed_label(&self) -> String {
+        let mut others: Vec<(u32, u64)> =
+            self.bytes_by_type().into_iter().filter(|&(ty, _)| ty != MXFP4 && ty != F32).collect();
+        others.sort_by_key(|&(ty, b)| (std::cmp::Reverse(b), ty));
+        let names = std::iter::once(MXFP4).chain(others.into_iter().map(|(ty, _)| ty));
+        names.map(type_name).collect::<Vec<_>>().join(" + ")
+    }
 }
 
 /// Reads and validates the header of the GGUF file at `path`.
 pub fn read_header(path: &Path) -> anyhow::Result<Header> {
+    read_path(path, None)
+}
+
+/// Every metadata value in full, arrays included, as candle's [`Value`]s (what the tokenizer
+/// builder takes).
+pub type FullMetadata = HashMap<String, Value>;
+
+/// Reads and validates the header of the GGUF file at `path`, keeping every metadata value.
+pub fn read_full(path: &Path) -> anyhow::Result<(Header, FullMetadata)> {
+    let mut full = FullMetadata::new();
+    let header = read_path(path, Some(&mut full))?;
+    Ok((header, full))
+}
+
+fn read_path(path: &Path, full: Option<&mut FullMetadata>) -> anyhow::Result<Header> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let len = file.metadata().with_context(|| format!("reading {}", path.display()))?.len();
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let mut r = Reader { inner: BufReader::with_capacity(1 << 16, file), pos: 0, len };
-    read_header_from(&mut r).with_context(|| format!("{name}: not a valid GGUF file"))
+    read_header_from(&mut r, full).with_context(|| format!("{name}: not a valid GGUF file"))
 }
 
 /// A buffered reader that knows its position and the file length, so every length read from
@@ -187,7 +230,10 @@ impl<R: Read + Seek> Reader<R> {
     }
 }
 
-fn read_header_from<R: Read + Seek>(r: &mut Reader<R>) -> anyhow::Result<Header> {
+fn read_header_from<R: Read + Seek>(
+    r: &mut Reader<R>,
+    mut full: Option<&mut FullMetadata>,
+) -> anyhow::Result<Header> {
     if r.u32().context("reading the magic")? != MAGIC {
         bail!("no GGUF magic at the start");
     }
@@ -205,7 +251,16 @@ fn read_header_from<R: Read + Seek>(r: &mut Reader<R>) -> anyhow::Result<Header>
     for _ in 0..kv_count {
         let key = r.string(version)?;
         let ty = r.u32()?;
-        let value = read_value(r, version, ty, 0).with_context(|| format!("metadata {key:?}"))?;
+        let value = match full.as_deref_mut() {
+            Some(full) => {
+                let v = read_full_value(r, version, ty, 0)
+                    .with_context(|| format!("metadata {key:?}"))?;
+                let summary = summarize(&v);
+                full.insert(key.clone(), v);
+                summary
+            }
+            None => read_value(r, version, ty, 0).with_context(|| format!("metadata {key:?}"))?,
+        };
         metadata.insert(key, value);
     }
     let mut tensors = Vec::with_capacity(tensor_count.min(1 << 16) as usize);
@@ -218,9 +273,14 @@ fn read_header_from<R: Read + Seek>(r: &mut Reader<R>) -> anyhow::Result<Header>
         None => DEFAULT_ALIGNMENT,
     };
     let data_offset = r.pos.div_ceil(alignment) * alignment;
-    let data_len = r.len.checked_sub(data_offset).context("truncated: no tensor data section")?;
+    // A vocabulary-only file (llama.cpp's `--vocab-only`) ends at its header, unpadded.
+    let data_len = match r.len.checked_sub(data_offset) {
+        Some(n) => n,
+        None if tensors.is_empty() => 0,
+        None => bail!("truncated: no tensor data section"),
+    };
     size_tensors(&mut tensors, data_len)?;
-    Ok(Header { version, metadata, tensors })
+    Ok(Header { version, metadata, tensors, data_offset })
 }
 
 fn read_tensor_info<R: Read + Seek>(r: &mut Reader<R>, version: u32) -> anyhow::Result<TensorInfo> {
@@ -281,6 +341,66 @@ fn read_value<R: Read + Seek>(
         12 => MetaValue::Float(f64::from_le_bytes(r.bytes()?)),
         other => bail!("unknown metadata value type {other}"),
     })
+}
+
+/// Reads one value of type `ty` in full, arrays included.
+fn read_full_value<R: Read + Seek>(
+    r: &mut Reader<R>,
+    version: u32,
+    ty: u32,
+    depth: u32,
+) -> anyhow::Result<Value> {
+    Ok(match ty {
+        0 => Value::U8(r.bytes::<1>()?[0]),
+        1 => Value::I8(i8::from_le_bytes(r.bytes()?)),
+        2 => Value::U16(u16::from_le_bytes(r.bytes()?)),
+        3 => Value::I16(i16::from_le_bytes(r.bytes()?)),
+        4 => Value::U32(r.u32()?),
+        5 => Value::I32(i32::from_le_bytes(r.bytes()?)),
+        6 => Value::F32(f32::from_le_bytes(r.bytes()?)),
+        7 => Value::Bool(r.bytes::<1>()?[0] != 0),
+        8 => Value::String(r.string(version)?),
+        9 => {
+            if depth >= MAX_ARRAY_DEPTH {
+                bail!("arrays nested deeper than {MAX_ARRAY_DEPTH}");
+            }
+            let elem_ty = r.u32()?;
+            let len = r.len_prefix(version)?;
+            // Every element takes at least one byte: a corrupt length fails here, before
+            // anything is allocated for it.
+            if len > r.remaining() {
+                bail!("truncated: array of {len} elements, {} bytes left", r.remaining());
+            }
+            let mut items = Vec::with_capacity(len.min(1 << 20) as usize);
+            for _ in 0..len {
+                items.push(read_full_value(r, version, elem_ty, depth + 1)?);
+            }
+            Value::Array(items)
+        }
+        10 => Value::U64(r.u64()?),
+        11 => Value::I64(i64::from_le_bytes(r.bytes()?)),
+        12 => Value::F64(f64::from_le_bytes(r.bytes()?)),
+        other => bail!("unknown metadata value type {other}"),
+    })
+}
+
+/// The [`MetaValue`] a full value is listed as.
+fn summarize(v: &Value) -> MetaValue {
+    match v {
+        Value::U8(x) => MetaValue::UInt((*x).into()),
+        Value::U16(x) => MetaValue::UInt((*x).into()),
+        Value::U32(x) => MetaValue::UInt((*x).into()),
+        Value::U64(x) => MetaValue::UInt(*x),
+        Value::I8(x) => MetaValue::Int((*x).into()),
+        Value::I16(x) => MetaValue::Int((*x).into()),
+        Value::I32(x) => MetaValue::Int((*x).into()),
+        Value::I64(x) => MetaValue::Int(*x),
+        Value::F32(x) => MetaValue::Float((*x).into()),
+        Value::F64(x) => MetaValue::Float(*x),
+        Value::Bool(x) => MetaValue::Bool(*x),
+        Value::String(x) => MetaValue::Str(x.clone()),
+        Value::Array(items) => MetaValue::Array { len: items.len() as u64 },
+    }
 }
 
 fn skip_array<R: Read + Seek>(
@@ -458,6 +578,21 @@ mod tests {
     }
 
     #[test]
+    fn full_metadata_keeps_arrays_and_agrees_with_the_header() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m.gguf");
+        llama_q4_0(&path, vec![]);
+        let (h, full) = read_full(&path).unwrap();
+        let candle = gguf_file::Content::read(&mut std::fs::File::open(&path).unwrap()).unwrap();
+        assert_eq!(full.len(), candle.metadata.len());
+        for (k, v) in &candle.metadata {
+            assert_eq!(format!("{:?}", full[k]), format!("{v:?}"), "{k}");
+        }
+        assert_eq!(h.metadata, read_header(&path).unwrap().metadata);
+        assert_eq!(h.data_offset, candle.tensor_data_offset);
+    }
+
+    #[test]
     fn declared_file_type_wins() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("m.gguf");
@@ -484,7 +619,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         assert!(gguf_file::Content::read(&mut std::fs::File::open(&path).unwrap()).is_err());
         let h = read_header(&path).unwrap();
-        assert_eq!(h.quant_label().as_deref(), Some("MXFP4"));
+        assert_eq!(h.quant_label().as_deref(), Some("MXFP4 + Q8_0"), "MXFP4 first");
     }
 
     fn find(hay: &[u8], needle: &[u8]) -> usize {
@@ -507,6 +642,31 @@ mod tests {
     }
 
     #[test]
+    fn a_vocabulary_only_file_ends_at_its_header() {
+        // llama.cpp's `convert_hf_to_gguf.py --vocab-only`: no tensors, no padding after the
+        // header, whose length need not be a multiple of the 32-byte alignment.
+        let mut bytes = Vec::new();
+        for v in [MAGIC, 3] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [0u64, 1, 3] {
+            bytes.extend_from_slice(&v.to_le_bytes()); // tensors, kvs, key length
+        }
+        bytes.extend_from_slice(b"k.x");
+        bytes.extend_from_slice(&8u32.to_le_bytes()); // a string
+        bytes.extend_from_slice(&5u64.to_le_bytes());
+        bytes.extend_from_slice(b"hello");
+        assert!(!bytes.len().is_multiple_of(32));
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("vocab.gguf");
+        std::fs::write(&path, &bytes).unwrap();
+        let (h, full) = read_full(&path).unwrap();
+        assert!(h.tensors.is_empty());
+        assert_eq!(h.get_str("k.x"), Some("hello"));
+        assert!(matches!(&full["k.x"], Value::String(s) if s == "hello"));
+    }
+
+    #[test]
     fn corrupt_lengths_do_not_allocate() {
         // A header claiming a 1 TB file and a 1 TB metadata key: rejected before allocating.
         let mut bytes = Vec::new();
@@ -518,7 +678,7 @@ mod tests {
         }
         let inner = BufReader::new(std::io::Cursor::new(bytes));
         let mut r = Reader { inner, pos: 0, len: 1 << 41 };
-        let err = format!("{:#}", read_header_from(&mut r).unwrap_err());
+        let err = format!("{:#}", read_header_from(&mut r, None).unwrap_err());
         assert!(err.contains("corrupt length"), "{err}");
     }
 

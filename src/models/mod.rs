@@ -3,6 +3,7 @@
 //! with a preallocated KV cache. Generation (sampling, detokenising) lives outside, in `generate`.
 
 pub mod batch;
+pub mod gguf;
 pub mod gpt_oss;
 pub mod head;
 pub mod kv_cache;

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::Context;
-use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::gguf_file::Value;
 use tokenizers::models::bpe::{Merges, Vocab};
 use tokenizers::processors::template::{SpecialToken, TemplateProcessing};
 use tokenizers::{AddedToken, Tokenizer};
@@ -43,21 +43,19 @@ pub struct GgufTokenizer {
     pub add_bos: bool,
 }
 
-/// Reads the GGUF file at `path` with candle's reader and builds its tokenizer. candle rejects
-/// files with tensor types it cannot run (MXFP4, IQ quants); use [`from_gguf_metadata`] with
-/// another reader for those.
+/// Reads the metadata of the GGUF file at `path` and builds its tokenizer. Our own header reader
+/// (`crate::inspect::gguf`), not candle's: candle rejects a whole file for one tensor type it
+/// cannot run (MXFP4 in the gpt-oss GGUFs, the IQ quants).
 pub fn from_gguf_file(path: &Path) -> anyhow::Result<GgufTokenizer> {
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let content = gguf_file::Content::read(&mut file).map_err(|e| {
-        fail(ErrorKind::Integrity, format!("{}: not a readable GGUF file: {e}", path.display()))
-    })?;
-    from_gguf_metadata(&content.metadata)
+    // The error names the file: "NAME: not a valid GGUF file: …".
+    let (_, metadata) = crate::inspect::gguf::read_full(path)
+        .map_err(|e| fail(ErrorKind::Integrity, format!("{e:#}")))?;
+    from_gguf_metadata(&metadata)
         .with_context(|| format!("{}: reading its tokenizer", path.display()))
 }
 
 /// Builds the tokenizer described by `tokenizer.*` keys of a GGUF file's metadata (candle's
-/// `gguf_file::Content::metadata`).
+/// `gguf_file::Content::metadata`, or `crate::inspect::gguf::read_full`).
 pub fn from_gguf_metadata(md: &HashMap<String, Value>) -> anyhow::Result<GgufTokenizer> {
     let md = Meta(md);
     let model = md.str("tokenizer.ggml.model")?.ok_or_else(|| {
@@ -533,6 +531,6 @@ mod tests {
         std::fs::write(&path, b"not a gguf file at all").unwrap();
         let e = from_gguf_file(&path).err().expect("should fail");
         assert_eq!(kind_of(&e), ErrorKind::Integrity);
-        assert!(e.to_string().contains("x.gguf: not a readable GGUF file"), "{e}");
+        assert!(e.to_string().contains("x.gguf: not a valid GGUF file"), "{e}");
     }
 }

@@ -120,6 +120,15 @@ fn gpt_oss_checkpoint_plan_is_what_the_model_allocates() {
     }
 }
 
+#[test]
+fn gpt_oss_gguf_plan_is_what_the_model_allocates() {
+    // Loaded into the HF layout's tensors (experts repacked, Q8_0 dequantized): the same count.
+    let gguf = gpt_oss_fixture().with_file_name("gpt_oss_tiny_gguf").join("model.gguf");
+    for (dtype, context) in [(None, 64), (Some(DType::F32), 300)] {
+        plan_matches_allocation(&gguf, dtype, context, false);
+    }
+}
+
 fn write_config(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
     let mut v: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(gpt_oss_fixture().join("config.json")).unwrap(),

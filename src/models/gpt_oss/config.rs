@@ -143,7 +143,7 @@ impl GptOssConfig {
         Ok(cfg)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    pub(super) fn validate(&self) -> Result<(), String> {
         if self.num_heads == 0
             || self.num_kv_heads == 0
             || !self.num_heads.is_multiple_of(self.num_kv_heads)
