@@ -1,5 +1,6 @@
-// compressed-tensors projections on the GPU (quant_matmul.rs): per-token activation quantization,
-// dequantization for the prefill GEMMs, and decode GEMVs straight off the quantized weights.
+// compressed-tensors projections on the GPU (quant_matmul.rs): per-token activation quantization
+// and dequantization for the prefill GEMMs, and the 4-bit decode GEMV for scale groups that
+// ct_gemv.cu does not take (32 or 64 columns). The decode GEMVs proper are in ct_gemv.cu.
 //
 // Values: int8 weights are bytes read as int8; FP8 weights are E4M3 bytes; 4-bit weights are
 // int32 words, element i at bits 4 (i % 8) of word i / 8, stored as q + 8. Activations are
@@ -79,64 +80,8 @@ extern "C" __global__ void ct_dequant_int4(const uint32_t* __restrict__ w, const
     out[i] = __float2bfloat16_rn(((float)q - zp) * scale[(long long)r * groups + g]);
 }
 
-// Decode GEMV for 8-bit weights: y [M, N] f32 = sx[m] · sw[n] · Σ_k q[m, k] · w[n, k], M ≤ 8.
-// One warp per weight row; each lane reads 16 weight bytes at a time (whole 16-byte loads, many
-// in flight across the warps), the quantized x rows (bf16, exact values) come from L1/L2.
-// Sums in f32: products of int8 values are exact and partial sums stay below 2^24 for the rows
-// of real models, so this is the int32 sum; for E4M3 the f32 sum rounds as an f32 GEMM would.
-template <int FP8>
-__device__ __forceinline__ void gemv_8bit(const uint8_t* __restrict__ w, const float* __restrict__ sw,
-                                          const __nv_bfloat16* __restrict__ xq, const float* __restrict__ sx,
-                                          float* __restrict__ y, int M, int N, int K) {
-    const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-    if (n >= N) return;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    const uint4* wr = reinterpret_cast<const uint4*>(w + (long long)n * K);
-    for (int c = lane; c < K / 16; c += 32) {
-        const uint4 v = __ldg(wr + c);
-        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-        float wf[16];
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const uint8_t b = (words[j / 4] >> (8 * (j % 4))) & 0xff;
-            wf[j] = FP8 ? fp8_value(b) : (float)(int8_t)b;
-        }
-#pragma unroll
-        for (int m = 0; m < 8; m++) {
-            if (m >= M) break;
-            const uint4* xr = reinterpret_cast<const uint4*>(xq + (long long)m * K + 16 * c);
-            const uint4 x0 = xr[0], x1 = xr[1];
-            const __nv_bfloat162* h0 = reinterpret_cast<const __nv_bfloat162*>(&x0);
-            const __nv_bfloat162* h1 = reinterpret_cast<const __nv_bfloat162*>(&x1);
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float2 a = __bfloat1622float2(h0[j]), b = __bfloat1622float2(h1[j]);
-                acc[m] += wf[2 * j] * a.x + wf[2 * j + 1] * a.y;
-                acc[m] += wf[8 + 2 * j] * b.x + wf[8 + 2 * j + 1] * b.y;
-            }
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < 8; m++) {
-        if (m >= M) break;
-        const float s = warp_sum(acc[m]);
-        if (lane == 0) y[(long long)m * N + n] = s * sx[m] * sw[n];
-    }
-}
-
-// grid (ceil(N / warps)), block (32 · warps). K % 16 == 0, rows 16-byte aligned.
-extern "C" __global__ void ct_gemv_int8(const uint8_t* w, const float* sw, const __nv_bfloat16* xq, const float* sx,
-                                        float* y, int M, int N, int K) {
-    gemv_8bit<0>(w, sw, xq, sx, y, M, N, K);
-}
-
-extern "C" __global__ void ct_gemv_fp8(const uint8_t* w, const float* sw, const __nv_bfloat16* xq, const float* sx,
-                                       float* y, int M, int N, int K) {
-    gemv_8bit<1>(w, sw, xq, sx, y, M, N, K);
-}
-
-// Decode GEMV for 4-bit weights (no activation order): y [M, N] f32 = x · dequant(w)ᵀ, M ≤ 8,
+// Decode GEMV for 4-bit weights (no activation order, groups of 32 or 64 columns; ct_gemv.cu
+// takes the others): y [M, N] f32 = x · dequant(w)ᵀ, M ≤ 8,
 // the weights dequantized to bf16 values as ct_dequant_int4 does. One warp per weight row, a
 // lane reads 16 bytes (32 values) at a time. K % 32 == 0 and group % 32 == 0 (one scale per load).
 extern "C" __global__ void ct_gemv_int4(const uint32_t* __restrict__ w, const float* __restrict__ scale,

@@ -41,6 +41,9 @@ pub(super) const LAYER_NORM_ACT_PTX: &str =
 /// PTX built by build.rs from `src/kernels/ct_quant.cu`.
 pub(super) const CT_QUANT_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/ct_quant.ptx"));
 
+/// PTX built by build.rs from `src/kernels/ct_gemv.cu`.
+pub(super) const CT_GEMV_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/ct_gemv.ptx"));
+
 /// PTX built by build.rs from `src/kernels/gemv_bf16.cu`.
 pub(super) const GEMV_BF16_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gemv_bf16.ptx"));
 

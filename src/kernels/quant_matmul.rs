@@ -42,6 +42,8 @@ pub fn quant_matmul(x: &Tensor, w: &QuantLinear) -> Result<Tensor> {
 }
 
 #[cfg(feature = "cuda")]
+mod gemv;
+#[cfg(feature = "cuda")]
 pub(crate) mod gpu;
 #[cfg(all(test, feature = "cuda"))]
 mod tests;

@@ -69,6 +69,37 @@ pub(super) fn time_us(dev: &Device, runs: usize, mut f: impl FnMut()) -> f64 {
     t0.elapsed().as_secs_f64() * 1e6 / runs as f64
 }
 
+/// Mean GPU time of `f` in microseconds as a decode step runs it: `runs` calls captured in one
+/// CUDA graph and replayed, so that host overhead between launches does not count (a short
+/// kernel launched from the host one at a time measures the host instead).
+#[cfg(feature = "cuda")]
+pub(super) fn graph_time_us(dev: &Device, runs: usize, mut f: impl FnMut()) -> f64 {
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::cuda_backend::cudarc::driver::sys::{
+        CUgraphInstantiate_flags, CUstreamCaptureMode,
+    };
+    let Device::Cuda(cuda) = dev else { panic!("not a CUDA device") };
+    // Eagerly first: loads the kernels, which a capture may not.
+    f();
+    dev.synchronize().expect("synchronize");
+    let stream = cuda.cuda_stream();
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).w().expect("capture");
+    for _ in 0..runs {
+        f();
+    }
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).w().expect("end capture");
+    let graph = graph.expect("a non-empty graph");
+    graph.launch().w().expect("replay");
+    dev.synchronize().expect("synchronize");
+    let replays = 5;
+    let t0 = std::time::Instant::now();
+    for _ in 0..replays {
+        graph.launch().w().expect("replay");
+    }
+    dev.synchronize().expect("synchronize");
+    t0.elapsed().as_secs_f64() * 1e6 / (replays * runs) as f64
+}
+
 #[cfg(feature = "cuda")]
 /// A GPU-vs-CPU check: every output element was written (outputs are poisoned with NaN before
 /// the kernel runs) and the relative error is under `tol`.

@@ -11,15 +11,18 @@ use crate::kernels::cuda::{CT_QUANT_PTX, cuda_view, int};
 use crate::kernels::matmul_f32_out;
 use crate::models::quant::{ActQuant, QuantLinear, WeightFormat};
 
-/// Which product runs: the one for the shape, or one by force (tests).
+/// Which product runs: the one for the shape, or one by force (tests and timings).
 #[derive(Clone, Copy, PartialEq)]
 pub enum Route {
     Auto,
     #[cfg_attr(not(test), allow(dead_code))]
     Gemm,
+    /// ct_gemv.cu with this many weight tiles per warp.
+    #[cfg_attr(not(test), allow(dead_code))]
+    GemvTiles(usize),
 }
 
-fn wrap<T: candle_core::cuda_backend::CudaDType>(
+pub(super) fn wrap<T: candle_core::cuda_backend::CudaDType>(
     slice: CudaSlice<T>,
     dev: &CudaDevice,
     shape: &[usize],
@@ -123,19 +126,14 @@ pub fn dequantize(w: &QuantLinear) -> Result<Tensor> {
     Ok(wrap(out, dev, &[w.out, w.inp]))
 }
 
-/// Whether the decode GEMV takes `m` rows of this weight.
-fn gemv_fits(w: &QuantLinear, m: usize) -> bool {
-    if m > GEMV_ROWS {
-        return false;
-    }
-    match w.scheme.weight {
-        WeightFormat::Int8 | WeightFormat::Fp8 => {
-            w.scheme.act != ActQuant::None && w.inp.is_multiple_of(16)
-        }
-        WeightFormat::Int4 { .. } => {
-            w.g_idx.is_none() && w.inp.is_multiple_of(32) && w.group.is_multiple_of(32)
-        }
-    }
+/// Whether the older one-warp-per-row 4-bit GEMV takes `m` rows: what ct_gemv.cu leaves
+/// (scale groups of 32 or 64 columns, which split a quad's 128 columns).
+fn int4_gemv_fits(w: &QuantLinear, m: usize) -> bool {
+    matches!(w.scheme.weight, WeightFormat::Int4 { .. })
+        && m <= GEMV_ROWS
+        && w.g_idx.is_none()
+        && w.inp.is_multiple_of(32)
+        && w.group.is_multiple_of(32)
 }
 
 pub fn quant_matmul(x: &Tensor, w: &QuantLinear, route: Route) -> Result<Tensor> {
@@ -143,8 +141,11 @@ pub fn quant_matmul(x: &Tensor, w: &QuantLinear, route: Route) -> Result<Tensor>
     if k != w.inp {
         bail!("quant_matmul: x {:?} against a [{}, {}] weight", x.dims(), w.out, w.inp);
     }
-    if route == Route::Auto && gemv_fits(w, m) {
-        return gemv(x, w);
+    match route {
+        Route::GemvTiles(mt) => return super::gemv::launch(x, w, Some(mt)),
+        Route::Auto if super::gemv::fits(w, m) => return super::gemv::launch(x, w, None),
+        Route::Auto if int4_gemv_fits(w, m) => return gemv_int4(x, w),
+        _ => {}
     }
     let weight = dequantize(w)?;
     match w.scheme.act {
@@ -164,7 +165,7 @@ pub fn quant_matmul(x: &Tensor, w: &QuantLinear, route: Route) -> Result<Tensor>
     }
 }
 
-fn gemv(x: &Tensor, w: &QuantLinear) -> Result<Tensor> {
+fn gemv_int4(x: &Tensor, w: &QuantLinear) -> Result<Tensor> {
     let (m, k) = x.dims2()?;
     let Device::Cuda(dev) = x.device() else { bail!("quant_matmul: x is not on the GPU") };
     const WARPS: usize = 8;
@@ -179,45 +180,25 @@ fn gemv(x: &Tensor, w: &QuantLinear) -> Result<Tensor> {
     let (qs, ql) = w.q.storage_and_layout();
     let (ss, sl) = w.scale.storage_and_layout();
     let sv = cuda_view::<f32>(&ss, sl, "scale")?;
-    match w.scheme.weight {
-        WeightFormat::Int8 | WeightFormat::Fp8 => {
-            let (xq, sx) = act_quant(x, w.scheme.act)?;
-            let (xs, xl) = xq.storage_and_layout();
-            let xv = cuda_view::<bf16>(&xs, xl, "x")?;
-            let (sxs, sxl) = sx.storage_and_layout();
-            let sxv = cuda_view::<f32>(&sxs, sxl, "x scales")?;
-            let qv = cuda_view::<u8>(&qs, ql, "weight")?;
-            let name =
-                if w.scheme.weight == WeightFormat::Fp8 { "ct_gemv_fp8" } else { "ct_gemv_int8" };
-            let func = dev.get_or_load_custom_func(name, "inferno_ct_quant", CT_QUANT_PTX)?;
-            let mut b = func.builder();
-            b.arg(&qv).arg(&sv).arg(&xv).arg(&sxv).arg(&mut y).arg(&m32).arg(&n32).arg(&k32);
-            // SAFETY: k % 16 == 0 (gemv_fits), contiguous tensors of the sizes named.
-            unsafe { b.launch(cfg) }.w()?;
-        }
-        WeightFormat::Int4 { .. } => {
-            let x = x.to_dtype(DType::BF16)?.contiguous()?;
-            let (xs, xl) = x.storage_and_layout();
-            let xv = cuda_view::<bf16>(&xs, xl, "x")?;
-            let qv = cuda_view::<i32>(&qs, ql, "packed weight")?;
-            let zs = w.zero.as_ref().map(|z| z.storage_and_layout());
-            let zv = zs.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "zero")).transpose()?;
-            let groups = int(w.scale.elem_count() / w.out, "groups")?;
-            let group = int(w.group, "group")?;
-            let func =
-                dev.get_or_load_custom_func("ct_gemv_int4", "inferno_ct_quant", CT_QUANT_PTX)?;
-            let null = 0u64;
-            let mut b = func.builder();
-            b.arg(&qv).arg(&sv);
-            match &zv {
-                Some(v) => b.arg(v),
-                None => b.arg(&null),
-            };
-            b.arg(&xv).arg(&mut y).arg(&m32).arg(&n32).arg(&k32).arg(&groups).arg(&group);
-            // SAFETY: k % 32 == 0 and group % 32 == 0 (gemv_fits), sizes as named.
-            unsafe { b.launch(cfg) }.w()?;
-        }
-    }
-    drop((qs, ss));
+    let x = x.to_dtype(DType::BF16)?.contiguous()?;
+    let (xs, xl) = x.storage_and_layout();
+    let xv = cuda_view::<bf16>(&xs, xl, "x")?;
+    let qv = cuda_view::<i32>(&qs, ql, "packed weight")?;
+    let zs = w.zero.as_ref().map(|z| z.storage_and_layout());
+    let zv = zs.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "zero")).transpose()?;
+    let groups = int(w.scale.elem_count() / w.out, "groups")?;
+    let group = int(w.group, "group")?;
+    let func = dev.get_or_load_custom_func("ct_gemv_int4", "inferno_ct_quant", CT_QUANT_PTX)?;
+    let null = 0u64;
+    let mut b = func.builder();
+    b.arg(&qv).arg(&sv);
+    match &zv {
+        Some(v) => b.arg(v),
+        None => b.arg(&null),
+    };
+    b.arg(&xv).arg(&mut y).arg(&m32).arg(&n32).arg(&k32).arg(&groups).arg(&group);
+    // SAFETY: k % 32 == 0 and group % 32 == 0 (int4_gemv_fits), sizes as named.
+    unsafe { b.launch(cfg) }.w()?;
+    drop((qs, ss, xs));
     Ok(wrap(y, dev, &[m, w.out]))
 }

@@ -1,56 +1,135 @@
 //! GPU against the CPU reference ([`QuantLinear::matmul_f32`] on the host: dequantized f32
-//! weights, per-token fake-quantized inputs) on fresh random weights and inputs.
+//! weights, per-token fake-quantized inputs) on fresh random weights, inputs and shapes, and the
+//! decode GEMVs' batch invariance.
 
 use candle_core::{DType, Device};
+use rand::Rng;
 
+use super::gemv;
 use super::gpu::{Route, quant_matmul};
 use crate::kernels::testing::{assert_written_and_close, gpu, rng, tensor, uniform, values};
 use crate::models::quant::{ActQuant, QuantLinear, Scheme, WeightFormat};
 
-fn schemes() -> Vec<(&'static str, Scheme, f64)> {
-    let int4 = |group, symmetric, g_idx| WeightFormat::Int4 { group, symmetric, g_idx };
-    // 8-bit: the same quantized values on both sides, sums in another order (~1e-6). 4-bit:
-    // the GPU rounds each dequantized weight to bf16 as a bf16 reference does (2^-9 relative),
-    // the CPU reference keeps f32.
+struct Case {
+    name: &'static str,
+    scheme: Scheme,
+    /// Relative error bound of ct_gemv.cu's products.
+    gemv: f64,
+    /// Of the prefill path (bf16 GEMM of dequantized weights) and the older 4-bit GEMV.
+    gemm: f64,
+}
+
+fn cases() -> Vec<Case> {
+    let int4 = |group, symmetric| WeightFormat::Int4 { group, symmetric, g_idx: false };
+    let w4 = |group, symmetric| Scheme { weight: int4(group, symmetric), act: ActQuant::None };
+    // 8-bit: the same quantized values on both sides; int8 sums exact on the GPU, the
+    // reference's f32 sums in another order (~1e-7). FP8 on the tensor cores: each 64-value
+    // partial sum from an accumulator of fewer bits than f32 (see ct_gemv.cu). 4-bit in
+    // ct_gemv.cu: exact q − zero times x, f32 sums, the scale per group (~1e-7); the prefill
+    // path and the older GEMV round each dequantized weight to bf16 as a bf16 reference does
+    // (2^-9 relative), the CPU reference keeps f32.
     vec![
-        ("w8a8", Scheme { weight: WeightFormat::Int8, act: ActQuant::Int8Token }, 1e-5),
-        ("fp8", Scheme { weight: WeightFormat::Fp8, act: ActQuant::Fp8Token }, 1e-5),
-        ("w8a16", Scheme { weight: WeightFormat::Int8, act: ActQuant::None }, 1e-5),
-        ("w4a16", Scheme { weight: int4(Some(128), true, false), act: ActQuant::None }, 4e-3),
-        ("w4a16 zp", Scheme { weight: int4(Some(64), false, false), act: ActQuant::None }, 4e-3),
-        ("w4a16 g_idx", Scheme { weight: int4(Some(32), true, true), act: ActQuant::None }, 4e-3),
+        Case {
+            name: "w8a8",
+            scheme: Scheme { weight: WeightFormat::Int8, act: ActQuant::Int8Token },
+            gemv: 1e-5,
+            gemm: 1e-5,
+        },
+        Case {
+            name: "fp8",
+            scheme: Scheme { weight: WeightFormat::Fp8, act: ActQuant::Fp8Token },
+            gemv: 1e-4,
+            gemm: 1e-5,
+        },
+        Case {
+            name: "w8a16",
+            scheme: Scheme { weight: WeightFormat::Int8, act: ActQuant::None },
+            gemv: 1e-5,
+            gemm: 1e-5,
+        },
+        Case { name: "w4a16", scheme: w4(Some(128), true), gemv: 1e-5, gemm: 4e-3 },
+        Case { name: "w4a16 zp g256", scheme: w4(Some(256), false), gemv: 1e-5, gemm: 4e-3 },
+        Case { name: "w4a16 channel", scheme: w4(None, true), gemv: 1e-5, gemm: 4e-3 },
+        Case { name: "w4a16 zp g64", scheme: w4(Some(64), false), gemv: 1e-5, gemm: 4e-3 },
+        Case {
+            name: "w4a16 g_idx",
+            scheme: Scheme {
+                weight: WeightFormat::Int4 { group: Some(32), symmetric: true, g_idx: true },
+                act: ActQuant::None,
+            },
+            gemv: 1e-5,
+            gemm: 4e-3,
+        },
     ]
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
 fn gpu_quant_matmul_matches_reference() {
-    use rand::Rng;
     let dev = gpu();
     let mut r = rng("quant_matmul gpu");
-    for (name, scheme, tol) in schemes() {
-        for (m, n, k) in
-            [(1, 2048, 2048), (3, 333, 512), (8, 1001, 256), (9, 130, 384), (100, 77, 128)]
-        {
+    // Decode shapes (1 to 8 rows; K long, short, not a multiple of a quad step; 8 rows of a
+    // K that needs more than 48 KiB of shared memory, and of one that needs two launches),
+    // prefill shapes, then random ones.
+    let mut shapes = vec![
+        (1, 2048, 2048),
+        (3, 333, 512),
+        (8, 1001, 256),
+        (2, 40, 96),
+        (8, 40, 8192),
+        (7, 50, 12_288),
+        (1, 4099, 160),
+        (9, 130, 384),
+        (100, 77, 128),
+    ];
+    for _ in 0..6 {
+        shapes.push((r.random_range(1..=8), r.random_range(1..=700), 32 * r.random_range(1..=120)));
+    }
+    for case in cases() {
+        for &(m, n, k) in &shapes {
             let seed = r.random::<u64>();
-            let cpu = QuantLinear::random(scheme, (n, k), 0.02, seed, &Device::Cpu).expect("w");
+            let cpu = QuantLinear::random(case.scheme, (n, k), 0.02, seed, &Device::Cpu).expect("w");
             let w = cpu.to_device(&dev).expect("to gpu");
             let x = tensor(uniform(&mut r, m * k, -1.0, 1.0), &[m, k], DType::BF16);
             let want = values(&cpu.matmul_f32(&x).expect("cpu"));
             let xd = x.to_device(&dev).expect("x");
-            for route in [Route::Auto, Route::Gemm] {
+            let fits = gemv::fits(&w, m);
+            let mut routes = vec![(Route::Auto, "auto"), (Route::Gemm, "gemm")];
+            if fits {
+                routes.push((Route::GemvTiles(1), "gemv mt1"));
+                if gemv::tiles_allowed(&w, 2) {
+                    routes.push((Route::GemvTiles(2), "gemv mt2"));
+                }
+            }
+            for (route, label) in routes {
+                let on_gemv = matches!(route, Route::GemvTiles(_)) || route == Route::Auto && fits;
+                let tol = if on_gemv { case.gemv } else { case.gemm };
                 let got = values(&quant_matmul(&xd, &w, route).expect("gpu"));
-                let label = format!(
-                    "{name} {m}x{n}x{k} {}",
-                    if route == Route::Auto { "auto" } else { "gemm" }
-                );
-                assert_written_and_close(&label, &got, &want, tol);
+                let name = format!("{} {m}x{n}x{k} {label}", case.name);
+                assert_written_and_close(&name, &got, &want, tol);
+                if on_gemv {
+                    check_rows_alone(&xd, &w, route, &got, &name);
+                }
             }
         }
     }
 }
 
-/// Not a check: decode GEMVs against our bf16 GEMV at the Llama-3.2-1B shapes.
+/// Batch invariance: the first and last rows alone give the same bits as in the batch.
+fn check_rows_alone(x: &candle_core::Tensor, w: &QuantLinear, route: Route, got: &[f32], name: &str) {
+    let (m, n) = (x.dim(0).expect("m"), w.out);
+    for row in [0, m - 1] {
+        let one = values(&quant_matmul(&x.narrow(0, row, 1).expect("row"), w, route).expect("one"));
+        assert!(
+            one.iter().zip(&got[row * n..(row + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: row {row} alone differs from the same row in the batch"
+        );
+    }
+}
+
+/// Not a check: decode GEMVs against our bf16 GEMV at the Llama-3.2-1B shapes (1 and 8 rows),
+/// with the tiles per warp chosen and forced; GPU time in a replayed CUDA graph, as in a decode
+/// step.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
 fn gpu_quant_gemv_timing() {
@@ -58,25 +137,32 @@ fn gpu_quant_gemv_timing() {
     let mut r = rng("quant gemv timing");
     let shapes =
         [("qkv", 3072, 2048), ("o", 2048, 2048), ("gate+up", 16_384, 2048), ("down", 2048, 8192)];
-    for (name, n, k) in shapes {
-        let x =
-            tensor(uniform(&mut r, k, -1.0, 1.0), &[1, k], DType::BF16).to_device(&dev).expect("x");
-        let wb = tensor(uniform(&mut r, n * k, -1.0, 1.0), &[n, k], DType::BF16)
-            .to_device(&dev)
-            .expect("w");
-        let base = crate::kernels::testing::time_us(&dev, 50, || {
-            crate::kernels::matmul_f32_out(&x, &wb).expect("bf16");
-        });
-        let mut line = format!("quant gemv timing: {name:<8} {n:>6}x{k:<5} bf16 {base:.1} us");
-        for (label, scheme, _) in
-            schemes().into_iter().filter(|s| ["w8a8", "fp8", "w4a16"].contains(&s.0))
-        {
-            let w = QuantLinear::random(scheme, (n, k), 0.02, 1, &dev).expect("w");
-            let us = crate::kernels::testing::time_us(&dev, 50, || {
-                quant_matmul(&x, &w, Route::Auto).expect("q");
+    for m in [1, 8] {
+        for (name, n, k) in shapes {
+            let x = tensor(uniform(&mut r, m * k, -1.0, 1.0), &[m, k], DType::BF16)
+                .to_device(&dev)
+                .expect("x");
+            let wb = tensor(uniform(&mut r, n * k, -1.0, 1.0), &[n, k], DType::BF16)
+                .to_device(&dev)
+                .expect("w");
+            let base = crate::kernels::testing::graph_time_us(&dev, 50, || {
+                crate::kernels::matmul_f32_out(&x, &wb).expect("bf16");
             });
-            line += &format!(" | {label} {us:.1} us ({:.2}x)", base / us);
+            let mut line = format!("quant gemv timing: m{m} {name:<8} {n:>6}x{k:<5} bf16 {base:.1} us");
+            for case in cases().into_iter().filter(|c| ["w8a8", "fp8", "w4a16"].contains(&c.name)) {
+                let w = QuantLinear::random(case.scheme, (n, k), 0.02, 1, &dev).expect("w");
+                let mut routes = vec![(Route::Auto, "auto"), (Route::GemvTiles(1), "mt1")];
+                if gemv::tiles_allowed(&w, 2) {
+                    routes.push((Route::GemvTiles(2), "mt2"));
+                }
+                for (route, label) in routes {
+                    let us = crate::kernels::testing::graph_time_us(&dev, 50, || {
+                        quant_matmul(&x, &w, route).expect("q");
+                    });
+                    line += &format!(" | {} {label} {us:.1} ({:.2}x)", case.name, base / us);
+                }
+            }
+            eprintln!("{line}");
         }
-        eprintln!("{line}");
     }
 }

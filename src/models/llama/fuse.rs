@@ -1,18 +1,22 @@
-//! The batched path's fused projections: q, k and v as one weight, gate and up as another, so a
-//! decode step reads each layer's inputs once per fused product and launches 2 products where it
-//! launched 5 (every launch is a few microseconds of a ~1 ms step, and the small q/k/v products
-//! alone could not keep the GPU's loads in flight).
+//! The batched path's fused projections: q, k and v as one weight, gate and up as another (dense
+//! or compressed-tensors weights alike), so a decode step reads each layer's inputs once per
+//! fused product and launches 2 products where it launched 5 (every launch is a few
+//! microseconds of a ~1 ms step, and the small q/k/v products alone could not keep the GPU's
+//! loads in flight).
 //!
 //! The separate projections become views into the fused weights, so fusing costs no memory
 //! after the layer is done (one layer's copy while it runs).
+
+use std::sync::Arc;
 
 use candle_core::Tensor;
 
 use super::model::Layer;
 use crate::models::linear::Linear;
+use crate::models::quant::QuantLinear;
 
-/// One layer's fused products (`None` where the parts cannot be fused: quantized weights, or
-/// biases on some parts only).
+/// One layer's fused products (`None` where the parts cannot be fused: GGUF weights, mixed
+/// formats, compressed-tensors weights with activation order, or biases on some parts only).
 #[derive(Clone, Default)]
 pub struct Fused {
     /// `[q_out + 2 kv_out, hidden]`: q, then k, then v.
@@ -44,35 +48,82 @@ fn parts_array<const N: usize>(parts: Vec<Linear>) -> [Linear; N] {
 }
 
 /// The parts' weights (and biases) stacked along the output dimension, and a view of the
-/// stack for each part; `None` unless every part is dense with one dtype and all or none have
-/// a bias.
+/// stack for each part; `None` unless every part is dense with one dtype, or every part is a
+/// compressed-tensors weight that stacks ([`QuantLinear::concat`]), and all or none have a
+/// bias.
 fn concat(parts: &[&Linear]) -> candle_core::Result<Option<(Linear, Vec<Linear>)>> {
-    let mut weights = Vec::new();
-    let mut biases = Vec::new();
-    for p in parts {
-        let Linear::Dense { weight, bias } = p else { return Ok(None) };
-        weights.push(weight);
-        biases.extend(bias.iter());
-    }
-    let dtype = weights[0].dtype();
-    if weights.iter().any(|w| w.dtype() != dtype)
-        || !(biases.is_empty() || biases.len() == parts.len())
-    {
+    let biases: Vec<&Tensor> = parts.iter().filter_map(|p| p.bias()).collect();
+    if !(biases.is_empty() || biases.len() == parts.len()) {
         return Ok(None);
     }
-    let weight = Tensor::cat(&weights, 0)?;
     let bias = if biases.is_empty() { None } else { Some(Tensor::cat(&biases, 0)?) };
-    let mut views = Vec::with_capacity(parts.len());
+    let Some((all, views)) = stack_weights(parts)? else { return Ok(None) };
+    let mut fused = Vec::with_capacity(parts.len());
     let mut start = 0;
-    for w in &weights {
-        let rows = w.dim(0)?;
-        views.push(Linear::Dense {
-            weight: weight.narrow(0, start, rows)?,
-            bias: bias.as_ref().map(|b| b.narrow(0, start, rows)).transpose()?,
-        });
+    for view in views {
+        let rows = view.rows();
+        let bias = bias.as_ref().map(|b| b.narrow(0, start, rows)).transpose()?;
+        fused.push(view.with_bias(bias));
         start += rows;
     }
-    Ok(Some((Linear::Dense { weight, bias }, views)))
+    Ok(Some((all.with_bias(bias), fused)))
+}
+
+/// A weight stacked from the parts' (without biases), and a view for each part.
+enum Stacked {
+    Dense(Tensor),
+    Ct(QuantLinear),
+}
+
+impl Stacked {
+    fn rows(&self) -> usize {
+        match self {
+            Stacked::Dense(w) => w.dim(0).unwrap_or(0),
+            Stacked::Ct(q) => q.out,
+        }
+    }
+
+    fn with_bias(self, bias: Option<Tensor>) -> Linear {
+        match self {
+            Stacked::Dense(weight) => Linear::Dense { weight, bias },
+            Stacked::Ct(q) => Linear::Ct { weight: Arc::new(q), bias },
+        }
+    }
+}
+
+fn stack_weights(parts: &[&Linear]) -> candle_core::Result<Option<(Stacked, Vec<Stacked>)>> {
+    let dense: Option<Vec<&Tensor>> = parts
+        .iter()
+        .map(|p| match p {
+            Linear::Dense { weight, .. } => Some(weight),
+            _ => None,
+        })
+        .collect();
+    if let Some(weights) = dense {
+        let dtype = weights[0].dtype();
+        if weights.iter().any(|w| w.dtype() != dtype) {
+            return Ok(None);
+        }
+        let weight = Tensor::cat(&weights, 0)?;
+        let mut views = Vec::with_capacity(parts.len());
+        let mut start = 0;
+        for w in &weights {
+            let rows = w.dim(0)?;
+            views.push(Stacked::Dense(weight.narrow(0, start, rows)?));
+            start += rows;
+        }
+        return Ok(Some((Stacked::Dense(weight), views)));
+    }
+    let quant: Option<Vec<&QuantLinear>> = parts
+        .iter()
+        .map(|p| match p {
+            Linear::Ct { weight, .. } => Some(weight.as_ref()),
+            _ => None,
+        })
+        .collect();
+    let Some(quant) = quant else { return Ok(None) };
+    Ok(QuantLinear::concat(&quant)?
+        .map(|(all, views)| (Stacked::Ct(all), views.into_iter().map(Stacked::Ct).collect())))
 }
 
 #[cfg(test)]

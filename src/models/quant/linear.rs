@@ -30,7 +30,7 @@ pub struct QuantLinear {
     /// Input columns per scale group (Int4; `in` for one group per row).
     pub group: usize,
     /// On the CPU: the dequantized f32 weight `[out, in]`.
-    dense: Option<Tensor>,
+    pub(super) dense: Option<Tensor>,
 }
 
 /// A tensor's raw data from the checkpoint, checked for dtype and shape.

@@ -6,10 +6,12 @@
 //! - [`numerics`]: FP8 coding, per-token activation fake-quantization, 4-bit unpacking (the
 //!   CPU reference).
 //! - [`linear`]: one quantized projection, loaded from the checkpoint, and its product.
+//! - `stack`: projections stacked along the output (the fused q/k/v and gate/up products).
 
 pub mod config;
 pub mod linear;
 pub mod numerics;
+mod stack;
 
 pub use config::{ActQuant, CtConfig, Scheme, WeightFormat};
 pub use linear::QuantLinear;

@@ -1,0 +1,173 @@
+//! The launches of `ct_gemv.cu`: decode GEMVs on tensor cores, one launch per product (the
+//! activation quantization runs inside). See the kernel file's header for the design.
+
+use candle_core::cuda_backend::WrapErr;
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg,
+};
+use candle_core::{CudaDevice, DType, Device, Result, Tensor, bail};
+use half::bf16;
+
+use super::GEMV_ROWS;
+use crate::kernels::cuda::{CT_GEMV_PTX, cuda_view, int};
+use crate::models::quant::{ActQuant, QuantLinear, WeightFormat};
+
+/// ct_gemv.cu's largest block: CT_MAX_WK warps along K.
+const MAX_WK: usize = 8;
+/// Enough warps to keep every multiprocessor's loads in flight (as gemv_bf16's launch).
+const TARGET_WARPS: usize = 2048;
+/// Dynamic shared memory a launch of the 8-bit kernels may take for the quantized rows of x
+/// (every GPU with FP8 tensor cores allows 99 KiB per block, the static arrays included).
+const MAX_X_BYTES: usize = 90 * 1024;
+/// What a block gets without opting in.
+const DEFAULT_SHARED: usize = 48 * 1024;
+
+/// K values one quad step of a warp covers: 4 lanes × a 16-byte chunk of weights.
+fn quad_values(w: &QuantLinear) -> usize {
+    match w.scheme.weight {
+        WeightFormat::Int8 | WeightFormat::Fp8 => 64,
+        WeightFormat::Int4 { .. } => 128,
+    }
+}
+
+/// Whether the GEMV takes `m` rows of `w`.
+pub fn fits(w: &QuantLinear, m: usize) -> bool {
+    if m == 0 || m > GEMV_ROWS {
+        return false;
+    }
+    match w.scheme.weight {
+        WeightFormat::Int8 | WeightFormat::Fp8 => {
+            w.scheme.act != ActQuant::None
+                && w.inp.is_multiple_of(16)
+                && x_stride(w.inp) <= MAX_X_BYTES
+        }
+        WeightFormat::Int4 { .. } => {
+            let groups = w.scale.elem_count() / w.out.max(1);
+            w.g_idx.is_none()
+                && w.inp.is_multiple_of(32)
+                && (groups == 1 || w.group.is_multiple_of(128))
+        }
+    }
+}
+
+/// Bytes between the quantized rows of x in shared memory: K rounded up to 128, plus 64, so
+/// that the two rows a quarter-warp reads lie in different banks.
+fn x_stride(k: usize) -> usize {
+    k.next_multiple_of(128) + 64
+}
+
+/// Warps along K for `n` outputs: from the shape only, so that a row's sums run in the same
+/// order whatever the batch.
+pub fn warps_along_k(n: usize, k: usize, quad: usize) -> usize {
+    let tiles = n.div_ceil(16);
+    // At least two quad steps per warp.
+    let by_k = (k / (2 * quad)).max(1);
+    TARGET_WARPS.div_ceil(tiles).clamp(1, MAX_WK).min(by_k)
+}
+
+/// Whether `mt` weight tiles per warp fit the block for `w`'s shape.
+pub fn tiles_allowed(w: &QuantLinear, mt: usize) -> bool {
+    mt == 1 || mt == 2 && 2 * warps_along_k(w.out, w.inp, quad_values(w)) <= MAX_WK
+}
+
+/// Weight tiles per warp: two where the weight is tall enough to keep the GPU busy with half
+/// the warps (more loads in flight per warp, half the blocks quantizing x).
+fn tiles_per_warp(n: usize, wk: usize) -> usize {
+    if wk * 2 <= MAX_WK && n.div_ceil(32) * wk >= TARGET_WARPS { 2 } else { 1 }
+}
+
+/// y `[m, out]` f32 = `x` `[m, in]` times `w`'s weight; `mt` forces the tiles per warp (timings).
+pub fn launch(x: &Tensor, w: &QuantLinear, mt: Option<usize>) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    if !fits(w, m) || k != w.inp {
+        bail!("quant gemv: {m} rows of {k} against a [{}, {}] weight", w.out, w.inp);
+    }
+    let Device::Cuda(dev) = x.device() else { bail!("quant gemv: x is not on the GPU") };
+    let x = x.to_dtype(DType::BF16)?.contiguous()?;
+    let n = w.out;
+    let wk = warps_along_k(n, k, quad_values(w));
+    let mt = mt.unwrap_or_else(|| tiles_per_warp(n, wk));
+    if !tiles_allowed(w, mt) {
+        bail!("quant gemv: {mt} tiles per warp with {wk} warps along K");
+    }
+    // SAFETY: the launches below write all m · n outputs (every row < N of every tile).
+    let mut y: CudaSlice<f32> = unsafe { dev.alloc::<f32>(m * n)? };
+    // The 8-bit kernels hold their rows of x in shared memory: as many rows per launch as fit
+    // (all 8 up to K = 11,000); each row's result does not depend on the others.
+    let rows = match w.scheme.weight {
+        WeightFormat::Int4 { .. } => m,
+        _ => (MAX_X_BYTES / x_stride(k)).min(m),
+    };
+    for r0 in (0..m).step_by(rows) {
+        let r = rows.min(m - r0);
+        let mut yv = y.slice_mut(r0 * n..(r0 + r) * n);
+        launch_rows(dev, &x.narrow(0, r0, r)?, w, &mut yv, (wk, mt))?;
+    }
+    Ok(super::gpu::wrap(y, dev, &[m, n]))
+}
+
+fn launch_rows(
+    dev: &CudaDevice,
+    x: &Tensor,
+    w: &QuantLinear,
+    y: &mut CudaViewMut<f32>,
+    (wk, mt): (usize, usize),
+) -> Result<()> {
+    let (m, k) = x.dims2()?;
+    let n = w.out;
+    let int8 = w.scheme.weight == WeightFormat::Int8;
+    let (name, smem) = match w.scheme.weight {
+        WeightFormat::Int4 { .. } => (format!("ct_gemv_q4_m{mt}"), 0),
+        _ => (format!("ct_gemv_{}_m{mt}", if int8 { "i8" } else { "f8" }), m * x_stride(k)),
+    };
+    let func = dev.get_or_load_custom_func(&name, "inferno_ct_gemv", CT_GEMV_PTX)?;
+    if smem > DEFAULT_SHARED {
+        // A driver attribute, not a stream operation: also allowed while a graph is captured.
+        func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            int(smem, "shared memory")?,
+        )
+        .w()?;
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (int(n.div_ceil(16 * mt), "output tiles")? as u32, 1, 1),
+        block_dim: (32, wk as u32, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let (m32, n32, k32) = (int(m, "rows")?, int(n, "out")?, int(k, "in")?);
+    let (xs, xl) = x.storage_and_layout();
+    let xv = cuda_view::<bf16>(&xs, xl, "x")?;
+    let (qs, ql) = w.q.storage_and_layout();
+    let (ss, sl) = w.scale.storage_and_layout();
+    let sv = cuda_view::<f32>(&ss, sl, "scale")?;
+    let mut b = func.builder();
+    match w.scheme.weight {
+        WeightFormat::Int8 | WeightFormat::Fp8 => {
+            let qv = cuda_view::<u8>(&qs, ql, "weight")?;
+            let stride = int(x_stride(k), "x stride")?;
+            b.arg(&qv).arg(&sv).arg(&xv).arg(y).arg(&m32).arg(&n32).arg(&k32).arg(&stride);
+            // SAFETY: ct_gemv_{i8,f8}_m*'s signature; w [n, k] bytes, scale [n], x [m, k]
+            // bf16, k % 16 == 0 (fits), 16-byte aligned rows, smem = m · stride bytes.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        WeightFormat::Int4 { .. } => {
+            let qv = cuda_view::<i32>(&qs, ql, "packed weight")?;
+            let zs = w.zero.as_ref().map(|z| z.storage_and_layout());
+            let zv = zs.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "zero")).transpose()?;
+            let groups = int(w.scale.elem_count() / n, "groups")?;
+            let group = int(w.group, "group")?;
+            let null = 0u64;
+            b.arg(&qv).arg(&sv);
+            match &zv {
+                Some(v) => b.arg(v),
+                None => b.arg(&null),
+            };
+            b.arg(&xv).arg(y).arg(&m32).arg(&n32).arg(&k32).arg(&groups).arg(&group);
+            // SAFETY: ct_gemv_q4_m*'s signature; words [n, k / 8], scale (zero) [n, groups],
+            // x [m, k] bf16, k % 32 == 0 and group % 128 == 0 or one group (fits).
+            unsafe { b.launch(cfg) }.w()?;
+        }
+    }
+    Ok(())
+}
