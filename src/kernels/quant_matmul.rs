@@ -41,6 +41,19 @@ pub fn quant_matmul(x: &Tensor, w: &QuantLinear) -> Result<Tensor> {
     }
 }
 
+/// The tensors stacked along their first dimension, as `Tensor::cat` does, also for I32 tensors
+/// on the GPU (the packed 4-bit words), which candle's CUDA copy kernels do not cover: there
+/// each part is copied device to device.
+pub fn stack_rows(ts: &[&Tensor]) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Some(candle_core::Device::Cuda(dev)) = ts.first().map(|t| t.device())
+        && ts.iter().all(|t| t.dtype() == candle_core::DType::I32)
+    {
+        return gpu::stack_i32(ts, dev);
+    }
+    Tensor::cat(ts, 0)
+}
+
 #[cfg(feature = "cuda")]
 mod gemv;
 #[cfg(feature = "cuda")]
