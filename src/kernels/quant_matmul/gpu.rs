@@ -35,7 +35,8 @@ pub(super) fn wrap<T: candle_core::cuda_backend::CudaDType>(
 pub(super) fn stack_i32(ts: &[&Tensor], dev: &CudaDevice) -> Result<Tensor> {
     let Some(first) = ts.first() else { bail!("stack_i32: nothing to stack") };
     let mut shape = first.dims().to_vec();
-    if shape.is_empty() || ts.iter().any(|t| t.rank() != shape.len() || t.dims()[1..] != shape[1..]) {
+    if shape.is_empty() || ts.iter().any(|t| t.rank() != shape.len() || t.dims()[1..] != shape[1..])
+    {
         bail!("stack_i32: shapes differ past the first dimension");
     }
     shape[0] = ts.iter().map(|t| t.dim(0)).sum::<Result<usize>>()?;

@@ -88,7 +88,8 @@ fn gpu_quant_matmul_matches_reference() {
     for case in cases() {
         for &(m, n, k) in &shapes {
             let seed = r.random::<u64>();
-            let cpu = QuantLinear::random(case.scheme, (n, k), 0.02, seed, &Device::Cpu).expect("w");
+            let cpu =
+                QuantLinear::random(case.scheme, (n, k), 0.02, seed, &Device::Cpu).expect("w");
             let w = cpu.to_device(&dev).expect("to gpu");
             let x = tensor(uniform(&mut r, m * k, -1.0, 1.0), &[m, k], DType::BF16);
             let want = values(&cpu.matmul_f32(&x).expect("cpu"));
@@ -116,7 +117,13 @@ fn gpu_quant_matmul_matches_reference() {
 }
 
 /// Batch invariance: the first and last rows alone give the same bits as in the batch.
-fn check_rows_alone(x: &candle_core::Tensor, w: &QuantLinear, route: Route, got: &[f32], name: &str) {
+fn check_rows_alone(
+    x: &candle_core::Tensor,
+    w: &QuantLinear,
+    route: Route,
+    got: &[f32],
+    name: &str,
+) {
     let (m, n) = (x.dim(0).expect("m"), w.out);
     for row in [0, m - 1] {
         let one = values(&quant_matmul(&x.narrow(0, row, 1).expect("row"), w, route).expect("one"));
@@ -163,7 +170,8 @@ fn gpu_quant_gemv_timing() {
                 crate::kernels::matmul_f32_out(&x, &wb[i % wb.len()]).expect("bf16");
             });
             drop(wb);
-            let mut line = format!("quant gemv timing: m{m} {name:<8} {n:>6}x{k:<5} bf16 {base:.1} us");
+            let mut line =
+                format!("quant gemv timing: m{m} {name:<8} {n:>6}x{k:<5} bf16 {base:.1} us");
             for case in cases().into_iter().filter(|c| ["w8a8", "fp8", "w4a16"].contains(&c.name)) {
                 let ws: Vec<_> = (0..copies_for(n * k / 2))
                     .map(|s| QuantLinear::random(case.scheme, (n, k), 0.02, s as u64, &dev))
@@ -210,8 +218,10 @@ fn gpu_stacked_weights_match_the_parts() {
         };
         let (gq, cq) = (all.q.to_device(&Device::Cpu).expect("q"), &cpu_all.q);
         let same = match gq.dtype() {
-            DType::I32 => gq.flatten_all().and_then(|t| t.to_vec1::<i32>()).expect("q")
-                == cq.flatten_all().and_then(|t| t.to_vec1::<i32>()).expect("q"),
+            DType::I32 => {
+                gq.flatten_all().and_then(|t| t.to_vec1::<i32>()).expect("q")
+                    == cq.flatten_all().and_then(|t| t.to_vec1::<i32>()).expect("q")
+            }
             _ => bytes(&gq).expect("q") == bytes(cq).expect("q"),
         };
         assert!(same, "{}: stacked codes differ from the CPU's", case.name);
