@@ -24,7 +24,7 @@ fn cases() -> Vec<Case> {
     let w4 = |group, symmetric| Scheme { weight: int4(group, symmetric), act: ActQuant::None };
     // 8-bit: the same quantized values on both sides; int8 sums exact on the GPU, the
     // reference's f32 sums in another order (~1e-7). FP8 on the tensor cores: each 64-value
-    // partial sum from an accumulator of fewer bits than f32 (see ct_gemv.cu). 4-bit in
+    // partial sum promoted to f32 (see ct_gemv.cu); measured 5.5e-7 at most on an H100. 4-bit in
     // ct_gemv.cu: exact q − zero times x, f32 sums, the scale per group (~1e-7); the prefill
     // path and the older GEMV round each dequantized weight to bf16 as a bf16 reference does
     // (2^-9 relative), the CPU reference keeps f32.
@@ -38,7 +38,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "fp8",
             scheme: Scheme { weight: WeightFormat::Fp8, act: ActQuant::Fp8Token },
-            gemv: 1e-4,
+            gemv: 1e-5,
             gemm: 1e-5,
         },
         Case {
