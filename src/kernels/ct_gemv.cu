@@ -96,54 +96,89 @@ __device__ __forceinline__ uint32_t quantize_byte(float v, int fp8) {
     return __nv_cvt_float_to_fp8(fminf(fmaxf(v, -448.f), 448.f), __NV_SATFINITE, __NV_E4M3);
 }
 
+// x / s as IEEE division rounds it, from r = 1 / s (correctly rounded) by one Markstein
+// correction step: three FMA-unit operations instead of the division's subroutine (a batch of 8
+// rows quantizes 8 K values per block). Equal to x / s wherever that is above 1e-4 in magnitude
+// for s ≥ 1e-30 (numerics.rs checks it over every bf16 x); below, both quantize to 0. Tinier
+// scales take the division.
+__device__ __forceinline__ float quotient(float x, float s, float r) {
+    if (s < 1e-30f) return x / s;
+    const float q = __fmul_rn(x, r);
+    return __fmaf_rn(__fmaf_rn(-q, s, x), r, q);
+}
+
 // The M rows of x (bf16 [M, K], K % 8 == 0) quantized per token into xq (row m at m · xstride)
-// and their scales into xs, by the whole block. Ends with a barrier.
+// and their scales into xs, by the whole block; rows go in pairs (two loads in flight per
+// thread, few registers while the first weight batches are in flight). Ends with a barrier.
 template <int FP8>
 __device__ __forceinline__ void quantize_rows(const __nv_bfloat16* __restrict__ x, int M, int K, int xstride,
                                               uint8_t* xq, float* xs, float (&smax)[CT_MAX_WK][CT_MAX_ROWS]) {
     const int lane = threadIdx.x, wk = threadIdx.y;
     const int tid = wk * 32 + lane, nthr = 32 * blockDim.y, vecs = K / 8;
+    const uint4* xr = reinterpret_cast<const uint4*>(x);
     float amax[CT_MAX_ROWS];
 #pragma unroll
-    for (int m = 0; m < CT_MAX_ROWS; m++) {
-        amax[m] = 0.f;
-        if (m >= M) continue;
-        const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)m * K);
-        for (int i = tid; i < vecs; i += nthr) {
-            const uint4 v = __ldg(xr + i);
-            const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+    for (int m = 0; m < CT_MAX_ROWS; m++) amax[m] = 0.f;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float2 f = __bfloat1622float2(h[j]);
-                amax[m] = fmaxf(amax[m], fmaxf(fabsf(f.x), fabsf(f.y)));
+    for (int m0 = 0; m0 < CT_MAX_ROWS; m0 += 2) {
+        if (m0 >= M) break;
+        for (int i = tid; i < vecs; i += nthr) {
+            uint4 v[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                if (m0 + j < M) v[j] = __ldg(xr + (long long)(m0 + j) * vecs + i);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                if (m0 + j >= M) continue;
+                const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float2 f = __bfloat1622float2(h[e]);
+                    amax[m0 + j] = fmaxf(amax[m0 + j], fmaxf(fabsf(f.x), fabsf(f.y)));
+                }
             }
         }
-        amax[m] = warp_max(amax[m]);
     }
+#pragma unroll
+    for (int m = 0; m < CT_MAX_ROWS; m++) amax[m] = warp_max(amax[m]);
     if (lane == 0)
 #pragma unroll
         for (int m = 0; m < CT_MAX_ROWS; m++) smax[wk][m] = amax[m];
     __syncthreads();
+    float sc[CT_MAX_ROWS], rc[CT_MAX_ROWS];
 #pragma unroll
     for (int m = 0; m < CT_MAX_ROWS; m++) {
+        sc[m] = rc[m] = 1.f;
         if (m >= M) continue;
         float v = 0.f;
         for (int w = 0; w < blockDim.y; w++) v = fmaxf(v, smax[w][m]);
-        float s = v / (FP8 ? 448.f : 127.5f);
+        const float s = v / (FP8 ? 448.f : 127.5f);
         // compressed-tensors' calculate_qparams: the float epsilon instead of a zero scale.
-        s = s == 0.f ? 1.1920929e-7f : s;
-        if (tid == 0) xs[m] = s;
-        const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)m * K);
-        for (int i = tid; i < vecs; i += nthr) {
-            const uint4 v4 = __ldg(xr + i);
-            const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v4);
-            uint32_t lo = 0, hi = 0;
+        sc[m] = s == 0.f ? 1.1920929e-7f : s;
+        rc[m] = __frcp_rn(sc[m]);
+        if (tid == 0) xs[m] = sc[m];
+    }
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                lo |= quantize_byte(__bfloat162float(h[j]) / s, FP8) << (8 * j);
-                hi |= quantize_byte(__bfloat162float(h[4 + j]) / s, FP8) << (8 * j);
+    for (int m0 = 0; m0 < CT_MAX_ROWS; m0 += 2) {
+        if (m0 >= M) break;
+        for (int i = tid; i < vecs; i += nthr) {
+            uint4 v[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                if (m0 + j < M) v[j] = __ldg(xr + (long long)(m0 + j) * vecs + i);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int m = m0 + j;
+                if (m >= M) continue;
+                const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v[j]);
+                uint32_t lo = 0, hi = 0;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    lo |= quantize_byte(quotient(__bfloat162float(h[e]), sc[m], rc[m]), FP8) << (8 * e);
+                    hi |= quantize_byte(quotient(__bfloat162float(h[4 + e]), sc[m], rc[m]), FP8) << (8 * e);
+                }
+                *reinterpret_cast<uint2*>(xq + (long long)m * xstride + 8 * i) = make_uint2(lo, hi);
             }
-            *reinterpret_cast<uint2*>(xq + (long long)m * xstride + 8 * i) = make_uint2(lo, hi);
         }
     }
     __syncthreads();
@@ -154,7 +189,18 @@ struct Q8Batch {
     uint4 a[U][MT][2];
 };
 
-template <int MT, int U>
+// A 16-byte weight load the compiler may not move past a barrier: the first batches are issued
+// before x is quantized (two barriers), so that memory works while the block does.
+__device__ __forceinline__ uint4 ldg_pinned(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+template <bool PINNED, int MT, int U>
 __device__ __forceinline__ void q8_load(Q8Batch<MT, U>& bt, int q0, int stride, int groups, int chunks,
                                         const uint4* const (&wr)[MT][2]) {
     const int t = threadIdx.x & 3;
@@ -164,10 +210,10 @@ __device__ __forceinline__ void q8_load(Q8Batch<MT, U>& bt, int q0, int stride, 
         const int q = q0 + u * stride, c = 4 * q + t;
         const bool in = q < groups && c < chunks;
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            bt.a[u][i][0] = in ? __ldg(wr[i][0] + c) : z;
-            bt.a[u][i][1] = in ? __ldg(wr[i][1] + c) : z;
-        }
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                bt.a[u][i][h] = !in ? z : PINNED ? ldg_pinned(wr[i][h] + c) : __ldg(wr[i][h] + c);
     }
 }
 
@@ -215,9 +261,12 @@ __device__ __forceinline__ void gemv_q8_impl(const uint8_t* __restrict__ w, cons
     const uint4* wr[MT][2];
     tile_rows<MT>(wr, w, row0, N, chunks);
 
+    // Two batches in flight from the start (both issued before x is quantized); each one
+    // consumed is reloaded with the batch after next.
     Q8Batch<MT, U> p, n;
     const int step = U * WK;
-    q8_load(p, wk, WK, groups, chunks, wr);
+    q8_load<true>(p, wk, WK, groups, chunks, wr);
+    q8_load<true>(n, wk + step, WK, groups, chunks, wr);
     quantize_rows<FP8>(x, M, K, xstride, xq, xs, smax);
     const uint8_t* xrow = g < M ? xq + g * xstride : nullptr;
 
@@ -228,11 +277,11 @@ __device__ __forceinline__ void gemv_q8_impl(const uint8_t* __restrict__ w, cons
         for (int c = 0; c < 4; c++) acc[i][c] = 0;
 #pragma unroll 1
     for (int q0 = wk; q0 < groups; q0 += 2 * step) {
-        q8_load(n, q0 + step, WK, groups, chunks, wr);
         q8_mma<FP8>(acc, p, q0, WK, groups, chunks, xrow);
         if (q0 + step >= groups) break;
-        if (q0 + 2 * step < groups) q8_load(p, q0 + 2 * step, WK, groups, chunks, wr);
+        if (q0 + 2 * step < groups) q8_load<false>(p, q0 + 2 * step, WK, groups, chunks, wr);
         q8_mma<FP8>(acc, n, q0 + step, WK, groups, chunks, xrow);
+        if (q0 + 3 * step < groups) q8_load<false>(n, q0 + 3 * step, WK, groups, chunks, wr);
     }
     reduce_store<Acc, MT>(red, acc, y, row0, M, N,
                           [&](Acc s, int m, int r) { return (float)s * xs[m] * sw[r]; });
@@ -243,7 +292,6 @@ __device__ __forceinline__ void gemv_q8_impl(const uint8_t* __restrict__ w, cons
 template <int MT, int U>
 struct Q4Batch {
     uint4 a[U][MT][2];
-    uint4 b[U][4];
 };
 
 // Word (8 codes, element i at bits 4i, stored as q + 8) → 4 bf16 pairs (elements (0, 4), (1, 5),
@@ -258,9 +306,11 @@ __device__ __forceinline__ void decode4(uint32_t (&d)[4], uint32_t word, __nv_bf
     }
 }
 
+// Weights only: x's chunk (64 bytes of bf16, from L1) is loaded when the batch is multiplied,
+// which leaves the registers to more weight loads in flight.
 template <int MT, int U>
 __device__ __forceinline__ void q4_load(Q4Batch<MT, U>& bt, int q0, int stride, int groups, int chunks,
-                                        const uint4* const (&wr)[MT][2], const uint4* xr) {
+                                        const uint4* const (&wr)[MT][2]) {
     const int t = threadIdx.x & 3;
     const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -272,8 +322,6 @@ __device__ __forceinline__ void q4_load(Q4Batch<MT, U>& bt, int q0, int stride, 
             bt.a[u][i][0] = in ? __ldg(wr[i][0] + c) : z;
             bt.a[u][i][1] = in ? __ldg(wr[i][1] + c) : z;
         }
-#pragma unroll
-        for (int p = 0; p < 4; p++) bt.b[u][p] = in && xr ? __ldg(xr + 4 * c + p) : z;
     }
 }
 
@@ -281,19 +329,22 @@ __device__ __forceinline__ void q4_load(Q4Batch<MT, U>& bt, int q0, int stride, 
 // group's scale times that partial sum added to acc.
 template <int MT, int U>
 __device__ __forceinline__ void q4_mma(float (&acc)[MT][4], const Q4Batch<MT, U>& bt, int q0, int stride, int groups,
-                                       int row0, int N, const float* __restrict__ scale,
+                                       int chunks, const uint4* xr, int row0, int N, const float* __restrict__ scale,
                                        const float* __restrict__ zero, int ngroups, int group) {
-    const int g = (threadIdx.x & 31) >> 2;
+    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int q = q0 + u * stride;
         if (q >= groups) break;  // the same for the whole warp
-        const int gi = ngroups == 1 ? 0 : 128 * q / group;
+        const int gi = ngroups == 1 ? 0 : 128 * q / group, c = 4 * q + t;
+        uint4 xv[4];
+#pragma unroll
+        for (int p = 0; p < 4; p++) xv[p] = c < chunks && xr ? __ldg(xr + 4 * c + p) : make_uint4(0, 0, 0, 0);
         // x pairs matching decode4's element order: (0, 4), (1, 5), (2, 6), (3, 7) of each word.
         uint32_t xb[4][4];
 #pragma unroll
         for (int p = 0; p < 4; p++) {
-            const uint4& v = bt.b[u][p];
+            const uint4& v = xv[p];
             xb[p][0] = __byte_perm(v.x, v.z, 0x5410);
             xb[p][1] = __byte_perm(v.x, v.z, 0x7632);
             xb[p][2] = __byte_perm(v.y, v.w, 0x5410);
@@ -349,14 +400,14 @@ __device__ __forceinline__ void gemv_q4_impl(const uint32_t* __restrict__ w, con
         for (int c = 0; c < 4; c++) acc[i][c] = 0.f;
     Q4Batch<MT, U> p, n;
     const int step = U * WK;
-    q4_load(p, wk, WK, groups, chunks, wr, xr);
+    q4_load(p, wk, WK, groups, chunks, wr);
 #pragma unroll 1
     for (int q0 = wk; q0 < groups; q0 += 2 * step) {
-        q4_load(n, q0 + step, WK, groups, chunks, wr, xr);
-        q4_mma(acc, p, q0, WK, groups, row0, N, scale, zero, ngroups, group);
+        q4_load(n, q0 + step, WK, groups, chunks, wr);
+        q4_mma(acc, p, q0, WK, groups, chunks, xr, row0, N, scale, zero, ngroups, group);
         if (q0 + step >= groups) break;
-        if (q0 + 2 * step < groups) q4_load(p, q0 + 2 * step, WK, groups, chunks, wr, xr);
-        q4_mma(acc, n, q0 + step, WK, groups, row0, N, scale, zero, ngroups, group);
+        if (q0 + 2 * step < groups) q4_load(p, q0 + 2 * step, WK, groups, chunks, wr);
+        q4_mma(acc, n, q0 + step, WK, groups, chunks, xr, row0, N, scale, zero, ngroups, group);
     }
     reduce_store<float, MT>(red, acc, y, row0, M, N, [](float s, int, int) { return s; });
 }
@@ -380,5 +431,5 @@ CT_GEMV_Q8(ct_gemv_i8, 0, 1, 4)
 CT_GEMV_Q8(ct_gemv_i8, 0, 2, 2)
 CT_GEMV_Q8(ct_gemv_f8, 1, 1, 4)
 CT_GEMV_Q8(ct_gemv_f8, 1, 2, 2)
-CT_GEMV_Q4(1, 2)
-CT_GEMV_Q4(2, 1)
+CT_GEMV_Q4(1, 4)
+CT_GEMV_Q4(2, 2)

@@ -60,7 +60,7 @@ pub use paged_attention::{
 };
 pub use qkv_rope::{QkvHeads, qkv_rope_store};
 pub use qkv_rope_paged::{RotaryPairs, qkv_rope_paged};
-pub use quant_matmul::quant_matmul;
+pub use quant_matmul::{quant_matmul, stack_rows};
 pub use router_logits::router_logits;
 pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention, sink_attention_at};
 

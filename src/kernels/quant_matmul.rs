@@ -1,23 +1,32 @@
-//! Products with compressed-tensors weights on the GPU ([`QuantLinear`]), launching
-//! `ct_quant.cu`:
+//! Products with compressed-tensors weights on the GPU ([`QuantLinear`]):
 //!
-//! - decode (at most [`GEMV_ROWS`] rows): the input rows quantized per token (int8 / FP8, as
-//!   compressed-tensors' forward does), then a GEMV straight off the 8-bit or 4-bit weights with
-//!   both scales applied at the end;
+//! - decode (at most [`GEMV_ROWS`] rows): `ct_gemv.cu`, one launch per product, on
+//!   gemv_bf16.cu's tensor-core design. W8A8: int8 × int8 `mma.m16n8k32` with exact int32 sums;
+//!   FP8: E4M3 × E4M3 `mma` with each 64-value partial sum promoted to f32; both quantize the
+//!   rows of x per token inside the kernel (into shared memory) and apply both scales in the
+//!   epilogue. W4A16: int4 codes decoded to exact bf16 integers for a bf16 `mma`, each group's
+//!   scale on its partial sum (groups that are multiples of 128 columns, or one per row; groups
+//!   of 32 or 64 take `ct_quant.cu`'s one-warp-per-row GEMV). A row's result does not depend on
+//!   the batch (tests check it bit for bit).
 //! - prefill, and what the GEMVs do not cover (activation order, W8A16): the weight dequantized
 //!   to bf16 into a temporary, then cuBLAS ([`matmul_f32_out`]). For W8A8 and FP8 both operands
 //!   are the *quantized values* (exact in bf16) and the scales are applied to the f32 result:
-//!   the int8 / FP8 product, on bf16 tensor cores. A first step: int8 / FP8 tensor-core GEMMs
+//!   the int8 / FP8 product, on bf16 tensor cores. Next step: int8 / FP8 tensor-core GEMMs
 //!   (cuBLASLt) would halve the prefill's compute and skip the temporary.
 //!
 //! The CPU path ([`QuantLinear::matmul_f32`] on the host) is the reference the GPU tests use.
+//! Batched Llama stacks the q/k/v and gate/up weights ([`QuantLinear::concat`]) as it does
+//! dense ones: two GEMVs where there were five.
 //!
-//! Not fast yet (H100, `gpu_quant_gemv_timing`, one row): the 8-bit GEMVs take 18–21 µs where
-//! our bf16 GEMV takes 9.5–10 (one warp per weight row leaves too few loads in flight for
-//! K = 2048, and the activation quantization is a launch of its own); W4A16 is at par. Llama-1B
-//! dummy decode: bf16 614, W8A8 467, FP8 477, W4A16 560 tok/s. The way on: gemv_bf16.cu's
-//! layout with int8 / E4M3 `mma.sync` (m16n8k32 takes 16-byte chunks the same way) and the
-//! quantization fused into the previous norm.
+//! Measured (H100, `gpu_quant_gemv_timing`: CUDA-graph replays, weights cycled from memory,
+//! one row, µs, bf16 / W8A8 / FP8 / W4A16): q/k/v 6.3 / 6.1 / 6.5 / 5.0, o 5.3 / 5.1 / 5.4 /
+//! 4.3, gate+up 25.5 / 17.5 / 17.6 / 12.8, down 14.4 / 11.7 / 12.2 / 10.7. Llama-1B dummy
+//! decode 615 / 693 / 674 / 725 tok/s (before: 614 / 467 / 477 / 560); docs/performance.md
+//! has the table and why issue 13's ratios are out of reach of the GEMVs alone. What is left
+//! here: the small products are latency-bound (~5 µs, as bf16's), gate+up reads at 1.9 TB/s
+//! (8-bit) and 1.3 TB/s (4-bit) where bf16's reads at 2.6; at 8 rows the 8-bit kernels lose to
+//! bf16 (every block quantizes all 8 rows of x: quantizing once, in the norm or SwiGLU kernel
+//! before, is the way on).
 
 #[cfg(not(feature = "cuda"))]
 use candle_core::bail;
@@ -39,6 +48,19 @@ pub fn quant_matmul(x: &Tensor, w: &QuantLinear) -> Result<Tensor> {
         let _ = (x, w);
         bail!("quantized products need the CPU path or a CUDA build")
     }
+}
+
+/// The tensors stacked along their first dimension, as `Tensor::cat` does, also for I32 tensors
+/// on the GPU (the packed 4-bit words), which candle's CUDA copy kernels do not cover: there
+/// each part is copied device to device.
+pub fn stack_rows(ts: &[&Tensor]) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Some(candle_core::Device::Cuda(dev)) = ts.first().map(|t| t.device())
+        && ts.iter().all(|t| t.dtype() == candle_core::DType::I32)
+    {
+        return gpu::stack_i32(ts, dev);
+    }
+    Tensor::cat(ts, 0)
 }
 
 #[cfg(feature = "cuda")]

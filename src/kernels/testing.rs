@@ -83,7 +83,10 @@ pub(super) fn graph_time_us(dev: &Device, runs: usize, mut f: impl FnMut()) -> f
     f();
     dev.synchronize().expect("synchronize");
     let stream = cuda.cuda_stream();
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).w().expect("capture");
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .w()
+        .expect("capture");
     for _ in 0..runs {
         f();
     }

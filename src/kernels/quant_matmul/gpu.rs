@@ -31,6 +31,31 @@ pub(super) fn wrap<T: candle_core::cuda_backend::CudaDType>(
     Tensor::from_storage(storage, shape, BackpropOp::none(), false)
 }
 
+/// I32 tensors on `dev` stacked along their first dimension by device-to-device copies.
+pub(super) fn stack_i32(ts: &[&Tensor], dev: &CudaDevice) -> Result<Tensor> {
+    let Some(first) = ts.first() else { bail!("stack_i32: nothing to stack") };
+    let mut shape = first.dims().to_vec();
+    if shape.is_empty() || ts.iter().any(|t| t.rank() != shape.len() || t.dims()[1..] != shape[1..])
+    {
+        bail!("stack_i32: shapes differ past the first dimension");
+    }
+    shape[0] = ts.iter().map(|t| t.dim(0)).sum::<Result<usize>>()?;
+    let total: usize = shape.iter().product();
+    // SAFETY: the copies below write all `total` elements.
+    let mut out = unsafe { dev.alloc::<i32>(total)? };
+    let mut at = 0;
+    for t in ts {
+        let t = t.contiguous()?;
+        let n = t.elem_count();
+        let (s, l) = t.storage_and_layout();
+        let src = cuda_view::<i32>(&s, l, "stacked part")?.slice(0..n);
+        let mut dst = out.slice_mut(at..at + n);
+        dev.cuda_stream().memcpy_dtod(&src, &mut dst).w()?;
+        at += n;
+    }
+    Ok(wrap(out, dev, &shape))
+}
+
 fn act_code(act: ActQuant) -> i32 {
     match act {
         ActQuant::Int8Token => 1,

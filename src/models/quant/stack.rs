@@ -6,6 +6,7 @@
 use candle_core::{Result, Tensor};
 
 use super::QuantLinear;
+use crate::kernels::stack_rows;
 
 impl QuantLinear {
     /// The parts stacked (each tensor along its first dimension, which is the output's), and a
@@ -27,9 +28,9 @@ impl QuantLinear {
         }
         let cat = |f: &dyn Fn(&QuantLinear) -> Option<&Tensor>| -> Result<Option<Tensor>> {
             let ts: Option<Vec<&Tensor>> = parts.iter().map(|p| f(p)).collect();
-            ts.map(|ts| Tensor::cat(&ts, 0)).transpose()
+            ts.map(|ts| stack_rows(&ts)).transpose()
         };
-        let q = Tensor::cat(&parts.iter().map(|p| &p.q).collect::<Vec<_>>(), 0)?;
+        let q = stack_rows(&parts.iter().map(|p| &p.q).collect::<Vec<_>>())?;
         let scale = Tensor::cat(&parts.iter().map(|p| &p.scale).collect::<Vec<_>>(), 0)?;
         let all = QuantLinear {
             scheme: first.scheme,
