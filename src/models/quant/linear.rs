@@ -74,6 +74,11 @@ fn i32s(st: &MmapedSafetensors, name: &str, shape: &[usize]) -> anyhow::Result<V
 }
 
 impl QuantLinear {
+    /// An 8-bit (int8 or FP8) weight: codes `q` `[out, inp]` with one scale per output row.
+    fn eight_bit(scheme: Scheme, (out, inp): (usize, usize), q: Tensor, scale: Tensor) -> Self {
+        QuantLinear { scheme, out, inp, q, scale, zero: None, g_idx: None, group: inp, dense: None }
+    }
+
     /// Loads projection `prefix` (`model.layers.0.self_attn.q_proj`) of shape `[out, inp]`.
     pub fn load(
         st: &MmapedSafetensors,
@@ -89,17 +94,7 @@ impl QuantLinear {
                 let (_, bytes) = raw(st, &name("weight"), &[want], &[out, inp])?;
                 let q = Tensor::from_raw_buffer(bytes, DType::U8, &[out, inp], dev)?;
                 let scale = row_scales(st, &name("weight_scale"), out, dev)?;
-                QuantLinear {
-                    scheme,
-                    out,
-                    inp,
-                    q,
-                    scale,
-                    zero: None,
-                    g_idx: None,
-                    group: inp,
-                    dense: None,
-                }
+                QuantLinear::eight_bit(scheme, (out, inp), q, scale)
             }
             WeightFormat::Int4 { group, symmetric, g_idx } => {
                 load_int4(st, prefix, scheme, (out, inp), (group, symmetric, g_idx), dev)?
@@ -196,17 +191,7 @@ impl QuantLinear {
                 }
                 let q = Tensor::from_vec(bytes, (out, inp), dev)?;
                 let scale = Tensor::full(std / spread, out, dev)?;
-                QuantLinear {
-                    scheme,
-                    out,
-                    inp,
-                    q,
-                    scale,
-                    zero: None,
-                    g_idx: None,
-                    group: inp,
-                    dense: None,
-                }
+                QuantLinear::eight_bit(scheme, (out, inp), q, scale)
             }
             WeightFormat::Int4 { group, symmetric, g_idx } => {
                 let group = group.unwrap_or(inp);
