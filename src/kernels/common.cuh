@@ -26,3 +26,21 @@ __device__ __forceinline__ float warp_max(float x) {
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
     return x;
 }
+
+// Programmatic Dependent Launch (src/kernels/launch.rs): a kernel launched with it may start
+// before the previous kernel of the stream has finished. pdl_wait() returns once that kernel has
+// completed and its writes are visible; call it before reading anything an earlier kernel wrote
+// and before writing global memory (read-only inputs such as weights may be loaded before).
+// pdl_launch_dependents() lets the next kernel start its own prologue. Both are no-ops in a
+// launch without the attribute, and compiled out before sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}

@@ -244,14 +244,12 @@ fn gemv_off() -> bool {
 
 #[cfg(feature = "cuda")]
 mod gemv {
-    use candle_core::cuda_backend::WrapErr;
-    use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, CudaView, LaunchConfig, PushKernelArg,
-    };
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
     use candle_core::{CudaDevice, Result};
     use half::bf16;
 
     use crate::kernels::cuda::{GEMV_BF16_PTX, int};
+    use crate::kernels::launch::Launch;
 
     /// gemv_bf16.cu's largest block: GEMV_MAX_WK warps along K.
     const MAX_WK: usize = 8;
@@ -305,12 +303,13 @@ mod gemv {
             shared_mem_bytes: 0,
         };
         let (m32, n32, k32) = (int(m, "rows")?, int(n, "outputs")?, int(k, "inner dim")?);
-        let mut b = func.builder();
-        b.arg(x).arg(w).arg(out).arg(&m32).arg(&n32).arg(&k32);
+        let stream = dev.cuda_stream();
+        let mut b = Launch::new(&stream, &func);
+        b.ptr(x).ptr(w).ptr_mut(out).val(m32).val(n32).val(k32);
         // SAFETY: the arguments match gemv_bf16_n*'s signature; x holds m·k, w n·k and out m·n
-        // elements, k % 8 == 0 and both starts are 16-byte aligned (the caller checks).
-        unsafe { b.launch(cfg) }.w()?;
-        Ok(())
+        // elements, k % 8 == 0 and both starts are 16-byte aligned (the caller checks); the
+        // kernel reads only w before pdl_wait().
+        unsafe { b.launch(cfg) }
     }
 }
 

@@ -40,9 +40,10 @@ struct GemvBatch {
     uint4 a[U][MT][2], b[U][NT];
 };
 
+// The weight part of a batch: read-only, so it may be loaded before pdl_wait().
 template <int MT, int NT, int U>
-__device__ __forceinline__ void gemv_load(GemvBatch<MT, NT, U>& bt, int q0, int stride, int groups, int chunks,
-                                          const uint4* const (&wr)[MT][2], const uint4* const (&xr)[NT]) {
+__device__ __forceinline__ void gemv_load_w(GemvBatch<MT, NT, U>& bt, int q0, int stride, int groups, int chunks,
+                                            const uint4* const (&wr)[MT][2]) {
     const int t = threadIdx.x & 3;
     const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -54,6 +55,19 @@ __device__ __forceinline__ void gemv_load(GemvBatch<MT, NT, U>& bt, int q0, int 
             bt.a[u][i][0] = in ? __ldg(wr[i][0] + c) : z;
             bt.a[u][i][1] = in ? __ldg(wr[i][1] + c) : z;
         }
+    }
+}
+
+// The x part of a batch: written by the previous kernel, so only after pdl_wait().
+template <int MT, int NT, int U>
+__device__ __forceinline__ void gemv_load_x(GemvBatch<MT, NT, U>& bt, int q0, int stride, int groups, int chunks,
+                                            const uint4* const (&xr)[NT]) {
+    const int t = threadIdx.x & 3;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int q = q0 + u * stride, c = 4 * q + t;
+        const bool in = q < groups && c < chunks;
 #pragma unroll
         for (int j = 0; j < NT; j++) bt.b[u][j] = in && xr[j] ? __ldg(xr[j] + c) : z;
     }
@@ -104,16 +118,26 @@ __device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
-    // Two batches in flight: the next one's loads are issued before this one's products.
+    // Two batches in flight: the next one's loads are issued before this one's products. The
+    // first two batches' weights (all of them for K <= 2048 at 8 warps along K) are loaded
+    // before pdl_wait(), while the kernel before this one finishes.
     GemvBatch<MT, NT, U> p, n;
     const int step = U * WK;
-    gemv_load(p, wk, WK, groups, chunks, wr, xr);
+    gemv_load_w(p, wk, WK, groups, chunks, wr);
+    gemv_load_w(n, wk + step, WK, groups, chunks, wr);
+    pdl_wait();
+    pdl_launch_dependents();
+    gemv_load_x(p, wk, WK, groups, chunks, xr);
 #pragma unroll 1
     for (int q0 = wk; q0 < groups; q0 += 2 * step) {
-        gemv_load(n, q0 + step, WK, groups, chunks, wr, xr);
+        if (q0 != wk) gemv_load_w(n, q0 + step, WK, groups, chunks, wr);
+        gemv_load_x(n, q0 + step, WK, groups, chunks, xr);
         gemv_mma_batch(acc, p);
         if (q0 + step >= groups) break;
-        if (q0 + 2 * step < groups) gemv_load(p, q0 + 2 * step, WK, groups, chunks, wr, xr);
+        if (q0 + 2 * step < groups) {
+            gemv_load_w(p, q0 + 2 * step, WK, groups, chunks, wr);
+            gemv_load_x(p, q0 + 2 * step, WK, groups, chunks, xr);
+        }
         gemv_mma_batch(acc, n);
     }
 

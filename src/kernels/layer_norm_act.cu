@@ -23,6 +23,8 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
                       const float* __restrict__ w, float* __restrict__ x_out, __nv_bfloat16* __restrict__ h16,
                       int n, float eps) {
     __shared__ float partial[NORM_THREADS / 32];
+    pdl_wait();
+    pdl_launch_dependents();
     const long long row = (long long)blockIdx.x * n;
     const float* xr = x + row;
     float s = 0.f;
@@ -50,6 +52,8 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 
 extern "C" __global__ void silu_mul_bf16(const float* __restrict__ gu, __nv_bfloat16* __restrict__ out, int rows,
                                          int n) {
+    pdl_wait();
+    pdl_launch_dependents();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)rows * n) return;
     const long long r = i / n, c = i % n;

@@ -58,14 +58,14 @@ pub fn silu_mul_to(gu: &Tensor, dtype: DType) -> Result<Tensor> {
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use candle_core::cuda_backend::WrapErr;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::op::BackpropOp;
     use candle_core::{CudaStorage, Device, Result, Storage, Tensor, bail};
     use half::bf16;
 
     use super::Normed;
     use crate::kernels::cuda::{LAYER_NORM_ACT_PTX, cuda_view, int};
+    use crate::kernels::launch::Launch;
 
     fn wrap<T: candle_core::cuda_backend::CudaDType>(
         slice: candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
@@ -123,26 +123,26 @@ mod gpu {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let null = 0u64;
-        let mut b = func.builder();
-        b.arg(&xv);
+        let stream = dev.cuda_stream();
+        let mut b = Launch::new(&stream, &func);
+        b.ptr(&xv);
         match &dv {
-            Some(v) => b.arg(v),
-            None => b.arg(&null),
+            Some(v) => b.ptr(v),
+            None => b.null(),
         };
         match &bv {
-            Some(v) => b.arg(v),
-            None => b.arg(&null),
+            Some(v) => b.ptr(v),
+            None => b.null(),
         };
-        b.arg(&wv);
+        b.ptr(&wv);
         match &mut x_out {
-            Some(v) => b.arg(v),
-            None => b.arg(&null),
+            Some(v) => b.ptr_mut(v),
+            None => b.null(),
         };
-        b.arg(&mut h16).arg(&n32).arg(&eps);
+        b.ptr_mut(&mut h16).val(n32).val(eps);
         // SAFETY: the arguments match the kernel's signature; x and delta hold rows·n values,
-        // bias and w n; x_out is given whenever delta is.
-        unsafe { b.launch(cfg) }.w()?;
+        // bias and w n; x_out is given whenever delta is; the kernel waits (PDL) first.
+        unsafe { b.launch(cfg) }?;
         drop(b);
         let new_x = match x_out {
             Some(s) => wrap(s, dev, (rows, n)),
@@ -177,10 +177,11 @@ impl CustomOp1 for SiluMulBf16 {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-        use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+        use candle_core::cuda_backend::CudaStorageSlice;
+        use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 
         use super::cuda::{LAYER_NORM_ACT_PTX, int};
+        use super::launch::Launch;
 
         let (rows, n2) = l.shape().dims2()?;
         let n = n2 / 2;
@@ -195,10 +196,13 @@ impl CustomOp1 for SiluMulBf16 {
         )?;
         let (r32, n32) = (int(rows, "silu_mul_bf16 rows")?, int(n, "silu_mul_bf16 width")?);
         let cfg = LaunchConfig::for_num_elems(int(rows * n, "silu_mul_bf16 elements")? as u32);
-        let mut b = func.builder();
-        b.arg(&gu).arg(&mut out).arg(&r32).arg(&n32);
-        // SAFETY: the arguments match the kernel's signature; gu holds rows·2n values.
-        unsafe { b.launch(cfg) }.w()?;
+        let stream = dev.cuda_stream();
+        let mut b = Launch::new(&stream, &func);
+        b.ptr(&gu).ptr_mut(&mut out).val(r32).val(n32);
+        // SAFETY: the arguments match the kernel's signature; gu holds rows·2n values; the
+        // kernel waits (PDL) first.
+        unsafe { b.launch(cfg) }?;
+        drop(b);
         Ok((
             candle_core::CudaStorage { slice: CudaStorageSlice::BF16(out), device: dev },
             Shape::from((rows, n)),

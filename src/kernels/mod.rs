@@ -47,6 +47,8 @@ pub mod sink_attention;
 
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) mod launch;
 #[cfg(test)]
 mod testing;
 

@@ -126,6 +126,8 @@ __device__ __forceinline__ void paged_attention_impl(
     __shared__ float Vs[BK][D];
     __shared__ __align__(16) float Ps[NW][RPW][BK];
     __shared__ long long KP[BK];  // position of each key of the tile, -1 if none
+    pdl_wait();
+    pdl_launch_dependents();
 
     const int seq = blockIdx.x / p.row_blocks, tile = blockIdx.x % p.row_blocks;
     const int g = blockIdx.y, z = blockIdx.z;
@@ -334,6 +336,8 @@ __device__ __forceinline__ void paged_combine_impl(const float* __restrict__ par
                                                    const uint32_t* __restrict__ q_pos, T* __restrict__ out,
                                                    const PagedAttnParams& p) {
     constexpr int DC = D / 32;
+    pdl_wait();
+    pdl_launch_dependents();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long rows = p.tokens * p.heads;
     const long long row = (long long)blockIdx.x * NW + warp;

@@ -18,6 +18,8 @@ __device__ __forceinline__ void qkv_rope_paged_impl(const float* __restrict__ qk
                                                     const uint32_t* __restrict__ slots, T* __restrict__ q_out,
                                                     T* __restrict__ k_pool, T* __restrict__ v_pool, int heads,
                                                     int kv_heads, int d, int n_positions, long long num_slots) {
+    pdl_wait();
+    pdl_launch_dependents();
     const long long t = blockIdx.x;
     const int b = blockIdx.y, i = threadIdx.x, half = d / 2;
     const int i1 = INTERLEAVED ? 2 * i : i, i2 = INTERLEAVED ? 2 * i + 1 : i + half;

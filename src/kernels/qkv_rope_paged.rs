@@ -232,16 +232,15 @@ impl InplaceOp2 for PoolWrite {
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use candle_core::cuda_backend::cudarc::driver::{
-        CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
-    };
-    use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+    use candle_core::cuda_backend::CudaStorageSlice;
+    use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr, LaunchConfig};
     use candle_core::{
         CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor, bail,
     };
 
     use super::{Args, QkvHeads, RotaryPairs};
     use crate::kernels::cuda::{QKV_ROPE_PAGED_PTX, int};
+    use crate::kernels::launch::Launch;
 
     /// The device address of a tensor's first element.
     fn address(t: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<u64> {
@@ -329,15 +328,16 @@ mod gpu {
                         "inferno_qkv_rope_paged",
                         QKV_ROPE_PAGED_PTX,
                     )?;
-                    let mut b = func.builder();
-                    b.arg(&qkv).arg(&bias).arg(&addrs[0]).arg(&addrs[1]).arg(&addrs[2]);
-                    b.arg(&addrs[3]).arg(&mut q).arg(&addrs[4]).arg(&addrs[5]);
-                    b.arg(&heads).arg(&kv_heads).arg(&d).arg(&n_positions).arg(&num_slots);
+                    let mut b = Launch::new(&stream, &func);
+                    b.ptr(&qkv).val(bias).val(addrs[0]).val(addrs[1]).val(addrs[2]);
+                    b.val(addrs[3]).ptr_mut(&mut q).val(addrs[4]).val(addrs[5]);
+                    b.val(heads).val(kv_heads).val(d).val(n_positions).val(num_slots);
                     // SAFETY: the arguments match the kernel's signature; shapes were checked by
                     // qkv_rope_paged and the kernel guards positions and slots. It also writes
                     // the pools through their addresses: candle does not see those writes, which
-                    // is fine on the one stream all work runs on.
-                    unsafe { b.launch(cfg) }.w()?;
+                    // is fine on the one stream all work runs on. The kernel waits (PDL) first.
+                    unsafe { b.launch(cfg) }?;
+                    drop(b);
                     CudaStorageSlice::$wrap(q)
                 }};
             }

@@ -1,16 +1,14 @@
 //! The CUDA launch of [`super::paged_attention`]: the attention kernel, then (with several key
 //! splits) the combine kernel, on a grid from [`super::paged_launch`] alone.
 
-use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig};
 use candle_core::{CudaDevice, Layout, Result, bail};
 
 use super::{Dims, PagedAttention, WARPS};
 use crate::kernels::cuda::{
     KernelFloat, PAGED_ATTENTION_PTX, cuda_view, int, multiprocessors, output,
 };
+use crate::kernels::launch::Launch;
 
 const MODULE: &str = "inferno_paged_attention";
 
@@ -108,12 +106,14 @@ pub(super) fn launch<T: KernelFloat>(
         shared_mem_bytes: 0,
     };
     if plan.splits == 1 {
-        let mut b = func.builder();
-        b.arg(&q).arg(&k).arg(&v).arg(&sinks_ptr).arg(&cu_q).arg(&q_pos).arg(&tables);
-        b.arg(&mut out).arg(&0u64).arg(&0u64).arg(&params);
+        let mut b = Launch::new(&stream, &func);
+        b.ptr(&q).ptr(&k).ptr(&v).val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr(&tables);
+        b.ptr_mut(&mut out).null().null().val(params);
         // SAFETY: the arguments match the kernel's signature; shapes were checked by the op, and
-        // the kernel guards every block-table lookup against the table and the pool.
-        unsafe { b.launch(grid) }.w()?;
+        // the kernel guards every block-table lookup against the table and the pool; it waits
+        // (PDL) before any access.
+        unsafe { b.launch(grid) }?;
+        drop(b);
         return Ok(out);
     }
     // SAFETY: the combine kernel reads, for each row, the partials of the fixed splits holding
@@ -121,23 +121,25 @@ pub(super) fn launch<T: KernelFloat>(
     let parts = plan.fixed_splits * tokens * heads;
     let mut part_acc = unsafe { dev.alloc::<f32>(parts * d)? };
     let mut part_ml = unsafe { dev.alloc::<f32>(parts * 2)? };
-    let mut b = func.builder();
-    b.arg(&q).arg(&k).arg(&v).arg(&sinks_ptr).arg(&cu_q).arg(&q_pos).arg(&tables);
-    b.arg(&mut out).arg(&mut part_acc).arg(&mut part_ml).arg(&params);
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(&q).ptr(&k).ptr(&v).val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr(&tables);
+    b.ptr_mut(&mut out).ptr_mut(&mut part_acc).ptr_mut(&mut part_ml).val(params);
     // SAFETY: as above.
-    unsafe { b.launch(grid) }.w()?;
+    unsafe { b.launch(grid) }?;
+    drop(b);
 
     let name = format!("paged_combine_{}_d{d}", T::NAME);
     let combine = dev.get_or_load_custom_func(&name, MODULE, PAGED_ATTENTION_PTX)?;
-    let mut b = combine.builder();
-    b.arg(&part_acc).arg(&part_ml).arg(&sinks_ptr).arg(&cu_q).arg(&q_pos).arg(&mut out);
-    b.arg(&params);
+    let mut b = Launch::new(&stream, &combine);
+    b.ptr(&part_acc).ptr(&part_ml).val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr_mut(&mut out);
+    b.val(params);
     let grid = LaunchConfig {
         grid_dim: (int(plan.combine_blocks, "rows")? as u32, 1, 1),
         block_dim: ((WARPS * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: the arguments match paged_combine's signature.
-    unsafe { b.launch(grid) }.w()?;
+    // SAFETY: the arguments match paged_combine's signature; it waits (PDL) before any access.
+    unsafe { b.launch(grid) }?;
+    drop(b);
     Ok(out)
 }

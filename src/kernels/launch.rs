@@ -1,0 +1,162 @@
+//! Kernel launches with Programmatic Dependent Launch (PDL, Hopper and later).
+//!
+//! A decode step is a chain of ~150 short kernels, and between two of them the GPU drains the
+//! first grid, then ramps the next one up: at batch 1 that gap costs about as much as a small
+//! GEMV's work. With PDL the next kernel's blocks start while the previous grid finishes: each of
+//! our kernels first does what needs nothing from its predecessors (a GEMV issues its weight
+//! loads), then waits (`pdl_wait()` in common.cuh: `griddepcontrol.wait`, which returns once the
+//! previous grid has completed and its writes are visible), and then releases its own dependents
+//! (`pdl_launch_dependents()`). A kernel launched here must therefore call `pdl_wait()` before it
+//! reads anything an earlier kernel wrote and before it writes any global memory (a buffer it
+//! writes may have been freed by an earlier kernel that still reads it); weights and other
+//! read-only inputs may be read before.
+//!
+//! **In the decode graphs this gains nothing yet** (measured on an H100: Llama-1B 621 vs 622
+//! tok/s with `INFERNO_PDL=0`/`1`). Stream capture turns a PDL launch into a programmatic edge
+//! only when the previous captured node is a kernel, and candle allocates every op's output
+//! with `cuMemAllocAsync` and frees inputs with `cuMemFreeAsync`: the batch-1 Llama-1B step is
+//! 593 nodes, 167 kernels between 213 allocation and 213 free nodes. The driver (13.0) refuses
+//! to clone such a graph or to remove a memory node's edges (CUDA_ERROR_NOT_SUPPORTED), so the
+//! edges cannot be rewritten after capture either. What would make it work: allocations during
+//! capture served from a private arena owned by the graph (PyTorch's graph memory pool), so that
+//! the capture holds kernels only. Until then the launches here only take effect outside graphs
+//! (prefill, eager steps).
+//!
+//! cudarc's `LaunchArgs` cannot set launch attributes, hence this small builder over
+//! `cuLaunchKernelEx`. On devices before compute capability 9.0, or with `INFERNO_PDL=0` (for
+//! A/B timings), it launches the ordinary way: the kernels' `griddepcontrol` instructions are
+//! compiled out below sm_90 and return at once in a launch without the attribute.
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use candle_core::cuda_backend::WrapErr;
+use candle_core::cuda_backend::cudarc::driver::sys::{self, CUdevice_attribute};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, SyncOnDrop,
+};
+use candle_core::{Result, bail};
+
+/// A kernel's parameters, each in its own run of 8-byte slots (8-byte alignment suffices for
+/// every parameter our kernels take: device pointers, scalars, structs of them), and the launch.
+pub(super) struct Launch<'a> {
+    stream: &'a CudaStream,
+    func: &'a CudaFunction,
+    slots: Vec<u64>,
+    /// The first slot of each parameter.
+    starts: Vec<usize>,
+    /// Keeps cudarc's read/write tracking of the buffers alive until the launch is enqueued.
+    _guards: Vec<SyncOnDrop<'a>>,
+}
+
+impl<'a> Launch<'a> {
+    pub fn new(stream: &'a CudaStream, func: &'a CudaFunction) -> Self {
+        Launch {
+            stream,
+            func,
+            slots: Vec::with_capacity(24),
+            starts: Vec::with_capacity(16),
+            _guards: Vec::new(),
+        }
+    }
+
+    /// A buffer the kernel reads.
+    pub fn ptr<T, P: DevicePtr<T>>(&mut self, p: &'a P) -> &mut Self {
+        let (ptr, guard) = p.device_ptr(self.stream);
+        self._guards.push(guard);
+        self.val(ptr)
+    }
+
+    /// A buffer the kernel writes.
+    pub fn ptr_mut<T, P: DevicePtrMut<T>>(&mut self, p: &'a mut P) -> &mut Self {
+        let (ptr, guard) = p.device_ptr_mut(self.stream);
+        self._guards.push(guard);
+        self.val(ptr)
+    }
+
+    /// A null pointer, for an optional buffer the kernel does without.
+    pub fn null(&mut self) -> &mut Self {
+        self.val(0u64)
+    }
+
+    /// A parameter passed by value: a scalar (`int`, `float`, a 64-bit value) or a plain struct.
+    pub fn val<T: DeviceRepr + Copy>(&mut self, v: T) -> &mut Self {
+        let size = std::mem::size_of::<T>();
+        const { assert!(std::mem::align_of::<T>() <= 8) };
+        let start = self.slots.len();
+        self.slots.resize(start + size.div_ceil(8).max(1), 0);
+        // SAFETY: the slots from `start` hold at least `size` bytes, 8-byte aligned (T needs no
+        // more, checked above), and T is plain data (DeviceRepr); the kernel reads its
+        // parameter's size from there.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                &v as *const T as *const u8,
+                self.slots.as_mut_ptr().add(start) as *mut u8,
+                size,
+            )
+        };
+        self.starts.push(start);
+        self
+    }
+
+    /// Enqueues the kernel, as a programmatic dependent of the stream's previous kernel where the
+    /// device supports it.
+    ///
+    /// # Safety
+    /// The parameters must match the kernel's signature, the buffers must hold what the kernel
+    /// reads and writes, and the kernel must follow the module's rule on `pdl_wait()`.
+    pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<()> {
+        self.stream.context().bind_to_thread().w()?;
+        let base = self.slots.as_mut_ptr();
+        // SAFETY: every start indexes into `slots`, which is not resized from here on.
+        let mut params: Vec<*mut c_void> =
+            self.starts.iter().map(|&i| unsafe { base.add(i) } as *mut c_void).collect();
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            // SAFETY: an all-zero union is a valid value of every member.
+            value: unsafe { std::mem::zeroed() },
+        };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let pdl = enabled(self.stream);
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: if pdl { &mut attr } else { std::ptr::null_mut() },
+            numAttrs: u32::from(pdl),
+        };
+        // SAFETY: config, attr and params outlive the call; the caller vouches for the rest.
+        let status = unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.func.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        if status != sys::CUresult::CUDA_SUCCESS {
+            bail!("kernel launch failed: {status:?}");
+        }
+        Ok(())
+    }
+}
+
+/// Whether launches get the PDL attribute: compute capability 9.0 or later, unless
+/// `INFERNO_PDL=0`. Decided once per process (one GPU kind per process).
+pub(super) fn enabled(stream: &CudaStream) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        let off = std::env::var("INFERNO_PDL").is_ok_and(|v| v == "0");
+        let major = stream
+            .context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+            .unwrap_or(0);
+        !off && major >= 9
+    })
+}
