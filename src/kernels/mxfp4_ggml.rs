@@ -152,4 +152,61 @@ mod tests {
             assert_eq!(got(&scales), want_scales, "scales, {rows}x{row_blocks}, {n} sources");
         }
     }
+
+    /// One gpt-oss-20b layer's experts (gate, up: 32 × 2880 rows of 90 blocks; down likewise),
+    /// random bytes in a mapped file as a GGUF's lie in the page cache, onto the GPU: the old way
+    /// (host respelling, then the respelled copy up) against the raw upload and the kernel. Prints
+    /// milliseconds per layer (×24 for the whole file); the two must give the same bytes.
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_expert_respelling_timing() {
+        use std::io::Write;
+        use std::time::Instant;
+
+        let dev = gpu();
+        let (e, rows, rb) = (32, 2880, 90);
+        let part = e * rows * rb * GGML_BLOCK_BYTES;
+        let mut file = tempfile::tempfile().expect("temp file");
+        let mut bytes = vec![0u8; part];
+        let mut r = rng("respelling timing");
+        for _ in 0..3 {
+            r.fill_bytes(&mut bytes);
+            file.write_all(&bytes).expect("write");
+        }
+        drop(bytes);
+        // SAFETY: a private temporary file nobody else writes.
+        let map = unsafe { memmap2::Mmap::map(&file) }.expect("map");
+        let (gate, up, down) = (&map[..part], &map[part..2 * part], &map[2 * part..]);
+        let layer = |gpu_side: bool| -> (Vec<Tensor>, f64) {
+            dev.synchronize().expect("sync");
+            let t = Instant::now();
+            let ts = if gpu_side {
+                let (a, b) = ggml_rows_to_hf_on(&[gate, up], rb, &dev).expect("gate_up");
+                let (c, d) = ggml_rows_to_hf_on(&[down], rb, &dev).expect("down");
+                vec![a, b, c, d]
+            } else {
+                let up_ = |v: Vec<u8>| {
+                    let n = v.len();
+                    Tensor::from_vec(v, n, &dev).expect("upload")
+                };
+                let (a, b) = mxfp4::ggml_rows_to_hf(&[gate, up], rb);
+                let (c, d) = mxfp4::ggml_rows_to_hf(&[down], rb);
+                vec![up_(a), up_(b), up_(c), up_(d)]
+            };
+            dev.synchronize().expect("sync");
+            (ts, t.elapsed().as_secs_f64() * 1e3)
+        };
+        let _ = (layer(false), layer(true));
+        let (host, host_ms) = layer(false);
+        let (kernel, kernel_ms) = layer(true);
+        println!(
+            "one gpt-oss-20b layer's experts ({:.0} MB of ggml blocks): host respelling + upload {host_ms:.1} ms, raw upload + kernel {kernel_ms:.1} ms",
+            3.0 * part as f64 / 1e6
+        );
+        for (h, k) in host.iter().zip(&kernel) {
+            let bytes =
+                |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<u8>()).expect("bytes");
+            assert_eq!(bytes(h), bytes(k));
+        }
+    }
 }
