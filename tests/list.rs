@@ -316,8 +316,13 @@ fn compressed_tensors_checkpoints_show_their_scheme() {
     let c = TestCache::new();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama_ct");
     let commit = "c0ffee0000000000000000000000000000000000";
-    for (dir, id) in [("w8a8_int8", "org/w8a8"), ("fp8_dynamic", "org/fp8"), ("w4a16", "org/w4a16")]
-    {
+    let dirs = [
+        ("w8a8_int8", "org/w8a8"),
+        ("fp8_dynamic", "org/fp8"),
+        ("w4a16", "org/w4a16"),
+        ("w8a16_int8", "org/w8a16"),
+    ];
+    for (dir, id) in dirs {
         for file in ["config.json", "model.safetensors"] {
             let data = std::fs::read(fixtures.join(dir).join(file)).unwrap();
             c.add_file(id, commit, file, &data);
@@ -329,5 +334,11 @@ fn compressed_tensors_checkpoints_show_their_scheme() {
         .iter()
         .map(|r| (r["model"].as_str().unwrap(), r["format"].as_str().unwrap()))
         .collect();
-    assert_eq!(formats, [("org/fp8", "fp8"), ("org/w4a16", "w4a16"), ("org/w8a8", "w8a8-int8")]);
+    let want = [
+        ("org/fp8", "fp8"),
+        ("org/w4a16", "w4a16"),
+        ("org/w8a16", "w8a16-int8"),
+        ("org/w8a8", "w8a8-int8"),
+    ];
+    assert_eq!(formats, want);
 }

@@ -12,6 +12,8 @@ pub(super) const SINK_ATTENTION_PTX: &str =
     include_str!(concat!(env!("OUT_DIR"), "/sink_attention.ptx"));
 /// PTX built by build.rs from `src/kernels/mxfp4_moe.cu`.
 pub(super) const MXFP4_MOE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/mxfp4_moe.ptx"));
+/// PTX built by build.rs from `src/kernels/mxfp4_ggml.cu`.
+pub(super) const MXFP4_GGML_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/mxfp4_ggml.ptx"));
 /// PTX built by build.rs from `src/kernels/argmax.cu`.
 pub(super) const ARGMAX_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx"));
 /// PTX built by build.rs from `src/kernels/qkv_rope.cu`.

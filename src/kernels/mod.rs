@@ -37,6 +37,7 @@ pub mod f32_out_matmul;
 pub mod kv_write;
 pub mod layer_norm_act;
 pub mod mxfp4;
+pub mod mxfp4_ggml;
 pub mod mxfp4_moe;
 pub mod paged_attention;
 pub mod qkv_rope;

@@ -5,9 +5,10 @@
 //! (`src/models/openai-moe.cpp`). The weights are mapped onto the same [`Weights`] the HF loader
 //! builds, so the model, its kernels and the batched engine run unchanged:
 //! - the MXFP4 experts (`ffn_{gate,up,down}_exps`, 17-byte ggml blocks) are respelled into the
-//!   checkpoint's layout ([`mxfp4::ggml_rows_to_hf`]: same codes and scales, other nibble
-//!   order) and gate and up are interleaved row by row as HF's `gate_up_proj` is (gate channel j
-//!   = row 2j, up = row 2j + 1), with their biases likewise;
+//!   checkpoint's layout ([`mxfp4_ggml::ggml_rows_to_hf_on`]: same codes and scales, other
+//!   nibble order; on a GPU the raw blocks are uploaded and respelled there) and gate and up are
+//!   interleaved row by row as HF's `gate_up_proj` is (gate channel j = row 2j, up = row 2j + 1),
+//!   with their biases likewise;
 //! - the Q8_0 tensors (attention, embedding, output) are dequantized to the compute dtype at load.
 //!   That is the simple choice: it keeps the fused QKV GEMM, the f32-output matmuls and the decode
 //!   CUDA graph of the HF path. It costs memory and bandwidth (bf16 is 1.9× Q8_0's bytes for those
@@ -20,7 +21,7 @@ use super::config::GptOssConfig;
 use super::model::{Attention, GptOss, Layer, Weights};
 use crate::error::{ErrorKind, fail};
 use crate::inspect::gguf::FullMetadata;
-use crate::kernels::{Mxfp4Experts, mxfp4};
+use crate::kernels::{Mxfp4Experts, mxfp4_ggml};
 use crate::models::gguf::{GgufTensors, MXFP4};
 use crate::models::head::Head;
 use crate::models::linear::Linear;
@@ -265,24 +266,24 @@ fn experts(
     };
     let hb = h / 32;
     let (gate, up) = (raw("ffn_gate_exps", i, h)?, raw("ffn_up_exps", i, h)?);
-    let (gate_up, gate_up_scales) = mxfp4::ggml_rows_to_hf(&[gate, up], hb);
-    let (down, down_scales) = mxfp4::ggml_rows_to_hf(&[raw("ffn_down_exps", h, i)?], i / 32);
+    let (gate_up, gate_up_scales) = mxfp4_ggml::ggml_rows_to_hf_on(&[gate, up], hb, device)?;
+    let down = raw("ffn_down_exps", h, i)?;
+    let (down, down_scales) = mxfp4_ggml::ggml_rows_to_hf_on(&[down], i / 32, device)?;
     let gate_up_bias =
         interleave_rows(&host_f32("ffn_gate_exps", i)?, &host_f32("ffn_up_exps", i)?, 1);
     let down_bias = g.dense(&format!("{b}.ffn_down_exps.bias"), &[e, h], DType::F32, device)?;
-    let u8s = |v: Vec<u8>, shape: &[usize]| Tensor::from_vec(v, shape, device);
     Ok(Mxfp4Experts::new(
-        &u8s(gate_up, &[e, 2 * i, hb, 16])?,
-        &u8s(gate_up_scales, &[e, 2 * i, hb])?,
+        &gate_up.reshape((e, 2 * i, hb, 16))?,
+        &gate_up_scales.reshape((e, 2 * i, hb))?,
         &Tensor::from_vec(gate_up_bias, (e, 2 * i), device)?,
-        &u8s(down, &[e, h, i / 32, 16])?,
-        &u8s(down_scales, &[e, h, i / 32])?,
+        &down.reshape((e, h, i / 32, 16))?,
+        &down_scales.reshape((e, h, i / 32))?,
         &down_bias,
     )?)
 }
 
 /// Rows of `a` and `b` (each `row` elements) alternated: a₀ b₀ a₁ b₁ … — HF's fused gate/up
-/// order (of the biases; the packed weights are fused by [`mxfp4::ggml_rows_to_hf`]). Over all experts at once: expert x's row j is row x·I + j of either input and lands at
+/// order (of the biases; the packed weights are fused by [`mxfp4_ggml::ggml_rows_to_hf_on`]). Over all experts at once: expert x's row j is row x·I + j of either input and lands at
 /// row x·2I + 2j (+1 for `b`).
 fn interleave_rows<T: Copy>(a: &[T], b: &[T], row: usize) -> Vec<T> {
     debug_assert_eq!(a.len(), b.len());
