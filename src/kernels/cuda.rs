@@ -14,6 +14,8 @@ pub(super) const SINK_ATTENTION_PTX: &str =
 pub(super) const MXFP4_MOE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/mxfp4_moe.ptx"));
 /// PTX built by build.rs from `src/kernels/argmax.cu`.
 pub(super) const ARGMAX_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx"));
+/// PTX built by build.rs from `src/kernels/sample.cu`.
+pub(super) const SAMPLE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample.ptx"));
 /// PTX built by build.rs from `src/kernels/qkv_rope.cu`.
 pub(super) const QKV_ROPE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/qkv_rope.ptx"));
 /// PTX built by build.rs from `src/kernels/router.cu`.
