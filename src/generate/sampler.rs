@@ -246,7 +246,8 @@ pub fn keep(
     // The softmax normaliser over the top-k set (before min-p), which top-p needs.
     let mut z = 0f64;
     for (i, &l) in logits.iter().enumerate() {
-        if !(l >= v_k) || l == f32::NEG_INFINITY {
+        let kept_by_k = l >= v_k && l > f32::NEG_INFINITY;
+        if !kept_by_k {
             continue; // NaN, −∞, or below the top-k threshold
         }
         let s = (l - max) * f.inv_t;

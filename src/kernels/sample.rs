@@ -63,7 +63,8 @@ fn reference_row(row: &[f32], r: &RowSampling) -> (u32, Vec<u32>) {
     let mut l = row.to_vec();
     apply_penalties(&mut l, &r.penalties);
     let (mut cand, mut scratch) = (Vec::new(), Vec::new());
-    if !(r.filter.inv_t > 0.0) || !keep(&r.filter, &l, &mut cand, &mut scratch) || cand.is_empty() {
+    let sampling = r.filter.inv_t > 0.0;
+    if !sampling || !keep(&r.filter, &l, &mut cand, &mut scratch) || cand.is_empty() {
         return (argmax(&l), Vec::new());
     }
     // Gumbel-max over the kept set: ties to the lower id, as the kernel's reduction.
