@@ -314,3 +314,61 @@ fn gpu_same_seed_same_ids() {
     assert_eq!(draw(5), draw(5));
     assert_ne!(draw(5), draw(1005), "16 rows drawn alike under other seeds");
 }
+
+/// Time per call, ids read back (what a decode step waits for), of the argmax, the plain Gumbel
+/// draw and the full sampler at gpt-oss's and Llama 3's vocabularies, 1 and 64 rows. Printed for
+/// docs/performance.md; fails only if the sampler takes over a millisecond.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_sampler_timing() {
+    use crate::kernels::testing::time_us;
+    let dev = crate::kernels::testing::gpu();
+    let mut r = StdRng::seed_from_u64(8);
+    let issue = SamplerConfig {
+        temperature: 1.0,
+        top_k: Some(40),
+        top_p: Some(0.9),
+        min_p: Some(0.05),
+        repeat_penalty: 1.1,
+        repeat_last_n: 64,
+        ..SamplerConfig::greedy()
+    };
+    let top_p = SamplerConfig { top_k: None, min_p: None, repeat_penalty: 1.0, ..issue.clone() };
+    for (n, rows) in [(201_088, 1), (128_256, 1), (201_088, 64)] {
+        let x = Tensor::from_vec(uniform(&mut r, rows * n, -10.0, 10.0), (rows, n), &dev).unwrap();
+        let history: Vec<u32> = (0..600).map(|_| r.random_range(0..n as u32)).collect();
+        let specs = |cfg: &SamplerConfig| -> Vec<RowSampling> {
+            let case = Case {
+                cfg: cfg.clone(),
+                prompt_len: 512,
+                history: history.clone(),
+                logits: vec![0.0; n],
+            };
+            (0..rows).map(|i| case.row(i as u64)).collect()
+        };
+        let (issue_rows, top_p_rows) = (specs(&issue), specs(&top_p));
+        let temps = vec![1.0f32; rows];
+        let seeds: Vec<u64> = (0..rows as u64).collect();
+        let argmax_us = time_us(&dev, 50, || {
+            crate::kernels::argmax_rows(&x).unwrap().to_vec1::<u32>().unwrap();
+        });
+        let gumbel_us = time_us(&dev, 50, || {
+            crate::kernels::sample_gumbel_rows(&x, &temps, &seeds)
+                .unwrap()
+                .to_vec1::<u32>()
+                .unwrap();
+        });
+        let issue_us = time_us(&dev, 50, || {
+            sample_rows(&x, &issue_rows).unwrap().to_vec1::<u32>().unwrap();
+        });
+        let top_p_us = time_us(&dev, 50, || {
+            sample_rows(&x, &top_p_rows).unwrap().to_vec1::<u32>().unwrap();
+        });
+        eprintln!(
+            "vocab {n}, {rows} rows: argmax {argmax_us:.1} µs, temperature {gumbel_us:.1} µs, \
+             top-k 40 top-p 0.9 min-p 0.05 repeat 1.1 {issue_us:.1} µs, top-p 0.9 {top_p_us:.1} µs"
+        );
+        assert!(issue_us < 1000.0 && top_p_us < 1000.0, "device sampler over a millisecond");
+    }
+}
