@@ -7,7 +7,8 @@
 // byte per pass, without sorting or copying the row: a pass histograms (count, and for top-p the
 // softmax mass) the elements that share the prefix chosen so far, and the next pass's blocks
 // each re-derive the prefix from the finished histograms (256 buckets each, a block-wide scan),
-// so passes need no grid-wide synchronisation beyond the launch boundary:
+// so passes need no grid-wide synchronisation beyond the launch boundary (each pass also stores
+// the state it derived, so the next one scans only the newest histogram):
 //   sample_penalise       the penalties (a sparse list) into a scratch copy of the logits;
 //   sample_hist 0, 0      each row's maximum, and top-k's first byte (counts);
 //   sample_hist 0, 1..3   top-k: the k-th largest logit's key, byte by byte;
@@ -110,31 +111,68 @@ __device__ Pick pick(const uint32_t* __restrict__ cnt, const double* __restrict_
     return p;
 }
 
-// The key prefix (8 * digits bits) of a selection from histograms hist[0..digits): the largest
-// key whose head {key >= it} reaches the target. Returns false when the first byte already
-// cannot reach it (fewer than k elements; top-p mass short by rounding): the filter is off.
-__device__ bool cut_prefix(const uint32_t* __restrict__ cnt, const double* __restrict__ val, int digits, double target,
-                           bool relative, uint32_t* prefix) {
-    uint32_t p = 0;
-    double acc = 0.0;
-    for (int d = 0; d < digits; d++) {
-        const Pick k = pick(cnt + d * BUCKETS, val ? val + d * BUCKETS : nullptr, acc, target, relative && d == 0);
-        if (d == 0) {
-            if (!k.reached) return false;
-            target = k.target;
-        }
-        p = (p << 8) | (uint32_t)max(k.bucket, 0);
-        acc += k.above;
+// A selection's state after some bytes of the key: the prefix chosen so far, the value
+// (count or mass) of the elements above the prefix's range, the target, and whether the filter
+// is on (it is off when the first byte cannot reach the target: fewer than k finite logits, or a
+// top-p mass short by rounding).
+struct Chain {
+    uint32_t prefix;
+    bool on;
+    double acc, target;
+};
+
+// Each pass stores the state it derives, per row and stage, after d = 1..3 bytes (slots[d]:
+// prefix, acc, target; prefix -1 when off), so the next pass starts from it and scans one
+// histogram instead of all of them. Every block of the row computes and stores the same values.
+#define SLOT 3
+#define SLOTS_ROW (2 * DIGITS * SLOT)
+
+__device__ __forceinline__ Chain load_chain(const double* __restrict__ slots, int d, double target) {
+    Chain s;
+    if (d == 0) {
+        s.prefix = 0;
+        s.on = true;
+        s.acc = 0.0;
+        s.target = target;
+        return s;
     }
-    *prefix = p;
-    return true;
+    const double* p = slots + d * SLOT;
+    s.on = p[0] >= 0.0;
+    s.prefix = s.on ? (uint32_t)p[0] : 0u;
+    s.acc = p[1];
+    s.target = p[2];
+    return s;
 }
 
-// Top-k's threshold key for a row (0, below every finite key, when top-k is off).
-__device__ uint32_t topk_key(const uint32_t* __restrict__ cnt, const RowCfg& c) {
-    uint32_t key = 0;
-    if (c.top_k > 0 && cut_prefix(cnt, nullptr, DIGITS, (double)c.top_k, false, &key)) return key;
-    return 0;
+// The state after byte d from the state before it and byte d's histogram (cnt, val: val null
+// means the counts; the first byte of a relative selection scales the target by the total).
+__device__ Chain advance(Chain s, const uint32_t* __restrict__ cnt, const double* __restrict__ val, int d,
+                         bool relative) {
+    if (!s.on) return s;
+    const Pick k = pick(cnt + d * BUCKETS, val ? val + d * BUCKETS : nullptr, s.acc, s.target, relative && d == 0);
+    if (d == 0) {
+        s.on = k.reached;
+        s.target = k.target;
+    }
+    s.prefix = (s.prefix << 8) | (uint32_t)max(k.bucket, 0);
+    s.acc += k.above;
+    return s;
+}
+
+__device__ __forceinline__ void store_chain(double* __restrict__ slots, int d, const Chain& s) {
+    if (threadIdx.x != 0) return;
+    double* p = slots + d * SLOT;
+    p[0] = s.on ? (double)s.prefix : -1.0;
+    p[1] = s.acc;
+    p[2] = s.target;
+}
+
+// A stage's full key (its last byte picked from the slot after 3 bytes), or 0, below every
+// finite key, when the stage is off.
+__device__ uint32_t stage_key(const uint32_t* __restrict__ cnt, const double* __restrict__ val,
+                              const double* __restrict__ slots, double target, bool relative) {
+    const Chain s = advance(load_chain(slots, DIGITS - 1, target), cnt, val, DIGITS - 1, relative);
+    return s.on ? s.prefix : 0u;
 }
 
 // Adds one element per lane (bucket < 0: none) to a shared histogram, a warp's equal buckets
@@ -155,9 +193,10 @@ __device__ __forceinline__ void hist_add(uint32_t* s_cnt, double* s_mass, int bu
     }
 }
 
-// Per-row histograms: cnt [rows][2][DIGITS][BUCKETS] (top-k, top-p), mass [rows][DIGITS][BUCKETS].
+// Per-row histograms: cnt [rows][2][DIGITS][BUCKETS] (top-k, top-p); mass [rows] of
+// [DIGITS][BUCKETS] top-p masses, then the two stages' slots.
 #define CNT_ROW (2 * DIGITS * BUCKETS)
-#define MASS_ROW (DIGITS * BUCKETS)
+#define MASS_ROW (DIGITS * BUCKETS + SLOTS_ROW)
 
 // grid (ceil(count / THREADS)): entries [count][4] = (row, id, factor bits, sub bits), distinct
 // (row, id); y is the scratch copy of the logits. l -> (l > 0 ? l / factor : l * factor) - sub.
@@ -202,16 +241,32 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         }
     }
     if (!(c.inv_t > 0.f)) return;  // greedy row
+    double* slots = mass + DIGITS * BUCKETS;
     uint32_t prefix = 0, tk = 0;
     float m = 0.f;
     if (stage == 0) {
-        if (c.top_k <= 0 || !cut_prefix(cnt, nullptr, digit, (double)c.top_k, false, &prefix)) return;
+        if (c.top_k <= 0) return;
+        Chain s = load_chain(slots, max(digit - 1, 0), (double)c.top_k);
+        if (digit > 0) {
+            s = advance(s, cnt, nullptr, digit - 1, false);
+            store_chain(slots, digit, s);
+        }
+        if (!s.on) return;
+        prefix = s.prefix;
     } else {
         const uint32_t mk = rowmax[row];
         m = float_of(mk);
         if (!(c.top_p >= 0.0) || mk == 0 || !isfinite(m)) return;
-        tk = topk_key(cnt, c);
-        if (!cut_prefix(cnt + DIGITS * BUCKETS, mass, digit, c.top_p, true, &prefix)) return;
+        if (c.top_k > 0) tk = stage_key(cnt, nullptr, slots, (double)c.top_k, false);
+        double* tp_slots = slots + DIGITS * SLOT;
+        const uint32_t* tp_cnt = cnt + DIGITS * BUCKETS;
+        Chain s = load_chain(tp_slots, max(digit - 1, 0), c.top_p);
+        if (digit > 0) {
+            s = advance(s, tp_cnt, mass, digit - 1, true);
+            store_chain(tp_slots, digit, s);
+        }
+        if (!s.on) return;
+        prefix = s.prefix;
     }
     for (int t = threadIdx.x; t < BUCKETS; t += THREADS) {
         s_cnt[t] = 0;
@@ -250,7 +305,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 // each element's kept flag (0 throughout an argmax row).
 extern "C" __global__ void __launch_bounds__(THREADS)
     sample_draw(const float* __restrict__ x, int n, int chunk, int parts, const uint32_t* __restrict__ params,
-                const uint32_t* __restrict__ rowmax, const uint32_t* __restrict__ cnt, const double* __restrict__ mass,
+                const uint32_t* __restrict__ rowmax, const uint32_t* __restrict__ cnt, const double* mass,
                 float* __restrict__ part_v, int* __restrict__ part_i, uint8_t* __restrict__ mask) {
     const int row = blockIdx.y;
     const RowCfg c = row_cfg(params, row);
@@ -262,9 +317,10 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const bool sampling = c.inv_t > 0.f && mk != 0 && isfinite(m);
     uint32_t thr = 0;
     if (sampling) {
-        thr = topk_key(cnt, c);
-        uint32_t tp;
-        if (c.top_p >= 0.0 && cut_prefix(cnt + DIGITS * BUCKETS, mass, DIGITS, c.top_p, true, &tp)) thr = max(thr, tp);
+        const double* slots = mass + DIGITS * BUCKETS;
+        if (c.top_k > 0) thr = stage_key(cnt, nullptr, slots, (double)c.top_k, false);
+        if (c.top_p >= 0.0)
+            thr = max(thr, stage_key(cnt + DIGITS * BUCKETS, mass, slots + DIGITS * SLOT, c.top_p, true));
     }
     const int lo = blockIdx.x * chunk, hi = min(n, lo + chunk);
     float v = -INFINITY;

@@ -5,7 +5,7 @@ use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{CudaStorage, Layout, Result, Shape};
 
 use super::{RowSampling, pack};
-use crate::kernels::cuda::{ARGMAX_PTX, SAMPLE_PTX, int};
+use crate::kernels::cuda::{ARGMAX_PTX, SAMPLE_PTX, int, upload};
 
 const THREADS: u32 = 256;
 const BUCKETS: usize = 256;
@@ -32,7 +32,7 @@ pub(super) fn launch(
     let (n32, chunk32, parts32) = (int(n, "logits")?, int(chunk, "chunk")?, int(parts, "parts")?);
     int(r * n, "logits")?;
     let (words, penalties) = pack(rows, n);
-    let params = stream.clone_htod(&words).w()?;
+    let params = upload(&dev, &words)?;
     // The penalties go into a scratch copy: logprobs and the caller read the logits as they are.
     let scratch = if penalties > 0 {
         let mut y = unsafe { dev.alloc::<f32>(r * n)? }; // SAFETY: filled by the copy below
@@ -59,7 +59,8 @@ pub(super) fn launch(
     };
     let mut rowmax = stream.alloc_zeros::<u32>(r).w()?;
     let mut cnt = stream.alloc_zeros::<u32>(r * 2 * DIGITS * BUCKETS).w()?;
-    let mut mass = stream.alloc_zeros::<f64>(r * DIGITS * BUCKETS).w()?;
+    // Per row: top-p's histograms, then each stage's derived state (sample.cu `SLOTS_ROW`).
+    let mut mass = stream.alloc_zeros::<f64>(r * (DIGITS * BUCKETS + 2 * DIGITS * 3)).w()?;
     let grid = LaunchConfig {
         grid_dim: (parts as u32, r as u32, 1),
         block_dim: (THREADS, 1, 1),
