@@ -9,13 +9,13 @@
 // each re-derive the prefix from the finished histograms (256 buckets each, a block-wide scan),
 // so passes need no grid-wide synchronisation beyond the launch boundary (each pass also stores
 // the state it derived, so the next one scans only the newest histogram):
-//   sample_hist 0, 0      the penalties (a sparse list) into a scratch copy of the rows, each
-//                         row's maximum, and top-k's first byte (counts);
+//   sample_penalise       the penalties (a sparse list) into a scratch copy of the logits;
+//   sample_hist 0, 0      each row's maximum, and top-k's first byte (counts);
 //   sample_hist 0, 1..3   top-k: the k-th largest logit's key, byte by byte;
 //   sample_hist 1, 0..3   top-p: the largest logit whose head {l >= c} of the top-k set holds
 //                         top_p of its mass (weights exp((l - max) / T) in double, as the host);
 //   sample_draw           per chunk, the Gumbel-max of the kept elements (min-p is a per-element
-//                         test); the row's last block to finish reduces the chunks.
+//                         test); argmax.cu's argmax_rows_final reduces the chunks.
 // Greedy rows (inv_t <= 0) and rows without a finite maximum take the plain argmax.
 
 #include "argmax.cuh"
@@ -198,33 +198,23 @@ __device__ __forceinline__ void hist_add(uint32_t* s_cnt, double* s_mass, int bu
 #define CNT_ROW (2 * DIGITS * BUCKETS)
 #define MASS_ROW (DIGITS * BUCKETS + SLOTS_ROW)
 
-// This block's chunk [lo, hi) of row `row` copied from x to the scratch row y, with the row's
-// penalties applied: entries [count][4] = (row, id, factor bits, sub bits) follow the headers,
-// each row's from header word 7 on, ids distinct within a row.
-// l -> (l > 0 ? l / factor : l * factor) - sub.
-__device__ void penalise_chunk(const float* __restrict__ x, float* __restrict__ y, int lo, int hi,
-                               const uint32_t* __restrict__ params, int row, int count) {
-    for (int j = lo + threadIdx.x; j < hi; j += THREADS) y[j] = x[j];
-    __syncthreads();
-    const int start = params[row * HEADER + 7];
-    const int end = row + 1 < (int)gridDim.y ? (int)params[(row + 1) * HEADER + 7] : count;
-    const uint32_t* entries = params + gridDim.y * HEADER;
-    for (int e = start + threadIdx.x; e < end; e += THREADS) {
-        const uint32_t* p = entries + 4 * e;
-        const int id = (int)p[1];
-        if (id < lo || id >= hi) continue;
-        const float factor = __uint_as_float(p[2]), l = x[id];
-        y[id] = __fsub_rn(l > 0.f ? __fdiv_rn(l, factor) : __fmul_rn(l, factor), __uint_as_float(p[3]));
-    }
-    __syncthreads();  // the block reads its chunk of y next
+// grid (ceil(count / THREADS)): entries [count][4] = (row, id, factor bits, sub bits), distinct
+// (row, id); y is the scratch copy of the logits. l -> (l > 0 ? l / factor : l * factor) - sub.
+extern "C" __global__ void __launch_bounds__(THREADS)
+    sample_penalise(float* __restrict__ y, int n, const uint32_t* __restrict__ entries, int count) {
+    const int e = blockIdx.x * THREADS + threadIdx.x;
+    if (e >= count) return;
+    const uint32_t* p = entries + 4 * e;
+    float* at = y + (long long)p[0] * n + p[1];
+    const float factor = __uint_as_float(p[2]), l = *at;
+    *at = __fsub_rn(l > 0.f ? __fdiv_rn(l, factor) : __fmul_rn(l, factor), __uint_as_float(p[3]));
 }
 
 // grid (parts, rows), block (THREADS): block b of a row covers [b * chunk, min(n, (b + 1) * chunk)).
-// stage 0 is top-k (digit 0 also takes the row's maximum into rowmax, zeroed before, and with a
-// scratch y writes the penalised rows there: later passes read y), stage 1 top-p; `digit` is the
-// byte (0 = most significant) this pass histograms. `count`: the number of penalties.
+// stage 0 is top-k (digit 0 also takes the row's maximum into rowmax, zeroed before), stage 1
+// top-p; `digit` is the byte (0 = most significant) this pass histograms.
 extern "C" __global__ void __launch_bounds__(THREADS)
-    sample_hist(const float* x, float* y, int n, int chunk, const uint32_t* __restrict__ params, int count,
+    sample_hist(const float* __restrict__ x, int n, int chunk, const uint32_t* __restrict__ params,
                 uint32_t* __restrict__ rowmax, uint32_t* __restrict__ cnt, double* __restrict__ mass, int stage,
                 int digit) {
     __shared__ uint32_t s_cnt[BUCKETS];
@@ -236,11 +226,6 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     cnt += (long long)row * CNT_ROW;
     mass += (long long)row * MASS_ROW;
     const int lo = blockIdx.x * chunk, hi = min(n, lo + chunk);
-    if (y) {
-        y += (long long)row * n;
-        penalise_chunk(x, y, lo, hi, params, row, count);
-        x = y;
-    }
     if (stage == 0 && digit == 0) {
         uint32_t best = 0;  // below every key: a row of only NaN keeps 0
         for (int j = lo + threadIdx.x; j < hi; j += THREADS) {
@@ -321,9 +306,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 extern "C" __global__ void __launch_bounds__(THREADS)
     sample_draw(const float* __restrict__ x, int n, int chunk, int parts, const uint32_t* __restrict__ params,
                 const uint32_t* __restrict__ rowmax, const uint32_t* __restrict__ cnt, const double* mass,
-                float* part_v, int* part_i, uint32_t* __restrict__ done, uint32_t* __restrict__ out,
-                uint8_t* __restrict__ mask) {
-    __shared__ bool s_last;
+                float* __restrict__ part_v, int* __restrict__ part_i, uint8_t* __restrict__ mask) {
     const int row = blockIdx.y;
     const RowCfg c = row_cfg(params, row);
     x += (long long)row * n;
@@ -357,21 +340,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         if (kept) better(v, i, value, j);
     }
     block_best(v, i);
-    part_v += row * parts;
-    part_i += row * parts;
     if (threadIdx.x == 0) {
-        part_v[blockIdx.x] = v;
-        part_i[blockIdx.x] = i;
-        __threadfence();  // the partial is visible before the count says so
-        s_last = atomicAdd(done + row, 1u) == (uint32_t)parts - 1;
+        part_v[row * parts + blockIdx.x] = v;
+        part_i[row * parts + blockIdx.x] = i;
     }
-    __syncthreads();
-    if (!s_last) return;
-    // The row's last block: the best of the partials (L2 loads: other blocks wrote them).
-    __threadfence();
-    v = -INFINITY;
-    i = 0x7fffffff;
-    for (int p = threadIdx.x; p < parts; p += THREADS) better(v, i, __ldcg(part_v + p), __ldcg(part_i + p));
-    block_best(v, i);
-    if (threadIdx.x == 0) out[row] = i == 0x7fffffff ? 0u : (uint32_t)i;
 }
