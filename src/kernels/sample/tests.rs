@@ -317,7 +317,8 @@ fn gpu_same_seed_same_ids() {
 
 /// Time per call, ids read back (what a decode step waits for), of the argmax, the plain Gumbel
 /// draw and the full sampler at gpt-oss's and Llama 3's vocabularies, 1 and 64 rows. Printed for
-/// docs/performance.md; fails only if the sampler takes over a millisecond.
+/// docs/performance.md; fails only when far off what the H100 measured (0.12 ms for one row,
+/// 1.5 ms for 64).
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
@@ -369,6 +370,7 @@ fn gpu_sampler_timing() {
             "vocab {n}, {rows} rows: argmax {argmax_us:.1} µs, temperature {gumbel_us:.1} µs, \
              top-k 40 top-p 0.9 min-p 0.05 repeat 1.1 {issue_us:.1} µs, top-p 0.9 {top_p_us:.1} µs"
         );
-        assert!(issue_us < 1000.0 && top_p_us < 1000.0, "device sampler over a millisecond");
+        let bound = 1000.0 * rows as f64 / 8.0 + 1000.0;
+        assert!(issue_us < bound && top_p_us < bound, "device sampler over {bound} µs");
     }
 }
