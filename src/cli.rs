@@ -88,6 +88,9 @@ pub struct BenchArgs {
     /// percentiles.
     #[arg(short = 'c', long, default_value_t = 1)]
     pub concurrency: usize,
+    /// Sampling (default: greedy); the same flags as `play`'s.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
     /// Print the results as JSON.
@@ -101,6 +104,33 @@ pub struct ConvertArgs {
     pub gguf: String,
     /// Output folder (model.safetensors + config.json).
     pub out: String,
+}
+
+/// How `play` and `bench` pick tokens (unset fields keep the command's defaults).
+#[derive(Debug, Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Repetition penalty (1.0 = off).
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    /// OpenAI's presence penalty, -2 to 2: subtracted once from every token already in the
+    /// reply (0 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+    /// OpenAI's frequency penalty, -2 to 2: subtracted per occurrence in the reply (0 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
+    /// Random seed (default: a fresh one each run).
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -127,28 +157,8 @@ pub struct PlayArgs {
     /// Most tokens per reply.
     #[arg(long, default_value_t = 1024)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long)]
-    pub temperature: Option<f32>,
-    #[arg(long)]
-    pub top_k: Option<usize>,
-    #[arg(long)]
-    pub top_p: Option<f32>,
-    #[arg(long)]
-    pub min_p: Option<f32>,
-    /// Repetition penalty (1.0 = off).
-    #[arg(long)]
-    pub repeat_penalty: Option<f32>,
-    /// OpenAI's presence penalty, -2 to 2: subtracted once from every token already in the
-    /// reply (0 = off).
-    #[arg(long, allow_negative_numbers = true)]
-    pub presence_penalty: Option<f32>,
-    /// OpenAI's frequency penalty, -2 to 2: subtracted per occurrence in the reply (0 = off).
-    #[arg(long, allow_negative_numbers = true)]
-    pub frequency_penalty: Option<f32>,
-    /// Random seed (default: a fresh one each run).
-    #[arg(long)]
-    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Stop when the reply contains this text (repeatable).
     #[arg(long = "stop", value_name = "TEXT")]
     pub stop: Vec<String>,

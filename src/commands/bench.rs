@@ -51,6 +51,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             format!("--concurrency is at most {MAX_CONCURRENCY}, not {}", args.concurrency),
         ));
     }
+    let sampling = super::play::sampler_config(&args.sampling, SamplerConfig::greedy())?;
     let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
     let dtype = args.device.dtype.as_deref().map(engine::parse_dtype).transpose()?;
     let needed = args.prompt_tokens.checked_add(args.gen_tokens).ok_or_else(|| {
@@ -78,11 +79,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             })
             .collect::<Vec<_>>()
     };
-    one_run(&engine, next_prompts(), args.gen_tokens)?; // warm-up
+    one_run(&engine, next_prompts(), args.gen_tokens, &sampling)?; // warm-up
     let before = engine.stats().decode_steps.get(&streams).copied().unwrap_or_default();
     let mut runs = Vec::new();
     for _ in 0..args.repeat {
-        runs.push(one_run(&engine, next_prompts(), args.gen_tokens)?);
+        runs.push(one_run(&engine, next_prompts(), args.gen_tokens, &sampling)?);
     }
     // Steps in which all streams decoded: their mean time is the inter-token latency of a full
     // batch, and streams over it the aggregate decode rate (what SGLang's and vLLM's batch
@@ -98,6 +99,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.json {
         let v = serde_json::json!({
             "model": loaded.name,
+            "sampling": sampling_line(&sampling),
             "format": loaded.format,
             "dtype": format!("{:?}", loaded.dtype).to_lowercase(),
             "device": gpu_name,
@@ -129,6 +131,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     println!("device:  {gpu_name}");
     println!("plan:    {}", loaded.plan.summary(loaded.budget.as_ref()));
+    println!("sample:  {}", sampling_line(&sampling));
     if let Some(b) = loaded.device_bytes {
         println!("memory:  {} taken by the model (weights + KV cache)", human_bytes(b));
     }
@@ -161,14 +164,38 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Submits every prompt at once and waits for all of them.
-fn one_run(engine: &Engine, prompts: Vec<Vec<u32>>, new_tokens: usize) -> anyhow::Result<Run> {
+/// The sampling settings in a few words.
+fn sampling_line(c: &SamplerConfig) -> String {
+    if c.is_greedy() && c.is_unpenalised() {
+        return "greedy".into();
+    }
+    format!(
+        "temperature {} top-k {:?} top-p {:?} min-p {:?} repeat-penalty {} presence {} frequency {}",
+        c.temperature,
+        c.top_k,
+        c.top_p,
+        c.min_p,
+        c.repeat_penalty,
+        c.presence_penalty,
+        c.frequency_penalty
+    )
+}
+
+/// Submits every prompt at once (stream `i` sampling with seed `sampling.seed + i`) and waits
+/// for all of them.
+fn one_run(
+    engine: &Engine,
+    prompts: Vec<Vec<u32>>,
+    new_tokens: usize,
+    sampling: &SamplerConfig,
+) -> anyhow::Result<Run> {
     let t0 = Instant::now();
     let mut handles = Vec::with_capacity(prompts.len());
-    for prompt in prompts {
+    for (i, prompt) in prompts.into_iter().enumerate() {
+        let seed = sampling.seed.wrapping_add(i as u64);
         let request = Request {
             prompt,
-            sampling: SamplerConfig::greedy(),
+            sampling: SamplerConfig { seed, ..sampling.clone() },
             max_tokens: new_tokens,
             eos_ids: Vec::new(),
             interrupt: None,

@@ -1,16 +1,16 @@
 //! One forward step for the whole batch: the scheduler's chunks become the model's
 //! [`StepInput`] (token ids, positions, pool slots, block tables, as device tensors uploaded
-//! once per step), the model runs, and each sampling sequence's next id is picked: greedy rows
-//! by one argmax over all rows on the device, plain-temperature rows by a Gumbel draw on the
-//! device, other settings on the host from the row's logits.
+//! once per step), the model runs, and each sampling sequence's next id is picked: on a GPU all
+//! rows on the device in one chain of launches whatever their settings (argmax, a Gumbel draw, or
+//! the full device sampler), on the CPU greedy rows by the argmax kernel and the rest on the host.
 
 use candle_core::{Device, Tensor};
 
 use super::graphs::{self, BucketGraph};
 use super::kv::blocks::BlockManager;
 use super::scheduler::Chunk;
-use crate::generate::Sampler;
-use crate::kernels::PagedBounds;
+use crate::generate::{Sampler, SamplerConfig};
+use crate::kernels::{PagedBounds, RowSampling};
 use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
 
 pub struct Runner {
@@ -145,37 +145,24 @@ impl Runner {
 }
 
 /// The next id of each sampling row of `logits` (`[R, vocab]`, f32), by each row's sampler.
-/// On a GPU, greedy and plain-temperature rows are drawn together in one launch pair (argmax, or
-/// the Gumbel-max draw with the row's next seed); rows with other settings are copied to the
-/// host and sampled there. On the CPU only greedy rows take the kernel.
+/// On a GPU every row is drawn on the device in one chain of launches: argmax when every row is
+/// plain greedy, the Gumbel-max draw when every row is greedy or plain temperature, else the full
+/// device sampler ([`crate::kernels::sample_rows`]: penalties, top-k, top-p, min-p), each row with
+/// its sampler's next seed. On the CPU greedy rows take the argmax kernel and the others are
+/// sampled on the host.
 pub fn sample_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Vec<u32>> {
-    let cuda = logits.device().is_cuda();
-    // Greedy with a penalty needs the penalised row: the host sampler does that.
-    let on_device = |s: &SampleSpec| s.sampler.config().samples_on_device(cuda);
-    let device_ids = if specs.iter().any(on_device) {
-        let mut temps = Vec::with_capacity(specs.len());
-        let mut seeds = Vec::with_capacity(specs.len());
-        for s in specs.iter_mut() {
-            if on_device(s) && !s.sampler.config().is_greedy() {
-                temps.push(s.sampler.config().temperature);
-                seeds.push(s.sampler.next_seed());
-            } else {
-                temps.push(0.0); // greedy (rows sampled on the host ignore this result)
-                seeds.push(0);
-            }
-        }
-        let ids = if temps.iter().all(|&t| t == 0.0) {
-            crate::kernels::argmax_rows(logits)?
-        } else {
-            crate::kernels::sample_gumbel_rows(logits, &temps, &seeds)?
-        };
-        Some(ids.to_vec1::<u32>()?)
+    if logits.device().is_cuda() {
+        return device_rows(logits, specs);
+    }
+    let on_device = |s: &SampleSpec| s.sampler.config().samples_on_device(false);
+    let greedy = if specs.iter().any(on_device) {
+        Some(crate::kernels::argmax_rows(logits)?.to_vec1::<u32>()?)
     } else {
         None
     };
     let mut out = Vec::with_capacity(specs.len());
     for (r, spec) in specs.iter_mut().enumerate() {
-        let id = match &device_ids {
+        let id = match &greedy {
             Some(ids) if on_device(spec) => ids[r],
             _ => {
                 let mut host = logits.get(r)?.to_vec1::<f32>()?;
@@ -185,4 +172,37 @@ pub fn sample_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<
         out.push(id);
     }
     Ok(out)
+}
+
+/// Every row on the device (see [`sample_rows`]).
+fn device_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Vec<u32>> {
+    let plain_greedy = |c: &SamplerConfig| c.is_greedy() && c.is_unpenalised();
+    let ids = if specs.iter().all(|s| plain_greedy(s.sampler.config())) {
+        crate::kernels::argmax_rows(logits)?
+    } else if specs.iter().all(|s| {
+        let c = s.sampler.config();
+        plain_greedy(c) || (c.is_plain_temperature() && c.filter().inv_t > 0.0)
+    }) {
+        let mut temps = Vec::with_capacity(specs.len());
+        let mut seeds = Vec::with_capacity(specs.len());
+        for s in specs.iter_mut() {
+            let greedy = s.sampler.config().is_greedy();
+            temps.push(if greedy { 0.0 } else { s.sampler.config().temperature });
+            seeds.push(if greedy { 0 } else { s.sampler.next_seed() });
+        }
+        crate::kernels::sample_gumbel_rows(logits, &temps, &seeds)?
+    } else {
+        let vocab = logits.dim(1)?;
+        let rows: Vec<RowSampling> = specs
+            .iter_mut()
+            .map(|s| {
+                let filter = s.sampler.config().filter();
+                let seed = if s.sampler.config().is_greedy() { 0 } else { s.sampler.next_seed() };
+                let penalties = s.sampler.penalties(s.history, vocab).to_vec();
+                RowSampling { filter, seed, penalties }
+            })
+            .collect();
+        crate::kernels::sample_rows(logits, &rows)?
+    };
+    Ok(ids.to_vec1::<u32>()?)
 }

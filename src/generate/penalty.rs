@@ -25,14 +25,22 @@ impl OutputCounts {
         OutputCounts { prompt_len, counted: 0, counts: HashMap::new() }
     }
 
+    /// Brings the counts up to date with `history` (prompt first) and returns (id, count) of
+    /// every id in the output so far, in no particular order.
+    pub fn counts(&mut self, history: &[u32]) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.update(history);
+        self.counts.iter().map(|(&id, &n)| (id, n))
+    }
+
     /// Subtracts the penalties from `logits` for the output in `history` (prompt first). Ids
-    /// outside the vocabulary are ignored.
-    pub fn apply(&mut self, logits: &mut [f32], history: &[u32], presence: f32, frequency: f32) {
+    /// outside the vocabulary are ignored. (The sampler goes through [`OutputCounts::counts`]
+    /// and [`super::sampler::Penalty`], with this same arithmetic.)
+    #[cfg(test)]
+    fn apply(&mut self, logits: &mut [f32], history: &[u32], presence: f32, frequency: f32) {
         if presence == 0.0 && frequency == 0.0 {
             return;
         }
-        self.update(history);
-        for (&id, &n) in &self.counts {
+        for (id, n) in self.counts(history) {
             if let Some(l) = logits.get_mut(id as usize) {
                 *l -= presence + frequency * n as f32;
             }

@@ -29,8 +29,10 @@ fn reference(logits: &[f32], cfg: &SamplerConfig, history: &[u32]) -> Vec<f64> {
     let scaled: Vec<f64> = l.iter().map(|v| v / cfg.temperature as f64).collect();
     let mut order: Vec<usize> = (0..l.len()).collect();
     order.sort_by(|&a, &b| scaled[b].total_cmp(&scaled[a]).then(a.cmp(&b)));
-    if let Some(k) = cfg.top_k.filter(|&k| k > 0) {
-        order.truncate(k);
+    if let Some(k) = cfg.top_k.filter(|&k| k > 0 && k < order.len()) {
+        // Ties with the k-th stay.
+        let kth = scaled[order[k - 1]];
+        order.retain(|&i| scaled[i] >= kth);
     }
     let max = scaled[order[0]];
     let z: f64 = order.iter().map(|&i| (scaled[i] - max).exp()).sum();
@@ -39,10 +41,11 @@ fn reference(logits: &[f32], cfg: &SamplerConfig, history: &[u32]) -> Vec<f64> {
     if let Some(p) = cfg.top_p.filter(|&p| p < 1.0) {
         let mut acc = 0.0;
         let mut keep = probs.len();
-        for (j, &(_, q)) in probs.iter().enumerate() {
+        for (j, &(i, q)) in probs.iter().enumerate() {
             acc += q;
             if acc >= p as f64 {
-                keep = j + 1;
+                // Ties with the last kept token stay.
+                keep = j + probs[j..].iter().filter(|x| scaled[x.0] == scaled[i]).count();
                 break;
             }
         }
@@ -181,10 +184,9 @@ fn top_p_and_min_p_supports_on_a_large_vocab_match_reference() {
             .filter(|(_, p)| **p > 0.0)
             .map(|(i, _)| i as u32)
             .collect();
-        let mut s = Sampler::new(cfg.clone());
-        let total = s.collect_candidates(&logits).unwrap();
-        let kept = s.nucleus(total);
-        let mut got: Vec<u32> = s.cand[..kept].iter().map(|c| c.0).collect();
+        let (mut cand, mut scratch) = (Vec::new(), Vec::new());
+        assert!(keep(&cfg.filter(), &logits, &mut cand, &mut scratch));
+        let mut got: Vec<u32> = cand.iter().map(|c| c.id).collect();
         got.sort();
         // Allow a single boundary token of disagreement from f32 vs f64 accumulation.
         let diff = want.len().abs_diff(got.len());
@@ -310,7 +312,7 @@ fn greedy_presence_and_frequency_count_only_the_output() {
 }
 
 #[test]
-fn only_unpenalised_argmax_or_plain_temperature_samples_on_the_device() {
+fn on_a_gpu_every_setting_samples_on_the_device_on_the_cpu_only_plain_argmax() {
     let greedy = SamplerConfig::greedy();
     assert!(greedy.samples_on_device(false));
     let penalised = [
@@ -319,10 +321,73 @@ fn only_unpenalised_argmax_or_plain_temperature_samples_on_the_device() {
         SamplerConfig { repeat_penalty: 1.1, repeat_last_n: 64, ..greedy.clone() },
     ];
     for cfg in &penalised {
-        assert!(!cfg.samples_on_device(true), "{cfg:?}");
-        let hot = SamplerConfig { temperature: 1.0, ..cfg.clone() };
-        assert!(!hot.samples_on_device(true), "{hot:?}");
+        assert!(!cfg.samples_on_device(false), "{cfg:?}");
+        assert!(cfg.samples_on_device(true), "{cfg:?}");
     }
-    assert!(plain(1.0).samples_on_device(true));
+    assert!(plain(1.0).is_plain_temperature());
+    assert!(!SamplerConfig::default().is_plain_temperature());
+    assert!(SamplerConfig::default().samples_on_device(true));
     assert!(!plain(1.0).samples_on_device(false), "the CPU draws on the host");
+}
+
+/// Ties at a filter's boundary all stay (the rule the device's thresholds follow).
+#[test]
+fn ties_at_the_top_k_and_top_p_boundaries_stay() {
+    let logits = [1.0f32, 3.0, 2.0, 3.0, 2.0, 0.0];
+    let dist = |cfg: SamplerConfig| -> Vec<u32> {
+        let mut s = Sampler::new(cfg);
+        s.distribution(&mut logits.clone(), &[]).iter().map(|x| x.0).collect()
+    };
+    assert_eq!(dist(SamplerConfig { top_k: Some(1), ..plain(1.0) }), [1, 3]);
+    assert_eq!(dist(SamplerConfig { top_k: Some(3), ..plain(1.0) }), [1, 2, 3, 4]);
+    assert_eq!(dist(SamplerConfig { top_p: Some(0.0), ..plain(1.0) }), [1, 3]);
+    // The two 3.0s hold 2e³ / (2e³ + 2e² + e + 1) ≈ 0.70 of the mass; 0.75 reaches into the 2.0s.
+    assert_eq!(dist(SamplerConfig { top_p: Some(0.6), ..plain(1.0) }), [1, 3]);
+    assert_eq!(dist(SamplerConfig { top_p: Some(0.75), ..plain(1.0) }), [1, 2, 3, 4]);
+    assert_eq!(dist(SamplerConfig { min_p: Some(1.0), ..plain(1.0) }), [1, 3]);
+}
+
+/// `distribution` is what `sample` draws from, and both agree with the reference.
+#[test]
+fn distribution_is_the_reference() {
+    let history = [5, 0, 9, 0, 1, 7];
+    let logits = random_logits(300, 4);
+    for cfg in [
+        SamplerConfig { top_k: Some(40), top_p: Some(0.9), min_p: Some(0.05), ..plain(1.0) },
+        SamplerConfig { repeat_penalty: 1.3, presence_penalty: 0.4, ..SamplerConfig::default() },
+        SamplerConfig { frequency_penalty: 0.7, top_p: Some(0.5), ..plain(0.6) },
+    ] {
+        let want = reference(&logits, &cfg, &history);
+        let got = Sampler::new(cfg.clone()).distribution(&mut logits.clone(), &history);
+        assert_eq!(got.len(), want.iter().filter(|&&p| p > 0.0).count(), "{cfg:?}");
+        for (id, p) in got {
+            assert!((p - want[id as usize]).abs() < 1e-6, "{cfg:?}: id {id}");
+        }
+    }
+}
+
+/// The penalty list gives the same row as the documented formula for each id.
+#[test]
+fn penalty_list_is_one_entry_per_touched_id() {
+    let cfg = SamplerConfig {
+        repeat_penalty: 2.0,
+        repeat_last_n: 3,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        ..plain(1.0)
+    };
+    let mut s = Sampler::new(cfg).with_prompt_len(2);
+    // Prompt [4, 1], output [1, 2, 1, 9]: recent window [2, 1, 9] (9 is outside a vocab of 5).
+    let mut list = s.penalties(&[4, 1, 1, 2, 1, 9], 5).to_vec();
+    list.sort_by_key(|p| p.id);
+    assert_eq!(
+        list,
+        [
+            Penalty { id: 1, factor: 2.0, sub: 0.5 + 0.25 * 2.0 },
+            Penalty { id: 2, factor: 2.0, sub: 0.5 + 0.25 },
+        ]
+    );
+    let mut row = [1.0f32, -1.0, 3.0, 0.0, 0.0];
+    apply_penalties(&mut row, &list);
+    assert_eq!(row, [1.0, -3.0, 0.75, 0.0, 0.0]);
 }

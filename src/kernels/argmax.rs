@@ -165,13 +165,15 @@ impl CustomOp1 for ArgmaxRows {
         let (n32, chunk32, parts32) =
             (int(n, "logits")?, int(chunk, "chunk")?, int(parts, "parts")?);
         int(rows * parts, "partials")?;
-        // Per-row 1/T and seeds on the device, or null pointers (every row greedy).
-        let stream = dev.cuda_stream();
+        // Per-row seeds (two words each, first: 8-byte aligned) then 1/T on the device, in one
+        // copy from pinned memory (`upload`: the launches still queue behind the decode step),
+        // or null pointers (every row greedy).
         let draws = match &self.draws {
             Some(d) => {
-                let inv_t: Vec<f32> = d.iter().map(|x| x.0).collect();
-                let seeds: Vec<u64> = d.iter().map(|x| x.1).collect();
-                Some((stream.clone_htod(&inv_t).w()?, stream.clone_htod(&seeds).w()?))
+                let mut words: Vec<u32> =
+                    d.iter().flat_map(|x| [x.1 as u32, (x.1 >> 32) as u32]).collect();
+                words.extend(d.iter().map(|x| x.0.to_bits()));
+                Some(super::cuda::upload(&dev, &words)?)
             }
             None => None,
         };
@@ -180,7 +182,8 @@ impl CustomOp1 for ArgmaxRows {
         let mut b = func.builder();
         b.arg(&x).arg(&n32).arg(&chunk32).arg(&parts32);
         let null = 0u64;
-        match &draws {
+        let views = draws.as_ref().map(|w| (w.slice(2 * rows..3 * rows), w.slice(0..2 * rows)));
+        match &views {
             Some((inv_t, seeds)) => b.arg(inv_t).arg(seeds),
             None => b.arg(&null).arg(&null),
         };

@@ -2,7 +2,9 @@
 //! buffers (NaN-poisoned on request, for tests) and the device's size.
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
+use std::sync::Mutex;
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, PinnedHostSlice};
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::{CudaDevice, Layout, Result, Storage, bail};
 use half::bf16;
@@ -16,6 +18,8 @@ pub(super) const MXFP4_MOE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/m
 pub(super) const MXFP4_GGML_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/mxfp4_ggml.ptx"));
 /// PTX built by build.rs from `src/kernels/argmax.cu`.
 pub(super) const ARGMAX_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx"));
+/// PTX built by build.rs from `src/kernels/sample.cu`.
+pub(super) const SAMPLE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample.ptx"));
 /// PTX built by build.rs from `src/kernels/qkv_rope.cu`.
 pub(super) const QKV_ROPE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/qkv_rope.ptx"));
 /// PTX built by build.rs from `src/kernels/router.cu`.
@@ -118,4 +122,31 @@ pub(super) fn int(n: usize, what: &str) -> Result<i32> {
     i32::try_from(n).map_err(|_| {
         candle_core::Error::Msg(format!("{what} = {n} is too large for the CUDA kernel"))
     })
+}
+
+/// Page-locked staging for small per-call parameters (the samplers'). A copy from pageable
+/// memory waits for the stream to drain first, so the launches after it could not be queued
+/// behind the decode step's graph. cudarc's pinned slice
+/// records an event per copy and waits for it before the buffer is written again.
+static STAGING: Mutex<Option<PinnedHostSlice<u32>>> = Mutex::new(None);
+
+/// `words` on the device (a buffer at least as long, the rest unspecified).
+pub(super) fn upload(dev: &CudaDevice, words: &[u32]) -> Result<CudaSlice<u32>> {
+    let stream = dev.cuda_stream();
+    let ctx = stream.context();
+    let mut staging = STAGING.lock().unwrap_or_else(|e| e.into_inner());
+    let fits = staging
+        .as_ref()
+        .is_some_and(|b| b.len() >= words.len() && std::sync::Arc::ptr_eq(b.context(), ctx));
+    if !fits {
+        let len = words.len().next_power_of_two().max(4096);
+        // SAFETY: written below before any copy reads it.
+        *staging = Some(unsafe { ctx.alloc_pinned::<u32>(len) }.w()?);
+    }
+    let Some(buf) = staging.as_mut() else { unreachable!("staging was just set") };
+    buf.as_mut_slice().w()?[..words.len()].copy_from_slice(words);
+    // SAFETY: the copy below fills all of it (the tail past `words` is never read).
+    let mut out = unsafe { dev.alloc::<u32>(buf.len())? };
+    stream.memcpy_htod(&*buf, &mut out).w()?;
+    Ok(out)
 }

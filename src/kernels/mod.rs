@@ -25,6 +25,8 @@
 //! - [`qkv_rope_paged()`]: a varlen batch's bias, RoPE (either pairing) and pool writes in one
 //!   launch.
 //! - [`argmax_rows()`], [`sample_gumbel_rows()`]: the next token of every row of a batch.
+//! - [`sample_rows()`]: the next token of every row by the full sampler (penalties, top-k,
+//!   top-p, min-p, seeded draw), as the host sampler filters.
 //!
 //! Tests: CPU references against independent naive formulations run everywhere; GPU-vs-CPU tests
 //! are `#[ignore]`d (no GPU on the build machines) and run with
@@ -44,6 +46,7 @@ pub mod qkv_rope;
 pub mod qkv_rope_paged;
 pub mod quant_matmul;
 pub mod router_logits;
+pub mod sample;
 pub mod sink_attention;
 
 #[cfg(feature = "cuda")]
@@ -65,6 +68,7 @@ pub use qkv_rope::{QkvHeads, qkv_rope_store};
 pub use qkv_rope_paged::{RotaryPairs, qkv_rope_paged};
 pub use quant_matmul::{quant_matmul, stack_rows};
 pub use router_logits::router_logits;
+pub use sample::{RowSampling, kept_mask, sample_rows};
 pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention, sink_attention_at};
 
 use candle_core::backend::BackendStorage;

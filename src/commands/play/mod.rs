@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use crate::chat::{Dialogue, Sampling, TurnEnd};
-use crate::cli::PlayArgs;
+use crate::cli::{PlayArgs, SamplingArgs};
 use crate::engine::core::EngineConfig;
 use crate::engine::{self, LoadOptions, ModelInfo, text::TextSide};
 use crate::error::{ErrorKind, fail};
@@ -85,7 +85,8 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     warm_up(&engine)?;
     spinner.finish_and_clear();
     let dialogue = Dialogue::for_model(&text, args.system.clone(), args.raw, effort);
-    let sampler = sampler_config(&args, matches!(dialogue, Dialogue::Harmony(_)))?;
+    let sampler =
+        sampler_config(&args.sampling, default_sampling(matches!(dialogue, Dialogue::Harmony(_))))?;
     if verbose {
         eprintln!("{}", banner(&loaded, &gpu_name, &dialogue, started.elapsed().as_secs_f64()));
         if interactive {
@@ -193,8 +194,12 @@ pub(crate) fn default_sampling(harmony: bool) -> SamplerConfig {
     cfg
 }
 
-fn sampler_config(args: &PlayArgs, harmony: bool) -> anyhow::Result<SamplerConfig> {
-    let mut cfg = default_sampling(harmony);
+/// `base` with the flags' settings; a fresh seed unless one is given. Validated.
+pub(crate) fn sampler_config(
+    args: &SamplingArgs,
+    base: SamplerConfig,
+) -> anyhow::Result<SamplerConfig> {
+    let mut cfg = base;
     if let Some(t) = args.temperature {
         cfg.temperature = t;
     }

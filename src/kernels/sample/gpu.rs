@@ -1,0 +1,120 @@
+//! The launches of `sample.cu` (its header comment lists them).
+
+use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+use candle_core::{CudaStorage, Layout, Result, Shape};
+
+use super::{RowSampling, pack};
+use crate::kernels::cuda::{ARGMAX_PTX, SAMPLE_PTX, int, upload};
+
+const THREADS: u32 = 256;
+const BUCKETS: usize = 256;
+const DIGITS: usize = 4;
+/// Blocks per launch to aim for: two per SM of an H100.
+const BLOCKS: usize = 264;
+/// Fewest logits per block (a block also re-derives its row's thresholds, a few µs of scans).
+const MIN_CHUNK: usize = 1024;
+
+pub(super) fn launch(
+    rows: &[RowSampling],
+    mask: bool,
+    s: &CudaStorage,
+    l: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let dev = s.device.clone();
+    let stream = dev.cuda_stream();
+    let r = rows.len();
+    let n = l.shape().elem_count() / r;
+    let x = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
+    let parts = BLOCKS.div_ceil(r).clamp(1, n.div_ceil(MIN_CHUNK));
+    let chunk = n.div_ceil(parts);
+    let parts = n.div_ceil(chunk);
+    let (n32, chunk32, parts32) = (int(n, "logits")?, int(chunk, "chunk")?, int(parts, "parts")?);
+    int(r * n, "logits")?;
+    let (words, penalties) = pack(rows, n);
+    let params = upload(&dev, &words)?;
+    // The penalties go into a scratch copy: logprobs and the caller read the logits as they are.
+    let scratch = if penalties > 0 {
+        let mut y = unsafe { dev.alloc::<f32>(r * n)? }; // SAFETY: filled by the copy below
+        stream.memcpy_dtod(&x, &mut y).w()?;
+        let func = dev.get_or_load_custom_func("sample_penalise", "inferno_sample", SAMPLE_PTX)?;
+        let mut b = func.builder();
+        let entries = params.slice(r * super::HEADER..);
+        let count = int(penalties, "penalties")?;
+        b.arg(&mut y).arg(&n32).arg(&entries).arg(&count);
+        let cfg = LaunchConfig {
+            grid_dim: (penalties.div_ceil(THREADS as usize) as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches the kernel's signature; each entry's (row, id) lies inside the rows.
+        unsafe { b.launch(cfg) }.w()?;
+        Some(y)
+    } else {
+        None
+    };
+    let y: CudaView<f32> = match &scratch {
+        Some(y) => y.as_view(),
+        None => x,
+    };
+    let mut rowmax = stream.alloc_zeros::<u32>(r).w()?;
+    let mut cnt = stream.alloc_zeros::<u32>(r * 2 * DIGITS * BUCKETS).w()?;
+    // Per row: top-p's histograms, then each stage's derived state (sample.cu `SLOTS_ROW`).
+    let mut mass = stream.alloc_zeros::<f64>(r * (DIGITS * BUCKETS + 2 * DIGITS * 3)).w()?;
+    let grid = LaunchConfig {
+        grid_dim: (parts as u32, r as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let top_k =
+        rows.iter().any(|x| x.filter.inv_t > 0.0 && x.filter.top_k > 0 && x.filter.top_k < n);
+    let top_p = rows.iter().any(|x| x.filter.inv_t > 0.0 && x.filter.top_p.is_some());
+    let hist = dev.get_or_load_custom_func("sample_hist", "inferno_sample", SAMPLE_PTX)?;
+    let mut passes = vec![(0i32, 0i32)];
+    if top_k {
+        passes.extend((1..DIGITS as i32).map(|d| (0, d)));
+    }
+    if top_p {
+        passes.extend((0..DIGITS as i32).map(|d| (1, d)));
+    }
+    for (stage, digit) in passes {
+        let mut b = hist.builder();
+        b.arg(&y).arg(&n32).arg(&chunk32).arg(&params);
+        b.arg(&mut rowmax).arg(&mut cnt).arg(&mut mass).arg(&stage).arg(&digit);
+        // SAFETY: matches the kernel's signature; blocks stay inside their row.
+        unsafe { b.launch(grid) }.w()?;
+    }
+    // SAFETY (both): sample_draw writes every partial, argmax_rows_final every id.
+    let mut part_v = unsafe { dev.alloc::<f32>(r * parts)? };
+    let mut part_i = unsafe { dev.alloc::<i32>(r * parts)? };
+    let mut kept = if mask { Some(stream.alloc_zeros::<u8>(r * n).w()?) } else { None };
+    let draw = dev.get_or_load_custom_func("sample_draw", "inferno_sample", SAMPLE_PTX)?;
+    let mut b = draw.builder();
+    b.arg(&y).arg(&n32).arg(&chunk32).arg(&parts32).arg(&params);
+    b.arg(&rowmax).arg(&cnt).arg(&mass).arg(&mut part_v).arg(&mut part_i);
+    let null = 0u64;
+    match &mut kept {
+        Some(k) => b.arg(k),
+        None => b.arg(&null),
+    };
+    // SAFETY: as above.
+    unsafe { b.launch(grid) }.w()?;
+    if let Some(k) = kept {
+        return Ok((
+            CudaStorage { slice: CudaStorageSlice::U8(k), device: dev },
+            Shape::from((r, n)),
+        ));
+    }
+    let mut out = unsafe { dev.alloc::<u32>(r)? };
+    let fin = dev.get_or_load_custom_func("argmax_rows_final", "inferno_argmax", ARGMAX_PTX)?;
+    let mut b = fin.builder();
+    b.arg(&part_v).arg(&part_i).arg(&parts32).arg(&mut out);
+    let cfg = LaunchConfig {
+        grid_dim: (r as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: each row's block reads the `parts` partials just written.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok((CudaStorage { slice: CudaStorageSlice::U32(out), device: dev }, Shape::from(r)))
+}
