@@ -10,7 +10,8 @@
 # them from the llama-cpp-python 0.3.36 sdist); TOKENIZER_JSON is gpt-oss's tokenizer.json
 # (scripts/assets/gptoss-tokenizer.sh). LLAMA_BENCH: a llama-bench built there by
 # ../shared/peer/llama-bench.sh. Writes a random checkpoint in the exact gpt-oss-20b layout
-# (13.8 GB, ~25 s) and its GGUF (12.1 GB, ~65 s) under ${TMPDIR:-/tmp}/gguf-bench.
+# (13.8 GB, ~25 s) and its GGUF (12.1 GB, ~65 s) under ${TMPDIR:-/tmp}/gguf-bench, or reuses
+# them; GGUF_BENCH_PREPARE_ONLY=1 stops after writing them (to split the work over two calls).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { sed -n 2,14p "$0"; exit 2; }
@@ -20,10 +21,15 @@ mkdir -p "$work"
 bin="$work/inferno"
 gunzip -c .dev/gpu/inferno.gz >"$bin" && chmod +x "$bin"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 scripts/fixtures/gpt_oss_20b_random.py benches/configs/gpt-oss-20b.json "$work/hf" --checkpoint-only
-cp "$tokenizer" "$work/hf/tokenizer.json"
-python3 "$llama_cpp/convert_hf_to_gguf.py" "$work/hf" --outtype q8_0 --outfile "$work/oss20b.gguf" \
-    >"$work/convert.log" 2>&1 || { tail -20 "$work/convert.log"; exit 1; }
+# A warm machine keeps /tmp between calls: the files of an earlier call are reused.
+if [ ! -f "$work/oss20b.gguf" ]; then
+    python3 scripts/fixtures/gpt_oss_20b_random.py benches/configs/gpt-oss-20b.json "$work/hf" --checkpoint-only
+    cp "$tokenizer" "$work/hf/tokenizer.json"
+    python3 "$llama_cpp/convert_hf_to_gguf.py" "$work/hf" --outtype q8_0 --outfile "$work/oss20b.gguf.part" \
+        >"$work/convert.log" 2>&1 || { tail -20 "$work/convert.log"; exit 1; }
+    mv "$work/oss20b.gguf.part" "$work/oss20b.gguf"
+fi
+[ "${GGUF_BENCH_PREPARE_ONLY:-0}" = 1 ] && { ls -la "$work"; exit 0; }
 for model in "$work/oss20b.gguf" "$work/hf"; do
     for c in 1 8; do
         "$bin" bench "$model" -p 512 -n 128 -r 3 -c "$c" --json >"$work/bench.json"

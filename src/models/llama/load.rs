@@ -165,6 +165,18 @@ impl GgufFile {
         })
     }
 
+    /// A plain-float tensor (F32, F16, BF16) as a dense tensor of `dtype` on `device`: its bytes
+    /// as they are in the file, converted only when the dtypes differ.
+    pub fn dense(&mut self, name: &str, dtype: DType, device: &Device) -> anyhow::Result<Tensor> {
+        let q = self.qtensor(name, &Device::Cpu)?;
+        let Some(stored) = plain_float(q.dtype()) else {
+            anyhow::bail!("{}: tensor {name} is not a plain float tensor", self.path.display())
+        };
+        let bytes = q.data()?;
+        let t = Tensor::from_raw_buffer(&bytes, stored, q.shape().dims(), device)?;
+        Ok(t.to_dtype(dtype)?)
+    }
+
     pub fn has(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
@@ -199,13 +211,22 @@ impl GgufFile {
     }
 }
 
-/// Loads a llama-architecture GGUF: matmul weights stay quantized (candle's GGUF kernels),
-/// embeddings and norms are dequantized; activations are f32.
+/// Loads a llama-architecture GGUF. Block-quantized matmul weights (Q8_0, Q4_K, …) stay
+/// quantized (candle's GGUF kernels), embeddings and norms are dequantized, activations are f32.
+/// A GGUF whose weights are all plain floats (a `--outtype bf16` conversion) loads as dense
+/// weights in that dtype instead, and runs the same path as a safetensors checkpoint: through
+/// candle's quantized matmul it decoded at 375 tok/s against 607 (Llama-1B shape, H100).
 pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow::Result<Llama> {
     let cfg = gguf.config()?;
+    let float = float_dtype(gguf);
     let mut q = |name: String| -> anyhow::Result<Linear> {
-        let t = gguf.qtensor(&name, device)?;
-        Ok(Linear::Quantized { weight: QMatMul::from_qtensor(t)?, bias: None })
+        Ok(match float {
+            Some(dtype) => Linear::Dense { weight: gguf.dense(&name, dtype, device)?, bias: None },
+            None => {
+                let t = gguf.qtensor(&name, device)?;
+                Linear::Quantized { weight: QMatMul::from_qtensor(t)?, bias: None }
+            }
+        })
     };
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for n in 0..cfg.num_layers {
@@ -231,9 +252,20 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
         layer.mlp_norm =
             gguf.qtensor(&format!("blk.{n}.ffn_norm.weight"), device)?.dequantize(device)?;
     }
+    let norm = gguf.qtensor("output_norm.weight", device)?.dequantize(device)?;
+    if let Some(dtype) = float {
+        let embed = gguf.dense("token_embd.weight", dtype, device)?;
+        let head = match gguf.has("output.weight") {
+            true => gguf.dense("output.weight", dtype, device)?,
+            false => embed.clone(), // tied embeddings
+        };
+        let lm_head = Linear::Dense { weight: head, bias: None };
+        let weights =
+            Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } };
+        return Llama::new(cfg, weights, RopeStyle::Interleaved, context, dtype, device);
+    }
     let embed_q = gguf.qtensor("token_embd.weight", device)?;
     let embed = embed_q.dequantize(device)?;
-    let norm = gguf.qtensor("output_norm.weight", device)?.dequantize(device)?;
     let lm_head = if gguf.has("output.weight") {
         Linear::Quantized {
             weight: QMatMul::from_qtensor(gguf.qtensor("output.weight", device)?)?,
@@ -244,6 +276,30 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
     };
     let weights = Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } };
     Llama::new(cfg, weights, RopeStyle::Interleaved, context, DType::F32, device)
+}
+
+/// The dtype of a GGUF's matmul weights when every one is a plain float (bf16 if any is bf16,
+/// else f16 if any is f16, else f32); `None` when any is block-quantized. Norms are f32 in every
+/// GGUF and do not count.
+fn float_dtype(gguf: &GgufFile) -> Option<DType> {
+    let mut found = Vec::new();
+    for (name, info) in &gguf.content.tensor_infos {
+        if name.ends_with("_norm.weight") || name == "rope_freqs.weight" {
+            continue;
+        }
+        found.push(plain_float(info.ggml_dtype)?);
+    }
+    [DType::BF16, DType::F16, DType::F32].into_iter().find(|d| found.contains(d))
+}
+
+fn plain_float(d: candle_core::quantized::GgmlDType) -> Option<DType> {
+    use candle_core::quantized::GgmlDType as G;
+    match d {
+        G::F32 => Some(DType::F32),
+        G::F16 => Some(DType::F16),
+        G::BF16 => Some(DType::BF16),
+        _ => None,
+    }
 }
 
 /// Names of GGUF tensors the loader did not use (for a warning on unexpected files).
