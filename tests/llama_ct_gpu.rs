@@ -28,7 +28,7 @@
 //! are far above that.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
@@ -38,6 +38,9 @@ use inferno::engine::{self, LoadOptions};
 use inferno::generate::SamplerConfig;
 use inferno::models::quant::{CtConfig, QuantLinear, WeightFormat};
 use serde_json::Value;
+
+mod llama_ct_fixture;
+use llama_ct_fixture::{dir, reference};
 
 const CONTEXT: usize = 128;
 
@@ -49,17 +52,6 @@ const FORMATS: [(&str, f64, f64); 4] = [
     ("w4a16", 96.0, 95.0),
     ("w8a16_int8", 95.0, 94.0),
 ];
-
-fn dir(name: &str) -> PathBuf {
-    let built = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/llama_ct"));
-    let base = if built.exists() { built } else { PathBuf::from("tests/fixtures/llama_ct") };
-    base.join(name)
-}
-
-fn reference(name: &str) -> Value {
-    let text = std::fs::read_to_string(dir(name).join("reference.json")).expect("reference");
-    serde_json::from_str(&text).expect("reference JSON")
-}
 
 fn rows(v: &Value) -> Vec<Vec<u32>> {
     let row = |r: &Value| -> Vec<u32> {

@@ -13,8 +13,6 @@
 //! by ~1e-4 to 1e-3 at these weight sizes; the looser bound leaves room for one such flip on
 //! another CPU's summation order.
 
-use std::path::PathBuf;
-
 use candle_core::{DType, Device, Tensor};
 use inferno::engine::core::EngineConfig;
 use inferno::engine::request::{Event, Request};
@@ -24,22 +22,12 @@ use inferno::models::CausalLm;
 use inferno::models::llama::load;
 use serde_json::Value;
 
+mod llama_ct_fixture;
+use llama_ct_fixture::{dir, reference};
+
 const CONTEXT: usize = 128;
 const FORMATS: [(&str, f32); 4] =
     [("w8a8_int8", 1e-3), ("fp8_dynamic", 1e-3), ("w4a16", 1e-4), ("w8a16_int8", 1e-4)];
-
-/// The fixture folder: beside the sources, or under the current directory when the test binary
-/// runs from a copy of the repository elsewhere (the GPU machine).
-fn dir(name: &str) -> PathBuf {
-    let built = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/llama_ct"));
-    let base = if built.exists() { built } else { PathBuf::from("tests/fixtures/llama_ct") };
-    base.join(name)
-}
-
-fn reference(name: &str) -> Value {
-    let text = std::fs::read_to_string(dir(name).join("reference.json")).expect("reference");
-    serde_json::from_str(&text).expect("reference JSON")
-}
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
