@@ -50,6 +50,8 @@ pub struct BucketGraph {
     packed_len: usize,
     /// f32 `[size, vocab]`, written by the step.
     logits: Tensor,
+    /// Peak bytes the warm-up step had allocated at once: what the capture takes from the arena.
+    arena_bytes: u64,
     state: State,
 }
 
@@ -78,7 +80,16 @@ impl BucketGraph {
         };
         let packed_len = size * (5 + groups + groups * width) + 1;
         let logits = Tensor::zeros((size, model.vocab_size()), DType::F32, dev)?;
-        Ok(BucketGraph { size, width, groups, input, packed_len, logits, state: State::Cold })
+        Ok(BucketGraph {
+            size,
+            width,
+            groups,
+            input,
+            packed_len,
+            logits,
+            arena_bytes: 0,
+            state: State::Cold,
+        })
     }
 
     /// Runs a decode step of `chunks` (each one token, `ids[i]`) and returns the logits of its
@@ -93,10 +104,25 @@ impl BucketGraph {
     ) -> anyhow::Result<Tensor> {
         anyhow::ensure!(chunks.len() <= self.size, "decode graph: batch over its bucket");
         self.upload(chunks, ids, blocks, pool.block_size)?;
+        if std::env::var_os("INFERNO_GRAPH_TRACE").is_some() {
+            let state = match &self.state {
+                State::Cold => "cold",
+                State::Warm => "warm",
+                State::Eager => "eager",
+                #[cfg(feature = "cuda")]
+                State::Ready(_) => "ready",
+            };
+            eprintln!("graph {} ({} rows): {state}", self.size, chunks.len());
+        }
         match &self.state {
             State::Cold | State::Eager => {
+                let cold = matches!(self.state, State::Cold);
+                // The warm-up step measures what the capture will take from the arena.
+                let measure = cold.then(|| arena_measure(model.device()));
                 self.run_into_buffer(model, pool)?;
-                if matches!(self.state, State::Cold) {
+                drop(measure);
+                if cold {
+                    self.arena_bytes = arena_peak();
                     self.state = State::Warm;
                 }
             }
@@ -203,14 +229,31 @@ impl BucketGraph {
             anyhow::bail!("CUDA graphs need a CUDA device")
         };
         let stream = cuda.cuda_stream();
+        // The step's own allocations come from the arena, not graph memory nodes (twice the
+        // warm-up's peak, as arena.rs says; without it, the graph allocates as it always could).
+        let reserved = crate::gpu::arena::reserve(2 * self.arena_bytes + (4 << 20));
+        let _arena = reserved.is_ok().then(|| crate::gpu::arena::serve(stream.cu_stream()));
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         // Everything the step allocates is freed before the capture ends (the graph owns those
         // allocations); only the fixed logits buffer is written.
         let recorded = self.run_into_buffer(model, pool);
         // Always end the capture, or the stream stays in capture mode.
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        drop(_arena);
         self.state = match (recorded, graph) {
-            (Ok(()), Ok(Some(graph))) => State::Ready(graph),
+            (Ok(()), Ok(Some(graph))) => {
+                if std::env::var_os("INFERNO_GRAPH_STATS").is_some() {
+                    let replay = replay_time(&graph, &stream)?;
+                    let nodes = node_stats(&graph);
+                    let (chunks, lent) = crate::gpu::arena::usage();
+                    eprintln!(
+                        "inferno: decode graph, batch {}: {nodes}; replay {replay:.1} µs; \
+                         warm-up peak {} B, arena {chunks} B ({lent} B lent; {reserved:?})",
+                        self.size, self.arena_bytes
+                    );
+                }
+                State::Ready(graph)
+            }
             (recorded, graph) => {
                 let why = match (recorded, graph) {
                     (Err(e), _) => e.to_string(),
@@ -233,6 +276,76 @@ impl BucketGraph {
         self.state = State::Eager;
         Ok(())
     }
+}
+
+/// The peak of allocations on `device`'s stream is recorded while this lives.
+fn arena_measure(device: &Device) -> Option<Box<dyn std::any::Any>> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(cuda) => {
+            Some(Box::new(crate::gpu::arena::measure(cuda.cuda_stream().cu_stream())))
+        }
+        _ => None,
+    }
+}
+
+/// What the last [`arena_measure`] saw at its peak (0 without CUDA).
+fn arena_peak() -> u64 {
+    #[cfg(feature = "cuda")]
+    return crate::gpu::arena::measured_peak();
+    #[cfg(not(feature = "cuda"))]
+    0
+}
+
+/// "N nodes: K kernels, …" of a captured graph (`INFERNO_GRAPH_STATS`, for performance work:
+/// memory nodes between kernels cancel Programmatic Dependent Launch).
+#[cfg(feature = "cuda")]
+fn node_stats(graph: &candle_core::cuda_backend::cudarc::driver::CudaGraph) -> String {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let mut count = 0usize;
+    // SAFETY: a count query (null array), then at most `count` handles into a vector that long.
+    let mut nodes = Vec::new();
+    unsafe {
+        if sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut count)
+            != sys::CUresult::CUDA_SUCCESS
+        {
+            return "node count unavailable".into();
+        }
+        nodes.resize(count, std::ptr::null_mut());
+        if sys::cuGraphGetNodes(graph.cu_graph(), nodes.as_mut_ptr(), &mut count)
+            != sys::CUresult::CUDA_SUCCESS
+        {
+            return format!("{count} nodes");
+        }
+    }
+    let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
+    for &node in &nodes[..count] {
+        let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        // SAFETY: `node` belongs to the graph; writes one enum.
+        let ok = unsafe { sys::cuGraphNodeGetType(node, &mut kind) } == sys::CUresult::CUDA_SUCCESS;
+        let name = if ok { format!("{kind:?}") } else { "unknown".into() };
+        *kinds.entry(name.trim_start_matches("CU_GRAPH_NODE_TYPE_").to_lowercase()).or_default() +=
+            1;
+    }
+    let parts: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    format!("{count} nodes: {}", parts.join(", "))
+}
+
+/// The GPU time of one replay, in µs: 50 replays back to back (the same inputs, so the same
+/// KV writes and logits), after one to warm up.
+#[cfg(feature = "cuda")]
+fn replay_time(
+    graph: &candle_core::cuda_backend::cudarc::driver::CudaGraph,
+    stream: &candle_core::cuda_backend::cudarc::driver::CudaStream,
+) -> anyhow::Result<f64> {
+    graph.launch()?;
+    stream.synchronize()?;
+    let t = std::time::Instant::now();
+    for _ in 0..50 {
+        graph.launch()?;
+    }
+    stream.synchronize()?;
+    Ok(t.elapsed().as_secs_f64() * 1e6 / 50.0)
 }
 
 /// candle uploads the dims and strides of some kernels on every call (a blocking copy each);

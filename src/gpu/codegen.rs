@@ -121,6 +121,17 @@ pub fn wants_trampoline(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// Functions inferno defines itself, in front of the library's (`arena.rs`: decode graphs take
+/// their allocations from an arena). Their trampolines are labelled [`label`]`(name)` instead,
+/// and the definition calls the library through that label.
+pub const INTERPOSED: [&str; 2] = ["cuMemAllocAsync", "cuMemFreeAsync"];
+
+/// The assembly label of `name`'s trampoline: the name itself, or `inferno_real_{name}` for an
+/// interposed one.
+pub fn label(name: &str) -> String {
+    if INTERPOSED.contains(&name) { format!("inferno_real_{name}") } else { name.to_string() }
+}
+
 /// One library as the build found it.
 #[derive(Debug, Clone)]
 pub struct Found {
@@ -177,7 +188,7 @@ pub fn asm(target_arch: &str, symbols: &[(usize, String)]) -> Option<String> {
     };
     let mut out = String::from(common);
     for (index, (_, name)) in symbols.iter().enumerate() {
-        out.push_str(&per_symbol(index, name));
+        out.push_str(&per_symbol(index, &label(name)));
     }
     Some(out)
 }

@@ -105,6 +105,19 @@ fn x86_64_trampolines_are_hidden_and_jump_through_their_slot() {
     assert!(super::asm("riscv64", &symbols).is_none());
 }
 
+#[test]
+fn interposed_functions_keep_their_binding_under_another_label() {
+    let symbols = [(0, "cuMemAllocAsync".to_string()), (0, "cuMemAlloc_v2".to_string())];
+    let asm = asm("x86_64", &symbols).unwrap();
+    let labels: Vec<&str> = asm.lines().filter_map(|l| l.trim().strip_suffix(':')).collect();
+    assert!(labels.contains(&"inferno_real_cuMemAllocAsync"), "{asm}");
+    assert!(!labels.contains(&"cuMemAllocAsync"), "the interposed name must stay free:\n{asm}");
+    assert!(labels.contains(&"cuMemAlloc_v2"), "{asm}");
+    // dlsym still looks the library's own name up.
+    let rs = rust_tables(&[], &symbols);
+    assert!(rs.contains("(0, \"cuMemAllocAsync\"),"), "{rs}");
+}
+
 /// At a trampoline the stack is 8 mod 16 (the caller's return address). The stub pushes the
 /// index, then the common path pushes rbp and the saved registers and reserves the xmm area:
 /// the call to the resolver must leave from a 16-byte aligned stack, and every push must be

@@ -8,6 +8,14 @@ use candle_core::Device;
 
 use crate::error::{ErrorKind, fail};
 
+#[cfg(all(
+    feature = "cuda",
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+pub mod arena;
+#[cfg(any(test, feature = "cuda"))]
+mod arena_blocks;
 #[cfg(test)]
 mod codegen;
 mod dlinfo;

@@ -22,8 +22,9 @@
 // Grid (num_seqs * row_blocks, kv_heads, zs), all from host-side bounds (so a CUDA graph replays
 // with other metadata): block (s * row_blocks + tile, g, z) handles BQ = 4 warps * RPW query rows
 // (query, head-in-group pairs, query-major) of sequence s and kv head g over the fixed splits it
-// owns: the sequence's fixed splits from the one holding its first visible key, shared out in
-// contiguous runs of ceil(fixed_splits / zs). It reads the sequence's q_len and q_pos on the
+// owns: the tile's fixed splits, from the one holding the sequence's first visible key to the one
+// holding its last row's position, shared out in contiguous runs of ceil(splits / zs) (the
+// device knows the context; the host only its bound). It reads the sequence's q_len and q_pos on the
 // device and exits at once when its tile has no rows (short sequences, padding with q_len 0).
 // A lane scores one key per row, the warp applies the online softmax, each lane accumulates
 // D/32 output dimensions. Every key is loaded through the block table by the thread that loads
@@ -165,9 +166,13 @@ __device__ __forceinline__ void paged_attention_impl(
 
     // The fixed splits this block owns, then the keys of those that the tile's rows may see.
     const long long f_base = first_key(pos0, p.window) / SK;
-    const long long per_z = (p.fixed_splits + p.zs - 1) / p.zs;
     const long long qi_lo = row0 / G;
     const long long qi_hi = min(rows - 1, (long long)row0 + BQ - 1) / G;
+    // The tile's own splits (up to its last row's position), not the bound's, are shared out:
+    // a decode step captured for a 128k bound still spreads a 1k context over its zs blocks.
+    // Which block computes a split does not change its bits (each split starts afresh).
+    const long long tile_splits = min((pos0 + qi_hi) / SK - f_base + 1, (long long)p.fixed_splits);
+    const long long per_z = (tile_splits + p.zs - 1) / p.zs;
     const long long lo = max(first_key(pos0 + qi_lo, p.window), (f_base + z * per_z) * SK);
     const long long hi = min(pos0 + qi_hi + 1, (f_base + (z + 1) * per_z) * SK);
     const long long start = lo / BK * BK;  // tiles at absolute multiples of BK
