@@ -268,8 +268,9 @@ impl Decoder for Llama {
 
 /// Logits rounded to bf16 have a spacing of 0.125 at typical magnitudes (16–32), which turns
 /// close calls into ties and costs top-1 agreement with the f32 reference (measured on SmolLM2:
-/// 5% of positions have a reference margin below 0.125). Until a bf16-in/f32-out GEMV kernel
-/// exists, keep an f32 copy of the head when it is small enough ([`memory::keeps_f32_head`]).
+/// 5% of positions have a reference margin below 0.125). A bf16 head has its f32-out product
+/// (`Head::logits`); an f16 head keeps an f32 copy when it is small enough
+/// ([`memory::keeps_f32_head`]).
 fn f32_head(mut w: Weights, dtype: DType) -> anyhow::Result<Weights> {
     if let Linear::Dense { weight, bias } = &w.head.lm_head
         && memory::keeps_f32_head(weight.elem_count() as u64, dtype)
