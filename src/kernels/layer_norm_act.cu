@@ -6,7 +6,8 @@
 // and f32 w [n], one block per row:
 //   v = x + (delta + bias)   (delta, bias optional: v = x + delta, or v = x; the unfused step
 //                             added the product's bias first, then the residual)
-//   x_out = v (only with delta), h16 = bf16(v / sqrt(mean(v^2) + eps) * w).
+//   x_out = v (only with delta), h16 = bf16(v / sqrt(mean(v^2) + eps) * w), and, when asked,
+//   h32 = the same norm unrounded (gpt-oss's router reads the f32 norm, its experts the bf16).
 // Four launches (bias add, residual add, RMSNorm, cast) become one. The sum of squares runs in a
 // fixed order per row (thread-strided partial sums, then a fixed tree), so a row gives the same
 // bits in any batch.
@@ -21,7 +22,7 @@
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     add_rms_norm_bf16(const float* __restrict__ x, const float* __restrict__ delta, const float* __restrict__ bias,
                       const float* __restrict__ w, float* __restrict__ x_out, __nv_bfloat16* __restrict__ h16,
-                      int n, float eps) {
+                      float* __restrict__ h32, int n, float eps) {
     __shared__ float partial[NORM_THREADS / 32];
     pdl_wait();
     pdl_launch_dependents();
@@ -46,7 +47,9 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     // Each thread reads back only the values it wrote above.
     const float* vr = delta ? x_out + row : xr;
     for (int i = threadIdx.x; i < n; i += NORM_THREADS) {
-        h16[row + i] = __float2bfloat16_rn(vr[i] * inv * w[i]);
+        const float h = vr[i] * inv * w[i];
+        h16[row + i] = __float2bfloat16_rn(h);
+        if (h32) h32[row + i] = h;
     }
 }
 

@@ -16,6 +16,8 @@ pub struct Normed {
     pub x: Tensor,
     /// RMSNorm of `x` in the products' dtype: computed in f32, rounded once.
     pub h: Tensor,
+    /// The same norm in f32, from [`add_rms_norm_f32_too`] only.
+    pub h32: Option<Tensor>,
 }
 
 /// `x + (delta + bias)` (f32 `[rows, n]`, bias `[n]`; the bias only with a delta) and its
@@ -28,6 +30,32 @@ pub fn add_rms_norm(
     eps: f64,
     dtype: DType,
 ) -> Result<Normed> {
+    add_norm(x, delta, bias, w, eps, dtype, false)
+}
+
+/// [`add_rms_norm`] that also keeps the norm in f32 ([`Normed::h32`]), still in one launch on
+/// the GPU: for a layer whose next step reads both (gpt-oss: the router in f32, the experts in
+/// bf16).
+pub fn add_rms_norm_f32_too(
+    x: &Tensor,
+    delta: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    w: &Tensor,
+    eps: f64,
+    dtype: DType,
+) -> Result<Normed> {
+    add_norm(x, delta, bias, w, eps, dtype, true)
+}
+
+fn add_norm(
+    x: &Tensor,
+    delta: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    w: &Tensor,
+    eps: f64,
+    dtype: DType,
+    keep_f32: bool,
+) -> Result<Normed> {
     if bias.is_some() && delta.is_none() {
         bail!("add_rms_norm: a bias needs the product it belongs to");
     }
@@ -36,14 +64,15 @@ pub fn add_rms_norm(
         && x.device().is_cuda()
         && [Some(x), delta, bias, Some(w)].into_iter().flatten().all(|t| t.dtype() == DType::F32)
     {
-        return gpu::add_rms_norm(x, delta, bias, w, eps as f32);
+        return gpu::add_rms_norm(x, delta, bias, w, eps as f32, keep_f32);
     }
     let x = match (delta, bias) {
         (Some(d), Some(b)) => (x + d.broadcast_add(&b.to_dtype(DType::F32)?)?)?,
         (Some(d), None) => (x + d)?,
         _ => x.clone(),
     };
-    Ok(Normed { h: rms_norm(&x, w, eps)?.to_dtype(dtype)?, x })
+    let h32 = rms_norm(&x, w, eps)?;
+    Ok(Normed { h: h32.to_dtype(dtype)?, h32: keep_f32.then_some(h32), x })
 }
 
 /// `silu(g) · u` in `dtype` for the fused gate/up product `gu` (f32 `[rows, 2n]`, gate first).
@@ -82,6 +111,7 @@ mod gpu {
         bias: Option<&Tensor>,
         w: &Tensor,
         eps: f32,
+        keep_f32: bool,
     ) -> Result<Normed> {
         let (rows, n) = x.dims2()?;
         let Device::Cuda(dev) = x.device() else { bail!("add_rms_norm: x is not on the GPU") };
@@ -112,6 +142,7 @@ mod gpu {
         // SAFETY: one block per row writes every element of each output it is given.
         let mut x_out = dv.as_ref().map(|_| unsafe { dev.alloc::<f32>(rows * n) }).transpose()?;
         let mut h16 = unsafe { dev.alloc::<bf16>(rows * n)? };
+        let mut h32 = keep_f32.then(|| unsafe { dev.alloc::<f32>(rows * n) }).transpose()?;
         let func = dev.get_or_load_custom_func(
             "add_rms_norm_bf16",
             "inferno_layer_norm_act",
@@ -139,16 +170,23 @@ mod gpu {
             Some(v) => b.ptr_mut(v),
             None => b.null(),
         };
-        b.ptr_mut(&mut h16).val(n32).val(eps);
+        b.ptr_mut(&mut h16);
+        match &mut h32 {
+            Some(v) => b.ptr_mut(v),
+            None => b.null(),
+        };
+        b.val(n32).val(eps);
         // SAFETY: the arguments match the kernel's signature; x and delta hold rows·n values,
-        // bias and w n; x_out is given whenever delta is; the kernel waits (PDL) first.
+        // bias and w n; x_out is given whenever delta is, h32 when asked for, each rows·n; the
+        // kernel waits (PDL) first.
         unsafe { b.launch(cfg) }?;
         drop(b);
         let new_x = match x_out {
             Some(s) => wrap(s, dev, (rows, n)),
             None => x.clone(),
         };
-        Ok(Normed { x: new_x, h: wrap(h16, dev, (rows, n)) })
+        let h32 = h32.map(|s| wrap(s, dev, (rows, n)));
+        Ok(Normed { x: new_x, h: wrap(h16, dev, (rows, n)), h32 })
     }
 }
 
@@ -292,6 +330,10 @@ mod tests {
             let name = format!("delta {} bias {}", delta.is_some(), bias.is_some());
             assert_eq!(values(&got.x), v, "{name}: the residual stream");
             assert_f32_close(&name, &values(&got.h), &h, 1e-5);
+            let both = add_rms_norm_f32_too(&x, delta, bias, &w, 1e-5, DType::BF16).expect("ops");
+            let h32 = both.h32.expect("the f32 norm");
+            assert_f32_close(&name, &values(&h32), &h, 1e-5);
+            assert_eq!(values(&both.h), values(&h32.to_dtype(DType::BF16).expect("bf16")));
         }
         assert!(add_rms_norm(&x, None, Some(&b), &w, 1e-5, DType::F32).is_err());
         let gu = tensor(uniform(&mut r, rows * 2 * n, -6.0, 6.0), &[rows, 2 * n], DType::F32);
@@ -326,9 +368,14 @@ mod tests {
                 &values(&cpu[3]),
                 1e-6,
             );
-            let got = add_rms_norm(&x, delta, bias, &w, 1e-6, DType::BF16).expect("gpu");
+            let got = add_rms_norm_f32_too(&x, delta, bias, &w, 1e-6, DType::BF16).expect("gpu");
             assert_eq!(values(&got.x), v, "{name}: the residual stream");
             assert_bf16_close(&name, &values(&got.h), &h);
+            let h32 = values(got.h32.as_ref().expect("the f32 norm"));
+            assert_f32_close(&format!("{name} f32"), &h32, &h, 1e-5);
+            // The bf16 output is the f32 one rounded once.
+            let rounded: Vec<f32> = h32.iter().map(|v| bf16::from_f32(*v).to_f32()).collect();
+            assert_eq!(values(&got.h), rounded, "{name}: bf16 = round(f32)");
             let row = |t: &Tensor| t.narrow(0, rows - 1, 1).expect("row");
             let one = add_rms_norm(&row(&x), delta.map(row).as_ref(), bias, &w, 1e-6, DType::BF16)
                 .expect("gpu");

@@ -1,17 +1,21 @@
 //! gpt-oss over a batch of sequences (the engine's step, [`BatchModel`]): the same layers as
 //! `model.rs` (docs/gpt-oss.md §4), with keys and values in the engine's paged pool. Per layer,
 //! top to bottom:
-//! RMSNorm → q/k/v product in f32 → bias, RoPE at each token's position and the k/v stores into
-//! the pool (one launch) → sink attention over each sequence's block table (sliding layers with
-//! their window, in their own group of blocks) → o_proj into the f32 residual → RMSNorm →
-//! router and MXFP4 experts (routing sees tokens, not sequences) → residual.
+//! the previous layer's expert output added to the f32 residual and RMSNorm (one launch) → q/k/v
+//! product in f32 → bias, RoPE at each token's position and the k/v stores into the pool (one
+//! launch) → sink attention over each sequence's block table (sliding layers with their window,
+//! in their own group of blocks) → o_proj → its bias, the residual add and RMSNorm in f32 and
+//! bf16 (one launch) → router (f32 norm) and MXFP4 experts (bf16 norm; routing sees tokens, not
+//! sequences), added by the next layer's first norm.
 
 use candle_core::{DType, Device, Tensor};
 
 use super::model::{GptOss, moe};
-use crate::kernels::{PagedAttnConfig, QkvHeads, RotaryPairs, paged_attention, qkv_rope_paged};
+use crate::kernels::{
+    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, add_rms_norm_f32_too, paged_attention,
+    qkv_rope_paged,
+};
 use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
-use crate::models::head::rms_norm;
 
 /// Group of the full-attention layers; sliding layers, when the model has any, are group 1.
 const FULL: usize = 0;
@@ -50,10 +54,15 @@ impl BatchModel for GptOss {
         let eps = cfg.rms_norm_eps;
         let scale = 1.0 / (d as f32).sqrt();
         let mut x = w.embed.index_select(&step.tokens, 0)?.to_dtype(DType::F32)?;
+        // The previous layer's expert output, added to the stream by this layer's first norm.
+        let mut mlp_out: Option<Tensor> = None;
         for (n, layer) in w.layers.iter().enumerate() {
             let g = self.group(n);
             let (k_pool, v_pool) = &kv.layers[n];
-            let h = rms_norm(&x, &layer.attn_norm, eps)?.to_dtype(self.dtype())?;
+            let normed =
+                add_rms_norm(&x, mlp_out.as_ref(), None, &layer.attn_norm, eps, self.dtype())?;
+            x = normed.x;
+            let h = normed.h;
             // q, k, v in one product kept in f32; bias, RoPE and the pool stores in one launch.
             let q = qkv_rope_paged(
                 &layer.attn.qkv.matmul_f32(&h)?,
@@ -85,9 +94,16 @@ impl BatchModel for GptOss {
                 step.bounds,
                 &attn,
             )?;
-            x = (x + layer.attn.o.forward_f32(&o.reshape((tokens, heads * d))?)?)?;
-            let h = rms_norm(&x, &layer.mlp_norm, eps)?;
-            x = (x + moe(cfg, layer, &h, self.dtype())?)?;
+            let o = layer.attn.o.matmul_f32(&o.reshape((tokens, heads * d))?)?;
+            let bias = layer.attn.o.bias();
+            let normed =
+                add_rms_norm_f32_too(&x, Some(&o), bias, &layer.mlp_norm, eps, self.dtype())?;
+            x = normed.x;
+            let Some(h32) = normed.h32 else { anyhow::bail!("gpt-oss: the f32 norm is missing") };
+            mlp_out = Some(moe(cfg, layer, &h32, &normed.h)?);
+        }
+        if let Some(m) = mlp_out {
+            x = (x + m)?;
         }
         let last = x.index_select(&step.logit_rows, 0)?;
         w.head.logits(&last)

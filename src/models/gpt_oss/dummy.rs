@@ -23,7 +23,8 @@ pub fn random_weights(
     let dense = |out: usize, inp: usize, std: f32, bias_std: f32| -> candle_core::Result<Linear> {
         Ok(Linear::Dense {
             weight: Tensor::randn(0f32, std, (out, inp), device)?.to_dtype(dtype)?,
-            bias: Some(Tensor::randn(0f32, bias_std, out, device)?.to_dtype(dtype)?),
+            // f32, as load.rs keeps biases.
+            bias: Some(Tensor::randn(0f32, bias_std, out, device)?),
         })
     };
     let proj = |out: usize, inp: usize| dense(out, inp, (inp as f32).powf(-0.5), 0.05);

@@ -300,7 +300,7 @@ impl GptOss {
             };
             x = (x + a)?;
             let h = rms_norm(&x, &layer.mlp_norm, eps)?;
-            let m = moe(&self.cfg, layer, &h, self.dtype)?;
+            let m = moe(&self.cfg, layer, &h, &h.to_dtype(self.dtype)?)?;
             x = (x + m)?;
         }
         Ok(x)
@@ -511,19 +511,20 @@ fn heads_first(t: Tensor, n: usize, d: usize) -> candle_core::Result<Tensor> {
     t.reshape((seq, n, d))?.transpose(0, 1)?.contiguous()?.unsqueeze(0)
 }
 
-/// Router and experts for `h` (`[seq, hidden]`, f32); returns the f32 MoE output. The router
-/// runs in f32 on the f32 normed residual (docs/gpt-oss.md pitfall #5: near-ties); routing
-/// (top-k, softmax over the k) is fused into the experts' op.
+/// Router and experts for `h` (`[seq, hidden]`, f32) and `h_experts`, the same rounded to the
+/// compute dtype; returns the f32 MoE output. The router runs in f32 on the f32 normed residual
+/// (docs/gpt-oss.md pitfall #5: near-ties); routing (top-k, softmax over the k) is fused into the
+/// experts' op.
 pub(super) fn moe(
     cfg: &GptOssConfig,
     layer: &Layer,
     h: &Tensor,
-    dtype: DType,
+    h_experts: &Tensor,
 ) -> anyhow::Result<Tensor> {
     let logits = crate::kernels::router_logits(h, &layer.router_w)?;
     let act = SwiGlu { limit: cfg.swiglu_limit, alpha: cfg.swiglu_alpha };
     Ok(crate::kernels::mxfp4_moe_routed(
-        &h.to_dtype(dtype)?,
+        h_experts,
         &layer.experts,
         &logits,
         &layer.router_b,
