@@ -41,10 +41,6 @@ use candle_core::cuda_backend::cudarc::driver::sys::{self, CUdeviceptr, CUresult
 
 use super::arena_blocks::Blocks;
 
-/// Bytes per chunk (more when one allocation needs it): a decode step of a 20b model at batch 64
-/// peaks at a few hundred MiB, a 1B model at batch 1 at a few MiB.
-const CHUNK: u64 = 64 << 20;
-
 unsafe extern "C" {
     fn inferno_real_cuMemAllocAsync(
         dptr: *mut CUdeviceptr,
@@ -132,7 +128,10 @@ pub fn reserve(bytes: u64) -> Result<(), CUresult> {
     if blocks.largest_free() >= bytes {
         return Ok(());
     }
-    let len = CHUNK.max(bytes.div_ceil(2 << 20) * (2 << 20));
+    // Exactly what is asked (in 2 MiB steps): the memory plan's runtime allowance holds the
+    // arena, and a 1B model's batch-1 step peaks at a few MiB. A larger batch size captured later
+    // adds a larger chunk beside the small ones.
+    let len = bytes.div_ceil(2 << 20) * (2 << 20);
     let mut chunk = 0;
     // SAFETY: writes one device pointer.
     let r = unsafe { sys::cuMemAlloc_v2(&mut chunk, len as usize) };
