@@ -39,9 +39,9 @@ impl Target {
     /// allocations made after the device is opened (cuBLAS workspaces, kernel modules loaded on
     /// first use, the decode graphs and their allocation arena, `gpu/arena.rs`) and kernel
     /// scratch that does not scale with the model (attention split partials, argmax parts). On
-    /// the host: the tokenizer and the process. Measured on an H100 (tests/memory_plan.rs): 285
-    /// MiB for TinyLlama in bf16 once its LM head went through the bf16 → f32 product (cuBLAS's
-    /// GEMM workspace for the prefill rows), 224 MiB before.
+    /// the host: the tokenizer and the process. Measured on an H100 (tests/memory_plan.rs):
+    /// TinyLlama in bf16 285 MiB (session 9), 224 MiB when the allowance was set; the growth is
+    /// not attributed yet (the bf16 LM head's cuBLAS GEMM is the likeliest).
     pub fn runtime_bytes(self) -> u64 {
         match self {
             Target::Gpu => 320 << 20,
