@@ -16,38 +16,15 @@ pub struct Normed {
     pub x: Tensor,
     /// RMSNorm of `x` in the products' dtype: computed in f32, rounded once.
     pub h: Tensor,
-    /// The same norm in f32, from [`add_rms_norm_f32_too`] only.
+    /// The same norm in f32, when asked for.
     pub h32: Option<Tensor>,
 }
 
 /// `x + (delta + bias)` (f32 `[rows, n]`, bias `[n]`; the bias only with a delta) and its
-/// RMSNorm with weight `w` in `dtype`, in one launch on the GPU.
+/// RMSNorm with weight `w` in `dtype`, in one launch on the GPU. With `keep_f32` the norm also
+/// comes unrounded ([`Normed::h32`]), from the same launch: for a layer whose next step reads
+/// both (gpt-oss: the router in f32, the experts in bf16).
 pub fn add_rms_norm(
-    x: &Tensor,
-    delta: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    w: &Tensor,
-    eps: f64,
-    dtype: DType,
-) -> Result<Normed> {
-    add_norm(x, delta, bias, w, eps, dtype, false)
-}
-
-/// [`add_rms_norm`] that also keeps the norm in f32 ([`Normed::h32`]), still in one launch on
-/// the GPU: for a layer whose next step reads both (gpt-oss: the router in f32, the experts in
-/// bf16).
-pub fn add_rms_norm_f32_too(
-    x: &Tensor,
-    delta: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    w: &Tensor,
-    eps: f64,
-    dtype: DType,
-) -> Result<Normed> {
-    add_norm(x, delta, bias, w, eps, dtype, true)
-}
-
-fn add_norm(
     x: &Tensor,
     delta: Option<&Tensor>,
     bias: Option<&Tensor>,
@@ -319,7 +296,7 @@ mod tests {
         let (rows, n) = (3, 70);
         let [x, d, b, w] = norm_inputs(&mut r, rows, n);
         for (delta, bias) in [(None, None), (Some(&d), None), (Some(&d), Some(&b))] {
-            let got = add_rms_norm(&x, delta, bias, &w, 1e-5, DType::F32).expect("ops");
+            let got = add_rms_norm(&x, delta, bias, &w, 1e-5, DType::F32, false).expect("ops");
             let (v, h) = add_rms_norm_reference(
                 &values(&x),
                 delta.map(values).as_deref(),
@@ -330,12 +307,12 @@ mod tests {
             let name = format!("delta {} bias {}", delta.is_some(), bias.is_some());
             assert_eq!(values(&got.x), v, "{name}: the residual stream");
             assert_f32_close(&name, &values(&got.h), &h, 1e-5);
-            let both = add_rms_norm_f32_too(&x, delta, bias, &w, 1e-5, DType::BF16).expect("ops");
+            let both = add_rms_norm(&x, delta, bias, &w, 1e-5, DType::BF16, true).expect("ops");
             let h32 = both.h32.expect("the f32 norm");
             assert_f32_close(&name, &values(&h32), &h, 1e-5);
             assert_eq!(values(&both.h), values(&h32.to_dtype(DType::BF16).expect("bf16")));
         }
-        assert!(add_rms_norm(&x, None, Some(&b), &w, 1e-5, DType::F32).is_err());
+        assert!(add_rms_norm(&x, None, Some(&b), &w, 1e-5, DType::F32, false).is_err());
         let gu = tensor(uniform(&mut r, rows * 2 * n, -6.0, 6.0), &[rows, 2 * n], DType::F32);
         let got = values(&silu_mul_to(&gu, DType::BF16).expect("bf16"));
         let want = values(&silu_mul_to(&gu, DType::F32).expect("f32"));
@@ -368,7 +345,7 @@ mod tests {
                 &values(&cpu[3]),
                 1e-6,
             );
-            let got = add_rms_norm_f32_too(&x, delta, bias, &w, 1e-6, DType::BF16).expect("gpu");
+            let got = add_rms_norm(&x, delta, bias, &w, 1e-6, DType::BF16, true).expect("gpu");
             assert_eq!(values(&got.x), v, "{name}: the residual stream");
             assert_bf16_close(&name, &values(&got.h), &h);
             let h32 = values(got.h32.as_ref().expect("the f32 norm"));
@@ -377,8 +354,9 @@ mod tests {
             let rounded: Vec<f32> = h32.iter().map(|v| bf16::from_f32(*v).to_f32()).collect();
             assert_eq!(values(&got.h), rounded, "{name}: bf16 = round(f32)");
             let row = |t: &Tensor| t.narrow(0, rows - 1, 1).expect("row");
-            let one = add_rms_norm(&row(&x), delta.map(row).as_ref(), bias, &w, 1e-6, DType::BF16)
-                .expect("gpu");
+            let one =
+                add_rms_norm(&row(&x), delta.map(row).as_ref(), bias, &w, 1e-6, DType::BF16, false)
+                    .expect("gpu");
             let all = values(&got.h);
             assert!(
                 values(&one.h)

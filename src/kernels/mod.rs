@@ -59,7 +59,7 @@ mod testing;
 pub use argmax::{argmax, argmax_rows, sample_gumbel, sample_gumbel_rows};
 pub use f32_out_matmul::{matmul_f32_out, matmul_hi_lo};
 pub use kv_write::kv_write_at;
-pub use layer_norm_act::{Normed, add_rms_norm, add_rms_norm_f32_too, silu_mul_to};
+pub use layer_norm_act::{Normed, add_rms_norm, silu_mul_to};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};
 pub use paged_attention::{
     PagedAttnConfig, PagedBounds, PagedLaunch, paged_attention, paged_launch,

@@ -12,8 +12,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::model::{GptOss, moe};
 use crate::kernels::{
-    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, add_rms_norm_f32_too, paged_attention,
-    qkv_rope_paged,
+    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged,
 };
 use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
 
@@ -59,8 +58,15 @@ impl BatchModel for GptOss {
         for (n, layer) in w.layers.iter().enumerate() {
             let g = self.group(n);
             let (k_pool, v_pool) = &kv.layers[n];
-            let normed =
-                add_rms_norm(&x, mlp_out.as_ref(), None, &layer.attn_norm, eps, self.dtype())?;
+            let normed = add_rms_norm(
+                &x,
+                mlp_out.as_ref(),
+                None,
+                &layer.attn_norm,
+                eps,
+                self.dtype(),
+                false,
+            )?;
             x = normed.x;
             let h = normed.h;
             // q, k, v in one product kept in f32; bias, RoPE and the pool stores in one launch.
@@ -97,7 +103,7 @@ impl BatchModel for GptOss {
             let o = layer.attn.o.matmul_f32(&o.reshape((tokens, heads * d))?)?;
             let bias = layer.attn.o.bias();
             let normed =
-                add_rms_norm_f32_too(&x, Some(&o), bias, &layer.mlp_norm, eps, self.dtype())?;
+                add_rms_norm(&x, Some(&o), bias, &layer.mlp_norm, eps, self.dtype(), true)?;
             x = normed.x;
             let Some(h32) = normed.h32 else { anyhow::bail!("gpt-oss: the f32 norm is missing") };
             mlp_out = Some(moe(cfg, layer, &h32, &normed.h)?);

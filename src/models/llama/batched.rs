@@ -50,7 +50,7 @@ impl BatchModel for Llama {
         let mut mlp_out: Option<Tensor> = None;
         // The residual add in front of a norm and the norm, to the products' dtype (one launch).
         let norm = |x: &Tensor, delta: Option<&Tensor>, bias: Option<&Tensor>, w: &Tensor| {
-            add_rms_norm(x, delta, bias, w, eps, self.dtype())
+            add_rms_norm(x, delta, bias, w, eps, self.dtype(), false)
         };
         for (n, layer) in w.layers.iter().enumerate() {
             let (k_pool, v_pool) = &kv.layers[n];
