@@ -41,6 +41,36 @@ use candle_core::cuda_backend::cudarc::driver::sys::{self, CUdeviceptr, CUresult
 
 use super::arena_blocks::Blocks;
 
+// The public names as hidden symbols that jump to the Rust definitions: a `#[no_mangle]` Rust
+// function of those names would be exported from the executable (tests/no_cuda.rs checks that no
+// CUDA name is).
+#[cfg(target_arch = "x86_64")]
+std::arch::global_asm!(
+    ".pushsection .text.inferno_arena,\"ax\",%progbits",
+    ".globl cuMemAllocAsync",
+    ".hidden cuMemAllocAsync",
+    "cuMemAllocAsync:",
+    "    jmp inferno_arena_cuMemAllocAsync",
+    ".globl cuMemFreeAsync",
+    ".hidden cuMemFreeAsync",
+    "cuMemFreeAsync:",
+    "    jmp inferno_arena_cuMemFreeAsync",
+    ".popsection",
+);
+#[cfg(target_arch = "aarch64")]
+std::arch::global_asm!(
+    ".pushsection .text.inferno_arena,\"ax\",%progbits",
+    ".globl cuMemAllocAsync",
+    ".hidden cuMemAllocAsync",
+    "cuMemAllocAsync:",
+    "    b inferno_arena_cuMemAllocAsync",
+    ".globl cuMemFreeAsync",
+    ".hidden cuMemFreeAsync",
+    "cuMemFreeAsync:",
+    "    b inferno_arena_cuMemFreeAsync",
+    ".popsection",
+);
+
 unsafe extern "C" {
     fn inferno_real_cuMemAllocAsync(
         dptr: *mut CUdeviceptr,
@@ -207,7 +237,7 @@ fn measured_alloc(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUr
 /// # Safety
 /// As the driver's `cuMemAllocAsync`: `dptr` is writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(
+pub unsafe extern "C" fn inferno_arena_cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
     bytes: usize,
     stream: CUstream,
@@ -233,7 +263,10 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 /// # Safety
 /// As the driver's `cuMemFreeAsync`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+pub unsafe extern "C" fn inferno_arena_cuMemFreeAsync(
+    dptr: CUdeviceptr,
+    stream: CUstream,
+) -> CUresult {
     if free(dptr) {
         return CUresult::CUDA_SUCCESS;
     }
