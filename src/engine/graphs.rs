@@ -104,16 +104,6 @@ impl BucketGraph {
     ) -> anyhow::Result<Tensor> {
         anyhow::ensure!(chunks.len() <= self.size, "decode graph: batch over its bucket");
         self.upload(chunks, ids, blocks, pool.block_size)?;
-        if std::env::var_os("INFERNO_GRAPH_TRACE").is_some() {
-            let state = match &self.state {
-                State::Cold => "cold",
-                State::Warm => "warm",
-                State::Eager => "eager",
-                #[cfg(feature = "cuda")]
-                State::Ready(_) => "ready",
-            };
-            eprintln!("graph {} ({} rows): {state}", self.size, chunks.len());
-        }
         match &self.state {
             State::Cold | State::Eager => {
                 let cold = matches!(self.state, State::Cold);
