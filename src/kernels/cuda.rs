@@ -27,6 +27,9 @@ pub(super) const ROUTER_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rout
 /// PTX built by build.rs from `src/kernels/moe_expert_major.cu`.
 pub(super) const MOE_EXPERT_MAJOR_PTX: &str =
     include_str!(concat!(env!("OUT_DIR"), "/moe_expert_major.ptx"));
+/// PTX built by build.rs from `src/kernels/moe_slot_mma.cu`.
+pub(super) const MOE_SLOT_MMA_PTX: &str =
+    include_str!(concat!(env!("OUT_DIR"), "/moe_slot_mma.ptx"));
 /// PTX built by build.rs from `src/kernels/moe_grouped.cu`.
 pub(super) const MOE_GROUPED_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/moe_grouped.ptx"));
 

@@ -11,8 +11,11 @@
 //! The weights stay packed as in the checkpoint (`[E, rows, K/32, 16]` FP4 codes plus
 //! `[E, rows, K/32]` E8M0 scales, see [`super::mxfp4`]) and are decoded on the fly.
 //!
-//! CUDA, three paths that end alike (`gpu.rs`):
-//! - Per slot (`mxfp4_moe.cu`), for decode and for f32: `moe_gate_up` (GEMV over the selected
+//! CUDA, four paths that end alike (`gpu.rs`):
+//! - Per slot on tensor cores (`moe_slot_mma.cu`), for bf16 single-token decode: the same two
+//!   GEMVs as the next path, K split over a block's warps, the FP4 codes decoded straight into
+//!   bf16 mma fragments; the activations travel as bf16 hi + mid + lo (the f32 value exactly).
+//! - Per slot (`mxfp4_moe.cu`), for f32: `moe_gate_up` (GEMV over the selected
 //!   experts' gate/up rows, bias and SwiGLU fused, into an f32 scratch `[tokens·k, I]`) and
 //!   `moe_down` (GEMV over the down rows, bias and routing weight fused, into an f32 scratch
 //!   `[tokens·k, H]`). They read each expert's weights once per (token, expert), which is right
@@ -211,8 +214,11 @@ struct Mxfp4Moe {
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
-    /// GEMVs per (token, slot): `mxfp4_moe.cu`.
+    /// GEMVs per (token, slot), f32 sums of table-decoded weights: `mxfp4_moe.cu`.
     PerSlot,
+    /// GEMVs per (token, slot) on tensor cores, K split over a block's warps (bf16 x):
+    /// `moe_slot_mma.cu`.
+    SlotMma,
     /// Slots grouped by expert in tiles of 8 or 16, GEMVs on tensor cores: `moe_expert_major.cu`.
     ExpertMajor,
     /// Slots grouped by expert in tiles of 64, GEMMs on tensor cores: `moe_grouped.cu`.

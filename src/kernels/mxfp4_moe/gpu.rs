@@ -1,5 +1,7 @@
-//! The CUDA launches, by batch size (bf16 x; f32 always takes the per-slot GEMVs):
-//! - below [`EXPERT_MAJOR_MIN_TOKENS`] tokens, the per-slot GEMVs (`mxfp4_moe.cu`);
+//! The CUDA launches, by batch size (bf16 x; f32 always takes the per-slot GEMVs of
+//! `mxfp4_moe.cu`):
+//! - below [`EXPERT_MAJOR_MIN_TOKENS`] tokens, the per-slot GEMVs on tensor cores
+//!   (`moe_slot_mma.cu`);
 //! - from there below [`GROUPED_MIN_TOKENS`], expert-major GEMVs on tensor cores
 //!   (`moe_expert_major.cu`): slots grouped by expert into tiles of 8 or 16, each expert's weight
 //!   rows read once per tile;
@@ -15,12 +17,18 @@ use half::bf16;
 
 use super::{Mxfp4Moe, Path};
 use crate::kernels::cuda::{
-    KernelFloat, MOE_EXPERT_MAJOR_PTX, MOE_GROUPED_PTX, MXFP4_MOE_PTX, cuda_view, int, output,
+    KernelFloat, MOE_EXPERT_MAJOR_PTX, MOE_GROUPED_PTX, MOE_SLOT_MMA_PTX, MXFP4_MOE_PTX, cuda_view,
+    int, output,
 };
 
 const MODULE: &str = "inferno_mxfp4_moe";
 const GROUPED_MODULE: &str = "inferno_moe_grouped";
 const EXPERT_MAJOR_MODULE: &str = "inferno_moe_expert_major";
+const SLOT_MMA_MODULE: &str = "inferno_moe_slot_mma";
+/// moe_slot_mma.cu's warps per block (along K), and the rows of its tile. 8 warps: 33.1 µs per
+/// gpt-oss-20b layer against 33.4 with 4 (H100, scripts/analysis/moe_decode_kernels.py).
+const SLOT_MMA_WARPS: u32 = 8;
+const SLOT_MMA_ROWS: usize = 16;
 /// The GEMVs' widest K: 8 warps of 32 lanes, 32 inputs each.
 const MAX_K: usize = 8 * 32 * 32;
 /// Up to this many tokens the GEMVs take 16 rows per block (more blocks to fill the GPU),
@@ -165,12 +173,14 @@ pub(super) fn launch_routed<T: KernelFloat>(
     let path = match op.force_path {
         Some(path) if tiled || path == Path::PerSlot => path,
         Some(path) => bail!("mxfp4_moe: the {path:?} path needs bf16 x with 16-byte aligned rows"),
-        None if !tiled || tokens < EXPERT_MAJOR_MIN_TOKENS => Path::PerSlot,
+        None if !tiled => Path::PerSlot,
+        None if tokens < EXPERT_MAJOR_MIN_TOKENS => Path::SlotMma,
         None if tokens < GROUPED_MIN_TOKENS => Path::ExpertMajor,
         None => Path::Grouped,
     };
     let part = match path {
         Path::PerSlot => per_slot(&call)?,
+        Path::SlotMma => slot_mma(&call)?,
         Path::ExpertMajor => expert_major(&call)?,
         Path::Grouped => by_expert(&call)?,
     };
@@ -269,6 +279,48 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     b.arg(&n_exp).arg(&h32).arg(&i32_);
     // SAFETY: the arguments match moe_down's signature.
     unsafe { b.launch(launch_cfg(d.hidden, d.inter)?) }.w()?;
+    Ok(part)
+}
+
+/// The GEMVs per (token, slot) on tensor cores (bf16 x with 16-byte aligned rows): gate_up leaves
+/// the activations as bf16 hi, mid and lo `[slots, 3, I]`, down the routing-weighted rows in part.
+fn slot_mma<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
+    let Call { op, dev, x, ids, weights, p, d } = *c;
+    let slots = d.slots();
+    let (k32, n_exp, h32, i32_) = (
+        int(d.k, "k")?,
+        int(d.experts, "experts")?,
+        int(d.hidden, "hidden")?,
+        int(d.inter, "intermediate")?,
+    );
+    let cfg = |rows: usize| -> Result<LaunchConfig> {
+        Ok(LaunchConfig {
+            grid_dim: (
+                int(slots, "tokens × k")? as u32,
+                int(rows / SLOT_MMA_ROWS, "row tiles")? as u32,
+                1,
+            ),
+            block_dim: (32 * SLOT_MMA_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    };
+    // SAFETY (both): moe_sm_gate_up writes every element of act, moe_sm_down every one of part.
+    let mut act = unsafe { dev.alloc::<bf16>(slots * 3 * d.inter)? };
+    let mut part = unsafe { dev.alloc::<f32>(slots * d.hidden)? };
+    let name = |what: &str| format!("moe_sm_{what}_w{SLOT_MMA_WARPS}");
+    let func = dev.get_or_load_custom_func(&name("gate_up"), SLOT_MMA_MODULE, MOE_SLOT_MMA_PTX)?;
+    let mut b = func.builder();
+    b.arg(x).arg(ids).arg(&p.gu_blocks).arg(&p.gu_scales).arg(&p.gu_bias).arg(&mut act);
+    b.arg(&k32).arg(&n_exp).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
+    // SAFETY: the arguments match moe_sm_gate_up's signature; x is bf16 with 16-byte aligned rows
+    // (checked by the caller), 2I and H are multiples of the 16-row tile (Mxfp4Experts::new).
+    unsafe { b.launch(cfg(2 * d.inter)?) }.w()?;
+    let func = dev.get_or_load_custom_func(&name("down"), SLOT_MMA_MODULE, MOE_SLOT_MMA_PTX)?;
+    let mut b = func.builder();
+    b.arg(&act).arg(ids).arg(weights).arg(&p.d_blocks).arg(&p.d_scales).arg(&p.d_bias);
+    b.arg(&mut part).arg(&n_exp).arg(&h32).arg(&i32_);
+    // SAFETY: the arguments match moe_sm_down's signature.
+    unsafe { b.launch(cfg(d.hidden)?) }.w()?;
     Ok(part)
 }
 

@@ -265,6 +265,17 @@ mod gpu {
     /// E8M0 scales are extreme: 2^-127 (byte 0, subnormal), 2^-126, 2^2 and 2^3 (bytes 129 and
     /// 130, past what a bf16 factor 2^(s-1) holds).
     fn check_path(d: Dims, dtype: DType, tol: f64, path: Option<Path>, wild_scales: bool) {
+        check_path_tols(d, dtype, (tol, tol), path, wild_scales);
+    }
+
+    /// [`check_path`] with separate bounds for the output in x's dtype and in f32.
+    fn check_path_tols(
+        d: Dims,
+        dtype: DType,
+        (tol, tol_f32): (f64, f64),
+        path: Option<Path>,
+        wild_scales: bool,
+    ) {
         let name =
             format!("gpu moe {dtype:?} {path:?} {d:?}{}", if wild_scales { " wild" } else { "" });
         let mut rng = rng(&name);
@@ -280,16 +291,14 @@ mod gpu {
                 inp.packed[n] = Tensor::from_vec(v, inp.packed[n].dims(), &Device::Cpu).unwrap();
             }
         }
-        let want = values(
-            &mxfp4_moe(
-                &inp.x,
-                &experts(&inp.packed, &Device::Cpu),
-                &inp.ids,
-                &inp.weights,
-                SwiGlu::GPT_OSS,
-            )
-            .unwrap(),
-        );
+        // The CPU reference in x's dtype (a bf16 output is rounded), and in f32 on the same
+        // values for the f32 output.
+        let cpu_experts = experts(&inp.packed, &Device::Cpu);
+        let reference = |x: &Tensor| {
+            values(&mxfp4_moe(x, &cpu_experts, &inp.ids, &inp.weights, SwiGlu::GPT_OSS).unwrap())
+        };
+        let want = reference(&inp.x);
+        let want_f32 = reference(&inp.x.to_dtype(DType::F32).unwrap());
         let dev = gpu();
         let ex = experts(&inp.packed, &dev);
         let (x, ids, w) = (
@@ -304,10 +313,11 @@ mod gpu {
             let got = x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
             let want_dtype = if out_f32 { DType::F32 } else { dtype };
             assert_eq!(got.dtype(), want_dtype, "{name}: output dtype");
+            let (want, tol) = if out_f32 { (&want_f32, tol_f32) } else { (&want, tol) };
             assert_written_and_close(
                 &format!("{name} out {want_dtype:?}"),
                 &values(&got),
-                &want,
+                want,
                 tol,
             );
         }
@@ -399,6 +409,45 @@ mod gpu {
         assert_written_and_close(&name, &values(&got), &want, 1e-2);
     }
 
+    /// The per-slot tensor-core GEMVs (forced, whatever the batch size) against the CPU:
+    /// gpt-oss-20b and 120b widths at one token, several tokens, K of 1 to 7 blocks of 32 past a
+    /// multiple of the 4 blocks a quad of lanes reads (and fewer blocks than the block's 8 warps
+    /// have quads), one expert, then random shapes; the wild E8M0 scales take the slow decode.
+    /// The f32 output too, held to the f32 bound of the CPU reference's rounding: the activations
+    /// travel as hi + mid + lo, the f32 value exactly.
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_slot_mma_matches_cpu() {
+        let d = |tokens, experts, hidden, inter, k| Dims { tokens, experts, hidden, inter, k };
+        let mut cases = vec![
+            d(1, 32, 2880, 2880, 4),
+            d(1, 128, 2880, 2880, 4),
+            d(3, 8, 2880, 2880, 4),
+            d(2, 5, 32 * 9, 32 * 5, 3),
+            d(1, 3, 32, 32 * 7, 2),
+            d(4, 1, 64, 96, 1),
+            d(1, 6, 32 * 131, 32 * 3, 4),
+        ];
+        let mut rng = rng("gpu slot mma random shapes");
+        for _ in 0..12 {
+            let experts = rng.random_range(1..=40);
+            cases.push(d(
+                rng.random_range(1..=6),
+                experts,
+                32 * rng.random_range(1..=60),
+                32 * rng.random_range(1..=40),
+                rng.random_range(1..=experts.min(4)),
+            ));
+        }
+        for d in cases {
+            check_path_tols(d, DType::BF16, (1e-2, 2e-5), Some(Path::SlotMma), false);
+        }
+        for tokens in [1, 3] {
+            let d = d(tokens, 6, 256, 160, 3);
+            check_path_tols(d, DType::BF16, (1e-2, 2e-5), Some(Path::SlotMma), true);
+        }
+    }
+
     /// By batch size, bf16 takes the per-slot GEMVs at one token and the expert-major path from
     /// two: the same answers either way (both against the CPU).
     #[test]
@@ -412,7 +461,13 @@ mod gpu {
             GROUPED_MIN_TOKENS,
         ] {
             let d = Dims { tokens, experts: 8, hidden: 256, inter: 128, k: 4 };
-            for path in [None, Some(Path::PerSlot), Some(Path::ExpertMajor), Some(Path::Grouped)] {
+            for path in [
+                None,
+                Some(Path::PerSlot),
+                Some(Path::SlotMma),
+                Some(Path::ExpertMajor),
+                Some(Path::Grouped),
+            ] {
                 check_path(d, DType::BF16, 1e-2, path, false);
             }
         }
@@ -499,8 +554,14 @@ mod gpu {
             let bytes = used.len() as f64 * (3 * d.hidden * d.inter) as f64 * 17.0 / 32.0;
             let mut line =
                 format!("moe timing: {tokens:>3} tokens bf16 ({:>2} experts):", used.len());
-            for path in [None, Some(Path::PerSlot), Some(Path::ExpertMajor), Some(Path::Grouped)] {
-                if path == Some(Path::PerSlot) && tokens > 128 {
+            for path in [
+                None,
+                Some(Path::PerSlot),
+                Some(Path::SlotMma),
+                Some(Path::ExpertMajor),
+                Some(Path::Grouped),
+            ] {
+                if matches!(path, Some(Path::PerSlot | Path::SlotMma)) && tokens > 128 {
                     continue;
                 }
                 let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, false).unwrap();

@@ -1,0 +1,257 @@
+"""Checks and times the single-token MXFP4 MoE kernels on a GPU machine, at gpt-oss-20b sizes.
+
+    python3 scripts/analysis/moe_decode_kernels.py [--layers 24] [--reps 20]
+
+Builds src/kernels/mxfp4_moe.cu (the f32-table GEMVs) and src/kernels/moe_slot_mma.cu (the
+tensor-core split-K GEMVs) with the machine's nvcc, draws random packed experts (32 experts,
+hidden = intermediate = 2880, top-4) for several layers so that a step's weights are not in L2,
+checks every variant's output against a float64 reference (numpy, one layer), then times each
+variant as a CUDA graph of gate_up, down and the ordered sum over `--layers` layers, as a decode
+step runs them. Prints one line per variant: microseconds per layer and the bandwidth that
+means, against the 52.6 MB a layer's 4 experts hold. Needs cupy and numpy (the GPU machine's
+image has both).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import cupy as cp
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+KDIR = os.path.join(ROOT, "src", "kernels")
+FP4 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float64)
+LIMIT, ALPHA = 7.0, 1.702
+
+
+def build(name, tmp, subs=()):
+    """Compiles src/kernels/NAME.cu, after replacing each (old, new) of `subs` in its text."""
+    tag = f"{name}{len(os.listdir(tmp))}"
+    src = open(os.path.join(KDIR, name + ".cu")).read()
+    for old, new in subs:
+        if old not in src:
+            sys.exit(f"{name}.cu has no {old!r}")
+        src = src.replace(old, new)
+    path = os.path.join(tmp, tag + ".cu")
+    open(path, "w").write(src)
+    cubin = os.path.join(tmp, tag + ".cubin")
+    out = subprocess.run(
+        ["nvcc", "--cubin", "-arch=sm_90", "-O3", "-std=c++17", "--expt-relaxed-constexpr",
+         "-Xptxas", "-v", "-I", KDIR, "-o", cubin, path],
+        capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(out.stderr)
+    regs = [l.split("Used ")[1].split(",")[0] for l in out.stderr.splitlines() if "Used" in l]
+    return cp.RawModule(path=cubin), regs
+
+
+def bf16_bits(a):
+    """float32 -> bf16 bit patterns (round to nearest even), as uint16."""
+    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype(np.uint16)
+
+
+def bf16_val(bits):
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def dequant(blocks, scales):
+    """[rows, kb, 16] u8 + [rows, kb] u8 -> [rows, 32 kb] float64."""
+    lo, hi = FP4[blocks & 15], FP4[blocks >> 4]
+    v = np.stack([lo, hi], -1).reshape(blocks.shape[0], blocks.shape[1], 32)
+    return (v * np.exp2(scales.astype(np.float64) - 127)[..., None]).reshape(blocks.shape[0], -1)
+
+
+def swiglu(g, u):
+    g = np.minimum(g, LIMIT)
+    u = np.clip(u, -LIMIT, LIMIT)
+    return g / (1 + np.exp(-ALPHA * g)) * (u + 1)
+
+
+class Layer:
+    def __init__(self, rng, E, H, I, wild=False):
+        kh, ki = H // 32, I // 32
+        self.gu_b = cp.random.randint(0, 256, (E, 2 * I, kh, 16), dtype=cp.uint8)
+        self.d_b = cp.random.randint(0, 256, (E, H, ki, 16), dtype=cp.uint8)
+        self.gu_s = self.scales(rng, (E, 2 * I, kh), wild)
+        self.d_s = self.scales(rng, (E, H, ki), wild)
+        self.gu_bias = cp.asarray(rng.standard_normal((E, 2 * I)).astype(np.float32) * 0.1)
+        self.d_bias = cp.asarray(rng.standard_normal((E, H)).astype(np.float32) * 0.1)
+
+
+    @staticmethod
+    def scales(rng, shape, wild):
+        """E8M0 scales near 2^-8; with `wild`, an eighth of them extreme (2^-127, 2^-126, 2^2,
+        2^3: bytes 0, 1, 129, 130, which take the kernels' slow decode)."""
+        s = rng.integers(116, 124, shape).astype(np.uint8)
+        if wild:
+            pick = rng.random(shape) < 0.125
+            s[pick] = rng.choice(np.array([0, 1, 129, 130], np.uint8), pick.sum())
+        return cp.asarray(s)
+
+
+def reference(layer, x_bits, ids, wts, H, I):
+    x = bf16_val(x_bits).astype(np.float64)
+    out = np.zeros(H)
+    for e, w in zip(ids, wts):
+        gu = dequant(cp.asnumpy(layer.gu_b[e]), cp.asnumpy(layer.gu_s[e])) @ x + cp.asnumpy(layer.gu_bias[e])
+        act = swiglu(gu[0::2], gu[1::2])
+        d = dequant(cp.asnumpy(layer.d_b[e]), cp.asnumpy(layer.d_s[e])) @ act + cp.asnumpy(layer.d_bias[e])
+        out += w * d
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--distinct", type=int, default=8, help="layers of distinct weights")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    E, H, I, K = 32, 2880, 2880, 4
+    tmp = tempfile.mkdtemp()
+    old, old_regs = build("mxfp4_moe", tmp)
+    new, new_regs = build("moe_slot_mma", tmp)
+    print("registers: mxfp4_moe", " ".join(old_regs), "| moe_slot_mma", " ".join(new_regs))
+    rng = np.random.default_rng(7)
+    cp.random.seed(7)
+    layers = [Layer(rng, E, H, I) for _ in range(args.distinct)]
+    steps = []
+    for l in range(args.layers):
+        ids = rng.choice(E, K, replace=False).astype(np.uint32)
+        w = rng.random(K).astype(np.float32)
+        w /= w.sum()
+        x_bits = bf16_bits(rng.standard_normal(H).astype(np.float32))
+        steps.append(dict(layer=layers[l % args.distinct], ids=cp.asarray(ids), w=cp.asarray(w),
+                          x=cp.asarray(x_bits), ids_h=ids, w_h=w, x_h=x_bits))
+    act_f32 = cp.empty(K * I, cp.float32)
+    act3 = cp.empty(3 * K * I, cp.uint16)
+    part = cp.empty(K * H, cp.float32)
+    out = cp.empty(H, cp.uint16)
+    i32, f32 = np.int32, np.float32
+
+    old_fns = {n: old.get_function(n) for n in ("moe_gate_up_bf16_r16", "moe_down_r16", "moe_sum_bf16")}
+
+    def old_gu(st):
+        L = st["layer"]
+        old_fns["moe_gate_up_bf16_r16"](
+            (K, 2 * I // 16), (32, -(-H // 1024)),
+            (st["x"], st["ids"], L.gu_b, L.gu_s, L.gu_bias, act_f32, i32(K), i32(E), i32(H), i32(I),
+             f32(LIMIT), f32(ALPHA)), shared_mem=(H // 32) * 36 * 4)
+
+    def old_dn(st):
+        L = st["layer"]
+        old_fns["moe_down_r16"](
+            (K, H // 16), (32, -(-I // 1024)),
+            (act_f32, st["ids"], st["w"], L.d_b, L.d_s, L.d_bias, part, i32(E), i32(H), i32(I)),
+            shared_mem=(I // 32) * 36 * 4)
+
+    def run_old(st, what="all"):
+        if what != "dn":
+            old_gu(st)
+        if what != "gu":
+            old_dn(st)
+        if what == "all":
+            summ(st)
+
+    def summ(st):
+        old_fns["moe_sum_bf16"]((-(-H // 256),), (256,), (part, st["ids"], out, i32(1), i32(K), i32(H), i32(E)))
+
+    def run_new(W, suf, mod=new):
+        gu = mod.get_function(f"moe_sm_gate_up_w{W}{suf}")
+        dn = mod.get_function(f"moe_sm_down_w{W}{suf}")
+        smem_gu = smem_dn = 0
+
+        def run(st, what="all"):
+            L = st["layer"]
+            if what != "dn":
+                gu((K, 2 * I // 16), (32 * W,), (st["x"], st["ids"], L.gu_b, L.gu_s, L.gu_bias, act3, i32(K),
+                                                i32(E), i32(H), i32(I), f32(LIMIT), f32(ALPHA)),
+                   shared_mem=smem_gu)
+            if what != "gu":
+                dn((K, H // 16), (32 * W,), (act3, st["ids"], st["w"], L.d_b, L.d_s, L.d_bias, part, i32(E),
+                                            i32(H), i32(I)), shared_mem=smem_dn)
+            if what == "all":
+                summ(st)
+        return run
+
+    variants = [("table r16 (mxfp4_moe.cu)", run_old)]
+    for W in (4, 8):
+        variants.append((f"mma w{W}", run_new(W, "")))
+
+    # Correctness: one step, every variant, against float64.
+    st = steps[0]
+    ref = reference(st["layer"], st["x_h"], st["ids_h"], st["w_h"], H, I)
+    for name, run in variants:
+        out.fill(0xFFFF)  # NaN
+        run(st)
+        cp.cuda.runtime.deviceSynchronize()
+        got = bf16_val(cp.asnumpy(out)).astype(np.float64)
+        pf = cp.asnumpy(part).reshape(K, H).astype(np.float64).sum(0)
+        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        err_f32 = np.linalg.norm(pf - ref) / np.linalg.norm(ref)
+        print(f"check {name:<26} bf16 out rel err {err:.2e}  f32 parts {err_f32:.2e}  nan {np.isnan(got).sum()}")
+
+    # Wild scales (E8M0 anywhere in 0..254) on a small layer: the slow decode path.
+    Ew, Hw, Iw = 4, 256, 128
+    wl = Layer(rng, Ew, Hw, Iw, wild=True)
+    ids = np.array([0, 1, 2, 3], np.uint32)
+    w = np.full(4, 0.25, np.float32)
+    xb = bf16_bits(rng.standard_normal(Hw).astype(np.float32))
+    refw = reference(wl, xb, ids, w, Hw, Iw)
+    for W, suf in [(4, ""), (8, "")]:
+        partw = cp.empty(4 * Hw, cp.float32)
+        a3 = cp.empty(3 * 4 * Iw, cp.uint16)
+        new.get_function(f"moe_sm_gate_up_w{W}{suf}")((4, 2 * Iw // 16), (32 * W,), (
+            cp.asarray(xb), cp.asarray(ids), wl.gu_b, wl.gu_s, wl.gu_bias, a3, i32(4), i32(Ew), i32(Hw), i32(Iw),
+            f32(LIMIT), f32(ALPHA)))
+        new.get_function(f"moe_sm_down_w{W}{suf}")((4, Hw // 16), (32 * W,), (
+            a3, cp.asarray(ids), cp.asarray(w), wl.d_b, wl.d_s, wl.d_bias, partw, i32(Ew), i32(Hw), i32(Iw)))
+        got = cp.asnumpy(partw).reshape(4, Hw).astype(np.float64).sum(0)
+        err = np.linalg.norm(got - refw) / np.linalg.norm(refw)
+        print(f"check wild scales mma w{W}{suf}: rel err {err:.2e}")
+
+    # Timing: a graph of all layers, replayed.
+    stream = cp.cuda.Stream(non_blocking=True)
+    bytes_layer = K * 3 * H * I * 17 / 32
+    copy_src = cp.empty(2 << 30, cp.uint8)
+    copy_dst = cp.empty_like(copy_src)
+    with stream:
+        for _ in range(3):
+            cp.copyto(copy_dst, copy_src)
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        for _ in range(5):
+            cp.copyto(copy_dst, copy_src)
+        e1.record()
+        e1.synchronize()
+    ms = cp.cuda.get_elapsed_time(e0, e1) / 5
+    print(f"device copy: {2 * copy_src.nbytes / ms / 1e6:.0f} GB/s (read + write)")
+    del copy_src, copy_dst
+    for (name, run), what in [(v, w) for v in variants for w in ("gu", "dn", "all")]:
+        with stream:
+            stream.begin_capture()
+            for st in steps:
+                run(st, what)
+            g = stream.end_capture()
+            for _ in range(3):
+                g.launch(stream)
+            times = []
+            for _ in range(args.reps):
+                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                e0.record(stream)
+                g.launch(stream)
+                e1.record(stream)
+                e1.synchronize()
+                times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / args.layers)
+        us = float(np.median(times))
+        nbytes = bytes_layer * {"gu": 2 / 3, "dn": 1 / 3, "all": 1}[what]
+        print(f"time {name:<26} {what:<3} {us:7.1f} us/layer  {nbytes / us / 1e3:6.0f} GB/s  "
+              f"(x24 layers: {24 * us / 1e3:.2f} ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+// The MXFP4 experts for single-token decode, per (token, slot) like mxfp4_moe.cu's GEMVs (same
+// maths, see mxfp4_moe.rs), but on tensor cores with K split over the warps of a block.
+//
+// Why: at batch 1 the per-slot GEMVs decoded every FP4 value through a table in shared memory
+// and multiplied it in f32 (a shared-memory load, a bit-field extract and an FMA per weight): the
+// shared-memory pipe alone took ~9 us per gate_up call, about what reading its 35 MB takes. Here a
+// value costs about two logic ops (mxfp4_mma.cuh: the codes go straight into bf16 mma fragments,
+// the E8M0 scale applied by one bf16x2 multiply per pair) and the products run on tensor cores.
+// The expert-major kernels decode the same way but give each warp whole rows over all of K: at one
+// token that is 90 dependent steps per warp for gpt-oss; here K is cut over the block's warps and
+// the partial sums meet in shared memory (in a fixed order: deterministic).
+//
+// One block = one slot (blockIdx.x) and one tile of 16 weight rows (blockIdx.y), W warps. The
+// tile is the 16-row A operand of mma.m16n8k16 (fragment row g = weight row 2g, row g + 8 = row
+// 2g + 1: for gate_up the gate and the up value of pair g); the input is B, one column per bf16
+// piece of it: 1 for bf16 x (exact), 3 for the f32 activations between the projections
+// (hi + mid + lo: the f32 value exactly), the other 5 columns zero. Lane (g, t) of a warp reads
+// the whole 32-value block 4Q + t of its two rows (16-byte loads; a quad of lanes reads 64
+// contiguous bytes of each row) for the quads of blocks Q = w, w + W, ... Measured on an H100 at
+// gpt-oss-20b sizes (scripts/analysis/moe_decode_kernels.py, 24 layers of cold weights), gate_up
+// + down + sum per layer: 33 us against the table GEMVs' 56 (8 warps; 4 warps 33.4-33.8). No
+// faster (34-47 us): two quads loaded before either is used, double-buffered loads, two tiles per
+// warp, the input staged in shared memory, or the weights streamed through a 3- to 6-stage
+// cp.async ring in shared memory (more bytes in flight made it slower), the weights as the B
+// operand (8 rows per load instead of 16, twice the mma instructions: 38 us), or a register cap
+// for more blocks per multiprocessor (34 us). Every added instruction cost time: the kernel is
+// bound by its instruction issue (~230 per warp and 2,048 weights), not by memory.
+//
+//   moe_sm_gate_up: gate_up rows, bias, clamped SwiGLU -> act [slots, 3, I] bf16 (hi, mid, lo).
+//   moe_sm_down:    down rows, bias, routing weight -> part [slots, H] f32, which mxfp4_moe.cu's
+//                   moe_sum adds in slot order.
+
+#include "common.cuh"
+#include "mxfp4_mma.cuh"
+
+// One quad for a lane: block b of its two rows, their scales, and (lanes whose fragment column
+// g < NCOL) the 32 input values of piece g at block b.
+struct SlotQuad {
+    uint4 w[2];
+    uint32_t s[2];
+    uint4 x[4];
+};
+
+// row_w / row_s: the lane's two rows' blocks and scales (row h at [h]); xg: piece g of the input
+// row (nullptr for lanes with no column). Zeros past kb.
+__device__ __forceinline__ void sm_load(SlotQuad& qd, int b, int kb, const uint4* const (&row_w)[2],
+                                        const uint8_t* const (&row_s)[2], const __nv_bfloat16* xg, bool on) {
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    const bool in = on && b < kb;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        qd.w[h] = in ? __ldg(row_w[h] + b) : z;  // code 0 is +0: contributes nothing
+        qd.s[h] = in ? __ldg(row_s[h] + b) : 127u;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) qd.x[q] = in && xg ? __ldg(reinterpret_cast<const uint4*>(xg + 32 * b + 8 * q)) : z;
+}
+
+// acc += the quad's products.
+template <bool BIG>
+__device__ __forceinline__ void sm_mma(float (&acc)[4], const SlotQuad& qd) {
+    const Scale s0 = scale_of<BIG>(qd.s[0]), s1 = scale_of<BIG>(qd.s[1]);
+    const uint32_t w0[4] = {qd.w[0].x, qd.w[0].y, qd.w[0].z, qd.w[0].w};
+    const uint32_t w1[4] = {qd.w[1].x, qd.w[1].y, qd.w[1].z, qd.w[1].w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t b0, b1, a[4];
+        b_frag(qd.x[q], 0, b0, b1);
+        a[0] = fp4_pair<0, BIG>(w0[q], s0);
+        a[1] = fp4_pair<0, BIG>(w1[q], s1);
+        a[2] = fp4_pair<1, BIG>(w0[q], s0);
+        a[3] = fp4_pair<1, BIG>(w1[q], s1);
+        mma_bf16(acc, a, b0, b1);
+        b_frag(qd.x[q], 1, b0, b1);
+        a[0] = fp4_pair<2, BIG>(w0[q], s0);
+        a[1] = fp4_pair<2, BIG>(w1[q], s1);
+        a[2] = fp4_pair<3, BIG>(w0[q], s0);
+        a[3] = fp4_pair<3, BIG>(w1[q], s1);
+        mma_bf16(acc, a, b0, b1);
+    }
+}
+
+// The block's tile (rows row0 .. row0 + 15 of the [*, K/32, 16] matrix) dotted with the NCOL pieces
+// of the input (piece c at x + c * x_stride, K bf16 values each), summed over the warps:
+// red[w][r][c] for warp w, tile row r (weight row row0 + r) and piece c. Ends with a block-level
+// sync; every thread of the block must call it.
+template <int NCOL, int W>
+__device__ __forceinline__ void sm_tile(float (&red)[W][16][4], const uint8_t* __restrict__ blocks,
+                                        const uint8_t* __restrict__ scales, long long row0, int kb,
+                                        const __nv_bfloat16* x, long long x_stride, bool on) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const uint4* row_w[2];
+    const uint8_t* row_s[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const long long row = row0 + 2 * g + h;
+        row_w[h] = reinterpret_cast<const uint4*>(blocks) + row * kb;
+        row_s[h] = scales + row * kb;
+    }
+    const __nv_bfloat16* xg = g < NCOL ? x + g * x_stride : nullptr;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const int nq = (kb + 3) / 4;
+    SlotQuad qd;
+#pragma unroll 1
+    for (int Q = w; Q < nq; Q += W) {
+        sm_load(qd, 4 * Q + t, kb, row_w, row_s, xg, on);
+        // A scale of 128 or more in any lane takes the slow decode (warp-uniform).
+        if (__any_sync(FULL_MASK, (qd.s[0] | qd.s[1]) & 0x80u)) {
+            sm_mma<true>(acc, qd);
+        } else {
+            sm_mma<false>(acc, qd);
+        }
+    }
+    // Lane (g, t): columns (pieces) 2t, 2t + 1 of fragment rows g (acc 0, 1: tile row 2g) and
+    // g + 8 (acc 2, 3: tile row 2g + 1).
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        if (2 * t + c < NCOL) {
+            red[w][2 * g][2 * t + c] = acc[c];
+            red[w][2 * g + 1][2 * t + c] = acc[2 + c];
+        }
+    }
+    __syncthreads();
+}
+
+// Tile row r's dot product: pieces, then warps, in order.
+template <int NCOL, int W>
+__device__ __forceinline__ float sm_dot(const float (&red)[W][16][4], int r) {
+    float d = 0.f;
+#pragma unroll
+    for (int w = 0; w < W; w++) {
+        float s = 0.f;
+#pragma unroll
+        for (int c = 0; c < NCOL; c++) s += red[w][r][c];
+        d += s;
+    }
+    return d;
+}
+
+// grid (tokens * k, 2I / 16), block 32 W. x [tokens, H] bf16 -> act [slots, 3, I] bf16: hi, mid, lo
+// with hi + mid + lo the f32 activation.
+template <int W>
+__device__ __forceinline__ void sm_gate_up(const __nv_bfloat16* __restrict__ x, const uint32_t* __restrict__ ids,
+                                           const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
+                                           const float* __restrict__ bias, __nv_bfloat16* __restrict__ act, int k,
+                                           int n_experts, int hidden, int inter, float limit, float alpha) {
+    __shared__ float red[W][16][4];
+    const int slot = blockIdx.x;
+    const uint32_t e = ids[slot];
+    const bool on = e < (uint32_t)n_experts;  // off: no contribution (the CPU reference errors)
+    const long long row0 = (long long)(on ? e : 0) * 2 * inter + 16 * blockIdx.y;
+    sm_tile<1, W>(red, blocks, scales, row0, hidden / 32, x + (long long)(slot / k) * hidden, 0, on);
+    const int j = threadIdx.x;  // pair j of the tile: gate = tile row 2j, up = row 2j + 1
+    if (j < 8) {
+        float a = 0.f;
+        if (on) {
+            const float gate = fminf(sm_dot<1, W>(red, 2 * j) + bias[row0 + 2 * j], limit);
+            const float up = fminf(fmaxf(sm_dot<1, W>(red, 2 * j + 1) + bias[row0 + 2 * j + 1], -limit), limit);
+            a = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
+        }
+        const __nv_bfloat16 hi = __float2bfloat16_rn(a);
+        const float r = a - __bfloat162float(hi);
+        const __nv_bfloat16 mid = __float2bfloat16_rn(r);
+        __nv_bfloat16* out = act + (long long)slot * 3 * inter + 8 * blockIdx.y + j;
+        out[0] = hi;
+        out[inter] = mid;
+        out[2 * inter] = __float2bfloat16_rn(r - __bfloat162float(mid));
+    }
+}
+
+// grid (tokens * k, H / 16), block 32 W. part[slot, r] = weights[slot] * (dot + bias), f32.
+template <int W>
+__device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, const uint32_t* __restrict__ ids,
+                                        const float* __restrict__ weights, const uint8_t* __restrict__ blocks,
+                                        const uint8_t* __restrict__ scales, const float* __restrict__ bias,
+                                        float* __restrict__ part, int n_experts, int hidden, int inter) {
+    __shared__ float red[W][16][4];
+    const int slot = blockIdx.x;
+    const uint32_t e = ids[slot];
+    const bool on = e < (uint32_t)n_experts;
+    const long long row0 = (long long)(on ? e : 0) * hidden + 16 * blockIdx.y;
+    sm_tile<3, W>(red, blocks, scales, row0, inter / 32, act + (long long)slot * 3 * inter, inter, on);
+    const int r = threadIdx.x;  // tile row
+    if (r < 16) {
+        float out = 0.f;
+        if (on) out = weights[slot] * (sm_dot<3, W>(red, r) + bias[row0 + r]);
+        part[(long long)slot * hidden + 16 * blockIdx.y + r] = out;
+    }
+}
+
+// Variants _w{W}: W warps along K; gpu.rs picks one.
+#define SM_VARIANT(W)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_gate_up_w##W(                              \
+        const __nv_bfloat16* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales,         \
+        const float* bias, __nv_bfloat16* act, int k, int n_experts, int hidden, int inter, float limit,   \
+        float alpha) {                                                                                    \
+        sm_gate_up<W>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha);       \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_down_w##W(                                 \
+        const __nv_bfloat16* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,        \
+        const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter) {      \
+        sm_down<W>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter);               \
+    }
+
+SM_VARIANT(4)
+SM_VARIANT(8)
