@@ -2,8 +2,10 @@
 
     python3 scripts/analysis/moe_decode_kernels.py [--layers 24] [--reps 20]
 
-Builds src/kernels/mxfp4_moe.cu (the f32-table GEMVs) and src/kernels/moe_slot_mma.cu (the
-tensor-core split-K GEMVs) with the machine's nvcc, draws random packed experts (32 experts,
+Builds src/kernels/mxfp4_moe.cu (the f32-table GEMVs), src/kernels/moe_slot_mma.cu (the
+tensor-core split-K GEMVs, also taken apart: its loads alone, its arithmetic alone, capped at 42
+registers) and this folder's moe_slot_dp4a.cu (the same on integer dot products, an experiment)
+and moe_read_probe.cu (read-only kernels, with --probes) with the machine's nvcc, draws random packed experts (32 experts,
 hidden = intermediate = 2880, top-4) for several layers so that a step's weights are not in L2,
 checks every variant's output against a float64 reference (numpy, one layer), then times each
 variant as a CUDA graph of gate_up, down and the ordered sum over `--layers` layers, as a decode
@@ -27,10 +29,10 @@ FP4 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6
 LIMIT, ALPHA = 7.0, 1.702
 
 
-def build(name, tmp, subs=()):
-    """Compiles src/kernels/NAME.cu, after replacing each (old, new) of `subs` in its text."""
+def build(name, tmp, subs=(), folder=KDIR):
+    """Compiles FOLDER/NAME.cu, after replacing each (old, new) of `subs` in its text."""
     tag = f"{name}{len(os.listdir(tmp))}"
-    src = open(os.path.join(KDIR, name + ".cu")).read()
+    src = open(os.path.join(folder, name + ".cu")).read()
     for old, new in subs:
         if old not in src:
             sys.exit(f"{name}.cu has no {old!r}")
@@ -110,11 +112,28 @@ def main():
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--distinct", type=int, default=8, help="layers of distinct weights")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--probes", action="store_true", help="also time moe_read_probe.cu's read-only kernels")
     args = ap.parse_args()
     E, H, I, K = 32, 2880, 2880, 4
     tmp = tempfile.mkdtemp()
     old, old_regs = build("mxfp4_moe", tmp)
     new, new_regs = build("moe_slot_mma", tmp)
+    here = os.path.dirname(os.path.abspath(__file__))
+    dp, dp_regs = build("moe_slot_dp4a", tmp, folder=here)
+    # moe_slot_mma.cu taken apart: its arithmetic on the first quad's data only (no loads in the
+    # loop), and its loads with the arithmetic replaced by a fold of the loaded words; and capped
+    # at 42 registers (6 blocks of 8 warps per multiprocessor).
+    compute_only, _ = build("moe_slot_mma", tmp, [
+        ("if (Q != w) sm_load_w(qd, 4 * Q + t, kb, row_w, row_s, on);", ""),
+        ("sm_load_x(qd, 4 * Q + t, kb, xg, on);", "if (Q == w) sm_load_x(qd, 4 * Q + t, kb, xg, on);")])
+    loads_only, _ = build("moe_slot_mma", tmp, [(
+        "if (__any_sync(FULL_MASK, (qd.s[0] | qd.s[1]) & 0x80u)) {",
+        "acc[0] += __uint_as_float((qd.w[0].x ^ qd.w[0].y ^ qd.w[0].z ^ qd.w[0].w ^ qd.w[1].x ^ qd.w[1].y ^ qd.w[1].z"
+        " ^ qd.w[1].w ^ qd.x[0].x ^ qd.x[1].y ^ qd.x[2].z ^ qd.x[3].w ^ qd.s[0] ^ qd.s[1]) & 0x3F00FFFFu);"
+        " if (acc[0] == 1.2345f) {")])
+    capped, _ = build("moe_slot_mma", tmp, [("__launch_bounds__(32 * W)", "__launch_bounds__(32 * W, 48 / W)")])
+    probe, _ = build("moe_read_probe", tmp, folder=here)
+    print("registers: moe_slot_dp4a", " ".join(dp_regs))
     print("registers: mxfp4_moe", " ".join(old_regs), "| moe_slot_mma", " ".join(new_regs))
     rng = np.random.default_rng(7)
     cp.random.seed(7)
@@ -178,14 +197,42 @@ def main():
                 summ(st)
         return run
 
+    act_q = cp.empty(K * I * 3, cp.int8)
+    act_d = cp.empty(K * (I // 32) * 3, cp.float32)
+
+    def run_dp(gu_name, dn_name):
+        gu = dp.get_function(f"moe_dp_gate_up_{gu_name}")
+        dn = dp.get_function(f"moe_dp_down_{dn_name}")
+        rg_gu, rg_dn = int(gu_name[-1]), int(dn_name[-1])
+
+        def run(st, what="all"):
+            L = st["layer"]
+            if what != "dn":
+                gu((K, 2 * I // 64), (32, -(-H // 1024), rg_gu), (st["x"], st["ids"], L.gu_b, L.gu_s, L.gu_bias, act_q,
+                                                                 act_d, i32(K), i32(E), i32(H), i32(I), f32(LIMIT),
+                                                                 f32(ALPHA)))
+            if what != "gu":
+                dn((K, H // 32), (32, -(-I // 1024), rg_dn), (act_q, act_d, st["ids"], st["w"], L.d_b, L.d_s, L.d_bias,
+                                                             part, i32(E), i32(H), i32(I)))
+            if what == "all":
+                summ(st)
+        return run
+
     variants = [("table r16 (mxfp4_moe.cu)", run_old)]
+    for gu_name, dn_name in [("x2_r2_g4", "r2_g2")]:
+        variants.append((f"dp4a {gu_name} {dn_name}", run_dp(gu_name, dn_name)))
     for W in (4, 8):
         variants.append((f"mma w{W}", run_new(W, "")))
+        variants.append((f"mma w{W} capped", run_new(W, "", capped)))
+    variants.append(("mma w8 compute only", run_new(8, "", compute_only)))
+    variants.append(("mma w8 loads only", run_new(8, "", loads_only)))
 
     # Correctness: one step, every variant, against float64.
     st = steps[0]
     ref = reference(st["layer"], st["x_h"], st["ids_h"], st["w_h"], H, I)
     for name, run in variants:
+        if "only" in name:
+            continue
         out.fill(0xFFFF)  # NaN
         run(st)
         cp.cuda.runtime.deviceSynchronize()
@@ -231,6 +278,20 @@ def main():
     ms = cp.cuda.get_elapsed_time(e0, e1) / 5
     print(f"device copy: {2 * copy_src.nbytes / ms / 1e6:.0f} GB/s (read + write)")
     del copy_src, copy_dst
+    # Read-only probes over the gate_up weights (moe_read_probe.cu): the memory side's ceilings.
+    sink = cp.empty(1 << 20, cp.uint32)
+    gu_bytes = K * 2 * I * H * 17 / 32
+    probes = [("frag", (K, 2 * I // 16), (256,)), ("rows_", (K, 2 * I // 16), (32, -(-H // 1024))),
+              ("flat", (264, K), (256,))]
+    for kind, grid, block in probes if args.probes else []:
+        for P in ((1, 2, 4) if kind != "flat" else (2, 4, 8)):
+            f = probe.get_function(f"probe_{kind}_p{P}")
+
+            def run(st, f=f, grid=grid, block=block):
+                L = st["layer"]
+                f(grid, block, (L.gu_b, L.gu_s, st["ids"], sink, i32(2 * I), i32(H // 32)))
+            us = time_graph(stream, steps, run, args.reps, args.layers)
+            print(f"probe {kind:<5} P={P}: {us:6.1f} us/layer  {gu_bytes / us / 1e3:6.0f} GB/s (gate_up weights only)")
     for (name, run), what in [(v, w) for v in variants for w in ("gu", "dn", "all")]:
         with stream:
             stream.begin_capture()
@@ -251,6 +312,25 @@ def main():
         nbytes = bytes_layer * {"gu": 2 / 3, "dn": 1 / 3, "all": 1}[what]
         print(f"time {name:<26} {what:<3} {us:7.1f} us/layer  {nbytes / us / 1e3:6.0f} GB/s  "
               f"(x24 layers: {24 * us / 1e3:.2f} ms)")
+
+
+def time_graph(stream, steps, run, reps, layers):
+    with stream:
+        stream.begin_capture()
+        for st in steps:
+            run(st)
+        g = stream.end_capture()
+        for _ in range(3):
+            g.launch(stream)
+        times = []
+        for _ in range(reps):
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record(stream)
+            g.launch(stream)
+            e1.record(stream)
+            e1.synchronize()
+            times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / layers)
+    return float(np.median(times))
 
 
 if __name__ == "__main__":

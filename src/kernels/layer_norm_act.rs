@@ -102,10 +102,15 @@ mod gpu {
                 w.dims()
             );
         }
-        let x = x.contiguous()?;
-        let (delta, bias) =
-            (delta.map(Tensor::contiguous).transpose()?, bias.map(Tensor::contiguous).transpose()?);
-        let w = w.contiguous()?;
+        // Rows start 16-byte aligned (candle's buffers are; a view's offset may not be), so that
+        // the kernel's path depends on n alone and a row gives the same bits in any batch.
+        let aligned = |t: &Tensor| -> Result<Tensor> {
+            let t = t.contiguous()?;
+            if t.layout().start_offset() % 4 == 0 { Ok(t) } else { t.force_contiguous() }
+        };
+        let x = aligned(x)?;
+        let (delta, bias) = (delta.map(aligned).transpose()?, bias.map(aligned).transpose()?);
+        let w = aligned(w)?;
         let (xs, xl) = x.storage_and_layout();
         let ds = delta.as_ref().map(|t| t.storage_and_layout());
         let bs = bias.as_ref().map(|t| t.storage_and_layout());
@@ -126,9 +131,12 @@ mod gpu {
             LAYER_NORM_ACT_PTX,
         )?;
         let n32 = int(n, "add_rms_norm width")?;
+        // A thread per 4 values, in whole warps, up to 1,024 (the kernel's fast path holds a row
+        // of up to 16 values per thread in registers; any other row takes its strided loop).
+        let threads = n.div_ceil(4).next_multiple_of(32).clamp(32, 1024);
         let cfg = LaunchConfig {
             grid_dim: (int(rows, "add_rms_norm rows")? as u32, 1, 1),
-            block_dim: (256, 1, 1),
+            block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let stream = dev.cuda_stream();
@@ -328,8 +336,16 @@ mod tests {
         use rand::Rng;
         let dev = crate::kernels::testing::gpu();
         let mut r = rng("layer_norm_act gpu");
-        for case in 0..9 {
-            let (rows, n) = (r.random_range(1..=40), r.random_range(1..=3000));
+        // Widths that are multiples of 4 take the kernel's registers path (gpt-oss's 2880 and
+        // Llama's 2048 among them), the others its strided loop.
+        for case in 0..15 {
+            let n = match case {
+                0 => 2880,
+                1 => 2048,
+                2..=7 => 4 * r.random_range(1..=1500),
+                _ => r.random_range(1..=3000),
+            };
+            let rows = r.random_range(1..=40);
             let cpu = norm_inputs(&mut r, rows, n);
             let [x, d, b, w] = cpu.clone().map(|t| t.to_device(&dev).expect("to GPU"));
             let (delta, bias) = match case % 3 {

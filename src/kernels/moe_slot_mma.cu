@@ -20,11 +20,16 @@
 // gpt-oss-20b sizes (scripts/analysis/moe_decode_kernels.py, 24 layers of cold weights), gate_up
 // + down + sum per layer: 33 us against the table GEMVs' 56 (8 warps; 4 warps 33.4-33.8). No
 // faster (34-47 us): two quads loaded before either is used, double-buffered loads, two tiles per
-// warp, the input staged in shared memory, or the weights streamed through a 3- to 6-stage
-// cp.async ring in shared memory (more bytes in flight made it slower), the weights as the B
-// operand (8 rows per load instead of 16, twice the mma instructions: 38 us), or a register cap
-// for more blocks per multiprocessor (34 us). Every added instruction cost time: the kernel is
-// bound by its instruction issue (~230 per warp and 2,048 weights), not by memory.
+// warp, the input staged in shared memory (also with the registers that frees: 48, 5 blocks per
+// multiprocessor), the weights streamed through a 3- to 6-stage cp.async ring in shared memory,
+// the weights as the B operand (8 rows per load instead of 16, twice the mma instructions), a
+// register cap for more blocks per multiprocessor, or integer dot products (moe_slot_dp4a.cu's
+// experiment: fewer instructions per weight, 36 us). Taken apart (the same script): its loads
+// alone take as long as the whole kernel, its arithmetic alone 15 of gate_up's 19.5 us, and a
+// read-only kernel with the same access pattern reads gate_up's 35 MB in 14.4 us (2.4 TB/s;
+// 12.8 us as one flat array): what is left is in how the loads are spread, not in the arithmetic.
+// Keep the loop as it is: moving the next quad's weight loads to the end of the loop body made
+// both kernels ~3 us slower.
 //
 //   moe_sm_gate_up: gate_up rows, bias, clamped SwiGLU -> act [slots, 3, I] bf16 (hi, mid, lo).
 //   moe_sm_down:    down rows, bias, routing weight -> part [slots, H] f32, which mxfp4_moe.cu's
@@ -41,19 +46,25 @@ struct SlotQuad {
     uint4 x[4];
 };
 
-// row_w / row_s: the lane's two rows' blocks and scales (row h at [h]); xg: piece g of the input
-// row (nullptr for lanes with no column). Zeros past kb.
-__device__ __forceinline__ void sm_load(SlotQuad& qd, int b, int kb, const uint4* const (&row_w)[2],
-                                        const uint8_t* const (&row_s)[2], const __nv_bfloat16* xg, bool on) {
-    const uint4 z = make_uint4(0, 0, 0, 0);
+// row_w / row_s: the lane's two rows' blocks and scales (row h at [h]). Zeros past kb. Read-only
+// data: may be loaded before pdl_wait().
+__device__ __forceinline__ void sm_load_w(SlotQuad& qd, int b, int kb, const uint4* const (&row_w)[2],
+                                          const uint8_t* const (&row_s)[2], bool on) {
     const bool in = on && b < kb;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        qd.w[h] = in ? __ldg(row_w[h] + b) : z;  // code 0 is +0: contributes nothing
+        qd.w[h] = in ? __ldg(row_w[h] + b) : make_uint4(0, 0, 0, 0);  // code 0 is +0: contributes nothing
         qd.s[h] = in ? __ldg(row_s[h] + b) : 127u;
     }
+}
+
+// xg: piece g of the input row (nullptr for lanes with no column). Written by the kernel before:
+// only after pdl_wait().
+__device__ __forceinline__ void sm_load_x(SlotQuad& qd, int b, int kb, const __nv_bfloat16* xg, bool on) {
+    const bool in = on && b < kb && xg;
 #pragma unroll
-    for (int q = 0; q < 4; q++) qd.x[q] = in && xg ? __ldg(reinterpret_cast<const uint4*>(xg + 32 * b + 8 * q)) : z;
+    for (int q = 0; q < 4; q++)
+        qd.x[q] = in ? __ldg(reinterpret_cast<const uint4*>(xg + 32 * b + 8 * q)) : make_uint4(0, 0, 0, 0);
 }
 
 // acc += the quad's products.
@@ -82,9 +93,10 @@ __device__ __forceinline__ void sm_mma(float (&acc)[4], const SlotQuad& qd) {
 
 // The block's tile (rows row0 .. row0 + 15 of the [*, K/32, 16] matrix) dotted with the NCOL pieces
 // of the input (piece c at x + c * x_stride, K bf16 values each), summed over the warps:
-// red[w][r][c] for warp w, tile row r (weight row row0 + r) and piece c. Ends with a block-level
-// sync; every thread of the block must call it.
-template <int NCOL, int W>
+// red[w][r][c] for warp w, tile row r (weight row row0 + r) and piece c. WAIT: the first weights
+// are loaded, then pdl_wait(), then the input. Ends with a block-level sync; every thread of the
+// block must call it.
+template <int NCOL, int W, bool WAIT>
 __device__ __forceinline__ void sm_tile(float (&red)[W][16][4], const uint8_t* __restrict__ blocks,
                                         const uint8_t* __restrict__ scales, long long row0, int kb,
                                         const __nv_bfloat16* x, long long x_stride, bool on) {
@@ -101,9 +113,15 @@ __device__ __forceinline__ void sm_tile(float (&red)[W][16][4], const uint8_t* _
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const int nq = (kb + 3) / 4;
     SlotQuad qd;
+    sm_load_w(qd, 4 * w + t, kb, row_w, row_s, on);
+    if (WAIT) {  // the input is the previous kernel's output; the first weights are on their way
+        pdl_wait();
+        pdl_launch_dependents();
+    }
 #pragma unroll 1
     for (int Q = w; Q < nq; Q += W) {
-        sm_load(qd, 4 * Q + t, kb, row_w, row_s, xg, on);
+        if (Q != w) sm_load_w(qd, 4 * Q + t, kb, row_w, row_s, on);
+        sm_load_x(qd, 4 * Q + t, kb, xg, on);
         // A scale of 128 or more in any lane takes the slow decode (warp-uniform).
         if (__any_sync(FULL_MASK, (qd.s[0] | qd.s[1]) & 0x80u)) {
             sm_mma<true>(acc, qd);
@@ -145,11 +163,13 @@ __device__ __forceinline__ void sm_gate_up(const __nv_bfloat16* __restrict__ x, 
                                            const float* __restrict__ bias, __nv_bfloat16* __restrict__ act, int k,
                                            int n_experts, int hidden, int inter, float limit, float alpha) {
     __shared__ float red[W][16][4];
+    pdl_wait();  // the routing is the previous kernel's
+    pdl_launch_dependents();
     const int slot = blockIdx.x;
     const uint32_t e = ids[slot];
     const bool on = e < (uint32_t)n_experts;  // off: no contribution (the CPU reference errors)
     const long long row0 = (long long)(on ? e : 0) * 2 * inter + 16 * blockIdx.y;
-    sm_tile<1, W>(red, blocks, scales, row0, hidden / 32, x + (long long)(slot / k) * hidden, 0, on);
+    sm_tile<1, W, false>(red, blocks, scales, row0, hidden / 32, x + (long long)(slot / k) * hidden, 0, on);
     const int j = threadIdx.x;  // pair j of the tile: gate = tile row 2j, up = row 2j + 1
     if (j < 8) {
         float a = 0.f;
@@ -179,7 +199,9 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
     const uint32_t e = ids[slot];
     const bool on = e < (uint32_t)n_experts;
     const long long row0 = (long long)(on ? e : 0) * hidden + 16 * blockIdx.y;
-    sm_tile<3, W>(red, blocks, scales, row0, inter / 32, act + (long long)slot * 3 * inter, inter, on);
+    // The routing was written before moe_sm_gate_up ran (it waited for it): readable before
+    // pdl_wait(), which waits for moe_sm_gate_up's activations.
+    sm_tile<3, W, true>(red, blocks, scales, row0, inter / 32, act + (long long)slot * 3 * inter, inter, on);
     const int r = threadIdx.x;  // tile row
     if (r < 16) {
         float out = 0.f;

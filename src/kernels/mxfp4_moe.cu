@@ -186,6 +186,8 @@ __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, con
 template <typename T>
 __device__ __forceinline__ void moe_sum_impl(const float* __restrict__ part, const uint32_t* __restrict__ ids,
                                              T* __restrict__ out, int tokens, int k, int hidden, int n_experts) {
+    pdl_wait();  // part is the previous kernel's (gpu.rs launches this one with PDL)
+    pdl_launch_dependents();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)tokens * hidden) return;
     const long long t = i / hidden, r = i % hidden;

@@ -20,6 +20,7 @@ use crate::kernels::cuda::{
     KernelFloat, MOE_EXPERT_MAJOR_PTX, MOE_GROUPED_PTX, MOE_SLOT_MMA_PTX, MXFP4_MOE_PTX, cuda_view,
     int, output,
 };
+use crate::kernels::launch::Launch;
 
 const MODULE: &str = "inferno_mxfp4_moe";
 const GROUPED_MODULE: &str = "inferno_moe_grouped";
@@ -209,8 +210,9 @@ fn sum<O: KernelFloat>(
         int(d.hidden, "hidden")?,
         int(d.experts, "experts")?,
     );
-    let mut b = func.builder();
-    b.arg(part).arg(ids).arg(&mut out).arg(&t32).arg(&k32).arg(&h32).arg(&e32);
+    let stream = dev.cuda_stream();
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(part).ptr(ids).ptr_mut(&mut out).val(t32).val(k32).val(h32).val(e32);
     let n = d.tokens * d.hidden;
     let grid = LaunchConfig {
         grid_dim: (int(n.div_ceil(256), "blocks")? as u32, 1, 1),
@@ -218,8 +220,9 @@ fn sum<O: KernelFloat>(
         shared_mem_bytes: 0,
     };
     // SAFETY: the arguments match moe_sum's signature; it reads only the part rows of valid slots,
-    // which both paths write.
-    unsafe { b.launch(grid) }.w()?;
+    // which every path writes, and waits (PDL) before reading anything.
+    unsafe { b.launch(grid) }?;
+    drop(b);
     Ok(out)
 }
 
@@ -308,19 +311,24 @@ fn slot_mma<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let mut act = unsafe { dev.alloc::<bf16>(slots * 3 * d.inter)? };
     let mut part = unsafe { dev.alloc::<f32>(slots * d.hidden)? };
     let name = |what: &str| format!("moe_sm_{what}_w{SLOT_MMA_WARPS}");
+    let stream = dev.cuda_stream();
     let func = dev.get_or_load_custom_func(&name("gate_up"), SLOT_MMA_MODULE, MOE_SLOT_MMA_PTX)?;
-    let mut b = func.builder();
-    b.arg(x).arg(ids).arg(&p.gu_blocks).arg(&p.gu_scales).arg(&p.gu_bias).arg(&mut act);
-    b.arg(&k32).arg(&n_exp).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(x).ptr(ids).ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias).ptr_mut(&mut act);
+    b.val(k32).val(n_exp).val(h32).val(i32_).val(op.act.limit).val(op.act.alpha);
     // SAFETY: the arguments match moe_sm_gate_up's signature; x is bf16 with 16-byte aligned rows
-    // (checked by the caller), 2I and H are multiples of the 16-row tile (Mxfp4Experts::new).
-    unsafe { b.launch(cfg(2 * d.inter)?) }.w()?;
+    // (checked by the caller), 2I and H are multiples of the 16-row tile (Mxfp4Experts::new). It
+    // waits (PDL) before reading anything.
+    unsafe { b.launch(cfg(2 * d.inter)?) }?;
+    drop(b);
     let func = dev.get_or_load_custom_func(&name("down"), SLOT_MMA_MODULE, MOE_SLOT_MMA_PTX)?;
-    let mut b = func.builder();
-    b.arg(&act).arg(ids).arg(weights).arg(&p.d_blocks).arg(&p.d_scales).arg(&p.d_bias);
-    b.arg(&mut part).arg(&n_exp).arg(&h32).arg(&i32_);
-    // SAFETY: the arguments match moe_sm_down's signature.
-    unsafe { b.launch(cfg(d.hidden)?) }.w()?;
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(&act).ptr(ids).ptr(weights).ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias);
+    b.ptr_mut(&mut part).val(n_exp).val(h32).val(i32_);
+    // SAFETY: the arguments match moe_sm_down's signature. Before its PDL wait it reads only the
+    // weights and the routing, which moe_sm_gate_up waited for before letting it start.
+    unsafe { b.launch(cfg(d.hidden)?) }?;
+    drop(b);
     Ok(part)
 }
 
