@@ -67,6 +67,18 @@ __device__ __forceinline__ void sm_load_x(SlotQuad& qd, int b, int kb, const __n
         qd.x[q] = in ? __ldg(reinterpret_cast<const uint4*>(xg + 32 * b + 8 * q)) : make_uint4(0, 0, 0, 0);
 }
 
+// acc += k16 step ST of word q (nibble pairs (2 ST, 2 ST + 4) and (2 ST + 1, 2 ST + 5)) of the
+// lane's two rows, against the input word xq at the same positions.
+template <int ST, bool BIG>
+__device__ __forceinline__ void sm_step(float (&acc)[4], const uint4& xq, uint32_t w0, uint32_t w1, const Scale& s0,
+                                        const Scale& s1) {
+    uint32_t b0, b1;
+    b_frag(xq, ST, b0, b1);
+    const uint32_t a[4] = {fp4_pair<2 * ST, BIG>(w0, s0), fp4_pair<2 * ST, BIG>(w1, s1),
+                           fp4_pair<2 * ST + 1, BIG>(w0, s0), fp4_pair<2 * ST + 1, BIG>(w1, s1)};
+    mma_bf16(acc, a, b0, b1);
+}
+
 // acc += the quad's products.
 template <bool BIG>
 __device__ __forceinline__ void sm_mma(float (&acc)[4], const SlotQuad& qd) {
@@ -75,19 +87,8 @@ __device__ __forceinline__ void sm_mma(float (&acc)[4], const SlotQuad& qd) {
     const uint32_t w1[4] = {qd.w[1].x, qd.w[1].y, qd.w[1].z, qd.w[1].w};
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        uint32_t b0, b1, a[4];
-        b_frag(qd.x[q], 0, b0, b1);
-        a[0] = fp4_pair<0, BIG>(w0[q], s0);
-        a[1] = fp4_pair<0, BIG>(w1[q], s1);
-        a[2] = fp4_pair<1, BIG>(w0[q], s0);
-        a[3] = fp4_pair<1, BIG>(w1[q], s1);
-        mma_bf16(acc, a, b0, b1);
-        b_frag(qd.x[q], 1, b0, b1);
-        a[0] = fp4_pair<2, BIG>(w0[q], s0);
-        a[1] = fp4_pair<2, BIG>(w1[q], s1);
-        a[2] = fp4_pair<3, BIG>(w0[q], s0);
-        a[3] = fp4_pair<3, BIG>(w1[q], s1);
-        mma_bf16(acc, a, b0, b1);
+        sm_step<0, BIG>(acc, qd.x[q], w0[q], w1[q], s0, s1);
+        sm_step<1, BIG>(acc, qd.x[q], w0[q], w1[q], s0, s1);
     }
 }
 

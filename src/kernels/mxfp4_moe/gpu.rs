@@ -118,6 +118,16 @@ impl Dims {
     fn slots(self) -> usize {
         self.tokens * self.k
     }
+
+    /// k, experts, hidden and intermediate as the kernels' `int`s.
+    fn ints(self) -> Result<(i32, i32, i32, i32)> {
+        Ok((
+            int(self.k, "k")?,
+            int(self.experts, "experts")?,
+            int(self.hidden, "hidden")?,
+            int(self.inter, "intermediate")?,
+        ))
+    }
 }
 
 pub(super) fn launch<T: KernelFloat>(
@@ -237,12 +247,7 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
         );
     }
     let slots = d.slots();
-    let (k32, n_exp, h32, i32_) = (
-        int(d.k, "k")?,
-        int(d.experts, "experts")?,
-        int(d.hidden, "hidden")?,
-        int(d.inter, "intermediate")?,
-    );
+    let (k32, n_exp, h32, i32_) = d.ints()?;
     // Warps along K (one block of 32 inputs per lane), and the inputs staged in shared memory
     // as f32, each block of 32 padded to 36 (XPAD in the kernel).
     let rows_per_block = if d.tokens <= SMALL_BATCH { 16 } else { 32 };
@@ -290,12 +295,7 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
 fn slot_mma<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let Call { op, dev, x, ids, weights, p, d } = *c;
     let slots = d.slots();
-    let (k32, n_exp, h32, i32_) = (
-        int(d.k, "k")?,
-        int(d.experts, "experts")?,
-        int(d.hidden, "hidden")?,
-        int(d.inter, "intermediate")?,
-    );
+    let (k32, n_exp, h32, i32_) = d.ints()?;
     let cfg = |rows: usize| -> Result<LaunchConfig> {
         Ok(LaunchConfig {
             grid_dim: (

@@ -256,6 +256,24 @@ mod gpu {
         ]
     }
 
+    /// Random sizes: `tokens`, 1 to 40 experts, hidden and intermediate widths of 1 to
+    /// `hidden_blocks` / `inter_blocks` blocks of 32, top-1 to top-4.
+    fn random_dims(
+        rng: &mut StdRng,
+        tokens: std::ops::RangeInclusive<usize>,
+        hidden_blocks: usize,
+        inter_blocks: usize,
+    ) -> Dims {
+        let experts = rng.random_range(1..=40);
+        Dims {
+            tokens: rng.random_range(tokens),
+            experts,
+            hidden: 32 * rng.random_range(1..=hidden_blocks),
+            inter: 32 * rng.random_range(1..=inter_blocks),
+            k: rng.random_range(1..=experts.min(4)),
+        }
+    }
+
     fn check(d: Dims, dtype: DType, tol: f64) {
         check_path(d, dtype, tol, None, false);
     }
@@ -358,16 +376,7 @@ mod gpu {
             d(17, 13, 1088, 544, 4),
         ];
         let mut rng = rng("gpu expert-major random shapes");
-        for _ in 0..12 {
-            let experts = rng.random_range(1..=40);
-            cases.push(d(
-                rng.random_range(2..=70),
-                experts,
-                32 * rng.random_range(1..=40),
-                32 * rng.random_range(1..=24),
-                rng.random_range(1..=experts.min(4)),
-            ));
-        }
+        cases.extend((0..12).map(|_| random_dims(&mut rng, 2..=70, 40, 24)));
         for d in cases {
             check_path(d, DType::BF16, 1e-2, Some(Path::ExpertMajor), false);
         }
@@ -429,16 +438,7 @@ mod gpu {
             d(1, 6, 32 * 131, 32 * 3, 4),
         ];
         let mut rng = rng("gpu slot mma random shapes");
-        for _ in 0..12 {
-            let experts = rng.random_range(1..=40);
-            cases.push(d(
-                rng.random_range(1..=6),
-                experts,
-                32 * rng.random_range(1..=60),
-                32 * rng.random_range(1..=40),
-                rng.random_range(1..=experts.min(4)),
-            ));
-        }
+        cases.extend((0..12).map(|_| random_dims(&mut rng, 1..=6, 60, 40)));
         for d in cases {
             check_path_tols(d, DType::BF16, (1e-2, 2e-5), Some(Path::SlotMma), false);
         }
