@@ -274,6 +274,15 @@ mod gpu {
         }
     }
 
+    /// By batch size (None), then each CUDA path forced.
+    const ALL_PATHS: [Option<Path>; 5] = [
+        None,
+        Some(Path::PerSlot),
+        Some(Path::SlotMma),
+        Some(Path::ExpertMajor),
+        Some(Path::Grouped),
+    ];
+
     fn check(d: Dims, dtype: DType, tol: f64) {
         check_path(d, dtype, tol, None, false);
     }
@@ -461,13 +470,7 @@ mod gpu {
             GROUPED_MIN_TOKENS,
         ] {
             let d = Dims { tokens, experts: 8, hidden: 256, inter: 128, k: 4 };
-            for path in [
-                None,
-                Some(Path::PerSlot),
-                Some(Path::SlotMma),
-                Some(Path::ExpertMajor),
-                Some(Path::Grouped),
-            ] {
+            for path in ALL_PATHS {
                 check_path(d, DType::BF16, 1e-2, path, false);
             }
         }
@@ -554,13 +557,7 @@ mod gpu {
             let bytes = used.len() as f64 * (3 * d.hidden * d.inter) as f64 * 17.0 / 32.0;
             let mut line =
                 format!("moe timing: {tokens:>3} tokens bf16 ({:>2} experts):", used.len());
-            for path in [
-                None,
-                Some(Path::PerSlot),
-                Some(Path::SlotMma),
-                Some(Path::ExpertMajor),
-                Some(Path::Grouped),
-            ] {
+            for path in ALL_PATHS {
                 if matches!(path, Some(Path::PerSlot | Path::SlotMma)) && tokens > 128 {
                     continue;
                 }
