@@ -4,8 +4,9 @@
 
 Builds src/kernels/mxfp4_moe.cu (the f32-table GEMVs), src/kernels/moe_slot_mma.cu (the
 tensor-core split-K GEMVs, also taken apart: its loads alone, its arithmetic alone, capped at 42
-registers) and this folder's moe_slot_dp4a.cu (the same on integer dot products, an experiment)
-and moe_read_probe.cu (read-only kernels, with --probes) with the machine's nvcc, draws random packed experts (32 experts,
+registers) and this folder's experiments, moe_slot_dp4a.cu (the same on integer dot products),
+moe_slot_persistent.cu (the same with a persistent grid; its parts must equal moe_slot_mma.cu's
+bit for bit) and moe_read_probe.cu (read-only kernels, with --probes) with the machine's nvcc, draws random packed experts (32 experts,
 hidden = intermediate = 2880, top-4) for several layers so that a step's weights are not in L2,
 checks every variant's output against a float64 reference (numpy, one layer), then times each
 variant as a CUDA graph of gate_up, down and the ordered sum over `--layers` layers, as a decode
@@ -133,6 +134,8 @@ def main():
         " if (acc[0] == 1.2345f) {")])
     capped, _ = build("moe_slot_mma", tmp, [("__launch_bounds__(32 * W)", "__launch_bounds__(32 * W, 48 / W)")])
     probe, _ = build("moe_read_probe", tmp, folder=here)
+    persistent, sp_regs = build("moe_slot_persistent", tmp, folder=here)
+    print("registers: moe_slot_persistent", " ".join(sp_regs[-4:]))
     print("registers: moe_slot_dp4a", " ".join(dp_regs))
     print("registers: mxfp4_moe", " ".join(old_regs), "| moe_slot_mma", " ".join(new_regs))
     rng = np.random.default_rng(7)
@@ -197,6 +200,22 @@ def main():
                 summ(st)
         return run
 
+    def run_sp(W, blocks):
+        gu = persistent.get_function(f"moe_sp_gate_up_w{W}")
+        dn = persistent.get_function(f"moe_sp_down_w{W}")
+
+        def run(st, what="all"):
+            L = st["layer"]
+            if what != "dn":
+                gu((blocks,), (32 * W,), (st["x"], st["ids"], L.gu_b, L.gu_s, L.gu_bias, act3, i32(K), i32(E), i32(H),
+                                         i32(I), f32(LIMIT), f32(ALPHA), i32(K)))
+            if what != "gu":
+                dn((blocks,), (32 * W,), (act3, st["ids"], st["w"], L.d_b, L.d_s, L.d_bias, part, i32(E), i32(H),
+                                         i32(I), i32(K)))
+            if what == "all":
+                summ(st)
+        return run
+
     act_q = cp.empty(K * I * 3, cp.int8)
     act_d = cp.empty(K * (I // 32) * 3, cp.float32)
 
@@ -224,12 +243,15 @@ def main():
     for W in (4, 8):
         variants.append((f"mma w{W}", run_new(W, "")))
         variants.append((f"mma w{W} capped", run_new(W, "", capped)))
+    for W, per_sm in ((8, 2), (8, 3), (4, 4), (4, 6)):
+        variants.append((f"persistent w{W} {per_sm}/SM", run_sp(W, 132 * per_sm)))
     variants.append(("mma w8 compute only", run_new(8, "", compute_only)))
     variants.append(("mma w8 loads only", run_new(8, "", loads_only)))
 
     # Correctness: one step, every variant, against float64.
     st = steps[0]
     ref = reference(st["layer"], st["x_h"], st["ids_h"], st["w_h"], H, I)
+    parts = {}
     for name, run in variants:
         if "only" in name:
             continue
@@ -241,6 +263,10 @@ def main():
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
         err_f32 = np.linalg.norm(pf - ref) / np.linalg.norm(ref)
         print(f"check {name:<26} bf16 out rel err {err:.2e}  f32 parts {err_f32:.2e}  nan {np.isnan(got).sum()}")
+        parts[name] = cp.asnumpy(part).copy()
+        same = {"persistent w8": "mma w8", "persistent w4": "mma w4"}.get(" ".join(name.split()[:2]))
+        if same in parts:
+            print(f"check {name:<26} parts equal to {same}'s bit for bit: {np.array_equal(parts[name], parts[same])}")
 
     # Wild scales (E8M0 anywhere in 0..254) on a small layer: the slow decode path.
     Ew, Hw, Iw = 4, 256, 128
