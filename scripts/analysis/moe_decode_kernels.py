@@ -118,7 +118,9 @@ def main():
     E, H, I, K = 32, 2880, 2880, 4
     tmp = tempfile.mkdtemp()
     old, old_regs = build("mxfp4_moe", tmp)
-    new, new_regs = build("moe_slot_mma", tmp)
+    # inferno builds the 8-warp variant only; the 4-warp one for comparison.
+    w4 = ("SM_VARIANT(8)", "SM_VARIANT(4)\nSM_VARIANT(8)")
+    new, new_regs = build("moe_slot_mma", tmp, [w4])
     here = os.path.dirname(os.path.abspath(__file__))
     dp, dp_regs = build("moe_slot_dp4a", tmp, folder=here)
     # moe_slot_mma.cu taken apart: its arithmetic on the first quad's data only (no loads in the
@@ -132,7 +134,7 @@ def main():
         "acc[0] += __uint_as_float((qd.w[0].x ^ qd.w[0].y ^ qd.w[0].z ^ qd.w[0].w ^ qd.w[1].x ^ qd.w[1].y ^ qd.w[1].z"
         " ^ qd.w[1].w ^ qd.x[0].x ^ qd.x[1].y ^ qd.x[2].z ^ qd.x[3].w ^ qd.s[0] ^ qd.s[1]) & 0x3F00FFFFu);"
         " if (acc[0] == 1.2345f) {")])
-    capped, _ = build("moe_slot_mma", tmp, [("__launch_bounds__(32 * W)", "__launch_bounds__(32 * W, 48 / W)")])
+    capped, _ = build("moe_slot_mma", tmp, [w4, ("__launch_bounds__(32 * W)", "__launch_bounds__(32 * W, 48 / W)")])
     probe, _ = build("moe_read_probe", tmp, folder=here)
     persistent, sp_regs = build("moe_slot_persistent", tmp, folder=here)
     print("registers: moe_slot_persistent", " ".join(sp_regs[-4:]))

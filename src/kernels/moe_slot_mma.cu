@@ -10,26 +10,25 @@
 // token that is 90 dependent steps per warp for gpt-oss; here K is cut over the block's warps and
 // the partial sums meet in shared memory (in a fixed order: deterministic).
 //
-// One block = one slot (blockIdx.x) and one tile of 16 weight rows (blockIdx.y), W warps. The
-// tile is the 16-row A operand of mma.m16n8k16 (fragment row g = weight row 2g, row g + 8 = row
-// 2g + 1: for gate_up the gate and the up value of pair g); the input is B, one column per bf16
-// piece of it: 1 for bf16 x (exact), 3 for the f32 activations between the projections
-// (hi + mid + lo: the f32 value exactly), the other 5 columns zero. Lane (g, t) of a warp reads
-// the whole 32-value block 4Q + t of its two rows (16-byte loads; a quad of lanes reads 64
-// contiguous bytes of each row) for the quads of blocks Q = w, w + W, ... Measured on an H100 at
-// gpt-oss-20b sizes (scripts/analysis/moe_decode_kernels.py, 24 layers of cold weights), gate_up
-// + down + sum per layer: 33 us against the table GEMVs' 56 (8 warps; 4 warps 33.4-33.8). No
-// faster (34-47 us): two quads loaded before either is used, double-buffered loads, two tiles per
-// warp, the input staged in shared memory (also with the registers that frees: 48, 5 blocks per
-// multiprocessor), the weights streamed through a 3- to 6-stage cp.async ring in shared memory,
-// the weights as the B operand (8 rows per load instead of 16, twice the mma instructions), a
-// register cap for more blocks per multiprocessor, or integer dot products (moe_slot_dp4a.cu's
-// experiment: fewer instructions per weight, 36 us). Taken apart (the same script): its loads
-// alone take as long as the whole kernel, its arithmetic alone 15 of gate_up's 19.5 us, and a
-// read-only kernel with the same access pattern reads gate_up's 35 MB in 14.4 us (2.4 TB/s;
-// 12.8 us as one flat array): what is left is in how the loads are spread, not in the arithmetic.
-// Keep the loop as it is: moving the next quad's weight loads to the end of the loop body made
-// both kernels ~3 us slower.
+// One block = one slot (blockIdx.x) and one tile of 16 weight rows (blockIdx.y), W warps. The tile
+// is the 16-row A operand of mma.m16n8k16 (fragment row g = weight row 2g, row g + 8 = row 2g + 1:
+// for gate_up the gate and the up value of pair g); the input is B, one column per bf16 piece of
+// it: 1 for bf16 x (exact), 3 for the f32 activations between the projections (hi + mid + lo: the
+// f32 value exactly), the other 5 columns zero. Lane (g, t) of a warp reads the whole 32-value
+// block 4Q + t of its two rows (16-byte loads; a quad of lanes reads 64 contiguous bytes of each
+// row) for the quads of blocks Q = w, w + W, ... Measured on an H100 at gpt-oss-20b sizes
+// (scripts/analysis/moe_decode_kernels.py, 24 layers of cold weights), gate_up + down + sum per
+// layer: 33 us against the table GEMVs' 56 (8 warps; 4 warps 33.4-33.8). No faster (34-47 us): two
+// quads loaded before either is used, double-buffered loads, two tiles per warp, the input staged
+// in shared memory (also with the registers that frees: 48, 5 blocks per multiprocessor), the
+// weights streamed through a 3- to 6-stage cp.async ring in shared memory, the weights as the B
+// operand (8 rows per load instead of 16, twice the mma instructions), a register cap for more
+// blocks per multiprocessor, or integer dot products (scripts/analysis/moe_slot_dp4a.cu: fewer
+// instructions per weight, 36 us). Taken apart (the same script): its loads alone take as long as
+// the whole kernel, its arithmetic alone 15 of gate_up's 19.5 us, and a read-only kernel with the
+// same access pattern reads gate_up's 35 MB in 14.4 us (2.4 TB/s; 12.8 us as one flat array): what
+// is left is in how the loads are spread, not in the arithmetic. Keep the loop as it is: moving the
+// next quad's weight loads to the end of the loop body made both kernels ~3 us slower.
 //
 //   moe_sm_gate_up: gate_up rows, bias, clamped SwiGLU -> act [slots, 3, I] bf16 (hi, mid, lo).
 //   moe_sm_down:    down rows, bias, routing weight -> part [slots, H] f32, which mxfp4_moe.cu's
@@ -211,7 +210,7 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
     }
 }
 
-// Variants _w{W}: W warps along K; gpu.rs picks one.
+// The variant gpu.rs launches: W = 8 warps along K (the analysis script also builds W = 4).
 #define SM_VARIANT(W)                                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_gate_up_w##W(                              \
         const __nv_bfloat16* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales,         \
@@ -225,5 +224,4 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
         sm_down<W>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter);               \
     }
 
-SM_VARIANT(4)
 SM_VARIANT(8)

@@ -20,10 +20,11 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     return d;
 }
 
-// Nibbles J and J + 4 of w as two bf16 (low half: nibble J), each FP4 * 2^-126 (see the top).
-// Shifting nibble J to bits 12..15 (and so J + 4 to 28..31) leaves sign and magnitude one mask and
-// one shift from their places (Marlin's FP4 decode): three logic ops per pair after the shift, two
-// fewer than masking each field at bit 0. The decode is most of the kernel's instructions.
+// Nibbles J and J + 4 of w as two bf16 (low half: nibble J), each FP4 * 2^-126
+// (moe_expert_major.cu's top says why the subnormal code 1 comes out exact). Shifting nibble J to
+// bits 12..15 (and so J + 4 to 28..31) leaves sign and magnitude one mask and one shift from their
+// places (Marlin's FP4 decode): three logic ops per pair after the shift, two fewer than masking
+// each field at bit 0. The decode is most of these kernels' instructions.
 template <int J>
 __device__ __forceinline__ uint32_t fp4_pair_bits(uint32_t w) {
     const uint32_t q = w << (12 - 4 * J);
