@@ -109,7 +109,8 @@ impl CustomOp1 for HiLoSplit {
 enum Route {
     Auto,
     Cublas,
-    Gemv,
+    /// Our GEMV, with U forced for up to 8 rows (`gemv::launch`'s `batch`).
+    Gemv(Option<usize>),
 }
 
 struct F32OutMatmul {
@@ -170,11 +171,15 @@ impl CustomOp2 for F32OutMatmul {
             && l2.start_offset().is_multiple_of(8);
         let gemv = match self.route {
             Route::Auto => gemv_wins(m, n) && !gemv_off(),
-            Route::Gemv => m <= 64,
+            Route::Gemv(_) => m <= 64,
             Route::Cublas => false,
         };
         if aligned && gemv {
-            gemv::launch(&dev, &x, &w, &mut out, (m, n, k))?;
+            let batch = match self.route {
+                Route::Gemv(b) => b,
+                _ => None,
+            };
+            gemv::launch(&dev, &x, &w, (&mut out, gemv::Epilogue::F32), (m, n, k), batch)?;
             return Ok((
                 candle_core::CudaStorage { slice: CudaStorageSlice::F32(out), device: dev },
                 Shape::from((m, n)),
@@ -231,20 +236,22 @@ impl CustomOp2 for F32OutMatmul {
 /// heads 648 vs 427); past 32 rows cuBLAS everywhere (64 rows: gpt-oss head 1,080 vs 455,
 /// which cost the 64-stream step 1 ms when the GEMV took them).
 #[cfg(feature = "cuda")]
-fn gemv_wins(m: usize, n: usize) -> bool {
+pub(super) fn gemv_wins(m: usize, n: usize) -> bool {
     m <= 16 || (m <= 32 && n <= 4096)
 }
 
 /// `INFERNO_GEMV=0` sends every product to cuBLAS (for comparisons).
 #[cfg(feature = "cuda")]
-fn gemv_off() -> bool {
+pub(super) fn gemv_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("INFERNO_GEMV").is_ok_and(|v| v == "0"))
 }
 
 #[cfg(feature = "cuda")]
-mod gemv {
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
+pub(super) mod gemv {
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, CudaView, DeviceRepr, LaunchConfig,
+    };
     use candle_core::{CudaDevice, Result};
     use half::bf16;
 
@@ -282,21 +289,100 @@ mod gemv {
         (mt, nt)
     }
 
-    /// y `[m, n]` = x `[m, k]` · w `[n, k]`ᵀ, m ≤ 64, k % 8 == 0, 16-byte aligned starts.
-    pub fn launch(
+    /// Groups of 32 values a warp loads per batch (U) for up to 8 rows of x; the kernel is
+    /// built for these.
+    pub const BATCHES: [usize; 3] = [8, 4, 2];
+
+    /// What the kernel writes: the f32 product, or Llama's SwiGLU of a fused gate/up product
+    /// (bf16, half as wide: gemv_bf16.cu's SWIGLU epilogue).
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+    pub enum Epilogue {
+        F32,
+        SwiGlu,
+    }
+
+    impl Epilogue {
+        fn prefix(self) -> &'static str {
+            match self {
+                Epilogue::F32 => "gemv_bf16",
+                Epilogue::SwiGlu => "gemv_swiglu",
+            }
+        }
+    }
+
+    /// The kernel of one tile of x rows (up to 8 rows) with `u` groups per batch.
+    fn one_tile_kernel(epi: Epilogue, u: usize) -> String {
+        let p = epi.prefix();
+        if u == 4 { format!("{p}_m1_n1") } else { format!("{p}_m1_n1_u{u}") }
+    }
+
+    /// U for one tile of x rows against `tiles` blocks of `wk` warps: the largest whose blocks
+    /// all fit on the GPU at once (registers bound the resident warps, and a second wave of a
+    /// few blocks runs at a fraction of the bandwidth), else the largest (a launch of many waves,
+    /// an LM head: the most loads in flight per warp). See gemv_bf16.cu's variants. U does not
+    /// change any sum, so this is free to depend on the GPU.
+    fn batch_for(dev: &CudaDevice, epi: Epilogue, tiles: usize, wk: usize) -> Result<usize> {
+        type Key = (usize, Epilogue, usize, usize);
+        type Cache = std::sync::Mutex<std::collections::HashMap<Key, usize>>;
+        static CHOSEN: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+        let key = (dev.cuda_stream().context().ordinal(), epi, tiles, wk);
+        let cache = CHOSEN.get_or_init(Default::default);
+        if let Some(&u) = cache.lock().ok().and_then(|c| c.get(&key).copied()).as_ref() {
+            return Ok(u);
+        }
+        // `INFERNO_GEMV_BATCH=4` (or 2, 8) forces U, for A/B timings of this choice.
+        let forced = std::env::var("INFERNO_GEMV_BATCH").ok().and_then(|v| v.parse().ok());
+        if let Some(u) = forced.filter(|u| BATCHES.contains(u)) {
+            return Ok(u);
+        }
+        let sms = crate::kernels::cuda::multiprocessors(dev);
+        let mut chosen = BATCHES[0];
+        for u in BATCHES {
+            let func = dev.get_or_load_custom_func(
+                &one_tile_kernel(epi, u),
+                "inferno_gemv",
+                GEMV_BF16_PTX,
+            )?;
+            let per_sm = func
+                .occupancy_max_active_blocks_per_multiprocessor(32 * wk as u32, 0, None)
+                .map_err(|e| candle_core::Error::Msg(format!("gemv occupancy: {e:?}")))?;
+            if per_sm as usize * sms >= tiles {
+                chosen = u;
+                break;
+            }
+        }
+        if let Ok(mut c) = cache.lock() {
+            c.insert(key, chosen);
+        }
+        Ok(chosen)
+    }
+
+    /// y `[m, n]` = x `[m, k]` · w `[n, k]`ᵀ (f32), or its SwiGLU (bf16 `[m, n / 2]`, n even),
+    /// m ≤ 64 (16 for the SwiGLU), k % 8 == 0, 16-byte aligned starts. `batch` forces U for up
+    /// to 8 rows (tests: every U gives the same bits).
+    pub fn launch<T: DeviceRepr>(
         dev: &CudaDevice,
         x: &CudaView<bf16>,
         w: &CudaView<bf16>,
-        out: &mut CudaSlice<f32>,
+        (out, epi): (&mut CudaSlice<T>, Epilogue),
         (m, n, k): (usize, usize, usize),
+        batch: Option<usize>,
     ) -> Result<()> {
         let wk = warps_along_k(n, k);
         let (mt, nt) = tiles(m, wk);
-        let func = dev.get_or_load_custom_func(
-            &format!("gemv_bf16_m{mt}_n{nt}"),
-            "inferno_gemv",
-            GEMV_BF16_PTX,
-        )?;
+        if epi == Epilogue::SwiGlu && (nt > 2 || !n.is_multiple_of(2)) {
+            candle_core::bail!("gemv: the SwiGLU epilogue takes up to 16 rows and an even width");
+        }
+        let name = if (mt, nt) == (1, 1) {
+            let u = match batch {
+                Some(u) => u,
+                None => batch_for(dev, epi, n.div_ceil(16), wk)?,
+            };
+            one_tile_kernel(epi, u)
+        } else {
+            format!("{}_m{mt}_n{nt}", epi.prefix())
+        };
+        let func = dev.get_or_load_custom_func(&name, "inferno_gemv", GEMV_BF16_PTX)?;
         let cfg = LaunchConfig {
             grid_dim: (int(n.div_ceil(16 * mt), "output tiles")? as u32, 1, 1),
             block_dim: (32, wk as u32, 1),
@@ -306,9 +392,9 @@ mod gemv {
         let stream = dev.cuda_stream();
         let mut b = Launch::new(&stream, &func);
         b.ptr(x).ptr(w).ptr_mut(out).val(m32).val(n32).val(k32);
-        // SAFETY: the arguments match gemv_bf16_n*'s signature; x holds m·k, w n·k and out m·n
-        // elements, k % 8 == 0 and both starts are 16-byte aligned (the caller checks); the
-        // kernel reads only w before pdl_wait().
+        // SAFETY: the arguments match the kernels' signature; x holds m·k, w n·k and out m·n
+        // f32 elements (m·n/2 bf16 for the SwiGLU), k % 8 == 0 and both starts are 16-byte
+        // aligned (the caller checks); the kernel reads only w before pdl_wait().
         unsafe { b.launch(cfg) }
     }
 }
@@ -397,8 +483,8 @@ mod tests {
             );
         }
         // The GEMV's shapes: 1..=64 rows (n-tiles of 8), N not a multiple of 16, K a multiple
-        // of 8 but not of 32 (partial groups), K short of one group per warp, long K, and tall
-        // N with few warps along K (2 and 4 weight tiles per warp).
+        // of 8 but not of 32 (partial groups), K short of one group per warp, long K, tall N
+        // with few warps along K (2 and 4 weight tiles per warp).
         for (m, n, k) in [
             (1, 17, 8),
             (8, 33, 24),
@@ -409,6 +495,10 @@ mod tests {
             (12, 20_001, 72),
             (24, 20_000, 264),
             (40, 20_007, 128),
+            // Decode shapes whose launches pick different U on an H100 (gpt-oss's q/k/v: 2;
+            // Llama-1B's down: 8).
+            (2, 5120, 2880),
+            (1, 2048, 8192),
         ] {
             check_gemv(&dev, &mut r, m, n, k);
         }
@@ -449,10 +539,19 @@ mod tests {
         let w = tensor(uniform(r, n * k, -1.0, 1.0), &[n, k], DType::BF16);
         let want = values(&matmul_f32_out(&x, &w).expect("cpu"));
         let (xd, wd) = (x.to_device(dev).expect("x"), w.to_device(dev).expect("w"));
-        let gemv = F32OutMatmul { route: Route::Gemv };
+        let gemv = F32OutMatmul { route: Route::Gemv(None) };
         let got = values(&xd.apply_op2_no_bwd(&wd, &gemv).expect("gpu"));
         let name = format!("gemv {m}x{n}x{k}");
         crate::kernels::testing::assert_written_and_close(&name, &got, &want, 1e-5);
+        // Up to 8 rows, every batch size U: the same bits as the one the launch picked.
+        for u in gemv::BATCHES.into_iter().filter(|_| m <= 8) {
+            let op = F32OutMatmul { route: Route::Gemv(Some(u)) };
+            let forced = values(&xd.apply_op2_no_bwd(&wd, &op).expect("gpu"));
+            assert!(
+                forced.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: U = {u} differs from the chosen U"
+            );
+        }
         for row in [0, m - 1] {
             let one = values(
                 &xd.narrow(0, row, 1).expect("row").apply_op2_no_bwd(&wd, &gemv).expect("gpu"),
@@ -493,7 +592,7 @@ mod tests {
                     .to_device(&dev)
                     .expect("x");
                 let mut us = [0.0; 2];
-                for (i, route) in [Route::Gemv, Route::Cublas].into_iter().enumerate() {
+                for (i, route) in [Route::Gemv(None), Route::Cublas].into_iter().enumerate() {
                     let op = F32OutMatmul { route };
                     us[i] = crate::kernels::testing::time_us(&dev, 50, || {
                         x.apply_op2_no_bwd(&w, &op).expect("matmul");

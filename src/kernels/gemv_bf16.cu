@@ -91,20 +91,31 @@ __device__ __forceinline__ void gemv_mma_batch(float (&acc)[MT][NT][4], const Ge
 
 // grid (ceil(N / (16 MT))), block (32, WK), WK · MT <= GEMV_MAX_WK. x [M, K] bf16 (M <= 8 NT),
 // w [N, K] bf16, y [M, N] f32. K % 8 == 0 and 16-byte aligned rows (checked by the caller).
-template <int MT, int NT, int U>
+//
+// SWIGLU (Llama's MLP: w is the fused gate/up weight, gate rows first, N = 2n): a tile's rows
+// g are gate rows 8T + g and its rows g + 8 the up rows n + 8T + g, so the block holds both
+// halves of 8 outputs, and y is bf16 [M, n]: silu(gate) · up rounded once, silu_mul_bf16's
+// formula. Every gate or up sum is the plain GEMV's (same K order, same WK for the same N), so
+// the result is that of the GEMV followed by silu_mul_bf16, bit for bit, without the launch
+// between them. grid (ceil(n / (8 MT))).
+template <int MT, int NT, int U, bool SWIGLU = false>
 __device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-                                               float* __restrict__ y, int M, int N, int K) {
+                                               void* __restrict__ out, int M, int N, int K) {
     // Partial sums of every warp along K: at most GEMV_MAX_WK · 16 rows of weights (WK · MT).
     __shared__ float red[GEMV_MAX_WK / MT][16 * MT][8 * NT];
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wk = threadIdx.y, WK = blockDim.y;
     const int row0 = blockIdx.x * 16 * MT, chunks = K / 8, groups = (chunks + 3) / 4;
     // Rows past N read row N - 1 (their results are not stored): no branch around the mma.
+    const int half = N / 2;
     const uint4* wr[MT][2];
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int h = 0; h < 2; h++)
-            wr[i][h] = reinterpret_cast<const uint4*>(w) + (long long)min(row0 + 16 * i + g + 8 * h, N - 1) * chunks;
+        for (int h = 0; h < 2; h++) {
+            const int row = SWIGLU ? min(8 * (blockIdx.x * MT + i) + g, half - 1) + h * half
+                                   : min(row0 + 16 * i + g + 8 * h, N - 1);
+            wr[i][h] = reinterpret_cast<const uint4*>(w) + (long long)row * chunks;
+        }
     const uint4* xr[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -149,6 +160,21 @@ __device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__
 #pragma unroll
             for (int c = 0; c < 4; c++) red[wk][16 * i + g + 8 * (c >> 1)][8 * j + 2 * t + (c & 1)] = acc[i][j][c];
     __syncthreads();
+    if (SWIGLU) {
+        __nv_bfloat16* act = static_cast<__nv_bfloat16*>(out);
+        for (int e = wk * 32 + lane; e < 8 * MT * 8 * NT; e += 32 * WK) {
+            const int r = e / (8 * NT), m = e % (8 * NT), i = r / 8, c = 8 * (blockIdx.x * MT + i) + r % 8;
+            if (c >= half || m >= M) continue;
+            float gate = 0.f, up = 0.f;
+            for (int v = 0; v < WK; v++) {
+                gate += red[v][16 * i + r % 8][m];
+                up += red[v][16 * i + r % 8 + 8][m];
+            }
+            act[(long long)m * half + c] = __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up);
+        }
+        return;
+    }
+    float* y = static_cast<float*>(out);
     for (int e = wk * 32 + lane; e < 16 * MT * 8 * NT; e += 32 * WK) {
         const int r = e / (8 * NT), m = e % (8 * NT);
         if (row0 + r >= N || m >= M) continue;
@@ -158,11 +184,12 @@ __device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__
     }
 }
 
-#define GEMV_VARIANT(MT, NT, U)                                                                              \
+#define GEMV_KERNEL(NAME, MT, NT, U, SWIGLU)                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_MAX_WK)                                          \
-        gemv_bf16_m##MT##_n##NT(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y, int M, int N, int K) { \
-        gemv_bf16_impl<MT, NT, U>(x, w, y, M, N, K);                                                         \
+        NAME(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int M, int N, int K) {                  \
+        gemv_bf16_impl<MT, NT, U, SWIGLU>(x, w, y, M, N, K);                                                 \
     }
+#define GEMV_VARIANT(MT, NT, U) GEMV_KERNEL(gemv_bf16_m##MT##_n##NT, MT, NT, U, false)
 
 // Rows of x up to 8, 16, 32, 64 (NT); more weight tiles per warp (MT) where the launch allows it;
 // fewer groups per batch (U) as the tiles take more registers.
@@ -174,3 +201,22 @@ GEMV_VARIANT(2, 4, 1)
 GEMV_VARIANT(4, 4, 1)
 GEMV_VARIANT(1, 8, 1)
 GEMV_VARIANT(2, 8, 1)
+
+// Up to 8 rows of x with 2 and 8 groups per batch (U; the same sums in the same order as U = 4:
+// U only groups the loads). Registers bound how many warps a multiprocessor holds (on sm_90 U = 8
+// takes ~226 per thread, 4 ~124, 2 ~72), and a launch whose blocks do not all fit at once runs
+// a second, mostly idle wave: f32_out_matmul.rs takes the largest U whose blocks all fit, and
+// U = 8 for launches of many waves. Measured on an H100 (scripts/analysis/gemv_decode.py, chains
+// of PDL launches in a graph): gpt-oss's q/k/v (320 blocks of 7 warps) 14.4 -> 12.3 us with U = 2;
+// Llama-1B's down (128 blocks of 8 warps, one per multiprocessor) 14.6 -> 13.1 us and the LM
+// heads 2-3% faster with U = 8.
+GEMV_KERNEL(gemv_bf16_m1_n1_u2, 1, 1, 2, false)
+GEMV_KERNEL(gemv_bf16_m1_n1_u8, 1, 1, 8, false)
+
+// The SwiGLU epilogue (see gemv_bf16_impl) for up to 16 rows of x: the decode steps that take
+// the GEMV for Llama's gate/up product (f32_out_matmul.rs: gemv_wins).
+GEMV_KERNEL(gemv_swiglu_m1_n1, 1, 1, 4, true)
+GEMV_KERNEL(gemv_swiglu_m1_n1_u2, 1, 1, 2, true)
+GEMV_KERNEL(gemv_swiglu_m1_n1_u8, 1, 1, 8, true)
+GEMV_KERNEL(gemv_swiglu_m1_n2, 1, 2, 2, true)
+GEMV_KERNEL(gemv_swiglu_m2_n2, 2, 2, 2, true)

@@ -48,6 +48,7 @@ pub mod quant_matmul;
 pub mod router_logits;
 pub mod sample;
 pub mod sink_attention;
+pub mod swiglu_gemv;
 
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -70,6 +71,7 @@ pub use quant_matmul::{quant_matmul, stack_rows};
 pub use router_logits::router_logits;
 pub use sample::{RowSampling, kept_mask, sample_rows};
 pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention, sink_attention_at};
+pub use swiglu_gemv::matmul_swiglu_bf16;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor, bail};

@@ -32,8 +32,12 @@
 // (they may be garbage), and an entry that points past the pool is treated as a masked key
 // instead of read.
 // With zs = 1 the block folds its splits as it goes and writes the output; with several it
-// writes each split's (m, l, acc) [split - first split][T][heads], and paged_combine folds them
-// per row in order.
+// writes each split's (m, l, acc) [split - first split][T][heads], and they are folded per row in
+// order: by the last of the tile's zs blocks to finish (with `counters`: one per (sequence, tile,
+// kv head), which that block resets to 0 for the next launch), or by paged_combine (without).
+// Why in the last block: at batch 1 the combine is a whole launch per layer that waits for the
+// attention, reads a few KB and writes 1-2 KB, all latency. The fold is the same function with
+// the same inputs in the same order either way, so the bits are the same.
 
 #include "common.cuh"
 
@@ -114,12 +118,40 @@ __device__ __forceinline__ long long first_key(long long P, int window) {
     return window > 0 ? max(0LL, P - window + 1) : 0LL;
 }
 
+// Folds the fixed splits' partials of output row `row` (token, head; query position P, its
+// sequence's first query at pos0) in position order, one warp. It reads exactly the splits
+// holding keys the row sees, which the attention blocks wrote; the others would fold as no-ops.
+// L2 loads (__ldcg): other blocks wrote them during this launch in the fused path.
+template <typename T, int D>
+__device__ __forceinline__ void combine_row(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                            long long row, long long pos0, long long P, float sink2,
+                                            T* __restrict__ out, const PagedAttnParams& p) {
+    constexpr int DC = D / 32;
+    const int lane = threadIdx.x & 31;
+    const long long rows = p.tokens * p.heads;
+    const long long f_base = first_key(pos0, p.window) / SK;
+    float M = sink2, L = 0.f, A[DC];
+#pragma unroll
+    for (int dc = 0; dc < DC; dc++) A[dc] = 0.f;
+    const long long f_end = min(P / SK + 1, f_base + p.fixed_splits);
+    for (long long f = first_key(P, p.window) / SK; f < f_end; f++) {
+        const long long prow = (f - f_base) * rows + row;
+        float acc[DC];
+#pragma unroll
+        for (int dc = 0; dc < DC; dc++) acc[dc] = __ldcg(part_acc + prow * D + lane + 32 * dc);
+        fold<DC>(M, L, A, __ldcg(part_ml + 2 * prow), __ldcg(part_ml + 2 * prow + 1), acc);
+    }
+    const float denom = finish_denom(M, L, sink2);
+#pragma unroll
+    for (int dc = 0; dc < DC; dc++) out[row * D + lane + 32 * dc] = from_f32<T>(A[dc] / denom);
+}
+
 template <typename T, int D, int RPW>
 __device__ __forceinline__ void paged_attention_impl(
     const T* __restrict__ q, const T* __restrict__ k_pool, const T* __restrict__ v_pool,
     const float* __restrict__ sinks, const uint32_t* __restrict__ cu_q, const uint32_t* __restrict__ q_pos,
     const uint32_t* __restrict__ tables, T* __restrict__ out, float* __restrict__ part_acc,
-    float* __restrict__ part_ml, const PagedAttnParams& p) {
+    float* __restrict__ part_ml, uint32_t* __restrict__ counters, const PagedAttnParams& p) {
     constexpr int BQ = NW * RPW;
     constexpr int DC = D / 32;
     __shared__ __align__(16) float Qs[BQ][D];
@@ -127,6 +159,7 @@ __device__ __forceinline__ void paged_attention_impl(
     __shared__ float Vs[BK][D];
     __shared__ __align__(16) float Ps[NW][RPW][BK];
     __shared__ long long KP[BK];  // position of each key of the tile, -1 if none
+    __shared__ bool last;         // this block is the tile's last to finish (combine in the block)
     pdl_wait();
     pdl_launch_dependents();
 
@@ -320,7 +353,27 @@ __device__ __forceinline__ void paged_attention_impl(
     }
 
     if (lo < hi) close_split((hi - 1) / SK);
-    if (p.zs > 1) return;  // (no key: the combine reads none of this block's splits)
+    if (p.zs > 1) {  // (no key: the combine reads none of this block's splits)
+        if (!counters) return;
+        __threadfence();  // this block's partials, visible before it counts
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint32_t* c = counters + (long long)blockIdx.x * gridDim.y + blockIdx.y;
+            last = atomicAdd(c, 1u) == (uint32_t)p.zs - 1;
+            if (last) *c = 0;  // every block of the tile has counted
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            if (!rvalid[r]) continue;
+            const long long R = row0 + warp * RPW + r;
+            const long long orow = (tok0 + R / G) * p.heads + g * G + (int)(R % G);
+            combine_row<T, D>(part_acc, part_ml, orow, pos0, qpos[r], sink2[r], out, p);
+        }
+        return;
+    }
 #pragma unroll
     for (int r = 0; r < RPW; r++) {
         if (!rvalid[r]) continue;
@@ -332,18 +385,15 @@ __device__ __forceinline__ void paged_attention_impl(
     }
 }
 
-// Folds the fixed splits' partials of each row in position order: one warp per output row
-// (token, head). It reads exactly the splits holding keys the row sees, which the attention
-// blocks wrote; the others would fold as no-ops.
+// The separate combine (no counters): one warp per output row.
 template <typename T, int D>
 __device__ __forceinline__ void paged_combine_impl(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                                    const float* __restrict__ sinks, const uint32_t* __restrict__ cu_q,
                                                    const uint32_t* __restrict__ q_pos, T* __restrict__ out,
                                                    const PagedAttnParams& p) {
-    constexpr int DC = D / 32;
     pdl_wait();
     pdl_launch_dependents();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
     const long long rows = p.tokens * p.heads;
     const long long row = (long long)blockIdx.x * NW + warp;
     if (row >= rows) return;
@@ -356,31 +406,17 @@ __device__ __forceinline__ void paged_combine_impl(const float* __restrict__ par
     }
     const long long pos0 = q_pos[a];
     const long long P = pos0 + tok - cu_q[a];
-    const long long f_base = first_key(pos0, p.window) / SK;
     const float sink2 = sinks ? sinks[row % p.heads] * LOG2E : -INFINITY;
-    float M = sink2, L = 0.f, A[DC];
-#pragma unroll
-    for (int dc = 0; dc < DC; dc++) A[dc] = 0.f;
-    const long long f_end = min(P / SK + 1, f_base + p.fixed_splits);
-    for (long long f = first_key(P, p.window) / SK; f < f_end; f++) {
-        const long long prow = (f - f_base) * rows + row;
-        float acc[DC];
-#pragma unroll
-        for (int dc = 0; dc < DC; dc++) acc[dc] = part_acc[prow * D + lane + 32 * dc];
-        fold<DC>(M, L, A, part_ml[2 * prow], part_ml[2 * prow + 1], acc);
-    }
-    const float denom = finish_denom(M, L, sink2);
-#pragma unroll
-    for (int dc = 0; dc < DC; dc++) out[row * D + lane + 32 * dc] = from_f32<T>(A[dc] / denom);
+    combine_row<T, D>(part_acc, part_ml, row, pos0, P, sink2, out, p);
 }
 
 #define PAGED_ATTENTION(NAME, T, D, RPW)                                                                 \
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                \
         NAME(const T* q, const T* k_pool, const T* v_pool, const float* sinks, const uint32_t* cu_q,     \
              const uint32_t* q_pos, const uint32_t* tables, T* out, float* part_acc, float* part_ml,     \
-             const PagedAttnParams p) {                                                                   \
+             uint32_t* counters, const PagedAttnParams p) {                                               \
         paged_attention_impl<T, D, RPW>(q, k_pool, v_pool, sinks, cu_q, q_pos, tables, out, part_acc,     \
-                                        part_ml, p);                                                      \
+                                        part_ml, counters, p);                                            \
     }
 
 #define PAGED_COMBINE(NAME, T, D)                                                                        \

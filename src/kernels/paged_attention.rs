@@ -176,6 +176,10 @@ struct PagedAttention {
     /// Tests: fill the CUDA output with NaN before the kernel runs.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     poison: bool,
+    /// Tests: fold split partials in the separate combine kernel, not in the attention's last
+    /// block (the two must agree bit for bit).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    separate_combine: bool,
 }
 
 impl PagedAttention {
@@ -269,6 +273,7 @@ impl PagedAttention {
             bounds,
             cfg,
             poison,
+            separate_combine: false,
         })
     }
 

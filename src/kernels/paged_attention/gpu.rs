@@ -45,6 +45,45 @@ fn check_aligned(l: &Layout, size: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Counters [`counters`] holds: one per (sequence × row tile, kv head) of a launch. A decode
+/// step of 64 sequences with 8 kv heads takes 512; bigger grids (long prefills) have enough
+/// blocks without splits, or take the separate combine.
+const COUNTERS: usize = 1 << 16;
+
+/// `INFERNO_PAGED_COMBINE=1`: the separate combine kernel always (for A/B timings).
+fn separate_combine() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("INFERNO_PAGED_COMBINE").is_ok_and(|v| v == "1"))
+}
+
+/// The device address of `dev`'s zeroed counters for the combine in the attention's last block
+/// (paged_attention.cu), allocated on first use and kept for the process: captured graphs hold
+/// the address, and each launch leaves every counter at zero. `None` while the stream captures
+/// a graph and none exist yet (the allocation would belong to the graph): the separate combine.
+fn counters(dev: &CudaDevice) -> Option<u64> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUstreamCaptureStatus;
+    type ByDevice = std::sync::Mutex<std::collections::HashMap<usize, u64>>;
+    static BY_DEVICE: std::sync::OnceLock<ByDevice> = std::sync::OnceLock::new();
+    let mut map = BY_DEVICE.get_or_init(Default::default).lock().ok()?;
+    let stream = dev.cuda_stream();
+    let ordinal = stream.context().ordinal();
+    if let Some(&ptr) = map.get(&ordinal) {
+        return Some(ptr);
+    }
+    let idle =
+        matches!(stream.capture_status(), Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE));
+    if !idle {
+        return None;
+    }
+    let slice = stream.alloc_zeros::<u32>(COUNTERS).ok()?;
+    let (ptr, guard) = slice.device_ptr(&stream);
+    drop(guard);
+    // Never freed: graphs captured with this address replay for the process's life.
+    std::mem::forget(slice);
+    map.insert(ordinal, ptr);
+    Some(ptr)
+}
+
 pub(super) fn launch<T: KernelFloat>(
     op: &PagedAttention,
     dev: &CudaDevice,
@@ -108,7 +147,7 @@ pub(super) fn launch<T: KernelFloat>(
     if plan.splits == 1 {
         let mut b = Launch::new(&stream, &func);
         b.ptr(&q).ptr(&k).ptr(&v).val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr(&tables);
-        b.ptr_mut(&mut out).null().null().val(params);
+        b.ptr_mut(&mut out).null().null().null().val(params);
         // SAFETY: the arguments match the kernel's signature; shapes were checked by the op, and
         // the kernel guards every block-table lookup against the table and the pool; it waits
         // (PDL) before any access.
@@ -116,17 +155,28 @@ pub(super) fn launch<T: KernelFloat>(
         drop(b);
         return Ok(out);
     }
-    // SAFETY: the combine kernel reads, for each row, the partials of the fixed splits holding
-    // keys the row sees, and the attention blocks write exactly those first.
+    // SAFETY: the combine reads, for each row, the partials of the fixed splits holding keys
+    // the row sees, and the attention blocks write exactly those first.
     let parts = plan.fixed_splits * tokens * heads;
     let mut part_acc = unsafe { dev.alloc::<f32>(parts * d)? };
     let mut part_ml = unsafe { dev.alloc::<f32>(parts * 2)? };
+    let tiles = plan.grid.0 as usize * plan.grid.1 as usize;
+    let counters = if op.separate_combine || separate_combine() || tiles > COUNTERS {
+        None
+    } else {
+        counters(dev)
+    };
     let mut b = Launch::new(&stream, &func);
     b.ptr(&q).ptr(&k).ptr(&v).val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr(&tables);
-    b.ptr_mut(&mut out).ptr_mut(&mut part_acc).ptr_mut(&mut part_ml).val(params);
-    // SAFETY: as above.
+    b.ptr_mut(&mut out).ptr_mut(&mut part_acc).ptr_mut(&mut part_ml);
+    b.val(counters.unwrap_or(0)).val(params);
+    // SAFETY: as above; with counters, the buffer holds a zeroed counter for every (x, y) of
+    // the grid, which the last block of each resets.
     unsafe { b.launch(grid) }?;
     drop(b);
+    if counters.is_some() {
+        return Ok(out);
+    }
 
     let name = format!("paged_combine_{}_d{d}", T::NAME);
     let combine = dev.get_or_load_custom_func(&name, MODULE, PAGED_ATTENTION_PTX)?;

@@ -3,16 +3,18 @@
 //! residual add + RMSNorm (one launch) → the fused q/k/v product in f32 → RoPE at each token's
 //! position and the k/v stores into the pool (one launch) → causal attention over each
 //! sequence's block table → o_proj → its bias, the residual add and RMSNorm (one launch) →
-//! fused gate/up product → SwiGLU → down (added to the stream by the next layer's norm).
+//! fused gate/up product and SwiGLU (one launch at decode for bf16) → down (added to the stream
+//! by the next layer's norm).
 
 use candle_core::{DType, Device, Tensor};
 
 use super::model::{Llama, RopeStyle};
 use crate::kernels::{
-    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged,
-    silu_mul_to,
+    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, matmul_swiglu_bf16, paged_attention,
+    qkv_rope_paged, silu_mul_to,
 };
 use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
+use crate::models::linear::Linear;
 
 impl BatchModel for Llama {
     fn kv_shape(&self) -> KvShape {
@@ -99,11 +101,20 @@ impl BatchModel for Llama {
             let normed = norm(&x, Some(&o), layer.o.bias(), &layer.mlp_norm)?;
             let h = normed.h;
             x = normed.x;
-            let gu = match fused.and_then(|f| f.gate_up.as_ref()) {
-                Some(gate_up) => gate_up.forward_f32(&h)?,
-                None => Tensor::cat(&[layer.gate.forward_f32(&h)?, layer.up.forward_f32(&h)?], 1)?,
+            let act = match fused.and_then(|f| f.gate_up.as_ref()) {
+                // bf16 weights without a bias: the product and the SwiGLU in one launch where
+                // our GEMV takes it (decode), the same bits as the two ops below.
+                Some(Linear::Dense { weight, bias: None })
+                    if weight.dtype() == DType::BF16 && self.dtype() == DType::BF16 =>
+                {
+                    matmul_swiglu_bf16(&h, weight)?
+                }
+                Some(gate_up) => silu_mul_to(&gate_up.forward_f32(&h)?, self.dtype())?,
+                None => silu_mul_to(
+                    &Tensor::cat(&[layer.gate.forward_f32(&h)?, layer.up.forward_f32(&h)?], 1)?,
+                    self.dtype(),
+                )?,
             };
-            let act = silu_mul_to(&gu, self.dtype())?;
             mlp_out = Some(layer.down.forward_f32(&act)?);
         }
         if let Some(m) = mlp_out {

@@ -1,0 +1,163 @@
+//! Llama's gate/up product and its SwiGLU in one launch for decode steps.
+//!
+//! A Llama MLP runs `act = silu(x·gateᵀ) · (x·upᵀ)` as the fused gate/up GEMV (f32 out) and then
+//! `silu_mul_bf16`: at batch 1 that second kernel is a launch per layer whose time is all
+//! latency (it waits for the GEMV, reads 64 KB, writes 16 KB). Here the GEMV's blocks hold the
+//! gate and the up rows of the same outputs and write `act` themselves (gemv_bf16.cu's SWIGLU
+//! epilogue). Every sum is the plain GEMV's, so the result equals the two-launch path bit for
+//! bit; shapes the GEMV does not take (prefill, the CPU) run those two ops.
+
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor, bail};
+
+use super::f32_out_matmul::matmul_f32_out;
+use super::layer_norm_act::silu_mul_to;
+
+/// `silu(x·gateᵀ) · (x·upᵀ)` as bf16 `[m, n]` for bf16 `x` `[m, k]` and the fused gate/up weight
+/// `w` `[2n, k]` (gate rows first): `silu_mul_to(&matmul_f32_out(x, w)?, BF16)`, in one launch
+/// where our GEMV takes the product.
+pub fn matmul_swiglu_bf16(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (x, w) = (x.contiguous()?, w.contiguous()?);
+    if fused(&x, &w)? {
+        return x.apply_op2_no_bwd(&w, &SwiGluGemv { batch: None });
+    }
+    silu_mul_to(&matmul_f32_out(&x, &w)?, DType::BF16)
+}
+
+/// Whether the one-launch kernel applies: bf16 on a GPU, a shape the GEMV takes (up to 16 rows
+/// in its SwiGLU variants), an even width, K a multiple of 8 and 16-byte aligned starts.
+#[cfg(feature = "cuda")]
+fn fused(x: &Tensor, w: &Tensor) -> Result<bool> {
+    let (Ok((m, k)), Ok((n2, kw))) = (x.dims2(), w.dims2()) else { return Ok(false) };
+    let start = |t: &Tensor| t.layout().start_offset().is_multiple_of(8);
+    Ok(x.device().is_cuda()
+        && x.dtype() == DType::BF16
+        && w.dtype() == DType::BF16
+        && k == kw
+        && k.is_multiple_of(8)
+        && n2.is_multiple_of(2)
+        && (1..=16).contains(&m)
+        && super::f32_out_matmul::gemv_wins(m, n2)
+        && !super::f32_out_matmul::gemv_off()
+        && !two_launches()
+        && start(x)
+        && start(w))
+}
+
+/// `INFERNO_FUSE_SWIGLU=0` keeps the two launches (for A/B timings).
+#[cfg(feature = "cuda")]
+fn two_launches() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("INFERNO_FUSE_SWIGLU").is_ok_and(|v| v == "0"))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn fused(_x: &Tensor, _w: &Tensor) -> Result<bool> {
+    Ok(false)
+}
+
+struct SwiGluGemv {
+    /// Forces the GEMV's U (tests; see f32_out_matmul.rs).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    batch: Option<usize>,
+}
+
+impl CustomOp2 for SwiGluGemv {
+    fn name(&self) -> &'static str {
+        "matmul_swiglu_bf16"
+    }
+
+    /// Never taken: [`matmul_swiglu_bf16`] runs the two ops on the CPU.
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        bail!("matmul_swiglu_bf16: the one-launch kernel runs on the GPU only")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::CudaStorageSlice;
+        use half::bf16;
+
+        use super::f32_out_matmul::gemv;
+
+        let ((m, k), (n2, _)) = (l1.shape().dims2()?, l2.shape().dims2()?);
+        let dev = s1.device.clone();
+        let x = s1.as_cuda_slice::<bf16>()?.slice(l1.start_offset()..);
+        let w = s2.as_cuda_slice::<bf16>()?.slice(l2.start_offset()..);
+        // SAFETY: the kernel writes all m·n2/2 elements.
+        let mut out = unsafe { dev.alloc::<bf16>(m * n2 / 2)? };
+        gemv::launch(&dev, &x, &w, (&mut out, gemv::Epilogue::SwiGlu), (m, n2, k), self.batch)?;
+        Ok((
+            candle_core::CudaStorage { slice: CudaStorageSlice::BF16(out), device: dev },
+            Shape::from((m, n2 / 2)),
+        ))
+    }
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use candle_core::{DType, Tensor};
+
+    use super::*;
+    use crate::kernels::testing::{rng, tensor, uniform, values};
+
+    fn bits(t: &Tensor) -> Vec<u16> {
+        t.to_dtype(DType::BF16)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<half::bf16>())
+            .expect("bf16 values")
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    }
+
+    /// The one-launch kernel against the two-launch path on the GPU (bit for bit, every U up to
+    /// 8 rows) and against the CPU's two ops (the same f32 sums up to order, one bf16 rounding).
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_swiglu_gemv_matches_two_launches() {
+        let dev = crate::kernels::testing::gpu();
+        let mut r = rng("swiglu gemv");
+        // Widths not a multiple of 8 outputs (a partial tile), 9..16 rows (two x tiles, and
+        // two weight tiles per warp at few warps along K), Llama-1B's and TinyLlama's MLPs.
+        let mut shapes =
+            vec![(1, 2 * 37, 72), (8, 2 * 100, 200), (9, 2 * 8, 2888), (16, 2 * 3000, 64)];
+        shapes.extend([(1, 2 * 8192, 2048), (3, 2 * 5632, 2048)]);
+        for _ in 0..6 {
+            use rand::Rng;
+            shapes.push((
+                r.random_range(1..=16),
+                2 * r.random_range(1..=900),
+                8 * r.random_range(1..=300),
+            ));
+        }
+        for (m, n2, k) in shapes {
+            let x = tensor(uniform(&mut r, m * k, -1.0, 1.0), &[m, k], DType::BF16);
+            let w = tensor(uniform(&mut r, n2 * k, -0.2, 0.2), &[n2, k], DType::BF16);
+            let (xd, wd) = (x.to_device(&dev).expect("x"), w.to_device(&dev).expect("w"));
+            let name = format!("swiglu gemv {m}x{n2}x{k}");
+            let two =
+                silu_mul_to(&matmul_f32_out(&xd, &wd).expect("gemv"), DType::BF16).expect("silu");
+            let one = matmul_swiglu_bf16(&xd, &wd).expect("fused");
+            assert_eq!(one.dims(), [m, n2 / 2], "{name}");
+            assert!(bits(&one) == bits(&two), "{name}: differs from the GEMV + silu_mul_bf16");
+            for u in [8, 4, 2].into_iter().filter(|_| m <= 8) {
+                let forced =
+                    xd.apply_op2_no_bwd(&wd, &SwiGluGemv { batch: Some(u) }).expect("forced");
+                assert!(bits(&forced) == bits(&two), "{name}: U = {u} differs");
+            }
+            let cpu = values(&matmul_swiglu_bf16(&x, &w).expect("cpu"));
+            crate::kernels::testing::assert_written_and_close(&name, &values(&one), &cpu, 1e-2);
+        }
+    }
+}
