@@ -4,7 +4,10 @@
 //!
 //! Each loop: take new requests and cancellations from the command channel (blocking only when
 //! idle), let the scheduler pick the step, run it, then hand out the sampled ids and finish the
-//! sequences that stopped (their blocks go back at once).
+//! sequences that stopped (their blocks go back at once). Decode steps on a GPU are pipelined
+//! ([`pipeline`]): the next step is enqueued before the host reads this one's ids.
+
+mod pipeline;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +20,7 @@ use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 
 use super::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
 use super::logprobs::{TokenLogprobs, token_logprobs};
+use super::readback::ReadbackStream;
 use super::request::{Event, Finish, Request, RequestHandle};
 use super::runner::{Runner, SampleSpec, sample_rows};
 use super::scheduler::{Scheduler, SchedulerConfig};
@@ -63,6 +67,8 @@ pub struct EngineStats {
     /// Steps in which every sequence decoded one token, by batch size: (count, total time).
     /// A full batch's step time is its streams' inter-token latency.
     pub decode_steps: std::collections::BTreeMap<usize, (u64, std::time::Duration)>,
+    /// Steps enqueued before the host had read the previous step's ids ([`pipeline`]).
+    pub pipelined_steps: u64,
 }
 
 pub(super) enum Command {
@@ -250,6 +256,14 @@ struct Core {
     stats: Arc<Mutex<EngineStats>>,
     max_context: usize,
     steps: u64,
+    pipelined_steps: u64,
+    /// A decode step enqueued whose ids the host has not read yet ([`pipeline`]).
+    in_flight: Option<pipeline::InFlight>,
+    /// The stream sampled ids are read through.
+    readback: ReadbackStream,
+    /// Decode steps are pipelined (on a GPU with decode graphs; `INFERNO_PIPELINE=0` turns it
+    /// off, for A/B timings and comparisons).
+    pipelined: bool,
 }
 
 impl Core {
@@ -302,7 +316,14 @@ impl Core {
             stats,
             max_context,
             steps: 0,
+            pipelined_steps: 0,
+            in_flight: None,
+            readback: ReadbackStream::default(),
+            pipelined: false,
         };
+        let mut core = core;
+        core.pipelined = super::graphs::enabled(core.runner.device())
+            && !std::env::var("INFERNO_PIPELINE").is_ok_and(|v| v == "0");
         core.publish(0);
         Ok(core)
     }
@@ -310,7 +331,7 @@ impl Core {
     fn run(&mut self, rx: Receiver<Command>) {
         loop {
             // Block only when there is nothing to run.
-            let first = if self.sched.is_idle() {
+            let first = if self.sched.is_idle() && self.in_flight.is_none() {
                 match rx.recv() {
                     Ok(c) => Some(c),
                     Err(_) => return,
@@ -331,7 +352,7 @@ impl Core {
             }
             self.drop_cancelled();
             self.publish(0);
-            if !self.sched.is_idle() {
+            if !self.sched.is_idle() || self.in_flight.is_some() {
                 self.step();
             }
         }
@@ -376,6 +397,10 @@ impl Core {
     }
 
     fn step(&mut self) {
+        if let Some(step) = self.in_flight.take() {
+            self.advance(step);
+            return;
+        }
         let t0 = Instant::now();
         let plan = self.sched.schedule(&mut self.blocks);
         let now = Instant::now();
@@ -419,6 +444,11 @@ impl Core {
             }
         };
         let sampling: Vec<_> = plan.chunks.iter().filter(|c| c.sample).copied().collect();
+        if let Some(l) = &logits
+            && self.defer(l, &plan.chunks, t0)
+        {
+            return;
+        }
         let sampled = match logits.map(|l| self.sample(&l, &sampling)).transpose() {
             Ok(s) => s.unwrap_or_default(),
             Err(e) => {
@@ -430,11 +460,7 @@ impl Core {
             }
         };
         let mut sampled = sampled.into_iter();
-        self.steps += 1;
-        let decode_only = plan.chunks.iter().all(|c| c.len == 1);
-        let e = self.step_times.entry((decode_only, plan.chunks.len())).or_default();
-        e.0 += 1;
-        e.1 += t0.elapsed();
+        self.count_step(&plan.chunks, t0);
         for c in &plan.chunks {
             let (id, scores) = match c.sample.then(|| sampled.next()).flatten() {
                 Some((id, scores)) => (Some(id), scores),
@@ -476,12 +502,30 @@ impl Core {
         Ok(out)
     }
 
+    /// A step's count and time, by kind and batch size.
+    fn count_step(&mut self, chunks: &[super::scheduler::Chunk], t0: Instant) {
+        self.steps += 1;
+        let decode_only = chunks.iter().all(|c| c.len == 1);
+        let e = self.step_times.entry((decode_only, chunks.len())).or_default();
+        e.0 += 1;
+        e.1 += t0.elapsed();
+    }
+
     /// Each sampling chunk's id as its sampler draws it.
     fn draw(
         &mut self,
         logits: &candle_core::Tensor,
         chunks: &[super::scheduler::Chunk],
     ) -> anyhow::Result<Vec<u32>> {
+        self.with_specs(chunks, |specs| sample_rows(logits, specs))?
+    }
+
+    /// `f` on the sampling specs of `chunks` (each chunk's sampler and history, in chunk order).
+    fn with_specs<R>(
+        &mut self,
+        chunks: &[super::scheduler::Chunk],
+        f: impl FnOnce(&mut [SampleSpec]) -> R,
+    ) -> anyhow::Result<R> {
         // Samplers live in `live`, histories in the scheduler: borrow both fields, each sampler
         // once, in chunk order.
         let Core { live, sched, .. } = self;
@@ -498,7 +542,7 @@ impl Core {
             .into_iter()
             .collect::<Option<_>>()
             .ok_or_else(|| anyhow::anyhow!("a sampling sequence has no request"))?;
-        sample_rows(logits, &mut specs)
+        Ok(f(&mut specs))
     }
 
     /// Hands a sampled id (with its log probabilities, when asked) to its request and finishes
@@ -587,6 +631,7 @@ impl Core {
                     .filter(|((decode_only, _), _)| *decode_only)
                     .map(|((_, n), v)| (*n, *v))
                     .collect(),
+                pipelined_steps: self.pipelined_steps,
             };
         }
     }

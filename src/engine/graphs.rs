@@ -18,6 +18,14 @@ use crate::models::batch::{BatchModel, KvPool, StepInput};
 
 const BUCKETS: [usize; 8] = [1, 2, 4, 8, 16, 32, 48, 64];
 
+/// A decode step's input ids: from the host, or the previous step's sampled ids still on the
+/// device (a step enqueued before the host has read them: core.rs's pipelined decode).
+#[derive(Clone, Copy)]
+pub enum StepIds<'a> {
+    Host(&'a [u32]),
+    Device(&'a Tensor),
+}
+
 /// The bucket a decode batch of `n` sequences pads to (`None`: larger than any).
 pub fn bucket(n: usize) -> Option<usize> {
     BUCKETS.iter().copied().find(|&b| b >= n)
@@ -99,11 +107,19 @@ impl BucketGraph {
         model: &dyn BatchModel,
         pool: &KvPool,
         chunks: &[Chunk],
-        ids: &[u32],
+        ids: StepIds,
         blocks: &BlockManager,
     ) -> anyhow::Result<Tensor> {
         anyhow::ensure!(chunks.len() <= self.size, "decode graph: batch over its bucket");
-        self.upload(chunks, ids, blocks, pool.block_size)?;
+        match ids {
+            StepIds::Host(ids) => self.upload(chunks, ids, blocks, pool.block_size)?,
+            StepIds::Device(ids) => {
+                anyhow::ensure!(ids.dims() == [chunks.len()], "decode graph: one id per row");
+                self.upload(chunks, &vec![0; chunks.len()], blocks, pool.block_size)?;
+                // Behind the previous step on the stream: its sampled ids, never on the host.
+                self.input.tokens.slice_set(&ids.to_dtype(DType::U32)?, 0, 0)?;
+            }
+        }
         match &self.state {
             State::Cold | State::Eager => {
                 let cold = matches!(self.state, State::Cold);
@@ -170,7 +186,7 @@ impl BucketGraph {
         pad(&mut p, n, 0);
         p.extend(0..b as u32); // every row's logits
         debug_assert_eq!(p.len(), self.packed_len);
-        let host = Tensor::from_vec(p, self.packed_len, self.logits.device())?;
+        let host = crate::kernels::upload_u32(&p, self.logits.device())?;
         let mut at = 0;
         let mut copy = |dst: &Tensor, len: usize| -> candle_core::Result<()> {
             let src = host.narrow(0, at, len)?.reshape(dst.shape())?;

@@ -24,6 +24,7 @@ pub mod graphs;
 pub mod kv;
 pub mod logprobs;
 pub mod plan;
+pub mod readback;
 pub mod request;
 pub mod runner;
 pub mod scheduler;

@@ -6,7 +6,7 @@
 
 use candle_core::{Device, Tensor};
 
-use super::graphs::{self, BucketGraph};
+use super::graphs::{self, BucketGraph, StepIds};
 use super::kv::blocks::BlockManager;
 use super::scheduler::Chunk;
 use crate::generate::{Sampler, SamplerConfig};
@@ -68,8 +68,43 @@ impl Runner {
             self.graphs.insert(size, g);
         }
         let ids: Vec<u32> = inputs.iter().map(|i| i[0]).collect();
-        let Some(graph) = self.graphs.get_mut(&size) else { return Ok(None) };
-        Ok(Some(graph.step(self.model.as_ref(), &self.pool, chunks, &ids, blocks)?))
+        self.graph_step(size, chunks, StepIds::Host(&ids), blocks).map(Some)
+    }
+
+    /// A decode step whose input ids are the previous step's sampled ids, still on the device
+    /// (u32 `[chunks.len()]`): the logits of its rows. `None` where no decode graph runs it.
+    pub fn forward_after(
+        &mut self,
+        chunks: &[Chunk],
+        ids: &Tensor,
+        blocks: &BlockManager,
+    ) -> anyhow::Result<Option<Tensor>> {
+        let decode_only = !chunks.is_empty() && chunks.iter().all(|c| c.len == 1 && c.sample);
+        match graphs::bucket(chunks.len()) {
+            Some(size) if decode_only && self.graphs.contains_key(&size) => {
+                self.graph_step(size, chunks, StepIds::Device(ids), blocks).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn graph_step(
+        &mut self,
+        size: usize,
+        chunks: &[Chunk],
+        ids: StepIds,
+        blocks: &BlockManager,
+    ) -> anyhow::Result<Tensor> {
+        let Some(graph) = self.graphs.get_mut(&size) else {
+            anyhow::bail!("runner: no decode graph for {size} rows")
+        };
+        graph.step(self.model.as_ref(), &self.pool, chunks, ids, blocks)
+    }
+
+    /// Whether decode steps of `rows` sequences run as a graph (the pipelined decode needs it:
+    /// only a graph step takes its ids from the device).
+    pub fn has_graph(&self, rows: usize) -> bool {
+        graphs::bucket(rows).is_some_and(|size| self.graphs.contains_key(&size))
     }
 
     fn step_input(
@@ -176,6 +211,11 @@ pub fn sample_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<
 
 /// Every row on the device (see [`sample_rows`]).
 fn device_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Vec<u32>> {
+    Ok(device_ids(logits, specs)?.to_vec1::<u32>()?)
+}
+
+/// The ids [`sample_rows`] draws on a GPU, left on the device (u32 `[R]`).
+pub fn device_ids(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Tensor> {
     let plain_greedy = |c: &SamplerConfig| c.is_greedy() && c.is_unpenalised();
     let ids = if specs.iter().all(|s| plain_greedy(s.sampler.config())) {
         crate::kernels::argmax_rows(logits)?
@@ -204,5 +244,5 @@ fn device_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Vec<
             .collect();
         crate::kernels::sample_rows(logits, &rows)?
     };
-    Ok(ids.to_vec1::<u32>()?)
+    Ok(ids)
 }

@@ -4,7 +4,9 @@
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
 use std::sync::Mutex;
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, PinnedHostSlice};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaEvent, CudaSlice, CudaView, DeviceRepr, PinnedHostSlice,
+};
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::{CudaDevice, Layout, Result, Storage, bail};
 use half::bf16;
@@ -129,27 +131,57 @@ pub(super) fn int(n: usize, what: &str) -> Result<i32> {
 
 /// Page-locked staging for small per-call parameters (the samplers'). A copy from pageable
 /// memory waits for the stream to drain first, so the launches after it could not be queued
-/// behind the decode step's graph. cudarc's pinned slice
-/// records an event per copy and waits for it before the buffer is written again.
-static STAGING: Mutex<Option<PinnedHostSlice<u32>>> = Mutex::new(None);
+/// behind the decode step's graph. A ring of buffers, each with an event recorded behind its
+/// last copy: a buffer is written again only once that copy has run. (cudarc's pinned slice
+/// records such an event only when it manages stream synchronization, which candle turns off;
+/// with the pipelined decode the next step's parameters are written while the previous step's
+/// copy may still wait in the stream.)
+struct Staging {
+    bufs: Vec<(PinnedHostSlice<u32>, Option<CudaEvent>)>,
+    next: usize,
+}
+
+static STAGING: Mutex<Option<Staging>> = Mutex::new(None);
+
+/// Buffers in the ring: more than the steps in flight at once (two).
+const STAGING_RING: usize = 4;
 
 /// `words` on the device (a buffer at least as long, the rest unspecified).
 pub(super) fn upload(dev: &CudaDevice, words: &[u32]) -> Result<CudaSlice<u32>> {
     let stream = dev.cuda_stream();
     let ctx = stream.context();
     let mut staging = STAGING.lock().unwrap_or_else(|e| e.into_inner());
-    let fits = staging
-        .as_ref()
-        .is_some_and(|b| b.len() >= words.len() && std::sync::Arc::ptr_eq(b.context(), ctx));
+    let fits = staging.as_ref().is_some_and(|st| {
+        st.bufs
+            .iter()
+            .all(|(b, _)| b.len() >= words.len() && std::sync::Arc::ptr_eq(b.context(), ctx))
+    });
     if !fits {
+        // The old buffers may still be read by copies in flight.
+        for (_, ev) in staging.take().into_iter().flat_map(|st| st.bufs) {
+            if let Some(ev) = ev {
+                ev.synchronize().w()?;
+            }
+        }
         let len = words.len().next_power_of_two().max(4096);
-        // SAFETY: written below before any copy reads it.
-        *staging = Some(unsafe { ctx.alloc_pinned::<u32>(len) }.w()?);
+        let bufs = (0..STAGING_RING)
+            // SAFETY: each is written below before any copy reads it.
+            .map(|_| unsafe { ctx.alloc_pinned::<u32>(len) }.map(|b| (b, None)))
+            .collect::<std::result::Result<_, _>>()
+            .w()?;
+        *staging = Some(Staging { bufs, next: 0 });
     }
-    let Some(buf) = staging.as_mut() else { unreachable!("staging was just set") };
+    let Some(st) = staging.as_mut() else { unreachable!("staging was just set") };
+    let at = st.next;
+    st.next = (at + 1) % st.bufs.len();
+    let (buf, done) = &mut st.bufs[at];
+    if let Some(ev) = done.take() {
+        ev.synchronize().w()?;
+    }
     buf.as_mut_slice().w()?[..words.len()].copy_from_slice(words);
     // SAFETY: the copy below fills all of it (the tail past `words` is never read).
     let mut out = unsafe { dev.alloc::<u32>(buf.len())? };
     stream.memcpy_htod(&*buf, &mut out).w()?;
+    *done = Some(stream.record_event(None).w()?);
     Ok(out)
 }

@@ -1,0 +1,160 @@
+//! Pipelined decode: the next step is enqueued before the host reads this one's ids.
+//!
+//! Without it, every decode step ends in a stream sync: the GPU idles while the host copies
+//! the ids back, hands the tokens out, schedules and uploads the next step (~45–50 µs per token
+//! on an H100, 2–4% of a batch-1 step). Here a graph decode step leaves its sampled ids on the
+//! device, the end of the step marked ([`Readback`]), and returns; the next loop enqueues the
+//! following step, whose input ids are those device ids, and only then reads the previous ids
+//! on a stream that waits for that mark alone. The host thus reads ids one
+//! step behind the GPU, and stops are seen one step late: a sequence that stopped (EOS, max
+//! tokens, a cancellation) has one extra step computed, whose token is discarded (its KV write
+//! lands in a slot of its own block, which goes back with the rest).
+//!
+//! A step is enqueued ahead only when the scheduler would have planned exactly it: every
+//! running sequence decodes, none waits, and the KV blocks for the next position are there.
+//! And only when its draw needs nothing the host learns from the ids: no repetition, presence
+//! or frequency penalty (they read the history), no forced tokens, no log probabilities (the
+//! logits buffer is reused by the next step). Otherwise the step is read at once as before.
+
+use std::time::Instant;
+
+use candle_core::Tensor;
+
+use super::Core;
+use crate::engine::readback::Readback;
+use crate::engine::runner::device_ids;
+use crate::engine::scheduler::Chunk;
+
+/// A decode step enqueued whose ids the host has not read yet.
+pub(super) struct InFlight {
+    chunks: Vec<Chunk>,
+    /// Its sampled ids on the device: the next step's input.
+    ids: Tensor,
+    readback: Readback,
+    t0: Instant,
+}
+
+impl Core {
+    /// After a graph decode step's logits: draws its ids on the device, enqueues their copy and
+    /// leaves the step in flight (true), when every sequence's draw allows it.
+    pub(super) fn defer(&mut self, logits: &Tensor, chunks: &[Chunk], t0: Instant) -> bool {
+        if !self.pipelined
+            || !self.decode_graph_step(chunks)
+            || !chunks.iter().all(|c| self.drawn_blind(c.id, 0))
+        {
+            return false;
+        }
+        match self.launch_draw(logits, chunks, t0) {
+            Ok(step) => {
+                self.in_flight = Some(step);
+                true
+            }
+            // Nothing was handed out: the ordinary path reports the error, or succeeds.
+            Err(e) => {
+                trace(|| format!("not deferred: {e:#}"));
+                false
+            }
+        }
+    }
+
+    /// Enqueues the step after `step` when it is the one the scheduler would plan, then reads
+    /// `step`'s ids and hands them out.
+    pub(super) fn advance(&mut self, step: InFlight) {
+        let next = match self.next_step(&step) {
+            Ok(next) => next,
+            Err(e) => {
+                // The GPU's state is unknown: fail the step's sequences, as `step` does.
+                let msg = format!("{e:#}");
+                for c in &step.chunks {
+                    self.fail(c.id, &msg);
+                }
+                return;
+            }
+        };
+        let ids = match step.readback.wait(&mut self.readback) {
+            Ok(ids) if ids.len() == step.chunks.len() => ids,
+            Ok(_) | Err(_) => {
+                for c in &step.chunks {
+                    self.fail(c.id, "reading the sampled ids back from the GPU failed");
+                }
+                return;
+            }
+        };
+        self.count_step(&step.chunks, step.t0);
+        for (c, id) in step.chunks.iter().zip(ids) {
+            self.sched.complete(c, Some(id), &mut self.blocks);
+            self.emit(c.id, id, None);
+        }
+        self.publish(step.chunks.len());
+        self.in_flight = next;
+    }
+
+    /// The step after `step`, enqueued (its ids drawn and their copy enqueued too), or `None`
+    /// when the scheduler might plan another one.
+    fn next_step(&mut self, step: &InFlight) -> anyhow::Result<Option<InFlight>> {
+        let chunks: Vec<Chunk> =
+            step.chunks.iter().map(|c| Chunk { start: c.start + 1, ..*c }).collect();
+        let same_batch = self.sched.waiting() == 0
+            && self.sched.running() == chunks.len()
+            && chunks.iter().all(|c| self.sched.get(c.id).is_some());
+        if !same_batch
+            || chunks.iter().any(|c| c.start + 2 > self.max_context || !self.drawn_blind(c.id, 1))
+        {
+            trace(|| format!("not ahead: same batch {same_batch}"));
+            return Ok(None);
+        }
+        for c in &chunks {
+            if let Err(e) = self.blocks.ensure(c.id, c.start, c.start + 1) {
+                trace(|| format!("not ahead: {e}"));
+                return Ok(None);
+            }
+        }
+        let t0 = Instant::now();
+        let Some(logits) = self.runner.forward_after(&chunks, &step.ids, &self.blocks)? else {
+            trace(|| "not ahead: no decode graph".into());
+            return Ok(None);
+        };
+        self.pipelined_steps += 1;
+        self.launch_draw(&logits, &chunks, t0).map(Some)
+    }
+
+    /// Draws `chunks`' ids from `logits` on the device and enqueues their copy to the host.
+    fn launch_draw(
+        &mut self,
+        logits: &Tensor,
+        chunks: &[Chunk],
+        t0: Instant,
+    ) -> anyhow::Result<InFlight> {
+        let ids = self.with_specs(chunks, |specs| device_ids(logits, specs))??;
+        let readback = Readback::enqueue(&ids)?;
+        Ok(InFlight { chunks: chunks.to_vec(), ids, readback, t0 })
+    }
+
+    /// Every chunk decodes one token through a decode graph.
+    fn decode_graph_step(&self, chunks: &[Chunk]) -> bool {
+        !chunks.is_empty()
+            && chunks.iter().all(|c| c.len == 1 && c.sample)
+            && self.runner.has_graph(chunks.len())
+    }
+
+    /// Whether sequence `id`'s token `ahead` steps after its next one can be drawn before the
+    /// host has read the ones in between, and is worth drawing: an unpenalised draw, no forced
+    /// token, no log probabilities, and below its token limit.
+    fn drawn_blind(&self, id: u64, ahead: usize) -> bool {
+        self.live.get(&id).is_some_and(|l| {
+            let cfg = l.sampler.config();
+            cfg.is_unpenalised()
+                && l.req.logprobs.is_none()
+                && l.req.forced.len() <= l.generated
+                && l.generated + ahead < l.req.max_tokens
+        })
+    }
+}
+
+/// `INFERNO_PIPELINE_TRACE=1`: why steps are not pipelined, on stderr (for performance work).
+fn trace(what: impl FnOnce() -> String) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ON.get_or_init(|| std::env::var("INFERNO_PIPELINE_TRACE").is_ok_and(|v| v == "1")) {
+        eprintln!("inferno pipeline: {}", what());
+    }
+}
