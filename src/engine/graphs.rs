@@ -1,10 +1,11 @@
 //! Decode steps as CUDA graphs, one per batch-size bucket (1, 2, 4, 8, 16, 32, 48, 64): a step
 //! whose every sequence decodes one token is padded to the next bucket and replays the graph
 //! captured for it, instead of ~30 launches per layer issued by the host. Everything a step
-//! reads lives in fixed device buffers the host rewrites before each replay (one upload, then
-//! device copies): token ids, positions, pool slots, block tables (as wide as the longest
-//! sequence can need) and the varlen offsets. The launches depend only on the bucket and on
-//! the model's longest sequence, never on the data, which is what makes replays correct.
+//! reads lives in one fixed device buffer the host rewrites before each replay (an upload
+//! through page-locked staging, then one device copy): token ids, positions, pool slots, block
+//! tables (as wide as the longest sequence can need) and the varlen offsets. The launches
+//! depend only on the bucket and on the model's longest sequence, never on the data, which is
+//! what makes replays correct.
 //!
 //! Padding rows decode token 0 at position 0 into the block manager's padding block, which no
 //! sequence owns; their logits are ignored. `INFERNO_CUDA_GRAPH=0` switches graphs off.
@@ -53,8 +54,10 @@ pub struct BucketGraph {
     /// Blocks a table row holds: enough for the longest sequence.
     width: usize,
     groups: usize,
+    /// Views of `packed`.
     input: StepInput,
-    /// The host-written buffer every input is copied from, u32 `[len]`.
+    /// Every input of a step, u32 `[packed_len]`, written by one copy per step.
+    packed: Tensor,
     packed_len: usize,
     /// f32 `[size, vocab]`, written by the step.
     logits: Tensor,
@@ -73,26 +76,39 @@ impl BucketGraph {
         let dev = model.device();
         let max_context = model.max_positions();
         let width = max_context.div_ceil(block_size).max(1);
-        let z = |n: usize| Tensor::zeros(n, DType::U32, dev);
+        let packed_len = size * (5 + groups + groups * width) + 1;
+        // Every input is a view of one buffer, in `upload`'s order: a step's inputs arrive in
+        // one copy instead of one per tensor (each a GPU operation between two replays).
+        let packed = Tensor::zeros(packed_len, DType::U32, dev)?;
+        let mut at = 0;
+        let mut view = |len: usize| {
+            let t = packed.narrow(0, at, len);
+            at += len;
+            t
+        };
+        let tokens = view(size)?;
+        let positions = view(size)?;
+        let slots = (0..groups).map(|_| view(size)).collect::<Result<_, _>>()?;
+        let tables = (0..groups)
+            .map(|_| view(size * width)?.reshape((size, width)))
+            .collect::<Result<_, _>>()?;
         let input = StepInput {
-            tokens: z(size)?,
-            positions: z(size)?,
-            slots: (0..groups).map(|_| z(size)).collect::<Result<_, _>>()?,
-            tables: (0..groups)
-                .map(|_| Tensor::zeros((size, width), DType::U32, dev))
-                .collect::<Result<_, _>>()?,
-            cu_q: z(size + 1)?,
-            q_pos: z(size)?,
-            logit_rows: z(size)?,
+            tokens,
+            positions,
+            slots,
+            tables,
+            cu_q: view(size + 1)?,
+            q_pos: view(size)?,
+            logit_rows: view(size)?,
             bounds: PagedBounds { max_q_len: 1, max_context },
         };
-        let packed_len = size * (5 + groups + groups * width) + 1;
         let logits = Tensor::zeros((size, model.vocab_size()), DType::F32, dev)?;
         Ok(BucketGraph {
             size,
             width,
             groups,
             input,
+            packed,
             packed_len,
             logits,
             arena_bytes: 0,
@@ -142,7 +158,7 @@ impl BucketGraph {
         Ok(self.logits.narrow(0, 0, chunks.len())?)
     }
 
-    /// Writes the step's inputs into the fixed buffers: one upload, then device copies.
+    /// Writes the step's inputs into the fixed buffer: one upload, then one device copy.
     fn upload(
         &self,
         chunks: &[Chunk],
@@ -187,25 +203,7 @@ impl BucketGraph {
         p.extend(0..b as u32); // every row's logits
         debug_assert_eq!(p.len(), self.packed_len);
         let host = crate::kernels::upload_u32(&p, self.logits.device())?;
-        let mut at = 0;
-        let mut copy = |dst: &Tensor, len: usize| -> candle_core::Result<()> {
-            let src = host.narrow(0, at, len)?.reshape(dst.shape())?;
-            at += len;
-            dst.slice_set(&src, 0, 0)
-        };
-        let i = &self.input;
-        copy(&i.tokens, b)?;
-        copy(&i.positions, b)?;
-        for s in &i.slots {
-            copy(s, b)?;
-        }
-        for t in &i.tables {
-            copy(t, b * w)?;
-        }
-        copy(&i.cu_q, b + 1)?;
-        copy(&i.q_pos, b)?;
-        copy(&i.logit_rows, b)?;
-        Ok(())
+        Ok(self.packed.slice_set(&host, 0, 0)?)
     }
 
     fn run_into_buffer(&self, model: &dyn BatchModel, pool: &KvPool) -> anyhow::Result<()> {
