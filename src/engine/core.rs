@@ -308,6 +308,8 @@ impl Core {
             token_budget: cfg.token_budget.max(1),
             max_context,
         });
+        let pipelined = super::graphs::enabled(model.device())
+            && !std::env::var("INFERNO_PIPELINE").is_ok_and(|v| v == "0");
         let core = Core {
             step_times: Default::default(),
             print_step_times: std::env::var("INFERNO_STEP_STATS").is_ok_and(|v| v == "1"),
@@ -322,11 +324,8 @@ impl Core {
             pipelined_steps: 0,
             in_flight: None,
             readback: ReadbackStream::default(),
-            pipelined: false,
+            pipelined,
         };
-        let mut core = core;
-        core.pipelined = super::graphs::enabled(core.runner.device())
-            && !std::env::var("INFERNO_PIPELINE").is_ok_and(|v| v == "0");
         core.publish(0);
         Ok(core)
     }

@@ -207,9 +207,10 @@ GEMV_VARIANT(2, 8, 1)
 // takes ~226 per thread, 4 ~124, 2 ~72), and a launch whose blocks do not all fit at once runs
 // a second, mostly idle wave: f32_out_matmul.rs takes the largest U whose blocks all fit, and
 // U = 8 for launches of many waves. Measured on an H100 (scripts/analysis/gemv_decode.py, chains
-// of PDL launches in a graph): gpt-oss's q/k/v (320 blocks of 7 warps) 14.4 -> 12.3 us with U = 2;
-// Llama-1B's down (128 blocks of 8 warps, one per multiprocessor) 14.6 -> 13.1 us and the LM
-// heads 2-3% faster with U = 8.
+// of PDL launches in a graph, U = 4 against the best U): gpt-oss's q/k/v (320 blocks of 7 warps,
+// two waves at U = 4) 14.4 -> 12.3 us with U = 2 (at 8 warps); Llama-1B's down (128 blocks of 8
+// warps, one per multiprocessor) 14.6 -> 13.1 us and o 4.7 -> 4.3 us, the LM heads 2-3% faster,
+// with U = 8.
 GEMV_KERNEL(gemv_bf16_m1_n1_u2, 1, 1, 2, false)
 GEMV_KERNEL(gemv_bf16_m1_n1_u8, 1, 1, 8, false)
 

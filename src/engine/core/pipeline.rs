@@ -35,7 +35,7 @@ pub(super) struct InFlight {
 }
 
 impl Core {
-    /// After a graph decode step's logits: draws its ids on the device, enqueues their copy and
+    /// After a graph decode step's logits: draws its ids on the device, marks the step's end and
     /// leaves the step in flight (true), when every sequence's draw allows it.
     pub(super) fn defer(&mut self, logits: &Tensor, chunks: &[Chunk], t0: Instant) -> bool {
         if !self.pipelined
@@ -72,10 +72,16 @@ impl Core {
             }
         };
         let ids = match step.readback.wait(&mut self.readback) {
-            Ok(ids) if ids.len() == step.chunks.len() => ids,
-            Ok(_) | Err(_) => {
+            Ok(ids) if ids.len() == step.chunks.len() => Ok(ids),
+            Ok(ids) => Err(format!("{} ids for {} sequences", ids.len(), step.chunks.len())),
+            Err(e) => Err(format!("{e:#}")),
+        };
+        let ids = match ids {
+            Ok(ids) => ids,
+            Err(e) => {
+                let msg = format!("reading the sampled ids back from the GPU: {e}");
                 for c in &step.chunks {
-                    self.fail(c.id, "reading the sampled ids back from the GPU failed");
+                    self.fail(c.id, &msg);
                 }
                 return;
             }
@@ -89,8 +95,8 @@ impl Core {
         self.in_flight = next;
     }
 
-    /// The step after `step`, enqueued (its ids drawn and their copy enqueued too), or `None`
-    /// when the scheduler might plan another one.
+    /// The step after `step`, enqueued (its ids drawn, its end marked), or `None` when the
+    /// scheduler might plan another one.
     fn next_step(&mut self, step: &InFlight) -> anyhow::Result<Option<InFlight>> {
         let chunks: Vec<Chunk> =
             step.chunks.iter().map(|c| Chunk { start: c.start + 1, ..*c }).collect();
@@ -118,7 +124,7 @@ impl Core {
         self.launch_draw(&logits, &chunks, t0).map(Some)
     }
 
-    /// Draws `chunks`' ids from `logits` on the device and enqueues their copy to the host.
+    /// Draws `chunks`' ids from `logits` on the device and marks the end of the step.
     fn launch_draw(
         &mut self,
         logits: &Tensor,
