@@ -1,7 +1,8 @@
 //! The pipelined decode (src/engine/core/pipeline.rs: the next step enqueued before the host
 //! reads this one's ids, stops seen one step late) gives exactly the tokens of the unpipelined
 //! one, on the GPU, for both architectures: greedy and seeded sampling, a stop on an EOS id and
-//! on max_tokens, several sequences at once, and a cancellation mid-stream.
+//! on max_tokens, several sequences at once (a decode graph captured after the first steps were
+//! read back), and a cancellation mid-stream.
 //!
 //! Ignored by default (CI has no GPU); scripts/gpu-tests.sh runs it. One test in this binary:
 //! it sets INFERNO_PIPELINE, which an engine reads when it starts.
@@ -95,8 +96,10 @@ fn scenario(model: &str, pipelined: bool) -> (Vec<(Vec<u32>, StopReason)>, u64) 
     };
     assert!(got.len() >= 5 && out[0].0.starts_with(&got), "{model}: cancelled stream {got:?}");
     assert!(matches!(reason, StopReason::Interrupted | StopReason::MaxTokens), "{reason:?}");
-    let steps = engine.stats().pipelined_steps;
-    (out, steps)
+    let stats = engine.stats();
+    // Graphs for 1 and 4 rows, the second captured after the first readbacks.
+    assert_eq!(stats.failed_graphs, 0, "{model}: a decode graph failed to capture");
+    (out, stats.pipelined_steps)
 }
 
 #[test]

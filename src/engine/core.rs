@@ -69,6 +69,8 @@ pub struct EngineStats {
     pub decode_steps: std::collections::BTreeMap<usize, (u64, std::time::Duration)>,
     /// Steps enqueued before the host had read the previous step's ids ([`pipeline`]).
     pub pipelined_steps: u64,
+    /// Decode graphs whose capture failed (their steps run eagerly, slower).
+    pub failed_graphs: usize,
 }
 
 pub(super) enum Command {
@@ -640,6 +642,7 @@ impl Core {
                     .map(|((_, n), v)| (*n, *v))
                     .collect(),
                 pipelined_steps: self.pipelined_steps,
+                failed_graphs: self.runner.graphs.values().filter(|g| g.capture_failed()).count(),
             };
         }
     }

@@ -158,6 +158,11 @@ impl BucketGraph {
         Ok(self.logits.narrow(0, 0, chunks.len())?)
     }
 
+    /// Whether capturing this bucket's graph failed (its steps run eagerly).
+    pub fn capture_failed(&self) -> bool {
+        matches!(self.state, State::Eager)
+    }
+
     /// Writes the step's inputs into the fixed buffer: one upload, then one device copy.
     fn upload(
         &self,

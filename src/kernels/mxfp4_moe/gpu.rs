@@ -76,6 +76,17 @@ pub(super) const EXPERT_MAJOR_VARIANTS: [EmVariant; 10] = [
 /// on the grouped path, whose agreement numbers at full size are established, until the
 /// expert-major path's are (docs/gpt-oss.md).
 pub(super) const GROUPED_MIN_TOKENS: usize = 256;
+
+/// The path of a single token: the slot kernel, or with `INFERNO_MOE_SINGLE=expert-major` the
+/// expert-major one, which sums every product in the order a prompt's tokens get (for A/B runs
+/// of the prefix-cache tests: tests/cache_reuse.rs).
+fn single_token_path() -> Path {
+    static PATH: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
+    *PATH.get_or_init(|| match std::env::var("INFERNO_MOE_SINGLE").as_deref() {
+        Ok("expert-major") => Path::ExpertMajor,
+        _ => Path::SlotMma,
+    })
+}
 /// Tile sizes of moe_grouped.cu (BM slots, BN weight rows) and its expert limit.
 const BM: usize = 64;
 const BN: usize = 128;
@@ -185,7 +196,7 @@ pub(super) fn launch_routed<T: KernelFloat>(
         Some(path) if tiled || path == Path::PerSlot => path,
         Some(path) => bail!("mxfp4_moe: the {path:?} path needs bf16 x with 16-byte aligned rows"),
         None if !tiled => Path::PerSlot,
-        None if tokens < EXPERT_MAJOR_MIN_TOKENS => Path::SlotMma,
+        None if tokens < EXPERT_MAJOR_MIN_TOKENS => single_token_path(),
         None if tokens < GROUPED_MIN_TOKENS => Path::ExpertMajor,
         None => Path::Grouped,
     };
