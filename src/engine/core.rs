@@ -441,9 +441,7 @@ impl Core {
             Err(e) => {
                 // What the pool holds for these sequences is unknown: fail them, keep serving.
                 let msg = format!("{e:#}");
-                for c in &plan.chunks {
-                    self.fail(c.id, &msg);
-                }
+                self.fail_chunks(&plan.chunks, &msg);
                 return;
             }
         };
@@ -457,9 +455,7 @@ impl Core {
             Ok(s) => s.unwrap_or_default(),
             Err(e) => {
                 let msg = format!("{e:#}");
-                for c in &plan.chunks {
-                    self.fail(c.id, &msg);
-                }
+                self.fail_chunks(&plan.chunks, &msg);
                 return;
             }
         };
@@ -600,6 +596,13 @@ impl Core {
         self.sched.remove(id, &mut self.blocks);
         if let Some(l) = self.live.remove(&id) {
             let _ = l.events.send(Event::Failed(msg.to_string()));
+        }
+    }
+
+    /// Fails every sequence of a step (what the pool holds for them is unknown).
+    fn fail_chunks(&mut self, chunks: &[super::scheduler::Chunk], msg: &str) {
+        for c in chunks {
+            self.fail(c.id, msg);
         }
     }
 

@@ -65,9 +65,7 @@ impl Core {
             Err(e) => {
                 // The GPU's state is unknown: fail the step's sequences, as `step` does.
                 let msg = format!("{e:#}");
-                for c in &step.chunks {
-                    self.fail(c.id, &msg);
-                }
+                self.fail_chunks(&step.chunks, &msg);
                 return;
             }
         };
@@ -80,9 +78,7 @@ impl Core {
             Ok(ids) => ids,
             Err(e) => {
                 let msg = format!("reading the sampled ids back from the GPU: {e}");
-                for c in &step.chunks {
-                    self.fail(c.id, &msg);
-                }
+                self.fail_chunks(&step.chunks, &msg);
                 return;
             }
         };
