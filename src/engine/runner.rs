@@ -57,11 +57,10 @@ impl Runner {
         inputs: &[&[u32]],
         blocks: &BlockManager,
     ) -> anyhow::Result<Option<Tensor>> {
-        let decode_only = !chunks.is_empty() && chunks.iter().all(|c| c.len == 1 && c.sample);
-        if !decode_only || !graphs::enabled(self.model.device()) {
+        if !graphs::enabled(self.model.device()) {
             return Ok(None);
         }
-        let Some(size) = graphs::bucket(chunks.len()) else { return Ok(None) };
+        let Some(size) = decode_bucket(chunks) else { return Ok(None) };
         if !self.graphs.contains_key(&size) {
             let groups = self.shape.group_windows.len();
             let g = BucketGraph::new(size, self.model.as_ref(), groups, self.pool.block_size)?;
@@ -79,12 +78,9 @@ impl Runner {
         ids: &Tensor,
         blocks: &BlockManager,
     ) -> anyhow::Result<Option<Tensor>> {
-        let decode_only = !chunks.is_empty() && chunks.iter().all(|c| c.len == 1 && c.sample);
-        match graphs::bucket(chunks.len()) {
-            Some(size) if decode_only && self.graphs.contains_key(&size) => {
-                self.graph_step(size, chunks, StepIds::Device(ids), blocks).map(Some)
-            }
-            _ => Ok(None),
+        match decode_bucket(chunks).filter(|size| self.graphs.contains_key(size)) {
+            Some(size) => self.graph_step(size, chunks, StepIds::Device(ids), blocks).map(Some),
+            None => Ok(None),
         }
     }
 
@@ -101,10 +97,10 @@ impl Runner {
         graph.step(self.model.as_ref(), &self.pool, chunks, ids, blocks)
     }
 
-    /// Whether decode steps of `rows` sequences run as a graph (the pipelined decode needs it:
-    /// only a graph step takes its ids from the device).
-    pub fn has_graph(&self, rows: usize) -> bool {
-        graphs::bucket(rows).is_some_and(|size| self.graphs.contains_key(&size))
+    /// Whether `chunks` run as a decode graph that exists already (the pipelined decode needs
+    /// it: only a graph step takes its ids from the device).
+    pub fn has_graph_for(&self, chunks: &[Chunk]) -> bool {
+        decode_bucket(chunks).is_some_and(|size| self.graphs.contains_key(&size))
     }
 
     fn step_input(
@@ -177,6 +173,12 @@ impl Runner {
             bounds: PagedBounds { max_q_len: max_q, max_context: max_ctx },
         })
     }
+}
+
+/// The decode graph bucket of a step whose every chunk decodes one token and samples.
+fn decode_bucket(chunks: &[Chunk]) -> Option<usize> {
+    let decode_only = !chunks.is_empty() && chunks.iter().all(|c| c.len == 1 && c.sample);
+    decode_only.then(|| graphs::bucket(chunks.len())).flatten()
 }
 
 /// The next id of each sampling row of `logits` (`[R, vocab]`, f32), by each row's sampler.

@@ -58,25 +58,6 @@ pub(crate) mod launch;
 mod testing;
 
 pub use argmax::{argmax, argmax_rows, sample_gumbel, sample_gumbel_rows};
-
-/// `words` as a u32 tensor on `device`. On a GPU the copy goes through page-locked staging:
-/// from pageable memory it would first wait for the stream to drain, which stalls a step
-/// enqueued behind another (the pipelined decode's uploads).
-pub fn upload_u32(
-    words: &[u32],
-    device: &candle_core::Device,
-) -> candle_core::Result<candle_core::Tensor> {
-    #[cfg(feature = "cuda")]
-    if let candle_core::Device::Cuda(dev) = device {
-        use candle_core::{CudaStorage, Storage, op::BackpropOp};
-        let slice = cuda::upload(dev, words)?;
-        let len = slice.len();
-        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
-        let t = candle_core::Tensor::from_storage(storage, len, BackpropOp::none(), false);
-        return t.narrow(0, 0, words.len());
-    }
-    candle_core::Tensor::new(words, device)
-}
 pub use f32_out_matmul::{matmul_f32_out, matmul_hi_lo};
 pub use kv_write::kv_write_at;
 pub use layer_norm_act::{Normed, add_rms_norm, silu_mul_to};
@@ -95,6 +76,22 @@ pub use swiglu_gemv::matmul_swiglu_bf16;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor, bail};
 use half::bf16;
+
+/// `words` as a u32 tensor on `device`. On a GPU the copy goes through page-locked staging:
+/// from pageable memory it would first wait for the stream to drain, which stalls a step
+/// enqueued behind another (the pipelined decode's uploads).
+pub fn upload_u32(words: &[u32], device: &candle_core::Device) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = device {
+        use candle_core::{CudaStorage, op::BackpropOp};
+        let slice = cuda::upload(dev, words)?;
+        let len = slice.len();
+        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
+        let t = Tensor::from_storage(storage, len, BackpropOp::none(), false);
+        return t.narrow(0, 0, words.len());
+    }
+    Tensor::new(words, device)
+}
 
 /// An f32 or bf16 CPU buffer, read as f32.
 #[derive(Clone, Copy)]

@@ -17,7 +17,7 @@ use super::layer_norm_act::silu_mul_to;
 /// where our GEMV takes the product.
 pub fn matmul_swiglu_bf16(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let (x, w) = (x.contiguous()?, w.contiguous()?);
-    if fused(&x, &w)? {
+    if fused(&x, &w) {
         return x.apply_op2_no_bwd(&w, &SwiGluGemv { batch: None });
     }
     silu_mul_to(&matmul_f32_out(&x, &w)?, DType::BF16)
@@ -26,10 +26,10 @@ pub fn matmul_swiglu_bf16(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// Whether the one-launch kernel applies: bf16 on a GPU, a shape the GEMV takes (up to 16 rows
 /// in its SwiGLU variants), an even width, K a multiple of 8 and 16-byte aligned starts.
 #[cfg(feature = "cuda")]
-fn fused(x: &Tensor, w: &Tensor) -> Result<bool> {
-    let (Ok((m, k)), Ok((n2, kw))) = (x.dims2(), w.dims2()) else { return Ok(false) };
+fn fused(x: &Tensor, w: &Tensor) -> bool {
+    let (Ok((m, k)), Ok((n2, kw))) = (x.dims2(), w.dims2()) else { return false };
     let start = |t: &Tensor| t.layout().start_offset().is_multiple_of(8);
-    Ok(x.device().is_cuda()
+    x.device().is_cuda()
         && x.dtype() == DType::BF16
         && w.dtype() == DType::BF16
         && k == kw
@@ -40,7 +40,7 @@ fn fused(x: &Tensor, w: &Tensor) -> Result<bool> {
         && !super::f32_out_matmul::gemv_off()
         && !two_launches()
         && start(x)
-        && start(w))
+        && start(w)
 }
 
 /// `INFERNO_FUSE_SWIGLU=0` keeps the two launches (for A/B timings).
@@ -51,8 +51,8 @@ fn two_launches() -> bool {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn fused(_x: &Tensor, _w: &Tensor) -> Result<bool> {
-    Ok(false)
+fn fused(_x: &Tensor, _w: &Tensor) -> bool {
+    false
 }
 
 struct SwiGluGemv {

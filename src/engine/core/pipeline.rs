@@ -39,7 +39,7 @@ impl Core {
     /// leaves the step in flight (true), when every sequence's draw allows it.
     pub(super) fn defer(&mut self, logits: &Tensor, chunks: &[Chunk], t0: Instant) -> bool {
         if !self.pipelined
-            || !self.decode_graph_step(chunks)
+            || !self.runner.has_graph_for(chunks)
             || !chunks.iter().all(|c| self.drawn_blind(c.id, 0))
         {
             return false;
@@ -130,13 +130,6 @@ impl Core {
         let ids = self.with_specs(chunks, |specs| device_ids(logits, specs))??;
         let readback = Readback::enqueue(&ids)?;
         Ok(InFlight { chunks: chunks.to_vec(), ids, readback, t0 })
-    }
-
-    /// Every chunk decodes one token through a decode graph.
-    fn decode_graph_step(&self, chunks: &[Chunk]) -> bool {
-        !chunks.is_empty()
-            && chunks.iter().all(|c| c.len == 1 && c.sample)
-            && self.runner.has_graph(chunks.len())
     }
 
     /// Whether sequence `id`'s token `ahead` steps after its next one can be drawn before the
