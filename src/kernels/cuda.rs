@@ -22,6 +22,9 @@ pub(super) const MXFP4_GGML_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/
 pub(super) const ARGMAX_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx"));
 /// PTX built by build.rs from `src/kernels/sample.cu`.
 pub(super) const SAMPLE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample.ptx"));
+/// PTX built by build.rs from `src/kernels/sample_topk.cu`.
+pub(super) const SAMPLE_TOPK_PTX: &str =
+    include_str!(concat!(env!("OUT_DIR"), "/sample_topk.ptx"));
 /// PTX built by build.rs from `src/kernels/qkv_rope.cu`.
 pub(super) const QKV_ROPE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/qkv_rope.ptx"));
 /// PTX built by build.rs from `src/kernels/router.cu`.

@@ -26,7 +26,8 @@
 //!   launch.
 //! - [`argmax_rows()`], [`sample_gumbel_rows()`]: the next token of every row of a batch.
 //! - [`sample_rows()`]: the next token of every row by the full sampler (penalties, top-k,
-//!   top-p, min-p, seeded draw), as the host sampler filters.
+//!   top-p, min-p, seeded draw), as the host sampler filters; top-k first where every row has a
+//!   small top-k.
 //!
 //! Tests: CPU references against independent naive formulations run everywhere; GPU-vs-CPU tests
 //! are `#[ignore]`d (no GPU on the build machines) and run with

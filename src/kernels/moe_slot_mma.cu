@@ -1,4 +1,4 @@
-// The MXFP4 experts for single-token decode, per (token, slot) like mxfp4_moe.cu's GEMVs (same
+// The MXFP4 experts for decode batches of a few tokens, per (token, slot) like mxfp4_moe.cu's GEMVs (same
 // maths, see mxfp4_moe.rs), but on tensor cores with K split over the warps of a block.
 //
 // Why: at batch 1 the per-slot GEMVs decoded every FP4 value through a table in shared memory

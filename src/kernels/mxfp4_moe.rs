@@ -12,7 +12,7 @@
 //! `[E, rows, K/32]` E8M0 scales, see [`super::mxfp4`]) and are decoded on the fly.
 //!
 //! CUDA, four paths that end alike (`gpu.rs`):
-//! - Per slot on tensor cores (`moe_slot_mma.cu`), for bf16 single-token decode: the same two
+//! - Per slot on tensor cores (`moe_slot_mma.cu`), for bf16 batches below 8 tokens: the same two
 //!   GEMVs as the next path, K split over a block's warps, the FP4 codes decoded straight into
 //!   bf16 mma fragments; the activations travel as bf16 hi + mid + lo (the f32 value exactly).
 //! - Per slot (`mxfp4_moe.cu`), for f32: `moe_gate_up` (GEMV over the selected

@@ -138,6 +138,32 @@ fn pack(rows: &[RowSampling], n: usize) -> (Vec<u32>, usize) {
     (words, count)
 }
 
+/// The largest top-k the top-k-first sampler (`sample_topk.cu`) takes: it keeps this many
+/// candidates per chunk of [`TOPK_CHUNK`] logits.
+#[cfg(any(feature = "cuda", test))]
+pub(crate) const TOPK_MAX: usize = 256;
+/// sample_topk.cu's `CHUNK` (logits per block) and `MAX_PARTS` (chunks per row).
+#[cfg(any(feature = "cuda", test))]
+const TOPK_CHUNK: usize = 4096;
+#[cfg(any(feature = "cuda", test))]
+const TOPK_MAX_PARTS: usize = 1024;
+
+/// Whether a batch takes the top-k-first sampler: every sampling row has a top-k of at most
+/// [`TOPK_MAX`] below the vocabulary (greedy rows take any path). Otherwise the radix selection
+/// over whole rows (`sample.cu`), which any setting can take.
+#[cfg(any(feature = "cuda", test))]
+pub(crate) fn topk_first(rows: &[RowSampling], n: usize) -> bool {
+    // INFERNO_SAMPLER=radix: every batch on the radix path (A/B runs).
+    static RADIX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let radix = *RADIX.get_or_init(|| std::env::var("INFERNO_SAMPLER").as_deref() == Ok("radix"));
+    !radix
+        && n <= TOPK_CHUNK * TOPK_MAX_PARTS
+        && rows.iter().all(|r| {
+            let f = &r.filter;
+            f.inv_t <= 0.0 || (1..=TOPK_MAX).contains(&f.top_k) && f.top_k < n
+        })
+}
+
 #[cfg(feature = "cuda")]
 mod gpu;
 

@@ -36,11 +36,14 @@ const MAX_K: usize = 8 * 32 * 32;
 /// beyond it 32 (measured on an H200, gpt-oss-20b sizes: 1 token 52 vs 57 µs, 128 tokens
 /// 3.3 vs 2.8 ms).
 const SMALL_BATCH: usize = 2;
-/// From this many tokens bf16 batches take the expert-major GEMVs; below it (most experts have
-/// one slot) the per-slot GEMVs, which spread one slot over more blocks. Measured on an H100
-/// (gpt-oss-20b sizes, one layer, `gpu_moe_timing`): per-slot / best expert-major 56 / 77 µs at
-/// 1 token, 91 / 103 at 2, 148 / 169 at 4, 235 / 227 at 8.
-pub(super) const EXPERT_MAJOR_MIN_TOKENS: usize = 2;
+/// From this many tokens bf16 batches take the expert-major GEMVs; below it the per-slot GEMVs on
+/// tensor cores (`moe_slot_mma.cu`), which spread each slot over more blocks. Measured on an H100
+/// (gpt-oss-20b sizes, one layer, `gpu_moe_timing`, session 12): slot / expert-major 33.5 / 69.2
+/// µs at 1 token, 57.6 / 90.8 at 2, 102.1 / 127.7 at 4, 187.9 / 189.4 at 8, 352.9 / 247.8 at 16.
+/// Below it a token's MoE also sums in the same order whatever the batch, so a prompt in chunks
+/// of fewer tokens computes each position bit for bit as a decode step does (tests/cache_reuse.rs
+/// reuses KV that decode steps wrote and compares with a fresh prefill).
+pub(super) const EXPERT_MAJOR_MIN_TOKENS: usize = 8;
 /// From this many tokens the expert-major GEMVs cut each expert's slots into tiles of 16 instead
 /// of 8 (twice the tensor-core work per weight byte, half the weight re-reads for experts with more
 /// than 8 slots). Measured (H100, as above): 8-slot / 16-slot tiles 296 / 334 µs at 32 tokens,
@@ -77,9 +80,8 @@ pub(super) const EXPERT_MAJOR_VARIANTS: [EmVariant; 10] = [
 /// expert-major path's are (docs/gpt-oss.md).
 pub(super) const GROUPED_MIN_TOKENS: usize = 256;
 
-/// The path of a single token: the slot kernel, or with `INFERNO_MOE_SINGLE=expert-major` the
-/// expert-major one, which sums every product in the order a prompt's tokens get (for A/B runs
-/// of the prefix-cache tests: tests/cache_reuse.rs).
+/// The path below [`EXPERT_MAJOR_MIN_TOKENS`]: the slot kernel, or with
+/// `INFERNO_MOE_SINGLE=expert-major` the expert-major one (A/B runs).
 fn single_token_path() -> Path {
     static PATH: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
     *PATH.get_or_init(|| match std::env::var("INFERNO_MOE_SINGLE").as_deref() {

@@ -1,11 +1,11 @@
-//! The launches of `sample.cu` (its header comment lists them).
+//! The launches of `sample.cu` and `sample_topk.cu` (their header comments list them).
 
 use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{CudaStorage, Layout, Result, Shape};
 
-use super::{RowSampling, pack};
-use crate::kernels::cuda::{ARGMAX_PTX, SAMPLE_PTX, int, upload};
+use super::{RowSampling, pack, topk_first};
+use crate::kernels::cuda::{ARGMAX_PTX, SAMPLE_PTX, SAMPLE_TOPK_PTX, int, upload};
 
 const THREADS: u32 = 256;
 const BUCKETS: usize = 256;
@@ -33,6 +33,9 @@ pub(super) fn launch(
     int(r * n, "logits")?;
     let (words, penalties) = pack(rows, n);
     let params = upload(&dev, &words)?;
+    if topk_first(rows, n) {
+        return launch_topk(rows, mask, &x, n, &params, penalties, &dev);
+    }
     // The penalties go into a scratch copy: logprobs and the caller read the logits as they are.
     let scratch = if penalties > 0 {
         let mut y = unsafe { dev.alloc::<f32>(r * n)? }; // SAFETY: filled by the copy below
@@ -117,4 +120,72 @@ pub(super) fn launch(
     // SAFETY: each row's block reads the `parts` partials just written.
     unsafe { b.launch(cfg) }.w()?;
     Ok((CudaStorage { slice: CudaStorageSlice::U32(out), device: dev }, Shape::from(r)))
+}
+
+/// sample_topk.cu's logits per block.
+const TOPK_CHUNK: usize = super::TOPK_CHUNK;
+
+/// The top-k-first sampler (`sample_topk.cu`): every sampling row has a top-k of at most
+/// [`super::TOPK_MAX`] ([`topk_first`]). The penalties are applied inside its first kernel.
+fn launch_topk(
+    rows: &[RowSampling],
+    mask: bool,
+    x: &CudaView<f32>,
+    n: usize,
+    params: &candle_core::cuda_backend::cudarc::driver::CudaSlice<u32>,
+    penalties: usize,
+    dev: &candle_core::CudaDevice,
+) -> Result<(CudaStorage, Shape)> {
+    let stream = dev.cuda_stream();
+    let r = rows.len();
+    let parts = n.div_ceil(TOPK_CHUNK);
+    let k_stride =
+        rows.iter().filter(|x| x.filter.inv_t > 0.0).map(|x| x.filter.top_k).max().unwrap_or(0).max(1);
+    let (n32, parts32, rows32) = (int(n, "logits")?, int(parts, "parts")?, int(r, "rows")?);
+    let (pen32, stride32) = (int(penalties, "penalties")?, int(k_stride, "top-k")?);
+    // SAFETY (all): sample_topk_local writes every part's argmax, and for each top-k row its
+    // threshold, tie count and all k_stride candidate slots; sample_topk_draw reads the tie
+    // lists only of parts whose tie count says they were written.
+    let mut part_v = unsafe { dev.alloc::<f32>(r * parts)? };
+    let mut part_i = unsafe { dev.alloc::<i32>(r * parts)? };
+    let mut part_kth = unsafe { dev.alloc::<u32>(r * parts)? };
+    let mut part_ties = unsafe { dev.alloc::<u32>(r * parts)? };
+    let mut cand_key = unsafe { dev.alloc::<u32>(r * parts * k_stride)? };
+    let mut cand_idx = unsafe { dev.alloc::<i32>(r * parts * k_stride)? };
+    let mut ties = unsafe { dev.alloc::<i32>(r * parts * TOPK_CHUNK)? };
+    let local = dev.get_or_load_custom_func("sample_topk_local", "inferno_sample_topk", SAMPLE_TOPK_PTX)?;
+    let mut b = local.builder();
+    b.arg(x).arg(&n32).arg(&parts32).arg(params).arg(&rows32).arg(&pen32).arg(&stride32);
+    b.arg(&mut part_v).arg(&mut part_i).arg(&mut part_kth).arg(&mut part_ties);
+    b.arg(&mut cand_key).arg(&mut cand_idx).arg(&mut ties);
+    let cfg = LaunchConfig {
+        grid_dim: (parts as u32, r as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: matches the kernel's signature; blocks stay inside their row and part.
+    unsafe { b.launch(cfg) }.w()?;
+    let mut kept = if mask { Some(stream.alloc_zeros::<u8>(r * n).w()?) } else { None };
+    let mut out = unsafe { dev.alloc::<u32>(r)? }; // SAFETY: one id per row, unless mask
+    let draw = dev.get_or_load_custom_func("sample_topk_draw", "inferno_sample_topk", SAMPLE_TOPK_PTX)?;
+    let mut b = draw.builder();
+    b.arg(&n32).arg(&parts32).arg(params).arg(&stride32);
+    b.arg(&part_v).arg(&part_i).arg(&part_kth).arg(&part_ties);
+    b.arg(&cand_key).arg(&cand_idx).arg(&ties).arg(&mut out);
+    let null = 0u64;
+    match &mut kept {
+        Some(k) => b.arg(k),
+        None => b.arg(&null),
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (r as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: matches the kernel's signature; one block per row reads that row's outputs above.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(match kept {
+        Some(k) => (CudaStorage { slice: CudaStorageSlice::U8(k), device: dev.clone() }, Shape::from((r, n))),
+        None => (CudaStorage { slice: CudaStorageSlice::U32(out), device: dev.clone() }, Shape::from(r)),
+    })
 }

@@ -36,12 +36,17 @@ impl Case {
 }
 
 /// A random setting: any mix of temperature (sometimes greedy), top-k (sometimes ≥ n), top-p
-/// (sometimes 0), min-p and the three penalties.
-fn random_config(r: &mut StdRng, n: usize) -> SamplerConfig {
+/// (sometimes 0), min-p and the three penalties. `Rows::TopK`: always a top-k the top-k-first
+/// sampler takes (up to `TOPK_MAX`), the rest as random.
+fn random_config(r: &mut StdRng, n: usize, rows: Rows) -> SamplerConfig {
     let pick = |r: &mut StdRng, p: f64| r.random_bool(p);
+    let top_k = match rows {
+        Rows::Any => pick(r, 0.6).then(|| [1, 2, 5, 40, 100, 1000, n, n + 3][r.random_range(0..8)]),
+        Rows::TopK => Some([1, 2, 5, 40, 100, TOPK_MAX][r.random_range(0..6)].min(n.max(2) - 1)),
+    };
     SamplerConfig {
         temperature: if pick(r, 0.1) { 0.0 } else { r.random_range(0.2..2.0) },
-        top_k: pick(r, 0.6).then(|| [1, 2, 5, 40, 100, 1000, n, n + 3][r.random_range(0..8)]),
+        top_k,
         top_p: pick(r, 0.6).then(|| [0.0, 0.1, 0.5, 0.9, 0.95, 0.999][r.random_range(0..6)]),
         min_p: pick(r, 0.5).then(|| [0.001, 0.05, 0.2, 1.0][r.random_range(0..4)]),
         repeat_penalty: if pick(r, 0.5) { r.random_range(0.8..1.6) } else { 1.0 },
@@ -52,9 +57,16 @@ fn random_config(r: &mut StdRng, n: usize) -> SamplerConfig {
     }
 }
 
+/// Which settings a batch's rows may have.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Rows {
+    Any,
+    TopK,
+}
+
 /// Random rows of vocabulary `n`: spread-out logits, some rounded to a coarse grid (many ties at
 /// every boundary), some with NaN and −∞ entries, an all-NaN one, with a history that repeats ids.
-fn random_case(r: &mut StdRng, n: usize, kind: usize) -> Case {
+fn random_case(r: &mut StdRng, n: usize, kind: usize, rows: Rows) -> Case {
     let mut logits = uniform(r, n, -12.0, 12.0);
     match kind % 6 {
         1 => logits.iter_mut().for_each(|l| *l = (*l * 2.0).round() / 2.0),
@@ -70,7 +82,7 @@ fn random_case(r: &mut StdRng, n: usize, kind: usize) -> Case {
     let len = r.random_range(0..200);
     let history: Vec<u32> = (0..len).map(|_| r.random_range(0..(n as u32).min(50) + 2)).collect();
     let prompt_len = r.random_range(0..=len);
-    Case { cfg: random_config(r, n), prompt_len, history, logits }
+    Case { cfg: random_config(r, n, rows), prompt_len, history, logits }
 }
 
 /// The cases' rows as an `[R, n]` tensor on `dev`.
@@ -82,16 +94,20 @@ fn batch(cases: &[Case], dev: &Device) -> Tensor {
 
 /// Kept sets and ids on `dev` against the host sampler, batch by batch of random cases: the
 /// mask equals the support of `Sampler::distribution` exactly (argmax rows: no mask, the id is
-/// the argmax), and the ids equal the reference op's for the same seeds.
-fn check_kept_sets(dev: &Device, sizes: &[usize], batches: usize) {
-    let mut r = rng(&format!("sample kept sets {dev:?}"));
+/// the argmax), and the ids equal the reference op's for the same seeds. With `Rows::TopK`
+/// every batch takes the top-k-first sampler.
+fn check_kept_sets(dev: &Device, sizes: &[usize], batches: usize, kind: Rows) {
+    let mut r = rng(&format!("sample kept sets {dev:?} {kind:?}"));
     for &n in sizes {
         for b in 0..batches {
             let rows = r.random_range(1..9);
-            let cases: Vec<Case> = (0..rows).map(|i| random_case(&mut r, n, b + i)).collect();
+            let cases: Vec<Case> = (0..rows).map(|i| random_case(&mut r, n, b + i, kind)).collect();
             let seeds: Vec<u64> = (0..rows).map(|_| r.random()).collect();
             let specs: Vec<RowSampling> =
                 cases.iter().zip(&seeds).map(|(c, &s)| c.row(s)).collect();
+            if kind == Rows::TopK && n > 1 {
+                assert!(topk_first(&specs, n), "n {n}: a batch the top-k-first sampler should take");
+            }
             let x = batch(&cases, dev);
             let mask = kept_mask(&x, &specs).unwrap().to_vec2::<u8>().unwrap();
             let ids = sample_rows(&x, &specs).unwrap().to_vec1::<u32>().unwrap();
@@ -119,7 +135,8 @@ fn check_kept_sets(dev: &Device, sizes: &[usize], batches: usize) {
 
 #[test]
 fn reference_keeps_the_host_samplers_set() {
-    check_kept_sets(&Device::Cpu, &[1, 2, 7, 300, 1025], 12);
+    check_kept_sets(&Device::Cpu, &[1, 2, 7, 300, 1025], 12, Rows::Any);
+    check_kept_sets(&Device::Cpu, &[2, 7, 300, 1025], 12, Rows::TopK);
 }
 
 /// Fixed rows and settings for the draw statistics: the setting with a repetition
@@ -287,7 +304,18 @@ fn pack_drops_out_of_range_ids_and_a_k_of_the_whole_vocabulary() {
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
 fn gpu_keeps_the_host_samplers_set_and_draws_the_reference_ids() {
     let dev = crate::kernels::testing::gpu();
-    check_kept_sets(&dev, &[1, 2, 7, 300, 1023, 1025, 4099, 65_537, 201_088], 12);
+    check_kept_sets(&dev, &[1, 2, 7, 300, 1023, 1025, 4099, 65_537, 201_088], 12, Rows::Any);
+}
+
+/// The same against `sample_topk.cu`: chunk edges (4096), ties cut inside a chunk (the rows
+/// rounded to a grid: thousands of logits tie at every boundary of a large row, more than the
+/// shared-memory gather holds), penalties, NaN and −∞.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_topk_first_keeps_the_host_samplers_set_and_draws_the_reference_ids() {
+    let dev = crate::kernels::testing::gpu();
+    check_kept_sets(&dev, &[2, 7, 300, 4095, 4096, 4097, 12_289, 65_537, 201_088], 16, Rows::TopK);
 }
 
 #[cfg(feature = "cuda")]
@@ -304,15 +332,17 @@ fn gpu_draws_follow_the_host_distribution() {
 fn gpu_same_seed_same_ids() {
     let dev = crate::kernels::testing::gpu();
     let mut r = StdRng::seed_from_u64(3);
-    let cases: Vec<Case> = (0..16).map(|i| random_case(&mut r, 201_088, i)).collect();
-    let x = batch(&cases, &dev);
-    let draw = |seed: u64| {
-        let rows: Vec<RowSampling> =
-            cases.iter().enumerate().map(|(i, c)| c.row(seed + i as u64)).collect();
-        sample_rows(&x, &rows).unwrap().to_vec1::<u32>().unwrap()
-    };
-    assert_eq!(draw(5), draw(5));
-    assert_ne!(draw(5), draw(1005), "16 rows drawn alike under other seeds");
+    for kind in [Rows::Any, Rows::TopK] {
+        let cases: Vec<Case> = (0..16).map(|i| random_case(&mut r, 201_088, i, kind)).collect();
+        let x = batch(&cases, &dev);
+        let draw = |seed: u64| {
+            let rows: Vec<RowSampling> =
+                cases.iter().enumerate().map(|(i, c)| c.row(seed + i as u64)).collect();
+            sample_rows(&x, &rows).unwrap().to_vec1::<u32>().unwrap()
+        };
+        assert_eq!(draw(5), draw(5), "{kind:?}");
+        assert_ne!(draw(5), draw(1005), "{kind:?}: 16 rows drawn alike under other seeds");
+    }
 }
 
 /// Time per call, ids read back (what a decode step waits for), of the argmax, the plain Gumbel
