@@ -302,34 +302,18 @@ pub(super) mod gemv {
     }
 
     impl Epilogue {
-        /// The kernels' name prefix, with or without the NORM prologue.
-        fn prefix(self, norm: bool) -> &'static str {
-            match (self, norm) {
-                (Epilogue::F32, false) => "gemv_bf16",
-                (Epilogue::SwiGlu, false) => "gemv_swiglu",
-                (Epilogue::F32, true) => "gemv_bf16_norm",
-                (Epilogue::SwiGlu, true) => "gemv_swiglu_norm",
+        fn prefix(self) -> &'static str {
+            match self {
+                Epilogue::F32 => "gemv_bf16",
+                Epilogue::SwiGlu => "gemv_swiglu",
             }
         }
     }
 
     /// The kernel of one tile of x rows (up to 8 rows) with `u` groups per batch.
-    fn one_tile_kernel(epi: Epilogue, norm: bool, u: usize) -> String {
-        let p = epi.prefix(norm);
+    fn one_tile_kernel(epi: Epilogue, u: usize) -> String {
+        let p = epi.prefix();
         if u == 4 { format!("{p}_m1_n1") } else { format!("{p}_m1_n1_u{u}") }
-    }
-
-    /// The norm a NORM launch computes as its prologue (gemv_bf16.cu `gemv_norm_prologue`):
-    /// add_rms_norm's inputs (`x` f32 `[m, k]`, `delta` `[m, k]` and `bias` `[k]` optional, the
-    /// norm's f32 weight `w` `[k]`, `eps`) and its `x_out` `[m, k]`, given exactly when `delta`
-    /// is. All 16-byte aligned.
-    pub struct Norm<'a> {
-        pub x: &'a CudaView<'a, f32>,
-        pub delta: Option<&'a CudaView<'a, f32>>,
-        pub bias: Option<&'a CudaView<'a, f32>>,
-        pub w: &'a CudaView<'a, f32>,
-        pub x_out: Option<&'a mut CudaSlice<f32>>,
-        pub eps: f32,
     }
 
     /// U for one tile of x rows against `tiles` blocks of `wk` warps: the largest whose blocks
@@ -337,16 +321,11 @@ pub(super) mod gemv {
     /// few blocks runs at a fraction of the bandwidth), else the largest (a launch of many waves,
     /// an LM head: the most loads in flight per warp). See gemv_bf16.cu's variants. U does not
     /// change any sum, so this is free to depend on the GPU.
-    fn batch_for(
-        dev: &CudaDevice,
-        (epi, smem): (Epilogue, usize),
-        tiles: usize,
-        wk: usize,
-    ) -> Result<usize> {
-        type Key = (usize, Epilogue, usize, usize, usize);
+    fn batch_for(dev: &CudaDevice, epi: Epilogue, tiles: usize, wk: usize) -> Result<usize> {
+        type Key = (usize, Epilogue, usize, usize);
         type Cache = std::sync::Mutex<std::collections::HashMap<Key, usize>>;
         static CHOSEN: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
-        let key = (dev.cuda_stream().context().ordinal(), epi, smem, tiles, wk);
+        let key = (dev.cuda_stream().context().ordinal(), epi, tiles, wk);
         let cache = CHOSEN.get_or_init(Default::default);
         if let Some(&u) = cache.lock().ok().and_then(|c| c.get(&key).copied()).as_ref() {
             return Ok(u);
@@ -360,12 +339,12 @@ pub(super) mod gemv {
         let mut chosen = BATCHES[0];
         for u in BATCHES {
             let func = dev.get_or_load_custom_func(
-                &one_tile_kernel(epi, smem > 0, u),
+                &one_tile_kernel(epi, u),
                 "inferno_gemv",
                 GEMV_BF16_PTX,
             )?;
             let per_sm = func
-                .occupancy_max_active_blocks_per_multiprocessor(32 * wk as u32, smem, None)
+                .occupancy_max_active_blocks_per_multiprocessor(32 * wk as u32, 0, None)
                 .map_err(|e| candle_core::Error::Msg(format!("gemv occupancy: {e:?}")))?;
             if per_sm as usize * sms >= tiles {
                 chosen = u;
@@ -385,45 +364,6 @@ pub(super) mod gemv {
         dev: &CudaDevice,
         x: &CudaView<bf16>,
         w: &CudaView<bf16>,
-        out: (&mut CudaSlice<T>, Epilogue),
-        shape: (usize, usize, usize),
-        batch: Option<usize>,
-    ) -> Result<()> {
-        launch_any(dev, X::Bf16(x), w, out, shape, batch)
-    }
-
-    /// [`launch`] with x = add_rms_norm's bf16 output for `norm`, computed by the launch itself
-    /// (m ≤ 8, m·k ≤ [`NORM_MAX_VALUES`], k ≤ 16,384): the norm's bits and the product's.
-    pub fn launch_normed<T: DeviceRepr>(
-        dev: &CudaDevice,
-        norm: Norm,
-        w: &CudaView<bf16>,
-        out: (&mut CudaSlice<T>, Epilogue),
-        shape: (usize, usize, usize),
-        batch: Option<usize>,
-    ) -> Result<()> {
-        let (m, _, k) = shape;
-        if m > 8 || m * k > NORM_MAX_VALUES || k > 16_384 || norm.delta.is_some() != norm.x_out.is_some()
-        {
-            candle_core::bail!("gemv: a normed product takes up to 8 rows of up to {NORM_MAX_VALUES} values");
-        }
-        launch_any(dev, X::Normed(norm), w, out, shape, batch)
-    }
-
-    /// The most values (m·k bf16) a NORM launch's shared memory holds: 48 KB per block less the
-    /// kernel's static arrays.
-    pub const NORM_MAX_VALUES: usize = 20 * 1024;
-
-    /// A launch's x: bf16 rows, or the norm that makes them.
-    enum X<'a> {
-        Bf16(&'a CudaView<'a, bf16>),
-        Normed(Norm<'a>),
-    }
-
-    fn launch_any<T: DeviceRepr>(
-        dev: &CudaDevice,
-        x: X,
-        w: &CudaView<bf16>,
         (out, epi): (&mut CudaSlice<T>, Epilogue),
         (m, n, k): (usize, usize, usize),
         batch: Option<usize>,
@@ -433,55 +373,28 @@ pub(super) mod gemv {
         if epi == Epilogue::SwiGlu && (nt > 2 || !n.is_multiple_of(2)) {
             candle_core::bail!("gemv: the SwiGLU epilogue takes up to 16 rows and an even width");
         }
-        let norm = matches!(x, X::Normed(_));
-        // The NORM prologue's rows of x, bf16 in dynamic shared memory.
-        let smem = if norm { m * k * 2 } else { 0 };
         let name = if (mt, nt) == (1, 1) {
             let u = match batch {
                 Some(u) => u,
-                None => batch_for(dev, (epi, smem), n.div_ceil(16), wk)?,
+                None => batch_for(dev, epi, n.div_ceil(16), wk)?,
             };
-            one_tile_kernel(epi, norm, u)
+            one_tile_kernel(epi, u)
         } else {
-            format!("{}_m{mt}_n{nt}", epi.prefix(false))
+            format!("{}_m{mt}_n{nt}", epi.prefix())
         };
         let func = dev.get_or_load_custom_func(&name, "inferno_gemv", GEMV_BF16_PTX)?;
         let cfg = LaunchConfig {
             grid_dim: (int(n.div_ceil(16 * mt), "output tiles")? as u32, 1, 1),
             block_dim: (32, wk as u32, 1),
-            shared_mem_bytes: smem as u32,
+            shared_mem_bytes: 0,
         };
         let (m32, n32, k32) = (int(m, "rows")?, int(n, "outputs")?, int(k, "inner dim")?);
         let stream = dev.cuda_stream();
         let mut b = Launch::new(&stream, &func);
-        match x {
-            X::Bf16(x) => {
-                b.ptr(x);
-            }
-            X::Normed(Norm { x, delta, bias, w: norm_w, x_out, eps }) => {
-                b.ptr(x);
-                match delta {
-                    Some(d) => b.ptr(d),
-                    None => b.null(),
-                };
-                match bias {
-                    Some(v) => b.ptr(v),
-                    None => b.null(),
-                };
-                b.ptr(norm_w);
-                match x_out {
-                    Some(v) => b.ptr_mut(v),
-                    None => b.null(),
-                };
-                b.val(eps);
-            }
-        }
-        b.ptr(w).ptr_mut(out).val(m32).val(n32).val(k32);
+        b.ptr(x).ptr(w).ptr_mut(out).val(m32).val(n32).val(k32);
         // SAFETY: the arguments match the kernels' signature; x holds m·k, w n·k and out m·n
         // f32 elements (m·n/2 bf16 for the SwiGLU), k % 8 == 0 and both starts are 16-byte
-        // aligned (the caller checks); a NORM launch's inputs hold m·k values (bias and the
-        // norm's weight k), x_out is given exactly when delta is, and its shared memory holds
-        // m·k bf16; the kernel reads only w before pdl_wait().
+        // aligned (the caller checks); the kernel reads only w before pdl_wait().
         unsafe { b.launch(cfg) }
     }
 }

@@ -21,10 +21,9 @@
 // N and WK only (WK is chosen from N), never on how many rows x has: a row's result is the same
 // bits at batch 1 and at batch 32.
 
-#include "rms_norm.cuh"
+#include "common.cuh"
 
 #define GEMV_MAX_WK 8
-#define GEMV_NORM_ROWS 8  // rows of x a NORM launch takes (one n-tile)
 
 __device__ __forceinline__ void gemv_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
@@ -59,9 +58,8 @@ __device__ __forceinline__ void gemv_load_w(GemvBatch<MT, NT, U>& bt, int q0, in
     }
 }
 
-// The x part of a batch: written by the previous kernel, so only after pdl_wait(). SMEM: x is
-// the NORM prologue's rows in shared memory.
-template <int MT, int NT, int U, bool SMEM>
+// The x part of a batch: written by the previous kernel, so only after pdl_wait().
+template <int MT, int NT, int U>
 __device__ __forceinline__ void gemv_load_x(GemvBatch<MT, NT, U>& bt, int q0, int stride, int groups, int chunks,
                                             const uint4* const (&xr)[NT]) {
     const int t = threadIdx.x & 3;
@@ -71,64 +69,8 @@ __device__ __forceinline__ void gemv_load_x(GemvBatch<MT, NT, U>& bt, int q0, in
         const int q = q0 + u * stride, c = 4 * q + t;
         const bool in = q < groups && c < chunks;
 #pragma unroll
-        for (int j = 0; j < NT; j++) bt.b[u][j] = in && xr[j] ? (SMEM ? xr[j][c] : __ldg(xr[j] + c)) : z;
+        for (int j = 0; j < NT; j++) bt.b[u][j] = in && xr[j] ? __ldg(xr[j] + c) : z;
     }
-}
-
-// The norm in front of a NORM GEMV: add_rms_norm_bf16's inputs (x the f32 residual stream [M, K],
-// delta [M, K] and bias [K] optional, w the norm's f32 weight [K]) and its x_out [M, K] (the
-// stream after the add, written by block 0 when there is a delta).
-struct NormIn {
-    const float* x;
-    const float* delta;
-    const float* bias;
-    const float* w;
-    float* x_out;
-    float eps;
-};
-
-// h [M, K] = bf16(norm(x + delta + bias)) into shared memory, each row the bits add_rms_norm_bf16
-// gives it: that kernel runs norm_threads(K) threads, so its thread v is played here by lane
-// v % 32 of this block's warp (v / 32) % WK, with the same sums in the same order (per thread,
-// each warp's shuffle tree, then the warps in order). Every block computes all of h (a few µs of
-// L2 reads, against the launch of the norm kernel it replaces); block 0 also writes x_out.
-__device__ __forceinline__ void gemv_norm_prologue(const NormIn& in, __nv_bfloat16* h, int M, int K) {
-    __shared__ float partial[GEMV_NORM_ROWS][NORM_MAX_THREADS / 32];
-    __shared__ float inv[GEMV_NORM_ROWS];
-    const int lane = threadIdx.x, w = threadIdx.y, W = blockDim.y, n4 = K / 4;
-    const int vt = norm_threads(K), warps = vt / 32;
-    for (int m = 0; m < M; m++) {
-        const long long row = (long long)m * K;
-        for (int vw = w; vw < warps; vw += W) {
-            const int v = vw * 32 + lane;
-            float s = 0.f;
-#pragma unroll
-            for (int j = 0; j < NORM_VEC; j++) {
-                const int i = v + j * vt;
-                if (i < n4) s = norm_square_sum(s, norm_input(in.x, in.delta, in.bias, row, i));
-            }
-            s = warp_sum(s);
-            if (lane == 0) partial[m][vw] = s;
-        }
-    }
-    __syncthreads();
-    if (w == 0 && lane < M) {
-        float total = 0.f;
-        for (int v = 0; v < warps; v++) total += partial[lane][v];
-        inv[lane] = norm_inverse(total, K, in.eps);
-    }
-    __syncthreads();
-    const bool keep = in.delta && blockIdx.x == 0;
-    for (int m = 0; m < M; m++) {
-        const long long row = (long long)m * K;
-        for (int i = w * 32 + lane; i < n4; i += 32 * W) {
-            const float4 v = norm_input(in.x, in.delta, in.bias, row, i);
-            if (keep) reinterpret_cast<float4*>(in.x_out + row)[i] = v;
-            const float4 g = reinterpret_cast<const float4*>(in.w)[i];
-            reinterpret_cast<uint2*>(h + row)[i] = norm_pack_bf16(norm_scale(v, inv[m], g));
-        }
-    }
-    __syncthreads();
 }
 
 template <int MT, int NT, int U>
@@ -156,17 +98,11 @@ __device__ __forceinline__ void gemv_mma_batch(float (&acc)[MT][NT][4], const Ge
 // formula. Every gate or up sum is the plain GEMV's (same K order, same WK for the same N), so
 // the result is that of the GEMV followed by silu_mul_bf16, bit for bit, without the launch
 // between them. grid (ceil(n / (8 MT))).
-//
-// NORM (up to 8 rows): x is not given; the block first computes it as add_rms_norm_bf16 would
-// (gemv_norm_prologue) into dynamic shared memory, M · K bf16: the norm's launch folded into the
-// product after it. The product's sums are the plain GEMV's.
-template <int MT, int NT, int U, bool SWIGLU = false, bool NORM = false>
+template <int MT, int NT, int U, bool SWIGLU = false>
 __device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-                                               void* __restrict__ out, int M, int N, int K, const NormIn& norm) {
+                                               void* __restrict__ out, int M, int N, int K) {
     // Partial sums of every warp along K: at most GEMV_MAX_WK · 16 rows of weights (WK · MT).
     __shared__ float red[GEMV_MAX_WK / MT][16 * MT][8 * NT];
-    extern __shared__ uint4 gemv_normed[];
-    if (NORM) x = reinterpret_cast<const __nv_bfloat16*>(gemv_normed);
     const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wk = threadIdx.y, WK = blockDim.y;
     const int row0 = blockIdx.x * 16 * MT, chunks = K / 8, groups = (chunks + 3) / 4;
     // Rows past N read row N - 1 (their results are not stored): no branch around the mma.
@@ -202,17 +138,16 @@ __device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__
     gemv_load_w(n, wk + step, WK, groups, chunks, wr);
     pdl_wait();
     pdl_launch_dependents();
-    if (NORM) gemv_norm_prologue(norm, reinterpret_cast<__nv_bfloat16*>(gemv_normed), M, K);
-    gemv_load_x<MT, NT, U, NORM>(p, wk, WK, groups, chunks, xr);
+    gemv_load_x(p, wk, WK, groups, chunks, xr);
 #pragma unroll 1
     for (int q0 = wk; q0 < groups; q0 += 2 * step) {
         if (q0 != wk) gemv_load_w(n, q0 + step, WK, groups, chunks, wr);
-        gemv_load_x<MT, NT, U, NORM>(n, q0 + step, WK, groups, chunks, xr);
+        gemv_load_x(n, q0 + step, WK, groups, chunks, xr);
         gemv_mma_batch(acc, p);
         if (q0 + step >= groups) break;
         if (q0 + 2 * step < groups) {
             gemv_load_w(p, q0 + 2 * step, WK, groups, chunks, wr);
-            gemv_load_x<MT, NT, U, NORM>(p, q0 + 2 * step, WK, groups, chunks, xr);
+            gemv_load_x(p, q0 + 2 * step, WK, groups, chunks, xr);
         }
         gemv_mma_batch(acc, n);
     }
@@ -252,7 +187,7 @@ __device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__
 #define GEMV_KERNEL(NAME, MT, NT, U, SWIGLU)                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_MAX_WK)                                          \
         NAME(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int M, int N, int K) {                  \
-        gemv_bf16_impl<MT, NT, U, SWIGLU>(x, w, y, M, N, K, NormIn{});                                      \
+        gemv_bf16_impl<MT, NT, U, SWIGLU>(x, w, y, M, N, K);                                                 \
     }
 #define GEMV_VARIANT(MT, NT, U) GEMV_KERNEL(gemv_bf16_m##MT##_n##NT, MT, NT, U, false)
 
@@ -286,19 +221,3 @@ GEMV_KERNEL(gemv_swiglu_m1_n1_u2, 1, 1, 2, true)
 GEMV_KERNEL(gemv_swiglu_m1_n1_u8, 1, 1, 8, true)
 GEMV_KERNEL(gemv_swiglu_m1_n2, 1, 2, 2, true)
 GEMV_KERNEL(gemv_swiglu_m2_n2, 2, 2, 2, true)
-
-// The NORM prologue (see gemv_bf16_impl) for up to 8 rows of x, plain and SwiGLU, every U:
-// f32_out_matmul.rs's normed products (decode steps: the norm in front of Llama's q/k/v and
-// gate/up products and gpt-oss's q/k/v).
-#define GEMV_NORM_KERNEL(NAME, U, SWIGLU)                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * GEMV_MAX_WK)                                          \
-        NAME(const float* nx, const float* delta, const float* bias, const float* nw, float* x_out, float eps, \
-             const __nv_bfloat16* w, void* y, int M, int N, int K) {                                          \
-        gemv_bf16_impl<1, 1, U, SWIGLU, true>(nullptr, w, y, M, N, K, NormIn{nx, delta, bias, nw, x_out, eps}); \
-    }
-GEMV_NORM_KERNEL(gemv_bf16_norm_m1_n1, 4, false)
-GEMV_NORM_KERNEL(gemv_bf16_norm_m1_n1_u2, 2, false)
-GEMV_NORM_KERNEL(gemv_bf16_norm_m1_n1_u8, 8, false)
-GEMV_NORM_KERNEL(gemv_swiglu_norm_m1_n1, 4, true)
-GEMV_NORM_KERNEL(gemv_swiglu_norm_m1_n1_u2, 2, true)
-GEMV_NORM_KERNEL(gemv_swiglu_norm_m1_n1_u8, 8, true)

@@ -15,7 +15,10 @@
 // silu_mul_bf16: out = bf16(silu(g) · u) for the fused gate/up product gu [rows, 2n] in f32
 // (g = gu[:, :n], u = gu[:, n:]), the SwiGLU of Llama's MLP, rounded once as candle's bf16 path
 // rounds the down projection's input.
-#include "rms_norm.cuh"
+#include "common.cuh"
+
+#define NORM_MAX_THREADS 1024
+#define NORM_VEC 4  // float4s a thread keeps in registers: rows up to 16,384 wide take the fast path
 
 __device__ __forceinline__ bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 
@@ -53,18 +56,36 @@ extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
         for (int j = 0; j < NORM_VEC; j++) {
             const int i = threadIdx.x + j * blockDim.x;
             if (i < n4) {
-                v[j] = norm_input(x, delta, bias, row, i);
-                if (delta) reinterpret_cast<float4*>(x_out + row)[i] = v[j];
-                s = norm_square_sum(s, v[j]);
+                float4 a = reinterpret_cast<const float4*>(x + row)[i];
+                if (delta) {
+                    float4 d = reinterpret_cast<const float4*>(delta + row)[i];
+                    if (bias) {
+                        const float4 b = reinterpret_cast<const float4*>(bias)[i];
+                        d = make_float4(d.x + b.x, d.y + b.y, d.z + b.z, d.w + b.w);
+                    }
+                    a = make_float4(a.x + d.x, a.y + d.y, a.z + d.z, a.w + d.w);
+                    reinterpret_cast<float4*>(x_out + row)[i] = a;
+                }
+                v[j] = a;
+                s += a.x * a.x;
+                s += a.y * a.y;
+                s += a.z * a.z;
+                s += a.w * a.w;
             }
         }
-        const float inv = norm_inverse(block_sum(s, partial), n, eps);
+        const float inv = rsqrtf(block_sum(s, partial) / n + eps);
 #pragma unroll
         for (int j = 0; j < NORM_VEC; j++) {
             const int i = threadIdx.x + j * blockDim.x;
             if (i < n4) {
-                const float4 h = norm_scale(v[j], inv, reinterpret_cast<const float4*>(w)[i]);
-                reinterpret_cast<uint2*>(h16 + row)[i] = norm_pack_bf16(h);
+                const float4 g = reinterpret_cast<const float4*>(w)[i];
+                const float4 h = make_float4(v[j].x * inv * g.x, v[j].y * inv * g.y, v[j].z * inv * g.z,
+                                             v[j].w * inv * g.w);
+                const __nv_bfloat162 lo = __floats2bfloat162_rn(h.x, h.y), hi = __floats2bfloat162_rn(h.z, h.w);
+                uint2 packed;
+                packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+                packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+                reinterpret_cast<uint2*>(h16 + row)[i] = packed;
                 if (h32) reinterpret_cast<float4*>(h32 + row)[i] = h;
             }
         }
@@ -79,9 +100,9 @@ extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
             v += bias ? delta[row + i] + bias[i] : delta[row + i];
             x_out[row + i] = v;
         }
-        s = __fmaf_rn(v, v, s);
+        s += v * v;
     }
-    const float inv = norm_inverse(block_sum(s, partial), n, eps);
+    const float inv = rsqrtf(block_sum(s, partial) / n + eps);
     // Each thread reads back only the values it wrote above.
     const float* vr = delta ? x_out + row : xr;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {

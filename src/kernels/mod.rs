@@ -28,7 +28,6 @@
 //! - [`sample_rows()`]: the next token of every row by the full sampler (penalties, top-k,
 //!   top-p, min-p, seeded draw), as the host sampler filters; top-k first where every row has a
 //!   small top-k.
-//! - [`normed_product()`]: a norm and the decode-step product after it in one launch.
 //!
 //! Tests: CPU references against independent naive formulations run everywhere; GPU-vs-CPU tests
 //! are `#[ignore]`d (no GPU on the build machines) and run with
@@ -43,7 +42,6 @@ pub mod layer_norm_act;
 pub mod mxfp4;
 pub mod mxfp4_ggml;
 pub mod mxfp4_moe;
-pub mod normed_gemv;
 pub mod paged_attention;
 pub mod qkv_rope;
 pub mod qkv_rope_paged;
@@ -64,7 +62,6 @@ pub use argmax::{argmax, argmax_rows, sample_gumbel, sample_gumbel_rows};
 pub use f32_out_matmul::{matmul_f32_out, matmul_hi_lo};
 pub use kv_write::kv_write_at;
 pub use layer_norm_act::{Normed, add_rms_norm, silu_mul_to};
-pub use normed_gemv::{NormInput, NormedProduct, normed_product};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};
 pub use paged_attention::{
     PagedAttnConfig, PagedBounds, PagedLaunch, paged_attention, paged_launch,

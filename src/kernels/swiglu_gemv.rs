@@ -45,7 +45,7 @@ fn fused(x: &Tensor, w: &Tensor) -> bool {
 
 /// `INFERNO_FUSE_SWIGLU=0` keeps the two launches (for A/B timings).
 #[cfg(feature = "cuda")]
-pub(super) fn two_launches() -> bool {
+fn two_launches() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("INFERNO_FUSE_SWIGLU").is_ok_and(|v| v == "0"))
 }

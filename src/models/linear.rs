@@ -8,7 +8,6 @@ use candle_core::quantized::QMatMul;
 use candle_core::{DType, Module, Tensor};
 
 use crate::kernels::matmul_f32_out;
-use crate::kernels::normed_gemv::{NormInput, NormedProduct, Product, normed_product};
 use crate::models::quant::QuantLinear;
 
 #[derive(Clone)]
@@ -49,28 +48,6 @@ impl Linear {
             }
             Linear::Quantized { weight, .. } => weight.forward(&x.to_dtype(DType::F32)?),
             Linear::Ct { weight, .. } => weight.matmul_f32(x),
-        }
-    }
-
-    /// `norm` (to bf16) and then this product of its output ([`Product::F32`]:
-    /// [`Linear::matmul_f32`], without the bias; [`Product::SwiGlu`]: a weight without one), in
-    /// one launch where the GEMV takes both ([`normed_product`]: a bf16 dense weight, a bf16
-    /// norm, a decode step's rows); `None` where the caller must run the two.
-    pub fn normed(
-        &self,
-        norm: NormInput,
-        product: Product,
-        norm_dtype: DType,
-    ) -> candle_core::Result<Option<NormedProduct>> {
-        match self {
-            Linear::Dense { weight, bias }
-                if norm_dtype == DType::BF16
-                    && weight.dtype() == DType::BF16
-                    && (product == Product::F32 || bias.is_none()) =>
-            {
-                normed_product(norm, weight, product)
-            }
-            _ => Ok(None),
         }
     }
 

@@ -1,8 +1,8 @@
 //! gpt-oss over a batch of sequences (the engine's step, [`BatchModel`]): the same layers as
 //! `model.rs` (docs/gpt-oss.md §4), with keys and values in the engine's paged pool. Per layer,
 //! top to bottom:
-//! the previous layer's expert output added to the f32 residual and RMSNorm → q/k/v product in
-//! f32 (one launch at decode in bf16) → bias, RoPE at each token's position and the k/v stores into the pool (one
+//! the previous layer's expert output added to the f32 residual and RMSNorm (one launch) → q/k/v
+//! product in f32 → bias, RoPE at each token's position and the k/v stores into the pool (one
 //! launch) → sink attention over each sequence's block table (sliding layers with their window,
 //! in their own group of blocks) → o_proj → its bias, the residual add and RMSNorm in f32 and
 //! bf16 (one launch) → router (f32 norm) and MXFP4 experts (bf16 norm; routing sees tokens, not
@@ -11,7 +11,6 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::model::{GptOss, moe};
-use crate::kernels::normed_gemv::{NormInput, Product};
 use crate::kernels::{
     PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged,
 };
@@ -59,29 +58,20 @@ impl BatchModel for GptOss {
         for (n, layer) in w.layers.iter().enumerate() {
             let g = self.group(n);
             let (k_pool, v_pool) = &kv.layers[n];
-            // The norm and the q/k/v product kept in f32: one launch at decode in bf16
-            // (normed_product), else two.
-            let attn_in = NormInput {
-                x: &x,
-                delta: mlp_out.as_ref(),
-                bias: None,
-                weight: &layer.attn_norm,
+            let normed = add_rms_norm(
+                &x,
+                mlp_out.as_ref(),
+                None,
+                &layer.attn_norm,
                 eps,
-            };
-            let qkv = match layer.attn.qkv.normed(attn_in, Product::F32, self.dtype())? {
-                Some(p) => {
-                    x = p.x;
-                    p.y
-                }
-                None => {
-                    let normed = attn_in.run_to(self.dtype())?;
-                    x = normed.x;
-                    layer.attn.qkv.matmul_f32(&normed.h)?
-                }
-            };
-            // Bias, RoPE and the pool stores in one launch.
+                self.dtype(),
+                false,
+            )?;
+            x = normed.x;
+            let h = normed.h;
+            // q, k, v in one product kept in f32; bias, RoPE and the pool stores in one launch.
             let q = qkv_rope_paged(
-                &qkv,
+                &layer.attn.qkv.matmul_f32(&h)?,
                 layer.attn.qkv.bias(),
                 cos,
                 sin,

@@ -4,16 +4,14 @@
 //! position and the k/v stores into the pool (one launch) → causal attention over each
 //! sequence's block table → o_proj → its bias, the residual add and RMSNorm (one launch) →
 //! fused gate/up product and SwiGLU (one launch at decode for bf16) → down (added to the stream
-//! by the next layer's norm). At decode in bf16 each norm runs inside the product after it
-//! ([`crate::kernels::normed_product`]: the same bits, a launch fewer).
+//! by the next layer's norm).
 
 use candle_core::{DType, Device, Tensor};
 
 use super::model::{Llama, RopeStyle};
-use crate::kernels::normed_gemv::{NormInput, Product};
 use crate::kernels::{
-    PagedAttnConfig, QkvHeads, RotaryPairs, matmul_swiglu_bf16, paged_attention, qkv_rope_paged,
-    silu_mul_to,
+    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, matmul_swiglu_bf16, paged_attention,
+    qkv_rope_paged, silu_mul_to,
 };
 use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
 use crate::models::linear::Linear;
@@ -52,45 +50,24 @@ impl BatchModel for Llama {
         let mut x = w.embed.index_select(&step.tokens, 0)?.to_dtype(DType::F32)?;
         // The previous layer's MLP output, added to the stream by this layer's first norm.
         let mut mlp_out: Option<Tensor> = None;
+        // The residual add in front of a norm and the norm, to the products' dtype (one launch).
+        let norm = |x: &Tensor, delta: Option<&Tensor>, bias: Option<&Tensor>, w: &Tensor| {
+            add_rms_norm(x, delta, bias, w, eps, self.dtype(), false)
+        };
         for (n, layer) in w.layers.iter().enumerate() {
             let (k_pool, v_pool) = &kv.layers[n];
             let fused = self.fused(n);
-            let attn_in = NormInput {
-                x: &x,
-                delta: mlp_out.as_ref(),
-                bias: None,
-                weight: &layer.attn_norm,
-                eps,
-            };
-            let fused_qkv = fused.and_then(|f| f.qkv.as_ref());
-            let one_launch = match fused_qkv {
-                Some(qkv) => qkv.normed(attn_in, Product::F32, self.dtype())?,
-                None => None,
-            };
+            let normed = norm(&x, mlp_out.as_ref(), None, &layer.attn_norm)?;
+            let h = normed.h;
+            x = normed.x;
             // q, k, v in f32 with their biases (Llama has none; some derivatives do): one
             // product where the weights could be fused.
-            let qkv = match (one_launch, fused_qkv) {
-                (Some(p), Some(qkv)) => {
-                    x = p.x;
-                    qkv.add_bias_f32(p.y)?
-                }
-                _ => {
-                    // The residual add in front of the norm and the norm (one launch).
-                    let normed = attn_in.run_to(self.dtype())?;
-                    let h = normed.h;
-                    x = normed.x;
-                    match fused_qkv {
-                        Some(qkv) => qkv.forward_f32(&h)?,
-                        None => Tensor::cat(
-                            &[
-                                layer.q.forward_f32(&h)?,
-                                layer.k.forward_f32(&h)?,
-                                layer.v.forward_f32(&h)?,
-                            ],
-                            1,
-                        )?,
-                    }
-                }
+            let qkv = match fused.and_then(|f| f.qkv.as_ref()) {
+                Some(qkv) => qkv.forward_f32(&h)?,
+                None => Tensor::cat(
+                    &[layer.q.forward_f32(&h)?, layer.k.forward_f32(&h)?, layer.v.forward_f32(&h)?],
+                    1,
+                )?,
             };
             let q = qkv_rope_paged(
                 &qkv,
@@ -121,45 +98,22 @@ impl BatchModel for Llama {
             // output is rounded once, as the products' input (an elementwise rounding, the same
             // in any batch).
             let o = layer.o.matmul_f32(&o.reshape((tokens, heads * d))?)?;
-            let mlp_in = NormInput {
-                x: &x,
-                delta: Some(&o),
-                bias: layer.o.bias(),
-                weight: &layer.mlp_norm,
-                eps,
-            };
-            let fused_gate_up = fused.and_then(|f| f.gate_up.as_ref());
-            let one_launch = match fused_gate_up {
-                Some(gate_up) => gate_up.normed(mlp_in, Product::SwiGlu, self.dtype())?,
-                None => None,
-            };
-            let act = match one_launch {
-                Some(p) => {
-                    x = p.x;
-                    p.y
+            let normed = norm(&x, Some(&o), layer.o.bias(), &layer.mlp_norm)?;
+            let h = normed.h;
+            x = normed.x;
+            let act = match fused.and_then(|f| f.gate_up.as_ref()) {
+                // bf16 weights without a bias: the product and the SwiGLU in one launch where
+                // our GEMV takes it (decode), the same bits as the two ops below.
+                Some(Linear::Dense { weight, bias: None })
+                    if weight.dtype() == DType::BF16 && self.dtype() == DType::BF16 =>
+                {
+                    matmul_swiglu_bf16(&h, weight)?
                 }
-                None => {
-                    let normed = mlp_in.run_to(self.dtype())?;
-                    let h = normed.h;
-                    x = normed.x;
-                    match fused_gate_up {
-                        // bf16 weights without a bias: the product and the SwiGLU in one launch
-                        // where our GEMV takes it (decode), the same bits as the two ops below.
-                        Some(Linear::Dense { weight, bias: None })
-                            if weight.dtype() == DType::BF16 && self.dtype() == DType::BF16 =>
-                        {
-                            matmul_swiglu_bf16(&h, weight)?
-                        }
-                        Some(gate_up) => silu_mul_to(&gate_up.forward_f32(&h)?, self.dtype())?,
-                        None => silu_mul_to(
-                            &Tensor::cat(
-                                &[layer.gate.forward_f32(&h)?, layer.up.forward_f32(&h)?],
-                                1,
-                            )?,
-                            self.dtype(),
-                        )?,
-                    }
-                }
+                Some(gate_up) => silu_mul_to(&gate_up.forward_f32(&h)?, self.dtype())?,
+                None => silu_mul_to(
+                    &Tensor::cat(&[layer.gate.forward_f32(&h)?, layer.up.forward_f32(&h)?], 1)?,
+                    self.dtype(),
+                )?,
             };
             mlp_out = Some(layer.down.forward_f32(&act)?);
         }
