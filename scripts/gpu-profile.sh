@@ -1,38 +1,54 @@
 #!/usr/bin/env bash
-# Per-kernel time of a decode run under Nsight Compute, on a GPU machine, from the binary that
-# `scripts/gpu-tests.sh build` leaves in .dev/gpu/:
+# Per-kernel table of decode steps under Nsight Compute, on a GPU machine:
 #
-#   scripts/gpu-profile.sh LAYOUT STREAMS [GEN_TOKENS]
+#   scripts/gpu-profile.sh LAYOUT STREAMS [GEN_TOKENS] [STEPS]
 #
 # Runs `inferno bench benches/configs/LAYOUT.json --dummy-weights -p 64 -n GEN_TOKENS -c STREAMS`
-# under ncu (every kernel node of the CUDA graphs timed on its own: gpu__time_duration), then
-# prints the kernels by total time with their launches and mean time, and what one decode step
-# adds up to. Kernel times under ncu exclude the gaps between kernels: the step time bench
-# reports minus that sum is what launches, gaps and the host cost.
+# (greedy) under ncu, every kernel node of the CUDA graphs timed on its own with warm caches and
+# the clocks left alone (gpu__time_duration, DRAM bytes read and written), then prints the
+# kernels of the last STEPS decode steps (default 3; a step ends with the argmax's last kernel)
+# as a markdown table: launches, mean time, time, DRAM bytes and rate per step. Kernels run one
+# at a time under ncu (no PDL overlap, no gaps): the sum is above a graph replay's time.
+# The binary: $BIN, else the one `scripts/gpu-tests.sh build` leaves in .dev/gpu/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-layout="$1" streams="$2" gen="${3:-16}"
-bin="${TMPDIR:-/tmp}/inferno-bench/inferno"
-mkdir -p "$(dirname "$bin")"
-[ -x "$bin" ] || { gunzip -c .dev/gpu/inferno.gz >"$bin" && chmod +x "$bin"; }
+layout="$1" streams="$2" gen="${3:-8}" steps="${4:-3}"
+bin="${BIN:-${TMPDIR:-/tmp}/inferno-bench/inferno}"
+if [ ! -x "$bin" ]; then
+    mkdir -p "$(dirname "$bin")"
+    gunzip -c .dev/gpu/inferno.gz >"$bin" && chmod +x "$bin"
+fi
 csv="${TMPDIR:-/tmp}/ncu-$layout-c$streams.csv"
-ncu --graph-profiling node --metrics gpu__time_duration.sum --csv --page raw \
+ncu --graph-profiling node --cache-control none --clock-control none \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw \
     "$bin" bench "benches/configs/$layout.json" --dummy-weights -p 64 -n "$gen" -r 1 -c "$streams" \
     >"$csv" 2>"${csv%.csv}.err"
-python3 - "$csv" "$gen" <<'EOF'
+python3 - "$csv" "$steps" <<'EOF'
 import csv, sys, collections
-path, gen = sys.argv[1], int(sys.argv[2])
+path, steps = sys.argv[1], int(sys.argv[2])
 rows = [r for r in csv.reader(l for l in open(path) if l.startswith('"'))]
 head, units, data = rows[0], rows[1], rows[2:]
-name, dur = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
-scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[units[dur]]
-total, count = collections.Counter(), collections.Counter()
-for r in data:
-    k = r[name].split("(")[0].split("<")[0]
-    total[k] += float(r[dur].replace(",", "")) * scale
-    count[k] += 1
-print(f"{'kernel':<44} {'launches':>8} {'mean us':>9} {'total us':>10} {'per token us':>12}")
-for k, t in total.most_common(40):
-    print(f"{k[:44]:<44} {count[k]:>8} {t / count[k]:>9.1f} {t:>10.0f} {t / gen:>12.1f}")
-print(f"all kernels: {sum(total.values()):.0f} us over {sum(count.values())} launches; per generated token {sum(total.values()) / gen:.0f} us (prefill and loading included)")
+col = {k: head.index(k) for k in ("Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum")}
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+byte = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9, "B": 1}
+t_scale = scale[units[col["gpu__time_duration.sum"]]]
+num = lambda s: float(s.replace(",", "") or 0)
+# A decode step ends with the greedy argmax's last kernel: keep the last `steps` steps.
+ends = [i for i, r in enumerate(data) if r[col["Kernel Name"]].startswith("argmax_rows_final")]
+if len(ends) <= steps:
+    sys.exit(f"only {len(ends)} steps profiled")
+window = data[ends[-steps - 1] + 1 : ends[-1] + 1]
+t, b, n = collections.Counter(), collections.Counter(), collections.Counter()
+for r in window:
+    k = r[col["Kernel Name"]].split("(")[0].split("<")[0]
+    t[k] += num(r[col["gpu__time_duration.sum"]]) * t_scale
+    for c in ("dram__bytes_read.sum", "dram__bytes_write.sum"):
+        b[k] += num(r[col[c]]) * byte[units[col[c]]]
+    n[k] += 1
+print(f"| kernel | launches per step | mean µs | µs per step | MB per step | TB/s |")
+print("|---|---|---|---|---|---|")
+for k, us in t.most_common():
+    print(f"| `{k[:40]}` | {n[k] / steps:g} | {us / n[k]:.1f} | {us / steps:.1f} | {b[k] / steps / 1e6:.1f} | {b[k] / us / 1e6:.2f} |")
+tot_t, tot_b = sum(t.values()) / steps, sum(b.values()) / steps
+print(f"| all | {sum(n.values()) / steps:g} | | {tot_t:.0f} | {tot_b / 1e6:.0f} | {tot_b / tot_t / 1e6:.2f} |")
 EOF

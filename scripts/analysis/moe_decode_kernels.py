@@ -196,8 +196,10 @@ def main():
                                                 i32(E), i32(H), i32(I), f32(LIMIT), f32(ALPHA)),
                    shared_mem=smem_gu)
             if what != "gu":
+                # k, then no out and no counters: part only (moe_sum adds it).
                 dn((K, H // 16), (32 * W,), (act3, st["ids"], st["w"], L.d_b, L.d_s, L.d_bias, part, i32(E),
-                                            i32(H), i32(I)), shared_mem=smem_dn)
+                                            i32(H), i32(I), i32(K), np.uint64(0), i32(0), np.uint64(0)),
+                   shared_mem=smem_dn)
             if what == "all":
                 summ(st)
         return run
@@ -284,7 +286,8 @@ def main():
             cp.asarray(xb), cp.asarray(ids), wl.gu_b, wl.gu_s, wl.gu_bias, a3, i32(4), i32(Ew), i32(Hw), i32(Iw),
             f32(LIMIT), f32(ALPHA)))
         new.get_function(f"moe_sm_down_w{W}{suf}")((4, Hw // 16), (32 * W,), (
-            a3, cp.asarray(ids), cp.asarray(w), wl.d_b, wl.d_s, wl.d_bias, partw, i32(Ew), i32(Hw), i32(Iw)))
+            a3, cp.asarray(ids), cp.asarray(w), wl.d_b, wl.d_s, wl.d_bias, partw, i32(Ew), i32(Hw), i32(Iw), i32(4),
+            np.uint64(0), i32(0), np.uint64(0)))
         got = cp.asnumpy(partw).reshape(4, Hw).astype(np.float64).sum(0)
         err = np.linalg.norm(got - refw) / np.linalg.norm(refw)
         print(f"check wild scales mma w{W}{suf}: rel err {err:.2e}")

@@ -23,8 +23,7 @@ pub(super) const ARGMAX_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argm
 /// PTX built by build.rs from `src/kernels/sample.cu`.
 pub(super) const SAMPLE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample.ptx"));
 /// PTX built by build.rs from `src/kernels/sample_topk.cu`.
-pub(super) const SAMPLE_TOPK_PTX: &str =
-    include_str!(concat!(env!("OUT_DIR"), "/sample_topk.ptx"));
+pub(super) const SAMPLE_TOPK_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample_topk.ptx"));
 /// PTX built by build.rs from `src/kernels/qkv_rope.cu`.
 pub(super) const QKV_ROPE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/qkv_rope.ptx"));
 /// PTX built by build.rs from `src/kernels/router.cu`.
@@ -187,4 +186,49 @@ pub(super) fn upload(dev: &CudaDevice, words: &[u32]) -> Result<CudaSlice<u32>> 
     stream.memcpy_htod(&*buf, &mut out).w()?;
     *done = Some(stream.record_event(None).w()?);
     Ok(out)
+}
+
+/// Who uses a region of [`counters`]: each its own, so that two kernels never share a counter.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Counters {
+    /// paged_attention.cu: one per (sequence × row tile, kv head) of a launch.
+    Attention,
+    /// moe_slot_mma.cu's down kernel: one per (token, row tile of 16 outputs).
+    MoeSum,
+}
+
+/// Counters per region of [`counters`]. A decode step of 64 sequences with 8 kv heads takes 512
+/// for the attention; gpt-oss's MoE 180 per token. Bigger grids take the separate kernels.
+pub(super) const COUNTERS: usize = 1 << 16;
+
+/// The device address of `dev`'s zeroed counters of `region`, for kernels whose last block to
+/// finish a piece of work does what a separate launch would (paged_attention.cu's combine,
+/// moe_slot_mma.cu's sum over the slots). Allocated on first use and kept for the process:
+/// captured graphs hold the address, and each launch leaves every counter at zero. `None` while
+/// the stream captures a graph and none exist yet (the allocation would belong to the graph):
+/// the separate kernel then.
+pub(super) fn counters(dev: &CudaDevice, region: Counters) -> Option<u64> {
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+    use candle_core::cuda_backend::cudarc::driver::sys::CUstreamCaptureStatus;
+    type ByDevice = std::sync::Mutex<std::collections::HashMap<usize, u64>>;
+    static BY_DEVICE: std::sync::OnceLock<ByDevice> = std::sync::OnceLock::new();
+    let offset = (region as u64) * (COUNTERS * std::mem::size_of::<u32>()) as u64;
+    let mut map = BY_DEVICE.get_or_init(Default::default).lock().ok()?;
+    let stream = dev.cuda_stream();
+    let ordinal = stream.context().ordinal();
+    if let Some(&ptr) = map.get(&ordinal) {
+        return Some(ptr + offset);
+    }
+    let idle =
+        matches!(stream.capture_status(), Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE));
+    if !idle {
+        return None;
+    }
+    let slice = stream.alloc_zeros::<u32>(2 * COUNTERS).ok()?;
+    let (ptr, guard) = slice.device_ptr(&stream);
+    drop(guard);
+    // Never freed: graphs captured with this address replay for the process's life.
+    std::mem::forget(slice);
+    map.insert(ordinal, ptr);
+    Some(ptr + offset)
 }

@@ -32,7 +32,9 @@
 //
 //   moe_sm_gate_up: gate_up rows, bias, clamped SwiGLU -> act [slots, 3, I] bf16 (hi, mid, lo).
 //   moe_sm_down:    down rows, bias, routing weight -> part [slots, H] f32, which mxfp4_moe.cu's
-//                   moe_sum adds in slot order.
+//                   moe_sum adds in slot order; or, given counters, the last of a token's k
+//                   blocks of a row tile adds them itself (the same sums in the same order: the
+//                   same bits), and moe_sum's launch is saved.
 
 #include "common.cuh"
 #include "mxfp4_mma.cuh"
@@ -189,12 +191,17 @@ __device__ __forceinline__ void sm_gate_up(const __nv_bfloat16* __restrict__ x, 
 }
 
 // grid (tokens * k, H / 16), block 32 W. part[slot, r] = weights[slot] * (dot + bias), f32.
+// With counters ([tokens, H / 16], zero; each left zero again): out[t, r] = the sum over the
+// token's k slots of part, in slot order, skipping slots routed to no valid expert (moe_sum's
+// formula), f32 or (out_bf16) bf16, by the last of the token's k blocks of each row tile.
 template <int W>
 __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, const uint32_t* __restrict__ ids,
                                         const float* __restrict__ weights, const uint8_t* __restrict__ blocks,
                                         const uint8_t* __restrict__ scales, const float* __restrict__ bias,
-                                        float* __restrict__ part, int n_experts, int hidden, int inter) {
+                                        float* __restrict__ part, int n_experts, int hidden, int inter, int k,
+                                        void* __restrict__ out, int out_bf16, uint32_t* __restrict__ counters) {
     __shared__ float red[W][16][4];
+    __shared__ bool last;
     const int slot = blockIdx.x;
     const uint32_t e = ids[slot];
     const bool on = e < (uint32_t)n_experts;
@@ -204,9 +211,33 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
     sm_tile<3, W, true>(red, blocks, scales, row0, inter / 32, act + (long long)slot * 3 * inter, inter, on);
     const int r = threadIdx.x;  // tile row
     if (r < 16) {
-        float out = 0.f;
-        if (on) out = weights[slot] * (sm_dot<3, W>(red, r) + bias[row0 + r]);
-        part[(long long)slot * hidden + 16 * blockIdx.y + r] = out;
+        float v = 0.f;
+        if (on) v = weights[slot] * (sm_dot<3, W>(red, r) + bias[row0 + r]);
+        part[(long long)slot * hidden + 16 * blockIdx.y + r] = v;
+    }
+    if (!counters) return;
+    __threadfence();  // this block's part rows, visible before it counts
+    __syncthreads();
+    const int token = slot / k;
+    if (threadIdx.x == 0) {
+        uint32_t* c = counters + (long long)token * gridDim.y + blockIdx.y;
+        last = atomicAdd(c, 1u) == (uint32_t)k - 1;
+        if (last) *c = 0;  // all k blocks have counted
+    }
+    __syncthreads();
+    if (!last || r >= 16) return;
+    __threadfence();
+    const long long col = 16 * blockIdx.y + r;
+    float acc = 0.f;
+    for (int kk = 0; kk < k; kk++) {
+        const long long s = (long long)token * k + kk;
+        if (ids[s] < (uint32_t)n_experts) acc += __ldcg(part + s * hidden + col);  // L2: other blocks wrote it
+    }
+    const long long at = (long long)token * hidden + col;
+    if (out_bf16) {
+        static_cast<__nv_bfloat16*>(out)[at] = __float2bfloat16_rn(acc);
+    } else {
+        static_cast<float*>(out)[at] = acc;
     }
 }
 
@@ -220,8 +251,10 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_down_w##W(                                 \
         const __nv_bfloat16* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,        \
-        const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter) {      \
-        sm_down<W>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter);               \
+        const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter, int k, \
+        void* out, int out_bf16, uint32_t* counters) {                                                    \
+        sm_down<W>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter, k, out, out_bf16, \
+                   counters);                                                                             \
     }
 
 SM_VARIANT(8)

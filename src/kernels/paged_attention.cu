@@ -160,8 +160,9 @@ __device__ __forceinline__ void paged_attention_impl(
     __shared__ __align__(16) float Ps[NW][RPW][BK];
     __shared__ long long KP[BK];  // position of each key of the tile, -1 if none
     __shared__ bool last;         // this block is the tile's last to finish (combine in the block)
-    pdl_wait();
-    pdl_launch_dependents();
+    // Before pdl_wait(): the step's metadata (cu_q, q_pos, tables: copied in before the step's
+    // first kernel) and keys and values of positions before the step's own (written by earlier
+    // steps). The kernel before this one (the q/k/v stores) writes q and the step's positions.
 
     const int seq = blockIdx.x / p.row_blocks, tile = blockIdx.x % p.row_blocks;
     const int g = blockIdx.y, z = blockIdx.z;
@@ -171,7 +172,10 @@ __device__ __forceinline__ void paged_attention_impl(
     const long long rows = G * q_len;
     const int row0 = tile * BQ;
     // Block-uniform: nothing to do for this tile (or q_len 0), or rows past T (bad cu_q).
-    if (row0 >= rows || tok0 + q_len > p.tokens) return;
+    if (row0 >= rows || tok0 + q_len > p.tokens) {
+        pdl_launch_dependents();
+        return;
+    }
     const long long pos0 = q_pos[seq];
     const uint32_t* table = tables + (long long)seq * p.max_blocks;
 
@@ -259,7 +263,13 @@ __device__ __forceinline__ void paged_attention_impl(
             }
         }
     };
-    if (lo < hi) fetch(start);  // in flight while Q is staged
+    // The first tile's loads in flight while the q/k/v kernel finishes (when the tile ends before
+    // the step's first position) or while Q is staged.
+    const bool early = lo < hi && start + BK <= pos0;
+    if (early) fetch(start);
+    pdl_wait();
+    pdl_launch_dependents();
+    if (lo < hi && !early) fetch(start);
     for (int i = threadIdx.x; i < BQ * D; i += blockDim.x) {
         const int r = i / D, c = i % D;
         const long long R = row0 + r;

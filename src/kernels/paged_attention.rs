@@ -62,6 +62,11 @@ pub struct PagedBounds {
 /// `cu_q[S] = T`), `q_pos` u32 `[S]`, `tables` u32 `[S, max_blocks]`, all on one device. Returns
 /// `[T, heads, d]` in q's dtype, contiguous. Runs the CUDA kernels on a CUDA device and the
 /// reference loops on the CPU.
+///
+/// On the GPU the kernel reads `cu_q`, `q_pos`, `tables` and the keys and values of positions
+/// before each sequence's `q_pos` before it waits for the kernel launched just before it
+/// (Programmatic Dependent Launch): that kernel may write `q` and the step's own positions
+/// (`qkv_rope_paged` does), nothing else this reads.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     q: &Tensor,

@@ -2,7 +2,8 @@
 // logits (plus bias), then a softmax over those k only. One warp per token; lane l holds logits
 // l, l + 32, ...; k rounds of a warp argmax (ties: the lower expert index, as a stable sort
 // gives), each winner knocked out. Replaces sort + narrow + gather + softmax + bias add.
-// grid (ceil(tokens / 4)), block (128); experts <= 32 * MAX_PER_LANE, k <= 32.
+// grid (ceil(tokens / 4)), block (128); experts <= 32 * MAX_PER_LANE, k <= 32. Launched with
+// Programmatic Dependent Launch (launch.rs), as is router_logits_f32.
 
 #include "common.cuh"
 
@@ -11,6 +12,8 @@
 extern "C" __global__ void __launch_bounds__(128)
     route_topk_softmax(const float* __restrict__ logits, const float* __restrict__ bias, uint32_t* __restrict__ ids,
                        float* __restrict__ weights, int tokens, int experts, int k) {
+    pdl_wait();  // the logits are the previous kernel's
+    pdl_launch_dependents();
     const int lane = threadIdx.x & 31;
     const long long t = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (t >= tokens) return;
@@ -89,6 +92,13 @@ extern "C" __global__ void __launch_bounds__(RK)
     for (int r = 0; r < RT; r++) hr[r] = reinterpret_cast<const float4*>(h + min(t0 + r, (long long)tokens - 1) * hidden);
 #pragma unroll
     for (int c = 0; c < RE; c++) wr[c] = reinterpret_cast<const float4*>(w + (long long)min(e0 + c, experts - 1) * hidden);
+    // The weights are read-only: on their way to L2 while the norm before this kernel finishes
+    // (h is its output, read after the wait).
+    for (int i = threadIdx.x; i < n4; i += RK)
+#pragma unroll
+        for (int c = 0; c < RE; c++) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[c] + i));
+    pdl_wait();
+    pdl_launch_dependents();
     float acc[RT][RE];
 #pragma unroll
     for (int r = 0; r < RT; r++)

@@ -49,10 +49,10 @@ impl CustomOp2 for RouterLogits {
         ws: &candle_core::CudaStorage,
         wl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::cuda_backend::WrapErr;
-        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+        use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 
         use crate::kernels::cuda::{ROUTER_PTX, int};
+        use crate::kernels::launch::Launch;
 
         let dev = hs.device.clone();
         let (tokens, hidden) = hl.shape().dims2()?;
@@ -70,16 +70,19 @@ impl CustomOp2 for RouterLogits {
         let blocks = tokens.div_ceil(4) * experts.div_ceil(4);
         let (t32, e32, h32) =
             (int(tokens, "tokens")?, int(experts, "experts")?, int(hidden, "hidden")?);
-        let mut b = func.builder();
-        b.arg(&h).arg(&w).arg(&mut out).arg(&t32).arg(&e32).arg(&h32);
+        let stream = dev.cuda_stream();
+        let mut b = Launch::new(&stream, &func);
+        b.ptr(&h).ptr(&w).ptr_mut(&mut out).val(t32).val(e32).val(h32);
         let cfg = LaunchConfig {
             grid_dim: (int(blocks, "blocks")? as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: the arguments match the kernel's signature; rows are contiguous, aligned and
-        // a multiple of 4 floats long (checked above and in router_logits).
-        unsafe { b.launch(cfg) }.w()?;
+        // a multiple of 4 floats long (checked above and in router_logits). Before its PDL wait
+        // the kernel only prefetches the weights.
+        unsafe { b.launch(cfg) }?;
+        drop(b);
         let slice = candle_core::cuda_backend::CudaStorageSlice::F32(out);
         Ok((candle_core::CudaStorage { slice, device: dev }, Shape::from((tokens, experts))))
     }

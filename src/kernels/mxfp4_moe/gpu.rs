@@ -8,7 +8,8 @@
 //! - from [`GROUPED_MIN_TOKENS`] on, the tensor-core GEMMs batched by expert in tiles of 64 slots
 //!   (`moe_grouped.cu`).
 //!
-//! All leave one f32 row per (token, slot) that `moe_sum` adds up in slot order.
+//! All leave one f32 row per (token, slot) that `moe_sum` adds up in slot order (the per-slot
+//! tensor-core kernels add them in their last block instead, in the same order).
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
@@ -17,8 +18,8 @@ use half::bf16;
 
 use super::{Mxfp4Moe, Path};
 use crate::kernels::cuda::{
-    KernelFloat, MOE_EXPERT_MAJOR_PTX, MOE_GROUPED_PTX, MOE_SLOT_MMA_PTX, MXFP4_MOE_PTX, cuda_view,
-    int, output,
+    COUNTERS, Counters, KernelFloat, MOE_EXPERT_MAJOR_PTX, MOE_GROUPED_PTX, MOE_SLOT_MMA_PTX,
+    MXFP4_MOE_PTX, counters, cuda_view, int, output,
 };
 use crate::kernels::launch::Launch;
 
@@ -202,9 +203,22 @@ pub(super) fn launch_routed<T: KernelFloat>(
         None if tokens < GROUPED_MIN_TOKENS => Path::ExpertMajor,
         None => Path::Grouped,
     };
+    // The slot kernel adds the slots itself where it can (moe_sum's launch saved).
+    if path == Path::SlotMma
+        && !op.separate_sum
+        && !separate_sum()
+        && tokens * hidden.div_ceil(SLOT_MMA_ROWS) <= COUNTERS
+        && let Some(counters) = counters(dev, Counters::MoeSum)
+    {
+        return Ok(if op.out_f32 {
+            f32::wrap(slot_mma_summed(&call, counters)?)
+        } else {
+            T::wrap(slot_mma_summed(&call, counters)?)
+        });
+    }
     let part = match path {
         Path::PerSlot => per_slot(&call)?,
-        Path::SlotMma => slot_mma(&call)?,
+        Path::SlotMma => slot_mma::<T, f32>(&call, None)?,
         Path::ExpertMajor => expert_major(&call)?,
         Path::Grouped => by_expert(&call)?,
     };
@@ -305,7 +319,29 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
 
 /// The GEMVs per (token, slot) on tensor cores (bf16 x with 16-byte aligned rows): gate_up leaves
 /// the activations as bf16 hi, mid and lo `[slots, 3, I]`, down the routing-weighted rows in part.
-fn slot_mma<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
+/// `INFERNO_MOE_SUM=separate`: moe_sum's own launch after the slot kernels (A/B timings).
+fn separate_sum() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("INFERNO_MOE_SUM").is_ok_and(|v| v == "separate"))
+}
+
+/// [`slot_mma`] with the sum over each token's slots in its down kernel: the output `[T, H]`.
+fn slot_mma_summed<T: KernelFloat, O: KernelFloat>(
+    c: &Call<T>,
+    counters: u64,
+) -> Result<CudaSlice<O>> {
+    let mut out = output::<O>(c.dev, c.d.tokens * c.d.hidden, c.op.poison)?;
+    slot_mma(c, Some((&mut out, counters)))?;
+    Ok(out)
+}
+
+/// The per-slot tensor-core kernels: part `[slots, H]`. With `summed` (the output `[T, H]` and
+/// zeroed counters), the last of a token's k down blocks of each row tile also writes the sum
+/// over the token's slots, as moe_sum would (moe_slot_mma.cu).
+fn slot_mma<T: KernelFloat, O: KernelFloat>(
+    c: &Call<T>,
+    summed: Option<(&mut CudaSlice<O>, u64)>,
+) -> Result<CudaSlice<f32>> {
     let Call { op, dev, x, ids, weights, p, d } = *c;
     let slots = d.slots();
     let (k32, n_exp, h32, i32_) = d.ints()?;
@@ -337,9 +373,15 @@ fn slot_mma<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let func = dev.get_or_load_custom_func(&name("down"), SLOT_MMA_MODULE, MOE_SLOT_MMA_PTX)?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(&act).ptr(ids).ptr(weights).ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias);
-    b.ptr_mut(&mut part).val(n_exp).val(h32).val(i32_);
+    b.ptr_mut(&mut part).val(n_exp).val(h32).val(i32_).val(k32);
+    match summed {
+        Some((out, counters)) => b.ptr_mut(out).val(i32::from(O::BF16)).val(counters),
+        None => b.null().val(0i32).null(),
+    };
     // SAFETY: the arguments match moe_sm_down's signature. Before its PDL wait it reads only the
-    // weights and the routing, which moe_sm_gate_up waited for before letting it start.
+    // weights and the routing, which moe_sm_gate_up waited for before letting it start. With
+    // counters: out holds T·H values of O, and the buffer a zeroed counter for every (token, row
+    // tile) of the grid (checked against COUNTERS by the caller).
     unsafe { b.launch(cfg(d.hidden)?) }?;
     drop(b);
     Ok(part)

@@ -103,10 +103,11 @@ impl CustomOp3 for Routed {
         bs: &candle_core::CudaStorage,
         bl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-        use candle_core::cuda_backend::{CudaStorageSlice as S, WrapErr};
+        use candle_core::cuda_backend::CudaStorageSlice as S;
+        use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 
         use crate::kernels::cuda::{ROUTER_PTX, int};
+        use crate::kernels::launch::Launch;
 
         let dev = xs.device.clone();
         let (tokens, experts) = ll.shape().dims2()?;
@@ -118,16 +119,19 @@ impl CustomOp3 for Routed {
         let func =
             dev.get_or_load_custom_func("route_topk_softmax", "inferno_router", ROUTER_PTX)?;
         let (t32, e32, k32) = (int(tokens, "tokens")?, int(experts, "experts")?, int(self.k, "k")?);
-        let mut b = func.builder();
-        b.arg(&logits).arg(&bias).arg(&mut ids).arg(&mut weights).arg(&t32).arg(&e32).arg(&k32);
+        let stream = dev.cuda_stream();
+        let mut b = Launch::new(&stream, &func);
+        b.ptr(&logits).ptr(&bias).ptr_mut(&mut ids).ptr_mut(&mut weights);
+        b.val(t32).val(e32).val(k32);
         let cfg = LaunchConfig {
             grid_dim: (int(tokens.div_ceil(4), "blocks")? as u32, 1, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: the arguments match the kernel's signature; experts ≤ 256 and k ≤ 32 were
-        // checked in mxfp4_moe_routed.
-        unsafe { b.launch(cfg) }.w()?;
+        // checked in mxfp4_moe_routed. It waits (PDL) before reading anything.
+        unsafe { b.launch(cfg) }?;
+        drop(b);
         let (ids, weights) = (ids.slice(..), weights.slice(..));
         let slice = match &xs.slice {
             S::F32(x) => {

@@ -341,6 +341,13 @@ mod gpu {
             op.out_f32 = out_f32;
             op.force_path = path;
             let got = x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+            if path == Some(Path::SlotMma) {
+                // The sum in the down kernel's last block against moe_sum's launch: same bits.
+                op.separate_sum = true;
+                let separate = x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+                let bits = |t: &Tensor| values(t).iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+                assert!(bits(&got) == bits(&separate), "{name}: the slot kernel's own sum differs");
+            }
             let want_dtype = if out_f32 { DType::F32 } else { dtype };
             assert_eq!(got.dtype(), want_dtype, "{name}: output dtype");
             let (want, tol) = if out_f32 { (&want_f32, tol_f32) } else { (&want, tol) };

@@ -6,7 +6,8 @@ use candle_core::{CudaDevice, Layout, Result, bail};
 
 use super::{Dims, PagedAttention, WARPS};
 use crate::kernels::cuda::{
-    KernelFloat, PAGED_ATTENTION_PTX, cuda_view, int, multiprocessors, output,
+    COUNTERS, Counters, KernelFloat, PAGED_ATTENTION_PTX, counters, cuda_view, int,
+    multiprocessors, output,
 };
 use crate::kernels::launch::Launch;
 
@@ -45,43 +46,10 @@ fn check_aligned(l: &Layout, size: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Counters [`counters`] holds: one per (sequence × row tile, kv head) of a launch. A decode
-/// step of 64 sequences with 8 kv heads takes 512; bigger grids (long prefills) have enough
-/// blocks without splits, or take the separate combine.
-const COUNTERS: usize = 1 << 16;
-
 /// `INFERNO_PAGED_COMBINE=1`: the separate combine kernel always (for A/B timings).
 fn separate_combine() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("INFERNO_PAGED_COMBINE").is_ok_and(|v| v == "1"))
-}
-
-/// The device address of `dev`'s zeroed counters for the combine in the attention's last block
-/// (paged_attention.cu), allocated on first use and kept for the process: captured graphs hold
-/// the address, and each launch leaves every counter at zero. `None` while the stream captures
-/// a graph and none exist yet (the allocation would belong to the graph): the separate combine.
-fn counters(dev: &CudaDevice) -> Option<u64> {
-    use candle_core::cuda_backend::cudarc::driver::sys::CUstreamCaptureStatus;
-    type ByDevice = std::sync::Mutex<std::collections::HashMap<usize, u64>>;
-    static BY_DEVICE: std::sync::OnceLock<ByDevice> = std::sync::OnceLock::new();
-    let mut map = BY_DEVICE.get_or_init(Default::default).lock().ok()?;
-    let stream = dev.cuda_stream();
-    let ordinal = stream.context().ordinal();
-    if let Some(&ptr) = map.get(&ordinal) {
-        return Some(ptr);
-    }
-    let idle =
-        matches!(stream.capture_status(), Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE));
-    if !idle {
-        return None;
-    }
-    let slice = stream.alloc_zeros::<u32>(COUNTERS).ok()?;
-    let (ptr, guard) = slice.device_ptr(&stream);
-    drop(guard);
-    // Never freed: graphs captured with this address replay for the process's life.
-    std::mem::forget(slice);
-    map.insert(ordinal, ptr);
-    Some(ptr)
 }
 
 pub(super) fn launch<T: KernelFloat>(
@@ -164,7 +132,7 @@ pub(super) fn launch<T: KernelFloat>(
     let counters = if op.separate_combine || separate_combine() || tiles > COUNTERS {
         None
     } else {
-        counters(dev)
+        counters(dev, Counters::Attention)
     };
     let mut b = Launch::new(&stream, &func);
     b.ptr(&q).ptr(&k).ptr(&v).val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr(&tables);

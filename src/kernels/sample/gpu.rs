@@ -139,8 +139,13 @@ fn launch_topk(
     let stream = dev.cuda_stream();
     let r = rows.len();
     let parts = n.div_ceil(TOPK_CHUNK);
-    let k_stride =
-        rows.iter().filter(|x| x.filter.inv_t > 0.0).map(|x| x.filter.top_k).max().unwrap_or(0).max(1);
+    let k_stride = rows
+        .iter()
+        .filter(|x| x.filter.inv_t > 0.0)
+        .map(|x| x.filter.top_k)
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let (n32, parts32, rows32) = (int(n, "logits")?, int(parts, "parts")?, int(r, "rows")?);
     let (pen32, stride32) = (int(penalties, "penalties")?, int(k_stride, "top-k")?);
     // SAFETY (all): sample_topk_local writes every part's argmax, and for each top-k row its
@@ -153,7 +158,8 @@ fn launch_topk(
     let mut cand_key = unsafe { dev.alloc::<u32>(r * parts * k_stride)? };
     let mut cand_idx = unsafe { dev.alloc::<i32>(r * parts * k_stride)? };
     let mut ties = unsafe { dev.alloc::<i32>(r * parts * TOPK_CHUNK)? };
-    let local = dev.get_or_load_custom_func("sample_topk_local", "inferno_sample_topk", SAMPLE_TOPK_PTX)?;
+    let local =
+        dev.get_or_load_custom_func("sample_topk_local", "inferno_sample_topk", SAMPLE_TOPK_PTX)?;
     let mut b = local.builder();
     b.arg(x).arg(&n32).arg(&parts32).arg(params).arg(&rows32).arg(&pen32).arg(&stride32);
     b.arg(&mut part_v).arg(&mut part_i).arg(&mut part_kth).arg(&mut part_ties);
@@ -167,7 +173,8 @@ fn launch_topk(
     unsafe { b.launch(cfg) }.w()?;
     let mut kept = if mask { Some(stream.alloc_zeros::<u8>(r * n).w()?) } else { None };
     let mut out = unsafe { dev.alloc::<u32>(r)? }; // SAFETY: one id per row, unless mask
-    let draw = dev.get_or_load_custom_func("sample_topk_draw", "inferno_sample_topk", SAMPLE_TOPK_PTX)?;
+    let draw =
+        dev.get_or_load_custom_func("sample_topk_draw", "inferno_sample_topk", SAMPLE_TOPK_PTX)?;
     let mut b = draw.builder();
     b.arg(&n32).arg(&parts32).arg(params).arg(&stride32);
     b.arg(&part_v).arg(&part_i).arg(&part_kth).arg(&part_ties);
@@ -185,7 +192,12 @@ fn launch_topk(
     // SAFETY: matches the kernel's signature; one block per row reads that row's outputs above.
     unsafe { b.launch(cfg) }.w()?;
     Ok(match kept {
-        Some(k) => (CudaStorage { slice: CudaStorageSlice::U8(k), device: dev.clone() }, Shape::from((r, n))),
-        None => (CudaStorage { slice: CudaStorageSlice::U32(out), device: dev.clone() }, Shape::from(r)),
+        Some(k) => (
+            CudaStorage { slice: CudaStorageSlice::U8(k), device: dev.clone() },
+            Shape::from((r, n)),
+        ),
+        None => {
+            (CudaStorage { slice: CudaStorageSlice::U32(out), device: dev.clone() }, Shape::from(r))
+        }
     })
 }

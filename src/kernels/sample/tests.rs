@@ -106,7 +106,10 @@ fn check_kept_sets(dev: &Device, sizes: &[usize], batches: usize, kind: Rows) {
             let specs: Vec<RowSampling> =
                 cases.iter().zip(&seeds).map(|(c, &s)| c.row(s)).collect();
             if kind == Rows::TopK && n > 1 {
-                assert!(topk_first(&specs, n), "n {n}: a batch the top-k-first sampler should take");
+                assert!(
+                    topk_first(&specs, n),
+                    "n {n}: a batch the top-k-first sampler should take"
+                );
             }
             let x = batch(&cases, dev);
             let mask = kept_mask(&x, &specs).unwrap().to_vec2::<u8>().unwrap();
