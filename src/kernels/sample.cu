@@ -17,6 +17,7 @@
 //   sample_draw           per chunk, the Gumbel-max of the kept elements (min-p is a per-element
 //                         test); argmax.cu's argmax_rows_final reduces the chunks.
 // Greedy rows (inv_t <= 0) and rows without a finite maximum take the plain argmax.
+// Batches whose sampling rows all have a small top-k take sample_topk.cu instead (two launches).
 #include "sample.cuh"
 
 // Each pass stores the state it derives, per row and stage, after d = 1..3 bytes (slots[d]:

@@ -1,13 +1,16 @@
 //! Sampling on the device for every setting: penalties (repetition, presence, frequency),
 //! temperature, top-k, top-p, min-p and a seeded draw, for every row of a batch in one chain of
-//! launches (`sample.cu`). Copying gpt-oss's 201,088 logits to the host and filtering them there
-//! cost 2.4× the decode speed; here the row never leaves the GPU.
+//! launches. Copying gpt-oss's 201,088 logits to the host and filtering them there cost 2.4× the
+//! decode speed; here the row never leaves the GPU.
 //!
 //! The filters are the host sampler's ([`crate::generate::sampler::keep`]), which keep sets of the
 //! form "logit ≥ threshold": the kernels find each row's thresholds by radix selection over the
 //! logits' bits (exact, no sort) and draw from the kept set by the Gumbel-max trick, with the
-//! noise of [`super::argmax::gumbel`]. The reference (`cpu_fwd`) is the host sampler's `keep` plus
-//! the same Gumbel draw, so the same seed picks the same id on both.
+//! noise of [`super::argmax::gumbel`]. Two paths find the same set: where every sampling row has
+//! a top-k of at most [`TOPK_MAX`] ([`topk_first`]), each chunk's k largest first and the rest
+//! over those (`sample_topk.cu`, two launches); otherwise selection over whole rows (`sample.cu`,
+//! up to ten). The reference (`cpu_fwd`) is the host sampler's `keep` plus the same Gumbel draw,
+//! so the same seed picks the same id on all three.
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, bail};
 
