@@ -72,12 +72,12 @@ __device__ __forceinline__ int bucket_of(uint32_t key, int d, uint32_t prefix) {
 // logits; NaN never, ties to the lower id); for a sampling row with top-k k: part_kth the chunk's
 // k-th largest key (0 when it has fewer than k keepable logits), cand_key/cand_idx [k_stride] its
 // k largest (key 0 past them), and when more ties at part_kth than fit, part_ties their count and
-// ties [CHUNK] all their ids (else part_ties 0).
+// ties [CHUNK] all their offsets in the chunk (else part_ties 0).
 extern "C" __global__ void __launch_bounds__(THREADS)
     sample_topk_local(const float* __restrict__ x, int n, int parts, const uint32_t* __restrict__ params, int rows,
                       int penalties, int k_stride, float* __restrict__ part_v, int* __restrict__ part_i,
                       uint32_t* __restrict__ part_kth, uint32_t* __restrict__ part_ties, uint32_t* __restrict__ cand_key,
-                      int* __restrict__ cand_idx, int* __restrict__ ties) {
+                      int* __restrict__ cand_idx, uint16_t* __restrict__ ties) {
     __shared__ float s_x[CHUNK];
     __shared__ uint32_t s_cnt[BUCKETS];
     const int row = blockIdx.y, part = blockIdx.x, t = threadIdx.x;
@@ -141,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const bool cut = n_gt + n_eq > (uint32_t)k;
     uint32_t* ck = cand_key + p * k_stride;
     int* ci = cand_idx + p * k_stride;
-    int* tl = ties + p * CHUNK;
+    uint16_t* tl = ties + p * CHUNK;
     uint32_t a = at_gt, b = at_eq;
 #pragma unroll
     for (int q = 0; q < PER; q++) {
@@ -155,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
                 ck[n_gt + b] = key[q];
                 ci[n_gt + b] = id;
             }
-            if (cut) tl[b] = id;
+            if (cut) tl[b] = (uint16_t)(id - lo);
             b++;
         }
     }
@@ -173,7 +173,7 @@ struct TopkSet {
     const uint32_t* cand_key;  // the row's [parts][k_stride]
     const int* cand_idx;
     const uint32_t* part_ties;  // the row's [parts]
-    const int* ties;            // the row's [parts][CHUNK]
+    const uint16_t* ties;       // the row's [parts][CHUNK]: offsets in the chunk
     long long slots;            // parts * k_stride
     int k_stride;
     uint32_t tk;
@@ -197,7 +197,7 @@ struct TopkSet {
             for (int j0 = 0; j0 < count; j0 += THREADS) {
                 const int j = j0 + threadIdx.x;
                 const bool in = j < count;
-                f(tk, in ? ties[(long long)part * CHUNK + j] : 0, in);
+                f(tk, in ? part * CHUNK + ties[(long long)part * CHUNK + j] : 0, in);
             }
         }
     }
@@ -210,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
                      const float* __restrict__ part_v, const int* __restrict__ part_i,
                      const uint32_t* __restrict__ part_kth, const uint32_t* __restrict__ part_ties,
                      const uint32_t* __restrict__ cand_key, const int* __restrict__ cand_idx,
-                     const int* __restrict__ ties, uint32_t* __restrict__ out, uint8_t* __restrict__ mask) {
+                     const uint16_t* __restrict__ ties, uint32_t* __restrict__ out, uint8_t* __restrict__ mask) {
     __shared__ uint32_t s_cnt[BUCKETS];
     __shared__ double s_wmass[THREADS / 32][BUCKETS];
     __shared__ double s_mass[BUCKETS];

@@ -157,7 +157,8 @@ fn launch_topk(
     let mut part_ties = unsafe { dev.alloc::<u32>(r * parts)? };
     let mut cand_key = unsafe { dev.alloc::<u32>(r * parts * k_stride)? };
     let mut cand_idx = unsafe { dev.alloc::<i32>(r * parts * k_stride)? };
-    let mut ties = unsafe { dev.alloc::<i32>(r * parts * TOPK_CHUNK)? };
+    // Offsets in the chunk (u16: CHUNK is 4,096).
+    let mut ties = unsafe { dev.alloc::<u16>(r * parts * TOPK_CHUNK)? };
     let local =
         dev.get_or_load_custom_func("sample_topk_local", "inferno_sample_topk", SAMPLE_TOPK_PTX)?;
     let mut b = local.builder();
