@@ -317,8 +317,6 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     Ok(part)
 }
 
-/// The GEMVs per (token, slot) on tensor cores (bf16 x with 16-byte aligned rows): gate_up leaves
-/// the activations as bf16 hi, mid and lo `[slots, 3, I]`, down the routing-weighted rows in part.
 /// `INFERNO_MOE_SUM=separate`: moe_sum's own launch after the slot kernels (A/B timings).
 fn separate_sum() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -335,9 +333,11 @@ fn slot_mma_summed<T: KernelFloat, O: KernelFloat>(
     Ok(out)
 }
 
-/// The per-slot tensor-core kernels: part `[slots, H]`. With `summed` (the output `[T, H]` and
-/// zeroed counters), the last of a token's k down blocks of each row tile also writes the sum
-/// over the token's slots, as moe_sum would (moe_slot_mma.cu).
+/// The GEMVs per (token, slot) on tensor cores (bf16 x with 16-byte aligned rows): gate_up leaves
+/// the activations as bf16 hi, mid and lo `[slots, 3, I]`, down the routing-weighted rows in
+/// part `[slots, H]`. With `summed` (the output `[T, H]` and zeroed counters), the last of a
+/// token's k down blocks of each row tile also writes the sum over the token's slots, as moe_sum
+/// would (moe_slot_mma.cu).
 fn slot_mma<T: KernelFloat, O: KernelFloat>(
     c: &Call<T>,
     summed: Option<(&mut CudaSlice<O>, u64)>,

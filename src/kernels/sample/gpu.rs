@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig, PushKern
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{CudaStorage, Layout, Result, Shape};
 
-use super::{RowSampling, pack, topk_first};
+use super::{RowSampling, TOPK_CHUNK, pack, topk_first};
 use crate::kernels::cuda::{ARGMAX_PTX, SAMPLE_PTX, SAMPLE_TOPK_PTX, int, upload};
 
 const THREADS: u32 = 256;
@@ -121,9 +121,6 @@ pub(super) fn launch(
     unsafe { b.launch(cfg) }.w()?;
     Ok((CudaStorage { slice: CudaStorageSlice::U32(out), device: dev }, Shape::from(r)))
 }
-
-/// sample_topk.cu's logits per block.
-const TOPK_CHUNK: usize = super::TOPK_CHUNK;
 
 /// The top-k-first sampler (`sample_topk.cu`): every sampling row has a top-k of at most
 /// [`super::TOPK_MAX`] ([`topk_first`]). The penalties are applied inside its first kernel.
