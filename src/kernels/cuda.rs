@@ -189,6 +189,7 @@ pub(super) fn upload(dev: &CudaDevice, words: &[u32]) -> Result<CudaSlice<u32>> 
 }
 
 /// Who uses a region of [`counters`]: each its own, so that two kernels never share a counter.
+/// A new variant needs one more region in `counters`' allocation (`2 * COUNTERS` now).
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Counters {
     /// paged_attention.cu: one per (sequence × row tile, kv head) of a launch.
