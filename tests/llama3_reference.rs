@@ -218,3 +218,88 @@ fn rope_freqs_of_the_wrong_length_is_a_one_line_error() {
     assert!(stderr.contains("rope_freqs.weight has 16 values") && stderr.contains("need 32"));
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
 }
+
+/// The fixture's GGUF with every matmul weight (embeddings included) requantized to Q8_0 by
+/// candle's quantizer (ggml's `quantize_row_q8_0`), norms and `rope_freqs` as they are.
+fn q8_0_copy(dir: &Path) -> PathBuf {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    let cpu = Device::Cpu;
+    let mut file = std::fs::File::open(gguf_path()).expect("open GGUF");
+    let content = gguf_file::Content::read(&mut file).expect("read GGUF");
+    let mut tensors: Vec<(String, QTensor)> = Vec::new();
+    for name in content.tensor_infos.keys() {
+        let t = content.tensor(&mut file, name, &cpu).expect("tensor");
+        let t = if t.shape().rank() == 2 {
+            QTensor::quantize(&t.dequantize(&cpu).expect("dequantize"), GgmlDType::Q8_0)
+                .expect("quantize")
+        } else {
+            t
+        };
+        tensors.push((name.clone(), t));
+    }
+    let path = dir.join("model-q8_0.gguf");
+    let mut out = std::fs::File::create(&path).expect("create");
+    let metadata: Vec<(&str, &gguf_file::Value)> =
+        content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    gguf_file::write(&mut out, &metadata, &refs).expect("write GGUF");
+    path
+}
+
+/// Teacher-forced logits one position at a time (decode steps: the GPU's Q8_0 GEMV).
+fn stepped_logits(model: &mut dyn CausalLm) -> Vec<Vec<f32>> {
+    let fx = reference();
+    let tokens = [ids(&fx["prompt_ids"]), ids(&fx["greedy_tokens"])].concat();
+    (0..tokens.len())
+        .map(|p| model.forward_last(&tokens[p..=p], p).unwrap().to_vec1().unwrap())
+        .collect()
+}
+
+/// Largest logit difference over all rows, relative to the largest |logit| of `want`.
+fn rel_max_diff(got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
+    let scale = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
+    got.iter().zip(want).map(|(g, w)| max_diff(g, w)).fold(0.0, f32::max) / scale
+}
+
+/// A Q8_0 GGUF on the GPU runs on our own Q8_0 GEMV (bf16 activations quantized per block of
+/// 32, as llama.cpp does) for decode and on a bf16 GEMM of the dequantized weight for prefill;
+/// on the CPU it runs candle's (ggml's) Q8_0 kernels. Against the same weights unquantized (the
+/// original GGUF, f32 on the CPU), ours must be about as close as ggml's: a wrong column order or
+/// scale lands orders of magnitude off.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
+fn gpu_q8_0_gguf_is_as_close_to_the_f32_model_as_ggmls_kernels() {
+    let dev = inferno::gpu::open(0).expect("a CUDA device").0;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let q8 = q8_0_copy(tmp.path());
+    let load = |path: &Path, dev: &Device| {
+        let mut gguf = GgufFile::open(path).expect("open GGUF");
+        load::load_gguf(&mut gguf, CONTEXT, dev).expect("load GGUF")
+    };
+    let mut ours = load(&q8, &dev);
+    let mut ggml = load(&q8, &Device::Cpu);
+    let mut f32_model = gguf_model();
+    for (label, logits) in
+        [("steps", stepped_logits as fn(&mut dyn CausalLm) -> _), ("prefill", all_logits)]
+    {
+        let want = logits(&mut f32_model);
+        let (o, g) = (logits(&mut ours), logits(&mut ggml));
+        let (eo, eg) = (rel_max_diff(&o, &want), rel_max_diff(&g, &want));
+        let same_argmax = o.iter().zip(&g).filter(|(a, b)| argmax_of(a) == argmax_of(b)).count()
+            as f32
+            / o.len() as f32;
+        eprintln!(
+            "Q8_0 {label}: max |logit - f32| / max |logit|: ours (GPU) {eo:.2e}, ggml (CPU) {eg:.2e}; \
+             same argmax as ggml at {:.1}% of positions",
+            same_argmax * 100.0
+        );
+        assert!(eo <= 2.0 * eg + 1e-3, "{label}: ours {eo} against ggml's {eg}");
+    }
+}
+
+fn argmax_of(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+        .0
+}

@@ -11,6 +11,7 @@ use half::bf16;
 
 use super::GEMV_ROWS;
 use crate::kernels::cuda::{CT_GEMV_PTX, cuda_view, int};
+use crate::kernels::launch::Launch;
 use crate::models::quant::{ActQuant, QuantLinear, WeightFormat};
 
 /// ct_gemv.cu's largest block: CT_MAX_WK warps along K.
@@ -26,7 +27,7 @@ const DEFAULT_SHARED: usize = 48 * 1024;
 /// K values one quad step of a warp covers: 4 lanes × a 16-byte chunk of weights.
 fn quad_values(w: &QuantLinear) -> usize {
     match w.scheme.weight {
-        WeightFormat::Int8 | WeightFormat::Fp8 => 64,
+        WeightFormat::Int8 | WeightFormat::Fp8 | WeightFormat::Q8Block => 64,
         WeightFormat::Int4 { .. } => 128,
     }
 }
@@ -48,6 +49,18 @@ pub fn fits(w: &QuantLinear, m: usize) -> bool {
                 && w.inp.is_multiple_of(32)
                 && (groups == 1 || w.group.is_multiple_of(128))
         }
+        WeightFormat::Q8Block => {
+            crate::models::quant::gguf_q8::fits(w.inp) && x_row_bytes(w) <= MAX_X_BYTES
+        }
+    }
+}
+
+/// Shared memory per row of x for the 8-bit kernels: the codes, and for Q8_0 each block's f32
+/// scale after them.
+fn x_row_bytes(w: &QuantLinear) -> usize {
+    match w.scheme.weight {
+        WeightFormat::Q8Block => x_stride(w.inp) + w.inp / 8,
+        _ => x_stride(w.inp),
     }
 }
 
@@ -102,7 +115,7 @@ pub fn launch(x: &Tensor, w: &QuantLinear, mt: Option<usize>) -> Result<Tensor> 
     // (all 8 up to K = 11,000); each row's result does not depend on the others.
     let rows = match w.scheme.weight {
         WeightFormat::Int4 { .. } => m,
-        _ => (MAX_X_BYTES / x_stride(k)).min(m),
+        _ => (MAX_X_BYTES / x_row_bytes(w)).min(m),
     };
     for r0 in (0..m).step_by(rows) {
         let r = rows.min(m - r0);
@@ -124,6 +137,7 @@ fn launch_rows(
     let int8 = w.scheme.weight == WeightFormat::Int8;
     let (name, smem) = match w.scheme.weight {
         WeightFormat::Int4 { .. } => (format!("ct_gemv_q4_m{mt}"), 0),
+        WeightFormat::Q8Block => (format!("ct_gemv_q80_m{mt}"), m * x_row_bytes(w)),
         _ => (format!("ct_gemv_{}_m{mt}", if int8 { "i8" } else { "f8" }), m * x_stride(k)),
     };
     let func = dev.get_or_load_custom_func(&name, "inferno_ct_gemv", CT_GEMV_PTX)?;
@@ -145,6 +159,18 @@ fn launch_rows(
     let xv = cuda_view::<bf16>(&xs, xl, "x")?;
     let (qs, ql) = w.q.storage_and_layout();
     let (ss, sl) = w.scale.storage_and_layout();
+    if w.scheme.weight == WeightFormat::Q8Block {
+        let qv = cuda_view::<u8>(&qs, ql, "Q8_0 codes")?;
+        let sv = cuda_view::<half::f16>(&ss, sl, "Q8_0 scales")?;
+        let stride = int(x_stride(k), "x stride")?;
+        let stream = dev.cuda_stream();
+        let mut b = Launch::new(&stream, &func);
+        b.ptr(&qv).ptr(&sv).ptr(&xv).ptr_mut(y).val(m32).val(n32).val(k32).val(stride);
+        // SAFETY: ct_gemv_q80_m*'s signature; codes [n, k] bytes, scales [n, k / 32] f16, x
+        // [m, k] bf16 with k % 64 == 0 (fits), smem = m · (stride + k / 8) bytes; the kernel
+        // reads only the weights before pdl_wait().
+        return unsafe { b.launch(cfg) };
+    }
     let sv = cuda_view::<f32>(&ss, sl, "scale")?;
     let mut b = func.builder();
     match w.scheme.weight {
@@ -173,6 +199,7 @@ fn launch_rows(
             // x [m, k] bf16, k % 32 == 0 and group % 128 == 0 or one group (fits).
             unsafe { b.launch(cfg) }.w()?;
         }
+        WeightFormat::Q8Block => bail!("quant gemv: Q8_0 launches above"),
     }
     Ok(())
 }

@@ -60,7 +60,9 @@ fn act_code(act: ActQuant) -> i32 {
     match act {
         ActQuant::Int8Token => 1,
         ActQuant::Fp8Token => 2,
-        ActQuant::None => 0,
+        // Per-block scales do not factor out of a GEMM: Q8_0 prefill multiplies bf16 x by the
+        // dequantized weight (quant_matmul) and never quantizes x this way.
+        ActQuant::None | ActQuant::Int8Block => 0,
     }
 }
 
@@ -99,8 +101,9 @@ fn elementwise(n: usize) -> Result<LaunchConfig> {
     })
 }
 
-/// The weight as bf16 `[out, in]`: the quantized values for 8-bit weights (unscaled), the
-/// dequantized values for 4-bit ones.
+/// The weight as bf16 `[out, in]`: the quantized values for compressed-tensors' 8-bit weights
+/// (unscaled), the dequantized values for 4-bit ones and for GGUF's Q8_0 (its block scales do not
+/// factor out of a GEMM; natural column order).
 pub fn dequantize(w: &QuantLinear) -> Result<Tensor> {
     let Device::Cuda(dev) = w.q.device() else { bail!("dequantize: weight is not on the GPU") };
     let n = w.out * w.inp;
@@ -146,6 +149,18 @@ pub fn dequantize(w: &QuantLinear) -> Result<Tensor> {
             // SAFETY: the tensors hold what the kernel indexes (shapes checked at load).
             unsafe { b.launch(elementwise(n)?) }.w()?;
         }
+        WeightFormat::Q8Block => {
+            let qv = cuda_view::<u8>(&qs, ql, "Q8_0 codes")?;
+            let (ss, sl) = w.scale.storage_and_layout();
+            let sv = cuda_view::<half::f16>(&ss, sl, "Q8_0 scales")?;
+            let func =
+                dev.get_or_load_custom_func("ct_dequant_q80", "inferno_ct_quant", CT_QUANT_PTX)?;
+            let (rows, inp) = (int(w.out, "rows")?, int(w.inp, "in")?);
+            let mut b = func.builder();
+            b.arg(&qv).arg(&sv).arg(&mut out).arg(&rows).arg(&inp);
+            // SAFETY: codes [out, in], scales [out, in / 32], in % 64 == 0 (from_q8_0).
+            unsafe { b.launch(elementwise(n)?) }.w()?;
+        }
     }
     drop(qs);
     Ok(wrap(out, dev, &[w.out, w.inp]))
@@ -174,6 +189,9 @@ pub fn quant_matmul(x: &Tensor, w: &QuantLinear, route: Route) -> Result<Tensor>
     }
     let weight = dequantize(w)?;
     match w.scheme.act {
+        // Q8_0: the dequantized weight (bf16) times bf16 x; the GEMV's per-block quantization
+        // of x has no GEMM form.
+        ActQuant::Int8Block => matmul_f32_out(&x.to_dtype(DType::BF16)?, &weight),
         ActQuant::None => {
             // W8A16 keeps its scales out of the bf16 temporary: applied per output column.
             let y = matmul_f32_out(&x.to_dtype(DType::BF16)?, &weight)?;

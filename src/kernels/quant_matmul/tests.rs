@@ -48,6 +48,15 @@ fn cases() -> Vec<Case> {
             gemm: 1e-5,
         },
         Case { name: "w4a16", scheme: w4(Some(128), true), gemv: 1e-5, gemm: 4e-3 },
+        // GGUF Q8_0: the same codes of x on both sides (numerics.rs's per-block quantization),
+        // exact int32 block sums; the prefill path multiplies unquantized bf16 x by the weight
+        // rounded to bf16, ~4e-3 from the reference's per-block quantized x.
+        Case {
+            name: "q8_0",
+            scheme: crate::models::quant::gguf_q8::SCHEME,
+            gemv: 1e-5,
+            gemm: 1e-2,
+        },
         Case { name: "w4a16 zp g256", scheme: w4(Some(256), false), gemv: 1e-5, gemm: 4e-3 },
         Case { name: "w4a16 channel", scheme: w4(None, true), gemv: 1e-5, gemm: 4e-3 },
         Case { name: "w4a16 zp g64", scheme: w4(Some(64), false), gemv: 1e-5, gemm: 4e-3 },
@@ -87,6 +96,11 @@ fn gpu_quant_matmul_matches_reference() {
     }
     for case in cases() {
         for &(m, n, k) in &shapes {
+            // Q8_0 rows are whole groups of 64 columns.
+            let k = match case.scheme.weight {
+                WeightFormat::Q8Block => usize::next_multiple_of(k, 64),
+                _ => k,
+            };
             let seed = r.random::<u64>();
             let cpu =
                 QuantLinear::random(case.scheme, (n, k), 0.02, seed, &Device::Cpu).expect("w");
@@ -172,7 +186,9 @@ fn gpu_quant_gemv_timing() {
             drop(wb);
             let mut line =
                 format!("quant gemv timing: m{m} {name:<8} {n:>6}x{k:<5} bf16 {base:.1} us");
-            for case in cases().into_iter().filter(|c| ["w8a8", "fp8", "w4a16"].contains(&c.name)) {
+            for case in
+                cases().into_iter().filter(|c| ["w8a8", "fp8", "w4a16", "q8_0"].contains(&c.name))
+            {
                 let ws: Vec<_> = (0..copies_for(n * k / 2))
                     .map(|s| QuantLinear::random(case.scheme, (n, k), 0.02, s as u64, &dev))
                     .collect::<anyhow::Result<_>>()
@@ -201,7 +217,9 @@ fn gpu_quant_gemv_timing() {
 fn gpu_stacked_weights_match_the_parts() {
     let dev = gpu();
     let mut r = rng("quant stack gpu");
-    for case in cases().into_iter().filter(|c| ["w8a8", "fp8", "w4a16 zp g256"].contains(&c.name)) {
+    for case in
+        cases().into_iter().filter(|c| ["w8a8", "fp8", "w4a16 zp g256", "q8_0"].contains(&c.name))
+    {
         let parts: Vec<QuantLinear> = [(96, 1), (32, 2), (48, 3)]
             .into_iter()
             .map(|(out, seed)| QuantLinear::random(case.scheme, (out, 512), 0.02, seed, &dev))

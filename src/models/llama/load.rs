@@ -181,6 +181,18 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
+    /// A Q8_0 matmul weight as our own [`QuantLinear`] on `device` (see [`q8_blocks_only`]).
+    fn q8_linear(&mut self, name: &str, device: &Device) -> anyhow::Result<Linear> {
+        let t = self.qtensor(name, &Device::Cpu)?;
+        let bad = |e: &dyn std::fmt::Display| {
+            fail(ErrorKind::Integrity, format!("{}: tensor {name}: {e}", self.path.display()))
+        };
+        let (out, inp) = t.shape().dims2().map_err(|e| bad(&e))?;
+        let bytes = t.data().map_err(|e| bad(&e))?;
+        let w = QuantLinear::from_q8_0(&bytes, (out, inp), device).map_err(|e| bad(&e))?;
+        Ok(Linear::Ct { weight: Arc::new(w), bias: None })
+    }
+
     pub fn config(&self) -> anyhow::Result<LlamaConfig> {
         let vocab =
             self.content
@@ -215,13 +227,16 @@ impl GgufFile {
 /// quantized (candle's GGUF kernels), embeddings and norms are dequantized, activations are f32.
 /// A GGUF whose weights are all plain floats (a `--outtype bf16` conversion) loads as dense
 /// weights in that dtype instead, and runs the same path as a safetensors checkpoint: through
-/// candle's quantized matmul it decoded at 375 tok/s against 607 (Llama-1B shape, H100).
+/// candle's quantized matmul it decoded at 375 tok/s against 607 (Llama-1B shape, H100). On a
+/// GPU, a GGUF whose weights are all Q8_0 runs on our own Q8_0 GEMV ([`q8_blocks_only`]).
 pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow::Result<Llama> {
     let cfg = gguf.config()?;
     let float = float_dtype(gguf);
+    let q8 = float.is_none() && device.is_cuda() && q8_blocks_only(gguf);
     let mut q = |name: String| -> anyhow::Result<Linear> {
         Ok(match float {
             Some(dtype) => Linear::Dense { weight: gguf.dense(&name, dtype, device)?, bias: None },
+            None if q8 => gguf.q8_linear(&name, device)?,
             None => {
                 let t = gguf.qtensor(&name, device)?;
                 Linear::Quantized { weight: QMatMul::from_qtensor(t)?, bias: None }
@@ -253,12 +268,13 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
             gguf.qtensor(&format!("blk.{n}.ffn_norm.weight"), device)?.dequantize(device)?;
     }
     let norm = gguf.qtensor("output_norm.weight", device)?.dequantize(device)?;
+    let head_name = match gguf.has("output.weight") {
+        true => "output.weight",
+        false => "token_embd.weight", // tied embeddings
+    };
     if let Some(dtype) = float {
         let embed = gguf.dense("token_embd.weight", dtype, device)?;
-        let head = match gguf.has("output.weight") {
-            true => gguf.dense("output.weight", dtype, device)?,
-            false => embed.clone(), // tied embeddings
-        };
+        let head = gguf.dense(head_name, dtype, device)?;
         let lm_head = Linear::Dense { weight: head, bias: None };
         let weights =
             Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } };
@@ -266,16 +282,38 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
     }
     let embed_q = gguf.qtensor("token_embd.weight", device)?;
     let embed = embed_q.dequantize(device)?;
-    let lm_head = if gguf.has("output.weight") {
-        Linear::Quantized {
-            weight: QMatMul::from_qtensor(gguf.qtensor("output.weight", device)?)?,
-            bias: None,
-        }
-    } else {
-        Linear::Quantized { weight: QMatMul::from_qtensor(embed_q)?, bias: None }
+    if q8 {
+        // bf16 activations, as a bf16 checkpoint's: the GEMV takes bf16 x.
+        let lm_head = gguf.q8_linear(head_name, device)?;
+        let embed = embed.to_dtype(DType::BF16)?;
+        let weights =
+            Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } };
+        return Llama::new(cfg, weights, RopeStyle::Interleaved, context, DType::BF16, device);
+    }
+    let head_q = match gguf.has("output.weight") {
+        true => gguf.qtensor(head_name, device)?,
+        false => embed_q,
     };
+    let lm_head = Linear::Quantized { weight: QMatMul::from_qtensor(head_q)?, bias: None };
     let weights = Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } };
     Llama::new(cfg, weights, RopeStyle::Interleaved, context, DType::F32, device)
+}
+
+/// Whether every matmul weight (embeddings included) is Q8_0 with rows of whole 64-column
+/// groups, so that the model runs on ct_gemv.cu's Q8_0 GEMV (`quant::gguf_q8`) instead of
+/// candle's quantized matmul: decode reads 16-byte chunks, fuses q/k/v and gate/up, and keeps
+/// bf16 activations. `INFERNO_GGUF_Q8=candle` keeps candle's kernels (A/B timings).
+fn q8_blocks_only(gguf: &GgufFile) -> bool {
+    use candle_core::quantized::GgmlDType as G;
+    if std::env::var("INFERNO_GGUF_Q8").is_ok_and(|v| v == "candle") {
+        return false;
+    }
+    gguf.content.tensor_infos.iter().all(|(name, info)| {
+        name.ends_with("_norm.weight")
+            || name == "rope_freqs.weight"
+            || info.ggml_dtype == G::Q8_0
+                && info.shape.dims().last().is_some_and(|&k| crate::models::quant::gguf_q8::fits(k))
+    })
 }
 
 /// The dtype of a GGUF's matmul weights when every one is a plain float (bf16 if any is bf16,

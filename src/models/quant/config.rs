@@ -19,6 +19,10 @@ pub enum WeightFormat {
     /// stored as q + 8), `weight_scale` `[out, in/group]`, optional packed zero points and
     /// `weight_g_idx` (activation order).
     Int4 { group: Option<usize>, symmetric: bool, g_idx: bool },
+    /// GGUF's Q8_0 (a llama.cpp file, not compressed-tensors): int8 codes in blocks of 32 input
+    /// columns, each block with its own f16 scale; `q` U8 `[out, in]` in the GEMV's column order
+    /// (`quant::gguf_q8`), `scale` F16 `[out, in / 32]`.
+    Q8Block,
 }
 
 /// What happens to a projection's input at run time.
@@ -30,6 +34,10 @@ pub enum ActQuant {
     Int8Token,
     /// FP8 E4M3 per token, scale = max|x| / 448.
     Fp8Token,
+    /// Symmetric int8 per block of 32 values, d = max|x| / 127, q = round(x / d) (half away from
+    /// zero): what llama.cpp does to x before its Q8_0 dot products (`quantize_row_q8_0`), with d
+    /// kept in f32.
+    Int8Block,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +130,7 @@ pub fn label(s: &Scheme) -> &'static str {
         (WeightFormat::Int8, _) => "w8a16-int8",
         (WeightFormat::Fp8, _) => "fp8",
         (WeightFormat::Int4 { .. }, _) => "w4a16",
+        (WeightFormat::Q8Block, _) => "q8_0",
     }
 }
 
@@ -308,6 +317,7 @@ fn activations(a: &Args, weight: WeightFormat) -> anyhow::Result<ActQuant> {
         WeightFormat::Int4 { .. } => {
             Err(a.refuse("num_bits", "4-bit weights run with unquantized activations only"))
         }
+        WeightFormat::Q8Block => Err(a.refuse("format", "Q8_0 blocks come from GGUF files only")),
     }
 }
 

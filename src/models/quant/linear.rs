@@ -75,7 +75,12 @@ fn i32s(st: &MmapedSafetensors, name: &str, shape: &[usize]) -> anyhow::Result<V
 
 impl QuantLinear {
     /// An 8-bit (int8 or FP8) weight: codes `q` `[out, inp]` with one scale per output row.
-    fn eight_bit(scheme: Scheme, (out, inp): (usize, usize), q: Tensor, scale: Tensor) -> Self {
+    pub(super) fn eight_bit(
+        scheme: Scheme,
+        (out, inp): (usize, usize),
+        q: Tensor,
+        scale: Tensor,
+    ) -> Self {
         QuantLinear { scheme, out, inp, q, scale, zero: None, g_idx: None, group: inp, dense: None }
     }
 
@@ -99,6 +104,9 @@ impl QuantLinear {
             WeightFormat::Int4 { group, symmetric, g_idx } => {
                 load_int4(st, prefix, scheme, (out, inp), (group, symmetric, g_idx), dev)?
             }
+            WeightFormat::Q8Block => {
+                anyhow::bail!("{prefix}: Q8_0 blocks come from GGUF files, not compressed-tensors")
+            }
         };
         if dev.is_cpu() {
             let w = l.dequantize_host()?;
@@ -110,36 +118,36 @@ impl QuantLinear {
     /// The dequantized weight `[out, in]` in f32, row-major, on the host: `q · scale` (minus
     /// the zero point first for asymmetric Int4), as compressed-tensors' dequantize computes it.
     pub fn dequantize_host(&self) -> anyhow::Result<Vec<f32>> {
+        if self.scheme.weight == WeightFormat::Q8Block {
+            return self.dequantize_q8_block();
+        }
         let scale: Vec<f32> = self.scale.flatten_all()?.to_vec1()?;
+        let int4 = matches!(self.scheme.weight, WeightFormat::Int4 { .. });
         let (out, inp) = (self.out, self.inp);
         let mut w = Vec::with_capacity(out * inp);
-        match self.scheme.weight {
-            WeightFormat::Int8 | WeightFormat::Fp8 => {
-                let q: Vec<u8> = self.q.flatten_all()?.to_vec1()?;
-                let int8 = self.scheme.weight == WeightFormat::Int8;
-                for (r, row) in q.chunks_exact(inp).enumerate() {
-                    w.extend(row.iter().map(|&b| {
-                        let v = if int8 { f32::from(b as i8) } else { fp8_to_f32(b) };
-                        v * scale[r]
-                    }));
+        if int4 {
+            let words: Vec<i32> = self.q.flatten_all()?.to_vec1()?;
+            let zero: Option<Vec<f32>> =
+                self.zero.as_ref().map(|z| z.flatten_all()?.to_vec1()).transpose()?;
+            let g_idx: Option<Vec<u32>> = self.g_idx.as_ref().map(|g| g.to_vec1()).transpose()?;
+            let groups = scale.len() / out;
+            let wpr = inp.div_ceil(8);
+            for r in 0..out {
+                let row = &words[r * wpr..(r + 1) * wpr];
+                for c in 0..inp {
+                    let g = g_idx.as_ref().map_or(c / self.group, |gi| gi[c] as usize);
+                    let zp = zero.as_ref().map_or(0.0, |z| z[r * groups + g]);
+                    w.push((nibble(row, c) as f32 - zp) * scale[r * groups + g]);
                 }
             }
-            WeightFormat::Int4 { .. } => {
-                let words: Vec<i32> = self.q.flatten_all()?.to_vec1()?;
-                let zero: Option<Vec<f32>> =
-                    self.zero.as_ref().map(|z| z.flatten_all()?.to_vec1()).transpose()?;
-                let g_idx: Option<Vec<u32>> =
-                    self.g_idx.as_ref().map(|g| g.to_vec1()).transpose()?;
-                let groups = scale.len() / out;
-                let wpr = inp.div_ceil(8);
-                for r in 0..out {
-                    let row = &words[r * wpr..(r + 1) * wpr];
-                    for c in 0..inp {
-                        let g = g_idx.as_ref().map_or(c / self.group, |gi| gi[c] as usize);
-                        let zp = zero.as_ref().map_or(0.0, |z| z[r * groups + g]);
-                        w.push((nibble(row, c) as f32 - zp) * scale[r * groups + g]);
-                    }
-                }
+        } else {
+            let q: Vec<u8> = self.q.flatten_all()?.to_vec1()?;
+            let int8 = self.scheme.weight == WeightFormat::Int8;
+            for (r, row) in q.chunks_exact(inp).enumerate() {
+                w.extend(row.iter().map(|&b| {
+                    let v = if int8 { f32::from(b as i8) } else { fp8_to_f32(b) };
+                    v * scale[r]
+                }));
             }
         }
         Ok(w)
@@ -219,6 +227,7 @@ impl QuantLinear {
                     .transpose()?;
                 QuantLinear { scheme, out, inp, q, scale, zero, g_idx, group, dense: None }
             }
+            WeightFormat::Q8Block => QuantLinear::random_q8_block((out, inp), std, &mut rng, dev)?,
         };
         if dev.is_cpu() {
             let w = l.dequantize_host()?;

@@ -6,9 +6,11 @@
 //! - [`numerics`]: FP8 coding, per-token activation fake-quantization, 4-bit unpacking (the
 //!   CPU reference).
 //! - [`linear`]: one quantized projection, loaded from the checkpoint, and its product.
+//! - [`gguf_q8`]: GGUF's Q8_0 weights in this form (llama.cpp files on our GEMV).
 //! - `stack`: projections stacked along the output (the fused q/k/v and gate/up products).
 
 pub mod config;
+pub mod gguf_q8;
 pub mod linear;
 pub mod numerics;
 mod stack;

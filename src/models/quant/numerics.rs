@@ -62,7 +62,7 @@ pub fn token_scale(row: &[f32], act: ActQuant) -> f32 {
 pub fn quantize(x: f32, scale: f32, act: ActQuant) -> f32 {
     let v = x / scale;
     match act {
-        ActQuant::Int8Token => v.clamp(-128.0, 127.0).round_ties_even(),
+        ActQuant::Int8Token | ActQuant::Int8Block => v.clamp(-128.0, 127.0).round_ties_even(),
         ActQuant::Fp8Token => fp8_to_f32(f32_to_fp8(v.clamp(-FP8_MAX, FP8_MAX))),
         ActQuant::None => v,
     }
@@ -74,11 +74,29 @@ pub fn fake_quantize_rows(x: &mut [f32], k: usize, act: ActQuant) {
     if act == ActQuant::None || k == 0 {
         return;
     }
+    if act == ActQuant::Int8Block {
+        x.chunks_mut(Q8_BLOCK).for_each(fake_quantize_block);
+        return;
+    }
     for row in x.chunks_exact_mut(k) {
         let s = token_scale(row, act);
         for v in row.iter_mut() {
             *v = quantize(*v, s, act) * s;
         }
+    }
+}
+
+/// Values per block of GGUF's Q8_0 (weights) and of [`ActQuant::Int8Block`] (inputs).
+pub const Q8_BLOCK: usize = 32;
+
+/// One block of x quantized as [`ActQuant::Int8Block`] and multiplied back. The operations are
+/// the GEMV's (ct_gemv.cu's `quantize_blocks`): d = max / 127 and 1 / d correctly rounded, then
+/// round(x · (1 / d)), so the codes are the same bits on both.
+fn fake_quantize_block(b: &mut [f32]) {
+    let d = b.iter().fold(0f32, |m, &v| m.max(v.abs())) / 127.0;
+    let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+    for v in b {
+        *v = (*v * id).round() * d;
     }
 }
 
