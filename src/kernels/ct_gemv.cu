@@ -28,17 +28,8 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "int8_gemv.cuh"
 
-#define CT_MAX_WK 8
-#define CT_MAX_ROWS 8
-
-__device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                       uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ void mma_e4m3(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
@@ -54,40 +45,6 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Weight rows of the warp's tiles: rows past N read row N − 1 (their results are not stored), so
-// the mma needs no branch.
-template <int MT>
-__device__ __forceinline__ void tile_rows(const uint4* (&wr)[MT][2], const void* w, int row0, int N,
-                                          int row_vecs) {
-    const int g = (threadIdx.x & 31) >> 2;
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            wr[i][h] = reinterpret_cast<const uint4*>(w) + (long long)min(row0 + 16 * i + g + 8 * h, N - 1) * row_vecs;
-}
-
-// The warps' partial sums, 16 MT weight rows × 8 rows of x each, added in warp order: the order
-// depends on WK alone. `finish` turns a row's sum into its output.
-template <typename Acc, int MT, typename Finish>
-__device__ __forceinline__ void reduce_store(Acc (&red)[CT_MAX_WK / MT][16 * MT][8], const Acc (&acc)[MT][4],
-                                             float* __restrict__ y, int row0, int M, int N, Finish finish) {
-    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wk = threadIdx.y, WK = blockDim.y;
-    // Fragment: c0, c1 row g, columns 2t, 2t + 1; c2, c3 row g + 8.
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) red[wk][16 * i + g + 8 * (c >> 1)][2 * t + (c & 1)] = acc[i][c];
-    __syncthreads();
-    for (int e = wk * 32 + lane; e < 16 * MT * 8; e += 32 * WK) {
-        const int r = e / 8, m = e % 8;
-        if (row0 + r >= N || m >= M) continue;
-        Acc s = 0;
-        for (int v = 0; v < WK; v++) s += red[v][r][m];
-        y[(long long)m * N + row0 + r] = finish(s, m, row0 + r);
-    }
 }
 
 // ---- 8-bit weights × per-token quantized activations ----------------------------------------
@@ -190,16 +147,6 @@ struct Q8Batch {
     uint4 a[U][MT][2];
 };
 
-// A 16-byte weight load the compiler may not move past a barrier: the first batches are issued
-// before x is quantized (two barriers), so that memory works while the block does.
-__device__ __forceinline__ uint4 ldg_pinned(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
 
 template <bool PINNED, int MT, int U>
 __device__ __forceinline__ void q8_load(Q8Batch<MT, U>& bt, int q0, int stride, int groups, int chunks,
@@ -413,182 +360,6 @@ __device__ __forceinline__ void gemv_q4_impl(const uint32_t* __restrict__ w, con
     reduce_store<float, MT>(red, acc, y, row0, M, N, [](float s, int, int) { return s; });
 }
 
-// ---- GGUF Q8_0: int8 blocks of 32 with an f16 scale each × x quantized per block -------------
-//
-// The weight's columns are stored in the GEMV's order (quant/gguf_q8.rs): within every 64
-// columns, lane t's 16-byte chunk holds columns 8t..8t+7 of the group's first block, then the
-// same of its second. So the first `mma` of a chunk sums exactly the first block and the second
-// the second: each integer sum takes its weight row's block scale and its x row's block scale
-// (llama.cpp's mmvq computes the same sums with dp4a, on 34-byte blocks it reads 4 bytes at a
-// time). x is quantized as llama.cpp's quantize_q8_1 does it (numerics.rs is the reference).
-
-// The M rows of x (bf16 [M, K], K % 64 == 0) quantized per block of 32: codes into xq (row m at
-// m · xstride, in the weights' column order), scales d into xd [M][K / 32]. A thread quantizes 8
-// columns; the 4 lanes of a block find its max by shuffles. Ends with a barrier.
-__device__ __forceinline__ void quantize_blocks(const __nv_bfloat16* __restrict__ x, int M, int K, int xstride,
-                                                uint8_t* xq, float* xd) {
-    const int lane = threadIdx.x, nthr = 32 * blockDim.y, vecs = K / 8, nblk = K / 32;
-    const uint4* xr = reinterpret_cast<const uint4*>(x);
-    for (int m = 0; m < M; m++) {
-        // The bound is the warp's, so that every lane takes part in the shuffles.
-        for (int base = 32 * threadIdx.y; base < vecs; base += nthr) {
-            const int i = base + lane;
-            const bool in = i < vecs;
-            const uint4 v = in ? __ldg(xr + (long long)m * vecs + i) : make_uint4(0, 0, 0, 0);
-            const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-            float f[8];
-            float amax = 0.f;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float2 p = __bfloat1622float2(h[e]);
-                f[2 * e] = p.x;
-                f[2 * e + 1] = p.y;
-                amax = fmaxf(amax, fmaxf(fabsf(p.x), fabsf(p.y)));
-            }
-            amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 1));
-            amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 2));
-            if (!in) continue;
-            const float d = amax / 127.f;
-            const float id = d == 0.f ? 0.f : __frcp_rn(d);
-            uint32_t lo = 0, hi = 0;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                lo |= (uint32_t)(uint8_t)(int8_t)(int)roundf(__fmul_rn(f[e], id)) << (8 * e);
-                hi |= (uint32_t)(uint8_t)(int8_t)(int)roundf(__fmul_rn(f[4 + e], id)) << (8 * e);
-            }
-            // Columns 8i..8i+7: group i / 8, block (i / 4) % 2 of it, lane i % 4.
-            const int pos = 64 * (i / 8) + 16 * (i % 4) + 8 * ((i / 4) % 2);
-            *reinterpret_cast<uint2*>(xq + (long long)m * xstride + pos) = make_uint2(lo, hi);
-            if (i % 4 == 0) xd[m * nblk + i / 4] = d;
-        }
-    }
-    __syncthreads();
-}
-
-template <int MT, int U>
-struct Q80Batch {
-    uint4 a[U][MT][2];
-    uint32_t s[U][MT][2];  // rows g and g + 8: the f16 scales of the group's two blocks
-};
-
-__device__ __forceinline__ uint32_t ldg_pinned_u32(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-template <bool PINNED, int MT, int U>
-__device__ __forceinline__ void q80_load(Q80Batch<MT, U>& bt, int q0, int stride, int groups,
-                                         const uint4* const (&wr)[MT][2], const uint32_t* const (&sr)[MT][2]) {
-    const int t = threadIdx.x & 3;
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int q = q0 + u * stride, c = 4 * q + t;
-        const bool in = q < groups;
-#pragma unroll
-        for (int i = 0; i < MT; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                bt.a[u][i][h] = !in ? make_uint4(0, 0, 0, 0) : PINNED ? ldg_pinned(wr[i][h] + c) : __ldg(wr[i][h] + c);
-                bt.s[u][i][h] = !in ? 0u : PINNED ? ldg_pinned_u32(sr[i][h] + q) : __ldg(sr[i][h] + q);
-            }
-    }
-}
-
-// One batch: per quad step q (blocks 2q and 2q + 1), two integer sums per tile, each times its
-// weight row's and x row's block scales, added to acc in a fixed order.
-template <int MT, int U>
-__device__ __forceinline__ void q80_mma(float (&acc)[MT][4], const Q80Batch<MT, U>& bt, int q0, int stride,
-                                        int groups, const uint8_t* xrow, const float* xd, int nblk, int M) {
-    const int t = threadIdx.x & 3;
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int q = q0 + u * stride;
-        if (q >= groups) break;  // the same for the whole warp
-        const uint4 x = xrow ? *reinterpret_cast<const uint4*>(xrow + 16 * (4 * q + t)) : make_uint4(0, 0, 0, 0);
-        // The accumulators' columns are x rows 2t and 2t + 1.
-        float xs[2][2];
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int b = 0; b < 2; b++) xs[j][b] = 2 * t + j < M ? xd[(2 * t + j) * nblk + 2 * q + b] : 0.f;
-#pragma unroll
-        for (int i = 0; i < MT; i++) {
-            const uint4 &r0 = bt.a[u][i][0], &r1 = bt.a[u][i][1];
-            int p[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-            mma_s8(p[0], r0.x, r1.x, r0.y, r1.y, x.x, x.y);  // the group's first block
-            mma_s8(p[1], r0.z, r1.z, r0.w, r1.w, x.z, x.w);  // its second
-            float ws[2][2];  // [row g, g + 8][block]
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint32_t sv = bt.s[u][i][h];
-                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sv));
-                ws[h][0] = f.x;
-                ws[h][1] = f.y;
-            }
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-#pragma unroll
-                for (int b = 0; b < 2; b++)
-                    acc[i][c] = __fmaf_rn((float)p[b][c], __fmul_rn(ws[c >> 1][b], xs[c & 1][b]), acc[i][c]);
-        }
-    }
-}
-
-// grid (ceil(N / 16 MT)), block (32, WK), dynamic shared memory M · (xstride + K / 8) bytes (the
-// codes, then the scales). w [N, K] int8 codes in the column order above, sw [N, K / 32] f16,
-// x [M, K] bf16, K % 64 == 0. Launched with PDL: the first two batches of weights and scales
-// are loaded before the wait.
-template <int MT, int U>
-__device__ __forceinline__ void gemv_q80_impl(const uint8_t* __restrict__ w, const __half* __restrict__ sw,
-                                              const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int M,
-                                              int N, int K, int xstride) {
-    extern __shared__ __align__(16) uint8_t xq[];
-    __shared__ float red[CT_MAX_WK / MT][16 * MT][8];
-    float* xd = reinterpret_cast<float*>(xq + M * xstride);
-    const int g = threadIdx.x >> 2, wk = threadIdx.y, WK = blockDim.y;
-    const int row0 = blockIdx.x * 16 * MT, groups = K / 64, nblk = K / 32;
-    const uint4* wr[MT][2];
-    tile_rows<MT>(wr, w, row0, N, K / 16);
-    const uint32_t* sr[MT][2];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            sr[i][h] = reinterpret_cast<const uint32_t*>(sw) + (long long)min(row0 + 16 * i + g + 8 * h, N - 1) * groups;
-
-    Q80Batch<MT, U> p, n;
-    const int step = U * WK;
-    q80_load<true>(p, wk, WK, groups, wr, sr);
-    q80_load<true>(n, wk + step, WK, groups, wr, sr);
-    pdl_wait();
-    pdl_launch_dependents();
-    quantize_blocks(x, M, K, xstride, xq, xd);
-    const uint8_t* xrow = g < M ? xq + g * xstride : nullptr;
-
-    float acc[MT][4];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) acc[i][c] = 0.f;
-#pragma unroll 1
-    for (int q0 = wk; q0 < groups; q0 += 2 * step) {
-        q80_mma(acc, p, q0, WK, groups, xrow, xd, nblk, M);
-        if (q0 + step >= groups) break;
-        if (q0 + 2 * step < groups) q80_load<false>(p, q0 + 2 * step, WK, groups, wr, sr);
-        q80_mma(acc, n, q0 + step, WK, groups, xrow, xd, nblk, M);
-        if (q0 + 3 * step < groups) q80_load<false>(n, q0 + 3 * step, WK, groups, wr, sr);
-    }
-    reduce_store<float, MT>(red, acc, y, row0, M, N, [](float s, int, int) { return s; });
-}
-
-#define CT_GEMV_Q80(MT, U)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * CT_MAX_WK)                                                 \
-        ct_gemv_q80_m##MT(const uint8_t* w, const __half* sw, const __nv_bfloat16* x, float* y, int M, int N,  \
-                          int K, int xstride) {                                                                  \
-        gemv_q80_impl<MT, U>(w, sw, x, y, M, N, K, xstride);                                                     \
-    }
-
 #define CT_GEMV_Q8(NAME, FP8, MT, U)                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * CT_MAX_WK)                                                 \
         NAME##_m##MT(const uint8_t* w, const float* sw, const __nv_bfloat16* x, float* y, int M, int N, int K, \
@@ -610,5 +381,3 @@ CT_GEMV_Q8(ct_gemv_f8, 1, 1, 4)
 CT_GEMV_Q8(ct_gemv_f8, 1, 2, 2)
 CT_GEMV_Q4(1, 4)
 CT_GEMV_Q4(2, 2)
-CT_GEMV_Q80(1, 4)
-CT_GEMV_Q80(2, 2)

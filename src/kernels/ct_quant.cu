@@ -8,7 +8,6 @@
 // dynamic `token` strategy (numerics.rs is the reference); the quantized values are integers or
 // E4M3 values, exact in bf16, so a bf16 GEMM of quantized values times both scales afterwards is
 // the int8 / FP8 product (f32 accumulation).
-#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include "common.cuh"
@@ -128,16 +127,3 @@ extern "C" __global__ void ct_gemv_int4(const uint32_t* __restrict__ w, const fl
     }
 }
 
-// grid (ceil(rows · K / 256)), block (256). GGUF Q8_0 codes q [rows, K] in ct_gemv.cu's column
-// order (quant/gguf_q8.rs) and f16 block scales [rows, K / 32] → the weight, bf16 [rows, K] in
-// natural column order (the prefill GEMMs' operand).
-extern "C" __global__ void ct_dequant_q80(const uint8_t* __restrict__ q, const __half* __restrict__ scale,
-                                          __nv_bfloat16* __restrict__ out, int rows, int K) {
-    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= (long long)rows * K) return;
-    const long long r = i / K;
-    const int s = (int)(i % K), j = s % 64;
-    const int c = s - j + 32 * ((j % 16) / 8) + 8 * (j / 16) + j % 8;
-    const float d = __half2float(scale[r * (K / 32) + c / 32]);
-    out[r * K + c] = __float2bfloat16((float)(int8_t)q[i] * d);
-}

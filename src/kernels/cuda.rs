@@ -57,6 +57,9 @@ pub(super) const CT_QUANT_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/ct
 /// PTX built by build.rs from `src/kernels/ct_gemv.cu`.
 pub(super) const CT_GEMV_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/ct_gemv.ptx"));
 
+/// PTX built by build.rs from `src/kernels/gguf_gemv.cu`.
+pub(super) const GGUF_GEMV_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gguf_gemv.ptx"));
+
 /// PTX built by build.rs from `src/kernels/gemv_bf16.cu`.
 pub(super) const GEMV_BF16_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gemv_bf16.ptx"));
 

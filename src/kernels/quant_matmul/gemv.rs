@@ -10,7 +10,7 @@ use candle_core::{CudaDevice, DType, Device, Result, Tensor, bail};
 use half::bf16;
 
 use super::GEMV_ROWS;
-use crate::kernels::cuda::{CT_GEMV_PTX, cuda_view, int};
+use crate::kernels::cuda::{CT_GEMV_PTX, GGUF_GEMV_PTX, cuda_view, int};
 use crate::kernels::launch::Launch;
 use crate::models::quant::{ActQuant, QuantLinear, WeightFormat};
 
@@ -28,7 +28,7 @@ const DEFAULT_SHARED: usize = 48 * 1024;
 fn quad_values(w: &QuantLinear) -> usize {
     match w.scheme.weight {
         WeightFormat::Int8 | WeightFormat::Fp8 | WeightFormat::Q8Block => 64,
-        WeightFormat::Int4 { .. } => 128,
+        WeightFormat::Int4 { .. } | WeightFormat::Q4K | WeightFormat::Q6K => 128,
     }
 }
 
@@ -52,16 +52,31 @@ pub fn fits(w: &QuantLinear, m: usize) -> bool {
         WeightFormat::Q8Block => {
             crate::models::quant::gguf_q8::fits(w.inp) && x_row_bytes(w) <= MAX_X_BYTES
         }
+        WeightFormat::Q4K | WeightFormat::Q6K => {
+            crate::models::quant::gguf_k::fits(w.inp) && x_row_bytes(w) <= MAX_X_BYTES
+        }
     }
 }
 
-/// Shared memory per row of x for the 8-bit kernels: the codes, and for Q8_0 each block's f32
-/// scale after them.
+/// GGUF's k-quants, whose kernels keep x in natural column order.
+fn k_quant(w: &QuantLinear) -> bool {
+    matches!(w.scheme.weight, WeightFormat::Q4K | WeightFormat::Q6K)
+}
+
+/// Shared memory per row of x for the kernels that quantize it: the codes, and for the GGUF
+/// formats each block's f32 scale (and for the k-quants its code sum) after them.
 fn x_row_bytes(w: &QuantLinear) -> usize {
     match w.scheme.weight {
         WeightFormat::Q8Block => x_stride(w.inp) + w.inp / 8,
+        WeightFormat::Q4K | WeightFormat::Q6K => k_stride(w.inp) + w.inp / 4,
         _ => x_stride(w.inp),
     }
+}
+
+/// The k-quant kernels' x rows: natural order, 16 bytes apart beyond K so that the 8 rows' lanes
+/// read different banks.
+fn k_stride(k: usize) -> usize {
+    k + 16
 }
 
 /// Bytes between the quantized rows of x in shared memory: K rounded up to 128, plus 64, so
@@ -81,7 +96,7 @@ pub fn warps_along_k(n: usize, k: usize, quad: usize) -> usize {
 
 /// Whether `mt` weight tiles per warp fit the block for `w`'s shape.
 pub fn tiles_allowed(w: &QuantLinear, mt: usize) -> bool {
-    mt == 1 || mt == 2 && 2 * warps_along_k(w.out, w.inp, quad_values(w)) <= MAX_WK
+    mt == 1 || mt == 2 && !k_quant(w) && 2 * warps_along_k(w.out, w.inp, quad_values(w)) <= MAX_WK
 }
 
 /// Weight tiles per warp: two for tall 4-bit weights (at most 2 warps along K, i.e. 683+
@@ -138,9 +153,15 @@ fn launch_rows(
     let (name, smem) = match w.scheme.weight {
         WeightFormat::Int4 { .. } => (format!("ct_gemv_q4_m{mt}"), 0),
         WeightFormat::Q8Block => (format!("ct_gemv_q80_m{mt}"), m * x_row_bytes(w)),
+        WeightFormat::Q4K => (format!("gguf_gemv_q4k_m{mt}"), m * x_row_bytes(w)),
+        WeightFormat::Q6K => (format!("gguf_gemv_q6k_m{mt}"), m * x_row_bytes(w)),
         _ => (format!("ct_gemv_{}_m{mt}", if int8 { "i8" } else { "f8" }), m * x_stride(k)),
     };
-    let func = dev.get_or_load_custom_func(&name, "inferno_ct_gemv", CT_GEMV_PTX)?;
+    let gguf = matches!(w.scheme.weight, WeightFormat::Q8Block) || k_quant(w);
+    let func = match gguf {
+        true => dev.get_or_load_custom_func(&name, "inferno_gguf_gemv", GGUF_GEMV_PTX)?,
+        false => dev.get_or_load_custom_func(&name, "inferno_ct_gemv", CT_GEMV_PTX)?,
+    };
     if smem > DEFAULT_SHARED {
         // A driver attribute, not a stream operation: also allowed while a graph is captured.
         func.set_attribute(
@@ -159,16 +180,17 @@ fn launch_rows(
     let xv = cuda_view::<bf16>(&xs, xl, "x")?;
     let (qs, ql) = w.q.storage_and_layout();
     let (ss, sl) = w.scale.storage_and_layout();
-    if w.scheme.weight == WeightFormat::Q8Block {
-        let qv = cuda_view::<u8>(&qs, ql, "Q8_0 codes")?;
-        let sv = cuda_view::<half::f16>(&ss, sl, "Q8_0 scales")?;
-        let stride = int(x_stride(k), "x stride")?;
+    if gguf {
+        let qv = cuda_view::<u8>(&qs, ql, "GGUF codes")?;
+        let sv = cuda_view::<half::f16>(&ss, sl, "GGUF scales")?;
+        let stride = int(if k_quant(w) { k_stride(k) } else { x_stride(k) }, "x stride")?;
         let stream = dev.cuda_stream();
         let mut b = Launch::new(&stream, &func);
         b.ptr(&qv).ptr(&sv).ptr(&xv).ptr_mut(y).val(m32).val(n32).val(k32).val(stride);
-        // SAFETY: ct_gemv_q80_m*'s signature; codes [n, k] bytes, scales [n, k / 32] f16, x
-        // [m, k] bf16 with k % 64 == 0 (fits), smem = m · (stride + k / 8) bytes; the kernel
-        // reads only the weights before pdl_wait().
+        // SAFETY: gguf_gemv.cu's kernels' signature; codes and scales in the format's layout
+        // (gguf_q8.rs, gguf_k.rs; shapes checked at load), x [m, k] bf16 with k a multiple of
+        // the format's group (fits), smem = m · x_row_bytes; the kernels read only the weights
+        // before pdl_wait().
         return unsafe { b.launch(cfg) };
     }
     let sv = cuda_view::<f32>(&ss, sl, "scale")?;
@@ -199,7 +221,9 @@ fn launch_rows(
             // x [m, k] bf16, k % 32 == 0 and group % 128 == 0 or one group (fits).
             unsafe { b.launch(cfg) }.w()?;
         }
-        WeightFormat::Q8Block => bail!("quant gemv: Q8_0 launches above"),
+        WeightFormat::Q8Block | WeightFormat::Q4K | WeightFormat::Q6K => {
+            bail!("quant gemv: GGUF formats launch above")
+        }
     }
     Ok(())
 }

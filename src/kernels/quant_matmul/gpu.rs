@@ -7,7 +7,7 @@ use candle_core::{CudaDevice, CudaStorage, DType, Device, Result, Storage, Tenso
 use half::bf16;
 
 use super::GEMV_ROWS;
-use crate::kernels::cuda::{CT_QUANT_PTX, cuda_view, int};
+use crate::kernels::cuda::{CT_QUANT_PTX, GGUF_GEMV_PTX, cuda_view, int};
 use crate::kernels::matmul_f32_out;
 use crate::models::quant::{ActQuant, QuantLinear, WeightFormat};
 
@@ -149,16 +149,24 @@ pub fn dequantize(w: &QuantLinear) -> Result<Tensor> {
             // SAFETY: the tensors hold what the kernel indexes (shapes checked at load).
             unsafe { b.launch(elementwise(n)?) }.w()?;
         }
-        WeightFormat::Q8Block => {
-            let qv = cuda_view::<u8>(&qs, ql, "Q8_0 codes")?;
+        WeightFormat::Q8Block | WeightFormat::Q4K | WeightFormat::Q6K => {
+            let qv = cuda_view::<u8>(&qs, ql, "GGUF codes")?;
             let (ss, sl) = w.scale.storage_and_layout();
-            let sv = cuda_view::<half::f16>(&ss, sl, "Q8_0 scales")?;
-            let func =
-                dev.get_or_load_custom_func("ct_dequant_q80", "inferno_ct_quant", CT_QUANT_PTX)?;
+            let sv = cuda_view::<half::f16>(&ss, sl, "GGUF scales")?;
+            let name = match w.scheme.weight {
+                WeightFormat::Q8Block => "gguf_dequant_q80",
+                _ => "gguf_dequant_kq",
+            };
+            let func = dev.get_or_load_custom_func(name, "inferno_gguf_gemv", GGUF_GEMV_PTX)?;
             let (rows, inp) = (int(w.out, "rows")?, int(w.inp, "in")?);
+            let fmt = i32::from(w.scheme.weight == WeightFormat::Q6K);
             let mut b = func.builder();
             b.arg(&qv).arg(&sv).arg(&mut out).arg(&rows).arg(&inp);
-            // SAFETY: codes [out, in], scales [out, in / 32], in % 64 == 0 (from_q8_0).
+            if w.scheme.weight != WeightFormat::Q8Block {
+                b.arg(&fmt);
+            }
+            // SAFETY: the codes and scales in the format's layout (checked at load), one
+            // thread per weight.
             unsafe { b.launch(elementwise(n)?) }.w()?;
         }
     }

@@ -57,6 +57,20 @@ fn cases() -> Vec<Case> {
             gemv: 1e-5,
             gemm: 1e-2,
         },
+        // Q4_K and Q6_K: as Q8_0 (the same codes of x, exact int32 sums per block or sub-block,
+        // the scales in f32).
+        Case {
+            name: "q4_k",
+            scheme: Scheme { weight: WeightFormat::Q4K, act: ActQuant::Int8Block },
+            gemv: 1e-5,
+            gemm: 1e-2,
+        },
+        Case {
+            name: "q6_k",
+            scheme: Scheme { weight: WeightFormat::Q6K, act: ActQuant::Int8Block },
+            gemv: 1e-5,
+            gemm: 1e-2,
+        },
         Case { name: "w4a16 zp g256", scheme: w4(Some(256), false), gemv: 1e-5, gemm: 4e-3 },
         Case { name: "w4a16 channel", scheme: w4(None, true), gemv: 1e-5, gemm: 4e-3 },
         Case { name: "w4a16 zp g64", scheme: w4(Some(64), false), gemv: 1e-5, gemm: 4e-3 },
@@ -99,6 +113,7 @@ fn gpu_quant_matmul_matches_reference() {
             // Q8_0 rows are whole groups of 64 columns.
             let k = match case.scheme.weight {
                 WeightFormat::Q8Block => usize::next_multiple_of(k, 64),
+                WeightFormat::Q4K | WeightFormat::Q6K => usize::next_multiple_of(k, 256),
                 _ => k,
             };
             let seed = r.random::<u64>();
@@ -186,8 +201,9 @@ fn gpu_quant_gemv_timing() {
             drop(wb);
             let mut line =
                 format!("quant gemv timing: m{m} {name:<8} {n:>6}x{k:<5} bf16 {base:.1} us");
-            for case in
-                cases().into_iter().filter(|c| ["w8a8", "fp8", "w4a16", "q8_0"].contains(&c.name))
+            for case in cases()
+                .into_iter()
+                .filter(|c| ["w8a8", "fp8", "w4a16", "q8_0", "q4_k", "q6_k"].contains(&c.name))
             {
                 let ws: Vec<_> = (0..copies_for(n * k / 2))
                     .map(|s| QuantLinear::random(case.scheme, (n, k), 0.02, s as u64, &dev))
@@ -217,8 +233,9 @@ fn gpu_quant_gemv_timing() {
 fn gpu_stacked_weights_match_the_parts() {
     let dev = gpu();
     let mut r = rng("quant stack gpu");
-    for case in
-        cases().into_iter().filter(|c| ["w8a8", "fp8", "w4a16 zp g256", "q8_0"].contains(&c.name))
+    for case in cases()
+        .into_iter()
+        .filter(|c| ["w8a8", "fp8", "w4a16 zp g256", "q8_0", "q4_k", "q6_k"].contains(&c.name))
     {
         let parts: Vec<QuantLinear> = [(96, 1), (32, 2), (48, 3)]
             .into_iter()

@@ -181,15 +181,24 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
-    /// A Q8_0 matmul weight as our own [`QuantLinear`] on `device` (see [`q8_blocks_only`]).
-    fn q8_linear(&mut self, name: &str, device: &Device) -> anyhow::Result<Linear> {
+    /// A Q8_0, Q4_K or Q6_K matmul weight as our own [`QuantLinear`] on `device` (see
+    /// [`own_blocks_only`]).
+    fn block_linear(&mut self, name: &str, device: &Device) -> anyhow::Result<Linear> {
+        use crate::models::quant::WeightFormat;
+        use candle_core::quantized::GgmlDType as G;
         let t = self.qtensor(name, &Device::Cpu)?;
         let bad = |e: &dyn std::fmt::Display| {
             fail(ErrorKind::Integrity, format!("{}: tensor {name}: {e}", self.path.display()))
         };
         let (out, inp) = t.shape().dims2().map_err(|e| bad(&e))?;
         let bytes = t.data().map_err(|e| bad(&e))?;
-        let w = QuantLinear::from_q8_0(&bytes, (out, inp), device).map_err(|e| bad(&e))?;
+        let w = match t.dtype() {
+            G::Q8_0 => QuantLinear::from_q8_0(&bytes, (out, inp), device),
+            G::Q4K => QuantLinear::from_k_quant(WeightFormat::Q4K, &bytes, (out, inp), device),
+            G::Q6K => QuantLinear::from_k_quant(WeightFormat::Q6K, &bytes, (out, inp), device),
+            other => Err(anyhow::anyhow!("{other:?} is not a format of our GEMVs")),
+        }
+        .map_err(|e| bad(&e))?;
         Ok(Linear::Ct { weight: Arc::new(w), bias: None })
     }
 
@@ -228,15 +237,16 @@ impl GgufFile {
 /// A GGUF whose weights are all plain floats (a `--outtype bf16` conversion) loads as dense
 /// weights in that dtype instead, and runs the same path as a safetensors checkpoint: through
 /// candle's quantized matmul it decoded at 375 tok/s against 607 (Llama-1B shape, H100). On a
-/// GPU, a GGUF whose weights are all Q8_0 runs on our own Q8_0 GEMV ([`q8_blocks_only`]).
+/// GPU, a GGUF whose weights are all Q8_0, Q4_K or Q6_K runs on our own GEMVs
+/// ([`own_blocks_only`]).
 pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow::Result<Llama> {
     let cfg = gguf.config()?;
     let float = float_dtype(gguf);
-    let q8 = float.is_none() && device.is_cuda() && q8_blocks_only(gguf);
+    let own = float.is_none() && device.is_cuda() && own_blocks_only(gguf);
     let mut q = |name: String| -> anyhow::Result<Linear> {
         Ok(match float {
             Some(dtype) => Linear::Dense { weight: gguf.dense(&name, dtype, device)?, bias: None },
-            None if q8 => gguf.q8_linear(&name, device)?,
+            None if own => gguf.block_linear(&name, device)?,
             None => {
                 let t = gguf.qtensor(&name, device)?;
                 Linear::Quantized { weight: QMatMul::from_qtensor(t)?, bias: None }
@@ -282,9 +292,9 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
     }
     let embed_q = gguf.qtensor("token_embd.weight", device)?;
     let embed = embed_q.dequantize(device)?;
-    if q8 {
+    if own {
         // bf16 activations, as a bf16 checkpoint's: the GEMV takes bf16 x.
-        let lm_head = gguf.q8_linear(head_name, device)?;
+        let lm_head = gguf.block_linear(head_name, device)?;
         let embed = embed.to_dtype(DType::BF16)?;
         let weights =
             Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } };
@@ -299,20 +309,26 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
     Llama::new(cfg, weights, RopeStyle::Interleaved, context, DType::F32, device)
 }
 
-/// Whether every matmul weight (embeddings included) is Q8_0 with rows of whole 64-column
-/// groups, so that the model runs on ct_gemv.cu's Q8_0 GEMV (`quant::gguf_q8`) instead of
-/// candle's quantized matmul: decode reads 16-byte chunks, fuses q/k/v and gate/up, and keeps
-/// bf16 activations. `INFERNO_GGUF_Q8=candle` keeps candle's kernels (A/B timings).
-fn q8_blocks_only(gguf: &GgufFile) -> bool {
+/// Whether every matmul weight (embeddings included) is Q8_0, Q4_K or Q6_K with rows our layouts
+/// take, so that the model runs on gguf_gemv.cu's GEMVs (`quant::gguf_q8`, `quant::gguf_k`)
+/// instead of candle's quantized matmul: decode reads 16-byte chunks, fuses q/k/v and gate/up
+/// where their formats agree, and keeps bf16 activations. `INFERNO_GGUF_KERNELS=candle` keeps
+/// candle's kernels (A/B timings).
+fn own_blocks_only(gguf: &GgufFile) -> bool {
+    use crate::models::quant::{gguf_k, gguf_q8};
     use candle_core::quantized::GgmlDType as G;
-    if std::env::var("INFERNO_GGUF_Q8").is_ok_and(|v| v == "candle") {
+    if std::env::var("INFERNO_GGUF_KERNELS").is_ok_and(|v| v == "candle") {
         return false;
     }
     gguf.content.tensor_infos.iter().all(|(name, info)| {
+        let k = info.shape.dims().last().copied().unwrap_or(0);
         name.ends_with("_norm.weight")
             || name == "rope_freqs.weight"
-            || info.ggml_dtype == G::Q8_0
-                && info.shape.dims().last().is_some_and(|&k| crate::models::quant::gguf_q8::fits(k))
+            || match info.ggml_dtype {
+                G::Q8_0 => gguf_q8::fits(k),
+                G::Q4K | G::Q6K => gguf_k::fits(k),
+                _ => false,
+            }
     })
 }
 

@@ -23,6 +23,14 @@ pub enum WeightFormat {
     /// columns, each block with its own f16 scale; `q` U8 `[out, in]` in the GEMV's column order
     /// (`quant::gguf_q8`), `scale` F16 `[out, in / 32]`.
     Q8Block,
+    /// GGUF's Q4_K (`quant::gguf_k`): 4-bit codes, a 6-bit scale and min per 32 columns, an f16
+    /// d and dmin per 256; `q` U8 `[out, 9 in / 16]` (codes, then per-block scales), `scale`
+    /// F16 `[out, 2 in / 256]`.
+    Q4K,
+    /// GGUF's Q6_K (`quant::gguf_k`): 6-bit codes, an int8 scale per 16 columns, an f16 d per
+    /// 256; `q` U8 `[out, 13 in / 16]` (4-bit plane, 2-bit plane, scales), `scale` F16
+    /// `[out, in / 256]`.
+    Q6K,
 }
 
 /// What happens to a projection's input at run time.
@@ -131,6 +139,8 @@ pub fn label(s: &Scheme) -> &'static str {
         (WeightFormat::Fp8, _) => "fp8",
         (WeightFormat::Int4 { .. }, _) => "w4a16",
         (WeightFormat::Q8Block, _) => "q8_0",
+        (WeightFormat::Q4K, _) => "q4_k",
+        (WeightFormat::Q6K, _) => "q6_k",
     }
 }
 
@@ -317,7 +327,9 @@ fn activations(a: &Args, weight: WeightFormat) -> anyhow::Result<ActQuant> {
         WeightFormat::Int4 { .. } => {
             Err(a.refuse("num_bits", "4-bit weights run with unquantized activations only"))
         }
-        WeightFormat::Q8Block => Err(a.refuse("format", "Q8_0 blocks come from GGUF files only")),
+        WeightFormat::Q8Block | WeightFormat::Q4K | WeightFormat::Q6K => {
+            Err(a.refuse("format", "GGUF block formats come from GGUF files only"))
+        }
     }
 }
 

@@ -104,8 +104,8 @@ impl QuantLinear {
             WeightFormat::Int4 { group, symmetric, g_idx } => {
                 load_int4(st, prefix, scheme, (out, inp), (group, symmetric, g_idx), dev)?
             }
-            WeightFormat::Q8Block => {
-                anyhow::bail!("{prefix}: Q8_0 blocks come from GGUF files, not compressed-tensors")
+            WeightFormat::Q8Block | WeightFormat::Q4K | WeightFormat::Q6K => {
+                anyhow::bail!("{prefix}: GGUF block formats come from GGUF files only")
             }
         };
         if dev.is_cpu() {
@@ -118,8 +118,10 @@ impl QuantLinear {
     /// The dequantized weight `[out, in]` in f32, row-major, on the host: `q · scale` (minus
     /// the zero point first for asymmetric Int4), as compressed-tensors' dequantize computes it.
     pub fn dequantize_host(&self) -> anyhow::Result<Vec<f32>> {
-        if self.scheme.weight == WeightFormat::Q8Block {
-            return self.dequantize_q8_block();
+        match self.scheme.weight {
+            WeightFormat::Q8Block => return self.dequantize_q8_block(),
+            WeightFormat::Q4K | WeightFormat::Q6K => return self.dequantize_k(),
+            _ => {}
         }
         let scale: Vec<f32> = self.scale.flatten_all()?.to_vec1()?;
         let int4 = matches!(self.scheme.weight, WeightFormat::Int4 { .. });
@@ -228,6 +230,9 @@ impl QuantLinear {
                 QuantLinear { scheme, out, inp, q, scale, zero, g_idx, group, dense: None }
             }
             WeightFormat::Q8Block => QuantLinear::random_q8_block((out, inp), std, &mut rng, dev)?,
+            f @ (WeightFormat::Q4K | WeightFormat::Q6K) => {
+                QuantLinear::random_k(f, (out, inp), std, &mut rng, dev)?
+            }
         };
         if dev.is_cpu() {
             let w = l.dequantize_host()?;

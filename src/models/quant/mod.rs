@@ -6,10 +6,12 @@
 //! - [`numerics`]: FP8 coding, per-token activation fake-quantization, 4-bit unpacking (the
 //!   CPU reference).
 //! - [`linear`]: one quantized projection, loaded from the checkpoint, and its product.
-//! - [`gguf_q8`]: GGUF's Q8_0 weights in this form (llama.cpp files on our GEMV).
+//! - [`gguf_q8`], [`gguf_k`]: GGUF's Q8_0, Q4_K and Q6_K weights in this form (llama.cpp files
+//!   on our GEMVs).
 //! - `stack`: projections stacked along the output (the fused q/k/v and gate/up products).
 
 pub mod config;
+pub mod gguf_k;
 pub mod gguf_q8;
 pub mod linear;
 pub mod numerics;
