@@ -314,7 +314,7 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
 /// instead of candle's quantized matmul: decode reads 16-byte chunks, fuses q/k/v and gate/up
 /// where their formats agree, and keeps bf16 activations. `INFERNO_GGUF_KERNELS=candle` keeps
 /// candle's kernels (A/B timings).
-fn own_blocks_only(gguf: &GgufFile) -> bool {
+pub fn own_blocks_only(gguf: &GgufFile) -> bool {
     use crate::models::quant::{gguf_k, gguf_q8};
     use candle_core::quantized::GgmlDType as G;
     if std::env::var("INFERNO_GGUF_KERNELS").is_ok_and(|v| v == "candle") {
