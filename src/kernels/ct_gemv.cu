@@ -219,18 +219,11 @@ __device__ __forceinline__ void gemv_q8_impl(const uint8_t* __restrict__ w, cons
     const uint8_t* xrow = g < M ? xq + g * xstride : nullptr;
 
     Acc acc[MT][4];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) acc[i][c] = 0;
-#pragma unroll 1
-    for (int q0 = wk; q0 < groups; q0 += 2 * step) {
-        q8_mma<FP8>(acc, p, q0, WK, groups, chunks, xrow);
-        if (q0 + step >= groups) break;
-        if (q0 + 2 * step < groups) q8_load<false>(p, q0 + 2 * step, WK, groups, chunks, wr);
-        q8_mma<FP8>(acc, n, q0 + step, WK, groups, chunks, xrow);
-        if (q0 + 3 * step < groups) q8_load<false>(n, q0 + 3 * step, WK, groups, chunks, wr);
-    }
+    zero_acc(acc);
+    double_buffered(
+        p, n, wk, step, groups,
+        [&](Q8Batch<MT, U>& b, int q0) { q8_load<false>(b, q0, WK, groups, chunks, wr); },
+        [&](const Q8Batch<MT, U>& b, int q0) { q8_mma<FP8>(acc, b, q0, WK, groups, chunks, xrow); });
     reduce_store<Acc, MT>(red, acc, y, row0, M, N,
                           [&](Acc s, int m, int r) { return (float)s * xs[m] * sw[r]; });
 }
@@ -342,10 +335,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint32_t* __restrict__ w, con
     const uint4* xr = g < M ? reinterpret_cast<const uint4*>(x + (long long)g * K) : nullptr;
 
     float acc[MT][4];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) acc[i][c] = 0.f;
+    zero_acc(acc);
     Q4Batch<MT, U> p, n;
     const int step = U * WK;
     q4_load(p, wk, WK, groups, chunks, wr);

@@ -185,18 +185,10 @@ __device__ __forceinline__ void gemv_q80_impl(const uint8_t* __restrict__ w, con
     const uint8_t* xrow = g < M ? xq + g * xstride : nullptr;
 
     float acc[MT][4];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) acc[i][c] = 0.f;
-#pragma unroll 1
-    for (int q0 = wk; q0 < groups; q0 += 2 * step) {
-        q80_mma(acc, p, q0, WK, groups, xrow, xd, nblk, M);
-        if (q0 + step >= groups) break;
-        if (q0 + 2 * step < groups) q80_load<false>(p, q0 + 2 * step, WK, groups, wr, sr);
-        q80_mma(acc, n, q0 + step, WK, groups, xrow, xd, nblk, M);
-        if (q0 + 3 * step < groups) q80_load<false>(n, q0 + 3 * step, WK, groups, wr, sr);
-    }
+    zero_acc(acc);
+    double_buffered(
+        p, n, wk, step, groups, [&](Q80Batch<MT, U>& b, int q0) { q80_load<false>(b, q0, WK, groups, wr, sr); },
+        [&](const Q80Batch<MT, U>& b, int q0) { q80_mma(acc, b, q0, WK, groups, xrow, xd, nblk, M); });
     reduce_store<float, MT>(red, acc, y, row0, M, N, [](float s, int, int) { return s; });
 }
 
@@ -417,18 +409,10 @@ __device__ __forceinline__ void gemv_kq_impl(const uint8_t* __restrict__ w, cons
     const uint8_t* xrow = g < M ? xq + g * xstride : nullptr;
 
     float acc[MT][4];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) acc[i][c] = 0.f;
-#pragma unroll 1
-    for (int q0 = wk; q0 < groups; q0 += 2 * step) {
-        kq_mma<FMT>(acc, p, q0, WK, groups, xrow, xd, xsum, nblk, M);
-        if (q0 + step >= groups) break;
-        if (q0 + 2 * step < groups) kq_load<FMT, false>(p, q0 + 2 * step, WK, groups, K, r);
-        kq_mma<FMT>(acc, n, q0 + step, WK, groups, xrow, xd, xsum, nblk, M);
-        if (q0 + 3 * step < groups) kq_load<FMT, false>(n, q0 + 3 * step, WK, groups, K, r);
-    }
+    zero_acc(acc);
+    double_buffered(
+        p, n, wk, step, groups, [&](KBatch<MT, U>& b, int q0) { kq_load<FMT, false>(b, q0, WK, groups, K, r); },
+        [&](const KBatch<MT, U>& b, int q0) { kq_mma<FMT>(acc, b, q0, WK, groups, xrow, xd, xsum, nblk, M); });
     reduce_store<float, MT>(red, acc, y, row0, M, N, [](float s, int, int) { return s; });
 }
 

@@ -61,3 +61,26 @@ __device__ __forceinline__ uint4 ldg_pinned(const uint4* p) {
                  : "memory");
     return v;
 }
+
+// The main loop of the GEMVs: batches p and n in flight from the start (loaded before), each one
+// consumed (`mma(batch, q0)`) is reloaded (`load(batch, q0)`) with the batch after next; quad
+// steps go wk, wk + WK, … in batches of `step` = U · WK.
+template <typename Batch, typename Load, typename Mma>
+__device__ __forceinline__ void double_buffered(Batch& p, Batch& n, int wk, int step, int groups, Load load, Mma mma) {
+#pragma unroll 1
+    for (int q0 = wk; q0 < groups; q0 += 2 * step) {
+        mma(p, q0);
+        if (q0 + step >= groups) break;
+        if (q0 + 2 * step < groups) load(p, q0 + 2 * step);
+        mma(n, q0 + step);
+        if (q0 + 3 * step < groups) load(n, q0 + 3 * step);
+    }
+}
+
+template <typename Acc, int MT>
+__device__ __forceinline__ void zero_acc(Acc (&acc)[MT][4]) {
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[i][c] = 0;
+}
