@@ -313,7 +313,8 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
 /// take, so that the model runs on gguf_gemv.cu's GEMVs (`quant::gguf_q8`, `quant::gguf_k`)
 /// instead of candle's quantized matmul: decode reads 16-byte chunks, fuses q/k/v and gate/up
 /// where their formats agree, and keeps bf16 activations. `INFERNO_GGUF_KERNELS=candle` keeps
-/// candle's kernels (A/B timings).
+/// candle's kernels (A/B timings). The memory plan (`memory.rs`'s `own_gemvs_take`) applies the
+/// same rule to the file's header.
 pub fn own_blocks_only(gguf: &GgufFile) -> bool {
     use crate::models::quant::{gguf_k, gguf_q8};
     use candle_core::quantized::GgmlDType as G;

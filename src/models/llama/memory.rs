@@ -107,12 +107,20 @@ const GGUF_PROJECTIONS: [&str; 7] =
     ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"];
 
 /// Bytes of a GGUF file's weights once loaded by `load_gguf`, from its tensor infos. On a GPU,
-/// candle pads every quantized tensor by 512 elements' worth of blocks.
+/// candle pads every quantized tensor by 512 elements' worth of blocks; a file our own GEMVs take
+/// ([`own_gemv_bytes`]) holds its weights in their repacked layouts and its embedding in bf16.
 pub fn gguf_weight_bytes(cfg: &LlamaConfig, tensors: &[TensorInfo], on_gpu: bool) -> u64 {
     let find = |name: &str| tensors.iter().find(|t| t.name == name);
     let count = |t: &TensorInfo| t.dims.iter().fold(1u64, |a, &d| a.saturating_mul(d));
-    let dequantized = |name: &str| find(name).map_or(0, |t| count(t).saturating_mul(4));
-    let matmul = |t: &TensorInfo| qmatmul_bytes(t.ggml_type, count(t), t.bytes, on_gpu);
+    let own = on_gpu && own_gemvs_take(tensors);
+    let dequantized = |name: &str| {
+        let size = if own && name == "token_embd.weight" { 2 } else { 4 };
+        find(name).map_or(0, |t| count(t).saturating_mul(size))
+    };
+    let matmul = |t: &TensorInfo| match own {
+        true => own_gemv_bytes(t.ggml_type, count(t), t.bytes),
+        false => qmatmul_bytes(t.ggml_type, count(t), t.bytes, on_gpu),
+    };
     let mut parts = vec![dequantized("token_embd.weight"), dequantized("output_norm.weight")];
     for n in 0..cfg.num_layers {
         for norm in ["attn_norm", "ffn_norm"] {
@@ -126,6 +134,34 @@ pub fn gguf_weight_bytes(cfg: &LlamaConfig, tensors: &[TensorInfo], on_gpu: bool
     let head = find("output.weight").or_else(|| find("token_embd.weight"));
     parts.push(head.map_or(0, matmul));
     sum(parts)
+}
+
+/// Whether `load_gguf` puts the file on our own GEMVs on a GPU (its `own_blocks_only`, from the
+/// header: every matmul tensor Q8_0 with rows of 64-column multiples, or Q4_K / Q6_K with rows
+/// of 256-column multiples). `INFERNO_GGUF_KERNELS=candle` turns that off in both.
+fn own_gemvs_take(tensors: &[TensorInfo]) -> bool {
+    if std::env::var("INFERNO_GGUF_KERNELS").is_ok_and(|v| v == "candle") {
+        return false;
+    }
+    tensors.iter().all(|t| {
+        let k = t.dims.first().copied().unwrap_or(0);
+        t.name.ends_with("_norm.weight")
+            || t.name == "rope_freqs.weight"
+            || match t.ggml_type {
+                8 => k > 0 && k % 64 == 0,
+                12 | 14 => k > 0 && k % 256 == 0,
+                _ => false,
+            }
+    })
+}
+
+/// Bytes of a weight in our repacked layouts: Q8_0 and Q6_K as in the file; Q4_K with each
+/// block's 6-bit scale and min as whole bytes (148 bytes per 256 columns against the file's 144).
+fn own_gemv_bytes(ggml_type: u32, elems: u64, file_bytes: u64) -> u64 {
+    match ggml_type {
+        12 => elems / 256 * 148,
+        _ => file_bytes,
+    }
 }
 
 /// What candle's `QMatMul::from_qtensor` keeps: f32/f16/bf16 tensors (and every tensor under
@@ -226,5 +262,28 @@ mod tests {
         assert_eq!(weight_bytes(&tied, DType::F16, None), f16);
         assert_eq!(weight_bytes(&tied, DType::BF16, None), bf16 - head * 2);
         assert_eq!(weight_bytes(&tied, DType::F32, None), f32 - head * 4);
+    }
+
+    /// The plan's bytes for our repacked GGUF weights are what the loaded weights hold.
+    #[test]
+    fn own_gemv_bytes_are_what_the_repacked_weights_hold() {
+        use crate::models::quant::{QuantLinear, WeightFormat};
+        use candle_core::quantized::{GgmlDType, QTensor};
+        let dev = candle_core::Device::Cpu;
+        let (out, inp) = (8, 512);
+        let w = candle_core::Tensor::randn(0f32, 0.02, (out, inp), &dev).expect("w");
+        for (ty, dtype) in [(8, GgmlDType::Q8_0), (12, GgmlDType::Q4K), (14, GgmlDType::Q6K)] {
+            let qt = QTensor::quantize(&w, dtype).expect("quantize");
+            let bytes = qt.data().expect("bytes").to_vec();
+            let l = match ty {
+                8 => QuantLinear::from_q8_0(&bytes, (out, inp), &dev),
+                12 => QuantLinear::from_k_quant(WeightFormat::Q4K, &bytes, (out, inp), &dev),
+                _ => QuantLinear::from_k_quant(WeightFormat::Q6K, &bytes, (out, inp), &dev),
+            }
+            .expect("load");
+            let held = l.q.elem_count() + 2 * l.scale.elem_count();
+            let planned = own_gemv_bytes(ty, (out * inp) as u64, bytes.len() as u64);
+            assert_eq!(planned, held as u64, "{dtype:?}");
+        }
     }
 }
