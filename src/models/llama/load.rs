@@ -290,16 +290,20 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
             Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } };
         return Llama::new(cfg, weights, RopeStyle::Interleaved, context, dtype, device);
     }
-    let embed_q = gguf.qtensor("token_embd.weight", device)?;
-    let embed = embed_q.dequantize(device)?;
     if own {
-        // bf16 activations, as a bf16 checkpoint's: the GEMV takes bf16 x.
+        // bf16 activations, as a bf16 checkpoint's: the GEMV takes bf16 x. The embedding is
+        // dequantized on the host, so that the device never holds its f32 copy (the plan counts
+        // it in bf16).
         let lm_head = gguf.block_linear(head_name, device)?;
-        let embed = embed.to_dtype(DType::BF16)?;
+        let cpu = Device::Cpu;
+        let embed = gguf.qtensor("token_embd.weight", &cpu)?.dequantize(&cpu)?;
+        let embed = embed.to_dtype(DType::BF16)?.to_device(device)?;
         let weights =
             Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } };
         return Llama::new(cfg, weights, RopeStyle::Interleaved, context, DType::BF16, device);
     }
+    let embed_q = gguf.qtensor("token_embd.weight", device)?;
+    let embed = embed_q.dequantize(device)?;
     let head_q = match gguf.has("output.weight") {
         true => gguf.qtensor(head_name, device)?,
         false => embed_q,
