@@ -108,7 +108,7 @@ const GGUF_PROJECTIONS: [&str; 7] =
 
 /// Bytes of a GGUF file's weights once loaded by `load_gguf`, from its tensor infos. On a GPU,
 /// candle pads every quantized tensor by 512 elements' worth of blocks; a file our own GEMVs take
-/// ([`own_gemv_bytes`]) holds its weights in their repacked layouts and its embedding in bf16.
+/// (`own_gemv_bytes`) holds its weights in their repacked layouts and its embedding in bf16.
 pub fn gguf_weight_bytes(cfg: &LlamaConfig, tensors: &[TensorInfo], on_gpu: bool) -> u64 {
     let find = |name: &str| tensors.iter().find(|t| t.name == name);
     let count = |t: &TensorInfo| t.dims.iter().fold(1u64, |a, &d| a.saturating_mul(d));
