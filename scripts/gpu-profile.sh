@@ -2,6 +2,7 @@
 # Per-kernel table of decode steps under Nsight Compute, on a GPU machine:
 #
 #   scripts/gpu-profile.sh LAYOUT STREAMS [GEN_TOKENS] [STEPS]
+#   scripts/gpu-profile.sh --prefill LAYOUT PROMPT_TOKENS
 #
 # Runs `inferno bench benches/configs/LAYOUT.json --dummy-weights -p 64 -n GEN_TOKENS -c STREAMS`
 # (greedy) under ncu, every kernel node of the CUDA graphs timed on its own with warm caches and
@@ -9,10 +10,17 @@
 # kernels of the last STEPS decode steps (default 3; a step ends with the argmax's last kernel)
 # as a markdown table: launches, mean time, time, DRAM bytes and rate per step. Kernels run one
 # at a time under ncu (no PDL overlap, no gaps): the sum is above a graph replay's time.
+# With --prefill it profiles `-p PROMPT_TOKENS -n 1 -r 1` instead and prints every kernel of the
+# two prefills (the warm-up's and the run's; no decode step runs) per prefill, with the prompt's
+# share of the time per kernel family.
 # The binary: $BIN, else the one `scripts/gpu-tests.sh build` leaves in .dev/gpu/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-layout="$1" streams="$2" gen="${3:-8}" steps="${4:-3}"
+if [ "$1" = --prefill ]; then
+    layout="$2" prompt="$3" streams=1 gen=1 steps=prefill
+else
+    layout="$1" streams="$2" gen="${3:-8}" steps="${4:-3}" prompt=64
+fi
 bin="${BIN:-${TMPDIR:-/tmp}/inferno-bench/inferno}"
 if [ ! -x "$bin" ]; then
     mkdir -p "$(dirname "$bin")"
@@ -21,11 +29,11 @@ fi
 csv="${TMPDIR:-/tmp}/ncu-$layout-c$streams.csv"
 ncu --graph-profiling node --cache-control none --clock-control none \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw \
-    "$bin" bench "benches/configs/$layout.json" --dummy-weights -p 64 -n "$gen" -r 1 -c "$streams" \
+    "$bin" bench "benches/configs/$layout.json" --dummy-weights -p "$prompt" -n "$gen" -r 1 -c "$streams" \
     >"$csv" 2>"${csv%.csv}.err"
 python3 - "$csv" "$steps" <<'EOF'
 import csv, sys, collections
-path, steps = sys.argv[1], int(sys.argv[2])
+path, steps = sys.argv[1], sys.argv[2]
 rows = [r for r in csv.reader(l for l in open(path) if l.startswith('"'))]
 head, units, data = rows[0], rows[1], rows[2:]
 col = {k: head.index(k) for k in ("Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum")}
@@ -35,9 +43,15 @@ t_scale = scale[units[col["gpu__time_duration.sum"]]]
 num = lambda s: float(s.replace(",", "") or 0)
 # A decode step ends with the greedy argmax's last kernel: keep the last `steps` steps.
 ends = [i for i, r in enumerate(data) if r[col["Kernel Name"]].startswith("argmax_rows_final")]
-if len(ends) <= steps:
-    sys.exit(f"only {len(ends)} steps profiled")
-window = data[ends[-steps - 1] + 1 : ends[-1] + 1]
+if steps == "prefill":
+    # Everything the two prefills ran (the dummy weights' initialisation included: it is
+    # counted per prefill too, and shows as its own kernels).
+    window, steps = data, 2
+else:
+    steps = int(steps)
+    if len(ends) <= steps:
+        sys.exit(f"only {len(ends)} steps profiled")
+    window = data[ends[-steps - 1] + 1 : ends[-1] + 1]
 t, b, n = collections.Counter(), collections.Counter(), collections.Counter()
 for r in window:
     k = r[col["Kernel Name"]].split("(")[0].split("<")[0]

@@ -1,11 +1,11 @@
 //! What the ops' `cuda_fwd` share: the embedded PTX, typed access to candle's CUDA storage, output
 //! buffers (NaN-poisoned on request, for tests) and the device's size.
 
-use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+use candle_core::cuda_backend::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use std::sync::Mutex;
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaEvent, CudaSlice, CudaView, DeviceRepr, PinnedHostSlice,
+    CudaEvent, CudaFunction, CudaSlice, CudaView, DeviceRepr, PinnedHostSlice,
 };
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::{CudaDevice, Layout, Result, Storage, bail};
@@ -125,6 +125,22 @@ pub(super) fn cuda_view<'a, T: CudaDType>(
         Storage::Cuda(s) => Ok(s.as_cuda_slice::<T>()?.slice(layout.start_offset()..)),
         _ => bail!("{what}: expected a CUDA tensor like the op's inputs"),
     }
+}
+
+/// Dynamic shared memory a block gets without opting in.
+const DEFAULT_SHARED: usize = 48 * 1024;
+
+/// Lets `func` launch with `bytes` of dynamic shared memory where that is past the default. A
+/// driver attribute, not a stream operation: also allowed while a graph is captured.
+pub(super) fn allow_shared(func: &CudaFunction, bytes: usize) -> Result<()> {
+    if bytes > DEFAULT_SHARED {
+        func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            int(bytes, "shared memory")?,
+        )
+        .w()?;
+    }
+    Ok(())
 }
 
 /// A kernel dimension as the `int` the kernels take.

@@ -239,7 +239,7 @@ __device__ __forceinline__ void em_gate_up(const __nv_bfloat16* __restrict__ x, 
     const int n_rows = 2 * inter;
     const int r0 = (blockIdx.y * EM_WARPS + (threadIdx.x >> 5)) * 16 * MT;
     if (r0 >= n_rows) return;  // whole warps: no block-level sync below
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int g = (threadIdx.x & 31) >> 2;
     const __nv_bfloat16* rows[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++) {
@@ -248,28 +248,7 @@ __device__ __forceinline__ void em_gate_up(const __nv_bfloat16* __restrict__ x, 
     }
     float acc[MT][NT][4];
     em_rows<MT, NT, U, false, WIDE>(acc, blocks, scales, (long long)e * n_rows + r0, n_rows - r0, hidden / 32, rows, rows);
-    // Fragment row g is weight row r0 + 16 i + 2 g (gate of pair (r0 + 16 i) / 2 + g), row g + 8 the
-    // next row (its up); columns 2t, 2t + 1 are the tile's slots 8 j + 2 t + c.
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-        const int r = r0 + 16 * i + 2 * g;
-        if (r >= n_rows) continue;
-        const float bg = bias[(long long)e * n_rows + r], bu = bias[(long long)e * n_rows + r + 1];
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int m = 8 * j + 2 * t + c;
-                if (m >= count) continue;
-                const float gate = fminf(acc[i][j][c] + bg, limit);
-                const float up = fminf(fmaxf(acc[i][j][2 + c] + bu, -limit), limit);
-                const float a = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
-                const __nv_bfloat16 h = __float2bfloat16_rn(a);
-                const long long at = (long long)(p0 + m) * inter + r / 2;
-                act_hi[at] = h;
-                act_lo[at] = __float2bfloat16_rn(a - __bfloat162float(h));
-            }
-    }
+    store_gate_up(acc, r0, n_rows, e, p0, count, bias, act_hi, act_lo, inter, limit, alpha);
 }
 
 // grid (max_tiles, ceil(H / (16 MT EM_WARPS))). part[slot, n] = weights[slot] * (dot + bias), f32,
@@ -286,7 +265,7 @@ __device__ __forceinline__ void em_down(const __nv_bfloat16* __restrict__ act_hi
     const int p0 = tiles[3 * blockIdx.x + 1], count = tiles[3 * blockIdx.x + 2];
     const int r0 = (blockIdx.y * EM_WARPS + (threadIdx.x >> 5)) * 16 * MT;
     if (r0 >= hidden) return;
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int g = (threadIdx.x & 31) >> 2;
     const __nv_bfloat16 *hi[NT], *lo[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++) {
@@ -296,24 +275,7 @@ __device__ __forceinline__ void em_down(const __nv_bfloat16* __restrict__ act_hi
     }
     float acc[MT][NT][4];
     em_rows<MT, NT, U, true, WIDE>(acc, blocks, scales, (long long)e * hidden + r0, hidden - r0, inter / 32, hi, lo);
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-        const int r = r0 + 16 * i + 2 * g;
-        if (r >= hidden) continue;
-        const float b0 = bias[(long long)e * hidden + r], b1 = bias[(long long)e * hidden + r + 1];
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int m = 8 * j + 2 * t + c;
-                if (m >= count) continue;
-                const int slot = sorted[p0 + m];
-                const float w = weights[slot];
-                // Rows r and r + 1 are adjacent (H is even): one 8-byte store.
-                *reinterpret_cast<float2*>(part + (long long)slot * hidden + r) =
-                    make_float2(w * (acc[i][j][c] + b0), w * (acc[i][j][2 + c] + b1));
-            }
-    }
+    store_down(acc, r0, hidden, e, p0, count, sorted, weights, bias, part);
 }
 
 // Variants _m{MT}_n{NT}_u{U}: warps of MT tiles of 16 weight rows (blocks of 64 MT rows), tiles of

@@ -3,33 +3,24 @@
 //
 //   moe_group:         the (token, slot) pairs grouped by expert, stably (slot order within an
 //                      expert), and cut into tiles of at most BM slots of one expert.
-//   moe_grouped_gate_up: per tile and BN gate/up rows: [BM, H] x [H, BN] on tensor cores, bias and
+//   moe_grouped_gate_up: per tile and 64 MT gate/up rows: [BM, H] x [H, 64 MT] on tensor cores, bias and
 //                      SwiGLU fused -> act [slots, I] as two bf16 arrays hi + lo (hi = bf16(act),
 //                      lo = bf16(act - hi): 16 significant bits, so the down projection sees the
 //                      activations almost as exactly as the f32 GEMV path), rows in grouped order.
-//   moe_grouped_down:  per tile and BN down rows: [BM, I] x [I, BN] for hi and for lo, bias and
+//   moe_grouped_down:  per tile and 64 MT down rows: [BM, I] x [I, 64 MT] for hi and lo, bias and
 //                      routing weight fused -> part [slots, H] f32, rows in slot order;
 //                      mxfp4_moe.cu's moe_sum then adds a token's k slots in order
 //                      (deterministic, no atomics).
 //
-// Each expert's weights are read once per tile of its slots instead of once per slot, and each
-// step of 32 along K dequantizes one MXFP4 block per weight row into shared memory as bf16 (exact:
-// FP4 values times a power of two) for WMMA 16x16x16 with f32 accumulation. The grid is sized for
+// Each expert's weights are read once per tile of its slots instead of once per slot, decoded
+// into mma fragments in registers (below, "The grouped GEMMs"). The grid is sized for
 // the worst case (slots / BM + experts tiles); tiles past the real count exit at once, so the host
 // never waits for the grouping.
 
-#include <mma.h>
-
 #include "common.cuh"
-#include "mxfp4.cuh"
-
-using namespace nvcuda;
 
 #define BM 64             // slots per tile
-#define BN 128            // weight rows per block (one per thread)
-#define LDS 40            // shared row stride in bf16: 32 + 8 keeps WMMA pointers 32-byte aligned
-#define LDC (BN + 4)      // shared row stride of the f32 result tile
-#define THREADS 128       // 4 warps: 2 along M (32 slots each) x 2 along N (64 rows each)
+#define THREADS 128       // 4 warps
 #define MAX_EXPERTS 1024  // moe_group's shared counters
 
 // Tile t of the grouping: tiles[3t] expert (-1: no tile), tiles[3t + 1] first grouped position,
@@ -78,167 +69,280 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
 }
 
-// Shared memory of a block: the A tiles (hi and, when split, lo) and the B tile of one K step,
-// then (reused) the f32 result.
-struct Tiles {
-    __nv_bfloat16 a[2][BM][LDS];
-    __nv_bfloat16 b[BN][LDS];
-};
-union __align__(128) GemmSmem {
-    Tiles in;
-    float c[BM][LDC];
-};
+// ---- The grouped GEMMs ----------------------------------------------------------------------
+//
+// A block takes one tile (up to BM = 64 slots of one expert) and 64 MT weight rows; each of its
+// 4 warps owns MT tiles of 16 rows over all of K, in moe_expert_major.cu's "swap AB" form
+// (its header): the weights are the 16-row A operand of mma.m16n8k16, decoded from MXFP4 straight
+// into fragments (mxfp4_mma.cuh), lane t of a quad taking the whole 32-value block 4s + t of its
+// two rows at stage s; the tile's 64 slots are the B operand, NT = 8 columns of 8. Only the slot
+// rows are shared, so they go through shared memory: a ring of STAGES stages, each 4 blocks of 32
+// along K (256 bytes) of every slot row (hi and, for down, lo), filled by cp.async while the
+// stage before is multiplied. A weight is decoded once per block and used against 64 slots (two
+// mma per pair of decoded words for down's hi + lo).
+//
+// Why not the bf16 tile in shared memory (this file until session 14): each step of 32 along K
+// decoded 128 rows through a table into shared memory, synced twice and waited for its loads
+// (one stage in flight): 97 TFLOP/s for gate_up at 512 tokens.
 
-// The block's result tile c[m][n] = sum_k A[m][k] * W[e][n0 + n][k] for the tile's slots, where
-// A = hi (+ lo when SPLIT). This thread loads rows (tid / 4) and (tid / 4 + 32) of A: hi_rows[i]
-// and lo_rows[i] (nullptr: zeros), K bf16 values each. W is the packed [E, n_rows, K/32, 16].
+#include "mxfp4_mma.cuh"
+
+#define GW 4             // warps per block
+#define GNT 8            // 8-slot columns per tile: BM = GNT * 8
+#define STAGE_CHUNKS 16  // 16-byte chunks of a slot row per stage: 4 blocks of 32 bf16
+static_assert(GNT * 8 == BM && GW * 32 == THREADS, "tile shape");
+
+// Where chunk c (0..15) of slot row r sits in a stage. Lanes (g, t) read chunk 4 t + q of rows
+// 8 j + g together; a 16-byte load is served 8 lanes at a time (g and g + 1, t = 0..3), and this
+// swizzle gives those 8 chunks 8 different bank groups (bits: t0, q1 ^ t1, q0 ^ row parity).
+__device__ __forceinline__ int swizzle(int r, int c) { return c ^ (((c >> 3) & 1) << 1) ^ (r & 1); }
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool on) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    // src-size 0 fills the 16 bytes with zeros and reads nothing.
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(on ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// The slot rows of one stage into ring slot `buf`: this thread's chunk `ch` of rows rr + 8 i.
+// rows[i]: row rr + 8 i's first value (nullptr: past the tile, zeros); with SPLIT also the row
+// `lo_delta` elements further (act_lo). Blocks past kb are zeros.
 template <bool SPLIT>
-__device__ __forceinline__ void gemm_tile(GemmSmem& sm, const __nv_bfloat16* const (&hi_rows)[2],
-                                          const __nv_bfloat16* const (&lo_rows)[2], int e, int n0,
-                                          const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
-                                          int n_rows, int K) {
-    constexpr int NA = SPLIT ? 2 : 1;
-    __shared__ float lut[16];
-    const int tid = threadIdx.x, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
-    const int a_row = tid >> 2, a_chunk = tid & 3;  // A: rows a_row and a_row + 32, 8 values each
-    const int kb = K / 32;
-    const bool b_on = n0 + tid < n_rows;
-    const long long w_row = (long long)e * n_rows + n0 + tid;
-    if (tid < 16) lut[tid] = FP4_TABLE[tid];
+__device__ __forceinline__ void load_stage(uint4* ring, int buf, int stage, int kb, const __nv_bfloat16* const (&rows)[8],
+                                           long long lo_delta, const __nv_bfloat16* fallback) {
+    const int ch = threadIdx.x & 15, rr = threadIdx.x >> 4;
+    const bool in_k = 4 * stage + (ch >> 2) < kb;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = rr + 8 * i;
+        const bool on = in_k && rows[i];
+        const __nv_bfloat16* src = on ? rows[i] + 128 * stage + 8 * ch : fallback;
+        uint4* dst = ring + ((buf * (SPLIT ? 2 : 1)) * BM + r) * STAGE_CHUNKS + swizzle(r, ch);
+        cp_async16(dst, src, on);
+        if (SPLIT) cp_async16(dst + BM * STAGE_CHUNKS, on ? src + lo_delta : fallback, on);
+    }
+}
 
-    uint4 a_reg[NA][2], b_reg = make_uint4(0, 0, 0, 0);
-    uint32_t s_reg = 127;
-    auto load = [&](int g) {
+// A lane's weights for one stage: the whole block 4 stage + t of each of its 2 MT rows and their
+// scales (zeros and scale 127 for rows that are off and blocks past kb).
+template <int MT>
+struct StageW {
+    uint4 w[MT][2];
+    uint32_t s[MT][2];
+};
+
+template <int MT>
+__device__ __forceinline__ void load_w(StageW<MT>& sw, int stage, int kb, const uint4* const (&wp)[MT][2],
+                                       const uint8_t* const (&sp)[MT][2], const bool (&rv)[MT][2]) {
+    const int b = 4 * stage + (threadIdx.x & 3);
 #pragma unroll
-        for (int h = 0; h < NA; h++)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const __nv_bfloat16* row = h == 0 ? hi_rows[i] : lo_rows[i];
-                a_reg[h][i] = row ? __ldg(reinterpret_cast<const uint4*>(row + 32 * g) + a_chunk) : make_uint4(0, 0, 0, 0);
-            }
-        if (b_on) {
-            b_reg = __ldg(reinterpret_cast<const uint4*>(blocks) + w_row * kb + g);
-            s_reg = __ldg(scales + w_row * kb + g);
+        for (int h = 0; h < 2; h++) {
+            const bool on = rv[i][h] && b < kb;
+            sw.w[i][h] = on ? __ldg(wp[i][h] + b) : make_uint4(0, 0, 0, 0);  // code 0 is +0
+            sw.s[i][h] = on ? __ldg(sp[i][h] + b) : 127u;
         }
-    };
+}
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) wmma::fill_fragment(acc[i][j], 0.f);
+__device__ __forceinline__ uint32_t word(const uint4& u, int q) { return q == 0 ? u.x : q == 1 ? u.y : q == 2 ? u.z : u.w; }
 
-    load(0);
-#pragma unroll 1
-    for (int g = 0; g < kb; g++) {
-        __syncthreads();  // the previous step's fragments are loaded; lut is set
+// The A fragment of k16 step ST of word w0 (row 2g) / w1 (row 2g + 1): moe_expert_major.cu's order.
+template <int ST, bool BIG>
+__device__ __forceinline__ void a_frag(uint32_t (&a)[4], uint32_t w0, uint32_t w1, const Scale& s0, const Scale& s1) {
+    a[0] = fp4_pair<2 * ST, BIG>(w0, s0);
+    a[1] = fp4_pair<2 * ST, BIG>(w1, s1);
+    a[2] = fp4_pair<2 * ST + 1, BIG>(w0, s0);
+    a[3] = fp4_pair<2 * ST + 1, BIG>(w1, s1);
+}
+
+// acc += this stage's products: word q of the lane's block against the slots' values 8 q .. 8 q + 7
+// of the same block (chunk 4 t + q of their rows in the ring). Columns from `cols` on hold no slot
+// and are skipped, unless FULL says there are none (a separate instance: the check in the loop
+// costs full tiles ~4%).
+template <bool BIG, bool SPLIT, int MT, bool FULL>
+__device__ __forceinline__ void mma_stage(float (&acc)[MT][GNT][4], const uint4* stage_rows, const StageW<MT>& sw,
+                                          int cols) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    Scale sc[MT][2];
 #pragma unroll
-        for (int h = 0; h < NA; h++)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int i = 0; i < 2; i++) *reinterpret_cast<uint4*>(&sm.in.a[h][a_row + 32 * i][8 * a_chunk]) = a_reg[h][i];
-        {
-            const float scale = e8m0(s_reg);
-            const uint32_t words[4] = {b_reg.x, b_reg.y, b_reg.z, b_reg.w};
+        for (int h = 0; h < 2; h++) sc[i][h] = scale_of<BIG>(sw.s[i][h]);
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                uint32_t packed[4];
+    for (int q = 0; q < 4; q++) {
+        uint32_t a[MT][2][4];
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const uint32_t byte = (words[q] >> (8 * i)) & 0xFF;
-                    const __nv_bfloat162 pair =
-                        __floats2bfloat162_rn(lut[byte & 0xF] * scale, lut[byte >> 4] * scale);
-                    packed[i] = *reinterpret_cast<const uint32_t*>(&pair);
+        for (int i = 0; i < MT; i++) {
+            a_frag<0, BIG>(a[i][0], word(sw.w[i][0], q), word(sw.w[i][1], q), sc[i][0], sc[i][1]);
+            a_frag<1, BIG>(a[i][1], word(sw.w[i][0], q), word(sw.w[i][1], q), sc[i][0], sc[i][1]);
+        }
+#pragma unroll
+        for (int j = 0; j < GNT; j++) {
+            if (!FULL && j >= cols) break;  // block-uniform
+            const int r = 8 * j + g, at = r * STAGE_CHUNKS + swizzle(r, 4 * t + q);
+            const uint4 xh = stage_rows[at];
+            uint4 xl = make_uint4(0, 0, 0, 0);
+            if (SPLIT) xl = stage_rows[BM * STAGE_CHUNKS + at];
+#pragma unroll
+            for (int st = 0; st < 2; st++) {
+                uint32_t bh0, bh1, bl0, bl1;
+                b_frag(xh, st, bh0, bh1);
+                if (SPLIT) b_frag(xl, st, bl0, bl1);
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    mma_bf16(acc[i][j], a[i][st], bh0, bh1);
+                    if (SPLIT) mma_bf16(acc[i][j], a[i][st], bl0, bl1);
                 }
-                *reinterpret_cast<uint4*>(&sm.in.b[tid][8 * q]) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-            }
-        }
-        __syncthreads();
-        if (g + 1 < kb) load(g + 1);
-#pragma unroll
-        for (int kk = 0; kk < 32; kk += 16) {
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) wmma::load_matrix_sync(fb[j], &sm.in.b[64 * wn + 16 * j][kk], LDS);
-#pragma unroll
-            for (int h = 0; h < NA; h++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-#pragma unroll
-                for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sm.in.a[h][32 * wm + 16 * i][kk], LDS);
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
             }
         }
     }
-    __syncthreads();  // done with the A/B tiles: the result tile reuses their memory
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            wmma::store_matrix_sync(&sm.c[32 * wm + 16 * i][64 * wn + 16 * j], acc[i][j], LDC, wmma::mem_row_major);
-    __syncthreads();
 }
 
-// grid (max_tiles, ceil(2I / BN)). x [tokens, H] bf16; act [slots, I] bf16 in grouped order.
-extern "C" __global__ void __launch_bounds__(THREADS)
-    moe_grouped_gate_up(const __nv_bfloat16* __restrict__ x, const int* __restrict__ sorted,
-                        const int* __restrict__ tiles, const uint8_t* __restrict__ blocks,
-                        const uint8_t* __restrict__ scales, const float* __restrict__ bias,
-                        __nv_bfloat16* __restrict__ act_hi, __nv_bfloat16* __restrict__ act_lo, int k, int hidden,
-                        int inter, float limit, float alpha) {
+// One stage: wait for its slot rows, refill the ring slot the previous stage used, multiply.
+template <bool SPLIT, int MT, int STAGES>
+__device__ __forceinline__ void run_stage(float (&acc)[MT][GNT][4], uint4* ring, int stage, int stages, int kb,
+                                          const StageW<MT>& sw, bool active, int cols, const __nv_bfloat16* const (&rows)[8],
+                                          long long lo_delta, const __nv_bfloat16* fallback) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // the stage is in; every warp is done with the ring slot refilled next
+    if (stage + STAGES - 1 < stages)
+        load_stage<SPLIT>(ring, (stage + STAGES - 1) % STAGES, stage + STAGES - 1, kb, rows, lo_delta, fallback);
+    cp_async_commit();  // possibly empty: keeps one group per stage for the wait's count
+    if (!active) return;
+    const uint4* stage_rows = ring + (stage % STAGES) * (SPLIT ? 2 : 1) * BM * STAGE_CHUNKS;
+    uint32_t any = 0;
+#pragma unroll
+    for (int i = 0; i < MT; i++) any |= sw.s[i][0] | sw.s[i][1];
+    if (__any_sync(FULL_MASK, any & 0x80u)) {
+        mma_stage<true, SPLIT, MT, false>(acc, stage_rows, sw, cols);
+    } else if (cols == GNT) {
+        mma_stage<false, SPLIT, MT, true>(acc, stage_rows, sw, cols);
+    } else {
+        mma_stage<false, SPLIT, MT, false>(acc, stage_rows, sw, cols);
+    }
+}
+
+// The block's products: acc = this warp's 32 rows (from r0 of expert e's [n_rows, K/32, 16]
+// packed matrix) against the tile's slot rows. kb = K / 32; K % 32 == 0, rows 16-byte aligned.
+template <bool SPLIT, int MT, int STAGES>
+__device__ __forceinline__ void grouped_rows(float (&acc)[MT][GNT][4], uint4* ring, int cols,
+                                             const uint8_t* __restrict__ blocks,
+                                             const uint8_t* __restrict__ scales, long long row0, int rows_left, int kb,
+                                             const __nv_bfloat16* const (&rows)[8], long long lo_delta,
+                                             const __nv_bfloat16* fallback) {
+    const int g = (threadIdx.x & 31) >> 2;
+    const bool active = rows_left > 0;  // warp-uniform; idle warps still fill the ring and sync
+    const uint4* wp[MT][2];
+    const uint8_t* sp[MT][2];
+    bool rv[MT][2];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = 16 * i + 2 * g + h;
+            rv[i][h] = r < rows_left;
+            const long long row = row0 + (rv[i][h] ? r : 0);
+            wp[i][h] = reinterpret_cast<const uint4*>(blocks) + row * kb;
+            sp[i][h] = scales + row * kb;
+        }
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < GNT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    const int stages = (kb + 3) / 4;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < stages) load_stage<SPLIT>(ring, s, s, kb, rows, lo_delta, fallback);
+        cp_async_commit();
+    }
+    // Two stages' weights in registers: the next one's loads go out before this one's arithmetic.
+    StageW<MT> p, q;
+    if (active) load_w(p, 0, kb, wp, sp, rv);
+#pragma unroll 1
+    for (int s = 0; s < stages; s += 2) {
+        if (active && s + 1 < stages) load_w(q, s + 1, kb, wp, sp, rv);
+        run_stage<SPLIT, MT, STAGES>(acc, ring, s, stages, kb, p, active, cols, rows, lo_delta, fallback);
+        if (s + 1 >= stages) break;
+        if (active && s + 2 < stages) load_w(p, s + 2, kb, wp, sp, rv);
+        run_stage<SPLIT, MT, STAGES>(acc, ring, s + 1, stages, kb, q, active, cols, rows, lo_delta, fallback);
+    }
+    cp_async_wait<0>();
+}
+
+// Dynamic shared memory: gate_up STAGES * BM * 256 bytes, down twice that (hi + lo); gpu.rs
+// sets the same sizes.
+extern __shared__ uint4 grouped_ring[];
+
+// grid (max_tiles, ceil(2I / (64 MT))). x [tokens, H] bf16; act [slots, I] bf16 in grouped order.
+template <int MT, int STAGES>
+__device__ __forceinline__ void grouped_gate_up(const __nv_bfloat16* __restrict__ x, const int* __restrict__ sorted,
+                                                const int* __restrict__ tiles, const uint8_t* __restrict__ blocks,
+                                                const uint8_t* __restrict__ scales, const float* __restrict__ bias,
+                                                __nv_bfloat16* __restrict__ act_hi, __nv_bfloat16* __restrict__ act_lo,
+                                                int k, int hidden, int inter, float limit, float alpha) {
     const int e = tiles[3 * blockIdx.x];
     if (e < 0) return;
     const int p0 = tiles[3 * blockIdx.x + 1], count = tiles[3 * blockIdx.x + 2];
-    const int n0 = blockIdx.y * BN, n_rows = 2 * inter;
-    __shared__ GemmSmem sm;
-    const __nv_bfloat16* rows[2];
+    const int n_rows = 2 * inter, r0 = (blockIdx.y * GW + (threadIdx.x >> 5)) * 16 * MT;
+    const __nv_bfloat16* rows[8];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int m = (threadIdx.x >> 2) + 32 * i;
+    for (int i = 0; i < 8; i++) {
+        const int m = (threadIdx.x >> 4) + 8 * i;
         rows[i] = m < count ? x + (long long)(sorted[p0 + m] / k) * hidden : nullptr;
     }
-    gemm_tile<false>(sm, rows, rows, e, n0, blocks, scales, n_rows, hidden);
-    // Pairs (gate row 2j, up row 2j + 1) -> act column n0 / 2 + j.
-    for (int idx = threadIdx.x; idx < BM * BN / 2; idx += THREADS) {
-        const int m = idx / (BN / 2), j = idx % (BN / 2), n = n0 + 2 * j;
-        if (m >= count || n >= n_rows) continue;
-        const long long row = (long long)e * n_rows + n;
-        const float gate = fminf(sm.c[m][2 * j] + bias[row], limit);
-        const float up = fminf(fmaxf(sm.c[m][2 * j + 1] + bias[row + 1], -limit), limit);
-        const float a = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
-        const __nv_bfloat16 hi = __float2bfloat16_rn(a);
-        const long long at = (long long)(p0 + m) * inter + n / 2;
-        act_hi[at] = hi;
-        act_lo[at] = __float2bfloat16_rn(a - __bfloat162float(hi));
-    }
+    float acc[MT][GNT][4];
+    grouped_rows<false, MT, STAGES>(acc, grouped_ring, (count + 7) / 8, blocks, scales, (long long)e * n_rows + r0, n_rows - r0,
+                                    hidden / 32, rows, 0, x);
+    if (r0 < n_rows) store_gate_up(acc, r0, n_rows, e, p0, count, bias, act_hi, act_lo, inter, limit, alpha);
 }
 
-// grid (max_tiles, ceil(H / BN)). act_hi/act_lo [slots, I] bf16 in grouped order; part [slots, H]
-// f32 in slot order: part[slot, n] = weights[slot] * (dot + bias).
-extern "C" __global__ void __launch_bounds__(THREADS)
-    moe_grouped_down(const __nv_bfloat16* __restrict__ act_hi, const __nv_bfloat16* __restrict__ act_lo,
-                     const int* __restrict__ sorted,
-                     const int* __restrict__ tiles, const float* __restrict__ weights,
-                     const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
-                     const float* __restrict__ bias, float* __restrict__ part, int hidden, int inter) {
+// grid (max_tiles, ceil(H / (64 MT))). act_hi/act_lo [slots, I] bf16 in grouped order; part
+// [slots, H] f32 in slot order: part[slot, n] = weights[slot] * (dot + bias).
+template <int MT, int STAGES>
+__device__ __forceinline__ void grouped_down(const __nv_bfloat16* __restrict__ act_hi,
+                                             const __nv_bfloat16* __restrict__ act_lo, const int* __restrict__ sorted,
+                                             const int* __restrict__ tiles, const float* __restrict__ weights,
+                                             const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
+                                             const float* __restrict__ bias, float* __restrict__ part, int hidden,
+                                             int inter) {
     const int e = tiles[3 * blockIdx.x];
     if (e < 0) return;
     const int p0 = tiles[3 * blockIdx.x + 1], count = tiles[3 * blockIdx.x + 2];
-    const int n0 = blockIdx.y * BN;
-    __shared__ GemmSmem sm;
-    const __nv_bfloat16 *hi[2], *lo[2];
+    const int r0 = (blockIdx.y * GW + (threadIdx.x >> 5)) * 16 * MT;
+    const __nv_bfloat16* rows[8];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int m = (threadIdx.x >> 2) + 32 * i;
-        hi[i] = m < count ? act_hi + (long long)(p0 + m) * inter : nullptr;
-        lo[i] = m < count ? act_lo + (long long)(p0 + m) * inter : nullptr;
+    for (int i = 0; i < 8; i++) {
+        const int m = (threadIdx.x >> 4) + 8 * i;
+        rows[i] = m < count ? act_hi + (long long)(p0 + m) * inter : nullptr;
     }
-    gemm_tile<true>(sm, hi, lo, e, n0, blocks, scales, hidden, inter);
-    for (int idx = threadIdx.x; idx < BM * BN; idx += THREADS) {
-        const int m = idx / BN, n = idx % BN;
-        if (m >= count || n0 + n >= hidden) continue;
-        const int slot = sorted[p0 + m];
-        part[(long long)slot * hidden + n0 + n] = weights[slot] * (sm.c[m][n] + bias[(long long)e * hidden + n0 + n]);
-    }
+    float acc[MT][GNT][4];
+    grouped_rows<true, MT, STAGES>(acc, grouped_ring, (count + 7) / 8, blocks, scales, (long long)e * hidden + r0, hidden - r0,
+                                   inter / 32, rows, act_lo - act_hi, act_hi);
+    if (r0 < hidden) store_down(acc, r0, hidden, e, p0, count, sorted, weights, bias, part);
 }
+
+// Variants _m{MT}_s{STAGES}: warps of MT tiles of 16 weight rows (blocks of 64 MT rows), STAGES
+// stages of slot rows in the ring. gpu.rs picks one (GROUPED_DEFAULT).
+#define GROUPED_VARIANT(MT, S)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS) moe_grouped_gate_up_m##MT##_s##S(                         \
+        const __nv_bfloat16* x, const int* sorted, const int* tiles, const uint8_t* blocks, const uint8_t* scales, \
+        const float* bias, __nv_bfloat16* act_hi, __nv_bfloat16* act_lo, int k, int hidden, int inter, float limit,  \
+        float alpha) {                                                                                            \
+        grouped_gate_up<MT, S>(x, sorted, tiles, blocks, scales, bias, act_hi, act_lo, k, hidden, inter, limit,    \
+                               alpha);                                                                            \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(THREADS) moe_grouped_down_m##MT##_s##S(                            \
+        const __nv_bfloat16* act_hi, const __nv_bfloat16* act_lo, const int* sorted, const int* tiles,           \
+        const float* weights, const uint8_t* blocks, const uint8_t* scales, const float* bias, float* part,      \
+        int hidden, int inter) {                                                                                  \
+        grouped_down<MT, S>(act_hi, act_lo, sorted, tiles, weights, blocks, scales, bias, part, hidden, inter);   \
+    }
+
+GROUPED_VARIANT(2, 2)
+GROUPED_VARIANT(2, 3)
+GROUPED_VARIANT(1, 3)

@@ -208,6 +208,10 @@ struct Mxfp4Moe {
     /// `EXPERT_MAJOR_VARIANTS`), whatever the batch size (`None`: gpu.rs's choice).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     em_variant: Option<(usize, usize, usize, bool)>,
+    /// Tests and timings: the grouped kernels' variant `(MT, STAGES)` (gpu.rs's
+    /// `GROUPED_VARIANTS`; `None`: gpu.rs's choice).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    grouped_variant: Option<(usize, usize)>,
     /// Tests: moe_sum's own launch after the per-slot tensor-core kernels, which otherwise add
     /// the slots in their last block.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -256,6 +260,7 @@ impl Mxfp4Moe {
             out_f32: false,
             force_path: None,
             em_variant: None,
+            grouped_variant: None,
             separate_sum: false,
         })
     }

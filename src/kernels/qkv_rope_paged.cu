@@ -6,8 +6,10 @@
 // nothing). Pairs: HF's half-split (i, i + D/2) or GGUF's interleaved (2i, 2i + 1), both rotated
 // by angle i. All arithmetic in f32, one rounding to T at the store, as qkv_rope.cu. A position
 // past the tables rotates by NaN (visible) rather than reading outside them.
-// grid (T, heads + 2 kv_heads), block (D / 2): block (t, b) is token t's q head b, then its k
-// heads, then its v heads; thread i handles pair i.
+// grid (T, ceil((heads + 2 kv_heads) / HB)), block (D / 2, HB): thread (i, y) of block (t, z)
+// handles pair i of token t's head b = z HB + y: its q heads, then its k heads, then its v heads.
+// Several heads per block: with one (32 threads at D = 64) a 512-token prompt took 40,960 blocks
+// and 52 us for 10 MB.
 
 #include "common.cuh"
 
@@ -21,7 +23,8 @@ __device__ __forceinline__ void qkv_rope_paged_impl(const float* __restrict__ qk
     pdl_wait();
     pdl_launch_dependents();
     const long long t = blockIdx.x;
-    const int b = blockIdx.y, i = threadIdx.x, half = d / 2;
+    const int b = blockIdx.y * blockDim.y + threadIdx.y, i = threadIdx.x, half = d / 2;
+    if (b >= heads + 2 * kv_heads) return;
     const int i1 = INTERLEAVED ? 2 * i : i, i2 = INTERLEAVED ? 2 * i + 1 : i + half;
     const float* row = qkv + t * (heads + 2 * kv_heads) * d + b * d;
     float x1 = row[i1], x2 = row[i2];

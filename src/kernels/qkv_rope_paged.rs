@@ -303,13 +303,15 @@ mod gpu {
             );
             let n_positions = int(self.tensors[0].dim(0)?, "RoPE table rows")?;
             let num_slots = self.tensors[4].dim(0)? as i64;
+            // Heads per block: about 256 threads (the kernel's header says why).
+            let per_block = (256 / (h.head_dim / 2)).clamp(1, h.heads + 2 * h.kv_heads);
             let cfg = LaunchConfig {
                 grid_dim: (
                     int(tokens, "tokens")? as u32,
-                    int(h.heads + 2 * h.kv_heads, "heads")? as u32,
+                    int((h.heads + 2 * h.kv_heads).div_ceil(per_block), "heads")? as u32,
                     1,
                 ),
-                block_dim: ((h.head_dim / 2) as u32, 1, 1),
+                block_dim: ((h.head_dim / 2) as u32, per_block as u32, 1),
                 shared_mem_bytes: 0,
             };
             let pairs = match self.pairs {

@@ -19,7 +19,7 @@ use half::bf16;
 use super::{Mxfp4Moe, Path};
 use crate::kernels::cuda::{
     COUNTERS, Counters, KernelFloat, MOE_EXPERT_MAJOR_PTX, MOE_GROUPED_PTX, MOE_SLOT_MMA_PTX,
-    MXFP4_MOE_PTX, counters, cuda_view, int, output,
+    MXFP4_MOE_PTX, allow_shared, counters, cuda_view, int, output,
 };
 use crate::kernels::launch::Launch;
 
@@ -90,9 +90,18 @@ fn single_token_path() -> Path {
         _ => Path::SlotMma,
     })
 }
-/// Tile sizes of moe_grouped.cu (BM slots, BN weight rows) and its expert limit.
+/// moe_grouped.cu's tiles (BM slots) and its expert limit.
 const BM: usize = 64;
-const BN: usize = 128;
+/// A grouped kernel variant `(MT, STAGES)`: warps of MT tiles of 16 weight rows (blocks of 4
+/// warps), STAGES stages of slot rows in flight (256 bytes per slot row each, twice for down's hi
+/// and lo, in shared memory). Measured on the H100 (`gpu_moe_timing`, one gpt-oss-20b layer at
+/// 512 / 128 tokens, µs): (2, 2) 849.5 / 470.7, (2, 3) 861.0 / 478.1, (1, 3) 964.6 / 577.6; 4
+/// stages were slower still, and so were register caps for 3 or 4 blocks per multiprocessor
+/// (they spill): (2, 2) capped for 3 blocks 958.8 / 537.0. Registers per thread (gate_up, down;
+/// sm_90, nvcc 13.0): (2, 2) 200, 204; (2, 3) 206, 206; (1, 3) 144, 155.
+pub(super) type GroupedVariant = (usize, usize);
+pub(super) const GROUPED_VARIANTS: [GroupedVariant; 3] = [(2, 2), (2, 3), (1, 3)];
+const GROUPED_DEFAULT: GroupedVariant = (2, 2);
 const GROUPED_MAX_EXPERTS: usize = 1024;
 /// moe_expert_major.cu's blocks: EM_WARPS = 4 warps (of MT tiles of 16 weight rows each).
 const EM_WARPS: usize = 4;
@@ -443,6 +452,7 @@ fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
         down: format!("moe_em_down_m{mt}_n{nt}_u{u}{suffix}"),
         rows_per_block: 16 * mt * EM_WARPS,
         threads: 32 * EM_WARPS as u32,
+        shared: [0, 0],
     };
     project_groups(c, group(c.dev, c.ids, c.d, 8 * nt)?, &kernels)
 }
@@ -453,13 +463,19 @@ fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
 /// between the two projections travel as bf16 hi + lo (16 significant bits): with hi alone the
 /// 20b-shaped agreement test lost 3 points (88.7% → 85.7%).
 fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
+    let (mt, stages) = c.op.grouped_variant.unwrap_or(GROUPED_DEFAULT);
+    if !GROUPED_VARIANTS.contains(&(mt, stages)) {
+        bail!("mxfp4_moe: no grouped variant {:?} (MT, STAGES)", (mt, stages));
+    }
+    let ring = stages * BM * 256;
     let kernels = GroupKernels {
         module: GROUPED_MODULE,
         ptx: MOE_GROUPED_PTX,
-        gate_up: "moe_grouped_gate_up".into(),
-        down: "moe_grouped_down".into(),
-        rows_per_block: BN,
+        gate_up: format!("moe_grouped_gate_up_m{mt}_s{stages}"),
+        down: format!("moe_grouped_down_m{mt}_s{stages}"),
+        rows_per_block: 64 * mt,
         threads: 128,
+        shared: [ring, 2 * ring],
     };
     project_groups(c, group(c.dev, c.ids, c.d, BM)?, &kernels)
 }
@@ -475,6 +491,8 @@ struct GroupKernels {
     /// Weight rows one block covers (the grid's second dimension).
     rows_per_block: usize,
     threads: u32,
+    /// Dynamic shared memory of gate_up and of down, bytes.
+    shared: [usize; 2],
 }
 
 /// Runs `k` over the tiles of `g`; returns part `[slots, H]`.
@@ -494,14 +512,15 @@ fn project_groups<T: KernelFloat>(
     let t32 = int(max_tiles, "tiles")?;
     let (k32, h32, i32_) =
         (int(d.k, "k")?, int(d.hidden, "hidden")?, int(d.inter, "intermediate")?);
-    let grid = |rows: usize| -> Result<LaunchConfig> {
+    let grid = |rows: usize, shared: usize| -> Result<LaunchConfig> {
         Ok(LaunchConfig {
             grid_dim: (t32 as u32, int(rows.div_ceil(k.rows_per_block), "row blocks")? as u32, 1),
             block_dim: (k.threads, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: int(shared, "shared memory")? as u32,
         })
     };
     let func = dev.get_or_load_custom_func(&k.gate_up, k.module, k.ptx)?;
+    allow_shared(&func, k.shared[0])?;
     let mut b = func.builder();
     b.arg(x)
         .arg(&sorted)
@@ -514,9 +533,10 @@ fn project_groups<T: KernelFloat>(
     b.arg(&k32).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
     // SAFETY: the arguments match the kernel's signature; x is bf16 (T::BF16) with 16-byte
     // aligned rows (hidden % 8 == 0, checked by the caller), act rows likewise (I % 32 == 0).
-    unsafe { b.launch(grid(2 * d.inter)?) }.w()?;
+    unsafe { b.launch(grid(2 * d.inter, k.shared[0])?) }.w()?;
 
     let func = dev.get_or_load_custom_func(&k.down, k.module, k.ptx)?;
+    allow_shared(&func, k.shared[1])?;
     let mut b = func.builder();
     b.arg(&act_hi)
         .arg(&act_lo)
@@ -529,6 +549,6 @@ fn project_groups<T: KernelFloat>(
         .arg(&mut part);
     b.arg(&h32).arg(&i32_);
     // SAFETY: the arguments match the kernel's signature.
-    unsafe { b.launch(grid(d.hidden)?) }.w()?;
+    unsafe { b.launch(grid(d.hidden, k.shared[1])?) }.w()?;
     Ok(part)
 }

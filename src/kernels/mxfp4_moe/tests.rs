@@ -411,9 +411,57 @@ mod gpu {
         }
     }
 
+    /// The grouped GEMMs (forced, whatever the batch size) against the CPU: gpt-oss-20b sizes at
+    /// 512 tokens (and 3, one partial tile per expert), one expert for every slot (many full tiles
+    /// and a partial one), widths that leave partial blocks of 128 weight rows and warps with no
+    /// row, K of 1 to 7 blocks of 32 (not a multiple of the 4 per stage, fewer than the 3 stages
+    /// in flight), then random shapes and the wild E8M0 scales (the slow decode).
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_grouped_matches_cpu() {
+        let d = |tokens, experts, hidden, inter, k| Dims { tokens, experts, hidden, inter, k };
+        let mut cases = vec![
+            d(512, 32, 2880, 2880, 4),
+            d(3, 32, 2880, 2880, 4),
+            d(200, 1, 96, 64, 1),
+            d(65, 3, 4000, 96, 3),
+            d(40, 5, 32, 224, 2),
+            d(9, 2, 160, 32, 2),
+            d(130, 7, 1088, 544, 4),
+        ];
+        let mut rng = rng("gpu grouped random shapes");
+        cases.extend((0..10).map(|_| random_dims(&mut rng, 1..=300, 40, 24)));
+        for d in cases {
+            check_path(d, DType::BF16, 1e-2, Some(Path::Grouped), false);
+        }
+        for tokens in [5, 150] {
+            check_path(d(tokens, 6, 256, 128, 3), DType::BF16, 1e-2, Some(Path::Grouped), true);
+        }
+        // Every compiled variant; K of 7 blocks of 32 (fewer stages than some rings hold).
+        for variant in crate::kernels::mxfp4_moe::gpu::GROUPED_VARIANTS {
+            for tokens in [3, 70, 260] {
+                check_grouped_variant(d(tokens, 7, 224, 224, 4), variant);
+            }
+        }
+    }
+
     fn check_variant(d: Dims, variant: crate::kernels::mxfp4_moe::gpu::EmVariant) {
-        let name = format!("gpu moe expert-major {variant:?} {d:?}");
-        let mut rng = rng(&name);
+        check_forced(d, &format!("gpu moe expert-major {variant:?} {d:?}"), |op| {
+            op.force_path = Some(Path::ExpertMajor);
+            op.em_variant = Some(variant);
+        });
+    }
+
+    fn check_grouped_variant(d: Dims, variant: crate::kernels::mxfp4_moe::gpu::GroupedVariant) {
+        check_forced(d, &format!("gpu moe grouped {variant:?} {d:?}"), |op| {
+            op.force_path = Some(Path::Grouped);
+            op.grouped_variant = Some(variant);
+        });
+    }
+
+    /// The op, as `set` configures it, against the CPU reference.
+    fn check_forced(d: Dims, name: &str, set: impl Fn(&mut Mxfp4Moe)) {
+        let mut rng = rng(name);
         let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
         let want = values(
             &mxfp4_moe(
@@ -431,10 +479,9 @@ mod gpu {
         let mut op =
             Mxfp4Moe::new(&x, &experts(&inp.packed, &dev), &ids, &w, SwiGlu::GPT_OSS, true)
                 .unwrap();
-        op.force_path = Some(Path::ExpertMajor);
-        op.em_variant = Some(variant);
+        set(&mut op);
         let got = x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
-        assert_written_and_close(&name, &values(&got), &want, 1e-2);
+        assert_written_and_close(name, &values(&got), &want, 1e-2);
     }
 
     /// The per-slot tensor-core GEMVs (forced, whatever the batch size) against the CPU:
@@ -589,6 +636,18 @@ mod gpu {
                     x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
                 });
                 line += &format!(" | em{variant:?} {us:.1}");
+            }
+            for variant in crate::kernels::mxfp4_moe::gpu::GROUPED_VARIANTS {
+                if tokens < 64 {
+                    continue;
+                }
+                let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, false).unwrap();
+                op.force_path = Some(Path::Grouped);
+                op.grouped_variant = Some(variant);
+                let us = crate::kernels::testing::time_us(&dev, 20, || {
+                    x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+                });
+                line += &format!(" | grouped{variant:?} {us:.1}");
             }
             eprintln!("{line}");
         }

@@ -2,7 +2,6 @@
 //! activation quantization runs inside). See the kernel file's header for the design.
 
 use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg,
 };
@@ -10,7 +9,7 @@ use candle_core::{CudaDevice, DType, Device, Result, Tensor, bail};
 use half::bf16;
 
 use super::GEMV_ROWS;
-use crate::kernels::cuda::{CT_GEMV_PTX, GGUF_GEMV_PTX, cuda_view, int};
+use crate::kernels::cuda::{CT_GEMV_PTX, GGUF_GEMV_PTX, allow_shared, cuda_view, int};
 use crate::kernels::launch::Launch;
 use crate::models::quant::{ActQuant, QuantLinear, WeightFormat};
 
@@ -21,8 +20,6 @@ const TARGET_WARPS: usize = 2048;
 /// Dynamic shared memory a launch of the 8-bit kernels may take for the quantized rows of x
 /// (every GPU with FP8 tensor cores allows 99 KiB per block, the static arrays included).
 const MAX_X_BYTES: usize = 90 * 1024;
-/// What a block gets without opting in.
-const DEFAULT_SHARED: usize = 48 * 1024;
 
 /// K values one quad step of a warp covers: 4 lanes × a 16-byte chunk of weights.
 fn quad_values(w: &QuantLinear) -> usize {
@@ -162,14 +159,7 @@ fn launch_rows(
         true => dev.get_or_load_custom_func(&name, "inferno_gguf_gemv", GGUF_GEMV_PTX)?,
         false => dev.get_or_load_custom_func(&name, "inferno_ct_gemv", CT_GEMV_PTX)?,
     };
-    if smem > DEFAULT_SHARED {
-        // A driver attribute, not a stream operation: also allowed while a graph is captured.
-        func.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            int(smem, "shared memory")?,
-        )
-        .w()?;
-    }
+    allow_shared(&func, smem)?;
     let cfg = LaunchConfig {
         grid_dim: (int(n.div_ceil(16 * mt), "output tiles")? as u32, 1, 1),
         block_dim: (32, wk as u32, 1),
