@@ -64,6 +64,25 @@ __device__ __forceinline__ void b_frag(const uint4& u, int st, uint32_t& b0, uin
 // g + 8 the next one) with the tile's slots 8 j .. 8 j + 7 (columns 2 t, 2 t + 1: slots 8 j + 2 t
 // + c). The tile is `count` slots from grouped position p0 of expert e.
 
+// f(r, m, v0, v1) for each of this lane's output pairs: weight rows r (even) and r + 1, tile
+// slot m, values v0 and v1; rows from n_rows on and slots from count on are skipped.
+template <int MT, int NT, typename F>
+__device__ __forceinline__ void for_each_pair(const float (&acc)[MT][NT][4], int r0, int n_rows, int count, F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        const int r = r0 + 16 * i + 2 * g;
+        if (r >= n_rows) continue;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int m = 8 * j + 2 * t + c;
+                if (m < count) f(r, m, acc[i][j][c], acc[i][j][2 + c]);
+            }
+    }
+}
+
 // gate_up rows come in pairs (gate 2 j, up 2 j + 1): bias, clamped SwiGLU -> act column r / 2 of
 // the slot's grouped row, as bf16 hi + lo (hi = bf16(a), lo = bf16(a - hi)).
 template <int MT, int NT>
@@ -71,27 +90,16 @@ __device__ __forceinline__ void store_gate_up(const float (&acc)[MT][NT][4], int
                                               int count, const float* __restrict__ bias,
                                               __nv_bfloat16* __restrict__ act_hi, __nv_bfloat16* __restrict__ act_lo,
                                               int inter, float limit, float alpha) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-        const int r = r0 + 16 * i + 2 * g;
-        if (r >= n_rows) continue;
-        const float bg = bias[(long long)e * n_rows + r], bu = bias[(long long)e * n_rows + r + 1];
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int m = 8 * j + 2 * t + c;
-                if (m >= count) continue;
-                const float gate = fminf(acc[i][j][c] + bg, limit);
-                const float up = fminf(fmaxf(acc[i][j][2 + c] + bu, -limit), limit);
-                const float a = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
-                const __nv_bfloat16 h = __float2bfloat16_rn(a);
-                const long long at = (long long)(p0 + m) * inter + r / 2;
-                act_hi[at] = h;
-                act_lo[at] = __float2bfloat16_rn(a - __bfloat162float(h));
-            }
-    }
+    const float* b = bias + (long long)e * n_rows;
+    for_each_pair(acc, r0, n_rows, count, [&](int r, int m, float v_gate, float v_up) {
+        const float gate = fminf(v_gate + b[r], limit);
+        const float up = fminf(fmaxf(v_up + b[r + 1], -limit), limit);
+        const float a = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
+        const __nv_bfloat16 h = __float2bfloat16_rn(a);
+        const long long at = (long long)(p0 + m) * inter + r / 2;
+        act_hi[at] = h;
+        act_lo[at] = __float2bfloat16_rn(a - __bfloat162float(h));
+    });
 }
 
 // down rows: part[slot, r] = weights[slot] * (dot + bias), f32, rows in slot order.
@@ -99,23 +107,11 @@ template <int MT, int NT>
 __device__ __forceinline__ void store_down(const float (&acc)[MT][NT][4], int r0, int hidden, int e, int p0, int count,
                                            const int* __restrict__ sorted, const float* __restrict__ weights,
                                            const float* __restrict__ bias, float* __restrict__ part) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-        const int r = r0 + 16 * i + 2 * g;
-        if (r >= hidden) continue;
-        const float b0 = bias[(long long)e * hidden + r], b1 = bias[(long long)e * hidden + r + 1];
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int m = 8 * j + 2 * t + c;
-                if (m >= count) continue;
-                const int slot = sorted[p0 + m];
-                const float w = weights[slot];
-                // Rows r and r + 1 are adjacent (H is even): one 8-byte store.
-                *reinterpret_cast<float2*>(part + (long long)slot * hidden + r) =
-                    make_float2(w * (acc[i][j][c] + b0), w * (acc[i][j][2 + c] + b1));
-            }
-    }
+    const float* b = bias + (long long)e * hidden;
+    for_each_pair(acc, r0, hidden, count, [&](int r, int m, float v0, float v1) {
+        const int slot = sorted[p0 + m];
+        const float w = weights[slot];
+        // Rows r and r + 1 are adjacent (H is even): one 8-byte store.
+        *reinterpret_cast<float2*>(part + (long long)slot * hidden + r) = make_float2(w * (v0 + b[r]), w * (v1 + b[r + 1]));
+    });
 }

@@ -383,7 +383,7 @@ mod gpu {
     fn gpu_expert_major_matches_cpu() {
         let d = |tokens, experts, hidden, inter, k| Dims { tokens, experts, hidden, inter, k };
         let t16 = crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_TILE16_MIN_TOKENS;
-        let mut cases = vec![
+        let cases = vec![
             d(2, 32, 2880, 2880, 4),
             d(64, 32, 2880, 2880, 4),
             d(t16 - 1, 5, 160, 96, 4),
@@ -394,14 +394,7 @@ mod gpu {
             d(3, 33, 32, 4000, 2),
             d(17, 13, 1088, 544, 4),
         ];
-        let mut rng = rng("gpu expert-major random shapes");
-        cases.extend((0..12).map(|_| random_dims(&mut rng, 2..=70, 40, 24)));
-        for d in cases {
-            check_path(d, DType::BF16, 1e-2, Some(Path::ExpertMajor), false);
-        }
-        for tokens in [5, t16 + 3] {
-            check_path(d(tokens, 6, 256, 128, 3), DType::BF16, 1e-2, Some(Path::ExpertMajor), true);
-        }
+        check_forced_cases(Path::ExpertMajor, cases, (12, 2..=70), [5, t16 + 3]);
         // Every compiled variant, whatever the batch size would choose; K of 7 blocks of 32 (not
         // a multiple of any batch, nor of two).
         for variant in crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_VARIANTS {
@@ -420,7 +413,7 @@ mod gpu {
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_grouped_matches_cpu() {
         let d = |tokens, experts, hidden, inter, k| Dims { tokens, experts, hidden, inter, k };
-        let mut cases = vec![
+        let cases = vec![
             d(512, 32, 2880, 2880, 4),
             d(3, 32, 2880, 2880, 4),
             d(200, 1, 96, 64, 1),
@@ -429,19 +422,32 @@ mod gpu {
             d(9, 2, 160, 32, 2),
             d(130, 7, 1088, 544, 4),
         ];
-        let mut rng = rng("gpu grouped random shapes");
-        cases.extend((0..10).map(|_| random_dims(&mut rng, 1..=300, 40, 24)));
-        for d in cases {
-            check_path(d, DType::BF16, 1e-2, Some(Path::Grouped), false);
-        }
-        for tokens in [5, 150] {
-            check_path(d(tokens, 6, 256, 128, 3), DType::BF16, 1e-2, Some(Path::Grouped), true);
-        }
+        check_forced_cases(Path::Grouped, cases, (10, 1..=300), [5, 150]);
         // Every compiled variant; K of 7 blocks of 32 (fewer stages than some rings hold).
         for variant in crate::kernels::mxfp4_moe::gpu::GROUPED_VARIANTS {
             for tokens in [3, 70, 260] {
                 check_grouped_variant(d(tokens, 7, 224, 224, 4), variant);
             }
+        }
+    }
+
+    /// `path` forced on `cases`, then on `random.0` random shapes of `random.1` tokens (any
+    /// expert count, top-1..4; the same expert recurs across tokens), then with the wild E8M0
+    /// scales at each of `wild` tokens.
+    fn check_forced_cases(
+        path: Path,
+        mut cases: Vec<Dims>,
+        random: (usize, std::ops::RangeInclusive<usize>),
+        wild: [usize; 2],
+    ) {
+        let mut rng = rng(&format!("gpu {path:?} random shapes"));
+        cases.extend((0..random.0).map(|_| random_dims(&mut rng, random.1.clone(), 40, 24)));
+        for d in cases {
+            check_path(d, DType::BF16, 1e-2, Some(path), false);
+        }
+        for tokens in wild {
+            let d = Dims { tokens, experts: 6, hidden: 256, inter: 128, k: 3 };
+            check_path(d, DType::BF16, 1e-2, Some(path), true);
         }
     }
 
@@ -614,38 +620,39 @@ mod gpu {
             let bytes = used.len() as f64 * (3 * d.hidden * d.inter) as f64 * 17.0 / 32.0;
             let mut line =
                 format!("moe timing: {tokens:>3} tokens bf16 ({:>2} experts):", used.len());
+            // The op as `set` configures it, timed.
+            let time = |set: &dyn Fn(&mut Mxfp4Moe)| {
+                let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, false).unwrap();
+                set(&mut op);
+                crate::kernels::testing::time_us(&dev, 20, || {
+                    x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+                })
+            };
             for path in ALL_PATHS {
                 if matches!(path, Some(Path::PerSlot | Path::SlotMma)) && tokens > 128 {
                     continue;
                 }
-                let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, false).unwrap();
-                op.force_path = path;
-                let us = crate::kernels::testing::time_us(&dev, 20, || {
-                    x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
-                });
+                let us = time(&|op| op.force_path = path);
                 let name = path.map_or("auto".to_string(), |p| format!("{p:?}"));
                 line += &format!(" | {name} {us:.1} us ({:.0} GB/s)", bytes / us / 1e3);
             }
             // The expert-major variants (MT, NT, U): warps of MT tiles of 16 rows, tiles of 8·NT
             // slots, batches of U blocks along K.
             for variant in crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_VARIANTS {
-                let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, false).unwrap();
-                op.force_path = Some(Path::ExpertMajor);
-                op.em_variant = Some(variant);
-                let us = crate::kernels::testing::time_us(&dev, 20, || {
-                    x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+                let us = time(&|op| {
+                    op.force_path = Some(Path::ExpertMajor);
+                    op.em_variant = Some(variant);
                 });
                 line += &format!(" | em{variant:?} {us:.1}");
             }
+            // The grouped variants (MT, STAGES), from the sizes where prompts take them.
             for variant in crate::kernels::mxfp4_moe::gpu::GROUPED_VARIANTS {
                 if tokens < 64 {
                     continue;
                 }
-                let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, false).unwrap();
-                op.force_path = Some(Path::Grouped);
-                op.grouped_variant = Some(variant);
-                let us = crate::kernels::testing::time_us(&dev, 20, || {
-                    x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+                let us = time(&|op| {
+                    op.force_path = Some(Path::Grouped);
+                    op.grouped_variant = Some(variant);
                 });
                 line += &format!(" | grouped{variant:?} {us:.1}");
             }
