@@ -74,11 +74,9 @@ pub(super) const EXPERT_MAJOR_VARIANTS: [EmVariant; 10] = [
     (1, 1, 8, true),
 ];
 /// From this many tokens bf16 batches go to the grouped tensor-core GEMMs (tiles of 64 slots).
-/// Measured on the H100 (as above), expert-major / grouped: 358 / 793 µs at 64 tokens, 402 /
-/// 814 at 128, 640 / 845 at 256, 1,126 / 1,318 at 512. The expert-major path is faster up to
-/// 512 tokens; it takes everything below 256 for now, and prefill chunks of 256 and more stay
-/// on the grouped path, whose agreement numbers at full size are established, until the
-/// expert-major path's are (docs/gpt-oss.md).
+/// Measured on the H100 (`gpu_moe_timing`, session 14's grouped kernels), expert-major / grouped:
+/// 355 / 399 µs at 64 tokens, 441 / 464 at 128, 633 / 583 at 256, 1,105 / 841 at 512: the
+/// grouped GEMMs win from about 200 tokens.
 pub(super) const GROUPED_MIN_TOKENS: usize = 256;
 
 /// The path below [`EXPERT_MAJOR_MIN_TOKENS`]: the slot kernel, or with
