@@ -40,6 +40,9 @@ pub(super) const MOE_GROUPED_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "
 /// PTX built by build.rs from `src/kernels/paged_attention.cu`.
 pub(super) const PAGED_ATTENTION_PTX: &str =
     include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
+/// PTX built by build.rs from `src/kernels/paged_attention_mma.cu`.
+pub(super) const PAGED_ATTENTION_MMA_PTX: &str =
+    include_str!(concat!(env!("OUT_DIR"), "/paged_attention_mma.ptx"));
 /// PTX built by build.rs from `src/kernels/qkv_rope_paged.cu`.
 pub(super) const QKV_ROPE_PAGED_PTX: &str =
     include_str!(concat!(env!("OUT_DIR"), "/qkv_rope_paged.ptx"));

@@ -64,7 +64,7 @@ pub use kv_write::kv_write_at;
 pub use layer_norm_act::{Normed, add_rms_norm, silu_mul_to};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};
 pub use paged_attention::{
-    PagedAttnConfig, PagedBounds, PagedLaunch, paged_attention, paged_launch,
+    PagedAttnConfig, PagedBounds, PagedKernel, PagedLaunch, paged_attention, paged_launch,
 };
 pub use qkv_rope::{QkvHeads, qkv_rope_store};
 pub use qkv_rope_paged::{RotaryPairs, qkv_rope_paged};

@@ -97,15 +97,6 @@ static_assert(GNT * 8 == BM && GW * 32 == THREADS, "tile shape");
 // swizzle gives those 8 chunks 8 different bank groups (bits: t0, q1 ^ t1, q0 ^ row parity).
 __device__ __forceinline__ int swizzle(int r, int c) { return c ^ (((c >> 3) & 1) << 1) ^ (r & 1); }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool on) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    // src-size 0 fills the 16 bytes with zeros and reads nothing.
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(on ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 // The slot rows of one stage into ring slot `buf`: this thread's chunk `ch` of rows rr + 8 i.
 // rows[i]: row rr + 8 i's first value (nullptr: past the tile, zeros); with SPLIT also the row
 // `lo_delta` elements further (act_lo). Blocks past kb are zeros.

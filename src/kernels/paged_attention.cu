@@ -39,39 +39,10 @@
 // attention, reads a few KB and writes 1-2 KB, all latency. The fold is the same function with
 // the same inputs in the same order either way, so the bits are the same.
 
-#include "common.cuh"
+#include "paged_attention.cuh"
 
 #define NW 4   // warps per block
 #define BK 32  // keys per tile: one per lane
-#define SK 128  // positions per fixed split (a multiple of BK); SPLIT_KEYS in paged_attention.rs
-#define LOG2E 1.4426950408889634f
-
-// Mirrors Params in paged_attention.rs (repr(C)): keep the field order.
-struct PagedAttnParams {
-    long long num_slots;  // pool slots
-    long long tokens;     // T: the partials are [split][T][heads]
-    int heads, kv_heads;
-    int max_blocks;       // block-table row length
-    int block_size;
-    int window;           // 0: no window
-    int zs;               // gridDim.z: blocks sharing one tile's fixed splits
-    int fixed_splits;     // partial rows per (token, head): every sequence has at most this many
-    int row_blocks;       // row tiles per sequence
-    int num_seqs;
-    float scale_log2;     // scale * log2(e)
-};
-
-// The pool slot of position t, or -1 when the table row does not reach it or its entry points
-// past the pool (garbage, u32::MAX).
-__device__ __forceinline__ long long paged_slot(const uint32_t* __restrict__ table, long long t,
-                                                const PagedAttnParams& p) {
-    if (t < 0 || t > 0xffffffffLL) return -1;
-    const uint32_t u = (uint32_t)t, bs = (uint32_t)p.block_size;  // 32-bit division: cheaper
-    const uint32_t b = u / bs;
-    if (b >= (uint32_t)p.max_blocks) return -1;
-    const long long slot = (long long)table[b] * bs + (u - b * bs);
-    return slot < p.num_slots ? slot : -1;
-}
 
 // 16 bytes of T as floats: 4 f32 or 8 bf16.
 template <typename T> __device__ __forceinline__ void unpack16(uint4 u, float* out);
@@ -88,62 +59,6 @@ template <> __device__ __forceinline__ void unpack16<__nv_bfloat16>(uint4 u, flo
         out[2 * q] = __uint_as_float(w[q] << 16);  // the low half is the lower-addressed element
         out[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
     }
-}
-
-// Folds one split's softmax state (m_s, l_s, acc_s), m_s >= the sink logit, into a row's running
-// state (M, L, A), which starts at (sink or -inf, 0, 0). Both paths fold with this, in position
-// order, so they agree bit for bit. Exact cases that make skipping harmless: the first real split
-// gives (M, L, A) = (m_s, l_s, acc_s) exactly (w = 1, L and A were 0); a split the row does not
-// see (m_s = the sink logit or -inf, l_s = 0, acc_s = 0) changes nothing (a = 1, or everything 0
-// while M is still -inf).
-template <int DC>
-__device__ __forceinline__ void fold(float& M, float& L, float* A, float m_s, float l_s, const float* acc_s) {
-    const float mn = fmaxf(M, m_s);
-    const float base = mn == -INFINITY ? 0.f : mn;
-    const float a = exp2f(M - base), w = exp2f(m_s - base);
-    L = fmaf(l_s, w, L * a);
-#pragma unroll
-    for (int dc = 0; dc < DC; dc++) A[dc] = fmaf(acc_s[dc], w, A[dc] * a);
-    M = mn;
-}
-
-// The output of a folded state: A over L plus the sink's share.
-__device__ __forceinline__ float finish_denom(float M, float L, float sink2) {
-    return L + (sink2 == -INFINITY ? 0.f : exp2f(sink2 - M));
-}
-
-// The first visible key of a query at position P, and the first fixed split of sequence whose
-// first query is at pos0 (what partial rows are numbered from).
-__device__ __forceinline__ long long first_key(long long P, int window) {
-    return window > 0 ? max(0LL, P - window + 1) : 0LL;
-}
-
-// Folds the fixed splits' partials of output row `row` (token, head; query position P, its
-// sequence's first query at pos0) in position order, one warp. It reads exactly the splits
-// holding keys the row sees, which the attention blocks wrote; the others would fold as no-ops.
-// L2 loads (__ldcg): other blocks wrote them during this launch in the fused path.
-template <typename T, int D>
-__device__ __forceinline__ void combine_row(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                            long long row, long long pos0, long long P, float sink2,
-                                            T* __restrict__ out, const PagedAttnParams& p) {
-    constexpr int DC = D / 32;
-    const int lane = threadIdx.x & 31;
-    const long long rows = p.tokens * p.heads;
-    const long long f_base = first_key(pos0, p.window) / SK;
-    float M = sink2, L = 0.f, A[DC];
-#pragma unroll
-    for (int dc = 0; dc < DC; dc++) A[dc] = 0.f;
-    const long long f_end = min(P / SK + 1, f_base + p.fixed_splits);
-    for (long long f = first_key(P, p.window) / SK; f < f_end; f++) {
-        const long long prow = (f - f_base) * rows + row;
-        float acc[DC];
-#pragma unroll
-        for (int dc = 0; dc < DC; dc++) acc[dc] = __ldcg(part_acc + prow * D + lane + 32 * dc);
-        fold<DC>(M, L, A, __ldcg(part_ml + 2 * prow), __ldcg(part_ml + 2 * prow + 1), acc);
-    }
-    const float denom = finish_denom(M, L, sink2);
-#pragma unroll
-    for (int dc = 0; dc < DC; dc++) out[row * D + lane + 32 * dc] = from_f32<T>(A[dc] / denom);
 }
 
 template <typename T, int D, int RPW>

@@ -94,8 +94,8 @@ pub struct PagedLaunch {
     /// The attention kernel's grid: (sequences × row tiles, kv heads, blocks sharing a tile's
     /// fixed splits).
     pub grid: (u32, u32, u32),
-    /// Query rows per warp (the kernel variant): 2 for short tiles, else 4.
-    pub rows_per_warp: usize,
+    /// The kernel variant.
+    pub kernel: PagedKernel,
     /// Blocks that share one tile's fixed splits (`grid.2`); above 1 their partial states go to
     /// the combine kernel.
     pub splits: usize,
@@ -105,13 +105,49 @@ pub struct PagedLaunch {
     pub combine_blocks: usize,
 }
 
-/// Keys per tile (`BK` in the kernel) and warps per block (`NW`).
+/// Which kernel runs a call. bf16 calls all take the tensor-core kernel, f32 calls the scalar
+/// one: a row's bits depend on the kernel, so decode and prefill of one dtype must share it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PagedKernel {
+    /// `paged_attention.cu`: one key per lane in f32, 4 warps of `rows_per_warp` (2 or 4) rows.
+    Scalar { rows_per_warp: usize },
+    /// `paged_attention_mma.cu`: mma.sync, `warps` (4 or 8) warps of 16 rows.
+    Mma { warps: usize },
+}
+
+impl PagedKernel {
+    /// Query rows (query, head-in-group pairs) per block.
+    pub fn rows_per_block(self) -> usize {
+        match self {
+            PagedKernel::Scalar { rows_per_warp } => WARPS * rows_per_warp,
+            PagedKernel::Mma { warps } => 16 * warps,
+        }
+    }
+
+    /// Threads per block.
+    pub fn threads(self) -> usize {
+        32 * match self {
+            PagedKernel::Scalar { .. } => WARPS,
+            PagedKernel::Mma { warps } => warps,
+        }
+    }
+
+    /// The kernel for `rows` query rows per kv head (more rows, bigger blocks).
+    fn pick(bf16: bool, rows: usize) -> Self {
+        match (bf16, rows) {
+            (false, r) => PagedKernel::Scalar { rows_per_warp: if r <= 8 { 2 } else { 4 } },
+            (true, r) => PagedKernel::Mma { warps: if r <= 64 { 4 } else { 8 } },
+        }
+    }
+}
+
+/// Keys per tile (`BK` in the scalar kernel) and its warps per block (`NW`).
 const TILE: usize = 32;
 const WARPS: usize = 4;
-/// Positions per fixed split (`SK` in the kernel): every query folds its keys' softmax in these
+/// Positions per fixed split (`SK` in the kernels): every query folds its keys' softmax in these
 /// absolute runs, whatever the launch, which makes the result batch invariant (the kernel's
-/// header). 4 tiles: short enough that a decode step at a few hundred positions still spreads
-/// over several blocks.
+/// header). 4 scalar tiles, 2 tensor-core ones: short enough that a decode step at a few hundred
+/// positions still spreads over several blocks.
 pub const SPLIT_KEYS: usize = 4 * TILE;
 /// Most bytes of partial states one call may take (the combine path's workspace); past it the
 /// tile's blocks do not share their splits. Big batches at long bounds reach it, and have the
@@ -119,20 +155,20 @@ pub const SPLIT_KEYS: usize = 4 * TILE;
 const MAX_PARTIAL_BYTES: usize = 32 << 20;
 
 /// The launch for `seqs` sequences, `tokens` query rows, `heads`:`kv_heads` heads of size `d`
-/// on a GPU of `sms` multiprocessors: a function of those and the bounds alone. A tile's fixed
-/// splits are shared by more blocks until about 4 blocks per multiprocessor run, within the
-/// partial states' memory cap.
+/// (bf16 or f32) on a GPU of `sms` multiprocessors: a function of those and the bounds alone. A
+/// tile's fixed splits are shared by more blocks until about 4 blocks per multiprocessor run,
+/// within the partial states' memory cap.
 pub fn paged_launch(
     seqs: usize,
     tokens: usize,
-    (heads, kv_heads, d): (usize, usize, usize),
+    (heads, kv_heads, d, bf16): (usize, usize, usize, bool),
     bounds: PagedBounds,
     window: Option<usize>,
     sms: usize,
 ) -> PagedLaunch {
     let rows = heads / kv_heads.max(1) * bounds.max_q_len.max(1); // query rows per kv head
-    let rows_per_warp = if rows <= 8 { 2 } else { 4 };
-    let row_blocks = rows.div_ceil(WARPS * rows_per_warp);
+    let kernel = PagedKernel::pick(bf16, rows);
+    let row_blocks = rows.div_ceil(kernel.rows_per_block());
     let span =
         window.map_or(bounds.max_context, |w| bounds.max_context.min(w + bounds.max_q_len)).max(1);
     // A span that does not start on a split boundary touches one split more.
@@ -146,11 +182,19 @@ pub fn paged_launch(
     };
     PagedLaunch {
         grid: ((seqs * row_blocks) as u32, kv_heads as u32, splits as u32),
-        rows_per_warp,
+        kernel,
         splits,
         fixed_splits,
         combine_blocks: if splits > 1 { (tokens * heads).div_ceil(WARPS) } else { 0 },
     }
+}
+
+/// `INFERNO_PAGED_SCALAR=1`: bf16 calls take the scalar kernel too, for A/B timings. Read once
+/// per process, so decode steps and prefill chunks still share one kernel.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn scalar_forced() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("INFERNO_PAGED_SCALAR").is_ok_and(|v| v == "1"))
 }
 
 /// The metadata tensors of one call.
@@ -165,13 +209,15 @@ struct Meta<'a> {
 /// The CustomOp: `q`, `k_pool`, `v_pool` are its arguments, the metadata travels inside
 /// (contiguous; sinks as f32).
 struct PagedAttention {
-    /// Query and kv heads, for the launch ([`PagedAttention::plan`]).
+    /// Query and kv heads, head size and dtype, for the launch ([`PagedAttention::plan`]).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     heads: usize,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     kv_heads: usize,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     d: usize,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    bf16: bool,
     sinks: Option<Tensor>,
     cu_q: Tensor,
     q_pos: Tensor,
@@ -271,6 +317,7 @@ impl PagedAttention {
             heads,
             kv_heads,
             d,
+            bf16: q.dtype() == DType::BF16,
             sinks: meta.sinks.map(|s| s.to_dtype(DType::F32)?.contiguous()).transpose()?,
             cu_q: meta.cu_q.contiguous()?,
             q_pos: meta.q_pos.contiguous()?,
@@ -289,7 +336,7 @@ impl PagedAttention {
         paged_launch(
             seqs,
             tokens,
-            (self.heads, self.kv_heads, self.d),
+            (self.heads, self.kv_heads, self.d, self.bf16 && !scalar_forced()),
             self.bounds,
             self.cfg.window,
             sms,

@@ -1,17 +1,50 @@
 //! The CUDA launch of [`super::paged_attention`]: the attention kernel, then (with several key
 //! splits) the combine kernel, on a grid from [`super::paged_launch`] alone.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig,
+};
 use candle_core::{CudaDevice, Layout, Result, bail};
 
-use super::{Dims, PagedAttention, WARPS};
+use super::{Dims, PagedAttention, PagedKernel, WARPS};
 use crate::kernels::cuda::{
-    COUNTERS, Counters, KernelFloat, PAGED_ATTENTION_PTX, counters, cuda_view, int,
-    multiprocessors, output,
+    COUNTERS, Counters, KernelFloat, PAGED_ATTENTION_MMA_PTX, PAGED_ATTENTION_PTX, allow_shared,
+    counters, cuda_view, int, multiprocessors, output,
 };
 use crate::kernels::launch::Launch;
 
 const MODULE: &str = "inferno_paged_attention";
+const MMA_MODULE: &str = "inferno_paged_attention_mma";
+
+/// The tensor-core kernel's key tile and shared-row padding (`MBK`, `KPAD`): two stages of K and
+/// V tiles, bf16.
+const MMA_TILE: usize = 64;
+const MMA_PAD: usize = 8;
+
+/// The attention kernel of a launch and its dynamic shared memory.
+fn attention_func<T: KernelFloat>(
+    dev: &CudaDevice,
+    kernel: PagedKernel,
+    d: usize,
+) -> Result<(CudaFunction, usize)> {
+    Ok(match kernel {
+        PagedKernel::Scalar { rows_per_warp } => {
+            let name = format!("paged_attention_{}_d{d}_r{rows_per_warp}", T::NAME);
+            let func = dev.get_or_load_custom_func(&name, MODULE, PAGED_ATTENTION_PTX)?;
+            (func.into_cuda_function(), 0)
+        }
+        PagedKernel::Mma { warps } => {
+            if !T::BF16 {
+                bail!("paged_attention: the tensor-core kernel takes bf16 only");
+            }
+            let name = format!("paged_attention_mma_d{d}_w{warps}");
+            let func = dev.get_or_load_custom_func(&name, MMA_MODULE, PAGED_ATTENTION_MMA_PTX)?;
+            let shared = 2 * 2 * MMA_TILE * (d + MMA_PAD) * 2;
+            allow_shared(&func, shared)?;
+            (func.into_cuda_function(), shared)
+        }
+    })
+}
 
 /// Mirrors `PagedAttnParams` in paged_attention.cu, field for field.
 #[repr(C)]
@@ -34,8 +67,9 @@ struct Params {
 // SAFETY: plain old data with the C layout the kernel expects.
 unsafe impl DeviceRepr for Params {}
 
-/// 16-byte alignment of a pool's first row: the kernel reads rows 16 bytes at a time (rows are
-/// d ≥ 64 elements, so every row is aligned when the first is).
+/// 16-byte alignment of a tensor's first row: the kernels read pool rows 16 bytes at a time and
+/// the tensor-core one q in pairs (rows are d ≥ 64 elements, so every row is aligned when the
+/// first is).
 fn check_aligned(l: &Layout, size: usize, what: &str) -> Result<()> {
     if !(l.start_offset() * size).is_multiple_of(16) {
         bail!(
@@ -67,6 +101,7 @@ pub(super) fn launch<T: KernelFloat>(
         bail!("paged_attention: q must be contiguous");
     }
     let size = std::mem::size_of::<T>();
+    check_aligned(ql, size, "q")?;
     check_aligned(kl, size, "k_pool")?;
     check_aligned(vl, size, "v_pool")?;
     let seqs = op.q_pos.dim(0)?;
@@ -105,12 +140,11 @@ pub(super) fn launch<T: KernelFloat>(
     let stream = dev.cuda_stream();
     let sinks_ptr: u64 = sinks_view.as_ref().map_or(0, |v| v.device_ptr(&stream).0);
 
-    let name = format!("paged_attention_{}_d{d}_r{}", T::NAME, plan.rows_per_warp);
-    let func = dev.get_or_load_custom_func(&name, MODULE, PAGED_ATTENTION_PTX)?;
+    let (func, shared) = attention_func::<T>(dev, plan.kernel, d)?;
     let grid = LaunchConfig {
         grid_dim: plan.grid,
-        block_dim: ((WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
+        block_dim: (plan.kernel.threads() as u32, 1, 1),
+        shared_mem_bytes: shared as u32,
     };
     if plan.splits == 1 {
         let mut b = Launch::new(&stream, &func);

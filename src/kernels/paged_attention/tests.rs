@@ -305,16 +305,20 @@ fn launch_depends_on_bounds_only() {
     let decode = plans[0];
     assert_eq!(decode.grid, (4, 2, decode.splits as u32));
     assert!(decode.splits > 1 && decode.combine_blocks == (4 * 8usize).div_ceil(4), "{decode:?}");
-    let prefill = paged_launch(
-        2,
-        1200,
-        (64, 8, 64),
-        PagedBounds { max_q_len: 600, max_context: 5000 },
-        None,
-        132,
-    );
-    assert_eq!((prefill.splits, prefill.rows_per_warp, prefill.combine_blocks), (1, 4, 0));
-    assert_eq!(prefill.grid, (2 * (8 * 600usize).div_ceil(16) as u32, 8, 1));
+    let prefill = |bf16| {
+        let bounds = PagedBounds { max_q_len: 600, max_context: 5000 };
+        paged_launch(2, 1200, (64, 8, 64, bf16), bounds, None, 132)
+    };
+    let scalar = prefill(false);
+    assert_eq!(scalar.kernel, PagedKernel::Scalar { rows_per_warp: 4 });
+    assert_eq!((scalar.splits, scalar.combine_blocks), (1, 0));
+    assert_eq!(scalar.grid, (2 * (8 * 600usize).div_ceil(16) as u32, 8, 1));
+    // bf16 takes the tensor-core kernel: 8 warps of 16 rows for a prefill, 4 for a decode step.
+    let mma = prefill(true);
+    assert_eq!((mma.kernel, mma.splits), (PagedKernel::Mma { warps: 8 }, 1));
+    assert_eq!(mma.grid, (2 * (8 * 600usize).div_ceil(128) as u32, 8, 1));
+    let step = paged_launch(4, 4, (64, 8, 64, true), bounds, None, 132);
+    assert_eq!(step.kernel, PagedKernel::Mma { warps: 4 });
 }
 
 #[cfg(feature = "cuda")]

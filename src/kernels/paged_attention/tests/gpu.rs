@@ -261,7 +261,8 @@ fn gpu_rows_are_batch_invariant() {
                         k_seq: Vec::new(),
                         v_seq: Vec::new(),
                     };
-                    let plan = paged_launch(1, 1, (b.heads, b.kv_heads, b.d), loose, window, 132);
+                    let shape = (b.heads, b.kv_heads, b.d, dtype == DType::BF16);
+                    let plan = paged_launch(1, 1, shape, loose, window, 132);
                     assert!(plan.splits > 1, "{what}: the decode call does not split: {plan:?}");
                     same(&values(&run(&one, &b, loose).unwrap()), at, "alone");
                     at += 1;

@@ -1,0 +1,328 @@
+// Paged attention on tensor cores, bf16: the same contract, launch grid, fixed splits, partial
+// layout and fold as paged_attention.cu (its header), with the scores and the weighted values
+// computed by mma.sync instead of one key per lane in f32. The engine runs every bf16 call here,
+// decode steps and prefill chunks alike, so a prompt row is still bit for bit a decode step
+// (cache reuse equals a fresh prefill).
+//
+// Why a row's bits do not depend on the launch: each warp holds 16 query rows (query, head-in-
+// group pairs, query-major, as the scalar kernel) against key tiles of MBK positions aligned to
+// absolute multiples of MBK, inside the fixed splits of SK. An mma's output row depends only on
+// that row of A, so a row computes the same S = q.K^T and the same P.V whatever other rows share
+// its tile (a decode step's 8 heads padded to 16, or a prefill chunk's 16 of 4,096). Per tile
+// and row the online softmax is one fixed sequence of operations (mask, max over the tile, exp2,
+// this lane's sum in key order, the 4 lanes of a row summed by xor-shuffles at the split's end);
+// tiles a row cannot see leave its state unchanged (p = 0 everywhere, alpha = 1), so a warp
+// skips tiles none of its rows sees, and the splits fold in position order as in the scalar
+// kernel. Keys outside the block's range read as zeros (cp.async's zero fill), never as NaN
+// garbage under p = 0.
+//
+// Products that feed a sum are __fmul_rn or fmaf, never left to the compiler's contraction: the
+// decode and prefill instances are different template instances and must round alike.
+//
+// Precision: q and k are bf16, their products exact, f32 accumulation (as the scalar kernel).
+// The probabilities go to the P.V mma as two bf16 terms, hi = bf16(p) and lo = bf16(p - hi),
+// so p keeps ~16 significant bits rather than bf16's 8 (v is bf16 already; the f32 accumulator
+// takes both products).
+//
+// Shape: block (sequence x row tile, kv head, z) as the scalar kernel, NW warps of 16 rows, K and
+// V tiles of MBK keys double-buffered in shared memory by cp.async (rows padded by 16 bytes, so
+// ldmatrix's 8 row addresses hit 8 different bank groups).
+
+#include "mma.cuh"
+#include "paged_attention.cuh"
+
+#define MBK 64  // keys per tile
+#define KPAD 8  // bf16 of padding per shared row
+
+typedef __nv_bfloat16 bf16;
+
+// Two floats as a bf16 pair (the lower-addressed, lower-k element in the low half).
+__device__ __forceinline__ uint32_t pack_bf16(float lo_k, float hi_k) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo_k, hi_k);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// p as hi + lo bf16 pairs: (x0, x1) -> hi = bf16(x), lo = bf16(x - hi).
+__device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    lo = pack_bf16(x0 - __low2float(h), x1 - __high2float(h));
+}
+
+template <int D, int NW>
+__device__ __forceinline__ void paged_attention_mma_impl(
+    const bf16* __restrict__ q, const bf16* __restrict__ k_pool, const bf16* __restrict__ v_pool,
+    const float* __restrict__ sinks, const uint32_t* __restrict__ cu_q, const uint32_t* __restrict__ q_pos,
+    const uint32_t* __restrict__ tables, bf16* __restrict__ out, float* __restrict__ part_acc,
+    float* __restrict__ part_ml, uint32_t* __restrict__ counters, const PagedAttnParams& p) {
+    constexpr int BQ = NW * 16;  // rows per block
+    constexpr int KS = D / 16;   // k-steps of q.K^T
+    constexpr int NK = MBK / 8;  // 8-key column tiles of S
+    constexpr int ND = D / 8;    // 8-dimension column tiles of the output
+    constexpr int ROW = D + KPAD;
+    constexpr int CPR = D / 8;  // 16-byte chunks per key row
+    extern __shared__ __align__(16) bf16 kv_smem[];  // [2 stages][K, V][MBK][ROW]
+    __shared__ bool kvalid[2][MBK];
+    __shared__ bool last;
+
+    // Tiles in reverse: a sequence's last rows see the most keys, and start first (a shorter
+    // tail; which block computes a row does not change its bits).
+    const int seq = blockIdx.x / p.row_blocks, tile = p.row_blocks - 1 - blockIdx.x % p.row_blocks;
+    const int g = blockIdx.y, z = blockIdx.z;
+    const int G = p.heads / p.kv_heads;
+    const long long tok0 = cu_q[seq];
+    const long long q_len = (long long)cu_q[seq + 1] - tok0;
+    const long long rows = G * q_len;
+    const int row0 = tile * BQ;
+    if (row0 >= rows || tok0 + q_len > p.tokens) {
+        pdl_launch_dependents();
+        return;
+    }
+    const long long pos0 = q_pos[seq];
+    const uint32_t* table = tables + (long long)seq * p.max_blocks;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gq = lane >> 2, tq = lane & 3;  // the mma fragment's row and column pair
+
+    // This lane's two rows: hf = 0 is row gq of the warp's 16, hf = 1 row gq + 8.
+    const long long wrow0 = row0 + warp * 16;
+    float sink2[2], m[2], l[2], Mt[2], Lt[2];
+    long long qpos[2], orow[2];
+    bool rv[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const long long R = wrow0 + gq + 8 * hf;
+        rv[hf] = R < rows;
+        const long long qi = rv[hf] ? R / G : 0;
+        const int h = g * G + (rv[hf] ? (int)(R % G) : 0);
+        qpos[hf] = pos0 + qi;
+        orow[hf] = (tok0 + qi) * p.heads + h;
+        sink2[hf] = sinks ? sinks[h] * LOG2E : -INFINITY;
+        m[hf] = Mt[hf] = sink2[hf];
+        l[hf] = Lt[hf] = 0.f;
+    }
+    float acc[ND][4], At[ND][4];
+#pragma unroll
+    for (int nd = 0; nd < ND; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nd][e] = At[nd][e] = 0.f;
+
+    // The block's keys, as the scalar kernel: the tile's fixed splits shared out over zs blocks.
+    const long long f_base = first_key(pos0, p.window) / SK;
+    const long long qi_lo = row0 / G;
+    const long long qi_hi = min(rows - 1, (long long)row0 + BQ - 1) / G;
+    const long long tile_splits = min((pos0 + qi_hi) / SK - f_base + 1, (long long)p.fixed_splits);
+    const long long per_z = (tile_splits + p.zs - 1) / p.zs;
+    const long long lo = max(first_key(pos0 + qi_lo, p.window), (f_base + z * per_z) * SK);
+    const long long hi = min(pos0 + qi_hi + 1, (f_base + (z + 1) * per_z) * SK);
+    const long long start = lo / MBK * MBK;
+    const long long n_tiles = lo < hi ? (hi - 1 - start) / MBK + 1 : 0;
+    // The keys this warp's rows may see: tiles outside are no-ops for all of them.
+    const bool warp_rows = wrow0 < rows;
+    const long long w_first = first_key(pos0 + (warp_rows ? wrow0 / G : 0), p.window);
+    const long long w_last = pos0 + min(rows - 1, wrow0 + 15) / G;
+
+    const long long row_stride = (long long)p.kv_heads * D;
+    auto fetch = [&](long long t0, int buf) {
+        bf16* ks = kv_smem + buf * 2 * MBK * ROW;
+        bf16* vs = ks + MBK * ROW;
+        for (int idx = threadIdx.x; idx < MBK * CPR; idx += NW * 32) {
+            const int jj = idx / CPR, c = (idx % CPR) * 8;
+            const long long t = t0 + jj;
+            const long long slot = t >= lo && t < hi ? paged_slot(table, t, p) : -1;
+            const long long at = slot >= 0 ? slot * row_stride + (long long)g * D + c : 0;
+            cp_async16(ks + jj * ROW + c, k_pool + at, slot >= 0);
+            cp_async16(vs + jj * ROW + c, v_pool + at, slot >= 0);
+            if (c == 0) kvalid[buf][jj] = slot >= 0;
+        }
+    };
+
+    // Ends fixed split f for this lane's rows: folds it (zs = 1) or writes it as a partial.
+    auto close_split = [&](long long f) {
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float lt = l[hf] + __shfl_xor_sync(FULL_MASK, l[hf], 1);
+            lt = lt + __shfl_xor_sync(FULL_MASK, lt, 2);
+            if (p.zs == 1) {
+                const FoldWeights fw = fold_ml(Mt[hf], Lt[hf], m[hf], lt);
+#pragma unroll
+                for (int nd = 0; nd < ND; nd++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        At[nd][2 * hf + e] = fold_elem(At[nd][2 * hf + e], acc[nd][2 * hf + e], fw);
+            } else if (rv[hf] && f - f_base < p.fixed_splits) {
+                const long long prow = (f - f_base) * p.tokens * p.heads + orow[hf];
+#pragma unroll
+                for (int nd = 0; nd < ND; nd++)
+                    *reinterpret_cast<float2*>(part_acc + prow * D + nd * 8 + 2 * tq) =
+                        make_float2(acc[nd][2 * hf], acc[nd][2 * hf + 1]);
+                if (tq == 0) {
+                    part_ml[2 * prow] = m[hf];
+                    part_ml[2 * prow + 1] = lt;
+                }
+            }
+            m[hf] = sink2[hf];
+            l[hf] = 0.f;
+#pragma unroll
+            for (int nd = 0; nd < ND; nd++) acc[nd][2 * hf] = acc[nd][2 * hf + 1] = 0.f;
+        }
+    };
+
+    // The first tile's loads in flight while the q/k/v kernel finishes, when they are all keys of
+    // earlier steps.
+    const bool early = n_tiles > 0 && start + MBK <= pos0;
+    if (early) fetch(start, 0);
+    cp_async_commit();
+    pdl_wait();
+    pdl_launch_dependents();
+    if (n_tiles > 0 && !early) fetch(start, 0);
+    cp_async_commit();
+
+    // q as A fragments, straight from global memory (32-bit pairs; zeros for rows past the end).
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int hf = i & 1, col = ks * 16 + (i >> 1) * 8 + 2 * tq;
+            qa[ks][i] = rv[hf] ? *reinterpret_cast<const uint32_t*>(q + orow[hf] * D + col) : 0u;
+        }
+
+    for (long long it = 0; it < n_tiles; it++) {
+        const long long t0 = start + it * MBK;
+        const int buf = (int)(it & 1);
+        if (it > 0 && t0 % SK == 0) close_split(t0 / SK - 1);
+        if (it + 1 < n_tiles) fetch(t0 + MBK, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();  // this tile's keys are in for every thread
+        if (warp_rows && t0 <= w_last && t0 + MBK > w_first) {
+            const bf16* ks = kv_smem + buf * 2 * MBK * ROW;
+            const bf16* vs = ks + MBK * ROW;
+            // S = q.K^T: ldmatrix rows are keys, so the fragments are K^T's columns.
+            float s[NK][4];
+#pragma unroll
+            for (int nk = 0; nk < NK; nk++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nk][e] = 0.f;
+#pragma unroll
+                for (int kp = 0; kp < KS / 2; kp++) {
+                    uint32_t b[4];
+                    ldmatrix_x4<false>(b, ks + (nk * 8 + (lane & 7)) * ROW + kp * 32 + (lane >> 3) * 8);
+                    mma_bf16(s[nk], qa[2 * kp], b[0], b[1]);
+                    mma_bf16(s[nk], qa[2 * kp + 1], b[2], b[3]);
+                }
+            }
+            // Online softmax per row over the tile.
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                // The row's visible keys in this tile: jj in (jlo, jhi], in 32-bit tile offsets.
+                const long long P = qpos[hf];
+                const int jhi = rv[hf] ? (int)max(-1LL, min(P - t0, (long long)MBK)) : -1;
+                const int jlo = p.window > 0 ? (int)max(-1LL, min(P - p.window - t0, (long long)MBK)) : -1;
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nk = 0; nk < NK; nk++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int jj = nk * 8 + 2 * tq + e;
+                        const bool ok = jj <= jhi && jj > jlo && kvalid[buf][jj];
+                        const float sc = ok ? __fmul_rn(s[nk][2 * hf + e], p.scale_log2) : -INFINITY;
+                        s[nk][2 * hf + e] = sc;
+                        mx = fmaxf(mx, sc);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                const float mn = fmaxf(m[hf], mx);
+                const float base = mn == -INFINITY ? 0.f : mn;
+                const float alpha = exp2f(m[hf] - base);
+                float ls = 0.f;
+#pragma unroll
+                for (int nk = 0; nk < NK; nk++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float pj = exp2f(s[nk][2 * hf + e] - base);
+                        s[nk][2 * hf + e] = pj;
+                        ls += pj;
+                    }
+                l[hf] = fmaf(l[hf], alpha, ls);
+                m[hf] = mn;
+#pragma unroll
+                for (int nd = 0; nd < ND; nd++) {
+                    acc[nd][2 * hf] = __fmul_rn(acc[nd][2 * hf], alpha);
+                    acc[nd][2 * hf + 1] = __fmul_rn(acc[nd][2 * hf + 1], alpha);
+                }
+            }
+            // acc += P.V, P as hi + lo: S's accumulator layout is the A fragment's.
+#pragma unroll
+            for (int kk = 0; kk < MBK / 16; kk++) {
+                uint32_t ah[4], al[4];
+                split_pair(s[2 * kk][0], s[2 * kk][1], ah[0], al[0]);
+                split_pair(s[2 * kk][2], s[2 * kk][3], ah[1], al[1]);
+                split_pair(s[2 * kk + 1][0], s[2 * kk + 1][1], ah[2], al[2]);
+                split_pair(s[2 * kk + 1][2], s[2 * kk + 1][3], ah[3], al[3]);
+#pragma unroll
+                for (int np = 0; np < ND / 2; np++) {
+                    uint32_t b[4];
+                    const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                    ldmatrix_x4<true>(b, vs + key * ROW + (2 * np + (lane >> 4)) * 8);
+                    mma_bf16(acc[2 * np], ah, b[0], b[1]);
+                    mma_bf16(acc[2 * np], al, b[0], b[1]);
+                    mma_bf16(acc[2 * np + 1], ah, b[2], b[3]);
+                    mma_bf16(acc[2 * np + 1], al, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();  // the tile is consumed before its buffer is refilled
+    }
+    if (n_tiles > 0) close_split((hi - 1) / SK);
+
+    if (p.zs > 1) {
+        if (!counters) return;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint32_t* c = counters + (long long)blockIdx.x * gridDim.y + blockIdx.y;
+            last = atomicAdd(c, 1u) == (uint32_t)p.zs - 1;
+            if (last) *c = 0;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        // Every warp folds a share of the block's rows (combine_row: lane = dimensions): a decode
+        // step's 8 rows all sit in warp 0's tile.
+        for (int r = warp; r < BQ; r += NW) {
+            const long long R = row0 + r;
+            if (R >= rows) break;
+            const long long qi = R / G;
+            const int h = g * G + (int)(R % G);
+            const float s2 = sinks ? sinks[h] * LOG2E : -INFINITY;
+            combine_row<bf16, D>(part_acc, part_ml, (tok0 + qi) * p.heads + h, pos0, pos0 + qi, s2, out, p);
+        }
+        return;
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        if (!rv[hf]) continue;
+        const float denom = finish_denom(Mt[hf], Lt[hf], sink2[hf]);
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) {
+            const __nv_bfloat162 o = __halves2bfloat162(__float2bfloat16_rn(At[nd][2 * hf] / denom),
+                                                        __float2bfloat16_rn(At[nd][2 * hf + 1] / denom));
+            *reinterpret_cast<__nv_bfloat162*>(out + orow[hf] * D + nd * 8 + 2 * tq) = o;
+        }
+    }
+}
+
+#define PAGED_ATTENTION_MMA(NAME, D, NW)                                                                 \
+    extern "C" __global__ void __launch_bounds__(NW * 32)                                                \
+        NAME(const bf16* q, const bf16* k_pool, const bf16* v_pool, const float* sinks, const uint32_t* cu_q, \
+             const uint32_t* q_pos, const uint32_t* tables, bf16* out, float* part_acc, float* part_ml,    \
+             uint32_t* counters, const PagedAttnParams p) {                                               \
+        paged_attention_mma_impl<D, NW>(q, k_pool, v_pool, sinks, cu_q, q_pos, tables, out, part_acc,     \
+                                        part_ml, counters, p);                                            \
+    }
+
+PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4, 64, 4)
+PAGED_ATTENTION_MMA(paged_attention_mma_d64_w8, 64, 8)
+PAGED_ATTENTION_MMA(paged_attention_mma_d128_w4, 128, 4)
+PAGED_ATTENTION_MMA(paged_attention_mma_d128_w8, 128, 8)
