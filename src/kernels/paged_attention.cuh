@@ -95,25 +95,26 @@ __device__ __forceinline__ void combine_row(const float* __restrict__ part_acc, 
 #pragma unroll
     for (int dc = 0; dc < DC; dc++) A[dc] = 0.f;
     const long long f_end = min(P / SK + 1, f_base + p.fixed_splits);
-    // The next split's partial is loaded while this one folds: at batch 1 the fold is a chain of
-    // L2 round trips otherwise. The order of the folds is unchanged.
-    float acc[DC], ml[2], nacc[DC], nml[2];
-    auto load = [&](long long f, float* a, float* m) {
-        const long long prow = (f - f_base) * rows + row;
+    // The partials of up to CB splits are loaded at once, then folded in order: at batch 1 the
+    // fold is otherwise a chain of L2 round trips, one per split (65 at 8k positions). The order
+    // of the folds, and so the bits, are those of one split at a time.
+    constexpr int CB = 8;
+    for (long long f = first_key(P, p.window) / SK; f < f_end; f += CB) {
+        float acc[CB][DC], m_s[CB], l_s[CB];
 #pragma unroll
-        for (int dc = 0; dc < DC; dc++) a[dc] = __ldcg(part_acc + prow * D + lane + 32 * dc);
-        m[0] = __ldcg(part_ml + 2 * prow);
-        m[1] = __ldcg(part_ml + 2 * prow + 1);
-    };
-    long long f = first_key(P, p.window) / SK;
-    if (f < f_end) load(f, nacc, nml);
-    for (; f < f_end; f++) {
+        for (int i = 0; i < CB; i++) {
+            if (f + i >= f_end) break;
+            const long long prow = (f + i - f_base) * rows + row;
 #pragma unroll
-        for (int dc = 0; dc < DC; dc++) acc[dc] = nacc[dc];
-        ml[0] = nml[0];
-        ml[1] = nml[1];
-        if (f + 1 < f_end) load(f + 1, nacc, nml);
-        fold<DC>(M, L, A, ml[0], ml[1], acc);
+            for (int dc = 0; dc < DC; dc++) acc[i][dc] = __ldcg(part_acc + prow * D + lane + 32 * dc);
+            m_s[i] = __ldcg(part_ml + 2 * prow);
+            l_s[i] = __ldcg(part_ml + 2 * prow + 1);
+        }
+#pragma unroll
+        for (int i = 0; i < CB; i++) {
+            if (f + i >= f_end) break;
+            fold<DC>(M, L, A, m_s[i], l_s[i], acc[i]);
+        }
     }
     const float denom = finish_denom(M, L, sink2);
 #pragma unroll

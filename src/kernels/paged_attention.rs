@@ -15,13 +15,16 @@
 //! no value) in the denominator when sinks are given (gpt-oss) and the plain softmax otherwise
 //! (Llama). Table entries of blocks a query cannot see are never read (they may be garbage).
 //!
-//! CUDA (`paged_attention.cu`): head_dim 64 or 128. The launch depends only on the number of
-//! sequences, the shapes and the host-side [`PagedBounds`], never on the metadata's contents, so
-//! a CUDA graph captured for one batch shape replays with other positions, lengths and tables:
-//! one block per (sequence, tile of query rows of one kv group, kv head, run of key splits); a
-//! block finds its sequence's length and position on the device and exits when its tile is
-//! empty. When few blocks would cover the GPU (decode), a tile's keys are shared among several
-//! blocks and their partial softmax states merged by a second kernel.
+//! CUDA: head_dim 64 or 128; bf16 calls on tensor cores (`paged_attention_mma.cu`: mma.sync
+//! q·Kᵀ and P·V, P as bf16 hi + lo), f32 calls one key per lane (`paged_attention.cu`), one kernel
+//! per dtype for decode and prefill alike (a row's bits depend on the kernel; [`PagedKernel`]).
+//! The launch depends only on the number of sequences, the shapes and the host-side
+//! [`PagedBounds`], never on the metadata's contents, so a CUDA graph captured for one batch
+//! shape replays with other positions, lengths and tables: one block per (sequence, tile of
+//! query rows of one kv group, kv head, run of key splits); a block finds its sequence's length
+//! and position on the device and exits when its tile is empty. When few blocks would cover the
+//! GPU (decode), a tile's keys are shared among several blocks and their partial softmax states
+//! merged by the last of them (or a second kernel).
 //!
 //! Batch invariance: a row's output is bit for bit the same in any launch (alone in a decode
 //! step, inside a prefill chunk, split among blocks or not), so a prefix computed token by token
