@@ -5,7 +5,8 @@
 #                                # contain GPU (#[ignore]d) tests, plus inferno, stripped and
 #                                # gzipped into .dev/gpu/
 #   scripts/gpu-tests.sh run     # on the GPU machine, from the repo root with .dev/gpu/ present:
-#                                # runs every GPU test (--ignored), prints a total line
+#                                # runs every GPU test (--ignored), prints a total line; each test
+#                                # binary is stopped after GPU_TEST_TIMEOUT seconds (default 1200)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.dev/gpu
@@ -86,7 +87,9 @@ run)
         gunzip -c "$gz" >"$tmp/$name" && chmod +x "$tmp/$name"
         [ "$name" = inferno ] && continue
         echo "== $name"
-        "$tmp/$name" --ignored --test-threads=1 --nocapture "${skip[@]}" "${@:2}" 2>&1 | tee -a "$log" || status=1
+        # A bound per binary: one hung test must not use up the GPU machine's time unseen.
+        timeout "${GPU_TEST_TIMEOUT:-1200}" "$tmp/$name" --ignored --test-threads=1 --nocapture "${skip[@]}" "${@:2}" 2>&1 \
+            | tee -a "$log" || { status=1; echo "test result: FAILED. $name stopped (exit or timeout after ${GPU_TEST_TIMEOUT:-1200} s)" | tee -a "$log"; }
     done
     echo "== inferno binary"
     binary_checks "$tmp/inferno" 2>&1 | tee -a "$log"
