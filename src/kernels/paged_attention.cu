@@ -79,20 +79,11 @@ __device__ __forceinline__ void paged_attention_impl(
     // first kernel) and keys and values of positions before the step's own (written by earlier
     // steps). The kernel before this one (the q/k/v stores) writes q and the step's positions.
 
-    const int seq = blockIdx.x / p.row_blocks, tile = blockIdx.x % p.row_blocks;
-    const int g = blockIdx.y, z = blockIdx.z;
-    const int G = p.heads / p.kv_heads;
-    const long long tok0 = cu_q[seq];
-    const long long q_len = (long long)cu_q[seq + 1] - tok0;
-    const long long rows = G * q_len;
-    const int row0 = tile * BQ;
-    // Block-uniform: nothing to do for this tile (or q_len 0), or rows past T (bad cu_q).
-    if (row0 >= rows || tok0 + q_len > p.tokens) {
-        pdl_launch_dependents();
-        return;
-    }
-    const long long pos0 = q_pos[seq];
-    const uint32_t* table = tables + (long long)seq * p.max_blocks;
+    PagedTile tl;
+    if (!paged_tile<BQ, false>(tl, cu_q, q_pos, tables, p)) return;
+    const int g = tl.g, G = tl.G, row0 = tl.row0;
+    const long long tok0 = tl.tok0, rows = tl.rows, pos0 = tl.pos0, f_base = tl.f_base, lo = tl.lo, hi = tl.hi;
+    const uint32_t* table = tl.table;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     // Per row: the current split's state (m, l per lane, acc) and, with zs = 1, the folded state.
@@ -116,17 +107,6 @@ __device__ __forceinline__ void paged_attention_impl(
         for (int dc = 0; dc < DC; dc++) acc[r][dc] = At[r][dc] = 0.f;
     }
 
-    // The fixed splits this block owns, then the keys of those that the tile's rows may see.
-    const long long f_base = first_key(pos0, p.window) / SK;
-    const long long qi_lo = row0 / G;
-    const long long qi_hi = min(rows - 1, (long long)row0 + BQ - 1) / G;
-    // The tile's own splits (up to its last row's position), not the bound's, are shared out:
-    // a decode step captured for a 128k bound still spreads a 1k context over its zs blocks.
-    // Which block computes a split does not change its bits (each split starts afresh).
-    const long long tile_splits = min((pos0 + qi_hi) / SK - f_base + 1, (long long)p.fixed_splits);
-    const long long per_z = (tile_splits + p.zs - 1) / p.zs;
-    const long long lo = max(first_key(pos0 + qi_lo, p.window), (f_base + z * per_z) * SK);
-    const long long hi = min(pos0 + qi_hi + 1, (f_base + (z + 1) * per_z) * SK);
     const long long start = lo / BK * BK;  // tiles at absolute multiples of BK
 
     // Ends fixed split f for every row: folds it (zs = 1) or writes it as a partial, and starts

@@ -79,6 +79,55 @@ __device__ __forceinline__ long long first_key(long long P, int window) {
     return window > 0 ? max(0LL, P - window + 1) : 0LL;
 }
 
+// A block's share of a launch: its sequence's tile of BQ rows (rows are (query, head of the kv
+// head's group), query-major: G · q_len of them) and the keys [lo, hi) of the fixed splits it owns.
+struct PagedTile {
+    int g, z, G, row0;      // kv head, split share, heads per kv head, the tile's first row
+    long long tok0, rows;   // the sequence's first token in q, its rows
+    long long pos0;         // its first query's position
+    long long f_base;       // its first fixed split (what partial rows are numbered from)
+    long long lo, hi;       // the keys this block scores
+    const uint32_t* table;  // its block-table row
+};
+
+// This block's tile, the tile index reversed with REVERSE (a sequence's last rows see the most
+// keys: they start first, for a shorter tail; which block computes a row does not change its
+// bits). False (block-uniform, after letting the next kernel launch: the block must return) when
+// the tile has no rows (short sequences, padding with q_len 0) or reaches past T (bad cu_q).
+// Reads only the step's metadata: it may run before pdl_wait().
+template <int BQ, bool REVERSE>
+__device__ __forceinline__ bool paged_tile(PagedTile& t, const uint32_t* __restrict__ cu_q,
+                                           const uint32_t* __restrict__ q_pos, const uint32_t* __restrict__ tables,
+                                           const PagedAttnParams& p) {
+    const int seq = blockIdx.x / p.row_blocks, b = blockIdx.x % p.row_blocks;
+    const int tile = REVERSE ? p.row_blocks - 1 - b : b;
+    t.g = blockIdx.y;
+    t.z = blockIdx.z;
+    t.G = p.heads / p.kv_heads;
+    t.tok0 = cu_q[seq];
+    const long long q_len = (long long)cu_q[seq + 1] - t.tok0;
+    t.rows = t.G * q_len;
+    t.row0 = tile * BQ;
+    if (t.row0 >= t.rows || t.tok0 + q_len > p.tokens) {
+        pdl_launch_dependents();
+        return false;
+    }
+    t.pos0 = q_pos[seq];
+    t.table = tables + (long long)seq * p.max_blocks;
+    // The fixed splits this block owns, then the keys of those that the tile's rows may see. The
+    // tile's own splits (up to its last row's position), not the bound's, are shared out: a
+    // decode step captured for a 128k bound still spreads a 1k context over its zs blocks. Which
+    // block computes a split does not change its bits (each split starts afresh).
+    t.f_base = first_key(t.pos0, p.window) / SK;
+    const long long qi_lo = t.row0 / t.G;
+    const long long qi_hi = min(t.rows - 1, (long long)t.row0 + BQ - 1) / t.G;
+    const long long tile_splits = min((t.pos0 + qi_hi) / SK - t.f_base + 1, (long long)p.fixed_splits);
+    const long long per_z = (tile_splits + p.zs - 1) / p.zs;
+    t.lo = max(first_key(t.pos0 + qi_lo, p.window), (t.f_base + t.z * per_z) * SK);
+    t.hi = min(t.pos0 + qi_hi + 1, (t.f_base + (t.z + 1) * per_z) * SK);
+    return true;
+}
+
 // Folds the fixed splits' partials of output row `row` (token, head; query position P, its
 // sequence's first query at pos0) in position order, one warp. It reads exactly the splits
 // holding keys the row sees, which the attention blocks wrote; the others would fold as no-ops.

@@ -65,21 +65,11 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     __shared__ bool kvalid[2][MBK];
     __shared__ bool last;
 
-    // Tiles in reverse: a sequence's last rows see the most keys, and start first (a shorter
-    // tail; which block computes a row does not change its bits).
-    const int seq = blockIdx.x / p.row_blocks, tile = p.row_blocks - 1 - blockIdx.x % p.row_blocks;
-    const int g = blockIdx.y, z = blockIdx.z;
-    const int G = p.heads / p.kv_heads;
-    const long long tok0 = cu_q[seq];
-    const long long q_len = (long long)cu_q[seq + 1] - tok0;
-    const long long rows = G * q_len;
-    const int row0 = tile * BQ;
-    if (row0 >= rows || tok0 + q_len > p.tokens) {
-        pdl_launch_dependents();
-        return;
-    }
-    const long long pos0 = q_pos[seq];
-    const uint32_t* table = tables + (long long)seq * p.max_blocks;
+    PagedTile tl;  // tiles in reverse: the heavy ones first
+    if (!paged_tile<BQ, true>(tl, cu_q, q_pos, tables, p)) return;
+    const int g = tl.g, G = tl.G, row0 = tl.row0;
+    const long long tok0 = tl.tok0, rows = tl.rows, pos0 = tl.pos0, f_base = tl.f_base, lo = tl.lo, hi = tl.hi;
+    const uint32_t* table = tl.table;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gq = lane >> 2, tq = lane & 3;  // the mma fragment's row and column pair
 
@@ -106,14 +96,6 @@ __device__ __forceinline__ void paged_attention_mma_impl(
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[nd][e] = At[nd][e] = 0.f;
 
-    // The block's keys, as the scalar kernel: the tile's fixed splits shared out over zs blocks.
-    const long long f_base = first_key(pos0, p.window) / SK;
-    const long long qi_lo = row0 / G;
-    const long long qi_hi = min(rows - 1, (long long)row0 + BQ - 1) / G;
-    const long long tile_splits = min((pos0 + qi_hi) / SK - f_base + 1, (long long)p.fixed_splits);
-    const long long per_z = (tile_splits + p.zs - 1) / p.zs;
-    const long long lo = max(first_key(pos0 + qi_lo, p.window), (f_base + z * per_z) * SK);
-    const long long hi = min(pos0 + qi_hi + 1, (f_base + (z + 1) * per_z) * SK);
     const long long start = lo / MBK * MBK;
     const long long n_tiles = lo < hi ? (hi - 1 - start) / MBK + 1 : 0;
     // The keys this warp's rows may see: tiles outside are no-ops for all of them.
