@@ -224,22 +224,30 @@ pub(super) enum Counters {
 /// for the attention; gpt-oss's MoE 180 per token. Bigger grids take the separate kernels.
 pub(super) const COUNTERS: usize = 1 << 16;
 
-/// The device address of `dev`'s zeroed counters of `region`, for kernels whose last block to
-/// finish a piece of work does what a separate launch would (paged_attention.cu's combine,
-/// moe_slot_mma.cu's sum over the slots). Allocated on first use and kept for the process:
-/// captured graphs hold the address, and each launch leaves every counter at zero. `None` while
-/// the stream captures a graph and none exist yet (the allocation would belong to the graph):
-/// the separate kernel then.
+/// The device address of the zeroed counters of `region` for `dev`'s stream, for kernels whose
+/// last block to finish a piece of work does what a separate launch would (paged_attention.cu's
+/// combine, moe_slot_mma.cu's sum over the slots). One set per stream: kernels of one stream run
+/// one after another, but two streams (two engines in one process) would race on shared counters
+/// and fold each other's partials. candle's devices use the per-thread default stream, whose
+/// handle is the same for every thread, so the set is per (device, handle, host thread).
+/// Allocated on first use and kept for the process: captured graphs hold the address, and each
+/// launch leaves every counter at zero. `None` while the stream captures a graph and none exist
+/// yet (the allocation would belong to the graph): the separate kernel then.
 pub(super) fn counters(dev: &CudaDevice, region: Counters) -> Option<u64> {
     use candle_core::cuda_backend::cudarc::driver::DevicePtr;
     use candle_core::cuda_backend::cudarc::driver::sys::CUstreamCaptureStatus;
-    type ByDevice = std::sync::Mutex<std::collections::HashMap<usize, u64>>;
-    static BY_DEVICE: std::sync::OnceLock<ByDevice> = std::sync::OnceLock::new();
+    type Key = (usize, usize, std::thread::ThreadId);
+    type ByStream = std::sync::Mutex<std::collections::HashMap<Key, u64>>;
+    static BY_STREAM: std::sync::OnceLock<ByStream> = std::sync::OnceLock::new();
     let offset = (region as u64) * (COUNTERS * std::mem::size_of::<u32>()) as u64;
-    let mut map = BY_DEVICE.get_or_init(Default::default).lock().ok()?;
+    let mut map = BY_STREAM.get_or_init(Default::default).lock().ok()?;
     let stream = dev.cuda_stream();
-    let ordinal = stream.context().ordinal();
-    if let Some(&ptr) = map.get(&ordinal) {
+    let key = (
+        stream.context().ordinal(),
+        stream.cu_stream() as usize,
+        std::thread::current().id(),
+    );
+    if let Some(&ptr) = map.get(&key) {
         return Some(ptr + offset);
     }
     let idle =
@@ -252,6 +260,6 @@ pub(super) fn counters(dev: &CudaDevice, region: Counters) -> Option<u64> {
     drop(guard);
     // Never freed: graphs captured with this address replay for the process's life.
     std::mem::forget(slice);
-    map.insert(ordinal, ptr);
+    map.insert(key, ptr);
     Some(ptr + offset)
 }
