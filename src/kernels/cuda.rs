@@ -242,11 +242,8 @@ pub(super) fn counters(dev: &CudaDevice, region: Counters) -> Option<u64> {
     let offset = (region as u64) * (COUNTERS * std::mem::size_of::<u32>()) as u64;
     let mut map = BY_STREAM.get_or_init(Default::default).lock().ok()?;
     let stream = dev.cuda_stream();
-    let key = (
-        stream.context().ordinal(),
-        stream.cu_stream() as usize,
-        std::thread::current().id(),
-    );
+    let key =
+        (stream.context().ordinal(), stream.cu_stream() as usize, std::thread::current().id());
     if let Some(&ptr) = map.get(&key) {
         return Some(ptr + offset);
     }
