@@ -50,27 +50,47 @@ fn main() {
     let cap = cap.trim().trim_start_matches("sm_").replace('.', "");
     // `inferno doctor` compares it with the GPU's compute capability.
     println!("cargo::rustc-env=INFERNO_CUDA_COMPUTE_CAP={cap}");
-    for src in sources.iter().filter(|p| p.extension().is_some_and(|e| e == "cu")) {
-        let stem = src.file_stem().and_then(|s| s.to_str()).expect("kernel file names are UTF-8");
-        let ptx = out_dir.join(format!("{stem}.ptx"));
-        let output = Command::new(&nvcc)
-            .args(["--ptx", "-O3", "-std=c++17", "--expt-relaxed-constexpr"])
-            .arg(format!("-arch=sm_{cap}"))
-            .arg("-I")
-            .arg(KERNEL_DIR)
-            .arg("-o")
-            .arg(&ptx)
-            .arg(src)
-            .output()
-            .unwrap_or_else(|e| panic!("could not run {}: {e}", nvcc.display()));
-        if !output.status.success() {
-            panic!(
-                "nvcc failed on {}:\n{}{}",
-                src.display(),
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
+    // nvcc compiles one file on one core: run up to cargo's job count at once, the biggest
+    // files first (the shortest tail). A failure panics in its thread, which fails the scope.
+    let mut kernels: Vec<&PathBuf> =
+        sources.iter().filter(|p| p.extension().is_some_and(|e| e == "cu")).collect();
+    kernels.sort_by_key(|p| std::cmp::Reverse(std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)));
+    let jobs = env::var("NUM_JOBS").ok().and_then(|n| n.parse::<usize>().ok()).unwrap_or(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.clamp(1, kernels.len().max(1)) {
+            scope.spawn(|| {
+                while let Some(src) =
+                    kernels.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                {
+                    compile_kernel(&nvcc, &cap, src, &out_dir);
+                }
+            });
         }
+    });
+}
+
+/// `src` to `$OUT_DIR/NAME.ptx` for `sm_$cap`; panics with nvcc's output when it fails.
+fn compile_kernel(nvcc: &Path, cap: &str, src: &Path, out_dir: &Path) {
+    let stem = src.file_stem().and_then(|s| s.to_str()).expect("kernel file names are UTF-8");
+    let ptx = out_dir.join(format!("{stem}.ptx"));
+    let output = Command::new(nvcc)
+        .args(["--ptx", "-O3", "-std=c++17", "--expt-relaxed-constexpr"])
+        .arg(format!("-arch=sm_{cap}"))
+        .arg("-I")
+        .arg(KERNEL_DIR)
+        .arg("-o")
+        .arg(&ptx)
+        .arg(src)
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {}: {e}", nvcc.display()));
+    if !output.status.success() {
+        panic!(
+            "nvcc failed on {}:\n{}{}",
+            src.display(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
 }
 
