@@ -22,16 +22,9 @@
 // bits at batch 1 and at batch 32.
 
 #include "common.cuh"
+#include "mma.cuh"
 
 #define GEMV_MAX_WK 8
-
-__device__ __forceinline__ void gemv_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // U groups of this lane's chunks: weight rows g and g + 8 of each of the MT tiles, x rows of
 // each n-tile.
@@ -83,8 +76,8 @@ __device__ __forceinline__ void gemv_mma_batch(float (&acc)[MT][NT][4], const Ge
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 const uint4& x = bt.b[u][j];
-                gemv_mma(acc[i][j], r0.x, r1.x, r0.y, r1.y, x.x, x.y);  // chunk values 0..3
-                gemv_mma(acc[i][j], r0.z, r1.z, r0.w, r1.w, x.z, x.w);  // chunk values 4..7
+                mma_bf16(acc[i][j], r0.x, r1.x, r0.y, r1.y, x.x, x.y);  // chunk values 0..3
+                mma_bf16(acc[i][j], r0.z, r1.z, r0.w, r1.w, x.z, x.w);  // chunk values 4..7
             }
         }
 }

@@ -1,15 +1,20 @@
-// Tensor-core and asynchronous-copy primitives shared by the MoE GEMMs and the attention:
+// Tensor-core and asynchronous-copy primitives shared by the MoE GEMMs, the GEMVs and the attention:
 // mma.sync m16n8k16 on bf16 with f32 accumulation, ldmatrix, and cp.async into shared memory.
 #pragma once
 
 #include <stdint.h>
 
-// c += A (16 x 16, row-major bf16) * B (16 x 8, column-major bf16), f32 accumulation.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+// c += A (16 x 16, row-major bf16) * B (16 x 8, column-major bf16), f32 accumulation; a0..a3 the
+// A fragment's registers, b0, b1 B's.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    mma_bf16(c, a[0], a[1], a[2], a[3], b0, b1);
 }
 
 // Four 8 x 8 bf16 matrices from shared memory: lanes 8 i .. 8 i + 7 give the row addresses
