@@ -82,7 +82,7 @@ __device__ __forceinline__ long long first_key(long long P, int window) {
 // A block's share of a launch: its sequence's tile of BQ rows (rows are (query, head of the kv
 // head's group), query-major: G · q_len of them) and the keys [lo, hi) of the fixed splits it owns.
 struct PagedTile {
-    int g, z, G, row0;      // kv head, split share, heads per kv head, the tile's first row
+    int g, G, row0;         // kv head, heads per kv head, the tile's first row
     long long tok0, rows;   // the sequence's first token in q, its rows
     long long pos0;         // its first query's position
     long long f_base;       // its first fixed split (what partial rows are numbered from)
@@ -102,7 +102,6 @@ __device__ __forceinline__ bool paged_tile(PagedTile& t, const uint32_t* __restr
     const int seq = blockIdx.x / p.row_blocks, b = blockIdx.x % p.row_blocks;
     const int tile = REVERSE ? p.row_blocks - 1 - b : b;
     t.g = blockIdx.y;
-    t.z = blockIdx.z;
     t.G = p.heads / p.kv_heads;
     t.tok0 = cu_q[seq];
     const long long q_len = (long long)cu_q[seq + 1] - t.tok0;
@@ -123,8 +122,9 @@ __device__ __forceinline__ bool paged_tile(PagedTile& t, const uint32_t* __restr
     const long long qi_hi = min(t.rows - 1, (long long)t.row0 + BQ - 1) / t.G;
     const long long tile_splits = min((t.pos0 + qi_hi) / SK - t.f_base + 1, (long long)p.fixed_splits);
     const long long per_z = (tile_splits + p.zs - 1) / p.zs;
-    t.lo = max(first_key(t.pos0 + qi_lo, p.window), (t.f_base + t.z * per_z) * SK);
-    t.hi = min(t.pos0 + qi_hi + 1, (t.f_base + (t.z + 1) * per_z) * SK);
+    const int z = blockIdx.z;  // this block's share of the tile's splits
+    t.lo = max(first_key(t.pos0 + qi_lo, p.window), (t.f_base + z * per_z) * SK);
+    t.hi = min(t.pos0 + qi_hi + 1, (t.f_base + (z + 1) * per_z) * SK);
     return true;
 }
 
