@@ -15,10 +15,10 @@
 # case, variant, prefill and decode tok/s (single stream medians), then the GPU's name.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { sed -n 2,17p "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n 2,15p "$0"; exit 2; }
 variants="$1" cases="$2" rounds="${3:-2}"
 out="$(mktemp)"
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$out.err"' EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 for ((round = 1; round <= rounds; round++)); do
     while read -r args; do
@@ -38,4 +38,3 @@ print("%-48s %-12s prefill %10.1f  decode %8.1f" % (case, label, r["prefill_tok_
         done <"$variants"
     done <"$cases"
 done
-rm -f "$out.err"
