@@ -88,6 +88,9 @@ pub struct BenchArgs {
     /// percentiles.
     #[arg(short = 'c', long, default_value_t = 1)]
     pub concurrency: usize,
+    /// Tokens one engine step runs at most: a longer prompt is prefilled in chunks of this size.
+    #[arg(long, default_value_t = crate::engine::core::DEFAULT_TOKEN_BUDGET, value_parser = step_tokens)]
+    pub step_tokens: usize,
     /// Sampling (default: greedy); the same flags as `play`'s.
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -200,6 +203,10 @@ pub struct ServeArgs {
     /// --max-seqs full contexts; at least one context).
     #[arg(long)]
     pub kv_tokens: Option<usize>,
+    /// Tokens one engine step runs at most, over all sequences: bounds a prompt chunk, and so
+    /// how long other streams' next tokens wait behind a long prompt.
+    #[arg(long, default_value_t = crate::engine::core::DEFAULT_TOKEN_BUDGET, value_parser = step_tokens)]
+    pub step_tokens: usize,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 16 << 20, hide = true)]
     pub body_limit: usize,
@@ -227,4 +234,11 @@ pub struct DeviceArgs {
     /// Run on the CPU (debugging and tests only; slow). Never chosen implicitly.
     #[arg(long)]
     pub cpu: bool,
+}
+
+/// `--step-tokens`: 16 to 8,192 (a step's intermediates grow with it; the memory plan counts
+/// the default's).
+fn step_tokens(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|_| format!("'{s}' is not a whole number"))?;
+    if (16..=8192).contains(&n) { Ok(n) } else { Err(format!("{n} is outside 16..=8192")) }
 }

@@ -33,7 +33,7 @@ fn runner(config: &str, dtype: DType, device: &Device) -> Runner {
     let shape = model.kv_shape();
     let blocks = vec![(SEQS + 1) * 1024 / BLOCK + 1; shape.group_windows.len()];
     let pool = KvPool::new(&shape, BLOCK, &blocks, device).expect("pool");
-    Runner { model, pool, shape, graphs: Default::default() }
+    Runner::new(model, pool, shape)
 }
 
 fn manager(r: &Runner) -> BlockManager {

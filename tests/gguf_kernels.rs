@@ -109,7 +109,7 @@ fn engine_step_logits(path: &Path, dev: &Device) -> Vec<Vec<f32>> {
     let groups = shape.group_windows.iter().map(|w| GroupSpec { blocks: n_blocks, window: *w });
     let mut blocks = BlockManager::new(BlockConfig { block_size: BLOCK, groups: groups.collect() })
         .expect("blocks");
-    let mut runner = Runner { model, pool, shape, graphs: Default::default() };
+    let mut runner = Runner::new(model, pool, shape);
     blocks.add_sequence(0, &tokens);
     let mut out = Vec::new();
     for (i, t) in tokens.iter().enumerate() {

@@ -224,7 +224,7 @@ fn gpu_bf16_engine_teacher_forced_agreement_is_at_least_98_percent() {
     let groups = shape.group_windows.iter().map(|w| GroupSpec { blocks: n_blocks, window: *w });
     let mut blocks =
         BlockManager::new(BlockConfig { block_size: BLOCK, groups: groups.collect() }).unwrap();
-    let mut runner = Runner { model, pool, shape, graphs: Default::default() };
+    let mut runner = Runner::new(model, pool, shape);
     blocks.add_sequence(0, &tokens);
     let mut got = Vec::new();
     for (i, t) in tokens.iter().enumerate().take(want.len()) {

@@ -75,6 +75,7 @@ fn bench_json_reports_the_plan() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["step_tokens"], 2048, "the default step");
     let plan = &v["memory_plan"];
     assert_eq!(plan["context"], 20);
     // 4 layers (the ring of 8 + 512 − 1 slots is larger than 20 positions, so every layer holds
@@ -93,6 +94,30 @@ fn bench_json_reports_the_plan() {
     assert!(text.status.success(), "{}", stderr(&text));
     let stdout = String::from_utf8_lossy(&text.stdout);
     assert!(stdout.contains("plan:    ") && stdout.contains(" planned (weights "), "{stdout}");
+}
+
+#[test]
+fn bench_takes_the_step_size_and_refuses_a_bad_one() {
+    let run = |step: &str| {
+        Command::new(bin())
+            .arg("bench")
+            .arg(tiny_gpt_oss())
+            .args(["--cpu", "--dtype", "f32", "-p", "40", "-n", "2", "-r", "1", "--json"])
+            .args(["--step-tokens", step])
+            .output()
+            .unwrap()
+    };
+    // A 40-token prompt in steps of 16: three chunks.
+    let out = run("16");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["step_tokens"], 16);
+    assert!(v["prefill_tok_s"].as_f64().unwrap() > 0.0, "{v}");
+    for bad in ["0", "8193", "many"] {
+        let out = run(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", stderr(&out));
+        assert!(stderr(&out).contains("--step-tokens"), "{bad}: {}", stderr(&out));
+    }
 }
 
 /// The default memory pool's counters: candle allocates every tensor from it (stream-ordered

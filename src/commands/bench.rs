@@ -60,13 +60,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let context = args.context.unwrap_or(needed).max(needed);
     let opts = LoadOptions { dtype, context: Some(context), dummy: args.dummy_weights };
     let streams = args.concurrency;
+    let step_tokens = args.step_tokens;
     let started = Instant::now();
     let (engine, loaded) = engine::start(&args.model, &opts, &device, move |info| EngineConfig {
         max_seqs: streams,
         // Every stream's whole sequence, plus a block each for rounding.
         kv_tokens: streams
             .saturating_mul(info.context.saturating_add(crate::engine::core::BLOCK_SIZE)),
-        token_budget: 512,
+        token_budget: step_tokens,
     })?;
     let load_s = started.elapsed().as_secs_f64();
     let vocab = engine.vocab_size();
@@ -105,6 +106,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "device": gpu_name,
             "context": loaded.context,
             "concurrency": streams,
+            "step_tokens": step_tokens,
             "prompt_tokens": args.prompt_tokens,
             "gen_tokens": args.gen_tokens,
             "repeat": args.repeat,

@@ -48,6 +48,14 @@ enum State {
     Eager,
 }
 
+/// The capture memory one engine's graphs share (`gpu/arena.rs`): they replay one at a time on
+/// the engine's stream, while another engine's graphs may replay beside them on its own.
+#[derive(Clone, Default)]
+pub struct GraphArena {
+    #[cfg(feature = "cuda")]
+    arena: std::sync::Arc<crate::gpu::arena::Arena>,
+}
+
 /// One bucket's fixed buffers and graph.
 pub struct BucketGraph {
     size: usize,
@@ -64,6 +72,9 @@ pub struct BucketGraph {
     /// Peak bytes the warm-up step had allocated at once: what the capture takes from the arena.
     arena_bytes: u64,
     state: State,
+    /// Last: the graph in `state` goes before the bytes it uses.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    arena: GraphArena,
 }
 
 impl BucketGraph {
@@ -72,6 +83,7 @@ impl BucketGraph {
         model: &dyn BatchModel,
         groups: usize,
         block_size: usize,
+        arena: &GraphArena,
     ) -> anyhow::Result<BucketGraph> {
         let dev = model.device();
         let max_context = model.max_positions();
@@ -113,6 +125,7 @@ impl BucketGraph {
             logits,
             arena_bytes: 0,
             state: State::Cold,
+            arena: arena.clone(),
         })
     }
 
@@ -240,8 +253,9 @@ impl BucketGraph {
         let stream = cuda.cuda_stream();
         // The step's own allocations come from the arena, not graph memory nodes (twice the
         // warm-up's peak, as arena.rs says; without it, the graph allocates as it always could).
-        let reserved = crate::gpu::arena::reserve(2 * self.arena_bytes + (4 << 20));
-        let _arena = reserved.is_ok().then(|| crate::gpu::arena::serve(stream.cu_stream()));
+        let arena = &self.arena.arena;
+        let reserved = arena.reserve(stream.context(), 2 * self.arena_bytes + (4 << 20));
+        let _arena = reserved.is_ok().then(|| arena.serve(stream.cu_stream()));
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         // Everything the step allocates is freed before the capture ends (the graph owns those
         // allocations); only the fixed logits buffer is written.
@@ -254,7 +268,7 @@ impl BucketGraph {
                 if std::env::var_os("INFERNO_GRAPH_STATS").is_some() {
                     let replay = replay_time(&graph, &stream)?;
                     let nodes = node_stats(&graph);
-                    let (chunks, lent) = crate::gpu::arena::usage();
+                    let (chunks, lent) = self.arena.arena.usage();
                     eprintln!(
                         "inferno: decode graph, batch {}: {nodes}; replay {replay:.1} µs; \
                          warm-up peak {} B, arena {chunks} B ({lent} B lent; {reserved:?})",

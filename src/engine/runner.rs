@@ -6,7 +6,7 @@
 
 use candle_core::{Device, Tensor};
 
-use super::graphs::{self, BucketGraph, StepIds};
+use super::graphs::{self, BucketGraph, GraphArena, StepIds};
 use super::kv::blocks::BlockManager;
 use super::scheduler::Chunk;
 use crate::generate::{Sampler, SamplerConfig};
@@ -19,6 +19,8 @@ pub struct Runner {
     pub shape: KvShape,
     /// Decode-step graphs by bucket size (empty on the CPU or with graphs off).
     pub graphs: std::collections::HashMap<usize, BucketGraph>,
+    /// The memory the graphs' steps allocate from, this engine's own.
+    pub arena: GraphArena,
 }
 
 /// What a sampling chunk needs to pick its token.
@@ -29,6 +31,11 @@ pub struct SampleSpec<'a> {
 }
 
 impl Runner {
+    /// A runner with no decode graph captured yet.
+    pub fn new(model: Box<dyn BatchModel>, pool: KvPool, shape: KvShape) -> Runner {
+        Runner { model, pool, shape, graphs: Default::default(), arena: Default::default() }
+    }
+
     pub fn device(&self) -> &Device {
         self.model.device()
     }
@@ -63,7 +70,13 @@ impl Runner {
         let Some(size) = decode_bucket(chunks) else { return Ok(None) };
         if !self.graphs.contains_key(&size) {
             let groups = self.shape.group_windows.len();
-            let g = BucketGraph::new(size, self.model.as_ref(), groups, self.pool.block_size)?;
+            let g = BucketGraph::new(
+                size,
+                self.model.as_ref(),
+                groups,
+                self.pool.block_size,
+                &self.arena,
+            )?;
             self.graphs.insert(size, g);
         }
         let ids: Vec<u32> = inputs.iter().map(|i| i[0]).collect();

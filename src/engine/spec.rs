@@ -130,11 +130,13 @@ impl Spec {
         let (kv_cache, rope_tables, workspace) = match &self.arch {
             Arch::GptOss(cfg) => {
                 use gpt_oss::memory as m;
-                let chunk = gpt_oss::model::PREFILL_CHUNK;
+                // The cache as the model allocates it; the intermediates of the engine's
+                // default step, which grow with its tokens.
+                let step = crate::engine::core::DEFAULT_TOKEN_BUDGET;
                 (
-                    m::kv_cache_bytes(cfg, context, chunk, self.dtype),
+                    m::kv_cache_bytes(cfg, context, gpt_oss::model::PREFILL_CHUNK, self.dtype),
                     m::rope_table_bytes(cfg, context),
-                    m::workspace_bytes(cfg, context, self.dtype),
+                    m::workspace_bytes(cfg, context, step, self.dtype),
                 )
             }
             Arch::Llama(cfg) => {

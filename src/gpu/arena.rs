@@ -10,17 +10,21 @@
 //! them out after capture (`CUDA_ERROR_NOT_SUPPORTED` for graphs with memory nodes).
 //!
 //! # How
-//! While a [`serve`] scope is alive, this thread's allocations on its stream come from an arena
-//! of plain `cuMemAlloc` chunks, kept for the process; captured, nothing reaches the graph. Every
-//! block a step allocates is freed before its capture ends (`engine/graphs.rs` owns its outputs
-//! up front), so all of the arena is free again afterwards, and the next capture (another batch
-//! size) reuses the same bytes: the graphs replay one at a time on one stream, as PyTorch's graphs
-//! share a memory pool. Nothing else may ever hold arena bytes, or a replay would overwrite it.
+//! While an [`Arena::serve`] scope is alive, this thread's allocations on its stream come from
+//! that arena's plain `cuMemAlloc` chunks; captured, nothing reaches the graph. Every block a
+//! step allocates is freed before its capture ends (`engine/graphs.rs` owns its outputs up
+//! front), so all of the arena is free again afterwards, and the next capture (another batch
+//! size) reuses the same bytes: one engine's graphs replay one at a time on its stream, as
+//! PyTorch's graphs share a memory pool. Nothing else may ever hold arena bytes, or a replay
+//! would overwrite it. So each engine owns its own [`Arena`]: two engines in one process replay
+//! at the same time on their own streams (one arena per CUDA context gave both the same bytes,
+//! and one engine's replies turned to noise), and an engine's chunks go back to the driver with
+//! it.
 //!
 //! A capturing stream may not add a chunk (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), so the
 //! chunk is reserved before: the eager warm-up step before each capture runs in a [`measure`]
-//! scope, which passes its allocations to the driver and records their peak, and [`reserve`]
-//! makes room for twice that peak (best fit fragments; a capture that still runs out fails and
+//! scope, which passes its allocations to the driver and records their peak, and
+//! [`Arena::reserve`] makes room for twice that peak (best fit fragments; a capture that still runs out fails and
 //! its batch size decodes eagerly). The warm-up itself must not take arena bytes: it fills
 //! candle's caches of uploaded kernel parameters, which live for the process.
 //!
@@ -34,9 +38,10 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use candle_core::cuda_backend::cudarc::driver::CudaContext;
 use candle_core::cuda_backend::cudarc::driver::sys::{self, CUdeviceptr, CUresult, CUstream};
 
 use super::arena_blocks::Blocks;
@@ -80,8 +85,10 @@ unsafe extern "C" {
     fn inferno_real_cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
 }
 
-/// Each CUDA context's blocks.
-static ARENAS: Mutex<Vec<(usize, Blocks)>> = Mutex::new(Vec::new());
+/// Each live [`Arena`]'s blocks, by its id.
+static ARENAS: Mutex<Vec<(u64, Blocks)>> = Mutex::new(Vec::new());
+/// The next [`Arena`]'s id.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Whether any chunk exists, so that frees outside graphs skip the lock until one does.
 static ANY_CHUNK: AtomicBool = AtomicBool::new(false);
 
@@ -101,15 +108,25 @@ struct Measured {
     peak: u64,
 }
 
+/// Whose allocations a thread diverts, and where to.
+#[derive(Clone, Copy)]
+struct Diversion {
+    stream: usize,
+    mode: Mode,
+    /// The serving arena's id (0 when measuring or off).
+    arena: u64,
+}
+
+const OFF: Diversion = Diversion { stream: 0, mode: Mode::Off, arena: 0 };
+
 thread_local! {
-    /// The stream whose allocations this thread diverts, and how (stream 0: none).
-    static SCOPE: Cell<(usize, Mode)> = const { Cell::new((0, Mode::Off)) };
+    static SCOPE: Cell<Diversion> = const { Cell::new(OFF) };
     static MEASURED: RefCell<Measured> = RefCell::new(Measured::default());
 }
 
 /// While alive, this thread's allocations on one stream are served or measured.
 pub struct Scope {
-    previous: (usize, Mode),
+    previous: Diversion,
 }
 
 impl Drop for Scope {
@@ -118,19 +135,20 @@ impl Drop for Scope {
     }
 }
 
-fn enter(stream: CUstream, mode: Mode) -> Scope {
+fn enter(stream: CUstream, mode: Mode, arena: u64) -> Scope {
     let on = !std::env::var("INFERNO_GRAPH_ARENA").is_ok_and(|v| v == "0");
     let mode = if on { mode } else { Mode::Off };
     if mode == Mode::Measure {
         MEASURED.with(|m| *m.borrow_mut() = Measured::default());
     }
-    Scope { previous: SCOPE.with(|c| c.replace((stream as usize, mode))) }
+    let now = Diversion { stream: stream as usize, mode, arena };
+    Scope { previous: SCOPE.with(|c| c.replace(now)) }
 }
 
 /// Records the peak of this thread's allocations on `stream` (still the driver's) until
 /// dropped; read it with [`measured_peak`]. For the eager step before a capture.
 pub fn measure(stream: CUstream) -> Scope {
-    enter(stream, Mode::Measure)
+    enter(stream, Mode::Measure, 0)
 }
 
 /// The peak bytes the last [`measure`] scope of this thread saw live at once.
@@ -138,76 +156,114 @@ pub fn measured_peak() -> u64 {
     MEASURED.with(|m| m.borrow().peak)
 }
 
-/// Serves this thread's allocations on `stream` from the arena until dropped (a no-op scope
-/// with `INFERNO_GRAPH_ARENA=0`). Open it after [`reserve`] and before `begin_capture`; drop it
-/// after `end_capture`.
-pub fn serve(stream: CUstream) -> Scope {
-    enter(stream, Mode::Serve)
+/// One engine's capture memory: the chunks its decode graphs' steps allocate from. Its chunks
+/// go back to the driver when it drops, so it must outlive every graph that uses its bytes.
+pub struct Arena {
+    id: u64,
+    /// The context of its chunks, from the first [`Arena::reserve`]: kept alive to free them.
+    context: Mutex<Option<Arc<CudaContext>>>,
 }
 
-/// Makes sure the current context's arena has a free block of `bytes`, adding a chunk when it
-/// has not. Call it outside any capture. Also fails when arena bytes are still lent (a capture
-/// that kept some): those must not be shared.
-pub fn reserve(bytes: u64) -> Result<(), CUresult> {
-    let ctx = current_context()?;
-    let mut arenas = lock();
-    let blocks = arena_of(&mut arenas, ctx);
-    if blocks.live_bytes() > 0 {
-        return Err(CUresult::CUDA_ERROR_ALREADY_ACQUIRED);
+impl Default for Arena {
+    fn default() -> Self {
+        Arena { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), context: Mutex::new(None) }
     }
-    if blocks.largest_free() >= bytes {
-        return Ok(());
+}
+
+impl Arena {
+    /// Serves this thread's allocations on `stream` from this arena until dropped (a no-op scope
+    /// with `INFERNO_GRAPH_ARENA=0`). Open it after [`Arena::reserve`] and before
+    /// `begin_capture`; drop it after `end_capture`.
+    pub fn serve(&self, stream: CUstream) -> Scope {
+        enter(stream, Mode::Serve, self.id)
     }
-    // Exactly what is asked (in 2 MiB steps): the memory plan's runtime allowance holds the
-    // arena, and a 1B model's batch-1 step peaks at a few MiB. A larger batch size captured later
-    // adds a larger chunk beside the small ones.
-    let len = bytes.div_ceil(2 << 20) * (2 << 20);
-    let mut chunk = 0;
-    // SAFETY: writes one device pointer.
-    let r = unsafe { sys::cuMemAlloc_v2(&mut chunk, len as usize) };
-    if r != CUresult::CUDA_SUCCESS {
-        return Err(r);
+
+    /// Makes sure this arena has a free block of `bytes`, adding a chunk in `context` (the
+    /// current one) when it has not. Call it outside any capture. Also fails when arena bytes
+    /// are still lent (a capture that kept some): those must not be shared.
+    pub fn reserve(&self, context: &Arc<CudaContext>, bytes: u64) -> Result<(), CUresult> {
+        let mut arenas = lock();
+        let blocks = blocks_of(&mut arenas, self.id);
+        if blocks.live_bytes() > 0 {
+            return Err(CUresult::CUDA_ERROR_ALREADY_ACQUIRED);
+        }
+        if blocks.largest_free() >= bytes {
+            return Ok(());
+        }
+        let mut ours = self.context.lock().unwrap_or_else(|e| e.into_inner());
+        if ours.as_ref().is_some_and(|c| c.cu_ctx() != context.cu_ctx()) {
+            return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+        }
+        // Exactly what is asked (in 2 MiB steps): the memory plan's runtime allowance holds the
+        // arena, and a 1B model's batch-1 step peaks at a few MiB. A larger batch size captured
+        // later adds a larger chunk beside the small ones.
+        let len = bytes.div_ceil(2 << 20) * (2 << 20);
+        let mut chunk = 0;
+        // SAFETY: writes one device pointer.
+        let r = unsafe { sys::cuMemAlloc_v2(&mut chunk, len as usize) };
+        if r != CUresult::CUDA_SUCCESS {
+            return Err(r);
+        }
+        blocks.add_chunk(chunk, len);
+        *ours = Some(context.clone());
+        ANY_CHUNK.store(true, Ordering::Release);
+        Ok(())
     }
-    blocks.add_chunk(chunk, len);
-    ANY_CHUNK.store(true, Ordering::Release);
-    Ok(())
+
+    /// (chunk bytes, live bytes): what this arena holds, and what it lends now.
+    pub fn usage(&self) -> (u64, u64) {
+        let arenas = lock();
+        arenas
+            .iter()
+            .find(|(id, _)| *id == self.id)
+            .map_or((0, 0), |(_, b)| (b.chunk_bytes(), b.live_bytes()))
+    }
 }
 
-/// (chunk bytes, live bytes) over all contexts: what the arena holds, and what it lends now.
-pub fn usage() -> (u64, u64) {
-    let arenas = lock();
-    arenas.iter().fold((0, 0), |(c, l), (_, b)| (c + b.chunk_bytes(), l + b.live_bytes()))
+impl Drop for Arena {
+    fn drop(&mut self) {
+        let blocks = {
+            let mut arenas = lock();
+            match arenas.iter().position(|(id, _)| *id == self.id) {
+                Some(i) => arenas.swap_remove(i).1,
+                None => return,
+            }
+        };
+        let context = self.context.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        // Bytes still lent belong to someone (a failed capture's leftovers): leave them to the
+        // context rather than free memory in use. Otherwise wait for the last replay, then free.
+        let Some(context) = context.filter(|_| blocks.live_bytes() == 0) else { return };
+        if context.bind_to_thread().is_err() || context.synchronize().is_err() {
+            return;
+        }
+        for (start, _) in blocks.chunks() {
+            // SAFETY: a chunk of this arena's cuMemAlloc, lent to no one, its users finished.
+            unsafe { sys::cuMemFree_v2(start) };
+        }
+    }
 }
 
-fn current_context() -> Result<usize, CUresult> {
-    let mut ctx = std::ptr::null_mut();
-    // SAFETY: writes one pointer.
-    let r = unsafe { sys::cuCtxGetCurrent(&mut ctx) };
-    if r == CUresult::CUDA_SUCCESS { Ok(ctx as usize) } else { Err(r) }
-}
-
-fn arena_of(arenas: &mut Vec<(usize, Blocks)>, ctx: usize) -> &mut Blocks {
-    let index = match arenas.iter().position(|(c, _)| *c == ctx) {
+fn blocks_of(arenas: &mut Vec<(u64, Blocks)>, id: u64) -> &mut Blocks {
+    let index = match arenas.iter().position(|(i, _)| *i == id) {
         Some(i) => i,
         None => {
-            arenas.push((ctx, Blocks::default()));
+            arenas.push((id, Blocks::default()));
             arenas.len() - 1
         }
     };
     &mut arenas[index].1
 }
 
-fn lock() -> MutexGuard<'static, Vec<(usize, Blocks)>> {
+fn lock() -> MutexGuard<'static, Vec<(u64, Blocks)>> {
     // A panic cannot happen under the lock (no user data, no allocation that can fail loudly),
     // but a poisoned lock must not turn every later free into an abort.
     ARENAS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The current context's arena block of `bytes` (never a new chunk: see [`reserve`]).
-fn alloc(bytes: usize) -> Result<CUdeviceptr, CUresult> {
-    let ctx = current_context()?;
+/// A block of `bytes` from arena `id` (never a new chunk: see [`Arena::reserve`]).
+fn alloc(id: u64, bytes: usize) -> Result<CUdeviceptr, CUresult> {
     let mut arenas = lock();
-    arena_of(&mut arenas, ctx).alloc(bytes as u64).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+    blocks_of(&mut arenas, id).alloc(bytes as u64).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
 }
 
 /// Returns `dptr` to its arena: `false` when it is not an arena block.
@@ -242,9 +298,10 @@ pub unsafe extern "C" fn inferno_arena_cuMemAllocAsync(
     bytes: usize,
     stream: CUstream,
 ) -> CUresult {
-    let (scoped, mode) = SCOPE.with(Cell::get);
-    match mode {
-        Mode::Serve if scoped == stream as usize => match alloc(bytes) {
+    let scope = SCOPE.with(Cell::get);
+    let scoped = scope.stream == stream as usize;
+    match scope.mode {
+        Mode::Serve if scoped => match alloc(scope.arena, bytes) {
             Ok(p) => {
                 // SAFETY: the caller's contract.
                 unsafe { *dptr = p };
@@ -252,7 +309,7 @@ pub unsafe extern "C" fn inferno_arena_cuMemAllocAsync(
             }
             Err(e) => e,
         },
-        Mode::Measure if scoped == stream as usize => measured_alloc(dptr, bytes, stream),
+        Mode::Measure if scoped => measured_alloc(dptr, bytes, stream),
         // SAFETY: the caller's arguments, unchanged.
         _ => unsafe { inferno_real_cuMemAllocAsync(dptr, bytes, stream) },
     }
@@ -270,7 +327,7 @@ pub unsafe extern "C" fn inferno_arena_cuMemFreeAsync(
     if free(dptr) {
         return CUresult::CUDA_SUCCESS;
     }
-    if SCOPE.with(Cell::get).1 == Mode::Measure {
+    if SCOPE.with(Cell::get).mode == Mode::Measure {
         MEASURED.with(|m| {
             let mut m = m.borrow_mut();
             if let Some(bytes) = m.live.remove(&dptr) {

@@ -83,6 +83,11 @@ impl Blocks {
         self.free.values().copied().max().unwrap_or(0)
     }
 
+    /// (start, length) of each chunk.
+    pub fn chunks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.chunks.iter().copied()
+    }
+
     /// Bytes in all chunks.
     pub fn chunk_bytes(&self) -> u64 {
         self.chunks.iter().map(|c| c.1).sum()

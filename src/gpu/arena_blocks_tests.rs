@@ -47,6 +47,8 @@ fn blocks_never_overlap_and_free_space_returns_whole() {
             assert!(b.free(p));
         }
         assert_eq!(b.free_blocks(), chunks.to_vec(), "round {round}");
+        // What an arena frees when its engine goes: exactly the chunks it added.
+        assert_eq!(b.chunks().collect::<Vec<_>>(), chunks.to_vec(), "round {round}");
         assert_eq!(b.largest_free(), 64 * ALIGN);
     }
 }

@@ -52,8 +52,6 @@ use crate::util::human_bytes_iec;
 use errors::ApiError;
 use state::{AppState, ModelIds, Ready};
 
-/// Tokens one engine step runs at most (a prompt chunk).
-const TOKEN_BUDGET: usize = 512;
 /// How long open requests get to end after Ctrl+C before the server stops anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -106,10 +104,11 @@ async fn serve(
     eprintln!("inferno serve · http://{addr} · loading {} …", args.model);
 
     let (load_tx, load_rx) = oneshot::channel();
-    let (model, max_seqs, kv_tokens) = (args.model.clone(), args.max_seqs, args.kv_tokens);
+    let (model, max_seqs, kv_tokens, step_tokens) =
+        (args.model.clone(), args.max_seqs, args.kv_tokens, args.step_tokens);
     let started = Instant::now();
     std::thread::Builder::new().name("inferno-load".into()).spawn(move || {
-        let _ = load_tx.send(load(&model, &opts, &device, max_seqs, kv_tokens));
+        let _ = load_tx.send(load(&model, &opts, &device, max_seqs, kv_tokens, step_tokens));
     })?;
     let shutdown = state::shutdown_started(shutdown_rx);
     let mut server =
@@ -185,11 +184,12 @@ fn load(
     device: &Device,
     max_seqs: usize,
     kv_tokens: Option<usize>,
+    step_tokens: usize,
 ) -> anyhow::Result<Ready> {
     let (engine, info) = engine::start(name, opts, device, move |info| EngineConfig {
         max_seqs,
         kv_tokens: kv_tokens.unwrap_or_else(|| default_kv_tokens(info, max_seqs)).max(info.context),
-        token_budget: TOKEN_BUDGET,
+        token_budget: step_tokens,
     })?;
     let kv_tokens =
         kv_tokens.unwrap_or_else(|| default_kv_tokens(&info, max_seqs)).max(info.context);
@@ -229,7 +229,7 @@ fn banner(r: &Ready, device: &str, args: &ServeArgs, addr: SocketAddr, load: Dur
     format!(
         "inferno serve · {} ({}, {:?}) · {device} · context {} (model max {}){format} · loaded in {:.1}s\n\
          memory: {}\n\
-         batch:  up to {} sequences, KV pool {} tokens ({} blocks of {BLOCK_SIZE}, ≈{}), {TOKEN_BUDGET} tokens per step; {} may wait\n\
+         batch:  up to {} sequences, KV pool {} tokens ({} blocks of {BLOCK_SIZE}, ≈{}), {} tokens per step; {} may wait\n\
          ready:  http://{addr}/v1 (OpenAI API, {key}) · /health · /metrics",
         i.name,
         i.format,
@@ -242,6 +242,7 @@ fn banner(r: &Ready, device: &str, args: &ServeArgs, addr: SocketAddr, load: Dur
         r.kv_tokens,
         r.kv_tokens.div_ceil(BLOCK_SIZE),
         human_bytes_iec(kv_bytes as u64),
+        args.step_tokens,
         args.max_waiting,
     )
 }

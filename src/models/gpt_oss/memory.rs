@@ -6,7 +6,6 @@
 use candle_core::DType;
 
 use super::config::GptOssConfig;
-use super::model::PREFILL_CHUNK;
 use crate::models::kv_cache::KvCache;
 use crate::models::memory::{FileTensors, dense_bytes, elems, sum};
 
@@ -110,13 +109,14 @@ pub fn weight_bytes(cfg: &GptOssConfig, compute: DType, file: Option<&FileTensor
     }))
 }
 
-/// Peak bytes of the intermediates of a forward pass: one prefill chunk through one layer,
+/// Peak bytes of the intermediates of a forward pass: one prefill chunk of `chunk` tokens (the
+/// engine's step) through one layer,
 /// every intermediate counted as live at once (an upper bound: most are freed before the next
 /// is made), plus the logits. Attention reads the cache in place and never materialises
 /// scores, so nothing here grows with the context beyond the chunk. Kernel scratch that does
 /// not scale with the model (attention split partials, argmax) is in the plan's runtime term.
-pub fn workspace_bytes(cfg: &GptOssConfig, context: usize, dtype: DType) -> u64 {
-    let n = PREFILL_CHUNK.min(context);
+pub fn workspace_bytes(cfg: &GptOssConfig, context: usize, chunk: usize, dtype: DType) -> u64 {
+    let n = chunk.min(context);
     let sd = dtype.size_in_bytes();
     let (h, i, k, e) =
         (cfg.hidden_size, cfg.intermediate_size, cfg.experts_per_token, cfg.num_experts);
@@ -145,6 +145,7 @@ pub fn workspace_bytes(cfg: &GptOssConfig, context: usize, dtype: DType) -> u64 
 
 #[cfg(test)]
 mod tests {
+    use super::super::model::PREFILL_CHUNK;
     use super::*;
 
     fn config_20b() -> GptOssConfig {
