@@ -1,5 +1,6 @@
-//! `inferno serve` under load on 127.0.0.1 (CPU, SmolLM2): 64 concurrent streams each give exactly the
-//! reply they give alone (greedy), and 200 clients that disconnect at random points
+//! `inferno serve` under load on 127.0.0.1 (CPU, SmolLM2): 32 concurrent streams each give exactly the
+//! reply they give alone (greedy; the alone replies run one after the other, most of this file's
+//! time in CI), and 100 clients that disconnect at random points
 //! leave no running sequence and no KV block behind (read from `/metrics`). Bounded in time:
 //! every wait has a deadline.
 
@@ -44,7 +45,7 @@ fn concurrent_streams_equal_their_single_replies() {
     let model = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
     let s = Server::start(
         &model,
-        &["--context", "512", "--kv-tokens", "16384", "--max-seqs", "64"],
+        &["--context", "512", "--kv-tokens", "16384", "--max-seqs", "32"],
         &[],
     );
     let subjects = ["the sea", "a cat", "winter", "bread", "a city", "the moon", "rain", "music"];
@@ -58,10 +59,9 @@ fn concurrent_streams_equal_their_single_replies() {
     for a in asks {
         for subject in subjects {
             prompts.push(format!("{a} {subject}."));
-            prompts.push(format!("{a} {subject}, briefly."));
         }
     }
-    assert_eq!(prompts.len(), 64);
+    assert_eq!(prompts.len(), 32);
     let max_tokens = 8;
     // Alone, one after the other, then all at once.
     let t0 = Instant::now();
@@ -98,14 +98,11 @@ fn random_client_disconnects_leave_no_sequence_and_no_kv_block() {
     );
     let before = s.metrics(&[])["inferno_cancelled_total"];
     let t0 = Instant::now();
-    let r = s.python("disconnects", json!({"requests": 200, "seed": 7}));
+    let r = s.python("disconnects", json!({"requests": 100, "seed": 7}));
     eprintln!("disconnects: {r} ({:.1} s)", t0.elapsed().as_secs_f64());
-    assert!(r["streamed"].as_u64().unwrap() > 100 && r["collected"].as_u64().unwrap() > 20, "{r}");
+    assert!(r["streamed"].as_u64().unwrap() > 50 && r["collected"].as_u64().unwrap() > 10, "{r}");
     let t0 = Instant::now();
     let m = wait_drained(&s, Duration::from_secs(120));
     eprintln!("drained in {:.1} s", t0.elapsed().as_secs_f64());
-    assert!(
-        m["inferno_cancelled_total"] - before >= 150.0,
-        "few generations were cancelled: {m:?}"
-    );
+    assert!(m["inferno_cancelled_total"] - before >= 75.0, "few generations were cancelled: {m:?}");
 }
