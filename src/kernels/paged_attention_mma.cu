@@ -26,7 +26,10 @@
 //
 // Shape: block (sequence x row tile, kv head, z) as the scalar kernel, NW warps of 16 rows, K and
 // V tiles of MBK keys double-buffered in shared memory by cp.async (rows padded by 16 bytes, so
-// ldmatrix's 8 row addresses hit 8 different bank groups).
+// ldmatrix's 8 row addresses hit 8 different bank groups). The _ds kernels (a decode step's rows
+// fit one warp) give all NW warps the same 16 rows and each a share of the output's columns:
+// the tile's chain of products is the time there, not its bytes (4 K/V stages instead of 2 gave
+// nothing on an H100).
 
 #include "mma.cuh"
 #include "paged_attention.cuh"
@@ -49,16 +52,23 @@ __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uin
     lo = pack_bf16(x0 - __low2float(h), x1 - __high2float(h));
 }
 
-template <int D, int NW>
+template <int D, int NW, int DS>
 __device__ __forceinline__ void paged_attention_mma_impl(
     const bf16* __restrict__ q, const bf16* __restrict__ k_pool, const bf16* __restrict__ v_pool,
     const float* __restrict__ sinks, const uint32_t* __restrict__ cu_q, const uint32_t* __restrict__ q_pos,
     const uint32_t* __restrict__ tables, bf16* __restrict__ out, float* __restrict__ part_acc,
     float* __restrict__ part_ml, uint32_t* __restrict__ counters, const PagedAttnParams& p) {
-    constexpr int BQ = NW * 16;  // rows per block
+    // DS = 1: each warp its own 16 rows. DS = NW (rows that fit one warp: a decode step's heads
+    // of a kv head): every warp the same 16 rows, each the P.V of its ND / DS column tiles of
+    // the output; the scores and softmax are computed by each warp alike (the same operations,
+    // the same bits), so a row's output is bit for bit what one warp alone gives.
+    constexpr int BQ = DS > 1 ? 16 : NW * 16;  // rows per block
     constexpr int KS = D / 16;   // k-steps of q.K^T
     constexpr int NK = MBK / 8;  // 8-key column tiles of S
     constexpr int ND = D / 8;    // 8-dimension column tiles of the output
+    constexpr int NDW = ND / DS;  // this warp's
+    static_assert(DS == 1 || DS == NW, "the dimensions split over all the warps or none");
+    static_assert(NDW % 2 == 0, "P.V loads column tiles in pairs");
     constexpr int ROW = D + KPAD;
     constexpr int CPR = D / 8;  // 16-byte chunks per key row
     extern __shared__ __align__(16) bf16 kv_smem[];  // [2 stages][K, V][MBK][ROW]
@@ -74,7 +84,8 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     const int gq = lane >> 2, tq = lane & 3;  // the mma fragment's row and column pair
 
     // This lane's two rows: hf = 0 is row gq of the warp's 16, hf = 1 row gq + 8.
-    const long long wrow0 = row0 + warp * 16;
+    const long long wrow0 = row0 + (DS > 1 ? 0 : warp * 16);
+    const int nd0 = DS > 1 ? warp * NDW : 0;  // this warp's first column tile
     float sink2[2], m[2], l[2], Mt[2], Lt[2];
     long long qpos[2], orow[2];
     bool rv[2];
@@ -90,9 +101,9 @@ __device__ __forceinline__ void paged_attention_mma_impl(
         m[hf] = Mt[hf] = sink2[hf];
         l[hf] = Lt[hf] = 0.f;
     }
-    float acc[ND][4], At[ND][4];
+    float acc[NDW][4], At[NDW][4];
 #pragma unroll
-    for (int nd = 0; nd < ND; nd++)
+    for (int nd = 0; nd < NDW; nd++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[nd][e] = At[nd][e] = 0.f;
 
@@ -127,17 +138,17 @@ __device__ __forceinline__ void paged_attention_mma_impl(
             if (p.zs == 1) {
                 const FoldWeights fw = fold_ml(Mt[hf], Lt[hf], m[hf], lt);
 #pragma unroll
-                for (int nd = 0; nd < ND; nd++)
+                for (int nd = 0; nd < NDW; nd++)
 #pragma unroll
                     for (int e = 0; e < 2; e++)
                         At[nd][2 * hf + e] = fold_elem(At[nd][2 * hf + e], acc[nd][2 * hf + e], fw);
             } else if (rv[hf] && f - f_base < p.fixed_splits) {
                 const long long prow = (f - f_base) * p.tokens * p.heads + orow[hf];
 #pragma unroll
-                for (int nd = 0; nd < ND; nd++)
-                    *reinterpret_cast<float2*>(part_acc + prow * D + nd * 8 + 2 * tq) =
+                for (int nd = 0; nd < NDW; nd++)
+                    *reinterpret_cast<float2*>(part_acc + prow * D + (nd0 + nd) * 8 + 2 * tq) =
                         make_float2(acc[nd][2 * hf], acc[nd][2 * hf + 1]);
-                if (tq == 0) {
+                if (tq == 0 && nd0 == 0) {
                     part_ml[2 * prow] = m[hf];
                     part_ml[2 * prow + 1] = lt;
                 }
@@ -145,7 +156,7 @@ __device__ __forceinline__ void paged_attention_mma_impl(
             m[hf] = sink2[hf];
             l[hf] = 0.f;
 #pragma unroll
-            for (int nd = 0; nd < ND; nd++) acc[nd][2 * hf] = acc[nd][2 * hf + 1] = 0.f;
+            for (int nd = 0; nd < NDW; nd++) acc[nd][2 * hf] = acc[nd][2 * hf + 1] = 0.f;
         }
     };
 
@@ -229,7 +240,7 @@ __device__ __forceinline__ void paged_attention_mma_impl(
                 l[hf] = fmaf(l[hf], alpha, ls);
                 m[hf] = mn;
 #pragma unroll
-                for (int nd = 0; nd < ND; nd++) {
+                for (int nd = 0; nd < NDW; nd++) {
                     acc[nd][2 * hf] = __fmul_rn(acc[nd][2 * hf], alpha);
                     acc[nd][2 * hf + 1] = __fmul_rn(acc[nd][2 * hf + 1], alpha);
                 }
@@ -243,10 +254,10 @@ __device__ __forceinline__ void paged_attention_mma_impl(
                 split_pair(s[2 * kk + 1][0], s[2 * kk + 1][1], ah[2], al[2]);
                 split_pair(s[2 * kk + 1][2], s[2 * kk + 1][3], ah[3], al[3]);
 #pragma unroll
-                for (int np = 0; np < ND / 2; np++) {
+                for (int np = 0; np < NDW / 2; np++) {
                     uint32_t b[4];
                     const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                    ldmatrix_x4<true>(b, vs + key * ROW + (2 * np + (lane >> 4)) * 8);
+                    ldmatrix_x4<true>(b, vs + key * ROW + (nd0 + 2 * np + (lane >> 4)) * 8);
                     mma_bf16(acc[2 * np], ah, b[0], b[1]);
                     mma_bf16(acc[2 * np], al, b[0], b[1]);
                     mma_bf16(acc[2 * np + 1], ah, b[2], b[3]);
@@ -287,24 +298,27 @@ __device__ __forceinline__ void paged_attention_mma_impl(
         if (!rv[hf]) continue;
         const float denom = finish_denom(Mt[hf], Lt[hf], sink2[hf]);
 #pragma unroll
-        for (int nd = 0; nd < ND; nd++) {
+        for (int nd = 0; nd < NDW; nd++) {
             const __nv_bfloat162 o = __halves2bfloat162(__float2bfloat16_rn(At[nd][2 * hf] / denom),
                                                         __float2bfloat16_rn(At[nd][2 * hf + 1] / denom));
-            *reinterpret_cast<__nv_bfloat162*>(out + orow[hf] * D + nd * 8 + 2 * tq) = o;
+            *reinterpret_cast<__nv_bfloat162*>(out + orow[hf] * D + (nd0 + nd) * 8 + 2 * tq) = o;
         }
     }
 }
 
-#define PAGED_ATTENTION_MMA(NAME, D, NW)                                                                 \
+#define PAGED_ATTENTION_MMA(NAME, D, NW, DS)                                                             \
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                \
         NAME(const bf16* q, const bf16* k_pool, const bf16* v_pool, const float* sinks, const uint32_t* cu_q, \
              const uint32_t* q_pos, const uint32_t* tables, bf16* out, float* part_acc, float* part_ml,    \
              uint32_t* counters, const PagedAttnParams p) {                                               \
-        paged_attention_mma_impl<D, NW>(q, k_pool, v_pool, sinks, cu_q, q_pos, tables, out, part_acc,     \
-                                        part_ml, counters, p);                                            \
+        paged_attention_mma_impl<D, NW, DS>(q, k_pool, v_pool, sinks, cu_q, q_pos, tables, out, part_acc, \
+                                            part_ml, counters, p);                                        \
     }
 
-PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4, 64, 4)
-PAGED_ATTENTION_MMA(paged_attention_mma_d64_w8, 64, 8)
-PAGED_ATTENTION_MMA(paged_attention_mma_d128_w4, 128, 4)
-PAGED_ATTENTION_MMA(paged_attention_mma_d128_w8, 128, 8)
+PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4, 64, 4, 1)
+PAGED_ATTENTION_MMA(paged_attention_mma_d64_w8, 64, 8, 1)
+PAGED_ATTENTION_MMA(paged_attention_mma_d128_w4, 128, 4, 1)
+PAGED_ATTENTION_MMA(paged_attention_mma_d128_w8, 128, 8, 1)
+// Rows that fit one warp (decode), the output's columns over 4 warps.
+PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4_ds, 64, 4, 4)
+PAGED_ATTENTION_MMA(paged_attention_mma_d128_w4_ds, 128, 4, 4)

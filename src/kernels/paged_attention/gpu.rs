@@ -33,11 +33,14 @@ fn attention_func<T: KernelFloat>(
             let func = dev.get_or_load_custom_func(&name, MODULE, PAGED_ATTENTION_PTX)?;
             (func.into_cuda_function(), 0)
         }
-        PagedKernel::Mma { warps } => {
+        PagedKernel::Mma { .. } | PagedKernel::MmaSplitDims => {
             if !T::BF16 {
                 bail!("paged_attention: the tensor-core kernel takes bf16 only");
             }
-            let name = format!("paged_attention_mma_d{d}_w{warps}");
+            let name = match kernel {
+                PagedKernel::Mma { warps } => format!("paged_attention_mma_d{d}_w{warps}"),
+                _ => format!("paged_attention_mma_d{d}_w4_ds"),
+            };
             let func = dev.get_or_load_custom_func(&name, MMA_MODULE, PAGED_ATTENTION_MMA_PTX)?;
             let shared = 2 * 2 * MMA_TILE * (d + MMA_PAD) * 2;
             allow_shared(&func, shared)?;

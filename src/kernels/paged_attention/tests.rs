@@ -313,12 +313,17 @@ fn launch_depends_on_bounds_only() {
     assert_eq!(scalar.kernel, PagedKernel::Scalar { rows_per_warp: 4 });
     assert_eq!((scalar.splits, scalar.combine_blocks), (1, 0));
     assert_eq!(scalar.grid, (2 * (8 * 600usize).div_ceil(16) as u32, 8, 1));
-    // bf16 takes the tensor-core kernel: 8 warps of 16 rows for a prefill, 4 for a decode step.
+    // bf16 takes the tensor-core kernel: 8 warps of 16 rows for a prefill, 4 warps sharing a
+    // decode step's 8 rows.
     let mma = prefill(true);
     assert_eq!((mma.kernel, mma.splits), (PagedKernel::Mma { warps: 8 }, 1));
     assert_eq!(mma.grid, (2 * (8 * 600usize).div_ceil(128) as u32, 8, 1));
     let step = paged_launch(4, 4, (64, 8, 64, true), bounds, None, 132);
-    assert_eq!(step.kernel, PagedKernel::Mma { warps: 4 });
+    assert_eq!(step.kernel, PagedKernel::MmaSplitDims);
+    assert_eq!(step.grid.0, 4, "one row tile per sequence");
+    let short =
+        paged_launch(1, 8, (64, 8, 64, true), PagedBounds { max_q_len: 8, ..bounds }, None, 132);
+    assert_eq!(short.kernel, PagedKernel::Mma { warps: 4 }, "64 rows a kv head");
 }
 
 #[cfg(feature = "cuda")]
