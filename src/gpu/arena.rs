@@ -24,9 +24,9 @@
 //! A capturing stream may not add a chunk (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), so the
 //! chunk is reserved before: the eager warm-up step before each capture runs in a [`measure`]
 //! scope, which passes its allocations to the driver and records their peak, and
-//! [`Arena::reserve`] makes room for twice that peak (best fit fragments; a capture that still runs out fails and
-//! its batch size decodes eagerly). The warm-up itself must not take arena bytes: it fills
-//! candle's caches of uploaded kernel parameters, which live for the process.
+//! [`Arena::reserve`] makes room for twice that peak (best fit fragments; a capture that still
+//! runs out fails and its batch size decodes eagerly). The warm-up itself must not take arena
+//! bytes: it fills candle's caches of uploaded kernel parameters, which live for the process.
 //!
 //! Reusing a block inside one graph is safe in stream order, and under PDL too: a kernel that
 //! overlaps its predecessor only loads weights before `griddepcontrol.wait`, and writes after it,

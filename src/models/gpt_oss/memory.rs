@@ -110,9 +110,8 @@ pub fn weight_bytes(cfg: &GptOssConfig, compute: DType, file: Option<&FileTensor
 }
 
 /// Peak bytes of the intermediates of a forward pass: one prefill chunk of `chunk` tokens (the
-/// engine's step) through one layer,
-/// every intermediate counted as live at once (an upper bound: most are freed before the next
-/// is made), plus the logits. Attention reads the cache in place and never materialises
+/// engine's step) through one layer, every intermediate counted as live at once (an upper
+/// bound: most are freed before the next is made), plus the logits. Attention reads the cache in place and never materialises
 /// scores, so nothing here grows with the context beyond the chunk. Kernel scratch that does
 /// not scale with the model (attention split partials, argmax) is in the plan's runtime term.
 pub fn workspace_bytes(cfg: &GptOssConfig, context: usize, chunk: usize, dtype: DType) -> u64 {
