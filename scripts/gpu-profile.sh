@@ -13,13 +13,14 @@
 # With --prefill it profiles `-p PROMPT_TOKENS -n 1 -r 1` instead and prints every kernel of the
 # two prefills (the warm-up's and the run's; no decode step runs) per prefill, with the prompt's
 # share of the time per kernel family.
+# PROMPT (default 64) sets the decode steps' context for the first form (-p PROMPT).
 # The binary: $BIN, else the one `scripts/gpu-tests.sh build` leaves in .dev/gpu/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$1" = --prefill ]; then
     layout="$2" prompt="$3" streams=1 gen=1 steps=prefill
 else
-    layout="$1" streams="$2" gen="${3:-8}" steps="${4:-3}" prompt=64
+    layout="$1" streams="$2" gen="${3:-8}" steps="${4:-3}" prompt="${PROMPT:-64}"
 fi
 bin="${BIN:-${TMPDIR:-/tmp}/inferno-bench/inferno}"
 if [ ! -x "$bin" ]; then

@@ -33,11 +33,12 @@
 // instead of read.
 // With zs = 1 the block folds its splits as it goes and writes the output; with several it
 // writes each split's (m, l, acc) [split - first split][T][heads], and they are folded per row in
-// order: by the last of the tile's zs blocks to finish (with `counters`: one per (sequence, tile,
-// kv head), which that block resets to 0 for the next launch), or by paged_combine (without).
-// Why in the last block: at batch 1 the combine is a whole launch per layer that waits for the
-// attention, reads a few KB and writes 1-2 KB, all latency. The fold is the same function with
-// the same inputs in the same order either way, so the bits are the same.
+// order: by paged_combine, a warp per row (without `counters`), or by the last of the tile's zs
+// blocks to finish (with them: one per (sequence, tile, kv head), which that block resets to 0
+// for the next launch). The launch takes paged_combine: the last block's 4 warps fold a decode
+// step's 8 rows two each, after the block's atomics, longer than a launch that PDL starts
+// early (gpu.rs has the numbers). The fold is the same function with the same inputs in the same
+// order either way, so the bits are the same.
 
 #include "paged_attention.cuh"
 

@@ -144,26 +144,50 @@ __device__ __forceinline__ void combine_row(const float* __restrict__ part_acc, 
 #pragma unroll
     for (int dc = 0; dc < DC; dc++) A[dc] = 0.f;
     const long long f_end = min(P / SK + 1, f_base + p.fixed_splits);
-    // The partials of up to CB splits are loaded at once, then folded in order: at batch 1 the
-    // fold is otherwise a chain of L2 round trips, one per split (65 at 8k positions). The order
-    // of the folds, and so the bits, are those of one split at a time.
-    constexpr int CB = 8;
+    // The fold is a chain through every split (65 at 8k positions), each step a max, two exp2 and
+    // the updates. Its running max needs no chain (max is exact: a prefix max over the lanes
+    // gives every step's value), and with it every step's two weights: lane j computes those of
+    // split f + j. Only L's and A's fmaf(acc, w, X * a) stay in order, so the bits are those of
+    // one split at a time (fold_ml, fold_elem). CB splits a batch, their partials loaded at once:
+    // the loads sit in a loop that breaks like the fold's, or ptxas sinks each one to its use, a
+    // round trip per split.
+    constexpr int CB = 32 / DC;
     for (long long f = first_key(P, p.window) / SK; f < f_end; f += CB) {
-        float acc[CB][DC], m_s[CB], l_s[CB];
+        const int nb = (int)min((long long)CB, f_end - f);
+        float acc[CB][DC], m_j = -INFINITY, l_j = 0.f;
+        if (lane < nb) {
+            const long long prow = (f + lane - f_base) * rows + row;
+            m_j = __ldcg(part_ml + 2 * prow);
+            l_j = __ldcg(part_ml + 2 * prow + 1);
+        }
 #pragma unroll
         for (int i = 0; i < CB; i++) {
-            if (f + i >= f_end) break;
+            if (i >= nb) break;
             const long long prow = (f + i - f_base) * rows + row;
 #pragma unroll
             for (int dc = 0; dc < DC; dc++) acc[i][dc] = __ldcg(part_acc + prow * D + lane + 32 * dc);
-            m_s[i] = __ldcg(part_ml + 2 * prow);
-            l_s[i] = __ldcg(part_ml + 2 * prow + 1);
         }
+        // mn: fold_ml's max after split f + lane; prev: before it.
+        float mn = m_j;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(FULL_MASK, mn, o);
+            if (lane >= o) mn = fmaxf(mn, y);
+        }
+        mn = fmaxf(M, mn);
+        float prev = __shfl_up_sync(FULL_MASK, mn, 1);
+        if (lane == 0) prev = M;
+        const float base = mn == -INFINITY ? 0.f : mn;
+        const float a_j = exp2f(prev - base), w_j = exp2f(m_j - base);
 #pragma unroll
         for (int i = 0; i < CB; i++) {
-            if (f + i >= f_end) break;
-            fold<DC>(M, L, A, m_s[i], l_s[i], acc[i]);
+            if (i >= nb) break;
+            const float a = __shfl_sync(FULL_MASK, a_j, i), w = __shfl_sync(FULL_MASK, w_j, i);
+            L = fmaf(__shfl_sync(FULL_MASK, l_j, i), w, L * a);
+#pragma unroll
+            for (int dc = 0; dc < DC; dc++) A[dc] = fmaf(acc[i][dc], w, A[dc] * a);
         }
+        M = __shfl_sync(FULL_MASK, mn, nb - 1);
     }
     const float denom = finish_denom(M, L, sink2);
 #pragma unroll

@@ -24,7 +24,7 @@
 //! query rows of one kv group, kv head, run of key splits); a block finds its sequence's length
 //! and position on the device and exits when its tile is empty. When few blocks would cover the
 //! GPU (decode), a tile's keys are shared among several blocks and their partial softmax states
-//! merged by the last of them (or a second kernel).
+//! merged by a second kernel (or by the last of them).
 //!
 //! Batch invariance: a row's output is bit for bit the same in any launch (alone in a decode
 //! step, inside a prefill chunk, split among blocks or not), so a prefix computed token by token
@@ -252,10 +252,10 @@ struct PagedAttention {
     /// Tests: fill the CUDA output with NaN before the kernel runs.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     poison: bool,
-    /// Tests: fold split partials in the separate combine kernel, not in the attention's last
-    /// block (the two must agree bit for bit).
+    /// Tests: fold split partials in the attention's last block, not in the combine kernel (the
+    /// two must agree bit for bit).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    separate_combine: bool,
+    fused_combine: bool,
 }
 
 impl PagedAttention {
@@ -350,7 +350,7 @@ impl PagedAttention {
             bounds,
             cfg,
             poison,
-            separate_combine: false,
+            fused_combine: false,
         })
     }
 
