@@ -10,7 +10,8 @@
 // token that is 90 dependent steps per warp for gpt-oss; here K is cut over the block's warps and
 // the partial sums meet in shared memory (in a fixed order: deterministic).
 //
-// One block = one slot (blockIdx.x) and one tile of 16 weight rows (blockIdx.y), W warps. The tile
+// One block = one slot (blockIdx.x) and one tile of 16 weight rows (blockIdx.y; down: two tiles,
+// each warp taking both with one load of the input per quad), W warps. The tile
 // is the 16-row A operand of mma.m16n8k16 (fragment row g = weight row 2g, row g + 8 = row 2g + 1:
 // for gate_up the gate and the up value of pair g); the input is B, one column per bf16 piece of
 // it: 1 for bf16 x (exact), 3 for the f32 activations between the projections (hi + mid + lo: the
@@ -39,29 +40,34 @@
 #include "common.cuh"
 #include "mxfp4_mma.cuh"
 
-// One quad for a lane: block b of its two rows, their scales, and (lanes whose fragment column
-// g < NCOL) the 32 input values of piece g at block b.
+// One quad for a lane: block b of its two rows in each of the warp's MT tiles, their scales, and
+// (lanes whose fragment column g < NCOL) the 32 input values of piece g at block b.
+template <int MT>
 struct SlotQuad {
-    uint4 w[2];
-    uint32_t s[2];
+    uint4 w[MT][2];
+    uint32_t s[MT][2];
     uint4 x[4];
 };
 
-// row_w / row_s: the lane's two rows' blocks and scales (row h at [h]). Zeros past kb. Read-only
-// data: may be loaded before pdl_wait().
-__device__ __forceinline__ void sm_load_w(SlotQuad& qd, int b, int kb, const uint4* const (&row_w)[2],
-                                          const uint8_t* const (&row_s)[2], bool on) {
+// row_w / row_s: the lane's two rows' blocks and scales in each tile (tile i, row h at [i][h]).
+// Zeros past kb. Read-only data: may be loaded before pdl_wait().
+template <int MT>
+__device__ __forceinline__ void sm_load_w(SlotQuad<MT>& qd, int b, int kb, const uint4* const (&row_w)[MT][2],
+                                          const uint8_t* const (&row_s)[MT][2], bool on) {
     const bool in = on && b < kb;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        qd.w[h] = in ? __ldg(row_w[h] + b) : make_uint4(0, 0, 0, 0);  // code 0 is +0: contributes nothing
-        qd.s[h] = in ? __ldg(row_s[h] + b) : 127u;
-    }
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            qd.w[i][h] = in ? __ldg(row_w[i][h] + b) : make_uint4(0, 0, 0, 0);  // code 0 is +0: nothing
+            qd.s[i][h] = in ? __ldg(row_s[i][h] + b) : 127u;
+        }
 }
 
 // xg: piece g of the input row (nullptr for lanes with no column). Written by the kernel before:
 // only after pdl_wait().
-__device__ __forceinline__ void sm_load_x(SlotQuad& qd, int b, int kb, const __nv_bfloat16* xg, bool on) {
+template <int MT>
+__device__ __forceinline__ void sm_load_x(SlotQuad<MT>& qd, int b, int kb, const __nv_bfloat16* xg, bool on) {
     const bool in = on && b < kb && xg;
 #pragma unroll
     for (int q = 0; q < 4; q++)
@@ -80,41 +86,50 @@ __device__ __forceinline__ void sm_step(float (&acc)[4], const uint4& xq, uint32
     mma_bf16(acc, a, b0, b1);
 }
 
-// acc += the quad's products.
-template <bool BIG>
-__device__ __forceinline__ void sm_mma(float (&acc)[4], const SlotQuad& qd) {
-    const Scale s0 = scale_of<BIG>(qd.s[0]), s1 = scale_of<BIG>(qd.s[1]);
-    const uint32_t w0[4] = {qd.w[0].x, qd.w[0].y, qd.w[0].z, qd.w[0].w};
-    const uint32_t w1[4] = {qd.w[1].x, qd.w[1].y, qd.w[1].z, qd.w[1].w};
+// acc[i] += the quad's products of tile i (each tile's in the same order as a lone tile's).
+template <bool BIG, int MT>
+__device__ __forceinline__ void sm_mma(float (&acc)[MT][4], const SlotQuad<MT>& qd) {
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-        sm_step<0, BIG>(acc, qd.x[q], w0[q], w1[q], s0, s1);
-        sm_step<1, BIG>(acc, qd.x[q], w0[q], w1[q], s0, s1);
+    for (int i = 0; i < MT; i++) {
+        const Scale s0 = scale_of<BIG>(qd.s[i][0]), s1 = scale_of<BIG>(qd.s[i][1]);
+        const uint32_t w0[4] = {qd.w[i][0].x, qd.w[i][0].y, qd.w[i][0].z, qd.w[i][0].w};
+        const uint32_t w1[4] = {qd.w[i][1].x, qd.w[i][1].y, qd.w[i][1].z, qd.w[i][1].w};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            sm_step<0, BIG>(acc[i], qd.x[q], w0[q], w1[q], s0, s1);
+            sm_step<1, BIG>(acc[i], qd.x[q], w0[q], w1[q], s0, s1);
+        }
     }
 }
 
-// The block's tile (rows row0 .. row0 + 15 of the [*, K/32, 16] matrix) dotted with the NCOL pieces
-// of the input (piece c at x + c * x_stride, K bf16 values each), summed over the warps:
-// red[w][r][c] for warp w, tile row r (weight row row0 + r) and piece c. WAIT: the first weights
-// are loaded, then pdl_wait(), then the input. Ends with a block-level sync; every thread of the
-// block must call it.
-template <int NCOL, int W, bool WAIT>
-__device__ __forceinline__ void sm_tile(float (&red)[W][16][4], const uint8_t* __restrict__ blocks,
+// The block's MT tiles (rows row0 .. row0 + 16 MT - 1 of the [*, K/32, 16] matrix) dotted with the
+// NCOL pieces of the input (piece c at x + c * x_stride, K bf16 values each), summed over the
+// warps: red[w][r][c] for warp w, row r (weight row row0 + r) and piece c. WAIT: the first
+// weights are loaded, then pdl_wait(), then the input. Ends with a block-level sync; every thread
+// of the block must call it. A row's sum is the same whatever MT (the same quads, warps, order).
+template <int NCOL, int W, bool WAIT, int MT = 1>
+__device__ __forceinline__ void sm_tile(float (&red)[W][16 * MT][4], const uint8_t* __restrict__ blocks,
                                         const uint8_t* __restrict__ scales, long long row0, int kb,
                                         const __nv_bfloat16* x, long long x_stride, bool on) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const uint4* row_w[2];
-    const uint8_t* row_s[2];
+    const uint4* row_w[MT][2];
+    const uint8_t* row_s[MT][2];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const long long row = row0 + 2 * g + h;
-        row_w[h] = reinterpret_cast<const uint4*>(blocks) + row * kb;
-        row_s[h] = scales + row * kb;
-    }
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const long long row = row0 + 16 * i + 2 * g + h;
+            row_w[i][h] = reinterpret_cast<const uint4*>(blocks) + row * kb;
+            row_s[i][h] = scales + row * kb;
+        }
     const __nv_bfloat16* xg = g < NCOL ? x + g * x_stride : nullptr;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[i][c] = 0.f;
     const int nq = (kb + 3) / 4;
-    SlotQuad qd;
+    SlotQuad<MT> qd;
     sm_load_w(qd, 4 * w + t, kb, row_w, row_s, on);
     if (WAIT) {  // the input is the previous kernel's output; the first weights are on their way
         pdl_wait();
@@ -125,27 +140,32 @@ __device__ __forceinline__ void sm_tile(float (&red)[W][16][4], const uint8_t* _
         if (Q != w) sm_load_w(qd, 4 * Q + t, kb, row_w, row_s, on);
         sm_load_x(qd, 4 * Q + t, kb, xg, on);
         // A scale of 128 or more in any lane takes the slow decode (warp-uniform).
-        if (__any_sync(FULL_MASK, (qd.s[0] | qd.s[1]) & 0x80u)) {
+        uint32_t big = 0;
+#pragma unroll
+        for (int i = 0; i < MT; i++) big |= qd.s[i][0] | qd.s[i][1];
+        if (__any_sync(FULL_MASK, big & 0x80u)) {
             sm_mma<true>(acc, qd);
         } else {
             sm_mma<false>(acc, qd);
         }
     }
     // Lane (g, t): columns (pieces) 2t, 2t + 1 of fragment rows g (acc 0, 1: tile row 2g) and
-    // g + 8 (acc 2, 3: tile row 2g + 1).
+    // g + 8 (acc 2, 3: tile row 2g + 1) of each tile.
 #pragma unroll
-    for (int c = 0; c < 2; c++) {
-        if (2 * t + c < NCOL) {
-            red[w][2 * g][2 * t + c] = acc[c];
-            red[w][2 * g + 1][2 * t + c] = acc[2 + c];
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            if (2 * t + c < NCOL) {
+                red[w][16 * i + 2 * g][2 * t + c] = acc[i][c];
+                red[w][16 * i + 2 * g + 1][2 * t + c] = acc[i][2 + c];
+            }
         }
-    }
     __syncthreads();
 }
 
 // Tile row r's dot product: pieces, then warps, in order.
-template <int NCOL, int W>
-__device__ __forceinline__ float sm_dot(const float (&red)[W][16][4], int r) {
+template <int NCOL, int W, int R>
+__device__ __forceinline__ float sm_dot(const float (&red)[W][R][4], int r) {
     float d = 0.f;
 #pragma unroll
     for (int w = 0; w < W; w++) {
@@ -190,30 +210,31 @@ __device__ __forceinline__ void sm_gate_up(const __nv_bfloat16* __restrict__ x, 
     }
 }
 
-// grid (tokens * k, H / 16), block 32 W. part[slot, r] = weights[slot] * (dot + bias), f32.
+// grid (tokens * k, H / (16 MT)), block 32 W. part[slot, r] = weights[slot] * (dot + bias), f32.
 // With counters ([tokens, H / 16], zero; each left zero again): out[t, r] = the sum over the
 // token's k slots of part, in slot order, skipping slots routed to no valid expert (moe_sum's
 // formula), f32 or (out_bf16) bf16, by the last of the token's k blocks of each row tile.
-template <int W>
+template <int W, int MT>
 __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, const uint32_t* __restrict__ ids,
                                         const float* __restrict__ weights, const uint8_t* __restrict__ blocks,
                                         const uint8_t* __restrict__ scales, const float* __restrict__ bias,
                                         float* __restrict__ part, int n_experts, int hidden, int inter, int k,
                                         void* __restrict__ out, int out_bf16, uint32_t* __restrict__ counters) {
-    __shared__ float red[W][16][4];
+    constexpr int ROWS = 16 * MT;  // the block's weight rows: MT tiles per warp
+    __shared__ float red[W][ROWS][4];
     __shared__ bool last;
     const int slot = blockIdx.x;
     const uint32_t e = ids[slot];
     const bool on = e < (uint32_t)n_experts;
-    const long long row0 = (long long)(on ? e : 0) * hidden + 16 * blockIdx.y;
+    const long long row0 = (long long)(on ? e : 0) * hidden + ROWS * blockIdx.y;
     // The routing was written before moe_sm_gate_up ran (it waited for it): readable before
     // pdl_wait(), which waits for moe_sm_gate_up's activations.
-    sm_tile<3, W, true>(red, blocks, scales, row0, inter / 32, act + (long long)slot * 3 * inter, inter, on);
-    const int r = threadIdx.x;  // tile row
-    if (r < 16) {
+    sm_tile<3, W, true, MT>(red, blocks, scales, row0, inter / 32, act + (long long)slot * 3 * inter, inter, on);
+    const int r = threadIdx.x;  // the block's row
+    if (r < ROWS) {
         float v = 0.f;
         if (on) v = weights[slot] * (sm_dot<3, W>(red, r) + bias[row0 + r]);
-        part[(long long)slot * hidden + 16 * blockIdx.y + r] = v;
+        part[(long long)slot * hidden + ROWS * blockIdx.y + r] = v;
     }
     if (!counters) return;
     __threadfence();  // this block's part rows, visible before it counts
@@ -225,9 +246,9 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
         if (last) *c = 0;  // all k blocks have counted
     }
     __syncthreads();
-    if (!last || r >= 16) return;
+    if (!last || r >= ROWS) return;
     __threadfence();
-    const long long col = 16 * blockIdx.y + r;
+    const long long col = ROWS * blockIdx.y + r;
     float acc = 0.f;
     for (int kk = 0; kk < k; kk++) {
         const long long s = (long long)token * k + kk;
@@ -241,7 +262,7 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
     }
 }
 
-// The variant gpu.rs launches: W = 8 warps along K (the analysis script also builds W = 4).
+// W = 8 warps along K, one tile per warp: gate_up's kernel (the analysis script also builds W = 4).
 #define SM_VARIANT(W)                                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_gate_up_w##W(                              \
         const __nv_bfloat16* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales,         \
@@ -253,8 +274,24 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
         const __nv_bfloat16* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,        \
         const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter, int k, \
         void* out, int out_bf16, uint32_t* counters) {                                                    \
-        sm_down<W>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter, k, out, out_bf16, \
-                   counters);                                                                             \
+        sm_down<W, 1>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter, k, out,      \
+                      out_bf16, counters);                                                                \
+    }
+
+// Two tiles of 16 rows per warp for down (gpu.rs launches it; moe_sm_down_w8, one tile, gives the
+// same bits: the GPU tests compare them). gpt-oss-20b: 360 blocks per call, all resident at once
+// (80 registers a thread: 3 blocks per multiprocessor), where 720 blocks of one tile took a second,
+// partial wave (62 registers: 4 per multiprocessor, 528 at once). H100, same call: decode at 1k
+// 437.1 -> 448.9 tok/s, after 8k 407.9 -> 418.8. Two tiles for gate_up (720 blocks, still two
+// waves at 93 registers), four for down (128 registers) or 4 warps of two tiles were all slower.
+#define SM_DOWN_TILES(W, MT)                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_down_w##W##_t##MT(                         \
+        const __nv_bfloat16* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,        \
+        const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter, int k, \
+        void* out, int out_bf16, uint32_t* counters) {                                                    \
+        sm_down<W, MT>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter, k, out,     \
+                       out_bf16, counters);                                                               \
     }
 
 SM_VARIANT(8)
+SM_DOWN_TILES(8, 2)
