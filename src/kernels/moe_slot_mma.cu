@@ -10,8 +10,8 @@
 // token that is 90 dependent steps per warp for gpt-oss; here K is cut over the block's warps and
 // the partial sums meet in shared memory (in a fixed order: deterministic).
 //
-// One block = one slot (blockIdx.x) and one tile of 16 weight rows (blockIdx.y; down: two tiles,
-// each warp taking both with one load of the input per quad), W warps. The tile
+// One block = one slot (blockIdx.x) and one tile of 16 weight rows (blockIdx.y; or two tiles, each
+// warp taking both with one load of the input per quad: SM_TWO_TILES), W warps. The tile
 // is the 16-row A operand of mma.m16n8k16 (fragment row g = weight row 2g, row g + 8 = row 2g + 1:
 // for gate_up the gate and the up value of pair g); the input is B, one column per bf16 piece of
 // it: 1 for bf16 x (exact), 3 for the f32 activations between the projections (hi + mid + lo: the
@@ -177,23 +177,24 @@ __device__ __forceinline__ float sm_dot(const float (&red)[W][R][4], int r) {
     return d;
 }
 
-// grid (tokens * k, 2I / 16), block 32 W. x [tokens, H] bf16 -> act [slots, 3, I] bf16: hi, mid, lo
+// grid (tokens * k, 2I / (16 MT)), block 32 W. x [tokens, H] bf16 -> act [slots, 3, I] bf16: hi, mid, lo
 // with hi + mid + lo the f32 activation.
-template <int W>
+template <int W, int MT>
 __device__ __forceinline__ void sm_gate_up(const __nv_bfloat16* __restrict__ x, const uint32_t* __restrict__ ids,
                                            const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
                                            const float* __restrict__ bias, __nv_bfloat16* __restrict__ act, int k,
                                            int n_experts, int hidden, int inter, float limit, float alpha) {
-    __shared__ float red[W][16][4];
+    constexpr int ROWS = 16 * MT;  // the block's weight rows: MT tiles per warp
+    __shared__ float red[W][ROWS][4];
     pdl_wait();  // the routing is the previous kernel's
     pdl_launch_dependents();
     const int slot = blockIdx.x;
     const uint32_t e = ids[slot];
     const bool on = e < (uint32_t)n_experts;  // off: no contribution (the CPU reference errors)
-    const long long row0 = (long long)(on ? e : 0) * 2 * inter + 16 * blockIdx.y;
-    sm_tile<1, W, false>(red, blocks, scales, row0, hidden / 32, x + (long long)(slot / k) * hidden, 0, on);
-    const int j = threadIdx.x;  // pair j of the tile: gate = tile row 2j, up = row 2j + 1
-    if (j < 8) {
+    const long long row0 = (long long)(on ? e : 0) * 2 * inter + ROWS * blockIdx.y;
+    sm_tile<1, W, false, MT>(red, blocks, scales, row0, hidden / 32, x + (long long)(slot / k) * hidden, 0, on);
+    const int j = threadIdx.x;  // pair j of the block: gate = row 2j, up = row 2j + 1
+    if (j < ROWS / 2) {
         float a = 0.f;
         if (on) {
             const float gate = fminf(sm_dot<1, W>(red, 2 * j) + bias[row0 + 2 * j], limit);
@@ -203,7 +204,7 @@ __device__ __forceinline__ void sm_gate_up(const __nv_bfloat16* __restrict__ x, 
         const __nv_bfloat16 hi = __float2bfloat16_rn(a);
         const float r = a - __bfloat162float(hi);
         const __nv_bfloat16 mid = __float2bfloat16_rn(r);
-        __nv_bfloat16* out = act + (long long)slot * 3 * inter + 8 * blockIdx.y + j;
+        __nv_bfloat16* out = act + (long long)slot * 3 * inter + ROWS / 2 * blockIdx.y + j;
         out[0] = hi;
         out[inter] = mid;
         out[2 * inter] = __float2bfloat16_rn(r - __bfloat162float(mid));
@@ -262,13 +263,13 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
     }
 }
 
-// W = 8 warps along K, one tile per warp: gate_up's kernel (the analysis script also builds W = 4).
+// One tile per warp, W = 8 warps along K (the analysis script also builds W = 4).
 #define SM_VARIANT(W)                                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_gate_up_w##W(                              \
         const __nv_bfloat16* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales,         \
         const float* bias, __nv_bfloat16* act, int k, int n_experts, int hidden, int inter, float limit,   \
         float alpha) {                                                                                    \
-        sm_gate_up<W>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha);       \
+        sm_gate_up<W, 1>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha);    \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_down_w##W(                                 \
         const __nv_bfloat16* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,        \
@@ -278,20 +279,30 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
                       out_bf16, counters);                                                                \
     }
 
-// Two tiles of 16 rows per warp for down (gpu.rs launches it; moe_sm_down_w8, one tile, gives the
-// same bits: the GPU tests compare them). gpt-oss-20b: 360 blocks per call, all resident at once
-// (80 registers a thread: 3 blocks per multiprocessor), where 720 blocks of one tile took a second,
-// partial wave (62 registers: 4 per multiprocessor, 528 at once). H100, same call: decode at 1k
-// 437.1 -> 448.9 tok/s, after 8k 407.9 -> 418.8. Two tiles for gate_up (720 blocks, still two
-// waves at 93 registers), four for down (128 registers) or 4 warps of two tiles were all slower.
-#define SM_DOWN_TILES(W, MT)                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_down_w##W##_t##MT(                         \
+// Two tiles of 16 rows per warp, what gpu.rs launches (the one-tile kernels above give the same
+// bits: the GPU tests compare them). gpt-oss-20b: down has 360 blocks per call, all resident at
+// once (80 registers a thread: 3 blocks per multiprocessor), where 720 blocks of one tile took a
+// second, partial wave (62 registers: 4 per multiprocessor, 528 at once); gate_up 720 blocks in
+// 1.8 waves instead of 1,440 in 2.7 (held to 80 registers: 93 otherwise, 2 blocks per
+// multiprocessor). H100, same call: decode at 1k 437.1 -> 448.9 tok/s with down's (after 8k
+// 407.9 -> 418.8), 447.9 -> 451.5 with gate_up's too (417.9 -> 420.5). Slower: four tiles for down
+// (128 registers), 4 warps of two tiles, down held to 64 registers (4 blocks per multiprocessor),
+// gate_up of one tile held to 48 (5 blocks per multiprocessor, 12 bytes spilled), gate_up's two
+// tiles at 93 registers.
+#define SM_TWO_TILES(W)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * W, 3) moe_sm_gate_up_w##W##_t2(                      \
+        const __nv_bfloat16* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales,         \
+        const float* bias, __nv_bfloat16* act, int k, int n_experts, int hidden, int inter, float limit,   \
+        float alpha) {                                                                                    \
+        sm_gate_up<W, 2>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha);    \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_down_w##W##_t2(                            \
         const __nv_bfloat16* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,        \
         const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter, int k, \
         void* out, int out_bf16, uint32_t* counters) {                                                    \
-        sm_down<W, MT>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter, k, out,     \
-                       out_bf16, counters);                                                               \
+        sm_down<W, 2>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter, k, out,      \
+                      out_bf16, counters);                                                                \
     }
 
 SM_VARIANT(8)
-SM_DOWN_TILES(8, 2)
+SM_TWO_TILES(8)

@@ -216,9 +216,9 @@ struct Mxfp4Moe {
     /// the slots in their last block.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     separate_sum: bool,
-    /// Tests: one tile of 16 rows per warp in the slot down kernel instead of two.
+    /// Tests: one tile of 16 rows per warp in the slot kernels instead of two.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    down_one_tile: bool,
+    one_tile: bool,
 }
 
 /// The CUDA paths (`gpu.rs` chooses by batch size).
@@ -265,7 +265,7 @@ impl Mxfp4Moe {
             em_variant: None,
             grouped_variant: None,
             separate_sum: false,
-            down_one_tile: false,
+            one_tile: false,
         })
     }
 

@@ -368,6 +368,11 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     let mut part = unsafe { dev.alloc::<f32>(slots * d.hidden)? };
     let name = |what: &str| format!("moe_sm_{what}_w{SLOT_MMA_WARPS}");
     let stream = dev.cuda_stream();
+    // Two tiles of 16 rows per warp (moe_slot_mma.cu's SM_TWO_TILES: half the blocks, fewer
+    // waves); one with the op's `one_tile` (tests: the same bits). H is a multiple of 32 (the
+    // blocks along gate_up's K), and so is 2I.
+    let tiles = if op.one_tile || d.hidden % (2 * SLOT_MMA_ROWS) != 0 { 1 } else { 2 };
+    let name = |what: &str| if tiles == 2 { name(what) + "_t2" } else { name(what) };
     let func = dev.get_or_load_custom_func(&name("gate_up"), SLOT_MMA_MODULE, MOE_SLOT_MMA_PTX)?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(x).ptr(ids).ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias).ptr_mut(&mut act);
@@ -375,15 +380,11 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     // SAFETY: the arguments match moe_sm_gate_up's signature; x is bf16 with 16-byte aligned rows
     // (checked by the caller), 2I and H are multiples of the 16-row tile (Mxfp4Experts::new). It
     // waits (PDL) before reading anything.
-    unsafe { b.launch(cfg(2 * d.inter)?) }?;
+    unsafe { b.launch(cfg(2 * d.inter / tiles)?) }?;
     drop(b);
     // Two tiles of 16 rows per warp where H allows: half the blocks (gpt-oss-20b: 360 of them,
     // all resident at once, where 720 took a second, partial wave).
-    // Two tiles of 16 rows per warp (moe_slot_mma.cu's SM_DOWN_TILES: half the blocks, one wave
-    // at gpt-oss sizes); one with the op's `down_one_tile` (tests: the same bits).
-    let down_tiles = if op.down_one_tile || d.hidden % (2 * SLOT_MMA_ROWS) != 0 { 1 } else { 2 };
-    let down = if down_tiles == 2 { name("down") + "_t2" } else { name("down") };
-    let func = dev.get_or_load_custom_func(&down, SLOT_MMA_MODULE, MOE_SLOT_MMA_PTX)?;
+    let func = dev.get_or_load_custom_func(&name("down"), SLOT_MMA_MODULE, MOE_SLOT_MMA_PTX)?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(&act).ptr(ids).ptr(weights).ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias);
     b.ptr_mut(&mut part).val(n_exp).val(h32).val(i32_).val(k32);
@@ -395,7 +396,7 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     // weights and the routing, which moe_sm_gate_up waited for before letting it start. With
     // counters: out holds T·H values of O, and the buffer a zeroed counter for every (token, row
     // tile) of the grid (checked against COUNTERS by the caller).
-    unsafe { b.launch(cfg(d.hidden / down_tiles)?) }?;
+    unsafe { b.launch(cfg(d.hidden / tiles)?) }?;
     drop(b);
     Ok(part)
 }

@@ -347,12 +347,15 @@ mod gpu {
                 let separate = x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
                 let bits = |t: &Tensor| values(t).iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
                 assert!(bits(&got) == bits(&separate), "{name}: the slot kernel's own sum differs");
-                // Two tiles per warp in the down kernel against one: same bits.
+                // Two tiles per warp in the slot kernels against one: same bits.
                 op.separate_sum = false;
-                op.down_one_tile = true;
+                op.one_tile = true;
                 let one_tile = x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
-                assert!(bits(&got) == bits(&one_tile), "{name}: down with one tile a warp differs");
-                op.down_one_tile = false;
+                assert!(
+                    bits(&got) == bits(&one_tile),
+                    "{name}: the slot kernels with one tile a warp differ"
+                );
+                op.one_tile = false;
             }
             let want_dtype = if out_f32 { DType::F32 } else { dtype };
             assert_eq!(got.dtype(), want_dtype, "{name}: output dtype");
