@@ -12,7 +12,9 @@ checks every variant's output against a float64 reference (numpy, one layer), th
 variant as a CUDA graph of gate_up, down and the ordered sum over `--layers` layers, as a decode
 step runs them. Prints one line per variant: microseconds per layer and the bandwidth that
 means, against the 52.6 MB a layer's 4 experts hold. Needs cupy and numpy (the GPU machine's
-image has both).
+image has both). It times moe_slot_mma.cu's one-tile kernels (moe_sm_*_w8); the engine launches
+the two-tile ones since session 19 (SM_TWO_TILES: the same bits, in fewer waves; measured
+through `inferno bench`, docs/performance.md).
 """
 
 import argparse
@@ -130,10 +132,10 @@ def main():
         ("if (Q != w) sm_load_w(qd, 4 * Q + t, kb, row_w, row_s, on);", ""),
         ("sm_load_x(qd, 4 * Q + t, kb, xg, on);", "if (Q == w) sm_load_x(qd, 4 * Q + t, kb, xg, on);")])
     loads_only, _ = build("moe_slot_mma", tmp, [(
-        "if (__any_sync(FULL_MASK, (qd.s[0] | qd.s[1]) & 0x80u)) {",
-        "acc[0] += __uint_as_float((qd.w[0].x ^ qd.w[0].y ^ qd.w[0].z ^ qd.w[0].w ^ qd.w[1].x ^ qd.w[1].y ^ qd.w[1].z"
-        " ^ qd.w[1].w ^ qd.x[0].x ^ qd.x[1].y ^ qd.x[2].z ^ qd.x[3].w ^ qd.s[0] ^ qd.s[1]) & 0x3F00FFFFu);"
-        " if (acc[0] == 1.2345f) {")])
+        "if (__any_sync(FULL_MASK, big & 0x80u)) {",
+        "acc[0][0] += __uint_as_float((qd.w[0][0].x ^ qd.w[0][0].y ^ qd.w[0][0].z ^ qd.w[0][0].w ^ qd.w[0][1].x"
+        " ^ qd.w[0][1].y ^ qd.w[0][1].z ^ qd.w[0][1].w ^ qd.x[0].x ^ qd.x[1].y ^ qd.x[2].z ^ qd.x[3].w ^ big)"
+        " & 0x3F00FFFFu); if (acc[0][0] == 1.2345f) {")])
     capped, _ = build("moe_slot_mma", tmp, [w4, ("__launch_bounds__(32 * W)", "__launch_bounds__(32 * W, 48 / W)")])
     probe, _ = build("moe_read_probe", tmp, folder=here)
     persistent, sp_regs = build("moe_slot_persistent", tmp, folder=here)
