@@ -352,11 +352,15 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     let Call { op, dev, x, ids, weights, p, d } = *c;
     let slots = d.slots();
     let (k32, n_exp, h32, i32_) = d.ints()?;
+    // Two tiles of 16 rows per warp (moe_slot_mma.cu's SM_TWO_TILES: half the blocks, fewer
+    // waves); one with the op's `one_tile` (tests: the same bits). H and 2I are multiples of the
+    // 32 rows (Mxfp4Experts::new: H = 32 × its blocks along K, I a multiple of 32).
+    let tiles = if op.one_tile { 1 } else { 2 };
     let cfg = |rows: usize| -> Result<LaunchConfig> {
         Ok(LaunchConfig {
             grid_dim: (
                 int(slots, "tokens × k")? as u32,
-                int(rows / SLOT_MMA_ROWS, "row tiles")? as u32,
+                int(rows / (tiles * SLOT_MMA_ROWS), "row blocks")? as u32,
                 1,
             ),
             block_dim: (32 * SLOT_MMA_WARPS, 1, 1),
@@ -366,24 +370,18 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     // SAFETY (both): moe_sm_gate_up writes every element of act, moe_sm_down every one of part.
     let mut act = unsafe { dev.alloc::<bf16>(slots * 3 * d.inter)? };
     let mut part = unsafe { dev.alloc::<f32>(slots * d.hidden)? };
-    let name = |what: &str| format!("moe_sm_{what}_w{SLOT_MMA_WARPS}");
+    let suffix = if tiles == 2 { "_t2" } else { "" };
+    let name = |what: &str| format!("moe_sm_{what}_w{SLOT_MMA_WARPS}{suffix}");
     let stream = dev.cuda_stream();
-    // Two tiles of 16 rows per warp (moe_slot_mma.cu's SM_TWO_TILES: half the blocks, fewer
-    // waves); one with the op's `one_tile` (tests: the same bits). H is a multiple of 32 (the
-    // blocks along gate_up's K), and so is 2I.
-    let tiles = if op.one_tile || d.hidden % (2 * SLOT_MMA_ROWS) != 0 { 1 } else { 2 };
-    let name = |what: &str| if tiles == 2 { name(what) + "_t2" } else { name(what) };
     let func = dev.get_or_load_custom_func(&name("gate_up"), SLOT_MMA_MODULE, MOE_SLOT_MMA_PTX)?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(x).ptr(ids).ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias).ptr_mut(&mut act);
     b.val(k32).val(n_exp).val(h32).val(i32_).val(op.act.limit).val(op.act.alpha);
     // SAFETY: the arguments match moe_sm_gate_up's signature; x is bf16 with 16-byte aligned rows
-    // (checked by the caller), 2I and H are multiples of the 16-row tile (Mxfp4Experts::new). It
-    // waits (PDL) before reading anything.
-    unsafe { b.launch(cfg(2 * d.inter / tiles)?) }?;
+    // (checked by the caller), 2I and H are multiples of the block's rows (above). It waits
+    // (PDL) before reading anything.
+    unsafe { b.launch(cfg(2 * d.inter)?) }?;
     drop(b);
-    // Two tiles of 16 rows per warp where H allows: half the blocks (gpt-oss-20b: 360 of them,
-    // all resident at once, where 720 took a second, partial wave).
     let func = dev.get_or_load_custom_func(&name("down"), SLOT_MMA_MODULE, MOE_SLOT_MMA_PTX)?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(&act).ptr(ids).ptr(weights).ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias);
@@ -396,7 +394,7 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     // weights and the routing, which moe_sm_gate_up waited for before letting it start. With
     // counters: out holds T·H values of O, and the buffer a zeroed counter for every (token, row
     // tile) of the grid (checked against COUNTERS by the caller).
-    unsafe { b.launch(cfg(d.hidden / tiles)?) }?;
+    unsafe { b.launch(cfg(d.hidden)?) }?;
     drop(b);
     Ok(part)
 }
