@@ -28,5 +28,7 @@ pub mod inspect;
 pub mod kernels;
 pub mod models;
 pub mod serve;
+#[cfg(test)]
+pub mod test_assets;
 pub mod tokenizer;
 pub mod util;

@@ -69,7 +69,11 @@ fn stop_strings_seeds_and_models() {
 #[test]
 fn errors_are_openai_error_objects_with_the_right_status() {
     let s = server(&["--body-limit", "65536"], &[]);
-    s.python("errors", json!({"context": CONTEXT, "body_limit": 65536, "no_tools": true}));
+    s.python("errors", json!({"context": CONTEXT, "body_limit": 65536}));
+    // Requests no route takes are in the log, not silent.
+    let log = s.log();
+    assert!(log.contains("GET /v1/nowhere: no such endpoint"), "{log}");
+    assert!(log.contains("GET /v1/chat/completions: method not allowed"), "{log}");
     let m = s.metrics(&[]);
     assert!(
         m["inferno_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}"] >= 5.0,
@@ -301,6 +305,28 @@ fn presence_and_frequency_penalties_follow_openais_formula() {
     // `play` with the same penalties says the same.
     let args = ["--max-tokens", "32", "--presence-penalty", "0.5", "--frequency-penalty", "-1"];
     assert_eq!(r["replies"][3], play(&[&args[..], &["--prompt", prompt]].concat()), "{r}");
+}
+
+#[test]
+fn a_template_without_tools_gets_them_in_its_system_message() {
+    let dir = tiny_llama_with_template("smollm2-135m-instruct");
+    let s = Server::start(dir.path(), &["--context", "1024"], &[("INFERNO_TEST_HOOKS", "1")]);
+    let r = s.python("polyfill_tools", json!({}));
+    let tok = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
+    let text = |key: &str| {
+        let ids: Vec<u32> = serde_json::from_value(r[key].clone()).unwrap();
+        tok.decode(&ids, false).unwrap()
+    };
+    let offered = text("offered");
+    assert!(offered.contains("<|im_start|>system"), "{offered}");
+    assert!(offered.contains("- get_weather: Current weather in a city."), "{offered}");
+    assert!(offered.contains(r#""required":["city"]"#), "{offered}");
+    let round = text("round_trip");
+    assert!(round.contains(r#"{"name":"get_weather","arguments":"#), "{round}");
+    assert!(
+        round.contains("<|im_start|>user\nResult of the call to get_weather:\n18 C, cloudy"),
+        "{round}"
+    );
 }
 
 #[test]

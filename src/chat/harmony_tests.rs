@@ -5,28 +5,10 @@
 
 use super::*;
 use serde::Deserialize;
-use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::{Duration, UNIX_EPOCH};
 
 fn gptoss() -> &'static Tokenizer {
-    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
-    TOKENIZER.get_or_init(|| {
-        let dir = match std::env::var_os("INFERNO_ASSETS") {
-            Some(d) => PathBuf::from(d),
-            None => std::env::var_os("INFERNO_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache/inferno"))
-                .join("assets"),
-        };
-        let path = dir.join("gptoss-tokenizer.json");
-        assert!(
-            path.is_file(),
-            "missing test asset {}: run scripts/assets/gptoss-tokenizer.sh (set INFERNO_ASSETS to use another folder)",
-            path.display()
-        );
-        Tokenizer::from_file(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
-    })
+    crate::test_assets::tokenizer("gptoss-tokenizer.json")
 }
 
 fn enc() -> HarmonyEncoding<'static> {

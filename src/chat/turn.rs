@@ -16,6 +16,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::SystemTime;
 
 use super::Conversation;
+use super::harmony::tools::function_name;
 use super::harmony::{
     Channel, DoneReason, HarmonyChat, HarmonyEncoding, HarmonyEvent, HarmonyMessage, HarmonyParser,
     ReasoningEffort, SystemConfig,
@@ -260,8 +261,7 @@ impl<'t> HarmonyReply<'t> {
     /// text tokens are the reply's visible content, its markup and other messages are not.
     pub fn in_visible_content(&self) -> bool {
         match self.parser.current_channel() {
-            Some(Channel::Final) => true,
-            Some(Channel::Commentary) => !self.in_tool_call,
+            Some(Channel::Final | Channel::Other(_) | Channel::Commentary) => !self.in_tool_call,
             _ => false,
         }
     }
@@ -271,9 +271,15 @@ impl<'t> HarmonyReply<'t> {
         self.parser.messages()
     }
 
+    /// Where the model slips, the message still becomes what it was meant to be: a call to a
+    /// function is a tool call on whatever channel it came (gpt-oss sometimes writes calls on
+    /// `analysis`), and text on a channel harmony does not have is shown as the answer rather
+    /// than lost.
     fn send(&mut self, e: &HarmonyEvent, sink: &mut dyn TurnSink) -> anyhow::Result<()> {
         match e {
-            HarmonyEvent::MessageStart { channel: Channel::Commentary, recipient: Some(r) } => {
+            HarmonyEvent::MessageStart { channel, recipient: Some(r) }
+                if *channel == Channel::Commentary || function_name(r).is_some() =>
+            {
                 self.in_tool_call = true;
                 sink.event(&TurnEvent::ToolCall { recipient: r })
             }
@@ -281,12 +287,12 @@ impl<'t> HarmonyReply<'t> {
                 self.in_tool_call = false;
                 Ok(())
             }
-            HarmonyEvent::Text { channel: Channel::Final, text } => {
-                self.answer.push_str(text);
-                sink.event(&TurnEvent::Answer(text))
-            }
             HarmonyEvent::Text { text, .. } if self.in_tool_call => {
                 sink.event(&TurnEvent::ToolArguments(text))
+            }
+            HarmonyEvent::Text { channel: Channel::Final | Channel::Other(_), text } => {
+                self.answer.push_str(text);
+                sink.event(&TurnEvent::Answer(text))
             }
             HarmonyEvent::Text { channel: Channel::Commentary, text } => {
                 sink.event(&TurnEvent::Preamble(text))
@@ -294,8 +300,8 @@ impl<'t> HarmonyReply<'t> {
             HarmonyEvent::Text { text, .. } => sink.event(&TurnEvent::Reasoning(text)),
             HarmonyEvent::MessageEnd { channel } => {
                 let part = match channel {
-                    Channel::Final => Part::Answer,
                     _ if self.in_tool_call => Part::ToolCall,
+                    Channel::Final | Channel::Other(_) => Part::Answer,
                     Channel::Commentary => Part::Preamble,
                     _ => Part::Reasoning,
                 };

@@ -34,9 +34,6 @@ pub mod text;
 pub use plan::{Budget, MemoryPlan, Target};
 pub use spec::{Arch, Spec};
 
-/// Default KV-cache size when the model allows more (`--context` raises it).
-pub const DEFAULT_CONTEXT: usize = 8192;
-
 /// Where the weights come from.
 #[derive(Debug, Clone)]
 pub enum Source {
@@ -151,11 +148,22 @@ pub struct ModelInfo {
     pub dtype: DType,
     pub context: usize,
     pub max_context: usize,
+    /// No `--context` was given and the model's full context did not fit: `context` is the
+    /// largest that does.
+    pub context_fitted: bool,
     /// What the model was planned to need, and the memory that was free for it.
     pub plan: MemoryPlan,
     pub budget: Option<Budget>,
     /// Device memory taken by loading (weights + KV cache), when measurable.
     pub device_bytes: Option<u64>,
+}
+
+impl ModelInfo {
+    /// The context for banners: `context 8192 (model max 131072; the largest that fits)`.
+    pub fn context_label(&self) -> String {
+        let why = if self.context_fitted { "; the largest that fits" } else { "" };
+        format!("context {} (model max {}{why})", self.context, self.max_context)
+    }
 }
 
 impl Loaded {
@@ -197,8 +205,12 @@ pub fn prepare(name: &str, opts: &LoadOptions, target: Target) -> anyhow::Result
 /// Resolves `name` (cache id, `id@rev`, local folder or .gguf), checks its memory plan against
 /// the device's free memory, and loads it.
 pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<Loaded> {
-    let (source, spec) = prepare(name, opts, Target::of(device))?;
+    let (source, mut spec) = prepare(name, opts, Target::of(device))?;
     let budget = Budget::of(device);
+    let full = spec.context;
+    if opts.context.is_none() {
+        fit_default_context(&mut spec, budget.as_ref());
+    }
     let plan = spec.check(name, budget.as_ref(), opts.context.is_some())?;
     let (n, max) = (spec.context, spec.max_context);
     if n > max {
@@ -224,6 +236,7 @@ pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<L
         dtype: spec.dtype,
         context: spec.context,
         max_context: spec.max_context,
+        context_fitted: spec.context < full,
         plan,
         budget,
         device_bytes,
@@ -256,8 +269,19 @@ fn out_of_memory(
     )
 }
 
-/// The KV-cache size: `--context` when given, else the model's maximum capped at
-/// [`DEFAULT_CONTEXT`].
+/// With no `--context`: the model's full trained context when its plan fits the device, else
+/// the largest context that does (front ends show both numbers). Agents' first requests are
+/// 9k (Codex) to 18k (Claude Code) tokens: a fixed smaller default refuses them for nothing.
+fn fit_default_context(spec: &mut Spec, budget: Option<&Budget>) {
+    let Some(b) = budget else { return };
+    if spec.plan(spec.context).total() > b.free
+        && let Some(c) = spec.largest_context(b.free, spec.context)
+    {
+        spec.context = c;
+    }
+}
+
+/// The KV-cache size: `--context` when given, else the model's maximum.
 fn context_for(max_position_embeddings: usize, requested: Option<usize>) -> anyhow::Result<usize> {
     let max = max_position_embeddings.max(1);
     match requested {
@@ -269,9 +293,10 @@ fn context_for(max_position_embeddings: usize, requested: Option<usize>) -> anyh
     }
 }
 
-/// The context used when none is asked for: the model's maximum, at most [`DEFAULT_CONTEXT`].
+/// The context asked of the memory plan when none is given: the model's maximum ([`load`]
+/// lowers it to what fits).
 pub fn default_context(max_position_embeddings: usize) -> usize {
-    max_position_embeddings.clamp(1, DEFAULT_CONTEXT)
+    max_position_embeddings.max(1)
 }
 
 /// `model_type` of a config.json (llama when absent).

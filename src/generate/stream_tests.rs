@@ -10,7 +10,6 @@
 
 use super::*;
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::str::FromStr;
 
 const TEXTS: &[&str] = &[
@@ -243,25 +242,8 @@ fn incomplete_tail_is_flushed_as_replacement_char() {
 
 // ---------------------------------------------------------------- real tokenizers
 
-/// Where fetched test assets live: `$INFERNO_ASSETS`, else `${INFERNO_CACHE:-~/.cache/inferno}/assets`.
-fn assets_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("INFERNO_ASSETS") {
-        return PathBuf::from(d);
-    }
-    let cache = std::env::var_os("INFERNO_CACHE").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache/inferno")
-    });
-    cache.join("assets")
-}
-
 fn real_tokenizer(file: &str) -> Tokenizer {
-    let path = assets_dir().join(file);
-    assert!(
-        path.is_file(),
-        "missing test asset {}: run scripts/assets/gptoss-tokenizer.sh (set INFERNO_ASSETS to use another folder)",
-        path.display()
-    );
-    Tokenizer::from_file(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+    crate::test_assets::tokenizer(file).clone()
 }
 
 #[test]

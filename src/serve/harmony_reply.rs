@@ -204,3 +204,7 @@ fn owned(e: &TurnEvent) -> Raw {
         TurnEvent::MessageEnd(_) | TurnEvent::End(_) => Raw::MessageEnd,
     }
 }
+
+#[cfg(test)]
+#[path = "harmony_reply_tests.rs"]
+mod tests;

@@ -9,7 +9,8 @@
 //! - [`routes`]: paths, API key, CORS, body limit, `/health`, `/v1/models`, `/metrics`.
 //! - [`chat`], [`completions`]: the two generation endpoints.
 //! - [`openai_types`], [`params`]: request bodies and their values → generation settings.
-//! - [`prompt`]: chat messages → prompt ids (harmony or the chat template).
+//! - [`prompt`]: chat messages → prompt ids (harmony or the chat template; [`tool_prompt`]
+//!   offers tools to a model whose template cannot).
 //! - [`generation`]: one request's tokens → deltas (text, reasoning, tool calls, logprobs):
 //!   [`plain_reply`] (with [`llama_tools`]) and [`harmony_reply`] read the two formats;
 //!   [`logprobs`] writes log probabilities as the API does.
@@ -32,6 +33,7 @@ mod prompt;
 mod routes;
 mod sse;
 mod state;
+mod tool_prompt;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -227,15 +229,14 @@ fn banner(r: &Ready, device: &str, args: &ServeArgs, addr: SocketAddr, load: Dur
     };
     let format = if r.harmony { " · harmony (reasoning, tools)" } else { "" };
     format!(
-        "inferno serve · {} ({}, {:?}) · {device} · context {} (model max {}){format} · loaded in {:.1}s\n\
+        "inferno serve · {} ({}, {:?}) · {device} · {}{format} · loaded in {:.1}s\n\
          memory: {}\n\
          batch:  up to {} sequences, KV pool {} tokens ({} blocks of {BLOCK_SIZE}, ≈{}), {} tokens per step; {} may wait\n\
          ready:  http://{addr}/v1 (OpenAI API, {key}) · /health · /metrics",
         i.name,
         i.format,
         i.dtype,
-        i.context,
-        i.max_context,
+        i.context_label(),
         load.as_secs_f64(),
         i.plan.summary(i.budget.as_ref()),
         args.max_seqs,

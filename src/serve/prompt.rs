@@ -189,12 +189,6 @@ fn template_prompt(
             "this model has no chat template: use /v1/completions with a raw prompt",
         )
     })?;
-    if tools.is_some() && !template.uses_variable("tools") {
-        return Err(ApiError::bad_param(
-            "tools",
-            "this model's chat template does not support tools, so tools cannot be offered to it",
-        ));
-    }
     let mut messages = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.iter().enumerate() {
         let role = match m.role.as_str() {
@@ -227,8 +221,13 @@ fn template_prompt(
         messages.push(msg);
     }
     let mut extra = serde_json::Map::new();
-    if let Some(t) = tools {
-        extra.insert("tools".into(), t.clone());
+    match tools {
+        Some(t) if template.uses_variable("tools") => {
+            extra.insert("tools".into(), t.clone());
+        }
+        // The template cannot show tools: they go into the system message instead.
+        Some(t) => super::tool_prompt::polyfill(&mut messages, t)?,
+        None => {}
     }
     if let Some(e) = &req.reasoning_effort {
         extra.insert("reasoning_effort".into(), e.clone().into());

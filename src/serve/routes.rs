@@ -34,8 +34,14 @@ pub fn router(
     let mut app = Router::new()
         .route("/health", get(health))
         .merge(api)
-        .fallback(|| async { ApiError::not_found("no such endpoint") })
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .fallback(|req: Request| async move {
+            unknown(&req, "no such endpoint");
+            ApiError::not_found("no such endpoint")
+        })
+        .method_not_allowed_fallback(|req: Request| async move {
+            unknown(&req, "method not allowed");
+            ApiError::method_not_allowed()
+        })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .with_state(state);
@@ -43,6 +49,17 @@ pub fn router(
         app = app.layer(cors(cors_origins)?);
     }
     Ok(app)
+}
+
+/// A request no route takes, logged: a client speaking an API this server lacks shows up
+/// in the log rather than as silence. The path is cut and escaped (it is the client's text).
+fn unknown(req: &Request, what: &str) {
+    let path = req.uri().path();
+    let mut shown: String = path.chars().take(200).flat_map(char::escape_default).collect();
+    if path.chars().count() > 200 {
+        shown.push('…');
+    }
+    tracing::warn!("{} {shown}: {what}", req.method());
 }
 
 fn cors(origins: &[String]) -> anyhow::Result<CorsLayer> {

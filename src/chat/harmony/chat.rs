@@ -161,7 +161,12 @@ impl HarmonyChat {
     pub fn record_reply(&mut self, reply: &[HarmonyMessage]) -> bool {
         let finals: Vec<&HarmonyMessage> = reply
             .iter()
-            .filter(|m| m.is_assistant_on(&Channel::Final) && !m.content.is_empty())
+            // Text on a channel harmony does not have was shown as the answer: kept as one.
+            .filter(|m| {
+                let other = matches!(m.channel, Some(Channel::Other(_))) && m.recipient.is_none();
+                (m.is_assistant_on(&Channel::Final) || (other && m.role == Role::Assistant))
+                    && !m.content.is_empty()
+            })
             .collect();
         for m in &finals {
             self.push_assistant_final(&m.content);

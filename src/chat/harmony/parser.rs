@@ -1,6 +1,6 @@
 //! The model's side of harmony: sampled ids in, messages by channel out, as they stream.
 
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 
 use super::{CHANNEL, CONSTRAIN, Channel, HarmonyEncoding, HarmonyMessage, Role};
 use crate::generate::TokenStream;
@@ -174,7 +174,8 @@ impl<'t> HarmonyParser<'t> {
             }
             State::Content { mut message, mut stream } => {
                 if !self.enc.is_special(id) {
-                    if let Some(text) = stream.push(id)? {
+                    // An id the tokenizer cannot decode is dropped, never a failed turn.
+                    if let Some(text) = stream.push(id).unwrap_or(None) {
                         message.content.push_str(&text);
                         let channel = message.channel.clone().unwrap_or(Channel::Final);
                         events.push(HarmonyEvent::Text { channel, text });
@@ -217,7 +218,7 @@ impl<'t> HarmonyParser<'t> {
         events: &mut Vec<HarmonyEvent>,
     ) -> Result<()> {
         let channel = message.channel.clone().unwrap_or(Channel::Final);
-        if let Some(text) = stream.finish()? {
+        if let Some(text) = stream.finish().unwrap_or(None) {
             message.content.push_str(&text);
             events.push(HarmonyEvent::Text { channel: channel.clone(), text });
         }
@@ -262,11 +263,13 @@ impl<'t> HarmonyParser<'t> {
         header: &[u32],
         fields: bool,
     ) -> Result<(HarmonyMessage, String)> {
-        let mut text = self
-            .enc
-            .tokenizer
-            .decode(header, false)
-            .map_err(|e| anyhow!("decoding a harmony header: {e}"))?;
+        // Ids the tokenizer cannot decode are left out, as in content.
+        let known: Vec<u32> = header
+            .iter()
+            .copied()
+            .filter(|&id| self.enc.tokenizer.id_to_token(id).is_some())
+            .collect();
+        let mut text = self.enc.tokenizer.decode(&known, false).unwrap_or_default();
         let mut channel = None;
         if let Some(at) = text.find(CHANNEL) {
             let after = &text[at + CHANNEL.len()..];
@@ -276,7 +279,7 @@ impl<'t> HarmonyParser<'t> {
             }
             text = format!("{}{}", &text[..at], &after[len..]);
         }
-        let text = text.replace(CONSTRAIN, &format!(" {CONSTRAIN}"));
+        let text = without_markup(&text).replace(CONSTRAIN, &format!(" {CONSTRAIN}"));
         let mut parts: Vec<&str> = text.split_ascii_whitespace().collect();
         let mut name = None;
         let role = match role {
@@ -308,6 +311,8 @@ impl<'t> HarmonyParser<'t> {
                 }
             }
         }
+        // A content type left among the words (a malformed header's) is markup, not text.
+        parts.retain(|p| !p.starts_with(CONSTRAIN));
         let rest = parts.join(" ");
         if channel.is_none() && recipient.is_some() {
             channel = Some(Channel::Commentary);
@@ -316,4 +321,29 @@ impl<'t> HarmonyParser<'t> {
             HarmonyMessage { role, name, recipient, channel, content_type, content: String::new() };
         Ok((message, rest))
     }
+}
+
+/// A header's text with every special token but `<|constrain|>` turned into a space: a slip
+/// such as a second `<|channel|>` or a reserved token never ends up in a recipient (a tool
+/// name) or a content type.
+fn without_markup(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("<|") {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        match tail[2..].find("|>") {
+            Some(end) => {
+                let token = &tail[..end + 4];
+                out.push_str(if token == CONSTRAIN { token } else { " " });
+                rest = &tail[end + 4..];
+            }
+            None => {
+                out.push(' ');
+                rest = &tail[2..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }

@@ -4,7 +4,7 @@
 //! binary's kernels were built for them; the NVIDIA driver, the CUDA version and the CUDA
 //! libraries found (with their paths); the Hugging Face cache (where, how big, how many models,
 //! whether a token is set — never its value); and for each cached model whether it fits on the
-//! GPU at the default context, by the same memory plan `play` and `bench` use before loading.
+//! GPU at its full context (or at which smaller one), by the same memory plan `play` and `bench` use before loading.
 //! Every problem comes with a line saying how to fix it. It never needs a GPU to run: on a
 //! machine without the driver it says so and still reports the cache.
 //!

@@ -1,5 +1,5 @@
-//! For each cached model: does it fit on the GPU at its default context? The same memory plan
-//! `play` and `bench` check before loading (src/engine/plan.rs), read from the files' headers
+//! For each cached model: does it fit on the GPU, at its full context or at a smaller one (what
+//! `play` and `serve` then take)? The same memory plan `play` and `bench` check before loading (src/engine/plan.rs), read from the files' headers
 //! only, so this is quick even for a cache of large models.
 
 use serde::Serialize;
@@ -15,7 +15,7 @@ use crate::util::human_bytes_iec as iec;
 #[derive(Debug, Serialize)]
 pub struct ModelFit {
     pub model: String,
-    /// The default context the plan is for.
+    /// The model's full context, which the plan is for.
     pub context: Option<usize>,
     /// Bytes the plan needs on the GPU at that context.
     pub needed_bytes: Option<u64>,
@@ -23,7 +23,7 @@ pub struct ModelFit {
     pub free_bytes: Option<u64>,
     /// Whether it fits (`None`: unknown, no GPU or no plan).
     pub fits: Option<bool>,
-    /// The largest context that fits, when the default does not.
+    /// The largest context that fits, when the full one does not.
     pub largest_context: Option<usize>,
     /// Why no plan could be made (a format or architecture inferno does not run).
     pub note: Option<String>,
@@ -94,6 +94,14 @@ impl ModelFit {
                 iec(need),
                 iec(free)
             )),
+            // What `play` and `serve` do with no --context: the largest context that fits.
+            (Some(false), Some(free)) if self.largest_context.is_some() => Line::ok(format!(
+                "{}: fits at context {} (its full context {ctx} needs {}, {} free)",
+                self.model,
+                self.largest_context.unwrap_or_default(),
+                iec(need),
+                iec(free)
+            )),
             (Some(false), Some(free)) => Line::bad(format!(
                 "{}: does not fit at context {ctx} (needs {}, {} free)",
                 self.model,
@@ -109,18 +117,12 @@ impl ModelFit {
     }
 
     pub fn problem(&self) -> Option<Problem> {
-        if self.fits != Some(false) {
+        if self.fits != Some(false) || self.largest_context.is_some() {
             return None;
         }
-        let fix = match self.largest_context {
-            Some(c) => format!("run it with --context {c} (or less), or free GPU memory"),
-            None => "it does not fit at any context on this GPU: free GPU memory or use a larger \
-                     GPU"
-            .to_string(),
-        };
         Some(Problem {
-            what: format!("{} does not fit on the GPU at its default context", self.model),
-            fix,
+            what: format!("{} does not fit on the GPU at any context", self.model),
+            fix: "free GPU memory or use a larger GPU".to_string(),
         })
     }
 }

@@ -13,7 +13,7 @@ pub fn human(r: &Report) -> String {
     section(&mut s, "Hugging Face cache", &cache_lines(r));
     let models: Vec<Line> = r.models.iter().map(|m| m.line()).collect();
     if !models.is_empty() {
-        section(&mut s, "Cached models (default context)", &models);
+        section(&mut s, "Cached models (memory plan)", &models);
     }
     if r.problems.is_empty() {
         let _ = writeln!(s, "No problems found.");

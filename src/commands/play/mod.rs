@@ -243,13 +243,12 @@ fn banner(l: &ModelInfo, gpu_name: &str, dialogue: &Dialogue, load_s: f64) -> St
         l.device_bytes.map(|b| format!(", {} on the GPU", human_bytes(b))).unwrap_or_default();
     let effort = dialogue.effort().map(|e| format!(" · reasoning {e}")).unwrap_or_default();
     format!(
-        "inferno · {} ({}, {:?}) · {}{mem} · context {} (model max {}){effort} · loaded in {load_s:.1}s\nmemory: {}",
+        "inferno · {} ({}, {:?}) · {}{mem} · {}{effort} · loaded in {load_s:.1}s\nmemory: {}",
         l.name,
         l.format,
         l.dtype,
         gpu_name,
-        l.context,
-        l.max_context,
+        l.context_label(),
         l.plan.summary(l.budget.as_ref())
     )
 }
