@@ -90,7 +90,10 @@ fn x_api_key_and_bearer_are_both_accepted() {
     client(&s, "api_key", json!({"api_key": "sk-test-123"}));
     let (status, text) = s.request("POST", "/v1/messages", &[("x-api-key", "nope")], b"{}");
     assert_eq!(status, 401, "{text}");
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"]["type"], "authentication_error");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["error"]["type"],
+        "authentication_error"
+    );
     let (status, text) = s.request("POST", "/v1/chat/completions", &[("x-api-key", "nope")], b"{}");
     assert_eq!(status, 401, "{text}");
     assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"]["code"], "invalid_api_key");
@@ -119,7 +122,9 @@ fn claude_code_completes_a_turn() {
     let home = tempfile::tempdir().unwrap();
     let answer = "Hello from inferno!";
     let replies = home.path().join("replies.json");
-    let forced = format!("<|channel|>analysis<|message|>Greet.<|end|><|start|>assistant<|channel|>final<|message|>{answer}<|return|>");
+    let forced = format!(
+        "<|channel|>analysis<|message|>Greet.<|end|><|start|>assistant<|channel|>final<|message|>{answer}<|return|>"
+    );
     std::fs::write(&replies, json!(vec![forced; 16]).to_string()).unwrap();
     let key = "sk-claude-test";
     let env = [("INFERNO_TEST_HOOKS", "1"), ("INFERNO_TEST_REPLIES", replies.to_str().unwrap())];
@@ -177,7 +182,10 @@ fn claude_code_completes_a_turn() {
     let (stdout, stderr) =
         (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let log = s.log();
-    assert!(status.success(), "claude -p failed ({status}):\n{stdout}\n{stderr}\n--- server ---\n{log}");
+    assert!(
+        status.success(),
+        "claude -p failed ({status}):\n{stdout}\n{stderr}\n--- server ---\n{log}"
+    );
     assert_eq!(stdout.trim(), answer, "{stderr}\n--- server ---\n{log}");
     assert!(log.contains("/v1/messages 200 stop (stream)"), "{log}");
 }

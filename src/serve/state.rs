@@ -1,8 +1,8 @@
 //! What every handler shares: the model once loaded ([`Ready`]), the names it answers to, the
 //! API key, the admission limit, the metrics and the shutdown signal.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
@@ -87,7 +87,11 @@ impl AppState {
             shutdown,
             created: super::unix_now(),
             hooks,
-            replies: Mutex::new(if hooks { super::hooks::queued_replies() } else { VecDeque::new() }),
+            replies: Mutex::new(if hooks {
+                super::hooks::queued_replies()
+            } else {
+                VecDeque::new()
+            }),
             keep_alive: std::env::var("INFERNO_SSE_KEEP_ALIVE_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())

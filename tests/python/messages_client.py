@@ -77,6 +77,10 @@ def check_stream_order(events):
     assert open_index is None, events
 
 
+# Sampling fields are API fields the 2026 SDK no longer has as arguments.
+GREEDY = {"extra_body": {"temperature": 0}}
+
+
 def text_of(message):
     return "".join(b.text for b in message.content if b.type == "text")
 
@@ -90,7 +94,7 @@ def smollm2():
     msgs = [{"role": "user", "content": prompt}]
     chat = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY).chat.completions.create(
         model=m, messages=msgs, max_tokens=max_tokens, temperature=0)
-    r = c.messages.create(model=m, messages=msgs, max_tokens=max_tokens, temperature=0)
+    r = c.messages.create(model=m, messages=msgs, max_tokens=max_tokens, **GREEDY)
     assert r.type == "message" and r.role == "assistant" and r.id.startswith("msg_"), r
     assert [b.type for b in r.content] == ["text"], r.content
     want_reason = {"stop": "end_turn", "length": "max_tokens"}[chat.choices[0].finish_reason]
@@ -100,20 +104,19 @@ def smollm2():
     assert u.input_tokens + u.cache_read_input_tokens == chat.usage.prompt_tokens, (u, chat.usage)
     assert u.cache_creation_input_tokens == 0, u
     # The same prompt again: its prefix comes from the cache and counts as cache reads.
-    again = c.messages.create(model=m, messages=msgs, max_tokens=max_tokens, temperature=0)
+    again = c.messages.create(model=m, messages=msgs, max_tokens=max_tokens, **GREEDY)
     assert again.usage.cache_read_input_tokens > 0, again.usage
     assert again.usage.input_tokens + again.usage.cache_read_input_tokens == chat.usage.prompt_tokens
     count = c.messages.count_tokens(model=m, messages=msgs)
     assert count.input_tokens == chat.usage.prompt_tokens, (count, chat.usage)
 
     # Streamed with the SDK's helper and with stream=True, and as raw events.
-    with c.messages.stream(model=m, messages=msgs, max_tokens=max_tokens, temperature=0) as s:
+    with c.messages.stream(model=m, messages=msgs, max_tokens=max_tokens, **GREEDY) as s:
         pieces = list(s.text_stream)
         final = s.get_final_message()
     assert "".join(pieces) == text_of(r) == text_of(final), (pieces, r, final)
     assert final.stop_reason == r.stop_reason and final.usage.output_tokens == u.output_tokens, final
-    events = list(c.messages.create(model=m, messages=msgs, max_tokens=max_tokens, temperature=0,
-                                    stream=True))
+    events = list(c.messages.create(model=m, messages=msgs, max_tokens=max_tokens, stream=True, **GREEDY))
     streamed = "".join(e.delta.text for e in events if e.type == "content_block_delta")
     assert streamed == text_of(r), (streamed, r)
     raw = raw_events({"model": m, "messages": msgs, "max_tokens": max_tokens, "temperature": 0,
@@ -125,19 +128,19 @@ def smollm2():
     text = text_of(r)
     words = [w for w in text.split() if len(w) > 3]
     stop = words[len(words) // 2]
-    cut = c.messages.create(model=m, messages=msgs, max_tokens=max_tokens, temperature=0,
-                            stop_sequences=[stop, "never-appears-xyz"])
+    cut = c.messages.create(model=m, messages=msgs, max_tokens=max_tokens,
+                            stop_sequences=[stop, "never-appears-xyz"], **GREEDY)
     assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop, cut
     assert text_of(cut) == text[: text.index(stop)], (cut, text, stop)
-    with c.messages.stream(model=m, messages=msgs, max_tokens=max_tokens, temperature=0,
-                           stop_sequences=[stop]) as s:
+    with c.messages.stream(model=m, messages=msgs, max_tokens=max_tokens,
+                           stop_sequences=[stop], **GREEDY) as s:
         streamed_cut = s.get_final_message()
     assert streamed_cut.stop_reason == "stop_sequence" and streamed_cut.stop_sequence == stop
     assert text_of(streamed_cut) == text_of(cut)
     # A system prompt as text blocks is the chat's system message.
     sys_chat = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY).chat.completions.create(
         model=m, messages=[{"role": "system", "content": "Be brief."}] + msgs, max_tokens=8, temperature=0)
-    sys_msg = c.messages.create(model=m, messages=msgs, max_tokens=8, temperature=0,
+    sys_msg = c.messages.create(model=m, messages=msgs, max_tokens=8, **GREEDY,
                                 system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}])
     assert text_of(sys_msg) == sys_chat.choices[0].message.content, (sys_msg, sys_chat)
     return {"text": text_of(r), "chat": chat.choices[0].message.content, "stop": stop,
@@ -214,8 +217,8 @@ def errors():
         context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
         tools=WEATHER + [{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}],
         tool_choice={"type": "none"}, metadata={"user_id": "tester"},
-        thinking={"type": "adaptive"}, temperature=0.5, top_p=0.9, top_k=40,
-        extra_body={"frobnicate": {"x": 1}, "output_config": {"effort": "high", "format": {
+        thinking={"type": "adaptive"},
+        extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 40, "frobnicate": {"x": 1}, "output_config": {"effort": "high", "format": {
             "type": "json_schema", "schema": {"type": "object"}}}},
         extra_headers={"anthropic-version": "2099-01-01", "x-unknown": "1"})
     assert r.type == "message" and r.usage.output_tokens >= 1, r
@@ -300,7 +303,7 @@ def gpt_oss_tools():
     # The same conversation through chat completions renders the same prompt.
     chat_history = [user, {"role": "assistant", "content": None, "reasoning_content": thinking.thinking,
                            "tool_calls": [{"id": call.id, "type": "function", "function": {
-                               "name": "get_weather", "arguments": json.dumps(call.input)}}]},
+                               "name": "get_weather", "arguments": json.dumps(call.input, separators=(",", ":"))}}]},
                     {"role": "tool", "tool_call_id": call.id, "content": "{\"celsius\": 21}"}]
     oai = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY)
     chat_tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],

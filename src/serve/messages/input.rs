@@ -12,6 +12,7 @@ use super::super::errors::ApiError;
 use super::super::openai_types::{
     ChatMessage, ChatRequest, Common, Content, FunctionCallIn, StopField, ToolCallIn,
 };
+use super::options::{effort, output_format, tools};
 
 /// A Messages request as the server runs it.
 pub struct MessagesRequest {
@@ -58,8 +59,8 @@ pub fn parse(body: &[u8], count: bool) -> Result<MessagesRequest, ApiError> {
         model,
         stream: Some(stream),
         max_tokens,
-        temperature: number(&o, "temperature", 0.0, 1.0)?,
-        top_p: number(&o, "top_p", f64::MIN_POSITIVE, 1.0)?,
+        temperature: number(&o, "temperature", 0.0, false)?,
+        top_p: number(&o, "top_p", 0.0, true)?,
         top_k: match o.get("top_k") {
             None | Some(Value::Null) => None,
             Some(v) => Some(
@@ -71,7 +72,10 @@ pub fn parse(body: &[u8], count: bool) -> Result<MessagesRequest, ApiError> {
         stop: stop_sequences(o.get("stop_sequences"))?.map(StopField::Many),
         user: metadata(o.get("metadata"))?,
         // Test hook (see `hooks`): honoured only with `INFERNO_TEST_HOOKS=1`.
-        x_inferno_force_reply: o.get("x_inferno_force_reply").and_then(Value::as_str).map(str::to_string),
+        x_inferno_force_reply: o
+            .get("x_inferno_force_reply")
+            .and_then(Value::as_str)
+            .map(str::to_string),
         x_inferno_prompt_ids: o.get("x_inferno_prompt_ids").and_then(Value::as_bool),
         ..Common::default()
     };
@@ -90,7 +94,7 @@ pub fn parse(body: &[u8], count: bool) -> Result<MessagesRequest, ApiError> {
     Ok(MessagesRequest { chat, stream, format })
 }
 
-fn field(name: &str, message: impl Into<String>) -> ApiError {
+pub(super) fn field(name: &str, message: impl Into<String>) -> ApiError {
     ApiError::bad_param(name, message)
 }
 
@@ -102,12 +106,21 @@ fn opt_bool(o: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError
     }
 }
 
-fn number(o: &Map<String, Value>, name: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
+/// A number in `[lo, 1]` (`lo` itself excluded when `open`).
+fn number(
+    o: &Map<String, Value>,
+    name: &str,
+    lo: f64,
+    open: bool,
+) -> Result<Option<f64>, ApiError> {
     match o.get(name) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_f64().filter(|x| (lo..=hi).contains(x)) {
+        Some(v) => match v.as_f64().filter(|&x| x <= 1.0 && (x > lo || (!open && x == lo))) {
             Some(x) => Ok(Some(x)),
-            None => Err(field(name, format!("{name} must be a number from {lo} to {hi}, not {v}"))),
+            None => {
+                let range = if open { "(0, 1]" } else { "[0, 1]" };
+                Err(field(name, format!("{name} must be a number in {range}, not {v}")))
+            }
         },
     }
 }
@@ -116,9 +129,11 @@ fn stop_sequences(v: Option<&Value>) -> Result<Option<Vec<String>>, ApiError> {
     let bad = || field("stop_sequences", "stop_sequences must be an array of strings");
     match v {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Array(a)) => {
-            a.iter().map(|s| s.as_str().map(str::to_string).ok_or_else(bad)).collect::<Result<_, _>>().map(Some)
-        }
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_string).ok_or_else(bad))
+            .collect::<Result<_, _>>()
+            .map(Some),
         Some(_) => Err(bad()),
     }
 }
@@ -138,7 +153,9 @@ fn system(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(blocks)) => text_blocks("system", blocks)?,
-        Some(_) => return Err(field("system", "system must be a string or an array of text blocks")),
+        Some(_) => {
+            return Err(field("system", "system must be a string or an array of text blocks"));
+        }
     };
     Ok(vec![chat_message("system", text)])
 }
@@ -161,7 +178,9 @@ fn kind(block: &Value) -> &str {
 
 fn unsupported(at: &str, kind: &str) -> ApiError {
     let why = match kind {
-        "image" | "document" => format!("{kind} blocks are not supported: this model reads text only"),
+        "image" | "document" => {
+            format!("{kind} blocks are not supported: this model reads text only")
+        }
         "" => "a content block needs a string `type` (and a string `text` for text)".to_string(),
         k => format!("blocks of type {k:?} are not supported here"),
     };
@@ -187,7 +206,12 @@ fn message(i: usize, m: &Value, out: &mut Vec<ChatMessage>) -> Result<(), ApiErr
     let blocks = match m.get("content") {
         Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
         Some(Value::Array(b)) => b.clone(),
-        _ => return Err(field("messages", format!("{at}: content must be a string or an array of blocks"))),
+        _ => {
+            return Err(field(
+                "messages",
+                format!("{at}: content must be a string or an array of blocks"),
+            ));
+        }
     };
     match role {
         "user" => user(&at, &blocks, out),
@@ -196,7 +220,10 @@ fn message(i: usize, m: &Value, out: &mut Vec<ChatMessage>) -> Result<(), ApiErr
             out.push(chat_message("system", text_blocks(&at, &blocks)?));
             Ok(())
         }
-        r => Err(field("messages", format!("{at}: role must be \"user\" or \"assistant\", not {r:?}"))),
+        r => Err(field(
+            "messages",
+            format!("{at}: role must be \"user\" or \"assistant\", not {r:?}"),
+        )),
     }
 }
 
@@ -236,7 +263,9 @@ fn tool_result(at: &str, b: &Value) -> Result<ChatMessage, ApiError> {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => text_blocks(&format!("{at}.content"), parts)?,
-        Some(_) => return Err(field("messages", format!("{at}: content must be a string or text blocks"))),
+        Some(_) => {
+            return Err(field("messages", format!("{at}: content must be a string or text blocks")));
+        }
     };
     let text = match b.get("is_error") {
         Some(Value::Bool(true)) => format!("Error: {text}"),
@@ -262,7 +291,9 @@ fn assistant(at: &str, blocks: &[Value], out: &mut Vec<ChatMessage>) -> Result<(
                 let input = match b.get("input") {
                     Some(v @ Value::Object(_)) => v.to_string(),
                     None | Some(Value::Null) => "{}".to_string(),
-                    Some(_) => return Err(field("messages", format!("{at}: input must be an object"))),
+                    Some(_) => {
+                        return Err(field("messages", format!("{at}: input must be an object")));
+                    }
                 };
                 calls.push(ToolCallIn {
                     id: Some(str_field(&at, b, "id")?.to_string()),
@@ -280,96 +311,4 @@ fn assistant(at: &str, blocks: &[Value], out: &mut Vec<ChatMessage>) -> Result<(
     m.tool_calls = Some(calls).filter(|c| !c.is_empty());
     out.push(m);
     Ok(())
-}
-
-/// `tools` as OpenAI function tools, and `tool_choice` as chat's. Anthropic's server tools
-/// (a dated `type` such as `web_search_20250305`, no `input_schema`) run on Anthropic's side
-/// only: they are left out, so the model never sees a tool nobody would run.
-fn tools(o: &Map<String, Value>) -> Result<(Option<Value>, Option<Value>), ApiError> {
-    let mut functions = Vec::new();
-    match o.get("tools") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(list)) => {
-            for (i, t) in list.iter().enumerate() {
-                let custom = matches!(t.get("type"), None | Some(Value::Null))
-                    || t.get("type").and_then(Value::as_str) == Some("custom");
-                if !custom && t.get("input_schema").is_none() {
-                    tracing::debug!("tools[{i}]: server tool {:?} left out", t.get("type"));
-                    continue;
-                }
-                let name = t.get("name").and_then(Value::as_str).ok_or_else(|| {
-                    field("tools", format!("tools[{i}]: name must be a string"))
-                })?;
-                let schema = match t.get("input_schema") {
-                    Some(s @ Value::Object(_)) => s.clone(),
-                    _ => return Err(field("tools", format!("tools[{i}]: input_schema must be an object"))),
-                };
-                let mut f = json!({"name": name, "parameters": schema});
-                if let Some(d) = t.get("description").and_then(Value::as_str) {
-                    f["description"] = d.into();
-                }
-                functions.push(json!({"type": "function", "function": f}));
-            }
-        }
-        Some(_) => return Err(field("tools", "tools must be an array")),
-    }
-    let choice = match o.get("tool_choice") {
-        None | Some(Value::Null) => None,
-        Some(c) => match c.get("type").and_then(Value::as_str) {
-            Some("auto") => None,
-            Some("none") => Some(Value::String("none".into())),
-            Some(t @ ("any" | "tool")) => {
-                return Err(field(
-                    "tool_choice",
-                    format!("tool_choice {t:?} (a forced tool call) is not supported yet: use \"auto\" or \"none\""),
-                ));
-            }
-            _ => return Err(field("tool_choice", "tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\"")),
-        },
-    };
-    Ok(((!functions.is_empty()).then_some(Value::Array(functions)), choice))
-}
-
-/// gpt-oss's `Reasoning:` level: `output_config.effort` when given, else from `thinking`
-/// (a budget under 4096 tokens is low, under 16384 medium, more high; `adaptive` is the
-/// default medium; `disabled` is low, as gpt-oss always reasons).
-fn effort(o: &Map<String, Value>) -> Result<&'static str, ApiError> {
-    if let Some(e) = o.get("output_config").and_then(|c| c.get("effort")).filter(|e| !e.is_null()) {
-        return match e.as_str() {
-            Some("low") => Ok("low"),
-            Some("medium") => Ok("medium"),
-            Some("high" | "xhigh" | "max") => Ok("high"),
-            _ => Err(field("output_config.effort", format!("output_config.effort must be low, medium, high, xhigh or max, not {e}"))),
-        };
-    }
-    let Some(t) = o.get("thinking").filter(|t| !t.is_null()) else { return Ok("medium") };
-    match t.get("type").and_then(Value::as_str) {
-        Some("enabled") => match t.get("budget_tokens").and_then(Value::as_i64) {
-            Some(b) if b < 1024 => Err(field("thinking.budget_tokens", "thinking.budget_tokens must be at least 1024")),
-            Some(b) if b < 4096 => Ok("low"),
-            Some(b) if b < 16384 => Ok("medium"),
-            Some(_) => Ok("high"),
-            None => Err(field("thinking.budget_tokens", "thinking.budget_tokens must be an integer")),
-        },
-        Some("adaptive") => Ok("medium"),
-        Some("disabled") => Ok("low"),
-        _ => Err(field("thinking", "thinking.type must be \"enabled\", \"adaptive\" or \"disabled\"")),
-    }
-}
-
-/// `output_config.format`: `{type: "json_schema", schema: {…}}`, its schema returned.
-fn output_format(config: Option<&Value>) -> Result<Option<Value>, ApiError> {
-    let config = match config {
-        None | Some(Value::Null) => return Ok(None),
-        Some(c @ Value::Object(_)) => c,
-        Some(_) => return Err(field("output_config", "output_config must be an object")),
-    };
-    let Some(format) = config.get("format").filter(|f| !f.is_null()) else { return Ok(None) };
-    if format.get("type").and_then(Value::as_str) != Some("json_schema") {
-        return Err(field("output_config.format", "output_config.format.type must be \"json_schema\""));
-    }
-    match format.get("schema") {
-        Some(s @ Value::Object(_)) => Ok(Some(s.clone())),
-        _ => Err(field("output_config.format.schema", "output_config.format.schema must be a JSON schema object")),
-    }
 }

@@ -6,6 +6,7 @@
 //! message}}`, with its statuses.
 
 mod input;
+mod options;
 mod output;
 mod stream;
 
@@ -143,7 +144,80 @@ mod tests {
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert_eq!(v["error"]["message"], "max_tokens: must be at least 1");
         assert_eq!(error_body(&ApiError::unauthorized())["error"]["type"], "authentication_error");
-        assert_eq!(error_body(&ApiError::unavailable("busy", 1))["error"]["type"], "overloaded_error");
+        assert_eq!(
+            error_body(&ApiError::unavailable("busy", 1))["error"]["type"],
+            "overloaded_error"
+        );
         assert_eq!(error_body(&ApiError::internal("x"))["error"]["type"], "api_error");
+    }
+
+    #[test]
+    fn a_tool_loop_becomes_chat_messages() {
+        let body = json!({
+            "model": "m", "max_tokens": 10, "system": [{"type": "text", "text": "Be brief."}],
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "Need it.", "signature": "x"},
+                    {"type": "redacted_thinking", "data": "y"},
+                    {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"c": "P"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "21", "is_error": true},
+                    {"type": "text", "text": "And?", "cache_control": {"type": "ephemeral"}}]},
+            ],
+            "tools": [{"name": "w", "input_schema": {"type": "object"}},
+                      {"type": "web_search_20250305", "name": "web_search"}],
+            "context_management": {"edits": []}, "unknown": 1,
+        });
+        let r = input::parse(body.to_string().as_bytes(), false).unwrap();
+        let roles: Vec<&str> = r.chat.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
+        let a = &r.chat.messages[2];
+        assert_eq!(a.reasoning_text(), Some("Need it."));
+        let call = &a.tool_calls.as_ref().unwrap()[0];
+        assert_eq!(
+            (call.id.as_deref(), call.function.arguments_text()),
+            (Some("toolu_1"), r#"{"c":"P"}"#.into())
+        );
+        let t = &r.chat.messages[3];
+        assert_eq!(t.tool_call_id.as_deref(), Some("toolu_1"));
+        assert_eq!(t.content.as_ref().unwrap().text().unwrap(), "Error: 21");
+        let tools = r.chat.tools.unwrap();
+        assert_eq!(tools.as_array().unwrap().len(), 1, "the server tool is left out");
+        assert_eq!(r.chat.reasoning_effort.as_deref(), Some("medium"));
+        assert!(!r.stream && r.format.is_none());
+    }
+
+    #[test]
+    fn effort_comes_from_output_config_then_thinking() {
+        let effort = |extra: Value| {
+            let mut body = json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            input::parse(body.to_string().as_bytes(), false)
+                .map(|r| r.chat.reasoning_effort.unwrap())
+        };
+        assert_eq!(
+            effort(json!({"thinking": {"type": "enabled", "budget_tokens": 1024}})).unwrap(),
+            "low"
+        );
+        assert_eq!(
+            effort(json!({"thinking": {"type": "enabled", "budget_tokens": 8000}})).unwrap(),
+            "medium"
+        );
+        assert_eq!(
+            effort(json!({"thinking": {"type": "adaptive", "display": "omitted"},
+                                 "output_config": {"effort": "xhigh"}}))
+            .unwrap(),
+            "high"
+        );
+        assert_eq!(effort(json!({"thinking": {"type": "disabled"}})).unwrap(), "low");
+        let e = effort(json!({"thinking": {"type": "enabled", "budget_tokens": 100}})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("thinking.budget_tokens"));
+        let schema = json!({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}});
+        let mut body =
+            json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+        body.as_object_mut().unwrap().extend(schema.as_object().unwrap().clone());
+        let r = input::parse(body.to_string().as_bytes(), false).unwrap();
+        assert_eq!(r.format, Some(json!({"type": "object"})));
     }
 }

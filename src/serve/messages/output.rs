@@ -48,7 +48,8 @@ impl Blocks {
             Delta::Content(t) => self.add_text(Open::Text, &t, &mut events),
             Delta::ToolStart { index, id, name } => {
                 self.close(&mut events);
-                let block = json!({"type": "tool_use", "id": tool_id(&id), "name": name, "input": {}});
+                let block =
+                    json!({"type": "tool_use", "id": tool_id(&id), "name": name, "input": {}});
                 let at = self.start(block, Open::Tool(index), &mut events);
                 while self.calls.len() <= index {
                     self.calls.push(Call { block: at, args: String::new(), closed: false });
@@ -61,7 +62,10 @@ impl Blocks {
                 };
                 if !text.is_empty() {
                     call.args.push_str(&text);
-                    events.push(delta(call.block, json!({"type": "input_json_delta", "partial_json": text})));
+                    events.push(delta(
+                        call.block,
+                        json!({"type": "input_json_delta", "partial_json": text}),
+                    ));
                 }
             }
             Delta::Logprobs(_) => {}
@@ -89,8 +93,11 @@ impl Blocks {
             self.start(block, kind, events);
         }
         let at = self.content.len() - 1;
-        let (key, delta_type) =
-            if kind == Open::Thinking { ("thinking", "thinking_delta") } else { ("text", "text_delta") };
+        let (key, delta_type) = if kind == Open::Thinking {
+            ("thinking", "thinking_delta")
+        } else {
+            ("text", "text_delta")
+        };
         let mut whole = self.content[at][key].as_str().unwrap_or_default().to_string();
         whole.push_str(text);
         self.content[at][key] = whole.into();
@@ -121,7 +128,8 @@ impl Blocks {
                 call.closed = true;
                 if call.args.trim().is_empty() {
                     call.args = "{}".into();
-                    events.push(delta(at, json!({"type": "input_json_delta", "partial_json": "{}"})));
+                    events
+                        .push(delta(at, json!({"type": "input_json_delta", "partial_json": "{}"})));
                 }
                 self.content[at]["input"] = tool_input(&call.args);
             }
@@ -179,7 +187,13 @@ pub fn usage(o: &Outcome) -> Value {
 }
 
 /// The message object: `content` empty and no stop reason for `message_start`.
-pub fn message(id: &str, model: &str, content: Vec<Value>, o: Option<&Outcome>, prompt: usize) -> Value {
+pub fn message(
+    id: &str,
+    model: &str,
+    content: Vec<Value>,
+    o: Option<&Outcome>,
+    prompt: usize,
+) -> Value {
     let (reason, sequence) = match o {
         Some(o) => {
             let (r, s) = stop_reason(o);
@@ -222,7 +236,10 @@ mod tests {
         assert_eq!(content[0]["thinking"], "Let me think.");
         assert_eq!(content[0]["signature"], signature("Let me think."));
         assert_eq!(content[1], json!({"type": "text", "text": "Calling."}));
-        assert_eq!(content[2], json!({"type": "tool_use", "id": "toolu_ab0", "name": "f", "input": {"x": 1}}));
+        assert_eq!(
+            content[2],
+            json!({"type": "tool_use", "id": "toolu_ab0", "name": "f", "input": {"x": 1}})
+        );
         let types: Vec<&str> = events
             .iter()
             .map(|e| e["delta"]["type"].as_str().unwrap_or(e["type"].as_str().unwrap()))
@@ -230,9 +247,18 @@ mod tests {
         assert_eq!(
             types,
             [
-                "content_block_start", "thinking_delta", "thinking_delta", "signature_delta",
-                "content_block_stop", "content_block_start", "text_delta", "content_block_stop",
-                "content_block_start", "input_json_delta", "input_json_delta", "content_block_stop",
+                "content_block_start",
+                "thinking_delta",
+                "thinking_delta",
+                "signature_delta",
+                "content_block_stop",
+                "content_block_start",
+                "text_delta",
+                "content_block_stop",
+                "content_block_start",
+                "input_json_delta",
+                "input_json_delta",
+                "content_block_stop",
             ]
         );
         // Blocks start empty on the wire.

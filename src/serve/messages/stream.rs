@@ -56,7 +56,9 @@ pub fn stream(
         }
     });
     let ping = event(json!({"type": "ping"}));
-    Sse::new(Channel(rx)).keep_alive(KeepAlive::new().interval(keep_alive).event(ping)).into_response()
+    Sse::new(Channel(rx))
+        .keep_alive(KeepAlive::new().interval(keep_alive).event(ping))
+        .into_response()
 }
 
 /// Runs the generation into the channel; `Ok(None)` when the client went away.
@@ -128,11 +130,23 @@ pub async fn collect(
             step = generation.next() => step?,
         };
         match step {
-            Some(Step::Deltas(d)) => d.into_iter().for_each(|d| drop(blocks.push(d))),
+            Some(Step::Deltas(deltas)) => {
+                for d in deltas {
+                    blocks.push(d);
+                }
+            }
             Some(Step::Done { tail, outcome }) => {
-                tail.into_iter().for_each(|d| drop(blocks.push(d)));
+                for d in tail {
+                    blocks.push(d);
+                }
                 blocks.finish();
-                let body = output::message(&head.id, &head.model, blocks.content, Some(&outcome), head.prompt);
+                let body = output::message(
+                    &head.id,
+                    &head.model,
+                    blocks.content,
+                    Some(&outcome),
+                    head.prompt,
+                );
                 return Ok((body, outcome));
             }
             None => return Err(ApiError::internal("the generation ended without finishing")),
