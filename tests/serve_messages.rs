@@ -150,7 +150,7 @@ fn claude_code_completes_a_turn() {
         .env("DISABLE_ERROR_REPORTING", "1")
         .env("DISABLE_AUTOUPDATER", "1")
         .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        .env("API_TIMEOUT_MS", "300000");
+        .env("API_TIMEOUT_MS", "600000");
     for slot in [
         "ANTHROPIC_MODEL",
         "ANTHROPIC_DEFAULT_OPUS_MODEL",
@@ -172,9 +172,10 @@ fn claude_code_completes_a_turn() {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        if t0.elapsed() > Duration::from_secs(300) {
+        // Its ~10k-token prompt takes the CPU a minute or more (several on a busy machine).
+        if t0.elapsed() > Duration::from_secs(600) {
             let _ = child.kill();
-            panic!("claude -p still running after 300 s:\n{}", s.log());
+            panic!("claude -p still running after 600 s:\n{}", s.log());
         }
         std::thread::sleep(Duration::from_millis(100));
     };
@@ -188,4 +189,40 @@ fn claude_code_completes_a_turn() {
     );
     assert_eq!(stdout.trim(), answer, "{stderr}\n--- server ---\n{log}");
     assert!(log.contains("/v1/messages 200 stop (stream)"), "{log}");
+    // What Claude Code asked for (prompt size, cache hits), for `--nocapture` readers.
+    log.lines().filter(|l| l.contains("/v1/messages")).for_each(|l| eprintln!("{l}"));
+}
+
+#[test]
+fn a_stream_cut_by_shutdown_ends_with_an_error_event() {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = smollm2_server(&[]);
+    let body = json!({"model": "", "max_tokens": 900, "stream": true, "temperature": 0,
+        "messages": [{"role": "user", "content": "Count from 1 to 500, one number per line."}]})
+    .to_string();
+    let mut tcp = std::net::TcpStream::connect(&s.addr).unwrap();
+    write!(
+        tcp,
+        "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(tcp).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains("text_delta")) {
+        seen.push(rx.recv_timeout(Duration::from_secs(120)).expect("no text delta came"));
+    }
+    assert!(s.interrupt(Duration::from_secs(30)).success());
+    seen.extend(rx.iter());
+    let text = seen.join("\n");
+    assert!(text.contains("event: error"), "{text}");
+    assert!(text.contains(r#""type":"overloaded_error""#), "{text}");
+    assert!(!text.contains("message_stop"), "{text}");
 }

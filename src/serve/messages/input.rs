@@ -264,7 +264,10 @@ fn tool_result(at: &str, b: &Value) -> Result<ChatMessage, ApiError> {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => text_blocks(&format!("{at}.content"), parts)?,
         Some(_) => {
-            return Err(field("messages", format!("{at}: content must be a string or text blocks")));
+            return Err(field(
+                "messages",
+                format!("{at}: content must be a string or text blocks"),
+            ));
         }
     };
     let text = match b.get("is_error") {
