@@ -11,15 +11,30 @@ cd "$(dirname "$0")/.."
 
 source scripts/cuda-env.sh || { echo "test.sh: could not set up the CUDA build toolchain" >&2; exit 1; }
 
-# The official clients the tests drive inferno with: huggingface_hub (cache sharing) and
-# openai (`inferno serve`, tests/serve*.rs), pinned.
+# The official clients the tests drive inferno with: huggingface_hub (cache sharing), openai
+# and anthropic (`inferno serve`, tests/serve*.rs), pinned.
 HF_HUB_VERSION=2.4.0
 OPENAI_VERSION=3.54.0
-PY="${INFERNO_CACHE:-$HOME/.cache/inferno}/py-hub-$HF_HUB_VERSION-openai-$OPENAI_VERSION"
+ANTHROPIC_VERSION=2.14.0
+PY="${INFERNO_CACHE:-$HOME/.cache/inferno}/py-hub-$HF_HUB_VERSION-openai-$OPENAI_VERSION-anthropic-$ANTHROPIC_VERSION"
 source scripts/venv.sh
-pinned_venv "$PY" "import huggingface_hub, openai; assert openai.__version__ == '$OPENAI_VERSION'" \
-    "huggingface_hub==$HF_HUB_VERSION" "openai==$OPENAI_VERSION"
+pinned_venv "$PY" "import huggingface_hub, openai, anthropic; assert openai.__version__ == '$OPENAI_VERSION' and anthropic.__version__ == '$ANTHROPIC_VERSION'" \
+    "huggingface_hub==$HF_HUB_VERSION" "openai==$OPENAI_VERSION" "anthropic==$ANTHROPIC_VERSION"
 export INFERNO_PYTHON="$PY/bin/python"
+
+# Claude Code (tests/serve_messages.rs runs `claude -p` against `inferno serve`), pinned, from
+# npm; its package carries a native binary per platform, run directly (no postinstall, no node).
+CLAUDE_CODE_VERSION=2.1.332
+CLAUDE_DIR="${INFERNO_CACHE:-$HOME/.cache/inferno}/claude-code-$CLAUDE_CODE_VERSION"
+claude_bin() { ls "$CLAUDE_DIR"/node_modules/@anthropic-ai/claude-code-linux-*/claude 2>/dev/null | head -n 1; }
+if [ -z "$(claude_bin)" ]; then
+    echo "test.sh: installing @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION into $CLAUDE_DIR" >&2
+    npm install --prefix "$CLAUDE_DIR" --no-audit --no-fund --ignore-scripts --loglevel=error \
+        "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" >&2 \
+        || { echo "test.sh: could not install Claude Code (npm)" >&2; exit 1; }
+fi
+INFERNO_CLAUDE="$(claude_bin)"
+export INFERNO_CLAUDE
 
 # Real model files some tests read (they fail, saying which script to run, when one is missing).
 scripts/assets/smollm2-gguf.sh >/dev/null || { echo "test.sh: could not fetch the SmolLM2 GGUF" >&2; exit 1; }

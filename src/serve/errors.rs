@@ -49,7 +49,7 @@ impl ApiError {
         let mut e = Self::new(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
-            "missing or incorrect API key: send it as `Authorization: Bearer KEY`",
+            "missing or incorrect API key: send it as `Authorization: Bearer KEY` (or `x-api-key: KEY`)",
         );
         e.code = Some("invalid_api_key");
         e

@@ -84,6 +84,8 @@ pub struct Outcome {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// The stop string that ended the reply, if one did.
+    pub stop_string: Option<String>,
     pub ttft: Duration,
     /// From the first token to the last.
     pub decode: Duration,
@@ -204,6 +206,7 @@ impl<'r> Generation<'r> {
                         prompt_tokens: f.prompt_tokens,
                         cached_tokens: f.cached_tokens,
                         completion_tokens: self.tokens,
+                        stop_string: self.reader.stop_string(),
                         ttft: first.duration_since(self.started),
                         decode: self.last.unwrap_or(now).duration_since(first),
                     };
@@ -289,6 +292,13 @@ impl Reader<'_> {
         match self {
             Reader::Plain(p) => p.finish(engine, ours),
             Reader::Harmony(h) => h.finish(engine, ours),
+        }
+    }
+
+    fn stop_string(&self) -> Option<String> {
+        match self {
+            Reader::Plain(p) => p.stop_string.clone(),
+            Reader::Harmony(h) => h.stop_string.clone(),
         }
     }
 }

@@ -31,6 +31,8 @@ pub struct HarmonyOut<'r> {
     /// Stop strings on the visible text (reasoning and arguments are not cut).
     answer: StopChecker,
     answer_stopped: bool,
+    /// The stop string that ended the answer.
+    pub stop_string: Option<String>,
     /// A visible message with text was read: the next one starts on a new line.
     visible_gap: bool,
     /// The message being read has shown text.
@@ -62,6 +64,7 @@ impl<'r> HarmonyOut<'r> {
             stop_ids: enc.stop_ids(),
             answer: StopChecker::new(cond),
             answer_stopped: false,
+            stop_string: None,
             visible_gap: false,
             visible_open: false,
             calls: Vec::new(),
@@ -177,6 +180,9 @@ impl<'r> HarmonyOut<'r> {
             out.push(Delta::Content(step.text));
         }
         self.answer_stopped = step.stop.is_some();
+        if let Some(StopReason::StopString(s)) = step.stop {
+            self.stop_string = Some(s);
+        }
     }
 
     fn call_start(&mut self, recipient: &str, out: &mut Vec<Delta>) {

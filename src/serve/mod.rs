@@ -7,7 +7,7 @@
 //! waiting requests with 503 and exits; a second Ctrl+C exits at once.
 //!
 //! - [`routes`]: paths, API key, CORS, body limit, `/health`, `/v1/models`, `/metrics`.
-//! - [`chat`], [`completions`]: the two generation endpoints.
+//! - [`chat`], [`completions`]: the two generation endpoints; [`messages`]: Anthropic's.
 //! - [`openai_types`], [`params`]: request bodies and their values → generation settings.
 //! - [`prompt`]: chat messages → prompt ids (harmony or the chat template; [`tool_prompt`]
 //!   offers tools to a model whose template cannot).
@@ -25,6 +25,7 @@ mod harmony_reply;
 mod hooks;
 mod llama_tools;
 mod logprobs;
+mod messages;
 pub mod metrics;
 pub mod openai_types;
 pub mod params;

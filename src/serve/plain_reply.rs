@@ -14,6 +14,8 @@ pub struct PlainOut<'r> {
     stop: StopChecker,
     /// A stop string ended it (what follows it is never shown).
     on_string: bool,
+    /// Which one.
+    pub stop_string: Option<String>,
     /// With tools offered: the reply may be a call.
     calls: Option<Sniffer>,
     python_tag: Option<u32>,
@@ -26,6 +28,7 @@ impl<'r> PlainOut<'r> {
             stream: TokenStream::new(tokenizer),
             stop: StopChecker::new(cond),
             on_string: false,
+            stop_string: None,
             calls: (!tools.is_empty()).then(|| Sniffer::new(tools)),
             python_tag: tokenizer.token_to_id(PYTHON_TAG),
             logprobs: Pending::default(),
@@ -47,6 +50,9 @@ impl<'r> PlainOut<'r> {
         let piece = if eos { None } else { self.stream.push(id)? };
         let step = self.stop.push(id, piece.as_deref().unwrap_or(""));
         self.on_string = matches!(step.stop, Some(StopReason::StopString(_)));
+        if let Some(StopReason::StopString(s)) = &step.stop {
+            self.stop_string = Some(s.clone());
+        }
         let text = match &mut self.calls {
             Some(sniffer) => sniffer.push(&step.text, Some(id) == self.python_tag),
             None => step.text,

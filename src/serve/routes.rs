@@ -16,7 +16,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use super::errors::ApiError;
 use super::metrics::Gauges;
 use super::state::AppState;
-use super::{chat, completions};
+use super::{chat, completions, messages};
 use crate::error::{ErrorKind, fail};
 
 pub fn router(
@@ -27,6 +27,8 @@ pub fn router(
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
+        .route("/v1/messages", post(messages::handle))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/metrics", get(metrics))
@@ -92,8 +94,13 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim);
+            .map(str::trim)
+            // Anthropic's clients send the key as `x-api-key`.
+            .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()));
         if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
+            if req.uri().path().starts_with("/v1/messages") {
+                return messages::error_response(ApiError::unauthorized());
+            }
             return ApiError::unauthorized().into_response();
         }
     }
@@ -109,6 +116,7 @@ async fn count(State(state): State<Arc<AppState>>, req: Request, next: Next) -> 
     let endpoint = match req.uri().path() {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
+        "/v1/messages" | "/v1/messages/count_tokens" => "/v1/messages",
         "/health" => "/health",
         "/metrics" => "/metrics",
         p if p == "/v1/models" || p.starts_with("/v1/models/") => "/v1/models",

@@ -1,8 +1,9 @@
 //! What every handler shares: the model once loaded ([`Ready`]), the names it answers to, the
 //! API key, the admission limit, the metrics and the shutdown signal.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
 
@@ -62,6 +63,8 @@ pub struct AppState {
     pub created: u64,
     /// `INFERNO_TEST_HOOKS=1`: test-only request fields are honoured.
     pub hooks: bool,
+    /// Test hook: forced replies for requests that name none (`INFERNO_TEST_REPLIES`).
+    pub replies: Mutex<VecDeque<String>>,
     /// Seconds between SSE keep-alive comments (10; `INFERNO_SSE_KEEP_ALIVE_SECS` for tests).
     pub keep_alive: u64,
     ready: OnceLock<Arc<Ready>>,
@@ -75,6 +78,7 @@ impl AppState {
         capacity: usize,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
+        let hooks = std::env::var("INFERNO_TEST_HOOKS").is_ok_and(|v| v == "1");
         AppState {
             model,
             api_key: api_key.filter(|k| !k.is_empty()),
@@ -82,7 +86,12 @@ impl AppState {
             metrics: Metrics::default(),
             shutdown,
             created: super::unix_now(),
-            hooks: std::env::var("INFERNO_TEST_HOOKS").is_ok_and(|v| v == "1"),
+            hooks,
+            replies: Mutex::new(if hooks {
+                super::hooks::queued_replies()
+            } else {
+                VecDeque::new()
+            }),
             keep_alive: std::env::var("INFERNO_SSE_KEEP_ALIVE_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())
