@@ -84,6 +84,8 @@ pub struct Outcome {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Of the completion tokens, those of the reasoning's text (gpt-oss's analysis).
+    pub reasoning_tokens: usize,
     pub ttft: Duration,
     /// From the first token to the last.
     pub decode: Duration,
@@ -204,6 +206,7 @@ impl<'r> Generation<'r> {
                         prompt_tokens: f.prompt_tokens,
                         cached_tokens: f.cached_tokens,
                         completion_tokens: self.tokens,
+                        reasoning_tokens: self.reader.reasoning_tokens(),
                         ttft: first.duration_since(self.started),
                         decode: self.last.unwrap_or(now).duration_since(first),
                     };
@@ -270,6 +273,13 @@ enum Reader<'r> {
 }
 
 impl Reader<'_> {
+    fn reasoning_tokens(&self) -> usize {
+        match self {
+            Reader::Plain(_) => 0,
+            Reader::Harmony(h) => h.reasoning_tokens,
+        }
+    }
+
     fn push(
         &mut self,
         id: u32,

@@ -5,6 +5,12 @@
 //! tokens that text's ids (special tokens included) in place of the sampled ones. The engine
 //! runs one step per forced id and continues from the forced ids (teacher forcing), so their
 //! log probabilities are the model's for that text.
+//!
+//! Clients that cannot add a field to their requests (Codex CLI, Claude Code) get their forced
+//! replies from a queue instead: `INFERNO_TEST_REPLIES` names a JSON file holding an array of
+//! strings, read at start; a request without `x_inferno_force_reply` takes the next one.
+
+use std::collections::VecDeque;
 
 use super::errors::ApiError;
 use super::openai_types::Common;
@@ -15,13 +21,17 @@ pub fn forced_reply(
     ready: &Ready,
     c: &Common,
 ) -> Result<Option<Vec<u32>>, ApiError> {
-    let Some(text) = c.x_inferno_force_reply.as_deref().filter(|_| state.hooks) else {
+    if !state.hooks {
+        return Ok(None);
+    }
+    let queued = || state.test_replies.lock().ok()?.pop_front();
+    let Some(text) = c.x_inferno_force_reply.clone().or_else(queued) else {
         return Ok(None);
     };
     let ids = ready
         .text
         .tokenizer
-        .encode(text, false)
+        .encode(text.as_str(), false)
         .map_err(|e| ApiError::bad_request(format!("x_inferno_force_reply: {e}")))?
         .get_ids()
         .to_vec();
@@ -29,4 +39,20 @@ pub fn forced_reply(
         return Err(ApiError::bad_request("x_inferno_force_reply is empty"));
     }
     Ok(Some(ids))
+}
+
+/// The replies of the file `INFERNO_TEST_REPLIES` names (none when unset). A file that cannot
+/// be read as a JSON array of strings stops the server: a test must not run without them.
+pub fn queued_replies() -> VecDeque<String> {
+    let Ok(path) = std::env::var("INFERNO_TEST_REPLIES") else { return VecDeque::new() };
+    let read = std::fs::read_to_string(&path).map_err(anyhow::Error::from).and_then(|t| {
+        serde_json::from_str::<VecDeque<String>>(&t).map_err(anyhow::Error::from)
+    });
+    match read {
+        Ok(replies) => replies,
+        Err(e) => {
+            eprintln!("INFERNO_TEST_REPLIES={path}: {e}");
+            std::process::exit(2);
+        }
+    }
 }

@@ -16,7 +16,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use super::errors::ApiError;
 use super::metrics::Gauges;
 use super::state::AppState;
-use super::{chat, completions};
+use super::{chat, completions, responses};
 use crate::error::{ErrorKind, fail};
 
 pub fn router(
@@ -27,6 +27,9 @@ pub fn router(
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/metrics", get(metrics))
@@ -64,7 +67,7 @@ fn cors(origins: &[String]) -> anyhow::Result<CorsLayer> {
     };
     Ok(CorsLayer::new()
         .allow_origin(allow)
-        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
         .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]))
 }
 
@@ -92,6 +95,7 @@ async fn count(State(state): State<Arc<AppState>>, req: Request, next: Next) -> 
     let endpoint = match req.uri().path() {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
+        p if p == "/v1/responses" || p.starts_with("/v1/responses/") => "/v1/responses",
         "/health" => "/health",
         "/metrics" => "/metrics",
         p if p == "/v1/models" || p.starts_with("/v1/models/") => "/v1/models",

@@ -2,7 +2,8 @@
 //! API key, the admission limit, the metrics and the shutdown signal.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
 
@@ -64,6 +65,10 @@ pub struct AppState {
     pub hooks: bool,
     /// Seconds between SSE keep-alive comments (10; `INFERNO_SSE_KEEP_ALIVE_SECS` for tests).
     pub keep_alive: u64,
+    /// Test hook: replies forced on requests that name none (`INFERNO_TEST_REPLIES`).
+    pub test_replies: Mutex<VecDeque<String>>,
+    /// Stored Responses-API responses (`previous_response_id`, `GET /v1/responses/{id}`).
+    pub responses: super::responses::Store,
     ready: OnceLock<Arc<Ready>>,
     in_flight: AtomicUsize,
 }
@@ -74,7 +79,9 @@ impl AppState {
         api_key: Option<String>,
         capacity: usize,
         shutdown: watch::Receiver<bool>,
+        responses: super::responses::Store,
     ) -> Self {
+        let hooks = std::env::var("INFERNO_TEST_HOOKS").is_ok_and(|v| v == "1");
         AppState {
             model,
             api_key: api_key.filter(|k| !k.is_empty()),
@@ -82,12 +89,14 @@ impl AppState {
             metrics: Metrics::default(),
             shutdown,
             created: super::unix_now(),
-            hooks: std::env::var("INFERNO_TEST_HOOKS").is_ok_and(|v| v == "1"),
+            hooks,
             keep_alive: std::env::var("INFERNO_SSE_KEEP_ALIVE_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|&s| s > 0)
                 .unwrap_or(10),
+            test_replies: Mutex::new(if hooks { super::hooks::queued_replies() } else { VecDeque::new() }),
+            responses,
             ready: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
         }
