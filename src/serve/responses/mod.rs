@@ -225,9 +225,13 @@ async fn collect(
             step = generation.next() => step?,
         };
         match step {
-            Some(Step::Deltas(d)) => d.into_iter().for_each(|d| drop(events.builder.push(d))),
+            Some(Step::Deltas(d)) => d.into_iter().for_each(|d| {
+                events.builder.push(d);
+            }),
             Some(Step::Done { tail, outcome }) => {
-                tail.into_iter().for_each(|d| drop(events.builder.push(d)));
+                tail.into_iter().for_each(|d| {
+                    events.builder.push(d);
+                });
                 let (_, response) = events.finish(&outcome);
                 return Ok((response, outcome));
             }

@@ -94,8 +94,9 @@ impl Builder {
                 if let Some(Open::Reasoning { id, text }) = &mut self.open {
                     text.push_str(&t);
                     let f = json!({"item_id": id, "output_index": n, "content_index": 0, "delta": t});
-                    out.push(self.event("response.reasoning_text.delta", f));
+                    out.push(f);
                 }
+                self.stamp(&mut out, "response.reasoning_text.delta");
             }
             Delta::Content(t) => {
                 if !matches!(self.open, Some(Open::Message { .. })) {
@@ -111,8 +112,9 @@ impl Builder {
                 if let Some(Open::Message { id, text }) = &mut self.open {
                     text.push_str(&t);
                     let f = json!({"item_id": id, "output_index": n, "content_index": 0, "delta": t, "logprobs": []});
-                    out.push(self.event("response.output_text.delta", f));
+                    out.push(f);
                 }
+                self.stamp(&mut out, "response.output_text.delta");
             }
             Delta::ToolStart { index, id: call_id, name } => {
                 self.close(&mut out, "completed");
@@ -126,8 +128,8 @@ impl Builder {
                 match &mut self.open {
                     Some(Open::Call { id, args, index: i, .. }) if *i == index => {
                         args.push_str(&text);
-                        let f = json!({"item_id": id, "output_index": n, "delta": text});
-                        out.push(self.event("response.function_call_arguments.delta", f));
+                        out.push(json!({"item_id": id, "output_index": n, "delta": text}));
+                        self.stamp(&mut out, "response.function_call_arguments.delta");
                     }
                     // The `{}` filler for a call closed without arguments: it got `{}` then.
                     _ => {}
@@ -163,6 +165,15 @@ impl Builder {
         let mut r = self.response("failed", Value::Null);
         r["error"] = json!({"code": code, "message": e.message});
         vec![error, self.event("response.failed", json!({"response": r}))]
+    }
+
+    /// Gives the last of `out`, pushed without them, its type and sequence number.
+    fn stamp(&mut self, out: &mut [Value], kind: &str) {
+        if let Some(last) = out.last_mut().filter(|v| v.get("type").is_none()) {
+            last["type"] = kind.into();
+            last["sequence_number"] = self.seq.into();
+            self.seq += 1;
+        }
     }
 
     fn added(&mut self, out: &mut Vec<Value>, item: Value) {
