@@ -98,6 +98,12 @@ pub fn check(r: &ResponsesRequest) -> Result<Checked, ApiError> {
         }
         Some(o) => return Err(bad("truncation", format!("truncation must be \"disabled\", not {o:?}"))),
     }
+    if let Some(t) = r.common.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
+        return Err(bad("temperature", format!("temperature must be from 0 to 2, not {t}")));
+    }
+    if let Some(p) = r.common.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+        return Err(bad("top_p", format!("top_p must be above 0 and at most 1, not {p}")));
+    }
     let tool_choice = tool_choice(&r.tool_choice)?;
     let parallel = bool_of("parallel_tool_calls", &r.parallel_tool_calls)?;
     let tools = if tool_choice == "none" { Vec::new() } else { function_tools(&r.tools)? };
