@@ -133,7 +133,7 @@ async fn pump(
 ) -> Result<Option<Outcome>, ApiError> {
     let mut generation = Generation::start(ready, job, &state.metrics, log.started)?;
     let first = chunker.first();
-    if !send_all(chunker, tx, first).await {
+    if !send_all(tx, events(chunker, first)).await {
         return Ok(None);
     }
     let shutdown = shutdown_started(state.shutdown.clone());
@@ -151,13 +151,13 @@ async fn pump(
         };
         for d in deltas {
             let chunks = chunker.deltas(d);
-            if !send_all(chunker, tx, chunks).await {
+            if !send_all(tx, events(chunker, chunks)).await {
                 return Ok(None);
             }
         }
         if let Some(outcome) = outcome {
             let last = chunker.last(&outcome);
-            if !send_all(chunker, tx, last).await {
+            if !send_all(tx, events(chunker, last)).await {
                 return Ok(None);
             }
             if chunker.done_marker() {
@@ -169,13 +169,17 @@ async fn pump(
 }
 
 /// Sends chunks in order; false when the client is gone.
-async fn send_all(chunker: &impl Chunker, tx: &mpsc::Sender<Event>, chunks: Vec<Value>) -> bool {
-    for v in chunks {
-        if tx.send(chunker.event(&v)).await.is_err() {
+async fn send_all(tx: &mpsc::Sender<Event>, events: Vec<Event>) -> bool {
+    for e in events {
+        if tx.send(e).await.is_err() {
             return false;
         }
     }
     true
+}
+
+fn events(chunker: &impl Chunker, chunks: Vec<Value>) -> Vec<Event> {
+    chunks.iter().map(|v| chunker.event(v)).collect()
 }
 
 /// The whole reply, for a request that is not streamed.

@@ -51,7 +51,6 @@ pub struct Checked {
     pub instructions: Option<String>,
     /// Function tools in chat's nested shape (none with `tool_choice: "none"`).
     pub tools: Vec<Value>,
-    pub tool_choice: &'static str,
     /// Clamped to what gpt-oss knows: low, medium or high.
     pub effort: Option<&'static str>,
     pub max_output_tokens: Option<i64>,
@@ -142,7 +141,6 @@ pub fn check(r: &ResponsesRequest) -> Result<Checked, ApiError> {
     Ok(Checked {
         instructions: string_of("instructions", &r.instructions)?,
         tools,
-        tool_choice,
         effort,
         max_output_tokens,
         store,
