@@ -108,7 +108,8 @@ fn text(o: &Output) -> String {
 #[test]
 fn codex_completes_a_turn() {
     let dir = tempfile::tempdir().unwrap();
-    let s = server(dir.path(), &["<|channel|>final<|message|>Hello from inferno, forced.<|return|>"]);
+    let s =
+        server(dir.path(), &["<|channel|>final<|message|>Hello from inferno, forced.<|return|>"]);
     let out = codex(&s, dir.path(), "Say hello.");
     assert!(out.status.success(), "{}\n--- server ---\n{}", text(&out), s.log());
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -43,10 +43,9 @@ fn a_tool_call_its_output_and_the_answer_by_history_or_previous_response_id() {
     let r = python(&s, "tool_loop", json!({}));
     // The second prompt holds the tool's output (rendered as harmony's tool message).
     let ids: Vec<u32> = serde_json::from_value(r["prompt_ids"].clone()).unwrap();
-    let tokenizer = tokenizers::Tokenizer::from_file(
-        common::tiny_gpt_oss_full_vocab().join("tokenizer.json"),
-    )
-    .unwrap();
+    let tokenizer =
+        tokenizers::Tokenizer::from_file(common::tiny_gpt_oss_full_vocab().join("tokenizer.json"))
+            .unwrap();
     let text = tokenizer.decode(&ids, false).unwrap();
     let want = format!(
         "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{}<|end|>",
@@ -73,7 +72,9 @@ fn bad_values_are_400s_naming_the_field() {
     let msg = r["too_long"].as_str().unwrap();
     assert!(msg.contains("tokens") && msg.contains("2048"), "{msg}");
     // Odd bodies are answered, never a dropped connection or a 500.
-    for body in ["", "{}", "null", "[]", r#"{"input": null}"#, r#"{"input": [{}]}"#, r#"{"input": [5]}"#] {
+    for body in
+        ["", "{}", "null", "[]", r#"{"input": null}"#, r#"{"input": [{}]}"#, r#"{"input": [5]}"#]
+    {
         let (status, text) = s.request("POST", "/v1/responses", &[], body.as_bytes());
         assert_eq!(status, 400, "{body}: {text}");
     }
@@ -91,4 +92,47 @@ fn smollm2_responses_text_equals_chat() {
         assert!(!text.is_empty(), "{r}");
         assert_eq!(r[case]["responses"], r[case]["chat"], "{r}");
     }
+}
+
+#[test]
+fn a_client_gone_mid_stream_cancels_its_generation() {
+    use std::io::{Read, Write};
+    let s = gpt_oss(&[]);
+    // A forced answer of 1500 words: a delta per token for half a minute or more.
+    let long = format!("<|channel|>final<|message|>{}<|return|>", "word ".repeat(1500));
+    let body = json!({"input": "Tell a long story.", "stream": true, "max_output_tokens": 1800,
+                      "x_inferno_force_reply": long});
+    let body = body.to_string();
+    let mut tcp = std::net::TcpStream::connect(&s.addr).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+    let head = format!(
+        "POST /v1/responses HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        s.addr,
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).unwrap();
+    tcp.write_all(body.as_bytes()).unwrap();
+    // Read until the first delta: the generation is running.
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while !seen.contains(".delta") {
+        let n = tcp.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(seen.contains("event: response.created\n"), "{seen}");
+    drop(tcp);
+    let t0 = std::time::Instant::now();
+    loop {
+        let m = s.metrics(&[]);
+        if m.get("inferno_cancelled_total") == Some(&1.0)
+            && m.get("inferno_running_sequences") == Some(&0.0)
+        {
+            break;
+        }
+        assert!(m.get("inferno_generation_tokens_total") == Some(&0.0), "ran to the end: {m:?}");
+        assert!(t0.elapsed().as_secs() < 20, "not cancelled: {m:?}\n{}", s.log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(s.log().contains("client disconnected"), "{}", s.log());
 }

@@ -45,9 +45,9 @@ pub fn forced_reply(
 /// be read as a JSON array of strings stops the server: a test must not run without them.
 pub fn queued_replies() -> VecDeque<String> {
     let Ok(path) = std::env::var("INFERNO_TEST_REPLIES") else { return VecDeque::new() };
-    let read = std::fs::read_to_string(&path).map_err(anyhow::Error::from).and_then(|t| {
-        serde_json::from_str::<VecDeque<String>>(&t).map_err(anyhow::Error::from)
-    });
+    let read = std::fs::read_to_string(&path)
+        .map_err(anyhow::Error::from)
+        .and_then(|t| serde_json::from_str::<VecDeque<String>>(&t).map_err(anyhow::Error::from));
     match read {
         Ok(replies) => replies,
         Err(e) => {

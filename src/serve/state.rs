@@ -1,8 +1,8 @@
 //! What every handler shares: the model once loaded ([`Ready`]), the names it answers to, the
 //! API key, the admission limit, the metrics and the shutdown signal.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
@@ -95,7 +95,11 @@ impl AppState {
                 .and_then(|v| v.parse().ok())
                 .filter(|&s| s > 0)
                 .unwrap_or(10),
-            test_replies: Mutex::new(if hooks { super::hooks::queued_replies() } else { VecDeque::new() }),
+            test_replies: Mutex::new(if hooks {
+                super::hooks::queued_replies()
+            } else {
+                VecDeque::new()
+            }),
             responses,
             ready: OnceLock::new(),
             in_flight: AtomicUsize::new(0),

@@ -17,7 +17,9 @@ use super::super::openai_types::{ChatMessage, Content, FunctionCallIn, ToolCallI
 pub fn items(input: &Option<Value>) -> Result<Vec<Value>, ApiError> {
     match input {
         None => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![json!({"type": "message", "role": "user", "content": s})]),
+        Some(Value::String(s)) => {
+            Ok(vec![json!({"type": "message", "role": "user", "content": s})])
+        }
         Some(Value::Array(a)) => Ok(a.clone()),
         Some(other) => Err(bad(format!("input must be a string or a list of items, not {other}"))),
     }
@@ -177,7 +179,9 @@ fn content_text(i: usize, content: Option<&Value>) -> Result<String, ApiError> {
             }
             Ok(out)
         }
-        Some(other) => Err(bad(format!("input[{i}]: content must be a string or parts, not {other}"))),
+        Some(other) => {
+            Err(bad(format!("input[{i}]: content must be a string or parts, not {other}")))
+        }
     }
 }
 

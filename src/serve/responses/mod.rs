@@ -246,8 +246,10 @@ pub async fn input_tokens(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     match prepare(&state, body) {
-        Ok(p) => axum::Json(json!({"object": "response.input_tokens", "input_tokens": p.prompt.len()}))
-            .into_response(),
+        Ok(p) => {
+            axum::Json(json!({"object": "response.input_tokens", "input_tokens": p.prompt.len()}))
+                .into_response()
+        }
         Err(e) => e.into_response(),
     }
 }

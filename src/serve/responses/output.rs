@@ -93,7 +93,8 @@ impl Builder {
                 let n = self.items.len();
                 if let Some(Open::Reasoning { id, text }) = &mut self.open {
                     text.push_str(&t);
-                    let f = json!({"item_id": id, "output_index": n, "content_index": 0, "delta": t});
+                    let f =
+                        json!({"item_id": id, "output_index": n, "content_index": 0, "delta": t});
                     out.push(f);
                 }
                 self.stamp(&mut out, "response.reasoning_text.delta");
@@ -160,8 +161,13 @@ impl Builder {
 
     /// A flat `error` event, then `response.failed`.
     pub fn failed(&mut self, e: &ApiError) -> Vec<Value> {
-        let code = e.code.unwrap_or(if e.status.is_server_error() { "server_error" } else { "invalid_request" });
-        let error = self.event("error", json!({"code": code, "message": e.message, "param": e.param}));
+        let code = e.code.unwrap_or(if e.status.is_server_error() {
+            "server_error"
+        } else {
+            "invalid_request"
+        });
+        let error =
+            self.event("error", json!({"code": code, "message": e.message, "param": e.param}));
         let mut r = self.response("failed", Value::Null);
         r["error"] = json!({"code": code, "message": e.message});
         vec![error, self.event("response.failed", json!({"response": r}))]
@@ -201,7 +207,8 @@ impl Builder {
             Some(Open::Message { id, text }) => {
                 let f = json!({"item_id": id, "output_index": n, "content_index": 0, "text": text, "logprobs": []});
                 out.push(self.event("response.output_text.done", f));
-                let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
+                let part =
+                    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
                 self.part_event(out, "response.content_part.done", &id, part.clone());
                 json!({"id": id, "type": "message", "role": "assistant", "status": status, "content": [part]})
             }

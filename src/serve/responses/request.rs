@@ -93,9 +93,14 @@ pub fn check(r: &ResponsesRequest) -> Result<Checked, ApiError> {
     match string_of("truncation", &r.truncation)?.as_deref() {
         None | Some("disabled") => {}
         Some("auto") => {
-            return Err(bad("truncation", "truncation \"auto\" is not supported: use \"disabled\""));
+            return Err(bad(
+                "truncation",
+                "truncation \"auto\" is not supported: use \"disabled\"",
+            ));
         }
-        Some(o) => return Err(bad("truncation", format!("truncation must be \"disabled\", not {o:?}"))),
+        Some(o) => {
+            return Err(bad("truncation", format!("truncation must be \"disabled\", not {o:?}")));
+        }
     }
     if let Some(t) = r.common.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
         return Err(bad("temperature", format!("temperature must be from 0 to 2, not {t}")));
@@ -207,7 +212,9 @@ fn reasoning(v: &Option<Value>) -> Result<(Option<&'static str>, Value), ApiErro
     let r = match v {
         None => return Ok((None, json!({"effort": null, "summary": null}))),
         Some(r @ Value::Object(_)) => r,
-        Some(other) => return Err(bad("reasoning", format!("reasoning must be an object, not {other}"))),
+        Some(other) => {
+            return Err(bad("reasoning", format!("reasoning must be an object, not {other}")));
+        }
     };
     let effort = match r.get("effort") {
         None | Some(Value::Null) => None,
@@ -250,7 +257,10 @@ fn text(v: &Option<Value>) -> Result<(TextFormat, Value), ApiError> {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) if ["low", "medium", "high"].contains(&s.as_str()) => {}
         Some(o) => {
-            return Err(bad("text.verbosity", format!("text.verbosity must be low, medium or high, not {o}")));
+            return Err(bad(
+                "text.verbosity",
+                format!("text.verbosity must be low, medium or high, not {o}"),
+            ));
         }
     }
     let format = match t.get("format") {
@@ -275,7 +285,10 @@ fn text_format(f: &Value) -> Result<TextFormat, ApiError> {
                 && name.len() <= 64
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
             if !name_ok {
-                return Err(bad(p, format!("{p}.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -, not {name:?}")));
+                return Err(bad(
+                    p,
+                    format!("{p}.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -, not {name:?}"),
+                ));
             }
             let Some(schema) = f.get("schema").filter(|s| s.is_object()) else {
                 return Err(bad(p, format!("{p}.schema must be a JSON Schema object")));
@@ -283,7 +296,9 @@ fn text_format(f: &Value) -> Result<TextFormat, ApiError> {
             let strict = match f.get("strict") {
                 None | Some(Value::Null) => false,
                 Some(Value::Bool(b)) => *b,
-                Some(o) => return Err(bad(p, format!("{p}.strict must be true or false, not {o}"))),
+                Some(o) => {
+                    return Err(bad(p, format!("{p}.strict must be true or false, not {o}")));
+                }
             };
             Ok(TextFormat::JsonSchema { name: name.to_string(), schema: schema.clone(), strict })
         }
@@ -311,7 +326,10 @@ fn check_include(v: &Option<Value>) -> Result<(), ApiError> {
         match x.as_str() {
             Some(s) if MOOT.contains(&s) => {}
             Some("message.output_text.logprobs") => {
-                return Err(bad("include", "message.output_text.logprobs is not supported on /v1/responses: use /v1/chat/completions"));
+                return Err(bad(
+                    "include",
+                    "message.output_text.logprobs is not supported on /v1/responses: use /v1/chat/completions",
+                ));
             }
             _ => return Err(bad("include", format!("include: unknown value {x}"))),
         }
