@@ -84,7 +84,7 @@ mod tests {
         assert!(s.get("a").is_none());
         assert!(s.get("b").is_some() && s.get("c").is_some());
         assert!(s.delete("b") && !s.delete("b"));
-        let s = Store::new(100, 60);
+        let s = Store::new(100, 50);
         s.put("a".into(), vec![], json!({"t": "x".repeat(20)}));
         s.put("b".into(), vec![], json!({"t": "y".repeat(20)}));
         assert!(s.get("a").is_none() && s.get("b").is_some());
