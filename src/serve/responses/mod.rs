@@ -153,6 +153,9 @@ async fn run(
 
 /// With `-v`: the tool results a request brings back (tests read them from the log).
 fn log_tool_outputs(log: &RequestLog, items: &[Value]) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
     for item in items.iter().filter(|i| i["type"] == "function_call_output") {
         let out = item["output"].to_string();
         let out: String = out.chars().take(200).collect();
