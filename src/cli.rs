@@ -210,6 +210,13 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 16 << 20, hide = true)]
     pub body_limit: usize,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}` (those created
+    /// with `store` on), oldest dropped first past this count or --responses-store-mb.
+    #[arg(long, default_value_t = 1000)]
+    pub responses_store: usize,
+    /// Megabytes of JSON the kept responses may hold in all.
+    #[arg(long, default_value_t = 256)]
+    pub responses_store_mb: usize,
     /// Random weights from MODEL's config.json, with the tokenizer.json beside it (serving
     /// benchmarks without a checkpoint).
     #[arg(long, hide = true)]

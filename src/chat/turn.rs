@@ -266,6 +266,11 @@ impl<'t> HarmonyReply<'t> {
         }
     }
 
+    /// Whether the message being read is reasoning (analysis, not a call to a tool).
+    pub fn in_reasoning(&self) -> bool {
+        self.parser.current_channel() == Some(&Channel::Analysis) && !self.in_tool_call
+    }
+
     /// The reply's messages so far, analysis included (what [`HarmonyChat::record_reply`] reads).
     pub fn messages(&self) -> &[HarmonyMessage] {
         self.parser.messages()

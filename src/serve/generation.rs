@@ -86,6 +86,8 @@ pub struct Outcome {
     pub completion_tokens: usize,
     /// The stop string that ended the reply, if one did.
     pub stop_string: Option<String>,
+    /// Of the completion tokens, those of the reasoning's text (gpt-oss's analysis).
+    pub reasoning_tokens: usize,
     pub ttft: Duration,
     /// From the first token to the last.
     pub decode: Duration,
@@ -207,6 +209,7 @@ impl<'r> Generation<'r> {
                         cached_tokens: f.cached_tokens,
                         completion_tokens: self.tokens,
                         stop_string: self.reader.stop_string(),
+                        reasoning_tokens: self.reader.reasoning_tokens(),
                         ttft: first.duration_since(self.started),
                         decode: self.last.unwrap_or(now).duration_since(first),
                     };
@@ -273,6 +276,13 @@ enum Reader<'r> {
 }
 
 impl Reader<'_> {
+    fn reasoning_tokens(&self) -> usize {
+        match self {
+            Reader::Plain(_) => 0,
+            Reader::Harmony(h) => h.reasoning_tokens,
+        }
+    }
+
     fn push(
         &mut self,
         id: u32,

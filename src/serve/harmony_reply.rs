@@ -43,6 +43,8 @@ pub struct HarmonyOut<'r> {
     current: Option<usize>,
     id_prefix: String,
     logprobs: Pending,
+    /// Text tokens of the reasoning (markup not counted): `usage`'s `reasoning_tokens`.
+    pub reasoning_tokens: usize,
 }
 
 /// An owned copy of a [`TurnEvent`].
@@ -71,6 +73,7 @@ impl<'r> HarmonyOut<'r> {
             current: None,
             id_prefix: call_ids(),
             logprobs: Pending::default(),
+            reasoning_tokens: 0,
         }
     }
 
@@ -90,6 +93,9 @@ impl<'r> HarmonyOut<'r> {
         })?;
         if !was_stopped && !self.enc.is_special(id) && self.reply.in_visible_content() {
             self.logprobs.push(entry);
+        }
+        if !self.enc.is_special(id) && self.reply.in_reasoning() {
+            self.reasoning_tokens += 1;
         }
         let mut deltas = self.convert(raw);
         self.logprobs.attach(&mut deltas);

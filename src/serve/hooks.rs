@@ -6,9 +6,9 @@
 //! runs one step per forced id and continues from the forced ids (teacher forcing), so their
 //! log probabilities are the model's for that text.
 //!
-//! Clients that cannot add a field to their requests (Claude Code, Codex) get forced replies
-//! from a queue: `INFERNO_TEST_REPLIES` names a JSON file holding an array of strings, read at
-//! server start; a request without `x_inferno_force_reply` takes the next one.
+//! Clients that cannot add a field to their requests (Codex CLI, Claude Code) get their forced
+//! replies from a queue instead: `INFERNO_TEST_REPLIES` names a JSON file holding an array of
+//! strings, read at start; a request without `x_inferno_force_reply` takes the next one.
 
 use std::collections::VecDeque;
 
@@ -24,21 +24,14 @@ pub fn forced_reply(
     if !state.hooks {
         return Ok(None);
     }
-    let queued;
-    let text = match c.x_inferno_force_reply.as_deref() {
-        Some(t) => t,
-        None => {
-            queued = state.replies.lock().ok().and_then(|mut q| q.pop_front());
-            match queued.as_deref() {
-                Some(t) => t,
-                None => return Ok(None),
-            }
-        }
+    let queued = || state.test_replies.lock().ok()?.pop_front();
+    let Some(text) = c.x_inferno_force_reply.clone().or_else(queued) else {
+        return Ok(None);
     };
     let ids = ready
         .text
         .tokenizer
-        .encode(text, false)
+        .encode(text.as_str(), false)
         .map_err(|e| ApiError::bad_request(format!("x_inferno_force_reply: {e}")))?
         .get_ids()
         .to_vec();
@@ -48,15 +41,18 @@ pub fn forced_reply(
     Ok(Some(ids))
 }
 
-/// The replies of `INFERNO_TEST_REPLIES` (none when it is unset; a file that cannot be read
-/// is reported and gives none).
+/// The replies of the file `INFERNO_TEST_REPLIES` names (none when unset). A file that cannot
+/// be read as a JSON array of strings stops the server: a test must not run without them.
 pub fn queued_replies() -> VecDeque<String> {
     let Ok(path) = std::env::var("INFERNO_TEST_REPLIES") else { return VecDeque::new() };
-    let read = std::fs::read(&path)
-        .map_err(|e| e.to_string())
-        .and_then(|b| serde_json::from_slice::<VecDeque<String>>(&b).map_err(|e| e.to_string()));
-    read.unwrap_or_else(|e| {
-        tracing::error!("INFERNO_TEST_REPLIES {path}: {e} (expected a JSON array of strings)");
-        VecDeque::new()
-    })
+    let read = std::fs::read_to_string(&path)
+        .map_err(anyhow::Error::from)
+        .and_then(|t| serde_json::from_str::<VecDeque<String>>(&t).map_err(anyhow::Error::from));
+    match read {
+        Ok(replies) => replies,
+        Err(e) => {
+            eprintln!("INFERNO_TEST_REPLIES={path}: {e}");
+            std::process::exit(2);
+        }
+    }
 }

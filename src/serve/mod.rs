@@ -7,7 +7,8 @@
 //! waiting requests with 503 and exits; a second Ctrl+C exits at once.
 //!
 //! - [`routes`]: paths, API key, CORS, body limit, `/health`, `/v1/models`, `/metrics`.
-//! - [`chat`], [`completions`]: the two generation endpoints; [`messages`]: Anthropic's.
+//! - [`chat`], [`completions`], [`responses`]: OpenAI's generation endpoints; [`messages`]:
+//!   Anthropic's.
 //! - [`openai_types`], [`params`]: request bodies and their values → generation settings.
 //! - [`prompt`]: chat messages → prompt ids (harmony or the chat template; [`tool_prompt`]
 //!   offers tools to a model whose template cannot).
@@ -31,6 +32,7 @@ pub mod openai_types;
 pub mod params;
 mod plain_reply;
 mod prompt;
+mod responses;
 mod routes;
 mod sse;
 mod state;
@@ -102,6 +104,7 @@ async fn serve(
         args.api_key.clone(),
         args.max_seqs.saturating_add(args.max_waiting),
         shutdown_rx.clone(),
+        responses::Store::new(args.responses_store, args.responses_store_mb << 20),
     ));
     let app = routes::router(state.clone(), &args.cors_origins, args.body_limit)?;
     eprintln!("inferno serve · http://{addr} · loading {} …", args.model);

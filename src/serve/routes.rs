@@ -16,7 +16,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use super::errors::ApiError;
 use super::metrics::Gauges;
 use super::state::AppState;
-use super::{chat, completions, messages};
+use super::{chat, completions, messages, responses};
 use crate::error::{ErrorKind, fail};
 
 pub fn router(
@@ -29,6 +29,9 @@ pub fn router(
         .route("/v1/completions", post(completions::handle))
         .route("/v1/messages", post(messages::handle))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/metrics", get(metrics))
@@ -83,7 +86,7 @@ fn cors(origins: &[String]) -> anyhow::Result<CorsLayer> {
     };
     Ok(CorsLayer::new()
         .allow_origin(allow)
-        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
         .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]))
 }
 
@@ -117,6 +120,7 @@ async fn count(State(state): State<Arc<AppState>>, req: Request, next: Next) -> 
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
         "/v1/messages" | "/v1/messages/count_tokens" => "/v1/messages",
+        p if p == "/v1/responses" || p.starts_with("/v1/responses/") => "/v1/responses",
         "/health" => "/health",
         "/metrics" => "/metrics",
         p if p == "/v1/models" || p.starts_with("/v1/models/") => "/v1/models",

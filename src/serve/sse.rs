@@ -27,6 +27,22 @@ pub trait Chunker: Send + 'static {
     fn delta(&mut self, d: Delta) -> Option<Value>;
     /// The chunk with the finish reason, and the usage chunk when asked for.
     fn last(&mut self, outcome: &Outcome) -> Vec<Value>;
+    /// The chunks of one delta, where one delta may need several (the Responses API's events).
+    fn deltas(&mut self, d: Delta) -> Vec<Value> {
+        self.delta(d).into_iter().collect()
+    }
+    /// The SSE event that carries a chunk.
+    fn event(&self, v: &Value) -> Event {
+        Event::default().data(v.to_string())
+    }
+    /// What ends a stream that failed midway.
+    fn failed(&mut self, e: &ApiError) -> Vec<Value> {
+        vec![e.body()]
+    }
+    /// Whether a finished stream ends with `data: [DONE]`.
+    fn done_marker(&self) -> bool {
+        true
+    }
 }
 
 /// Who a request is, for its log line.
@@ -95,7 +111,9 @@ pub fn stream(
             Ok(None) => log.disconnected(),
             Err(e) => {
                 log.failed(&e);
-                let _ = tx.send(Event::default().data(e.body().to_string())).await;
+                for v in chunker.failed(&e) {
+                    let _ = tx.send(chunker.event(&v)).await;
+                }
             }
         }
     });
@@ -113,12 +131,10 @@ async fn pump(
     tx: &mpsc::Sender<Event>,
     log: &RequestLog,
 ) -> Result<Option<Outcome>, ApiError> {
-    let send = |v: Value| tx.send(Event::default().data(v.to_string()));
     let mut generation = Generation::start(ready, job, &state.metrics, log.started)?;
-    for v in chunker.first() {
-        if send(v).await.is_err() {
-            return Ok(None);
-        }
+    let first = chunker.first();
+    if !send_all(tx, events(chunker, first)).await {
+        return Ok(None);
     }
     let shutdown = shutdown_started(state.shutdown.clone());
     tokio::pin!(shutdown);
@@ -134,22 +150,36 @@ async fn pump(
             None => return Err(ApiError::internal("the generation ended without finishing")),
         };
         for d in deltas {
-            if let Some(v) = chunker.delta(d)
-                && send(v).await.is_err()
-            {
+            let chunks = chunker.deltas(d);
+            if !send_all(tx, events(chunker, chunks)).await {
                 return Ok(None);
             }
         }
         if let Some(outcome) = outcome {
-            for v in chunker.last(&outcome) {
-                if send(v).await.is_err() {
-                    return Ok(None);
-                }
+            let last = chunker.last(&outcome);
+            if !send_all(tx, events(chunker, last)).await {
+                return Ok(None);
             }
-            let _ = tx.send(Event::default().data("[DONE]")).await;
+            if chunker.done_marker() {
+                let _ = tx.send(Event::default().data("[DONE]")).await;
+            }
             return Ok(Some(outcome));
         }
     }
+}
+
+/// Sends chunks in order; false when the client is gone.
+async fn send_all(tx: &mpsc::Sender<Event>, events: Vec<Event>) -> bool {
+    for e in events {
+        if tx.send(e).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+fn events(chunker: &impl Chunker, chunks: Vec<Value>) -> Vec<Event> {
+    chunks.iter().map(|v| chunker.event(v)).collect()
 }
 
 /// The whole reply, for a request that is not streamed.

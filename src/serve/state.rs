@@ -63,10 +63,12 @@ pub struct AppState {
     pub created: u64,
     /// `INFERNO_TEST_HOOKS=1`: test-only request fields are honoured.
     pub hooks: bool,
-    /// Test hook: forced replies for requests that name none (`INFERNO_TEST_REPLIES`).
-    pub replies: Mutex<VecDeque<String>>,
     /// Seconds between SSE keep-alive comments (10; `INFERNO_SSE_KEEP_ALIVE_SECS` for tests).
     pub keep_alive: u64,
+    /// Test hook: replies forced on requests that name none (`INFERNO_TEST_REPLIES`).
+    pub test_replies: Mutex<VecDeque<String>>,
+    /// Stored Responses-API responses (`previous_response_id`, `GET /v1/responses/{id}`).
+    pub responses: super::responses::Store,
     ready: OnceLock<Arc<Ready>>,
     in_flight: AtomicUsize,
 }
@@ -77,6 +79,7 @@ impl AppState {
         api_key: Option<String>,
         capacity: usize,
         shutdown: watch::Receiver<bool>,
+        responses: super::responses::Store,
     ) -> Self {
         let hooks = std::env::var("INFERNO_TEST_HOOKS").is_ok_and(|v| v == "1");
         AppState {
@@ -87,16 +90,17 @@ impl AppState {
             shutdown,
             created: super::unix_now(),
             hooks,
-            replies: Mutex::new(if hooks {
-                super::hooks::queued_replies()
-            } else {
-                VecDeque::new()
-            }),
             keep_alive: std::env::var("INFERNO_SSE_KEEP_ALIVE_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|&s| s > 0)
                 .unwrap_or(10),
+            test_replies: Mutex::new(if hooks {
+                super::hooks::queued_replies()
+            } else {
+                VecDeque::new()
+            }),
+            responses,
             ready: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
         }

@@ -1,0 +1,283 @@
+//! The OpenAI Responses API (what Codex CLI speaks): `POST /v1/responses`, streamed as typed
+//! events or not, `GET`/`DELETE /v1/responses/{id}` for stored responses and
+//! `POST /v1/responses/input_tokens`. A request's input items are turned into chat messages
+//! ([`input`]) and rendered, generated and parsed by exactly what chat completions use; only
+//! the request's checks ([`request`]) and the output's shape ([`output`]) are this API's own.
+//! Responses created with `store` (OpenAI's default) are kept in memory ([`store`]) for
+//! `previous_response_id`.
+
+mod input;
+mod output;
+mod request;
+mod store;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::errors::ApiError;
+use super::generation::{Delta, Generation, Job, Outcome, Step};
+use super::openai_types::{ChatRequest, parse};
+use super::params::{clip_max_tokens, settings};
+use super::sse::{self, Chunker, RequestLog};
+use super::state::{AppState, Ready, shutdown_started};
+use super::{body_bytes, hooks};
+use output::Builder;
+use request::{Checked, ResponsesRequest};
+pub use store::Store;
+
+/// A request read and rendered.
+struct Prepared {
+    ready: Arc<Ready>,
+    req: ResponsesRequest,
+    checked: Checked,
+    chat: ChatRequest,
+    /// The whole conversation's input items (a previous response's, then this input).
+    items: Vec<Value>,
+    prompt: Vec<u32>,
+}
+
+fn prepare(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared, ApiError> {
+    let req: ResponsesRequest = parse(&body_bytes(body)?)?;
+    state.model.check(req.common.model.as_deref())?;
+    let ready = state.ready()?;
+    let checked = request::check(&req)?;
+    let mut items = match &checked.previous_response_id {
+        None => Vec::new(),
+        Some(id) => {
+            let prev = state.responses.get(id).ok_or_else(|| {
+                ApiError::bad_param(
+                    "previous_response_id",
+                    format!("no stored response has the id {id:?} (it was not stored, was deleted or is the oldest dropped)"),
+                )
+            })?;
+            let mut v = prev.input;
+            v.extend(prev.response["output"].as_array().cloned().unwrap_or_default());
+            v
+        }
+    };
+    items.extend(input::items(&req.input)?);
+    if items.is_empty() {
+        return Err(ApiError::bad_param("input", "input is empty"));
+    }
+    let messages = input::messages(checked.instructions.as_deref(), &items)?;
+    let mut common = req.common.clone();
+    common.max_tokens = None;
+    let chat = ChatRequest {
+        common,
+        messages,
+        max_completion_tokens: checked.max_output_tokens,
+        logprobs: None,
+        top_logprobs: None,
+        tools: (!checked.tools.is_empty()).then(|| Value::Array(checked.tools.clone())),
+        tool_choice: None,
+        reasoning_effort: checked.effort.map(str::to_string),
+        reasoning: None,
+    };
+    let date = chat.common.x_inferno_date.as_deref().filter(|_| state.hooks);
+    let prompt = super::prompt::chat_prompt(&ready, &chat, date).map_err(as_input_error)?;
+    let context = ready.engine.context();
+    if prompt.len() >= context {
+        let mut e = ApiError::bad_param(
+            "input",
+            format!(
+                "the input is {} tokens; this model's context holds {context} (input and output): shorten it or restart the server with a larger --context",
+                prompt.len()
+            ),
+        );
+        e.code = Some("context_length_exceeded");
+        return Err(e);
+    }
+    Ok(Prepared { ready, req, checked, chat, items, prompt })
+}
+
+/// Chat's errors name `messages`; here they are about `input`.
+fn as_input_error(mut e: ApiError) -> ApiError {
+    if e.param.as_deref() == Some("messages") {
+        e.param = Some("input".into());
+    }
+    e
+}
+
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let log = RequestLog::new("resp", "/v1/responses");
+    let result = run(&state, body, &log).await;
+    sse::respond(&log, result)
+}
+
+async fn run(
+    state: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    log: &RequestLog,
+) -> Result<Response, ApiError> {
+    let p = prepare(state, body)?;
+    log_tool_outputs(log, &p.items);
+    let s = settings(&p.chat.common, p.checked.max_output_tokens, p.ready.harmony)?;
+    // `text.format`, checked (p.checked.text_format): constrained decoding is to follow it.
+    let _format = &p.checked.text_format;
+    let slot = state.admit()?;
+    let job = Job {
+        max_tokens: clip_max_tokens(s.max_tokens, p.prompt.len(), p.ready.engine.context()),
+        forced: hooks::forced_reply(state, &p.ready, &p.chat.common)?,
+        tools: if p.ready.harmony { Vec::new() } else { super::prompt::tool_names(&p.chat) },
+        prompt: p.prompt.clone(),
+        sampling: s.sampling,
+        stop: s.stop,
+        harmony: p.ready.harmony,
+        logprobs: None,
+        token_ids: false,
+    };
+    let id = log.id.replacen('-', "_", 1);
+    let builder = Builder::new(id, state.model.id.clone(), p.checked.echo.clone());
+    let keep = p.checked.store.then(|| (state.clone(), p.items.clone()));
+    let events = Events { builder, keep };
+    if p.req.common.stream == Some(true) {
+        return Ok(sse::stream(state.clone(), p.ready, job, events, log.clone(), slot));
+    }
+    let (mut body, outcome) = collect(state, &p.ready, job, events, log).await?;
+    drop(slot);
+    log.done(200, &outcome, false);
+    if state.hooks && p.req.common.x_inferno_prompt_ids == Some(true) {
+        body["x_inferno_prompt_ids"] = p.prompt.into();
+    }
+    Ok(axum::Json(body).into_response())
+}
+
+/// With `-v`: the tool results a request brings back (tests read them from the log).
+fn log_tool_outputs(log: &RequestLog, items: &[Value]) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    for item in items.iter().filter(|i| i["type"] == "function_call_output") {
+        let out = item["output"].to_string();
+        let out: String = out.chars().take(200).collect();
+        tracing::debug!("{} function_call_output {} {out}", log.id, item["call_id"]);
+    }
+}
+
+/// The stream's events; at the end the response is stored when asked.
+struct Events {
+    builder: Builder,
+    keep: Option<(Arc<AppState>, Vec<Value>)>,
+}
+
+impl Events {
+    fn finish(&mut self, o: &Outcome) -> (Vec<Value>, Value) {
+        let (events, response) = self.builder.finish(o);
+        if let Some((state, items)) = self.keep.take() {
+            state.responses.put(self.builder.id.clone(), items, response.clone());
+        }
+        (events, response)
+    }
+}
+
+impl Chunker for Events {
+    fn first(&mut self) -> Vec<Value> {
+        self.builder.start()
+    }
+
+    fn delta(&mut self, _: Delta) -> Option<Value> {
+        None // `deltas` is used
+    }
+
+    fn deltas(&mut self, d: Delta) -> Vec<Value> {
+        self.builder.push(d)
+    }
+
+    fn last(&mut self, o: &Outcome) -> Vec<Value> {
+        self.finish(o).0
+    }
+
+    fn event(&self, v: &Value) -> Event {
+        let kind = v["type"].as_str().unwrap_or("message");
+        Event::default().event(kind).data(v.to_string())
+    }
+
+    fn failed(&mut self, e: &ApiError) -> Vec<Value> {
+        self.builder.failed(e)
+    }
+
+    fn done_marker(&self) -> bool {
+        false
+    }
+}
+
+/// The whole response, not streamed. Dropped (client gone), it cancels the generation.
+async fn collect(
+    state: &AppState,
+    ready: &Ready,
+    job: Job,
+    mut events: Events,
+    log: &RequestLog,
+) -> Result<(Value, Outcome), ApiError> {
+    let mut generation = Generation::start(ready, job, &state.metrics, log.started)?;
+    events.builder.start();
+    let shutdown = shutdown_started(state.shutdown.clone());
+    tokio::pin!(shutdown);
+    loop {
+        let step = tokio::select! {
+            _ = &mut shutdown => return Err(ApiError::unavailable("the server is shutting down", 5)),
+            step = generation.next() => step?,
+        };
+        match step {
+            Some(Step::Deltas(d)) => d.into_iter().for_each(|d| {
+                events.builder.push(d);
+            }),
+            Some(Step::Done { tail, outcome }) => {
+                tail.into_iter().for_each(|d| {
+                    events.builder.push(d);
+                });
+                let (_, response) = events.finish(&outcome);
+                return Ok((response, outcome));
+            }
+            None => return Err(ApiError::internal("the generation ended without finishing")),
+        }
+    }
+}
+
+/// `POST /v1/responses/input_tokens`: the prompt's length, nothing generated.
+pub async fn input_tokens(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match prepare(&state, body) {
+        Ok(p) => {
+            axum::Json(json!({"object": "response.input_tokens", "input_tokens": p.prompt.len()}))
+                .into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+fn missing(id: &str) -> ApiError {
+    let mut e = ApiError::not_found(format!(
+        "no stored response has the id {id:?} (it was not stored, was deleted or is the oldest dropped)"
+    ));
+    e.param = Some("response_id".into());
+    e
+}
+
+/// `GET /v1/responses/{id}`.
+pub async fn get(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match state.responses.get(&id) {
+        Some(s) => axum::Json(s.response).into_response(),
+        None => missing(&id).into_response(),
+    }
+}
+
+/// `DELETE /v1/responses/{id}`.
+pub async fn delete(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if state.responses.delete(&id) {
+        axum::Json(json!({"id": id, "object": "response.deleted", "deleted": true})).into_response()
+    } else {
+        missing(&id).into_response()
+    }
+}

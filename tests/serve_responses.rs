@@ -1,0 +1,138 @@
+//! `inferno serve`'s Responses API (`/v1/responses`) through the real `openai` Python client
+//! (tests/python/responses_client.py): the tiny gpt-oss fixture with forced replies for the
+//! tool loop (a call, its output sent back as the whole history or by `previous_response_id`,
+//! the answer), the stored responses (GET, DELETE, 404s, the count bound), a 400 naming the
+//! field for each bad value; and real SmolLM2 weights, whose greedy Responses text must equal
+//! chat's for the same message.
+
+mod common;
+
+use common::serve::{Server, python_command};
+use serde_json::{Value, json};
+
+fn gpt_oss(args: &[&str]) -> Server {
+    let model = common::tiny_gpt_oss_full_vocab();
+    let mut all = vec!["--dtype", "f32", "--context", "2048", "--kv-tokens", "8192"];
+    all.extend_from_slice(args);
+    Server::start(&model, &all, &[("INFERNO_TEST_HOOKS", "1")])
+}
+
+/// Runs a scenario of tests/python/responses_client.py; its JSON result.
+fn python(s: &Server, scenario: &str, args: Value) -> Value {
+    let out = python_command()
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/responses_client.py"))
+        .arg(s.url())
+        .arg(scenario)
+        .arg(args.to_string())
+        .output()
+        .expect("running python");
+    assert!(
+        out.status.success(),
+        "responses_client.py {scenario} failed:\n{}\n--- server log ---\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log()
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{scenario} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+    })
+}
+
+#[test]
+fn a_tool_call_its_output_and_the_answer_by_history_or_previous_response_id() {
+    let s = gpt_oss(&[]);
+    let r = python(&s, "tool_loop", json!({}));
+    // The second prompt holds the tool's output (rendered as harmony's tool message).
+    let ids: Vec<u32> = serde_json::from_value(r["prompt_ids"].clone()).unwrap();
+    let tokenizer =
+        tokenizers::Tokenizer::from_file(common::tiny_gpt_oss_full_vocab().join("tokenizer.json"))
+            .unwrap();
+    let text = tokenizer.decode(&ids, false).unwrap();
+    let want = format!(
+        "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{}<|end|>",
+        r["tool_output"].as_str().unwrap()
+    );
+    assert!(text.contains(&want), "{text}");
+    // Inside the tool loop the call's reasoning is replayed.
+    assert!(text.contains("Need get_weather for Tokyo."), "{text}");
+    let m = s.metrics(&[]);
+    assert!(m.keys().any(|k| k.contains("/v1/responses")), "{m:?}");
+}
+
+#[test]
+fn stored_responses_get_delete_and_the_bound() {
+    let s = gpt_oss(&["--responses-store", "2"]);
+    let r = python(&s, "store", json!({}));
+    assert_eq!(r["ids"].as_array().map(Vec::len), Some(3), "{r}");
+}
+
+#[test]
+fn bad_values_are_400s_naming_the_field() {
+    let s = gpt_oss(&[]);
+    let r = python(&s, "errors", json!({}));
+    let msg = r["too_long"].as_str().unwrap();
+    assert!(msg.contains("tokens") && msg.contains("2048"), "{msg}");
+    // Odd bodies are answered, never a dropped connection or a 500.
+    for body in
+        ["", "{}", "null", "[]", r#"{"input": null}"#, r#"{"input": [{}]}"#, r#"{"input": [5]}"#]
+    {
+        let (status, text) = s.request("POST", "/v1/responses", &[], body.as_bytes());
+        assert_eq!(status, 400, "{body}: {text}");
+    }
+    let (status, _) = s.request("GET", "/health", &[], b"");
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn smollm2_responses_text_equals_chat() {
+    let model = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
+    let s = Server::start(&model, &["--context", "1024", "--kv-tokens", "4096"], &[]);
+    let r = python(&s, "same_as_chat", json!({"max_tokens": 24}));
+    for case in ["none", "You are terse."] {
+        let text = r[case]["responses"].as_str().unwrap_or("");
+        assert!(!text.is_empty(), "{r}");
+        assert_eq!(r[case]["responses"], r[case]["chat"], "{r}");
+    }
+}
+
+#[test]
+fn a_client_gone_mid_stream_cancels_its_generation() {
+    use std::io::{Read, Write};
+    let s = gpt_oss(&[]);
+    // A forced answer of 1500 words: a delta per token for half a minute or more.
+    let long = format!("<|channel|>final<|message|>{}<|return|>", "word ".repeat(1500));
+    let body = json!({"input": "Tell a long story.", "stream": true, "max_output_tokens": 1800,
+                      "x_inferno_force_reply": long});
+    let body = body.to_string();
+    let mut tcp = std::net::TcpStream::connect(&s.addr).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+    let head = format!(
+        "POST /v1/responses HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        s.addr,
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).unwrap();
+    tcp.write_all(body.as_bytes()).unwrap();
+    // Read until the first delta: the generation is running.
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while !seen.contains(".delta") {
+        let n = tcp.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(seen.contains("event: response.created\n"), "{seen}");
+    drop(tcp);
+    let t0 = std::time::Instant::now();
+    loop {
+        let m = s.metrics(&[]);
+        if m.get("inferno_cancelled_total") == Some(&1.0)
+            && m.get("inferno_running_sequences") == Some(&0.0)
+        {
+            break;
+        }
+        assert!(m.get("inferno_generation_tokens_total") == Some(&0.0), "ran to the end: {m:?}");
+        assert!(t0.elapsed().as_secs() < 20, "not cancelled: {m:?}\n{}", s.log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(s.log().contains("client disconnected"), "{}", s.log());
+}
