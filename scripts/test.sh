@@ -12,13 +12,15 @@ cd "$(dirname "$0")/.."
 source scripts/cuda-env.sh || { echo "test.sh: could not set up the CUDA build toolchain" >&2; exit 1; }
 
 # The official clients the tests drive inferno with: huggingface_hub (cache sharing) and
-# openai (`inferno serve`, tests/serve*.rs), pinned.
+# openai (`inferno serve`, tests/serve*.rs), pinned; jsonschema validates structured outputs
+# (tests/serve_structured.rs).
 HF_HUB_VERSION=2.4.0
 OPENAI_VERSION=3.54.0
-PY="${INFERNO_CACHE:-$HOME/.cache/inferno}/py-hub-$HF_HUB_VERSION-openai-$OPENAI_VERSION"
+JSONSCHEMA_VERSION=4.26.0
+PY="${INFERNO_CACHE:-$HOME/.cache/inferno}/py-hub-$HF_HUB_VERSION-openai-$OPENAI_VERSION-jsonschema-$JSONSCHEMA_VERSION"
 source scripts/venv.sh
-pinned_venv "$PY" "import huggingface_hub, openai; assert openai.__version__ == '$OPENAI_VERSION'" \
-    "huggingface_hub==$HF_HUB_VERSION" "openai==$OPENAI_VERSION"
+pinned_venv "$PY" "import huggingface_hub, openai, jsonschema; assert openai.__version__ == '$OPENAI_VERSION'" \
+    "huggingface_hub==$HF_HUB_VERSION" "openai==$OPENAI_VERSION" "jsonschema==$JSONSCHEMA_VERSION"
 export INFERNO_PYTHON="$PY/bin/python"
 
 # Real model files some tests read (they fail, saying which script to run, when one is missing).

@@ -17,6 +17,7 @@
 //! - [`errors`]: OpenAI error objects; [`metrics`]: Prometheus text; [`hooks`]: test-only.
 
 mod chat;
+pub mod constraint;
 mod completions;
 pub mod errors;
 mod generation;
@@ -196,7 +197,7 @@ fn load(
     let text = engine::text::load(&info.source)?;
     crate::commands::play::warm_up(&engine)?;
     let harmony = HarmonyEncoding::new(&text.tokenizer).is_ok();
-    Ok(Ready { engine, text, info, harmony, kv_tokens })
+    Ok(Ready { engine, text, info, harmony, kv_tokens, grammars: Default::default() })
 }
 
 /// The KV pool when `--kv-tokens` is not given: room for `max_seqs` full contexts, within half
