@@ -37,7 +37,8 @@ pub fn token_env(tokenizer: &Tokenizer, vocab: usize, eos: &[u32]) -> anyhow::Re
     let words: Vec<Vec<u8>> = (0..vocab as u32)
         .map(|id| {
             let b = bytes.bytes(id);
-            if bytes.is_special(id) && !b.is_empty() {
+            // End ids too: one written as plain text would otherwise end a reply mid-string.
+            if (bytes.is_special(id) || eos.contains(&id)) && !b.is_empty() {
                 [&[TokTrie::SPECIAL_TOKEN_MARKER][..], &b].concat()
             } else {
                 b
@@ -134,10 +135,6 @@ impl Constraint {
             .map_err(|e| anyhow::anyhow!("token {token} breaks the output constraint: {e}"))
     }
 
-    /// Whether the grammar's text is complete.
-    pub fn is_done(&mut self) -> bool {
-        self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false)
-    }
 }
 
 /// `logits` (`[R, vocab]` f32) with each `(row, mask)`'s disallowed tokens at -inf; rows not

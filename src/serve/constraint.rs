@@ -531,3 +531,69 @@ pub fn from_request(
     }
     Ok(Request { format: format.or(vllm), tools, choice: Some(choice) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status_param(e: ApiError) -> (u16, Option<String>) {
+        (e.status.as_u16(), e.param)
+    }
+
+    #[test]
+    fn formats_in_every_shape_and_bad_ones_name_the_field() {
+        let schema = json!({"type": "object"});
+        let chat = json!({"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": true}});
+        let flat = json!({"type": "json_schema", "name": "n", "schema": schema});
+        let anthropic = json!({"type": "json_schema", "schema": schema});
+        for f in [&chat, &flat] {
+            let want = Spec::JsonSchema { name: "n".into(), description: None, schema: schema.clone() };
+            assert_eq!(from_format(f, "response_format").unwrap(), Some(want));
+        }
+        assert!(matches!(from_format(&anthropic, "x").unwrap(), Some(Spec::JsonSchema { .. })));
+        assert_eq!(from_format(&json!({"type": "text"}), "x").unwrap(), None);
+        assert_eq!(from_format(&json!({"type": "json_object"}), "x").unwrap(), Some(Spec::JsonObject));
+        for bad in [
+            json!({"type": "yaml"}),
+            json!({}),
+            json!("json"),
+            json!({"type": "json_schema"}),
+            json!({"type": "json_schema", "json_schema": {"schema": 1}}),
+            json!({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}),
+            json!({"type": "json_schema", "json_schema": {"schema": {}, "name": 3}}),
+        ] {
+            assert_eq!(status_param(from_format(&bad, "text.format").unwrap_err()), (400, Some("text.format".into())), "{bad}");
+        }
+    }
+
+    #[test]
+    fn vllm_fields_and_tool_choices() {
+        let c = |v: Value| -> Common { serde_json::from_value(v).unwrap() };
+        let r = from_vllm(&c(json!({"structured_outputs": {"regex": "a+"}}))).unwrap();
+        assert_eq!(r, Some(Spec::Regex("a+".into())));
+        let r = from_vllm(&c(json!({"guided_choice": ["x", "y"]}))).unwrap();
+        assert_eq!(r, Some(Spec::Choice(vec!["x".into(), "y".into()])));
+        let r = from_vllm(&c(json!({"guided_json": "{\"type\": \"object\"}"}))).unwrap();
+        assert!(matches!(r, Some(Spec::JsonSchema { .. })));
+        let e = from_vllm(&c(json!({"structured_outputs": {"yaml": "x"}}))).unwrap_err();
+        assert_eq!(status_param(e), (400, Some("structured_outputs.yaml".into())));
+        let e = from_vllm(&c(json!({"guided_regex": "a", "guided_grammar": "start: \"a\""}))).unwrap_err();
+        assert_eq!(status_param(e), (400, Some("structured_outputs".into())));
+        assert_eq!(ToolChoice::from_openai(Some(&json!("required"))).unwrap(), ToolChoice::Required);
+        let named = json!({"type": "function", "function": {"name": "f"}});
+        assert_eq!(ToolChoice::from_openai(Some(&named)).unwrap(), ToolChoice::Named("f".into()));
+        assert_eq!(ToolChoice::from_anthropic(Some(&json!({"type": "any"}))).unwrap(), ToolChoice::Required);
+        let tool = json!({"type": "tool", "name": "f"});
+        assert_eq!(ToolChoice::from_anthropic(Some(&tool)).unwrap(), ToolChoice::Named("f".into()));
+        for bad in [json!("always"), json!(3), json!({"type": "function"})] {
+            let e = ToolChoice::from_openai(Some(&bad)).unwrap_err();
+            assert_eq!(status_param(e), (400, Some("tool_choice".into())), "{bad}");
+        }
+        let tools = json!([{"type": "function", "function": {"name": "f", "strict": true, "parameters": {"type": "object"}}},
+                           {"name": "g", "input_schema": {"type": "object", "properties": {}}}]);
+        let t = tools_of(Some(&tools)).unwrap();
+        assert_eq!((t[0].strict, t[1].strict, t[1].name.as_str()), (true, false, "g"));
+        let r = Request { format: None, tools: t, choice: Some(ToolChoice::Named("h".into())) };
+        assert_eq!(status_param(r.callable().unwrap_err()), (400, Some("tool_choice".into())));
+    }
+}

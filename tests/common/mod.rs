@@ -130,7 +130,7 @@ pub fn tiny_llama_with_template(template: &str) -> tempfile::TempDir {
     use candle_core::{Device, Tensor};
     let dir = tempfile::tempdir().unwrap();
     let fixtures = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures"));
-    let tok_path = common::asset("llama2-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
+    let tok_path = asset("llama2-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
     let tok = std::fs::read_to_string(tok_path).unwrap();
     let vocab = tokenizers::Tokenizer::from_bytes(tok.as_bytes()).unwrap().get_vocab_size(true);
     let mut config: serde_json::Value =

@@ -132,7 +132,7 @@ def other_formats():
         name: str = pydantic.Field(max_length=12)
         kind: Literal["cat", "dog"]
         age: int = pydantic.Field(ge=0, le=30)
-        toys: List[str] = pydantic.Field(max_length=2)
+        toys: List[Literal["ball", "bone", "rope"]] = pydantic.Field(max_length=2)
         owner: Optional[str] = pydantic.Field(default=None, max_length=10)
 
     p = c.chat.completions.parse(model=m, messages=[{"role": "user", "content": "Describe a pet."}],
@@ -205,13 +205,17 @@ def forced_tools():
     return {"calls": seen}
 
 
+# A random model picks among the headers the grammar allows (another analysis, say) at random:
+# the tests force the reasoning and the channel, and the grammar does the rest.
 ANALYSIS = "<|channel|>analysis<|message|>The user wants JSON. I will think freely here: {{{ not json.<|end|><|start|>assistant"
+FINAL = ANALYSIS + "<|channel|>final"
+CALL = ANALYSIS + "<|channel|>commentary to=functions."
 
 
 def harmony_json():
     """gpt-oss: the final answer validates against the schema (its format is written in the
-    developer message); the reasoning before it is free (forced here: a random model rarely
-    ends its analysis), and sampled reasoning is never cut short by the constraint."""
+    developer message); the reasoning before it is free (forced here, text no schema allows:
+    the grammar takes it), and sampled reasoning is never cut short by the constraint."""
     c = client()
     m = model_id()
     user = [{"role": "user", "content": "Give me a record."}]
@@ -221,7 +225,7 @@ def harmony_json():
         for temperature in (0.0, 1.0):
             kw = dict(model=m, messages=user, max_tokens=300, temperature=temperature, seed=i,
                       response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": s}},
-                      extra_body={"x_inferno_force_prefix": ANALYSIS, "x_inferno_prompt_ids": True})
+                      extra_body={"x_inferno_force_prefix": FINAL, "x_inferno_prompt_ids": True})
             r = c.chat.completions.create(**kw)
             ch = r.choices[0]
             assert ch.finish_reason == "stop", ch
@@ -239,7 +243,7 @@ def harmony_json():
     # Forced tool call after the analysis: the header is forced, the arguments follow the schema.
     for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
         r = c.chat.completions.create(model=m, messages=user, max_tokens=200, tools=[WEATHER, TIME], tool_choice=choice,
-                                      extra_body={"x_inferno_force_prefix": ANALYSIS})
+                                      extra_body={"x_inferno_force_prefix": CALL})
         ch = r.choices[0]
         assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, ch
         call = ch.message.tool_calls[0]
