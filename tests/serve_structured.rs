@@ -12,8 +12,7 @@ use common::serve::Server;
 use serde_json::json;
 
 fn smollm2() -> Server {
-    let model =
-        common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
+    let model = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
     Server::start(&model, &["--context", "1024", "--kv-tokens", "16384", "--max-seqs", "8"], &[])
 }
 
@@ -59,5 +58,8 @@ fn gpt_oss_answers_follow_the_schema_after_free_reasoning() {
     let ids: Vec<u32> =
         r["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     let prompt = tok.decode(&ids, false).unwrap();
-    assert!(prompt.contains("<|start|>developer<|message|># Response Formats\n\n## s15\n\n{"), "{prompt}");
+    assert!(
+        prompt.contains("<|start|>developer<|message|># Response Formats\n\n## s15\n\n{"),
+        "{prompt}"
+    );
 }

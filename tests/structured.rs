@@ -124,7 +124,8 @@ fn random_walks_satisfy_the_grammar_for_every_tokenizer_kind() {
     walk_tokenizer(&o200k, &[200002, 200012], "o200k_harmony (HF byte-level BPE)");
     let llama2 = Tokenizer::from_file(asset("llama2-tokenizer.json")).unwrap();
     walk_tokenizer(&llama2, &[2], "Llama 2 (HF SentencePiece, byte fallback)");
-    let smollm2 = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
+    let smollm2 =
+        common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
     let gguf = inferno::tokenizer::from_gguf_file(&smollm2).unwrap();
     walk_tokenizer(&gguf.tokenizer, &gguf.eos_ids, "SmolLM2 GGUF (byte-BPE)");
     let gguf = inferno::tokenizer::from_gguf_file(&fixture("llama3_tiny/model.gguf")).unwrap();
@@ -206,7 +207,9 @@ fn constrained_rows_follow_the_schema_and_leave_their_neighbours_untouched() {
     let grammars = Grammars::new(&text.tokenizer, e.vocab_size(), &eos).unwrap();
     let bytes = TokenBytes::new(&text.tokenizer);
     let vocab = e.vocab_size() as u32;
-    let prompt = |rng: &mut StdRng| (0..rng.random_range(3..20)).map(|_| rng.random_range(1..vocab)).collect::<Vec<u32>>();
+    let prompt = |rng: &mut StdRng| {
+        (0..rng.random_range(3..20)).map(|_| rng.random_range(1..vocab)).collect::<Vec<u32>>()
+    };
     let sampled = |seed| SamplerConfig { temperature: 1.0, seed, ..SamplerConfig::greedy() };
     let free: Vec<(Vec<u32>, SamplerConfig)> =
         vec![(prompt(&mut rng), SamplerConfig::greedy()), (prompt(&mut rng), sampled(seed))];
@@ -216,7 +219,9 @@ fn constrained_rows_follow_the_schema_and_leave_their_neighbours_untouched() {
         .collect();
     // The same requests among constrained ones (greedy and sampled), submitted together.
     let mut handles = Vec::new();
-    for (i, s) in [SamplerConfig::greedy(), sampled(seed ^ 1), sampled(seed ^ 2)].into_iter().enumerate() {
+    for (i, s) in
+        [SamplerConfig::greedy(), sampled(seed ^ 1), sampled(seed ^ 2)].into_iter().enumerate()
+    {
         let g = grammars.compile(TopLevelGrammar::from_json_schema(schema())).unwrap();
         let mut r = request(prompt(&mut rng), s, Some(g));
         r.eos_ids = eos.clone();

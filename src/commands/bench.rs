@@ -192,7 +192,9 @@ fn group_rates(sampling: &Sampling, runs: &[Run]) -> Option<(usize, f64, f64)> {
 
 fn constrained_json(sampling: &Sampling, runs: &[Run]) -> serde_json::Value {
     match group_rates(sampling, runs) {
-        Some((n, c, u)) => serde_json::json!({"streams": n, "decode_tok_s": c, "unconstrained_decode_tok_s": u}),
+        Some((n, c, u)) => {
+            serde_json::json!({"streams": n, "decode_tok_s": c, "unconstrained_decode_tok_s": u})
+        }
         None => serde_json::Value::Null,
     }
 }

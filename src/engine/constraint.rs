@@ -134,7 +134,6 @@ impl Constraint {
             .consume_token(token)
             .map_err(|e| anyhow::anyhow!("token {token} breaks the output constraint: {e}"))
     }
-
 }
 
 /// `logits` (`[R, vocab]` f32) with each `(row, mask)`'s disallowed tokens at -inf; rows not

@@ -47,11 +47,8 @@ async fn run(
         tracing::debug!("{} user {user:?}", log.id);
     }
     let date = req.common.x_inferno_date.as_deref().filter(|_| state.hooks);
-    let structured = constraint::from_request(
-        &req.common,
-        req.tools.as_ref(),
-        req.tool_choice.as_ref(),
-    )?;
+    let structured =
+        constraint::from_request(&req.common, req.tools.as_ref(), req.tool_choice.as_ref())?;
     let prompt = super::prompt::chat_prompt(&ready, &req, date, structured.format.as_ref())?;
     let constraint = constraint::compile(&ready, &structured)?;
     let echo_ids =

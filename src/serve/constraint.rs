@@ -206,7 +206,9 @@ pub fn from_format(v: &Value, field: &str) -> Result<Option<Spec>, ApiError> {
             let name = match inner.get("name") {
                 None | Some(Value::Null) => "response".to_string(),
                 Some(Value::String(s)) => s.clone(),
-                Some(other) => return Err(bad(format!("{field}: name must be a string, not {other}"))),
+                Some(other) => {
+                    return Err(bad(format!("{field}: name must be a string, not {other}")));
+                }
             };
             if let Some(s) = inner.get("strict").filter(|s| !s.is_null() && !s.is_boolean()) {
                 return Err(bad(format!("{field}: strict must be a boolean, not {s}")));
@@ -227,7 +229,10 @@ pub fn from_vllm(c: &Common) -> Result<Option<Spec>, ApiError> {
     let mut found = Vec::new();
     if let Some(so) = c.structured_outputs.as_ref().filter(|v| !v.is_null()) {
         let Some(o) = so.as_object() else {
-            return Err(ApiError::bad_param("structured_outputs", "structured_outputs must be an object"));
+            return Err(ApiError::bad_param(
+                "structured_outputs",
+                "structured_outputs must be an object",
+            ));
         };
         for (k, v) in o {
             if v.is_null() || v == &Value::Bool(false) {
@@ -238,12 +243,17 @@ pub fn from_vllm(c: &Common) -> Result<Option<Spec>, ApiError> {
                 "json" | "regex" | "choice" | "grammar" => found.push(vllm_spec(k, v, &field)?),
                 "json_object" => found.push(Spec::JsonObject),
                 // Options of the above, not constraints of their own.
-                "disable_fallback" | "disable_any_whitespace" | "disable_additional_properties"
-                | "whitespace_pattern" | "backend" => {}
+                "disable_fallback"
+                | "disable_any_whitespace"
+                | "disable_additional_properties"
+                | "whitespace_pattern"
+                | "backend" => {}
                 other => {
                     return Err(ApiError::bad_param(
                         &field,
-                        format!("structured_outputs.{other} is not supported: use json, regex, choice, grammar or json_object"),
+                        format!(
+                            "structured_outputs.{other} is not supported: use json, regex, choice, grammar or json_object"
+                        ),
                     ));
                 }
             }
@@ -273,7 +283,11 @@ fn vllm_spec(kind: &str, v: &Value, field: &str) -> Result<Spec, ApiError> {
     let bad = |m: &str| ApiError::bad_param(field, format!("{field} {m}"));
     match kind {
         "json" => match v {
-            Value::Object(_) => Ok(Spec::JsonSchema { name: "response".into(), description: None, schema: v.clone() }),
+            Value::Object(_) => Ok(Spec::JsonSchema {
+                name: "response".into(),
+                description: None,
+                schema: v.clone(),
+            }),
             // vLLM also takes the schema as a JSON string.
             Value::String(s) => match serde_json::from_str::<Value>(s) {
                 Ok(schema @ Value::Object(_)) => {
@@ -292,9 +306,9 @@ fn vllm_spec(kind: &str, v: &Value, field: &str) -> Result<Spec, ApiError> {
             _ => Err(bad("must be a non-empty string (a Lark grammar)")),
         },
         _ => match v.as_array() {
-            Some(a) if !a.is_empty() && a.iter().all(Value::is_string) => Ok(Spec::Choice(
-                a.iter().filter_map(Value::as_str).map(str::to_string).collect(),
-            )),
+            Some(a) if !a.is_empty() && a.iter().all(Value::is_string) => {
+                Ok(Spec::Choice(a.iter().filter_map(Value::as_str).map(str::to_string).collect()))
+            }
             _ => Err(bad("must be a non-empty array of strings")),
         },
     }
@@ -328,10 +342,9 @@ impl Request {
                     format!("tool_choice names {n:?}, which is not among tools"),
                 )),
             },
-            ToolChoice::Required if self.tools.is_empty() => Err(ApiError::bad_param(
-                "tool_choice",
-                "tool_choice \"required\" needs tools",
-            )),
+            ToolChoice::Required if self.tools.is_empty() => {
+                Err(ApiError::bad_param("tool_choice", "tool_choice \"required\" needs tools"))
+            }
             _ => Ok(self.tools.iter().collect()),
         }
     }
@@ -376,7 +389,9 @@ fn plain_grammar(r: &Request) -> Result<TopLevelGrammar, ApiError> {
         }
         Some(Spec::Regex(rx)) => TopLevelGrammar::from_regex(rx),
         Some(Spec::Grammar(g)) => TopLevelGrammar::from_lark(g.clone()),
-        Some(Spec::Choice(c)) => TopLevelGrammar::from_lark(format!("start: {}", choice_alternatives(c))),
+        Some(Spec::Choice(c)) => {
+            TopLevelGrammar::from_lark(format!("start: {}", choice_alternatives(c)))
+        }
     })
 }
 
@@ -414,7 +429,9 @@ fn harmony_grammar(r: &Request) -> Result<TopLevelGrammar, ApiError> {
         } else {
             ""
         };
-        rules.push(format!("final: <|channel|> \"final\" {constrain} <|message|> {body} <|return|>"));
+        rules.push(format!(
+            "final: <|channel|> \"final\" {constrain} <|message|> {body} <|return|>"
+        ));
         tails.push("final".to_string());
     }
     for (i, t) in calls.iter().enumerate() {
@@ -472,7 +489,9 @@ pub fn grammars(ready: &Ready) -> Result<Arc<Grammars>, ApiError> {
             .map(Arc::new)
             .map_err(|e| format!("{e:#}"))
     });
-    built.clone().map_err(|e| ApiError::bad_request(format!("structured output is not available for this model: {e}")))
+    built.clone().map_err(|e| {
+        ApiError::bad_request(format!("structured output is not available for this model: {e}"))
+    })
 }
 
 /// The engine's constraint for `r` (`None` when nothing constrains the reply); a grammar that
@@ -492,10 +511,9 @@ fn compile_as(ready: &Ready, r: &Request, harmony: bool) -> Result<Option<Constr
     }
     let grammar = if harmony { harmony_grammar(r)? } else { plain_grammar(r)? };
     let field = field_of(r);
-    grammars(ready)?
-        .compile(grammar)
-        .map(Some)
-        .map_err(|e| ApiError::bad_param(field, format!("{field}: the constraint does not compile: {e:#}")))
+    grammars(ready)?.compile(grammar).map(Some).map_err(|e| {
+        ApiError::bad_param(field, format!("{field}: the constraint does not compile: {e:#}"))
+    })
 }
 
 /// The developer message's `# Response Formats` section for a JSON schema (openai-harmony's
@@ -512,8 +530,12 @@ pub fn from_request(
     tools: Option<&Value>,
     tool_choice: Option<&Value>,
 ) -> Result<Request, ApiError> {
-    let format =
-        c.response_format.as_ref().map(|f| from_format(f, "response_format")).transpose()?.flatten();
+    let format = c
+        .response_format
+        .as_ref()
+        .map(|f| from_format(f, "response_format"))
+        .transpose()?
+        .flatten();
     let vllm = from_vllm(c)?;
     if format.is_some() && vllm.is_some() {
         return Err(ApiError::bad_param(
@@ -547,12 +569,16 @@ mod tests {
         let flat = json!({"type": "json_schema", "name": "n", "schema": schema});
         let anthropic = json!({"type": "json_schema", "schema": schema});
         for f in [&chat, &flat] {
-            let want = Spec::JsonSchema { name: "n".into(), description: None, schema: schema.clone() };
+            let want =
+                Spec::JsonSchema { name: "n".into(), description: None, schema: schema.clone() };
             assert_eq!(from_format(f, "response_format").unwrap(), Some(want));
         }
         assert!(matches!(from_format(&anthropic, "x").unwrap(), Some(Spec::JsonSchema { .. })));
         assert_eq!(from_format(&json!({"type": "text"}), "x").unwrap(), None);
-        assert_eq!(from_format(&json!({"type": "json_object"}), "x").unwrap(), Some(Spec::JsonObject));
+        assert_eq!(
+            from_format(&json!({"type": "json_object"}), "x").unwrap(),
+            Some(Spec::JsonObject)
+        );
         for bad in [
             json!({"type": "yaml"}),
             json!({}),
@@ -562,7 +588,11 @@ mod tests {
             json!({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}),
             json!({"type": "json_schema", "json_schema": {"schema": {}, "name": 3}}),
         ] {
-            assert_eq!(status_param(from_format(&bad, "text.format").unwrap_err()), (400, Some("text.format".into())), "{bad}");
+            assert_eq!(
+                status_param(from_format(&bad, "text.format").unwrap_err()),
+                (400, Some("text.format".into())),
+                "{bad}"
+            );
         }
     }
 
@@ -577,12 +607,19 @@ mod tests {
         assert!(matches!(r, Some(Spec::JsonSchema { .. })));
         let e = from_vllm(&c(json!({"structured_outputs": {"yaml": "x"}}))).unwrap_err();
         assert_eq!(status_param(e), (400, Some("structured_outputs.yaml".into())));
-        let e = from_vllm(&c(json!({"guided_regex": "a", "guided_grammar": "start: \"a\""}))).unwrap_err();
+        let e = from_vllm(&c(json!({"guided_regex": "a", "guided_grammar": "start: \"a\""})))
+            .unwrap_err();
         assert_eq!(status_param(e), (400, Some("structured_outputs".into())));
-        assert_eq!(ToolChoice::from_openai(Some(&json!("required"))).unwrap(), ToolChoice::Required);
+        assert_eq!(
+            ToolChoice::from_openai(Some(&json!("required"))).unwrap(),
+            ToolChoice::Required
+        );
         let named = json!({"type": "function", "function": {"name": "f"}});
         assert_eq!(ToolChoice::from_openai(Some(&named)).unwrap(), ToolChoice::Named("f".into()));
-        assert_eq!(ToolChoice::from_anthropic(Some(&json!({"type": "any"}))).unwrap(), ToolChoice::Required);
+        assert_eq!(
+            ToolChoice::from_anthropic(Some(&json!({"type": "any"}))).unwrap(),
+            ToolChoice::Required
+        );
         let tool = json!({"type": "tool", "name": "f"});
         assert_eq!(ToolChoice::from_anthropic(Some(&tool)).unwrap(), ToolChoice::Named("f".into()));
         for bad in [json!("always"), json!(3), json!({"type": "function"})] {

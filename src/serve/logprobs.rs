@@ -119,7 +119,6 @@ pub fn completion_json(entries: &[Entry], offset: &mut usize) -> Value {
 mod tests {
     use super::*;
 
-
     #[test]
     fn legacy_format_adds_the_chosen_token_and_counts_offsets_in_characters() {
         let p = |t: &str| Piece { token: t.into(), bytes: t.as_bytes().to_vec() };

@@ -17,8 +17,8 @@
 //! - [`errors`]: OpenAI error objects; [`metrics`]: Prometheus text; [`hooks`]: test-only.
 
 mod chat;
-pub mod constraint;
 mod completions;
+pub mod constraint;
 pub mod errors;
 mod generation;
 mod harmony_reply;

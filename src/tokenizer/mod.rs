@@ -5,8 +5,8 @@
 //! description into the same `tokenizers::Tokenizer`, so everything downstream (chat templates,
 //! stop tokens, streaming decode) has one tokenizer type to deal with.
 
-pub mod bytes;
 mod byte_bpe;
+pub mod bytes;
 pub mod gguf;
 mod pre_split;
 mod sentencepiece;
