@@ -103,6 +103,7 @@ fn walk_tokenizer(tok: &Tokenizer, eos: &[u32], label: &str) {
     let vocab = tok.get_vocab_size(true) + 3; // logits wider than the vocabulary
     let grammars = Grammars::new(tok, vocab, eos).expect("grammars");
     let bytes = TokenBytes::new(tok);
+    let re = regex::Regex::new(r"^[a-c]{2,5}-\d{3}$").unwrap();
     for _ in 0..10 {
         let mut g = grammars.compile(TopLevelGrammar::from_json_schema(schema())).unwrap();
         let out = random_walk(&mut g, eos, &mut rng, &bytes);
@@ -112,7 +113,6 @@ fn walk_tokenizer(tok: &Tokenizer, eos: &[u32], label: &str) {
         check_value(&v).unwrap_or_else(|e| panic!("{label} seed {seed}: {text}: {e}"));
         let mut g = grammars.compile(TopLevelGrammar::from_regex(r"[a-c]{2,5}-\d{3}")).unwrap();
         let out = String::from_utf8(random_walk(&mut g, eos, &mut rng, &bytes)).unwrap();
-        let re = regex::Regex::new(r"^[a-c]{2,5}-\d{3}$").unwrap();
         assert!(re.is_match(&out), "{label} seed {seed}: {out:?}");
     }
 }
