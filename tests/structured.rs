@@ -284,3 +284,21 @@ fn a_token_the_grammar_refuses_ends_its_request_not_the_engine() {
     let out = tokens(e.submit(request(vec![4, 5], SamplerConfig::greedy(), None)).unwrap());
     assert_eq!(out.len(), 120);
 }
+
+#[test]
+fn unsatisfiable_schemas_fail_to_compile() {
+    let tok = Tokenizer::from_file(common::asset(
+        "llama2-tokenizer.json",
+        "scripts/assets/gptoss-tokenizer.sh",
+    ))
+    .unwrap();
+    let grammars = Grammars::new(&tok, tok.get_vocab_size(true), &[2]).unwrap();
+    for schema in [
+        json!({"type": "string", "minLength": 5, "maxLength": 2}),
+        json!({"type": "integer", "minimum": 5, "maximum": 2}),
+        json!({"type": "object", "properties": {"a": {"enum": []}}, "required": ["a"]}),
+    ] {
+        let r = grammars.compile(TopLevelGrammar::from_json_schema(schema.clone()));
+        assert!(r.is_err(), "{schema} compiled");
+    }
+}

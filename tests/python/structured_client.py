@@ -16,7 +16,9 @@ import pydantic
 from serve_client import ARGS, SCENARIO, chat_stream, client, expect, model_id, no_markup
 
 # Twenty schemas: nested objects, enums, arrays, required fields, bounded numbers, strings with
-# patterns and lengths. Strings and arrays are bounded so that a small model's reply ends.
+# patterns and lengths. Strings and arrays are bounded so that a small model's reply ends; so
+# are numbers' digits (integers, or a multipleOf): no grammar can bound a JSON fraction's
+# length, and a 135M model greedily writes 1.0000… until the token limit.
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}}, "required": ["name"],
      "additionalProperties": False},
@@ -36,7 +38,7 @@ SCHEMAS = [
      "required": ["code"], "additionalProperties": False},
     {"type": "object", "properties": {"word": {"type": "string", "minLength": 3, "maxLength": 5}},
      "required": ["word"], "additionalProperties": False},
-    {"type": "object", "properties": {"score": {"type": "number", "minimum": 0, "maximum": 1}},
+    {"type": "object", "properties": {"score": {"type": "integer", "minimum": 0, "maximum": 10}},
      "required": ["score"], "additionalProperties": False},
     {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 9}, "minItems": 2, "maxItems": 4},
     {"type": "object", "properties": {"user": {"type": "object", "properties": {
@@ -56,7 +58,7 @@ SCHEMAS = [
     {"type": "object", "properties": {"day": {"enum": ["mon", "tue", "wed"]}, "hour": {"type": "integer", "minimum": 0, "maximum": 23},
                                       "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
      "required": ["day", "hour", "tags"], "additionalProperties": False},
-    {"type": "object", "properties": {"temperature": {"type": "number", "minimum": -50, "maximum": 50, "exclusiveMaximum": 50},
+    {"type": "object", "properties": {"temperature": {"type": "integer", "minimum": -50, "exclusiveMaximum": 50},
                                       "unit": {"enum": ["C", "F"]}}, "required": ["temperature", "unit"], "additionalProperties": False},
     {"type": "object", "properties": {"title": {"type": "string", "minLength": 1, "maxLength": 16},
                                       "pages": {"type": "integer", "minimum": 1, "maximum": 999}},
@@ -66,7 +68,7 @@ SCHEMAS = [
         "required": ["b"], "additionalProperties": False}}, "required": ["a"], "additionalProperties": False},
     {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1000, "maximum": 9999},
                                       "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
-                                      "ratio": {"type": "number", "minimum": 0, "maximum": 10}},
+                                      "ratio": {"type": "number", "minimum": 0, "maximum": 10, "multipleOf": 0.5}},
      "required": ["id", "zip", "ratio"], "additionalProperties": False},
 ]
 
@@ -147,6 +149,7 @@ def other_formats():
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}}, "response_format"),
         ({"response_format": "json"}, "response_format"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(("}}}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 2}}}}, "response_format"),
         ({"structured_outputs": {"regex": 5}}, "structured_outputs.regex"),
         ({"structured_outputs": {"yaml": "x"}}, "structured_outputs.yaml"),
         ({"guided_choice": []}, "guided_choice"),
