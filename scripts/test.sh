@@ -12,14 +12,17 @@ cd "$(dirname "$0")/.."
 source scripts/cuda-env.sh || { echo "test.sh: could not set up the CUDA build toolchain" >&2; exit 1; }
 
 # The official clients the tests drive inferno with: huggingface_hub (cache sharing), openai
-# and anthropic (`inferno serve`, tests/serve*.rs), pinned.
+# and anthropic (`inferno serve`, tests/serve*.rs), pinned; jsonschema validates structured
+# outputs (tests/serve_structured.rs).
 HF_HUB_VERSION=2.4.0
 OPENAI_VERSION=3.54.0
 ANTHROPIC_VERSION=2.14.0
-PY="${INFERNO_CACHE:-$HOME/.cache/inferno}/py-hub-$HF_HUB_VERSION-openai-$OPENAI_VERSION-anthropic-$ANTHROPIC_VERSION"
+JSONSCHEMA_VERSION=4.26.0
+PY="${INFERNO_CACHE:-$HOME/.cache/inferno}/py-hub-$HF_HUB_VERSION-openai-$OPENAI_VERSION-anthropic-$ANTHROPIC_VERSION-jsonschema-$JSONSCHEMA_VERSION"
 source scripts/venv.sh
-pinned_venv "$PY" "import huggingface_hub, openai, anthropic; assert openai.__version__ == '$OPENAI_VERSION' and anthropic.__version__ == '$ANTHROPIC_VERSION'" \
-    "huggingface_hub==$HF_HUB_VERSION" "openai==$OPENAI_VERSION" "anthropic==$ANTHROPIC_VERSION"
+pinned_venv "$PY" "import huggingface_hub, openai, anthropic, jsonschema; assert openai.__version__ == '$OPENAI_VERSION' and anthropic.__version__ == '$ANTHROPIC_VERSION'" \
+    "huggingface_hub==$HF_HUB_VERSION" "openai==$OPENAI_VERSION" "anthropic==$ANTHROPIC_VERSION" \
+    "jsonschema==$JSONSCHEMA_VERSION"
 export INFERNO_PYTHON="$PY/bin/python"
 
 # Claude Code (tests/serve_messages.rs runs `claude -p` against `inferno serve`), pinned, from

@@ -99,6 +99,14 @@ pub struct BenchArgs {
     /// Print the results as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Structured output: the streams' tokens follow this JSON schema (a file), masked every
+    /// step as `serve` does (needs a tokenizer.json beside a dummy config).
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
+    /// With --json-schema: how many of the streams are constrained (default: all); the others
+    /// run unconstrained in the same batches, and both groups' decode rates are reported.
+    #[arg(long, value_name = "N")]
+    pub constrained: Option<usize>,
 }
 
 #[derive(Debug, Args)]

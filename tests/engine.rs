@@ -51,6 +51,7 @@ fn request(prompt: Vec<u32>, sampling: SamplerConfig, max_tokens: usize) -> Requ
         interrupt: None,
         logprobs: None,
         forced: Vec::new(),
+        constraint: None,
     }
 }
 

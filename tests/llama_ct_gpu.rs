@@ -144,6 +144,7 @@ fn forced_argmax(path: &Path, seqs: &[Vec<u32>], dtype: DType, device: &Device) 
                     interrupt: None,
                     logprobs: Some(1),
                     forced: seq[p..].to_vec(),
+                    constraint: None,
                 })
                 .expect("submit")
         })

@@ -101,6 +101,7 @@ fn the_engine_gives_the_same_tokens() {
                 interrupt: None,
                 logprobs: None,
                 forced: Vec::new(),
+                constraint: None,
             })
             .unwrap();
         let mut got = Vec::new();

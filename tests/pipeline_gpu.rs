@@ -40,6 +40,7 @@ fn request(prompt: &[u32], sampling: SamplerConfig, max_tokens: usize, eos: &[u3
         interrupt: None,
         logprobs: None,
         forced: Vec::new(),
+        constraint: None,
     }
 }
 

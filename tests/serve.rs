@@ -151,39 +151,6 @@ fn a_waiting_stream_gets_keep_alive_comments() {
     s.python("keep_alive", json!({"busy_tokens": 900}));
 }
 
-/// A folder with the tiny Llama-3 checkpoint (random weights widened to Llama 2's tokenizer)
-/// and the chat template `template` from tests/fixtures/chat_templates.json.
-fn tiny_llama_with_template(template: &str) -> tempfile::TempDir {
-    use candle_core::{Device, Tensor};
-    let dir = tempfile::tempdir().unwrap();
-    let fixtures = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures"));
-    let tok_path = common::asset("llama2-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
-    let tok = std::fs::read_to_string(tok_path).unwrap();
-    let vocab = tokenizers::Tokenizer::from_bytes(tok.as_bytes()).unwrap().get_vocab_size(true);
-    let mut config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(fixtures.join("llama3_tiny/config.json")).unwrap())
-            .unwrap();
-    config["vocab_size"] = vocab.into();
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    let mut tensors = candle_core::safetensors::load(
-        fixtures.join("llama3_tiny/model.safetensors"),
-        &Device::Cpu,
-    )
-    .unwrap();
-    for name in ["model.embed_tokens.weight", "lm_head.weight"] {
-        tensors
-            .insert(name.to_string(), Tensor::randn(0f32, 1.0, (vocab, 64), &Device::Cpu).unwrap());
-    }
-    candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
-    std::fs::write(dir.path().join("tokenizer.json"), tok).unwrap();
-    let fx: serde_json::Value =
-        serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
-    let t = &fx["templates"][template];
-    let cfg = json!({"chat_template": t["source"], "bos_token": t["bos_token"], "eos_token": t["eos_token"]});
-    std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
-    dir
-}
-
 /// The first case of tests/fixtures/chat_templates.json (transformers' renderings) for
 /// `template` with a generation prompt that `pick` accepts.
 fn template_case(template: &str, pick: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
@@ -200,7 +167,7 @@ fn template_case(template: &str, pick: impl Fn(&serde_json::Value) -> bool) -> s
 #[test]
 fn tools_go_through_a_chat_template_that_supports_them() {
     let template = "llama3_1-8b-instruct";
-    let dir = tiny_llama_with_template(template);
+    let dir = common::tiny_llama_with_template(template);
     let s = Server::start(dir.path(), &["--context", "512"], &[("INFERNO_TEST_HOOKS", "1")]);
     let case = template_case(template, |c| c["extra"].get("tools").is_some());
     let body = json!({"messages": case["messages"], "tools": case["extra"]["tools"], "max_tokens": 1,
@@ -309,7 +276,7 @@ fn presence_and_frequency_penalties_follow_openais_formula() {
 
 #[test]
 fn a_template_without_tools_gets_them_in_its_system_message() {
-    let dir = tiny_llama_with_template("smollm2-135m-instruct");
+    let dir = common::tiny_llama_with_template("smollm2-135m-instruct");
     let s = Server::start(dir.path(), &["--context", "1024"], &[("INFERNO_TEST_HOOKS", "1")]);
     let r = s.python("polyfill_tools", json!({}));
     let tok = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
@@ -332,7 +299,7 @@ fn a_template_without_tools_gets_them_in_its_system_message() {
 #[test]
 fn llama_tool_calls_become_tool_calls_and_their_results_render_back() {
     let template = "llama3_1-8b-instruct";
-    let dir = tiny_llama_with_template(template);
+    let dir = common::tiny_llama_with_template(template);
     let s = Server::start(dir.path(), &["--context", "1024"], &[("INFERNO_TEST_HOOKS", "1")]);
     let case = template_case(template, |c| c["conversation"] == "tool_round_trip");
     let r = s.python(

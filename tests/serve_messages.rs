@@ -56,6 +56,9 @@ fn smollm2_greedy_text_is_the_chat_completions() {
     let r = client(&s, "smollm2", json!({"prompt": "Name three colors.", "max_tokens": 24}));
     assert_eq!(r["text"], r["chat"], "{r}");
     assert!(r["text"].as_str().is_some_and(|t| t.len() > 10), "{r}");
+    // Structured outputs: the scenario validates each reply against its schema.
+    let r = client(&s, "structured", json!({}));
+    assert!(r["json"].as_str().is_some_and(|t| t.starts_with('{')), "{r}");
 }
 
 #[test]

@@ -92,6 +92,9 @@ fn smollm2_responses_text_equals_chat() {
         assert!(!text.is_empty(), "{r}");
         assert_eq!(r[case]["responses"], r[case]["chat"], "{r}");
     }
+    // Structured outputs: the scenario validates each reply against its schema.
+    let r = python(&s, "structured", json!({}));
+    assert!(r["json"].as_str().is_some_and(|t| t.starts_with('{')), "{r}");
 }
 
 #[test]

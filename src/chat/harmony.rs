@@ -409,6 +409,19 @@ impl<'t> HarmonyEncoding<'t> {
         tools: &[ToolDef],
         history: &[HarmonyMessage],
     ) -> Result<Vec<u32>> {
+        self.render_prompt_with_formats(system, developer_instructions, tools, None, history)
+    }
+
+    /// [`Self::render_prompt_with_tools`] with a `# Response Formats` section (structured
+    /// output: the schema the answer follows) last in the developer message.
+    pub fn render_prompt_with_formats(
+        &self,
+        system: &SystemConfig,
+        developer_instructions: Option<&str>,
+        tools: &[ToolDef],
+        response_formats: Option<&str>,
+        history: &[HarmonyMessage],
+    ) -> Result<Vec<u32>> {
         let mut out = Vec::new();
         let system_text = system.text_with_tools(!tools.is_empty());
         self.render_message(&HarmonyMessage::new(Role::System, system_text), &mut out)?;
@@ -418,6 +431,9 @@ impl<'t> HarmonyEncoding<'t> {
         }
         if !tools.is_empty() {
             developer.push(tools::functions_section(tools)?);
+        }
+        if let Some(formats) = response_formats {
+            developer.push(formats.to_string());
         }
         if !developer.is_empty() {
             let m = HarmonyMessage::new(Role::Developer, developer.join("\n\n"));

@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use crate::cli::BenchArgs;
+use crate::engine::constraint::{Constraint, Grammars};
 use crate::engine::core::{Engine, EngineConfig};
 use crate::engine::request::{Event, Request};
 use crate::engine::{self, LoadOptions};
@@ -80,6 +81,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             })
             .collect::<Vec<_>>()
     };
+    let grammar = schema_grammar(&args, &loaded.source, vocab)?;
+    let sampling = Sampling { config: sampling, grammar };
     one_run(&engine, next_prompts(), args.gen_tokens, &sampling)?; // warm-up
     let before = engine.stats().decode_steps.get(&streams).copied().unwrap_or_default();
     let mut runs = Vec::new();
@@ -100,7 +103,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.json {
         let v = serde_json::json!({
             "model": loaded.name,
-            "sampling": sampling_line(&sampling),
+            "sampling": sampling_line(&sampling.config),
+            "constrained": constrained_json(&sampling, &runs),
             "format": loaded.format,
             "dtype": format!("{:?}", loaded.dtype).to_lowercase(),
             "device": gpu_name,
@@ -133,7 +137,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     println!("device:  {gpu_name}");
     println!("plan:    {}", loaded.plan.summary(loaded.budget.as_ref()));
-    println!("sample:  {}", sampling_line(&sampling));
+    println!("sample:  {}", sampling_line(&sampling.config));
+    if let Some(line) = constrained_line(&sampling, &runs) {
+        println!("{line}");
+    }
     if let Some(b) = loaded.device_bytes {
         println!("memory:  {} taken by the model (weights + KV cache)", human_bytes(b));
     }
@@ -166,6 +173,39 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Per-stream decode rates (median over runs and streams) of the constrained streams and the
+/// others, with `--json-schema`.
+fn group_rates(sampling: &Sampling, runs: &[Run]) -> Option<(usize, f64, f64)> {
+    let (_, n) = sampling.grammar.as_ref()?;
+    let rate = |s: &Stream| s.generated.saturating_sub(1) as f64 / s.decode.as_secs_f64().max(1e-9);
+    let group = |constrained: bool| {
+        let v: Vec<f64> = runs
+            .iter()
+            .flat_map(|r| r.streams.iter().enumerate())
+            .filter(|(i, _)| (*i < *n) == constrained)
+            .map(|(_, s)| rate(s))
+            .collect();
+        if v.is_empty() { 0.0 } else { median(v) }
+    };
+    Some((*n, group(true), group(false)))
+}
+
+fn constrained_json(sampling: &Sampling, runs: &[Run]) -> serde_json::Value {
+    match group_rates(sampling, runs) {
+        Some((n, c, u)) => {
+            serde_json::json!({"streams": n, "decode_tok_s": c, "unconstrained_decode_tok_s": u})
+        }
+        None => serde_json::Value::Null,
+    }
+}
+
+fn constrained_line(sampling: &Sampling, runs: &[Run]) -> Option<String> {
+    let (n, c, u) = group_rates(sampling, runs)?;
+    Some(format!(
+        "schema:  {n} constrained stream(s) {c:.1} tok/s decode, the others {u:.1} tok/s (medians)"
+    ))
+}
+
 /// The sampling settings in a few words.
 fn sampling_line(c: &SamplerConfig) -> String {
     if c.is_greedy() && c.is_unpenalised() {
@@ -183,26 +223,59 @@ fn sampling_line(c: &SamplerConfig) -> String {
     )
 }
 
+/// How the streams sample: the settings, and with `--json-schema` the grammar's fresh state and
+/// how many streams (the first ones) follow it.
+struct Sampling {
+    config: SamplerConfig,
+    grammar: Option<(Constraint, usize)>,
+}
+
+/// `--json-schema`: the schema compiled for the model's tokenizer, and the streams it governs.
+fn schema_grammar(
+    args: &BenchArgs,
+    source: &engine::Source,
+    vocab: usize,
+) -> anyhow::Result<Option<(Constraint, usize)>> {
+    let Some(path) = &args.json_schema else { return Ok(None) };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| fail(ErrorKind::NotFound, format!("{}: {e}", path.display())))?;
+    let schema: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| fail(ErrorKind::InvalidInput, format!("{}: {e}", path.display())))?;
+    let side = engine::text::load(source)?;
+    // The streams never stop early: any id ends the grammar's text (none is an end id here).
+    let grammars = Grammars::new(&side.tokenizer, vocab, &side.eos_ids)?;
+    let g = grammars
+        .compile(llguidance::api::TopLevelGrammar::from_json_schema(schema))
+        .map_err(|e| fail(ErrorKind::InvalidInput, format!("{}: {e:#}", path.display())))?;
+    let n = args.constrained.unwrap_or(args.concurrency).min(args.concurrency);
+    Ok(Some((g, n)))
+}
+
 /// Submits every prompt at once (stream `i` sampling with seed `sampling.seed + i`) and waits
 /// for all of them.
 fn one_run(
     engine: &Engine,
     prompts: Vec<Vec<u32>>,
     new_tokens: usize,
-    sampling: &SamplerConfig,
+    sampling: &Sampling,
 ) -> anyhow::Result<Run> {
     let t0 = Instant::now();
     let mut handles = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.into_iter().enumerate() {
-        let seed = sampling.seed.wrapping_add(i as u64);
+        let seed = sampling.config.seed.wrapping_add(i as u64);
+        let constraint = match &sampling.grammar {
+            Some((g, n)) if i < *n => Some(g.clone()),
+            _ => None,
+        };
         let request = Request {
             prompt,
-            sampling: SamplerConfig { seed, ..sampling.clone() },
+            sampling: SamplerConfig { seed, ..sampling.config.clone() },
             max_tokens: new_tokens,
             eos_ids: Vec::new(),
             interrupt: None,
             logprobs: None,
             forced: Vec::new(),
+            constraint,
         };
         handles.push(engine.submit(request)?);
     }

@@ -7,6 +7,7 @@
 //! sequences that stopped (their blocks go back at once). Decode steps on a GPU are pipelined
 //! ([`pipeline`]): the next step is enqueued before the host reads this one's ids.
 
+mod masks;
 mod pipeline;
 
 use std::collections::HashMap;
@@ -276,6 +277,11 @@ struct Core {
     /// Decode steps are pipelined (on a GPU with decode graphs; `INFERNO_PIPELINE=0` turns it
     /// off, for A/B timings and comparisons).
     pipelined: bool,
+    /// Sequences of this step whose output constraint failed (its mask or its commit), with
+    /// the message they end with once the step's tokens are handed out.
+    broken: HashMap<u64, String>,
+    /// Time spent computing constraint masks on the host (`INFERNO_STEP_STATS`): (rows, time).
+    mask_time: (u64, std::time::Duration),
 }
 
 impl Core {
@@ -335,6 +341,8 @@ impl Core {
             in_flight: None,
             readback: ReadbackStream::default(),
             pipelined,
+            broken: HashMap::new(),
+            mask_time: Default::default(),
         };
         core.publish(0);
         Ok(core)
@@ -454,6 +462,14 @@ impl Core {
             }
         };
         let sampling: Vec<_> = plan.chunks.iter().filter(|c| c.sample).copied().collect();
+        let logits = match logits.map(|l| self.constrain(l, &sampling)).transpose() {
+            Ok(l) => l,
+            Err(e) => {
+                let msg = format!("{e:#}");
+                self.fail_chunks(&plan.chunks, &msg);
+                return;
+            }
+        };
         if let Some(l) = &logits
             && self.defer(l, &plan.chunks, t0)
         {
@@ -474,6 +490,10 @@ impl Core {
                 Some((id, scores)) => (Some(id), scores),
                 None => (None, None),
             };
+            if let Some(msg) = self.broken.remove(&c.id) {
+                self.fail(c.id, &msg);
+                continue;
+            }
             self.sched.complete(c, id, &mut self.blocks);
             if let Some(tok) = id {
                 self.emit(c.id, tok, scores);
@@ -492,11 +512,14 @@ impl Core {
         let ids = self.draw(logits, chunks)?;
         let mut out = Vec::with_capacity(ids.len());
         for (r, (c, id)) in chunks.iter().zip(ids).enumerate() {
-            let Some(l) = self.live.get(&c.id) else {
+            let Some(l) = self.live.get_mut(&c.id) else {
                 out.push((id, None));
                 continue;
             };
             let id = l.req.forced.get(l.generated).copied().unwrap_or(id);
+            if let Some(Err(e)) = l.req.constraint.as_mut().map(|g| g.commit(id)) {
+                self.broken.insert(c.id, format!("{e:#}"));
+            }
             let scores = match l.req.logprobs {
                 // Only this row leaves the device, and only for a request that asked.
                 Some(k) => {
@@ -624,6 +647,10 @@ impl Core {
     fn print_step_times(&self) {
         if !self.print_step_times {
             return;
+        }
+        if self.mask_time.0 > 0 {
+            let us = self.mask_time.1.as_secs_f64() * 1e6 / self.mask_time.0 as f64;
+            eprintln!("constraint masks: {} rows, {us:.1} µs each", self.mask_time.0);
         }
         for ((decode_only, seqs), (n, total)) in &self.step_times {
             let kind = if *decode_only { "decode" } else { "mixed " };

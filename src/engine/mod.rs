@@ -19,6 +19,7 @@ use crate::models::llama::load::{self, GgufFile};
 use crate::models::llama::model::RopeStyle;
 use crate::models::llama::{self, dummy};
 
+pub mod constraint;
 pub mod core;
 pub mod graphs;
 pub mod kv;

@@ -33,6 +33,11 @@ pub struct Request {
     /// (the sequence continues from them, and their log probabilities are theirs). Empty for
     /// none.
     pub forced: Vec<u32>,
+    /// Structured output: the tokens sampled are those this grammar allows (the other logits
+    /// of the row are masked to -inf on the device before sampling; forced tokens are
+    /// committed to it too). A mask that fails or allows nothing ends the request with
+    /// [`Event::Failed`]. `None`: unconstrained.
+    pub constraint: Option<super::constraint::Constraint>,
 }
 
 /// What a request reports, in order: tokens, then exactly one `Finished` or `Failed`.

@@ -130,6 +130,7 @@ impl Session {
             interrupt: Some(interrupt.clone()),
             logprobs: None,
             forced: Vec::new(),
+            constraint: None,
         };
         let started = Instant::now();
         let mut handle = self.engine.submit(request)?;

@@ -21,7 +21,7 @@ use super::openai_types::{ChatRequest, parse};
 use super::params::{chat_logprobs, clip_max_tokens, settings};
 use super::sse::{self, ChunkHead, Chunker, Collected, RequestLog, usage};
 use super::state::AppState;
-use super::{body_bytes, check_prompt, hooks};
+use super::{body_bytes, check_prompt, constraint, hooks};
 
 pub async fn handle(
     State(state): State<Arc<AppState>>,
@@ -47,7 +47,10 @@ async fn run(
         tracing::debug!("{} user {user:?}", log.id);
     }
     let date = req.common.x_inferno_date.as_deref().filter(|_| state.hooks);
-    let prompt = super::prompt::chat_prompt(&ready, &req, date)?;
+    let structured =
+        constraint::from_request(&req.common, req.tools.as_ref(), req.tool_choice.as_ref())?;
+    let prompt = super::prompt::chat_prompt(&ready, &req, date, structured.format.as_ref())?;
+    let constraint = constraint::compile(&ready, &structured)?;
     let echo_ids =
         (state.hooks && req.common.x_inferno_prompt_ids == Some(true)).then(|| prompt.clone());
     check_prompt(&ready, prompt.len())?;
@@ -55,6 +58,8 @@ async fn run(
     let job = Job {
         max_tokens: clip_max_tokens(s.max_tokens, prompt.len(), ready.engine.context()),
         forced: hooks::forced_reply(state, &ready, &req.common)?,
+        forced_prefix: hooks::forced_prefix(state, &ready, &req.common)?,
+        constraint,
         // Harmony has its own tool-call syntax, read by its parser.
         tools: if ready.harmony { Vec::new() } else { super::prompt::tool_names(&req) },
         prompt,

@@ -17,7 +17,7 @@ use super::openai_types::{CompletionRequest, parse};
 use super::params::{clip_max_tokens, completion_logprobs, settings};
 use super::sse::{self, ChunkHead, Chunker, RequestLog, usage};
 use super::state::{AppState, Ready};
-use super::{body_bytes, check_prompt, hooks};
+use super::{body_bytes, check_prompt, constraint, hooks};
 
 pub async fn handle(
     State(state): State<Arc<AppState>>,
@@ -49,11 +49,16 @@ async fn run(
     // Raw text: the library's default sampling, whatever the model.
     let s = settings(&req.common, req.common.max_tokens, false)?;
     let prompt = prompt_ids(&ready, req.prompt.as_ref())?;
+    // Raw text: never harmony, so the constraint covers the whole continuation.
+    let structured = constraint::from_request(&req.common, None, None)?;
+    let constraint = constraint::compile_plain(&ready, &structured)?;
     check_prompt(&ready, prompt.len())?;
     let slot = state.admit()?;
     let job = Job {
         max_tokens: clip_max_tokens(s.max_tokens, prompt.len(), ready.engine.context()),
         forced: hooks::forced_reply(state, &ready, &req.common)?,
+        forced_prefix: hooks::forced_prefix(state, &ready, &req.common)?,
+        constraint,
         prompt,
         sampling: s.sampling,
         stop: s.stop,

@@ -37,6 +37,10 @@ pub struct Job {
     pub token_ids: bool,
     /// Test hook: the reply is these ids, not sampled ones (see `INFERNO_TEST_HOOKS`).
     pub forced: Option<Vec<u32>>,
+    /// Test hook: the reply starts with these ids, then is sampled (empty: none).
+    pub forced_prefix: Vec<u32>,
+    /// Structured output: the grammar the reply follows ([`super::constraint::compile`]).
+    pub constraint: Option<crate::engine::constraint::Constraint>,
 }
 
 /// A piece of the reply, as it streams.
@@ -157,7 +161,8 @@ impl<'r> Generation<'r> {
             eos_ids,
             interrupt: None,
             logprobs: job.logprobs,
-            forced: job.forced.unwrap_or_default(),
+            forced: job.forced.unwrap_or(job.forced_prefix),
+            constraint: job.constraint,
         };
         let handle = ready.engine.submit(request).map_err(|e| ApiError::from_anyhow(&e))?;
         Ok(Generation {

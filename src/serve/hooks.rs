@@ -4,7 +4,8 @@
 //! `"x_inferno_force_reply": "<|channel|>analysis<|message|>…<|call|>"` makes the reply's
 //! tokens that text's ids (special tokens included) in place of the sampled ones. The engine
 //! runs one step per forced id and continues from the forced ids (teacher forcing), so their
-//! log probabilities are the model's for that text.
+//! log probabilities are the model's for that text. `"x_inferno_force_prefix"` forces only
+//! the reply's first tokens; the rest is sampled as usual (under the request's constraint).
 //!
 //! Clients that cannot add a field to their requests (Codex CLI, Claude Code) get their forced
 //! replies from a queue instead: `INFERNO_TEST_REPLIES` names a JSON file holding an array of
@@ -25,18 +26,36 @@ pub fn forced_reply(
         return Ok(None);
     }
     let queued = || state.test_replies.lock().ok()?.pop_front();
-    let Some(text) = c.x_inferno_force_reply.clone().or_else(queued) else {
+    let text = c.x_inferno_force_reply.clone().or_else(queued);
+    forced_ids(state, ready, text.as_deref(), "x_inferno_force_reply")
+}
+
+/// `x_inferno_force_prefix`: the reply's first ids (then it is sampled, under the request's
+/// constraint if any: a gpt-oss analysis message before a constrained answer, say).
+pub fn forced_prefix(state: &AppState, ready: &Ready, c: &Common) -> Result<Vec<u32>, ApiError> {
+    let ids =
+        forced_ids(state, ready, c.x_inferno_force_prefix.as_deref(), "x_inferno_force_prefix")?;
+    Ok(ids.unwrap_or_default())
+}
+
+fn forced_ids(
+    state: &AppState,
+    ready: &Ready,
+    text: Option<&str>,
+    field: &str,
+) -> Result<Option<Vec<u32>>, ApiError> {
+    let Some(text) = text.filter(|_| state.hooks) else {
         return Ok(None);
     };
     let ids = ready
         .text
         .tokenizer
-        .encode(text.as_str(), false)
-        .map_err(|e| ApiError::bad_request(format!("x_inferno_force_reply: {e}")))?
+        .encode(text, false)
+        .map_err(|e| ApiError::bad_request(format!("{field}: {e}")))?
         .get_ids()
         .to_vec();
     if ids.is_empty() {
-        return Err(ApiError::bad_request("x_inferno_force_reply is empty"));
+        return Err(ApiError::bad_request(format!("{field} is empty")));
     }
     Ok(Some(ids))
 }

@@ -13,13 +13,11 @@
 //! Log probabilities below -9999 (an impossible token) are written as -9999, OpenAI's floor:
 //! JSON has no -inf.
 
-use std::collections::HashSet;
-
 use serde_json::{Map, Value, json};
 use tokenizers::Tokenizer;
-use tokenizers::decoders::DecoderWrapper;
 
 use crate::engine::logprobs::TokenLogprobs;
+use crate::tokenizer::bytes::TokenBytes;
 
 /// OpenAI's value for a token that cannot occur.
 const FLOOR: f32 = -9999.0;
@@ -41,19 +39,13 @@ pub struct Entry {
 
 /// Turns token ids into [`Piece`]s for one tokenizer.
 pub struct TokenText<'t> {
-    tokenizer: &'t Tokenizer,
-    /// The vocabulary is GPT-2's byte-level alphabet (SmolLM2, Llama 3, gpt-oss).
-    byte_level: bool,
-    /// Added tokens (`<|eot_id|>`, …) are stored as their text, never byte-mapped.
-    added: HashSet<u32>,
+    bytes: TokenBytes<'t>,
     as_ids: bool,
 }
 
 impl<'t> TokenText<'t> {
     pub fn new(tokenizer: &'t Tokenizer, as_ids: bool) -> Self {
-        let byte_level = matches!(tokenizer.get_decoder(), Some(DecoderWrapper::ByteLevel(_)));
-        let added = tokenizer.get_added_tokens_decoder().into_keys().collect();
-        TokenText { tokenizer, byte_level, added, as_ids }
+        TokenText { bytes: TokenBytes::new(tokenizer), as_ids }
     }
 
     pub fn entry(&self, t: &TokenLogprobs) -> Entry {
@@ -74,51 +66,14 @@ impl<'t> TokenText<'t> {
         Piece { token, bytes }
     }
 
-    /// The bytes a token stands for, from its vocabulary entry (decoding one token alone
-    /// would turn a character's fragment into U+FFFD and drop a SentencePiece leading space).
+    /// The bytes a token stands for ([`TokenBytes`]).
     fn bytes(&self, id: u32) -> Vec<u8> {
-        let Some(raw) = self.tokenizer.id_to_token(id) else { return Vec::new() };
-        if self.added.contains(&id) {
-            return raw.into_bytes();
-        }
-        if self.byte_level {
-            let mapped: Option<Vec<u8>> = raw.chars().map(byte_level_byte).collect();
-            return mapped.unwrap_or_else(|| raw.into_bytes());
-        }
-        if let Some(b) = byte_fallback(&raw) {
-            return vec![b];
-        }
-        // SentencePiece marks a word's leading space with U+2581.
-        raw.replace('\u{2581}', " ").into_bytes()
+        self.bytes.bytes(id)
     }
 }
 
 fn floor(lp: f32) -> f32 {
     if lp >= FLOOR { lp } else { FLOOR }
-}
-
-/// The byte GPT-2's byte-level alphabet writes as `c`: printable Latin-1 bytes stand for
-/// themselves, the other 68 bytes (controls, space, 0x7F..=0xA0, 0xAD) are U+0100.. in order.
-fn byte_level_byte(c: char) -> Option<u8> {
-    let printable = matches!(c, '!'..='~' | '\u{A1}'..='\u{AC}' | '\u{AE}'..='\u{FF}');
-    if printable {
-        return u8::try_from(c as u32).ok();
-    }
-    match (c as u32).checked_sub(256)? {
-        n @ 0..=32 => Some(n as u8),
-        n @ 33..=66 => Some((127 + n - 33) as u8),
-        67 => Some(0xAD),
-        _ => None,
-    }
-}
-
-/// `<0xAB>`: a SentencePiece byte-fallback token.
-fn byte_fallback(raw: &str) -> Option<u8> {
-    let hex = raw.strip_prefix("<0x")?.strip_suffix('>')?;
-    if hex.len() != 2 {
-        return None;
-    }
-    u8::from_str_radix(hex, 16).ok()
 }
 
 /// Chat's `logprobs` object for these entries.
@@ -163,25 +118,6 @@ pub fn completion_json(entries: &[Entry], offset: &mut usize) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_byte_level_alphabet_is_gpt2s() {
-        // GPT-2's bytes_to_unicode, written out: every byte has exactly one character.
-        let mut seen = std::collections::HashSet::new();
-        for c in ('!'..='~').chain('\u{A1}'..='\u{AC}').chain('\u{AE}'..='\u{FF}') {
-            assert!(seen.insert(byte_level_byte(c).unwrap()));
-        }
-        for n in 0..68u32 {
-            let b = byte_level_byte(char::from_u32(256 + n).unwrap()).unwrap();
-            assert!(seen.insert(b), "byte {b} twice");
-        }
-        assert_eq!(seen.len(), 256);
-        assert_eq!(byte_level_byte('\u{120}'), Some(b' '), "Ġ is the space");
-        assert_eq!(byte_level_byte('\u{10A}'), Some(b'\n'), "Ċ is the newline");
-        assert_eq!(byte_level_byte('\u{144}'), None);
-        assert_eq!(byte_fallback("<0xE2>"), Some(0xE2));
-        assert_eq!(byte_fallback("<0xE>"), None);
-    }
 
     #[test]
     fn legacy_format_adds_the_chosen_token_and_counts_offsets_in_characters() {

@@ -20,6 +20,7 @@
 
 mod chat;
 mod completions;
+pub mod constraint;
 pub mod errors;
 mod generation;
 mod harmony_reply;
@@ -202,7 +203,7 @@ fn load(
     let text = engine::text::load(&info.source)?;
     crate::commands::play::warm_up(&engine)?;
     let harmony = HarmonyEncoding::new(&text.tokenizer).is_ok();
-    Ok(Ready { engine, text, info, harmony, kv_tokens })
+    Ok(Ready { engine, text, info, harmony, kv_tokens, grammars: Default::default() })
 }
 
 /// The KV pool when `--kv-tokens` is not given: room for `max_seqs` full contexts, within half

@@ -64,9 +64,19 @@ pub struct Common {
     pub user: Option<String>,
     /// vLLM's extension: logprob tokens as `token_id:ID` (exact even where text is ambiguous).
     pub return_tokens_as_token_ids: Option<bool>,
+    /// Structured output (see [`super::constraint`]): OpenAI's format, vLLM's fields.
+    pub response_format: Option<Value>,
+    pub structured_outputs: Option<Value>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<Value>,
+    pub guided_choice: Option<Value>,
+    pub guided_grammar: Option<Value>,
     /// Test hook (honoured only when the server runs with `INFERNO_TEST_HOOKS=1`): the reply's
     /// tokens are this text's ids instead of sampled ones (see [`super::hooks`]).
     pub x_inferno_force_reply: Option<String>,
+    /// Test hook: the reply starts with this text's ids, then is sampled as usual (and under
+    /// the request's constraint): e.g. a gpt-oss analysis message before a constrained answer.
+    pub x_inferno_force_prefix: Option<String>,
     /// Test hook: the harmony system message's date (`YYYY-MM-DD`), to compare prompts with
     /// fixtures rendered by openai-harmony.
     pub x_inferno_date: Option<String>,

@@ -12,6 +12,7 @@ use std::time::SystemTime;
 
 use serde_json::{Value, json};
 
+use super::constraint::{Spec, ToolChoice, harmony_section};
 use super::errors::ApiError;
 use super::openai_types::{ChatMessage, ChatRequest};
 use super::state::Ready;
@@ -20,34 +21,29 @@ use crate::chat::harmony::{HarmonyChat, HarmonyEncoding, ReasoningEffort, System
 
 /// The prompt ids of a chat request.
 /// `date`: the harmony system message's date instead of today's (a test hook).
+/// `format`: the structured output's format, written in harmony's developer message.
 pub fn chat_prompt(
     ready: &Ready,
     req: &ChatRequest,
     date: Option<&str>,
+    format: Option<&Spec>,
 ) -> Result<Vec<u32>, ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::bad_param("messages", "messages must not be empty"));
     }
     let tools = tools_in(req)?;
     if ready.harmony {
-        harmony_prompt(ready, req, tools, date)
+        harmony_prompt(ready, req, tools, date, format)
     } else {
         template_prompt(ready, req, tools)
     }
 }
 
 /// The `tools` to render: none when absent, empty or `tool_choice: "none"`.
+/// A `"required"` or named choice is enforced by the reply's grammar ([`super::constraint`]).
 fn tools_in(req: &ChatRequest) -> Result<Option<&Value>, ApiError> {
-    match &req.tool_choice {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" => {}
-        Some(Value::String(s)) if s == "none" => return Ok(None),
-        Some(other) => {
-            return Err(ApiError::bad_param(
-                "tool_choice",
-                format!("tool_choice {other} is not supported: use \"auto\" or \"none\""),
-            ));
-        }
+    if ToolChoice::from_openai(req.tool_choice.as_ref())? == ToolChoice::None {
+        return Ok(None);
     }
     Ok(req.tools.as_ref().filter(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())))
 }
@@ -86,6 +82,7 @@ fn harmony_prompt(
     req: &ChatRequest,
     tools: Option<&Value>,
     date: Option<&str>,
+    format: Option<&Spec>,
 ) -> Result<Vec<u32>, ApiError> {
     let enc = HarmonyEncoding::new(&ready.text.tokenizer).map_err(|e| ApiError::from_anyhow(&e))?;
     let mut system = SystemConfig { reasoning: effort(req)?, ..SystemConfig::default() }
@@ -105,6 +102,7 @@ fn harmony_prompt(
             tools_from_openai(t).map_err(|e| ApiError::bad_param("tools", e.to_string()))?,
         );
     }
+    chat.response_formats = harmony_section(format);
     let mut generated_ids = 0;
     for (i, m) in req.messages.iter().enumerate() {
         let bad = |e: anyhow::Error| ApiError::bad_param("messages", format!("messages[{i}]: {e}"));

@@ -22,6 +22,9 @@ pub struct Ready {
     pub harmony: bool,
     /// Tokens of KV the pool holds over all sequences.
     pub kv_tokens: usize,
+    /// The grammar compiler for structured output, built on first use
+    /// ([`super::constraint::grammars`]); the error if this model cannot have one.
+    pub grammars: OnceLock<Result<Arc<crate::engine::constraint::Grammars>, String>>,
 }
 
 /// The names a request's `model` may use: the id as served (the model argument) and a short

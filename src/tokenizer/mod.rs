@@ -6,6 +6,7 @@
 //! stop tokens, streaming decode) has one tokenizer type to deal with.
 
 mod byte_bpe;
+pub mod bytes;
 pub mod gguf;
 mod pre_split;
 mod sentencepiece;

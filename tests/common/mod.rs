@@ -123,3 +123,36 @@ pub fn tiny_gpt_oss_full_vocab() -> std::path::PathBuf {
     .path()
     .to_path_buf()
 }
+
+/// A folder with the tiny Llama-3 checkpoint (random weights widened to Llama 2's tokenizer)
+/// and the chat template `template` from tests/fixtures/chat_templates.json.
+pub fn tiny_llama_with_template(template: &str) -> tempfile::TempDir {
+    use candle_core::{Device, Tensor};
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures"));
+    let tok_path = asset("llama2-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
+    let tok = std::fs::read_to_string(tok_path).unwrap();
+    let vocab = tokenizers::Tokenizer::from_bytes(tok.as_bytes()).unwrap().get_vocab_size(true);
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixtures.join("llama3_tiny/config.json")).unwrap())
+            .unwrap();
+    config["vocab_size"] = vocab.into();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let mut tensors = candle_core::safetensors::load(
+        fixtures.join("llama3_tiny/model.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    for name in ["model.embed_tokens.weight", "lm_head.weight"] {
+        tensors
+            .insert(name.to_string(), Tensor::randn(0f32, 1.0, (vocab, 64), &Device::Cpu).unwrap());
+    }
+    candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
+    std::fs::write(dir.path().join("tokenizer.json"), tok).unwrap();
+    let fx: serde_json::Value =
+        serde_json::from_str(include_str!("../fixtures/chat_templates.json")).unwrap();
+    let t = &fx["templates"][template];
+    let cfg = serde_json::json!({"chat_template": t["source"], "bos_token": t["bos_token"], "eos_token": t["eos_token"]});
+    std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    dir
+}

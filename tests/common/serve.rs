@@ -149,8 +149,19 @@ impl Server {
 
     /// Runs a scenario of tests/python/serve_client.py against this server; its JSON result.
     pub fn python(&self, scenario: &str, args: serde_json::Value) -> serde_json::Value {
+        self.python_script("serve_client.py", scenario, args)
+    }
+
+    /// [`Self::python`] with another script of tests/python (same arguments).
+    pub fn python_script(
+        &self,
+        script: &str,
+        scenario: &str,
+        args: serde_json::Value,
+    ) -> serde_json::Value {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
         let out = python_command()
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/serve_client.py"))
+            .arg(std::path::Path::new(dir).join(script))
             .arg(self.url())
             .arg(scenario)
             .arg(args.to_string())
@@ -158,13 +169,13 @@ impl Server {
             .expect("running python");
         assert!(
             out.status.success(),
-            "serve_client.py {scenario} failed:\n{}\n--- server log ---\n{}",
+            "{script} {scenario} failed:\n{}\n--- server log ---\n{}",
             String::from_utf8_lossy(&out.stderr),
             self.log()
         );
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
-                "serve_client.py {scenario} printed no JSON ({e}): {}",
+                "{script} {scenario} printed no JSON ({e}): {}",
                 String::from_utf8_lossy(&out.stdout)
             )
         })

@@ -147,6 +147,33 @@ def smollm2():
             "input_tokens": count.input_tokens}
 
 
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 40},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 150}}}
+
+
+def structured():
+    """output_config.format and a forced tool_choice (any, tool) constrain the reply (real weights)."""
+    import jsonschema
+
+    c, m = client(), model_id()
+    msgs = [{"role": "user", "content": "Describe a person as JSON."}]
+    fmt = {"output_config": {"format": {"type": "json_schema", "schema": PERSON}}}
+    r = c.messages.create(model=m, messages=msgs, max_tokens=80, extra_body={"temperature": 0, **fmt})
+    jsonschema.validate(json.loads(text_of(r)), PERSON)
+    out = {"json": text_of(r)}
+    # Closed arguments (no other keys), so a small model cannot ramble inside them.
+    strict = [dict(WEATHER[0], input_schema=dict(WEATHER[0]["input_schema"], additionalProperties=False))]
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        t = c.messages.create(model=m, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                              max_tokens=60, tools=strict, tool_choice=choice, **GREEDY)
+        uses = [b for b in t.content if b.type == "tool_use"]
+        assert uses and uses[0].name == "get_weather" and t.stop_reason == "tool_use", t
+        jsonschema.validate(uses[0].input, WEATHER[0]["input_schema"])
+        out[choice["type"]] = uses[0].input
+    return out
+
+
 def expect_error(status, kind, fn, contains):
     try:
         fn()
@@ -186,8 +213,9 @@ def errors():
         (dict(ok, metadata="me"), "metadata"),
         (dict(ok, tools=[{"name": "f"}]), "tools"),
         (dict(ok, tools="all"), "tools"),
-        (dict(ok, tools=WEATHER, tool_choice={"type": "any"}), "tool_choice"),
-        (dict(ok, tools=WEATHER, tool_choice={"type": "tool", "name": "get_weather"}), "tool_choice"),
+        (dict(ok, tool_choice={"type": "any"}), "tool_choice"),
+        (dict(ok, tools=WEATHER, tool_choice={"type": "tool", "name": "nope"}), "tool_choice"),
+        (dict(ok, tools=WEATHER, tool_choice={"type": "tool"}), "tool_choice"),
         (dict(ok, tool_choice={"type": "sometimes"}), "tool_choice"),
         (dict(ok, thinking={"type": "enabled", "budget_tokens": 10}), "thinking.budget_tokens"),
         (dict(ok, thinking={"type": "maybe"}), "thinking"),

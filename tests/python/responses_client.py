@@ -76,6 +76,35 @@ def usage_ok(u):
 # ------------------------------------------------------------------------------- scenarios
 
 
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+          "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0,
+                         "maximum": 150}, "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}}}
+
+
+def structured():
+    """text.format json_schema and a forced tool_choice constrain the reply (real weights)."""
+    import jsonschema
+
+    c, m = client(), model_id()
+    fmt = {"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}
+    msg = "Describe a person who lives in a European capital, as JSON."
+    r = c.responses.create(model=m, input=msg, text=fmt, temperature=0, max_output_tokens=80, store=False)
+    jsonschema.validate(json.loads(r.output_text), PERSON)
+    s, _ = streamed(c, model=m, input=msg, text=fmt, temperature=0, max_output_tokens=80, store=False)
+    assert s.output_text == r.output_text, (s.output_text, r.output_text)
+    out = {"json": r.output_text}
+    # Closed arguments (no other keys), so a small model cannot ramble inside them.
+    strict = [dict(WEATHER[0], parameters=dict(WEATHER[0]["parameters"], additionalProperties=False))]
+    for choice in ("required", {"type": "function", "name": "get_weather"}):
+        t = c.responses.create(model=m, input="What is the weather in Paris?", tools=strict, tool_choice=choice,
+                               temperature=0, max_output_tokens=60, store=False)
+        calls = [o for o in t.output if o.type == "function_call"]
+        assert calls and calls[0].name == "get_weather", t.output
+        jsonschema.validate(json.loads(calls[0].arguments), WEATHER[0]["parameters"])
+        out[str(choice)] = calls[0].arguments
+    return out
+
+
 def same_as_chat():
     """Greedy: the Responses text equals chat's for the same message (the same rendering)."""
     c, m = client(), model_id()
@@ -204,7 +233,8 @@ def errors():
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"tools": {"type": "function"}}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "name": "f"}, "tools": WEATHER}, "tool_choice"),
+        ({"tool_choice": "required", "tools": WEATHER, "text": {"format": {"type": "json_object"}}}, "tool_choice"),
         ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
         ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         ({"reasoning": {"summary": "long"}}, "reasoning.summary"),

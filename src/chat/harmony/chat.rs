@@ -18,6 +18,8 @@ pub struct HarmonyChat {
     pub instructions: Option<String>,
     /// Written as the developer message's `functions` namespace.
     pub tools: Vec<ToolDef>,
+    /// The developer message's `# Response Formats` section (structured output), if any.
+    pub response_formats: Option<String>,
     messages: Vec<HarmonyMessage>,
     /// The function calls in `messages`, so a result can be matched to its call by id.
     calls: Vec<CallRecord>,
@@ -190,10 +192,11 @@ impl HarmonyChat {
 
     /// The prompt for the next assistant turn.
     pub fn prompt_ids(&self, enc: &HarmonyEncoding) -> Result<Vec<u32>> {
-        enc.render_prompt_with_tools(
+        enc.render_prompt_with_formats(
             &self.system,
             self.instructions.as_deref(),
             &self.tools,
+            self.response_formats.as_deref(),
             &self.messages,
         )
     }

@@ -125,6 +125,7 @@ pub(crate) fn warm_up(engine: &engine::core::Engine) -> anyhow::Result<()> {
         interrupt: None,
         logprobs: None,
         forced: Vec::new(),
+        constraint: None,
     };
     let mut handle = engine.submit(request)?;
     while let Some(event) = handle.blocking_next() {

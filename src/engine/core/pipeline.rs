@@ -14,7 +14,8 @@
 //! running sequence decodes, none waits, and the KV blocks for the next position are there.
 //! And only when its draw needs nothing the host learns from the ids: no repetition, presence
 //! or frequency penalty (they read the history), no forced tokens, no log probabilities (the
-//! logits buffer is reused by the next step). Otherwise the step is read at once as before.
+//! logits buffer is reused by the next step), no output constraint (its mask needs the token
+//! just sampled, see [`super::masks`]). Otherwise the step is read at once as before.
 
 use std::time::Instant;
 
@@ -139,6 +140,7 @@ impl Core {
         self.live.get(&id).is_some_and(|l| {
             let cfg = l.sampler.config();
             cfg.is_unpenalised()
+                && l.req.constraint.is_none()
                 && l.req.logprobs.is_none()
                 && l.req.forced.len() <= l.generated
                 && l.generated + ahead < l.req.max_tokens

@@ -8,6 +8,7 @@
 
 use serde_json::{Map, Value, json};
 
+use super::super::constraint::Spec;
 use super::super::errors::ApiError;
 use super::super::openai_types::{
     ChatMessage, ChatRequest, Common, Content, FunctionCallIn, StopField, ToolCallIn,
@@ -18,9 +19,8 @@ use super::options::{effort, output_format, tools};
 pub struct MessagesRequest {
     pub chat: ChatRequest,
     pub stream: bool,
-    /// `output_config.format.schema`: the JSON schema the answer must follow. Validated here
-    /// only; constrained decoding reads it from this field.
-    pub format: Option<Value>,
+    /// `output_config.format`: the JSON schema the answer is constrained to.
+    pub format: Option<Spec>,
 }
 
 /// `body` as a Messages request; `count`: the count_tokens body (no `max_tokens`, no `stream`).

@@ -24,7 +24,7 @@ use super::generation::Job;
 use super::params::{clip_max_tokens, settings};
 use super::sse::RequestLog;
 use super::state::AppState;
-use super::{body_bytes, check_prompt, hooks};
+use super::{body_bytes, check_prompt, constraint, hooks};
 
 pub async fn handle(
     State(state): State<Arc<AppState>>,
@@ -50,10 +50,13 @@ async fn run(
     if let Some(user) = &c.user {
         tracing::debug!("{} user {user:?}", log.id);
     }
-    if req.format.is_some() {
-        tracing::debug!("{} output_config.format: not enforced yet", log.id);
-    }
-    let prompt = super::prompt::chat_prompt(&ready, &req.chat, None)?;
+    let structured = constraint::from_parts(
+        req.format.clone(),
+        req.chat.tools.as_ref(),
+        req.chat.tool_choice.as_ref(),
+    )?;
+    let prompt = super::prompt::chat_prompt(&ready, &req.chat, None, structured.format.as_ref())?;
+    let constraint = constraint::compile(&ready, &structured)?;
     let echo_ids = (state.hooks && c.x_inferno_prompt_ids == Some(true)).then(|| prompt.clone());
     check_prompt(&ready, prompt.len())?;
     let slot = state.admit()?;
@@ -65,6 +68,8 @@ async fn run(
     let job = Job {
         max_tokens: clip_max_tokens(s.max_tokens, prompt.len(), ready.engine.context()),
         forced: hooks::forced_reply(state, &ready, c)?,
+        forced_prefix: hooks::forced_prefix(state, &ready, c)?,
+        constraint,
         // Harmony has its own tool-call syntax, read by its parser.
         tools: if ready.harmony { Vec::new() } else { super::prompt::tool_names(&req.chat) },
         prompt,
@@ -95,7 +100,7 @@ pub async fn count_tokens(
         let req = input::parse(&body_bytes(body)?, true)?;
         state.model.check(req.chat.common.model.as_deref())?;
         let ready = state.ready()?;
-        let prompt = super::prompt::chat_prompt(&ready, &req.chat, None)?;
+        let prompt = super::prompt::chat_prompt(&ready, &req.chat, None, req.format.as_ref())?;
         Ok(axum::Json(json!({"input_tokens": prompt.len()})).into_response())
     };
     count().unwrap_or_else(error_response)
@@ -218,6 +223,11 @@ mod tests {
             json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
         body.as_object_mut().unwrap().extend(schema.as_object().unwrap().clone());
         let r = input::parse(body.to_string().as_bytes(), false).unwrap();
-        assert_eq!(r.format, Some(json!({"type": "object"})));
+        let want = crate::serve::constraint::Spec::JsonSchema {
+            name: "response".into(),
+            description: None,
+            schema: json!({"type": "object"}),
+        };
+        assert_eq!(r.format, Some(want));
     }
 }

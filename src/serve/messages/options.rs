@@ -1,9 +1,10 @@
 //! The Messages request's options beyond the conversation: `tools` and `tool_choice` as
 //! chat's, the reasoning effort gpt-oss's `Reasoning:` line takes (from `output_config.effort`
-//! or `thinking`), and the shape of `output_config.format`.
+//! or `thinking`), and `output_config.format` (a JSON schema the answer is constrained to).
 
 use serde_json::{Map, Value, json};
 
+use super::super::constraint::{Spec, from_format};
 use super::super::errors::ApiError;
 use super::input::field;
 
@@ -49,14 +50,12 @@ pub(super) fn tools(o: &Map<String, Value>) -> Result<(Option<Value>, Option<Val
         Some(c) => match c.get("type").and_then(Value::as_str) {
             Some("auto") => None,
             Some("none") => Some(Value::String("none".into())),
-            Some(t @ ("any" | "tool")) => {
-                return Err(field(
-                    "tool_choice",
-                    format!(
-                        "tool_choice {t:?} (a forced tool call) is not supported yet: use \"auto\" or \"none\""
-                    ),
-                ));
-            }
+            // Forced calls, in chat's words: the reply is then constrained to a call.
+            Some("any") => Some(Value::String("required".into())),
+            Some("tool") => match c.get("name").and_then(Value::as_str) {
+                Some(n) => Some(json!({"type": "function", "function": {"name": n}})),
+                None => return Err(field("tool_choice", "tool_choice.name must be a string")),
+            },
             _ => {
                 return Err(field(
                     "tool_choice",
@@ -105,8 +104,8 @@ pub(super) fn effort(o: &Map<String, Value>) -> Result<&'static str, ApiError> {
     }
 }
 
-/// `output_config.format`: `{type: "json_schema", schema: {…}}`, its schema returned.
-pub(super) fn output_format(config: Option<&Value>) -> Result<Option<Value>, ApiError> {
+/// `output_config.format`: `{type: "json_schema", schema: {…}}`, as a constraint.
+pub(super) fn output_format(config: Option<&Value>) -> Result<Option<Spec>, ApiError> {
     let config = match config {
         None | Some(Value::Null) => return Ok(None),
         Some(c @ Value::Object(_)) => c,
@@ -120,7 +119,7 @@ pub(super) fn output_format(config: Option<&Value>) -> Result<Option<Value>, Api
         ));
     }
     match format.get("schema") {
-        Some(s @ Value::Object(_)) => Ok(Some(s.clone())),
+        Some(Value::Object(_)) => from_format(format, "output_config.format"),
         _ => Err(field(
             "output_config.format.schema",
             "output_config.format.schema must be a JSON schema object",

@@ -26,7 +26,7 @@ use super::openai_types::{ChatRequest, parse};
 use super::params::{clip_max_tokens, settings};
 use super::sse::{self, Chunker, RequestLog};
 use super::state::{AppState, Ready, shutdown_started};
-use super::{body_bytes, hooks};
+use super::{body_bytes, constraint, hooks};
 use output::Builder;
 use request::{Checked, ResponsesRequest};
 pub use store::Store;
@@ -40,6 +40,8 @@ struct Prepared {
     /// The whole conversation's input items (a previous response's, then this input).
     items: Vec<Value>,
     prompt: Vec<u32>,
+    /// `text.format` and the tools a forced `tool_choice` constrains the reply to.
+    structured: constraint::Request,
 }
 
 fn prepare(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared, ApiError> {
@@ -80,7 +82,13 @@ fn prepare(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prep
         reasoning: None,
     };
     let date = chat.common.x_inferno_date.as_deref().filter(|_| state.hooks);
-    let prompt = super::prompt::chat_prompt(&ready, &chat, date).map_err(as_input_error)?;
+    let structured = constraint::from_parts(
+        checked.text_format.clone(),
+        chat.tools.as_ref(),
+        req.tool_choice.as_ref(),
+    )?;
+    let prompt = super::prompt::chat_prompt(&ready, &chat, date, structured.format.as_ref())
+        .map_err(as_input_error)?;
     let context = ready.engine.context();
     if prompt.len() >= context {
         let mut e = ApiError::bad_param(
@@ -93,7 +101,7 @@ fn prepare(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prep
         e.code = Some("context_length_exceeded");
         return Err(e);
     }
-    Ok(Prepared { ready, req, checked, chat, items, prompt })
+    Ok(Prepared { ready, req, checked, chat, items, prompt, structured })
 }
 
 /// Chat's errors name `messages`; here they are about `input`.
@@ -121,12 +129,13 @@ async fn run(
     let p = prepare(state, body)?;
     log_tool_outputs(log, &p.items);
     let s = settings(&p.chat.common, p.checked.max_output_tokens, p.ready.harmony)?;
-    // `text.format`, checked (p.checked.text_format): constrained decoding is to follow it.
-    let _format = &p.checked.text_format;
+    let constraint = constraint::compile(&p.ready, &p.structured)?;
     let slot = state.admit()?;
     let job = Job {
         max_tokens: clip_max_tokens(s.max_tokens, p.prompt.len(), p.ready.engine.context()),
         forced: hooks::forced_reply(state, &p.ready, &p.chat.common)?,
+        forced_prefix: hooks::forced_prefix(state, &p.ready, &p.chat.common)?,
+        constraint,
         tools: if p.ready.harmony { Vec::new() } else { super::prompt::tool_names(&p.chat) },
         prompt: p.prompt.clone(),
         sampling: s.sampling,

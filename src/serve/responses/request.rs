@@ -6,12 +6,14 @@
 //! and `namespace` tools (never offered to the model), `include:
 //! ["reasoning.encrypted_content"]` (reasoning comes back as plain `reasoning_text`, which
 //! Codex replays), `prompt_cache_key`, `client_metadata`, `reasoning.summary`. Refused: other
-//! hosted and custom tools, `tool_choice` other than auto/none, `background`, `conversation`,
-//! `prompt`, `truncation: "auto"`, logprobs.
+//! hosted and custom tools, `background`, `conversation`, `prompt`, `truncation: "auto"`,
+//! logprobs. `text.format` (json_object, json_schema) and a forced `tool_choice` (required, or
+//! a function by name) constrain the reply as on chat ([`crate::serve::constraint`]).
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::super::constraint::{Spec, ToolChoice, from_format};
 use super::super::errors::ApiError;
 use super::super::openai_types::Common;
 
@@ -37,14 +39,6 @@ pub struct ResponsesRequest {
     pub prompt: Option<Value>,
 }
 
-/// `text.format`, checked.
-#[derive(Debug, Clone, PartialEq)]
-pub enum TextFormat {
-    Text,
-    JsonObject,
-    JsonSchema { name: String, schema: Value, strict: bool },
-}
-
 /// A request's checked values.
 #[derive(Debug, Clone)]
 pub struct Checked {
@@ -56,7 +50,8 @@ pub struct Checked {
     pub max_output_tokens: Option<i64>,
     pub store: bool,
     pub previous_response_id: Option<String>,
-    pub text_format: TextFormat,
+    /// `text.format` as a constraint (none for text).
+    pub text_format: Option<Spec>,
     /// The request's fields the response object repeats.
     pub echo: Map<String, Value>,
 }
@@ -110,7 +105,8 @@ pub fn check(r: &ResponsesRequest) -> Result<Checked, ApiError> {
     }
     let tool_choice = tool_choice(&r.tool_choice)?;
     let parallel = bool_of("parallel_tool_calls", &r.parallel_tool_calls)?;
-    let tools = if tool_choice == "none" { Vec::new() } else { function_tools(&r.tools)? };
+    let tools =
+        if tool_choice == ToolChoice::None { Vec::new() } else { function_tools(&r.tools)? };
     let max_output_tokens = match &r.max_output_tokens {
         None => None,
         Some(v) => match v.as_i64() {
@@ -130,7 +126,7 @@ pub fn check(r: &ResponsesRequest) -> Result<Checked, ApiError> {
     let mut echo = Map::new();
     echo.insert("instructions".into(), r.instructions.clone().unwrap_or(Value::Null));
     echo.insert("tools".into(), r.tools.clone().unwrap_or(json!([])));
-    echo.insert("tool_choice".into(), tool_choice.into());
+    echo.insert("tool_choice".into(), r.tool_choice.clone().unwrap_or_else(|| "auto".into()));
     echo.insert("parallel_tool_calls".into(), parallel.unwrap_or(true).into());
     echo.insert("temperature".into(), json!(r.common.temperature));
     echo.insert("top_p".into(), json!(r.common.top_p));
@@ -155,16 +151,10 @@ pub fn check(r: &ResponsesRequest) -> Result<Checked, ApiError> {
     })
 }
 
-fn tool_choice(v: &Option<Value>) -> Result<&'static str, ApiError> {
-    match v {
-        None => Ok("auto"),
-        Some(Value::String(s)) if s == "auto" => Ok("auto"),
-        Some(Value::String(s)) if s == "none" => Ok("none"),
-        Some(other) => Err(bad(
-            "tool_choice",
-            format!("tool_choice {other} is not supported yet: use \"auto\" or \"none\""),
-        )),
-    }
+/// `tool_choice`: auto, none, required, or a function by name (`{type: "function", name}`);
+/// a forced choice constrains the reply to a call ([`crate::serve::constraint`]).
+fn tool_choice(v: &Option<Value>) -> Result<ToolChoice, ApiError> {
+    ToolChoice::from_openai(v.as_ref())
 }
 
 /// The function tools, in chat's shape. Codex's hosted `web_search` and `namespace` groups
@@ -248,8 +238,8 @@ fn effort_error(v: &Value) -> ApiError {
 }
 
 /// `text.format` (and the `text` to echo).
-fn text(v: &Option<Value>) -> Result<(TextFormat, Value), ApiError> {
-    let Some(t) = v else { return Ok((TextFormat::Text, json!({"format": {"type": "text"}}))) };
+fn text(v: &Option<Value>) -> Result<(Option<Spec>, Value), ApiError> {
+    let Some(t) = v else { return Ok((None, json!({"format": {"type": "text"}}))) };
     if !t.is_object() {
         return Err(bad("text", format!("text must be an object, not {t}")));
     }
@@ -264,7 +254,7 @@ fn text(v: &Option<Value>) -> Result<(TextFormat, Value), ApiError> {
         }
     }
     let format = match t.get("format") {
-        None | Some(Value::Null) => TextFormat::Text,
+        None | Some(Value::Null) => None,
         Some(f) => text_format(f)?,
     };
     let mut echo = t.clone();
@@ -274,11 +264,10 @@ fn text(v: &Option<Value>) -> Result<(TextFormat, Value), ApiError> {
     Ok((format, echo))
 }
 
-fn text_format(f: &Value) -> Result<TextFormat, ApiError> {
+fn text_format(f: &Value) -> Result<Option<Spec>, ApiError> {
     let p = "text.format";
     match f.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(TextFormat::Text),
-        Some("json_object") => Ok(TextFormat::JsonObject),
+        Some("text") | Some("json_object") => from_format(f, p),
         Some("json_schema") => {
             let name = f.get("name").and_then(Value::as_str).unwrap_or("");
             let name_ok = !name.is_empty()
@@ -293,14 +282,11 @@ fn text_format(f: &Value) -> Result<TextFormat, ApiError> {
             let Some(schema) = f.get("schema").filter(|s| s.is_object()) else {
                 return Err(bad(p, format!("{p}.schema must be a JSON Schema object")));
             };
-            let strict = match f.get("strict") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(o) => {
-                    return Err(bad(p, format!("{p}.strict must be true or false, not {o}")));
-                }
-            };
-            Ok(TextFormat::JsonSchema { name: name.to_string(), schema: schema.clone(), strict })
+            if let Some(o) = f.get("strict").filter(|s| !s.is_null() && !s.is_boolean()) {
+                return Err(bad(p, format!("{p}.strict must be true or false, not {o}")));
+            }
+            let _ = schema;
+            from_format(f, p)
         }
         _ => Err(bad(p, format!("{p} must have type text, json_object or json_schema, not {f}"))),
     }
