@@ -41,7 +41,7 @@ done
 id="$(curl -sf "http://127.0.0.1:$serve_port/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')"
 
 # Open WebUI offline, without sign-in, with inferno as its one OpenAI connection.
-(cd "$work" && env DATA_DIR="$work/data" WEBUI_AUTH=False OFFLINE_MODE=True HF_HUB_OFFLINE=1 \
+(cd "$work" && exec env DATA_DIR="$work/data" WEBUI_AUTH=False OFFLINE_MODE=True HF_HUB_OFFLINE=1 \
     ENABLE_OLLAMA_API=False OPENAI_API_BASE_URL="http://127.0.0.1:$serve_port/v1" OPENAI_API_KEY=none \
     DEFAULT_MODELS="$id" ENABLE_VERSION_UPDATE_CHECK=False ANONYMIZED_TELEMETRY=False \
     "$venv/bin/open-webui" serve --host 127.0.0.1 --port "$ui_port" >"$work/ui.log" 2>&1) &
@@ -53,7 +53,7 @@ for _ in $(seq 600); do
 done
 out="${OUT_DIR:-.dev/openwebui}"
 mkdir -p "$out"
-shot="$out/$(basename "$model" | tr -c 'A-Za-z0-9._-\n' '_').png"
+shot="$out/$(basename "$model" | tr -c 'A-Za-z0-9._\n-' '_').png"
 status=0
 "$venv/bin/python" scripts/openwebui/drive.py "http://127.0.0.1:$ui_port" "$shot" || status=$?
 echo "--- inferno serve's log (requests) ---"
