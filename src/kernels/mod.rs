@@ -64,7 +64,7 @@ pub use sample::{RowSampling, kept_mask, sample_rows};
 pub use swiglu_gemv::matmul_swiglu_bf16;
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor, bail};
+use candle_core::{CpuStorage, DType, Layout, Result, Tensor, bail};
 use half::bf16;
 
 /// `words` as a u32 tensor on `device`. On a GPU the copy goes through page-locked staging:
@@ -73,7 +73,7 @@ use half::bf16;
 pub fn upload_u32(words: &[u32], device: &candle_core::Device) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(dev) = device {
-        use candle_core::{CudaStorage, op::BackpropOp};
+        use candle_core::{CudaStorage, Storage, op::BackpropOp};
         let slice = cuda::upload(dev, words)?;
         let len = slice.len();
         let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
@@ -113,19 +113,6 @@ fn cpu_output(values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
         DType::F32 => Ok(CpuStorage::F32(values)),
         DType::BF16 => Ok(CpuStorage::BF16(values.into_iter().map(bf16::from_f32).collect())),
         other => bail!("unsupported output dtype {other:?}"),
-    }
-}
-
-/// Runs `f` on the CPU storage of a tensor an op holds (sinks, expert weights).
-fn with_cpu<R>(
-    t: &Tensor,
-    what: &str,
-    f: impl FnOnce(&CpuStorage, &Layout) -> Result<R>,
-) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    match &*storage {
-        Storage::Cpu(s) => f(s, layout),
-        _ => bail!("{what}: expected a CPU tensor like the op's inputs"),
     }
 }
 
