@@ -95,9 +95,11 @@ fn sampling(i: usize) -> SamplerConfig {
 /// Greedy tokens of the model run alone, one sequence step by step (`OneSeq`, no scheduler):
 /// the engine's reference.
 fn greedy_single(model: &str, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut m = OneSeq::new(engine::load(fixture(model).to_str().expect("path"), &opts(), &Device::Cpu)
-        .expect("model")
-        .model);
+    let mut m = OneSeq::new(
+        engine::load(fixture(model).to_str().expect("path"), &opts(), &Device::Cpu)
+            .expect("model")
+            .model,
+    );
     let mut out = Vec::new();
     let mut logits = m.forward_last(prompt, 0).expect("prefill");
     for i in 0..n {
@@ -303,9 +305,11 @@ fn greedy_with_a_repetition_penalty_applies_it() {
     let prompt = random_prompt(&mut StdRng::seed_from_u64(9), 12, vocab);
     let (got, _) =
         collect(engine.submit(request(prompt.clone(), cfg.clone(), 24)).expect("submit"));
-    let mut m = OneSeq::new(engine::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
-        .expect("model")
-        .model);
+    let mut m = OneSeq::new(
+        engine::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
+            .expect("model")
+            .model,
+    );
     let mut sampler = inferno::generate::Sampler::new(cfg);
     let mut history = prompt.clone();
     let mut logits = m.forward_last(&prompt, 0).expect("prefill");
@@ -347,9 +351,11 @@ fn forced_ids_are_teacher_forcing_and_logprobs_are_the_raw_log_softmax() {
     drop(other);
     let ids: Vec<u32> = steps.iter().map(|s| s.0).collect();
     assert_eq!(ids, forced);
-    let mut m = OneSeq::new(engine::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
-        .expect("model")
-        .model);
+    let mut m = OneSeq::new(
+        engine::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
+            .expect("model")
+            .model,
+    );
     let mut logits = m.forward_last(&prompt, 0).expect("prefill");
     for (i, (id, scores)) in steps.iter().enumerate() {
         let row: Vec<f64> =

@@ -74,7 +74,7 @@ fn check_greedy(device: &Device, chunk: Option<usize>) {
 /// model's per-op step) from the fixture's prompt: every token (prompt and decoded) and the
 /// decode steps' logits stacked `[steps, vocab]`, which belong to positions `prompt − 1 ..`.
 fn decode(model: &mut OneSeq, prompt: &[u32], steps: usize, plain: bool) -> (Vec<u32>, Tensor) {
-    let mut step = |m: &mut OneSeq, t: &[u32], at: usize| match plain {
+    let step = |m: &mut OneSeq, t: &[u32], at: usize| match plain {
         true => m.forward_last_plain(t, at).unwrap(),
         false => m.forward_last(t, at).unwrap(),
     };

@@ -141,9 +141,10 @@ fn a_prompt_longer_than_the_context_is_refused() {
     use inferno::engine::{self, LoadOptions};
     let opts = LoadOptions { dtype: Some(DType::F32), context: Some(8), dummy: false };
     let dir = hf_checkpoint();
-    let (engine, _) =
-        engine::start(dir.to_str().unwrap(), &opts, &Device::Cpu, |i| EngineConfig::single(i.context))
-            .unwrap();
+    let (engine, _) = engine::start(dir.to_str().unwrap(), &opts, &Device::Cpu, |i| {
+        EngineConfig::single(i.context)
+    })
+    .unwrap();
     let request = Request {
         prompt: vec![1; 9],
         sampling: inferno::generate::SamplerConfig::greedy(),
@@ -176,7 +177,8 @@ fn gpu_f32_safetensors_greedy_matches_transformers() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
 fn gpu_bf16_teacher_forced_agreement_is_at_least_98_percent() {
-    let mut model = one_seq(load::load_safetensors(&hf_checkpoint(), Some(DType::BF16), 512, &gpu()));
+    let mut model =
+        one_seq(load::load_safetensors(&hf_checkpoint(), Some(DType::BF16), 512, &gpu()));
     let agree = teacher_forced_agreement(&mut model);
     eprintln!("bf16 GPU teacher-forced top-1 agreement: {:.2}%", agree * 100.0);
     assert!(agree >= 0.98, "top-1 agreement {agree}");

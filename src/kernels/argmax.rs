@@ -330,7 +330,12 @@ mod tests {
                 Tensor::new(v.as_slice(), &dev).unwrap(),
             );
             for seed in [k as u64, 12345, u64::MAX] {
-                assert_eq!(draw(&gpu, 0.8, seed), draw(&cpu, 0.8, seed), "row of {} seed {seed}", v.len());
+                assert_eq!(
+                    draw(&gpu, 0.8, seed),
+                    draw(&cpu, 0.8, seed),
+                    "row of {} seed {seed}",
+                    v.len()
+                );
             }
         }
         check_draw_frequencies(&dev);

@@ -100,7 +100,12 @@ impl OneSeq {
     }
 
     /// One step of `tokens` at `start`: the last row's logits, or every row's.
-    fn step_input(&self, tokens: &[u32], start: usize, every_row: bool) -> anyhow::Result<StepInput> {
+    fn step_input(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        every_row: bool,
+    ) -> anyhow::Result<StepInput> {
         let dev = self.device().clone();
         let n = tokens.len();
         let groups = self.runner.shape.group_windows.len();
