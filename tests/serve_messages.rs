@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::serve::{Server, python_command};
+use common::serve::Server;
 use serde_json::{Value, json};
 
 fn smollm2() -> PathBuf {
@@ -32,22 +32,7 @@ fn gpt_oss_server(context: &str, env: &[(&str, &str)]) -> Server {
 
 /// Runs a scenario of tests/python/messages_client.py against `s`; its JSON result.
 fn client(s: &Server, scenario: &str, args: Value) -> Value {
-    let out = python_command()
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/messages_client.py"))
-        .arg(s.url())
-        .arg(scenario)
-        .arg(args.to_string())
-        .output()
-        .expect("running python");
-    assert!(
-        out.status.success(),
-        "messages_client.py {scenario} failed:\n{}\n--- server log ---\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        s.log()
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("{scenario} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
-    })
+    s.python_script("messages_client.py", scenario, args)
 }
 
 #[test]

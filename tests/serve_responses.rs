@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::serve::{Server, python_command};
+use common::serve::Server;
 use serde_json::{Value, json};
 
 fn gpt_oss(args: &[&str]) -> Server {
@@ -17,24 +17,9 @@ fn gpt_oss(args: &[&str]) -> Server {
     Server::start(&model, &all, &[("INFERNO_TEST_HOOKS", "1")])
 }
 
-/// Runs a scenario of tests/python/responses_client.py; its JSON result.
+/// Runs a scenario of tests/python/responses_client.py against `s`; its JSON result.
 fn python(s: &Server, scenario: &str, args: Value) -> Value {
-    let out = python_command()
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/responses_client.py"))
-        .arg(s.url())
-        .arg(scenario)
-        .arg(args.to_string())
-        .output()
-        .expect("running python");
-    assert!(
-        out.status.success(),
-        "responses_client.py {scenario} failed:\n{}\n--- server log ---\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        s.log()
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("{scenario} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
-    })
+    s.python_script("responses_client.py", scenario, args)
 }
 
 #[test]
