@@ -5,6 +5,7 @@ mod batched;
 pub mod config;
 pub mod dummy;
 pub mod gguf;
+mod graph;
 pub mod load;
 pub mod memory;
 pub mod model;
