@@ -56,6 +56,7 @@ mkdir -p "$out"
 shot="$out/$(basename "$model" | tr -c 'A-Za-z0-9._\n-' '_').png"
 status=0
 "$venv/bin/python" scripts/openwebui/drive.py "http://127.0.0.1:$ui_port" "$shot" || status=$?
-echo "--- inferno serve's log (requests) ---"
+cp "$work/serve.log" "$out/serve.log"; cp "$work/ui.log" "$out/ui.log"
+echo "--- inferno serve's log (requests; whole logs in $out) ---"
 grep -E ' /v1/| no such endpoint| method not allowed' "$work/serve.log" || true
 exit "$status"
