@@ -11,7 +11,7 @@ import sys
 import time
 
 from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
@@ -36,7 +36,10 @@ def find(css):
 def wait_for(what, fn, timeout=TIMEOUT):
     end = time.time() + timeout
     while time.time() < end:
-        v = fn()
+        try:
+            v = fn()
+        except StaleElementReferenceException:  # the page re-rendered as we read it
+            v = None
         if v:
             return v
         time.sleep(0.5)
