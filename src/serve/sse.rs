@@ -43,6 +43,11 @@ pub trait Chunker: Send + 'static {
     fn done_marker(&self) -> bool {
         true
     }
+    /// What is sent while nothing else is (a `: keep-alive` comment unless the API has an
+    /// event for it).
+    fn keep_alive(&self) -> KeepAlive {
+        KeepAlive::new().text("keep-alive")
+    }
 }
 
 /// Who a request is, for its log line.
@@ -103,7 +108,7 @@ pub fn stream(
     slot: Slot,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Event>(64);
-    let keep_alive = Duration::from_secs(state.keep_alive);
+    let keep_alive = chunker.keep_alive().interval(Duration::from_secs(state.keep_alive));
     tokio::spawn(async move {
         let _slot = slot;
         match pump(&state, &ready, job, &mut chunker, &tx, &log).await {
@@ -117,9 +122,7 @@ pub fn stream(
             }
         }
     });
-    let sse =
-        Sse::new(Channel(rx)).keep_alive(KeepAlive::new().interval(keep_alive).text("keep-alive"));
-    sse.into_response()
+    Sse::new(Channel(rx)).keep_alive(keep_alive).into_response()
 }
 
 /// Runs the generation into the channel; `Ok(None)` when the client went away.

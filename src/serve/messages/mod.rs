@@ -80,7 +80,8 @@ async fn run(
         token_ids: false,
     };
     if req.stream {
-        return Ok(stream::stream(state.clone(), ready, job, head, log.clone(), slot));
+        let events = stream::Events::new(head);
+        return Ok(super::sse::stream(state.clone(), ready, job, events, log.clone(), slot));
     }
     let (mut body, outcome) = stream::collect(state, &ready, job, &head, log).await?;
     if let Some(ids) = echo_ids {
