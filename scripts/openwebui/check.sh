@@ -11,9 +11,11 @@
 # ${INFERNO_CACHE:-~/.cache/inferno}/openwebui-$VERSION, and Debian's chromium and
 # chromium-driver. Writes a screenshot to ${OUT_DIR:-.dev/openwebui}/MODEL_NAME.png and exits
 # non-zero when the page shows an error or no answer.
+# OWUI_TIMEOUT (seconds, default 600) bounds the wait for the answer: a model on the CPU takes
+# minutes to prefill the built-in tools' descriptions.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { sed -n 2,13p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,15p "$0"; exit 2; }
 model="$1"; shift
 VERSION=0.12.4
 SELENIUM=4.38.0

@@ -116,6 +116,37 @@ impl<'a> F32Reader<'a> {
             Self::Bf16(v) => v[i].to_f32(),
         }
     }
+
+    /// `Σ x[c] · self[at + c]`, in eight running sums (the dtype matched once per call, so the
+    /// loop vectorizes).
+    fn dot(self, at: usize, x: &[f32]) -> f32 {
+        fn lanes<T: Copy>(x: &[f32], y: &[T], f: impl Fn(T) -> f32) -> f32 {
+            let (xs, ys) = (x.chunks_exact(8), y.chunks_exact(8));
+            let tail: f32 = xs.remainder().iter().zip(ys.remainder()).map(|(a, b)| a * f(*b)).sum();
+            let mut acc = [0f32; 8];
+            for (a, b) in xs.zip(ys) {
+                for l in 0..8 {
+                    acc[l] += a[l] * f(b[l]);
+                }
+            }
+            acc.iter().sum::<f32>() + tail
+        }
+        match self {
+            Self::F32(v) => lanes(x, &v[at..at + x.len()], |b| b),
+            Self::Bf16(v) => lanes(x, &v[at..at + x.len()], |b| b.to_f32()),
+        }
+    }
+
+    /// `out[c] += w · self[at + c]`.
+    fn add_scaled(self, at: usize, w: f32, out: &mut [f32]) {
+        let n = out.len();
+        match self {
+            Self::F32(v) => out.iter_mut().zip(&v[at..at + n]).for_each(|(o, x)| *o += w * x),
+            Self::Bf16(v) => {
+                out.iter_mut().zip(&v[at..at + n]).for_each(|(o, x)| *o += w * x.to_f32())
+            }
+        }
+    }
 }
 
 /// A CPU output buffer in `dtype` (f32 or bf16) from f32 values.

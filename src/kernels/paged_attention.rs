@@ -373,6 +373,37 @@ impl PagedAttention {
         t <= p && self.cfg.window.is_none_or(|w| t + w > p)
     }
 
+    /// One query row of one head at position `p`: its scores over the visible `slots` (the
+    /// first at position `lo`), softmax with the sink, and the weighted sum of values into `o`.
+    #[allow(clippy::too_many_arguments)]
+    fn one_head(
+        &self,
+        q: &[f32],
+        (k, v): (F32Reader, F32Reader),
+        (lo, slots): (usize, &[usize]),
+        (p, sink): (usize, f32),
+        g: usize,
+        scores: &mut Vec<(usize, f32)>,
+        o: &mut [f32],
+    ) {
+        let (d, kv_heads) = (q.len(), self.kv_heads);
+        scores.clear();
+        for (j, &slot) in slots.iter().enumerate() {
+            if self.allows(lo + j, p) {
+                let k0 = (slot * kv_heads + g) * d;
+                scores.push((k0, self.cfg.scale * k.dot(k0, q)));
+            }
+        }
+        let m = scores.iter().fold(sink, |m, &(_, s)| m.max(s));
+        let mut denom = if sink == f32::NEG_INFINITY { 0.0 } else { (sink - m).exp() };
+        for &(v0, s) in scores.iter() {
+            let w = (s - m).exp();
+            denom += w;
+            v.add_scaled(v0, w, o);
+        }
+        o.iter_mut().for_each(|x| *x /= denom);
+    }
+
     /// The reference: for each sequence, query row and head, the visible keys' slots through the
     /// block table, their scores, the max with the sink (if any), and the weighted sum of values
     /// over the (sink-extended) denominator. f32 throughout. Checks the metadata on the way: the
@@ -389,15 +420,15 @@ impl PagedAttention {
         {
             bail!("paged_attention: cu_q must rise from 0 to {tokens}, got {cu_q:?}");
         }
-        let (bs, group) = (self.cfg.block_size, heads / kv_heads);
-        let mut out = vec![0f32; tokens * heads * d];
-        let mut scores: Vec<(usize, f32)> = Vec::new();
+        let bs = self.cfg.block_size;
+        // Each sequence's visible slots, checked once: (first position, slots from it on).
+        let mut seen: Vec<Option<(usize, Vec<usize>)>> = Vec::with_capacity(tables.len());
         for (s, table) in tables.iter().enumerate() {
-            let (r0, q_len) = (cu_q[s] as usize, (cu_q[s + 1] - cu_q[s]) as usize);
+            let (q_len, pos0) = ((cu_q[s + 1] - cu_q[s]) as usize, q_pos[s] as usize);
             if q_len == 0 {
-                continue; // padding: its position and table may be anything
+                seen.push(None); // padding: its position and table may be anything
+                continue;
             }
-            let pos0 = q_pos[s] as usize;
             if q_len > self.bounds.max_q_len || pos0 + q_len > self.bounds.max_context {
                 bail!(
                     "paged_attention: sequence {s} ({q_len} queries from position {pos0}) is \
@@ -405,7 +436,6 @@ impl PagedAttention {
                     self.bounds
                 );
             }
-            // The slot of every position the sequence's queries see, checked once.
             let lo = self.cfg.window.map_or(0, |w| (pos0 + 1).saturating_sub(w));
             let slots = (lo..pos0 + q_len)
                 .map(|t| {
@@ -421,33 +451,46 @@ impl PagedAttention {
                     }
                 })
                 .collect::<Result<Vec<usize>>>()?;
-            for i in 0..q_len {
-                let (row, p) = (r0 + i, pos0 + i);
-                for h in 0..heads {
-                    let (g, q0) = (h / group, (row * heads + h) * d);
-                    scores.clear();
-                    for (j, &slot) in slots.iter().enumerate() {
-                        if self.allows(lo + j, p) {
-                            let k0 = (slot * kv_heads + g) * d;
-                            let dot: f32 = (0..d).map(|c| q.get(q0 + c) * k.get(k0 + c)).sum();
-                            scores.push((k0, self.cfg.scale * dot));
-                        }
-                    }
-                    let sink = sinks.as_ref().map_or(f32::NEG_INFINITY, |s| s[h]);
-                    let m = scores.iter().fold(sink, |m, &(_, s)| m.max(s));
-                    let mut denom = if sink == f32::NEG_INFINITY { 0.0 } else { (sink - m).exp() };
-                    let o = &mut out[q0..q0 + d];
-                    for &(v0, s) in &scores {
-                        let w = (s - m).exp();
-                        denom += w;
-                        for (c, x) in o.iter_mut().enumerate() {
-                            *x += w * v.get(v0 + c);
-                        }
-                    }
-                    o.iter_mut().for_each(|x| *x /= denom);
-                }
-            }
+            seen.push(Some((lo, slots)));
         }
+        // Every row's sequence and position.
+        let mut rows: Vec<(usize, usize)> = Vec::with_capacity(tokens);
+        for (s, w) in cu_q.windows(2).enumerate() {
+            rows.extend((0..(w[1] - w[0]) as usize).map(|i| (s, q_pos[s] as usize + i)));
+        }
+        let q: Vec<f32> = (0..tokens * heads * d).map(|i| q.get(i)).collect();
+        let mut out = vec![0f32; tokens * heads * d];
+        // Rows are independent and each is computed the same way on any thread: split them
+        // over the cores (a long prompt on the CPU is otherwise minutes of attention).
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(16);
+        let per = tokens.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (part, out) in out.chunks_mut(per * heads * d).enumerate() {
+                let (rows, q, seen, sinks) = (&rows, &q, &seen, &sinks);
+                scope.spawn(move || {
+                    let mut scores: Vec<(usize, f32)> = Vec::new();
+                    for (i, o_row) in out.chunks_exact_mut(heads * d).enumerate() {
+                        let row = part * per + i;
+                        let (s, p) = rows[row];
+                        let Some((lo, slots)) = &seen[s] else { continue };
+                        for (h, o) in o_row.chunks_exact_mut(d).enumerate() {
+                            let q_row = &q[(row * heads + h) * d..][..d];
+                            let sink = sinks.as_ref().map_or(f32::NEG_INFINITY, |s| s[h]);
+                            let g = h / (heads / kv_heads);
+                            self.one_head(
+                                q_row,
+                                (k, v),
+                                (*lo, slots),
+                                (p, sink),
+                                g,
+                                &mut scores,
+                                o,
+                            );
+                        }
+                    }
+                });
+            }
+        });
         Ok(out)
     }
 }

@@ -4,9 +4,11 @@
 //! it), possibly after `<|python_tag|>`, and Llama 3.2 may write several separated by `;`.
 //!
 //! Streamed, such a reply cannot be told from text until it is complete, so [`Sniffer`] holds
-//! back a reply that starts with `{` (or the tag) and decides at the end: calls to tools the
-//! request offered become `tool_calls`, anything else is shown as the text it was. A reply
-//! that starts otherwise streams as text at once.
+//! back a reply that starts with `{` (or the tag) for as long as it can still become calls to
+//! tools the request offered, and releases it as text the moment it cannot (a name no tool
+//! has, an object that is not a call, text after one). Small models answer in JSON often, and
+//! a client that sends no `max_tokens` would otherwise see nothing until the context is full.
+//! A reply that starts otherwise streams as text at once.
 
 use serde_json::Value;
 
@@ -37,6 +39,49 @@ pub fn parse_calls(text: &str, tools: &[String]) -> Option<Vec<Call>> {
         rest = rest.strip_prefix(';').unwrap_or(rest);
     }
     (!calls.is_empty()).then_some(calls)
+}
+
+/// Whether `text`, a reply so far, can still grow into calls to `tools`.
+fn may_become_calls(text: &str, tools: &[String]) -> bool {
+    let mut rest = text.trim_start();
+    rest = rest.strip_prefix(PYTHON_TAG).unwrap_or(rest);
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            return true;
+        }
+        if !rest.starts_with('{') {
+            return false;
+        }
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(value)) if call_of(&value, tools).is_some() => {}
+            Some(Err(e)) if e.is_eof() => return name_may_match(rest, tools),
+            _ => return false,
+        }
+        rest = rest[values.byte_offset()..].trim_start();
+        rest = rest.strip_prefix(';').unwrap_or(rest);
+    }
+}
+
+/// For an unfinished object that opens with its `"name"`: whether the name written so far
+/// begins one of `tools`. Any other opening is given the benefit of the doubt until the object
+/// closes.
+fn name_may_match(object: &str, tools: &[String]) -> bool {
+    let after_key = object[1..].trim_start().strip_prefix("\"name\"").map(str::trim_start);
+    let Some(value) = after_key.and_then(|s| s.strip_prefix(':')).map(str::trim_start) else {
+        return true;
+    };
+    let Some(name) = value.strip_prefix('"') else {
+        return value.is_empty();
+    };
+    if name.contains('\\') {
+        return true;
+    }
+    match name.split_once('"') {
+        Some((whole, _)) => tools.iter().any(|t| t == whole),
+        None => tools.iter().any(|t| t.starts_with(name)),
+    }
 }
 
 fn call_of(value: &Value, tools: &[String]) -> Option<Call> {
@@ -85,14 +130,14 @@ impl Sniffer {
             State::Text => text.to_string(),
             State::Buffering(buf) => {
                 buf.push_str(text);
-                String::new()
+                self.release_if_text()
             }
             State::Undecided(held) => {
                 held.push_str(text);
                 let start = held.trim_start();
                 if tag || start.starts_with('{') || start.starts_with(PYTHON_TAG) {
                     self.state = State::Buffering(std::mem::take(held));
-                    String::new()
+                    self.release_if_text()
                 } else if start.is_empty() || PYTHON_TAG.starts_with(start) {
                     String::new()
                 } else {
@@ -101,6 +146,18 @@ impl Sniffer {
                     shown
                 }
             }
+        }
+    }
+
+    /// Once the held reply can no longer be calls: all of it, and text from now on.
+    fn release_if_text(&mut self) -> String {
+        match &mut self.state {
+            State::Buffering(buf) if !may_become_calls(buf, &self.tools) => {
+                let shown = std::mem::take(buf);
+                self.state = State::Text;
+                shown
+            }
+            _ => String::new(),
         }
     }
 
@@ -169,14 +226,47 @@ mod tests {
         assert_eq!(s.push(" there", false), " there");
         assert_eq!(s.finish("!"), Err("!".into()));
 
-        // Held like a call, but not one: all of it is text in the end.
+        // Held like a call until it cannot be one, then shown whole.
         let mut s = Sniffer::new(tools());
-        assert_eq!(s.push("{not", false), "");
-        assert_eq!(s.finish(" json}"), Err("{not json}".into()));
+        assert_eq!(s.push("{", false), "");
+        assert_eq!(s.push("not", false), "{not");
+        assert_eq!(s.finish(" json}"), Err(" json}".into()));
 
         // The tag token alone starts a call.
         let mut s = Sniffer::new(tools());
         assert_eq!(s.push("", true), "");
         assert_eq!(s.finish(r#"{"name": "add"}"#).unwrap()[0].name, "add");
+    }
+
+    #[test]
+    fn a_held_reply_is_released_once_it_cannot_be_a_call() {
+        // (pieces, how many pieces are held before all of it is shown)
+        let cases: [(&[&str], usize); 6] = [
+            (&[r#"{"name": "ad"#, r#"d", "parameters": {"#, r#""a": 1}}"#], usize::MAX),
+            (&[r#"{"name": "ge"#, r#"o", "#], 1),
+            (&[r#"{"name": "add"#, r#"ition""#], 1),
+            (&[r#"{"answer": "#, r#"42}"#], 1),
+            (&[r#"{"name": "add"}"#, r#" and then"#], 1),
+            (&[r#"{"name": "add"}; "#, r#"{"name": "add"}"#, r#" {"name": "x"#], 2),
+        ];
+        for (pieces, held) in cases {
+            let mut s = Sniffer::new(tools());
+            let mut shown = String::new();
+            for (i, piece) in pieces.iter().enumerate() {
+                let out = s.push(piece, false);
+                if i < held {
+                    assert_eq!(out, "", "{pieces:?} piece {i}");
+                }
+                shown.push_str(&out);
+            }
+            match s.finish("") {
+                Ok(calls) => assert!(held == usize::MAX && calls[0].name == "add", "{pieces:?}"),
+                Err(rest) => {
+                    shown.push_str(&rest);
+                    assert_eq!(shown, pieces.concat(), "{pieces:?}");
+                    assert_ne!(held, usize::MAX, "{pieces:?}");
+                }
+            }
+        }
     }
 }
