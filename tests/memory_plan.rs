@@ -78,9 +78,10 @@ fn bench_json_reports_the_plan() {
     assert_eq!(v["step_tokens"], 2048, "the default step");
     let plan = &v["memory_plan"];
     assert_eq!(plan["context"], 20);
-    // 4 layers (the ring of 8 + 512 − 1 slots is larger than 20 positions, so every layer holds
-    // all 20) × k and v × 2 kv heads × 64 dims × f32.
-    assert_eq!(plan["kv_cache_bytes"], 4 * 2 * 2 * 64 * 20 * 4);
+    // The engine's pool for one sequence of 20 positions: 2 blocks of 16 and the padding block
+    // in both groups (a sliding group is never larger than the full one), 4 layers × k and v ×
+    // 2 kv heads × 64 dims × f32.
+    assert_eq!(plan["kv_cache_bytes"], 4 * 2 * 2 * 64 * 48 * 4);
     // cos and sin, 32 frequencies, f32.
     assert_eq!(plan["rope_tables_bytes"], 2 * 20 * 32 * 4);
     let total = plan["total_bytes"].as_u64().unwrap();
@@ -184,29 +185,32 @@ fn measure(
     device.synchronize().unwrap();
     let (free0, used0) = (free(), pool.used());
     let opts = LoadOptions { dtype: None, context: Some(context), dummy };
-    let mut loaded = engine::load(name, &opts, device).expect("load");
+    let loaded = engine::load(name, &opts, device).expect("load");
+    let info = loaded.info.clone();
+    // The KV pool an engine of one sequence allocates.
+    let mut model = common::one_seq::OneSeq::new(loaded.split().0);
     device.synchronize().unwrap();
     let resident = pool.used() - used0;
-    // The worst step for the workspace: a full prefill chunk at the end of the context (its
-    // attention reads every position), then decode steps (gpt-oss captures its CUDA graph).
-    // The positions before it are filled first: a sliding-window ring refuses a chunk whose
-    // window it never held.
-    let n = 512.min(context);
+    // The worst step for the workspace: a full step of the engine's default token budget at the
+    // end of the context (its attention reads every position), then decode steps (the runner
+    // captures its CUDA graph). The positions before it are filled first, as a sequence that
+    // long would have.
+    let n = inferno::engine::core::DEFAULT_TOKEN_BUDGET.min(context);
     if context > n {
         let before: Vec<u32> = (0..(context - n) as u32).map(|t| t % 1000).collect();
-        loaded.model.forward_last(&before, 0).expect("filling the context");
+        model.forward_last(&before, 0).expect("filling the context");
         device.synchronize().unwrap();
     }
     pool.reset_high();
     let prompt: Vec<u32> = (0..n as u32).collect();
-    loaded.model.forward_last(&prompt, context - n).expect("prefill");
+    model.forward_last(&prompt, context - n).expect("prefill");
     for pos in 0..4 {
-        loaded.model.forward_last(&[7], pos).expect("decode");
+        model.forward_last(&[7], pos).expect("decode");
     }
     device.synchronize().unwrap();
     let workspace = pool.high().saturating_sub(resident + used0);
     let outside_pool = (free0 - free()).saturating_sub(pool.used() - used0);
-    let p = loaded.info.plan;
+    let p = info.plan;
     let planned_resident = p.weights + p.kv_cache + p.rope_tables;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     eprintln!(
@@ -217,7 +221,7 @@ fn measure(
         mib(p.workspace),
         mib(outside_pool),
         mib(p.runtime),
-        mib(loaded.info.device_bytes.unwrap_or(0)),
+        mib(info.device_bytes.unwrap_or(0)),
     );
     let slack = planned_resident / 50 + (32 << 20);
     assert!(resident.abs_diff(planned_resident) <= slack, "{name}: resident");

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod hub_server;
+pub mod one_seq;
 pub mod serve;
 
 use std::path::Path;
@@ -66,11 +67,11 @@ pub fn asset(name: &str, script: &str) -> std::path::PathBuf {
     path
 }
 
-/// A tiny Llama with random weights (linear KV cache), f32: a maker of identical instances.
+/// A tiny Llama with random weights, f32: a maker of identical instances.
 pub fn tiny_llama(
     device: &candle_core::Device,
     context: usize,
-) -> impl Fn() -> Box<dyn inferno::models::CausalLm> + Send + Sync + use<> {
+) -> impl Fn() -> Box<dyn inferno::models::batch::BatchModel> + Send + Sync + use<> {
     use inferno::models::llama::{Llama, LlamaConfig, dummy, model::RopeStyle};
     let cfg = LlamaConfig::from_hf_json(
         r#"{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
