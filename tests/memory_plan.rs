@@ -155,6 +155,11 @@ mod pool {
             self.attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
         }
 
+        /// Held by the pool, used or not (what it has not yet given back to the driver).
+        pub fn reserved(&self) -> u64 {
+            self.attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+        }
+
         pub fn high(&self) -> u64 {
             self.attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
         }
@@ -214,13 +219,14 @@ fn measure(
     let planned_resident = p.weights + p.kv_cache + p.rope_tables;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     eprintln!(
-        "{name} @ {context}: resident {:.1} MiB (planned {:.1}), workspace {:.1} MiB (planned {:.1}), outside the pool {:.1} MiB (planned runtime {:.1}), free-memory drop after loading {:.1} MiB",
+        "{name} @ {context}: resident {:.1} MiB (planned {:.1}), workspace {:.1} MiB (planned {:.1}), outside the pool {:.1} MiB (planned runtime {:.1}; the pool holds {:.1} MiB unused), free-memory drop after loading {:.1} MiB",
         mib(resident),
         mib(planned_resident),
         mib(workspace),
         mib(p.workspace),
         mib(outside_pool),
         mib(p.runtime),
+        mib(pool.reserved() - pool.used()),
         mib(info.device_bytes.unwrap_or(0)),
     );
     let slack = planned_resident / 50 + (32 << 20);

@@ -59,7 +59,9 @@ impl OneSeq {
             logits = self.runner.forward(&[c], &[piece], &self.blocks)?;
         }
         let Some(logits) = logits else { anyhow::bail!("no tokens to run") };
-        Ok(logits.squeeze(0)?)
+        // A decode step's logits are a view of the CUDA graph's output buffer, which the next
+        // replay overwrites (the engine samples before then); callers here keep them.
+        Ok(logits.squeeze(0)?.copy()?)
     }
 
     /// [`OneSeq::forward_last`] by the model's own per-op step (never a CUDA graph).
