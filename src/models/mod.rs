@@ -11,4 +11,5 @@ pub mod linear;
 pub mod llama;
 pub mod memory;
 pub mod quant;
+pub mod random;
 pub mod rope;

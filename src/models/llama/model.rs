@@ -6,7 +6,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::LlamaConfig;
-use super::fuse::{Fused, fuse_layer};
+use super::fuse::Fused;
 use super::memory;
 use crate::models::head::Head;
 use crate::models::linear::Linear;
@@ -32,6 +32,8 @@ pub struct Layer {
     pub gate: Linear,
     pub up: Linear,
     pub down: Linear,
+    /// q/k/v and gate/up fused ([`Layer::fuse`]), the parts above then views into them.
+    pub fused: Fused,
 }
 
 #[derive(Clone)]
@@ -54,8 +56,6 @@ pub struct Llama {
     rope: (Tensor, Tensor),
     dtype: DType,
     device: Device,
-    /// Each layer's fused products.
-    fused: Vec<Fused>,
 }
 
 impl Llama {
@@ -73,11 +73,10 @@ impl Llama {
             "dynamic NTK RoPE (angles that depend on the sequence length) is not supported by the batched engine"
         );
         let inv_freq = rope::inv_freq(&cfg.rope, cfg.rope_theta, cfg.head_dim, 0);
-        let mut w = f32_head(w, dtype)?;
+        let w = f32_head(w, dtype)?;
         let scale = cfg.rope.attention_scaling();
         let rope = rope::scaled_tables(&inv_freq, scale, 0, context, memory::ROPE_DTYPE, device)?;
-        let fused = w.layers.iter_mut().map(fuse_layer).collect::<candle_core::Result<_>>()?;
-        Ok(Llama { cfg, w, rope_style, inv_freq, rope, dtype, device: device.clone(), fused })
+        Ok(Llama { cfg, w, rope_style, inv_freq, rope, dtype, device: device.clone() })
     }
 
     pub fn config(&self) -> &LlamaConfig {
@@ -125,7 +124,7 @@ impl Llama {
 
     /// Layer `n`'s fused products.
     pub(super) fn fused(&self, n: usize) -> Option<&Fused> {
-        self.fused.get(n)
+        self.w.layers.get(n).map(|l| &l.fused)
     }
 
     /// The f32 RoPE tables `[positions, d/2]`.
