@@ -59,9 +59,7 @@ fn llama(device: &Device) -> impl Fn() -> Engine {
     let make = Arc::new(common::tiny_llama(device, CONTEXT));
     move || {
         let make = make.clone();
-        Engine::start(move || Ok((make().into_batch(), small_engine(), ())))
-            .expect("tiny llama engine")
-            .0
+        Engine::start(move || Ok((make(), small_engine(), ()))).expect("tiny llama engine").0
     }
 }
 

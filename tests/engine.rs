@@ -21,6 +21,9 @@ use inferno::generate::{SamplerConfig, StopReason};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod common;
+use common::one_seq::OneSeq;
+
 const CONTEXT: usize = 256;
 
 fn fixture(name: &str) -> PathBuf {
@@ -90,11 +93,14 @@ fn sampling(i: usize) -> SamplerConfig {
     }
 }
 
-/// Greedy tokens from the single-sequence model path (`CausalLm`), the engine's reference.
+/// Greedy tokens of the model run alone, one sequence step by step (`OneSeq`, no scheduler):
+/// the engine's reference.
 fn greedy_single(model: &str, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut m = engine::load(fixture(model).to_str().expect("path"), &opts(), &Device::Cpu)
-        .expect("model")
-        .model;
+    let mut m = OneSeq::new(
+        engine::load(fixture(model).to_str().expect("path"), &opts(), &Device::Cpu)
+            .expect("model")
+            .model,
+    );
     let mut out = Vec::new();
     let mut logits = m.forward_last(prompt, 0).expect("prefill");
     for i in 0..n {
@@ -291,7 +297,7 @@ fn an_oversized_pool_is_refused_with_the_numbers() {
 
 /// Greedy decoding with a repetition penalty picks from the penalised logits (a device argmax of
 /// the raw row would ignore the penalty): the engine equals the host sampler run on the
-/// single-sequence model path.
+/// model alone.
 #[test]
 fn greedy_with_a_repetition_penalty_applies_it() {
     let cfg = SamplerConfig { repeat_penalty: 3.0, repeat_last_n: 64, ..SamplerConfig::greedy() };
@@ -300,9 +306,11 @@ fn greedy_with_a_repetition_penalty_applies_it() {
     let prompt = random_prompt(&mut StdRng::seed_from_u64(9), 12, vocab);
     let (got, _) =
         collect(engine.submit(request(prompt.clone(), cfg.clone(), 24)).expect("submit"));
-    let mut m = engine::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
-        .expect("model")
-        .model;
+    let mut m = OneSeq::new(
+        engine::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
+            .expect("model")
+            .model,
+    );
     let mut sampler = inferno::generate::Sampler::new(cfg);
     let mut history = prompt.clone();
     let mut logits = m.forward_last(&prompt, 0).expect("prefill");
@@ -318,7 +326,7 @@ fn greedy_with_a_repetition_penalty_applies_it() {
 
 /// A request with forced ids and logprobs, run beside another request: the engine continues
 /// from the forced ids (teacher forcing), and each step's logprobs are the log-softmax of the
-/// single-sequence model path's logits for that prefix (the raw logits: the request samples
+/// logits of the model alone for that prefix (the raw logits: the request samples
 /// with a penalty and a temperature, which must not change them).
 #[test]
 fn forced_ids_are_teacher_forcing_and_logprobs_are_the_raw_log_softmax() {
@@ -344,9 +352,11 @@ fn forced_ids_are_teacher_forcing_and_logprobs_are_the_raw_log_softmax() {
     drop(other);
     let ids: Vec<u32> = steps.iter().map(|s| s.0).collect();
     assert_eq!(ids, forced);
-    let mut m = engine::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
-        .expect("model")
-        .model;
+    let mut m = OneSeq::new(
+        engine::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
+            .expect("model")
+            .model,
+    );
     let mut logits = m.forward_last(&prompt, 0).expect("prefill");
     for (i, (id, scores)) in steps.iter().enumerate() {
         let row: Vec<f64> =

@@ -28,8 +28,7 @@ fn runner(config: &str, dtype: DType, device: &Device) -> Runner {
     // different dtypes compare the dtypes, not two models.
     device.set_seed(2026).expect("seed");
     let loaded = engine::load(path.to_str().expect("path"), &opts, device).expect("model");
-    let mut model = loaded.split().0.into_batch();
-    model.prepare_batched().expect("batched");
+    let model = loaded.split().0;
     let shape = model.kv_shape();
     let blocks = vec![(SEQS + 1) * 1024 / BLOCK + 1; shape.group_windows.len()];
     let pool = KvPool::new(&shape, BLOCK, &blocks, device).expect("pool");

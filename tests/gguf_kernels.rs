@@ -10,8 +10,10 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
-use inferno::models::CausalLm;
 use inferno::models::llama::load::{self, GgufFile};
+
+mod common;
+use common::one_seq::OneSeq;
 
 const HIDDEN: usize = 256;
 const INTER: usize = 512;
@@ -79,9 +81,9 @@ fn tokens() -> Vec<u32> {
     (0..40u32).map(|i| (i * 37 + 11) % VOCAB as u32).collect()
 }
 
-fn model(path: &Path, dev: &Device) -> impl CausalLm {
+fn model(path: &Path, dev: &Device) -> OneSeq {
     let mut gguf = GgufFile::open(path).expect("open GGUF");
-    load::load_gguf(&mut gguf, CONTEXT, dev).expect("load GGUF")
+    OneSeq::new(Box::new(load::load_gguf(&mut gguf, CONTEXT, dev).expect("load GGUF")))
 }
 
 fn prefill_logits(path: &Path, dev: &Device) -> Vec<Vec<f32>> {
@@ -100,8 +102,7 @@ fn engine_step_logits(path: &Path, dev: &Device) -> Vec<Vec<f32>> {
     let tokens = tokens();
     let opts = LoadOptions { dtype: None, context: Some(CONTEXT), dummy: false };
     let loaded = engine::load(path.to_str().expect("path"), &opts, dev).expect("load");
-    let mut model = loaded.split().0.into_batch();
-    model.prepare_batched().expect("batched");
+    let model = loaded.split().0;
     let shape = model.kv_shape();
     let n_blocks = tokens.len().div_ceil(BLOCK) + 2;
     let pool =

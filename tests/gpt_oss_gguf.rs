@@ -16,9 +16,11 @@
 use std::path::PathBuf;
 
 use candle_core::{DType, Device};
-use inferno::models::CausalLm;
 use inferno::models::gpt_oss::{GptOssConfig, gguf};
 use serde_json::Value;
+
+mod common;
+use common::one_seq::OneSeq;
 
 const STEPS: usize = 40;
 
@@ -39,8 +41,8 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-fn model(device: &Device) -> inferno::models::gpt_oss::GptOss {
-    gguf::load(&gguf_path(), DType::F32, 64, device).unwrap()
+fn model(device: &Device) -> OneSeq {
+    OneSeq::new(Box::new(gguf::load(&gguf_path(), DType::F32, 64, device).unwrap()))
 }
 
 fn max_diff(got: &[Vec<f32>], want: &Value) -> f32 {
@@ -56,7 +58,7 @@ fn max_diff(got: &[Vec<f32>], want: &Value) -> f32 {
     worst
 }
 
-fn greedy(model: &mut impl CausalLm, prompt: &[u32]) -> Vec<u32> {
+fn greedy(model: &mut OneSeq, prompt: &[u32]) -> Vec<u32> {
     let mut logits = model.forward_last(prompt, 0).unwrap();
     let mut out = Vec::new();
     for i in 0..STEPS {

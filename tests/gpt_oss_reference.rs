@@ -5,9 +5,11 @@
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use inferno::models::CausalLm;
 use inferno::models::gpt_oss::load;
 use serde_json::Value;
+
+mod common;
+use common::one_seq::OneSeq;
 
 const STEPS: usize = 40;
 
@@ -27,12 +29,13 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-/// The tiny model; with `chunk`, prompts run in chunks of that size and sliding layers keep a
-/// ring of `window + chunk − 1` slots (10 for chunk 3: the ring wraps many times in 60 positions).
-fn tiny(device: &Device, dtype: DType, chunk: Option<usize>) -> inferno::models::gpt_oss::GptOss {
-    let mut model = load::load(&dir(), dtype, 64, device).unwrap();
+/// The tiny model, run as the engine runs it; with `chunk`, prompts run in steps of that size
+/// (3: the sliding layers' window of 8 spans several steps, and their blocks of 16 several
+/// windows).
+fn tiny(device: &Device, dtype: DType, chunk: Option<usize>) -> OneSeq {
+    let mut model = OneSeq::new(Box::new(load::load(&dir(), dtype, 64, device).unwrap()));
     if let Some(c) = chunk {
-        model.set_prefill_chunk(c).unwrap();
+        model.chunk = c;
     }
     model
 }
@@ -67,16 +70,20 @@ fn check_greedy(device: &Device, chunk: Option<usize>) {
     assert_eq!(got, want[..STEPS]);
 }
 
-/// Greedy decoding token by token (on a GPU: replays of the captured CUDA graph) from the
-/// fixture's prompt: every token (prompt and decoded) and the decode steps' logits stacked
-/// `[steps, vocab]`, which belong to positions `prompt − 1 ..`.
-fn decode(model: &mut impl CausalLm, prompt: &[u32], steps: usize) -> (Vec<u32>, Tensor) {
-    let mut logits = vec![model.forward_last(prompt, 0).unwrap()];
+/// Greedy decoding token by token (on a GPU: replays of the runner's CUDA graph; `plain`: the
+/// model's per-op step) from the fixture's prompt: every token (prompt and decoded) and the
+/// decode steps' logits stacked `[steps, vocab]`, which belong to positions `prompt − 1 ..`.
+fn decode(model: &mut OneSeq, prompt: &[u32], steps: usize, plain: bool) -> (Vec<u32>, Tensor) {
+    let step = |m: &mut OneSeq, t: &[u32], at: usize| match plain {
+        true => m.forward_last_plain(t, at).unwrap(),
+        false => m.forward_last(t, at).unwrap(),
+    };
+    let mut logits = vec![step(model, prompt, 0)];
     let mut tokens = prompt.to_vec();
     for _ in 0..steps {
         let next = logits.last().unwrap().argmax(0).unwrap().to_scalar::<u32>().unwrap();
         tokens.push(next);
-        logits.push(model.forward_last(&[next], tokens.len() - 1).unwrap());
+        logits.push(step(model, &[next], tokens.len() - 1));
     }
     (tokens, Tensor::stack(&logits, 0).unwrap())
 }
@@ -101,7 +108,7 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
 /// Decoding gives the logits that a fresh model computes for the same positions in one prefill.
 fn check_decode_matches_prefill(device: &Device, chunk: Option<usize>, tolerance: f32) {
     let prompt = ids(&reference()["prompt_ids"]);
-    let (tokens, decoded) = decode(&mut tiny(device, DType::F32, chunk), &prompt, 20);
+    let (tokens, decoded) = decode(&mut tiny(device, DType::F32, chunk), &prompt, 20, false);
     let worst = max_diff(&decoded, &prefill(device, DType::F32, chunk, &tokens, prompt.len(), 20));
     eprintln!("decode vs prefill (f32, chunk {chunk:?}): max |logit difference| = {worst:.2e}");
     assert!(worst < tolerance, "decoded logits differ from prefill logits by {worst}");
@@ -113,10 +120,9 @@ fn check_decode_matches_prefill(device: &Device, chunk: Option<usize>, tolerance
 /// ordinary per-op decode path.
 fn check_bf16_decode_is_as_accurate_as_prefill(device: &Device) {
     let prompt = ids(&reference()["prompt_ids"]);
-    let (tokens, decoded) = decode(&mut tiny(device, DType::BF16, None), &prompt, 20);
-    let mut plain = tiny(device, DType::BF16, None);
-    plain.set_decode_graph(false).unwrap();
-    let (plain_tokens, plain_decoded) = decode(&mut plain, &prompt, 20);
+    let (tokens, decoded) = decode(&mut tiny(device, DType::BF16, None), &prompt, 20, false);
+    let (plain_tokens, plain_decoded) =
+        decode(&mut tiny(device, DType::BF16, None), &prompt, 20, true);
     let exact = prefill(device, DType::F32, None, &tokens, prompt.len(), 20);
     let err_decode = max_diff(&decoded, &exact);
     let err_prefill =
@@ -152,13 +158,7 @@ fn f32_cpu_greedy_matches_transformers() {
 }
 
 #[test]
-fn ring_kv_cache_and_chunked_prefill_match_transformers() {
-    let model = tiny(&Device::Cpu, DType::F32, Some(3));
-    let full = tiny(&Device::Cpu, DType::F32, None);
-    assert!(
-        model.kv_cache_bytes() < full.kv_cache_bytes(),
-        "sliding layers should keep only a ring"
-    );
+fn chunked_prefill_matches_transformers() {
     check_logits(&Device::Cpu, DType::F32, 1e-3, Some(3));
     check_greedy(&Device::Cpu, Some(3));
 }
@@ -202,13 +202,13 @@ fn gpu_20b_shaped_bf16_teacher_forced_agreement() {
         .filter_map(Value::as_f64)
         .collect();
     let (free_before, _) = inferno::gpu::memory(&dev).unwrap();
-    let mut model = load::load(&dir, DType::BF16, 8192, &dev).unwrap();
+    let mut model = OneSeq::new(Box::new(load::load(&dir, DType::BF16, 8192, &dev).unwrap()));
     let (free_loaded, _) = inferno::gpu::memory(&dev).unwrap();
     // What generation does with a prompt (logits of its last position only).
     model.forward_last(&tokens, 0).unwrap();
     let (free_prefilled, _) = inferno::gpu::memory(&dev).unwrap();
     eprintln!(
-        "20b-shaped bf16, GPU memory: {:.2} GB after load (8k context), {:.2} GB after a {}-token prompt",
+        "20b-shaped bf16, GPU memory: {:.2} GB after load with an 8k-token KV pool, {:.2} GB after a {}-token prompt",
         (free_before - free_loaded) as f64 / 1e9,
         (free_before - free_prefilled) as f64 / 1e9,
         tokens.len()
@@ -225,7 +225,7 @@ fn gpu_20b_shaped_bf16_teacher_forced_agreement() {
                 .collect()
         })
         .unwrap_or_default();
-    let agreement = |model: &mut inferno::models::gpt_oss::GptOss, what: &str| -> (f64, f32) {
+    let agreement = |model: &mut OneSeq, what: &str| -> (f64, f32) {
         let logits = model.forward_all(&tokens, 0).unwrap();
         let diffs: Vec<(usize, f32)> = probes
             .iter()
@@ -259,7 +259,8 @@ fn gpu_20b_shaped_bf16_teacher_forced_agreement() {
     );
     drop(model);
     // The same weights in f32 against the f32 reference at full size: exact up to summation order.
-    let mut model = load::load(&dir, DType::F32, tokens.len(), &dev).unwrap();
+    let mut model =
+        OneSeq::new(Box::new(load::load(&dir, DType::F32, tokens.len(), &dev).unwrap()));
     let (f32_agree, f32_worst) = agreement(&mut model, "f32");
     assert!(
         !probes.is_empty() && f32_worst < 1e-3,

@@ -9,10 +9,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::one_seq::OneSeq;
+
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device, Tensor};
 use inferno::error::{ErrorKind, kind_of};
-use inferno::models::CausalLm;
 use inferno::models::llama::Llama;
 use inferno::models::llama::load::{self, GgufFile};
 use inferno::models::rope::RopeKind;
@@ -53,12 +54,21 @@ fn gguf_model() -> Llama {
     load::load_gguf(&mut gguf, CONTEXT, &Device::Cpu).expect("load GGUF")
 }
 
+/// The models run as the engine runs them.
+fn st(dir: &Path) -> OneSeq {
+    OneSeq::new(Box::new(safetensors_model(dir)))
+}
+
+fn gg() -> OneSeq {
+    OneSeq::new(Box::new(gguf_model()))
+}
+
 fn argmax(logits: &Tensor) -> u32 {
     logits.argmax(0).unwrap().to_scalar::<u32>().unwrap()
 }
 
-/// Greedy decoding with the KV cache, one token at a time after the prompt.
-fn greedy(model: &mut dyn CausalLm, prompt: &[u32], steps: usize) -> Vec<u32> {
+/// Greedy decoding, one token at a time after the prompt.
+fn greedy(model: &mut OneSeq, prompt: &[u32], steps: usize) -> Vec<u32> {
     let mut out = vec![argmax(&model.forward_last(prompt, 0).unwrap())];
     while out.len() < steps {
         let pos = prompt.len() + out.len() - 1;
@@ -68,7 +78,7 @@ fn greedy(model: &mut dyn CausalLm, prompt: &[u32], steps: usize) -> Vec<u32> {
 }
 
 /// Logits for every position of the prompt followed by the reference's greedy tokens.
-fn all_logits(model: &mut dyn CausalLm) -> Vec<Vec<f32>> {
+fn all_logits(model: &mut OneSeq) -> Vec<Vec<f32>> {
     let fx = reference();
     let tokens = [ids(&fx["prompt_ids"]), ids(&fx["greedy_tokens"])].concat();
     model.forward_all(&tokens, 0).unwrap().to_vec2().unwrap()
@@ -79,7 +89,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-fn check_greedy(model: &mut dyn CausalLm, label: &str) {
+fn check_greedy(model: &mut OneSeq, label: &str) {
     let fx = reference();
     let want = ids(&fx["greedy_tokens"]);
     let got = greedy(model, &ids(&fx["prompt_ids"]), want.len());
@@ -87,7 +97,7 @@ fn check_greedy(model: &mut dyn CausalLm, label: &str) {
 }
 
 /// The logits rows transformers recorded, within `tolerance`.
-fn check_logits(model: &mut dyn CausalLm, tolerance: f32, label: &str) {
+fn check_logits(model: &mut OneSeq, tolerance: f32, label: &str) {
     let fx = reference();
     let got = all_logits(model);
     let mut worst = 0f32;
@@ -131,14 +141,14 @@ fn frequencies_match_transformers_in_both_formats() {
 
 #[test]
 fn f32_safetensors_greedy_and_logits_match_transformers() {
-    check_greedy(&mut safetensors_model(&dir()), "safetensors");
-    check_logits(&mut safetensors_model(&dir()), 1e-4, "safetensors");
+    check_greedy(&mut st(&dir()), "safetensors");
+    check_logits(&mut st(&dir()), 1e-4, "safetensors");
 }
 
 #[test]
 fn f32_gguf_greedy_and_logits_match_transformers() {
-    check_greedy(&mut gguf_model(), "GGUF");
-    check_logits(&mut gguf_model(), 1e-4, "GGUF");
+    check_greedy(&mut gg(), "GGUF");
+    check_logits(&mut gg(), 1e-4, "GGUF");
 }
 
 /// The same weights in the two formats give the same logits at every position, as close as
@@ -148,8 +158,8 @@ fn f32_gguf_greedy_and_logits_match_transformers() {
 /// permuted q/k rows, candle's QMatMul for the weights), which round differently.
 #[test]
 fn both_formats_give_the_same_logits() {
-    let hf = all_logits(&mut safetensors_model(&dir()));
-    let gguf = all_logits(&mut gguf_model());
+    let hf = all_logits(&mut st(&dir()));
+    let gguf = all_logits(&mut gg());
     let worst = hf.iter().zip(&gguf).map(|(a, b)| max_diff(a, b)).fold(0.0, f32::max);
     eprintln!(
         "safetensors vs GGUF: max |logit difference| over {} positions = {worst:.2e}",
@@ -173,8 +183,8 @@ fn convert_writes_the_llama3_scaling_back() {
         serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap()
     };
     assert_eq!(config(&converted)["rope_scaling"], config(&dir())["rope_scaling"]);
-    let original = all_logits(&mut safetensors_model(&dir()));
-    assert_eq!(all_logits(&mut safetensors_model(&converted)), original);
+    let original = all_logits(&mut st(&dir()));
+    assert_eq!(all_logits(&mut st(&converted)), original);
 }
 
 /// A copy of the fixture GGUF whose rope_freqs.weight holds `factors`.
@@ -247,7 +257,7 @@ fn q8_0_copy(dir: &Path) -> PathBuf {
 }
 
 /// Teacher-forced logits one position at a time (decode steps: the GPU's Q8_0 GEMV).
-fn stepped_logits(model: &mut dyn CausalLm) -> Vec<Vec<f32>> {
+fn stepped_logits(model: &mut OneSeq) -> Vec<Vec<f32>> {
     let fx = reference();
     let tokens = [ids(&fx["prompt_ids"]), ids(&fx["greedy_tokens"])].concat();
     (0..tokens.len())
@@ -274,13 +284,13 @@ fn gpu_q8_0_gguf_is_as_close_to_the_f32_model_as_ggmls_kernels() {
     let q8 = q8_0_copy(tmp.path());
     let load = |path: &Path, dev: &Device| {
         let mut gguf = GgufFile::open(path).expect("open GGUF");
-        load::load_gguf(&mut gguf, CONTEXT, dev).expect("load GGUF")
+        OneSeq::new(Box::new(load::load_gguf(&mut gguf, CONTEXT, dev).expect("load GGUF")))
     };
     let mut ours = load(&q8, &dev);
     let mut ggml = load(&q8, &Device::Cpu);
-    let mut f32_model = gguf_model();
+    let mut f32_model = gg();
     for (label, logits) in
-        [("steps", stepped_logits as fn(&mut dyn CausalLm) -> _), ("prefill", all_logits)]
+        [("steps", stepped_logits as fn(&mut OneSeq) -> _), ("prefill", all_logits)]
     {
         let want = logits(&mut f32_model);
         let (o, g) = (logits(&mut ours), logits(&mut ggml));

@@ -2,7 +2,7 @@
 //! transformers + compressed-tensors, on tests/fixtures/llama_ct/* (made by scripts/fixtures/llama_ct.sh: the
 //! tiny Llama of llama3_tiny quantized by the compressed-tensors library, layer 1's down_proj and
 //! the LM head left dense by `ignore`, one of them through a `re:` pattern). f32 on the CPU,
-//! through both model paths: the single-sequence one and the batched engine.
+//! through the batched model (one sequence in a paged pool) and the engine.
 //!
 //! Greedy tokens must be identical. Logits within 1e-4 (W4A16, W8A16: weight-only, as for the
 //! dense fixture) and 1e-3 (W8A8, FP8); measured 7.3e-6, 5.0e-6, 2.9e-6 and 4.1e-6. The weights are dequantized exactly
@@ -18,9 +18,11 @@ use inferno::engine::core::EngineConfig;
 use inferno::engine::request::{Event, Request};
 use inferno::engine::{self, LoadOptions};
 use inferno::generate::SamplerConfig;
-use inferno::models::CausalLm;
 use inferno::models::llama::load;
 use serde_json::Value;
+
+mod common;
+use common::one_seq::OneSeq;
 
 mod llama_ct_fixture;
 use llama_ct_fixture::{dir, reference};
@@ -37,8 +39,9 @@ fn argmax(logits: &Tensor) -> u32 {
     logits.argmax(0).unwrap().to_scalar::<u32>().unwrap()
 }
 
-fn model(name: &str) -> Box<dyn CausalLm> {
-    Box::new(load::load_safetensors(&dir(name), Some(DType::F32), CONTEXT, &Device::Cpu).unwrap())
+fn model(name: &str) -> OneSeq {
+    let m = load::load_safetensors(&dir(name), Some(DType::F32), CONTEXT, &Device::Cpu).unwrap();
+    OneSeq::new(Box::new(m))
 }
 
 #[test]

@@ -9,8 +9,9 @@ mod common;
 
 use std::path::PathBuf;
 
+use common::one_seq::OneSeq;
+
 use candle_core::{DType, Device, Tensor};
-use inferno::models::CausalLm;
 use inferno::models::llama::convert;
 use inferno::models::llama::load::{self, GgufFile};
 use serde_json::Value;
@@ -44,11 +45,15 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
+fn one_seq(model: anyhow::Result<inferno::models::llama::Llama>) -> OneSeq {
+    OneSeq::new(Box::new(model.expect("model")))
+}
+
 fn argmax(logits: &Tensor) -> u32 {
     logits.argmax(0).unwrap().to_scalar::<u32>().unwrap()
 }
 
-fn greedy(model: &mut dyn CausalLm, prompt: &[u32], steps: usize) -> Vec<u32> {
+fn greedy(model: &mut OneSeq, prompt: &[u32], steps: usize) -> Vec<u32> {
     let mut out = Vec::new();
     let mut next = argmax(&model.forward_last(prompt, 0).unwrap());
     let mut pos = prompt.len();
@@ -62,17 +67,17 @@ fn greedy(model: &mut dyn CausalLm, prompt: &[u32], steps: usize) -> Vec<u32> {
 }
 
 /// Every greedy case agrees with the reference for GREEDY_STEPS tokens.
-fn check_greedy(mut load: impl FnMut() -> Box<dyn CausalLm>, steps: usize, label: &str) {
+fn check_greedy(mut load: impl FnMut() -> OneSeq, steps: usize, label: &str) {
     let fx = fixture();
     for case in fx["greedy"].as_array().unwrap() {
         let mut model = load();
         let want = ids(&case["tokens"]);
-        let got = greedy(model.as_mut(), &ids(&case["prompt_ids"]), steps);
+        let got = greedy(&mut model, &ids(&case["prompt_ids"]), steps);
         assert_eq!(got, want[..steps], "{label}: prompt {:?}", case["prompt"].as_str().unwrap());
     }
 }
 
-fn teacher_forced_agreement(model: &mut dyn CausalLm) -> f64 {
+fn teacher_forced_agreement(model: &mut OneSeq) -> f64 {
     let fx = fixture();
     let tokens = ids(&fx["teacher_forced"]["ids"]);
     let want = ids(&fx["teacher_forced"]["argmax"]);
@@ -115,7 +120,7 @@ fn gguf_to_hf_conversion_matches_transformers_bit_for_bit() {
 fn f32_cpu_greedy_matches_transformers() {
     let dir = hf_checkpoint();
     check_greedy(
-        || Box::new(load::load_safetensors(&dir, Some(DType::F32), 256, &Device::Cpu).unwrap()),
+        || one_seq(load::load_safetensors(&dir, Some(DType::F32), 256, &Device::Cpu)),
         GREEDY_STEPS,
         "cpu f32",
     );
@@ -124,17 +129,34 @@ fn f32_cpu_greedy_matches_transformers() {
 #[test]
 fn f32_cpu_teacher_forced_matches_transformers() {
     let mut model =
-        load::load_safetensors(&hf_checkpoint(), Some(DType::F32), 512, &Device::Cpu).unwrap();
+        one_seq(load::load_safetensors(&hf_checkpoint(), Some(DType::F32), 512, &Device::Cpu));
     let agree = teacher_forced_agreement(&mut model);
     assert!(agree >= 0.99, "top-1 agreement {agree}");
 }
 
 #[test]
 fn a_prompt_longer_than_the_context_is_refused() {
-    let mut model =
-        load::load_safetensors(&hf_checkpoint(), Some(DType::F32), 8, &Device::Cpu).unwrap();
-    let err = model.forward_last(&[1; 9], 0).unwrap_err();
-    assert!(err.to_string().contains("context full"), "{err}");
+    use inferno::engine::core::EngineConfig;
+    use inferno::engine::request::Request;
+    use inferno::engine::{self, LoadOptions};
+    let opts = LoadOptions { dtype: Some(DType::F32), context: Some(8), dummy: false };
+    let dir = hf_checkpoint();
+    let (engine, _) = engine::start(dir.to_str().unwrap(), &opts, &Device::Cpu, |i| {
+        EngineConfig::single(i.context)
+    })
+    .unwrap();
+    let request = Request {
+        prompt: vec![1; 9],
+        sampling: inferno::generate::SamplerConfig::greedy(),
+        max_tokens: 1,
+        eos_ids: Vec::new(),
+        interrupt: None,
+        logprobs: None,
+        forced: Vec::new(),
+        constraint: None,
+    };
+    let err = engine.submit(request).err().expect("a refusal");
+    assert!(err.to_string().contains("the context holds 8"), "{err}");
 }
 
 fn gpu() -> Device {
@@ -147,7 +169,7 @@ fn gpu_f32_safetensors_greedy_matches_transformers() {
     let dir = hf_checkpoint();
     let dev = gpu();
     check_greedy(
-        || Box::new(load::load_safetensors(&dir, Some(DType::F32), 256, &dev).unwrap()),
+        || one_seq(load::load_safetensors(&dir, Some(DType::F32), 256, &dev)),
         GREEDY_STEPS,
         "gpu f32",
     );
@@ -157,7 +179,7 @@ fn gpu_f32_safetensors_greedy_matches_transformers() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
 fn gpu_bf16_teacher_forced_agreement_is_at_least_98_percent() {
     let mut model =
-        load::load_safetensors(&hf_checkpoint(), Some(DType::BF16), 512, &gpu()).unwrap();
+        one_seq(load::load_safetensors(&hf_checkpoint(), Some(DType::BF16), 512, &gpu()));
     let agree = teacher_forced_agreement(&mut model);
     eprintln!("bf16 GPU teacher-forced top-1 agreement: {:.2}%", agree * 100.0);
     assert!(agree >= 0.98, "top-1 agreement {agree}");
@@ -173,7 +195,7 @@ fn gpu_gguf_output_is_close_to_the_reference() {
     let cases = fx["greedy"].as_array().unwrap();
     for case in cases {
         let mut gguf = GgufFile::open(&gguf_path()).unwrap();
-        let mut model = load::load_gguf(&mut gguf, 256, &dev).unwrap();
+        let mut model = one_seq(load::load_gguf(&mut gguf, 256, &dev));
         let want = ids(&case["tokens"]);
         let got = greedy(&mut model, &ids(&case["prompt_ids"]), 16);
         let prefix = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
@@ -189,25 +211,20 @@ fn gpu_gguf_output_is_close_to_the_reference() {
     // f32 reference on the same dequantized weights); a wrong dequantization or layout lands
     // far below the bar.
     let mut gguf = GgufFile::open(&gguf_path()).unwrap();
-    let mut model = load::load_gguf(&mut gguf, 512, &dev).unwrap();
+    let mut model = one_seq(load::load_gguf(&mut gguf, 512, &dev));
     let agree = teacher_forced_agreement(&mut model);
     eprintln!("GGUF (Q4_1 kernels) teacher-forced top-1 agreement: {:.2}%", agree * 100.0);
     assert!(agree >= 0.85, "top-1 agreement {agree}");
 }
 
 /// The engine's batched step (what `play`, `bench` and `serve` run: fused products, GEMVs,
-/// paged attention) teacher-forced one decode step per position in bf16 on the GPU, against
-/// transformers' argmax: the bar of the single-sequence path above.
+/// paged attention) teacher-forced one decode step per position in bf16 on the GPU (the
+/// runner's CUDA graph), against transformers' argmax: the bar of the prefill test above.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
 fn gpu_bf16_engine_teacher_forced_agreement_is_at_least_98_percent() {
-    use inferno::engine::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
-    use inferno::engine::runner::Runner;
-    use inferno::engine::scheduler::Chunk;
     use inferno::engine::{self, LoadOptions};
-    use inferno::models::batch::KvPool;
 
-    const BLOCK: usize = 16;
     let dev = gpu();
     let fx = fixture();
     let tokens = ids(&fx["teacher_forced"]["ids"]);
@@ -215,22 +232,10 @@ fn gpu_bf16_engine_teacher_forced_agreement_is_at_least_98_percent() {
     let opts = LoadOptions { dtype: Some(DType::BF16), context: Some(1024), dummy: false };
     let dir = hf_checkpoint();
     let loaded = engine::load(dir.to_str().unwrap(), &opts, &dev).unwrap();
-    let mut model = loaded.split().0.into_batch();
-    model.prepare_batched().unwrap();
-    let shape = model.kv_shape();
-    let n_blocks = tokens.len().div_ceil(BLOCK) + 2;
-    let pool =
-        KvPool::new(&shape, BLOCK, &vec![n_blocks; shape.group_windows.len()], &dev).unwrap();
-    let groups = shape.group_windows.iter().map(|w| GroupSpec { blocks: n_blocks, window: *w });
-    let mut blocks =
-        BlockManager::new(BlockConfig { block_size: BLOCK, groups: groups.collect() }).unwrap();
-    let mut runner = Runner::new(model, pool, shape);
-    blocks.add_sequence(0, &tokens);
+    let mut model = OneSeq::new(loaded.split().0);
     let mut got = Vec::new();
     for (i, t) in tokens.iter().enumerate().take(want.len()) {
-        blocks.ensure(0, i, i + 1).unwrap();
-        let chunk = Chunk { id: 0, start: i, len: 1, sample: true };
-        let logits: Tensor = runner.forward(&[chunk], &[&[*t][..]], &blocks).unwrap().unwrap();
+        let logits = model.forward_last(&[*t], i).unwrap().unsqueeze(0).unwrap();
         got.push(inferno::kernels::argmax_rows(&logits).unwrap().to_vec1::<u32>().unwrap()[0]);
     }
     let agree = score(&got, &want);

@@ -206,6 +206,32 @@ impl Drop for Engine {
 /// same token budget).
 const POOL_RESERVE: u64 = 512 << 20;
 
+/// The blocks of each KV group an engine of `cfg` allocates (the memory plan counts the same,
+/// at [`EngineConfig::single`]).
+pub fn pool_groups(shape: &crate::models::batch::KvShape, cfg: &EngineConfig) -> Vec<GroupSpec> {
+    // One more block per group: the manager's padding block.
+    let full = cfg.kv_tokens.div_ceil(BLOCK_SIZE).max(1) + 1;
+    shape
+        .group_windows
+        .iter()
+        .map(|w| {
+            // A sliding layer needs no more than its window and one chunk per sequence, plus
+            // room to keep released windows cached: a chat's next turn reuses the window at
+            // the end of the previous prompt, which a reply of up to SLIDING_HEADROOM tokens
+            // does not evict.
+            let blocks = match w {
+                Some(w) => {
+                    let per_seq = (w + cfg.token_budget).div_ceil(BLOCK_SIZE) + 1;
+                    let headroom = SLIDING_HEADROOM.div_ceil(BLOCK_SIZE);
+                    full.min(per_seq * cfg.max_seqs + headroom + 1)
+                }
+                None => full,
+            };
+            GroupSpec { blocks, window: *w }
+        })
+        .collect()
+}
+
 /// Refuses a pool that would not fit in what is free now (exit code 7, with the numbers and
 /// what to lower), instead of failing in the allocator.
 fn check_pool_fits(
@@ -286,34 +312,13 @@ struct Core {
 
 impl Core {
     fn new(
-        mut model: Box<dyn BatchModel>,
+        model: Box<dyn BatchModel>,
         cfg: EngineConfig,
         stats: Arc<Mutex<EngineStats>>,
     ) -> anyhow::Result<Core> {
-        model.prepare_batched()?;
         let shape = model.kv_shape();
         let max_context = model.max_positions();
-        // One more block per group: the manager's padding block.
-        let full = cfg.kv_tokens.div_ceil(BLOCK_SIZE).max(1) + 1;
-        let groups: Vec<GroupSpec> = shape
-            .group_windows
-            .iter()
-            .map(|w| {
-                // A sliding layer needs no more than its window and one chunk per sequence, plus
-                // room to keep released windows cached: a chat's next turn reuses the window at
-                // the end of the previous prompt, which a reply of up to SLIDING_HEADROOM tokens
-                // does not evict.
-                let blocks = match w {
-                    Some(w) => {
-                        let per_seq = (w + cfg.token_budget).div_ceil(BLOCK_SIZE) + 1;
-                        let headroom = SLIDING_HEADROOM.div_ceil(BLOCK_SIZE);
-                        full.min(per_seq * cfg.max_seqs + headroom + 1)
-                    }
-                    None => full,
-                };
-                GroupSpec { blocks, window: *w }
-            })
-            .collect();
+        let groups = pool_groups(&shape, &cfg);
         // The pool holds every block the manager hands out, its padding block included.
         let pool_blocks: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
         check_pool_fits(&shape, &pool_blocks, &cfg, model.device())?;

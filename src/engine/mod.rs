@@ -13,7 +13,7 @@ use crate::error::{ErrorKind, fail};
 use crate::gpu::{self, GpuInfo};
 use crate::hub::Cache;
 use crate::hub::resolve::resolve_model;
-use crate::models::CausalLm;
+use crate::models::batch::BatchModel;
 use crate::models::gpt_oss;
 use crate::models::llama::load::{self, GgufFile};
 use crate::models::llama::model::RopeStyle;
@@ -136,7 +136,7 @@ pub struct LoadOptions {
 
 /// A model on its device, with what the banner and benchmarks report.
 pub struct Loaded {
-    pub model: Box<dyn CausalLm>,
+    pub model: Box<dyn BatchModel>,
     pub info: ModelInfo,
 }
 
@@ -155,7 +155,7 @@ pub struct ModelInfo {
     /// What the model was planned to need, and the memory that was free for it.
     pub plan: MemoryPlan,
     pub budget: Option<Budget>,
-    /// Device memory taken by loading (weights + KV cache), when measurable.
+    /// Device memory taken by loading (weights and RoPE tables), when measurable.
     pub device_bytes: Option<u64>,
 }
 
@@ -169,7 +169,7 @@ impl ModelInfo {
 
 impl Loaded {
     /// The model and what the banners report about it.
-    pub fn split(self) -> (Box<dyn CausalLm>, ModelInfo) {
+    pub fn split(self) -> (Box<dyn BatchModel>, ModelInfo) {
         (self.model, self.info)
     }
 }
@@ -186,7 +186,7 @@ pub fn start(
     core::Engine::start(move || {
         let (model, info) = load(&name, &opts, &device)?.split();
         let cfg = size(&info);
-        Ok((model.into_batch(), cfg, info))
+        Ok((model, cfg, info))
     })
 }
 
@@ -330,7 +330,7 @@ fn format_name(source: &Source, spec: &Spec) -> String {
 }
 
 /// Builds what `spec` describes.
-fn build(source: &Source, spec: &Spec, device: &Device) -> anyhow::Result<Box<dyn CausalLm>> {
+fn build(source: &Source, spec: &Spec, device: &Device) -> anyhow::Result<Box<dyn BatchModel>> {
     let (dtype, context) = (spec.dtype, spec.context);
     Ok(match (source, &spec.arch) {
         (Source::Gguf(path), Arch::GptOss(_)) => {

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use candle_core::DType;
 
+use super::core::{BLOCK_SIZE, EngineConfig, pool_groups};
 use super::plan::{MemoryPlan, Target};
 use super::{LoadOptions, Source, context_for, model_type};
 use crate::error::{ErrorKind, fail};
@@ -127,14 +128,14 @@ impl Spec {
 
     /// The memory needed at `context`.
     pub fn plan(&self, context: usize) -> MemoryPlan {
-        let (kv_cache, rope_tables, workspace) = match &self.arch {
+        // The pool an engine of one sequence of `context` tokens allocates; the intermediates
+        // of the engine's default step, which grow with its tokens.
+        let step = crate::engine::core::DEFAULT_TOKEN_BUDGET;
+        let (shape, rope_tables, workspace) = match &self.arch {
             Arch::GptOss(cfg) => {
                 use gpt_oss::memory as m;
-                // The cache as the model allocates it; the intermediates of the engine's
-                // default step, which grow with its tokens.
-                let step = crate::engine::core::DEFAULT_TOKEN_BUDGET;
                 (
-                    m::kv_cache_bytes(cfg, context, gpt_oss::model::PREFILL_CHUNK, self.dtype),
+                    m::kv_shape(cfg, self.dtype),
                     m::rope_table_bytes(cfg, context),
                     m::workspace_bytes(cfg, context, step, self.dtype),
                 )
@@ -142,12 +143,15 @@ impl Spec {
             Arch::Llama(cfg) => {
                 use llama::memory as m;
                 (
-                    m::kv_cache_bytes(cfg, context, self.dtype),
-                    m::rope_table_bytes(cfg, context, self.dtype),
-                    m::workspace_bytes(cfg, context, self.dtype),
+                    m::kv_shape(cfg, self.dtype),
+                    m::rope_table_bytes(cfg, context),
+                    m::workspace_bytes(cfg, context, step, self.dtype),
                 )
             }
         };
+        let groups = pool_groups(&shape, &EngineConfig::single(context));
+        let blocks: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
+        let kv_cache = shape.pool_bytes(BLOCK_SIZE, &blocks);
         MemoryPlan {
             context,
             weights: self.weights,

@@ -141,7 +141,7 @@ impl SamplerConfig {
 
     /// True for a draw from the whole `softmax(logits / T)`: temperature only, no top-k,
     /// top-p, min-p or penalty (gpt-oss's recommended setting): the device draws it without
-    /// filtering ([`crate::kernels::sample_gumbel`]).
+    /// filtering ([`crate::kernels::sample_gumbel_rows`]).
     pub fn is_plain_temperature(&self) -> bool {
         !self.is_greedy()
             && self.top_k.is_none_or(|k| k == 0)

@@ -1,10 +1,10 @@
 // Index of the largest value of a long f32 row (a decode step's logits, 201,088 for gpt-oss),
 // optionally after adding Gumbel noise (a temperature-sampling draw, see gumbel() below):
-// candle's argmax reduces a row in one block, which took 156 us per token there. Two stages:
-// argmax_partial: each of up to 256 blocks reduces a contiguous chunk to (value, index);
-// argmax_final: one block reduces the partials. NaN is never the maximum; ties go to the lower
-// index (the sampler's rule). A row of only NaN gives index 0. argmax_rows_partial/_final do the
-// same for every row of a batch in one launch pair, each row with its own temperature and seed.
+// candle's argmax reduces a row in one block, which took 156 us per token there. Two stages, for
+// every row of a batch in one launch pair, each row with its own temperature and seed:
+// argmax_rows_partial: each block reduces a contiguous chunk of a row to (value, index);
+// argmax_rows_final: one block per row reduces its partials. NaN is never the maximum; ties go to
+// the lower index (the sampler's rule). A row of only NaN gives index 0.
 
 #include "argmax.cuh"
 
@@ -40,20 +40,7 @@ __device__ __forceinline__ void argmax_parts(const float* __restrict__ part_v, c
     if (threadIdx.x == 0) *out = i == 0x7fffffff ? 0u : (uint32_t)i;
 }
 
-// grid (blocks), block (THREADS): block b covers [b * chunk, min(n, (b + 1) * chunk)).
-extern "C" __global__ void __launch_bounds__(THREADS)
-    argmax_partial(const float* __restrict__ x, int n, int chunk, int sample, float inv_t, unsigned long long seed,
-                   float* __restrict__ part_v, int* __restrict__ part_i) {
-    argmax_chunk(x, n, chunk, blockIdx.x, sample, inv_t, seed, part_v, part_i);
-}
-
-// grid (1), block (THREADS).
-extern "C" __global__ void __launch_bounds__(THREADS)
-    argmax_final(const float* __restrict__ part_v, const int* __restrict__ part_i, int parts, uint32_t* __restrict__ out) {
-    argmax_parts(part_v, part_i, parts, out);
-}
-
-// A batch of rows x [rows, n], each as argmax_partial does one: grid (parts, rows), block
+// A batch of rows x [rows, n], each row in `parts` chunks of `chunk`: grid (parts, rows), block
 // (THREADS). inv_t and seeds are per row ([rows]); a row with inv_t <= 0, or every row when inv_t
 // is null, takes the plain argmax. Partials are [rows, parts].
 extern "C" __global__ void __launch_bounds__(THREADS)

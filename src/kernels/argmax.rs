@@ -1,52 +1,16 @@
-//! Picking the next token on the device: greedy decoding's argmax over one logits row
-//! ([`argmax`]) and plain temperature sampling by the Gumbel-max trick ([`sample_gumbel`]).
-//! candle reduces a row in a single block, 156 µs for gpt-oss's 201,088 logits on an H200, a
-//! twentieth of a decode step; the CUDA version here (`argmax.cu`) spreads the row over up to
+//! Picking the next token of every row of a batch on the device: greedy decoding's argmax
+//! ([`argmax_rows`]) and plain temperature sampling by the Gumbel-max trick
+//! ([`sample_gumbel_rows`]), one launch pair for all rows, each row with its own temperature and
+//! seed. candle reduces a row in a single block, 156 µs for gpt-oss's 201,088 logits on an H200,
+//! a twentieth of a decode step; the CUDA version here (`argmax.cu`) spreads the rows over about
 //! 256 blocks, then reduces those. Sampling on the host instead costs a copy of the logits and
-//! 201k exponentials per token. A batch's rows (continuous batching) go through [`argmax_rows`] /
-//! [`sample_gumbel_rows`]: one launch pair for all rows, each row with its own temperature and
-//! seed, the same index as the single-row ops give.
+//! 201k exponentials per token.
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, bail};
 
 use super::cpu_f32;
 // The reference: the sampler's host argmax, whose rules the kernel follows.
 use crate::generate::sampler::argmax as argmax_slice;
-
-/// Index (u32, rank 0) of the largest value of `logits` (f32 `[n]`), by the sampler's rules
-/// ([`crate::generate::sampler::argmax`]): NaN never wins, ties go to the lower index, a row of
-/// only NaN gives 0.
-pub fn argmax(logits: &Tensor) -> Result<Tensor> {
-    check(logits)?;
-    logits.contiguous()?.apply_op1_no_bwd(&Argmax { draw: None })
-}
-
-/// A draw (u32, rank 0) from `softmax(logits / temperature)` by the Gumbel-max trick: the
-/// argmax of `logits / T + g`, with `g = −ln(−ln u)` for `u` uniform from a hash of `seed` and
-/// the index ([`gumbel`]). Exact sampling without a softmax and without copying the logits to
-/// the host; the same seed gives the same draw on the CPU and the GPU.
-pub fn sample_gumbel(logits: &Tensor, temperature: f32, seed: u64) -> Result<Tensor> {
-    check(logits)?;
-    if !(temperature > 0.0 && temperature.is_finite()) {
-        bail!("sample_gumbel: temperature must be positive, got {temperature}");
-    }
-    logits.contiguous()?.apply_op1_no_bwd(&Argmax { draw: Some((1.0 / temperature, seed)) })
-}
-
-fn check(logits: &Tensor) -> Result<()> {
-    if logits.rank() != 1
-        || logits.dtype() != DType::F32
-        || logits.elem_count() == 0
-        || logits.elem_count() > i32::MAX as usize
-    {
-        bail!(
-            "argmax: expected non-empty f32 [n] logits, got {:?} {:?}",
-            logits.dtype(),
-            logits.dims()
-        );
-    }
-    Ok(())
-}
 
 /// The Gumbel noise for entry `j` of the draw `seed` (the kernel's `gumbel`, bit for bit:
 /// splitmix64 of `seed + φ·(j + 1)`, 53 bits to a double in (0, 1), `−ln(−ln u)` in double,
@@ -60,15 +24,20 @@ pub fn gumbel(seed: u64, j: usize) -> f32 {
     (-(-u.ln()).ln()) as f32
 }
 
-/// [`argmax`] of every row of `logits` (f32 `[R, n]`): u32 `[R]`, by the same rules.
+/// Index of the largest value of every row of `logits` (f32 `[R, n]`): u32 `[R]`, by the
+/// sampler's rules ([`crate::generate::sampler::argmax`]): NaN never wins, ties go to the lower
+/// index, a row of only NaN gives 0.
 pub fn argmax_rows(logits: &Tensor) -> Result<Tensor> {
     let rows = check_rows(logits)?;
     logits.contiguous()?.apply_op1_no_bwd(&ArgmaxRows { draws: None, rows })
 }
 
-/// One draw per row of `logits` (f32 `[R, n]`): u32 `[R]`, row `r` by [`sample_gumbel`] with
-/// `temperatures[r]` and `seeds[r]`, or by [`argmax`] where `temperatures[r] ≤ 0` (a greedy
-/// row); the indices are the ones those ops give row by row.
+/// One draw per row of `logits` (f32 `[R, n]`): u32 `[R]`, row `r` from
+/// `softmax(row / temperatures[r])` by the Gumbel-max trick: the argmax of `row / T + g`, with
+/// `g = −ln(−ln u)` for `u` uniform from a hash of `seeds[r]` and the index ([`gumbel`]). Exact
+/// sampling without a softmax and without copying the logits to the host; the same seed gives
+/// the same draw on the CPU and the GPU. A row with `temperatures[r] ≤ 0` takes the plain
+/// argmax (a greedy row).
 pub fn sample_gumbel_rows(logits: &Tensor, temperatures: &[f32], seeds: &[u64]) -> Result<Tensor> {
     let rows = check_rows(logits)?;
     if temperatures.len() != rows || seeds.len() != rows {
@@ -81,7 +50,7 @@ pub fn sample_gumbel_rows(logits: &Tensor, temperatures: &[f32], seeds: &[u64]) 
     if let Some(t) = temperatures.iter().find(|t| !t.is_finite()) {
         bail!("sample_gumbel_rows: temperature {t} (≤ 0 is greedy, > 0 must be finite)");
     }
-    // 1/T as sample_gumbel computes it; 0 marks a greedy row.
+    // 1/T; 0 marks a greedy row.
     let draws = temperatures
         .iter()
         .zip(seeds)
@@ -103,8 +72,8 @@ fn check_rows(logits: &Tensor) -> Result<usize> {
     }
 }
 
-/// The index of `values` as [`Argmax`] picks it: greedy for `inv_t ≤ 0`, else the Gumbel-max
-/// draw of `seed`.
+/// The index of `values` as the kernels pick it (the reference): greedy for `inv_t ≤ 0`, else
+/// the Gumbel-max draw of `seed`.
 fn pick(values: &[f32], (inv_t, seed): (f32, u64)) -> u32 {
     if inv_t > 0.0 {
         let noisy: Vec<f32> =
@@ -213,92 +182,23 @@ impl CustomOp1 for ArgmaxRows {
     }
 }
 
-/// `draw`: `(1/T, seed)` for a Gumbel-max draw, `None` for the plain argmax.
-struct Argmax {
-    draw: Option<(f32, u64)>,
-}
-
-impl CustomOp1 for Argmax {
-    fn name(&self) -> &'static str {
-        "argmax"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let values = cpu_f32(s, l, "argmax")?;
-        let index = match self.draw {
-            None => argmax_slice(values),
-            Some((inv_t, seed)) => {
-                let noisy: Vec<f32> =
-                    values.iter().enumerate().map(|(j, &x)| x * inv_t + gumbel(seed, j)).collect();
-                argmax_slice(&noisy)
-            }
-        };
-        Ok((CpuStorage::U32(vec![index]), Shape::from(())))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-        use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
-
-        use super::cuda::{ARGMAX_PTX, int};
-
-        const BLOCKS: usize = 256;
-        const THREADS: u32 = 256;
-        let dev = s.device.clone();
-        let n = l.shape().elem_count();
-        let x = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
-        let chunk = n.div_ceil(BLOCKS).max(1);
-        let parts = n.div_ceil(chunk);
-        // SAFETY (all three): argmax_partial writes every partial, argmax_final the output.
-        let mut part_v = unsafe { dev.alloc::<f32>(parts)? };
-        let mut part_i = unsafe { dev.alloc::<i32>(parts)? };
-        let mut out = unsafe { dev.alloc::<u32>(1)? };
-        let (n32, chunk32, parts32) =
-            (int(n, "logits")?, int(chunk, "chunk")?, int(parts, "parts")?);
-        let func = dev.get_or_load_custom_func("argmax_partial", "inferno_argmax", ARGMAX_PTX)?;
-        let mut b = func.builder();
-        let (sample, (inv_t, seed)) =
-            (i32::from(self.draw.is_some()), self.draw.unwrap_or((1.0, 0)));
-        b.arg(&x)
-            .arg(&n32)
-            .arg(&chunk32)
-            .arg(&sample)
-            .arg(&inv_t)
-            .arg(&seed)
-            .arg(&mut part_v)
-            .arg(&mut part_i);
-        let cfg = LaunchConfig {
-            grid_dim: (parts as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match the kernel's signature; blocks stay inside [0, n).
-        unsafe { b.launch(cfg) }.w()?;
-        let func = dev.get_or_load_custom_func("argmax_final", "inferno_argmax", ARGMAX_PTX)?;
-        let mut b = func.builder();
-        b.arg(&part_v).arg(&part_i).arg(&parts32).arg(&mut out);
-        let cfg =
-            LaunchConfig { grid_dim: (1, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: as above; it reads the `parts` partials just written.
-        unsafe { b.launch(cfg) }.w()?;
-        Ok((
-            candle_core::CudaStorage { slice: CudaStorageSlice::U32(out), device: dev },
-            Shape::from(()),
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use candle_core::{Device, Tensor};
 
     use super::*;
     use crate::kernels::testing::{rng, uniform};
+
+    /// The greedy pick of one row (`[n]`) by the rows kernel.
+    fn one(t: &Tensor) -> u32 {
+        argmax_rows(&t.unsqueeze(0).unwrap()).unwrap().to_vec1::<u32>().unwrap()[0]
+    }
+
+    /// One row's draw at temperature `temp` by the rows kernel.
+    fn draw(t: &Tensor, temp: f32, seed: u64) -> u32 {
+        let rows = sample_gumbel_rows(&t.unsqueeze(0).unwrap(), &[temp], &[seed]).unwrap();
+        rows.to_vec1::<u32>().unwrap()[0]
+    }
 
     /// Random rows with planted ties (the maximum twice), NaNs, and an all-NaN row.
     fn rows() -> Vec<Vec<f32>> {
@@ -325,7 +225,7 @@ mod tests {
         assert_eq!(argmax_slice(&[f32::NAN]), 0);
         for v in rows() {
             let t = Tensor::new(v.as_slice(), &Device::Cpu).unwrap();
-            assert_eq!(argmax(&t).unwrap().to_scalar::<u32>().unwrap(), argmax_slice(&v));
+            assert_eq!(one(&t), argmax_slice(&v));
         }
     }
 
@@ -341,8 +241,7 @@ mod tests {
         let n = 40_000;
         let mut counts = [0usize; 5];
         for seed in 0..n {
-            counts[sample_gumbel(&x, t, seed as u64 * 7919 + 1).unwrap().to_scalar::<u32>().unwrap()
-                as usize] += 1;
+            counts[draw(&x, t, seed as u64 * 7919 + 1) as usize] += 1;
         }
         for (i, &c) in counts.iter().enumerate() {
             let p = weights[i] / total;
@@ -358,15 +257,11 @@ mod tests {
     #[test]
     fn gumbel_draws_follow_the_softmax() {
         check_draw_frequencies(&Device::Cpu);
-        assert!(
-            sample_gumbel(&Tensor::new(&[1f32, 2.0], &Device::Cpu).unwrap(), 0.0, 1).is_err(),
-            "temperature 0"
-        );
     }
 
     /// Batches of rows on `dev` (planted ties, NaNs, an all-NaN and an all −∞ row) against the
-    /// single-row ops on the CPU, row by row: greedy, and draws with random temperatures (some
-    /// ≤ 0: greedy rows) and seeds.
+    /// reference, row by row: greedy, and draws with random temperatures (some ≤ 0: greedy
+    /// rows) and seeds.
     fn check_rows_on(dev: &Device, shapes: &[(usize, usize)]) {
         let mut r = rng(&format!("argmax rows {dev:?}"));
         for &(rows, n) in shapes {
@@ -385,8 +280,8 @@ mod tests {
                 }
                 data.extend(v);
             }
-            let cpu = Tensor::from_vec(data, (rows, n), &Device::Cpu).unwrap();
-            let row = |i: usize| cpu.get(i).unwrap();
+            let cpu = Tensor::from_vec(data.clone(), (rows, n), &Device::Cpu).unwrap();
+            let row = |i: usize| &data[i * n..(i + 1) * n];
             let t = cpu.to_device(dev).unwrap();
             let greedy = argmax_rows(&t).unwrap().to_vec1::<u32>().unwrap();
             let temps: Vec<f32> = (0..rows)
@@ -399,20 +294,16 @@ mod tests {
             let seeds: Vec<u64> = (0..rows).map(|_| rand::Rng::random(&mut r)).collect();
             let drawn = sample_gumbel_rows(&t, &temps, &seeds).unwrap().to_vec1::<u32>().unwrap();
             for i in 0..rows {
-                let one = argmax(&row(i)).unwrap().to_scalar::<u32>().unwrap();
-                assert_eq!(greedy[i], one, "argmax row {i} of {rows} × {n}");
-                let want = if temps[i] > 0.0 {
-                    sample_gumbel(&row(i), temps[i], seeds[i]).unwrap().to_scalar::<u32>().unwrap()
-                } else {
-                    one
-                };
+                assert_eq!(greedy[i], argmax_slice(row(i)), "argmax row {i} of {rows} × {n}");
+                let inv_t = if temps[i] > 0.0 { 1.0 / temps[i] } else { 0.0 };
+                let want = pick(row(i), (inv_t, seeds[i]));
                 assert_eq!(drawn[i], want, "draw row {i} of {rows} × {n}, T {}", temps[i]);
             }
         }
     }
 
     #[test]
-    fn rows_match_the_single_row_ops() {
+    fn rows_match_the_reference() {
         check_rows_on(&Device::Cpu, &[(1, 7), (6, 1000), (3, 65_537)]);
         let x = Tensor::zeros((2, 5), DType::F32, &Device::Cpu).unwrap();
         assert!(sample_gumbel_rows(&x, &[1.0], &[1, 2]).is_err(), "one temperature for 2 rows");
@@ -423,7 +314,7 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
-    fn gpu_rows_match_the_single_row_ops() {
+    fn gpu_rows_match_the_reference() {
         let dev = crate::kernels::testing::gpu();
         check_rows_on(&dev, &[(1, 7), (6, 1000), (3, 65_537), (64, 201_088), (300, 333)]);
     }
@@ -439,9 +330,12 @@ mod tests {
                 Tensor::new(v.as_slice(), &dev).unwrap(),
             );
             for seed in [k as u64, 12345, u64::MAX] {
-                let draw =
-                    |t: &Tensor| sample_gumbel(t, 0.8, seed).unwrap().to_scalar::<u32>().unwrap();
-                assert_eq!(draw(&gpu), draw(&cpu), "row of {} seed {seed}", v.len());
+                assert_eq!(
+                    draw(&gpu, 0.8, seed),
+                    draw(&cpu, 0.8, seed),
+                    "row of {} seed {seed}",
+                    v.len()
+                );
             }
         }
         check_draw_frequencies(&dev);
@@ -454,12 +348,7 @@ mod tests {
         let dev = crate::kernels::testing::gpu();
         for v in rows() {
             let t = Tensor::new(v.as_slice(), &dev).unwrap();
-            assert_eq!(
-                argmax(&t).unwrap().to_scalar::<u32>().unwrap(),
-                argmax_slice(&v),
-                "row of {}",
-                v.len()
-            );
+            assert_eq!(one(&t), argmax_slice(&v), "row of {}", v.len());
         }
     }
 }

@@ -11,9 +11,6 @@ use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::{CudaDevice, Layout, Result, Storage, bail};
 use half::bf16;
 
-/// PTX built by build.rs from `src/kernels/sink_attention.cu`.
-pub(super) const SINK_ATTENTION_PTX: &str =
-    include_str!(concat!(env!("OUT_DIR"), "/sink_attention.ptx"));
 /// PTX built by build.rs from `src/kernels/mxfp4_moe.cu`.
 pub(super) const MXFP4_MOE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/mxfp4_moe.ptx"));
 /// PTX built by build.rs from `src/kernels/mxfp4_ggml.cu`.
@@ -24,8 +21,6 @@ pub(super) const ARGMAX_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argm
 pub(super) const SAMPLE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample.ptx"));
 /// PTX built by build.rs from `src/kernels/sample_topk.cu`.
 pub(super) const SAMPLE_TOPK_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample_topk.ptx"));
-/// PTX built by build.rs from `src/kernels/qkv_rope.cu`.
-pub(super) const QKV_ROPE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/qkv_rope.ptx"));
 /// PTX built by build.rs from `src/kernels/router.cu`.
 pub(super) const ROUTER_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/router.ptx"));
 /// PTX built by build.rs from `src/kernels/moe_expert_major.cu`.

@@ -8,18 +8,13 @@
 //! it. build.rs compiles `src/kernels/*.cu` to PTX for `sm_$CUDA_COMPUTE_CAP` (default 90) and
 //! the PTX is embedded in the binary, loaded on first use.
 //!
-//! - [`sink_attention()`]: `softmax([q·k · scale, sink])` without the sink column, times V.
 //! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights
 //!   (GEMVs per slot for one token, expert-major tensor-core GEMVs for batched decode, tensor-core
 //!   GEMMs batched by expert for prefill).
 //! - [`mxfp4`]: FP4/E8M0 decoding for references and tests.
-//! - [`argmax()`], [`sample_gumbel()`]: the next token on the device, greedy or by temperature.
 //! - [`matmul_f32_out()`], [`matmul_hi_lo()`]: the LM head's product with an f32 result
 //!   (cuBLAS), from an f32 input carried as two bf16 halves.
 //! - [`mxfp4_moe_routed()`]: routing (top-k, softmax over k) fused into the experts' op.
-//! - [`qkv_rope_store()`]: a decode step's bias, RoPE and cache writes in one launch.
-//! - [`kv_write_at()`]: keys/values into the cache at a position held in a tensor (the CPU
-//!   reference of `qkv_rope_store`'s cache writes).
 //! - [`paged_attention()`]: attention of a varlen batch (continuous batching) over a paged KV
 //!   pool through per-sequence block tables, with or without sinks.
 //! - [`qkv_rope_paged()`]: a varlen batch's bias, RoPE (either pairing) and pool writes in one
@@ -37,18 +32,15 @@
 
 pub mod argmax;
 pub mod f32_out_matmul;
-pub mod kv_write;
 pub mod layer_norm_act;
 pub mod mxfp4;
 pub mod mxfp4_ggml;
 pub mod mxfp4_moe;
 pub mod paged_attention;
-pub mod qkv_rope;
 pub mod qkv_rope_paged;
 pub mod quant_matmul;
 pub mod router_logits;
 pub mod sample;
-pub mod sink_attention;
 pub mod swiglu_gemv;
 
 #[cfg(feature = "cuda")]
@@ -58,24 +50,21 @@ pub(crate) mod launch;
 #[cfg(test)]
 mod testing;
 
-pub use argmax::{argmax, argmax_rows, sample_gumbel, sample_gumbel_rows};
+pub use argmax::{argmax_rows, sample_gumbel_rows};
 pub use f32_out_matmul::{matmul_f32_out, matmul_hi_lo};
-pub use kv_write::kv_write_at;
 pub use layer_norm_act::{Normed, add_rms_norm, silu_mul_to};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};
 pub use paged_attention::{
     PagedAttnConfig, PagedBounds, PagedKernel, PagedLaunch, paged_attention, paged_launch,
 };
-pub use qkv_rope::{QkvHeads, qkv_rope_store};
-pub use qkv_rope_paged::{RotaryPairs, qkv_rope_paged};
+pub use qkv_rope_paged::{QkvHeads, RotaryPairs, qkv_rope_paged};
 pub use quant_matmul::{quant_matmul, stack_rows};
 pub use router_logits::router_logits;
 pub use sample::{RowSampling, kept_mask, sample_rows};
-pub use sink_attention::{KvLayout, SinkAttnConfig, sink_attention, sink_attention_at};
 pub use swiglu_gemv::matmul_swiglu_bf16;
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor, bail};
+use candle_core::{CpuStorage, DType, Layout, Result, Tensor, bail};
 use half::bf16;
 
 /// `words` as a u32 tensor on `device`. On a GPU the copy goes through page-locked staging:
@@ -84,7 +73,7 @@ use half::bf16;
 pub fn upload_u32(words: &[u32], device: &candle_core::Device) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(dev) = device {
-        use candle_core::{CudaStorage, op::BackpropOp};
+        use candle_core::{CudaStorage, Storage, op::BackpropOp};
         let slice = cuda::upload(dev, words)?;
         let len = slice.len();
         let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
@@ -155,19 +144,6 @@ fn cpu_output(values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
         DType::F32 => Ok(CpuStorage::F32(values)),
         DType::BF16 => Ok(CpuStorage::BF16(values.into_iter().map(bf16::from_f32).collect())),
         other => bail!("unsupported output dtype {other:?}"),
-    }
-}
-
-/// Runs `f` on the CPU storage of a tensor an op holds (sinks, expert weights).
-fn with_cpu<R>(
-    t: &Tensor,
-    what: &str,
-    f: impl FnOnce(&CpuStorage, &Layout) -> Result<R>,
-) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    match &*storage {
-        Storage::Cpu(s) => f(s, layout),
-        _ => bail!("{what}: expected a CPU tensor like the op's inputs"),
     }
 }
 

@@ -9,11 +9,19 @@
 //! the others at consecutive positions (a prefill chunk has many, a decode step one, padding
 //! none).
 //!
-//! The math per query row is [`super::sink_attention`]'s (its module doc): query head `h` reads
-//! kv head `h / (heads / kv_heads)`; a query at position `P` sees the keys `t ≤ P` and, with a
-//! window `W`, `t > P − W`; scores `scale · q·k`, softmax in f32, with the sink logit (unscaled,
-//! no value) in the denominator when sinks are given (gpt-oss) and the plain softmax otherwise
-//! (Llama). Table entries of blocks a query cannot see are never read (they may be garbage).
+//! The math per query row (the gpt-oss attention core, docs/gpt-oss.md §4.4): query head `h`
+//! reads kv head `h / (heads / kv_heads)`; a query at position `P` sees the keys `t ≤ P` and,
+//! with a window `W`, `t > P − W` (the window counts the current token: gpt-oss's sliding layers
+//! see 128 keys including their own); with `s_j = scale · q·k_j` and `M = max(S_h, max_j s_j)`,
+//!
+//! ```text
+//! o = Σ_j e^{s_j − M} v_j / (e^{S_h − M} + Σ_j e^{s_j − M})
+//! ```
+//!
+//! in f32: the sink logit `S_h` is unscaled, never masked and has no value vector, so the weights
+//! sum to < 1 (`softmax([s, S_h])` with the last column dropped) when sinks are given (gpt-oss),
+//! and the plain softmax otherwise (Llama). Table entries of blocks a query cannot see are never
+//! read (they may be garbage).
 //!
 //! CUDA: head_dim 64 or 128; bf16 calls on tensor cores (`paged_attention_mma.cu`: mma.sync
 //! q·Kᵀ and P·V, P as bf16 hi + lo), f32 calls one key per lane (`paged_attention.cu`), one kernel

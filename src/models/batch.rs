@@ -32,6 +32,16 @@ impl KvShape {
     pub fn layers_in(&self, g: usize) -> usize {
         self.layer_group.iter().filter(|&&x| x == g).count()
     }
+
+    /// Bytes of a pool of `blocks[g]` blocks of `block_size` tokens for each group (what
+    /// [`KvPool::new`] allocates), saturating.
+    pub fn pool_bytes(&self, block_size: usize, blocks: &[usize]) -> u64 {
+        let per_token = self.bytes_per_token_layer();
+        super::memory::sum(blocks.iter().enumerate().map(|(g, &n)| {
+            let tokens = (n as u64).saturating_mul(block_size as u64);
+            tokens.saturating_mul(per_token).saturating_mul(self.layers_in(g) as u64)
+        }))
+    }
 }
 
 /// The device KV memory: per layer, keys and values `[slots, kv_heads, d]`, where slot
@@ -109,7 +119,7 @@ pub trait BatchModel {
     /// Positions the RoPE tables cover: the longest sequence.
     fn max_positions(&self) -> usize;
     fn device(&self) -> &Device;
-    /// Gets ready for batched steps: drops the model's own single-sequence KV cache (the
-    /// engine keeps keys in its pool) and builds what the batched path needs.
-    fn prepare_batched(&mut self) -> anyhow::Result<()>;
+    /// The bytes its weights and RoPE tables hold (what memory plans predict; the KV pool is
+    /// the engine's, [`KvShape::pool_bytes`]).
+    fn allocated(&self) -> super::memory::Allocated;
 }

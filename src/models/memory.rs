@@ -53,11 +53,10 @@ pub fn safetensors_tensors<'a>(
     out
 }
 
-/// What a built model holds, measured on its tensors.
+/// What a built model holds, measured on its tensors (the KV pool is the engine's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Allocated {
     pub weights: u64,
-    pub kv_cache: u64,
     pub rope_tables: u64,
 }
 

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod hub_server;
+pub mod one_seq;
 pub mod serve;
 
 use std::path::Path;
@@ -66,11 +67,11 @@ pub fn asset(name: &str, script: &str) -> std::path::PathBuf {
     path
 }
 
-/// A tiny Llama with random weights (linear KV cache), f32: a maker of identical instances.
+/// A tiny Llama with random weights, f32: a maker of identical instances.
 pub fn tiny_llama(
     device: &candle_core::Device,
     context: usize,
-) -> impl Fn() -> Box<dyn inferno::models::CausalLm> + Send + Sync + use<> {
+) -> impl Fn() -> Box<dyn inferno::models::batch::BatchModel> + Send + Sync + use<> {
     use inferno::models::llama::{Llama, LlamaConfig, dummy, model::RopeStyle};
     let cfg = LlamaConfig::from_hf_json(
         r#"{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -108,12 +109,11 @@ pub fn tiny_gpt_oss_full_vocab() -> std::path::PathBuf {
         let mut tensors: HashMap<String, Tensor> =
             candle_core::safetensors::load(fixture.join("model.safetensors"), &Device::Cpu)
                 .unwrap();
-        for name in ["model.embed_tokens.weight", "lm_head.weight"] {
-            let t = Tensor::randn(0f32, 1.0, (vocab, 64), &Device::Cpu)
-                .unwrap()
-                .to_dtype(DType::BF16)
-                .unwrap();
-            tensors.insert(name.to_string(), t);
+        // Seeded: a test that compares two greedy runs of this model then sees the same
+        // near-ties on every run, so a failure replays.
+        for (seed, name) in [(1, "model.embed_tokens.weight"), (2, "lm_head.weight")] {
+            let t = seeded_uniform(seed, vocab * 64).reshape((vocab, 64)).unwrap();
+            tensors.insert(name.to_string(), t.to_dtype(DType::BF16).unwrap());
         }
         candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
         let tok = asset("gptoss-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
@@ -122,6 +122,15 @@ pub fn tiny_gpt_oss_full_vocab() -> std::path::PathBuf {
     })
     .path()
     .to_path_buf()
+}
+
+/// `n` values uniform in [-√3, √3) (unit variance) from a seeded generator, on the CPU.
+fn seeded_uniform(seed: u64, n: usize) -> candle_core::Tensor {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let half = 3f32.sqrt();
+    let v: Vec<f32> = (0..n).map(|_| rng.random_range(-half..half)).collect();
+    candle_core::Tensor::from_vec(v, n, &candle_core::Device::Cpu).unwrap()
 }
 
 /// A folder with the tiny Llama-3 checkpoint (random weights widened to Llama 2's tokenizer)

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device};
 
 use super::*;
+use crate::engine::core::{BLOCK_SIZE, EngineConfig, pool_groups};
 use crate::engine::{self, LoadOptions, Source};
+use crate::models::batch::KvPool;
 
 fn bench_config(name: &str) -> PathBuf {
     PathBuf::from(format!("{}/benches/configs/{name}.json", env!("CARGO_MANIFEST_DIR")))
@@ -83,6 +85,22 @@ fn the_default_context_says_which_flag_to_pass() {
 }
 
 #[test]
+fn the_20b_kv_pool_by_hand() {
+    // 2 KiB per token and layer. Full layers: 8192 positions in blocks of 16, plus the padding
+    // block. Sliding layers: the window and one step (128 + 2048 in 137 blocks), 4096 tokens of
+    // headroom (256 blocks) and the padding block.
+    let spec = Spec::read(
+        &Source::Dummy(bench_config("gpt-oss-20b")),
+        &LoadOptions { dtype: None, context: Some(8192), dummy: true },
+        Target::Gpu,
+    )
+    .unwrap();
+    let per_layer_token = 8 * 64 * 2 * 2;
+    let (full, sliding) = (513 * 16, (137 + 256 + 1) * 16);
+    assert_eq!(spec.plan(8192).kv_cache, 12 * (full + sliding) * per_layer_token);
+}
+
+#[test]
 fn meminfo() {
     let text =
         "MemTotal:       32594000 kB\nMemFree:          845000 kB\nMemAvailable:   20000000 kB\n";
@@ -92,18 +110,22 @@ fn meminfo() {
 }
 
 /// Loads `name` on the CPU through the engine and checks the plan it made against what the
-/// model it built holds.
+/// model it built holds and the KV pool an engine of one sequence allocates for it.
 fn plan_matches_allocation(name: &Path, dtype: Option<DType>, context: usize, dummy: bool) {
     let opts = LoadOptions { dtype, context: Some(context), dummy };
     let loaded = engine::load(name.to_str().unwrap(), &opts, &Device::Cpu).unwrap();
     let got = loaded.model.allocated();
+    let shape = loaded.model.kv_shape();
+    let groups = pool_groups(&shape, &EngineConfig::single(context));
+    let blocks: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
+    let pool = KvPool::new(&shape, BLOCK_SIZE, &blocks, &Device::Cpu).unwrap();
     let plan = loaded.info.plan;
     let what = format!("{} {dtype:?} context {context}", name.display());
     assert_eq!(plan.context, context, "{what}");
     assert_eq!(plan.weights, got.weights, "weights: {what}");
-    assert_eq!(plan.kv_cache, got.kv_cache, "KV cache: {what}");
+    assert_eq!(plan.kv_cache, pool.bytes(), "KV cache: {what}");
     assert_eq!(plan.rope_tables, got.rope_tables, "RoPE tables: {what}");
-    assert!(got.kv_cache > 0 && got.weights > 0);
+    assert!(pool.bytes() > 0 && got.weights > 0);
 }
 
 fn gpt_oss_fixture() -> PathBuf {
@@ -112,9 +134,10 @@ fn gpt_oss_fixture() -> PathBuf {
 
 #[test]
 fn gpt_oss_checkpoint_plan_is_what_the_model_allocates() {
-    // The fixture's window is 8: rings of 8 + 512 − 1 slots only past that context.
+    // The fixture's window is 8: its sliding group is smaller than the full one only past
+    // window + step + headroom tokens.
     for (dtype, context) in
-        [(None, 64), (Some(DType::F32), 300), (None, 519), (None, 520), (None, 2000)]
+        [(None, 64), (Some(DType::F32), 300), (None, 519), (None, 2000), (None, 8000)]
     {
         plan_matches_allocation(&gpt_oss_fixture(), dtype, context, false);
     }
@@ -166,16 +189,20 @@ fn tiny_llama(tie: bool, bias: bool, rope: &str) -> String {
 #[test]
 fn llama_random_weights_plan_is_what_the_model_allocates() {
     let tmp = tempfile::tempdir().unwrap();
-    let dynamic = r#","rope_scaling":{"type":"dynamic","factor":2.0}"#;
-    for (i, (tie, bias, rope)) in
-        [(false, false, ""), (true, true, ""), (false, false, dynamic)].into_iter().enumerate()
-    {
+    for (i, (tie, bias)) in [(false, false), (true, true)].into_iter().enumerate() {
         let path = tmp.path().join(format!("llama{i}.json"));
-        std::fs::write(&path, tiny_llama(tie, bias, rope)).unwrap();
+        std::fs::write(&path, tiny_llama(tie, bias, "")).unwrap();
         for dtype in [None, Some(DType::F32), Some(DType::F16)] {
             plan_matches_allocation(&path, dtype, 200, true);
         }
     }
+    // Dynamic NTK has no fixed RoPE tables, which the batched path needs: refused at load.
+    let dynamic = r#","rope_scaling":{"type":"dynamic","factor":2.0}"#;
+    let path = tmp.path().join("dynamic.json");
+    std::fs::write(&path, tiny_llama(false, false, dynamic)).unwrap();
+    let opts = LoadOptions { dtype: None, context: Some(200), dummy: true };
+    let err = engine::load(path.to_str().unwrap(), &opts, &Device::Cpu).err().unwrap();
+    assert!(err.to_string().contains("dynamic NTK"), "{err}");
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! The CPU reference against [`sink_attention`] run per sequence over contiguous copies of its
-//! keys and values, then the CUDA kernels against the reference.
+//! The CPU reference against the naive formulation run per sequence over contiguous copies of
+//! its keys and values, then the CUDA kernels against the reference.
 
 use candle_core::{DType, Device, Tensor};
 use rand::Rng;
@@ -8,7 +8,6 @@ use rand::seq::SliceRandom;
 
 use super::*;
 use crate::kernels::testing::{rel_err, rng, tensor, uniform, values};
-use crate::kernels::{KvLayout, SinkAttnConfig, sink_attention};
 
 /// One batch's shape: heads, the pool's geometry and the sequences `(q_len, q_pos)`.
 #[derive(Debug, Clone)]
@@ -173,31 +172,45 @@ fn run(x: &Inputs, b: &Batch, bounds: PagedBounds) -> candle_core::Result<Tensor
     )
 }
 
-/// The naive formulation: per sequence, `sink_attention` (already checked against its own naive
-/// formulation) over the contiguous copies with the sequence's first position as `start`; no
-/// sinks are sinks of −∞ (a zero term in the denominator). Rows in `[T, heads, d]` order.
+/// The naive formulation, in f64, per sequence over the contiguous copies of its keys and
+/// values: per (query, head), a row of logits over every key with −∞ where masked, the sink
+/// appended as one more column (none: no column), a plain softmax, the sink column dropped, then
+/// the product with V. Rows in `[T, heads, d]` order.
 fn naive(x: &Inputs, b: &Batch) -> Vec<f32> {
     let (heads, d) = (b.heads, b.d);
-    let sinks = match &x.sinks {
-        Some(s) => s.clone(),
-        None => Tensor::full(f32::NEG_INFINITY, heads, &Device::Cpu).unwrap(),
-    };
-    let mut out = vec![f32::NAN; b.tokens() * heads * d];
+    let f64s = |t: &Tensor| -> Vec<f64> { values(t).into_iter().map(f64::from).collect() };
+    let sinks = x.sinks.as_ref().map(f64s);
+    let q = f64s(&x.q); // [T, heads, d]
+    let scale = f64::from(b.cfg().scale);
+    let mut out = Vec::with_capacity(b.tokens() * heads * d);
     let mut row0 = 0;
     for (s, &(q_len, q_pos)) in b.seqs.iter().enumerate() {
-        if q_len == 0 {
-            continue;
+        let (k, v) = (f64s(&x.k_seq[s]), f64s(&x.v_seq[s])); // [kv_heads, context, d]
+        let context = q_pos + q_len;
+        for i in 0..q_len {
+            let p = q_pos + i;
+            for h in 0..heads {
+                let g = h / (heads / b.kv_heads);
+                let qi = &q[((row0 + i) * heads + h) * d..][..d];
+                let key = |t: usize| &k[(g * context + t) * d..][..d];
+                let mut logits: Vec<f64> = (0..context)
+                    .map(|t| match t <= p && b.window.is_none_or(|w| p - t < w) {
+                        true => scale * qi.iter().zip(key(t)).map(|(a, c)| a * c).sum::<f64>(),
+                        false => f64::NEG_INFINITY,
+                    })
+                    .collect();
+                logits.extend(sinks.as_ref().map(|s| s[h]));
+                let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let exps: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
+                let total: f64 = exps.iter().sum();
+                let mut o = vec![0f64; d];
+                for (t, w) in exps[..context].iter().enumerate().filter(|(_, w)| **w > 0.0) {
+                    let val = &v[(g * context + t) * d..][..d];
+                    o.iter_mut().zip(val).for_each(|(o, x)| *o += w / total * x);
+                }
+                out.extend(o.into_iter().map(|x| x as f32));
+            }
         }
-        let q = x.q.narrow(0, row0, q_len).unwrap().transpose(0, 1).unwrap(); // [heads, q_len, d]
-        let cfg = SinkAttnConfig {
-            start: q_pos,
-            window: b.window,
-            layout: KvLayout::Linear,
-            scale: b.cfg().scale,
-        };
-        let o = sink_attention(&q, &x.k_seq[s], &x.v_seq[s], &sinks, &cfg).expect("sink_attention");
-        let o = values(&o.transpose(0, 1).unwrap().contiguous().unwrap());
-        out[row0 * heads * d..][..o.len()].copy_from_slice(&o);
         row0 += q_len;
     }
     out
@@ -213,7 +226,7 @@ fn check_cpu(name: &str, b: &Batch, dtype: DType, tol: f64) {
 }
 
 #[test]
-fn reference_matches_sink_attention_per_sequence() {
+fn reference_matches_naive_per_sequence() {
     let mut r = rng("paged shapes");
     for (heads, kv_heads, d) in [(4, 2, 8), (6, 1, 16), (3, 3, 8), (8, 2, 16)] {
         for window in [None, Some(r.random_range(1..20))] {
@@ -231,7 +244,7 @@ fn reference_matches_sink_attention_per_sequence() {
 }
 
 #[test]
-fn reference_matches_sink_attention_bf16_and_decode() {
+fn reference_matches_naive_bf16_and_decode() {
     let mut r = rng("paged decode shapes");
     let decode = Batch::new(8, 2, 16, 16).random(&mut r, 9, 1, 200);
     check_cpu("paged decode", &decode, DType::F32, 1e-5);

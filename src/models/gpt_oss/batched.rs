@@ -1,5 +1,5 @@
-//! gpt-oss over a batch of sequences (the engine's step, [`BatchModel`]): the same layers as
-//! `model.rs` (docs/gpt-oss.md §4), with keys and values in the engine's paged pool. Per layer,
+//! gpt-oss over a batch of sequences (the engine's step, [`BatchModel`]): the layers of
+//! docs/gpt-oss.md §4 on `model.rs`'s weights, with keys and values in the engine's paged pool. Per layer,
 //! top to bottom:
 //! the previous layer's expert output added to the f32 residual and RMSNorm (one launch) → q/k/v
 //! product in f32 → bias, RoPE at each token's position and the k/v stores into the pool (one
@@ -10,38 +10,16 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::memory;
 use super::model::{GptOss, moe};
 use crate::kernels::{
     PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged,
 };
 use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
 
-/// Group of the full-attention layers; sliding layers, when the model has any, are group 1.
-const FULL: usize = 0;
-const SLIDING: usize = 1;
-
-impl GptOss {
-    /// The KV group of layer `n`.
-    fn group(&self, n: usize) -> usize {
-        if self.config().sliding[n] { SLIDING } else { FULL }
-    }
-}
-
 impl BatchModel for GptOss {
     fn kv_shape(&self) -> KvShape {
-        let cfg = self.config();
-        let any_sliding = cfg.sliding.iter().any(|&s| s);
-        let mut group_windows = vec![None];
-        if any_sliding {
-            group_windows.push(Some(cfg.sliding_window));
-        }
-        KvShape {
-            kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-            dtype: self.dtype(),
-            group_windows,
-            layer_group: (0..cfg.sliding.len()).map(|n| self.group(n)).collect(),
-        }
+        memory::kv_shape(self.config(), self.dtype())
     }
 
     fn forward_batch(&self, step: &StepInput, kv: &KvPool) -> anyhow::Result<Tensor> {
@@ -56,7 +34,7 @@ impl BatchModel for GptOss {
         // The previous layer's expert output, added to the stream by this layer's first norm.
         let mut mlp_out: Option<Tensor> = None;
         for (n, layer) in w.layers.iter().enumerate() {
-            let g = self.group(n);
+            let g = memory::kv_group(cfg, n);
             let (k_pool, v_pool) = &kv.layers[n];
             let normed = add_rms_norm(
                 &x,
@@ -127,8 +105,10 @@ impl BatchModel for GptOss {
         GptOss::device(self)
     }
 
-    fn prepare_batched(&mut self) -> anyhow::Result<()> {
-        self.drop_single_sequence_cache();
-        Ok(())
+    fn allocated(&self) -> crate::models::memory::Allocated {
+        crate::models::memory::Allocated {
+            weights: self.weight_bytes(),
+            rope_tables: self.rope_bytes() as u64,
+        }
     }
 }

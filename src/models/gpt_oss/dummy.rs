@@ -8,6 +8,7 @@ use super::model::{Attention, Layer, Weights};
 use crate::kernels::Mxfp4Experts;
 use crate::models::head::Head;
 use crate::models::linear::Linear;
+use crate::models::random::{bytes, normal};
 
 pub fn random_weights(
     cfg: &GptOssConfig,
@@ -22,16 +23,14 @@ pub fn random_weights(
     let damp = 0.25f32;
     let dense = |out: usize, inp: usize, std: f32, bias_std: f32| -> candle_core::Result<Linear> {
         Ok(Linear::Dense {
-            weight: Tensor::randn(0f32, std, (out, inp), device)?.to_dtype(dtype)?,
+            weight: normal(&[out, inp], std, dtype, device)?,
             // f32, as load.rs keeps biases.
             bias: Some(Tensor::randn(0f32, bias_std, out, device)?),
         })
     };
     let proj = |out: usize, inp: usize| dense(out, inp, (inp as f32).powf(-0.5), 0.05);
     // Uniform random bytes for the FP4 codes, scales near 2^-4.
-    let bytes = |shape: &[usize], lo: f64, hi: f64| -> candle_core::Result<Tensor> {
-        Tensor::rand(lo as f32, hi as f32, shape, device)?.floor()?.to_dtype(DType::U8)
-    };
+    let bytes = |shape: &[usize], lo: f32, hi: f32| bytes(shape, lo, hi, device);
     let ones = |n: usize| Tensor::ones(n, DType::F32, device);
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for _ in 0..cfg.num_layers {
@@ -58,14 +57,13 @@ pub fn random_weights(
             experts,
         });
     }
-    let embed = Tensor::randn(0f32, 1.0, (cfg.vocab_size, h), device)?.to_dtype(dtype)?;
+    let embed = normal(&[cfg.vocab_size, h], 1.0, dtype, device)?;
     // Tied like a checkpoint would be, so the memory plan's count holds for both.
     let lm_head = Linear::Dense {
         weight: if cfg.tie_word_embeddings {
             embed.clone()
         } else {
-            Tensor::randn(0f32, (h as f32).powf(-0.5), (cfg.vocab_size, h), device)?
-                .to_dtype(dtype)?
+            normal(&[cfg.vocab_size, h], (h as f32).powf(-0.5), dtype, device)?
         },
         bias: None,
     };

@@ -1,42 +1,40 @@
 //! What a gpt-oss model allocates, as functions of its config, the context and the compute
-//! dtype. The model uses the same functions to lay out what it allocates ([`layer_cache`],
+//! dtype. The model uses the same functions to lay out what it allocates ([`kv_shape`],
 //! [`stored_dtype`], [`ROPE_DTYPE`]), so `engine::plan` and the allocation cannot drift apart;
 //! tests compare the plan with the bytes of a built model.
 
 use candle_core::DType;
 
 use super::config::GptOssConfig;
-use crate::models::kv_cache::KvCache;
+use crate::models::batch::KvShape;
 use crate::models::memory::{FileTensors, dense_bytes, elems, sum};
 
-/// The RoPE tables are f32: RoPE runs in f32 and rounds once (qkv_rope.rs says why).
+/// The RoPE tables are f32: RoPE runs in f32 and rounds once (qkv_rope_paged.rs says why).
 pub const ROPE_DTYPE: DType = DType::F32;
 
-/// One layer's KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LayerCache {
-    /// A ring of slots (position p in slot p mod slots) rather than one slot per position.
-    pub ring: bool,
-    pub slots: usize,
+/// KV group of the full-attention layers; sliding layers, when the model has any, are group 1.
+const FULL: usize = 0;
+const SLIDING: usize = 1;
+
+/// The KV group of layer `n`.
+pub fn kv_group(cfg: &GptOssConfig, n: usize) -> usize {
+    if cfg.sliding[n] { SLIDING } else { FULL }
 }
 
-/// Full layers hold the whole context; sliding layers a ring of `window + chunk − 1` slots when
-/// that is smaller (every key a chunk's queries can see is then still in the ring).
-pub fn layer_cache(cfg: &GptOssConfig, sliding: bool, context: usize, chunk: usize) -> LayerCache {
-    let ring_slots = cfg.sliding_window.saturating_add(chunk).saturating_sub(1);
-    if sliding && ring_slots < context {
-        LayerCache { ring: true, slots: ring_slots }
-    } else {
-        LayerCache { ring: false, slots: context }
+/// The paged pool's layout: full layers in one group of block tables, sliding layers (their
+/// window) in another.
+pub fn kv_shape(cfg: &GptOssConfig, dtype: DType) -> KvShape {
+    let mut group_windows = vec![None];
+    if cfg.sliding.iter().any(|&s| s) {
+        group_windows.push(Some(cfg.sliding_window));
     }
-}
-
-/// Bytes of every layer's KV cache in `dtype` (the compute dtype).
-pub fn kv_cache_bytes(cfg: &GptOssConfig, context: usize, chunk: usize, dtype: DType) -> u64 {
-    sum(cfg.sliding.iter().map(|&sliding| {
-        let c = layer_cache(cfg, sliding, context, chunk);
-        KvCache::planned_bytes(cfg.num_kv_heads, c.slots, cfg.head_dim, dtype)
-    }))
+    KvShape {
+        kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+        dtype,
+        group_windows,
+        layer_group: (0..cfg.sliding.len()).map(|n| kv_group(cfg, n)).collect(),
+    }
 }
 
 /// Bytes of the cos and sin tables, one row per position.
@@ -144,7 +142,6 @@ pub fn workspace_bytes(cfg: &GptOssConfig, context: usize, chunk: usize, dtype: 
 
 #[cfg(test)]
 mod tests {
-    use super::super::model::PREFILL_CHUNK;
     use super::*;
 
     fn config_20b() -> GptOssConfig {
@@ -157,21 +154,15 @@ mod tests {
     }
 
     #[test]
-    fn the_20b_kv_cache_by_hand() {
-        // 12 full layers × 8 kv heads × 64 dims × (k and v) × bf16 = 24 KiB per position; 12
-        // sliding layers hold a ring of 128 + 512 − 1 = 639 slots once the context is larger.
-        let cfg = config_20b();
-        let per_position = 12 * 8 * 64 * 2 * 2;
-        let ring = 12 * 639 * 8 * 64 * 2 * 2;
-        assert_eq!(
-            kv_cache_bytes(&cfg, 8192, PREFILL_CHUNK, DType::BF16),
-            (per_position * 8192 + ring) as u64
-        );
-        // Below the ring size every layer holds the whole context.
-        assert_eq!(
-            kv_cache_bytes(&cfg, 600, PREFILL_CHUNK, DType::BF16),
-            (2 * per_position * 600) as u64
-        );
+    fn the_20b_kv_shape_by_hand() {
+        // 8 kv heads × 64 dims × (k and v) × bf16 = 2 KiB per token and layer; 12 full layers
+        // (odd), 12 sliding ones (even) with their 128-token window.
+        let shape = kv_shape(&config_20b(), DType::BF16);
+        assert_eq!(shape.bytes_per_token_layer(), 8 * 64 * 2 * 2);
+        assert_eq!(shape.group_windows, vec![None, Some(128)]);
+        assert_eq!((shape.layers_in(0), shape.layers_in(1)), (12, 12));
+        assert_eq!(shape.layer_group[..3], [1, 0, 1]);
+        assert_eq!(shape.pool_bytes(16, &[2, 3]), (2 * 12 + 3 * 12) * 16 * 2048);
     }
 
     #[test]

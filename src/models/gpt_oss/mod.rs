@@ -5,7 +5,6 @@ mod batched;
 pub mod config;
 pub mod dummy;
 pub mod gguf;
-mod graph;
 pub mod load;
 pub mod memory;
 pub mod model;

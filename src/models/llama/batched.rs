@@ -1,5 +1,5 @@
-//! Llama over a batch of sequences (the engine's step, [`BatchModel`]): the layers of
-//! `model.rs` with keys and values in the engine's paged pool, one group of blocks. Per layer:
+//! Llama over a batch of sequences (the engine's step, [`BatchModel`]): the layers on
+//! `model.rs`'s weights, with keys and values in the engine's paged pool, one group of blocks. Per layer:
 //! residual add + RMSNorm (one launch) → the fused q/k/v product in f32 → RoPE at each token's
 //! position and the k/v stores into the pool (one launch) → causal attention over each
 //! sequence's block table → o_proj → its bias, the residual add and RMSNorm (one launch) →
@@ -18,22 +18,13 @@ use crate::models::linear::Linear;
 
 impl BatchModel for Llama {
     fn kv_shape(&self) -> KvShape {
-        let cfg = self.config();
-        KvShape {
-            kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-            dtype: self.dtype(),
-            group_windows: vec![None],
-            layer_group: vec![0; cfg.num_layers],
-        }
+        super::memory::kv_shape(self.config(), self.dtype())
     }
 
     fn forward_batch(&self, step: &StepInput, kv: &KvPool) -> anyhow::Result<Tensor> {
         let cfg = self.config();
         let w = self.weights();
-        let Some((cos, sin)) = self.rope_f32() else {
-            anyhow::bail!("Llama: prepare_batched was not called before a batched step")
-        };
+        let (cos, sin) = self.rope_f32();
         let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let tokens = step.tokens.dim(0)?;
         let pairs = match self.rope_style() {
@@ -129,14 +120,17 @@ impl BatchModel for Llama {
     }
 
     fn max_positions(&self) -> usize {
-        self.rope_f32().map_or(0, |(cos, _)| cos.dim(0).unwrap_or(0))
+        self.rope_f32().0.dim(0).unwrap_or(0)
     }
 
     fn device(&self) -> &Device {
         self.device_ref()
     }
 
-    fn prepare_batched(&mut self) -> anyhow::Result<()> {
-        self.switch_to_batched()
+    fn allocated(&self) -> crate::models::memory::Allocated {
+        crate::models::memory::Allocated {
+            weights: self.weight_bytes(),
+            rope_tables: self.rope_bytes() as u64,
+        }
     }
 }

@@ -8,9 +8,10 @@ use super::model::{Layer, Weights};
 use crate::models::head::Head;
 use crate::models::linear::Linear;
 use crate::models::quant::QuantLinear;
+use crate::models::random::normal;
 
 pub fn random_weights(cfg: &LlamaConfig, dtype: DType, device: &Device) -> anyhow::Result<Weights> {
-    let t = |shape: (usize, usize)| Tensor::randn(0f32, 0.02, shape, device)?.to_dtype(dtype);
+    let t = |(rows, cols): (usize, usize)| normal(&[rows, cols], 0.02, dtype, device);
     // What each layer adds to the residual stream is 4x smaller (the o and down projections),
     // as in the gpt-oss dummy weights: random networks with full-size updates are chaotic, and
     // bf16 comparisons on them measure the chaos, not the implementation.
@@ -25,7 +26,7 @@ pub fn random_weights(cfg: &LlamaConfig, dtype: DType, device: &Device) -> anyho
                 let q = QuantLinear::random(scheme, (out, inp), std, seed.get(), device)?;
                 return Ok(Linear::Ct { weight: std::sync::Arc::new(q), bias });
             }
-            let weight = Tensor::randn(0f32, std, (out, inp), device)?.to_dtype(dtype)?;
+            let weight = normal(&[out, inp], std, dtype, device)?;
             Ok(Linear::Dense { weight, bias })
         };
     let damped =
@@ -39,17 +40,21 @@ pub fn random_weights(cfg: &LlamaConfig, dtype: DType, device: &Device) -> anyho
         let a = |p: &str| format!("model.layers.{n}.self_attn.{p}");
         let m = |p: &str| format!("model.layers.{n}.mlp.{p}");
         let (ab, mb) = (cfg.attention_bias, cfg.mlp_bias);
-        layers.push(Layer {
-            attn_norm: ones(h)?,
-            q: lin(a("q_proj"), qd, h, ab)?,
-            k: lin(a("k_proj"), kvd, h, ab)?,
-            v: lin(a("v_proj"), kvd, h, ab)?,
-            o: damped(a("o_proj"), h, qd, ab)?,
-            mlp_norm: ones(h)?,
-            gate: lin(m("gate_proj"), i, h, mb)?,
-            up: lin(m("up_proj"), i, h, mb)?,
-            down: damped(m("down_proj"), h, i, mb)?,
-        });
+        layers.push(
+            Layer {
+                attn_norm: ones(h)?,
+                q: lin(a("q_proj"), qd, h, ab)?,
+                k: lin(a("k_proj"), kvd, h, ab)?,
+                v: lin(a("v_proj"), kvd, h, ab)?,
+                o: damped(a("o_proj"), h, qd, ab)?,
+                mlp_norm: ones(h)?,
+                gate: lin(m("gate_proj"), i, h, mb)?,
+                up: lin(m("up_proj"), i, h, mb)?,
+                down: damped(m("down_proj"), h, i, mb)?,
+                fused: Default::default(),
+            }
+            .fuse()?,
+        );
     }
     let embed = t((cfg.vocab_size, h))?;
     let lm_head = if cfg.tie_word_embeddings {

@@ -5,7 +5,11 @@
 //! loads in flight).
 //!
 //! The separate projections become views into the fused weights, so fusing costs no memory
-//! after the layer is done (one layer's copy while it runs).
+//! after the layer is done (one layer's copy while it runs). Loaders fuse each layer as soon as
+//! it is built: the next layer's parts then reuse the memory this layer's parts freed, where
+//! fusing every layer at the end would leave a layer's parts' worth of holes between each two
+//! layers in the device's memory pool (1.1 GiB for Llama-3.1-8B, measured), memory the pool
+//! cannot give back and the memory plan does not count.
 
 use std::sync::Arc;
 
@@ -25,18 +29,19 @@ pub struct Fused {
     pub gate_up: Option<Linear>,
 }
 
-/// Fuses the layer's q/k/v and gate/up weights and points the layer's parts at views of them.
-pub fn fuse_layer(layer: &mut Layer) -> candle_core::Result<Fused> {
-    let mut fused = Fused::default();
-    if let Some((all, parts)) = concat(&[&layer.q, &layer.k, &layer.v])? {
-        [layer.q, layer.k, layer.v] = parts_array(parts);
-        fused.qkv = Some(all);
+impl Layer {
+    /// Fuses the layer's q/k/v and gate/up weights and points its parts at views of them.
+    pub fn fuse(mut self) -> candle_core::Result<Layer> {
+        if let Some((all, parts)) = concat(&[&self.q, &self.k, &self.v])? {
+            [self.q, self.k, self.v] = parts_array(parts);
+            self.fused.qkv = Some(all);
+        }
+        if let Some((all, parts)) = concat(&[&self.gate, &self.up])? {
+            [self.gate, self.up] = parts_array(parts);
+            self.fused.gate_up = Some(all);
+        }
+        Ok(self)
     }
-    if let Some((all, parts)) = concat(&[&layer.gate, &layer.up])? {
-        [layer.gate, layer.up] = parts_array(parts);
-        fused.gate_up = Some(all);
-    }
-    Ok(fused)
 }
 
 fn parts_array<const N: usize>(parts: Vec<Linear>) -> [Linear; N] {

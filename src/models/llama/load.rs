@@ -115,17 +115,21 @@ fn checkpoint_weights(
         let l = m.pp(format!("layers.{n}"));
         let a = l.pp("self_attn");
         let p = l.pp("mlp");
-        layers.push(Layer {
-            attn_norm: l.get(h, "input_layernorm.weight")?.to_dtype(DType::F32)?,
-            q: linear(a.pp("q_proj"), qd, h, cfg.attention_bias)?,
-            k: linear(a.pp("k_proj"), kvd, h, cfg.attention_bias)?,
-            v: linear(a.pp("v_proj"), kvd, h, cfg.attention_bias)?,
-            o: linear(a.pp("o_proj"), h, qd, cfg.attention_bias)?,
-            mlp_norm: l.get(h, "post_attention_layernorm.weight")?.to_dtype(DType::F32)?,
-            gate: linear(p.pp("gate_proj"), i, h, cfg.mlp_bias)?,
-            up: linear(p.pp("up_proj"), i, h, cfg.mlp_bias)?,
-            down: linear(p.pp("down_proj"), h, i, cfg.mlp_bias)?,
-        });
+        layers.push(
+            Layer {
+                attn_norm: l.get(h, "input_layernorm.weight")?.to_dtype(DType::F32)?,
+                q: linear(a.pp("q_proj"), qd, h, cfg.attention_bias)?,
+                k: linear(a.pp("k_proj"), kvd, h, cfg.attention_bias)?,
+                v: linear(a.pp("v_proj"), kvd, h, cfg.attention_bias)?,
+                o: linear(a.pp("o_proj"), h, qd, cfg.attention_bias)?,
+                mlp_norm: l.get(h, "post_attention_layernorm.weight")?.to_dtype(DType::F32)?,
+                gate: linear(p.pp("gate_proj"), i, h, cfg.mlp_bias)?,
+                up: linear(p.pp("up_proj"), i, h, cfg.mlp_bias)?,
+                down: linear(p.pp("down_proj"), h, i, cfg.mlp_bias)?,
+                fused: Default::default(),
+            }
+            .fuse()?,
+        );
     }
     let norm = m.get(h, "norm.weight")?.to_dtype(DType::F32)?;
     let lm_head = if cfg.tie_word_embeddings && !vb.contains_tensor("lm_head.weight") {
@@ -259,17 +263,21 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
         let (qw, kw, vw, ow) =
             (q(b("attn_q"))?, q(b("attn_k"))?, q(b("attn_v"))?, q(b("attn_output"))?);
         let (g, u, d) = (q(b("ffn_gate"))?, q(b("ffn_up"))?, q(b("ffn_down"))?);
-        layers.push(Layer {
-            attn_norm: Tensor::zeros(1, DType::F32, device)?,
-            q: qw,
-            k: kw,
-            v: vw,
-            o: ow,
-            mlp_norm: Tensor::zeros(1, DType::F32, device)?,
-            gate: g,
-            up: u,
-            down: d,
-        });
+        layers.push(
+            Layer {
+                attn_norm: Tensor::zeros(1, DType::F32, device)?,
+                q: qw,
+                k: kw,
+                v: vw,
+                o: ow,
+                mlp_norm: Tensor::zeros(1, DType::F32, device)?,
+                gate: g,
+                up: u,
+                down: d,
+                fused: Default::default(),
+            }
+            .fuse()?,
+        );
     }
     for (n, layer) in layers.iter_mut().enumerate() {
         layer.attn_norm =

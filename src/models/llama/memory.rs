@@ -1,19 +1,15 @@
 //! What a Llama model allocates, as functions of its config, the context and the compute
-//! dtype. `model.rs` and the loaders decide with the same functions ([`has_rope_tables`],
-//! [`keeps_f32_head`], [`PREFILL_CHUNK`]), so `engine::plan` and the allocation cannot drift
+//! dtype. `model.rs` and the loaders decide with the same functions ([`kv_shape`],
+//! [`keeps_f32_head`], [`ROPE_DTYPE`]), so `engine::plan` and the allocation cannot drift
 //! apart; tests compare the plan with the bytes of a built model.
 
 use candle_core::DType;
 
 use super::config::LlamaConfig;
 use crate::inspect::gguf::TensorInfo;
-use crate::models::kv_cache::KvCache;
+use crate::models::batch::KvShape;
 use crate::models::memory::{FileTensors, dense_bytes, elems, sum};
 use crate::models::rope::RopeKind;
-
-/// Longest chunk one forward pass runs: attention scores are `[heads, chunk, context]`, so a
-/// long prompt in one piece would need memory quadratic in its length.
-pub const PREFILL_CHUNK: usize = 512;
 
 /// Largest LM head kept as an f32 copy under bf16/f16 compute (`model.rs` says why).
 const F32_HEAD_MAX_BYTES: u64 = 1 << 30;
@@ -26,23 +22,29 @@ pub fn keeps_f32_head(elems: u64, dtype: DType) -> bool {
     dtype == DType::F16 && elems.saturating_mul(4) <= F32_HEAD_MAX_BYTES
 }
 
-/// Dynamic NTK's frequencies depend on the length, so its tables are made per call instead.
+/// Dynamic NTK's frequencies depend on the length: no fixed tables, which the batched path
+/// needs (such a model is refused at load).
 pub fn has_rope_tables(cfg: &LlamaConfig) -> bool {
     !matches!(cfg.rope, RopeKind::Dynamic { .. })
 }
 
-/// Every layer's cache holds the whole context.
-pub fn kv_cache_bytes(cfg: &LlamaConfig, context: usize, dtype: DType) -> u64 {
-    let layer = KvCache::planned_bytes(cfg.num_kv_heads, context, cfg.head_dim, dtype);
-    layer.saturating_mul(cfg.num_layers as u64)
+/// The RoPE tables are f32: the batched path rotates in f32 and rounds once.
+pub const ROPE_DTYPE: DType = DType::F32;
+
+/// The paged pool's layout: every layer in one group of block tables, full attention.
+pub fn kv_shape(cfg: &LlamaConfig, dtype: DType) -> KvShape {
+    KvShape {
+        kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+        dtype,
+        group_windows: vec![None],
+        layer_group: vec![0; cfg.num_layers],
+    }
 }
 
-/// Bytes of the cos and sin tables, one row per position, in the compute dtype.
-pub fn rope_table_bytes(cfg: &LlamaConfig, context: usize, dtype: DType) -> u64 {
-    if !has_rope_tables(cfg) {
-        return 0;
-    }
-    crate::models::rope::table_bytes(cfg.head_dim / 2, context, dtype)
+/// Bytes of the cos and sin tables, one row per position.
+pub fn rope_table_bytes(cfg: &LlamaConfig, context: usize) -> u64 {
+    crate::models::rope::table_bytes(cfg.head_dim / 2, context, ROPE_DTYPE)
 }
 
 /// Every tensor the safetensors loader (or the random-weight builder) makes, with its shape;
@@ -182,37 +184,30 @@ fn qmatmul_bytes(ggml_type: u32, elems: u64, file_bytes: u64, on_gpu: bool) -> u
     file_bytes.saturating_add(padding)
 }
 
-/// Peak bytes of the intermediates of a forward pass: one prefill chunk at the end of the
-/// context through one layer, every intermediate counted as live at once (an upper bound), plus
-/// the logits. Attention materialises its scores `[heads, chunk, context]`: the scaled product
-/// (compute dtype), its f32 copy, the masked scores, softmax's f32 output and the
-/// probabilities (compute dtype) are alive together in `attention()`; in f32 the casts are
-/// no-ops sharing storage. This term grows with the context, as fast as the KV cache for
-/// typical shapes.
-pub fn workspace_bytes(cfg: &LlamaConfig, context: usize, dtype: DType) -> u64 {
-    let (n, t, sd) = (PREFILL_CHUNK.min(context), context, dtype.size_in_bytes());
+/// Peak bytes of the intermediates of a forward pass: one step of `chunk` tokens (the engine's
+/// token budget) through one layer, every intermediate counted as live at once (an upper
+/// bound: most are freed before the next is made), plus the logits. Paged attention reads the
+/// pool in place and never materialises scores, so nothing here grows with the context beyond
+/// the step. Kernel scratch that does not scale with the model (attention split partials,
+/// argmax) is in the plan's runtime term.
+pub fn workspace_bytes(cfg: &LlamaConfig, context: usize, chunk: usize, dtype: DType) -> u64 {
+    let (n, sd) = (chunk.min(context), dtype.size_in_bytes());
     let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
     let (qd, kvd) = (cfg.num_heads * d, cfg.num_kv_heads * d);
-    let per_score = if sd == 4 { 12 } else { 2 * sd + 12 };
     let bytes =
         |dims: &[usize], size: usize| dense_bytes(dims, DType::U8).saturating_mul(size as u64);
     sum([
-        bytes(&[cfg.num_heads, n, t], per_score),
-        // The causal mask: built in f32, cast to the compute dtype, and back to f32 per layer.
-        bytes(&[n, t], 8 + sd),
-        // The cached values made contiguous for the probabilities' product.
-        bytes(&[cfg.num_kv_heads, t, d], sd),
         // Embedding rows, the f32 residual, norms, attention and MLP outputs in both dtypes.
         bytes(&[n, h], 8 * 4 + 4 * sd),
-        // q/k/v projections, their head-split copies and RoPE's outputs; attention's output and
-        // its [seq, heads·d] copy; per-call RoPE tables (dynamic NTK) in f32 and cast.
-        bytes(&[n, qd + 2 * kvd], 3 * sd),
+        // The fused q/k/v product in f32 (and unfused parts' outputs), the rotated queries;
+        // attention's output and its [seq, heads·d] copy.
+        bytes(&[n, qd + 2 * kvd], 2 * 4 + sd),
         bytes(&[n, qd], 2 * sd),
-        bytes(&[n, d], 4 + sd),
-        // MLP: gate, its SiLU, up and their product ([seq, intermediate]); the quantized
-        // kernels' q8_1 copy of their input is smaller than one of these.
-        bytes(&[n, i], 4 * sd + 2),
-        // f32 logits of the last position, and their host-side sampling copy's device twin.
+        // MLP: the fused gate/up product, gate, its SiLU, up and their product
+        // ([seq, intermediate]); the quantized kernels' q8_1 copy of their input is smaller
+        // than one of these.
+        bytes(&[n, i], 6 * sd + 2),
+        // f32 logits of the sampling rows, and their host-side sampling copy's device twin.
         dense_bytes(&[2, cfg.vocab_size], DType::F32),
     ])
 }
@@ -228,9 +223,11 @@ mod tests {
 
     #[test]
     fn llama_8b_by_hand() {
-        // 32 layers × 8 kv heads × 128 dims × (k and v) × bf16 = 128 KiB per position.
+        // 8 kv heads × 128 dims × (k and v) × bf16 = 4 KiB per token and layer, 32 layers.
         let cfg = config("llama-3.1-8b");
-        assert_eq!(kv_cache_bytes(&cfg, 8192, DType::BF16), 8192 * 128 * 1024);
+        let shape = kv_shape(&cfg, DType::BF16);
+        assert_eq!(shape.bytes_per_token_layer() * 32, 128 * 1024);
+        assert_eq!(shape.pool_bytes(16, &[513]), 513 * 16 * 128 * 1024);
         // 8.03 B parameters in bf16; the 128256 × 4096 head is 2.1 GB in f32, over the limit
         // for an f32 copy.
         let w = weight_bytes(&cfg, DType::BF16, None);
@@ -238,8 +235,8 @@ mod tests {
             128256 * 4096 * 2 + 32 * (4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336);
         let norms: u64 = (32 * 2 + 1) * 4096;
         assert_eq!(w, params * 2 + norms * 4);
-        // RoPE tables: 64 frequencies × cos and sin × bf16 per position.
-        assert_eq!(rope_table_bytes(&cfg, 8192, DType::BF16), 8192 * 64 * 2 * 2);
+        // RoPE tables: 64 frequencies × cos and sin × f32 per position.
+        assert_eq!(rope_table_bytes(&cfg, 8192), 8192 * 64 * 2 * 4);
     }
 
     #[test]
