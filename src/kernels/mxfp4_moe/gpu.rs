@@ -18,8 +18,8 @@ use half::bf16;
 
 use super::{Mxfp4Moe, Path};
 use crate::kernels::cuda::{
-    COUNTERS, KernelFloat, MOE_EXPERT_MAJOR_PTX, MOE_GROUPED_PTX, MOE_SLOT_MMA_PTX,
-    MXFP4_MOE_PTX, allow_shared, counters, cuda_view, int, output,
+    COUNTERS, KernelFloat, MOE_EXPERT_MAJOR_PTX, MOE_GROUPED_PTX, MOE_SLOT_MMA_PTX, MXFP4_MOE_PTX,
+    allow_shared, counters, cuda_view, int, output,
 };
 use crate::kernels::launch::Launch;
 
