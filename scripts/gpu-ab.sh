@@ -8,7 +8,7 @@
 # VARIANTS: a file, one "label command..." a line: the command that stands for `inferno`, e.g.
 #   main      /tmp/ab/inferno-main
 #   new       /tmp/ab/inferno-new
-#   wave4     env INFERNO_PAGED_WAVE=4 /tmp/ab/inferno-new
+#   nopdl     env INFERNO_PDL=0 /tmp/ab/inferno-new
 # CASES: a file, one set of `bench` arguments a line (--dummy-weights --json are added), e.g.
 #   benches/configs/gpt-oss-20b.json -p 1024 -n 128 -r 2
 # ROUNDS: default 2. AB_TIMEOUT: seconds a run may take (default 120). Prints one line a run:

@@ -32,10 +32,6 @@ for model in "$work/hf" "$work/bf16.gguf" "$work/q8_0.gguf"; do
     echo "== inferno $(basename "$model")"
     "$bin" bench "$model" -p 512 -n 128 -r 3 2>&1 | grep -E "^(format|prefill|decode)|rror" || true
 done
-# The Q8_0 file again on candle's quantized kernels (f32 activations), as before our own GEMV.
-echo "== inferno q8_0.gguf, INFERNO_GGUF_KERNELS=candle"
-INFERNO_GGUF_KERNELS=candle "$bin" bench "$work/q8_0.gguf" -p 512 -n 128 -r 3 2>&1 |
-    grep -E "^(format|prefill|decode)|rror" || true
 for t in bf16 q8_0; do
     "$llama_bench" -m "$work/$t.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o md 2>&1 | grep -E "^\|"
 done

@@ -15,6 +15,7 @@
 //! - [`kernels`]: our own CUDA kernels (gpt-oss attention with sinks, MXFP4 experts), each with a CPU reference.
 //! - [`serve`]: the OpenAI-compatible HTTP server (`inferno serve`) over the engine.
 //! - [`commands`]: one module per subcommand.
+//! - [`switches`]: every `INFERNO_*` environment variable the binary reads.
 
 pub mod chat;
 pub mod cli;
@@ -28,6 +29,7 @@ pub mod inspect;
 pub mod kernels;
 pub mod models;
 pub mod serve;
+pub mod switches;
 #[cfg(test)]
 pub mod test_assets;
 pub mod tokenizer;

@@ -8,12 +8,14 @@ use std::sync::{Mutex, OnceLock};
 
 use tokenizers::Tokenizer;
 
+use crate::switches::test_var;
+
 /// Where fetched test assets live: `$INFERNO_ASSETS`, else `${INFERNO_CACHE:-~/.cache/inferno}/assets`.
 pub fn assets_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("INFERNO_ASSETS") {
+    if let Some(d) = test_var("INFERNO_ASSETS") {
         return PathBuf::from(d);
     }
-    let cache = std::env::var_os("INFERNO_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+    let cache = test_var("INFERNO_CACHE").map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache/inferno")
     });
     cache.join("assets")

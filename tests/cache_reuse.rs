@@ -42,7 +42,12 @@ fn gpt_oss_dir() -> PathBuf {
 
 /// A pool far larger than one trial needs: nothing of the trial under test is evicted.
 fn small_engine() -> EngineConfig {
-    EngineConfig { max_seqs: 2, kv_tokens: 4 * CONTEXT, token_budget: CHUNK }
+    EngineConfig {
+        max_seqs: 2,
+        kv_tokens: 4 * CONTEXT,
+        token_budget: CHUNK,
+        pipeline: inferno::switches::pipeline(),
+    }
 }
 
 fn gpt_oss(device: &Device, dtype: DType) -> Engine {

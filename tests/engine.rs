@@ -38,7 +38,12 @@ fn opts() -> LoadOptions {
 /// other sequences' decode steps.
 fn start(model: &str, max_seqs: usize, kv_tokens: usize, budget: usize) -> Engine {
     let path = fixture(model);
-    let cfg = EngineConfig { max_seqs, kv_tokens, token_budget: budget };
+    let cfg = EngineConfig {
+        max_seqs,
+        kv_tokens,
+        token_budget: budget,
+        pipeline: inferno::switches::pipeline(),
+    };
     let (engine, _) =
         engine::start(path.to_str().expect("utf-8 path"), &opts(), &Device::Cpu, move |_| cfg)
             .expect("engine");
@@ -285,7 +290,12 @@ fn a_continued_conversation_prefills_only_the_new_tokens() {
 #[test]
 fn an_oversized_pool_is_refused_with_the_numbers() {
     let path = fixture("gpt_oss_tiny");
-    let cfg = EngineConfig { max_seqs: 64, kv_tokens: 1 << 40, token_budget: 64 };
+    let cfg = EngineConfig {
+        max_seqs: 64,
+        kv_tokens: 1 << 40,
+        token_budget: 64,
+        pipeline: inferno::switches::pipeline(),
+    };
     let err = engine::start(path.to_str().expect("path"), &opts(), &Device::Cpu, move |_| cfg)
         .err()
         .expect("a refusal");

@@ -127,7 +127,12 @@ fn dequantized_checkpoint(src: &Path, dst: &Path, unit_scales: bool) {
 fn forced_argmax(path: &Path, seqs: &[Vec<u32>], dtype: DType, device: &Device) -> Vec<Vec<u32>> {
     let opts = LoadOptions { dtype: Some(dtype), context: Some(CONTEXT), dummy: false };
     let n = seqs.len();
-    let cfg = EngineConfig { max_seqs: n, kv_tokens: n * CONTEXT, token_budget: 512 };
+    let cfg = EngineConfig {
+        max_seqs: n,
+        kv_tokens: n * CONTEXT,
+        token_budget: 512,
+        pipeline: inferno::switches::pipeline(),
+    };
     let (engine, _) =
         engine::start(path.to_str().expect("path"), &opts, device, move |_| cfg).expect("engine");
     let handles: Vec<_> = seqs

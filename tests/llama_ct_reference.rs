@@ -83,7 +83,12 @@ fn the_engine_gives_the_same_tokens() {
     let opts = LoadOptions { dtype: Some(DType::F32), context: Some(CONTEXT), dummy: false };
     for (name, _) in FORMATS {
         let fx = reference(name);
-        let cfg = EngineConfig { max_seqs: 2, kv_tokens: CONTEXT, token_budget: 8 };
+        let cfg = EngineConfig {
+            max_seqs: 2,
+            kv_tokens: CONTEXT,
+            token_budget: 8,
+            pipeline: inferno::switches::pipeline(),
+        };
         let path = dir(name);
         let (engine, info) =
             engine::start(path.to_str().unwrap(), &opts, &Device::Cpu, move |_| cfg).unwrap();

@@ -334,7 +334,7 @@ fn a_function_missing_from_the_driver_stops_the_process_with_one_line() {
 
 /// `inferno doctor` on a machine without the driver: it runs, names the problem with a fix,
 /// reports the cache (and that a token is set, never the token), plans each cached model from
-/// its headers (the same plan `play` checks), and exits nonzero.
+/// its headers (the same plan `play` checks), lists the switches, and exits nonzero.
 #[test]
 fn doctor_without_the_driver_reports_the_cache_and_the_fix() {
     let sandbox = Sandbox::new();
@@ -356,8 +356,11 @@ fn doctor_without_the_driver_reports_the_cache_and_the_fix() {
     assert!(stdout.contains("1 model revision(s)"), "{stdout}");
     assert!(stdout.contains("HF_TOKEN is set") && !stdout.contains(token), "{stdout}");
     assert!(stdout.contains("test/tiny-gpt-oss@01234567: needs"), "{stdout}");
+    assert!(stdout.contains("ok INFERNO_CUDA_GRAPH=1 (default)"), "{stdout}");
+    assert!(!stdout.contains("INFERNO_TEST_HOOKS"), "test knobs show only when set: {stdout}");
 
-    let out = sandbox.run(&["doctor", "--json"], &[("HF_TOKEN", token)]);
+    let env = [("HF_TOKEN", token), ("INFERNO_PDL", "maybe"), ("INFERNO_STEP_STATS", "1")];
+    let out = sandbox.run(&["doctor", "--json"], &env);
     assert_eq!(out.status.code(), Some(1));
     assert!(!text(&out.stdout).contains(token));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor --json");
@@ -365,6 +368,18 @@ fn doctor_without_the_driver_reports_the_cache_and_the_fix() {
     assert_eq!(v["cache"]["models"], 1);
     assert_eq!(v["cache"]["hf_token_set"], true);
     assert!(!v["problems"].as_array().unwrap().is_empty());
+    let switch = |name: &str| {
+        let all = v["switches"].as_array().expect("switches");
+        all.iter().find(|s| s["name"] == name).cloned().unwrap_or_else(|| panic!("{name}: {v}"))
+    };
+    let pdl = switch("INFERNO_PDL");
+    assert_eq!((&pdl["set"], &pdl["value"]), (&"maybe".into(), &"1".into()), "{pdl}");
+    assert_eq!(pdl["error"], "expected 0 or 1");
+    let stats = switch("INFERNO_STEP_STATS");
+    assert_eq!((&stats["set"], &stats["value"]), (&"1".into(), &"1".into()), "{stats}");
+    assert!(switch("INFERNO_PIPELINE")["set"].is_null());
+    let problems = v["problems"].to_string();
+    assert!(problems.contains("INFERNO_PDL=maybe is not accepted"), "{problems}");
     // The model's plan is the loader's: the same numbers `play` checks before loading.
     let opts = inferno::engine::LoadOptions { dtype: None, context: None, dummy: false };
     let (_, spec) = inferno::engine::prepare(

@@ -4,8 +4,8 @@
 //! on max_tokens, several sequences at once (a decode graph captured after the first steps were
 //! read back), and a cancellation mid-stream.
 //!
-//! Ignored by default (CI has no GPU); scripts/gpu-tests.sh runs it. One test in this binary:
-//! it sets INFERNO_PIPELINE, which an engine reads when it starts.
+//! Ignored by default (CI has no GPU); scripts/gpu-tests.sh runs it. The two engines differ in
+//! `EngineConfig::pipeline` alone.
 
 use std::path::PathBuf;
 
@@ -18,13 +18,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 fn start(model: &str, pipelined: bool) -> Engine {
-    // SAFETY: the only test of this binary; no other thread reads the environment now (the
-    // engine thread reads it when it starts, below).
-    unsafe { std::env::set_var("INFERNO_PIPELINE", if pipelined { "1" } else { "0" }) };
     let (device, _) = inferno::gpu::open(0).expect("a CUDA device");
     let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures")).join(model);
     let opts = LoadOptions { dtype: Some(DType::BF16), context: Some(512), dummy: false };
-    let cfg = EngineConfig { max_seqs: 4, kv_tokens: 2048, token_budget: 64 };
+    let cfg = EngineConfig { max_seqs: 4, kv_tokens: 2048, token_budget: 64, pipeline: pipelined };
     let (engine, _) =
         engine::start(path.to_str().expect("utf-8 path"), &opts, &device, move |_| cfg)
             .expect("engine");
@@ -110,7 +107,7 @@ fn gpu_pipelined_decode_gives_the_same_tokens() {
         let (plain, plain_steps) = scenario(model, false);
         let (piped, piped_steps) = scenario(model, true);
         eprintln!("{model}: pipelined steps {piped_steps} (unpipelined engine: {plain_steps})");
-        assert_eq!(plain_steps, 0, "{model}: INFERNO_PIPELINE=0 still pipelined");
+        assert_eq!(plain_steps, 0, "{model}: an engine without the pipeline still pipelined");
         // Most decode steps of the scenario (~200) go ahead of the host.
         assert!(piped_steps > 100, "{model}: only {piped_steps} steps were pipelined");
         assert_eq!(plain[1].1, StopReason::Eos(plain[0].0[10]), "{model}: the EOS stop");

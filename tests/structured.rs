@@ -165,7 +165,12 @@ const CONTEXT: usize = 256;
 fn engine(max_seqs: usize) -> Engine {
     let path = fixture("llama3_tiny/model.gguf");
     let opts = LoadOptions { dtype: Some(DType::F32), context: Some(CONTEXT), dummy: false };
-    let cfg = EngineConfig { max_seqs, kv_tokens: 4096, token_budget: 64 };
+    let cfg = EngineConfig {
+        max_seqs,
+        kv_tokens: 4096,
+        token_budget: 64,
+        pipeline: inferno::switches::pipeline(),
+    };
     let (engine, _) =
         engine::start(path.to_str().unwrap(), &opts, &Device::Cpu, move |_| cfg).unwrap();
     engine

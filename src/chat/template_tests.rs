@@ -171,7 +171,7 @@ struct Case {
 #[test]
 fn matches_transformers_apply_chat_template() {
     // INFERNO_CHAT_FIXTURES points at another file of the same shape (for exploring templates).
-    let path = std::env::var("INFERNO_CHAT_FIXTURES").unwrap_or_else(|_| {
+    let path = crate::switches::test_var("INFERNO_CHAT_FIXTURES").unwrap_or_else(|| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates.json").into()
     });
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));

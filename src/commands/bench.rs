@@ -69,6 +69,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         kv_tokens: streams
             .saturating_mul(info.context.saturating_add(crate::engine::core::BLOCK_SIZE)),
         token_budget: step_tokens,
+        pipeline: crate::switches::pipeline(),
     })?;
     let load_s = started.elapsed().as_secs_f64();
     let vocab = engine.vocab_size();

@@ -36,7 +36,7 @@ pub const BLOCK_SIZE: usize = 16;
 /// sequences need (see [`Core::new`]).
 pub const SLIDING_HEADROOM: usize = 4096;
 
-/// How big the engine is.
+/// How big the engine is, and whether it pipelines its decode steps.
 #[derive(Debug, Clone, Copy)]
 pub struct EngineConfig {
     /// Sequences decoded together at most.
@@ -45,6 +45,10 @@ pub struct EngineConfig {
     pub kv_tokens: usize,
     /// Tokens one step runs at most: bounds a prompt chunk, and so a step's time and workspace.
     pub token_budget: usize,
+    /// Decode steps are pipelined where decode graphs run (`core/pipeline.rs`). Front ends pass
+    /// [`crate::switches::pipeline`]; a field rather than the switch alone, so that one process
+    /// can run an engine of each kind (tests/pipeline_gpu.rs compares them).
+    pub pipeline: bool,
 }
 
 /// Tokens one step runs at most unless a front end says otherwise (`--step-tokens`). gpt-oss-20b
@@ -58,7 +62,12 @@ pub const DEFAULT_TOKEN_BUDGET: usize = 2048;
 impl EngineConfig {
     /// One sequence of up to `context` tokens (play).
     pub fn single(context: usize) -> Self {
-        EngineConfig { max_seqs: 1, kv_tokens: context, token_budget: DEFAULT_TOKEN_BUDGET }
+        EngineConfig {
+            max_seqs: 1,
+            kv_tokens: context,
+            token_budget: DEFAULT_TOKEN_BUDGET,
+            pipeline: crate::switches::pipeline(),
+        }
     }
 }
 
@@ -300,13 +309,13 @@ struct Core {
     in_flight: Option<pipeline::InFlight>,
     /// The stream sampled ids are read through.
     readback: ReadbackStream,
-    /// Decode steps are pipelined (on a GPU with decode graphs; `INFERNO_PIPELINE=0` turns it
-    /// off, for A/B timings and comparisons).
+    /// Decode steps are pipelined (on a GPU with decode graphs, unless the config says no).
     pipelined: bool,
     /// Sequences of this step whose output constraint failed (its mask or its commit), with
     /// the message they end with once the step's tokens are handed out.
     broken: HashMap<u64, String>,
-    /// Time spent computing constraint masks on the host (`INFERNO_STEP_STATS`): (rows, time).
+    /// Time spent computing constraint masks on the host (printed with the step times): (rows,
+    /// time).
     mask_time: (u64, std::time::Duration),
 }
 
@@ -329,11 +338,10 @@ impl Core {
             token_budget: cfg.token_budget.max(1),
             max_context,
         });
-        let pipelined = super::graphs::enabled(model.device())
-            && !std::env::var("INFERNO_PIPELINE").is_ok_and(|v| v == "0");
+        let pipelined = super::graphs::enabled(model.device()) && cfg.pipeline;
         let core = Core {
             step_times: Default::default(),
-            print_step_times: std::env::var("INFERNO_STEP_STATS").is_ok_and(|v| v == "1"),
+            print_step_times: crate::switches::step_stats(),
             runner: Runner::new(model, pool, shape),
             blocks,
             sched,

@@ -34,7 +34,7 @@ pub fn bucket(n: usize) -> Option<usize> {
 
 /// Whether decode graphs are used on `device`.
 pub fn enabled(device: &Device) -> bool {
-    device.is_cuda() && !std::env::var("INFERNO_CUDA_GRAPH").is_ok_and(|v| v == "0")
+    device.is_cuda() && crate::switches::cuda_graphs()
 }
 
 enum State {
@@ -265,7 +265,7 @@ impl BucketGraph {
         drop(_arena);
         self.state = match (recorded, graph) {
             (Ok(()), Ok(Some(graph))) => {
-                if std::env::var_os("INFERNO_GRAPH_STATS").is_some() {
+                if crate::switches::graph_stats() {
                     let replay = replay_time(&graph, &stream)?;
                     let nodes = node_stats(&graph);
                     let (chunks, lent) = self.arena.arena.usage();

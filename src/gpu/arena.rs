@@ -136,8 +136,7 @@ impl Drop for Scope {
 }
 
 fn enter(stream: CUstream, mode: Mode, arena: u64) -> Scope {
-    let on = !std::env::var("INFERNO_GRAPH_ARENA").is_ok_and(|v| v == "0");
-    let mode = if on { mode } else { Mode::Off };
+    let mode = if crate::switches::graph_arena() { mode } else { Mode::Off };
     if mode == Mode::Measure {
         MEASURED.with(|m| *m.borrow_mut() = Measured::default());
     }

@@ -109,8 +109,7 @@ pub fn fetch(
 
 /// 0.5 s, 1 s, 2 s … capped at 8 s; `INFERNO_RETRY_DELAY_MS` overrides the base (tests).
 fn backoff(attempt: u32) -> Duration {
-    let base =
-        std::env::var("INFERNO_RETRY_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500u64);
+    let base = crate::switches::retry_delay_ms();
     Duration::from_millis((base << (attempt - 1).min(4)).min(8_000))
 }
 

@@ -205,53 +205,42 @@ pub(super) fn upload(dev: &CudaDevice, words: &[u32]) -> Result<CudaSlice<u32>> 
     Ok(out)
 }
 
-/// Who uses a region of [`counters`]: each its own, so that two kernels never share a counter.
-/// A new variant needs one more region in `counters`' allocation (`2 * COUNTERS` now).
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Counters {
-    /// paged_attention.cu: one per (sequence × row tile, kv head) of a launch.
-    Attention,
-    /// moe_slot_mma.cu's down kernel: one per (token, row tile of 16 outputs).
-    MoeSum,
-}
-
-/// Counters per region of [`counters`]. A decode step of 64 sequences with 8 kv heads takes 512
-/// for the attention; gpt-oss's MoE 180 per token. Bigger grids take the separate kernels.
+/// Counters in [`counters`]' set: moe_slot_mma.cu's down kernel takes one per (token, row tile
+/// of 16 outputs), 180 per token for gpt-oss. Bigger grids take the separate moe_sum. A second
+/// kernel that counts would need its own region of the set, so that two never share a counter.
 pub(super) const COUNTERS: usize = 1 << 16;
 
-/// The device address of the zeroed counters of `region` for `dev`'s stream, for kernels whose
-/// last block to finish a piece of work does what a separate launch would (paged_attention.cu's
-/// combine, moe_slot_mma.cu's sum over the slots). One set per stream: kernels of one stream run
-/// one after another, but two streams (two engines in one process) would race on shared counters
-/// and fold each other's partials. candle's devices use the per-thread default stream, whose
+/// The device address of zeroed counters for `dev`'s stream, for a kernel whose last block to
+/// finish a piece of work does what a separate launch would (moe_slot_mma.cu's sum over the
+/// slots). One set per stream: kernels of one stream run one after another, but two streams (two
+/// engines in one process) would race on shared counters and fold each other's partials. candle's devices use the per-thread default stream, whose
 /// handle is the same for every thread, so the set is per (device, handle, host thread).
 /// Allocated on first use and kept for the process: captured graphs hold the address, and each
 /// launch leaves every counter at zero. `None` while the stream captures a graph and none exist
 /// yet (the allocation would belong to the graph): the separate kernel then.
-pub(super) fn counters(dev: &CudaDevice, region: Counters) -> Option<u64> {
+pub(super) fn counters(dev: &CudaDevice) -> Option<u64> {
     use candle_core::cuda_backend::cudarc::driver::DevicePtr;
     use candle_core::cuda_backend::cudarc::driver::sys::CUstreamCaptureStatus;
     type Key = (usize, usize, std::thread::ThreadId);
     type ByStream = std::sync::Mutex<std::collections::HashMap<Key, u64>>;
     static BY_STREAM: std::sync::OnceLock<ByStream> = std::sync::OnceLock::new();
-    let offset = (region as u64) * (COUNTERS * std::mem::size_of::<u32>()) as u64;
     let mut map = BY_STREAM.get_or_init(Default::default).lock().ok()?;
     let stream = dev.cuda_stream();
     let key =
         (stream.context().ordinal(), stream.cu_stream() as usize, std::thread::current().id());
     if let Some(&ptr) = map.get(&key) {
-        return Some(ptr + offset);
+        return Some(ptr);
     }
     let idle =
         matches!(stream.capture_status(), Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE));
     if !idle {
         return None;
     }
-    let slice = stream.alloc_zeros::<u32>(2 * COUNTERS).ok()?;
+    let slice = stream.alloc_zeros::<u32>(COUNTERS).ok()?;
     let (ptr, guard) = slice.device_ptr(&stream);
     drop(guard);
     // Never freed: graphs captured with this address replay for the process's life.
     std::mem::forget(slice);
     map.insert(key, ptr);
-    Some(ptr + offset)
+    Some(ptr)
 }

@@ -170,7 +170,7 @@ impl CustomOp2 for F32OutMatmul {
             && l1.start_offset().is_multiple_of(8)
             && l2.start_offset().is_multiple_of(8);
         let gemv = match self.route {
-            Route::Auto => gemv_wins(m, n) && !gemv_off(),
+            Route::Auto => gemv_wins(m, n),
             Route::Gemv(_) => m <= 64,
             Route::Cublas => false,
         };
@@ -238,13 +238,6 @@ impl CustomOp2 for F32OutMatmul {
 #[cfg(feature = "cuda")]
 pub(super) fn gemv_wins(m: usize, n: usize) -> bool {
     m <= 16 || (m <= 32 && n <= 4096)
-}
-
-/// `INFERNO_GEMV=0` sends every product to cuBLAS (for comparisons).
-#[cfg(feature = "cuda")]
-pub(super) fn gemv_off() -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OFF.get_or_init(|| std::env::var("INFERNO_GEMV").is_ok_and(|v| v == "0"))
 }
 
 #[cfg(feature = "cuda")]
@@ -328,11 +321,6 @@ pub(super) mod gemv {
         let key = (dev.cuda_stream().context().ordinal(), epi, tiles, wk);
         let cache = CHOSEN.get_or_init(Default::default);
         if let Some(&u) = cache.lock().ok().and_then(|c| c.get(&key).copied()).as_ref() {
-            return Ok(u);
-        }
-        // `INFERNO_GEMV_BATCH=4` (or 2, 8) forces U, for A/B timings of this choice.
-        let forced = std::env::var("INFERNO_GEMV_BATCH").ok().and_then(|v| v.parse().ok());
-        if let Some(u) = forced.filter(|u| BATCHES.contains(u)) {
             return Ok(u);
         }
         let sms = crate::kernels::cuda::multiprocessors(dev);

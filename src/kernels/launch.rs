@@ -152,11 +152,10 @@ impl<'a> Launch<'a> {
 pub(super) fn enabled(stream: &CudaStream) -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        let off = std::env::var("INFERNO_PDL").is_ok_and(|v| v == "0");
         let major = stream
             .context()
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
             .unwrap_or(0);
-        !off && major >= 9
+        crate::switches::pdl() && major >= 9
     })
 }

@@ -31,20 +31,19 @@
 // (they may be garbage), and an entry that points past the pool is treated as a masked key
 // instead of read.
 // With zs = 1 the block folds its splits as it goes and writes the output; with several it
-// writes each split's (m, l, acc) [split - first split][T][heads], and they are folded per row in
-// order: by paged_combine, a warp per row (without `counters`), or by the last of the tile's zs
-// blocks to finish (with them: one per (sequence, tile, kv head), which that block resets to 0
-// for the next launch). The launch takes paged_combine: the last block's 4 warps fold a decode
-// step's 8 rows two each, after the block's atomics, longer than a launch that PDL starts
-// early (gpu.rs has the numbers). The fold is the same function with the same inputs in the same
-// order either way, so the bits are the same.
+// writes each split's (m, l, acc) [split - first split][T][heads], and paged_combine folds them
+// per row in order, a warp per row, with the same fold() (so the bits are the same). Folding in
+// the tile's last block instead (after an atomic count) was slower: its 4 warps fold a decode
+// step's 8 rows two each, after the block's atomics, longer than a combine launch that PDL
+// starts early (H100, gpt-oss-20b decode: 426.1 against 435.3 tok/s at 1k).
 
 #include "paged_attention.cuh"
 
 #define NW 4   // warps per block
 #define BK 32  // keys per tile: one per lane
 
-// 16 bytes of T as floats: 4 f32 or 8 bf16.
+// 16 bytes of T as floats. Only f32 is instantiated: bf16 calls take the tensor-core kernel
+// (paged_attention_mma.cu); the combine below serves both.
 template <typename T> __device__ __forceinline__ void unpack16(uint4 u, float* out);
 template <> __device__ __forceinline__ void unpack16<float>(uint4 u, float* out) {
     out[0] = __uint_as_float(u.x);
@@ -52,21 +51,13 @@ template <> __device__ __forceinline__ void unpack16<float>(uint4 u, float* out)
     out[2] = __uint_as_float(u.z);
     out[3] = __uint_as_float(u.w);
 }
-template <> __device__ __forceinline__ void unpack16<__nv_bfloat16>(uint4 u, float* out) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        out[2 * q] = __uint_as_float(w[q] << 16);  // the low half is the lower-addressed element
-        out[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
-    }
-}
 
 template <typename T, int D, int RPW>
 __device__ __forceinline__ void paged_attention_impl(
     const T* __restrict__ q, const T* __restrict__ k_pool, const T* __restrict__ v_pool,
     const float* __restrict__ sinks, const uint32_t* __restrict__ cu_q, const uint32_t* __restrict__ q_pos,
     const uint32_t* __restrict__ tables, T* __restrict__ out, float* __restrict__ part_acc,
-    float* __restrict__ part_ml, uint32_t* __restrict__ counters, const PagedAttnParams& p) {
+    float* __restrict__ part_ml, const PagedAttnParams& p) {
     constexpr int BQ = NW * RPW;
     constexpr int DC = D / 32;
     __shared__ __align__(16) float Qs[BQ][D];
@@ -74,7 +65,6 @@ __device__ __forceinline__ void paged_attention_impl(
     __shared__ float Vs[BK][D];
     __shared__ __align__(16) float Ps[NW][RPW][BK];
     __shared__ long long KP[BK];  // position of each key of the tile, -1 if none
-    __shared__ bool last;         // this block is the tile's last to finish (combine in the block)
     // Before pdl_wait(): the step's metadata (cu_q, q_pos, tables: copied in before the step's
     // first kernel) and keys and values of positions before the step's own (written by earlier
     // steps). The kernel before this one (the q/k/v stores) writes q and the step's positions.
@@ -258,27 +248,9 @@ __device__ __forceinline__ void paged_attention_impl(
     }
 
     if (lo < hi) close_split((hi - 1) / SK);
-    if (p.zs > 1) {  // (no key: the combine reads none of this block's splits)
-        if (!counters) return;
-        __threadfence();  // this block's partials, visible before it counts
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            uint32_t* c = counters + (long long)blockIdx.x * gridDim.y + blockIdx.y;
-            last = atomicAdd(c, 1u) == (uint32_t)p.zs - 1;
-            if (last) *c = 0;  // every block of the tile has counted
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-#pragma unroll
-        for (int r = 0; r < RPW; r++) {
-            if (!rvalid[r]) continue;
-            const long long R = row0 + warp * RPW + r;
-            const long long orow = (tok0 + R / G) * p.heads + g * G + (int)(R % G);
-            combine_row<T, D>(part_acc, part_ml, orow, pos0, qpos[r], sink2[r], out, p);
-        }
-        return;
-    }
+    // With splits the partials are written (or, with no key, none the combine reads): the
+    // combine kernel folds them.
+    if (p.zs > 1) return;
 #pragma unroll
     for (int r = 0; r < RPW; r++) {
         if (!rvalid[r]) continue;
@@ -290,7 +262,7 @@ __device__ __forceinline__ void paged_attention_impl(
     }
 }
 
-// The separate combine (no counters): one warp per output row.
+// The combine of the split partials: one warp per output row.
 template <typename T, int D>
 __device__ __forceinline__ void paged_combine_impl(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                                    const float* __restrict__ sinks, const uint32_t* __restrict__ cu_q,
@@ -319,9 +291,9 @@ __device__ __forceinline__ void paged_combine_impl(const float* __restrict__ par
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                \
         NAME(const T* q, const T* k_pool, const T* v_pool, const float* sinks, const uint32_t* cu_q,     \
              const uint32_t* q_pos, const uint32_t* tables, T* out, float* part_acc, float* part_ml,     \
-             uint32_t* counters, const PagedAttnParams p) {                                               \
+             const PagedAttnParams p) {                                                                   \
         paged_attention_impl<T, D, RPW>(q, k_pool, v_pool, sinks, cu_q, q_pos, tables, out, part_acc,     \
-                                        part_ml, counters, p);                                            \
+                                        part_ml, p);                                                      \
     }
 
 #define PAGED_COMBINE(NAME, T, D)                                                                        \
@@ -333,12 +305,8 @@ __device__ __forceinline__ void paged_combine_impl(const float* __restrict__ par
 
 PAGED_ATTENTION(paged_attention_f32_d64_r2, float, 64, 2)
 PAGED_ATTENTION(paged_attention_f32_d64_r4, float, 64, 4)
-PAGED_ATTENTION(paged_attention_bf16_d64_r2, __nv_bfloat16, 64, 2)
-PAGED_ATTENTION(paged_attention_bf16_d64_r4, __nv_bfloat16, 64, 4)
 PAGED_ATTENTION(paged_attention_f32_d128_r2, float, 128, 2)
 PAGED_ATTENTION(paged_attention_f32_d128_r4, float, 128, 4)
-PAGED_ATTENTION(paged_attention_bf16_d128_r2, __nv_bfloat16, 128, 2)
-PAGED_ATTENTION(paged_attention_bf16_d128_r4, __nv_bfloat16, 128, 4)
 
 PAGED_COMBINE(paged_combine_f32_d64, float, 64)
 PAGED_COMBINE(paged_combine_bf16_d64, __nv_bfloat16, 64)

@@ -32,7 +32,7 @@
 //! query rows of one kv group, kv head, run of key splits); a block finds its sequence's length
 //! and position on the device and exits when its tile is empty. When few blocks would cover the
 //! GPU (decode), a tile's keys are shared among several blocks and their partial softmax states
-//! merged by a second kernel (or by the last of them).
+//! merged by a second kernel.
 //!
 //! Batch invariance: a row's output is bit for bit the same in any launch (alone in a decode
 //! step, inside a prefill chunk, split among blocks or not), so a prefix computed token by token
@@ -222,14 +222,6 @@ pub fn paged_launch(
     }
 }
 
-/// `INFERNO_PAGED_SCALAR=1`: bf16 calls take the scalar kernel too, for A/B timings. Read once
-/// per process, so decode steps and prefill chunks still share one kernel.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn scalar_forced() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("INFERNO_PAGED_SCALAR").is_ok_and(|v| v == "1"))
-}
-
 /// The metadata tensors of one call.
 #[derive(Clone, Copy)]
 struct Meta<'a> {
@@ -260,10 +252,6 @@ struct PagedAttention {
     /// Tests: fill the CUDA output with NaN before the kernel runs.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     poison: bool,
-    /// Tests: fold split partials in the attention's last block, not in the combine kernel (the
-    /// two must agree bit for bit).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    fused_combine: bool,
 }
 
 impl PagedAttention {
@@ -358,7 +346,6 @@ impl PagedAttention {
             bounds,
             cfg,
             poison,
-            fused_combine: false,
         })
     }
 
@@ -369,7 +356,7 @@ impl PagedAttention {
         paged_launch(
             seqs,
             tokens,
-            (self.heads, self.kv_heads, self.d, self.bf16 && !scalar_forced()),
+            (self.heads, self.kv_heads, self.d, self.bf16),
             self.bounds,
             self.cfg.window,
             sms,

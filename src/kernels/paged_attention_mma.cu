@@ -57,7 +57,7 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     const bf16* __restrict__ q, const bf16* __restrict__ k_pool, const bf16* __restrict__ v_pool,
     const float* __restrict__ sinks, const uint32_t* __restrict__ cu_q, const uint32_t* __restrict__ q_pos,
     const uint32_t* __restrict__ tables, bf16* __restrict__ out, float* __restrict__ part_acc,
-    float* __restrict__ part_ml, uint32_t* __restrict__ counters, const PagedAttnParams& p) {
+    float* __restrict__ part_ml, const PagedAttnParams& p) {
     // DS = 1: each warp its own 16 rows. DS = NW (rows that fit one warp: a decode step's heads
     // of a kv head): every warp the same 16 rows, each the P.V of its ND / DS column tiles of
     // the output; the scores and softmax are computed by each warp alike (the same operations,
@@ -73,7 +73,6 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     constexpr int CPR = D / 8;  // 16-byte chunks per key row
     extern __shared__ __align__(16) bf16 kv_smem[];  // [2 stages][K, V][MBK][ROW]
     __shared__ bool kvalid[2][MBK];
-    __shared__ bool last;
 
     PagedTile tl;  // tiles in reverse: the heavy ones first
     if (!paged_tile<BQ, true>(tl, cu_q, q_pos, tables, p)) return;
@@ -275,30 +274,7 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     }
     if (n_tiles > 0) close_split((hi - 1) / SK);
 
-    if (p.zs > 1) {
-        if (!counters) return;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            uint32_t* c = counters + (long long)blockIdx.x * gridDim.y + blockIdx.y;
-            last = atomicAdd(c, 1u) == (uint32_t)p.zs - 1;
-            if (last) *c = 0;
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        // Every warp folds a share of the block's rows (combine_row: lane = dimensions): a decode
-        // step's 8 rows all sit in warp 0's tile.
-        for (int r = warp; r < BQ; r += NW) {
-            const long long R = row0 + r;
-            if (R >= rows) break;
-            const long long qi = R / G;
-            const int h = g * G + (int)(R % G);
-            const float s2 = sinks ? sinks[h] * LOG2E : -INFINITY;
-            combine_row<bf16, D>(part_acc, part_ml, (tok0 + qi) * p.heads + h, pos0, pos0 + qi, s2, out, p);
-        }
-        return;
-    }
+    if (p.zs > 1) return;  // the partials are written: paged_combine folds them
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         if (!rv[hf]) continue;
@@ -316,9 +292,9 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                \
         NAME(const bf16* q, const bf16* k_pool, const bf16* v_pool, const float* sinks, const uint32_t* cu_q, \
              const uint32_t* q_pos, const uint32_t* tables, bf16* out, float* part_acc, float* part_ml,    \
-             uint32_t* counters, const PagedAttnParams p) {                                               \
+             const PagedAttnParams p) {                                                                   \
         paged_attention_mma_impl<D, NW, DS>(q, k_pool, v_pool, sinks, cu_q, q_pos, tables, out, part_acc, \
-                                            part_ml, counters, p);                                        \
+                                            part_ml, p);                                                  \
     }
 
 PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4, 64, 4, 1)

@@ -156,11 +156,7 @@ const TOPK_MAX_PARTS: usize = 1024;
 /// over whole rows (`sample.cu`), which any setting can take.
 #[cfg(any(feature = "cuda", test))]
 pub(crate) fn topk_first(rows: &[RowSampling], n: usize) -> bool {
-    // INFERNO_SAMPLER=radix: every batch on the radix path (A/B runs).
-    static RADIX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let radix = *RADIX.get_or_init(|| std::env::var("INFERNO_SAMPLER").as_deref() == Ok("radix"));
-    !radix
-        && n <= TOPK_CHUNK * TOPK_MAX_PARTS
+    n <= TOPK_CHUNK * TOPK_MAX_PARTS
         && rows.iter().all(|r| {
             let f = &r.filter;
             f.inv_t <= 0.0 || (1..=TOPK_MAX).contains(&f.top_k) && f.top_k < n

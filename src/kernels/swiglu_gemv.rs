@@ -37,17 +37,8 @@ fn fused(x: &Tensor, w: &Tensor) -> bool {
         && n2.is_multiple_of(2)
         && (1..=16).contains(&m)
         && super::f32_out_matmul::gemv_wins(m, n2)
-        && !super::f32_out_matmul::gemv_off()
-        && !two_launches()
         && start(x)
         && start(w)
-}
-
-/// `INFERNO_FUSE_SWIGLU=0` keeps the two launches (for A/B timings).
-#[cfg(feature = "cuda")]
-fn two_launches() -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OFF.get_or_init(|| std::env::var("INFERNO_FUSE_SWIGLU").is_ok_and(|v| v == "0"))
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -7,8 +7,7 @@ use rand::{Rng, SeedableRng};
 /// A generator seeded at random, or from `INFERNO_TEST_SEED` to replay a failure; the seed is
 /// printed (visible with `--nocapture` or when the test fails).
 pub(super) fn rng(test: &str) -> StdRng {
-    let seed = std::env::var("INFERNO_TEST_SEED")
-        .ok()
+    let seed = crate::switches::test_var("INFERNO_TEST_SEED")
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| rand::rng().random::<u64>());
     eprintln!("{test}: seed {seed} (INFERNO_TEST_SEED={seed} replays it)");

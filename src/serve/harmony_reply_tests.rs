@@ -163,12 +163,12 @@ fn check(seen: &Seen, specials: &[String], what: &str) {
 
 #[test]
 fn random_and_mutated_streams_never_fail_or_leak_markup() {
-    let seed = std::env::var("INFERNO_FUZZ_SEED")
-        .ok()
+    let seed = crate::switches::test_var("INFERNO_FUZZ_SEED")
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(rand::random::<u64>);
-    let iters: usize =
-        std::env::var("INFERNO_FUZZ_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
+    let iters: usize = crate::switches::test_var("INFERNO_FUZZ_ITERS")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3000);
     let mut rng = StdRng::seed_from_u64(seed);
     let alphabet = Alphabet::new();
     let tok = tokenizer("gptoss-tokenizer.json");

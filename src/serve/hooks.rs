@@ -63,8 +63,8 @@ fn forced_ids(
 /// The replies of the file `INFERNO_TEST_REPLIES` names (none when unset). A file that cannot
 /// be read as a JSON array of strings stops the server: a test must not run without them.
 pub fn queued_replies() -> VecDeque<String> {
-    let Ok(path) = std::env::var("INFERNO_TEST_REPLIES") else { return VecDeque::new() };
-    let read = std::fs::read_to_string(&path)
+    let Some(path) = crate::switches::test_replies() else { return VecDeque::new() };
+    let read = std::fs::read_to_string(path)
         .map_err(anyhow::Error::from)
         .and_then(|t| serde_json::from_str::<VecDeque<String>>(&t).map_err(anyhow::Error::from));
     match read {

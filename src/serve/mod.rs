@@ -197,6 +197,7 @@ fn load(
         max_seqs,
         kv_tokens: kv_tokens.unwrap_or_else(|| default_kv_tokens(info, max_seqs)).max(info.context),
         token_budget: step_tokens,
+        pipeline: crate::switches::pipeline(),
     })?;
     let kv_tokens =
         kv_tokens.unwrap_or_else(|| default_kv_tokens(&info, max_seqs)).max(info.context);
@@ -259,8 +260,8 @@ fn init_tracing(verbose: u8) {
         1 => "inferno=debug,tower_http=debug",
         _ => "debug",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("INFERNO_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let filter = crate::switches::log_filter().unwrap_or(default);
+    let filter = tracing_subscriber::EnvFilter::new(filter);
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

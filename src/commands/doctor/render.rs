@@ -15,6 +15,11 @@ pub fn human(r: &Report) -> String {
     if !models.is_empty() {
         section(&mut s, "Cached models (memory plan)", &models);
     }
+    section(
+        &mut s,
+        "Switches (INFERNO_* environment variables)",
+        &super::switches::lines(&r.switches),
+    );
     if r.problems.is_empty() {
         let _ = writeln!(s, "No problems found.");
     } else {

@@ -150,8 +150,7 @@ impl Core {
 
 /// `INFERNO_PIPELINE_TRACE=1`: why steps are not pipelined, on stderr (for performance work).
 fn trace(what: impl FnOnce() -> String) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *ON.get_or_init(|| std::env::var("INFERNO_PIPELINE_TRACE").is_ok_and(|v| v == "1")) {
+    if crate::switches::pipeline_trace() {
         eprintln!("inferno pipeline: {}", what());
     }
 }

@@ -18,8 +18,8 @@ use half::bf16;
 
 use super::{Mxfp4Moe, Path};
 use crate::kernels::cuda::{
-    COUNTERS, Counters, KernelFloat, MOE_EXPERT_MAJOR_PTX, MOE_GROUPED_PTX, MOE_SLOT_MMA_PTX,
-    MXFP4_MOE_PTX, allow_shared, counters, cuda_view, int, output,
+    COUNTERS, KernelFloat, MOE_EXPERT_MAJOR_PTX, MOE_GROUPED_PTX, MOE_SLOT_MMA_PTX, MXFP4_MOE_PTX,
+    allow_shared, counters, cuda_view, int, output,
 };
 use crate::kernels::launch::Launch;
 
@@ -79,15 +79,6 @@ pub(super) const EXPERT_MAJOR_VARIANTS: [EmVariant; 10] = [
 /// grouped GEMMs win from about 200 tokens.
 pub(super) const GROUPED_MIN_TOKENS: usize = 256;
 
-/// The path below [`EXPERT_MAJOR_MIN_TOKENS`]: the slot kernel, or with
-/// `INFERNO_MOE_SINGLE=expert-major` the expert-major one (A/B runs).
-fn single_token_path() -> Path {
-    static PATH: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
-    *PATH.get_or_init(|| match std::env::var("INFERNO_MOE_SINGLE").as_deref() {
-        Ok("expert-major") => Path::ExpertMajor,
-        _ => Path::SlotMma,
-    })
-}
 /// moe_grouped.cu's tiles (BM slots) and its expert limit.
 const BM: usize = 64;
 /// A grouped kernel variant `(MT, STAGES)`: warps of MT tiles of 16 weight rows (blocks of 4
@@ -206,16 +197,15 @@ pub(super) fn launch_routed<T: KernelFloat>(
         Some(path) if tiled || path == Path::PerSlot => path,
         Some(path) => bail!("mxfp4_moe: the {path:?} path needs bf16 x with 16-byte aligned rows"),
         None if !tiled => Path::PerSlot,
-        None if tokens < EXPERT_MAJOR_MIN_TOKENS => single_token_path(),
+        None if tokens < EXPERT_MAJOR_MIN_TOKENS => Path::SlotMma,
         None if tokens < GROUPED_MIN_TOKENS => Path::ExpertMajor,
         None => Path::Grouped,
     };
     // The slot kernel adds the slots itself where it can (moe_sum's launch saved).
     if path == Path::SlotMma
         && !op.separate_sum
-        && !separate_sum()
         && tokens * hidden.div_ceil(SLOT_MMA_ROWS) <= COUNTERS
-        && let Some(counters) = counters(dev, Counters::MoeSum)
+        && let Some(counters) = counters(dev)
     {
         return Ok(if op.out_f32 {
             f32::wrap(slot_mma_summed(&call, counters)?)
@@ -322,12 +312,6 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     // SAFETY: the arguments match moe_down's signature.
     unsafe { b.launch(launch_cfg(d.hidden, d.inter)?) }.w()?;
     Ok(part)
-}
-
-/// `INFERNO_MOE_SUM=separate`: moe_sum's own launch after the slot kernels (A/B timings).
-fn separate_sum() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("INFERNO_MOE_SUM").is_ok_and(|v| v == "separate"))
 }
 
 /// [`slot_mma`] with the sum over each token's slots in its down kernel: the output `[T, H]`.

@@ -8,8 +8,8 @@ use candle_core::{CudaDevice, Layout, Result, bail};
 
 use super::{Dims, PagedAttention, PagedKernel, WARPS};
 use crate::kernels::cuda::{
-    COUNTERS, Counters, KernelFloat, PAGED_ATTENTION_MMA_PTX, PAGED_ATTENTION_PTX, allow_shared,
-    counters, cuda_view, int, multiprocessors, output,
+    KernelFloat, PAGED_ATTENTION_MMA_PTX, PAGED_ATTENTION_PTX, allow_shared, cuda_view, int,
+    multiprocessors, output,
 };
 use crate::kernels::launch::Launch;
 
@@ -29,6 +29,9 @@ fn attention_func<T: KernelFloat>(
 ) -> Result<(CudaFunction, usize)> {
     Ok(match kernel {
         PagedKernel::Scalar { rows_per_warp } => {
+            if T::BF16 {
+                bail!("paged_attention: the scalar kernel takes f32 only");
+            }
             let name = format!("paged_attention_{}_d{d}_r{rows_per_warp}", T::NAME);
             let func = dev.get_or_load_custom_func(&name, MODULE, PAGED_ATTENTION_PTX)?;
             (func.into_cuda_function(), 0)
@@ -81,16 +84,6 @@ fn check_aligned(l: &Layout, size: usize, what: &str) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// `INFERNO_PAGED_COMBINE=fused`: the split partials folded by the attention's last block per
-/// tile instead of the combine kernel (for A/B timings). The combine kernel is the default: a
-/// warp per row, where the last block's 4 warps fold a decode step's 8 rows of a kv head two
-/// each after the block's atomics. H100, gpt-oss-20b decode, same call: 1k 426.1 (fused) vs
-/// 435.3 tok/s, after an 8k prompt 393.9 vs 405.4.
-fn fused_combine() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("INFERNO_PAGED_COMBINE").is_ok_and(|v| v == "fused"))
 }
 
 pub(super) fn launch<T: KernelFloat>(
@@ -156,7 +149,7 @@ pub(super) fn launch<T: KernelFloat>(
     if plan.splits == 1 {
         let mut b = Launch::new(&stream, &func);
         b.ptr(&q).ptr(&k).ptr(&v).val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr(&tables);
-        b.ptr_mut(&mut out).null().null().null().val(params);
+        b.ptr_mut(&mut out).null().null().val(params);
         // SAFETY: the arguments match the kernel's signature; shapes were checked by the op, and
         // the kernel guards every block-table lookup against the table and the pool; it waits
         // (PDL) before any access.
@@ -169,23 +162,12 @@ pub(super) fn launch<T: KernelFloat>(
     let parts = plan.fixed_splits * tokens * heads;
     let mut part_acc = unsafe { dev.alloc::<f32>(parts * d)? };
     let mut part_ml = unsafe { dev.alloc::<f32>(parts * 2)? };
-    let tiles = plan.grid.0 as usize * plan.grid.1 as usize;
-    let counters = if (op.fused_combine || fused_combine()) && tiles <= COUNTERS {
-        counters(dev, Counters::Attention)
-    } else {
-        None
-    };
     let mut b = Launch::new(&stream, &func);
     b.ptr(&q).ptr(&k).ptr(&v).val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr(&tables);
-    b.ptr_mut(&mut out).ptr_mut(&mut part_acc).ptr_mut(&mut part_ml);
-    b.val(counters.unwrap_or(0)).val(params);
-    // SAFETY: as above; with counters, the buffer holds a zeroed counter for every (x, y) of
-    // the grid, which the last block of each resets.
+    b.ptr_mut(&mut out).ptr_mut(&mut part_acc).ptr_mut(&mut part_ml).val(params);
+    // SAFETY: as above.
     unsafe { b.launch(grid) }?;
     drop(b);
-    if counters.is_some() {
-        return Ok(out);
-    }
 
     let name = format!("paged_combine_{}_d{d}", T::NAME);
     let combine = dev.get_or_load_custom_func(&name, MODULE, PAGED_ATTENTION_PTX)?;

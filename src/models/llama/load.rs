@@ -324,15 +324,11 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
 /// Whether every matmul weight (embeddings included) is Q8_0, Q4_K or Q6_K with rows our layouts
 /// take, so that the model runs on gguf_gemv.cu's GEMVs (`quant::gguf_q8`, `quant::gguf_k`)
 /// instead of candle's quantized matmul: decode reads 16-byte chunks, fuses q/k/v and gate/up
-/// where their formats agree, and keeps bf16 activations. `INFERNO_GGUF_KERNELS=candle` keeps
-/// candle's kernels (A/B timings). The memory plan (`memory.rs`'s `own_gemvs_take`) applies the
-/// same rule to the file's header.
+/// where their formats agree, and keeps bf16 activations. The memory plan (`memory.rs`'s
+/// `own_gemvs_take`) applies the same rule to the file's header.
 pub fn own_blocks_only(gguf: &GgufFile) -> bool {
     use crate::models::quant::{gguf_k, gguf_q8};
     use candle_core::quantized::GgmlDType as G;
-    if std::env::var("INFERNO_GGUF_KERNELS").is_ok_and(|v| v == "candle") {
-        return false;
-    }
     gguf.content.tensor_infos.iter().all(|(name, info)| {
         let k = info.shape.dims().last().copied().unwrap_or(0);
         name.ends_with("_norm.weight")

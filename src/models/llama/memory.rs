@@ -140,11 +140,8 @@ pub fn gguf_weight_bytes(cfg: &LlamaConfig, tensors: &[TensorInfo], on_gpu: bool
 
 /// Whether `load_gguf` puts the file on our own GEMVs on a GPU (its `own_blocks_only`, from the
 /// header: every matmul tensor Q8_0 with rows of 64-column multiples, or Q4_K / Q6_K with rows
-/// of 256-column multiples). `INFERNO_GGUF_KERNELS=candle` turns that off in both.
+/// of 256-column multiples).
 fn own_gemvs_take(tensors: &[TensorInfo]) -> bool {
-    if std::env::var("INFERNO_GGUF_KERNELS").is_ok_and(|v| v == "candle") {
-        return false;
-    }
     tensors.iter().all(|t| {
         let k = t.dims.first().copied().unwrap_or(0);
         t.name.ends_with("_norm.weight")
