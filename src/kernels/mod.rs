@@ -106,23 +106,13 @@ impl<'a> F32Reader<'a> {
         }
     }
 
-    /// `Σ x[c] · self[at + c]`, in eight running sums (the dtype matched once per call, so the
-    /// loop vectorizes).
+    /// `Σ x[c] · self[at + c]`, summed in order (the reference's bits do not depend on how it
+    /// is computed; the dtype is matched once per call, not per element).
     fn dot(self, at: usize, x: &[f32]) -> f32 {
-        fn lanes<T: Copy>(x: &[f32], y: &[T], f: impl Fn(T) -> f32) -> f32 {
-            let (xs, ys) = (x.chunks_exact(8), y.chunks_exact(8));
-            let tail: f32 = xs.remainder().iter().zip(ys.remainder()).map(|(a, b)| a * f(*b)).sum();
-            let mut acc = [0f32; 8];
-            for (a, b) in xs.zip(ys) {
-                for l in 0..8 {
-                    acc[l] += a[l] * f(b[l]);
-                }
-            }
-            acc.iter().sum::<f32>() + tail
-        }
+        let n = x.len();
         match self {
-            Self::F32(v) => lanes(x, &v[at..at + x.len()], |b| b),
-            Self::Bf16(v) => lanes(x, &v[at..at + x.len()], |b| b.to_f32()),
+            Self::F32(v) => x.iter().zip(&v[at..at + n]).map(|(a, b)| a * b).sum(),
+            Self::Bf16(v) => x.iter().zip(&v[at..at + n]).map(|(a, b)| a * b.to_f32()).sum(),
         }
     }
 
