@@ -28,6 +28,7 @@ pub mod hub;
 pub mod inspect;
 pub mod kernels;
 pub mod models;
+pub mod quant;
 pub mod serve;
 pub mod switches;
 #[cfg(test)]

@@ -36,7 +36,7 @@ use inferno::engine::core::EngineConfig;
 use inferno::engine::request::{Event, Request};
 use inferno::engine::{self, LoadOptions};
 use inferno::generate::SamplerConfig;
-use inferno::models::quant::{CtConfig, QuantLinear, WeightFormat};
+use inferno::quant::{CtConfig, QuantLinear, WeightFormat};
 use serde_json::Value;
 
 mod llama_ct_fixture;

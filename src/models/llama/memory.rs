@@ -261,7 +261,7 @@ mod tests {
     /// The plan's bytes for our repacked GGUF weights are what the loaded weights hold.
     #[test]
     fn own_gemv_bytes_are_what_the_repacked_weights_hold() {
-        use crate::models::quant::{QuantLinear, WeightFormat};
+        use crate::quant::{QuantLinear, WeightFormat};
         use candle_core::quantized::{GgmlDType, QTensor};
         let dev = candle_core::Device::Cpu;
         let (out, inp) = (8, 512);
