@@ -27,10 +27,12 @@ pub mod gpu;
 pub mod hub;
 pub mod inspect;
 pub mod kernels;
+pub mod load;
 pub mod models;
 pub mod quant;
 pub mod serve;
 pub mod switches;
+pub mod template;
 #[cfg(test)]
 pub mod test_assets;
 pub mod tokenizer;

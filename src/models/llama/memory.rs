@@ -1,6 +1,6 @@
 //! What a Llama model allocates, as functions of its config, the context and the compute
 //! dtype. `model.rs` and the loaders decide with the same functions ([`kv_shape`],
-//! [`keeps_f32_head`], [`ROPE_DTYPE`]), so `engine::plan` and the allocation cannot drift
+//! [`keeps_f32_head`], [`ROPE_DTYPE`]), so `load::plan` and the allocation cannot drift
 //! apart; tests compare the plan with the bytes of a built model.
 
 use candle_core::DType;
