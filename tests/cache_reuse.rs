@@ -23,9 +23,10 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use candle_core::{DType, Device};
+use inferno::engine::Session;
 use inferno::engine::core::{BLOCK_SIZE, Engine, EngineConfig};
-use inferno::engine::{self, LoadOptions};
-use inferno::generate::{Sampler, SamplerConfig, Session};
+use inferno::generate::{Sampler, SamplerConfig};
+use inferno::load::{self, LoadOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -54,7 +55,7 @@ fn gpt_oss(device: &Device, dtype: DType) -> Engine {
     let opts = LoadOptions { dtype: Some(dtype), context: Some(CONTEXT), dummy: false };
     let path = gpt_oss_dir();
     let (engine, _) =
-        engine::start(path.to_str().expect("utf-8 path"), &opts, device, |_| small_engine())
+        load::start(path.to_str().expect("utf-8 path"), &opts, device, |_| small_engine())
             .expect("tiny gpt-oss engine");
     engine
 }
@@ -246,7 +247,7 @@ fn harmony_two_turns(device: &Device, dtype: DType) {
     // Play's engine: one sequence, the production step budget (512).
     let make = || -> Engine {
         let opts = LoadOptions { dtype: Some(dtype), context: Some(2048), dummy: false };
-        engine::start(dir.to_str().unwrap(), &opts, device, |_| EngineConfig::single(2048))
+        load::start(dir.to_str().unwrap(), &opts, device, |_| EngineConfig::single(2048))
             .expect("engine")
             .0
     };

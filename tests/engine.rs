@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use candle_core::{DType, Device};
 use inferno::engine::core::{Engine, EngineConfig};
 use inferno::engine::request::{Event, Finish, Request, RequestHandle};
-use inferno::engine::{self, LoadOptions};
 use inferno::generate::{SamplerConfig, StopReason};
+use inferno::load::{self, LoadOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -45,7 +45,7 @@ fn start(model: &str, max_seqs: usize, kv_tokens: usize, budget: usize) -> Engin
         pipeline: inferno::switches::pipeline(),
     };
     let (engine, _) =
-        engine::start(path.to_str().expect("utf-8 path"), &opts(), &Device::Cpu, move |_| cfg)
+        load::start(path.to_str().expect("utf-8 path"), &opts(), &Device::Cpu, move |_| cfg)
             .expect("engine");
     engine
 }
@@ -102,7 +102,7 @@ fn sampling(i: usize) -> SamplerConfig {
 /// the engine's reference.
 fn greedy_single(model: &str, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut m = OneSeq::new(
-        engine::load(fixture(model).to_str().expect("path"), &opts(), &Device::Cpu)
+        load::load(fixture(model).to_str().expect("path"), &opts(), &Device::Cpu)
             .expect("model")
             .model,
     );
@@ -296,7 +296,7 @@ fn an_oversized_pool_is_refused_with_the_numbers() {
         token_budget: 64,
         pipeline: inferno::switches::pipeline(),
     };
-    let err = engine::start(path.to_str().expect("path"), &opts(), &Device::Cpu, move |_| cfg)
+    let err = load::start(path.to_str().expect("path"), &opts(), &Device::Cpu, move |_| cfg)
         .err()
         .expect("a refusal");
     assert_eq!(inferno::error::kind_of(&err), inferno::error::ErrorKind::Memory, "{err:#}");
@@ -317,7 +317,7 @@ fn greedy_with_a_repetition_penalty_applies_it() {
     let (got, _) =
         collect(engine.submit(request(prompt.clone(), cfg.clone(), 24)).expect("submit"));
     let mut m = OneSeq::new(
-        engine::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
+        load::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
             .expect("model")
             .model,
     );
@@ -363,7 +363,7 @@ fn forced_ids_are_teacher_forcing_and_logprobs_are_the_raw_log_softmax() {
     let ids: Vec<u32> = steps.iter().map(|s| s.0).collect();
     assert_eq!(ids, forced);
     let mut m = OneSeq::new(
-        engine::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
+        load::load(fixture("llama3_tiny").to_str().expect("path"), &opts(), &Device::Cpu)
             .expect("model")
             .model,
     );

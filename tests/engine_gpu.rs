@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use inferno::engine::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
 use inferno::engine::runner::Runner;
 use inferno::engine::scheduler::Chunk;
-use inferno::engine::{self, LoadOptions};
+use inferno::load::{self, LoadOptions};
 use inferno::models::batch::KvPool;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -27,7 +27,7 @@ fn runner(config: &str, dtype: DType, device: &Device) -> Runner {
     // The same random weights for every runner (bf16 ones are the f32 draws rounded): runs in
     // different dtypes compare the dtypes, not two models.
     device.set_seed(2026).expect("seed");
-    let loaded = engine::load(path.to_str().expect("path"), &opts, device).expect("model");
+    let loaded = load::load(path.to_str().expect("path"), &opts, device).expect("model");
     let model = loaded.split().0;
     let shape = model.kv_shape();
     let blocks = vec![(SEQS + 1) * 1024 / BLOCK + 1; shape.group_windows.len()];

@@ -96,12 +96,12 @@ fn engine_step_logits(path: &Path, dev: &Device) -> Vec<Vec<f32>> {
     use inferno::engine::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
     use inferno::engine::runner::Runner;
     use inferno::engine::scheduler::Chunk;
-    use inferno::engine::{self, LoadOptions};
+    use inferno::load::LoadOptions;
     use inferno::models::batch::KvPool;
     const BLOCK: usize = 16;
     let tokens = tokens();
     let opts = LoadOptions { dtype: None, context: Some(CONTEXT), dummy: false };
-    let loaded = engine::load(path.to_str().expect("path"), &opts, dev).expect("load");
+    let loaded = inferno::load::load(path.to_str().expect("path"), &opts, dev).expect("load");
     let model = loaded.split().0;
     let shape = model.kv_shape();
     let n_blocks = tokens.len().div_ceil(BLOCK) + 2;

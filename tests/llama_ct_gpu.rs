@@ -34,9 +34,9 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use inferno::engine::core::EngineConfig;
 use inferno::engine::request::{Event, Request};
-use inferno::engine::{self, LoadOptions};
 use inferno::generate::SamplerConfig;
-use inferno::models::quant::{CtConfig, QuantLinear, WeightFormat};
+use inferno::load::{self, LoadOptions};
+use inferno::quant::{CtConfig, QuantLinear, WeightFormat};
 use serde_json::Value;
 
 mod llama_ct_fixture;
@@ -134,7 +134,7 @@ fn forced_argmax(path: &Path, seqs: &[Vec<u32>], dtype: DType, device: &Device) 
         pipeline: inferno::switches::pipeline(),
     };
     let (engine, _) =
-        engine::start(path.to_str().expect("path"), &opts, device, move |_| cfg).expect("engine");
+        load::start(path.to_str().expect("path"), &opts, device, move |_| cfg).expect("engine");
     let handles: Vec<_> = seqs
         .iter()
         .enumerate()

@@ -16,8 +16,8 @@
 use candle_core::{DType, Device, Tensor};
 use inferno::engine::core::EngineConfig;
 use inferno::engine::request::{Event, Request};
-use inferno::engine::{self, LoadOptions};
 use inferno::generate::SamplerConfig;
+use inferno::load::LoadOptions;
 use inferno::models::llama::load;
 use serde_json::Value;
 
@@ -91,7 +91,8 @@ fn the_engine_gives_the_same_tokens() {
         };
         let path = dir(name);
         let (engine, info) =
-            engine::start(path.to_str().unwrap(), &opts, &Device::Cpu, move |_| cfg).unwrap();
+            inferno::load::start(path.to_str().unwrap(), &opts, &Device::Cpu, move |_| cfg)
+                .unwrap();
         let want_format = match name {
             "w8a8_int8" => "w8a8-int8",
             "fp8_dynamic" => "fp8",

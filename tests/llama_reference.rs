@@ -138,10 +138,10 @@ fn f32_cpu_teacher_forced_matches_transformers() {
 fn a_prompt_longer_than_the_context_is_refused() {
     use inferno::engine::core::EngineConfig;
     use inferno::engine::request::Request;
-    use inferno::engine::{self, LoadOptions};
+    use inferno::load::LoadOptions;
     let opts = LoadOptions { dtype: Some(DType::F32), context: Some(8), dummy: false };
     let dir = hf_checkpoint();
-    let (engine, _) = engine::start(dir.to_str().unwrap(), &opts, &Device::Cpu, |i| {
+    let (engine, _) = inferno::load::start(dir.to_str().unwrap(), &opts, &Device::Cpu, |i| {
         EngineConfig::single(i.context)
     })
     .unwrap();
@@ -223,7 +223,7 @@ fn gpu_gguf_output_is_close_to_the_reference() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
 fn gpu_bf16_engine_teacher_forced_agreement_is_at_least_98_percent() {
-    use inferno::engine::{self, LoadOptions};
+    use inferno::load::LoadOptions;
 
     let dev = gpu();
     let fx = fixture();
@@ -231,7 +231,7 @@ fn gpu_bf16_engine_teacher_forced_agreement_is_at_least_98_percent() {
     let want = ids(&fx["teacher_forced"]["argmax"]);
     let opts = LoadOptions { dtype: Some(DType::BF16), context: Some(1024), dummy: false };
     let dir = hf_checkpoint();
-    let loaded = engine::load(dir.to_str().unwrap(), &opts, &dev).unwrap();
+    let loaded = inferno::load::load(dir.to_str().unwrap(), &opts, &dev).unwrap();
     let mut model = OneSeq::new(loaded.split().0);
     let mut got = Vec::new();
     for (i, t) in tokens.iter().enumerate().take(want.len()) {

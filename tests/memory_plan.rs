@@ -185,12 +185,12 @@ fn measure(
     dummy: bool,
     context: usize,
 ) -> Vec<String> {
-    use inferno::engine::{self, LoadOptions};
+    use inferno::load::{self, LoadOptions};
     let free = || inferno::gpu::memory(device).expect("free memory").0;
     device.synchronize().unwrap();
     let (free0, used0) = (free(), pool.used());
     let opts = LoadOptions { dtype: None, context: Some(context), dummy };
-    let loaded = engine::load(name, &opts, device).expect("load");
+    let loaded = load::load(name, &opts, device).expect("load");
     let info = loaded.info.clone();
     // The KV pool an engine of one sequence allocates.
     let mut model = common::one_seq::OneSeq::new(loaded.split().0);
@@ -251,7 +251,7 @@ fn measure(
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
 fn gpu_plan_matches_the_memory_of_dummy_loads() {
-    let (device, _) = inferno::engine::open_device(0, false).expect("a CUDA device");
+    let (device, _) = inferno::load::open_device(0, false).expect("a CUDA device");
     let pool = pool::Pool::default_of(0);
     // Every case is measured and printed before any failure is reported.
     let mut failures = Vec::new();

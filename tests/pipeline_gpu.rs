@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use candle_core::DType;
 use inferno::engine::core::{Engine, EngineConfig};
 use inferno::engine::request::{Event, Request, RequestHandle};
-use inferno::engine::{self, LoadOptions};
 use inferno::generate::{SamplerConfig, StopReason};
+use inferno::load::{self, LoadOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -22,9 +22,8 @@ fn start(model: &str, pipelined: bool) -> Engine {
     let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures")).join(model);
     let opts = LoadOptions { dtype: Some(DType::BF16), context: Some(512), dummy: false };
     let cfg = EngineConfig { max_seqs: 4, kv_tokens: 2048, token_budget: 64, pipeline: pipelined };
-    let (engine, _) =
-        engine::start(path.to_str().expect("utf-8 path"), &opts, &device, move |_| cfg)
-            .expect("engine");
+    let (engine, _) = load::start(path.to_str().expect("utf-8 path"), &opts, &device, move |_| cfg)
+        .expect("engine");
     engine
 }
 

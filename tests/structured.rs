@@ -16,8 +16,8 @@ use candle_core::{DType, Device};
 use inferno::engine::constraint::{Constraint, Grammars};
 use inferno::engine::core::{Engine, EngineConfig};
 use inferno::engine::request::{Event, Request, RequestHandle};
-use inferno::engine::{self, LoadOptions, Source};
 use inferno::generate::SamplerConfig;
+use inferno::load::{self, LoadOptions, Source};
 use inferno::tokenizer::bytes::TokenBytes;
 use llguidance::api::TopLevelGrammar;
 use rand::rngs::StdRng;
@@ -172,7 +172,7 @@ fn engine(max_seqs: usize) -> Engine {
         pipeline: inferno::switches::pipeline(),
     };
     let (engine, _) =
-        engine::start(path.to_str().unwrap(), &opts, &Device::Cpu, move |_| cfg).unwrap();
+        load::start(path.to_str().unwrap(), &opts, &Device::Cpu, move |_| cfg).unwrap();
     engine
 }
 
@@ -206,7 +206,7 @@ fn constrained_rows_follow_the_schema_and_leave_their_neighbours_untouched() {
     let seed = rand::random::<u64>();
     let mut rng = StdRng::seed_from_u64(seed);
     let source = Source::detect(&fixture("llama3_tiny/model.gguf"), false).unwrap();
-    let text = engine::text::load(&source).unwrap();
+    let text = load::text::load(&source).unwrap();
     let e = engine(8);
     let eos = text.eos_ids.clone();
     let grammars = Grammars::new(&text.tokenizer, e.vocab_size(), &eos).unwrap();
@@ -257,7 +257,7 @@ fn constrained_rows_follow_the_schema_and_leave_their_neighbours_untouched() {
 #[test]
 fn a_token_the_grammar_refuses_ends_its_request_not_the_engine() {
     let source = Source::detect(&fixture("llama3_tiny/model.gguf"), false).unwrap();
-    let text = engine::text::load(&source).unwrap();
+    let text = load::text::load(&source).unwrap();
     let e = engine(4);
     let grammars = Grammars::new(&text.tokenizer, e.vocab_size(), &text.eos_ids).unwrap();
     let g = grammars.compile(TopLevelGrammar::from_regex("ab+")).unwrap();

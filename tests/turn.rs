@@ -18,9 +18,10 @@ use inferno::chat::harmony::{
 };
 use inferno::chat::turn::HarmonyReply;
 use inferno::chat::{Conversation, Dialogue, Part, Sampling, TurnEvent, TurnSink};
+use inferno::engine::Session;
 use inferno::engine::core::EngineConfig;
-use inferno::engine::{self, LoadOptions, text::TextSide};
-use inferno::generate::{Generation, Sampler, SamplerConfig, Session, StopConditions, StopReason};
+use inferno::generate::{Generation, Sampler, SamplerConfig, StopConditions, StopReason};
+use inferno::load::{self, LoadOptions, text::TextSide};
 
 /// An owned copy of a [`TurnEvent`].
 #[derive(Debug, Clone, PartialEq)]
@@ -239,9 +240,9 @@ fn harmony_budget_spent_in_reasoning_is_reported() {
 fn chat_session(name: &str, opts: &LoadOptions) -> (Session, TextSide) {
     let context = opts.context.expect("a context");
     let (engine, info) =
-        engine::start(name, opts, &Device::Cpu, move |_| EngineConfig::single(context))
+        load::start(name, opts, &Device::Cpu, move |_| EngineConfig::single(context))
             .expect("engine");
-    let text = engine::text::load(&info.source).expect("text side");
+    let text = load::text::load(&info.source).expect("text side");
     (Session::new(engine), text)
 }
 

@@ -4,8 +4,8 @@
 
 use serde_json::json;
 
-use super::Message;
-use crate::engine::text::TextSide;
+use crate::load::text::TextSide;
+use crate::template::Message;
 
 pub struct Conversation {
     pub system: Option<String>,

@@ -35,8 +35,8 @@ use std::time::SystemTime;
 use anyhow::{Result, anyhow};
 use tokenizers::{Model, Normalizer, OffsetType, PreTokenizedString, PreTokenizer, Tokenizer};
 
-use super::strftime::strftime;
 use crate::error::{ErrorKind, fail};
+use crate::template::strftime::strftime;
 
 /// harmony's default `model_identity` (also the Hub template's).
 pub const DEFAULT_IDENTITY: &str = "You are ChatGPT, a large language model trained by OpenAI.";

@@ -458,7 +458,7 @@ struct TemplateFixtures {
 struct TemplateCase {
     template: String,
     conversation: String,
-    messages: Vec<crate::chat::Message>,
+    messages: Vec<crate::template::Message>,
     add_generation_prompt: bool,
     extra: serde_json::Value,
     expected: Option<String>,

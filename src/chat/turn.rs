@@ -21,9 +21,10 @@ use super::harmony::{
     Channel, DoneReason, HarmonyChat, HarmonyEncoding, HarmonyEvent, HarmonyMessage, HarmonyParser,
     ReasoningEffort, SystemConfig,
 };
-use crate::engine::text::TextSide;
+use crate::engine::Session;
 use crate::error::{ErrorKind, fail};
-use crate::generate::{Generation, Sampler, Session, StopConditions, StopReason};
+use crate::generate::{Generation, Sampler, SamplerConfig, StopConditions, StopReason};
+use crate::load::text::TextSide;
 
 /// What a turn produced, as it streams. Text is never markup: plain models' text has stop
 /// strings held back, harmony's has no control tokens.
@@ -87,6 +88,17 @@ pub struct Sampling<'a> {
     pub stop: StopConditions,
     /// Polled between tokens (Ctrl-C, a cancelled request).
     pub interrupt: &'a Arc<AtomicBool>,
+}
+
+/// The sampling of a chat when nothing is set: gpt-oss's recommendation (temperature 1.0,
+/// top_p 1.0, nothing else) for harmony models, the library default otherwise. `play` starts
+/// from it and `serve` uses it for the fields a request leaves out.
+pub fn default_sampling(harmony: bool) -> SamplerConfig {
+    let cfg = SamplerConfig::default();
+    if harmony {
+        return SamplerConfig { temperature: 1.0, top_k: None, top_p: None, min_p: None, ..cfg };
+    }
+    cfg
 }
 
 /// A conversation in the format the model speaks, with its history.

@@ -16,9 +16,9 @@ use crate::cli::BenchArgs;
 use crate::engine::constraint::{Constraint, Grammars};
 use crate::engine::core::{Engine, EngineConfig};
 use crate::engine::request::{Event, Request};
-use crate::engine::{self, LoadOptions};
 use crate::error::{ErrorKind, fail};
 use crate::generate::SamplerConfig;
+use crate::load::{self, LoadOptions};
 use crate::util::human_bytes;
 
 /// Streams one run may submit: far more than a step batches (64), small enough that the
@@ -53,8 +53,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ));
     }
     let sampling = super::play::sampler_config(&args.sampling, SamplerConfig::greedy())?;
-    let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
-    let dtype = args.device.dtype.as_deref().map(engine::parse_dtype).transpose()?;
+    let (device, gpu) = load::open_device(args.device.gpu, args.device.cpu)?;
+    let dtype = args.device.dtype.as_deref().map(load::parse_dtype).transpose()?;
     let needed = args.prompt_tokens.checked_add(args.gen_tokens).ok_or_else(|| {
         fail(ErrorKind::InvalidInput, "--prompt-tokens plus --gen-tokens is too large")
     })?;
@@ -63,7 +63,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let streams = args.concurrency;
     let step_tokens = args.step_tokens;
     let started = Instant::now();
-    let (engine, loaded) = engine::start(&args.model, &opts, &device, move |info| EngineConfig {
+    let (engine, loaded) = load::start(&args.model, &opts, &device, move |info| EngineConfig {
         max_seqs: streams,
         // Every stream's whole sequence, plus a block each for rounding.
         kv_tokens: streams
@@ -234,7 +234,7 @@ struct Sampling {
 /// `--json-schema`: the schema compiled for the model's tokenizer, and the streams it governs.
 fn schema_grammar(
     args: &BenchArgs,
-    source: &engine::Source,
+    source: &load::Source,
     vocab: usize,
 ) -> anyhow::Result<Option<(Constraint, usize)>> {
     let Some(path) = &args.json_schema else { return Ok(None) };
@@ -242,7 +242,7 @@ fn schema_grammar(
         .map_err(|e| fail(ErrorKind::NotFound, format!("{}: {e}", path.display())))?;
     let schema: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| fail(ErrorKind::InvalidInput, format!("{}: {e}", path.display())))?;
-    let side = engine::text::load(source)?;
+    let side = load::text::load(source)?;
     // The streams never stop early: any id ends the grammar's text (none is an end id here).
     let grammars = Grammars::new(&side.tokenizer, vocab, &side.eos_ids)?;
     let g = grammars

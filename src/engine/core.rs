@@ -256,8 +256,8 @@ fn check_pool_fits(
         .iter()
         .zip(&per_block)
         .fold(0u64, |sum, (&n, &b)| sum.saturating_add((n as u64).saturating_mul(b)));
-    let Some(budget) = super::Budget::of(device) else { return Ok(()) };
-    if bytes.saturating_add(POOL_RESERVE) <= budget.free {
+    let Some(free) = crate::gpu::available(device) else { return Ok(()) };
+    if bytes.saturating_add(POOL_RESERVE) <= free {
         return Ok(());
     }
     let iec = crate::util::human_bytes_iec;
@@ -268,7 +268,7 @@ fn check_pool_fits(
             cfg.max_seqs,
             cfg.kv_tokens,
             iec(bytes),
-            iec(budget.free),
+            iec(free),
             iec(POOL_RESERVE)
         ),
     ))

@@ -1,359 +1,50 @@
-//! From a model name to a loaded model on a device: resolve the name (cache id or local path),
-//! tell the format apart (HF safetensors folder, GGUF file, or a bare config.json for dummy
-//! weights), decide what to load from the headers ([`spec`]) and check that it fits
-//! ([`plan`]) before anything is allocated, load it, and report what was loaded and the device
-//! memory it took.
-
-use std::path::{Path, PathBuf};
-
-use anyhow::Context;
-use candle_core::{DType, Device};
-
-use crate::error::{ErrorKind, fail};
-use crate::gpu::{self, GpuInfo};
-use crate::hub::Cache;
-use crate::hub::resolve::resolve_model;
-use crate::models::batch::BatchModel;
-use crate::models::gpt_oss;
-use crate::models::llama::load::{self, GgufFile};
-use crate::models::llama::model::RopeStyle;
-use crate::models::llama::{self, dummy};
+//! The batching engine: one thread that owns a loaded model and its paged KV pool and runs every
+//! generation of the process as steps of a continuous batch ([`core`]). What it runs is built
+//! elsewhere (`load`); front ends submit [`request::Request`]s and read their events, or hold a
+//! [`Session`] for a blocking conversation.
+//!
+//! - [`core`]: the engine thread, its loop and the pool's size.
+//! - [`scheduler`]: which sequences run in a step and how much of each prompt.
+//! - [`kv`]: the pool's blocks, content-addressed for the prefix cache.
+//! - [`runner`], [`graphs`]: a step's forward pass and sampling, captured as CUDA graphs for
+//!   decode; [`readback`]: the sampled ids back to the host.
+//! - [`request`], [`constraint`], [`logprobs`]: what a request asks for and gets back.
+//! - [`session`]: a conversation's blocking view of the engine.
 
 pub mod constraint;
 pub mod core;
 pub mod graphs;
 pub mod kv;
 pub mod logprobs;
-pub mod plan;
 pub mod readback;
 pub mod request;
 pub mod runner;
 pub mod scheduler;
-pub mod spec;
-pub mod text;
+pub mod session;
 
-pub use plan::{Budget, MemoryPlan, Target};
-pub use spec::{Arch, Spec};
+pub use session::Session;
 
-/// Where the weights come from.
-#[derive(Debug, Clone)]
-pub enum Source {
-    /// A folder with config.json and safetensors.
-    HfDir(PathBuf),
-    /// A GGUF file.
-    Gguf(PathBuf),
-    /// Only a config.json: random weights (`--dummy-weights`).
-    Dummy(PathBuf),
-}
+use crate::generate::SamplerConfig;
+use request::{Event, Request};
 
-impl Source {
-    /// Decides the format of a resolved model path.
-    pub fn detect(path: &Path, dummy: bool) -> anyhow::Result<Source> {
-        if dummy {
-            let cfg = if path.is_dir() { path.join("config.json") } else { path.to_path_buf() };
-            if !cfg.is_file() {
-                return Err(fail(
-                    ErrorKind::NotFound,
-                    format!("--dummy-weights needs a config.json: {} not found", cfg.display()),
-                ));
-            }
-            return Ok(Source::Dummy(cfg));
-        }
-        if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-            return Ok(Source::Gguf(path.to_path_buf()));
-        }
-        if path.is_dir() {
-            if path.join("config.json").is_file() && load::safetensors_files(path).is_ok() {
-                return Ok(Source::HfDir(path.to_path_buf()));
-            }
-            let ggufs = gguf_files(path)?;
-            match ggufs.len() {
-                1 => return Ok(Source::Gguf(ggufs[0].clone())),
-                n if n > 1 => {
-                    let names: Vec<String> = ggufs
-                        .iter()
-                        .filter_map(|p| p.file_name())
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .collect();
-                    return Err(fail(
-                        ErrorKind::InvalidInput,
-                        format!(
-                            "{} holds {n} GGUF files; name one: {}",
-                            path.display(),
-                            names.join(", ")
-                        ),
-                    ));
-                }
-                _ => {}
-            }
-        }
-        Err(fail(
-            ErrorKind::NotFound,
-            format!("no safetensors or GGUF model in {}", path.display()),
-        ))
-    }
-}
-
-fn gguf_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")))
-        .collect();
-    out.sort();
-    Ok(out)
-}
-
-/// Device choice from the command line: a GPU unless `--cpu` was given explicitly.
-pub fn open_device(gpu_index: usize, cpu: bool) -> anyhow::Result<(Device, Option<GpuInfo>)> {
-    if cpu {
-        return Ok((Device::Cpu, None));
-    }
-    let (dev, info) = gpu::open(gpu_index)?;
-    Ok((dev, Some(info)))
-}
-
-/// Parses `--dtype`.
-pub fn parse_dtype(s: &str) -> anyhow::Result<DType> {
-    match s.to_ascii_lowercase().as_str() {
-        "f32" | "float32" => Ok(DType::F32),
-        "bf16" | "bfloat16" => Ok(DType::BF16),
-        "f16" | "float16" => Ok(DType::F16),
-        other => Err(fail(
-            ErrorKind::InvalidInput,
-            format!("unknown dtype {other:?} (use f32, bf16 or f16)"),
-        )),
-    }
-}
-
-/// What to load and how.
-#[derive(Debug, Clone)]
-pub struct LoadOptions {
-    pub dtype: Option<DType>,
-    pub context: Option<usize>,
-    pub dummy: bool,
-}
-
-/// A model on its device, with what the banner and benchmarks report.
-pub struct Loaded {
-    pub model: Box<dyn BatchModel>,
-    pub info: ModelInfo,
-}
-
-/// What was loaded, apart from the model itself (which an engine thread owns).
-#[derive(Debug, Clone)]
-pub struct ModelInfo {
-    pub source: Source,
-    pub name: String,
-    pub format: String,
-    pub dtype: DType,
-    pub context: usize,
-    pub max_context: usize,
-    /// No `--context` was given and the model's full context did not fit: `context` is the
-    /// largest that does.
-    pub context_fitted: bool,
-    /// What the model was planned to need, and the memory that was free for it.
-    pub plan: MemoryPlan,
-    pub budget: Option<Budget>,
-    /// Device memory taken by loading (weights and RoPE tables), when measurable.
-    pub device_bytes: Option<u64>,
-}
-
-impl ModelInfo {
-    /// The context for banners: `context 8192 (model max 131072; the largest that fits)`.
-    pub fn context_label(&self) -> String {
-        let why = if self.context_fitted { "; the largest that fits" } else { "" };
-        format!("context {} (model max {}{why})", self.context, self.max_context)
-    }
-}
-
-impl Loaded {
-    /// The model and what the banners report about it.
-    pub fn split(self) -> (Box<dyn BatchModel>, ModelInfo) {
-        (self.model, self.info)
-    }
-}
-
-/// Loads `name` on `device` inside a new engine thread sized by `size` (from the loaded
-/// context): the engine every front end submits to.
-pub fn start(
-    name: &str,
-    opts: &LoadOptions,
-    device: &Device,
-    size: impl FnOnce(&ModelInfo) -> core::EngineConfig + Send + 'static,
-) -> anyhow::Result<(core::Engine, ModelInfo)> {
-    let (name, opts, device) = (name.to_string(), opts.clone(), device.clone());
-    core::Engine::start(move || {
-        let (model, info) = load(&name, &opts, &device)?.split();
-        let cfg = size(&info);
-        Ok((model, cfg, info))
-    })
-}
-
-/// Resolves `name` to its files and decides what loading it needs (no tensor data is read):
-/// the memory plan of a model on `target`, as `doctor` asks for every cached model.
-pub fn prepare(name: &str, opts: &LoadOptions, target: Target) -> anyhow::Result<(Source, Spec)> {
-    let path = if opts.dummy && Path::new(name).exists() {
-        PathBuf::from(name)
-    } else {
-        resolve_model(name, &Cache::from_env())?.path
+/// One greedy token through the engine: loads the kernels and creates the cuBLAS handle, so that
+/// a front end's first reply measures the model, not CUDA start-up.
+pub fn warm_up(engine: &core::Engine) -> anyhow::Result<()> {
+    let request = Request {
+        prompt: vec![0],
+        sampling: SamplerConfig::greedy(),
+        max_tokens: 1,
+        eos_ids: Vec::new(),
+        interrupt: None,
+        logprobs: None,
+        forced: Vec::new(),
+        constraint: None,
     };
-    let source = Source::detect(&path, opts.dummy)?;
-    let spec = Spec::read(&source, opts, target)?;
-    Ok((source, spec))
-}
-
-/// Resolves `name` (cache id, `id@rev`, local folder or .gguf), checks its memory plan against
-/// the device's free memory, and loads it.
-pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<Loaded> {
-    let (source, mut spec) = prepare(name, opts, Target::of(device))?;
-    let budget = Budget::of(device);
-    let full = spec.context;
-    if opts.context.is_none() {
-        fit_default_context(&mut spec, budget.as_ref());
+    let mut handle = engine.submit(request)?;
+    while let Some(event) = handle.blocking_next() {
+        if let Event::Failed(msg) = event {
+            return Err(anyhow::anyhow!(msg));
+        }
     }
-    let plan = spec.check(name, budget.as_ref(), opts.context.is_some())?;
-    let (n, max) = (spec.context, spec.max_context);
-    if n > max {
-        // Positions past the trained maximum get RoPE angles the model never saw (YaRN is
-        // scaled for `max`).
-        eprintln!(
-            "warning: --context {n} is beyond the {max} positions this model was trained for; output past position {max} is untested"
-        );
-    }
-    let before = gpu::memory(device);
-    let model = build(&source, &spec, device).map_err(|e| out_of_memory(e, name, &plan, budget))?;
-    let after = gpu::memory(device);
-    let device_bytes = match (before, after) {
-        (Some((free_before, _)), Some((free_after, _))) => {
-            Some(free_before.saturating_sub(free_after))
-        }
-        _ => None,
-    };
-    let info = ModelInfo {
-        format: format_name(&source, &spec),
-        source,
-        name: name.to_string(),
-        dtype: spec.dtype,
-        context: spec.context,
-        max_context: spec.max_context,
-        context_fitted: spec.context < full,
-        plan,
-        budget,
-        device_bytes,
-    };
-    Ok(Loaded { model, info })
-}
-
-/// An allocation that failed although the plan fitted (another process took the memory, or
-/// the plan fell short): exit code 7 with the numbers, not the driver's bare error.
-fn out_of_memory(
-    err: anyhow::Error,
-    name: &str,
-    plan: &MemoryPlan,
-    budget: Option<Budget>,
-) -> anyhow::Error {
-    if !crate::error::is_out_of_memory(&err) {
-        return err;
-    }
-    let iec = crate::util::human_bytes_iec;
-    let free = budget.map(|b| format!("; {} was free before loading", iec(b.free)));
-    fail(
-        ErrorKind::Memory,
-        format!(
-            "out of GPU memory while loading {name} at context {}: the plan was {} ({}){} (is another process using the GPU?)",
-            plan.context,
-            iec(plan.total()),
-            plan.parts(),
-            free.unwrap_or_default()
-        ),
-    )
-}
-
-/// With no `--context`: the model's full trained context when its plan fits the device, else
-/// the largest context that does (front ends show both numbers). Agents' first requests are
-/// 9k (Codex) to 18k (Claude Code) tokens: a fixed smaller default refuses them for nothing.
-fn fit_default_context(spec: &mut Spec, budget: Option<&Budget>) {
-    let Some(b) = budget else { return };
-    if spec.plan(spec.context).total() > b.free
-        && let Some(c) = spec.largest_context(b.free, spec.context)
-    {
-        spec.context = c;
-    }
-}
-
-/// The KV-cache size: `--context` when given, else the model's maximum.
-fn context_for(max_position_embeddings: usize, requested: Option<usize>) -> anyhow::Result<usize> {
-    let max = max_position_embeddings.max(1);
-    match requested {
-        Some(0) => Err(fail(ErrorKind::InvalidInput, "--context must be positive")),
-        // Past the trained maximum is allowed (llama.cpp's behaviour), with a warning once the
-        // memory plan has accepted it ([`load`]).
-        Some(n) => Ok(n),
-        None => Ok(default_context(max)),
-    }
-}
-
-/// The context asked of the memory plan when none is given: the model's maximum ([`load`]
-/// lowers it to what fits).
-pub fn default_context(max_position_embeddings: usize) -> usize {
-    max_position_embeddings.max(1)
-}
-
-/// `model_type` of a config.json (llama when absent).
-fn model_type(config_path: &Path) -> anyhow::Result<(String, String)> {
-    let text = std::fs::read_to_string(config_path)
-        .with_context(|| format!("reading {}", config_path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| fail(ErrorKind::InvalidInput, format!("{}: {e}", config_path.display())))?;
-    let kind = v.get("model_type").and_then(|t| t.as_str()).unwrap_or("llama").to_string();
-    Ok((kind, text))
-}
-
-/// The weight format for banners.
-fn format_name(source: &Source, spec: &Spec) -> String {
-    match (source, &spec.arch) {
-        (Source::Gguf(path), _) => {
-            crate::inspect::inspect(path).map(|i| i.format).unwrap_or_else(|_| "GGUF".into())
-        }
-        (Source::HfDir(_), Arch::GptOss(_)) => "mxfp4".into(),
-        (Source::Dummy(_), Arch::GptOss(_)) => "dummy mxfp4".into(),
-        (Source::HfDir(_), Arch::Llama(cfg)) => match &cfg.quant {
-            Some(q) => q.label().into(),
-            None => "safetensors".into(),
-        },
-        (Source::Dummy(_), Arch::Llama(cfg)) => match &cfg.quant {
-            Some(q) => format!("dummy {}", q.label()),
-            None => "dummy".into(),
-        },
-    }
-}
-
-/// Builds what `spec` describes.
-fn build(source: &Source, spec: &Spec, device: &Device) -> anyhow::Result<Box<dyn BatchModel>> {
-    let (dtype, context) = (spec.dtype, spec.context);
-    Ok(match (source, &spec.arch) {
-        (Source::Gguf(path), Arch::GptOss(_)) => {
-            Box::new(gpt_oss::gguf::load(path, dtype, context, device)?)
-        }
-        (Source::Gguf(path), Arch::Llama(_)) => {
-            let mut gguf = GgufFile::open(path)?;
-            Box::new(load::load_gguf(&mut gguf, context, device)?)
-        }
-        (Source::HfDir(dir), Arch::GptOss(_)) => {
-            Box::new(gpt_oss::load::load(dir, dtype, context, device)?)
-        }
-        (Source::Dummy(_), Arch::GptOss(cfg)) => {
-            let w = gpt_oss::dummy::random_weights(cfg, dtype, device)?;
-            Box::new(gpt_oss::GptOss::new(cfg.clone(), w, context, dtype, device)?)
-        }
-        (Source::HfDir(dir), Arch::Llama(_)) => {
-            Box::new(load::load_safetensors(dir, Some(dtype), context, device)?)
-        }
-        (Source::Dummy(_), Arch::Llama(cfg)) => {
-            let weights = dummy::random_weights(cfg, dtype, device)?;
-            let style = RopeStyle::HalfSplit;
-            Box::new(llama::Llama::new(cfg.clone(), weights, style, context, dtype, device)?)
-        }
-    })
+    Ok(())
 }

@@ -6,8 +6,11 @@
 //! - [`stop`]: when to stop (EOS ids, stop strings, token budget) and which text to hold back so
 //!   a stop string never reaches the user.
 //! - [`stream`]: token ids → text, incrementally, without holding back complete characters.
+//! - [`generation`]: what one generation did (tokens, text, stop reason, timings).
 //!
-//! How a generation loop puts them together (the model call is the only model-specific part):
+//! Nothing here runs a model: the engine's sampling and stop checks and its sessions
+//! (`engine::session`) are built on these pieces. How a generation loop puts them together (the
+//! model call is the only model-specific part):
 //!
 //! ```ignore
 //! let mut sampler = Sampler::new(cfg);                 // cfg.validate()? on user input first
@@ -31,13 +34,13 @@
 //! }
 //! ```
 
-pub mod generator;
+pub mod generation;
 pub mod penalty;
 pub mod sampler;
 pub mod stop;
 pub mod stream;
 
-pub use generator::{Generation, Session};
+pub use generation::Generation;
 pub use sampler::{Sampler, SamplerConfig};
 pub use stop::{StopChecker, StopConditions, StopReason};
 pub use stream::TokenStream;

@@ -120,6 +120,26 @@ pub fn memory(_device: &Device) -> Option<(u64, u64)> {
     None
 }
 
+/// Memory that allocations on `device` can take now: the GPU's free memory, or the host's
+/// `MemAvailable` for the CPU (`--cpu`). `None` when it cannot be read. What the loader's memory
+/// plan and the engine's pool are held against.
+pub fn available(device: &Device) -> Option<u64> {
+    if device.is_cuda() { memory(device).map(|(free, _)| free) } else { host_available() }
+}
+
+/// `MemAvailable` of `/proc/meminfo`: what can be allocated without swapping (free memory plus
+/// reclaimable caches, which include the pages of memory-mapped weight files).
+pub fn host_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    meminfo_available(&text)
+}
+
+fn meminfo_available(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb.saturating_mul(1024))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -132,5 +152,13 @@ mod tests {
             "CUDA_ERROR_INVALID_DEVICE"
         );
         assert_eq!(super::short_cuda_error("odd\nmore"), "odd");
+    }
+
+    #[test]
+    fn meminfo() {
+        let text = "MemTotal:       32594000 kB\nMemFree:          845000 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(super::meminfo_available(text), Some(20_000_000 * 1024));
+        assert_eq!(super::meminfo_available("MemTotal: 1 kB\n"), None);
+        assert!(super::host_available().is_some(), "Linux has /proc/meminfo");
     }
 }

@@ -41,7 +41,7 @@ pub fn facts(config: &Value) -> anyhow::Result<ConfigFacts> {
     let context_length = context_length(config).or_else(|| text.and_then(context_length));
     let quant = obj.get("quantization_config").or_else(|| obj.get("compression_config"));
     let quant_method = quant.and_then(|q| q.get("quant_method")).and_then(Value::as_str).map(|m| {
-        match crate::models::quant::CtConfig::from_config(config) {
+        match crate::quant::CtConfig::from_config(config) {
             // A scheme we cannot run is still listed by its method.
             Ok(Some(ct)) => ct.label().to_string(),
             _ => m.to_lowercase(),

@@ -3,7 +3,7 @@
 // quantized per block of 32 inside the kernel as llama.cpp's quantize_q8_1 does it (d = max|x| /
 // 127, q = round(x / d); numerics.rs is the reference), so each weight block's dot product is an
 // exact int8 `mma` sum, times the block's scales. The weights are repacked at load
-// (models/quant/gguf_q8.rs, gguf_k.rs) so that every lane loads whole 16-byte chunks and each
+// (quant/gguf_q8.rs, gguf_k.rs) so that every lane loads whole 16-byte chunks and each
 // `mma` sums exactly one block:
 //
 // - Q8_0: int8 codes, an f16 scale per 32 columns.

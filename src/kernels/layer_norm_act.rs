@@ -2,13 +2,21 @@
 //! the residual add (with the product's bias) in front of an RMSNorm and the norm itself, to
 //! the products' input dtype; and SwiGLU from the fused gate/up product. bf16 outputs of f32
 //! inputs on the GPU take the kernels; everything else (CPU, f32 models) takes candle's ops,
-//! the unfused steps computing the same values.
+//! the unfused steps computing the same values ([`rms_norm`]: candle-nn's fused norm, which the
+//! models' final norm takes too).
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, bail};
 use half::bf16;
 
 use super::cpu_f32;
-use crate::models::head::rms_norm;
+
+/// RMSNorm of `x` computed in f32 (the weight is upcast): `x / sqrt(mean(x²) + eps) · w`.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    // candle-nn's fused kernel: one launch instead of seven (square, sum, divide, add, sqrt,
+    // divide, multiply), which matters in decode, where every launch costs host time.
+    let xf = x.to_dtype(DType::F32)?.contiguous()?;
+    candle_nn::ops::rms_norm(&xf, &w.to_dtype(DType::F32)?, eps as f32)
+}
 
 /// The residual stream after a layer's step and its RMSNorm: what [`add_rms_norm`] returns.
 pub struct Normed {

@@ -52,13 +52,13 @@ mod testing;
 
 pub use argmax::{argmax_rows, sample_gumbel_rows};
 pub use f32_out_matmul::{matmul_f32_out, matmul_hi_lo};
-pub use layer_norm_act::{Normed, add_rms_norm, silu_mul_to};
+pub use layer_norm_act::{Normed, add_rms_norm, rms_norm, silu_mul_to};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};
 pub use paged_attention::{
     PagedAttnConfig, PagedBounds, PagedKernel, PagedLaunch, paged_attention, paged_launch,
 };
 pub use qkv_rope_paged::{QkvHeads, RotaryPairs, qkv_rope_paged};
-pub use quant_matmul::{quant_matmul, stack_rows};
+pub use quant_matmul::{quant_matmul, stack_quant, stack_rows};
 pub use router_logits::router_logits;
 pub use sample::{RowSampling, kept_mask, sample_rows};
 pub use swiglu_gemv::matmul_swiglu_bf16;

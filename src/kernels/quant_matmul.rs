@@ -14,9 +14,10 @@
 //!   the int8 / FP8 product, on bf16 tensor cores. Next step: int8 / FP8 tensor-core GEMMs
 //!   (cuBLASLt) would halve the prefill's compute and skip the temporary.
 //!
-//! The CPU path ([`QuantLinear::matmul_f32`] on the host) is the reference the GPU tests use.
-//! Batched Llama stacks the q/k/v and gate/up weights ([`QuantLinear::concat`]) as it does
-//! dense ones: two GEMVs where there were five.
+//! The CPU path ([`QuantLinear::matmul_reference`] on the host) is the reference the GPU tests
+//! use; [`quant_matmul`] takes it wherever the weight was dequantized. Batched Llama stacks the
+//! q/k/v and gate/up weights ([`stack_quant`]) as it does dense ones: two GEMVs where there were
+//! five.
 //!
 //! Measured (H100, `gpu_quant_gemv_timing`: CUDA-graph replays, weights cycled from memory,
 //! one row, µs, bf16 / W8A8 / FP8 / W4A16): q/k/v 6.3 / 6.1 / 6.5 / 5.0, o 5.3 / 5.1 / 5.4 /
@@ -32,13 +33,19 @@
 use candle_core::bail;
 use candle_core::{Result, Tensor};
 
-use crate::models::quant::QuantLinear;
+use crate::quant::QuantLinear;
+
+pub use stack::stack_quant;
 
 /// Rows of x up to which the GEMVs run (the kernels keep one accumulator per row).
 pub const GEMV_ROWS: usize = 8;
 
-/// `x` `[rows, in]` times `w`'s weight, f32 `[rows, out]`.
+/// `x` `[rows, in]` times `w`'s weight, f32 `[rows, out]` (no bias): the CPU reference where the
+/// weight is dequantized (on the host), the kernels otherwise.
 pub fn quant_matmul(x: &Tensor, w: &QuantLinear) -> Result<Tensor> {
+    if let Some(y) = w.matmul_reference(x) {
+        return y;
+    }
     #[cfg(feature = "cuda")]
     {
         gpu::quant_matmul(x, w, gpu::Route::Auto)
@@ -67,5 +74,6 @@ pub fn stack_rows(ts: &[&Tensor]) -> Result<Tensor> {
 mod gemv;
 #[cfg(feature = "cuda")]
 pub(crate) mod gpu;
+mod stack;
 #[cfg(all(test, feature = "cuda"))]
 mod tests;

@@ -1,18 +1,10 @@
-//! What every decoder here shares around its layers: RMSNorm in f32 and the final norm + LM head
-//! producing f32 logits.
+//! What every decoder here shares after its layers: the final norm (in f32, [`rms_norm`]) and
+//! the LM head producing f32 logits.
 
 use candle_core::{DType, Tensor};
 
 use super::linear::Linear;
-use crate::kernels::matmul_hi_lo;
-
-/// RMSNorm of `x` computed in f32 (the weight is upcast): `x / sqrt(mean(x²) + eps) · w`.
-pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    // candle-nn's fused kernel: one launch instead of seven (square, sum, divide, add, sqrt,
-    // divide, multiply), which matters in decode, where every launch costs host time.
-    let xf = x.to_dtype(DType::F32)?.contiguous()?;
-    candle_nn::ops::rms_norm(&xf, &w.to_dtype(DType::F32)?, eps as f32)
-}
+use crate::kernels::{matmul_hi_lo, rms_norm};
 
 /// Final norm and LM head.
 #[derive(Clone)]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Module, Tensor};
 
-use crate::kernels::matmul_f32_out;
-use crate::models::quant::QuantLinear;
+use crate::kernels::{matmul_f32_out, quant_matmul};
+use crate::quant::QuantLinear;
 
 #[derive(Clone)]
 pub enum Linear {
@@ -27,7 +27,7 @@ impl Linear {
                 let y = weight.forward(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype())?;
                 (y, bias)
             }
-            Linear::Ct { weight, bias } => (weight.matmul_f32(x)?.to_dtype(x.dtype())?, bias),
+            Linear::Ct { weight, bias } => (quant_matmul(x, weight)?.to_dtype(x.dtype())?, bias),
         };
         match bias {
             Some(b) => y.broadcast_add(b),
@@ -47,7 +47,7 @@ impl Linear {
                 x.to_dtype(weight.dtype())?.matmul(&weight.t()?)?.to_dtype(DType::F32)
             }
             Linear::Quantized { weight, .. } => weight.forward(&x.to_dtype(DType::F32)?),
-            Linear::Ct { weight, .. } => weight.matmul_f32(x),
+            Linear::Ct { weight, .. } => quant_matmul(x, weight),
         }
     }
 

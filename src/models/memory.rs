@@ -1,5 +1,5 @@
 //! Bytes a model holds, counted two ways that tests hold against each other: planned from
-//! shapes and dtypes before anything is allocated (`engine::plan`), and measured on a built
+//! shapes and dtypes before anything is allocated (`load::plan`), and measured on a built
 //! model by summing its tensors.
 //!
 //! Planned sizes come from config files and file headers, whose numbers can be anything: all

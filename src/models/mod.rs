@@ -10,6 +10,5 @@ pub mod head;
 pub mod linear;
 pub mod llama;
 pub mod memory;
-pub mod quant;
 pub mod random;
 pub mod rope;

@@ -51,9 +51,9 @@ use tokio::sync::{oneshot, watch};
 use crate::chat::harmony::HarmonyEncoding;
 use crate::cli::ServeArgs;
 use crate::engine::core::{BLOCK_SIZE, EngineConfig};
-use crate::engine::plan::Target;
-use crate::engine::{self, LoadOptions, ModelInfo};
 use crate::error::{ErrorKind, fail};
+use crate::load::plan::Target;
+use crate::load::{self, LoadOptions, ModelInfo};
 use crate::util::human_bytes_iec;
 use errors::ApiError;
 use state::{AppState, ModelIds, Ready};
@@ -74,10 +74,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             format!("--kv-tokens {kv} must hold at least one full sequence (--context {ctx})"),
         ));
     }
-    let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
+    let (device, gpu) = load::open_device(args.device.gpu, args.device.cpu)?;
     let device_name = gpu.map(|g| g.name).unwrap_or_else(|| "CPU (--cpu)".to_string());
     let opts = LoadOptions {
-        dtype: args.device.dtype.as_deref().map(engine::parse_dtype).transpose()?,
+        dtype: args.device.dtype.as_deref().map(load::parse_dtype).transpose()?,
         context: args.context,
         dummy: args.dummy_weights,
     };
@@ -193,7 +193,7 @@ fn load(
     kv_tokens: Option<usize>,
     step_tokens: usize,
 ) -> anyhow::Result<Ready> {
-    let (engine, info) = engine::start(name, opts, device, move |info| EngineConfig {
+    let (engine, info) = load::start(name, opts, device, move |info| EngineConfig {
         max_seqs,
         kv_tokens: kv_tokens.unwrap_or_else(|| default_kv_tokens(info, max_seqs)).max(info.context),
         token_budget: step_tokens,
@@ -201,8 +201,8 @@ fn load(
     })?;
     let kv_tokens =
         kv_tokens.unwrap_or_else(|| default_kv_tokens(&info, max_seqs)).max(info.context);
-    let text = engine::text::load(&info.source)?;
-    crate::commands::play::warm_up(&engine)?;
+    let text = load::text::load(&info.source)?;
+    crate::engine::warm_up(&engine)?;
     let harmony = HarmonyEncoding::new(&text.tokenizer).is_ok();
     Ok(Ready { engine, text, info, harmony, kv_tokens, grammars: Default::default() })
 }

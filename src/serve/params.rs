@@ -21,12 +21,6 @@ pub struct Settings {
     pub include_usage: bool,
 }
 
-/// The sampling a chat gets when a field is left out: `inferno play`'s (gpt-oss's
-/// recommendation for harmony models, the library default otherwise).
-pub fn default_sampling(harmony: bool) -> SamplerConfig {
-    crate::commands::play::default_sampling(harmony)
-}
-
 pub fn settings(c: &Common, max_tokens: Option<i64>, harmony: bool) -> Result<Settings, ApiError> {
     if let Some(n) = c.n
         && n != 1
@@ -36,7 +30,7 @@ pub fn settings(c: &Common, max_tokens: Option<i64>, harmony: bool) -> Result<Se
             format!("n = {n} is not supported: this server returns one choice per request (n = 1)"),
         ));
     }
-    let mut cfg = default_sampling(harmony);
+    let mut cfg = crate::chat::default_sampling(harmony);
     if let Some(t) = c.temperature {
         cfg.temperature = finite("temperature", t)? as f32;
     }

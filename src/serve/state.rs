@@ -9,9 +9,9 @@ use tokio::sync::watch;
 
 use super::errors::ApiError;
 use super::metrics::Metrics;
-use crate::engine::ModelInfo;
 use crate::engine::core::Engine;
-use crate::engine::text::TextSide;
+use crate::load::ModelInfo;
+use crate::load::text::TextSide;
 
 /// The loaded model: the engine (its thread owns the weights), the tokenizer and template.
 pub struct Ready {

@@ -1,5 +1,5 @@
 //! For each cached model: does it fit on the GPU, at its full context or at a smaller one (what
-//! `play` and `serve` then take)? The same memory plan `play` and `bench` check before loading (src/engine/plan.rs), read from the files' headers
+//! `play` and `serve` then take)? The same memory plan `play` and `bench` check before loading (src/load/plan.rs), read from the files' headers
 //! only, so this is quick even for a cache of large models.
 
 use serde::Serialize;
@@ -8,8 +8,8 @@ use super::Problem;
 use super::cache::CacheReport;
 use super::gpu::GpuReport;
 use super::render::Line;
-use crate::engine::plan::Target;
-use crate::engine::{LoadOptions, prepare};
+use crate::load::plan::Target;
+use crate::load::{LoadOptions, prepare};
 use crate::util::human_bytes_iec as iec;
 
 #[derive(Debug, Serialize)]

@@ -10,12 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use crate::chat::{Dialogue, Sampling, TurnEnd};
+use crate::chat::{Dialogue, Sampling, TurnEnd, default_sampling};
 use crate::cli::{PlayArgs, SamplingArgs};
+use crate::engine::Session;
 use crate::engine::core::EngineConfig;
-use crate::engine::{self, LoadOptions, ModelInfo, text::TextSide};
+use crate::engine::warm_up;
 use crate::error::{ErrorKind, fail};
-use crate::generate::{Sampler, SamplerConfig, Session, StopConditions};
+use crate::generate::{Sampler, SamplerConfig, StopConditions};
+use crate::load::{self, LoadOptions, ModelInfo, text::TextSide};
 use crate::util::human_bytes;
 
 use printer::{Output, Printer, stats_line};
@@ -66,10 +68,10 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
         }
     };
     let effort: crate::chat::harmony::ReasoningEffort = args.reasoning.parse()?;
-    let (device, gpu) = engine::open_device(args.device.gpu, args.device.cpu)?;
+    let (device, gpu) = load::open_device(args.device.gpu, args.device.cpu)?;
     let gpu_name = gpu.map(|g| g.name).unwrap_or_else(|| "CPU (--cpu)".to_string());
     let opts = LoadOptions {
-        dtype: args.device.dtype.as_deref().map(engine::parse_dtype).transpose()?,
+        dtype: args.device.dtype.as_deref().map(load::parse_dtype).transpose()?,
         context: args.context,
         dummy: false,
     };
@@ -78,8 +80,8 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     // One sequence at a time: the pool holds the context once (what the memory plan counted).
     let (engine, loaded) =
-        engine::start(&model, &opts, &device, |info| EngineConfig::single(info.context))?;
-    let text = engine::text::load(&loaded.source)?;
+        load::start(&model, &opts, &device, |info| EngineConfig::single(info.context))?;
+    let text = load::text::load(&loaded.source)?;
     // One throw-away step loads the kernels and creates the cuBLAS handle now, so the first
     // reply's time to first token measures the model, not CUDA start-up.
     warm_up(&engine)?;
@@ -113,27 +115,6 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     };
     let out = Output { interactive: false, show_reasoning: args.verbose && !args.hide_reasoning };
     one_shot(chat, dialogue, &prompt, out, args.verbose)
-}
-
-/// One greedy token through the engine.
-pub(crate) fn warm_up(engine: &engine::core::Engine) -> anyhow::Result<()> {
-    let request = engine::request::Request {
-        prompt: vec![0],
-        sampling: SamplerConfig::greedy(),
-        max_tokens: 1,
-        eos_ids: Vec::new(),
-        interrupt: None,
-        logprobs: None,
-        forced: Vec::new(),
-        constraint: None,
-    };
-    let mut handle = engine.submit(request)?;
-    while let Some(event) = handle.blocking_next() {
-        if let engine::request::Event::Failed(msg) = event {
-            return Err(anyhow::anyhow!(msg));
-        }
-    }
-    Ok(())
 }
 
 /// The prompt piped on stdin, without the line break(s) that end it.
@@ -182,17 +163,6 @@ fn one_shot(
         eprintln!("{}", stats_line(&end.generation, chat.session.engine().context()));
     }
     Ok(())
-}
-
-/// The sampling of a chat when nothing is set: gpt-oss's recommendation (temperature 1.0,
-/// top_p 1.0, nothing else) for harmony models, the library default otherwise. `serve` uses
-/// the same for fields a request leaves out.
-pub(crate) fn default_sampling(harmony: bool) -> SamplerConfig {
-    let cfg = SamplerConfig::default();
-    if harmony {
-        return SamplerConfig { temperature: 1.0, top_k: None, top_p: None, min_p: None, ..cfg };
-    }
-    cfg
 }
 
 /// `base` with the flags' settings; a fresh seed unless one is given. Validated.

@@ -11,7 +11,7 @@ use half::bf16;
 use super::GEMV_ROWS;
 use crate::kernels::cuda::{CT_GEMV_PTX, GGUF_GEMV_PTX, allow_shared, cuda_view, int};
 use crate::kernels::launch::Launch;
-use crate::models::quant::{ActQuant, QuantLinear, WeightFormat};
+use crate::quant::{ActQuant, QuantLinear, WeightFormat};
 
 /// ct_gemv.cu's largest block: CT_MAX_WK warps along K.
 const MAX_WK: usize = 8;
@@ -47,10 +47,10 @@ pub fn fits(w: &QuantLinear, m: usize) -> bool {
                 && (groups == 1 || w.group.is_multiple_of(128))
         }
         WeightFormat::Q8Block => {
-            crate::models::quant::gguf_q8::fits(w.inp) && x_row_bytes(w) <= MAX_X_BYTES
+            crate::quant::gguf_q8::fits(w.inp) && x_row_bytes(w) <= MAX_X_BYTES
         }
         WeightFormat::Q4K | WeightFormat::Q6K => {
-            crate::models::quant::gguf_k::fits(w.inp) && x_row_bytes(w) <= MAX_X_BYTES
+            crate::quant::gguf_k::fits(w.inp) && x_row_bytes(w) <= MAX_X_BYTES
         }
     }
 }

@@ -9,7 +9,7 @@ use half::bf16;
 use super::GEMV_ROWS;
 use crate::kernels::cuda::{CT_QUANT_PTX, GGUF_GEMV_PTX, cuda_view, int};
 use crate::kernels::matmul_f32_out;
-use crate::models::quant::{ActQuant, QuantLinear, WeightFormat};
+use crate::quant::{ActQuant, QuantLinear, WeightFormat};
 
 /// Which product runs: the one for the shape, or one by force (tests and timings).
 #[derive(Clone, Copy, PartialEq)]

@@ -1,4 +1,4 @@
-//! GPU against the CPU reference ([`QuantLinear::matmul_f32`] on the host: dequantized f32
+//! GPU against the CPU reference ([`QuantLinear::matmul_reference`] on the host: dequantized f32
 //! weights, per-token fake-quantized inputs) on fresh random weights, inputs and shapes, and the
 //! decode GEMVs' batch invariance.
 
@@ -7,8 +7,9 @@ use rand::Rng;
 
 use super::gemv;
 use super::gpu::{Route, quant_matmul};
+use super::stack_quant;
 use crate::kernels::testing::{assert_written_and_close, gpu, rng, tensor, uniform, values};
-use crate::models::quant::{ActQuant, QuantLinear, Scheme, WeightFormat};
+use crate::quant::{ActQuant, QuantLinear, Scheme, WeightFormat};
 
 struct Case {
     name: &'static str,
@@ -51,12 +52,7 @@ fn cases() -> Vec<Case> {
         // GGUF Q8_0: the same codes of x on both sides (numerics.rs's per-block quantization),
         // exact int32 block sums; the prefill path multiplies unquantized bf16 x by the weight
         // rounded to bf16, ~4e-3 from the reference's per-block quantized x.
-        Case {
-            name: "q8_0",
-            scheme: crate::models::quant::gguf_q8::SCHEME,
-            gemv: 1e-5,
-            gemm: 1e-2,
-        },
+        Case { name: "q8_0", scheme: crate::quant::gguf_q8::SCHEME, gemv: 1e-5, gemm: 1e-2 },
         // Q4_K and Q6_K: as Q8_0 (the same codes of x, exact int32 sums per block or sub-block,
         // the scales in f32).
         Case {
@@ -121,7 +117,7 @@ fn gpu_quant_matmul_matches_reference() {
                 QuantLinear::random(case.scheme, (n, k), 0.02, seed, &Device::Cpu).expect("w");
             let w = cpu.to_device(&dev).expect("to gpu");
             let x = tensor(uniform(&mut r, m * k, -1.0, 1.0), &[m, k], DType::BF16);
-            let want = values(&cpu.matmul_f32(&x).expect("cpu"));
+            let want = values(&cpu.matmul_reference(&x).expect("on the CPU").expect("cpu"));
             let xd = x.to_device(&dev).expect("x");
             let fits = gemv::fits(&w, m);
             let mut routes = vec![(Route::Auto, "auto"), (Route::Gemm, "gemm")];
@@ -243,11 +239,10 @@ fn gpu_stacked_weights_match_the_parts() {
             .collect::<anyhow::Result<_>>()
             .expect("parts");
         let refs: Vec<&QuantLinear> = parts.iter().collect();
-        let (all, views) = QuantLinear::concat(&refs).expect("concat").expect("stackable");
+        let (all, views) = stack_quant(&refs).expect("stack").expect("stackable");
         let cpu: Vec<QuantLinear> =
             parts.iter().map(|p| p.to_device(&Device::Cpu).expect("cpu")).collect();
-        let (cpu_all, _) =
-            QuantLinear::concat(&cpu.iter().collect::<Vec<_>>()).expect("c").expect("s");
+        let (cpu_all, _) = stack_quant(&cpu.iter().collect::<Vec<_>>()).expect("c").expect("s");
         let bytes = |t: &candle_core::Tensor| {
             t.flatten_all().expect("flat").to_dtype(DType::F32).and_then(|t| t.to_vec1::<f32>())
         };

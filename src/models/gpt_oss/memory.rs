@@ -1,6 +1,6 @@
 //! What a gpt-oss model allocates, as functions of its config, the context and the compute
 //! dtype. The model uses the same functions to lay out what it allocates ([`kv_shape`],
-//! [`stored_dtype`], [`ROPE_DTYPE`]), so `engine::plan` and the allocation cannot drift apart;
+//! [`stored_dtype`], [`ROPE_DTYPE`]), so `load::plan` and the allocation cannot drift apart;
 //! tests compare the plan with the bytes of a built model.
 
 use candle_core::DType;

@@ -7,8 +7,8 @@ use candle_core::quantized::gguf_file::Value;
 use serde::Deserialize;
 
 use crate::error::{ErrorKind, fail};
-use crate::models::quant::CtConfig;
 use crate::models::rope::{RopeKind, RopeScaling};
+use crate::quant::CtConfig;
 
 /// The subset of HF `config.json` the Llama forward pass needs.
 #[derive(Debug, Clone, Deserialize)]

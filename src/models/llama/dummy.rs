@@ -7,8 +7,8 @@ use super::config::LlamaConfig;
 use super::model::{Layer, Weights};
 use crate::models::head::Head;
 use crate::models::linear::Linear;
-use crate::models::quant::QuantLinear;
 use crate::models::random::normal;
+use crate::quant::QuantLinear;
 
 pub fn random_weights(cfg: &LlamaConfig, dtype: DType, device: &Device) -> anyhow::Result<Weights> {
     let t = |(rows, cols): (usize, usize)| normal(&[rows, cols], 0.02, dtype, device);

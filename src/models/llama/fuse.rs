@@ -16,8 +16,9 @@ use std::sync::Arc;
 use candle_core::Tensor;
 
 use super::model::Layer;
+use crate::kernels::stack_quant;
 use crate::models::linear::Linear;
-use crate::models::quant::QuantLinear;
+use crate::quant::QuantLinear;
 
 /// One layer's fused products (`None` where the parts cannot be fused: GGUF weights, mixed
 /// formats, compressed-tensors weights with activation order, or biases on some parts only).
@@ -54,7 +55,7 @@ fn parts_array<const N: usize>(parts: Vec<Linear>) -> [Linear; N] {
 
 /// The parts' weights (and biases) stacked along the output dimension, and a view of the
 /// stack for each part; `None` unless every part is dense with one dtype, or every part is a
-/// compressed-tensors weight that stacks ([`QuantLinear::concat`]), and all or none have a
+/// compressed-tensors weight that stacks ([`stack_quant`]), and all or none have a
 /// bias.
 fn concat(parts: &[&Linear]) -> candle_core::Result<Option<(Linear, Vec<Linear>)>> {
     let biases: Vec<&Tensor> = parts.iter().filter_map(|p| p.bias()).collect();
@@ -127,7 +128,7 @@ fn stack_weights(parts: &[&Linear]) -> candle_core::Result<Option<(Stacked, Vec<
         })
         .collect();
     let Some(quant) = quant else { return Ok(None) };
-    Ok(QuantLinear::concat(&quant)?
+    Ok(stack_quant(&quant)?
         .map(|(all, views)| (Stacked::Ct(all), views.into_iter().map(Stacked::Ct).collect())))
 }
 

@@ -18,7 +18,7 @@ use super::model::{Layer, Llama, RopeStyle, Weights};
 use crate::error::{ErrorKind, fail};
 use crate::models::head::Head;
 use crate::models::linear::Linear;
-use crate::models::quant::{CtConfig, QuantLinear};
+use crate::quant::{CtConfig, QuantLinear};
 
 /// The safetensors files of a checkpoint folder, through the index when there is one.
 pub fn safetensors_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
@@ -188,7 +188,7 @@ impl GgufFile {
     /// A Q8_0, Q4_K or Q6_K matmul weight as our own [`QuantLinear`] on `device` (see
     /// [`own_blocks_only`]).
     fn block_linear(&mut self, name: &str, device: &Device) -> anyhow::Result<Linear> {
-        use crate::models::quant::WeightFormat;
+        use crate::quant::WeightFormat;
         use candle_core::quantized::GgmlDType as G;
         let t = self.qtensor(name, &Device::Cpu)?;
         let bad = |e: &dyn std::fmt::Display| {
@@ -327,7 +327,7 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
 /// where their formats agree, and keeps bf16 activations. The memory plan (`memory.rs`'s
 /// `own_gemvs_take`) applies the same rule to the file's header.
 pub fn own_blocks_only(gguf: &GgufFile) -> bool {
-    use crate::models::quant::{gguf_k, gguf_q8};
+    use crate::quant::{gguf_k, gguf_q8};
     use candle_core::quantized::GgmlDType as G;
     gguf.content.tensor_infos.iter().all(|(name, info)| {
         let k = info.shape.dims().last().copied().unwrap_or(0);

@@ -1,6 +1,6 @@
 //! What a Llama model allocates, as functions of its config, the context and the compute
 //! dtype. `model.rs` and the loaders decide with the same functions ([`kv_shape`],
-//! [`keeps_f32_head`], [`ROPE_DTYPE`]), so `engine::plan` and the allocation cannot drift
+//! [`keeps_f32_head`], [`ROPE_DTYPE`]), so `load::plan` and the allocation cannot drift
 //! apart; tests compare the plan with the bytes of a built model.
 
 use candle_core::DType;
@@ -261,7 +261,7 @@ mod tests {
     /// The plan's bytes for our repacked GGUF weights are what the loaded weights hold.
     #[test]
     fn own_gemv_bytes_are_what_the_repacked_weights_hold() {
-        use crate::models::quant::{QuantLinear, WeightFormat};
+        use crate::quant::{QuantLinear, WeightFormat};
         use candle_core::quantized::{GgmlDType, QTensor};
         let dev = candle_core::Device::Cpu;
         let (out, inp) = (8, 512);

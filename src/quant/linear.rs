@@ -1,9 +1,11 @@
 //! A compressed-tensors projection: its quantized tensors as the checkpoint stores them, on the
-//! device, and its product with an input.
+//! device, and the CPU reference of its product with an input.
 //!
 //! On the CPU (the reference) the weight is dequantized once at load and the input
 //! fake-quantized per token before an f32 product: what compressed-tensors' forward computes.
-//! On a GPU the tensors stay quantized and `kernels::quant_matmul` runs them.
+//! On a GPU the tensors stay quantized and `kernels::quant_matmul` runs them; the product
+//! that picks between the two lives there, above this module, so that the kernels can take
+//! this type without a cycle.
 
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
@@ -30,7 +32,7 @@ pub struct QuantLinear {
     /// Input columns per scale group (Int4; `in` for one group per row).
     pub group: usize,
     /// On the CPU: the dequantized f32 weight `[out, in]`.
-    pub(super) dense: Option<Tensor>,
+    pub dense: Option<Tensor>,
 }
 
 /// A tensor's raw data from the checkpoint, checked for dtype and shape.
@@ -155,23 +157,24 @@ impl QuantLinear {
         Ok(w)
     }
 
-    /// `x` `[rows, in]` times the weight, f32 `[rows, out]` (no bias).
-    pub fn matmul_f32(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match &self.dense {
-            Some(w) => {
-                let x = x.to_dtype(DType::F32)?;
-                let x = if self.scheme.act == ActQuant::None {
-                    x
-                } else {
-                    let (rows, k) = x.dims2()?;
-                    let mut v: Vec<f32> = x.flatten_all()?.to_vec1()?;
-                    fake_quantize_rows(&mut v, k, self.scheme.act);
-                    Tensor::from_vec(v, (rows, k), x.device())?
-                };
-                x.matmul(&w.t()?)
-            }
-            None => crate::kernels::quant_matmul(x, self),
-        }
+    /// `x` `[rows, in]` times the weight, f32 `[rows, out]` (no bias), on the CPU: the
+    /// dequantized weight times `x` fake-quantized per token. `None` where the weight is not
+    /// dequantized (on a GPU).
+    pub fn matmul_reference(&self, x: &Tensor) -> Option<candle_core::Result<Tensor>> {
+        let w = self.dense.as_ref()?;
+        let product = || {
+            let x = x.to_dtype(DType::F32)?;
+            let x = if self.scheme.act == ActQuant::None {
+                x
+            } else {
+                let (rows, k) = x.dims2()?;
+                let mut v: Vec<f32> = x.flatten_all()?.to_vec1()?;
+                fake_quantize_rows(&mut v, k, self.scheme.act);
+                Tensor::from_vec(v, (rows, k), x.device())?
+            };
+            x.matmul(&w.t()?)
+        };
+        Some(product())
     }
 
     /// Random codes with scales that give weights of about `std` (`inferno bench

@@ -11,7 +11,7 @@
 //! allowance (see [`Target::runtime_bytes`]).
 //!
 //! Without loading anything, e.g. for "does this cached model fit on this GPU at its default
-//! context": `engine::prepare(id, &LoadOptions { dtype: None, context: None, dummy: false },
+//! context": `load::prepare(id, &LoadOptions { dtype: None, context: None, dummy: false },
 //! Target::Gpu)` gives the [`Spec`]; `spec.plan(spec.context)` the bytes, and
 //! `spec.check(id, Some(&Budget { free, target: Target::Gpu }), false)` the plan or the
 //! one-line refusal with the largest context that fits.
@@ -126,12 +126,7 @@ impl Budget {
     /// Free memory of `device` now: the GPU's free memory, or the host's `MemAvailable` for
     /// `--cpu`. `None` when it cannot be read (then nothing is refused in advance).
     pub fn of(device: &Device) -> Option<Budget> {
-        let target = Target::of(device);
-        let free = match target {
-            Target::Gpu => crate::gpu::memory(device).map(|(free, _)| free)?,
-            Target::Host => host_available()?,
-        };
-        Some(Budget { free, target })
+        Some(Budget { free: crate::gpu::available(device)?, target: Target::of(device) })
     }
 
     fn adjective(&self) -> &'static str {
@@ -140,19 +135,6 @@ impl Budget {
             Target::Host => "available on the host",
         }
     }
-}
-
-/// `MemAvailable` of `/proc/meminfo`: what can be allocated without swapping (free memory plus
-/// reclaimable caches, which include the pages of memory-mapped weight files).
-pub fn host_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    meminfo_available(&text)
-}
-
-fn meminfo_available(text: &str) -> Option<u64> {
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb.saturating_mul(1024))
 }
 
 /// The largest `c` in `1..=upto` with `fits(c)`, for a `fits` that holds up to some point and

@@ -5,11 +5,12 @@
 
 use std::path::Path;
 
+use anyhow::Context;
 use candle_core::DType;
 
-use super::core::{BLOCK_SIZE, EngineConfig, pool_groups};
 use super::plan::{MemoryPlan, Target};
-use super::{LoadOptions, Source, context_for, model_type};
+use super::{LoadOptions, Source};
+use crate::engine::core::{BLOCK_SIZE, DEFAULT_TOKEN_BUDGET, EngineConfig, pool_groups};
 use crate::error::{ErrorKind, fail};
 use crate::models::gpt_oss::{self, GptOssConfig};
 use crate::models::llama::{self, LlamaConfig, load::GgufFile};
@@ -130,7 +131,7 @@ impl Spec {
     pub fn plan(&self, context: usize) -> MemoryPlan {
         // The pool an engine of one sequence of `context` tokens allocates; the intermediates
         // of the engine's default step, which grow with its tokens.
-        let step = crate::engine::core::DEFAULT_TOKEN_BUDGET;
+        let step = DEFAULT_TOKEN_BUDGET;
         let (shape, rope_tables, workspace) = match &self.arch {
             Arch::GptOss(cfg) => {
                 use gpt_oss::memory as m;
@@ -188,4 +189,35 @@ fn checkpoint_tensors(dir: &Path) -> anyhow::Result<FileTensors> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(safetensors_tensors(&headers))
+}
+
+/// The KV-cache size: `--context` when given, else the model's maximum.
+pub(super) fn context_for(
+    max_position_embeddings: usize,
+    requested: Option<usize>,
+) -> anyhow::Result<usize> {
+    let max = max_position_embeddings.max(1);
+    match requested {
+        Some(0) => Err(fail(ErrorKind::InvalidInput, "--context must be positive")),
+        // Past the trained maximum is allowed (llama.cpp's behaviour), with a warning once the
+        // memory plan has accepted it ([`super::load`]).
+        Some(n) => Ok(n),
+        None => Ok(default_context(max)),
+    }
+}
+
+/// The context asked of the memory plan when none is given: the model's maximum ([`super::load`]
+/// lowers it to what fits).
+pub fn default_context(max_position_embeddings: usize) -> usize {
+    max_position_embeddings.max(1)
+}
+
+/// `model_type` of a config.json (llama when absent).
+pub(super) fn model_type(config_path: &Path) -> anyhow::Result<(String, String)> {
+    let text = std::fs::read_to_string(config_path)
+        .with_context(|| format!("reading {}", config_path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| fail(ErrorKind::InvalidInput, format!("{}: {e}", config_path.display())))?;
+    let kind = v.get("model_type").and_then(|t| t.as_str()).unwrap_or("llama").to_string();
+    Ok((kind, text))
 }

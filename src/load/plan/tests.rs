@@ -6,7 +6,7 @@ use candle_core::{DType, Device};
 
 use super::*;
 use crate::engine::core::{BLOCK_SIZE, EngineConfig, pool_groups};
-use crate::engine::{self, LoadOptions, Source};
+use crate::load::{self, LoadOptions, Source};
 use crate::models::batch::KvPool;
 
 fn bench_config(name: &str) -> PathBuf {
@@ -100,20 +100,11 @@ fn the_20b_kv_pool_by_hand() {
     assert_eq!(spec.plan(8192).kv_cache, 12 * (full + sliding) * per_layer_token);
 }
 
-#[test]
-fn meminfo() {
-    let text =
-        "MemTotal:       32594000 kB\nMemFree:          845000 kB\nMemAvailable:   20000000 kB\n";
-    assert_eq!(meminfo_available(text), Some(20_000_000 * 1024));
-    assert_eq!(meminfo_available("MemTotal: 1 kB\n"), None);
-    assert!(host_available().is_some(), "Linux has /proc/meminfo");
-}
-
-/// Loads `name` on the CPU through the engine and checks the plan it made against what the
+/// Loads `name` on the CPU and checks the plan it made against what the
 /// model it built holds and the KV pool an engine of one sequence allocates for it.
 fn plan_matches_allocation(name: &Path, dtype: Option<DType>, context: usize, dummy: bool) {
     let opts = LoadOptions { dtype, context: Some(context), dummy };
-    let loaded = engine::load(name.to_str().unwrap(), &opts, &Device::Cpu).unwrap();
+    let loaded = load::load(name.to_str().unwrap(), &opts, &Device::Cpu).unwrap();
     let got = loaded.model.allocated();
     let shape = loaded.model.kv_shape();
     let groups = pool_groups(&shape, &EngineConfig::single(context));
@@ -201,7 +192,7 @@ fn llama_random_weights_plan_is_what_the_model_allocates() {
     let path = tmp.path().join("dynamic.json");
     std::fs::write(&path, tiny_llama(false, false, dynamic)).unwrap();
     let opts = LoadOptions { dtype: None, context: Some(200), dummy: true };
-    let err = engine::load(path.to_str().unwrap(), &opts, &Device::Cpu).err().unwrap();
+    let err = load::load(path.to_str().unwrap(), &opts, &Device::Cpu).err().unwrap();
     assert!(err.to_string().contains("dynamic NTK"), "{err}");
 }
 
@@ -281,8 +272,7 @@ fn a_device_allocation_failure_while_loading_is_exit_7_with_the_plan() {
     // What candle returns when cuMemAllocAsync fails, under the loader's context.
     let oom =
         candle_core::Error::Msg("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into());
-    let err =
-        engine::out_of_memory(anyhow::Error::from(oom).context("loading"), "m", &plan, budget);
+    let err = load::out_of_memory(anyhow::Error::from(oom).context("loading"), "m", &plan, budget);
     assert_eq!(crate::error::kind_of(&err).exit_code(), 7);
     let msg = err.to_string();
     assert!(
@@ -290,6 +280,6 @@ fn a_device_allocation_failure_while_loading_is_exit_7_with_the_plan() {
         "{msg}"
     );
     assert!(msg.contains("; 1.0 GiB was free before loading"), "{msg}");
-    let other = engine::out_of_memory(anyhow::anyhow!("bad shape"), "m", &plan, budget);
+    let other = load::out_of_memory(anyhow::anyhow!("bad shape"), "m", &plan, budget);
     assert_eq!(other.to_string(), "bad shape");
 }

@@ -8,8 +8,8 @@
 //! - `trim_blocks` and `lstrip_blocks` on, trailing newline of the template dropped, no
 //!   autoescaping, loop controls (`break`/`continue`);
 //! - globals `raise_exception(msg)` (rendering fails with `msg`) and `strftime_now(fmt)` (UTC:
-//!   see [`super::strftime`]; injectable with [`ChatTemplate::with_clock`] for tests);
-//! - `tojson` with HF's signature and Python's `json.dumps` output ([`super::pyjson`]);
+//!   see [`mod@strftime`]; injectable with [`ChatTemplate::with_clock`] for tests);
+//! - `tojson` with HF's signature and Python's `json.dumps` output ([`pyjson`]);
 //! - Python string/dict/list methods (`.strip()`, `.split()`, `.items()`, …) through
 //!   minijinja-contrib's pycompat;
 //! - context: `messages`, `tools` and `documents` (none unless given), `add_generation_prompt`,
@@ -17,16 +17,22 @@
 //!
 //! Tests compare against transformers' own output: `tests/fixtures/chat_templates.json`, made
 //! by `scripts/fixtures/chat_templates.py`.
+//!
+//! A template is part of what a model's files hold, loaded and compiled with its tokenizer
+//! (`load::text`), so it sits below both loading and the chats (`chat`) that render it.
 
-use super::pyjson::tojson_filter;
-use super::strftime::strftime;
+pub mod pyjson;
+pub mod strftime;
+
 use crate::error::{ErrorKind, fail};
 use anyhow::{Context, Result};
 use minijinja::syntax::SyntaxConfig;
 use minijinja::{AutoEscape, Environment, Error as JinjaError, ErrorKind as JinjaErrorKind, Value};
+use pyjson::tojson_filter;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::SystemTime;
+use strftime::strftime;
 
 /// One chat message as templates see it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -297,5 +303,4 @@ fn describe(e: &JinjaError) -> String {
 }
 
 #[cfg(test)]
-#[path = "template_tests.rs"]
 mod tests;

@@ -8,9 +8,9 @@ use anyhow::Context;
 use tokenizers::Tokenizer;
 
 use super::Source;
-use crate::chat::ChatTemplate;
 use crate::error::{ErrorKind, fail};
 use crate::generate::stop::eos_ids_from;
+use crate::template::ChatTemplate;
 
 pub struct TextSide {
     pub tokenizer: Tokenizer,

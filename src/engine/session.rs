@@ -6,37 +6,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokenizers::Tokenizer;
 
-use super::{Sampler, StopChecker, StopConditions, StopReason, TokenStream};
-use crate::engine::core::Engine;
-use crate::engine::request::{Event, Request};
-
-/// What one generation did.
-#[derive(Debug, Clone)]
-pub struct Generation {
-    pub tokens: Vec<u32>,
-    pub text: String,
-    pub reason: StopReason,
-    pub prompt_tokens: usize,
-    /// Prompt tokens actually run (the rest came from the cache).
-    pub prefilled_tokens: usize,
-    pub time_to_first_token: Duration,
-    pub decode_time: Duration,
-}
-
-impl Generation {
-    pub fn prefill_tok_s(&self) -> f64 {
-        self.prefilled_tokens as f64 / self.time_to_first_token.as_secs_f64().max(1e-9)
-    }
-    /// Tokens after the first, over the time after the first.
-    pub fn decode_tok_s(&self) -> f64 {
-        let n = self.tokens.len().saturating_sub(1);
-        if n == 0 { 0.0 } else { n as f64 / self.decode_time.as_secs_f64().max(1e-9) }
-    }
-}
+use super::core::Engine;
+use super::request::{Event, Request};
+use crate::generate::{Generation, Sampler, StopChecker, StopConditions, StopReason, TokenStream};
 
 /// A conversation's view of the engine: one request per turn. The KV cache lives in the
 /// engine's pool, content-addressed: a turn whose prompt starts with an earlier turn's tokens
