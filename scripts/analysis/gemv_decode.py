@@ -97,7 +97,7 @@ def launch(fn, grid, block, args, stream, pdl=True):
 
 
 def warps_along_k(n, k, target, max_wk):
-    """src/kernels/f32_out_matmul.rs's choice, with its target and cap as parameters."""
+    """src/kernels/gemv_bf16.rs's choice, with its target and cap as parameters."""
     tiles = -(-n // 16)
     return min(max(1, min(max_wk, -(-target // tiles))), max(k // 64, 1))
 

@@ -13,7 +13,8 @@
 //!   GEMMs batched by expert for prefill).
 //! - [`mxfp4`]: FP4/E8M0 decoding for references and tests.
 //! - [`matmul_f32_out()`], [`matmul_hi_lo()`]: the LM head's product with an f32 result
-//!   (cuBLAS), from an f32 input carried as two bf16 halves.
+//!   (cuBLAS, or our tensor-core GEMV `gemv_bf16` for decode steps' few rows), from an f32
+//!   input carried as two bf16 halves.
 //! - [`mxfp4_moe_routed()`]: routing (top-k, softmax over k) fused into the experts' op.
 //! - [`paged_attention()`]: attention of a varlen batch (continuous batching) over a paged KV
 //!   pool through per-sequence block tables, with or without sinks.
@@ -31,8 +32,8 @@
 //! `nvcc --ptx -arch=sm_90 -O3 -std=c++17 -I src/kernels src/kernels/X.cu -o X.ptx && ptxas -arch=sm_90 -v X.ptx -o /dev/null`.
 
 pub mod argmax;
-pub mod f32_out_matmul;
 pub mod layer_norm_act;
+pub mod matmul_f32_out;
 pub mod mxfp4;
 pub mod mxfp4_ggml;
 pub mod mxfp4_moe;
@@ -46,13 +47,15 @@ pub mod swiglu_gemv;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
+mod gemv_bf16;
+#[cfg(feature = "cuda")]
 pub(crate) mod launch;
 #[cfg(test)]
 mod testing;
 
 pub use argmax::{argmax_rows, sample_gumbel_rows};
-pub use f32_out_matmul::{matmul_f32_out, matmul_hi_lo};
 pub use layer_norm_act::{Normed, add_rms_norm, rms_norm, silu_mul_to};
+pub use matmul_f32_out::{matmul_f32_out, matmul_hi_lo};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};
 pub use paged_attention::{
     PagedAttnConfig, PagedBounds, PagedKernel, PagedLaunch, paged_attention, paged_launch,

@@ -9,8 +9,8 @@
 
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor, bail};
 
-use super::f32_out_matmul::matmul_f32_out;
 use super::layer_norm_act::silu_mul_to;
+use super::matmul_f32_out::matmul_f32_out;
 
 /// `silu(x·gateᵀ) · (x·upᵀ)` as bf16 `[m, n]` for bf16 `x` `[m, k]` and the fused gate/up weight
 /// `w` `[2n, k]` (gate rows first): `silu_mul_to(&matmul_f32_out(x, w)?, BF16)`, in one launch
@@ -36,7 +36,7 @@ fn fused(x: &Tensor, w: &Tensor) -> bool {
         && k.is_multiple_of(8)
         && n2.is_multiple_of(2)
         && (1..=16).contains(&m)
-        && super::f32_out_matmul::gemv_wins(m, n2)
+        && super::gemv_bf16::gemv_wins(m, n2)
         && start(x)
         && start(w)
 }
@@ -47,7 +47,7 @@ fn fused(_x: &Tensor, _w: &Tensor) -> bool {
 }
 
 struct SwiGluGemv {
-    /// Forces the GEMV's U (tests; see f32_out_matmul.rs).
+    /// Forces the GEMV's U (tests; see gemv_bf16.rs).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     batch: Option<usize>,
 }
@@ -79,7 +79,7 @@ impl CustomOp2 for SwiGluGemv {
         use candle_core::cuda_backend::CudaStorageSlice;
         use half::bf16;
 
-        use super::f32_out_matmul::gemv;
+        use super::gemv_bf16::{self, Epilogue};
 
         let ((m, k), (n2, _)) = (l1.shape().dims2()?, l2.shape().dims2()?);
         let dev = s1.device.clone();
@@ -87,7 +87,7 @@ impl CustomOp2 for SwiGluGemv {
         let w = s2.as_cuda_slice::<bf16>()?.slice(l2.start_offset()..);
         // SAFETY: the kernel writes all m·n2/2 elements.
         let mut out = unsafe { dev.alloc::<bf16>(m * n2 / 2)? };
-        gemv::launch(&dev, &x, &w, (&mut out, gemv::Epilogue::SwiGlu), (m, n2, k), self.batch)?;
+        gemv_bf16::launch(&dev, &x, &w, (&mut out, Epilogue::SwiGlu), (m, n2, k), self.batch)?;
         Ok((
             candle_core::CudaStorage { slice: CudaStorageSlice::BF16(out), device: dev },
             Shape::from((m, n2 / 2)),

@@ -8,7 +8,8 @@
 //! (damped, 512 positions) this rounding cost 11 of the 14 bf16 top-1 misses
 //! scripts/analysis/gpt_oss_precision.py counts. cuBLAS's GemmEx takes bf16 inputs and writes
 //! f32; candle has no way to ask for it, so this op calls it on candle's cuBLAS handle and
-//! stream.
+//! stream. The few rows of a decode step take our tensor-core GEMV instead where it is faster
+//! (`gemv_bf16.rs`).
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor, bail};
 use half::bf16;
@@ -30,7 +31,7 @@ pub fn matmul_f32_out(x: &Tensor, w: &Tensor) -> Result<Tensor> {
             w.dims()
         );
     }
-    x.contiguous()?.apply_op2_no_bwd(&w.contiguous()?, &F32OutMatmul { route: Route::Auto })
+    x.contiguous()?.apply_op2_no_bwd(&w.contiguous()?, &MatmulF32Out { route: Route::Auto })
 }
 
 /// `x · wᵀ` for f32 `x` (`[m, k]`) and bf16 `w` (`[n, k]`): f32 `[m, n]` with `x` carried as two
@@ -101,24 +102,25 @@ impl CustomOp1 for HiLoSplit {
     }
 }
 
-/// Which product [`F32OutMatmul`] runs on the GPU: the faster for the shape ([`gemv_wins`]), or
-/// one of the two by force (tests and timings compare them).
+/// Which product [`MatmulF32Out`] runs on the GPU: the faster for the shape
+/// ([`super::gemv_bf16::gemv_wins`]), or one of the two by force (tests and timings compare
+/// them).
 #[derive(Clone, Copy, PartialEq)]
 // Only the GPU tests and timings force a route.
 #[cfg_attr(any(not(feature = "cuda"), not(test)), allow(dead_code))]
 enum Route {
     Auto,
     Cublas,
-    /// Our GEMV, with U forced for up to 8 rows (`gemv::launch`'s `batch`).
+    /// Our GEMV, with U forced for up to 8 rows (`gemv_bf16::launch`'s `batch`).
     Gemv(Option<usize>),
 }
 
-struct F32OutMatmul {
+struct MatmulF32Out {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     route: Route,
 }
 
-impl CustomOp2 for F32OutMatmul {
+impl CustomOp2 for MatmulF32Out {
     fn name(&self) -> &'static str {
         "matmul_f32_out"
     }
@@ -159,6 +161,7 @@ impl CustomOp2 for F32OutMatmul {
         use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
 
         use super::cuda::int;
+        use super::gemv_bf16::{self, Epilogue};
 
         let ((m, k), (n, _)) = (l1.shape().dims2()?, l2.shape().dims2()?);
         let dev = s1.device.clone();
@@ -170,7 +173,7 @@ impl CustomOp2 for F32OutMatmul {
             && l1.start_offset().is_multiple_of(8)
             && l2.start_offset().is_multiple_of(8);
         let gemv = match self.route {
-            Route::Auto => gemv_wins(m, n),
+            Route::Auto => gemv_bf16::gemv_wins(m, n),
             Route::Gemv(_) => m <= 64,
             Route::Cublas => false,
         };
@@ -179,7 +182,7 @@ impl CustomOp2 for F32OutMatmul {
                 Route::Gemv(b) => b,
                 _ => None,
             };
-            gemv::launch(&dev, &x, &w, (&mut out, gemv::Epilogue::F32), (m, n, k), batch)?;
+            gemv_bf16::launch(&dev, &x, &w, (&mut out, Epilogue::F32), (m, n, k), batch)?;
             return Ok((
                 candle_core::CudaStorage { slice: CudaStorageSlice::F32(out), device: dev },
                 Shape::from((m, n)),
@@ -225,165 +228,6 @@ impl CustomOp2 for F32OutMatmul {
             candle_core::CudaStorage { slice: CudaStorageSlice::F32(out), device: dev },
             Shape::from((m, n)),
         ))
-    }
-}
-
-/// Whether [`F32OutMatmul`] takes our tensor-core GEMV (`gemv_bf16.cu`, up to 64 rows) rather
-/// than cuBLAS for `m` rows of x against `n` weight rows: decode steps, whose time is all weight
-/// reads. The crossover is measured (`gpu_gemv_timing`, H100, docs/performance.md): up to 16
-/// rows the GEMV wins or ties everywhere; at 17–32 rows only for weights of at most 4096 rows
-/// (gpt-oss o 14.2 vs 17.3 µs, Llama qkv 11.8 vs 15.5; but gpt-oss qkv 20.9 vs 14.6 and the LM
-/// heads 648 vs 427); past 32 rows cuBLAS everywhere (64 rows: gpt-oss head 1,080 vs 455,
-/// which cost the 64-stream step 1 ms when the GEMV took them).
-#[cfg(feature = "cuda")]
-pub(super) fn gemv_wins(m: usize, n: usize) -> bool {
-    m <= 16 || (m <= 32 && n <= 4096)
-}
-
-#[cfg(feature = "cuda")]
-pub(super) mod gemv {
-    use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, CudaView, DeviceRepr, LaunchConfig,
-    };
-    use candle_core::{CudaDevice, Result};
-    use half::bf16;
-
-    use crate::kernels::cuda::{GEMV_BF16_PTX, int};
-    use crate::kernels::launch::Launch;
-
-    /// gemv_bf16.cu's largest block: GEMV_MAX_WK warps along K.
-    const MAX_WK: usize = 8;
-    /// Enough warps to keep every multiprocessor's loads in flight (132 SMs on an H100, ~16
-    /// warps each); fewer output tiles than that get more warps along K.
-    const TARGET_WARPS: usize = 2048;
-
-    /// Warps along K for `n` outputs of width `k`: from the shape only, so that a row's sums
-    /// run in the same order whatever the batch (see the kernel's header).
-    pub fn warps_along_k(n: usize, k: usize) -> usize {
-        let tiles = n.div_ceil(16);
-        // At least two groups of 32 values per warp.
-        let by_k = (k / 64).max(1);
-        TARGET_WARPS.div_ceil(tiles).clamp(1, MAX_WK).min(by_k)
-    }
-
-    /// The kernel variant for `m` rows and `wk` warps along K: `(MT, NT)`, MT tiles of 16 weight
-    /// rows per warp (each x fragment reused MT times: with 32 or 64 rows of x and one tile per
-    /// warp, the LM head's x reads from L2 outweigh its weight reads; measured on the H100 at
-    /// 32 rows: 952 µs with one tile, cuBLAS 433), NT tiles of 8 rows of x. The block's
-    /// shared memory holds WK · MT ≤ 8 tiles. MT does not change any sum's order.
-    pub fn tiles(m: usize, wk: usize) -> (usize, usize) {
-        let (nt, mt_best) = match m {
-            0..=8 => (1, 1),
-            9..=16 => (2, 2),
-            17..=32 => (4, 4),
-            _ => (8, 2),
-        };
-        let mt = [4, 2, 1].into_iter().find(|&t| t <= mt_best && t * wk <= MAX_WK).unwrap_or(1);
-        (mt, nt)
-    }
-
-    /// Groups of 32 values a warp loads per batch (U) for up to 8 rows of x; the kernel is
-    /// built for these.
-    pub const BATCHES: [usize; 3] = [8, 4, 2];
-
-    /// What the kernel writes: the f32 product, or Llama's SwiGLU of a fused gate/up product
-    /// (bf16, half as wide: gemv_bf16.cu's SWIGLU epilogue).
-    #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-    pub enum Epilogue {
-        F32,
-        SwiGlu,
-    }
-
-    impl Epilogue {
-        fn prefix(self) -> &'static str {
-            match self {
-                Epilogue::F32 => "gemv_bf16",
-                Epilogue::SwiGlu => "gemv_swiglu",
-            }
-        }
-    }
-
-    /// The kernel of one tile of x rows (up to 8 rows) with `u` groups per batch.
-    fn one_tile_kernel(epi: Epilogue, u: usize) -> String {
-        let p = epi.prefix();
-        if u == 4 { format!("{p}_m1_n1") } else { format!("{p}_m1_n1_u{u}") }
-    }
-
-    /// U for one tile of x rows against `tiles` blocks of `wk` warps: the largest whose blocks
-    /// all fit on the GPU at once (registers bound the resident warps, and a second wave of a
-    /// few blocks runs at a fraction of the bandwidth), else the largest (a launch of many waves,
-    /// an LM head: the most loads in flight per warp). See gemv_bf16.cu's variants. U does not
-    /// change any sum, so this is free to depend on the GPU.
-    fn batch_for(dev: &CudaDevice, epi: Epilogue, tiles: usize, wk: usize) -> Result<usize> {
-        type Key = (usize, Epilogue, usize, usize);
-        type Cache = std::sync::Mutex<std::collections::HashMap<Key, usize>>;
-        static CHOSEN: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
-        let key = (dev.cuda_stream().context().ordinal(), epi, tiles, wk);
-        let cache = CHOSEN.get_or_init(Default::default);
-        if let Some(&u) = cache.lock().ok().and_then(|c| c.get(&key).copied()).as_ref() {
-            return Ok(u);
-        }
-        let sms = crate::kernels::cuda::multiprocessors(dev);
-        let mut chosen = BATCHES[0];
-        for u in BATCHES {
-            let func = dev.get_or_load_custom_func(
-                &one_tile_kernel(epi, u),
-                "inferno_gemv",
-                GEMV_BF16_PTX,
-            )?;
-            let per_sm = func
-                .occupancy_max_active_blocks_per_multiprocessor(32 * wk as u32, 0, None)
-                .map_err(|e| candle_core::Error::Msg(format!("gemv occupancy: {e:?}")))?;
-            if per_sm as usize * sms >= tiles {
-                chosen = u;
-                break;
-            }
-        }
-        if let Ok(mut c) = cache.lock() {
-            c.insert(key, chosen);
-        }
-        Ok(chosen)
-    }
-
-    /// y `[m, n]` = x `[m, k]` · w `[n, k]`ᵀ (f32), or its SwiGLU (bf16 `[m, n / 2]`, n even),
-    /// m ≤ 64 (16 for the SwiGLU), k % 8 == 0, 16-byte aligned starts. `batch` forces U for up
-    /// to 8 rows (tests: every U gives the same bits).
-    pub fn launch<T: DeviceRepr>(
-        dev: &CudaDevice,
-        x: &CudaView<bf16>,
-        w: &CudaView<bf16>,
-        (out, epi): (&mut CudaSlice<T>, Epilogue),
-        (m, n, k): (usize, usize, usize),
-        batch: Option<usize>,
-    ) -> Result<()> {
-        let wk = warps_along_k(n, k);
-        let (mt, nt) = tiles(m, wk);
-        if epi == Epilogue::SwiGlu && (nt > 2 || !n.is_multiple_of(2)) {
-            candle_core::bail!("gemv: the SwiGLU epilogue takes up to 16 rows and an even width");
-        }
-        let name = if (mt, nt) == (1, 1) {
-            let u = match batch {
-                Some(u) => u,
-                None => batch_for(dev, epi, n.div_ceil(16), wk)?,
-            };
-            one_tile_kernel(epi, u)
-        } else {
-            format!("{}_m{mt}_n{nt}", epi.prefix())
-        };
-        let func = dev.get_or_load_custom_func(&name, "inferno_gemv", GEMV_BF16_PTX)?;
-        let cfg = LaunchConfig {
-            grid_dim: (int(n.div_ceil(16 * mt), "output tiles")? as u32, 1, 1),
-            block_dim: (32, wk as u32, 1),
-            shared_mem_bytes: 0,
-        };
-        let (m32, n32, k32) = (int(m, "rows")?, int(n, "outputs")?, int(k, "inner dim")?);
-        let stream = dev.cuda_stream();
-        let mut b = Launch::new(&stream, &func);
-        b.ptr(x).ptr(w).ptr_mut(out).val(m32).val(n32).val(k32);
-        // SAFETY: the arguments match the kernels' signature; x holds m·k, w n·k and out m·n
-        // f32 elements (m·n/2 bf16 for the SwiGLU), k % 8 == 0 and both starts are 16-byte
-        // aligned (the caller checks); the kernel reads only w before pdl_wait().
-        unsafe { b.launch(cfg) }
     }
 }
 
@@ -527,13 +371,13 @@ mod tests {
         let w = tensor(uniform(r, n * k, -1.0, 1.0), &[n, k], DType::BF16);
         let want = values(&matmul_f32_out(&x, &w).expect("cpu"));
         let (xd, wd) = (x.to_device(dev).expect("x"), w.to_device(dev).expect("w"));
-        let gemv = F32OutMatmul { route: Route::Gemv(None) };
+        let gemv = MatmulF32Out { route: Route::Gemv(None) };
         let got = values(&xd.apply_op2_no_bwd(&wd, &gemv).expect("gpu"));
         let name = format!("gemv {m}x{n}x{k}");
         crate::kernels::testing::assert_written_and_close(&name, &got, &want, 1e-5);
         // Up to 8 rows, every batch size U: the same bits as the one the launch picked.
-        for u in gemv::BATCHES.into_iter().filter(|_| m <= 8) {
-            let op = F32OutMatmul { route: Route::Gemv(Some(u)) };
+        for u in crate::kernels::gemv_bf16::BATCHES.into_iter().filter(|_| m <= 8) {
+            let op = MatmulF32Out { route: Route::Gemv(Some(u)) };
             let forced = values(&xd.apply_op2_no_bwd(&wd, &op).expect("gpu"));
             assert!(
                 forced.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
@@ -581,7 +425,7 @@ mod tests {
                     .expect("x");
                 let mut us = [0.0; 2];
                 for (i, route) in [Route::Gemv(None), Route::Cublas].into_iter().enumerate() {
-                    let op = F32OutMatmul { route };
+                    let op = MatmulF32Out { route };
                     us[i] = crate::kernels::testing::time_us(&dev, 50, || {
                         x.apply_op2_no_bwd(&w, &op).expect("matmul");
                     });
