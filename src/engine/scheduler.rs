@@ -46,9 +46,10 @@ pub struct Chunk {
     pub sample: bool,
 }
 
-/// What the scheduler decided besides the chunks.
+/// One step as the scheduler planned it: the chunks it runs, and the sequences admitted and
+/// preempted for it.
 #[derive(Debug, Default)]
-pub struct Plan {
+pub struct StepPlan {
     pub chunks: Vec<Chunk>,
     /// Sequences admitted in this step, with the prompt tokens the prefix cache already held.
     pub admitted: Vec<(SeqId, usize)>,
@@ -119,8 +120,8 @@ impl Scheduler {
 
     /// The next step. Empty when nothing can run (idle, or waiting for space that only a
     /// finishing sequence can free).
-    pub fn schedule(&mut self, blocks: &mut BlockManager) -> Plan {
-        let mut plan = Plan::default();
+    pub fn schedule(&mut self, blocks: &mut BlockManager) -> StepPlan {
+        let mut plan = StepPlan::default();
         let mut budget = self.cfg.token_budget;
         // Decoding sequences first: one token each, preempting the newest when out of blocks.
         let mut i = 0;
@@ -177,7 +178,12 @@ impl Scheduler {
 
     /// Sends the newest running sequence after position `keep` back to the queue's front.
     /// Returns false when there is none (the sequence at `keep` is the newest).
-    fn preempt_newest(&mut self, keep: usize, blocks: &mut BlockManager, plan: &mut Plan) -> bool {
+    fn preempt_newest(
+        &mut self,
+        keep: usize,
+        blocks: &mut BlockManager,
+        plan: &mut StepPlan,
+    ) -> bool {
         if self.running.len() <= keep + 1 {
             return false;
         }
