@@ -5,7 +5,7 @@
 //! calls apart, no markup). The same path `Session` takes for `play`, asynchronously, one per
 //! HTTP request.
 //!
-//! Dropping a [`Generation`] drops its [`RequestHandle`], which cancels the sequence at the
+//! Dropping a [`ReplyStream`] drops its [`RequestHandle`], which cancels the sequence at the
 //! engine's next step: a handler whose client went away stops its generation by ending.
 
 use std::time::{Duration, Instant};
@@ -64,19 +64,21 @@ pub enum Delta {
     Logprobs(Vec<Entry>),
 }
 
+/// Why a reply ended, as OpenAI's `finish_reason` names it (Messages and Responses map it to
+/// their own words).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
+pub enum FinishReason {
     Stop,
     Length,
     ToolCalls,
 }
 
-impl Finish {
+impl FinishReason {
     pub fn as_str(self) -> &'static str {
         match self {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-            Finish::ToolCalls => "tool_calls",
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }
@@ -84,7 +86,7 @@ impl Finish {
 /// How a generation ended, with its counts and times.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    pub finish: Finish,
+    pub finish: FinishReason,
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub completion_tokens: usize,
@@ -109,7 +111,9 @@ pub enum Step {
     Done { tail: Vec<Delta>, outcome: Outcome },
 }
 
-pub struct Generation<'r> {
+/// One request's reply as its handler pulls it ([`Self::next`]): deltas as they come, then the
+/// [`Outcome`].
+pub struct ReplyStream<'r> {
     handle: RequestHandle,
     reader: Reader<'r>,
     /// Set when logprobs were asked for.
@@ -120,11 +124,11 @@ pub struct Generation<'r> {
     last: Option<Instant>,
     tokens: usize,
     /// Set when this side decided the end (a stop string, harmony's end of turn).
-    stopped: Option<Finish>,
+    stopped: Option<FinishReason>,
     done: bool,
 }
 
-impl<'r> Generation<'r> {
+impl<'r> ReplyStream<'r> {
     /// Submits the job; `started` is when the request arrived (for TTFT).
     pub fn start(
         ready: &'r Ready,
@@ -165,7 +169,7 @@ impl<'r> Generation<'r> {
             constraint: job.constraint,
         };
         let handle = ready.engine.submit(request).map_err(|e| ApiError::from_anyhow(&e))?;
-        Ok(Generation {
+        Ok(ReplyStream {
             handle,
             reader,
             text: job.logprobs.map(|_| TokenText::new(tokenizer, job.token_ids)),
@@ -259,7 +263,7 @@ impl<'r> Generation<'r> {
     }
 }
 
-impl Drop for Generation<'_> {
+impl Drop for ReplyStream<'_> {
     fn drop(&mut self) {
         if !self.done {
             // The handler is gone before the end: its client disconnected (or it failed).
@@ -268,10 +272,10 @@ impl Drop for Generation<'_> {
     }
 }
 
-pub fn finish_of(reason: &StopReason) -> Finish {
+pub fn finish_of(reason: &StopReason) -> FinishReason {
     match reason {
-        StopReason::MaxTokens | StopReason::ContextFull => Finish::Length,
-        _ => Finish::Stop,
+        StopReason::MaxTokens | StopReason::ContextFull => FinishReason::Length,
+        _ => FinishReason::Stop,
     }
 }
 
@@ -292,7 +296,7 @@ impl Reader<'_> {
         &mut self,
         id: u32,
         entry: Option<Entry>,
-    ) -> anyhow::Result<(Vec<Delta>, Option<Finish>)> {
+    ) -> anyhow::Result<(Vec<Delta>, Option<FinishReason>)> {
         match self {
             Reader::Plain(p) => p.push(id, entry),
             Reader::Harmony(h) => h.push(id, entry),
@@ -302,8 +306,8 @@ impl Reader<'_> {
     fn finish(
         &mut self,
         engine: &StopReason,
-        ours: Option<Finish>,
-    ) -> anyhow::Result<(Vec<Delta>, Finish)> {
+        ours: Option<FinishReason>,
+    ) -> anyhow::Result<(Vec<Delta>, FinishReason)> {
         match self {
             Reader::Plain(p) => p.finish(engine, ours),
             Reader::Harmony(h) => h.finish(engine, ours),
@@ -322,9 +326,9 @@ impl Reader<'_> {
 /// out later than the token (an incomplete character, a possible stop string, a possible tool
 /// call), and a chunk's logprobs describe the tokens of its text.
 #[derive(Default)]
-pub struct Pending(Vec<Entry>);
+pub struct PendingLogprobs(Vec<Entry>);
 
-impl Pending {
+impl PendingLogprobs {
     pub fn push(&mut self, entry: Option<Entry>) {
         self.0.extend(entry);
     }

@@ -16,13 +16,13 @@
 
 use std::time::Duration;
 
-use super::generation::{Delta, Finish, Pending, call_ids, finish_of, valid_name};
+use super::generation::{Delta, FinishReason, PendingLogprobs, call_ids, finish_of, valid_name};
 use super::logprobs::Entry;
 use crate::chat::TurnEvent;
 use crate::chat::harmony::HarmonyEncoding;
 use crate::chat::harmony::tools::function_name;
 use crate::chat::turn::HarmonyReply;
-use crate::generate::{Generation as Stats, StopChecker, StopConditions, StopReason};
+use crate::generate::{Generation, StopChecker, StopConditions, StopReason};
 
 pub struct HarmonyOut<'r> {
     enc: HarmonyEncoding<'r>,
@@ -42,7 +42,7 @@ pub struct HarmonyOut<'r> {
     /// The message being read is a call with this index.
     current: Option<usize>,
     id_prefix: String,
-    logprobs: Pending,
+    logprobs: PendingLogprobs,
     /// Text tokens of the reasoning (markup not counted): `usage`'s `reasoning_tokens`.
     pub reasoning_tokens: usize,
 }
@@ -72,7 +72,7 @@ impl<'r> HarmonyOut<'r> {
             calls: Vec::new(),
             current: None,
             id_prefix: call_ids(),
-            logprobs: Pending::default(),
+            logprobs: PendingLogprobs::default(),
             reasoning_tokens: 0,
         }
     }
@@ -84,7 +84,7 @@ impl<'r> HarmonyOut<'r> {
         &mut self,
         id: u32,
         entry: Option<Entry>,
-    ) -> anyhow::Result<(Vec<Delta>, Option<Finish>)> {
+    ) -> anyhow::Result<(Vec<Delta>, Option<FinishReason>)> {
         let was_stopped = self.answer_stopped;
         let mut raw = Vec::new();
         let done = self.reply.push(id, &mut |e: &TurnEvent| {
@@ -99,18 +99,19 @@ impl<'r> HarmonyOut<'r> {
         }
         let mut deltas = self.convert(raw);
         self.logprobs.attach(&mut deltas);
-        let stop = if self.answer_stopped || done.is_some() { Some(Finish::Stop) } else { None };
+        let stop =
+            if self.answer_stopped || done.is_some() { Some(FinishReason::Stop) } else { None };
         Ok((deltas, stop))
     }
 
     pub fn finish(
         &mut self,
         engine: &StopReason,
-        ours: Option<Finish>,
-    ) -> anyhow::Result<(Vec<Delta>, Finish)> {
+        ours: Option<FinishReason>,
+    ) -> anyhow::Result<(Vec<Delta>, FinishReason)> {
         let mut raw = Vec::new();
         let reason = if ours.is_some() { StopReason::Eos(0) } else { engine.clone() };
-        let stats = Stats {
+        let generation = Generation {
             tokens: Vec::new(),
             text: String::new(),
             reason,
@@ -119,7 +120,7 @@ impl<'r> HarmonyOut<'r> {
             time_to_first_token: Duration::ZERO,
             decode_time: Duration::ZERO,
         };
-        let end = self.reply.finish(stats, &mut |e: &TurnEvent| {
+        let end = self.reply.finish(generation, &mut |e: &TurnEvent| {
             raw.push(owned(e));
             Ok(())
         })?;
@@ -138,11 +139,11 @@ impl<'r> HarmonyOut<'r> {
             }
         }
         let finish = if self.answer_stopped {
-            Finish::Stop
+            FinishReason::Stop
         } else if end.awaiting_tool && !self.calls.is_empty() {
-            Finish::ToolCalls
+            FinishReason::ToolCalls
         } else if ours.is_some() {
-            Finish::Stop
+            FinishReason::Stop
         } else {
             finish_of(engine)
         };

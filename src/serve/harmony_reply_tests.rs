@@ -26,7 +26,7 @@ struct Seen {
     content: String,
     reasoning: String,
     calls: Vec<(String, String)>,
-    finish: Option<Finish>,
+    finish: Option<FinishReason>,
 }
 
 /// Feeds `ids` as the engine would (stopping where the reader says), then ends with `engine`.
@@ -72,7 +72,7 @@ fn a_call_on_the_analysis_channel_is_still_a_call() {
     );
     assert_eq!(s.calls, [("get_weather".into(), "{\"city\":\"Paris\"}".into())], "{s:?}");
     assert_eq!(s.reasoning, "Need weather.");
-    assert_eq!(s.finish, Some(Finish::ToolCalls));
+    assert_eq!(s.finish, Some(FinishReason::ToolCalls));
 }
 
 #[test]
@@ -84,7 +84,7 @@ fn markup_never_reaches_a_tool_name() {
     ] {
         let s = reply(&format!("{header}{{}}<|call|>"));
         assert_eq!(s.calls, [("get_weather".into(), "{}".into())], "{header}: {s:?}");
-        assert_eq!(s.finish, Some(Finish::ToolCalls), "{header}");
+        assert_eq!(s.finish, Some(FinishReason::ToolCalls), "{header}");
     }
 }
 
@@ -109,7 +109,7 @@ fn an_unterminated_message_ends_the_turn_with_its_text() {
         "<|channel|>analysis<|message|>Think<|end|><|start|>assistant<|channel|>final<|message|>Hello wor",
     );
     assert_eq!((s.reasoning.as_str(), s.content.as_str()), ("Think", "Hello wor"));
-    assert_eq!(s.finish, Some(Finish::Length));
+    assert_eq!(s.finish, Some(FinishReason::Length));
     // A call cut short still closes with parseable arguments.
     let s = reply("<|channel|>commentary to=functions.f<|message|>");
     assert_eq!(s.calls, [("f".into(), "{}".into())], "{s:?}");

@@ -4,7 +4,7 @@
 
 use tokenizers::Tokenizer;
 
-use super::generation::{Delta, Finish, Pending, call_ids, finish_of};
+use super::generation::{Delta, FinishReason, PendingLogprobs, call_ids, finish_of};
 use super::llama_tools::{PYTHON_TAG, Sniffer};
 use super::logprobs::Entry;
 use crate::generate::{StopChecker, StopConditions, StopReason, TokenStream};
@@ -19,7 +19,7 @@ pub struct PlainOut<'r> {
     /// With tools offered: the reply may be a call.
     calls: Option<Sniffer>,
     python_tag: Option<u32>,
-    logprobs: Pending,
+    logprobs: PendingLogprobs,
 }
 
 impl<'r> PlainOut<'r> {
@@ -31,7 +31,7 @@ impl<'r> PlainOut<'r> {
             stop_string: None,
             calls: (!tools.is_empty()).then(|| Sniffer::new(tools)),
             python_tag: tokenizer.token_to_id(PYTHON_TAG),
-            logprobs: Pending::default(),
+            logprobs: PendingLogprobs::default(),
         }
     }
 
@@ -41,7 +41,7 @@ impl<'r> PlainOut<'r> {
         &mut self,
         id: u32,
         entry: Option<Entry>,
-    ) -> anyhow::Result<(Vec<Delta>, Option<Finish>)> {
+    ) -> anyhow::Result<(Vec<Delta>, Option<FinishReason>)> {
         let eos = self.stop.is_eos(id);
         // The end-of-sequence token is not part of the reply's text, so not of its logprobs.
         if !eos {
@@ -68,8 +68,8 @@ impl<'r> PlainOut<'r> {
     pub fn finish(
         &mut self,
         engine: &StopReason,
-        ours: Option<Finish>,
-    ) -> anyhow::Result<(Vec<Delta>, Finish)> {
+        ours: Option<FinishReason>,
+    ) -> anyhow::Result<(Vec<Delta>, FinishReason)> {
         let mut tail = String::new();
         if !self.on_string {
             let rest = self.stream.finish()?.unwrap_or_default();
@@ -92,7 +92,7 @@ impl<'r> PlainOut<'r> {
                     deltas.push(Delta::ToolStart { index, id, name: call.name });
                     deltas.push(Delta::ToolArgs { index, text: call.arguments });
                 }
-                Ok((deltas, Finish::ToolCalls))
+                Ok((deltas, FinishReason::ToolCalls))
             }
             Err(text) => {
                 let mut deltas = content(text);

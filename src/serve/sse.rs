@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::errors::ApiError;
-use super::generation::{Delta, Generation, Job, Outcome, Step};
+use super::generation::{Delta, Job, Outcome, ReplyStream, Step};
 use super::state::{AppState, Ready, Slot, shutdown_started};
 
 /// How a response's deltas become JSON chunks (chat and completions differ).
@@ -134,7 +134,7 @@ async fn pump(
     tx: &mpsc::Sender<Event>,
     log: &RequestLog,
 ) -> Result<Option<Outcome>, ApiError> {
-    let mut generation = Generation::start(ready, job, &state.metrics, log.started)?;
+    let mut generation = ReplyStream::start(ready, job, &state.metrics, log.started)?;
     let first = chunker.first();
     if !send_all(tx, events(chunker, first)).await {
         return Ok(None);
@@ -219,7 +219,7 @@ pub async fn collect(
     job: Job,
     log: &RequestLog,
 ) -> Result<(Collected, Outcome), ApiError> {
-    let mut generation = Generation::start(ready, job, &state.metrics, log.started)?;
+    let mut generation = ReplyStream::start(ready, job, &state.metrics, log.started)?;
     let mut out = Collected::default();
     let shutdown = shutdown_started(state.shutdown.clone());
     tokio::pin!(shutdown);

@@ -11,7 +11,7 @@
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::super::generation::{Delta, Finish, Outcome};
+use super::super::generation::{Delta, FinishReason, Outcome};
 
 /// Mixed into the thinking signatures (which only this server reads, and never checks).
 const SIGNATURE_KEY: &[u8] = b"inferno thinking signature v1\0";
@@ -169,10 +169,10 @@ pub fn signature(thinking: &str) -> String {
 /// `stop_reason` and `stop_sequence`.
 pub fn stop_reason(o: &Outcome) -> (&'static str, Value) {
     match (o.finish, &o.stop_string) {
-        (Finish::ToolCalls, _) => ("tool_use", Value::Null),
-        (Finish::Length, _) => ("max_tokens", Value::Null),
-        (Finish::Stop, Some(s)) => ("stop_sequence", s.clone().into()),
-        (Finish::Stop, None) => ("end_turn", Value::Null),
+        (FinishReason::ToolCalls, _) => ("tool_use", Value::Null),
+        (FinishReason::Length, _) => ("max_tokens", Value::Null),
+        (FinishReason::Stop, Some(s)) => ("stop_sequence", s.clone().into()),
+        (FinishReason::Stop, None) => ("end_turn", Value::Null),
     }
 }
 

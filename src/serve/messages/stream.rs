@@ -2,13 +2,13 @@
 //! line and `data: {"type": "X", …}`, since the SDKs dispatch on the event name; `ping`s while
 //! nothing else goes out; no `[DONE]`), or collected into one message. As for chat, a client
 //! that goes away cancels the generation (the task sees its channel closed and drops the
-//! [`Generation`]); a failure after the 200 is an `error` event.
+//! [`ReplyStream`]); a failure after the 200 is an `error` event.
 
 use axum::response::sse::{Event, KeepAlive};
 use serde_json::{Value, json};
 
 use super::super::errors::ApiError;
-use super::super::generation::{Delta, Generation, Job, Outcome, Step};
+use super::super::generation::{Delta, Job, Outcome, ReplyStream, Step};
 use super::super::sse::{Chunker, RequestLog};
 use super::super::state::{AppState, Ready, shutdown_started};
 use super::output::{self, Blocks};
@@ -88,7 +88,7 @@ pub async fn collect(
     head: &Head,
     log: &RequestLog,
 ) -> Result<(Value, Outcome), ApiError> {
-    let mut generation = Generation::start(ready, job, &state.metrics, log.started)?;
+    let mut generation = ReplyStream::start(ready, job, &state.metrics, log.started)?;
     let mut blocks = Blocks::default();
     let shutdown = shutdown_started(state.shutdown.clone());
     tokio::pin!(shutdown);

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::errors::ApiError;
-use super::generation::{Delta, Generation, Job, Outcome, Step};
+use super::generation::{Delta, Job, Outcome, ReplyStream, Step};
 use super::openai_types::{ChatRequest, parse};
 use super::params::{clip_max_tokens, settings};
 use super::sse::{self, Chunker, RequestLog};
@@ -227,7 +227,7 @@ async fn collect(
     mut events: Events,
     log: &RequestLog,
 ) -> Result<(Value, Outcome), ApiError> {
-    let mut generation = Generation::start(ready, job, &state.metrics, log.started)?;
+    let mut generation = ReplyStream::start(ready, job, &state.metrics, log.started)?;
     events.builder.start();
     let shutdown = shutdown_started(state.shutdown.clone());
     tokio::pin!(shutdown);

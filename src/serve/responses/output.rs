@@ -10,7 +10,7 @@
 use serde_json::{Map, Value, json};
 
 use super::super::errors::ApiError;
-use super::super::generation::{Delta, Finish, Outcome};
+use super::super::generation::{Delta, FinishReason, Outcome};
 
 /// The item being filled.
 enum Open {
@@ -144,7 +144,7 @@ impl Builder {
     /// The terminal events, and the final response object.
     pub fn finish(&mut self, o: &Outcome) -> (Vec<Value>, Value) {
         let mut out = Vec::new();
-        let incomplete = o.finish == Finish::Length;
+        let incomplete = o.finish == FinishReason::Length;
         self.close(&mut out, if incomplete { "incomplete" } else { "completed" });
         let (status, kind) = if incomplete {
             ("incomplete", "response.incomplete")
