@@ -26,7 +26,7 @@ use serde::Serialize;
 use crate::cli::ListArgs;
 use crate::hub::scan;
 use crate::hub::{Cache, RepoCache};
-use crate::inspect::{self, ModelInfo};
+use crate::inspect::{self, ModelDescription};
 use crate::util::table::Table;
 use crate::util::{human_age, human_bytes, rfc3339};
 
@@ -47,7 +47,7 @@ pub struct Row {
     pub size: u64,
     pub modified: Option<SystemTime>,
     /// What the model is, or why it cannot be used.
-    pub info: Result<ModelInfo, String>,
+    pub info: Result<ModelDescription, String>,
 }
 
 pub fn run(args: ListArgs) -> anyhow::Result<()> {
@@ -265,7 +265,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn row(info: Result<ModelInfo, String>) -> Row {
+    fn row(info: Result<ModelDescription, String>) -> Row {
         Row {
             model: "org/m".into(),
             commit: Some("0123456789abcdef0123456789abcdef01234567".into()),
@@ -277,8 +277,8 @@ mod tests {
         }
     }
 
-    fn info() -> ModelInfo {
-        ModelInfo {
+    fn info() -> ModelDescription {
+        ModelDescription {
             architecture: Some("llama".into()),
             format: "bf16".into(),
             context_length: Some(2048),

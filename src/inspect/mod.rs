@@ -33,7 +33,7 @@ pub enum WeightKind {
 
 /// A model's description, from headers and `config.json`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelInfo {
+pub struct ModelDescription {
     /// `config.json` `model_type` (`llama`, `gpt_oss`), or GGUF `general.architecture`.
     pub architecture: Option<String>,
     /// What the weights are: `bf16`, `f16`, `f32` (dominant safetensors dtype by bytes),
@@ -48,7 +48,7 @@ pub struct ModelInfo {
 }
 
 /// Describes the model at `path`: a directory, or a single `.gguf` file.
-pub fn inspect(path: &Path) -> anyhow::Result<ModelInfo> {
+pub fn inspect(path: &Path) -> anyhow::Result<ModelDescription> {
     let meta = std::fs::metadata(path).map_err(|e| {
         fail(ErrorKind::NotFound, format!("cannot read model at {}: {e}", path.display()))
     })?;
@@ -102,7 +102,7 @@ fn scan_dir(dir: &Path) -> anyhow::Result<DirFiles> {
     Ok(files)
 }
 
-fn inspect_dir(dir: &Path) -> anyhow::Result<ModelInfo> {
+fn inspect_dir(dir: &Path) -> anyhow::Result<ModelDescription> {
     let files = scan_dir(dir)?;
     let facts = match &files.config {
         Some(path) => config::read(path).context("config.json")?,
@@ -119,7 +119,7 @@ fn inspect_dir(dir: &Path) -> anyhow::Result<ModelInfo> {
     } else {
         (WeightKind::PytorchBin, "pytorch", files.pytorch)
     };
-    Ok(ModelInfo {
+    Ok(ModelDescription {
         architecture: facts.model_type,
         format: format.to_string(),
         context_length: facts.context_length,
@@ -132,7 +132,7 @@ fn inspect_safetensors(
     dir: &Path,
     files: &DirFiles,
     facts: config::ConfigFacts,
-) -> anyhow::Result<ModelInfo> {
+) -> anyhow::Result<ModelDescription> {
     if let Some(index) = &files.safetensors_index {
         check_shards(dir, index)?;
     }
@@ -148,7 +148,7 @@ fn inspect_safetensors(
         .clone()
         .or_else(|| safetensors::dominant_dtype(&headers))
         .unwrap_or_else(|| "safetensors".to_string());
-    Ok(ModelInfo {
+    Ok(ModelDescription {
         architecture: facts.model_type,
         format,
         context_length: facts.context_length,
@@ -188,7 +188,7 @@ fn check_shards(dir: &Path, index: &Path) -> anyhow::Result<()> {
 fn inspect_gguf(
     facts: Option<config::ConfigFacts>,
     files: Vec<PathBuf>,
-) -> anyhow::Result<ModelInfo> {
+) -> anyhow::Result<ModelDescription> {
     let facts = facts.unwrap_or_default();
     let mut labels: Vec<String> = Vec::new();
     let (mut architecture, mut context_length) = (None, None);
@@ -209,7 +209,7 @@ fn inspect_gguf(
     }
     let format =
         if labels.is_empty() { "GGUF".to_string() } else { format!("GGUF {}", labels.join(", ")) };
-    Ok(ModelInfo {
+    Ok(ModelDescription {
         architecture: architecture.or(facts.model_type),
         format,
         context_length: context_length.or(facts.context_length),

@@ -46,7 +46,7 @@ use crate::engine::constraint::{Constraint, Grammars};
 
 /// What the reply must be.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Spec {
+pub enum ReplyFormat {
     /// JSON valid against this schema; `name`/`description` label it in harmony's developer
     /// message.
     JsonSchema { name: String, description: Option<String>, schema: Value },
@@ -180,7 +180,7 @@ pub fn tools_of(tools: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
 /// schema, strict}`) and Anthropic's `output_config.format` (`{type: "json_schema", schema}`).
 /// `{type: "text"}` or null is no constraint; an unknown type or a missing schema is a 400
 /// naming `field`.
-pub fn from_format(v: &Value, field: &str) -> Result<Option<Spec>, ApiError> {
+pub fn from_format(v: &Value, field: &str) -> Result<Option<ReplyFormat>, ApiError> {
     let bad = |m: String| ApiError::bad_param(field, m);
     if v.is_null() {
         return Ok(None);
@@ -190,7 +190,7 @@ pub fn from_format(v: &Value, field: &str) -> Result<Option<Spec>, ApiError> {
     };
     match o.get("type").and_then(Value::as_str) {
         Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(Spec::JsonObject)),
+        Some("json_object") => Ok(Some(ReplyFormat::JsonObject)),
         Some("json_schema") => {
             let inner = o.get("json_schema").unwrap_or(v);
             if !inner.is_object() {
@@ -214,7 +214,7 @@ pub fn from_format(v: &Value, field: &str) -> Result<Option<Spec>, ApiError> {
                 return Err(bad(format!("{field}: strict must be a boolean, not {s}")));
             }
             let description = inner.get("description").and_then(Value::as_str).map(str::to_string);
-            Ok(Some(Spec::JsonSchema { name, description, schema }))
+            Ok(Some(ReplyFormat::JsonSchema { name, description, schema }))
         }
         Some(other) => Err(bad(format!(
             "{field} type {other:?} is not supported: use text, json_object or json_schema"
@@ -225,7 +225,7 @@ pub fn from_format(v: &Value, field: &str) -> Result<Option<Spec>, ApiError> {
 
 /// vLLM's fields: `structured_outputs` (one of json, regex, choice, grammar, json_object) and
 /// the older `guided_*`.
-pub fn from_vllm(c: &Common) -> Result<Option<Spec>, ApiError> {
+pub fn from_vllm(c: &Common) -> Result<Option<ReplyFormat>, ApiError> {
     let mut found = Vec::new();
     if let Some(so) = c.structured_outputs.as_ref().filter(|v| !v.is_null()) {
         let Some(o) = so.as_object() else {
@@ -240,8 +240,8 @@ pub fn from_vllm(c: &Common) -> Result<Option<Spec>, ApiError> {
             }
             let field = format!("structured_outputs.{k}");
             match k.as_str() {
-                "json" | "regex" | "choice" | "grammar" => found.push(vllm_spec(k, v, &field)?),
-                "json_object" => found.push(Spec::JsonObject),
+                "json" | "regex" | "choice" | "grammar" => found.push(vllm_format(k, v, &field)?),
+                "json_object" => found.push(ReplyFormat::JsonObject),
                 // Options of the above, not constraints of their own.
                 "disable_fallback"
                 | "disable_any_whitespace"
@@ -267,7 +267,7 @@ pub fn from_vllm(c: &Common) -> Result<Option<Spec>, ApiError> {
     ];
     for (k, v) in guided {
         if let Some(v) = v.as_ref().filter(|v| !v.is_null()) {
-            found.push(vllm_spec(k, v, &format!("guided_{k}"))?);
+            found.push(vllm_format(k, v, &format!("guided_{k}"))?);
         }
     }
     if found.len() > 1 {
@@ -279,36 +279,38 @@ pub fn from_vllm(c: &Common) -> Result<Option<Spec>, ApiError> {
     Ok(found.pop())
 }
 
-fn vllm_spec(kind: &str, v: &Value, field: &str) -> Result<Spec, ApiError> {
+fn vllm_format(kind: &str, v: &Value, field: &str) -> Result<ReplyFormat, ApiError> {
     let bad = |m: &str| ApiError::bad_param(field, format!("{field} {m}"));
     match kind {
         "json" => match v {
-            Value::Object(_) => Ok(Spec::JsonSchema {
+            Value::Object(_) => Ok(ReplyFormat::JsonSchema {
                 name: "response".into(),
                 description: None,
                 schema: v.clone(),
             }),
             // vLLM also takes the schema as a JSON string.
             Value::String(s) => match serde_json::from_str::<Value>(s) {
-                Ok(schema @ Value::Object(_)) => {
-                    Ok(Spec::JsonSchema { name: "response".into(), description: None, schema })
-                }
+                Ok(schema @ Value::Object(_)) => Ok(ReplyFormat::JsonSchema {
+                    name: "response".into(),
+                    description: None,
+                    schema,
+                }),
                 _ => Err(bad("must be a JSON schema (an object, or its JSON text)")),
             },
             _ => Err(bad("must be a JSON schema object")),
         },
         "regex" => match v.as_str() {
-            Some(r) if !r.is_empty() => Ok(Spec::Regex(r.to_string())),
+            Some(r) if !r.is_empty() => Ok(ReplyFormat::Regex(r.to_string())),
             _ => Err(bad("must be a non-empty string")),
         },
         "grammar" => match v.as_str() {
-            Some(g) if !g.trim().is_empty() => Ok(Spec::Grammar(g.to_string())),
+            Some(g) if !g.trim().is_empty() => Ok(ReplyFormat::Grammar(g.to_string())),
             _ => Err(bad("must be a non-empty string (a Lark grammar)")),
         },
         _ => match v.as_array() {
-            Some(a) if !a.is_empty() && a.iter().all(Value::is_string) => {
-                Ok(Spec::Choice(a.iter().filter_map(Value::as_str).map(str::to_string).collect()))
-            }
+            Some(a) if !a.is_empty() && a.iter().all(Value::is_string) => Ok(ReplyFormat::Choice(
+                a.iter().filter_map(Value::as_str).map(str::to_string).collect(),
+            )),
             _ => Err(bad("must be a non-empty array of strings")),
         },
     }
@@ -316,13 +318,13 @@ fn vllm_spec(kind: &str, v: &Value, field: &str) -> Result<Spec, ApiError> {
 
 /// Everything that constrains one chat reply.
 #[derive(Debug, Clone, Default)]
-pub struct Request {
-    pub format: Option<Spec>,
+pub struct ReplyConstraints {
+    pub format: Option<ReplyFormat>,
     pub tools: Vec<Tool>,
     pub choice: Option<ToolChoice>,
 }
 
-impl Request {
+impl ReplyConstraints {
     /// Whether the reply is constrained at all (harmony: strict tools count; a plain model's
     /// auto choice is never constrained by tools).
     fn needed(&self, harmony: bool) -> bool {
@@ -368,7 +370,7 @@ fn compact(schema: &Value) -> Value {
 }
 
 /// The grammar of a plain model's reply.
-fn plain_grammar(r: &Request) -> Result<TopLevelGrammar, ApiError> {
+fn plain_grammar(r: &ReplyConstraints) -> Result<TopLevelGrammar, ApiError> {
     if r.choice.as_ref().is_some_and(ToolChoice::forces_call) {
         // The Llama-style call llama_tools reads back: one object per call, name first.
         let calls: Vec<Value> = r
@@ -383,13 +385,15 @@ fn plain_grammar(r: &Request) -> Result<TopLevelGrammar, ApiError> {
         return Ok(TopLevelGrammar::from_json_schema(compact(&json!({"anyOf": calls}))));
     }
     Ok(match r.format.as_ref() {
-        Some(Spec::JsonSchema { schema, .. }) => TopLevelGrammar::from_json_schema(compact(schema)),
-        Some(Spec::JsonObject) | None => {
+        Some(ReplyFormat::JsonSchema { schema, .. }) => {
+            TopLevelGrammar::from_json_schema(compact(schema))
+        }
+        Some(ReplyFormat::JsonObject) | None => {
             TopLevelGrammar::from_json_schema(compact(&json!({"type": "object"})))
         }
-        Some(Spec::Regex(rx)) => TopLevelGrammar::from_regex(rx),
-        Some(Spec::Grammar(g)) => TopLevelGrammar::from_lark(g.clone()),
-        Some(Spec::Choice(c)) => {
+        Some(ReplyFormat::Regex(rx)) => TopLevelGrammar::from_regex(rx),
+        Some(ReplyFormat::Grammar(g)) => TopLevelGrammar::from_lark(g.clone()),
+        Some(ReplyFormat::Choice(c)) => {
             TopLevelGrammar::from_lark(format!("start: {}", choice_alternatives(c)))
         }
     })
@@ -401,34 +405,37 @@ fn choice_alternatives(c: &[String]) -> String {
     lit.join(" | ")
 }
 
-/// Lark for a value of `spec` (inside a harmony message).
-fn lark_value(spec: Option<&Spec>) -> String {
-    match spec {
-        Some(Spec::JsonSchema { schema, .. }) => format!("%json {}", compact(schema)),
-        Some(Spec::JsonObject) | None => format!("%json {}", compact(&json!({"type": "object"}))),
-        Some(Spec::Regex(rx)) => format!("/{}/", rx.replace('/', "\\/")),
-        Some(Spec::Choice(c)) => format!("({})", choice_alternatives(c)),
+/// Lark for a value of `format` (inside a harmony message).
+fn lark_value(format: Option<&ReplyFormat>) -> String {
+    match format {
+        Some(ReplyFormat::JsonSchema { schema, .. }) => format!("%json {}", compact(schema)),
+        Some(ReplyFormat::JsonObject) | None => {
+            format!("%json {}", compact(&json!({"type": "object"})))
+        }
+        Some(ReplyFormat::Regex(rx)) => format!("/{}/", rx.replace('/', "\\/")),
+        Some(ReplyFormat::Choice(c)) => format!("({})", choice_alternatives(c)),
         // A Lark grammar's own `start`, renamed.
-        Some(Spec::Grammar(_)) => "answer_start".to_string(),
+        Some(ReplyFormat::Grammar(_)) => "answer_start".to_string(),
     }
 }
 
 /// The gpt-oss turn: free analysis and preambles, then the constrained answer or call.
-fn harmony_grammar(r: &Request) -> Result<TopLevelGrammar, ApiError> {
+fn harmony_grammar(r: &ReplyConstraints) -> Result<TopLevelGrammar, ApiError> {
     let calls = r.callable()?;
     let forced = r.choice.as_ref().is_some_and(ToolChoice::forces_call);
     let mut tails = Vec::new();
     let mut rules = Vec::new();
     if !forced {
         let body = match &r.format {
-            Some(spec) => lark_value(Some(spec)),
+            Some(format) => lark_value(Some(format)),
             None => "FREE".to_string(),
         };
-        let constrain = if matches!(r.format, Some(Spec::JsonSchema { .. } | Spec::JsonObject)) {
-            "(\" \" <|constrain|> \"json\")?"
-        } else {
-            ""
-        };
+        let constrain =
+            if matches!(r.format, Some(ReplyFormat::JsonSchema { .. } | ReplyFormat::JsonObject)) {
+                "(\" \" <|constrain|> \"json\")?"
+            } else {
+                ""
+            };
         rules.push(format!(
             "final: <|channel|> \"final\" {constrain} <|message|> {body} <|return|>"
         ));
@@ -459,7 +466,7 @@ fn harmony_grammar(r: &Request) -> Result<TopLevelGrammar, ApiError> {
         lark.push_str(&rule);
         lark.push('\n');
     }
-    if let Some(Spec::Grammar(g)) = &r.format {
+    if let Some(ReplyFormat::Grammar(g)) = &r.format {
         lark.push_str(&rename_start(g));
     }
     Ok(TopLevelGrammar::from_lark(lark))
@@ -472,10 +479,10 @@ fn rename_start(g: &str) -> String {
 }
 
 /// The field a compile error of `r` is reported under.
-fn field_of(r: &Request) -> &'static str {
+fn field_of(r: &ReplyConstraints) -> &'static str {
     match (&r.format, &r.choice) {
         (_, Some(c)) if c.forces_call() => "tools",
-        (Some(Spec::JsonSchema { .. } | Spec::JsonObject), _) => "response_format",
+        (Some(ReplyFormat::JsonSchema { .. } | ReplyFormat::JsonObject), _) => "response_format",
         (Some(_), _) => "structured_outputs",
         _ => "tools",
     }
@@ -496,16 +503,20 @@ pub fn grammars(ready: &Ready) -> Result<Arc<Grammars>, ApiError> {
 
 /// The engine's constraint for `r` (`None` when nothing constrains the reply); a grammar that
 /// does not compile (an unsupported or unsatisfiable schema, a bad regex, too big) is a 400.
-pub fn compile(ready: &Ready, r: &Request) -> Result<Option<Constraint>, ApiError> {
+pub fn compile(ready: &Ready, r: &ReplyConstraints) -> Result<Option<Constraint>, ApiError> {
     compile_as(ready, r, ready.harmony)
 }
 
 /// [`compile`] for a raw continuation (`/v1/completions`: never harmony, whatever the model).
-pub fn compile_plain(ready: &Ready, r: &Request) -> Result<Option<Constraint>, ApiError> {
+pub fn compile_plain(ready: &Ready, r: &ReplyConstraints) -> Result<Option<Constraint>, ApiError> {
     compile_as(ready, r, false)
 }
 
-fn compile_as(ready: &Ready, r: &Request, harmony: bool) -> Result<Option<Constraint>, ApiError> {
+fn compile_as(
+    ready: &Ready,
+    r: &ReplyConstraints,
+    harmony: bool,
+) -> Result<Option<Constraint>, ApiError> {
     if !r.needed(harmony) {
         return Ok(None);
     }
@@ -518,8 +529,8 @@ fn compile_as(ready: &Ready, r: &Request, harmony: bool) -> Result<Option<Constr
 
 /// The developer message's `# Response Formats` section for a JSON schema (openai-harmony's
 /// rendering), or `None`.
-pub fn harmony_section(spec: Option<&Spec>) -> Option<String> {
-    let Some(Spec::JsonSchema { name, description, schema }) = spec else { return None };
+pub fn harmony_section(format: Option<&ReplyFormat>) -> Option<String> {
+    let Some(ReplyFormat::JsonSchema { name, description, schema }) = format else { return None };
     let desc = description.as_deref().map(|d| format!("// {d}\n")).unwrap_or_default();
     Some(format!("# Response Formats\n\n## {name}\n\n{desc}{schema}"))
 }
@@ -529,7 +540,7 @@ pub fn from_request(
     c: &Common,
     tools: Option<&Value>,
     tool_choice: Option<&Value>,
-) -> Result<Request, ApiError> {
+) -> Result<ReplyConstraints, ApiError> {
     let format = c
         .response_format
         .as_ref()
@@ -549,10 +560,10 @@ pub fn from_request(
 /// A format (already read) with chat-shaped `tools` and `tool_choice`; a forced call and a
 /// format together are a 400.
 pub fn from_parts(
-    format: Option<Spec>,
+    format: Option<ReplyFormat>,
     tools: Option<&Value>,
     tool_choice: Option<&Value>,
-) -> Result<Request, ApiError> {
+) -> Result<ReplyConstraints, ApiError> {
     let choice = ToolChoice::from_openai(tool_choice)?;
     let tools = if choice == ToolChoice::None { Vec::new() } else { tools_of(tools)? };
     if choice.forces_call() && format.is_some() {
@@ -561,7 +572,7 @@ pub fn from_parts(
             "a forced tool call and a response format cannot both constrain one reply",
         ));
     }
-    Ok(Request { format, tools, choice: Some(choice) })
+    Ok(ReplyConstraints { format, tools, choice: Some(choice) })
 }
 
 #[cfg(test)]
@@ -579,15 +590,21 @@ mod tests {
         let flat = json!({"type": "json_schema", "name": "n", "schema": schema});
         let anthropic = json!({"type": "json_schema", "schema": schema});
         for f in [&chat, &flat] {
-            let want =
-                Spec::JsonSchema { name: "n".into(), description: None, schema: schema.clone() };
+            let want = ReplyFormat::JsonSchema {
+                name: "n".into(),
+                description: None,
+                schema: schema.clone(),
+            };
             assert_eq!(from_format(f, "response_format").unwrap(), Some(want));
         }
-        assert!(matches!(from_format(&anthropic, "x").unwrap(), Some(Spec::JsonSchema { .. })));
+        assert!(matches!(
+            from_format(&anthropic, "x").unwrap(),
+            Some(ReplyFormat::JsonSchema { .. })
+        ));
         assert_eq!(from_format(&json!({"type": "text"}), "x").unwrap(), None);
         assert_eq!(
             from_format(&json!({"type": "json_object"}), "x").unwrap(),
-            Some(Spec::JsonObject)
+            Some(ReplyFormat::JsonObject)
         );
         for bad in [
             json!({"type": "yaml"}),
@@ -610,11 +627,11 @@ mod tests {
     fn vllm_fields_and_tool_choices() {
         let c = |v: Value| -> Common { serde_json::from_value(v).unwrap() };
         let r = from_vllm(&c(json!({"structured_outputs": {"regex": "a+"}}))).unwrap();
-        assert_eq!(r, Some(Spec::Regex("a+".into())));
+        assert_eq!(r, Some(ReplyFormat::Regex("a+".into())));
         let r = from_vllm(&c(json!({"guided_choice": ["x", "y"]}))).unwrap();
-        assert_eq!(r, Some(Spec::Choice(vec!["x".into(), "y".into()])));
+        assert_eq!(r, Some(ReplyFormat::Choice(vec!["x".into(), "y".into()])));
         let r = from_vllm(&c(json!({"guided_json": "{\"type\": \"object\"}"}))).unwrap();
-        assert!(matches!(r, Some(Spec::JsonSchema { .. })));
+        assert!(matches!(r, Some(ReplyFormat::JsonSchema { .. })));
         let e = from_vllm(&c(json!({"structured_outputs": {"yaml": "x"}}))).unwrap_err();
         assert_eq!(status_param(e), (400, Some("structured_outputs.yaml".into())));
         let e = from_vllm(&c(json!({"guided_regex": "a", "guided_grammar": "start: \"a\""})))
@@ -640,7 +657,11 @@ mod tests {
                            {"name": "g", "input_schema": {"type": "object", "properties": {}}}]);
         let t = tools_of(Some(&tools)).unwrap();
         assert_eq!((t[0].strict, t[1].strict, t[1].name.as_str()), (true, false, "g"));
-        let r = Request { format: None, tools: t, choice: Some(ToolChoice::Named("h".into())) };
+        let r = ReplyConstraints {
+            format: None,
+            tools: t,
+            choice: Some(ToolChoice::Named("h".into())),
+        };
         assert_eq!(status_param(r.callable().unwrap_err()), (400, Some("tool_choice".into())));
     }
 }

@@ -12,7 +12,7 @@ use std::time::SystemTime;
 
 use serde_json::{Value, json};
 
-use super::constraint::{Spec, ToolChoice, harmony_section};
+use super::constraint::{ReplyFormat, ToolChoice, harmony_section};
 use super::errors::ApiError;
 use super::openai_types::{ChatMessage, ChatRequest};
 use super::state::Ready;
@@ -26,7 +26,7 @@ pub fn chat_prompt(
     ready: &Ready,
     req: &ChatRequest,
     date: Option<&str>,
-    format: Option<&Spec>,
+    format: Option<&ReplyFormat>,
 ) -> Result<Vec<u32>, ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::bad_param("messages", "messages must not be empty"));
@@ -82,7 +82,7 @@ fn harmony_prompt(
     req: &ChatRequest,
     tools: Option<&Value>,
     date: Option<&str>,
-    format: Option<&Spec>,
+    format: Option<&ReplyFormat>,
 ) -> Result<Vec<u32>, ApiError> {
     let enc = HarmonyEncoding::new(&ready.text.tokenizer).map_err(|e| ApiError::from_anyhow(&e))?;
     let mut system = SystemConfig { reasoning: effort(req)?, ..SystemConfig::default() }

@@ -25,7 +25,7 @@ pub struct GpuReport {
     pub driver_path: Option<PathBuf>,
     /// Why the driver is unusable, if it is.
     pub driver_error: Option<String>,
-    pub libraries: Vec<Library>,
+    pub libraries: Vec<LibraryReport>,
     /// Where the loader looks for them (besides ld.so.cache).
     pub search_dirs: Vec<PathBuf>,
     /// `sm_XY` the kernels were built for; `None`: a build without CUDA.
@@ -36,7 +36,7 @@ pub struct GpuReport {
 }
 
 #[derive(Debug, Serialize)]
-pub struct Library {
+pub struct LibraryReport {
     pub name: &'static str,
     pub soname: &'static str,
     pub required: bool,
@@ -56,9 +56,9 @@ pub struct DeviceReport {
 }
 
 pub fn check() -> GpuReport {
-    let libraries: Vec<Library> = crate::gpu::libraries()
+    let libraries: Vec<LibraryReport> = crate::gpu::libraries()
         .into_iter()
-        .map(|l| Library {
+        .map(|l| LibraryReport {
             name: l.name,
             soname: l.soname,
             required: probe::REQUIRED.contains(&l.name),
@@ -188,7 +188,7 @@ impl GpuReport {
                     .into(),
             });
         }
-        let missing = |l: &&Library| l.required && l.error.is_some() && l.name != "cuda";
+        let missing = |l: &&LibraryReport| l.required && l.error.is_some() && l.name != "cuda";
         for l in self.libraries.iter().filter(missing) {
             let dirs: Vec<String> =
                 self.search_dirs.iter().map(|d| d.display().to_string()).collect();

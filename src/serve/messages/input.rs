@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::super::constraint::Spec;
+use super::super::constraint::ReplyFormat;
 use super::super::errors::ApiError;
 use super::super::openai_types::{
     ChatMessage, ChatRequest, Common, Content, FunctionCallIn, StopField, ToolCallIn,
@@ -20,7 +20,7 @@ pub struct MessagesRequest {
     pub chat: ChatRequest,
     pub stream: bool,
     /// `output_config.format`: the JSON schema the answer is constrained to.
-    pub format: Option<Spec>,
+    pub format: Option<ReplyFormat>,
 }
 
 /// `body` as a Messages request; `count`: the count_tokens body (no `max_tokens`, no `stream`).

@@ -60,7 +60,7 @@ async fn run(
     let echo_ids = (state.hooks && c.x_inferno_prompt_ids == Some(true)).then(|| prompt.clone());
     check_prompt(&ready, prompt.len())?;
     let slot = state.admit()?;
-    let head = stream::Head {
+    let head = stream::MessageHead {
         id: log.id.replacen("msg-", "msg_", 1),
         model: c.model.clone().filter(|m| !m.is_empty()).unwrap_or_else(|| state.model.id.clone()),
         prompt: prompt.len(),
@@ -224,7 +224,7 @@ mod tests {
             json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
         body.as_object_mut().unwrap().extend(schema.as_object().unwrap().clone());
         let r = input::parse(body.to_string().as_bytes(), false).unwrap();
-        let want = crate::serve::constraint::Spec::JsonSchema {
+        let want = crate::serve::constraint::ReplyFormat::JsonSchema {
             name: "response".into(),
             description: None,
             schema: json!({"type": "object"}),

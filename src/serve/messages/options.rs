@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::super::constraint::{Spec, from_format};
+use super::super::constraint::{ReplyFormat, from_format};
 use super::super::errors::ApiError;
 use super::input::field;
 
@@ -105,7 +105,7 @@ pub(super) fn effort(o: &Map<String, Value>) -> Result<&'static str, ApiError> {
 }
 
 /// `output_config.format`: `{type: "json_schema", schema: {…}}`, as a constraint.
-pub(super) fn output_format(config: Option<&Value>) -> Result<Option<Spec>, ApiError> {
+pub(super) fn output_format(config: Option<&Value>) -> Result<Option<ReplyFormat>, ApiError> {
     let config = match config {
         None | Some(Value::Null) => return Ok(None),
         Some(c @ Value::Object(_)) => c,

@@ -1,5 +1,5 @@
 //! The reply's deltas as Anthropic content blocks: reasoning → `thinking`, answer and
-//! preambles → `text`, calls → `tool_use`. [`Blocks`] turns each delta into the stream's
+//! preambles → `text`, calls → `tool_use`. [`ContentBlocks`] turns each delta into the stream's
 //! `content_block_start`/`_delta`/`_stop` events and keeps the content they add up to, so the
 //! streamed and the whole reply are the same blocks by construction.
 //!
@@ -32,14 +32,14 @@ struct Call {
 }
 
 #[derive(Default)]
-pub struct Blocks {
+pub struct ContentBlocks {
     /// The content so far (a block's text grows as its deltas come).
     pub content: Vec<Value>,
     open: Option<Open>,
     calls: Vec<Call>,
 }
 
-impl Blocks {
+impl ContentBlocks {
     /// The events `d` makes (none for log probabilities, which this API does not have).
     pub fn push(&mut self, d: Delta) -> Vec<Value> {
         let mut events = Vec::new();
@@ -217,7 +217,7 @@ mod tests {
     use super::*;
 
     fn run(deltas: Vec<Delta>) -> (Vec<Value>, Vec<Value>) {
-        let mut b = Blocks::default();
+        let mut b = ContentBlocks::default();
         let mut events: Vec<Value> = deltas.into_iter().flat_map(|d| b.push(d)).collect();
         events.extend(b.finish());
         (events, b.content)

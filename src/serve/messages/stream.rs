@@ -11,10 +11,10 @@ use super::super::errors::ApiError;
 use super::super::generation::{Delta, Job, Outcome, ReplyStream, Step};
 use super::super::sse::{Chunker, RequestLog};
 use super::super::state::{AppState, Ready, shutdown_started};
-use super::output::{self, Blocks};
+use super::output::{self, ContentBlocks};
 
 /// What the message object repeats: its id, the model name, the prompt's length.
-pub struct Head {
+pub struct MessageHead {
     pub id: String,
     pub model: String,
     pub prompt: usize,
@@ -23,13 +23,13 @@ pub struct Head {
 /// A Messages stream as [`super::super::sse::stream`] runs it: `message_start`, each block's events,
 /// `message_delta` with the stop reason and usage, `message_stop`.
 pub struct Events {
-    pub head: Head,
-    blocks: Blocks,
+    pub head: MessageHead,
+    blocks: ContentBlocks,
 }
 
 impl Events {
-    pub fn new(head: Head) -> Self {
-        Events { head, blocks: Blocks::default() }
+    pub fn new(head: MessageHead) -> Self {
+        Events { head, blocks: ContentBlocks::default() }
     }
 }
 
@@ -85,11 +85,11 @@ pub async fn collect(
     state: &AppState,
     ready: &Ready,
     job: Job,
-    head: &Head,
+    head: &MessageHead,
     log: &RequestLog,
 ) -> Result<(Value, Outcome), ApiError> {
     let mut generation = ReplyStream::start(ready, job, &state.metrics, log.started)?;
-    let mut blocks = Blocks::default();
+    let mut blocks = ContentBlocks::default();
     let shutdown = shutdown_started(state.shutdown.clone());
     tokio::pin!(shutdown);
     loop {

@@ -41,7 +41,7 @@ struct Prepared {
     items: Vec<Value>,
     prompt: Vec<u32>,
     /// `text.format` and the tools a forced `tool_choice` constrains the reply to.
-    structured: constraint::Request,
+    structured: constraint::ReplyConstraints,
 }
 
 fn prepare(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared, ApiError> {

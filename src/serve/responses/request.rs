@@ -13,7 +13,7 @@
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::super::constraint::{Spec, ToolChoice, from_format};
+use super::super::constraint::{ReplyFormat, ToolChoice, from_format};
 use super::super::errors::ApiError;
 use super::super::openai_types::Common;
 
@@ -51,7 +51,7 @@ pub struct Checked {
     pub store: bool,
     pub previous_response_id: Option<String>,
     /// `text.format` as a constraint (none for text).
-    pub text_format: Option<Spec>,
+    pub text_format: Option<ReplyFormat>,
     /// The request's fields the response object repeats.
     pub echo: Map<String, Value>,
 }
@@ -238,7 +238,7 @@ fn effort_error(v: &Value) -> ApiError {
 }
 
 /// `text.format` (and the `text` to echo).
-fn text(v: &Option<Value>) -> Result<(Option<Spec>, Value), ApiError> {
+fn text(v: &Option<Value>) -> Result<(Option<ReplyFormat>, Value), ApiError> {
     let Some(t) = v else { return Ok((None, json!({"format": {"type": "text"}}))) };
     if !t.is_object() {
         return Err(bad("text", format!("text must be an object, not {t}")));
@@ -264,7 +264,7 @@ fn text(v: &Option<Value>) -> Result<(Option<Spec>, Value), ApiError> {
     Ok((format, echo))
 }
 
-fn text_format(f: &Value) -> Result<Option<Spec>, ApiError> {
+fn text_format(f: &Value) -> Result<Option<ReplyFormat>, ApiError> {
     let p = "text.format";
     match f.get("type").and_then(Value::as_str) {
         Some("text") | Some("json_object") => from_format(f, p),
