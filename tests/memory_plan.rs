@@ -240,7 +240,7 @@ fn measure(
 }
 
 /// Tolerances, stated. Resident bytes (weights, KV cache, RoPE tables) come from the formulas
-/// the models allocate by (exact on the CPU, see src/engine/plan/tests.rs); on the GPU they
+/// the models allocate by (exact on the CPU, see src/load/plan/tests.rs); on the GPU they
 /// must agree within 2% + 32 MiB, room for the stream-ordered allocator's rounding. The
 /// workspace is an upper bound that must hold, and be no more than 4× + 64 MiB what the worst
 /// step takes. What the CUDA libraries take outside the pool (cuBLAS workspaces, modules,
