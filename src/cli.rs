@@ -95,6 +95,8 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
+    pub spec: SpecArgs,
+    #[command(flatten)]
     pub device: DeviceArgs,
     /// Print the results as JSON.
     #[arg(long)]
@@ -177,6 +179,8 @@ pub struct PlayArgs {
     #[arg(long)]
     pub context: Option<usize>,
     #[command(flatten)]
+    pub spec: SpecArgs,
+    #[command(flatten)]
     pub device: DeviceArgs,
     /// Print loading details and the stats line also in non-interactive mode (on stderr).
     #[arg(short, long)]
@@ -230,10 +234,43 @@ pub struct ServeArgs {
     #[arg(long, hide = true)]
     pub dummy_weights: bool,
     #[command(flatten)]
+    pub spec: SpecArgs,
+    #[command(flatten)]
     pub device: DeviceArgs,
     /// More logging (-v: debug).
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
+}
+
+/// Speculative decoding (shared by `play`, `bench` and `serve`).
+#[derive(Debug, Args, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding: `ngram` drafts the next tokens by prompt lookup over the
+    /// sequence's own tokens, and each step verifies them at once (the same tokens as without;
+    /// faster where a reply copies its input). Off by default.
+    #[arg(long, value_name = "DRAFTER")]
+    pub draft: Option<String>,
+    /// With --draft: draft tokens a step verifies at most (1 to 15).
+    #[arg(long, value_name = "N", requires = "draft")]
+    pub draft_tokens: Option<usize>,
+}
+
+impl SpecArgs {
+    /// The engine's speculation settings (`None`: off).
+    pub fn config(&self) -> anyhow::Result<Option<crate::engine::spec::SpecConfig>> {
+        use crate::engine::spec::{DEFAULT_DRAFT_TOKENS, SpecConfig};
+        let Some(draft) = self.draft.as_deref() else { return Ok(None) };
+        let k = self.draft_tokens.unwrap_or(DEFAULT_DRAFT_TOKENS);
+        match draft {
+            "ngram" => SpecConfig::ngram(k).map(Some),
+            other => Err(crate::error::fail(
+                crate::error::ErrorKind::InvalidInput,
+                format!(
+                    "--draft {other}: the drafters are: ngram (draft models and EAGLE-3 heads are not supported yet)"
+                ),
+            )),
+        }
+    }
 }
 
 /// Where and in which precision a model runs (shared by `play` and `bench`).

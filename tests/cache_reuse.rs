@@ -48,6 +48,7 @@ fn small_engine() -> EngineConfig {
         kv_tokens: 4 * CONTEXT,
         token_budget: CHUNK,
         pipeline: inferno::switches::pipeline(),
+        spec: None,
     }
 }
 

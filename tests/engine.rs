@@ -43,6 +43,7 @@ fn start(model: &str, max_seqs: usize, kv_tokens: usize, budget: usize) -> Engin
         kv_tokens,
         token_budget: budget,
         pipeline: inferno::switches::pipeline(),
+        spec: None,
     };
     let (engine, _) =
         load::start(path.to_str().expect("utf-8 path"), &opts(), &Device::Cpu, move |_| cfg)
@@ -295,6 +296,7 @@ fn an_oversized_pool_is_refused_with_the_numbers() {
         kv_tokens: 1 << 40,
         token_budget: 64,
         pipeline: inferno::switches::pipeline(),
+        spec: None,
     };
     let err = load::start(path.to_str().expect("path"), &opts(), &Device::Cpu, move |_| cfg)
         .err()

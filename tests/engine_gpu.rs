@@ -67,7 +67,7 @@ fn forced(r: &mut Runner, seqs: &[(Vec<u32>, Vec<u32>)], together: bool) -> Vec<
                 .iter()
                 .map(|&(i, start, ids)| {
                     blocks.ensure(i as u64, start, start + ids.len()).expect("space");
-                    Chunk { id: i as u64, start, len: ids.len(), sample: true }
+                    Chunk { id: i as u64, start, len: ids.len(), sample: true, drafts: 0 }
                 })
                 .collect();
             let inputs: Vec<&[u32]> = chunks.iter().map(|c| c.2).collect();

@@ -115,7 +115,7 @@ fn engine_step_logits(path: &Path, dev: &Device) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
     for (i, t) in tokens.iter().enumerate() {
         blocks.ensure(0, i, i + 1).expect("ensure");
-        let chunk = Chunk { id: 0, start: i, len: 1, sample: true };
+        let chunk = Chunk { id: 0, start: i, len: 1, sample: true, drafts: 0 };
         let logits: Tensor =
             runner.forward(&[chunk], &[&[*t][..]], &blocks).expect("step").expect("logits");
         out.push(

@@ -132,6 +132,7 @@ fn forced_argmax(path: &Path, seqs: &[Vec<u32>], dtype: DType, device: &Device) 
         kv_tokens: n * CONTEXT,
         token_budget: 512,
         pipeline: inferno::switches::pipeline(),
+        spec: None,
     };
     let (engine, _) =
         load::start(path.to_str().expect("path"), &opts, device, move |_| cfg).expect("engine");

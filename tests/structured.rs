@@ -170,6 +170,7 @@ fn engine(max_seqs: usize) -> Engine {
         kv_tokens: 4096,
         token_budget: 64,
         pipeline: inferno::switches::pipeline(),
+        spec: None,
     };
     let (engine, _) =
         load::start(path.to_str().unwrap(), &opts, &Device::Cpu, move |_| cfg).unwrap();

@@ -62,6 +62,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let opts = LoadOptions { dtype, context: Some(context), dummy: args.dummy_weights };
     let streams = args.concurrency;
     let step_tokens = args.step_tokens;
+    let spec = args.spec.config()?;
     let started = Instant::now();
     let (engine, loaded) = load::start(&args.model, &opts, &device, move |info| EngineConfig {
         max_seqs: streams,
@@ -70,6 +71,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .saturating_mul(info.context.saturating_add(crate::engine::core::BLOCK_SIZE)),
         token_budget: step_tokens,
         pipeline: crate::switches::pipeline(),
+        spec,
     })?;
     let load_s = started.elapsed().as_secs_f64();
     let vocab = engine.vocab_size();

@@ -9,6 +9,7 @@
 
 mod masks;
 mod pipeline;
+mod speculate;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -49,6 +50,8 @@ pub struct EngineConfig {
     /// [`crate::switches::pipeline`]; a field rather than the switch alone, so that one process
     /// can run an engine of each kind (tests/pipeline_gpu.rs compares them).
     pub pipeline: bool,
+    /// Speculative decoding (`--draft`), `None` for none.
+    pub spec: Option<super::spec::SpecConfig>,
 }
 
 /// Tokens one step runs at most unless a front end says otherwise (`--step-tokens`). gpt-oss-20b
@@ -67,6 +70,7 @@ impl EngineConfig {
             kv_tokens: context,
             token_budget: DEFAULT_TOKEN_BUDGET,
             pipeline: crate::switches::pipeline(),
+            spec: None,
         }
     }
 }
@@ -89,6 +93,8 @@ pub struct EngineStats {
     pub pipelined_steps: u64,
     /// Decode graphs whose capture failed (their steps run eagerly, slower).
     pub failed_graphs: usize,
+    /// Speculative decoding's drafts and what they gave.
+    pub spec: super::spec::SpecStats,
 }
 
 pub(super) enum Command {
@@ -277,6 +283,13 @@ fn check_pool_fits(
 /// A sampled (or forced) id and, when its request asked, its log probabilities.
 type Sampled = (u32, Option<Box<TokenLogprobs>>);
 
+/// What a sampling chunk gives: how many of its drafts stand, and the tokens it emits (those
+/// drafts and the one sampled after them).
+struct SampledRun {
+    accepted: usize,
+    tokens: Vec<Sampled>,
+}
+
 /// A request the scheduler knows, with its sampling state and event channel.
 struct Live {
     req: Request,
@@ -288,6 +301,8 @@ struct Live {
     first_token: Option<Instant>,
     cached: usize,
     generated: usize,
+    /// Speculation's throttle for this sequence.
+    backoff: super::spec::Backoff,
 }
 
 struct Core {
@@ -317,6 +332,12 @@ struct Core {
     /// Time spent computing constraint masks on the host (printed with the step times): (rows,
     /// time).
     mask_time: (u64, std::time::Duration),
+    /// Speculative decoding, when on.
+    spec: Option<super::spec::SpecConfig>,
+    spec_stats: super::spec::SpecStats,
+    /// Sequences of this step whose draft is the drafter's (not filler): their outcome feeds
+    /// their backoff and the statistics.
+    drafted: std::collections::HashSet<u64>,
 }
 
 impl Core {
@@ -356,6 +377,9 @@ impl Core {
             pipelined,
             broken: HashMap::new(),
             mask_time: Default::default(),
+            spec: cfg.spec,
+            spec_stats: Default::default(),
+            drafted: Default::default(),
         };
         core.publish(0);
         Ok(core)
@@ -401,6 +425,7 @@ impl Core {
             first_token: None,
             cached: 0,
             generated: 0,
+            backoff: Default::default(),
             req: p.req,
         };
         if live.req.max_tokens == 0 {
@@ -435,6 +460,7 @@ impl Core {
             return;
         }
         let t0 = Instant::now();
+        self.propose_drafts();
         let plan = self.sched.schedule(&mut self.blocks);
         let now = Instant::now();
         for (id, cached) in &plan.admitted {
@@ -455,17 +481,8 @@ impl Core {
             }
             return;
         }
-        let result = {
-            let inputs: Vec<&[u32]> = plan
-                .chunks
-                .iter()
-                .map(|c| {
-                    self.sched.get(c.id).map_or(&[][..], |s| &s.tokens[c.start..c.start + c.len])
-                })
-                .collect();
-            self.runner.forward(&plan.chunks, &inputs, &self.blocks)
-        };
-        let logits = match result {
+        let inputs: Vec<Vec<u32>> = plan.chunks.iter().map(|c| self.sched.chunk_ids(c)).collect();
+        let logits = match self.runner.forward(&plan.chunks, &inputs, &self.blocks) {
             Ok(l) => l,
             Err(e) => {
                 // What the pool holds for these sequences is unknown: fail them, keep serving.
@@ -499,49 +516,70 @@ impl Core {
         let mut sampled = sampled.into_iter();
         self.count_step(&plan.chunks, t0);
         for c in &plan.chunks {
-            let (id, scores) = match c.sample.then(|| sampled.next()).flatten() {
-                Some((id, scores)) => (Some(id), scores),
-                None => (None, None),
-            };
+            let run = if c.sample { sampled.next() } else { None };
             if let Some(msg) = self.broken.remove(&c.id) {
                 self.fail(c.id, &msg);
                 continue;
             }
-            self.sched.complete(c, id, &mut self.blocks);
-            if let Some(tok) = id {
-                self.emit(c.id, tok, scores);
-            }
+            let (accepted, tokens) = run.map_or((0, Vec::new()), |r| (r.accepted, r.tokens));
+            let ids: Vec<u32> = tokens.iter().map(|t| t.0).collect();
+            self.sched.complete(c, accepted, &ids, &mut self.blocks);
+            self.emit_run(c.id, tokens);
         }
+        self.drafted.clear();
         self.publish(plan.chunks.len());
     }
 
-    /// Each sampling chunk's next id (forced where the request forces it) and, for requests
-    /// that asked, its log probabilities.
+    /// Each sampling chunk's tokens (forced where the request forces it; a verify chunk's
+    /// accepted drafts and the token after them) and, for requests that asked, their log
+    /// probabilities.
     fn sample(
         &mut self,
         logits: &candle_core::Tensor,
         chunks: &[super::scheduler::Chunk],
-    ) -> anyhow::Result<Vec<Sampled>> {
+    ) -> anyhow::Result<Vec<SampledRun>> {
         let ids = self.draw(logits, chunks)?;
-        let mut out = Vec::with_capacity(ids.len());
-        for (r, (c, id)) in chunks.iter().zip(ids).enumerate() {
-            let Some(l) = self.live.get_mut(&c.id) else {
-                out.push((id, None));
+        let Core { live, sched, drafted, spec_stats, broken, .. } = self;
+        let mut out = Vec::with_capacity(chunks.len());
+        let mut r = 0;
+        for c in chunks {
+            let rows = &ids[r..r + c.sampled_rows()];
+            let first = r;
+            r += rows.len();
+            let Some(l) = live.get_mut(&c.id) else {
+                out.push(SampledRun { accepted: 0, tokens: vec![(rows[0], None)] });
                 continue;
             };
-            let id = l.req.forced.get(l.generated).copied().unwrap_or(id);
-            if let Some(Err(e)) = l.req.constraint.as_mut().map(|g| g.commit(id)) {
-                self.broken.insert(c.id, format!("{e:#}"));
-            }
-            let scores = match l.req.logprobs {
-                // Only this row leaves the device, and only for a request that asked.
-                Some(k) => {
-                    let row = logits.get(r)?.to_vec1::<f32>()?;
-                    Some(Box::new(token_logprobs(&row, id, k)))
+            let (accepted, picked) = if c.drafts == 0 {
+                let id = l.req.forced.get(l.generated).copied().unwrap_or(rows[0]);
+                if let Some(Err(e)) = l.req.constraint.as_mut().map(|g| g.commit(id)) {
+                    broken.insert(c.id, format!("{e:#}"));
                 }
-                None => None,
+                (0, vec![id])
+            } else {
+                let draft = sched.get(c.id).map_or(&[][..], |s| &s.draft[..]);
+                let accepted = super::spec::accepted(&draft[..c.drafts.min(draft.len())], rows);
+                if drafted.contains(&c.id) {
+                    l.backoff.record(accepted);
+                    spec_stats.drafts += 1;
+                    spec_stats.draft_tokens += c.drafts as u64;
+                    spec_stats.accepted_tokens += accepted as u64;
+                }
+                (accepted, rows[..=accepted].to_vec())
             };
-            out.push((id, scores));
+            let mut tokens = Vec::with_capacity(picked.len());
+            for (j, id) in picked.into_iter().enumerate() {
+                let scores = match l.req.logprobs {
+                    // Only this row leaves the device, and only for a request that asked.
+                    Some(k) => {
+                        let row = logits.get(first + j)?.to_vec1::<f32>()?;
+                        Some(Box::new(token_logprobs(&row, id, k)))
+                    }
+                    None => None,
+                };
+                tokens.push((id, scores));
+            }
+            out.push(SampledRun { accepted, tokens });
         }
         Ok(out)
     }
@@ -561,7 +599,7 @@ impl Core {
         e.1 += now.saturating_duration_since(from);
     }
 
-    /// Each sampling chunk's id as its sampler draws it.
+    /// Each sampled row's id as its chunk's sampler draws it (rows in chunk order).
     fn draw(
         &mut self,
         logits: &candle_core::Tensor,
@@ -570,22 +608,35 @@ impl Core {
         self.with_specs(chunks, |specs| sample_rows(logits, specs))?
     }
 
-    /// `f` on the sampling specs of `chunks` (each chunk's sampler and history, in chunk order).
+    /// `f` on the sampling specs of `chunks` (each chunk's sampler, history and drafts, in chunk
+    /// order).
     fn with_specs<R>(
         &mut self,
         chunks: &[super::scheduler::Chunk],
         f: impl FnOnce(&mut [SampleSpec]) -> R,
     ) -> anyhow::Result<R> {
         // Samplers live in `live`, histories in the scheduler: borrow both fields, each sampler
-        // once, in chunk order.
+        // once, in chunk order. A verify chunk's rows see its drafts too, so its history is the
+        // sequence and the drafts joined.
         let Core { live, sched, .. } = self;
+        let joined: Vec<Option<Vec<u32>>> = chunks
+            .iter()
+            .map(|c| {
+                let s = sched.get(c.id).filter(|_| c.drafts > 0)?;
+                Some([&s.tokens[..], &s.draft[..c.drafts]].concat())
+            })
+            .collect();
         let order: HashMap<u64, usize> =
             chunks.iter().enumerate().map(|(i, c)| (c.id, i)).collect();
         let mut specs: Vec<Option<SampleSpec>> = chunks.iter().map(|_| None).collect();
         for (id, l) in live.iter_mut() {
             if let Some(&i) = order.get(id) {
-                let history = sched.get(*id).map_or(&[][..], |q| &q.tokens);
-                specs[i] = Some(SampleSpec { sampler: &mut l.sampler, history });
+                let history = match &joined[i] {
+                    Some(h) => &h[..],
+                    None => sched.get(*id).map_or(&[][..], |q| &q.tokens),
+                };
+                let (drafts, index) = (chunks[i].drafts, l.generated as u64);
+                specs[i] = Some(SampleSpec { sampler: &mut l.sampler, history, drafts, index });
             }
         }
         let mut specs: Vec<SampleSpec> = specs
@@ -595,14 +646,27 @@ impl Core {
         Ok(f(&mut specs))
     }
 
-    /// Hands a sampled id (with its log probabilities, when asked) to its request and finishes
-    /// the request when it stops.
-    fn emit(&mut self, id: u64, tok: u32, scores: Option<Box<TokenLogprobs>>) {
-        let Some(l) = self.live.get_mut(&id) else { return };
+    /// Hands a chunk's sampled tokens to its request in order (the scheduler has them already),
+    /// until one of them finishes it: what follows a stop is dropped, as plain decoding would
+    /// never have made it.
+    fn emit_run(&mut self, id: u64, tokens: Vec<Sampled>) {
+        let Some(len) = self.sched.get(id).map(|s| s.tokens.len()) else { return };
+        let base = len - tokens.len();
+        for (j, (tok, scores)) in tokens.into_iter().enumerate() {
+            if !self.emit(id, tok, scores, base + j + 1) {
+                return;
+            }
+        }
+    }
+
+    /// Hands a sampled id (with its log probabilities, when asked) to its request, whose sequence
+    /// is `len` tokens long with it, and finishes the request when it stops. Whether the request
+    /// goes on.
+    fn emit(&mut self, id: u64, tok: u32, scores: Option<Box<TokenLogprobs>>, len: usize) -> bool {
+        let Some(l) = self.live.get_mut(&id) else { return false };
         l.first_token.get_or_insert_with(Instant::now);
         l.generated += 1;
         let sent = l.events.send(Event::Token(tok, scores)).is_ok();
-        let len = self.sched.get(id).map_or(0, |s| s.tokens.len());
         let reason = if !sent {
             Some(StopReason::Interrupted)
         } else if l.req.eos_ids.contains(&tok) {
@@ -614,8 +678,12 @@ impl Core {
         } else {
             None
         };
-        if let Some(r) = reason {
-            self.finish(id, r);
+        match reason {
+            Some(r) => {
+                self.finish(id, r);
+                false
+            }
+            None => true,
         }
     }
 
@@ -694,6 +762,7 @@ impl Core {
                     .collect(),
                 pipelined_steps: self.pipelined_steps,
                 failed_graphs: self.runner.graphs.values().filter(|g| g.capture_failed()).count(),
+                spec: self.spec_stats,
             };
         }
     }

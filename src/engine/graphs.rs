@@ -7,8 +7,12 @@
 //! depend only on the bucket and on the model's longest sequence, never on the data, which is
 //! what makes replays correct.
 //!
-//! Padding rows decode token 0 at position 0 into the block manager's padding block, which no
-//! sequence owns; their logits are ignored. `INFERNO_CUDA_GRAPH=0` switches graphs off.
+//! A speculative step whose every sequence verifies the same number of drafts is a decode step
+//! of `q` rows per sequence (the last token and `q − 1` drafts): it has graphs of its own, one
+//! per (bucket, q).
+//!
+//! Padding sequences decode token 0 at positions 0.. into the block manager's padding block,
+//! which no sequence owns; their logits are ignored. `INFERNO_CUDA_GRAPH=0` switches graphs off.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -27,10 +31,18 @@ pub enum StepIds<'a> {
     Device(&'a Tensor),
 }
 
-/// The bucket a decode batch of `n` sequences pads to (`None`: larger than any).
-pub fn bucket(n: usize) -> Option<usize> {
+/// The bucket a decode batch of `n` sequences of `q` rows each pads to (`None`: larger than
+/// any, or more rows than a block holds).
+pub fn bucket(n: usize, q: usize) -> Option<usize> {
+    if q == 0 || q > MAX_ROWS_PER_SEQ {
+        return None;
+    }
     BUCKETS.iter().copied().find(|&b| b >= n)
 }
+
+/// Rows per sequence a graph runs at most: a padding sequence's rows all fit in the padding
+/// block (16 slots).
+const MAX_ROWS_PER_SEQ: usize = 16;
 
 /// Whether decode graphs are used on `device`.
 pub fn enabled(device: &Device) -> bool {
@@ -58,7 +70,10 @@ pub struct GraphArena {
 
 /// One bucket's fixed buffers and graph.
 pub struct BucketGraph {
+    /// Sequences.
     size: usize,
+    /// Rows per sequence.
+    q: usize,
     /// Blocks a table row holds: enough for the longest sequence.
     width: usize,
     groups: usize,
@@ -78,17 +93,20 @@ pub struct BucketGraph {
 }
 
 impl BucketGraph {
+    /// The graph of `size` sequences of `q` rows each.
     pub fn new(
-        size: usize,
+        (size, q): (usize, usize),
         model: &dyn BatchModel,
         groups: usize,
         block_size: usize,
         arena: &GraphArena,
     ) -> anyhow::Result<BucketGraph> {
+        anyhow::ensure!(q >= 1 && q <= block_size, "decode graph: {q} rows per sequence");
         let dev = model.device();
         let max_context = model.max_positions();
         let width = max_context.div_ceil(block_size).max(1);
-        let packed_len = size * (5 + groups + groups * width) + 1;
+        let rows = size * q;
+        let packed_len = rows * (3 + groups) + size * (2 + groups * width) + 1;
         // Every input is a view of one buffer, in `upload`'s order: a step's inputs arrive in
         // one copy instead of one per tensor (each a GPU operation between two replays).
         let packed = Tensor::zeros(packed_len, DType::U32, dev)?;
@@ -98,9 +116,9 @@ impl BucketGraph {
             at += len;
             t
         };
-        let tokens = view(size)?;
-        let positions = view(size)?;
-        let slots = (0..groups).map(|_| view(size)).collect::<Result<_, _>>()?;
+        let tokens = view(rows)?;
+        let positions = view(rows)?;
+        let slots = (0..groups).map(|_| view(rows)).collect::<Result<_, _>>()?;
         let tables = (0..groups)
             .map(|_| view(size * width)?.reshape((size, width)))
             .collect::<Result<_, _>>()?;
@@ -111,12 +129,13 @@ impl BucketGraph {
             tables,
             cu_q: view(size + 1)?,
             q_pos: view(size)?,
-            logit_rows: view(size)?,
-            bounds: PagedBounds { max_q_len: 1, max_context },
+            logit_rows: view(rows)?,
+            bounds: PagedBounds { max_q_len: q, max_context },
         };
-        let logits = Tensor::zeros((size, model.vocab_size()), DType::F32, dev)?;
+        let logits = Tensor::zeros((rows, model.vocab_size()), DType::F32, dev)?;
         Ok(BucketGraph {
             size,
+            q,
             width,
             groups,
             input,
@@ -129,8 +148,8 @@ impl BucketGraph {
         })
     }
 
-    /// Runs a decode step of `chunks` (each one token, `ids[i]`) and returns the logits of its
-    /// rows `[chunks.len(), vocab]`.
+    /// Runs a decode step of `chunks` (each `q` tokens, their ids one after the other in `ids`)
+    /// and returns the logits of its rows `[chunks.len() · q, vocab]`.
     pub fn step(
         &mut self,
         model: &dyn BatchModel,
@@ -140,11 +159,20 @@ impl BucketGraph {
         blocks: &BlockManager,
     ) -> anyhow::Result<Tensor> {
         anyhow::ensure!(chunks.len() <= self.size, "decode graph: batch over its bucket");
+        anyhow::ensure!(
+            chunks.iter().all(|c| c.len == self.q),
+            "decode graph: a chunk of other than {} rows",
+            self.q
+        );
+        let rows = chunks.len() * self.q;
         match ids {
-            StepIds::Host(ids) => self.upload(chunks, ids, blocks, pool.block_size)?,
+            StepIds::Host(ids) => {
+                anyhow::ensure!(ids.len() == rows, "decode graph: one id per row");
+                self.upload(chunks, ids, blocks, pool.block_size)?
+            }
             StepIds::Device(ids) => {
-                anyhow::ensure!(ids.dims() == [chunks.len()], "decode graph: one id per row");
-                self.upload(chunks, &vec![0; chunks.len()], blocks, pool.block_size)?;
+                anyhow::ensure!(ids.dims() == [rows], "decode graph: one id per row");
+                self.upload(chunks, &vec![0; rows], blocks, pool.block_size)?;
                 // Behind the previous step on the stream: its sampled ids, never on the host.
                 self.input.tokens.slice_set(&ids.to_dtype(DType::U32)?, 0, 0)?;
             }
@@ -168,7 +196,7 @@ impl BucketGraph {
             #[cfg(feature = "cuda")]
             State::Ready(_) => self.replay(model, pool)?,
         }
-        Ok(self.logits.narrow(0, 0, chunks.len())?)
+        Ok(self.logits.narrow(0, 0, rows)?)
     }
 
     /// Whether capturing this bucket's graph failed (its steps run eagerly).
@@ -184,22 +212,30 @@ impl BucketGraph {
         blocks: &BlockManager,
         block_size: usize,
     ) -> anyhow::Result<()> {
-        let (b, w, g) = (self.size, self.width, self.groups);
+        let (b, q, w, g) = (self.size, self.q, self.width, self.groups);
         let mut p = Vec::with_capacity(self.packed_len);
-        let pad = |v: &mut Vec<u32>, n: usize, x: u32| v.extend(std::iter::repeat_n(x, b - n));
         let n = chunks.len();
+        let pad_rows = (b - n) * q;
         p.extend_from_slice(ids);
-        pad(&mut p, n, 0);
-        p.extend(chunks.iter().map(|c| c.start as u32));
-        pad(&mut p, n, 0);
+        p.extend(std::iter::repeat_n(0, pad_rows));
+        for c in chunks {
+            p.extend(c.start as u32..(c.start + q) as u32);
+        }
+        for _ in n..b {
+            p.extend(0..q as u32);
+        }
         for group in 0..g {
             for c in chunks {
-                let slot = blocks.slot(c.id, group, c.start).ok_or_else(|| {
-                    anyhow::anyhow!("decode graph: no KV slot for sequence {}", c.id)
-                })?;
-                p.push(slot);
+                for pos in c.start..c.start + q {
+                    let slot = blocks.slot(c.id, group, pos).ok_or_else(|| {
+                        anyhow::anyhow!("decode graph: no KV slot for sequence {}", c.id)
+                    })?;
+                    p.push(slot);
+                }
             }
-            pad(&mut p, n, PAD_BLOCK * block_size as u32);
+            for _ in n..b {
+                p.extend((0..q as u32).map(|j| PAD_BLOCK * block_size as u32 + j));
+            }
         }
         for group in 0..g {
             for c in chunks {
@@ -215,10 +251,10 @@ impl BucketGraph {
                 p.extend(std::iter::repeat_n(PAD_BLOCK, w));
             }
         }
-        p.extend(0..=b as u32); // cu_q: one query per row, padding included
+        p.extend((0..=b as u32).map(|s| s * q as u32)); // cu_q: q queries a sequence
         p.extend(chunks.iter().map(|c| c.start as u32));
-        pad(&mut p, n, 0);
-        p.extend(0..b as u32); // every row's logits
+        p.extend(std::iter::repeat_n(0, b - n));
+        p.extend(0..(b * q) as u32); // every row's logits
         debug_assert_eq!(p.len(), self.packed_len);
         let host = crate::kernels::upload_u32(&p, self.logits.device())?;
         Ok(self.packed.slice_set(&host, 0, 0)?)
@@ -270,9 +306,9 @@ impl BucketGraph {
                     let nodes = node_stats(&graph);
                     let (chunks, lent) = self.arena.arena.usage();
                     eprintln!(
-                        "inferno: decode graph, batch {}: {nodes}; replay {replay:.1} µs; \
+                        "inferno: decode graph, batch {} × {} rows: {nodes}; replay {replay:.1} µs; \
                          warm-up peak {} B, arena {chunks} B ({lent} B lent; {reserved:?})",
-                        self.size, self.arena_bytes
+                        self.size, self.q, self.arena_bytes
                     );
                 }
                 State::Ready(graph)
@@ -284,8 +320,9 @@ impl BucketGraph {
                     _ => "the capture was empty".to_string(),
                 };
                 eprintln!(
-                    "inferno: CUDA graph capture failed for batch {} ({}); decoding without graphs",
+                    "inferno: CUDA graph capture failed for batch {} × {} rows ({}); decoding without graphs",
                     self.size,
+                    self.q,
                     why.lines().next().unwrap_or("")
                 );
                 State::Eager

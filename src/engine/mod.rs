@@ -10,6 +10,7 @@
 //!   decode; [`readback`]: the sampled ids back to the host.
 //! - [`request`], [`constraint`], [`logprobs`]: what a request asks for and gets back.
 //! - [`session`]: a conversation's blocking view of the engine.
+//! - [`spec`]: speculative decoding (drafts verified in one step, the same tokens as without).
 
 pub mod constraint;
 pub mod core;
@@ -21,6 +22,7 @@ pub mod request;
 pub mod runner;
 pub mod scheduler;
 pub mod session;
+pub mod spec;
 
 pub use session::Session;
 

@@ -17,17 +17,31 @@ pub struct Runner {
     pub model: Box<dyn BatchModel>,
     pub pool: KvPool,
     pub shape: KvShape,
-    /// Decode-step graphs by bucket size (empty on the CPU or with graphs off).
-    pub graphs: std::collections::HashMap<usize, BucketGraph>,
+    /// Decode-step graphs by (bucket size, rows per sequence) (empty on the CPU or with graphs
+    /// off).
+    pub graphs: std::collections::HashMap<(usize, usize), BucketGraph>,
     /// The memory the graphs' steps allocate from, this engine's own.
     pub arena: GraphArena,
 }
 
-/// What a sampling chunk needs to pick its token.
+/// What a sampling chunk needs to pick its tokens: one row, or one per draft and one more.
 pub struct SampleSpec<'a> {
     pub sampler: &'a mut Sampler,
-    /// The sequence so far (repetition penalties read it).
+    /// The sequence so far and then the drafts its rows verify (repetition penalties read it:
+    /// row `j` sees everything before draft `j`).
     pub history: &'a [u32],
+    /// Drafts at the end of `history`; the chunk samples `drafts + 1` rows.
+    pub drafts: usize,
+    /// Index in the reply of the token its first row draws ([`Sampler::seek`]): row `j` draws
+    /// token `index + j`, as plain decoding would.
+    pub index: u64,
+}
+
+impl<'a> SampleSpec<'a> {
+    /// Row `j`'s history: the sequence and the drafts before row `j`'s.
+    fn history_of(&self, j: usize) -> &'a [u32] {
+        &self.history[..self.history.len() - self.drafts + j]
+    }
 }
 
 impl Runner {
@@ -41,11 +55,12 @@ impl Runner {
     }
 
     /// Runs `chunks` (whose token ids are `inputs[i]`) and returns the logits of the sampling
-    /// chunks' last rows, in chunk order (`None` when no chunk samples).
-    pub fn forward(
+    /// chunks' sampled rows ([`Chunk::sampled_rows`]), in chunk order (`None` when no chunk
+    /// samples).
+    pub fn forward<T: AsRef<[u32]>>(
         &mut self,
         chunks: &[Chunk],
-        inputs: &[&[u32]],
+        inputs: &[T],
         blocks: &BlockManager,
     ) -> anyhow::Result<Option<Tensor>> {
         if let Some(logits) = self.decode_graph(chunks, inputs, blocks)? {
@@ -57,30 +72,31 @@ impl Runner {
         Ok(any_sample.then_some(logits))
     }
 
-    /// A step where every sequence decodes one token runs as its bucket's CUDA graph.
-    fn decode_graph(
+    /// A step where every sequence decodes one token, or verifies the same number of drafts,
+    /// runs as its bucket's CUDA graph.
+    fn decode_graph<T: AsRef<[u32]>>(
         &mut self,
         chunks: &[Chunk],
-        inputs: &[&[u32]],
+        inputs: &[T],
         blocks: &BlockManager,
     ) -> anyhow::Result<Option<Tensor>> {
         if !graphs::enabled(self.model.device()) {
             return Ok(None);
         }
-        let Some(size) = decode_bucket(chunks) else { return Ok(None) };
-        if !self.graphs.contains_key(&size) {
+        let Some(key) = decode_bucket(chunks) else { return Ok(None) };
+        if !self.graphs.contains_key(&key) {
             let groups = self.shape.group_windows.len();
             let g = BucketGraph::new(
-                size,
+                key,
                 self.model.as_ref(),
                 groups,
                 self.pool.block_size,
                 &self.arena,
             )?;
-            self.graphs.insert(size, g);
+            self.graphs.insert(key, g);
         }
-        let ids: Vec<u32> = inputs.iter().map(|i| i[0]).collect();
-        self.graph_step(size, chunks, StepIds::Host(&ids), blocks).map(Some)
+        let ids: Vec<u32> = inputs.iter().flat_map(|i| i.as_ref().iter().copied()).collect();
+        self.graph_step(key, chunks, StepIds::Host(&ids), blocks).map(Some)
     }
 
     /// A decode step whose input ids are the previous step's sampled ids, still on the device
@@ -91,21 +107,21 @@ impl Runner {
         ids: &Tensor,
         blocks: &BlockManager,
     ) -> anyhow::Result<Option<Tensor>> {
-        match decode_bucket(chunks).filter(|size| self.graphs.contains_key(size)) {
-            Some(size) => self.graph_step(size, chunks, StepIds::Device(ids), blocks).map(Some),
+        match decode_bucket(chunks).filter(|key| key.1 == 1 && self.graphs.contains_key(key)) {
+            Some(key) => self.graph_step(key, chunks, StepIds::Device(ids), blocks).map(Some),
             None => Ok(None),
         }
     }
 
     fn graph_step(
         &mut self,
-        size: usize,
+        key: (usize, usize),
         chunks: &[Chunk],
         ids: StepIds,
         blocks: &BlockManager,
     ) -> anyhow::Result<Tensor> {
-        let Some(graph) = self.graphs.get_mut(&size) else {
-            anyhow::bail!("runner: no decode graph for {size} rows")
+        let Some(graph) = self.graphs.get_mut(&key) else {
+            anyhow::bail!("runner: no decode graph for {key:?}")
         };
         graph.step(self.model.as_ref(), &self.pool, chunks, ids, blocks)
     }
@@ -113,13 +129,13 @@ impl Runner {
     /// Whether `chunks` run as a decode graph that exists already (the pipelined decode needs
     /// it: only a graph step takes its ids from the device).
     pub fn has_graph_for(&self, chunks: &[Chunk]) -> bool {
-        decode_bucket(chunks).is_some_and(|size| self.graphs.contains_key(&size))
+        decode_bucket(chunks).is_some_and(|key| key.1 == 1 && self.graphs.contains_key(&key))
     }
 
-    fn step_input(
+    fn step_input<T: AsRef<[u32]>>(
         &self,
         chunks: &[Chunk],
-        inputs: &[&[u32]],
+        inputs: &[T],
         blocks: &BlockManager,
     ) -> anyhow::Result<StepInput> {
         let dev = self.model.device();
@@ -130,6 +146,7 @@ impl Runner {
         let (mut cu_q, mut q_pos, mut rows) = (vec![0u32], Vec::new(), Vec::new());
         let (mut max_q, mut max_ctx) = (0, 0);
         for (c, ids) in chunks.iter().zip(inputs) {
+            let ids = ids.as_ref();
             anyhow::ensure!(
                 ids.len() == c.len,
                 "runner: chunk of {} tokens, {} ids",
@@ -149,9 +166,7 @@ impl Runner {
                 }
             }
             let end = tokens.len() as u32;
-            if c.sample {
-                rows.push(end - 1);
-            }
+            rows.extend(end - c.sampled_rows() as u32..end);
             cu_q.push(end);
             q_pos.push(c.start as u32);
             max_q = max_q.max(c.len);
@@ -188,18 +203,21 @@ impl Runner {
     }
 }
 
-/// The decode graph bucket of a step whose every chunk decodes one token and samples.
-fn decode_bucket(chunks: &[Chunk]) -> Option<usize> {
-    let decode_only = !chunks.is_empty() && chunks.iter().all(|c| c.len == 1 && c.sample);
-    decode_only.then(|| graphs::bucket(chunks.len())).flatten()
+/// The decode graph of a step whose every chunk samples all its rows, and has as many as the
+/// others (one token, or the last token and the same number of drafts): (bucket, rows per
+/// sequence).
+fn decode_bucket(chunks: &[Chunk]) -> Option<(usize, usize)> {
+    let q = chunks.first()?.len;
+    let uniform = chunks.iter().all(|c| c.len == q && c.sample && c.sampled_rows() == q);
+    uniform.then(|| graphs::bucket(chunks.len(), q).map(|b| (b, q))).flatten()
 }
 
-/// The next id of each sampling row of `logits` (`[R, vocab]`, f32), by each row's sampler.
-/// On a GPU every row is drawn on the device in one chain of launches: argmax when every row is
-/// plain greedy, the Gumbel-max draw when every row is greedy or plain temperature, else the full
-/// device sampler ([`crate::kernels::sample_rows`]: penalties, top-k, top-p, min-p), each row with
-/// its sampler's next seed. On the CPU greedy rows take the argmax kernel and the others are
-/// sampled on the host.
+/// The id each sampling row of `logits` (`[R, vocab]`, f32; `specs` in row order, each with its
+/// `drafts + 1` rows) draws, by its chunk's sampler at the row's token index. On a GPU every row
+/// is drawn on the device in one chain of launches: argmax when every row is plain greedy, the
+/// Gumbel-max draw when every row is greedy or plain temperature, else the full device sampler
+/// ([`crate::kernels::sample_rows`]: penalties, top-k, top-p, min-p). On the CPU greedy rows take
+/// the argmax kernel and the others are sampled on the host.
 pub fn sample_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Vec<u32>> {
     if logits.device().is_cuda() {
         return device_rows(logits, specs);
@@ -210,16 +228,21 @@ pub fn sample_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<
     } else {
         None
     };
-    let mut out = Vec::with_capacity(specs.len());
-    for (r, spec) in specs.iter_mut().enumerate() {
-        let id = match &greedy {
-            Some(ids) if on_device(spec) => ids[r],
-            _ => {
-                let mut host = logits.get(r)?.to_vec1::<f32>()?;
-                spec.sampler.sample(&mut host, spec.history)
-            }
-        };
-        out.push(id);
+    let mut out = Vec::with_capacity(logits.dim(0)?);
+    for spec in specs.iter_mut() {
+        for j in 0..=spec.drafts {
+            let r = out.len();
+            let id = match &greedy {
+                Some(ids) if on_device(spec) => ids[r],
+                _ => {
+                    let mut host = logits.get(r)?.to_vec1::<f32>()?;
+                    spec.sampler.seek(spec.index + j as u64);
+                    let history = spec.history_of(j);
+                    spec.sampler.sample(&mut host, history)
+                }
+            };
+            out.push(id);
+        }
     }
     Ok(out)
 }
@@ -232,31 +255,39 @@ fn device_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Vec<
 /// The ids [`sample_rows`] draws on a GPU, left on the device (u32 `[R]`).
 pub fn device_ids(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Tensor> {
     let plain_greedy = |c: &SamplerConfig| c.is_greedy() && c.is_unpenalised();
+    // Each row's seed: its sampler's at the row's token index (0 for a greedy row).
+    let mut seeds = Vec::with_capacity(logits.dim(0)?);
+    for s in specs.iter_mut() {
+        for j in 0..=s.drafts {
+            s.sampler.seek(s.index + j as u64);
+            let greedy = s.sampler.config().is_greedy();
+            seeds.push(if greedy { 0 } else { s.sampler.next_seed() });
+        }
+    }
     let ids = if specs.iter().all(|s| plain_greedy(s.sampler.config())) {
         crate::kernels::argmax_rows(logits)?
     } else if specs.iter().all(|s| {
         let c = s.sampler.config();
         plain_greedy(c) || (c.is_plain_temperature() && c.filter().inv_t > 0.0)
     }) {
-        let mut temps = Vec::with_capacity(specs.len());
-        let mut seeds = Vec::with_capacity(specs.len());
-        for s in specs.iter_mut() {
-            let greedy = s.sampler.config().is_greedy();
-            temps.push(if greedy { 0.0 } else { s.sampler.config().temperature });
-            seeds.push(if greedy { 0 } else { s.sampler.next_seed() });
+        let mut temps = Vec::with_capacity(seeds.len());
+        for s in specs.iter() {
+            let c = s.sampler.config();
+            let t = if c.is_greedy() { 0.0 } else { c.temperature };
+            temps.extend(std::iter::repeat_n(t, s.drafts + 1));
         }
         crate::kernels::sample_gumbel_rows(logits, &temps, &seeds)?
     } else {
         let vocab = logits.dim(1)?;
-        let rows: Vec<RowSampling> = specs
-            .iter_mut()
-            .map(|s| {
+        let mut rows: Vec<RowSampling> = Vec::with_capacity(seeds.len());
+        for s in specs.iter_mut() {
+            for j in 0..=s.drafts {
                 let filter = s.sampler.config().filter();
-                let seed = if s.sampler.config().is_greedy() { 0 } else { s.sampler.next_seed() };
-                let penalties = s.sampler.penalties(s.history, vocab).to_vec();
-                RowSampling { filter, seed, penalties }
-            })
-            .collect();
+                let history = s.history_of(j);
+                let penalties = s.sampler.penalties(history, vocab).to_vec();
+                rows.push(RowSampling { filter, seed: seeds[rows.len()], penalties });
+            }
+        }
         crate::kernels::sample_rows(logits, &rows)?
     };
     Ok(ids)

@@ -10,6 +10,11 @@
 //! its blocks are freed and it goes back to the front of the queue, to be recomputed (its
 //! prompt is then everything it has so far; the prefix cache usually still holds most of it).
 //! Nothing running is ever corrupted and nothing waiting is ever dropped.
+//!
+//! A decoding sequence may carry draft tokens (speculative decoding, [`super::spec`]): its chunk
+//! is then its last token followed by the drafts, all of whose rows give logits, and its blocks
+//! reach past the drafts. When those blocks or the step's budget are short, the drafts are
+//! dropped before anything is preempted: a draft is only ever a guess.
 
 use std::collections::VecDeque;
 
@@ -34,6 +39,8 @@ pub struct SeqState {
     pub tokens: Vec<u32>,
     /// Tokens whose keys are in the pool.
     pub computed: usize,
+    /// Guessed tokens after the last one, to verify in the next step (empty: none).
+    pub draft: Vec<u32>,
 }
 
 /// One sequence's share of a step: tokens `start..start + len` of it.
@@ -44,6 +51,16 @@ pub struct Chunk {
     pub len: usize,
     /// The chunk ends at the sequence's last token: sample the next one from its logits.
     pub sample: bool,
+    /// Draft tokens at the chunk's end (after the sequence's last token, which is the row before
+    /// them): each of the last `drafts + 1` rows is sampled, to verify them. 0 for none.
+    pub drafts: usize,
+}
+
+impl Chunk {
+    /// Rows of the chunk whose logits are sampled: its last `drafts + 1`, or none.
+    pub fn sampled_rows(&self) -> usize {
+        if self.sample { self.drafts + 1 } else { 0 }
+    }
 }
 
 /// One step as the scheduler planned it: the chunks it runs, and the sequences admitted and
@@ -75,11 +92,16 @@ impl Scheduler {
 
     /// Queues a new sequence (its prompt must be non-empty and shorter than the context).
     pub fn push(&mut self, id: SeqId, prompt: Vec<u32>) {
-        self.waiting.push_back(SeqState { id, tokens: prompt, computed: 0 });
+        self.waiting.push_back(SeqState { id, tokens: prompt, computed: 0, draft: Vec::new() });
     }
 
     pub fn running(&self) -> usize {
         self.running.len()
+    }
+
+    /// The running sequences, the oldest first.
+    pub fn running_ids(&self) -> Vec<SeqId> {
+        self.running.iter().map(|s| s.id).collect()
     }
 
     pub fn waiting(&self) -> usize {
@@ -104,18 +126,41 @@ impl Scheduler {
         self.waiting.remove(i)
     }
 
-    /// Records a step's results: `chunk` is computed, and `sampled` (when it sampled) is the
-    /// sequence's new last token. Hashes the now-full blocks for the prefix cache and gives
-    /// back sliding-window blocks no later query can see.
-    pub fn complete(&mut self, chunk: &Chunk, sampled: Option<u32>, blocks: &mut BlockManager) {
+    /// Sets the draft sequence `id` verifies in its next decode step (empty: none).
+    pub fn set_draft(&mut self, id: SeqId, draft: Vec<u32>) {
+        if let Some(seq) = self.running.iter_mut().find(|s| s.id == id) {
+            seq.draft = draft;
+        }
+    }
+
+    /// The token ids `chunk` runs: the sequence's, then its drafts.
+    pub fn chunk_ids(&self, chunk: &Chunk) -> Vec<u32> {
+        let Some(s) = self.get(chunk.id) else { return Vec::new() };
+        let own = chunk.len - chunk.drafts;
+        let mut ids = s.tokens[chunk.start..chunk.start + own].to_vec();
+        ids.extend_from_slice(&s.draft[..chunk.drafts.min(s.draft.len())]);
+        ids
+    }
+
+    /// Records a step's results: `chunk` is computed up to its sequence's last token and the
+    /// first `accepted` of its drafts (the keys of rejected drafts stay behind in the blocks, to
+    /// be overwritten), and `emitted` (what it sampled, drafts accepted included) follows the
+    /// sequence's tokens. Hashes the now-full blocks for the prefix cache and gives back
+    /// sliding-window blocks no later query can see.
+    pub fn complete(
+        &mut self,
+        chunk: &Chunk,
+        accepted: usize,
+        emitted: &[u32],
+        blocks: &mut BlockManager,
+    ) {
         let Some(seq) = self.running.iter_mut().find(|s| s.id == chunk.id) else { return };
-        seq.computed = chunk.start + chunk.len;
+        seq.computed = chunk.start + chunk.len - chunk.drafts + accepted.min(chunk.drafts);
+        seq.draft.clear();
         // Only an unknown id fails, and every running sequence is known to the manager.
         let _ = blocks.commit(seq.id, &seq.tokens[..seq.computed]);
         blocks.release_out_of_window(seq.id, seq.computed);
-        if let Some(id) = sampled {
-            seq.tokens.push(id);
-        }
+        seq.tokens.extend_from_slice(emitted);
     }
 
     /// The next step. Empty when nothing can run (idle, or waiting for space that only a
@@ -134,8 +179,13 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            if blocks.ensure(id, start, start + 1).is_ok() {
-                plan.chunks.push(Chunk { id, start, len: 1, sample: true });
+            let drafts = self.drafts_fitting(i, budget, blocks);
+            if drafts > 0 {
+                plan.chunks.push(Chunk { id, start, len: 1 + drafts, sample: true, drafts });
+                budget -= 1 + drafts;
+                i += 1;
+            } else if blocks.ensure(id, start, start + 1).is_ok() {
+                plan.chunks.push(Chunk { id, start, len: 1, sample: true, drafts: 0 });
                 budget -= 1;
                 i += 1;
             } else if !self.preempt_newest(i, blocks, &mut plan) {
@@ -152,7 +202,7 @@ impl Scheduler {
             let len = todo.min(budget);
             if blocks.ensure(s.id, s.computed, s.computed + len).is_ok() {
                 let sample = s.computed + len == s.tokens.len();
-                plan.chunks.push(Chunk { id: s.id, start: s.computed, len, sample });
+                plan.chunks.push(Chunk { id: s.id, start: s.computed, len, sample, drafts: 0 });
                 budget -= len;
             }
         }
@@ -168,12 +218,29 @@ impl Scheduler {
             }
             s.computed = cached;
             let sample = cached + len == s.tokens.len();
-            plan.chunks.push(Chunk { id: s.id, start: cached, len, sample });
+            plan.chunks.push(Chunk { id: s.id, start: cached, len, sample, drafts: 0 });
             plan.admitted.push((s.id, cached));
             budget -= len;
             self.running.push(s);
         }
         plan
+    }
+
+    /// How many of running sequence `i`'s drafts its decode step verifies: all of them when the
+    /// budget, the context and the pool allow (their blocks are then ensured), else none (the
+    /// sequence decodes one token, its draft dropped).
+    fn drafts_fitting(&mut self, i: usize, budget: usize, blocks: &mut BlockManager) -> usize {
+        let s = &mut self.running[i];
+        let k = s.draft.len();
+        let fits = k > 0
+            && 1 + k <= budget
+            && s.computed + 1 + k <= self.cfg.max_context
+            && blocks.ensure(s.id, s.computed, s.computed + 1 + k).is_ok();
+        if !fits {
+            s.draft.clear();
+            return 0;
+        }
+        k
     }
 
     /// Sends the newest running sequence after position `keep` back to the queue's front.
@@ -191,6 +258,7 @@ impl Scheduler {
         blocks.free_sequence(s.id);
         plan.chunks.retain(|c| c.id != s.id);
         s.computed = 0;
+        s.draft.clear();
         plan.preempted.push(s.id);
         self.waiting.push_front(s);
         true

@@ -323,10 +323,27 @@ fn nucleus_cut(cand: &mut [Cand], target: f64) -> Option<f32> {
     }
 }
 
-/// A stateful sampler: owns the RNG and scratch buffers. One per generation stream.
+/// The seed of draw `index` of a stream seeded `seed`: SplitMix64's finaliser over both, so
+/// neighbouring indices and seeds give unrelated seeds.
+pub fn draw_seed(seed: u64, index: u64) -> u64 {
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    mix(mix(seed.wrapping_add(0x9e37_79b9_7f4a_7c15)) ^ index)
+}
+
+/// A stateful sampler: owns the draw counter and scratch buffers. One per generation stream.
+///
+/// Draw `i` of a stream is a function of `(seed, i)` alone ([`draw_seed`]), not of a running
+/// RNG: the engine sets `i` to the index of the token being drawn ([`Sampler::seek`]), so a
+/// speculative step that samples several positions at once and keeps only some of them draws
+/// exactly what one-token steps would have drawn at those positions.
 pub struct Sampler {
     cfg: SamplerConfig,
-    rng: StdRng,
+    /// Index of the next draw.
+    index: u64,
     /// The kept tokens of the current draw.
     cand: Vec<Cand>,
     /// (id, logit) buffer of top-k's selection.
@@ -341,10 +358,9 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Self {
-        let rng = StdRng::seed_from_u64(cfg.seed);
         Sampler {
             cfg,
-            rng,
+            index: 0,
             cand: Vec::new(),
             scratch: Vec::new(),
             recent: Vec::new(),
@@ -365,14 +381,23 @@ impl Sampler {
         &self.cfg
     }
 
-    /// A seed for one draw made elsewhere (on the device), from this sampler's RNG: the same
-    /// `seed` in the config gives the same sequence of draws.
+    /// A seed for one draw made elsewhere (on the device): [`draw_seed`] of the config's seed
+    /// and the current index, which then moves on by one.
     pub fn next_seed(&mut self) -> u64 {
-        self.rng.random()
+        let seed = draw_seed(self.cfg.seed, self.index);
+        self.index += 1;
+        seed
     }
 
-    /// Picks the next token. `logits` is modified in place (penalised); `history` is the ids so
-    /// far (prompt and generated), most recent last. NaN logits are never picked.
+    /// Makes `index` the next draw's index (the engine: the index of the token being drawn in
+    /// its reply).
+    pub fn seek(&mut self, index: u64) {
+        self.index = index;
+    }
+
+    /// Picks the next token (draw [`Sampler::seek`]'s index, then the index moves on by one).
+    /// `logits` is modified in place (penalised); `history` is the ids so far (prompt and
+    /// generated), most recent last. NaN logits are never picked.
     ///
     /// # Panics
     /// If `logits` is empty (a caller bug, not a data error).
@@ -387,7 +412,10 @@ impl Sampler {
     /// probability) of every token it can pick, by id (one id with probability 1 where it takes
     /// the argmax). Penalises `logits` in place as `sample` does; draws nothing.
     pub fn distribution(&mut self, logits: &mut [f32], history: &[u32]) -> Vec<(u32, f64)> {
-        if let Some(id) = self.prepare(logits, history) {
+        let index = self.index;
+        let decided = self.prepare(logits, history);
+        self.index = index;
+        if let Some(id) = decided {
             return vec![(id, 1.0)];
         }
         let total: f64 = self.cand.iter().map(|c| c.weight as f64).sum();
@@ -432,21 +460,31 @@ impl Sampler {
     /// leaves the kept tokens in `cand`.
     fn prepare(&mut self, logits: &mut [f32], history: &[u32]) -> Option<u32> {
         assert!(!logits.is_empty(), "Sampler: empty logits");
+        // A token decided without a draw still takes its index, so that the next draw's does
+        // not depend on how this one was decided.
+        let decided = |s: &mut Self, id: u32| {
+            s.index += 1;
+            Some(id)
+        };
         self.penalties(history, logits.len());
         apply_penalties(logits, &self.penalties);
         if self.cfg.is_greedy() {
-            return Some(argmax(logits));
+            return decided(self, argmax(logits));
         }
         // All −∞/NaN, or a +∞ that would swallow all the mass: the best-ranked id wins.
         let kept = keep(&self.cfg.filter(), logits, &mut self.cand, &mut self.scratch);
-        (!kept || self.cand.is_empty()).then(|| argmax(logits))
+        if !kept || self.cand.is_empty() {
+            return decided(self, argmax(logits));
+        }
+        None
     }
 
     /// Step 7: draw from the kept candidates in proportion to their weights.
     fn draw(&mut self) -> u32 {
+        let u = StdRng::seed_from_u64(self.next_seed()).random::<f64>();
         let cand = &self.cand;
         let total: f64 = cand.iter().map(|c| c.weight as f64).sum();
-        let u = self.rng.random::<f64>() * total;
+        let u = u * total;
         let mut acc = 0f64;
         for c in cand {
             acc += c.weight as f64;

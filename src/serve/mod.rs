@@ -113,9 +113,11 @@ async fn serve(
     let (load_tx, load_rx) = oneshot::channel();
     let (model, max_seqs, kv_tokens, step_tokens) =
         (args.model.clone(), args.max_seqs, args.kv_tokens, args.step_tokens);
+    let spec = args.spec.config()?;
     let started = Instant::now();
     std::thread::Builder::new().name("inferno-load".into()).spawn(move || {
-        let _ = load_tx.send(load(&model, &opts, &device, max_seqs, kv_tokens, step_tokens));
+        let sizes = Sizes { max_seqs, kv_tokens, step_tokens, spec };
+        let _ = load_tx.send(load(&model, &opts, &device, sizes));
     })?;
     let shutdown = state::shutdown_started(shutdown_rx);
     let mut server =
@@ -184,20 +186,23 @@ async fn stop_signal() {
     }
 }
 
-/// Loads the model into an engine sized for serving, its text side, and warms it up.
-fn load(
-    name: &str,
-    opts: &LoadOptions,
-    device: &Device,
+/// How big the serving engine is (from the command line).
+struct Sizes {
     max_seqs: usize,
     kv_tokens: Option<usize>,
     step_tokens: usize,
-) -> anyhow::Result<Ready> {
+    spec: Option<crate::engine::spec::SpecConfig>,
+}
+
+/// Loads the model into an engine sized for serving, its text side, and warms it up.
+fn load(name: &str, opts: &LoadOptions, device: &Device, sizes: Sizes) -> anyhow::Result<Ready> {
+    let Sizes { max_seqs, kv_tokens, step_tokens, spec } = sizes;
     let (engine, info) = load::start(name, opts, device, move |info| EngineConfig {
         max_seqs,
         kv_tokens: kv_tokens.unwrap_or_else(|| default_kv_tokens(info, max_seqs)).max(info.context),
         token_budget: step_tokens,
         pipeline: crate::switches::pipeline(),
+        spec,
     })?;
     let kv_tokens =
         kv_tokens.unwrap_or_else(|| default_kv_tokens(&info, max_seqs)).max(info.context);

@@ -55,7 +55,7 @@ impl OneSeq {
         for (i, piece) in tokens.chunks(self.chunk).enumerate() {
             let at = start + i * self.chunk;
             self.before(at, piece.len())?;
-            let c = Chunk { id: ID, start: at, len: piece.len(), sample: true };
+            let c = Chunk { id: ID, start: at, len: piece.len(), sample: true, drafts: 0 };
             logits = self.runner.forward(&[c], &[piece], &self.blocks)?;
         }
         let Some(logits) = logits else { anyhow::bail!("no tokens to run") };

@@ -68,6 +68,7 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
         }
     };
     let effort: crate::chat::harmony::ReasoningEffort = args.reasoning.parse()?;
+    let spec = args.spec.config()?;
     let (device, gpu) = load::open_device(args.device.gpu, args.device.cpu)?;
     let gpu_name = gpu.map(|g| g.name).unwrap_or_else(|| "CPU (--cpu)".to_string());
     let opts = LoadOptions {
@@ -80,7 +81,10 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     // One sequence at a time: the pool holds the context once (what the memory plan counted).
     let (engine, loaded) =
-        load::start(&model, &opts, &device, |info| EngineConfig::single(info.context))?;
+        load::start(&model, &opts, &device, move |info| EngineConfig {
+            spec,
+            ..EngineConfig::single(info.context)
+        })?;
     let text = load::text::load(&loaded.source)?;
     // One throw-away step loads the kernels and creates the cuBLAS handle now, so the first
     // reply's time to first token measures the model, not CUDA start-up.

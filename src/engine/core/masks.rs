@@ -23,7 +23,11 @@ impl Core {
     pub(super) fn constrain(&mut self, logits: Tensor, chunks: &[Chunk]) -> anyhow::Result<Tensor> {
         let t0 = Instant::now();
         let mut masks = Vec::new();
-        for (row, c) in chunks.iter().enumerate() {
+        let mut next_row = 0;
+        for c in chunks {
+            // A constrained chunk never drafts: its one sampled row.
+            let row = next_row;
+            next_row += c.sampled_rows();
             let Some(l) = self.live.get_mut(&c.id) else { continue };
             // A forced token replaces the draw: no mask needed (it is committed like any).
             if l.req.forced.len() > l.generated {

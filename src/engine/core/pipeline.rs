@@ -15,7 +15,8 @@
 //! And only when its draw needs nothing the host learns from the ids: no repetition, presence
 //! or frequency penalty (they read the history), no forced tokens, no log probabilities (the
 //! logits buffer is reused by the next step), no output constraint (its mask needs the token
-//! just sampled, see [`super::masks`]). Otherwise the step is read at once as before.
+//! just sampled, see [`super::masks`]), no draft in sight (a verify step needs the tokens on the
+//! host, [`super::speculate`]). Otherwise the step is read at once as before.
 
 use std::time::Instant;
 
@@ -85,8 +86,8 @@ impl Core {
         };
         self.count_step(&step.chunks, step.t0);
         for (c, id) in step.chunks.iter().zip(ids) {
-            self.sched.complete(c, Some(id), &mut self.blocks);
-            self.emit(c.id, id, None);
+            self.sched.complete(c, 0, &[id], &mut self.blocks);
+            self.emit_run(c.id, vec![(id, None)]);
         }
         self.publish(step.chunks.len());
         self.in_flight = next;
@@ -101,7 +102,9 @@ impl Core {
             && self.sched.running() == chunks.len()
             && chunks.iter().all(|c| self.sched.get(c.id).is_some());
         if !same_batch
-            || chunks.iter().any(|c| c.start + 2 > self.max_context || !self.drawn_blind(c.id, 1))
+            || chunks.iter().any(|c| {
+                c.start + 2 > self.max_context || !self.drawn_blind(c.id, 1) || self.would_draft(c.id)
+            })
         {
             trace(|| format!("not ahead: same batch {same_batch}"));
             return Ok(None);

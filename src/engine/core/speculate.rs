@@ -1,0 +1,77 @@
+//! The drafts of a step ([`crate::engine::spec`]): before the scheduler plans a step, each
+//! decoding sequence that may speculate gets the drafter's guess of its next tokens.
+//!
+//! A sequence may speculate when the engine has a drafter, at most
+//! [`SpecConfig::max_batch`](crate::engine::spec::SpecConfig) sequences run, its backoff allows
+//! it, and its next tokens are its sampler's alone: no output constraint (its mask would need the
+//! grammar advanced over each draft), no forced tokens left. A draft never reaches past the
+//! request's `max_tokens`.
+//!
+//! On a GPU a step runs as a CUDA graph only when every sequence has as many rows as the others:
+//! once one sequence drafts, the others that may speculate are padded to the same length with
+//! filler (their last token repeated). Filler is a draft like any other (accepted where the
+//! target agrees with it), but it does not count in the statistics or the backoff.
+
+use super::Core;
+use crate::engine::spec::ngram;
+
+impl Core {
+    /// Sets this step's drafts in the scheduler and records whose are the drafter's.
+    pub(super) fn propose_drafts(&mut self) {
+        self.drafted.clear();
+        let Some(spec) = self.spec else { return };
+        if self.sched.running() > spec.max_batch {
+            return;
+        }
+        let mut drafts: Vec<(u64, Vec<u32>, usize)> = Vec::new();
+        for id in self.sched.running_ids() {
+            let Some(room) = self.draft_room(id) else { continue };
+            let Some(seq) = self.sched.get(id) else { continue };
+            let may = self.live.get_mut(&id).is_some_and(|l| l.backoff.may_draft());
+            let k = spec.draft_tokens.min(room);
+            let draft = if may { ngram::propose(&seq.tokens, k, spec.ngram) } else { Vec::new() };
+            drafts.push((id, draft, k));
+        }
+        let longest = drafts.iter().map(|d| d.1.len()).max().unwrap_or(0);
+        if longest == 0 {
+            return;
+        }
+        let uniform = crate::engine::graphs::enabled(self.runner.device());
+        for (id, mut draft, k) in drafts {
+            if !draft.is_empty() {
+                self.drafted.insert(id);
+            }
+            if uniform {
+                let fill = match draft.last() {
+                    Some(&t) => t,
+                    None => self.sched.get(id).and_then(|s| s.tokens.last().copied()).unwrap_or(0),
+                };
+                draft.resize(longest.min(k), fill);
+            }
+            self.sched.set_draft(id, draft);
+        }
+    }
+
+    /// Draft tokens sequence `id` may verify in its next step (`None`: it may not speculate):
+    /// it decodes, its tokens are its sampler's, and a draft leaves room for one more token
+    /// within `max_tokens`.
+    fn draft_room(&self, id: u64) -> Option<usize> {
+        let seq = self.sched.get(id)?;
+        let l = self.live.get(&id)?;
+        let decoding = seq.computed + 1 == seq.tokens.len();
+        let own = l.req.constraint.is_none() && l.req.forced.len() <= l.generated;
+        let room = l.req.max_tokens.saturating_sub(l.generated + 1);
+        (decoding && own && room > 0).then_some(room)
+    }
+
+    /// Whether sequence `id` would draft if its tokens so far were all it had (the pipelined
+    /// decode stops going ahead for it, so that its next step can verify).
+    pub(super) fn would_draft(&self, id: u64) -> bool {
+        let Some(spec) = self.spec else { return false };
+        let Some(seq) = self.sched.get(id) else { return false };
+        self.sched.running() <= spec.max_batch
+            && self.draft_room(id).is_some()
+            && self.live.get(&id).is_some_and(|l| l.backoff.is_open())
+            && !ngram::propose(&seq.tokens, 1, spec.ngram).is_empty()
+    }
+}

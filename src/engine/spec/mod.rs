@@ -1,0 +1,166 @@
+//! Speculative decoding: a decoding sequence guesses its next few tokens (a draft), and one step
+//! runs its last token and the draft as one chunk whose every row is sampled. Row `j` samples
+//! the token after draft `j` exactly as a one-token step at that position would (the same
+//! logits, bit for bit, wherever the step's kernels give a row the same arithmetic in any batch;
+//! the same sampler, history and draw index). The draft is accepted while each row's token equals
+//! the next draft; the first row that differs gives its own token, and a fully accepted draft
+//! gives the last row's token as a bonus. So a step emits 1 to k + 1 tokens, and they are the
+//! tokens plain decoding would have emitted, greedy or sampled (the sample-and-compare form of
+//! rejection sampling for a deterministic draft: the chance a draft token is kept is the
+//! target's probability of it, and a rejected position's token is drawn from the target's
+//! distribution; `../shared/docs/spec-decoding.md` §1.3).
+//!
+//! - [`ngram`]: the drafter, prompt lookup over the sequence's own tokens.
+//! - [`Backoff`]: when a sequence's drafts keep failing it drafts less often.
+//!
+//! The engine (`core.rs`) asks for drafts before each step for the sequences that may take one
+//! ([`SpecConfig::max_batch`]), the scheduler fits them into the step (`scheduler.rs`), and
+//! [`accepted`] decides what the sampled rows keep.
+
+pub mod ngram;
+
+pub use ngram::NgramConfig;
+
+/// Speculation settings of an engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpecConfig {
+    /// Draft tokens a sequence verifies in one step at most (`--draft-tokens`).
+    pub draft_tokens: usize,
+    /// Sequences speculate only while at most this many run: past it a step's extra rows cost
+    /// more than the tokens they save.
+    pub max_batch: usize,
+    pub ngram: NgramConfig,
+}
+
+/// Draft tokens a step verifies at most: a graph step's rows for one sequence all fit in one
+/// 16-token block (`engine/graphs.rs`).
+pub const MAX_DRAFT_TOKENS: usize = 15;
+
+/// Default `--draft-tokens`.
+pub const DEFAULT_DRAFT_TOKENS: usize = 4;
+
+impl SpecConfig {
+    /// N-gram drafting of up to `draft_tokens` tokens, with the default limits.
+    pub fn ngram(draft_tokens: usize) -> anyhow::Result<SpecConfig> {
+        if draft_tokens == 0 || draft_tokens > MAX_DRAFT_TOKENS {
+            return Err(crate::error::fail(
+                crate::error::ErrorKind::InvalidInput,
+                format!(
+                    "--draft-tokens must be 1 to {MAX_DRAFT_TOKENS}, not {draft_tokens}"
+                ),
+            ));
+        }
+        Ok(SpecConfig { draft_tokens, max_batch: 8, ngram: NgramConfig::default() })
+    }
+}
+
+/// How many of `drafts` the sampled rows accept: `sampled[j]` is row `j`'s token (row 0 is the
+/// sequence's last token's, row `j` draft `j`'s), and draft `j` stands while every row before it
+/// sampled exactly the draft after it. The tokens emitted are `sampled[..=accepted]`.
+pub fn accepted(drafts: &[u32], sampled: &[u32]) -> usize {
+    drafts.iter().zip(sampled).take_while(|(d, s)| d == s).count()
+}
+
+/// A sequence's draft throttle: after a verify step that accepted nothing, the sequence skips
+/// drafting for 1, 2, 4 … 64 of its steps (a step that accepts anything resets it). A sequence
+/// whose drafts always fail thus verifies on fewer than one step in seven after its first few
+/// misses, which bounds what wrong guesses cost it.
+#[derive(Debug, Default, Clone)]
+pub struct Backoff {
+    misses: u32,
+    /// Steps left without drafting.
+    skip: u32,
+}
+
+impl Backoff {
+    const MAX_SKIP: u32 = 64;
+
+    /// Whether the sequence drafts in this step (counts a skipped step down).
+    pub fn may_draft(&mut self) -> bool {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// Whether the next step may draft (without counting it down).
+    pub fn is_open(&self) -> bool {
+        self.skip == 0
+    }
+
+    /// Records a verify step's outcome.
+    pub fn record(&mut self, accepted: usize) {
+        if accepted > 0 {
+            self.misses = 0;
+        } else {
+            self.skip = (1u32 << self.misses.min(6)).min(Self::MAX_SKIP);
+            self.misses += 1;
+        }
+    }
+}
+
+/// Counts for bench and `/metrics` (vLLM's names: a draft is one verify of one sequence).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Drafts verified.
+    pub drafts: u64,
+    /// Draft tokens verified.
+    pub draft_tokens: u64,
+    /// Draft tokens accepted.
+    pub accepted_tokens: u64,
+}
+
+impl SpecStats {
+    /// Accepted draft tokens per drafted one.
+    pub fn acceptance_rate(&self) -> f64 {
+        self.accepted_tokens as f64 / self.draft_tokens.max(1) as f64
+    }
+
+    /// Tokens a verify step emits on average (the accepted ones and the one it samples).
+    pub fn mean_accepted_length(&self) -> f64 {
+        1.0 + self.accepted_tokens as f64 / self.drafts.max(1) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_the_matching_prefix() {
+        assert_eq!(accepted(&[5, 6, 7], &[5, 6, 7, 8]), 3);
+        assert_eq!(accepted(&[5, 6, 7], &[5, 9, 7, 8]), 1);
+        assert_eq!(accepted(&[5, 6, 7], &[4, 6, 7, 8]), 0);
+        assert_eq!(accepted(&[], &[4]), 0);
+    }
+
+    #[test]
+    fn backoff_doubles_after_misses_and_resets_on_a_hit() {
+        let mut b = Backoff::default();
+        let mut drafted = Vec::new();
+        for step in 0..40 {
+            if b.may_draft() {
+                drafted.push(step);
+                b.record(0);
+            }
+        }
+        // Skips of 1, 2, 4, 8, 16 between the drafts.
+        assert_eq!(drafted, vec![0, 2, 5, 10, 19, 36]);
+        b.record(2);
+        let mut next = 0;
+        while !b.may_draft() {
+            next += 1;
+        }
+        assert!(next <= 32, "a hit resets the misses, the pending skip runs out");
+        b.record(1);
+        assert!(b.may_draft());
+    }
+
+    #[test]
+    fn draft_tokens_are_bounded() {
+        assert!(SpecConfig::ngram(0).is_err());
+        assert!(SpecConfig::ngram(MAX_DRAFT_TOKENS + 1).is_err());
+        assert_eq!(SpecConfig::ngram(4).map(|c| c.draft_tokens).ok(), Some(4));
+    }
+}
