@@ -88,7 +88,7 @@ fn the_engine_gives_the_same_tokens() {
             kv_tokens: CONTEXT,
             token_budget: 8,
             pipeline: inferno::switches::pipeline(),
-        spec: None,
+            spec: None,
         };
         let path = dir(name);
         let (engine, info) =

@@ -21,7 +21,13 @@ fn start(model: &str, pipelined: bool) -> Engine {
     let (device, _) = inferno::gpu::open(0).expect("a CUDA device");
     let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures")).join(model);
     let opts = LoadOptions { dtype: Some(DType::BF16), context: Some(512), dummy: false };
-    let cfg = EngineConfig { max_seqs: 4, kv_tokens: 2048, token_budget: 64, pipeline: pipelined, spec: None };
+    let cfg = EngineConfig {
+        max_seqs: 4,
+        kv_tokens: 2048,
+        token_budget: 64,
+        pipeline: pipelined,
+        spec: None,
+    };
     let (engine, _) = load::start(path.to_str().expect("utf-8 path"), &opts, &device, move |_| cfg)
         .expect("engine");
     engine

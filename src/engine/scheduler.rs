@@ -155,12 +155,15 @@ impl Scheduler {
         blocks: &mut BlockManager,
     ) {
         let Some(seq) = self.running.iter_mut().find(|s| s.id == chunk.id) else { return };
-        seq.computed = chunk.start + chunk.len - chunk.drafts + accepted.min(chunk.drafts);
+        // The accepted drafts are the first emitted tokens: the sequence holds them before
+        // their blocks are hashed.
+        seq.tokens.extend_from_slice(emitted);
         seq.draft.clear();
+        let computed = chunk.start + chunk.len - chunk.drafts + accepted.min(chunk.drafts);
+        seq.computed = computed.min(seq.tokens.len());
         // Only an unknown id fails, and every running sequence is known to the manager.
         let _ = blocks.commit(seq.id, &seq.tokens[..seq.computed]);
         blocks.release_out_of_window(seq.id, seq.computed);
-        seq.tokens.extend_from_slice(emitted);
     }
 
     /// The next step. Empty when nothing can run (idle, or waiting for space that only a

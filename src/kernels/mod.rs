@@ -32,6 +32,7 @@
 //! `nvcc --ptx -arch=sm_90 -O3 -std=c++17 -I src/kernels src/kernels/X.cu -o X.ptx && ptxas -arch=sm_90 -v X.ptx -o /dev/null`.
 
 pub mod argmax;
+pub mod invariance;
 pub mod layer_norm_act;
 pub mod matmul_f32_out;
 pub mod mxfp4;

@@ -445,6 +445,9 @@ impl CustomOp3 for Mxfp4Moe {
 mod gpu;
 mod routed;
 
+#[cfg(feature = "cuda")]
+pub(crate) use gpu::EXPERT_MAJOR_MIN_TOKENS;
+
 pub use routed::{mxfp4_moe_routed, route};
 
 #[cfg(test)]

@@ -119,6 +119,9 @@ pub trait BatchModel {
     /// Positions the RoPE tables cover: the longest sequence.
     fn max_positions(&self) -> usize;
     fn device(&self) -> &Device;
+    /// Rows a step may hold with each row's logits the bits a one-row step gives it
+    /// ([`crate::kernels::invariance`]): speculative decoding verifies within it.
+    fn invariant_rows(&self) -> usize;
     /// The bytes its weights and RoPE tables hold (what memory plans predict; the KV pool is
     /// the engine's, [`KvShape::pool_bytes`]).
     fn allocated(&self) -> super::memory::Allocated;

@@ -103,7 +103,9 @@ impl Core {
             && chunks.iter().all(|c| self.sched.get(c.id).is_some());
         if !same_batch
             || chunks.iter().any(|c| {
-                c.start + 2 > self.max_context || !self.drawn_blind(c.id, 1) || self.would_draft(c.id)
+                c.start + 2 > self.max_context
+                    || !self.drawn_blind(c.id, 1)
+                    || self.would_draft(c.id)
             })
         {
             trace(|| format!("not ahead: same batch {same_batch}"));

@@ -1,11 +1,10 @@
 //! The drafts of a step ([`crate::engine::spec`]): before the scheduler plans a step, each
 //! decoding sequence that may speculate gets the drafter's guess of its next tokens.
 //!
-//! A sequence may speculate when the engine has a drafter, at most
-//! [`SpecConfig::max_batch`](crate::engine::spec::SpecConfig) sequences run, its backoff allows
-//! it, and its next tokens are its sampler's alone: no output constraint (its mask would need the
-//! grammar advanced over each draft), no forced tokens left. A draft never reaches past the
-//! request's `max_tokens`.
+//! A sequence may speculate when the engine has a drafter, the step can verify without changing
+//! any row's bits ([`Core::draft_limit`]), its backoff allows it, and its next tokens are its
+//! sampler's alone: no output constraint (its mask would need the grammar advanced over each
+//! draft), no forced tokens left. A draft never reaches past the request's `max_tokens`.
 //!
 //! On a GPU a step runs as a CUDA graph only when every sequence has as many rows as the others:
 //! once one sequence drafts, the others that may speculate are padded to the same length with
@@ -19,16 +18,14 @@ impl Core {
     /// Sets this step's drafts in the scheduler and records whose are the drafter's.
     pub(super) fn propose_drafts(&mut self) {
         self.drafted.clear();
+        let Some(k_max) = self.draft_limit() else { return };
         let Some(spec) = self.spec else { return };
-        if self.sched.running() > spec.max_batch {
-            return;
-        }
         let mut drafts: Vec<(u64, Vec<u32>, usize)> = Vec::new();
         for id in self.sched.running_ids() {
             let Some(room) = self.draft_room(id) else { continue };
             let Some(seq) = self.sched.get(id) else { continue };
             let may = self.live.get_mut(&id).is_some_and(|l| l.backoff.may_draft());
-            let k = spec.draft_tokens.min(room);
+            let k = k_max.min(room);
             let draft = if may { ngram::propose(&seq.tokens, k, spec.ngram) } else { Vec::new() };
             drafts.push((id, draft, k));
         }
@@ -52,6 +49,27 @@ impl Core {
         }
     }
 
+    /// Draft tokens each sequence may verify in the next step (`None`: no speculation): while
+    /// at most `max_batch` sequences run, none of them still prefilling, and the step's rows
+    /// (each sequence's last token and its drafts) stay within what the model computes as one
+    /// row alone ([`crate::models::batch::BatchModel::invariant_rows`]), so that verifying
+    /// changes no bit of any row.
+    fn draft_limit(&self) -> Option<usize> {
+        let spec = self.spec?;
+        let running = self.sched.running();
+        let decoding = self
+            .sched
+            .running_ids()
+            .iter()
+            .all(|&id| self.sched.get(id).is_some_and(|s| s.computed + 1 == s.tokens.len()));
+        if running == 0 || running > spec.max_batch || !decoding || self.sched.waiting() > 0 {
+            return None;
+        }
+        let rows = self.runner.model.invariant_rows();
+        let k = (rows / running).saturating_sub(1).min(spec.draft_tokens);
+        (k > 0).then_some(k)
+    }
+
     /// Draft tokens sequence `id` may verify in its next step (`None`: it may not speculate):
     /// it decodes, its tokens are its sampler's, and a draft leaves room for one more token
     /// within `max_tokens`.
@@ -69,7 +87,7 @@ impl Core {
     pub(super) fn would_draft(&self, id: u64) -> bool {
         let Some(spec) = self.spec else { return false };
         let Some(seq) = self.sched.get(id) else { return false };
-        self.sched.running() <= spec.max_batch
+        self.draft_limit().is_some()
             && self.draft_room(id).is_some()
             && self.live.get(&id).is_some_and(|l| l.backoff.is_open())
             && !ngram::propose(&seq.tokens, 1, spec.ngram).is_empty()

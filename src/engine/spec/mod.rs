@@ -45,9 +45,7 @@ impl SpecConfig {
         if draft_tokens == 0 || draft_tokens > MAX_DRAFT_TOKENS {
             return Err(crate::error::fail(
                 crate::error::ErrorKind::InvalidInput,
-                format!(
-                    "--draft-tokens must be 1 to {MAX_DRAFT_TOKENS}, not {draft_tokens}"
-                ),
+                format!("--draft-tokens must be 1 to {MAX_DRAFT_TOKENS}, not {draft_tokens}"),
             ));
         }
         Ok(SpecConfig { draft_tokens, max_batch: 8, ngram: NgramConfig::default() })

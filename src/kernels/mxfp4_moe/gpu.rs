@@ -44,7 +44,7 @@ const SMALL_BATCH: usize = 2;
 /// Below it a token's MoE also sums in the same order whatever the batch, so a prompt in chunks
 /// of fewer tokens computes each position bit for bit as a decode step does (tests/cache_reuse.rs
 /// reuses KV that decode steps wrote and compares with a fresh prefill).
-pub(super) const EXPERT_MAJOR_MIN_TOKENS: usize = 8;
+pub(crate) const EXPERT_MAJOR_MIN_TOKENS: usize = 8;
 /// From this many tokens the expert-major GEMVs cut each expert's slots into tiles of 16 instead
 /// of 8 (twice the tensor-core work per weight byte, half the weight re-reads for experts with more
 /// than 8 slots). Measured (H100, as above): 8-slot / 16-slot tiles 296 / 334 µs at 32 tokens,

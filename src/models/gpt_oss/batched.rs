@@ -97,6 +97,10 @@ impl BatchModel for GptOss {
         self.config().vocab_size
     }
 
+    fn invariant_rows(&self) -> usize {
+        crate::kernels::invariance::invariant_rows(self.device(), self.dtype(), true)
+    }
+
     fn max_positions(&self) -> usize {
         self.rope_tables().0.dim(0).unwrap_or(0)
     }

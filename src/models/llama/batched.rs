@@ -119,6 +119,10 @@ impl BatchModel for Llama {
         self.config().vocab_size
     }
 
+    fn invariant_rows(&self) -> usize {
+        crate::kernels::invariance::invariant_rows(self.device(), self.dtype(), false)
+    }
+
     fn max_positions(&self) -> usize {
         self.rope_f32().0.dim(0).unwrap_or(0)
     }

@@ -1,0 +1,314 @@
+//! Speculative decoding is lossless: with n-gram drafts the engine emits exactly the tokens it
+//! emits without them, greedy and sampled (every sampler setting, seeded), alone and in a batch,
+//! and stops where plain decoding stops (end ids and `max_tokens` inside an accepted run). On the
+//! CPU in f32: the tiny gpt-oss and tiny Llama 3 checkpoints, and SmolLM2-135M-Instruct (real
+//! weights) copying a text. Each case also checks that drafts were verified, accepted and
+//! rejected, so a drafter that never fires cannot pass it.
+//!
+//! The GPU runs the same cases in bf16 (`INFERNO_SPEC_DEVICE=cuda`, with `--include-ignored`).
+
+mod common;
+
+use std::path::PathBuf;
+
+use candle_core::{DType, Device};
+use inferno::engine::core::{Engine, EngineConfig};
+use inferno::engine::request::{Event, Finish, Request, RequestHandle};
+use inferno::engine::spec::{NgramConfig, SpecConfig, SpecStats};
+use inferno::generate::{SamplerConfig, StopReason};
+use inferno::load::{self, LoadOptions};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Positions of an engine's sequences (the tiny checkpoints were made for 64).
+const CONTEXT: usize = 64;
+
+fn fixture(name: &str) -> String {
+    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures")).join(name);
+    p.to_str().expect("utf-8 path").to_string()
+}
+
+fn smollm2() -> String {
+    let p = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
+    p.to_str().expect("utf-8 path").to_string()
+}
+
+/// Where the cases run: the CPU in f32, or (`INFERNO_SPEC_DEVICE=cuda`) the GPU in bf16.
+fn device() -> (Device, DType) {
+    match std::env::var("INFERNO_SPEC_DEVICE").as_deref() {
+        Ok("cuda") => (Device::new_cuda(0).expect("a CUDA device"), DType::BF16),
+        _ => (Device::Cpu, DType::F32),
+    }
+}
+
+/// An engine of `max_seqs` sequences, speculating with `draft_tokens` drafts (0: off). The
+/// batch limit is lifted so that a batch of any size speculates, and a single repeated token is
+/// enough to draft (the random tiny models rarely copy longer runs; what is checked is the
+/// verification, whatever the drafts).
+fn start(model: &str, max_seqs: usize, draft_tokens: usize) -> Engine {
+    start_with(model, max_seqs, draft_tokens, CONTEXT, NgramConfig { min_n: 1, max_n: 4 })
+}
+
+/// [`start`] with a context and n-gram limits of its own.
+fn start_with(
+    model: &str,
+    max_seqs: usize,
+    draft_tokens: usize,
+    context: usize,
+    ngram: NgramConfig,
+) -> Engine {
+    let (dev, dtype) = device();
+    let spec = (draft_tokens > 0).then(|| SpecConfig {
+        max_batch: usize::MAX,
+        ngram,
+        ..SpecConfig::ngram(draft_tokens).expect("draft tokens")
+    });
+    let cfg = EngineConfig {
+        max_seqs,
+        kv_tokens: max_seqs * context,
+        token_budget: 256,
+        pipeline: inferno::switches::pipeline(),
+        spec,
+    };
+    let opts = LoadOptions { dtype: Some(dtype), context: Some(context), dummy: false };
+    load::start(model, &opts, &dev, move |_| cfg).expect("engine").0
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    prompt: Vec<u32>,
+    sampling: SamplerConfig,
+    max_tokens: usize,
+    eos_ids: Vec<u32>,
+}
+
+fn request(c: &Case) -> Request {
+    Request {
+        prompt: c.prompt.clone(),
+        sampling: c.sampling.clone(),
+        max_tokens: c.max_tokens,
+        eos_ids: c.eos_ids.clone(),
+        interrupt: None,
+        logprobs: None,
+        forced: Vec::new(),
+        constraint: None,
+    }
+}
+
+fn collect(mut h: RequestHandle) -> (Vec<u32>, Finish) {
+    let mut tokens = Vec::new();
+    loop {
+        match h.blocking_next() {
+            Some(Event::Token(t, _)) => tokens.push(t),
+            Some(Event::Finished(f)) => return (tokens, f),
+            Some(Event::Failed(m)) => panic!("request failed: {m}"),
+            None => panic!("the engine dropped the request"),
+        }
+    }
+}
+
+/// Every case's tokens and stop reason, all submitted at once to one engine.
+fn run_batch(engine: &Engine, cases: &[Case]) -> Vec<(Vec<u32>, StopReason)> {
+    let handles: Vec<RequestHandle> =
+        cases.iter().map(|c| engine.submit(request(c)).expect("submit")).collect();
+    handles
+        .into_iter()
+        .map(|h| {
+            let (t, f) = collect(h);
+            (t, f.reason)
+        })
+        .collect()
+}
+
+/// Each case alone in its own engine.
+fn run_alone(
+    model: &str,
+    cases: &[Case],
+    draft_tokens: usize,
+) -> (Vec<(Vec<u32>, StopReason)>, SpecStats) {
+    run_alone_in(cases, || start(model, 1, draft_tokens))
+}
+
+/// Each case alone in its own engine from `start`, and the drafts' statistics over all.
+fn run_alone_in(
+    cases: &[Case],
+    start: impl Fn() -> Engine,
+) -> (Vec<(Vec<u32>, StopReason)>, SpecStats) {
+    let mut stats = SpecStats::default();
+    let out = cases
+        .iter()
+        .map(|c| {
+            let e = start();
+            let r = run_batch(&e, std::slice::from_ref(c)).remove(0);
+            let s = e.stats().spec;
+            stats.drafts += s.drafts;
+            stats.draft_tokens += s.draft_tokens;
+            stats.accepted_tokens += s.accepted_tokens;
+            r
+        })
+        .collect();
+    (out, stats)
+}
+
+/// Every sampler setting: greedy, plain temperature (the Gumbel path on a GPU), the full chain
+/// with top-k/top-p/min-p, and each penalty.
+fn sampling(i: usize) -> SamplerConfig {
+    let seed = 1000 + i as u64;
+    match i % 6 {
+        0 => SamplerConfig::greedy(),
+        1 => SamplerConfig {
+            temperature: 0.7,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            seed,
+            ..SamplerConfig::greedy()
+        },
+        2 => SamplerConfig { seed, ..SamplerConfig::default() },
+        3 => SamplerConfig { repeat_penalty: 1.3, repeat_last_n: 16, ..SamplerConfig::greedy() },
+        4 => SamplerConfig {
+            presence_penalty: 0.8,
+            frequency_penalty: 0.4,
+            seed,
+            ..SamplerConfig::default()
+        },
+        _ => SamplerConfig {
+            temperature: 1.2,
+            top_k: Some(5),
+            min_p: Some(0.1),
+            seed,
+            ..SamplerConfig::default()
+        },
+    }
+}
+
+/// Prompts an n-gram drafter has something to say about: a random phrase repeated.
+fn copy_prompts(vocab: u32, n: usize) -> Vec<Vec<u32>> {
+    let mut rng = StdRng::seed_from_u64(5);
+    (0..n)
+        .map(|_| {
+            let phrase: Vec<u32> =
+                (0..3 + rng.random_range(0..5)).map(|_| rng.random_range(1..vocab)).collect();
+            let mut p = Vec::new();
+            for _ in 0..2 + rng.random_range(0..2) {
+                p.extend_from_slice(&phrase);
+            }
+            p
+        })
+        .collect()
+}
+
+fn cases(prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Case> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Case {
+            prompt: p.clone(),
+            sampling: sampling(i),
+            max_tokens: max_tokens - i % 5,
+            eos_ids: Vec::new(),
+        })
+        .collect()
+}
+
+fn assert_same(
+    label: &str,
+    cases: &[Case],
+    with: &[(Vec<u32>, StopReason)],
+    without: &[(Vec<u32>, StopReason)],
+) {
+    for (i, (w, wo)) in with.iter().zip(without).enumerate() {
+        assert_eq!(w, wo, "{label}: case {i} ({:?}) differs with speculation", cases[i].sampling);
+    }
+}
+
+fn assert_exercised(label: &str, s: SpecStats) {
+    assert!(s.drafts > 0, "{label}: nothing was drafted");
+    assert!(s.accepted_tokens > 0, "{label}: no draft token was accepted ({s:?})");
+    assert!(s.accepted_tokens < s.draft_tokens, "{label}: no draft token was rejected ({s:?})");
+}
+
+/// Alone, in one batch (of 12 on the CPU), and with end ids inside the runs: the same tokens
+/// with and without speculation.
+fn lossless(model: &str) {
+    let vocab = start(model, 1, 0).vocab_size() as u32;
+    let prompts = copy_prompts(vocab, 12);
+    let cases = cases(&prompts, 36);
+
+    let (plain, _) = run_alone(model, &cases, 0);
+    let (spec, stats) = run_alone(model, &cases, 4);
+    assert_same("alone", &cases, &spec, &plain);
+    assert_exercised("alone", stats);
+
+    // A GPU verifies only steps whose rows keep one-row arithmetic (a few rows): two sequences.
+    let n = if device().0.is_cuda() { 2 } else { 12 };
+    let label = format!("batch of {n}");
+    let batch = run_batch(&start(model, n, 0), &cases[..n]);
+    let engine = start(model, n, 6);
+    let spec_batch = run_batch(&engine, &cases[..n]);
+    assert_same(&label, &cases, &spec_batch, &batch);
+    assert_exercised(&label, engine.stats().spec);
+
+    // An end id that plain decoding emits mid-reply: both stop at its first occurrence.
+    let stopping: Vec<Case> = cases
+        .iter()
+        .zip(&plain)
+        .map(|(c, (tokens, _))| Case { eos_ids: vec![tokens[tokens.len() / 2]], ..c.clone() })
+        .collect();
+    let (plain_stop, _) = run_alone(model, &stopping, 0);
+    let (spec_stop, _) = run_alone(model, &stopping, 4);
+    assert_same("end ids", &stopping, &spec_stop, &plain_stop);
+    for (i, (tokens, reason)) in spec_stop.iter().enumerate() {
+        assert!(matches!(reason, StopReason::Eos(_)), "case {i}: {reason:?}");
+        assert!(tokens.len() <= plain[i].0.len() / 2 + 1, "case {i} ran past its end id");
+    }
+}
+
+#[test]
+fn gpt_oss_speculation_is_lossless() {
+    lossless(&fixture("gpt_oss_tiny"));
+}
+
+#[test]
+fn llama_speculation_is_lossless() {
+    lossless(&fixture("llama3_tiny"));
+}
+
+/// SmolLM2 asked to repeat a paragraph with one change: long accepted runs, and the same reply.
+#[test]
+fn smollm2_copying_speculates_and_is_lossless() {
+    let model = smollm2();
+    let path = load::source::resolve(&model, false).expect("path");
+    let source = load::source::Source::detect(&path, false).expect("source");
+    let text = load::text::load(&source).expect("tokenizer");
+    let ask = "Repeat the following paragraph exactly, but write \"river\" instead of \"stream\":\n\n\
+        A small stream ran behind the old mill. In spring the stream was loud and fast, carrying \
+        leaves and branches down to the valley. Children from the village came to watch the water \
+        and to throw stones into the stream, counting the rings that spread across its surface.";
+    let template = text.template.as_ref().expect("SmolLM2 has a chat template");
+    let messages = [inferno::template::Message::new("user", ask)];
+    let rendered = template.render(&messages, true, &serde_json::Value::Null).expect("render");
+    let prompt = text.encode_chat(&rendered).expect("prompt");
+    let base = Case {
+        prompt,
+        sampling: SamplerConfig::greedy(),
+        max_tokens: 80,
+        eos_ids: text.eos_ids.clone(),
+    };
+    let cases = vec![
+        base.clone(),
+        Case {
+            sampling: SamplerConfig { seed: 3, temperature: 0.5, ..SamplerConfig::default() },
+            ..base.clone()
+        },
+    ];
+    let engine = |k| start_with(&model, 1, k, 512, NgramConfig::default());
+    let (plain, _) = run_alone_in(&cases, || engine(0));
+    let (spec, stats) = run_alone_in(&cases, || engine(6));
+    assert_same("SmolLM2", &cases, &spec, &plain);
+    assert!(
+        stats.mean_accepted_length() > 2.0,
+        "copying should accept long runs: {stats:?} (mean length {:.2})",
+        stats.mean_accepted_length()
+    );
+}
