@@ -109,6 +109,16 @@ pub struct BenchArgs {
     /// run unconstrained in the same batches, and both groups' decode rates are reported.
     #[arg(long, value_name = "N")]
     pub constrained: Option<usize>,
+    /// The prompt is this file's text, as a user message through the model's chat template
+    /// (every stream the same; replies end at the model's end token or --gen-tokens), in place
+    /// of --prompt-tokens random ids: real text for speculative decoding to copy from.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<std::path::PathBuf>,
+    /// Time the model's steps of 1, 3, 5 and 9 rows at one position (a one-token step and the
+    /// verify steps of 2, 4 and 8 drafts, as CUDA graphs) instead of generating, and the decode
+    /// rates they give at mean accepted lengths 2.0, 2.5 and 3.0.
+    #[arg(long)]
+    pub verify_cost: bool,
 }
 
 #[derive(Debug, Args)]

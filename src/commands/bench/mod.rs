@@ -9,6 +9,11 @@
 //! (streams over the mean time of such a step: their inter-token latency), each stream's
 //! decode rate, and the TTFT percentiles. One
 //! warm-up run, then `--repeat` runs; medians are reported with the GPU name and memory.
+//!
+//! With `--draft` it reports what speculation drafted and accepted; `--prompt-file` gives it real
+//! text to copy from; `--verify-cost` times the verify steps themselves ([`verify`]).
+
+mod verify;
 
 use std::time::{Duration, Instant};
 
@@ -16,6 +21,7 @@ use crate::cli::BenchArgs;
 use crate::engine::constraint::{Constraint, Grammars};
 use crate::engine::core::{Engine, EngineConfig};
 use crate::engine::request::{Event, Request};
+use crate::engine::spec::{SpecConfig, SpecStats};
 use crate::error::{ErrorKind, fail};
 use crate::generate::SamplerConfig;
 use crate::load::{self, LoadOptions};
@@ -55,10 +61,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let sampling = super::play::sampler_config(&args.sampling, SamplerConfig::greedy())?;
     let (device, gpu) = load::open_device(args.device.gpu, args.device.cpu)?;
     let dtype = args.device.dtype.as_deref().map(load::parse_dtype).transpose()?;
+    if args.verify_cost {
+        return verify::run(&args, &device, dtype, gpu.map(|g| g.name));
+    }
     let needed = args.prompt_tokens.checked_add(args.gen_tokens).ok_or_else(|| {
         fail(ErrorKind::InvalidInput, "--prompt-tokens plus --gen-tokens is too large")
     })?;
-    let context = args.context.unwrap_or(needed).max(needed);
+    // A prompt file's length is known once the tokenizer is loaded: room for a page of text.
+    let floor = if args.prompt_file.is_some() { 4096 } else { needed };
+    let context = args.context.unwrap_or(floor).max(needed);
     let opts = LoadOptions { dtype, context: Some(context), dummy: args.dummy_weights };
     let streams = args.concurrency;
     let step_tokens = args.step_tokens;
@@ -75,18 +86,25 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     })?;
     let load_s = started.elapsed().as_secs_f64();
     let vocab = engine.vocab_size();
+    let file_prompt = prompt_from_file(&args, &loaded.source, engine.context())?;
+    let prompt_tokens = file_prompt.as_ref().map_or(args.prompt_tokens, |p| p.0.len());
     let mut seed = 0u64;
     let mut next_prompts = || {
         (0..streams)
             .map(|_| {
                 seed += 1;
-                pseudo_random_tokens(args.prompt_tokens, vocab, seed)
+                match &file_prompt {
+                    Some((ids, _)) => ids.clone(),
+                    None => pseudo_random_tokens(args.prompt_tokens, vocab, seed),
+                }
             })
             .collect::<Vec<_>>()
     };
     let grammar = schema_grammar(&args, &loaded.source, vocab)?;
-    let sampling = Sampling { config: sampling, grammar };
+    let eos_ids = file_prompt.as_ref().map(|p| p.1.clone()).unwrap_or_default();
+    let sampling = Sampling { config: sampling, grammar, eos_ids };
     one_run(&engine, next_prompts(), args.gen_tokens, &sampling)?; // warm-up
+    let spec_before = engine.stats().spec;
     let before = engine.stats().decode_steps.get(&streams).copied().unwrap_or_default();
     let mut runs = Vec::new();
     for _ in 0..args.repeat {
@@ -96,12 +114,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     // batch, and streams over it the aggregate decode rate (what SGLang's and vLLM's batch
     // numbers are).
     let after = engine.stats().decode_steps.get(&streams).copied().unwrap_or_default();
+    let spec = spec.map(|c| (c, spec_delta(spec_before, engine.stats().spec)));
     let full_steps = after.0.saturating_sub(before.0);
     let full_step_s = after.1.saturating_sub(before.1).as_secs_f64() / full_steps.max(1) as f64;
     let full_decode = if full_steps > 0 { streams as f64 / full_step_s } else { 0.0 };
     let gpu_name = gpu.as_ref().map(|g| g.name.clone()).unwrap_or_else(|| "CPU".into());
     let mem_now = crate::gpu::memory(&device).map(|(free, total)| total - free);
-    let r = Report::of(&runs, args.prompt_tokens);
+    let r = Report::of(&runs, prompt_tokens);
 
     if args.json {
         let v = serde_json::json!({
@@ -114,7 +133,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "context": loaded.context,
             "concurrency": streams,
             "step_tokens": step_tokens,
-            "prompt_tokens": args.prompt_tokens,
+            "prompt_tokens": prompt_tokens,
+            "prompt_file": args.prompt_file,
+            "speculation": spec_json(spec),
             "gen_tokens": args.gen_tokens,
             "repeat": args.repeat,
             "prefill_tok_s": r.prefill,
@@ -144,6 +165,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(line) = constrained_line(&sampling, &runs) {
         println!("{line}");
     }
+    if let Some(line) = spec_line(spec) {
+        println!("{line}");
+    }
     if let Some(b) = loaded.device_bytes {
         println!("memory:  {} taken by the model (weights + KV cache)", human_bytes(b));
     }
@@ -151,7 +175,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if streams == 1 {
         println!(
             "prefill: pp{:<6} {:>10.1} tok/s   (median of {n})",
-            args.prompt_tokens, r.prefill
+            prompt_tokens, r.prefill
         );
         println!(
             "decode:  tg{:<6} {:>10.1} tok/s   ({:.2} ms/token)",
@@ -162,7 +186,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     } else {
         println!(
             "streams: {streams} × (pp{} + tg{})   (median of {n} runs)",
-            args.prompt_tokens, args.gen_tokens
+            prompt_tokens, args.gen_tokens
         );
         println!("aggregate:  {:>10.1} tok/s generated (prefill included)", r.aggregate);
         println!(
@@ -226,11 +250,80 @@ fn sampling_line(c: &SamplerConfig) -> String {
     )
 }
 
-/// How the streams sample: the settings, and with `--json-schema` the grammar's fresh state and
-/// how many streams (the first ones) follow it.
+/// How the streams sample: the settings, with `--json-schema` the grammar's fresh state and
+/// how many streams (the first ones) follow it, and the ids that end a reply (none unless the
+/// prompt is real text).
 struct Sampling {
     config: SamplerConfig,
     grammar: Option<(Constraint, usize)>,
+    eos_ids: Vec<u32>,
+}
+
+/// `--prompt-file`: the file's text as a chat prompt for the model, and the model's end ids.
+fn prompt_from_file(
+    args: &BenchArgs,
+    source: &load::Source,
+    context: usize,
+) -> anyhow::Result<Option<(Vec<u32>, Vec<u32>)>> {
+    let Some(path) = &args.prompt_file else { return Ok(None) };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| fail(ErrorKind::NotFound, format!("{}: {e}", path.display())))?;
+    let side = load::text::load(source)?;
+    let rendered = match &side.template {
+        Some(t) => {
+            let messages = [crate::template::Message::new("user", text.trim_end())];
+            t.render(&messages, true, &serde_json::Value::Null)?
+        }
+        None => text,
+    };
+    let ids = side.encode_chat(&rendered)?;
+    if ids.len() + args.gen_tokens > context {
+        return Err(fail(
+            ErrorKind::InvalidInput,
+            format!(
+                "{}: {} prompt tokens and {} to generate do not fit the context of {context}: raise --context",
+                path.display(),
+                ids.len(),
+                args.gen_tokens
+            ),
+        ));
+    }
+    Ok(Some((ids, side.eos_ids)))
+}
+
+/// What speculation did between two readings of the engine's statistics.
+fn spec_delta(before: SpecStats, after: SpecStats) -> SpecStats {
+    SpecStats {
+        drafts: after.drafts - before.drafts,
+        draft_tokens: after.draft_tokens - before.draft_tokens,
+        accepted_tokens: after.accepted_tokens - before.accepted_tokens,
+    }
+}
+
+fn spec_line(spec: Option<(SpecConfig, SpecStats)>) -> Option<String> {
+    let (c, s) = spec?;
+    Some(format!(
+        "draft:   ngram, up to {} tokens · {} drafts, {:.1}% of draft tokens accepted, mean accepted length {:.2}",
+        c.draft_tokens,
+        s.drafts,
+        100.0 * s.acceptance_rate(),
+        s.mean_accepted_length()
+    ))
+}
+
+fn spec_json(spec: Option<(SpecConfig, SpecStats)>) -> serde_json::Value {
+    match spec {
+        Some((c, s)) => serde_json::json!({
+            "drafter": "ngram",
+            "draft_tokens": c.draft_tokens,
+            "drafts": s.drafts,
+            "draft_tokens_verified": s.draft_tokens,
+            "accepted_tokens": s.accepted_tokens,
+            "acceptance_rate": s.acceptance_rate(),
+            "mean_accepted_length": s.mean_accepted_length(),
+        }),
+        None => serde_json::Value::Null,
+    }
 }
 
 /// `--json-schema`: the schema compiled for the model's tokenizer, and the streams it governs.
@@ -274,7 +367,7 @@ fn one_run(
             prompt,
             sampling: SamplerConfig { seed, ..sampling.config.clone() },
             max_tokens: new_tokens,
-            eos_ids: Vec::new(),
+            eos_ids: sampling.eos_ids.clone(),
             interrupt: None,
             logprobs: None,
             forced: Vec::new(),
