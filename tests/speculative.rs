@@ -5,7 +5,8 @@
 //! weights) copying a text. Each case also checks that drafts were verified, accepted and
 //! rejected, so a drafter that never fires cannot pass it.
 //!
-//! The GPU runs the same cases in bf16 (`INFERNO_SPEC_DEVICE=cuda`, with `--include-ignored`).
+//! The GPU runs the same cases in bf16 (the `gpu_` tests, `#[ignore]`d without one), where a
+//! verify step stays within the rows every kernel computes alone (`kernels/invariance.rs`).
 
 mod common;
 
@@ -33,11 +34,19 @@ fn smollm2() -> String {
     p.to_str().expect("utf-8 path").to_string()
 }
 
-/// Where the cases run: the CPU in f32, or (`INFERNO_SPEC_DEVICE=cuda`) the GPU in bf16.
-fn device() -> (Device, DType) {
-    match std::env::var("INFERNO_SPEC_DEVICE").as_deref() {
-        Ok("cuda") => (Device::new_cuda(0).expect("a CUDA device"), DType::BF16),
-        _ => (Device::Cpu, DType::F32),
+/// Where the cases run: the CPU in f32, or the GPU in bf16.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum On {
+    Cpu,
+    Gpu,
+}
+
+impl On {
+    fn device(self) -> (Device, DType) {
+        match self {
+            On::Cpu => (Device::Cpu, DType::F32),
+            On::Gpu => (Device::new_cuda(0).expect("a CUDA device"), DType::BF16),
+        }
     }
 }
 
@@ -45,19 +54,20 @@ fn device() -> (Device, DType) {
 /// batch limit is lifted so that a batch of any size speculates, and a single repeated token is
 /// enough to draft (the random tiny models rarely copy longer runs; what is checked is the
 /// verification, whatever the drafts).
-fn start(model: &str, max_seqs: usize, draft_tokens: usize) -> Engine {
-    start_with(model, max_seqs, draft_tokens, CONTEXT, NgramConfig { min_n: 1, max_n: 4 })
+fn start(on: On, model: &str, max_seqs: usize, draft_tokens: usize) -> Engine {
+    start_with(on, model, max_seqs, draft_tokens, CONTEXT, NgramConfig { min_n: 1, max_n: 4 })
 }
 
 /// [`start`] with a context and n-gram limits of its own.
 fn start_with(
+    on: On,
     model: &str,
     max_seqs: usize,
     draft_tokens: usize,
     context: usize,
     ngram: NgramConfig,
 ) -> Engine {
-    let (dev, dtype) = device();
+    let (dev, dtype) = on.device();
     let spec = (draft_tokens > 0).then(|| SpecConfig {
         max_batch: usize::MAX,
         ngram,
@@ -122,11 +132,12 @@ fn run_batch(engine: &Engine, cases: &[Case]) -> Vec<(Vec<u32>, StopReason)> {
 
 /// Each case alone in its own engine.
 fn run_alone(
+    on: On,
     model: &str,
     cases: &[Case],
     draft_tokens: usize,
 ) -> (Vec<(Vec<u32>, StopReason)>, SpecStats) {
-    run_alone_in(cases, || start(model, 1, draft_tokens))
+    run_alone_in(cases, || start(on, model, 1, draft_tokens))
 }
 
 /// Each case alone in its own engine from `start`, and the drafts' statistics over all.
@@ -230,21 +241,21 @@ fn assert_exercised(label: &str, s: SpecStats) {
 
 /// Alone, in one batch (of 12 on the CPU), and with end ids inside the runs: the same tokens
 /// with and without speculation.
-fn lossless(model: &str) {
-    let vocab = start(model, 1, 0).vocab_size() as u32;
+fn lossless(on: On, model: &str) {
+    let vocab = start(on, model, 1, 0).vocab_size() as u32;
     let prompts = copy_prompts(vocab, 12);
     let cases = cases(&prompts, 36);
 
-    let (plain, _) = run_alone(model, &cases, 0);
-    let (spec, stats) = run_alone(model, &cases, 4);
+    let (plain, _) = run_alone(on, model, &cases, 0);
+    let (spec, stats) = run_alone(on, model, &cases, 4);
     assert_same("alone", &cases, &spec, &plain);
     assert_exercised("alone", stats);
 
     // A GPU verifies only steps whose rows keep one-row arithmetic (a few rows): two sequences.
-    let n = if device().0.is_cuda() { 2 } else { 12 };
+    let n = if on == On::Gpu { 2 } else { 12 };
     let label = format!("batch of {n}");
-    let batch = run_batch(&start(model, n, 0), &cases[..n]);
-    let engine = start(model, n, 6);
+    let batch = run_batch(&start(on, model, n, 0), &cases[..n]);
+    let engine = start(on, model, n, 6);
     let spec_batch = run_batch(&engine, &cases[..n]);
     assert_same(&label, &cases, &spec_batch, &batch);
     assert_exercised(&label, engine.stats().spec);
@@ -255,8 +266,8 @@ fn lossless(model: &str) {
         .zip(&plain)
         .map(|(c, (tokens, _))| Case { eos_ids: vec![tokens[tokens.len() / 2]], ..c.clone() })
         .collect();
-    let (plain_stop, _) = run_alone(model, &stopping, 0);
-    let (spec_stop, _) = run_alone(model, &stopping, 4);
+    let (plain_stop, _) = run_alone(on, model, &stopping, 0);
+    let (spec_stop, _) = run_alone(on, model, &stopping, 4);
     assert_same("end ids", &stopping, &spec_stop, &plain_stop);
     for (i, (tokens, reason)) in spec_stop.iter().enumerate() {
         assert!(matches!(reason, StopReason::Eos(_)), "case {i}: {reason:?}");
@@ -266,17 +277,39 @@ fn lossless(model: &str) {
 
 #[test]
 fn gpt_oss_speculation_is_lossless() {
-    lossless(&fixture("gpt_oss_tiny"));
+    lossless(On::Cpu, &fixture("gpt_oss_tiny"));
 }
 
 #[test]
 fn llama_speculation_is_lossless() {
-    lossless(&fixture("llama3_tiny"));
+    lossless(On::Cpu, &fixture("llama3_tiny"));
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_gpt_oss_speculation_is_lossless_bf16() {
+    lossless(On::Gpu, &fixture("gpt_oss_tiny"));
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_llama_speculation_is_lossless_bf16() {
+    lossless(On::Gpu, &fixture("llama3_tiny"));
 }
 
 /// SmolLM2 asked to repeat a paragraph with one change: long accepted runs, and the same reply.
 #[test]
 fn smollm2_copying_speculates_and_is_lossless() {
+    smollm2_copying(On::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_smollm2_copying_speculates_and_is_lossless_bf16() {
+    smollm2_copying(On::Gpu);
+}
+
+fn smollm2_copying(on: On) {
     let model = smollm2();
     let path = load::source::resolve(&model, false).expect("path");
     let source = load::source::Source::detect(&path, false).expect("source");
@@ -302,7 +335,7 @@ fn smollm2_copying_speculates_and_is_lossless() {
             ..base.clone()
         },
     ];
-    let engine = |k| start_with(&model, 1, k, 512, NgramConfig::default());
+    let engine = |k| start_with(on, &model, 1, k, 512, NgramConfig::default());
     let (plain, _) = run_alone_in(&cases, || engine(0));
     let (spec, stats) = run_alone_in(&cases, || engine(6));
     assert_same("SmolLM2", &cases, &spec, &plain);
