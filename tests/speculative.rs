@@ -18,6 +18,8 @@ use inferno::engine::request::{Event, Finish, Request, RequestHandle};
 use inferno::engine::spec::{NgramConfig, SpecConfig, SpecStats};
 use inferno::generate::{SamplerConfig, StopReason};
 use inferno::load::{self, LoadOptions};
+use inferno::models::llama::convert;
+use inferno::models::llama::load::GgufFile;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -310,8 +312,18 @@ fn gpu_smollm2_copying_speculates_and_is_lossless_bf16() {
 }
 
 fn smollm2_copying(on: On) {
-    let model = smollm2();
-    let path = load::source::resolve(&model, false).expect("path");
+    // A GGUF Llama computes in f32, whose products on a GPU are cuBLAS's (no speculation there):
+    // the GPU runs inferno's HF conversion of it in bf16.
+    let converted = tempfile::tempdir().expect("tempdir");
+    let model = match on {
+        On::Cpu => smollm2(),
+        On::Gpu => {
+            let mut gguf = GgufFile::open(std::path::Path::new(&smollm2())).expect("GGUF");
+            convert::write_hf_checkpoint(&mut gguf, converted.path()).expect("convert");
+            converted.path().to_str().expect("utf-8 path").to_string()
+        }
+    };
+    let path = load::source::resolve(&smollm2(), false).expect("path");
     let source = load::source::Source::detect(&path, false).expect("source");
     let text = load::text::load(&source).expect("tokenizer");
     let ask = "Repeat the following paragraph exactly, but write \"river\" instead of \"stream\":\n\n\

@@ -605,14 +605,16 @@ impl Core {
         logits: &candle_core::Tensor,
         chunks: &[super::scheduler::Chunk],
     ) -> anyhow::Result<Vec<u32>> {
-        self.with_specs(chunks, |specs| sample_rows(logits, specs))?
+        self.with_specs(chunks, 0, |specs| sample_rows(logits, specs))?
     }
 
     /// `f` on the sampling specs of `chunks` (each chunk's sampler, history and drafts, in chunk
-    /// order).
+    /// order); `ahead`: tokens of each sequence already drawn but not handed out (a pipelined
+    /// step's), which come before these in the reply.
     fn with_specs<R>(
         &mut self,
         chunks: &[super::scheduler::Chunk],
+        ahead: usize,
         f: impl FnOnce(&mut [SampleSpec]) -> R,
     ) -> anyhow::Result<R> {
         // Samplers live in `live`, histories in the scheduler: borrow both fields, each sampler
@@ -635,7 +637,7 @@ impl Core {
                     Some(h) => &h[..],
                     None => sched.get(*id).map_or(&[][..], |q| &q.tokens),
                 };
-                let (drafts, index) = (chunks[i].drafts, l.generated as u64);
+                let (drafts, index) = (chunks[i].drafts, (l.generated + ahead) as u64);
                 specs[i] = Some(SampleSpec { sampler: &mut l.sampler, history, drafts, index });
             }
         }

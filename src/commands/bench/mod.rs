@@ -173,10 +173,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let n = args.repeat;
     if streams == 1 {
-        println!(
-            "prefill: pp{:<6} {:>10.1} tok/s   (median of {n})",
-            prompt_tokens, r.prefill
-        );
+        println!("prefill: pp{:<6} {:>10.1} tok/s   (median of {n})", prompt_tokens, r.prefill);
         println!(
             "decode:  tg{:<6} {:>10.1} tok/s   ({:.2} ms/token)",
             args.gen_tokens,

@@ -76,7 +76,9 @@ pub fn run(
     let gpu = gpu.unwrap_or_else(|| "CPU".into());
     println!("model:   {name} ({dtype:?}) · {gpu} · one sequence at position {prompt}");
     let base = times[0];
-    println!("rows  drafts   µs/step   × one-token   tok/s at mean accepted length 2.0 / 2.5 / 3.0");
+    println!(
+        "rows  drafts   µs/step   × one-token   tok/s at mean accepted length 2.0 / 2.5 / 3.0"
+    );
     for (rows, t) in ROWS.iter().zip(&times) {
         let rates: Vec<String> = if *rows == 1 {
             vec![format!("{:.1} (no speculation)", 1.0 / t)]

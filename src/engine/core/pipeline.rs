@@ -46,7 +46,7 @@ impl Core {
         {
             return false;
         }
-        match self.launch_draw(logits, chunks, t0) {
+        match self.launch_draw(logits, chunks, t0, 0) {
             Ok(step) => {
                 self.in_flight = Some(step);
                 true
@@ -123,17 +123,21 @@ impl Core {
             return Ok(None);
         };
         self.pipelined_steps += 1;
-        self.launch_draw(&logits, &chunks, t0).map(Some)
+        // `step`'s tokens are drawn but not handed out yet: these are each reply's next.
+        self.launch_draw(&logits, &chunks, t0, 1).map(Some)
     }
 
-    /// Draws `chunks`' ids from `logits` on the device and marks the end of the step.
+    /// Draws `chunks`' ids from `logits` on the device and marks the end of the step; `ahead`:
+    /// tokens of each sequence drawn before these but not handed out yet (their draw indices
+    /// come first).
     fn launch_draw(
         &mut self,
         logits: &Tensor,
         chunks: &[Chunk],
         t0: Instant,
+        ahead: usize,
     ) -> anyhow::Result<InFlight> {
-        let ids = self.with_specs(chunks, |specs| device_ids(logits, specs))??;
+        let ids = self.with_specs(chunks, ahead, |specs| device_ids(logits, specs))??;
         let readback = Readback::enqueue(&ids)?;
         Ok(InFlight { chunks: chunks.to_vec(), ids, readback, t0 })
     }
