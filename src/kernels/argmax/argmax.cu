@@ -47,6 +47,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     argmax_rows_partial(const float* __restrict__ x, int n, int chunk, int parts, const float* __restrict__ inv_t,
                         const unsigned long long* __restrict__ seeds, float* __restrict__ part_v,
                         int* __restrict__ part_i) {
+    pdl_wait();  // launched with PDL (launch.rs): nothing before it
     const long long row = blockIdx.y;
     const float it = inv_t ? inv_t[row] : 0.f;
     const int sample = it > 0.f;
@@ -58,6 +59,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 extern "C" __global__ void __launch_bounds__(THREADS)
     argmax_rows_final(const float* __restrict__ part_v, const int* __restrict__ part_i, int parts,
                       uint32_t* __restrict__ out) {
+    pdl_wait();
     const long long row = blockIdx.x;
     argmax_parts(part_v + row * parts, part_i + row * parts, parts, out + row);
 }

@@ -9,7 +9,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr,
 use candle_core::{CudaDevice, Result};
 use half::bf16;
 
-use crate::kernels::cuda::{GEMV_BF16_PTX, int};
+use crate::kernels::cuda::{int, ptx};
 use crate::kernels::launch::Launch;
 
 /// Whether a product takes this GEMV (up to 64 rows) rather than cuBLAS for `m` rows of x
@@ -98,8 +98,7 @@ fn batch_for(dev: &CudaDevice, epi: Epilogue, tiles: usize, wk: usize) -> Result
     let sms = crate::kernels::cuda::multiprocessors(dev);
     let mut chosen = BATCHES[0];
     for u in BATCHES {
-        let func =
-            dev.get_or_load_custom_func(&one_tile_kernel(epi, u), "inferno_gemv", GEMV_BF16_PTX)?;
+        let func = ptx::gemv_bf16::GEMV_BF16.func(dev, &one_tile_kernel(epi, u))?;
         let per_sm = func
             .occupancy_max_active_blocks_per_multiprocessor(32 * wk as u32, 0, None)
             .map_err(|e| candle_core::Error::Msg(format!("gemv occupancy: {e:?}")))?;
@@ -139,7 +138,7 @@ pub fn launch<T: DeviceRepr>(
     } else {
         format!("{}_m{mt}_n{nt}", epi.prefix())
     };
-    let func = dev.get_or_load_custom_func(&name, "inferno_gemv", GEMV_BF16_PTX)?;
+    let func = ptx::gemv_bf16::GEMV_BF16.func(dev, &name)?;
     let cfg = LaunchConfig {
         grid_dim: (int(n.div_ceil(16 * mt), "output tiles")? as u32, 1, 1),
         block_dim: (32, wk as u32, 1),

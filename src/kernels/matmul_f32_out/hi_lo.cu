@@ -4,6 +4,7 @@
 #include "common.cuh"
 
 extern "C" __global__ void hi_lo_split(const float* __restrict__ x, __nv_bfloat16* __restrict__ out, int n) {
+    pdl_wait();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float v = x[i];

@@ -6,12 +6,13 @@
 // respelling of a gpt-oss-20b file (600 million blocks) took seconds and a host copy of the
 // whole expert set; here the raw bytes go up as they lie in the file and this runs in
 // milliseconds. One thread per output block.
-#include <stdint.h>
+#include "common.cuh"
 
 extern "C" __global__ void mxfp4_ggml_to_hf(
     const uint8_t* __restrict__ src0, const uint8_t* __restrict__ src1, int n_src,
     uint8_t* __restrict__ codes, uint8_t* __restrict__ scales, long long out_blocks,
     int row_blocks) {
+    pdl_wait();
     const long long ob = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (ob >= out_blocks) return;
     const long long r = ob / row_blocks, b = ob % row_blocks;

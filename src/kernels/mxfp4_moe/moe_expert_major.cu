@@ -233,6 +233,7 @@ __device__ __forceinline__ void em_gate_up(const __nv_bfloat16* __restrict__ x, 
                                            const uint8_t* __restrict__ scales, const float* __restrict__ bias,
                                            __nv_bfloat16* __restrict__ act_hi, __nv_bfloat16* __restrict__ act_lo,
                                            int k, int hidden, int inter, float limit, float alpha) {
+    pdl_wait();
     const int e = tiles[3 * blockIdx.x];
     if (e < 0) return;
     const int p0 = tiles[3 * blockIdx.x + 1], count = tiles[3 * blockIdx.x + 2];
@@ -260,6 +261,7 @@ __device__ __forceinline__ void em_down(const __nv_bfloat16* __restrict__ act_hi
                                         const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
                                         const float* __restrict__ bias, float* __restrict__ part, int hidden,
                                         int inter) {
+    pdl_wait();
     const int e = tiles[3 * blockIdx.x];
     if (e < 0) return;
     const int p0 = tiles[3 * blockIdx.x + 1], count = tiles[3 * blockIdx.x + 2];

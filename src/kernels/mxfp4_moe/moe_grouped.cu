@@ -31,6 +31,7 @@
 extern "C" __global__ void __launch_bounds__(1024)
     moe_group(const uint32_t* __restrict__ ids, int slots, int n_experts, int* __restrict__ sorted,
               int* __restrict__ tiles, int max_tiles, int bm) {
+    pdl_wait();
     __shared__ int start[MAX_EXPERTS + 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     for (int e = warp; e < n_experts; e += nwarps) {
@@ -276,6 +277,7 @@ __device__ __forceinline__ void grouped_gate_up(const __nv_bfloat16* __restrict_
                                                 const uint8_t* __restrict__ scales, const float* __restrict__ bias,
                                                 __nv_bfloat16* __restrict__ act_hi, __nv_bfloat16* __restrict__ act_lo,
                                                 int k, int hidden, int inter, float limit, float alpha) {
+    pdl_wait();
     const int e = tiles[3 * blockIdx.x];
     if (e < 0) return;
     const int p0 = tiles[3 * blockIdx.x + 1], count = tiles[3 * blockIdx.x + 2];
@@ -301,6 +303,7 @@ __device__ __forceinline__ void grouped_down(const __nv_bfloat16* __restrict__ a
                                              const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
                                              const float* __restrict__ bias, float* __restrict__ part, int hidden,
                                              int inter) {
+    pdl_wait();
     const int e = tiles[3 * blockIdx.x];
     if (e < 0) return;
     const int p0 = tiles[3 * blockIdx.x + 1], count = tiles[3 * blockIdx.x + 2];

@@ -134,6 +134,7 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
                                                  const uint8_t* __restrict__ scales, const float* __restrict__ bias,
                                                  float* __restrict__ act, int k, int n_experts, int hidden,
                                                  int inter, float limit, float alpha) {
+    pdl_wait();
     extern __shared__ __align__(16) float xs[];  // [K / 32 * XPAD], sized by the launch
     __shared__ float lut[16];
     __shared__ float red[MAX_WK][ROWS];
@@ -163,6 +164,7 @@ __device__ __forceinline__ void moe_down_impl(const float* __restrict__ act, con
                                               const float* __restrict__ weights, const uint8_t* __restrict__ blocks,
                                               const uint8_t* __restrict__ scales, const float* __restrict__ bias,
                                               float* __restrict__ part, int n_experts, int hidden, int inter) {
+    pdl_wait();
     extern __shared__ __align__(16) float xs[];
     __shared__ float lut[16];
     __shared__ float red[MAX_WK][ROWS];

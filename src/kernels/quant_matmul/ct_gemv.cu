@@ -192,6 +192,7 @@ template <int FP8, int MT, int U>
 __device__ __forceinline__ void gemv_q8_impl(const uint8_t* __restrict__ w, const float* __restrict__ sw,
                                              const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int M,
                                              int N, int K, int xstride) {
+    pdl_wait();
     using Acc = typename std::conditional<FP8, float, int>::type;
     extern __shared__ __align__(16) uint8_t xq[];
     __shared__ Acc red[CT_MAX_WK / MT][16 * MT][8];
@@ -320,6 +321,7 @@ template <int MT, int U>
 __device__ __forceinline__ void gemv_q4_impl(const uint32_t* __restrict__ w, const float* __restrict__ scale,
                                              const float* __restrict__ zero, const __nv_bfloat16* __restrict__ x,
                                              float* __restrict__ y, int M, int N, int K, int ngroups, int group) {
+    pdl_wait();
     __shared__ float red[CT_MAX_WK / MT][16 * MT][8];
     const int g = threadIdx.x >> 2, wk = threadIdx.y, WK = blockDim.y;
     const int row0 = blockIdx.x * 16 * MT, chunks = K / 32, groups = (chunks + 3) / 4;

@@ -28,6 +28,7 @@ __device__ __forceinline__ float quantize_one(float v, int act) {
 // grid (rows), block (256). x [rows, k] bf16 → q [rows, k] bf16 (the quantized values), s [rows].
 extern "C" __global__ void ct_act_quant(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ q,
                                         float* __restrict__ s, int k, int act) {
+    pdl_wait();
     __shared__ float red[32];
     const long long row = blockIdx.x;
     const __nv_bfloat16* xr = x + row * k;
@@ -54,6 +55,7 @@ extern "C" __global__ void ct_act_quant(const __nv_bfloat16* __restrict__ x, __n
 // n = out · in bytes → bf16 values, unscaled (int8, or E4M3 when fp8 != 0).
 extern "C" __global__ void ct_dequant_8bit(const uint8_t* __restrict__ w, __nv_bfloat16* __restrict__ out,
                                            long long n, int fp8) {
+    pdl_wait();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const uint8_t b = w[i];
@@ -71,6 +73,7 @@ extern "C" __global__ void ct_dequant_int4(const uint32_t* __restrict__ w, const
                                            const float* __restrict__ zero, const uint32_t* __restrict__ g_idx,
                                            __nv_bfloat16* __restrict__ out, int rows, int in, int groups,
                                            int group) {
+    pdl_wait();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)rows * in) return;
     const int r = i / in, c = i % in, wpr = (in + 7) / 8;
@@ -87,6 +90,7 @@ extern "C" __global__ void ct_dequant_int4(const uint32_t* __restrict__ w, const
 extern "C" __global__ void ct_gemv_int4(const uint32_t* __restrict__ w, const float* __restrict__ scale,
                                         const float* __restrict__ zero, const __nv_bfloat16* __restrict__ x,
                                         float* __restrict__ y, int M, int N, int K, int groups, int group) {
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (n >= N) return;

@@ -434,6 +434,7 @@ GGUF_GEMV_KQ(gguf_gemv_q6k, KQ_Q6K, 1, 2)
 // GEMV's order and f16 scales [rows, K / 32].
 extern "C" __global__ void gguf_dequant_q80(const uint8_t* __restrict__ q, const __half* __restrict__ scale,
                                             __nv_bfloat16* __restrict__ out, int rows, int K) {
+    pdl_wait();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= (long long)rows * K) return;
     const long long r = i / K;
@@ -446,6 +447,7 @@ extern "C" __global__ void gguf_dequant_q80(const uint8_t* __restrict__ q, const
 // Q4_K and Q6_K in the layouts above; thread i computes weight (row, natural column c).
 extern "C" __global__ void gguf_dequant_kq(const uint8_t* __restrict__ w, const __half* __restrict__ sup,
                                            __nv_bfloat16* __restrict__ out, int rows, int K, int fmt) {
+    pdl_wait();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= (long long)rows * K) return;
     const long long r = i / K;

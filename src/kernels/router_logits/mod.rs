@@ -1,4 +1,4 @@
-//! The gpt-oss router's logits `h · wᵀ` in f32 (`router.cu`'s `router_logits_f32` on the GPU).
+//! The gpt-oss router's logits `h · wᵀ` in f32 (`router_logits.cu` on the GPU).
 //!
 //! Why not candle's matmul: cuBLAS picks its kernel, and so its order of summation, by shape, so
 //! a token's logits in a decode step of one row differ in the last bits from the same token's in
@@ -49,87 +49,12 @@ impl CustomOp2 for RouterLogits {
         ws: &candle_core::CudaStorage,
         wl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
-
-        use crate::kernels::cuda::{ROUTER_PTX, int};
-        use crate::kernels::launch::Launch;
-
-        let dev = hs.device.clone();
-        let (tokens, hidden) = hl.shape().dims2()?;
-        let experts = wl.shape().dims2()?.0;
-        if !hl.start_offset().is_multiple_of(4) || !wl.start_offset().is_multiple_of(4) {
-            bail!("router_logits: h and w must start on a 16-byte boundary");
-        }
-        let h = hs.as_cuda_slice::<f32>()?.slice(hl.start_offset()..);
-        let w = ws.as_cuda_slice::<f32>()?.slice(wl.start_offset()..);
-        // SAFETY: every (token, expert) output is written by the block that computes it.
-        let mut out = unsafe { dev.alloc::<f32>(tokens * experts)? };
-        let func =
-            dev.get_or_load_custom_func("router_logits_f32", "inferno_router", ROUTER_PTX)?;
-        // One block per 4 tokens × 4 experts (RT × RE in the kernel).
-        let blocks = tokens.div_ceil(4) * experts.div_ceil(4);
-        let (t32, e32, h32) =
-            (int(tokens, "tokens")?, int(experts, "experts")?, int(hidden, "hidden")?);
-        let stream = dev.cuda_stream();
-        let mut b = Launch::new(&stream, &func);
-        b.ptr(&h).ptr(&w).ptr_mut(&mut out).val(t32).val(e32).val(h32);
-        let cfg = LaunchConfig {
-            grid_dim: (int(blocks, "blocks")? as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match the kernel's signature; rows are contiguous, aligned and
-        // a multiple of 4 floats long (checked above and in router_logits). Before its PDL wait
-        // the kernel only prefetches the weights.
-        unsafe { b.launch(cfg) }?;
-        drop(b);
-        let slice = candle_core::cuda_backend::CudaStorageSlice::F32(out);
-        Ok((candle_core::CudaStorage { slice, device: dev }, Shape::from((tokens, experts))))
+        gpu::launch((hs, hl), (ws, wl))
     }
 }
+
+#[cfg(feature = "cuda")]
+mod gpu;
 
 #[cfg(all(test, feature = "cuda"))]
-mod tests {
-    use candle_core::DType;
-    use rand::Rng;
-
-    use super::router_logits;
-    use crate::kernels::testing::{gpu, rel_err, rng, tensor, uniform, values};
-
-    /// The kernel against an f64 reference on random shapes (token and expert counts that are
-    /// not multiples of the warp's 4 × 4 tile), and each token alone equal bit for bit to the
-    /// same token in the batch.
-    #[test]
-    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
-    fn gpu_matches_reference_and_is_batch_invariant() {
-        let dev = gpu();
-        let mut r = rng("router logits");
-        for (tokens, experts, hidden) in
-            [(1, 32, 2880), (7, 32, 2880), (64, 32, 2880), (513, 32, 2880), (5, 33, 68), (3, 8, 64)]
-        {
-            let h = uniform(&mut r, tokens * hidden, -3.0, 3.0);
-            let w = uniform(&mut r, experts * hidden, -0.1, 0.1);
-            let want: Vec<f32> = (0..tokens * experts)
-                .map(|i| {
-                    let (t, e) = (i / experts, i % experts);
-                    let hr = &h[t * hidden..][..hidden];
-                    let wr = &w[e * hidden..][..hidden];
-                    hr.iter().zip(wr).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>()
-                        as f32
-                })
-                .collect();
-            let ht = tensor(h, &[tokens, hidden], DType::F32).to_device(&dev).unwrap();
-            let wt = tensor(w, &[experts, hidden], DType::F32).to_device(&dev).unwrap();
-            let got = values(&router_logits(&ht, &wt).unwrap());
-            let err = rel_err(&got, &want);
-            assert!(err < 1e-5, "{tokens}×{experts}×{hidden}: relative error {err:e}");
-            let t = r.random_range(0..tokens);
-            let alone = values(&router_logits(&ht.narrow(0, t, 1).unwrap(), &wt).unwrap());
-            let row = &got[t * experts..][..experts];
-            assert!(
-                alone.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{tokens}×{experts}×{hidden}: token {t} alone differs from the batch"
-            );
-        }
-    }
-}
+mod tests;

@@ -83,6 +83,7 @@ __device__ __forceinline__ void hist_add(uint32_t* s_cnt, double* s_mass, int bu
 // (row, id); y is the scratch copy of the logits. l -> (l > 0 ? l / factor : l * factor) - sub.
 extern "C" __global__ void __launch_bounds__(THREADS)
     sample_penalise(float* __restrict__ y, int n, const uint32_t* __restrict__ entries, int count) {
+    pdl_wait();
     const int e = blockIdx.x * THREADS + threadIdx.x;
     if (e >= count) return;
     const uint32_t* p = entries + 4 * e;
@@ -97,6 +98,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     sample_hist(const float* __restrict__ x, int n, int chunk, const uint32_t* __restrict__ params,
                 uint32_t* __restrict__ rowmax, uint32_t* __restrict__ cnt, double* __restrict__ mass, int stage,
                 int digit) {
+    pdl_wait();
     __shared__ uint32_t s_cnt[BUCKETS];
     __shared__ double s_mass[BUCKETS];
     __shared__ uint32_t s_max[THREADS / 32];
@@ -187,6 +189,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     sample_draw(const float* __restrict__ x, int n, int chunk, int parts, const uint32_t* __restrict__ params,
                 const uint32_t* __restrict__ rowmax, const uint32_t* __restrict__ cnt, const double* mass,
                 float* __restrict__ part_v, int* __restrict__ part_i, uint8_t* __restrict__ mask) {
+    pdl_wait();
     const int row = blockIdx.y;
     const RowCfg c = row_cfg(params, row);
     x += (long long)row * n;

@@ -78,6 +78,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
                       int penalties, int k_stride, float* __restrict__ part_v, int* __restrict__ part_i,
                       uint32_t* __restrict__ part_kth, uint32_t* __restrict__ part_ties, uint32_t* __restrict__ cand_key,
                       int* __restrict__ cand_idx, uint16_t* __restrict__ ties) {
+    pdl_wait();
     __shared__ float s_x[CHUNK];
     __shared__ uint32_t s_cnt[BUCKETS];
     const int row = blockIdx.y, part = blockIdx.x, t = threadIdx.x;
@@ -211,6 +212,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
                      const uint32_t* __restrict__ part_kth, const uint32_t* __restrict__ part_ties,
                      const uint32_t* __restrict__ cand_key, const int* __restrict__ cand_idx,
                      const uint16_t* __restrict__ ties, uint32_t* __restrict__ out, uint8_t* __restrict__ mask) {
+    pdl_wait();
     __shared__ uint32_t s_cnt[BUCKETS];
     __shared__ double s_wmass[THREADS / 32][BUCKETS];
     __shared__ double s_mass[BUCKETS];
