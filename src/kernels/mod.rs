@@ -86,6 +86,36 @@ pub fn upload_u32(words: &[u32], device: &candle_core::Device) -> Result<Tensor>
     Tensor::new(words, device)
 }
 
+/// The ops' dtype dispatch, written once: `$body` for f32 data and again for bf16, each `$x`
+/// bound to its storage's data (`$S`: `CpuStorage` or `CudaStorageSlice`, whose variants share
+/// their names) and, with `|$T|`, `$T` the element type. The storages must be all f32 or all
+/// bf16; anything else fails with `$err`.
+macro_rules! float_dispatch {
+    ($S:ident, $err:expr, ($($s:expr => $x:ident),+ $(,)?), |$T:ident| $body:expr) => {{
+        #[allow(unused_parens)]
+        match ($($s),+) {
+            ($($S::F32($x)),+) => {
+                type $T = f32;
+                $body
+            }
+            ($($S::BF16($x)),+) => {
+                type $T = half::bf16;
+                $body
+            }
+            _ => candle_core::bail!($err),
+        }
+    }};
+    ($S:ident, $err:expr, ($($s:expr => $x:ident),+ $(,)?), $body:expr) => {{
+        #[allow(unused_parens)]
+        match ($($s),+) {
+            ($($S::F32($x)),+) => $body,
+            ($($S::BF16($x)),+) => $body,
+            _ => candle_core::bail!($err),
+        }
+    }};
+}
+pub(crate) use float_dispatch;
+
 /// An f32 or bf16 CPU buffer, read as f32.
 #[derive(Clone, Copy)]
 enum F32Reader<'a> {

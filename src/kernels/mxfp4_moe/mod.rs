@@ -430,13 +430,14 @@ impl CustomOp3 for Mxfp4Moe {
         ws: &candle_core::CudaStorage,
         wl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::cuda_backend::CudaStorageSlice as S;
+        use candle_core::cuda_backend::CudaStorageSlice;
         let dev = xs.device.clone();
-        let slice = match &xs.slice {
-            S::F32(x) => gpu::launch(self, &dev, (x, xl), (is, il), (ws, wl))?,
-            S::BF16(x) => gpu::launch(self, &dev, (x, xl), (is, il), (ws, wl))?,
-            _ => bail!("mxfp4_moe: x must be f32 or bf16"),
-        };
+        let slice = super::float_dispatch!(
+            CudaStorageSlice,
+            "mxfp4_moe: x must be f32 or bf16",
+            (&xs.slice => x),
+            gpu::launch(self, &dev, (x, xl), (is, il), (ws, wl))?
+        );
         Ok((candle_core::CudaStorage { slice, device: dev }, xl.shape().clone()))
     }
 }

@@ -103,7 +103,7 @@ impl CustomOp3 for Routed {
         bs: &candle_core::CudaStorage,
         bl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::cuda_backend::CudaStorageSlice as S;
+        use candle_core::cuda_backend::CudaStorageSlice;
         use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 
         use crate::kernels::cuda::{int, ptx};
@@ -132,15 +132,12 @@ impl CustomOp3 for Routed {
         unsafe { b.launch(cfg) }?;
         drop(b);
         let (ids, weights) = (ids.slice(..), weights.slice(..));
-        let slice = match &xs.slice {
-            S::F32(x) => {
-                super::gpu::launch_routed(&self.moe, &dev, (x, xl), &ids, &weights, self.k)?
-            }
-            S::BF16(x) => {
-                super::gpu::launch_routed(&self.moe, &dev, (x, xl), &ids, &weights, self.k)?
-            }
-            _ => bail!("mxfp4_moe_routed: x must be f32 or bf16"),
-        };
+        let slice = crate::kernels::float_dispatch!(
+            CudaStorageSlice,
+            "mxfp4_moe_routed: x must be f32 or bf16",
+            (&xs.slice => x),
+            super::gpu::launch_routed(&self.moe, &dev, (x, xl), &ids, &weights, self.k)?
+        );
         Ok((candle_core::CudaStorage { slice, device: dev }, xl.shape().clone()))
     }
 }

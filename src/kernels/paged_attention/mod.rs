@@ -552,17 +552,14 @@ impl CustomOp3 for PagedAttention {
         vl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         use super::cuda::KernelFloat;
-        use candle_core::cuda_backend::CudaStorageSlice as S;
+        use candle_core::cuda_backend::CudaStorageSlice;
         let dev = qs.device.clone();
-        let slice = match (&qs.slice, &ks.slice, &vs.slice) {
-            (S::F32(q), S::F32(k), S::F32(v)) => {
-                f32::wrap(gpu::launch(self, &dev, (q, ql), (k, kl), (v, vl))?)
-            }
-            (S::BF16(q), S::BF16(k), S::BF16(v)) => {
-                half::bf16::wrap(gpu::launch(self, &dev, (q, ql), (k, kl), (v, vl))?)
-            }
-            _ => bail!("paged_attention: q and the pools must all be f32 or all bf16"),
-        };
+        let slice = super::float_dispatch!(
+            CudaStorageSlice,
+            "paged_attention: q and the pools must all be f32 or all bf16",
+            (&qs.slice => q, &ks.slice => k, &vs.slice => v),
+            |T| T::wrap(gpu::launch::<T>(self, &dev, (q, ql), (k, kl), (v, vl))?)
+        );
         Ok((candle_core::CudaStorage { slice, device: dev }, ql.shape().clone()))
     }
 }

@@ -225,15 +225,12 @@ impl InplaceOp2 for PoolWrite {
         if self.slots.iter().any(|&s| s >= slots) || p1 - p0 != slots * row {
             bail!("pool_write: a slot past the {slots}-slot pool");
         }
-        match (p, r) {
-            (CpuStorage::F32(p), CpuStorage::F32(r)) => {
-                copy_slots(&mut p[p0..], &r[r0..], &self.slots, row)
-            }
-            (CpuStorage::BF16(p), CpuStorage::BF16(r)) => {
-                copy_slots(&mut p[p0..], &r[r0..], &self.slots, row)
-            }
-            _ => bail!("pool_write: the pool and the rows must be both f32 or both bf16"),
-        }
+        super::float_dispatch!(
+            CpuStorage,
+            "pool_write: the pool and the rows must be both f32 or both bf16",
+            (p => p, r => r),
+            copy_slots(&mut p[p0..], &r[r0..], &self.slots, row)
+        );
         Ok(())
     }
 }
