@@ -21,7 +21,8 @@
 // N and WK only (WK is chosen from N), never on how many rows x has: a row's result is the same
 // bits at batch 1 and at batch 32.
 
-#include "common.cuh"
+#include "activation.cuh"
+#include "gemv.cuh"
 #include "mma.cuh"
 
 #define GEMV_MAX_WK 8
@@ -37,18 +38,7 @@ struct GemvBatch {
 template <int MT, int NT, int U>
 __device__ __forceinline__ void gemv_load_w(GemvBatch<MT, NT, U>& bt, int q0, int stride, int groups, int chunks,
                                             const uint4* const (&wr)[MT][2]) {
-    const int t = threadIdx.x & 3;
-    const uint4 z = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int q = q0 + u * stride, c = 4 * q + t;
-        const bool in = q < groups && c < chunks;
-#pragma unroll
-        for (int i = 0; i < MT; i++) {
-            bt.a[u][i][0] = in ? __ldg(wr[i][0] + c) : z;
-            bt.a[u][i][1] = in ? __ldg(wr[i][1] + c) : z;
-        }
-    }
+    load_w_chunks(bt.a, q0, stride, groups, chunks, wr);
 }
 
 // The x part of a batch: written by the previous kernel, so only after pdl_wait().
@@ -163,7 +153,7 @@ __device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__
                 gate += red[v][16 * i + r % 8][m];
                 up += red[v][16 * i + r % 8 + 8][m];
             }
-            act[(long long)m * half + c] = __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up);
+            act[(long long)m * half + c] = __float2bfloat16_rn(silu_mul(gate, up));
         }
         return;
     }

@@ -14,11 +14,16 @@ __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
     }
 }
 
+// The warp's best pair, in every lane.
+__device__ __forceinline__ void warp_best(float& v, int& i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) better(v, i, __shfl_xor_sync(FULL_MASK, v, o), __shfl_xor_sync(FULL_MASK, i, o));
+}
+
 __device__ __forceinline__ void block_best(float& v, int& i) {
     __shared__ float sv[ARGMAX_THREADS / 32];
     __shared__ int si[ARGMAX_THREADS / 32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) better(v, i, __shfl_xor_sync(FULL_MASK, v, o), __shfl_xor_sync(FULL_MASK, i, o));
+    warp_best(v, i);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) {
         sv[warp] = v;
@@ -28,8 +33,7 @@ __device__ __forceinline__ void block_best(float& v, int& i) {
     if (warp == 0) {
         v = lane < ARGMAX_THREADS / 32 ? sv[lane] : -INFINITY;
         i = lane < ARGMAX_THREADS / 32 ? si[lane] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) better(v, i, __shfl_xor_sync(FULL_MASK, v, o), __shfl_xor_sync(FULL_MASK, i, o));
+        warp_best(v, i);
     }
 }
 

@@ -27,6 +27,24 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
+// Inclusive scan over the warp in lane order: lane l gets x_0 op ... op x_l, by log steps
+// (x = op(x, the value o lanes below) for o = 1, 2, 4, ...).
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_scan(T x, Op op) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const T y = __shfl_up_sync(FULL_MASK, x, o);
+        if (lane >= o) x = op(x, y);
+    }
+    return x;
+}
+
+// What hi = bf16(v) leaves of v, rounded to bf16: hi + lo carries v to 16 significant bits.
+__device__ __forceinline__ __nv_bfloat16 bf16_lo(float v, __nv_bfloat16 hi) {
+    return __float2bfloat16_rn(v - __bfloat162float(hi));
+}
+
 // Programmatic Dependent Launch (src/kernels/launch.rs): a kernel launched with it may start
 // before the previous kernel of the stream has finished. pdl_wait() returns once that kernel has
 // completed and its writes are visible; call it before reading anything an earlier kernel wrote

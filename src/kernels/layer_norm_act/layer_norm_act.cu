@@ -15,7 +15,7 @@
 // silu_mul_bf16: out = bf16(silu(g) · u) for the fused gate/up product gu [rows, 2n] in f32
 // (g = gu[:, :n], u = gu[:, n:]), the SwiGLU of Llama's MLP, rounded once as candle's bf16 path
 // rounds the down projection's input.
-#include "common.cuh"
+#include "activation.cuh"
 
 #define NORM_MAX_THREADS 1024
 #define NORM_VEC 4  // float4s a thread keeps in registers: rows up to 16,384 wide take the fast path
@@ -120,5 +120,5 @@ extern "C" __global__ void silu_mul_bf16(const float* __restrict__ gu, __nv_bflo
     if (i >= (long long)rows * n) return;
     const long long r = i / n, c = i % n;
     const float g = gu[r * 2 * n + c], u = gu[r * 2 * n + n + c];
-    out[i] = __float2bfloat16_rn(g / (1.f + expf(-g)) * u);
+    out[i] = __float2bfloat16_rn(silu_mul(g, u));
 }

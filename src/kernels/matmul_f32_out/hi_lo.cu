@@ -10,5 +10,5 @@ extern "C" __global__ void hi_lo_split(const float* __restrict__ x, __nv_bfloat1
     const float v = x[i];
     const __nv_bfloat16 hi = __float2bfloat16_rn(v);
     out[i] = hi;
-    out[n + i] = __float2bfloat16_rn(v - __bfloat162float(hi));
+    out[n + i] = bf16_lo(v, hi);
 }

@@ -197,9 +197,8 @@ __device__ __forceinline__ void sm_gate_up(const __nv_bfloat16* __restrict__ x, 
     if (j < ROWS / 2) {
         float a = 0.f;
         if (on) {
-            const float gate = fminf(sm_dot<1, W>(red, 2 * j) + bias[row0 + 2 * j], limit);
-            const float up = fminf(fmaxf(sm_dot<1, W>(red, 2 * j + 1) + bias[row0 + 2 * j + 1], -limit), limit);
-            a = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
+            a = swiglu_clamped(sm_dot<1, W>(red, 2 * j) + bias[row0 + 2 * j],
+                               sm_dot<1, W>(red, 2 * j + 1) + bias[row0 + 2 * j + 1], limit, alpha);
         }
         const __nv_bfloat16 hi = __float2bfloat16_rn(a);
         const float r = a - __bfloat162float(hi);
@@ -207,7 +206,7 @@ __device__ __forceinline__ void sm_gate_up(const __nv_bfloat16* __restrict__ x, 
         __nv_bfloat16* out = act + (long long)slot * 3 * inter + ROWS / 2 * blockIdx.y + j;
         out[0] = hi;
         out[inter] = mid;
-        out[2 * inter] = __float2bfloat16_rn(r - __bfloat162float(mid));
+        out[2 * inter] = bf16_lo(r, mid);
     }
 }
 

@@ -4,7 +4,7 @@
 // top for why the order of K inside a block does not matter).
 #pragma once
 
-#include "common.cuh"
+#include "activation.cuh"
 #include "mma.cuh"
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
@@ -85,13 +85,11 @@ __device__ __forceinline__ void store_gate_up(const float (&acc)[MT][NT][4], int
                                               int inter, float limit, float alpha) {
     const float* b = bias + (long long)e * n_rows;
     for_each_pair(acc, r0, n_rows, count, [&](int r, int m, float v_gate, float v_up) {
-        const float gate = fminf(v_gate + b[r], limit);
-        const float up = fminf(fmaxf(v_up + b[r + 1], -limit), limit);
-        const float a = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
+        const float a = swiglu_clamped(v_gate + b[r], v_up + b[r + 1], limit, alpha);
         const __nv_bfloat16 h = __float2bfloat16_rn(a);
         const long long at = (long long)(p0 + m) * inter + r / 2;
         act_hi[at] = h;
-        act_lo[at] = __float2bfloat16_rn(a - __bfloat162float(h));
+        act_lo[at] = bf16_lo(a, h);
     });
 }
 

@@ -19,7 +19,7 @@
 // arithmetic; the loop stays rolled (two steps per turn, static buffers) to keep the code small.
 // f32 accumulation throughout.
 
-#include "common.cuh"
+#include "activation.cuh"
 #include "mxfp4.cuh"
 
 // Template parameters of the GEMVs: RSTEP rows per step, ROWS rows per block (a multiple of
@@ -150,9 +150,7 @@ __device__ __forceinline__ void moe_gate_up_impl(const T* __restrict__ x, const 
                 gs += red[w][2 * tid];
                 us += red[w][2 * tid + 1];
             }
-            const float gate = fminf(gs + bias[row0 + 2 * tid], limit);
-            const float up = fminf(fmaxf(us + bias[row0 + 2 * tid + 1], -limit), limit);
-            out = gate / (1.f + expf(-alpha * gate)) * (up + 1.f);
+            out = swiglu_clamped(gs + bias[row0 + 2 * tid], us + bias[row0 + 2 * tid + 1], limit, alpha);
         }
         act[(long long)blockIdx.x * inter + blockIdx.y * (ROWS / 2) + tid] = out;
     }

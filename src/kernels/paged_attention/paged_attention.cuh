@@ -168,12 +168,7 @@ __device__ __forceinline__ void combine_row(const float* __restrict__ part_acc, 
             for (int dc = 0; dc < DC; dc++) acc[i][dc] = __ldcg(part_acc + prow * D + lane + 32 * dc);
         }
         // mn: fold_ml's max after split f + lane; prev: before it.
-        float mn = m_j;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float y = __shfl_up_sync(FULL_MASK, mn, o);
-            if (lane >= o) mn = fmaxf(mn, y);
-        }
+        float mn = warp_scan(m_j, [](float a, float b) { return fmaxf(a, b); });
         mn = fmaxf(M, mn);
         float prev = __shfl_up_sync(FULL_MASK, mn, 1);
         if (lane == 0) prev = M;

@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "gemv.cuh"
 #include "int8_gemv.cuh"
 #include "mma.cuh"
 
@@ -246,18 +247,7 @@ __device__ __forceinline__ void decode4(uint32_t (&d)[4], uint32_t word, __nv_bf
 template <int MT, int U>
 __device__ __forceinline__ void q4_load(Q4Batch<MT, U>& bt, int q0, int stride, int groups, int chunks,
                                         const uint4* const (&wr)[MT][2]) {
-    const int t = threadIdx.x & 3;
-    const uint4 z = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int q = q0 + u * stride, c = 4 * q + t;
-        const bool in = q < groups && c < chunks;
-#pragma unroll
-        for (int i = 0; i < MT; i++) {
-            bt.a[u][i][0] = in ? __ldg(wr[i][0] + c) : z;
-            bt.a[u][i][1] = in ? __ldg(wr[i][1] + c) : z;
-        }
-    }
+    load_w_chunks(bt.a, q0, stride, groups, chunks, wr);
 }
 
 // One batch: per quad step q (128 K values, one scale group) the products from zero, then the

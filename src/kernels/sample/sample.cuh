@@ -60,12 +60,7 @@ __device__ Pick pick(const uint32_t* __restrict__ cnt, const double* __restrict_
     const int t = threadIdx.x, b = BUCKETS - 1 - t, lane = t & 31, warp = t >> 5;
     const uint32_t c = cnt[b];
     const double v = val ? val[b] : (double)c;
-    double x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const double y = __shfl_up_sync(FULL_MASK, x, o);
-        if (lane >= o) x += y;
-    }
+    const double x = warp_scan(v, [](double a, double b) { return a + b; });
     double e = __shfl_up_sync(FULL_MASK, x, 1);
     if (lane == 0) e = 0.0;
     if (lane == 31) s_warp[warp] = x;

@@ -34,12 +34,7 @@
 __device__ __forceinline__ uint32_t block_scan(uint32_t v, uint32_t& total) {
     __shared__ uint32_t s_warp[THREADS / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    uint32_t x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t y = __shfl_up_sync(FULL_MASK, x, o);
-        if (lane >= o) x += y;
-    }
+    const uint32_t x = warp_scan(v, [](uint32_t a, uint32_t b) { return a + b; });
     if (lane == 31) s_warp[warp] = x;
     __syncthreads();
     uint32_t base = 0;
