@@ -22,6 +22,8 @@
 //! the capture holds kernels only. Until then the launches here only take effect outside graphs
 //! (prefill, eager steps).
 //!
+//! Every kernel of `src/kernels` is launched through this builder, so every kernel follows that
+//! rule; one with nothing to do before its inputs are ready calls `pdl_wait()` first thing.
 //! cudarc's `LaunchArgs` cannot set launch attributes, hence this small builder over
 //! `cuLaunchKernelEx`. On devices before compute capability 9.0, or with `INFERNO_PDL=0` (for
 //! A/B timings), it launches the ordinary way: the kernels' `griddepcontrol` instructions are

@@ -5,8 +5,17 @@
 //! Each op is a candle `CustomOp` (or an in-place op): its `cpu_fwd` is the reference, plain Rust
 //! loops in f32 that follow docs/gpt-oss.md §3–4 line by line (or, for the fused decode-step
 //! ops, the candle ops they replace); its `cuda_fwd` launches the kernel in the `.cu` file beside
-//! it. build.rs compiles `src/kernels/*.cu` to PTX for `sm_$CUDA_COMPUTE_CAP` (default 90) and
-//! the PTX is embedded in the binary, loaded on first use.
+//! it. One folder per op, `src/kernels/OP/`: `mod.rs` (the op and its CPU reference), `gpu.rs`
+//! (the launches), the `.cu` files and the headers only they include, `tests.rs`. Headers that
+//! several ops share live in `include/` (`common.cuh`: conversions, warp reductions and scans,
+//! the PDL wait; `mma.cuh`: tensor-core fragments and `cp.async`; `activation.cuh`: the SwiGLUs;
+//! `gemv.cuh`, `argmax.cuh`). Beside the folders: `launch.rs` (the one way a kernel is
+//! launched), `cuda.rs` (what the launches share), `float_dispatch!` (below: the f32/bf16
+//! dispatch of the ops' storages) and [`mxfp4`].
+//!
+//! build.rs compiles every `.cu` under `src/kernels` to PTX for `sm_$CUDA_COMPUTE_CAP` (default
+//! 90) and generates one constant per file, `cuda::ptx::OP::NAME`; the PTX is embedded in the
+//! binary and loaded on first use.
 //!
 //! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights
 //!   (GEMVs per slot for one token, expert-major tensor-core GEMVs for batched decode, tensor-core
@@ -29,7 +38,7 @@
 //! are `#[ignore]`d (no GPU on the build machines) and run with
 //! `cargo test --release --lib kernels -- --ignored` on a GPU, or from binaries built elsewhere
 //! with `scripts/gpu-tests.sh`. Register and shared-memory use per kernel:
-//! `nvcc --ptx -arch=sm_90 -O3 -std=c++17 -I src/kernels src/kernels/X.cu -o X.ptx && ptxas -arch=sm_90 -v X.ptx -o /dev/null`.
+//! `nvcc --ptx -arch=sm_90 -O3 -std=c++17 -I src/kernels/include src/kernels/OP/X.cu -o X.ptx && ptxas -arch=sm_90 -v X.ptx -o /dev/null`.
 
 pub mod argmax;
 pub mod layer_norm_act;

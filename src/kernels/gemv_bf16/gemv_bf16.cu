@@ -188,7 +188,7 @@ GEMV_VARIANT(2, 8, 1)
 // Up to 8 rows of x with 2 and 8 groups per batch (U; the same sums in the same order as U = 4:
 // U only groups the loads). Registers bound how many warps a multiprocessor holds (on sm_90 U = 8
 // takes ~226 per thread, 4 ~124, 2 ~72), and a launch whose blocks do not all fit at once runs
-// a second, mostly idle wave: gemv_bf16.rs takes the largest U whose blocks all fit, and
+// a second, mostly idle wave: mod.rs takes the largest U whose blocks all fit, and
 // U = 8 for launches of many waves. Measured on an H100 (scripts/analysis/gemv_decode.py, chains
 // of PDL launches in a graph, U = 4 against the best U): gpt-oss's q/k/v (320 blocks of 7 warps,
 // two waves at U = 4) 14.4 -> 12.3 us with U = 2 (at 8 warps); Llama-1B's down (128 blocks of 8
@@ -198,7 +198,7 @@ GEMV_KERNEL(gemv_bf16_m1_n1_u2, 1, 1, 2, false)
 GEMV_KERNEL(gemv_bf16_m1_n1_u8, 1, 1, 8, false)
 
 // The SwiGLU epilogue (see gemv_bf16_impl) for up to 16 rows of x: the decode steps that take
-// the GEMV for Llama's gate/up product (gemv_bf16.rs: gemv_wins).
+// the GEMV for Llama's gate/up product (mod.rs: gemv_wins).
 GEMV_KERNEL(gemv_swiglu_m1_n1, 1, 1, 4, true)
 GEMV_KERNEL(gemv_swiglu_m1_n1_u2, 1, 1, 2, true)
 GEMV_KERNEL(gemv_swiglu_m1_n1_u8, 1, 1, 8, true)

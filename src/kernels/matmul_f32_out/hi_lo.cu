@@ -1,4 +1,4 @@
-// f32 values as two bf16 halves for matmul_hi_lo (matmul_f32_out.rs): out[i] = hi = bf16(x[i]),
+// f32 values as two bf16 halves for matmul_hi_lo (mod.rs): out[i] = hi = bf16(x[i]),
 // out[n + i] = bf16(x[i] − hi), both rounded to nearest even. One launch where candle ops took
 // six (round, widen, subtract, round, concatenate), which a decode step's head felt (~30 µs).
 #include "common.cuh"

@@ -9,7 +9,7 @@
 //! scripts/analysis/gpt_oss_precision.py counts. cuBLAS's GemmEx takes bf16 inputs and writes
 //! f32; candle has no way to ask for it, so this op calls it on candle's cuBLAS handle and
 //! stream. The few rows of a decode step take our tensor-core GEMV instead where it is faster
-//! (`gemv_bf16.rs`).
+//! (`gemv_bf16/`).
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor, bail};
 use half::bf16;

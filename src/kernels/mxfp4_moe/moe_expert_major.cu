@@ -1,5 +1,5 @@
 // The MXFP4 mixture of experts for small batches (a few to a few dozen tokens per decode step),
-// expert-major: same maths as mxfp4_moe.cu (see mxfp4_moe.rs), bf16 x only.
+// expert-major: same maths as mxfp4_moe.cu (see mod.rs), bf16 x only.
 //
 // moe_group (moe_grouped.cu) sorts the (token, slot) pairs by expert and cuts them into tiles of
 // at most 8 NT slots of one expert. Then, per (tile, block of weight rows), every weight row of the

@@ -1,5 +1,5 @@
 // The MXFP4 mixture of experts for many tokens at once (prefill), batched by expert, on tensor
-// cores. Same maths as mxfp4_moe.cu (see mxfp4_moe.rs), bf16 activations only:
+// cores. Same maths as mxfp4_moe.cu (see mod.rs), bf16 activations only:
 //
 //   moe_group:         the (token, slot) pairs grouped by expert, stably (slot order within an
 //                      expert), and cut into tiles of at most BM slots of one expert.

@@ -1,5 +1,5 @@
 // The MXFP4 experts for decode batches of a few tokens, per (token, slot) like mxfp4_moe.cu's GEMVs (same
-// maths, see mxfp4_moe.rs), but on tensor cores with K split over the warps of a block.
+// maths, see mod.rs), but on tensor cores with K split over the warps of a block.
 //
 // Why: at batch 1 the per-slot GEMVs decoded every FP4 value through a table in shared memory
 // and multiplied it in f32 (a shared-memory load, a bit-field extract and an FMA per weight): the

@@ -212,7 +212,7 @@ __device__ __forceinline__ void moe_sum_impl(const float* __restrict__ part, con
         moe_down_impl<RSTEP, ROWS>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter); \
     }
 
-// Variants _r{ROWS}, all with RSTEP 2; mxfp4_moe.rs picks one. Measured on an H200 for gpt-oss-20b
+// Variants _r{ROWS}, all with RSTEP 2; gpu.rs picks one. Measured on an H200 for gpt-oss-20b
 // sizes, RSTEP 4 or 8 was no faster; 16 rows per block suit one or two tokens (more blocks),
 // 32 rows more tokens.
 #define MOE_VARIANTS(R)                                             \

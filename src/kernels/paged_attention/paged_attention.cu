@@ -1,5 +1,5 @@
 // Attention over a paged KV pool for a varlen batch (continuous batching), with optional per-head
-// sinks (gpt-oss), an optional sliding window and grouped-query heads. paged_attention.rs
+// sinks (gpt-oss), an optional sliding window and grouped-query heads. mod.rs
 // documents the layouts and the math:
 //   q [T, heads, D] contiguous: sequence s owns rows cu_q[s]..cu_q[s+1], its first query at
 //   position q_pos[s], the others at consecutive positions. k_pool, v_pool [num_slots, kv_heads, D]

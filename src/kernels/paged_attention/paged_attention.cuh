@@ -7,10 +7,10 @@
 
 #include "common.cuh"
 
-#define SK 128  // positions per fixed split (a multiple of both kernels' key tiles); SPLIT_KEYS in paged_attention.rs
+#define SK 128  // positions per fixed split (a multiple of both kernels' key tiles); SPLIT_KEYS in mod.rs
 #define LOG2E 1.4426950408889634f
 
-// Mirrors Params in paged_attention.rs (repr(C)): keep the field order.
+// Mirrors Params in gpu.rs (repr(C)): keep the field order.
 struct PagedAttnParams {
     long long num_slots;  // pool slots
     long long tokens;     // T: the partials are [split][T][heads]

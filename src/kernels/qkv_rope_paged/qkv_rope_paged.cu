@@ -4,8 +4,8 @@
 // row positions[t], q written out as [T, heads, D] and k, v stored in the paged pools
 // [num_slots, kv_heads, D] at slot slots[t] (a slot past the pool, u32::MAX for padding, stores
 // nothing). Pairs: HF's half-split (i, i + D/2) or GGUF's interleaved (2i, 2i + 1), both rotated
-// by angle i. All arithmetic in f32, one rounding to T at the store, as qkv_rope.cu. A position
-// past the tables rotates by NaN (visible) rather than reading outside them.
+// by angle i. All arithmetic in f32, one rounding to T at the store. A position past the tables
+// rotates by NaN (visible) rather than reading outside them.
 // grid (T, ceil((heads + 2 kv_heads) / HB)), block (D / 2, HB): thread (i, y) of block (t, z)
 // handles pair i of token t's head b = z HB + y: its q heads, then its k heads, then its v heads.
 // Several heads per block: with one (32 threads at D = 64) a 512-token prompt took 40,960 blocks

@@ -1,4 +1,4 @@
-// compressed-tensors projections on the GPU (quant_matmul.rs): per-token activation quantization
+// compressed-tensors projections on the GPU (mod.rs): per-token activation quantization
 // and dequantization for the prefill GEMMs, and the 4-bit decode GEMV for scale groups that
 // ct_gemv.cu does not take (32 or 64 columns). The decode GEMVs proper are in ct_gemv.cu.
 //

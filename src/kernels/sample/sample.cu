@@ -1,4 +1,4 @@
-// The device sampler (sample.rs): every row of a batch's logits [rows, n] filtered exactly as the
+// The device sampler (mod.rs): every row of a batch's logits [rows, n] filtered exactly as the
 // host sampler filters it (src/generate/sampler.rs, `keep`: top-k, top-p and min-p each keep the
 // logits >= a threshold, ties at a boundary included) and drawn by the Gumbel-max trick over the
 // kept set, each row with its own settings and seed.

@@ -8,7 +8,7 @@
 #define THREADS ARGMAX_THREADS  // one histogram bucket per thread in a scan
 #define BUCKETS 256
 #define DIGITS 4
-#define HEADER 8  // u32 words of per-row settings (sample.rs `pack`)
+#define HEADER 8  // u32 words of per-row settings (mod.rs `pack`)
 
 struct RowCfg {
     float inv_t, floor;

@@ -1,4 +1,4 @@
-// The device sampler for batches whose sampling rows all have a small top-k (sample.rs
+// The device sampler for batches whose sampling rows all have a small top-k (mod.rs
 // `TOPK_MAX`, the common setting: llama.cpp's default is 40): the same kept set and the same draw
 // as sample.cu, in two launches instead of ten.
 //
@@ -28,7 +28,7 @@
 #define CHUNK 4096                // logits per block of sample_topk_local
 #define PER (CHUNK / THREADS)     // per thread
 #define GATHER 2048               // S held in shared memory up to this size (else re-read from global)
-#define MAX_PARTS 1024            // chunks per row (sample.rs checks n <= CHUNK * MAX_PARTS)
+#define MAX_PARTS 1024            // chunks per row (mod.rs checks n <= CHUNK * MAX_PARTS)
 
 // Exclusive prefix sum of one value per thread, in thread order, and the block's total.
 __device__ __forceinline__ uint32_t block_scan(uint32_t v, uint32_t& total) {

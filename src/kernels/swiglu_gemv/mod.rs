@@ -47,7 +47,7 @@ fn fused(_x: &Tensor, _w: &Tensor) -> bool {
 }
 
 struct SwiGluGemv {
-    /// Forces the GEMV's U (tests; see gemv_bf16.rs).
+    /// Forces the GEMV's U (tests; see gemv_bf16/mod.rs).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     batch: Option<usize>,
 }
