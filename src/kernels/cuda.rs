@@ -8,7 +8,8 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaEvent, CudaFunction, CudaSlice, CudaView, DeviceRepr, PinnedHostSlice,
 };
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
-use candle_core::{CudaDevice, Layout, Result, Storage, bail};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, Layout, Result, Storage, Tensor, bail};
 use half::bf16;
 
 /// A kernel file's PTX, compiled and embedded by build.rs, and the name candle caches its module
@@ -58,6 +59,16 @@ impl KernelFloat for bf16 {
     fn wrap(slice: CudaSlice<Self>) -> CudaStorageSlice {
         CudaStorageSlice::BF16(slice)
     }
+}
+
+/// A kernel's output buffer as a tensor of `shape` on `dev`.
+pub(super) fn tensor<T: CudaDType>(
+    slice: CudaSlice<T>,
+    dev: &CudaDevice,
+    shape: &[usize],
+) -> Tensor {
+    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
+    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
 }
 
 /// A new buffer of `n` elements for a kernel to fill. With `poison` it starts as NaN, so that a

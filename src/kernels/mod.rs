@@ -85,12 +85,9 @@ use half::bf16;
 pub fn upload_u32(words: &[u32], device: &candle_core::Device) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(dev) = device {
-        use candle_core::{CudaStorage, Storage, op::BackpropOp};
         let slice = cuda::upload(dev, words)?;
         let len = slice.len();
-        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
-        let t = Tensor::from_storage(storage, len, BackpropOp::none(), false);
-        return t.narrow(0, 0, words.len());
+        return cuda::tensor(slice, dev, &[len]).narrow(0, 0, words.len());
     }
     Tensor::new(words, device)
 }

@@ -2,22 +2,12 @@
 
 use candle_core::cuda_backend::CudaStorageSlice;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
-use candle_core::op::BackpropOp;
-use candle_core::{CudaStorage, Device, Layout, Result, Shape, Storage, Tensor, bail};
+use candle_core::{CudaStorage, Device, Layout, Result, Shape, Tensor, bail};
 use half::bf16;
 
 use super::Normed;
-use crate::kernels::cuda::{cuda_view, int, ptx};
+use crate::kernels::cuda::{cuda_view, int, ptx, tensor};
 use crate::kernels::launch::Launch;
-
-fn wrap<T: candle_core::cuda_backend::CudaDType>(
-    slice: candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
-    dev: &candle_core::CudaDevice,
-    shape: (usize, usize),
-) -> Tensor {
-    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
-    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
-}
 
 pub(super) fn add_rms_norm(
     x: &Tensor,
@@ -94,11 +84,11 @@ pub(super) fn add_rms_norm(
     unsafe { b.launch(cfg) }?;
     drop(b);
     let new_x = match x_out {
-        Some(s) => wrap(s, dev, (rows, n)),
+        Some(s) => tensor(s, dev, &[rows, n]),
         None => x.clone(),
     };
-    let h32 = h32.map(|s| wrap(s, dev, (rows, n)));
-    Ok(Normed { x: new_x, h: wrap(h16, dev, (rows, n)), h32 })
+    let h32 = h32.map(|s| tensor(s, dev, &[rows, n]));
+    Ok(Normed { x: new_x, h: tensor(h16, dev, &[rows, n]), h32 })
 }
 
 /// `silu_mul_bf16`: bf16 `[rows, n]` from the f32 gate/up product `[rows, 2n]`.

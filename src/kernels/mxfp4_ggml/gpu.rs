@@ -2,18 +2,11 @@
 
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig};
-use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, Result, Storage, Tensor};
+use candle_core::{CudaDevice, Result, Tensor};
 
-use crate::kernels::cuda::{int, ptx};
+use crate::kernels::cuda::{int, ptx, tensor};
 use crate::kernels::launch::Launch;
 use crate::kernels::mxfp4::BLOCK_BYTES;
-
-fn wrap(slice: CudaSlice<u8>, dev: &CudaDevice) -> Tensor {
-    let n = slice.len();
-    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
-    Tensor::from_storage(storage, n, BackpropOp::none(), false)
-}
 
 /// Uploads the sources and respells them: flat codes and scales.
 pub(super) fn respell(
@@ -44,5 +37,6 @@ pub(super) fn respell(
     // block return. It waits (PDL) before anything else.
     unsafe { b.launch(cfg) }?;
     drop(b);
-    Ok((wrap(codes, dev), wrap(scales, dev)))
+    let (nc, ns) = (codes.len(), scales.len());
+    Ok((tensor(codes, dev, &[nc]), tensor(scales, dev, &[ns])))
 }

@@ -131,7 +131,7 @@ pub fn launch(x: &Tensor, w: &QuantLinear, mt: Option<usize>) -> Result<Tensor> 
         let mut yv = y.slice_mut(r0 * n..(r0 + r) * n);
         launch_rows(dev, &x.narrow(0, r0, r)?, w, &mut yv, (wk, mt))?;
     }
-    Ok(super::gpu::wrap(y, dev, &[m, n]))
+    Ok(crate::kernels::cuda::tensor(y, dev, &[m, n]))
 }
 
 fn launch_rows(

@@ -1,13 +1,12 @@
 //! The launches of `ct_quant.cu` and of `gguf_gemv.cu`'s dequantizers (see `mod.rs`).
 
 use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig};
-use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, DType, Device, Result, Storage, Tensor, bail};
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::{CudaDevice, DType, Device, Result, Tensor, bail};
 use half::bf16;
 
 use super::GEMV_ROWS;
-use crate::kernels::cuda::{cuda_view, int, ptx};
+use crate::kernels::cuda::{cuda_view, int, ptx, tensor};
 use crate::kernels::launch::Launch;
 use crate::kernels::matmul_f32_out;
 use crate::quant::{ActQuant, QuantLinear, WeightFormat};
@@ -21,15 +20,6 @@ pub enum Route {
     /// ct_gemv.cu with this many weight tiles per warp.
     #[cfg_attr(not(test), allow(dead_code))]
     GemvTiles(usize),
-}
-
-pub(super) fn wrap<T: candle_core::cuda_backend::CudaDType>(
-    slice: CudaSlice<T>,
-    dev: &CudaDevice,
-    shape: &[usize],
-) -> Tensor {
-    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
-    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
 }
 
 /// I32 tensors on `dev` stacked along their first dimension by device-to-device copies.
@@ -54,7 +44,7 @@ pub(super) fn stack_i32(ts: &[&Tensor], dev: &CudaDevice) -> Result<Tensor> {
         dev.cuda_stream().memcpy_dtod(&src, &mut dst).w()?;
         at += n;
     }
-    Ok(wrap(out, dev, &shape))
+    Ok(tensor(out, dev, &shape))
 }
 
 fn act_code(act: ActQuant) -> i32 {
@@ -93,7 +83,7 @@ pub fn act_quant(x: &Tensor, act: ActQuant) -> Result<(Tensor, Tensor)> {
     unsafe { b.launch(cfg) }?;
     drop(b);
     drop(xs);
-    Ok((wrap(q, dev, &[m, k]), wrap(s, dev, &[m])))
+    Ok((tensor(q, dev, &[m, k]), tensor(s, dev, &[m])))
 }
 
 fn elementwise(n: usize) -> Result<LaunchConfig> {
@@ -174,7 +164,7 @@ pub fn dequantize(w: &QuantLinear) -> Result<Tensor> {
         }
     }
     drop(qs);
-    Ok(wrap(out, dev, &[w.out, w.inp]))
+    Ok(tensor(out, dev, &[w.out, w.inp]))
 }
 
 /// Whether the older one-warp-per-row 4-bit GEMV takes `m` rows: what ct_gemv.cu leaves
@@ -256,5 +246,5 @@ fn gemv_int4(x: &Tensor, w: &QuantLinear) -> Result<Tensor> {
     unsafe { b.launch(cfg) }?;
     drop(b);
     drop((qs, ss, xs));
-    Ok(wrap(y, dev, &[m, w.out]))
+    Ok(tensor(y, dev, &[m, w.out]))
 }
