@@ -1,16 +1,16 @@
 //! Compiles inferno's own CUDA kernels (every `.cu` file under `src/kernels`, one folder per op)
 //! to PTX when the `cuda` feature is on.
 //!
-//! `src/kernels/OP/NAME.cu` becomes `$OUT_DIR/ptx/OP/NAME.ptx` (the path keeps two files of one
-//! name in different folders apart), and `$OUT_DIR/ptx.rs` gets a constant for it,
-//! `OP::NAME` (upper case), which `src/kernels/cuda.rs` includes: the PTX embedded with
-//! `include_str!` and the module name candle caches it under, loaded at run time through
+//! `src/kernels/OP/NAME.cu` becomes `$OUT_DIR/ptx/OP/NAME.ptx` (named after its path, so two
+//! files of one name in different folders stay apart), and `$OUT_DIR/ptx.rs` gets a constant for
+//! it, `OP::NAME` (upper case; file and folder names must be snake_case, so constants cannot
+//! collide either), which `src/kernels/cuda.rs` includes: the PTX embedded with `include_str!`
+//! and the module name candle caches it under, loaded at run time through
 //! `CudaDevice::get_or_load_custom_func`. Headers shared by several ops live in
-//! `src/kernels/include` (on the include path); an op's own headers sit beside its `.cu`
-//! files. The target is
-//! `sm_$CUDA_COMPUTE_CAP` (default 90: H100/H200). nvcc comes from `$CUDA_HOME/bin` or `PATH`, as
-//! `scripts/cuda-env.sh` sets them up; it must be CUDA 13.0 (see docs/cuda-build.md: newer PTX is
-//! refused by the GPU machines' driver).
+//! `src/kernels/include` (on the include path); an op's own headers sit beside its `.cu` files.
+//! The target is `sm_$CUDA_COMPUTE_CAP` (default 90: H100/H200). nvcc comes from
+//! `$CUDA_HOME/bin` or `PATH`, as `scripts/cuda-env.sh` sets them up; it must be CUDA 13.0 (see
+//! docs/cuda-build.md: newer PTX is refused by the GPU machines' driver).
 //!
 //! No `--use_fast_math`: it turns on flush-to-zero, and the MXFP4 decoder relies on the subnormal
 //! scale 2^-127 (E8M0 byte 0) being exact; the kernels are memory-bound, so fast math buys little.

@@ -1,5 +1,5 @@
-//! What the ops' `cuda_fwd` share: the embedded PTX ([`ptx`]), typed access to candle's CUDA storage, output
-//! buffers (NaN-poisoned on request, for tests) and the device's size.
+//! What the ops' `cuda_fwd` share: the embedded PTX ([`ptx`]), typed access to candle's CUDA
+//! storage, output buffers (NaN-poisoned on request, for tests) and the device's size.
 
 use candle_core::cuda_backend::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use std::sync::Mutex;
