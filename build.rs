@@ -1,10 +1,16 @@
-//! Compiles inferno's own CUDA kernels (`src/kernels/*.cu`) to PTX when the `cuda` feature is on.
+//! Compiles inferno's own CUDA kernels (every `.cu` file under `src/kernels`, one folder per op)
+//! to PTX when the `cuda` feature is on.
 //!
-//! Each `NAME.cu` becomes `$OUT_DIR/NAME.ptx`, which `src/kernels` embeds with `include_str!` and
-//! loads at run time through candle's `CudaDevice::get_or_load_custom_func`. The target is
-//! `sm_$CUDA_COMPUTE_CAP` (default 90: H100/H200). nvcc comes from `$CUDA_HOME/bin` or `PATH`, as
-//! `scripts/cuda-env.sh` sets them up; it must be CUDA 13.0 (see docs/cuda-build.md: newer PTX is
-//! refused by the GPU machines' driver).
+//! `src/kernels/OP/NAME.cu` becomes `$OUT_DIR/ptx/OP/NAME.ptx` (named after its path, so two
+//! files of one name in different folders stay apart), and `$OUT_DIR/ptx.rs` gets a constant for
+//! it, `OP::NAME` (upper case; file and folder names must be snake_case, so constants cannot
+//! collide either), which `src/kernels/cuda.rs` includes: the PTX embedded with `include_str!`
+//! and the module name candle caches it under, loaded at run time through
+//! `CudaDevice::get_or_load_custom_func`. Headers shared by several ops live in
+//! `src/kernels/include` (on the include path); an op's own headers sit beside its `.cu` files.
+//! The target is `sm_$CUDA_COMPUTE_CAP` (default 90: H100/H200). nvcc comes from
+//! `$CUDA_HOME/bin` or `PATH`, as `scripts/cuda-env.sh` sets them up; it must be CUDA 13.0 (see
+//! docs/cuda-build.md: newer PTX is refused by the GPU machines' driver).
 //!
 //! No `--use_fast_math`: it turns on flush-to-zero, and the MXFP4 decoder relies on the subnormal
 //! scale 2^-127 (E8M0 byte 0) being exact; the kernels are memory-bound, so fast math buys little.
@@ -35,7 +41,7 @@ fn main() {
 
     // The folder too, so that a new kernel file triggers a rebuild.
     println!("cargo::rerun-if-changed={KERNEL_DIR}");
-    let sources = cuda_sources();
+    let sources = cuda_sources(Path::new(KERNEL_DIR));
     for path in &sources {
         println!("cargo::rerun-if-changed={}", path.display());
     }
@@ -45,6 +51,12 @@ fn main() {
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     generate_trampolines(&out_dir);
+    let kernels: Vec<Kernel> = sources
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .map(|p| Kernel::new(p, &out_dir))
+        .collect();
+    write(&out_dir.join("ptx.rs"), &ptx_constants(&kernels));
     let nvcc = find_nvcc();
     let cap = env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".to_string());
     let cap = cap.trim().trim_start_matches("sm_").replace('.', "");
@@ -52,57 +64,131 @@ fn main() {
     println!("cargo::rustc-env=INFERNO_CUDA_COMPUTE_CAP={cap}");
     // nvcc compiles one file on one core: run up to cargo's job count at once, the biggest
     // files first (the shortest tail). A failure panics in its thread, which fails the scope.
-    let mut kernels: Vec<&PathBuf> =
-        sources.iter().filter(|p| p.extension().is_some_and(|e| e == "cu")).collect();
-    kernels.sort_by_key(|p| std::cmp::Reverse(std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)));
+    let mut kernels: Vec<&Kernel> = kernels.iter().collect();
+    kernels.sort_by_key(|k| {
+        std::cmp::Reverse(std::fs::metadata(&k.src).map(|m| m.len()).unwrap_or(0))
+    });
     let jobs = env::var("NUM_JOBS").ok().and_then(|n| n.parse::<usize>().ok()).unwrap_or(1);
     let next = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for _ in 0..jobs.clamp(1, kernels.len().max(1)) {
             scope.spawn(|| {
-                while let Some(src) =
+                while let Some(kernel) =
                     kernels.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
                 {
-                    compile_kernel(&nvcc, &cap, src, &out_dir);
+                    compile_kernel(&nvcc, &cap, kernel);
                 }
             });
         }
     });
 }
 
-/// `src` to `$OUT_DIR/NAME.ptx` for `sm_$cap`; panics with nvcc's output when it fails.
-fn compile_kernel(nvcc: &Path, cap: &str, src: &Path, out_dir: &Path) {
-    let stem = src.file_stem().and_then(|s| s.to_str()).expect("kernel file names are UTF-8");
-    let ptx = out_dir.join(format!("{stem}.ptx"));
+/// A kernel file: `src/kernels/OP/NAME.cu`, its PTX and the name of its constant in `ptx.rs`.
+struct Kernel {
+    src: PathBuf,
+    ptx: PathBuf,
+    /// The folders from `src/kernels` down (the modules of `ptx.rs`), then the file's stem.
+    modules: Vec<String>,
+    stem: String,
+}
+
+impl Kernel {
+    fn new(src: &Path, out_dir: &Path) -> Self {
+        let rel = src.strip_prefix(KERNEL_DIR).expect("kernel files are under src/kernels");
+        let name =
+            |s: &std::ffi::OsStr| s.to_str().expect("kernel file names are UTF-8").to_owned();
+        let modules: Vec<String> = rel
+            .parent()
+            .into_iter()
+            .flat_map(|p| p.components())
+            .map(|c| name(c.as_os_str()))
+            .collect();
+        let stem = name(rel.file_stem().expect("a kernel file has a name"));
+        for part in modules.iter().chain([&stem]) {
+            let ok = part.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+                && part.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !ok {
+                panic!("{}: kernel folders and files are named in snake_case", src.display());
+            }
+        }
+        let ptx = out_dir.join("ptx").join(rel).with_extension("ptx");
+        Kernel { src: src.to_owned(), ptx, modules, stem }
+    }
+
+    /// The path below `src/kernels` without the extension: `OP/NAME`.
+    fn key(&self) -> String {
+        self.modules.iter().chain([&self.stem]).cloned().collect::<Vec<_>>().join("/")
+    }
+}
+
+/// `ptx.rs`: for each kernel file a constant `NAME` (the stem in upper case) in the modules of
+/// its folders, `Ptx { module, code }`, the code embedded from `$OUT_DIR/ptx`.
+fn ptx_constants(kernels: &[Kernel]) -> String {
+    let mut sorted: Vec<&Kernel> = kernels.iter().collect();
+    sorted.sort_by(|a, b| (&a.modules, &a.stem).cmp(&(&b.modules, &b.stem)));
+    let mut out = String::from("// Generated by build.rs from the .cu files under src/kernels.\n");
+    let mut open: Vec<&str> = Vec::new();
+    for k in sorted {
+        let common = open.iter().zip(&k.modules).take_while(|(a, b)| **a == b.as_str()).count();
+        while open.len() > common {
+            open.pop();
+            out += &format!("{}}}\n", "    ".repeat(open.len()));
+        }
+        for m in &k.modules[common..] {
+            out += &format!("{}pub mod {m} {{\n", "    ".repeat(open.len()));
+            open.push(m);
+            out += &format!("{}use super::Ptx;\n", "    ".repeat(open.len()));
+        }
+        let indent = "    ".repeat(open.len());
+        let ptx = k.ptx.to_str().expect("OUT_DIR is UTF-8");
+        out += &format!(
+            "{indent}/// PTX of `src/kernels/{key}.cu`.\n{indent}pub const {name}: Ptx = \
+             Ptx {{ module: \"inferno/{key}\", code: include_str!({ptx:?}) }};\n",
+            key = k.key(),
+            name = k.stem.to_uppercase(),
+        );
+    }
+    while open.pop().is_some() {
+        out += &format!("{}}}\n", "    ".repeat(open.len()));
+    }
+    out
+}
+
+/// `kernel.src` to its PTX for `sm_$cap`; panics with nvcc's output when it fails.
+fn compile_kernel(nvcc: &Path, cap: &str, kernel: &Kernel) {
+    let dir = kernel.ptx.parent().expect("the PTX has a folder");
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     let output = Command::new(nvcc)
         .args(["--ptx", "-O3", "-std=c++17", "--expt-relaxed-constexpr"])
         .arg(format!("-arch=sm_{cap}"))
         .arg("-I")
-        .arg(KERNEL_DIR)
+        .arg(Path::new(KERNEL_DIR).join("include"))
         .arg("-o")
-        .arg(&ptx)
-        .arg(src)
+        .arg(&kernel.ptx)
+        .arg(&kernel.src)
         .output()
         .unwrap_or_else(|e| panic!("could not run {}: {e}", nvcc.display()));
     if !output.status.success() {
         panic!(
             "nvcc failed on {}:\n{}{}",
-            src.display(),
+            kernel.src.display(),
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
     }
 }
 
-/// Every `.cu` and `.cuh` file under `src/kernels`, sorted.
-fn cuda_sources() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(KERNEL_DIR)
-        .map(|dir| {
-            dir.filter_map(|entry| entry.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|e| e == "cu" || e == "cuh"))
-                .collect()
-        })
-        .unwrap_or_default();
+/// Every `.cu` and `.cuh` file under `dir`, sorted.
+fn cuda_sources(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return files };
+    for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+        if path.is_dir() {
+            files.extend(cuda_sources(&path));
+        } else if path.extension().is_some_and(|e| e == "cu" || e == "cuh") {
+            files.push(path);
+        }
+    }
     files.sort();
     files
 }
@@ -122,8 +208,8 @@ fn find_nvcc() -> PathBuf {
         return PathBuf::from("nvcc");
     }
     panic!(
-        "inferno: the `cuda` feature (on by default) compiles src/kernels/*.cu and needs nvcc from \
-         CUDA 13.0, found neither in $CUDA_HOME/bin nor on PATH. Run `source scripts/cuda-env.sh` \
+        "inferno: the `cuda` feature (on by default) compiles the .cu files under src/kernels and \
+         needs nvcc from CUDA 13.0, found neither in $CUDA_HOME/bin nor on PATH. Run `source scripts/cuda-env.sh` \
          first (it assembles the toolkit from PyPI when none is installed), or build a CPU-only \
          binary with `--no-default-features`."
     );

@@ -4,7 +4,7 @@ them), at gpt-oss-20b and Llama-3.2-1B sizes.
 
     python3 scripts/analysis/gemv_decode.py [--reps 20] [--quick]
 
-Builds src/kernels/gemv_bf16.cu and this folder's gemv_variants.cu (other batch sizes per warp,
+Builds src/kernels/gemv_bf16/gemv_bf16.cu and this folder's gemv_variants.cu (other batch sizes per warp,
 a persistent grid, a flat read-only probe; also with up to 16 warps along K) with the machine's
 nvcc; draws random bf16 weights for every layer (so a step's weights are not in L2); checks the
 variants against gemv_bf16.cu bit for bit and gemv_bf16.cu against a float64 product; then times,
@@ -26,7 +26,8 @@ import cupy as cp
 import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-KDIR = os.path.join(ROOT, "src", "kernels")
+KDIR = os.path.join(ROOT, "src", "kernels", "gemv_bf16")
+INCLUDE = os.path.join(ROOT, "src", "kernels", "include")
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMS = 132
 
@@ -50,7 +51,7 @@ def build(max_wk):
     open(os.path.join(tmp, "gemv_bf16.cu"), "w").write(src)
     shutil.copy(os.path.join(HERE, "gemv_variants.cu"), tmp)
     cubin = os.path.join(tmp, "v.cubin")
-    out = subprocess.run(["nvcc", "--cubin", "-arch=sm_90", "-O3", "-std=c++17", "-Xptxas", "-v", "-I", KDIR, "-o",
+    out = subprocess.run(["nvcc", "--cubin", "-arch=sm_90", "-O3", "-std=c++17", "-Xptxas", "-v", "-I", KDIR, "-I", INCLUDE, "-o",
                           cubin, os.path.join(tmp, "gemv_variants.cu")], capture_output=True, text=True)
     if out.returncode:
         sys.exit(out.stderr)
@@ -97,7 +98,7 @@ def launch(fn, grid, block, args, stream, pdl=True):
 
 
 def warps_along_k(n, k, target, max_wk):
-    """src/kernels/gemv_bf16.rs's choice, with its target and cap as parameters."""
+    """src/kernels/gemv_bf16/mod.rs's choice, with its target and cap as parameters."""
     tiles = -(-n // 16)
     return min(max(1, min(max_wk, -(-target // tiles))), max(k // 64, 1))
 

@@ -2,7 +2,7 @@
 
     python3 scripts/analysis/moe_decode_kernels.py [--layers 24] [--reps 20]
 
-Builds src/kernels/mxfp4_moe.cu (the f32-table GEMVs), src/kernels/moe_slot_mma.cu (the
+Builds src/kernels/mxfp4_moe/mxfp4_moe.cu (the f32-table GEMVs), src/kernels/mxfp4_moe/moe_slot_mma.cu (the
 tensor-core split-K GEMVs, also taken apart: its loads alone, its arithmetic alone, capped at 42
 registers) and this folder's experiments, moe_slot_dp4a.cu (the same on integer dot products),
 moe_slot_persistent.cu (the same with a persistent grid; its parts must equal moe_slot_mma.cu's
@@ -27,7 +27,8 @@ import cupy as cp
 import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-KDIR = os.path.join(ROOT, "src", "kernels")
+KDIR = os.path.join(ROOT, "src", "kernels", "mxfp4_moe")
+INCLUDE = os.path.join(ROOT, "src", "kernels", "include")
 FP4 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float64)
 LIMIT, ALPHA = 7.0, 1.702
 
@@ -45,7 +46,7 @@ def build(name, tmp, subs=(), folder=KDIR):
     cubin = os.path.join(tmp, tag + ".cubin")
     out = subprocess.run(
         ["nvcc", "--cubin", "-arch=sm_90", "-O3", "-std=c++17", "--expt-relaxed-constexpr",
-         "-Xptxas", "-v", "-I", KDIR, "-o", cubin, path],
+         "-Xptxas", "-v", "-I", KDIR, "-I", INCLUDE, "-o", cubin, path],
         capture_output=True, text=True)
     if out.returncode:
         sys.exit(out.stderr)

@@ -11,17 +11,12 @@
 //! writes may have been freed by an earlier kernel that still reads it); weights and other
 //! read-only inputs may be read before.
 //!
-//! **In the decode graphs this gains nothing yet** (measured on an H100: Llama-1B 621 vs 622
-//! tok/s with `INFERNO_PDL=0`/`1`). Stream capture turns a PDL launch into a programmatic edge
-//! only when the previous captured node is a kernel, and candle allocates every op's output
-//! with `cuMemAllocAsync` and frees inputs with `cuMemFreeAsync`: the batch-1 Llama-1B step is
-//! 593 nodes, 167 kernels between 213 allocation and 213 free nodes. The driver (13.0) refuses
-//! to clone such a graph or to remove a memory node's edges (CUDA_ERROR_NOT_SUPPORTED), so the
-//! edges cannot be rewritten after capture either. What would make it work: allocations during
-//! capture served from a private arena owned by the graph (PyTorch's graph memory pool), so that
-//! the capture holds kernels only. Until then the launches here only take effect outside graphs
-//! (prefill, eager steps).
+//! In a captured decode step the overlap needs kernel-to-kernel edges: stream capture turns a PDL
+//! launch into a programmatic edge only when the node before it is a kernel, so the step's
+//! allocations come from an arena (`src/gpu/arena.rs`) and its graph holds kernels only.
 //!
+//! Every kernel of `src/kernels` is launched through this builder, so every kernel follows that
+//! rule; one with nothing to do before its inputs are ready calls `pdl_wait()` first thing.
 //! cudarc's `LaunchArgs` cannot set launch attributes, hence this small builder over
 //! `cuLaunchKernelEx`. On devices before compute capability 9.0, or with `INFERNO_PDL=0` (for
 //! A/B timings), it launches the ordinary way: the kernels' `griddepcontrol` instructions are

@@ -5,8 +5,17 @@
 //! Each op is a candle `CustomOp` (or an in-place op): its `cpu_fwd` is the reference, plain Rust
 //! loops in f32 that follow docs/gpt-oss.md §3–4 line by line (or, for the fused decode-step
 //! ops, the candle ops they replace); its `cuda_fwd` launches the kernel in the `.cu` file beside
-//! it. build.rs compiles `src/kernels/*.cu` to PTX for `sm_$CUDA_COMPUTE_CAP` (default 90) and
-//! the PTX is embedded in the binary, loaded on first use.
+//! it. One folder per op, `src/kernels/OP/`: `mod.rs` (the op and its CPU reference), `gpu.rs`
+//! (the launches), the `.cu` files and the headers only they include, `tests.rs`. Headers that
+//! several ops share live in `include/` (`common.cuh`: conversions, warp reductions and scans,
+//! the PDL wait; `mma.cuh`: tensor-core fragments and `cp.async`; `activation.cuh`: the SwiGLUs;
+//! `gemv.cuh`, `argmax.cuh`). Beside the folders: `launch.rs` (the one way a kernel is
+//! launched), `cuda.rs` (what the launches share), `float_dispatch!` (below: the f32/bf16
+//! dispatch of the ops' storages) and [`mxfp4`].
+//!
+//! build.rs compiles every `.cu` under `src/kernels` to PTX for `sm_$CUDA_COMPUTE_CAP` (default
+//! 90) and generates one constant per file, `cuda::ptx::OP::NAME`; the PTX is embedded in the
+//! binary and loaded on first use.
 //!
 //! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights
 //!   (GEMVs per slot for one token, expert-major tensor-core GEMVs for batched decode, tensor-core
@@ -29,7 +38,7 @@
 //! are `#[ignore]`d (no GPU on the build machines) and run with
 //! `cargo test --release --lib kernels -- --ignored` on a GPU, or from binaries built elsewhere
 //! with `scripts/gpu-tests.sh`. Register and shared-memory use per kernel:
-//! `nvcc --ptx -arch=sm_90 -O3 -std=c++17 -I src/kernels src/kernels/X.cu -o X.ptx && ptxas -arch=sm_90 -v X.ptx -o /dev/null`.
+//! `nvcc --ptx -arch=sm_90 -O3 -std=c++17 -I src/kernels/include src/kernels/OP/X.cu -o X.ptx && ptxas -arch=sm_90 -v X.ptx -o /dev/null`.
 
 pub mod argmax;
 pub mod invariance;
@@ -77,15 +86,42 @@ use half::bf16;
 pub fn upload_u32(words: &[u32], device: &candle_core::Device) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(dev) = device {
-        use candle_core::{CudaStorage, Storage, op::BackpropOp};
         let slice = cuda::upload(dev, words)?;
         let len = slice.len();
-        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
-        let t = Tensor::from_storage(storage, len, BackpropOp::none(), false);
-        return t.narrow(0, 0, words.len());
+        return cuda::tensor(slice, dev, &[len]).narrow(0, 0, words.len());
     }
     Tensor::new(words, device)
 }
+
+/// The ops' dtype dispatch, written once: `$body` for f32 data and again for bf16, each `$x`
+/// bound to its storage's data (`$S`: `CpuStorage` or `CudaStorageSlice`, whose variants share
+/// their names) and, with `|$T|`, `$T` the element type. The storages must be all f32 or all
+/// bf16; anything else fails with `$err`.
+macro_rules! float_dispatch {
+    ($S:ident, $err:expr, ($($s:expr => $x:ident),+ $(,)?), |$T:ident| $body:expr) => {{
+        #[allow(unused_parens)]
+        match ($($s),+) {
+            ($($S::F32($x)),+) => {
+                type $T = f32;
+                $body
+            }
+            ($($S::BF16($x)),+) => {
+                type $T = half::bf16;
+                $body
+            }
+            _ => candle_core::bail!($err),
+        }
+    }};
+    ($S:ident, $err:expr, ($($s:expr => $x:ident),+ $(,)?), $body:expr) => {{
+        #[allow(unused_parens)]
+        match ($($s),+) {
+            ($($S::F32($x)),+) => $body,
+            ($($S::BF16($x)),+) => $body,
+            _ => candle_core::bail!($err),
+        }
+    }};
+}
+pub(crate) use float_dispatch;
 
 /// An f32 or bf16 CPU buffer, read as f32.
 #[derive(Clone, Copy)]

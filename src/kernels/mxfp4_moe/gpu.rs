@@ -11,22 +11,17 @@
 //! All leave one f32 row per (token, slot) that `moe_sum` adds up in slot order (the per-slot
 //! tensor-core kernels add them in their last block instead, in the same order).
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+use candle_core::cuda_backend::CudaStorageSlice;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
 use candle_core::{CudaDevice, CudaStorage, Layout, Result, bail};
 use half::bf16;
 
 use super::{Mxfp4Moe, Path};
 use crate::kernels::cuda::{
-    COUNTERS, KernelFloat, MOE_EXPERT_MAJOR_PTX, MOE_GROUPED_PTX, MOE_SLOT_MMA_PTX, MXFP4_MOE_PTX,
-    allow_shared, counters, cuda_view, int, output,
+    COUNTERS, KernelFloat, Ptx, allow_shared, counters, cuda_view, int, output, ptx,
 };
 use crate::kernels::launch::Launch;
 
-const MODULE: &str = "inferno_mxfp4_moe";
-const GROUPED_MODULE: &str = "inferno_moe_grouped";
-const EXPERT_MAJOR_MODULE: &str = "inferno_moe_expert_major";
-const SLOT_MMA_MODULE: &str = "inferno_moe_slot_mma";
 /// moe_slot_mma.cu's warps per block (along K), and the rows of its tile. 8 warps: 33.1 µs per
 /// gpt-oss-20b layer against 33.4 with 4 (H100, scripts/analysis/moe_decode_kernels.py).
 const SLOT_MMA_WARPS: u32 = 8;
@@ -236,8 +231,7 @@ fn sum<O: KernelFloat>(
     d: Dims,
 ) -> Result<CudaSlice<O>> {
     let mut out = output::<O>(dev, d.tokens * d.hidden, op.poison)?;
-    let func =
-        dev.get_or_load_custom_func(&format!("moe_sum_{}", O::NAME), MODULE, MXFP4_MOE_PTX)?;
+    let func = ptx::mxfp4_moe::MXFP4_MOE.func(dev, &format!("moe_sum_{}", O::NAME))?;
     let (t32, k32, h32, e32) = (
         int(d.tokens, "tokens")?,
         int(d.k, "k")?,
@@ -287,30 +281,24 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let mut act = unsafe { dev.alloc::<f32>(slots * d.inter)? };
     let mut part = unsafe { dev.alloc::<f32>(slots * d.hidden)? };
 
-    let func = dev.get_or_load_custom_func(
-        &format!("moe_gate_up_{}_{variant}", T::NAME),
-        MODULE,
-        MXFP4_MOE_PTX,
-    )?;
-    let mut b = func.builder();
-    b.arg(x).arg(ids).arg(&p.gu_blocks).arg(&p.gu_scales).arg(&p.gu_bias).arg(&mut act);
-    b.arg(&k32).arg(&n_exp).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
-    // SAFETY: the arguments match moe_gate_up's signature; shapes were checked in Mxfp4Experts::new.
-    unsafe { b.launch(launch_cfg(2 * d.inter, d.hidden)?) }.w()?;
-
+    let stream = dev.cuda_stream();
     let func =
-        dev.get_or_load_custom_func(&format!("moe_down_{variant}"), MODULE, MXFP4_MOE_PTX)?;
-    let mut b = func.builder();
-    b.arg(&act)
-        .arg(ids)
-        .arg(weights)
-        .arg(&p.d_blocks)
-        .arg(&p.d_scales)
-        .arg(&p.d_bias)
-        .arg(&mut part);
-    b.arg(&n_exp).arg(&h32).arg(&i32_);
-    // SAFETY: the arguments match moe_down's signature.
-    unsafe { b.launch(launch_cfg(d.hidden, d.inter)?) }.w()?;
+        ptx::mxfp4_moe::MXFP4_MOE.func(dev, &format!("moe_gate_up_{}_{variant}", T::NAME))?;
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(x).ptr(ids).ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias).ptr_mut(&mut act);
+    b.val(k32).val(n_exp).val(h32).val(i32_).val(op.act.limit).val(op.act.alpha);
+    // SAFETY: the arguments match moe_gate_up's signature; shapes were checked in Mxfp4Experts::new.
+    // It waits (PDL) before anything else.
+    unsafe { b.launch(launch_cfg(2 * d.inter, d.hidden)?) }?;
+    drop(b);
+
+    let func = ptx::mxfp4_moe::MXFP4_MOE.func(dev, &format!("moe_down_{variant}"))?;
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(&act).ptr(ids).ptr(weights).ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias);
+    b.ptr_mut(&mut part).val(n_exp).val(h32).val(i32_);
+    // SAFETY: the arguments match moe_down's signature; it waits (PDL) before anything else.
+    unsafe { b.launch(launch_cfg(d.hidden, d.inter)?) }?;
+    drop(b);
     Ok(part)
 }
 
@@ -357,7 +345,7 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     let suffix = if tiles == 2 { "_t2" } else { "" };
     let name = |what: &str| format!("moe_sm_{what}_w{SLOT_MMA_WARPS}{suffix}");
     let stream = dev.cuda_stream();
-    let func = dev.get_or_load_custom_func(&name("gate_up"), SLOT_MMA_MODULE, MOE_SLOT_MMA_PTX)?;
+    let func = ptx::mxfp4_moe::MOE_SLOT_MMA.func(dev, &name("gate_up"))?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(x).ptr(ids).ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias).ptr_mut(&mut act);
     b.val(k32).val(n_exp).val(h32).val(i32_).val(op.act.limit).val(op.act.alpha);
@@ -366,7 +354,7 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     // (PDL) before reading anything.
     unsafe { b.launch(cfg(2 * d.inter)?) }?;
     drop(b);
-    let func = dev.get_or_load_custom_func(&name("down"), SLOT_MMA_MODULE, MOE_SLOT_MMA_PTX)?;
+    let func = ptx::mxfp4_moe::MOE_SLOT_MMA.func(dev, &name("down"))?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(&act).ptr(ids).ptr(weights).ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias);
     b.ptr_mut(&mut part).val(n_exp).val(h32).val(i32_).val(k32);
@@ -411,13 +399,16 @@ fn group(dev: &CudaDevice, ids: &CudaView<u32>, d: Dims, tile: usize) -> Result<
         int(max_tiles, "tiles")?,
         int(tile, "tile")?,
     );
-    let func = dev.get_or_load_custom_func("moe_group", GROUPED_MODULE, MOE_GROUPED_PTX)?;
-    let mut b = func.builder();
-    b.arg(ids).arg(&s32).arg(&e32).arg(&mut sorted).arg(&mut tiles).arg(&t32).arg(&bm);
+    let func = ptx::mxfp4_moe::MOE_GROUPED.func(dev, "moe_group")?;
+    let stream = dev.cuda_stream();
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(ids).val(s32).val(e32).ptr_mut(&mut sorted).ptr_mut(&mut tiles).val(t32).val(bm);
     let one_block =
         LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: the arguments match moe_group's signature; experts ≤ its shared-memory limit.
-    unsafe { b.launch(one_block) }.w()?;
+    // SAFETY: the arguments match moe_group's signature; experts ≤ its shared-memory limit. It
+    // waits (PDL) before anything else.
+    unsafe { b.launch(one_block) }?;
+    drop(b);
     Ok(Groups { sorted, tiles, max_tiles })
 }
 
@@ -433,8 +424,7 @@ fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     }
     let suffix = if wide { "w" } else { "" };
     let kernels = GroupKernels {
-        module: EXPERT_MAJOR_MODULE,
-        ptx: MOE_EXPERT_MAJOR_PTX,
+        ptx: &ptx::mxfp4_moe::MOE_EXPERT_MAJOR,
         gate_up: format!("moe_em_gate_up_m{mt}_n{nt}_u{u}{suffix}"),
         down: format!("moe_em_down_m{mt}_n{nt}_u{u}{suffix}"),
         rows_per_block: 16 * mt * EM_WARPS,
@@ -456,8 +446,7 @@ fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     }
     let ring = stages * BM * 256;
     let kernels = GroupKernels {
-        module: GROUPED_MODULE,
-        ptx: MOE_GROUPED_PTX,
+        ptx: &ptx::mxfp4_moe::MOE_GROUPED,
         gate_up: format!("moe_grouped_gate_up_m{mt}_s{stages}"),
         down: format!("moe_grouped_down_m{mt}_s{stages}"),
         rows_per_block: 64 * mt,
@@ -471,8 +460,7 @@ fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
 /// activations as bf16 hi + lo), then down (bias, routing weight) into part. The grouped GEMMs
 /// and the expert-major GEMVs take the same arguments; they differ in their kernels and blocks.
 struct GroupKernels {
-    module: &'static str,
-    ptx: &'static str,
+    ptx: &'static Ptx,
     gate_up: String,
     down: String,
     /// Weight rows one block covers (the grid's second dimension).
@@ -506,36 +494,27 @@ fn project_groups<T: KernelFloat>(
             shared_mem_bytes: int(shared, "shared memory")? as u32,
         })
     };
-    let func = dev.get_or_load_custom_func(&k.gate_up, k.module, k.ptx)?;
+    let stream = dev.cuda_stream();
+    let func = k.ptx.func(dev, &k.gate_up)?;
     allow_shared(&func, k.shared[0])?;
-    let mut b = func.builder();
-    b.arg(x)
-        .arg(&sorted)
-        .arg(&tiles)
-        .arg(&p.gu_blocks)
-        .arg(&p.gu_scales)
-        .arg(&p.gu_bias)
-        .arg(&mut act_hi)
-        .arg(&mut act_lo);
-    b.arg(&k32).arg(&h32).arg(&i32_).arg(&op.act.limit).arg(&op.act.alpha);
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(x).ptr(&sorted).ptr(&tiles).ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias);
+    b.ptr_mut(&mut act_hi).ptr_mut(&mut act_lo);
+    b.val(k32).val(h32).val(i32_).val(op.act.limit).val(op.act.alpha);
     // SAFETY: the arguments match the kernel's signature; x is bf16 (T::BF16) with 16-byte
     // aligned rows (hidden % 8 == 0, checked by the caller), act rows likewise (I % 32 == 0).
-    unsafe { b.launch(grid(2 * d.inter, k.shared[0])?) }.w()?;
+    // It waits (PDL) before anything else.
+    unsafe { b.launch(grid(2 * d.inter, k.shared[0])?) }?;
+    drop(b);
 
-    let func = dev.get_or_load_custom_func(&k.down, k.module, k.ptx)?;
+    let func = k.ptx.func(dev, &k.down)?;
     allow_shared(&func, k.shared[1])?;
-    let mut b = func.builder();
-    b.arg(&act_hi)
-        .arg(&act_lo)
-        .arg(&sorted)
-        .arg(&tiles)
-        .arg(weights)
-        .arg(&p.d_blocks)
-        .arg(&p.d_scales)
-        .arg(&p.d_bias)
-        .arg(&mut part);
-    b.arg(&h32).arg(&i32_);
-    // SAFETY: the arguments match the kernel's signature.
-    unsafe { b.launch(grid(d.hidden, k.shared[1])?) }.w()?;
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(&act_hi).ptr(&act_lo).ptr(&sorted).ptr(&tiles).ptr(weights);
+    b.ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias).ptr_mut(&mut part);
+    b.val(h32).val(i32_);
+    // SAFETY: the arguments match the kernel's signature; it waits (PDL) before anything else.
+    unsafe { b.launch(grid(d.hidden, k.shared[1])?) }?;
+    drop(b);
     Ok(part)
 }

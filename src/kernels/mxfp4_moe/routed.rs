@@ -1,5 +1,5 @@
 //! Routing and experts in one op ([`mxfp4_moe_routed`]): from the router's raw logits to the
-//! experts' f32 sum. On CUDA the routing is one kernel (`router.cu`: top-k of logits + bias,
+//! experts' f32 sum. On CUDA the routing is one kernel (`route.cu`: top-k of logits + bias,
 //! softmax over the k) writing into scratch buffers the expert kernels read, instead of five
 //! candle ops (bias add, sort, narrow, gather, softmax) and their tensors: in a decode step
 //! every launch counts.
@@ -103,10 +103,10 @@ impl CustomOp3 for Routed {
         bs: &candle_core::CudaStorage,
         bl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::cuda_backend::CudaStorageSlice as S;
+        use candle_core::cuda_backend::CudaStorageSlice;
         use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 
-        use crate::kernels::cuda::{ROUTER_PTX, int};
+        use crate::kernels::cuda::{int, ptx};
         use crate::kernels::launch::Launch;
 
         let dev = xs.device.clone();
@@ -116,8 +116,7 @@ impl CustomOp3 for Routed {
         // SAFETY: route_topk_softmax writes all k ids and weights of every token.
         let mut ids = unsafe { dev.alloc::<u32>(tokens * self.k)? };
         let mut weights = unsafe { dev.alloc::<f32>(tokens * self.k)? };
-        let func =
-            dev.get_or_load_custom_func("route_topk_softmax", "inferno_router", ROUTER_PTX)?;
+        let func = ptx::mxfp4_moe::ROUTE.func(&dev, "route_topk_softmax")?;
         let (t32, e32, k32) = (int(tokens, "tokens")?, int(experts, "experts")?, int(self.k, "k")?);
         let stream = dev.cuda_stream();
         let mut b = Launch::new(&stream, &func);
@@ -133,15 +132,12 @@ impl CustomOp3 for Routed {
         unsafe { b.launch(cfg) }?;
         drop(b);
         let (ids, weights) = (ids.slice(..), weights.slice(..));
-        let slice = match &xs.slice {
-            S::F32(x) => {
-                super::gpu::launch_routed(&self.moe, &dev, (x, xl), &ids, &weights, self.k)?
-            }
-            S::BF16(x) => {
-                super::gpu::launch_routed(&self.moe, &dev, (x, xl), &ids, &weights, self.k)?
-            }
-            _ => bail!("mxfp4_moe_routed: x must be f32 or bf16"),
-        };
+        let slice = crate::kernels::float_dispatch!(
+            CudaStorageSlice,
+            "mxfp4_moe_routed: x must be f32 or bf16",
+            (&xs.slice => x),
+            super::gpu::launch_routed(&self.moe, &dev, (x, xl), &ids, &weights, self.k)?
+        );
         Ok((candle_core::CudaStorage { slice, device: dev }, xl.shape().clone()))
     }
 }

@@ -548,7 +548,7 @@ mod gpu {
         }
     }
 
-    /// Routing on the GPU (router.cu) plus experts against the CPU reference: decode and prefill
+    /// Routing on the GPU (route.cu) plus experts against the CPU reference: decode and prefill
     /// sizes, gpt-oss-20b's 32 and 120b's 128 experts, logits full of ties.
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]

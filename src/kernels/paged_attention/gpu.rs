@@ -8,13 +8,9 @@ use candle_core::{CudaDevice, Layout, Result, bail};
 
 use super::{Dims, PagedAttention, PagedKernel, WARPS};
 use crate::kernels::cuda::{
-    KernelFloat, PAGED_ATTENTION_MMA_PTX, PAGED_ATTENTION_PTX, allow_shared, cuda_view, int,
-    multiprocessors, output,
+    KernelFloat, allow_shared, cuda_view, int, multiprocessors, output, ptx,
 };
 use crate::kernels::launch::Launch;
-
-const MODULE: &str = "inferno_paged_attention";
-const MMA_MODULE: &str = "inferno_paged_attention_mma";
 
 /// The tensor-core kernel's key tile and shared-row padding (`MBK`, `KPAD`): two stages of K and
 /// V tiles, bf16.
@@ -33,8 +29,7 @@ fn attention_func<T: KernelFloat>(
                 bail!("paged_attention: the scalar kernel takes f32 only");
             }
             let name = format!("paged_attention_{}_d{d}_r{rows_per_warp}", T::NAME);
-            let func = dev.get_or_load_custom_func(&name, MODULE, PAGED_ATTENTION_PTX)?;
-            (func.into_cuda_function(), 0)
+            (ptx::paged_attention::PAGED_ATTENTION.func(dev, &name)?, 0)
         }
         PagedKernel::Mma { .. } | PagedKernel::MmaSplitDims => {
             if !T::BF16 {
@@ -44,10 +39,10 @@ fn attention_func<T: KernelFloat>(
                 PagedKernel::Mma { warps } => format!("paged_attention_mma_d{d}_w{warps}"),
                 _ => format!("paged_attention_mma_d{d}_w4_ds"),
             };
-            let func = dev.get_or_load_custom_func(&name, MMA_MODULE, PAGED_ATTENTION_MMA_PTX)?;
+            let func = ptx::paged_attention::PAGED_ATTENTION_MMA.func(dev, &name)?;
             let shared = 2 * 2 * MMA_TILE * (d + MMA_PAD) * 2;
             allow_shared(&func, shared)?;
-            (func.into_cuda_function(), shared)
+            (func, shared)
         }
     })
 }
@@ -170,7 +165,7 @@ pub(super) fn launch<T: KernelFloat>(
     drop(b);
 
     let name = format!("paged_combine_{}_d{d}", T::NAME);
-    let combine = dev.get_or_load_custom_func(&name, MODULE, PAGED_ATTENTION_PTX)?;
+    let combine = ptx::paged_attention::PAGED_ATTENTION.func(dev, &name)?;
     let mut b = Launch::new(&stream, &combine);
     b.ptr(&part_acc).ptr(&part_ml).val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr_mut(&mut out);
     b.val(params);

@@ -1,15 +1,12 @@
 //! The launches of `ct_gemv.cu`: decode GEMVs on tensor cores, one launch per product (the
 //! activation quantization runs inside). See the kernel file's header for the design.
 
-use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg,
-};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig};
 use candle_core::{CudaDevice, DType, Device, Result, Tensor, bail};
 use half::bf16;
 
 use super::GEMV_ROWS;
-use crate::kernels::cuda::{CT_GEMV_PTX, GGUF_GEMV_PTX, allow_shared, cuda_view, int};
+use crate::kernels::cuda::{allow_shared, cuda_view, int, ptx};
 use crate::kernels::launch::Launch;
 use crate::quant::{ActQuant, QuantLinear, WeightFormat};
 
@@ -134,7 +131,7 @@ pub fn launch(x: &Tensor, w: &QuantLinear, mt: Option<usize>) -> Result<Tensor> 
         let mut yv = y.slice_mut(r0 * n..(r0 + r) * n);
         launch_rows(dev, &x.narrow(0, r0, r)?, w, &mut yv, (wk, mt))?;
     }
-    Ok(super::gpu::wrap(y, dev, &[m, n]))
+    Ok(crate::kernels::cuda::tensor(y, dev, &[m, n]))
 }
 
 fn launch_rows(
@@ -156,8 +153,8 @@ fn launch_rows(
     };
     let gguf = matches!(w.scheme.weight, WeightFormat::Q8Block) || k_quant(w);
     let func = match gguf {
-        true => dev.get_or_load_custom_func(&name, "inferno_gguf_gemv", GGUF_GEMV_PTX)?,
-        false => dev.get_or_load_custom_func(&name, "inferno_ct_gemv", CT_GEMV_PTX)?,
+        true => ptx::quant_matmul::GGUF_GEMV.func(dev, &name)?,
+        false => ptx::quant_matmul::CT_GEMV.func(dev, &name)?,
     };
     allow_shared(&func, smem)?;
     let cfg = LaunchConfig {
@@ -170,11 +167,11 @@ fn launch_rows(
     let xv = cuda_view::<bf16>(&xs, xl, "x")?;
     let (qs, ql) = w.q.storage_and_layout();
     let (ss, sl) = w.scale.storage_and_layout();
+    let stream = dev.cuda_stream();
     if gguf {
         let qv = cuda_view::<u8>(&qs, ql, "GGUF codes")?;
         let sv = cuda_view::<half::f16>(&ss, sl, "GGUF scales")?;
         let stride = int(if k_quant(w) { k_stride(k) } else { x_stride(k) }, "x stride")?;
-        let stream = dev.cuda_stream();
         let mut b = Launch::new(&stream, &func);
         b.ptr(&qv).ptr(&sv).ptr(&xv).ptr_mut(y).val(m32).val(n32).val(k32).val(stride);
         // SAFETY: gguf_gemv.cu's kernels' signature; codes and scales in the format's layout
@@ -184,15 +181,16 @@ fn launch_rows(
         return unsafe { b.launch(cfg) };
     }
     let sv = cuda_view::<f32>(&ss, sl, "scale")?;
-    let mut b = func.builder();
+    // ct_gemv.cu's kernels wait (PDL) before anything else.
     match w.scheme.weight {
         WeightFormat::Int8 | WeightFormat::Fp8 => {
             let qv = cuda_view::<u8>(&qs, ql, "weight")?;
             let stride = int(x_stride(k), "x stride")?;
-            b.arg(&qv).arg(&sv).arg(&xv).arg(y).arg(&m32).arg(&n32).arg(&k32).arg(&stride);
+            let mut b = Launch::new(&stream, &func);
+            b.ptr(&qv).ptr(&sv).ptr(&xv).ptr_mut(y).val(m32).val(n32).val(k32).val(stride);
             // SAFETY: ct_gemv_{i8,f8}_m*'s signature; w [n, k] bytes, scale [n], x [m, k]
             // bf16, k % 16 == 0 (fits), 16-byte aligned rows, smem = m · stride bytes.
-            unsafe { b.launch(cfg) }.w()?;
+            unsafe { b.launch(cfg) }
         }
         WeightFormat::Int4 { .. } => {
             let qv = cuda_view::<i32>(&qs, ql, "packed weight")?;
@@ -200,20 +198,19 @@ fn launch_rows(
             let zv = zs.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "zero")).transpose()?;
             let groups = int(w.scale.elem_count() / n, "groups")?;
             let group = int(w.group, "group")?;
-            let null = 0u64;
-            b.arg(&qv).arg(&sv);
+            let mut b = Launch::new(&stream, &func);
+            b.ptr(&qv).ptr(&sv);
             match &zv {
-                Some(v) => b.arg(v),
-                None => b.arg(&null),
+                Some(v) => b.ptr(v),
+                None => b.null(),
             };
-            b.arg(&xv).arg(y).arg(&m32).arg(&n32).arg(&k32).arg(&groups).arg(&group);
+            b.ptr(&xv).ptr_mut(y).val(m32).val(n32).val(k32).val(groups).val(group);
             // SAFETY: ct_gemv_q4_m*'s signature; words [n, k / 8], scale (zero) [n, groups],
             // x [m, k] bf16, k % 32 == 0 and group % 128 == 0 or one group (fits).
-            unsafe { b.launch(cfg) }.w()?;
+            unsafe { b.launch(cfg) }
         }
         WeightFormat::Q8Block | WeightFormat::Q4K | WeightFormat::Q6K => {
             bail!("quant gemv: GGUF formats launch above")
         }
     }
-    Ok(())
 }

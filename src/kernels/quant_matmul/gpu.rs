@@ -1,13 +1,13 @@
-//! The launches of `ct_quant.cu` (see `quant_matmul.rs`).
+//! The launches of `ct_quant.cu` and of `gguf_gemv.cu`'s dequantizers (see `mod.rs`).
 
 use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, DType, Device, Result, Storage, Tensor, bail};
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::{CudaDevice, DType, Device, Result, Tensor, bail};
 use half::bf16;
 
 use super::GEMV_ROWS;
-use crate::kernels::cuda::{CT_QUANT_PTX, GGUF_GEMV_PTX, cuda_view, int};
+use crate::kernels::cuda::{cuda_view, int, ptx, tensor};
+use crate::kernels::launch::Launch;
 use crate::kernels::matmul_f32_out;
 use crate::quant::{ActQuant, QuantLinear, WeightFormat};
 
@@ -20,15 +20,6 @@ pub enum Route {
     /// ct_gemv.cu with this many weight tiles per warp.
     #[cfg_attr(not(test), allow(dead_code))]
     GemvTiles(usize),
-}
-
-pub(super) fn wrap<T: candle_core::cuda_backend::CudaDType>(
-    slice: CudaSlice<T>,
-    dev: &CudaDevice,
-    shape: &[usize],
-) -> Tensor {
-    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
-    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
 }
 
 /// I32 tensors on `dev` stacked along their first dimension by device-to-device copies.
@@ -53,7 +44,7 @@ pub(super) fn stack_i32(ts: &[&Tensor], dev: &CudaDevice) -> Result<Tensor> {
         dev.cuda_stream().memcpy_dtod(&src, &mut dst).w()?;
         at += n;
     }
-    Ok(wrap(out, dev, &shape))
+    Ok(tensor(out, dev, &shape))
 }
 
 fn act_code(act: ActQuant) -> i32 {
@@ -77,19 +68,22 @@ pub fn act_quant(x: &Tensor, act: ActQuant) -> Result<(Tensor, Tensor)> {
     // SAFETY: one block per row writes all k values and the scale.
     let mut q = unsafe { dev.alloc::<bf16>(m * k)? };
     let mut s = unsafe { dev.alloc::<f32>(m)? };
-    let func = dev.get_or_load_custom_func("ct_act_quant", "inferno_ct_quant", CT_QUANT_PTX)?;
+    let func = ptx::quant_matmul::CT_QUANT.func(dev, "ct_act_quant")?;
     let cfg = LaunchConfig {
         grid_dim: (int(m, "rows")? as u32, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
     let (k32, a) = (int(k, "inner dim")?, act_code(act));
-    let mut b = func.builder();
-    b.arg(&xv).arg(&mut q).arg(&mut s).arg(&k32).arg(&a);
-    // SAFETY: the arguments match ct_act_quant's signature and sizes.
-    unsafe { b.launch(cfg) }.w()?;
+    let stream = dev.cuda_stream();
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(&xv).ptr_mut(&mut q).ptr_mut(&mut s).val(k32).val(a);
+    // SAFETY: the arguments match ct_act_quant's signature and sizes; it waits (PDL) before
+    // anything else.
+    unsafe { b.launch(cfg) }?;
+    drop(b);
     drop(xs);
-    Ok((wrap(q, dev, &[m, k]), wrap(s, dev, &[m])))
+    Ok((tensor(q, dev, &[m, k]), tensor(s, dev, &[m])))
 }
 
 fn elementwise(n: usize) -> Result<LaunchConfig> {
@@ -110,16 +104,17 @@ pub fn dequantize(w: &QuantLinear) -> Result<Tensor> {
     // SAFETY: one thread per element writes all n.
     let mut out = unsafe { dev.alloc::<bf16>(n)? };
     let (qs, ql) = w.q.storage_and_layout();
+    let stream = dev.cuda_stream();
+    // Every kernel here waits (PDL) before anything else.
     match w.scheme.weight {
         WeightFormat::Int8 | WeightFormat::Fp8 => {
             let qv = cuda_view::<u8>(&qs, ql, "weight")?;
-            let func =
-                dev.get_or_load_custom_func("ct_dequant_8bit", "inferno_ct_quant", CT_QUANT_PTX)?;
+            let func = ptx::quant_matmul::CT_QUANT.func(dev, "ct_dequant_8bit")?;
             let (n64, fp8) = (n as i64, i32::from(w.scheme.weight == WeightFormat::Fp8));
-            let mut b = func.builder();
-            b.arg(&qv).arg(&mut out).arg(&n64).arg(&fp8);
+            let mut b = Launch::new(&stream, &func);
+            b.ptr(&qv).ptr_mut(&mut out).val(n64).val(fp8);
             // SAFETY: q holds n bytes, out n values.
-            unsafe { b.launch(elementwise(n)?) }.w()?;
+            unsafe { b.launch(elementwise(n)?) }?;
         }
         WeightFormat::Int4 { .. } => {
             let qv = cuda_view::<i32>(&qs, ql, "packed weight")?;
@@ -129,25 +124,23 @@ pub fn dequantize(w: &QuantLinear) -> Result<Tensor> {
             let zv = zs.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "zero")).transpose()?;
             let gs = w.g_idx.as_ref().map(|g| g.storage_and_layout());
             let gv = gs.as_ref().map(|(s, l)| cuda_view::<u32>(s, l, "g_idx")).transpose()?;
-            let func =
-                dev.get_or_load_custom_func("ct_dequant_int4", "inferno_ct_quant", CT_QUANT_PTX)?;
+            let func = ptx::quant_matmul::CT_QUANT.func(dev, "ct_dequant_int4")?;
             let groups = w.scale.elem_count() / w.out;
             let (rows, inp) = (int(w.out, "rows")?, int(w.inp, "in")?);
             let (g32, group) = (int(groups, "groups")?, int(w.group, "group")?);
-            let null = 0u64;
-            let mut b = func.builder();
-            b.arg(&qv).arg(&sv);
+            let mut b = Launch::new(&stream, &func);
+            b.ptr(&qv).ptr(&sv);
             match &zv {
-                Some(v) => b.arg(v),
-                None => b.arg(&null),
+                Some(v) => b.ptr(v),
+                None => b.null(),
             };
             match &gv {
-                Some(v) => b.arg(v),
-                None => b.arg(&null),
+                Some(v) => b.ptr(v),
+                None => b.null(),
             };
-            b.arg(&mut out).arg(&rows).arg(&inp).arg(&g32).arg(&group);
+            b.ptr_mut(&mut out).val(rows).val(inp).val(g32).val(group);
             // SAFETY: the tensors hold what the kernel indexes (shapes checked at load).
-            unsafe { b.launch(elementwise(n)?) }.w()?;
+            unsafe { b.launch(elementwise(n)?) }?;
         }
         WeightFormat::Q8Block | WeightFormat::Q4K | WeightFormat::Q6K => {
             let qv = cuda_view::<u8>(&qs, ql, "GGUF codes")?;
@@ -157,21 +150,21 @@ pub fn dequantize(w: &QuantLinear) -> Result<Tensor> {
                 WeightFormat::Q8Block => "gguf_dequant_q80",
                 _ => "gguf_dequant_kq",
             };
-            let func = dev.get_or_load_custom_func(name, "inferno_gguf_gemv", GGUF_GEMV_PTX)?;
+            let func = ptx::quant_matmul::GGUF_GEMV.func(dev, name)?;
             let (rows, inp) = (int(w.out, "rows")?, int(w.inp, "in")?);
             let fmt = i32::from(w.scheme.weight == WeightFormat::Q6K);
-            let mut b = func.builder();
-            b.arg(&qv).arg(&sv).arg(&mut out).arg(&rows).arg(&inp);
+            let mut b = Launch::new(&stream, &func);
+            b.ptr(&qv).ptr(&sv).ptr_mut(&mut out).val(rows).val(inp);
             if w.scheme.weight != WeightFormat::Q8Block {
-                b.arg(&fmt);
+                b.val(fmt);
             }
             // SAFETY: the codes and scales in the format's layout (checked at load), one
             // thread per weight.
-            unsafe { b.launch(elementwise(n)?) }.w()?;
+            unsafe { b.launch(elementwise(n)?) }?;
         }
     }
     drop(qs);
-    Ok(wrap(out, dev, &[w.out, w.inp]))
+    Ok(tensor(out, dev, &[w.out, w.inp]))
 }
 
 /// Whether the older one-warp-per-row 4-bit GEMV takes `m` rows: what ct_gemv.cu leaves
@@ -239,17 +232,19 @@ fn gemv_int4(x: &Tensor, w: &QuantLinear) -> Result<Tensor> {
     let zv = zs.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "zero")).transpose()?;
     let groups = int(w.scale.elem_count() / w.out, "groups")?;
     let group = int(w.group, "group")?;
-    let func = dev.get_or_load_custom_func("ct_gemv_int4", "inferno_ct_quant", CT_QUANT_PTX)?;
-    let null = 0u64;
-    let mut b = func.builder();
-    b.arg(&qv).arg(&sv);
+    let func = ptx::quant_matmul::CT_QUANT.func(dev, "ct_gemv_int4")?;
+    let stream = dev.cuda_stream();
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(&qv).ptr(&sv);
     match &zv {
-        Some(v) => b.arg(v),
-        None => b.arg(&null),
+        Some(v) => b.ptr(v),
+        None => b.null(),
     };
-    b.arg(&xv).arg(&mut y).arg(&m32).arg(&n32).arg(&k32).arg(&groups).arg(&group);
-    // SAFETY: k % 32 == 0 and group % 32 == 0 (int4_gemv_fits), sizes as named.
-    unsafe { b.launch(cfg) }.w()?;
+    b.ptr(&xv).ptr_mut(&mut y).val(m32).val(n32).val(k32).val(groups).val(group);
+    // SAFETY: k % 32 == 0 and group % 32 == 0 (int4_gemv_fits), sizes as named; it waits (PDL)
+    // before anything else.
+    unsafe { b.launch(cfg) }?;
+    drop(b);
     drop((qs, ss, xs));
-    Ok(wrap(y, dev, &[m, w.out]))
+    Ok(tensor(y, dev, &[m, w.out]))
 }

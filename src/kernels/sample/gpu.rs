@@ -1,11 +1,13 @@
 //! The launches of `sample.cu` and `sample_topk.cu` (their header comments list them).
 
-use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{CudaStorage, Layout, Result, Shape};
 
 use super::{RowSampling, TOPK_CHUNK, pack, topk_first};
-use crate::kernels::cuda::{ARGMAX_PTX, SAMPLE_PTX, SAMPLE_TOPK_PTX, int, upload};
+use crate::kernels::argmax::gpu::launch_final;
+use crate::kernels::cuda::{int, ptx, upload};
+use crate::kernels::launch::Launch;
 
 const THREADS: u32 = 256;
 const BUCKETS: usize = 256;
@@ -40,18 +42,20 @@ pub(super) fn launch(
     let scratch = if penalties > 0 {
         let mut y = unsafe { dev.alloc::<f32>(r * n)? }; // SAFETY: filled by the copy below
         stream.memcpy_dtod(&x, &mut y).w()?;
-        let func = dev.get_or_load_custom_func("sample_penalise", "inferno_sample", SAMPLE_PTX)?;
-        let mut b = func.builder();
         let entries = params.slice(r * super::HEADER..);
         let count = int(penalties, "penalties")?;
-        b.arg(&mut y).arg(&n32).arg(&entries).arg(&count);
+        let func = ptx::sample::SAMPLE.func(&dev, "sample_penalise")?;
+        let mut b = Launch::new(&stream, &func);
+        b.ptr_mut(&mut y).val(n32).ptr(&entries).val(count);
         let cfg = LaunchConfig {
             grid_dim: (penalties.div_ceil(THREADS as usize) as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: matches the kernel's signature; each entry's (row, id) lies inside the rows.
-        unsafe { b.launch(cfg) }.w()?;
+        // It waits (PDL) before anything else.
+        unsafe { b.launch(cfg) }?;
+        drop(b);
         Some(y)
     } else {
         None
@@ -72,7 +76,7 @@ pub(super) fn launch(
     let top_k =
         rows.iter().any(|x| x.filter.inv_t > 0.0 && x.filter.top_k > 0 && x.filter.top_k < n);
     let top_p = rows.iter().any(|x| x.filter.inv_t > 0.0 && x.filter.top_p.is_some());
-    let hist = dev.get_or_load_custom_func("sample_hist", "inferno_sample", SAMPLE_PTX)?;
+    let hist = ptx::sample::SAMPLE.func(&dev, "sample_hist")?;
     let mut passes = vec![(0i32, 0i32)];
     if top_k {
         passes.extend((1..DIGITS as i32).map(|d| (0, d)));
@@ -81,44 +85,35 @@ pub(super) fn launch(
         passes.extend((0..DIGITS as i32).map(|d| (1, d)));
     }
     for (stage, digit) in passes {
-        let mut b = hist.builder();
-        b.arg(&y).arg(&n32).arg(&chunk32).arg(&params);
-        b.arg(&mut rowmax).arg(&mut cnt).arg(&mut mass).arg(&stage).arg(&digit);
-        // SAFETY: matches the kernel's signature; blocks stay inside their row.
-        unsafe { b.launch(grid) }.w()?;
+        let mut b = Launch::new(&stream, &hist);
+        b.ptr(&y).val(n32).val(chunk32).ptr(&params);
+        b.ptr_mut(&mut rowmax).ptr_mut(&mut cnt).ptr_mut(&mut mass).val(stage).val(digit);
+        // SAFETY: matches the kernel's signature; blocks stay inside their row. It waits (PDL)
+        // before anything else: each pass reads what the one before wrote.
+        unsafe { b.launch(grid) }?;
     }
-    // SAFETY (both): sample_draw writes every partial, argmax_rows_final every id.
+    // SAFETY (both): sample_draw writes every partial.
     let mut part_v = unsafe { dev.alloc::<f32>(r * parts)? };
     let mut part_i = unsafe { dev.alloc::<i32>(r * parts)? };
     let mut kept = if mask { Some(stream.alloc_zeros::<u8>(r * n).w()?) } else { None };
-    let draw = dev.get_or_load_custom_func("sample_draw", "inferno_sample", SAMPLE_PTX)?;
-    let mut b = draw.builder();
-    b.arg(&y).arg(&n32).arg(&chunk32).arg(&parts32).arg(&params);
-    b.arg(&rowmax).arg(&cnt).arg(&mass).arg(&mut part_v).arg(&mut part_i);
-    let null = 0u64;
+    let draw = ptx::sample::SAMPLE.func(&dev, "sample_draw")?;
+    let mut b = Launch::new(&stream, &draw);
+    b.ptr(&y).val(n32).val(chunk32).val(parts32).ptr(&params);
+    b.ptr(&rowmax).ptr(&cnt).ptr(&mass).ptr_mut(&mut part_v).ptr_mut(&mut part_i);
     match &mut kept {
-        Some(k) => b.arg(k),
-        None => b.arg(&null),
+        Some(k) => b.ptr_mut(k),
+        None => b.null(),
     };
     // SAFETY: as above.
-    unsafe { b.launch(grid) }.w()?;
+    unsafe { b.launch(grid) }?;
+    drop(b);
     if let Some(k) = kept {
         return Ok((
             CudaStorage { slice: CudaStorageSlice::U8(k), device: dev },
             Shape::from((r, n)),
         ));
     }
-    let mut out = unsafe { dev.alloc::<u32>(r)? };
-    let fin = dev.get_or_load_custom_func("argmax_rows_final", "inferno_argmax", ARGMAX_PTX)?;
-    let mut b = fin.builder();
-    b.arg(&part_v).arg(&part_i).arg(&parts32).arg(&mut out);
-    let cfg = LaunchConfig {
-        grid_dim: (r as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: each row's block reads the `parts` partials just written.
-    unsafe { b.launch(cfg) }.w()?;
+    let out = launch_final(&dev, &part_v, &part_i, parts, r)?;
     Ok((CudaStorage { slice: CudaStorageSlice::U32(out), device: dev }, Shape::from(r)))
 }
 
@@ -156,31 +151,30 @@ fn launch_topk(
     let mut cand_idx = unsafe { dev.alloc::<i32>(r * parts * k_stride)? };
     // Offsets in the chunk (u16: CHUNK is 4,096).
     let mut ties = unsafe { dev.alloc::<u16>(r * parts * TOPK_CHUNK)? };
-    let local =
-        dev.get_or_load_custom_func("sample_topk_local", "inferno_sample_topk", SAMPLE_TOPK_PTX)?;
-    let mut b = local.builder();
-    b.arg(x).arg(&n32).arg(&parts32).arg(params).arg(&rows32).arg(&pen32).arg(&stride32);
-    b.arg(&mut part_v).arg(&mut part_i).arg(&mut part_kth).arg(&mut part_ties);
-    b.arg(&mut cand_key).arg(&mut cand_idx).arg(&mut ties);
+    let local = ptx::sample::SAMPLE_TOPK.func(dev, "sample_topk_local")?;
+    let mut b = Launch::new(&stream, &local);
+    b.ptr(x).val(n32).val(parts32).ptr(params).val(rows32).val(pen32).val(stride32);
+    b.ptr_mut(&mut part_v).ptr_mut(&mut part_i).ptr_mut(&mut part_kth).ptr_mut(&mut part_ties);
+    b.ptr_mut(&mut cand_key).ptr_mut(&mut cand_idx).ptr_mut(&mut ties);
     let cfg = LaunchConfig {
         grid_dim: (parts as u32, r as u32, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: matches the kernel's signature; blocks stay inside their row and part.
-    unsafe { b.launch(cfg) }.w()?;
+    // SAFETY: matches the kernel's signature; blocks stay inside their row and part. It waits
+    // (PDL) before anything else.
+    unsafe { b.launch(cfg) }?;
+    drop(b);
     let mut kept = if mask { Some(stream.alloc_zeros::<u8>(r * n).w()?) } else { None };
     let mut out = unsafe { dev.alloc::<u32>(r)? }; // SAFETY: one id per row, unless mask
-    let draw =
-        dev.get_or_load_custom_func("sample_topk_draw", "inferno_sample_topk", SAMPLE_TOPK_PTX)?;
-    let mut b = draw.builder();
-    b.arg(&n32).arg(&parts32).arg(params).arg(&stride32);
-    b.arg(&part_v).arg(&part_i).arg(&part_kth).arg(&part_ties);
-    b.arg(&cand_key).arg(&cand_idx).arg(&ties).arg(&mut out);
-    let null = 0u64;
+    let draw = ptx::sample::SAMPLE_TOPK.func(dev, "sample_topk_draw")?;
+    let mut b = Launch::new(&stream, &draw);
+    b.val(n32).val(parts32).ptr(params).val(stride32);
+    b.ptr(&part_v).ptr(&part_i).ptr(&part_kth).ptr(&part_ties);
+    b.ptr(&cand_key).ptr(&cand_idx).ptr(&ties).ptr_mut(&mut out);
     match &mut kept {
-        Some(k) => b.arg(k),
-        None => b.arg(&null),
+        Some(k) => b.ptr_mut(k),
+        None => b.null(),
     };
     let cfg = LaunchConfig {
         grid_dim: (r as u32, 1, 1),
@@ -188,7 +182,9 @@ fn launch_topk(
         shared_mem_bytes: 0,
     };
     // SAFETY: matches the kernel's signature; one block per row reads that row's outputs above.
-    unsafe { b.launch(cfg) }.w()?;
+    // It waits (PDL) before anything else.
+    unsafe { b.launch(cfg) }?;
+    drop(b);
     Ok(match kept {
         Some(k) => (
             CudaStorage { slice: CudaStorageSlice::U8(k), device: dev.clone() },

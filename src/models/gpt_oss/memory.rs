@@ -9,7 +9,7 @@ use super::config::GptOssConfig;
 use crate::models::batch::KvShape;
 use crate::models::memory::{FileTensors, dense_bytes, elems, sum};
 
-/// The RoPE tables are f32: RoPE runs in f32 and rounds once (qkv_rope_paged.rs says why).
+/// The RoPE tables are f32: RoPE runs in f32 and rounds once (kernels/qkv_rope_paged says why).
 pub const ROPE_DTYPE: DType = DType::F32;
 
 /// KV group of the full-attention layers; sliding layers, when the model has any, are group 1.

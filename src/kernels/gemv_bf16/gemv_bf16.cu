@@ -1,0 +1,206 @@
+// y = x · wᵀ for a few rows of x (decode steps: 1 to 64 rows), bf16 in, f32 out, on tensor cores.
+//
+// Why not cuBLAS: at 1 to 8 rows its GEMMs read the weights at well under the GPU's bandwidth,
+// and a decode step is nothing but weight reads (gpt-oss's attention projections and LM head, every
+// Llama projection). Here each weight byte is loaded once with 16-byte loads, many in flight, and
+// nothing else is done per byte but the tensor-core product.
+//
+// Layout ("swap AB", as moe_expert_major.cu): the 16 weight rows of a block are mma.sync's A
+// operand (m16n8k16, bf16, f32 accumulation), x's rows the 8 columns of B (NT tiles of 8 for more
+// rows). The dot product does not care in which order K is walked as long as A and B agree, so lane
+// (g, t) of a quad loads whole 16-byte chunks: chunk 4q + t of weight rows g and g + 8 and of x row
+// g of each n-tile, and feeds them to two k16 steps (values 0..3, then 4..7 of the chunk: each
+// lane's a0/a2 and b0/b1 pairs sit at the same K positions).
+//
+// MT tiles per warp: a warp takes MT tiles of 16 weight rows and reuses each x fragment for all
+// of them. With many rows of x (NT = 4, 8) and a tall weight (an LM head), one tile per warp
+// reads x from L2 twice as often as it reads weights, and that, not HBM, sets the time.
+//
+// Split K: the block's WK warps take groups of 4 chunks (32 values) q = wk, wk + WK, ... and add
+// their 16 × 8NT partial sums in shared memory in warp order. The order of every sum depends on K,
+// N and WK only (WK is chosen from N), never on how many rows x has: a row's result is the same
+// bits at batch 1 and at batch 32.
+
+#include "activation.cuh"
+#include "gemv.cuh"
+#include "mma.cuh"
+
+#define GEMV_MAX_WK 8
+
+// U groups of this lane's chunks: weight rows g and g + 8 of each of the MT tiles, x rows of
+// each n-tile.
+template <int MT, int NT, int U>
+struct GemvBatch {
+    uint4 a[U][MT][2], b[U][NT];
+};
+
+// The weight part of a batch: read-only, so it may be loaded before pdl_wait().
+template <int MT, int NT, int U>
+__device__ __forceinline__ void gemv_load_w(GemvBatch<MT, NT, U>& bt, int q0, int stride, int groups, int chunks,
+                                            const uint4* const (&wr)[MT][2]) {
+    load_w_chunks(bt.a, q0, stride, groups, chunks, wr);
+}
+
+// The x part of a batch: written by the previous kernel, so only after pdl_wait().
+template <int MT, int NT, int U>
+__device__ __forceinline__ void gemv_load_x(GemvBatch<MT, NT, U>& bt, int q0, int stride, int groups, int chunks,
+                                            const uint4* const (&xr)[NT]) {
+    const int t = threadIdx.x & 3;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int q = q0 + u * stride, c = 4 * q + t;
+        const bool in = q < groups && c < chunks;
+#pragma unroll
+        for (int j = 0; j < NT; j++) bt.b[u][j] = in && xr[j] ? __ldg(xr[j] + c) : z;
+    }
+}
+
+template <int MT, int NT, int U>
+__device__ __forceinline__ void gemv_mma_batch(float (&acc)[MT][NT][4], const GemvBatch<MT, NT, U>& bt) {
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            const uint4 &r0 = bt.a[u][i][0], &r1 = bt.a[u][i][1];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const uint4& x = bt.b[u][j];
+                mma_bf16(acc[i][j], r0.x, r1.x, r0.y, r1.y, x.x, x.y);  // chunk values 0..3
+                mma_bf16(acc[i][j], r0.z, r1.z, r0.w, r1.w, x.z, x.w);  // chunk values 4..7
+            }
+        }
+}
+
+// grid (ceil(N / (16 MT))), block (32, WK), WK · MT <= GEMV_MAX_WK. x [M, K] bf16 (M <= 8 NT),
+// w [N, K] bf16, y [M, N] f32. K % 8 == 0 and 16-byte aligned rows (checked by the caller).
+//
+// SWIGLU (Llama's MLP: w is the fused gate/up weight, gate rows first, N = 2n): a tile's rows
+// g are gate rows 8T + g and its rows g + 8 the up rows n + 8T + g, so the block holds both
+// halves of 8 outputs, and y is bf16 [M, n]: silu(gate) · up rounded once, silu_mul_bf16's
+// formula. Every gate or up sum is the plain GEMV's (same K order, same WK for the same N), so
+// the result is that of the GEMV followed by silu_mul_bf16, bit for bit, without the launch
+// between them. grid (ceil(n / (8 MT))).
+template <int MT, int NT, int U, bool SWIGLU = false>
+__device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                               void* __restrict__ out, int M, int N, int K) {
+    // Partial sums of every warp along K: at most GEMV_MAX_WK · 16 rows of weights (WK · MT).
+    __shared__ float red[GEMV_MAX_WK / MT][16 * MT][8 * NT];
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, wk = threadIdx.y, WK = blockDim.y;
+    const int row0 = blockIdx.x * 16 * MT, chunks = K / 8, groups = (chunks + 3) / 4;
+    // Rows past N read row N - 1 (their results are not stored): no branch around the mma.
+    const int half = N / 2;
+    const uint4* wr[MT][2];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = SWIGLU ? min(8 * (blockIdx.x * MT + i) + g, half - 1) + h * half
+                                   : min(row0 + 16 * i + g + 8 * h, N - 1);
+            wr[i][h] = reinterpret_cast<const uint4*>(w) + (long long)row * chunks;
+        }
+    const uint4* xr[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        xr[j] = 8 * j + g < M ? reinterpret_cast<const uint4*>(x) + (long long)(8 * j + g) * chunks : nullptr;
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+
+    // Two batches in flight: the next one's loads are issued before this one's products. The
+    // first two batches' weights (all of them for K <= 2048 at 8 warps along K) are loaded
+    // before pdl_wait(), while the kernel before this one finishes.
+    GemvBatch<MT, NT, U> p, n;
+    const int step = U * WK;
+    gemv_load_w(p, wk, WK, groups, chunks, wr);
+    gemv_load_w(n, wk + step, WK, groups, chunks, wr);
+    pdl_wait();
+    pdl_launch_dependents();
+    gemv_load_x(p, wk, WK, groups, chunks, xr);
+#pragma unroll 1
+    for (int q0 = wk; q0 < groups; q0 += 2 * step) {
+        if (q0 != wk) gemv_load_w(n, q0 + step, WK, groups, chunks, wr);
+        gemv_load_x(n, q0 + step, WK, groups, chunks, xr);
+        gemv_mma_batch(acc, p);
+        if (q0 + step >= groups) break;
+        if (q0 + 2 * step < groups) {
+            gemv_load_w(p, q0 + 2 * step, WK, groups, chunks, wr);
+            gemv_load_x(p, q0 + 2 * step, WK, groups, chunks, xr);
+        }
+        gemv_mma_batch(acc, n);
+    }
+
+    // Fragment: c0, c1 row g, columns 2t, 2t + 1 of the n-tile; c2, c3 row g + 8.
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) red[wk][16 * i + g + 8 * (c >> 1)][8 * j + 2 * t + (c & 1)] = acc[i][j][c];
+    __syncthreads();
+    if (SWIGLU) {
+        __nv_bfloat16* act = static_cast<__nv_bfloat16*>(out);
+        for (int e = wk * 32 + lane; e < 8 * MT * 8 * NT; e += 32 * WK) {
+            const int r = e / (8 * NT), m = e % (8 * NT), i = r / 8, c = 8 * (blockIdx.x * MT + i) + r % 8;
+            if (c >= half || m >= M) continue;
+            float gate = 0.f, up = 0.f;
+            for (int v = 0; v < WK; v++) {
+                gate += red[v][16 * i + r % 8][m];
+                up += red[v][16 * i + r % 8 + 8][m];
+            }
+            act[(long long)m * half + c] = __float2bfloat16_rn(silu_mul(gate, up));
+        }
+        return;
+    }
+    float* y = static_cast<float*>(out);
+    for (int e = wk * 32 + lane; e < 16 * MT * 8 * NT; e += 32 * WK) {
+        const int r = e / (8 * NT), m = e % (8 * NT);
+        if (row0 + r >= N || m >= M) continue;
+        float s = 0.f;
+        for (int v = 0; v < WK; v++) s += red[v][r][m];
+        y[(long long)m * N + row0 + r] = s;
+    }
+}
+
+#define GEMV_KERNEL(NAME, MT, NT, U, SWIGLU)                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_MAX_WK)                                          \
+        NAME(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int M, int N, int K) {                  \
+        gemv_bf16_impl<MT, NT, U, SWIGLU>(x, w, y, M, N, K);                                                 \
+    }
+#define GEMV_VARIANT(MT, NT, U) GEMV_KERNEL(gemv_bf16_m##MT##_n##NT, MT, NT, U, false)
+
+// Rows of x up to 8, 16, 32, 64 (NT); more weight tiles per warp (MT) where the launch allows it;
+// fewer groups per batch (U) as the tiles take more registers.
+GEMV_VARIANT(1, 1, 4)
+GEMV_VARIANT(1, 2, 2)
+GEMV_VARIANT(2, 2, 2)
+GEMV_VARIANT(1, 4, 1)
+GEMV_VARIANT(2, 4, 1)
+GEMV_VARIANT(4, 4, 1)
+GEMV_VARIANT(1, 8, 1)
+GEMV_VARIANT(2, 8, 1)
+
+// Up to 8 rows of x with 2 and 8 groups per batch (U; the same sums in the same order as U = 4:
+// U only groups the loads). Registers bound how many warps a multiprocessor holds (on sm_90 U = 8
+// takes ~226 per thread, 4 ~124, 2 ~72), and a launch whose blocks do not all fit at once runs
+// a second, mostly idle wave: mod.rs takes the largest U whose blocks all fit, and
+// U = 8 for launches of many waves. Measured on an H100 (scripts/analysis/gemv_decode.py, chains
+// of PDL launches in a graph, U = 4 against the best U): gpt-oss's q/k/v (320 blocks of 7 warps,
+// two waves at U = 4) 14.4 -> 12.3 us with U = 2 (at 8 warps); Llama-1B's down (128 blocks of 8
+// warps, one per multiprocessor) 14.6 -> 13.1 us and o 4.7 -> 4.3 us, the LM heads 2-3% faster,
+// with U = 8.
+GEMV_KERNEL(gemv_bf16_m1_n1_u2, 1, 1, 2, false)
+GEMV_KERNEL(gemv_bf16_m1_n1_u8, 1, 1, 8, false)
+
+// The SwiGLU epilogue (see gemv_bf16_impl) for up to 16 rows of x: the decode steps that take
+// the GEMV for Llama's gate/up product (mod.rs: gemv_wins).
+GEMV_KERNEL(gemv_swiglu_m1_n1, 1, 1, 4, true)
+GEMV_KERNEL(gemv_swiglu_m1_n1_u2, 1, 1, 2, true)
+GEMV_KERNEL(gemv_swiglu_m1_n1_u8, 1, 1, 8, true)
+GEMV_KERNEL(gemv_swiglu_m1_n2, 1, 2, 2, true)
+GEMV_KERNEL(gemv_swiglu_m2_n2, 2, 2, 2, true)

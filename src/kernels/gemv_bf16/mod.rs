@@ -1,0 +1,155 @@
+//! Our bf16 tensor-core GEMV (`gemv_bf16.cu`), the launch side: `x` `[m, k]` times `w`
+//! `[n, k]` transposed for the few rows of a decode step, with f32 accumulation, written as f32
+//! ([`super::matmul_f32_out()`]) or as Llama's SwiGLU of a fused gate/up product
+//! ([`super::matmul_swiglu_bf16()`]). Here: when it beats cuBLAS ([`gemv_wins`]), which kernel
+//! variant a shape takes and how many warps run along K. Its GPU tests and timings go through
+//! those two ops (`matmul_f32_out`'s `check_gemv` and `gpu_gemv_timing`, `swiglu_gemv`'s).
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig};
+use candle_core::{CudaDevice, Result};
+use half::bf16;
+
+use crate::kernels::cuda::{int, ptx};
+use crate::kernels::launch::Launch;
+
+/// Whether a product takes this GEMV (up to 64 rows) rather than cuBLAS for `m` rows of x
+/// against `n` weight rows: decode steps, whose time is all weight reads. The crossover is
+/// measured (`gpu_gemv_timing`, H100, docs/performance.md): up to 16 rows the GEMV wins or ties
+/// everywhere; at 17–32 rows only for weights of at most 4096 rows (gpt-oss o 14.2 vs 17.3 µs,
+/// Llama qkv 11.8 vs 15.5; but gpt-oss qkv 20.9 vs 14.6 and the LM heads 648 vs 427); past 32
+/// rows cuBLAS everywhere (64 rows: gpt-oss head 1,080 vs 455, which cost the 64-stream step
+/// 1 ms when the GEMV took them).
+pub fn gemv_wins(m: usize, n: usize) -> bool {
+    m <= 16 || (m <= 32 && n <= 4096)
+}
+
+/// gemv_bf16.cu's largest block: GEMV_MAX_WK warps along K.
+const MAX_WK: usize = 8;
+/// Enough warps to keep every multiprocessor's loads in flight (132 SMs on an H100, ~16
+/// warps each); fewer output tiles than that get more warps along K.
+const TARGET_WARPS: usize = 2048;
+
+/// Warps along K for `n` outputs of width `k`: from the shape only, so that a row's sums
+/// run in the same order whatever the batch (see the kernel's header).
+pub fn warps_along_k(n: usize, k: usize) -> usize {
+    let tiles = n.div_ceil(16);
+    // At least two groups of 32 values per warp.
+    let by_k = (k / 64).max(1);
+    TARGET_WARPS.div_ceil(tiles).clamp(1, MAX_WK).min(by_k)
+}
+
+/// The kernel variant for `m` rows and `wk` warps along K: `(MT, NT)`, MT tiles of 16 weight
+/// rows per warp (each x fragment reused MT times: with 32 or 64 rows of x and one tile per
+/// warp, the LM head's x reads from L2 outweigh its weight reads; measured on the H100 at
+/// 32 rows: 952 µs with one tile, cuBLAS 433), NT tiles of 8 rows of x. The block's
+/// shared memory holds WK · MT ≤ 8 tiles. MT does not change any sum's order.
+pub fn tiles(m: usize, wk: usize) -> (usize, usize) {
+    let (nt, mt_best) = match m {
+        0..=8 => (1, 1),
+        9..=16 => (2, 2),
+        17..=32 => (4, 4),
+        _ => (8, 2),
+    };
+    let mt = [4, 2, 1].into_iter().find(|&t| t <= mt_best && t * wk <= MAX_WK).unwrap_or(1);
+    (mt, nt)
+}
+
+/// Groups of 32 values a warp loads per batch (U) for up to 8 rows of x; the kernel is
+/// built for these.
+pub const BATCHES: [usize; 3] = [8, 4, 2];
+
+/// What the kernel writes: the f32 product, or Llama's SwiGLU of a fused gate/up product
+/// (bf16, half as wide: gemv_bf16.cu's SWIGLU epilogue).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Epilogue {
+    F32,
+    SwiGlu,
+}
+
+impl Epilogue {
+    fn prefix(self) -> &'static str {
+        match self {
+            Epilogue::F32 => "gemv_bf16",
+            Epilogue::SwiGlu => "gemv_swiglu",
+        }
+    }
+}
+
+/// The kernel of one tile of x rows (up to 8 rows) with `u` groups per batch.
+fn one_tile_kernel(epi: Epilogue, u: usize) -> String {
+    let p = epi.prefix();
+    if u == 4 { format!("{p}_m1_n1") } else { format!("{p}_m1_n1_u{u}") }
+}
+
+/// U for one tile of x rows against `tiles` blocks of `wk` warps: the largest whose blocks
+/// all fit on the GPU at once (registers bound the resident warps, and a second wave of a
+/// few blocks runs at a fraction of the bandwidth), else the largest (a launch of many waves,
+/// an LM head: the most loads in flight per warp). See gemv_bf16.cu's variants. U does not
+/// change any sum, so this is free to depend on the GPU.
+fn batch_for(dev: &CudaDevice, epi: Epilogue, tiles: usize, wk: usize) -> Result<usize> {
+    type Key = (usize, Epilogue, usize, usize);
+    type Cache = std::sync::Mutex<std::collections::HashMap<Key, usize>>;
+    static CHOSEN: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+    let key = (dev.cuda_stream().context().ordinal(), epi, tiles, wk);
+    let cache = CHOSEN.get_or_init(Default::default);
+    if let Some(&u) = cache.lock().ok().and_then(|c| c.get(&key).copied()).as_ref() {
+        return Ok(u);
+    }
+    let sms = crate::kernels::cuda::multiprocessors(dev);
+    let mut chosen = BATCHES[0];
+    for u in BATCHES {
+        let func = ptx::gemv_bf16::GEMV_BF16.func(dev, &one_tile_kernel(epi, u))?;
+        let per_sm = func
+            .occupancy_max_active_blocks_per_multiprocessor(32 * wk as u32, 0, None)
+            .map_err(|e| candle_core::Error::Msg(format!("gemv occupancy: {e:?}")))?;
+        if per_sm as usize * sms >= tiles {
+            chosen = u;
+            break;
+        }
+    }
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, chosen);
+    }
+    Ok(chosen)
+}
+
+/// y `[m, n]` = x `[m, k]` · w `[n, k]`ᵀ (f32), or its SwiGLU (bf16 `[m, n / 2]`, n even),
+/// m ≤ 64 (16 for the SwiGLU), k % 8 == 0, 16-byte aligned starts. `batch` forces U for up
+/// to 8 rows (tests: every U gives the same bits).
+pub fn launch<T: DeviceRepr>(
+    dev: &CudaDevice,
+    x: &CudaView<bf16>,
+    w: &CudaView<bf16>,
+    (out, epi): (&mut CudaSlice<T>, Epilogue),
+    (m, n, k): (usize, usize, usize),
+    batch: Option<usize>,
+) -> Result<()> {
+    let wk = warps_along_k(n, k);
+    let (mt, nt) = tiles(m, wk);
+    if epi == Epilogue::SwiGlu && (nt > 2 || !n.is_multiple_of(2)) {
+        candle_core::bail!("gemv: the SwiGLU epilogue takes up to 16 rows and an even width");
+    }
+    let name = if (mt, nt) == (1, 1) {
+        let u = match batch {
+            Some(u) => u,
+            None => batch_for(dev, epi, n.div_ceil(16), wk)?,
+        };
+        one_tile_kernel(epi, u)
+    } else {
+        format!("{}_m{mt}_n{nt}", epi.prefix())
+    };
+    let func = ptx::gemv_bf16::GEMV_BF16.func(dev, &name)?;
+    let cfg = LaunchConfig {
+        grid_dim: (int(n.div_ceil(16 * mt), "output tiles")? as u32, 1, 1),
+        block_dim: (32, wk as u32, 1),
+        shared_mem_bytes: 0,
+    };
+    let (m32, n32, k32) = (int(m, "rows")?, int(n, "outputs")?, int(k, "inner dim")?);
+    let stream = dev.cuda_stream();
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(x).ptr(w).ptr_mut(out).val(m32).val(n32).val(k32);
+    // SAFETY: the arguments match the kernels' signature; x holds m·k, w n·k and out m·n
+    // f32 elements (m·n/2 bf16 for the SwiGLU), k % 8 == 0 and both starts are 16-byte
+    // aligned (the caller checks); the kernel reads only w before pdl_wait().
+    unsafe { b.launch(cfg) }
+}

@@ -1,0 +1,307 @@
+// The MXFP4 experts for decode batches of a few tokens, per (token, slot) like mxfp4_moe.cu's GEMVs (same
+// maths, see mod.rs), but on tensor cores with K split over the warps of a block.
+//
+// Why: at batch 1 the per-slot GEMVs decoded every FP4 value through a table in shared memory
+// and multiplied it in f32 (a shared-memory load, a bit-field extract and an FMA per weight): the
+// shared-memory pipe alone took ~9 us per gate_up call, about what reading its 35 MB takes. Here a
+// value costs about two logic ops (mxfp4_mma.cuh: the codes go straight into bf16 mma fragments,
+// the E8M0 scale applied by one bf16x2 multiply per pair) and the products run on tensor cores.
+// The expert-major kernels decode the same way but give each warp whole rows over all of K: at one
+// token that is 90 dependent steps per warp for gpt-oss; here K is cut over the block's warps and
+// the partial sums meet in shared memory (in a fixed order: deterministic).
+//
+// One block = one slot (blockIdx.x) and one tile of 16 weight rows (blockIdx.y; or two tiles, each
+// warp taking both with one load of the input per quad: SM_TWO_TILES), W warps. The tile
+// is the 16-row A operand of mma.m16n8k16 (fragment row g = weight row 2g, row g + 8 = row 2g + 1:
+// for gate_up the gate and the up value of pair g); the input is B, one column per bf16 piece of
+// it: 1 for bf16 x (exact), 3 for the f32 activations between the projections (hi + mid + lo: the
+// f32 value exactly), the other 5 columns zero. Lane (g, t) of a warp reads the whole 32-value
+// block 4Q + t of its two rows (16-byte loads; a quad of lanes reads 64 contiguous bytes of each
+// row) for the quads of blocks Q = w, w + W, ... Measured on an H100 at gpt-oss-20b sizes
+// (scripts/analysis/moe_decode_kernels.py, 24 layers of cold weights), gate_up + down + sum per
+// layer: 33 us against the table GEMVs' 56 (8 warps; 4 warps 33.4-33.8). No faster (34-47 us): two
+// quads loaded before either is used, double-buffered loads, two tiles per warp, the input staged
+// in shared memory (also with the registers that frees: 48, 5 blocks per multiprocessor), the
+// weights streamed through a 3- to 6-stage cp.async ring in shared memory, the weights as the B
+// operand (8 rows per load instead of 16, twice the mma instructions), a register cap for more
+// blocks per multiprocessor, or integer dot products (scripts/analysis/moe_slot_dp4a.cu: fewer
+// instructions per weight, 36 us). Taken apart (the same script): its loads alone take as long as
+// the whole kernel, its arithmetic alone 15 of gate_up's 19.5 us, and a read-only kernel with the
+// same access pattern reads gate_up's 35 MB in 14.4 us (2.4 TB/s; 12.8 us as one flat array): what
+// is left is in how the loads are spread, not in the arithmetic. Keep the loop as it is: moving the
+// next quad's weight loads to the end of the loop body made both kernels ~3 us slower.
+//
+//   moe_sm_gate_up: gate_up rows, bias, clamped SwiGLU -> act [slots, 3, I] bf16 (hi, mid, lo).
+//   moe_sm_down:    down rows, bias, routing weight -> part [slots, H] f32, which mxfp4_moe.cu's
+//                   moe_sum adds in slot order; or, given counters, the last of a token's k
+//                   blocks of a row tile adds them itself (the same sums in the same order: the
+//                   same bits), and moe_sum's launch is saved.
+
+#include "common.cuh"
+#include "mxfp4_mma.cuh"
+
+// One quad for a lane: block b of its two rows in each of the warp's MT tiles, their scales, and
+// (lanes whose fragment column g < NCOL) the 32 input values of piece g at block b.
+template <int MT>
+struct SlotQuad {
+    uint4 w[MT][2];
+    uint32_t s[MT][2];
+    uint4 x[4];
+};
+
+// row_w / row_s: the lane's two rows' blocks and scales in each tile (tile i, row h at [i][h]).
+// Zeros past kb. Read-only data: may be loaded before pdl_wait().
+template <int MT>
+__device__ __forceinline__ void sm_load_w(SlotQuad<MT>& qd, int b, int kb, const uint4* const (&row_w)[MT][2],
+                                          const uint8_t* const (&row_s)[MT][2], bool on) {
+    const bool in = on && b < kb;
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            qd.w[i][h] = in ? __ldg(row_w[i][h] + b) : make_uint4(0, 0, 0, 0);  // code 0 is +0: nothing
+            qd.s[i][h] = in ? __ldg(row_s[i][h] + b) : 127u;
+        }
+}
+
+// xg: piece g of the input row (nullptr for lanes with no column). Written by the kernel before:
+// only after pdl_wait().
+template <int MT>
+__device__ __forceinline__ void sm_load_x(SlotQuad<MT>& qd, int b, int kb, const __nv_bfloat16* xg, bool on) {
+    const bool in = on && b < kb && xg;
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        qd.x[q] = in ? __ldg(reinterpret_cast<const uint4*>(xg + 32 * b + 8 * q)) : make_uint4(0, 0, 0, 0);
+}
+
+// acc += k16 step ST of word q (nibble pairs (2 ST, 2 ST + 4) and (2 ST + 1, 2 ST + 5)) of the
+// lane's two rows, against the input word xq at the same positions.
+template <int ST, bool BIG>
+__device__ __forceinline__ void sm_step(float (&acc)[4], const uint4& xq, uint32_t w0, uint32_t w1, const Scale& s0,
+                                        const Scale& s1) {
+    uint32_t b0, b1;
+    b_frag(xq, ST, b0, b1);
+    const uint32_t a[4] = {fp4_pair<2 * ST, BIG>(w0, s0), fp4_pair<2 * ST, BIG>(w1, s1),
+                           fp4_pair<2 * ST + 1, BIG>(w0, s0), fp4_pair<2 * ST + 1, BIG>(w1, s1)};
+    mma_bf16(acc, a, b0, b1);
+}
+
+// acc[i] += the quad's products of tile i (each tile's in the same order as a lone tile's).
+template <bool BIG, int MT>
+__device__ __forceinline__ void sm_mma(float (&acc)[MT][4], const SlotQuad<MT>& qd) {
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        const Scale s0 = scale_of<BIG>(qd.s[i][0]), s1 = scale_of<BIG>(qd.s[i][1]);
+        const uint32_t w0[4] = {qd.w[i][0].x, qd.w[i][0].y, qd.w[i][0].z, qd.w[i][0].w};
+        const uint32_t w1[4] = {qd.w[i][1].x, qd.w[i][1].y, qd.w[i][1].z, qd.w[i][1].w};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            sm_step<0, BIG>(acc[i], qd.x[q], w0[q], w1[q], s0, s1);
+            sm_step<1, BIG>(acc[i], qd.x[q], w0[q], w1[q], s0, s1);
+        }
+    }
+}
+
+// The block's MT tiles (rows row0 .. row0 + 16 MT - 1 of the [*, K/32, 16] matrix) dotted with the
+// NCOL pieces of the input (piece c at x + c * x_stride, K bf16 values each), summed over the
+// warps: red[w][r][c] for warp w, row r (weight row row0 + r) and piece c. WAIT: the first
+// weights are loaded, then pdl_wait(), then the input. Ends with a block-level sync; every thread
+// of the block must call it. A row's sum is the same whatever MT (the same quads, warps, order).
+template <int NCOL, int W, bool WAIT, int MT = 1>
+__device__ __forceinline__ void sm_tile(float (&red)[W][16 * MT][4], const uint8_t* __restrict__ blocks,
+                                        const uint8_t* __restrict__ scales, long long row0, int kb,
+                                        const __nv_bfloat16* x, long long x_stride, bool on) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const uint4* row_w[MT][2];
+    const uint8_t* row_s[MT][2];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const long long row = row0 + 16 * i + 2 * g + h;
+            row_w[i][h] = reinterpret_cast<const uint4*>(blocks) + row * kb;
+            row_s[i][h] = scales + row * kb;
+        }
+    const __nv_bfloat16* xg = g < NCOL ? x + g * x_stride : nullptr;
+    float acc[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[i][c] = 0.f;
+    const int nq = (kb + 3) / 4;
+    SlotQuad<MT> qd;
+    sm_load_w(qd, 4 * w + t, kb, row_w, row_s, on);
+    if (WAIT) {  // the input is the previous kernel's output; the first weights are on their way
+        pdl_wait();
+        pdl_launch_dependents();
+    }
+#pragma unroll 1
+    for (int Q = w; Q < nq; Q += W) {
+        if (Q != w) sm_load_w(qd, 4 * Q + t, kb, row_w, row_s, on);
+        sm_load_x(qd, 4 * Q + t, kb, xg, on);
+        // A scale of 128 or more in any lane takes the slow decode (warp-uniform).
+        uint32_t big = 0;
+#pragma unroll
+        for (int i = 0; i < MT; i++) big |= qd.s[i][0] | qd.s[i][1];
+        if (__any_sync(FULL_MASK, big & 0x80u)) {
+            sm_mma<true>(acc, qd);
+        } else {
+            sm_mma<false>(acc, qd);
+        }
+    }
+    // Lane (g, t): columns (pieces) 2t, 2t + 1 of fragment rows g (acc 0, 1: tile row 2g) and
+    // g + 8 (acc 2, 3: tile row 2g + 1) of each tile.
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            if (2 * t + c < NCOL) {
+                red[w][16 * i + 2 * g][2 * t + c] = acc[i][c];
+                red[w][16 * i + 2 * g + 1][2 * t + c] = acc[i][2 + c];
+            }
+        }
+    __syncthreads();
+}
+
+// Tile row r's dot product: pieces, then warps, in order.
+template <int NCOL, int W, int R>
+__device__ __forceinline__ float sm_dot(const float (&red)[W][R][4], int r) {
+    float d = 0.f;
+#pragma unroll
+    for (int w = 0; w < W; w++) {
+        float s = 0.f;
+#pragma unroll
+        for (int c = 0; c < NCOL; c++) s += red[w][r][c];
+        d += s;
+    }
+    return d;
+}
+
+// grid (tokens * k, 2I / (16 MT)), block 32 W. x [tokens, H] bf16 -> act [slots, 3, I] bf16: hi, mid, lo
+// with hi + mid + lo the f32 activation.
+template <int W, int MT>
+__device__ __forceinline__ void sm_gate_up(const __nv_bfloat16* __restrict__ x, const uint32_t* __restrict__ ids,
+                                           const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
+                                           const float* __restrict__ bias, __nv_bfloat16* __restrict__ act, int k,
+                                           int n_experts, int hidden, int inter, float limit, float alpha) {
+    constexpr int ROWS = 16 * MT;  // the block's weight rows: MT tiles per warp
+    __shared__ float red[W][ROWS][4];
+    pdl_wait();  // the routing is the previous kernel's
+    pdl_launch_dependents();
+    const int slot = blockIdx.x;
+    const uint32_t e = ids[slot];
+    const bool on = e < (uint32_t)n_experts;  // off: no contribution (the CPU reference errors)
+    const long long row0 = (long long)(on ? e : 0) * 2 * inter + ROWS * blockIdx.y;
+    sm_tile<1, W, false, MT>(red, blocks, scales, row0, hidden / 32, x + (long long)(slot / k) * hidden, 0, on);
+    const int j = threadIdx.x;  // pair j of the block: gate = row 2j, up = row 2j + 1
+    if (j < ROWS / 2) {
+        float a = 0.f;
+        if (on) {
+            a = swiglu_clamped(sm_dot<1, W>(red, 2 * j) + bias[row0 + 2 * j],
+                               sm_dot<1, W>(red, 2 * j + 1) + bias[row0 + 2 * j + 1], limit, alpha);
+        }
+        const __nv_bfloat16 hi = __float2bfloat16_rn(a);
+        const float r = a - __bfloat162float(hi);
+        const __nv_bfloat16 mid = __float2bfloat16_rn(r);
+        __nv_bfloat16* out = act + (long long)slot * 3 * inter + ROWS / 2 * blockIdx.y + j;
+        out[0] = hi;
+        out[inter] = mid;
+        out[2 * inter] = bf16_lo(r, mid);
+    }
+}
+
+// grid (tokens * k, H / (16 MT)), block 32 W. part[slot, r] = weights[slot] * (dot + bias), f32.
+// With counters ([tokens, H / 16], zero; each left zero again): out[t, r] = the sum over the
+// token's k slots of part, in slot order, skipping slots routed to no valid expert (moe_sum's
+// formula), f32 or (out_bf16) bf16, by the last of the token's k blocks of each row tile.
+template <int W, int MT>
+__device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, const uint32_t* __restrict__ ids,
+                                        const float* __restrict__ weights, const uint8_t* __restrict__ blocks,
+                                        const uint8_t* __restrict__ scales, const float* __restrict__ bias,
+                                        float* __restrict__ part, int n_experts, int hidden, int inter, int k,
+                                        void* __restrict__ out, int out_bf16, uint32_t* __restrict__ counters) {
+    constexpr int ROWS = 16 * MT;  // the block's weight rows: MT tiles per warp
+    __shared__ float red[W][ROWS][4];
+    __shared__ bool last;
+    const int slot = blockIdx.x;
+    const uint32_t e = ids[slot];
+    const bool on = e < (uint32_t)n_experts;
+    const long long row0 = (long long)(on ? e : 0) * hidden + ROWS * blockIdx.y;
+    // The routing was written before moe_sm_gate_up ran (it waited for it): readable before
+    // pdl_wait(), which waits for moe_sm_gate_up's activations.
+    sm_tile<3, W, true, MT>(red, blocks, scales, row0, inter / 32, act + (long long)slot * 3 * inter, inter, on);
+    const int r = threadIdx.x;  // the block's row
+    if (r < ROWS) {
+        float v = 0.f;
+        if (on) v = weights[slot] * (sm_dot<3, W>(red, r) + bias[row0 + r]);
+        part[(long long)slot * hidden + ROWS * blockIdx.y + r] = v;
+    }
+    if (!counters) return;
+    __threadfence();  // this block's part rows, visible before it counts
+    __syncthreads();
+    const int token = slot / k;
+    if (threadIdx.x == 0) {
+        uint32_t* c = counters + (long long)token * gridDim.y + blockIdx.y;
+        last = atomicAdd(c, 1u) == (uint32_t)k - 1;
+        if (last) *c = 0;  // all k blocks have counted
+    }
+    __syncthreads();
+    if (!last || r >= ROWS) return;
+    __threadfence();
+    const long long col = ROWS * blockIdx.y + r;
+    float acc = 0.f;
+    for (int kk = 0; kk < k; kk++) {
+        const long long s = (long long)token * k + kk;
+        if (ids[s] < (uint32_t)n_experts) acc += __ldcg(part + s * hidden + col);  // L2: other blocks wrote it
+    }
+    const long long at = (long long)token * hidden + col;
+    if (out_bf16) {
+        static_cast<__nv_bfloat16*>(out)[at] = __float2bfloat16_rn(acc);
+    } else {
+        static_cast<float*>(out)[at] = acc;
+    }
+}
+
+// One tile per warp, W = 8 warps along K (the analysis script also builds W = 4).
+#define SM_VARIANT(W)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_gate_up_w##W(                              \
+        const __nv_bfloat16* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales,         \
+        const float* bias, __nv_bfloat16* act, int k, int n_experts, int hidden, int inter, float limit,   \
+        float alpha) {                                                                                    \
+        sm_gate_up<W, 1>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha);    \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_down_w##W(                                 \
+        const __nv_bfloat16* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,        \
+        const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter, int k, \
+        void* out, int out_bf16, uint32_t* counters) {                                                    \
+        sm_down<W, 1>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter, k, out,      \
+                      out_bf16, counters);                                                                \
+    }
+
+// Two tiles of 16 rows per warp, what gpu.rs launches (the one-tile kernels above give the same
+// bits: the GPU tests compare them). gpt-oss-20b: down has 360 blocks per call, all resident at
+// once (80 registers a thread: 3 blocks per multiprocessor), where 720 blocks of one tile took a
+// second, partial wave (62 registers: 4 per multiprocessor, 528 at once); gate_up 720 blocks in
+// 1.8 waves instead of 1,440 in 2.7 (held to 80 registers: 93 otherwise, 2 blocks per
+// multiprocessor). H100, same call: decode at 1k 437.1 -> 448.9 tok/s with down's (after 8k
+// 407.9 -> 418.8), 447.9 -> 451.5 with gate_up's too (417.9 -> 420.5). Slower: four tiles for down
+// (128 registers), 4 warps of two tiles, down held to 64 registers (4 blocks per multiprocessor),
+// gate_up of one tile held to 48 (5 blocks per multiprocessor, 12 bytes spilled), gate_up's two
+// tiles at 93 registers.
+#define SM_TWO_TILES(W)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * W, 3) moe_sm_gate_up_w##W##_t2(                      \
+        const __nv_bfloat16* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales,         \
+        const float* bias, __nv_bfloat16* act, int k, int n_experts, int hidden, int inter, float limit,   \
+        float alpha) {                                                                                    \
+        sm_gate_up<W, 2>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha);    \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_down_w##W##_t2(                            \
+        const __nv_bfloat16* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,        \
+        const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter, int k, \
+        void* out, int out_bf16, uint32_t* counters) {                                                    \
+        sm_down<W, 2>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter, k, out,      \
+                      out_bf16, counters);                                                                \
+    }
+
+SM_VARIANT(8)
+SM_TWO_TILES(8)
