@@ -198,6 +198,27 @@ impl Metrics {
             for (i, b) in s.total_blocks.iter().enumerate() {
                 let _ = writeln!(out, "inferno_kv_total_blocks{{group=\"{i}\"}} {b}");
             }
+            // Speculative decoding (vLLM's names): acceptance rate = accepted / draft tokens,
+            // mean accepted length = 1 + accepted / drafts.
+            let spec = s.spec;
+            counter(
+                &mut out,
+                "inferno_spec_decode_num_drafts",
+                "Drafts verified (one sequence's draft in one step).",
+                spec.drafts,
+            );
+            counter(
+                &mut out,
+                "inferno_spec_decode_num_draft_tokens",
+                "Draft tokens verified.",
+                spec.draft_tokens,
+            );
+            counter(
+                &mut out,
+                "inferno_spec_decode_num_accepted_tokens",
+                "Draft tokens accepted.",
+                spec.accepted_tokens,
+            );
         }
         self.ttft.render(
             &mut out,
