@@ -366,3 +366,54 @@ fn smollm2_copying(on: On) {
         stats.mean_accepted_length()
     );
 }
+
+/// Each token's log probabilities from one engine: (id, logprob, top ids).
+fn logprob_run(engine: &Engine, case: &Case) -> Vec<(u32, f32, Vec<u32>)> {
+    let mut req = request(case);
+    req.logprobs = Some(3);
+    let mut h = engine.submit(req).expect("submit");
+    let mut out = Vec::new();
+    loop {
+        match h.blocking_next() {
+            Some(Event::Token(t, Some(lp))) => {
+                out.push((t, lp.logprob, lp.top.iter().map(|x| x.0).collect()))
+            }
+            Some(Event::Token(t, None)) => panic!("token {t} came without its logprobs"),
+            Some(Event::Finished(_)) => return out,
+            Some(Event::Failed(m)) => panic!("request failed: {m}"),
+            None => panic!("the engine dropped the request"),
+        }
+    }
+}
+
+/// A verify step's rows give each token the log probabilities a one-token step gives it, and a
+/// conversation continued after drafts were rejected reuses the cache and replies as a fresh
+/// engine does.
+#[test]
+fn logprobs_and_a_continued_conversation_under_speculation() {
+    let model = fixture("llama3_tiny");
+    let vocab = start(On::Cpu, &model, 1, 0).vocab_size() as u32;
+    let prompts = copy_prompts(vocab, 4);
+    let mut drafts = 0;
+    for (i, case) in cases(&prompts, 24).iter().enumerate() {
+        let spec = start(On::Cpu, &model, 1, 4);
+        let with = logprob_run(&spec, case);
+        drafts += spec.stats().spec.drafts;
+        let without = logprob_run(&start(On::Cpu, &model, 1, 0), case);
+        assert_eq!(with.len(), without.len(), "case {i}");
+        for (j, (w, wo)) in with.iter().zip(&without).enumerate() {
+            assert_eq!((w.0, &w.2), (wo.0, &wo.2), "case {i} token {j}");
+            assert!((w.1 - wo.1).abs() < 1e-4, "case {i} token {j}: logprob {} vs {}", w.1, wo.1);
+        }
+        // The reply and a second turn: the spec engine's cache holds the first turn.
+        let mut next = case.prompt.clone();
+        next.extend(with.iter().map(|t| t.0));
+        next.extend_from_slice(&case.prompt[..3]);
+        let turn = Case { prompt: next, max_tokens: 12, ..case.clone() };
+        let (again, finish) = collect(spec.submit(request(&turn)).expect("submit"));
+        assert!(finish.cached_tokens > 0, "case {i}: the second turn reused nothing");
+        let fresh = run_batch(&start(On::Cpu, &model, 1, 0), std::slice::from_ref(&turn));
+        assert_eq!(again, fresh[0].0, "case {i}: the second turn differs from a fresh engine's");
+    }
+    assert!(drafts > 0, "nothing was drafted");
+}

@@ -236,7 +236,7 @@ impl Scheduler {
         let s = &mut self.running[i];
         let k = s.draft.len();
         let fits = k > 0
-            && 1 + k <= budget
+            && k < budget
             && s.computed + 1 + k <= self.cfg.max_context
             && blocks.ensure(s.id, s.computed, s.computed + 1 + k).is_ok();
         if !fits {
