@@ -256,9 +256,10 @@ pub struct ServeArgs {
 #[derive(Debug, Args, Clone)]
 pub struct SpecArgs {
     /// Speculative decoding: `ngram` drafts the next tokens by prompt lookup over the
-    /// sequence's own tokens, and each step verifies them at once (the same tokens as without;
-    /// faster where a reply copies its input). Off by default.
-    #[arg(long, value_name = "DRAFTER")]
+    /// sequence's own tokens (faster where a reply copies its input); a MODEL (a smaller one
+    /// with the same tokenizer: Llama-3.2-1B for Llama-3.1-8B) drafts them greedily beside the
+    /// model. Each step verifies the drafts at once: the same tokens as without. Off by default.
+    #[arg(long, value_name = "ngram|MODEL")]
     pub draft: Option<String>,
     /// With --draft: draft tokens a step verifies at most (1 to 15).
     #[arg(long, value_name = "N", requires = "draft")]
@@ -273,13 +274,13 @@ impl SpecArgs {
         let k = self.draft_tokens.unwrap_or(DEFAULT_DRAFT_TOKENS);
         match draft {
             "ngram" => SpecConfig::ngram(k).map(Some),
-            other => Err(crate::error::fail(
-                crate::error::ErrorKind::InvalidInput,
-                format!(
-                    "--draft {other}: the drafters are: ngram (draft models and EAGLE-3 heads are not supported yet)"
-                ),
-            )),
+            _ => SpecConfig::model(k).map(Some),
         }
+    }
+
+    /// The draft model to load beside the model (`--draft MODEL`), if any.
+    pub fn draft_model(&self) -> Option<&str> {
+        self.draft.as_deref().filter(|d| *d != "ngram")
     }
 }
 

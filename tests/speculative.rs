@@ -417,3 +417,62 @@ fn logprobs_and_a_continued_conversation_under_speculation() {
     }
     assert!(drafts > 0, "nothing was drafted");
 }
+
+/// A draft model: the engine runs it beside the model with its own KV pool and verifies its
+/// guesses. The model drafting for itself guesses every greedy token right and some sampled
+/// ones; the replies are plain decoding's either way, alone and in a batch.
+#[test]
+fn a_draft_model_is_lossless() {
+    draft_model_lossless(On::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_a_draft_model_is_lossless_bf16() {
+    draft_model_lossless(On::Gpu);
+}
+
+fn draft_model_lossless(on: On) {
+    let model = fixture("llama3_tiny");
+    let (dev, dtype) = on.device();
+    let vocab = start(on, &model, 1, 0).vocab_size() as u32;
+    let cases = cases(&copy_prompts(vocab, 6), 30);
+    let with_draft = |n: usize| {
+        let cfg = EngineConfig {
+            max_seqs: n,
+            kv_tokens: n * CONTEXT,
+            token_budget: 256,
+            pipeline: inferno::switches::pipeline(),
+            spec: Some(SpecConfig { max_batch: usize::MAX, ..SpecConfig::model(3).expect("k") }),
+        };
+        let opts = LoadOptions { dtype: Some(dtype), context: Some(CONTEXT), dummy: false };
+        load::start_with_draft(&model, Some(&model), &opts, &dev, move |_| cfg).expect("engine").0
+    };
+    let (plain, _) = run_alone(on, &model, &cases, 0);
+    let (drafted, stats) = run_alone_in(&cases, || with_draft(1));
+    assert_same("draft model, alone", &cases, &drafted, &plain);
+    assert_exercised("draft model, alone", stats);
+    // A GPU verifies a few rows at once: two sequences.
+    let n = if on == On::Gpu { 2 } else { 6 };
+    let batch = run_batch(&start(on, &model, n, 0), &cases[..n]);
+    let engine = with_draft(n);
+    assert_same("draft model, batch", &cases, &run_batch(&engine, &cases[..n]), &batch);
+    assert!(engine.stats().spec.drafts > 0, "the batch drafted nothing");
+}
+
+/// A draft whose vocabulary is not the model's is refused in one line.
+#[test]
+fn a_draft_with_another_vocabulary_is_refused() {
+    let (model, draft) = (fixture("llama3_tiny"), fixture("gpt_oss_tiny"));
+    let opts = LoadOptions { dtype: Some(DType::F32), context: Some(CONTEXT), dummy: false };
+    let cfg = EngineConfig {
+        spec: Some(SpecConfig::model(3).expect("k")),
+        ..EngineConfig::single(CONTEXT)
+    };
+    let err = load::start_with_draft(&model, Some(&draft), &opts, &Device::Cpu, move |_| cfg)
+        .err()
+        .expect("refused");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("vocabulary") && msg.contains("tokenizer"), "{msg}");
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+}

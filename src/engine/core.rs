@@ -131,14 +131,37 @@ impl Engine {
         I: Send + 'static,
         F: FnOnce() -> anyhow::Result<(Box<dyn BatchModel>, EngineConfig, I)> + Send + 'static,
     {
+        Engine::start_with_draft(move || {
+            let (model, cfg, info) = load()?;
+            Ok((model, None, cfg, info))
+        })
+    }
+
+    /// [`Engine::start`] where `load` also builds a draft model for speculative decoding
+    /// (`--draft MODEL`), which the engine thread owns beside the model.
+    pub fn start_with_draft<I, F>(load: F) -> anyhow::Result<(Engine, I)>
+    where
+        I: Send + 'static,
+        F: FnOnce() -> anyhow::Result<(
+                Box<dyn BatchModel>,
+                Option<Box<dyn BatchModel>>,
+                EngineConfig,
+                I,
+            )> + Send
+            + 'static,
+    {
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let thread_stats = stats.clone();
         let thread =
             std::thread::Builder::new().name("inferno-engine".into()).spawn(move || {
-                let core = load().and_then(|(model, cfg, info)| {
-                    let core = Core::new(model, cfg, thread_stats)?;
+                let core = load().and_then(|(model, draft, cfg, info)| {
+                    let mut core = Core::new(model, cfg, thread_stats)?;
+                    if let Some(d) = draft {
+                        let vocab = core.runner.model.vocab_size();
+                        core.draft = Some(super::spec::draft::DraftModel::new(d, &cfg, vocab)?);
+                    }
                     Ok((core, info))
                 });
                 match core {
@@ -249,7 +272,7 @@ pub fn pool_groups(shape: &crate::models::batch::KvShape, cfg: &EngineConfig) ->
 
 /// Refuses a pool that would not fit in what is free now (exit code 7, with the numbers and
 /// what to lower), instead of failing in the allocator.
-fn check_pool_fits(
+pub(crate) fn check_pool_fits(
     shape: &crate::models::batch::KvShape,
     blocks: &[usize],
     cfg: &EngineConfig,
@@ -338,6 +361,8 @@ struct Core {
     /// Sequences of this step whose draft is the drafter's (not filler): their outcome feeds
     /// their backoff and the statistics.
     drafted: std::collections::HashSet<u64>,
+    /// The draft model (`--draft MODEL`), with its own KV pool.
+    draft: Option<super::spec::draft::DraftModel>,
 }
 
 impl Core {
@@ -380,6 +405,7 @@ impl Core {
             spec: cfg.spec,
             spec_stats: Default::default(),
             drafted: Default::default(),
+            draft: None,
         };
         core.publish(0);
         Ok(core)
@@ -691,6 +717,9 @@ impl Core {
 
     fn finish(&mut self, id: u64, reason: StopReason) {
         self.sched.remove(id, &mut self.blocks);
+        if let Some(d) = &mut self.draft {
+            d.free(id);
+        }
         let Some(l) = self.live.remove(&id) else { return };
         let now = Instant::now();
         let first = l.first_token.unwrap_or(now);
@@ -708,6 +737,9 @@ impl Core {
 
     fn fail(&mut self, id: u64, msg: &str) {
         self.sched.remove(id, &mut self.blocks);
+        if let Some(d) = &mut self.draft {
+            d.free(id);
+        }
         if let Some(l) = self.live.remove(&id) {
             let _ = l.events.send(Event::Failed(msg.to_string()));
         }

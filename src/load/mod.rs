@@ -106,11 +106,33 @@ pub fn start(
     device: &Device,
     size: impl FnOnce(&ModelInfo) -> EngineConfig + Send + 'static,
 ) -> anyhow::Result<(Engine, ModelInfo)> {
+    start_with_draft(name, None, opts, device, size)
+}
+
+/// [`start`] with a draft model for speculative decoding (`--draft MODEL`), loaded after the
+/// model (its memory plan then sees what the model left) with the same dtype and context.
+pub fn start_with_draft(
+    name: &str,
+    draft: Option<&str>,
+    opts: &LoadOptions,
+    device: &Device,
+    size: impl FnOnce(&ModelInfo) -> EngineConfig + Send + 'static,
+) -> anyhow::Result<(Engine, ModelInfo)> {
     let (name, opts, device) = (name.to_string(), opts.clone(), device.clone());
-    Engine::start(move || {
+    let draft = draft.map(str::to_string);
+    Engine::start_with_draft(move || {
         let (model, info) = load(&name, &opts, &device)?.split();
+        let draft = match draft {
+            Some(d) => {
+                let opts = LoadOptions { context: Some(info.context), ..opts.clone() };
+                let loaded = load(&d, &opts, &device)
+                    .map_err(|e| e.context(format!("loading the draft model {d}")))?;
+                Some(loaded.split().0)
+            }
+            None => None,
+        };
         let cfg = size(&info);
-        Ok((model, cfg, info))
+        Ok((model, draft, cfg, info))
     })
 }
 

@@ -114,9 +114,10 @@ async fn serve(
     let (model, max_seqs, kv_tokens, step_tokens) =
         (args.model.clone(), args.max_seqs, args.kv_tokens, args.step_tokens);
     let spec = args.spec.config()?;
+    let draft = args.spec.draft_model().map(str::to_string);
     let started = Instant::now();
     std::thread::Builder::new().name("inferno-load".into()).spawn(move || {
-        let sizes = Sizes { max_seqs, kv_tokens, step_tokens, spec };
+        let sizes = Sizes { max_seqs, kv_tokens, step_tokens, spec, draft };
         let _ = load_tx.send(load(&model, &opts, &device, sizes));
     })?;
     let shutdown = state::shutdown_started(shutdown_rx);
@@ -192,18 +193,24 @@ struct Sizes {
     kv_tokens: Option<usize>,
     step_tokens: usize,
     spec: Option<crate::engine::spec::SpecConfig>,
+    /// `--draft MODEL`: the draft model's name.
+    draft: Option<String>,
 }
 
 /// Loads the model into an engine sized for serving, its text side, and warms it up.
 fn load(name: &str, opts: &LoadOptions, device: &Device, sizes: Sizes) -> anyhow::Result<Ready> {
-    let Sizes { max_seqs, kv_tokens, step_tokens, spec } = sizes;
-    let (engine, info) = load::start(name, opts, device, move |info| EngineConfig {
-        max_seqs,
-        kv_tokens: kv_tokens.unwrap_or_else(|| default_kv_tokens(info, max_seqs)).max(info.context),
-        token_budget: step_tokens,
-        pipeline: crate::switches::pipeline(),
-        spec,
-    })?;
+    let Sizes { max_seqs, kv_tokens, step_tokens, spec, .. } = sizes;
+    let draft = sizes.draft.as_deref();
+    let (engine, info) =
+        load::start_with_draft(name, draft, opts, device, move |info| EngineConfig {
+            max_seqs,
+            kv_tokens: kv_tokens
+                .unwrap_or_else(|| default_kv_tokens(info, max_seqs))
+                .max(info.context),
+            token_budget: step_tokens,
+            pipeline: crate::switches::pipeline(),
+            spec,
+        })?;
     let kv_tokens =
         kv_tokens.unwrap_or_else(|| default_kv_tokens(&info, max_seqs)).max(info.context);
     let text = load::text::load(&info.source)?;

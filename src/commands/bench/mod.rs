@@ -75,15 +75,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let step_tokens = args.step_tokens;
     let spec = args.spec.config()?;
     let started = Instant::now();
-    let (engine, loaded) = load::start(&args.model, &opts, &device, move |info| EngineConfig {
-        max_seqs: streams,
-        // Every stream's whole sequence, plus a block each for rounding.
-        kv_tokens: streams
-            .saturating_mul(info.context.saturating_add(crate::engine::core::BLOCK_SIZE)),
-        token_budget: step_tokens,
-        pipeline: crate::switches::pipeline(),
-        spec,
-    })?;
+    let draft = args.spec.draft_model();
+    let (engine, loaded) =
+        load::start_with_draft(&args.model, draft, &opts, &device, move |info| EngineConfig {
+            max_seqs: streams,
+            // Every stream's whole sequence, plus a block each for rounding.
+            kv_tokens: streams
+                .saturating_mul(info.context.saturating_add(crate::engine::core::BLOCK_SIZE)),
+            token_budget: step_tokens,
+            pipeline: crate::switches::pipeline(),
+            spec,
+        })?;
     let load_s = started.elapsed().as_secs_f64();
     let vocab = engine.vocab_size();
     let file_prompt = prompt_from_file(&args, &loaded.source, engine.context())?;
@@ -300,7 +302,8 @@ fn spec_delta(before: SpecStats, after: SpecStats) -> SpecStats {
 fn spec_line(spec: Option<(SpecConfig, SpecStats)>) -> Option<String> {
     let (c, s) = spec?;
     Some(format!(
-        "draft:   ngram, up to {} tokens · {} drafts, {:.1}% of draft tokens accepted, mean accepted length {:.2}",
+        "draft:   {}, up to {} tokens · {} drafts, {:.1}% of draft tokens accepted, mean accepted length {:.2}",
+        drafter_name(c),
         c.draft_tokens,
         s.drafts,
         100.0 * s.acceptance_rate(),
@@ -308,10 +311,17 @@ fn spec_line(spec: Option<(SpecConfig, SpecStats)>) -> Option<String> {
     ))
 }
 
+fn drafter_name(c: SpecConfig) -> &'static str {
+    match c.drafter {
+        crate::engine::spec::Drafter::Ngram => "ngram",
+        crate::engine::spec::Drafter::Model => "draft model",
+    }
+}
+
 fn spec_json(spec: Option<(SpecConfig, SpecStats)>) -> serde_json::Value {
     match spec {
         Some((c, s)) => serde_json::json!({
-            "drafter": "ngram",
+            "drafter": drafter_name(c),
             "draft_tokens": c.draft_tokens,
             "drafts": s.drafts,
             "draft_tokens_verified": s.draft_tokens,

@@ -80,9 +80,9 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     let spinner = loading_spinner(verbose, &model);
     let started = Instant::now();
     // One sequence at a time: the pool holds the context once (what the memory plan counted).
-    let (engine, loaded) = load::start(&model, &opts, &device, move |info| EngineConfig {
-        spec,
-        ..EngineConfig::single(info.context)
+    let draft = args.spec.draft_model();
+    let (engine, loaded) = load::start_with_draft(&model, draft, &opts, &device, move |info| {
+        EngineConfig { spec, ..EngineConfig::single(info.context) }
     })?;
     let text = load::text::load(&loaded.source)?;
     // One throw-away step loads the kernels and creates the cuBLAS handle now, so the first

@@ -12,7 +12,7 @@
 //! target agrees with it), but it does not count in the statistics or the backoff.
 
 use super::Core;
-use crate::engine::spec::ngram;
+use crate::engine::spec::{Drafter, ngram};
 
 impl Core {
     /// Sets this step's drafts in the scheduler and records whose are the drafter's.
@@ -26,7 +26,18 @@ impl Core {
             let Some(seq) = self.sched.get(id) else { continue };
             let may = self.live.get_mut(&id).is_some_and(|l| l.backoff.may_draft());
             let k = k_max.min(room);
-            let draft = if may { ngram::propose(&seq.tokens, k, spec.ngram) } else { Vec::new() };
+            let draft = match (may, spec.drafter, &mut self.draft) {
+                (false, ..) => Vec::new(),
+                (true, Drafter::Ngram, _) => ngram::propose(&seq.tokens, k, spec.ngram),
+                // A draft that fails is no draft: the sequence decodes one token.
+                (true, Drafter::Model, Some(d)) => {
+                    d.propose(id, &seq.tokens, k).unwrap_or_else(|e| {
+                        tracing::warn!("draft model: {e:#}");
+                        Vec::new()
+                    })
+                }
+                (true, Drafter::Model, None) => Vec::new(),
+            };
             drafts.push((id, draft, k));
         }
         let longest = drafts.iter().map(|d| d.1.len()).max().unwrap_or(0);
@@ -87,9 +98,14 @@ impl Core {
     pub(super) fn would_draft(&self, id: u64) -> bool {
         let Some(spec) = self.spec else { return false };
         let Some(seq) = self.sched.get(id) else { return false };
+        let drafts = match spec.drafter {
+            Drafter::Ngram => !ngram::propose(&seq.tokens, 1, spec.ngram).is_empty(),
+            // A draft model always has a guess.
+            Drafter::Model => self.draft.is_some(),
+        };
         self.draft_limit().is_some()
             && self.draft_room(id).is_some()
             && self.live.get(&id).is_some_and(|l| l.backoff.is_open())
-            && !ngram::propose(&seq.tokens, 1, spec.ngram).is_empty()
+            && drafts
     }
 }

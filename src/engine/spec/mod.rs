@@ -10,20 +10,32 @@
 //! target's probability of it, and a rejected position's token is drawn from the target's
 //! distribution; `../shared/docs/spec-decoding.md` §1.3).
 //!
-//! - [`ngram`]: the drafter, prompt lookup over the sequence's own tokens.
+//! - [`ngram`]: prompt lookup over the sequence's own tokens;
+//! - [`draft`]: a smaller model with the same tokenizer, run greedily beside the target.
 //! - [`Backoff`]: when a sequence's drafts keep failing it drafts less often.
 //!
 //! The engine (`core.rs`) asks for drafts before each step for the sequences that may take one
 //! ([`SpecConfig::max_batch`]), the scheduler fits them into the step (`scheduler.rs`), and
 //! [`accepted`] decides what the sampled rows keep.
 
+pub mod draft;
 pub mod ngram;
 
 pub use ngram::NgramConfig;
 
+/// Where drafts come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drafter {
+    /// Prompt lookup over the sequence's own tokens ([`ngram`]).
+    Ngram,
+    /// A smaller model with the same tokenizer, loaded beside the target ([`draft`]).
+    Model,
+}
+
 /// Speculation settings of an engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpecConfig {
+    pub drafter: Drafter,
     /// Draft tokens a sequence verifies in one step at most (`--draft-tokens`).
     pub draft_tokens: usize,
     /// Sequences speculate only while at most this many run: past it a step's extra rows cost
@@ -40,6 +52,11 @@ pub const MAX_DRAFT_TOKENS: usize = 15;
 pub const DEFAULT_DRAFT_TOKENS: usize = 4;
 
 impl SpecConfig {
+    /// Drafts of up to `draft_tokens` tokens from a draft model.
+    pub fn model(draft_tokens: usize) -> anyhow::Result<SpecConfig> {
+        Ok(SpecConfig { drafter: Drafter::Model, ..SpecConfig::ngram(draft_tokens)? })
+    }
+
     /// N-gram drafting of up to `draft_tokens` tokens, with the default limits.
     pub fn ngram(draft_tokens: usize) -> anyhow::Result<SpecConfig> {
         if draft_tokens == 0 || draft_tokens > MAX_DRAFT_TOKENS {
@@ -48,7 +65,12 @@ impl SpecConfig {
                 format!("--draft-tokens must be 1 to {MAX_DRAFT_TOKENS}, not {draft_tokens}"),
             ));
         }
-        Ok(SpecConfig { draft_tokens, max_batch: 8, ngram: NgramConfig::default() })
+        Ok(SpecConfig {
+            drafter: Drafter::Ngram,
+            draft_tokens,
+            max_batch: 8,
+            ngram: NgramConfig::default(),
+        })
     }
 }
 

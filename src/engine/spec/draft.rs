@@ -1,0 +1,114 @@
+//! A draft model (`--draft MODEL`): a smaller model with the target's tokenizer guesses the next
+//! tokens greedily, one decode step each, on the same device with its own KV pool. Its guesses
+//! only change how many tokens a verify step keeps, never which: the target's rows decide.
+//!
+//! The draft follows each sequence lazily: before proposing, it runs whatever of the sequence it
+//! has not computed yet (the prompt the first time, then the tokens the last verify step
+//! accepted) as one prefill chunk, then `k` one-token steps. It keeps, per sequence, the ids whose
+//! keys its pool holds; what the target rejected differs from the sequence there and is simply
+//! computed again (rolled back), as the target's own rejected rows are. Full blocks of the
+//! sequence's real tokens are hashed for the draft's own prefix cache, so a chat's next turn
+//! skips them too.
+
+use std::collections::HashMap;
+
+use super::super::core::{BLOCK_SIZE, EngineConfig, pool_groups};
+use super::super::kv::blocks::{BlockConfig, BlockManager, SeqId};
+use super::super::runner::Runner;
+use super::super::scheduler::Chunk;
+use crate::models::batch::{BatchModel, KvPool};
+
+pub struct DraftModel {
+    runner: Runner,
+    blocks: BlockManager,
+    /// Per sequence: the ids whose keys the pool holds, in order (a prefix of the sequence, then
+    /// the last draft's tokens).
+    held: HashMap<SeqId, Vec<u32>>,
+    /// Tokens one catch-up chunk runs at most (the engine's step budget).
+    chunk: usize,
+}
+
+impl DraftModel {
+    /// The draft `model` with a pool as large as the target's (`cfg`), refused when its
+    /// vocabulary is not the target's (`vocab`).
+    pub fn new(
+        model: Box<dyn BatchModel>,
+        cfg: &EngineConfig,
+        vocab: usize,
+    ) -> anyhow::Result<DraftModel> {
+        if model.vocab_size() != vocab {
+            return Err(crate::error::fail(
+                crate::error::ErrorKind::InvalidInput,
+                format!(
+                    "the draft model's vocabulary has {} ids, the model's {vocab}: a draft must share the model's tokenizer",
+                    model.vocab_size()
+                ),
+            ));
+        }
+        let shape = model.kv_shape();
+        let groups = pool_groups(&shape, cfg);
+        let pool_blocks: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
+        super::super::core::check_pool_fits(&shape, &pool_blocks, cfg, model.device())?;
+        let blocks = BlockManager::new(BlockConfig { block_size: BLOCK_SIZE, groups })?;
+        let pool = KvPool::new(&shape, BLOCK_SIZE, &pool_blocks, model.device())?;
+        Ok(DraftModel {
+            runner: Runner::new(model, pool, shape),
+            blocks,
+            held: HashMap::new(),
+            chunk: cfg.token_budget.max(1),
+        })
+    }
+
+    /// The draft's greedy guess of the `k` tokens after `tokens` (sequence `id`); empty when its
+    /// pool has no room for them.
+    pub fn propose(&mut self, id: SeqId, tokens: &[u32], k: usize) -> anyhow::Result<Vec<u32>> {
+        let len = tokens.len();
+        if k == 0 || len == 0 || len + k > self.runner.model.max_positions() {
+            return Ok(Vec::new());
+        }
+        if !self.blocks.contains(id) {
+            let cached = self.blocks.add_sequence(id, tokens);
+            self.held.insert(id, tokens[..cached].to_vec());
+        }
+        let held = self.held.entry(id).or_default();
+        // Keys stand for the longest common prefix; the last token always runs again (its
+        // logits give the first guess).
+        let mut pos = held.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(len - 1);
+        if self.blocks.ensure(id, pos, len + k - 1).is_err() {
+            self.free(id);
+            return Ok(Vec::new());
+        }
+        let mut logits = None;
+        while pos < len {
+            let end = (pos + self.chunk).min(len);
+            let c = Chunk { id, start: pos, len: end - pos, sample: end == len, drafts: 0 };
+            logits = self.runner.forward(&[c], &[&tokens[pos..end]], &self.blocks)?;
+            pos = end;
+        }
+        let mut guess = Vec::with_capacity(k);
+        for j in 0..k {
+            let Some(l) = logits.take() else { anyhow::bail!("the draft step gave no logits") };
+            let next = crate::kernels::argmax_rows(&l)?.to_vec1::<u32>()?[0];
+            guess.push(next);
+            if j + 1 < k {
+                let c = Chunk { id, start: len + j, len: 1, sample: true, drafts: 0 };
+                logits = self.runner.forward(&[c], &[&[next][..]], &self.blocks)?;
+            }
+        }
+        // Only real tokens are hashed: the guesses' keys are rewritten when they are wrong.
+        let _ = self.blocks.commit(id, tokens);
+        // A later call runs from `len` at the earliest (the tokens before it are real).
+        self.blocks.release_out_of_window(id, len);
+        let held = self.held.entry(id).or_default();
+        held.clear();
+        held.extend_from_slice(tokens);
+        held.extend_from_slice(&guess[..k - 1]);
+        Ok(guess)
+    }
+
+    /// Forgets sequence `id` (finished, failed or cancelled): its blocks go back.
+    pub fn free(&mut self, id: SeqId) {
+        self.blocks.free_sequence(id);
+        self.held.remove(&id);
+    }
+}
