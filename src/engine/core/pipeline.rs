@@ -86,6 +86,11 @@ impl Core {
         };
         self.count_step(&step.chunks, step.t0);
         for (c, id) in step.chunks.iter().zip(ids) {
+            // A pipelined step is one of the sequence's steps without a draft: it counts down
+            // its backoff as an unpipelined one does.
+            if let Some(l) = self.live.get_mut(&c.id) {
+                l.backoff.may_draft();
+            }
             self.sched.complete(c, 0, &[id], &mut self.blocks);
             self.emit_run(c.id, vec![(id, None)]);
         }
