@@ -550,6 +550,9 @@ impl Core {
             let (accepted, tokens) = run.map_or((0, Vec::new()), |r| (r.accepted, r.tokens));
             let ids: Vec<u32> = tokens.iter().map(|t| t.0).collect();
             self.sched.complete(c, accepted, &ids, &mut self.blocks);
+            if c.sample && c.len > 1 && c.drafts == 0 {
+                self.draft_catch_up(c.id);
+            }
             self.emit_run(c.id, tokens);
         }
         self.drafted.clear();

@@ -108,4 +108,13 @@ impl Core {
             && self.live.get(&id).is_some_and(|l| l.backoff.is_open())
             && drafts
     }
+
+    /// A prompt's prefill just ended: the draft model (if any) computes it too, so that its
+    /// first guess does not wait for it.
+    pub(super) fn draft_catch_up(&mut self, id: u64) {
+        let (Some(d), Some(seq)) = (&mut self.draft, self.sched.get(id)) else { return };
+        if let Err(e) = d.catch_up(id, &seq.tokens) {
+            tracing::warn!("draft model: {e:#}");
+        }
+    }
 }

@@ -66,33 +66,18 @@ impl DraftModel {
         if k == 0 || len == 0 || len + k > self.runner.model.max_positions() {
             return Ok(Vec::new());
         }
-        if !self.blocks.contains(id) {
-            let cached = self.blocks.add_sequence(id, tokens);
-            self.held.insert(id, tokens[..cached].to_vec());
-        }
-        let held = self.held.entry(id).or_default();
-        // Keys stand for the longest common prefix; the last token always runs again (its
-        // logits give the first guess).
-        let mut pos = held.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(len - 1);
-        if self.blocks.ensure(id, pos, len + k - 1).is_err() {
-            self.free(id);
+        // The last token always runs again: its logits give the first guess.
+        let Some(mut logits) = self.run(id, tokens, len - 1, len + k - 1)? else {
             return Ok(Vec::new());
-        }
-        let mut logits = None;
-        while pos < len {
-            let end = (pos + self.chunk).min(len);
-            let c = Chunk { id, start: pos, len: end - pos, sample: end == len, drafts: 0 };
-            logits = self.runner.forward(&[c], &[&tokens[pos..end]], &self.blocks)?;
-            pos = end;
-        }
+        };
         let mut guess = Vec::with_capacity(k);
         for j in 0..k {
-            let Some(l) = logits.take() else { anyhow::bail!("the draft step gave no logits") };
-            let next = crate::kernels::argmax_rows(&l)?.to_vec1::<u32>()?[0];
+            let next = crate::kernels::argmax_rows(&logits)?.to_vec1::<u32>()?[0];
             guess.push(next);
             if j + 1 < k {
                 let c = Chunk { id, start: len + j, len: 1, sample: true, drafts: 0 };
-                logits = self.runner.forward(&[c], &[&[next][..]], &self.blocks)?;
+                let l = self.runner.forward(&[c], &[&[next][..]], &self.blocks)?;
+                logits = l.ok_or_else(|| anyhow::anyhow!("the draft step gave no logits"))?;
             }
         }
         // Only real tokens are hashed: the guesses' keys are rewritten when they are wrong.
@@ -104,6 +89,55 @@ impl DraftModel {
         held.extend_from_slice(tokens);
         held.extend_from_slice(&guess[..k - 1]);
         Ok(guess)
+    }
+
+    /// Computes the keys of all of `tokens` but the last (sequence `id`'s prompt, once the model
+    /// has prefilled it): the draft's prefill then counts in the time to the first token, not
+    /// in the first draft's.
+    pub fn catch_up(&mut self, id: SeqId, tokens: &[u32]) -> anyhow::Result<()> {
+        if tokens.len() > 1 {
+            let upto = tokens.len() - 1;
+            self.run(id, &tokens[..upto], upto, upto)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` from the longest prefix the pool holds for `id` (at most `from`) to their
+    /// end, with blocks up to position `reach`; the last row's logits when the run ends at a
+    /// token it had not held. `None` when the pool has no room (the sequence is then forgotten).
+    fn run(
+        &mut self,
+        id: SeqId,
+        tokens: &[u32],
+        from: usize,
+        reach: usize,
+    ) -> anyhow::Result<Option<candle_core::Tensor>> {
+        let len = tokens.len();
+        if !self.blocks.contains(id) {
+            let cached = self.blocks.add_sequence(id, tokens);
+            self.held.insert(id, tokens[..cached].to_vec());
+        }
+        let held = self.held.entry(id).or_default();
+        let mut pos = held.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(from);
+        if pos >= len {
+            return Ok(None);
+        }
+        if self.blocks.ensure(id, pos, reach.max(len)).is_err() {
+            self.free(id);
+            return Ok(None);
+        }
+        let mut logits = None;
+        while pos < len {
+            let end = (pos + self.chunk).min(len);
+            let c = Chunk { id, start: pos, len: end - pos, sample: end == len, drafts: 0 };
+            logits = self.runner.forward(&[c], &[&tokens[pos..end]], &self.blocks)?;
+            pos = end;
+        }
+        let _ = self.blocks.commit(id, tokens);
+        let held = self.held.entry(id).or_default();
+        held.clear();
+        held.extend_from_slice(tokens);
+        Ok(logits)
     }
 
     /// Forgets sequence `id` (finished, failed or cancelled): its blocks go back.
