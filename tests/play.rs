@@ -374,6 +374,7 @@ fn a_conversation_longer_than_the_context_drops_its_oldest_turns() {
         "What is the largest planet?",
         "What is the capital of Italy?",
     ];
+    let context = regex::Regex::new(r"context (\d+)/128").unwrap();
     let mut dropped = 0;
     for q in questions {
         p.send_line(q).unwrap();
@@ -383,10 +384,7 @@ fn a_conversation_longer_than_the_context_drops_its_oldest_turns() {
             dropped += 1;
         }
         let rest = p.exp_string(">>> ").unwrap();
-        let used: usize = regex::Regex::new(r"context (\d+)/128").unwrap().captures(&rest).unwrap()
-            [1]
-        .parse()
-        .unwrap();
+        let used: usize = context.captures(&rest).unwrap()[1].parse().unwrap();
         assert!(used <= 128, "{rest}");
     }
     assert!(dropped >= 2, "turns were dropped {dropped} times");
