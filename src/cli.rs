@@ -192,6 +192,10 @@ pub struct PlayArgs {
     pub spec: SpecArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
+    /// Continue a saved conversation (`/list` shows them); without NAME, the one saved when
+    /// play last exited. Its settings and system prompt come back with it.
+    #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "last")]
+    pub resume: Option<String>,
     /// Print loading details and the stats line also in non-interactive mode (on stderr).
     #[arg(short, long)]
     pub verbose: bool,

@@ -225,3 +225,169 @@ fn stats_and_set_say_what_they_did() {
     p.send_line("/exit").unwrap();
     p.exp_eof().unwrap();
 }
+
+/// A play session in a pseudo-terminal with its own state folder (conversations, history).
+fn pty_play(state: &std::path::Path, args: &[&str]) -> rexpect::session::PtySession {
+    let mut cmd = Command::new(bin());
+    cmd.arg("play").arg(model_dir()).args(["--cpu", "--temperature", "0"]);
+    cmd.args(args).env("XDG_STATE_HOME", state);
+    spawn_command(cmd, Some(120_000)).expect("spawn in a pty")
+}
+
+/// Sends `message` and returns (the reply as shown, the numbers of its stats line: prefilled
+/// tokens, cached tokens, context used).
+fn exchange(p: &mut rexpect::session::PtySession, message: &str) -> (String, [usize; 3]) {
+    p.send_line(message).unwrap();
+    p.exp_string(message).unwrap();
+    // (rexpect reads bytes: the "·" separators are matched as \S+)
+    let (reply, _) = p.exp_regex(r"ttft \d+ ms \S+ prefill ").unwrap();
+    let numbers = p.exp_string(">>> ").unwrap();
+    let re =
+        regex::Regex::new(r"^(\d+) tokens at \d+ tok/s, (\d+) cached .* context (\d+)/").unwrap();
+    let caps = re.captures(&numbers).unwrap_or_else(|| panic!("stats line: {numbers:?}"));
+    let n = |i: usize| caps[i].parse::<usize>().unwrap();
+    let ansi = regex::Regex::new(r"\x1b\[[0-9;?]*[A-Za-z]").unwrap();
+    (ansi.replace_all(&reply, "").trim().to_string(), [n(1), n(2), n(3)])
+}
+
+/// Issue 36's session: chat, `/save`, quit, `--resume`, and the next turn is the one an
+/// uninterrupted chat gives (greedy), prefilling only the new message.
+#[test]
+fn a_saved_conversation_resumes_as_if_never_left() {
+    let state = tempfile::tempdir().unwrap();
+    let first = "What is the capital of Germany?";
+    let second = "And the capital of France?";
+
+    let mut p = pty_play(state.path(), &["--max-tokens", "60"]);
+    p.exp_string(">>> ").unwrap();
+    let (reply, _) = exchange(&mut p, first);
+    assert_eq!(reply, reference_reply(0));
+    p.send_line("/save ../geo").unwrap();
+    p.exp_string("is not a conversation name").unwrap();
+    p.send_line("/load nothing-saved").unwrap();
+    p.exp_string("no saved conversation \"nothing-saved\"").unwrap();
+    p.send_line("/save geo").unwrap();
+    p.exp_string("(saved as geo: ").unwrap();
+    p.send_line("/list").unwrap();
+    p.exp_regex(r"\ngeo\r?\n").unwrap();
+    p.send_line("/exit").unwrap();
+    p.exp_string("(kept as last").unwrap();
+    p.exp_eof().unwrap();
+    let file = state.path().join("inferno/conversations/geo.json");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(saved["messages"][1]["content"], reference_reply(0));
+    assert_eq!(saved["settings"]["temperature"], 0.0);
+
+    let mut p = pty_play(state.path(), &["--max-tokens", "60", "--resume", "geo"]);
+    p.exp_string("(resumed geo: 2 messages").unwrap();
+    p.exp_string(">>> ").unwrap();
+    let (resumed, [prefilled, cached, _]) = exchange(&mut p, second);
+    // The first turn came from the prefix cache; only the new message (and the partial block
+    // before it) was run.
+    assert!(cached >= 32 && prefilled < 40, "prefilled {prefilled}, cached {cached}");
+    p.send_line("/list").unwrap();
+    p.exp_regex(r"\nlast\r?\ngeo\r?\n").unwrap();
+    p.send_line("/exit").unwrap();
+    p.exp_eof().unwrap();
+
+    let mut p = pty_play(state.path(), &["--max-tokens", "60"]);
+    p.exp_string(">>> ").unwrap();
+    exchange(&mut p, first);
+    let (uninterrupted, _) = exchange(&mut p, second);
+    p.send_line("/exit").unwrap();
+    p.exp_eof().unwrap();
+    assert_eq!(resumed, uninterrupted);
+    assert!(!resumed.is_empty());
+}
+
+fn conversation_json(model: &str, role: &str) -> String {
+    serde_json::json!({
+        "version": 1,
+        "model": model,
+        "format": "chat",
+        "settings": {
+            "temperature": 0.0, "top_k": null, "top_p": null, "min_p": null,
+            "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "seed": 1, "max_tokens": 40
+        },
+        "messages": [
+            {"role": role, "content": "What is the capital of Germany?"},
+            {"role": "assistant", "content": "Berlin."}
+        ]
+    })
+    .to_string()
+}
+
+/// A corrupt or hand-edited file, a name that leaves the folder, a name not saved: one line
+/// each and play's exit codes for bad input (2) and a missing thing (3), before the model loads.
+/// Another model's file loads with a warning.
+#[test]
+fn bad_conversation_files_and_names_are_one_line() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().join("inferno/conversations");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("corrupt.json"), "{ \"version\": 1, \"messages\": [").unwrap();
+    std::fs::write(dir.join("robot.json"), conversation_json("m", "robot")).unwrap();
+    std::fs::write(dir.join("other.json"), conversation_json("someone/else", "user")).unwrap();
+    let run = |name: &str| {
+        let mut cmd = Command::new(bin());
+        cmd.arg("play").arg(model_dir()).args(["--cpu", "-p", "hi", "--resume", name]);
+        cmd.env("XDG_STATE_HOME", state.path()).output().unwrap()
+    };
+    for (name, code, says) in [
+        ("corrupt", 2, "corrupt.json: EOF while parsing"),
+        ("robot", 2, "message 1 has role \"robot\""),
+        ("../../etc/passwd", 2, "is not a conversation name"),
+        ("..", 2, "is not a conversation name"),
+        ("a\u{7}b", 2, "is not a conversation name"),
+        ("not-saved", 3, "no saved conversation \"not-saved\""),
+    ] {
+        let out = run(name);
+        let err = common::stderr(&out);
+        assert_eq!(out.status.code(), Some(code), "{name}: {err}");
+        assert!(err.contains(says) && err.lines().count() == 1, "{name}: {err}");
+    }
+    let out = run("other");
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: other was saved with someone/else; continuing it with "),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!common::stdout(&out).trim().is_empty());
+}
+
+/// Past the context, play drops the oldest turns with a notice and keeps answering (it used to
+/// refuse: "the prompt is N tokens, the context holds M").
+#[test]
+fn a_conversation_longer_than_the_context_drops_its_oldest_turns() {
+    let state = tempfile::tempdir().unwrap();
+    let mut p = pty_play(state.path(), &["--context", "128", "--max-tokens", "24"]);
+    p.exp_string(">>> ").unwrap();
+    let questions = [
+        "What is the capital of Germany?",
+        "Name three primary colors.",
+        "What is the capital of France?",
+        "How many legs does a spider have?",
+        "What is the largest planet?",
+        "What is the capital of Italy?",
+    ];
+    let context = regex::Regex::new(r"context (\d+)/128").unwrap();
+    let mut dropped = 0;
+    for q in questions {
+        p.send_line(q).unwrap();
+        p.exp_string(q).unwrap();
+        let (before, _) = p.exp_regex(r"ttft \d+ ms").unwrap();
+        if before.contains("(the conversation outgrew the 128-token context: dropped the oldest") {
+            dropped += 1;
+        }
+        let rest = p.exp_string(">>> ").unwrap();
+        let used: usize = context.captures(&rest).unwrap()[1].parse().unwrap();
+        assert!(used <= 128, "{rest}");
+    }
+    assert!(dropped >= 2, "turns were dropped {dropped} times");
+    p.send_line("/exit").unwrap();
+    p.exp_eof().unwrap();
+}

@@ -38,6 +38,18 @@ impl Conversation {
         self.messages.clear();
     }
 
+    /// Forgets the oldest turn (its user message and the replies up to the next user message);
+    /// false when there is no turn before the last user message to drop.
+    pub fn drop_oldest_turn(&mut self) -> bool {
+        match self.messages.iter().skip(1).position(|m| m.role == "user") {
+            Some(next) => {
+                self.messages.drain(..next + 1);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Prompt ids for the model: the rendered chat with a generation prompt, or the raw text.
     pub fn prompt_ids(&self, text: &TextSide) -> anyhow::Result<Vec<u32>> {
         match (&text.template, self.raw) {

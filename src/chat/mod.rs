@@ -11,7 +11,9 @@
 
 pub mod conversation;
 pub mod harmony;
+pub mod saved;
 pub mod turn;
 
 pub use conversation::Conversation;
+pub use saved::SavedChat;
 pub use turn::{Dialogue, Part, Sampling, TurnEnd, TurnEvent, TurnSink, default_sampling};

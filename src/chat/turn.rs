@@ -158,6 +158,68 @@ impl Dialogue {
         }
     }
 
+    /// The prompt the model would continue now.
+    pub fn prompt_ids(&self, text: &TextSide) -> anyhow::Result<Vec<u32>> {
+        match self {
+            Dialogue::Plain(c) => c.prompt_ids(text),
+            Dialogue::Harmony(h) => h.prompt_ids(&HarmonyEncoding::new(&text.tokenizer)?),
+        }
+    }
+
+    /// Drops the oldest turns (never the system or developer message) until the prompt for
+    /// the next turn, with `user`'s message when given, leaves `reserve` of `context` tokens
+    /// for the reply; returns how many it dropped. Stops when only the newest turn is left,
+    /// even if that does not fit: the engine then refuses the prompt with its length. Raw
+    /// completion has no history to drop.
+    pub fn fit(
+        &mut self,
+        text: &TextSide,
+        user: Option<&str>,
+        context: usize,
+        reserve: usize,
+    ) -> anyhow::Result<usize> {
+        if matches!(self, Dialogue::Plain(c) if c.raw) {
+            return Ok(0);
+        }
+        if let Some(u) = user {
+            self.push_user(u);
+        }
+        let mut dropped = 0;
+        let fitted = loop {
+            match self.prompt_ids(text) {
+                Ok(ids) if ids.len() + reserve <= context => break Ok(dropped),
+                Ok(_) if self.drop_oldest_turn() => dropped += 1,
+                Ok(_) => break Ok(dropped),
+                Err(e) => break Err(e),
+            }
+        };
+        if user.is_some() {
+            self.undo_turn();
+        }
+        fitted
+    }
+
+    fn push_user(&mut self, user: &str) {
+        match self {
+            Dialogue::Plain(c) => c.push_user(user),
+            Dialogue::Harmony(h) => h.push_user(user),
+        }
+    }
+
+    fn undo_turn(&mut self) {
+        match self {
+            Dialogue::Plain(c) => c.undo_turn(),
+            Dialogue::Harmony(h) => h.undo_turn(),
+        }
+    }
+
+    fn drop_oldest_turn(&mut self) -> bool {
+        match self {
+            Dialogue::Plain(c) => c.drop_oldest_turn(),
+            Dialogue::Harmony(h) => h.drop_oldest_turn(),
+        }
+    }
+
     /// Runs one user turn on `session`, sending its events to `sink`, and records it in the
     /// history (or, when it fails, takes the user's message back).
     pub fn turn(

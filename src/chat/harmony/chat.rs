@@ -184,6 +184,22 @@ impl HarmonyChat {
         }
     }
 
+    /// Forgets the oldest turn (its user message and everything up to the next user message,
+    /// tool calls and results included); false when no turn comes before the last user
+    /// message.
+    pub fn drop_oldest_turn(&mut self) -> bool {
+        let Some(next) = self.messages.iter().skip(1).position(|m| m.role == Role::User) else {
+            return false;
+        };
+        let cut = next + 1;
+        self.messages.drain(..cut);
+        self.calls.retain(|c| c.at >= cut);
+        for c in &mut self.calls {
+            c.at -= cut;
+        }
+        true
+    }
+
     /// Forgets the turns (keeps the system settings and instructions).
     pub fn clear(&mut self) {
         self.messages.clear();

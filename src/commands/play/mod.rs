@@ -4,13 +4,14 @@
 mod picker;
 mod printer;
 mod repl;
+mod store;
 
 use std::io::{IsTerminal, Read, Write};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use crate::chat::{Dialogue, Sampling, TurnEnd, default_sampling};
+use crate::chat::{Dialogue, Sampling, SavedChat, TurnEnd, default_sampling};
 use crate::cli::{PlayArgs, SamplingArgs};
 use crate::engine::Session;
 use crate::engine::core::EngineConfig;
@@ -25,6 +26,8 @@ use printer::{Output, Printer, stats_line};
 /// Everything a chat needs, loaded: the model (inside its session, with what its KV cache holds)
 /// and its text side.
 pub struct Chat {
+    /// The model's name as the banner shows it (saved with a conversation).
+    pub model: String,
     pub session: Session,
     pub text: TextSide,
     pub sampler: SamplerConfig,
@@ -50,9 +53,77 @@ impl Chat {
         interrupt: &Arc<AtomicBool>,
         out: Output,
     ) -> anyhow::Result<TurnEnd> {
+        let dropped = dialogue.fit(&self.text, Some(user), self.context(), self.reserve())?;
+        if dropped > 0 {
+            eprintln!("{}", dropped_notice(dropped, self.context()));
+        }
         let sampling = Sampling { sampler, stop: self.stop_conditions(), interrupt };
         dialogue.turn(&mut self.session, &self.text, user, sampling, &mut Printer::new(out))
     }
+
+    fn context(&self) -> usize {
+        self.session.engine().context()
+    }
+
+    /// The room a prompt leaves for the reply before old turns are dropped: without it a
+    /// prompt that just fits would leave a reply of a few tokens. `--max-tokens`, but at most
+    /// a quarter of the context, so a small context still keeps a few turns.
+    fn reserve(&self) -> usize {
+        self.max_tokens.min(self.context() / 4)
+    }
+
+    /// Continues `saved` in `dialogue`: its history, system prompt and settings replace the
+    /// current ones, and its prompt is run once (one greedy token, thrown away) so the engine's
+    /// prefix cache holds it and the next turn prefills only the new message. Returns what to
+    /// tell the user: a warning when another model saved it, then what was loaded.
+    pub fn resume(
+        &mut self,
+        name: &str,
+        saved: &SavedChat,
+        dialogue: &mut Dialogue,
+    ) -> anyhow::Result<Vec<String>> {
+        let sampler = saved.sampler(self.sampler.repeat_last_n)?;
+        saved.restore(dialogue)?;
+        self.sampler = sampler;
+        self.max_tokens = saved.settings.max_tokens;
+        let mut notes = Vec::new();
+        if saved.model != self.model {
+            notes.push(format!(
+                "warning: {name} was saved with {}; continuing it with {}",
+                saved.model, self.model
+            ));
+        }
+        let dropped = dialogue.fit(&self.text, None, self.context(), self.reserve())?;
+        if dropped > 0 {
+            notes.push(dropped_notice(dropped, self.context()));
+        }
+        let ids = dialogue.prompt_ids(&self.text)?;
+        let mut greedy = Sampler::new(SamplerConfig { temperature: 0.0, ..self.sampler.clone() });
+        let never = Arc::new(AtomicBool::new(false));
+        let g = self.session.generate_tokens(&ids, &mut greedy, 1, &never, &mut |_| Ok(None))?;
+        notes.push(format!(
+            "(resumed {name}: {} messages, {} prompt tokens, {} of them prefilled now)",
+            saved.messages.len(),
+            g.prompt_tokens,
+            g.prefilled_tokens
+        ));
+        Ok(notes)
+    }
+
+    /// The conversation as it would be saved now.
+    pub fn saved(&self, dialogue: &Dialogue) -> SavedChat {
+        SavedChat::of(dialogue, &self.model, &self.sampler, self.max_tokens)
+    }
+}
+
+/// The one line play prints when a conversation outgrew the context.
+fn dropped_notice(turns: usize, context: usize) -> String {
+    let what = if turns == 1 {
+        "the oldest turn".to_string()
+    } else {
+        format!("the {turns} oldest turns")
+    };
+    format!("(the conversation outgrew the {context}-token context: dropped {what})")
 }
 
 pub fn run(args: PlayArgs) -> anyhow::Result<()> {
@@ -68,6 +139,11 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
         }
     };
     let effort: crate::chat::harmony::ReasoningEffort = args.reasoning.parse()?;
+    // Read before the model loads: a bad name or file is one line at once, not after a minute.
+    let resumed = match &args.resume {
+        Some(name) => Some((name.clone(), store::load(name)?)),
+        None => None,
+    };
     let spec = args.spec.config()?;
     let (device, gpu) = load::open_device(args.device.gpu, args.device.cpu)?;
     let gpu_name = gpu.map(|g| g.name).unwrap_or_else(|| "CPU (--cpu)".to_string());
@@ -89,7 +165,7 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     // reply's time to first token measures the model, not CUDA start-up.
     warm_up(&engine)?;
     spinner.finish_and_clear();
-    let dialogue = Dialogue::for_model(&text, args.system.clone(), args.raw, effort);
+    let mut dialogue = Dialogue::for_model(&text, args.system.clone(), args.raw, effort);
     let sampler =
         sampler_config(&args.sampling, default_sampling(matches!(dialogue, Dialogue::Harmony(_))))?;
     if verbose {
@@ -102,15 +178,24 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
         eprintln!("note: the model has no chat template; completing raw text");
     }
     let session = Session::new(engine);
-    let chat = Chat {
+    let mut chat = Chat {
+        model: loaded.name.clone(),
         session,
         text,
         sampler,
         stop_strings: args.stop.clone(),
         max_tokens: args.max_tokens,
     };
+    if let Some((name, saved)) = &resumed {
+        for note in chat.resume(name, saved, &mut dialogue)? {
+            // The warning always; what was loaded only where the banner shows.
+            if verbose || note.starts_with("warning") {
+                eprintln!("{note}");
+            }
+        }
+    }
     if interactive {
-        return repl::run(chat, dialogue, !args.hide_reasoning);
+        return repl::run(chat, dialogue, !args.hide_reasoning, resumed.map(|(n, _)| n));
     }
     let prompt = match &args.prompt {
         Some(p) => p.clone(),

@@ -96,12 +96,16 @@ impl TurnSink for Printer {
     }
 }
 
-/// `ttft 41 ms · prefill 1234 tok/s · decode 70.1 tok/s · 57 tokens · eos · context 312/8192`
+/// `ttft 41 ms · prefill 12 tokens at 1234 tok/s, 300 cached · decode 70.1 tok/s · 57 tokens ·
+/// eos · context 312/8192`: the cached count shows what the prefix cache saved (a chat's
+/// earlier turns, a resumed conversation).
 pub fn stats_line(g: &Generation, context: usize) -> String {
     format!(
-        "ttft {} ms · prefill {:.0} tok/s · decode {:.1} tok/s · {} tokens · {} · context {}/{}",
+        "ttft {} ms · prefill {} tokens at {:.0} tok/s, {} cached · decode {:.1} tok/s · {} tokens · {} · context {}/{}",
         g.time_to_first_token.as_millis(),
+        g.prefilled_tokens,
         g.prefill_tok_s(),
+        g.prompt_tokens - g.prefilled_tokens,
         g.decode_tok_s(),
         g.tokens.len(),
         g.reason,

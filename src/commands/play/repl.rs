@@ -1,14 +1,13 @@
 //! The interactive chat loop: streamed replies, a stats line after each, Ctrl+C stops a reply,
 //! Ctrl+D or /exit leaves, persistent history, a few slash commands.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
 
-use super::{Chat, Output, stats_line};
+use super::{Chat, Output, stats_line, store};
 use crate::chat::Dialogue;
 use crate::generate::{Sampler, StopReason};
 
@@ -20,18 +19,29 @@ const HELP: &str = "\
 /set <name> <value>   temperature, top_k, top_p, min_p, repeat_penalty, max_tokens, seed
 /set                  show those settings
 /stats [on|off]       show or hide the stats line
+/save [NAME]          keep the conversation (as NAME, else the name it has)
+/load NAME            continue a kept conversation
+/list                 the kept conversations, the most recent first
 /effort low|medium|high   gpt-oss reasoning effort
 /reasoning show|hide  gpt-oss: show or hide the reasoning
 \"\"\"                   start or end a multi-line message
-Ctrl+C stops a reply in progress.";
+Ctrl+C stops a reply in progress; on leaving, the conversation is kept as `last`.";
 
-pub fn run(mut chat: Chat, mut dialogue: Dialogue, show_reasoning: bool) -> anyhow::Result<()> {
+/// The REPL; `name` is the conversation's name when it was resumed (what `/save` reuses).
+pub fn run(
+    mut chat: Chat,
+    mut dialogue: Dialogue,
+    show_reasoning: bool,
+    mut name: Option<String>,
+) -> anyhow::Result<()> {
     let mut out = Output { interactive: true, show_reasoning };
     let interrupt = Arc::new(AtomicBool::new(false));
     let flag = interrupt.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))?;
     let mut editor = DefaultEditor::new()?;
-    let history = history_path();
+    let history = store::state_dir()
+        .filter(|d| std::fs::create_dir_all(d).is_ok())
+        .map(|d| d.join("history"));
     if let Some(h) = &history {
         let _ = editor.load_history(h);
     }
@@ -56,6 +66,9 @@ pub fn run(mut chat: Chat, mut dialogue: Dialogue, show_reasoning: bool) -> anyh
             continue;
         }
         if let Some(cmd) = trimmed.strip_prefix('/') {
+            if keep(cmd, &mut chat, &mut dialogue, &mut sampler, &mut name) {
+                continue;
+            }
             match command(cmd, &mut chat, &mut dialogue, &mut sampler, &mut show_stats, &mut out) {
                 Flow::Quit => break,
                 Flow::Clear => chat.session.reset(),
@@ -84,7 +97,66 @@ pub fn run(mut chat: Chat, mut dialogue: Dialogue, show_reasoning: bool) -> anyh
             Err(e) => eprintln!("error: {e}"),
         }
     }
+    // Kept on leaving, so yesterday's chat is `--resume` away. An empty one is not saved: a
+    // quick look in and out would otherwise replace the last real conversation.
+    let saved = chat.saved(&dialogue);
+    if !saved.messages.is_empty() {
+        match store::save(store::LAST, &saved) {
+            Ok(_) => eprintln!("(kept as {}: inferno play … --resume continues it)", store::LAST),
+            Err(e) => eprintln!("error: {e}"),
+        }
+    }
     Ok(())
+}
+
+/// `/save`, `/load` and `/list`; false for any other command. A `/load` brings the file's
+/// settings, so the sampler starts anew from them.
+fn keep(
+    cmd: &str,
+    chat: &mut Chat,
+    dialogue: &mut Dialogue,
+    sampler: &mut Sampler,
+    name: &mut Option<String>,
+) -> bool {
+    let (verb, rest) = cmd.split_once(' ').map(|(a, b)| (a, b.trim())).unwrap_or((cmd, ""));
+    match verb {
+        "save" => {
+            let chosen = match (rest, name.as_deref()) {
+                ("", Some(n)) => n.to_string(),
+                ("", None) => crate::template::strftime::strftime(
+                    std::time::SystemTime::now(),
+                    "chat-%Y-%m-%d-%H%M%S",
+                ),
+                (n, _) => n.to_string(),
+            };
+            match store::save(&chosen, &chat.saved(dialogue)) {
+                Ok(path) => {
+                    println!("(saved as {chosen}: {})", path.display());
+                    *name = Some(chosen);
+                }
+                Err(e) => eprintln!("error: {e}"),
+            }
+        }
+        "load" if rest.is_empty() => eprintln!("usage: /load NAME (/list shows them)"),
+        "load" => {
+            let loaded = store::load(rest).and_then(|saved| chat.resume(rest, &saved, dialogue));
+            match loaded {
+                Ok(notes) => {
+                    notes.iter().for_each(|n| println!("{n}"));
+                    *sampler = Sampler::new(chat.sampler.clone());
+                    *name = Some(rest.to_string());
+                }
+                Err(e) => eprintln!("error: {e}"),
+            }
+        }
+        "list" => match store::list() {
+            Ok(names) if names.is_empty() => println!("(no saved conversations)"),
+            Ok(names) => println!("{}", names.join("\n")),
+            Err(e) => eprintln!("error: {e}"),
+        },
+        _ => return false,
+    }
+    true
 }
 
 /// One message: a line, or everything between two `"""` lines.
@@ -255,13 +327,4 @@ fn set(args: &str, chat: &mut Chat) -> anyhow::Result<String> {
     } else {
         format!("{name} {before} → {after}")
     })
-}
-
-fn history_path() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_STATE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))?;
-    let dir = base.join("inferno");
-    std::fs::create_dir_all(&dir).ok()?;
-    Some(dir.join("history"))
 }
