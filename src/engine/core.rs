@@ -451,7 +451,7 @@ impl Core {
             first_token: None,
             cached: 0,
             generated: 0,
-            backoff: Default::default(),
+            backoff: super::spec::Backoff::for_spec(self.spec.as_ref()),
             req: p.req,
         };
         if live.req.max_tokens == 0 {

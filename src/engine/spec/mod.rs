@@ -82,18 +82,37 @@ pub fn accepted(drafts: &[u32], sampled: &[u32]) -> usize {
 }
 
 /// A sequence's draft throttle: after a verify step that accepted nothing, the sequence skips
-/// drafting for 1, 2, 4 … 64 of its steps (a step that accepts anything resets it). A sequence
-/// whose drafts always fail thus verifies on fewer than one step in seven after its first few
-/// misses, which bounds what wrong guesses cost it.
-#[derive(Debug, Default, Clone)]
+/// drafting for a number of its steps that doubles with each miss in a row, up to a cap (a step
+/// that accepts anything resets the doubling). A wrong n-gram draft costs about one decode step,
+/// so its skips start at 1 and stop at 64; a wrong draft model's costs its `k` draft steps and a
+/// verify, so its skips start at `8 · k` and stop at 512. Either way a sequence whose drafts all
+/// fail spends a bounded share of its steps on them (measured in docs/performance.md).
+#[derive(Debug, Clone)]
 pub struct Backoff {
     misses: u32,
     /// Steps left without drafting.
     skip: u32,
+    /// The skip after a first miss, and the largest.
+    first: u32,
+    max: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { misses: 0, skip: 0, first: 1, max: 64 }
+    }
 }
 
 impl Backoff {
-    const MAX_SKIP: u32 = 64;
+    /// The throttle for drafts from `spec`'s drafter (the default without speculation).
+    pub fn for_spec(spec: Option<&SpecConfig>) -> Backoff {
+        match spec {
+            Some(s) if s.drafter == Drafter::Model => {
+                Backoff { first: 8 * s.draft_tokens as u32, max: 512, ..Backoff::default() }
+            }
+            _ => Backoff::default(),
+        }
+    }
 
     /// Whether the sequence drafts in this step (counts a skipped step down).
     pub fn may_draft(&mut self) -> bool {
@@ -114,7 +133,7 @@ impl Backoff {
         if accepted > 0 {
             self.misses = 0;
         } else {
-            self.skip = (1u32 << self.misses.min(6)).min(Self::MAX_SKIP);
+            self.skip = self.first.saturating_mul(1 << self.misses.min(16)).min(self.max);
             self.misses += 1;
         }
     }
@@ -175,6 +194,21 @@ mod tests {
         assert!(next <= 32, "a hit resets the misses, the pending skip runs out");
         b.record(1);
         assert!(b.may_draft());
+    }
+
+    #[test]
+    fn a_draft_model_backs_off_longer() {
+        let spec = SpecConfig::model(3).ok();
+        let mut b = Backoff::for_spec(spec.as_ref());
+        let mut drafted = Vec::new();
+        for step in 0..1000 {
+            if b.may_draft() {
+                drafted.push(step);
+                b.record(0);
+            }
+        }
+        // Skips of 24, 48, 96, 192, 384, then 512.
+        assert_eq!(drafted, vec![0, 25, 74, 171, 364, 749]);
     }
 
     #[test]
