@@ -317,3 +317,34 @@ fn odd_inputs_never_break_the_server() {
     let s = server(&[], &[]);
     common::serve::odd_bodies_are_answered(&s, &[]);
 }
+
+/// `serve --draft ngram`: a reply that copies its prompt is the one plain decoding gives (play
+/// without drafts), and `/metrics` counts the drafts and the accepted tokens.
+#[test]
+fn speculation_replies_as_without_and_is_counted() {
+    let s = server(&["--draft", "ngram", "--draft-tokens", "6"], &[]);
+    let ask = "Repeat this sentence exactly: the old mill stood by the river, and the river ran \
+               fast in spring.";
+    let body = json!({
+        "model": model().to_str().expect("utf-8 path"),
+        "messages": [{"role": "user", "content": ask}],
+        "max_tokens": 40,
+        "temperature": 0,
+    });
+    let (status, text) = s.request(
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200, "{text}");
+    let r: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let reply = r["choices"][0]["message"]["content"].as_str().expect("content");
+    assert_eq!(reply, play(&["--max-tokens", "40", "--prompt", ask]));
+    let m = s.metrics(&[]);
+    assert!(m["inferno_spec_decode_num_drafts"] > 0.0, "no draft counted: {m:?}");
+    assert!(m["inferno_spec_decode_num_accepted_tokens"] > 0.0, "nothing accepted: {m:?}");
+    assert!(
+        m["inferno_spec_decode_num_accepted_tokens"] <= m["inferno_spec_decode_num_draft_tokens"]
+    );
+}
