@@ -476,3 +476,40 @@ fn a_draft_with_another_vocabulary_is_refused() {
     assert!(msg.contains("vocabulary") && msg.contains("tokenizer"), "{msg}");
     assert_eq!(msg.lines().count(), 1, "{msg}");
 }
+
+/// A draft whose tokenizer gives tokens other ids is refused even when the vocabularies are the
+/// same size; the same tokenizer in another format (SmolLM2's GGUF and its HF conversion) is
+/// accepted.
+#[test]
+fn a_draft_with_another_tokenizer_is_refused() {
+    let gguf = smollm2();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // `inferno convert` writes the tokenizer beside the weights.
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["convert", &gguf, dir.path().to_str().expect("utf-8 path")])
+        .output()
+        .expect("inferno convert");
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    let draft = dir.path().to_str().expect("utf-8 path").to_string();
+    let opts = LoadOptions { dtype: Some(DType::F32), context: Some(256), dummy: false };
+    let engine = |draft: &str| {
+        let cfg = EngineConfig {
+            spec: Some(SpecConfig::model(2).expect("k")),
+            ..EngineConfig::single(256)
+        };
+        load::start_with_draft(&gguf, Some(draft), &opts, &Device::Cpu, move |_| cfg).map(|e| e.0)
+    };
+    engine(&draft).expect("the same tokenizer in another format is accepted");
+    // Two tokens trade ids: the same size, another tokenizer.
+    let path = dir.path().join("tokenizer.json");
+    let mut t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("JSON");
+    let vocab = t["model"]["vocab"].as_object_mut().expect("BPE vocab");
+    let (a, b) = (vocab["t"].clone(), vocab["u"].clone());
+    vocab.insert("t".into(), b);
+    vocab.insert("u".into(), a);
+    std::fs::write(&path, t.to_string()).expect("write");
+    let msg = format!("{:#}", engine(&draft).err().expect("refused"));
+    assert!(msg.contains("tokenizer differs") && msg.contains("2 tokens"), "{msg}");
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+}

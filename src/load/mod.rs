@@ -127,6 +127,7 @@ pub fn start_with_draft(
                 let opts = LoadOptions { context: Some(info.context), ..opts.clone() };
                 let loaded = load(&d, &opts, &device)
                     .map_err(|e| e.context(format!("loading the draft model {d}")))?;
+                same_tokenizer(&info.source, &loaded.info.source)?;
                 Some(loaded.split().0)
             }
             None => None,
@@ -134,6 +135,25 @@ pub fn start_with_draft(
         let cfg = size(&info);
         Ok((model, draft, cfg, info))
     })
+}
+
+/// Refuses a draft whose tokenizer maps any token to another id than the model's. Where either
+/// side has no tokenizer (random weights from a bare config), the engine's vocabulary-size check
+/// is all there is.
+fn same_tokenizer(model: &Source, draft: &Source) -> anyhow::Result<()> {
+    let (Ok(a), Ok(b)) = (text::load(model), text::load(draft)) else { return Ok(()) };
+    let (va, vb) = (a.tokenizer.get_vocab(true), b.tokenizer.get_vocab(true));
+    let differ = va.iter().filter(|(tok, id)| vb.get(*tok) != Some(id)).count()
+        + vb.keys().filter(|tok| !va.contains_key(*tok)).count();
+    if differ > 0 {
+        return Err(crate::error::fail(
+            crate::error::ErrorKind::InvalidInput,
+            format!(
+                "the draft model's tokenizer differs from the model's ({differ} tokens have other ids): a draft must share the model's tokenizer"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Resolves `name` to its files and decides what loading it needs (no tensor data is read):
