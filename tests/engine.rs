@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device};
 use inferno::engine::core::{Engine, EngineConfig};
-use inferno::engine::request::{Event, Finish, Request, RequestHandle};
+use inferno::engine::request::{Event, Request, RequestHandle};
 use inferno::generate::{SamplerConfig, StopReason};
 use inferno::load::{self, LoadOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 mod common;
+use common::collect;
 use common::one_seq::OneSeq;
 
 const CONTEXT: usize = 256;
@@ -61,19 +62,6 @@ fn request(prompt: Vec<u32>, sampling: SamplerConfig, max_tokens: usize) -> Requ
         logprobs: None,
         forced: Vec::new(),
         constraint: None,
-    }
-}
-
-/// Every token of a request, and how it finished.
-fn collect(mut h: RequestHandle) -> (Vec<u32>, Finish) {
-    let mut tokens = Vec::new();
-    loop {
-        match h.blocking_next() {
-            Some(Event::Token(t, _)) => tokens.push(t),
-            Some(Event::Finished(f)) => return (tokens, f),
-            Some(Event::Failed(m)) => panic!("request failed: {m}"),
-            None => panic!("the engine dropped the request"),
-        }
     }
 }
 

@@ -7,11 +7,13 @@
 //! Ignored by default (CI has no GPU); scripts/gpu-tests.sh runs it. The two engines differ in
 //! `EngineConfig::pipeline` alone.
 
+mod common;
+
 use std::path::PathBuf;
 
 use candle_core::DType;
 use inferno::engine::core::{Engine, EngineConfig};
-use inferno::engine::request::{Event, Request, RequestHandle};
+use inferno::engine::request::{Event, Finish, Request};
 use inferno::generate::{SamplerConfig, StopReason};
 use inferno::load::{self, LoadOptions};
 use rand::rngs::StdRng;
@@ -33,6 +35,11 @@ fn start(model: &str, pipelined: bool) -> Engine {
     engine
 }
 
+/// Tokens and how they stopped.
+fn reason_of((tokens, finish): (Vec<u32>, Finish)) -> (Vec<u32>, StopReason) {
+    (tokens, finish.reason)
+}
+
 fn request(prompt: &[u32], sampling: SamplerConfig, max_tokens: usize, eos: &[u32]) -> Request {
     Request {
         prompt: prompt.to_vec(),
@@ -46,19 +53,6 @@ fn request(prompt: &[u32], sampling: SamplerConfig, max_tokens: usize, eos: &[u3
     }
 }
 
-/// Every token of a request and how it stopped.
-fn collect(mut h: RequestHandle) -> (Vec<u32>, StopReason) {
-    let mut tokens = Vec::new();
-    loop {
-        match h.blocking_next() {
-            Some(Event::Token(t, _)) => tokens.push(t),
-            Some(Event::Finished(f)) => return (tokens, f.reason),
-            Some(Event::Failed(e)) => panic!("request failed: {e}"),
-            None => panic!("the engine dropped the request"),
-        }
-    }
-}
-
 /// What one engine produces for the fixed scenario, and its pipelined step count.
 fn scenario(model: &str, pipelined: bool) -> (Vec<(Vec<u32>, StopReason)>, u64) {
     let engine = start(model, pipelined);
@@ -68,7 +62,7 @@ fn scenario(model: &str, pipelined: bool) -> (Vec<(Vec<u32>, StopReason)>, u64) 
     let (p1, p2, p3) = (prompt(), prompt(), prompt());
     let greedy = SamplerConfig::greedy();
     let seeded = SamplerConfig { temperature: 0.8, top_p: Some(0.9), seed: 7, ..greedy.clone() };
-    let run = |req: Request| collect(engine.submit(req).expect("submit"));
+    let run = |req: Request| reason_of(common::collect(engine.submit(req).expect("submit")));
     let mut out = Vec::new();
     let first = run(request(&p1, greedy.clone(), 40, &[]));
     // The 11th greedy token as the EOS id: the same request stops at its first occurrence.
@@ -81,7 +75,7 @@ fn scenario(model: &str, pipelined: bool) -> (Vec<(Vec<u32>, StopReason)>, u64) 
         .into_iter()
         .map(|(p, n)| engine.submit(request(p, seeded.clone(), n, &[])).expect("submit"))
         .collect();
-    out.extend(handles.into_iter().map(collect));
+    out.extend(handles.into_iter().map(|h| reason_of(common::collect(h))));
     // A cancellation after 5 tokens: what arrived is a prefix of the uncancelled stream.
     let mut h = engine.submit(request(&p1, greedy.clone(), 40, &[])).expect("submit");
     let mut got = Vec::new();

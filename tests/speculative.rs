@@ -9,12 +9,13 @@
 //! verify step stays within the rows every kernel computes alone (`kernels/invariance.rs`).
 
 mod common;
+use common::collect;
 
 use std::path::PathBuf;
 
 use candle_core::{DType, Device};
 use inferno::engine::core::{Engine, EngineConfig};
-use inferno::engine::request::{Event, Finish, Request, RequestHandle};
+use inferno::engine::request::{Event, Request, RequestHandle};
 use inferno::engine::spec::{NgramConfig, SpecConfig, SpecStats};
 use inferno::generate::{SamplerConfig, StopReason};
 use inferno::load::{self, LoadOptions};
@@ -104,18 +105,6 @@ fn request(c: &Case) -> Request {
         logprobs: None,
         forced: Vec::new(),
         constraint: None,
-    }
-}
-
-fn collect(mut h: RequestHandle) -> (Vec<u32>, Finish) {
-    let mut tokens = Vec::new();
-    loop {
-        match h.blocking_next() {
-            Some(Event::Token(t, _)) => tokens.push(t),
-            Some(Event::Finished(f)) => return (tokens, f),
-            Some(Event::Failed(m)) => panic!("request failed: {m}"),
-            None => panic!("the engine dropped the request"),
-        }
     }
 }
 

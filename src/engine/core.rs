@@ -271,9 +271,25 @@ pub fn pool_groups(shape: &crate::models::batch::KvShape, cfg: &EngineConfig) ->
         .collect()
 }
 
+/// `model`'s runner with a KV pool sized by `cfg` ([`pool_groups`]), and the block manager that
+/// hands its blocks out; refused when the pool would not fit in what the device has free.
+pub(crate) fn runner_with_pool(
+    model: Box<dyn BatchModel>,
+    cfg: &EngineConfig,
+) -> anyhow::Result<(Runner, BlockManager)> {
+    let shape = model.kv_shape();
+    let groups = pool_groups(&shape, cfg);
+    // The pool holds every block the manager hands out, its padding block included.
+    let pool_blocks: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
+    check_pool_fits(&shape, &pool_blocks, cfg, model.device())?;
+    let blocks = BlockManager::new(BlockConfig { block_size: BLOCK_SIZE, groups })?;
+    let pool = KvPool::new(&shape, BLOCK_SIZE, &pool_blocks, model.device())?;
+    Ok((Runner::new(model, pool, shape), blocks))
+}
+
 /// Refuses a pool that would not fit in what is free now (exit code 7, with the numbers and
 /// what to lower), instead of failing in the allocator.
-pub(crate) fn check_pool_fits(
+fn check_pool_fits(
     shape: &crate::models::batch::KvShape,
     blocks: &[usize],
     cfg: &EngineConfig,
@@ -362,24 +378,18 @@ impl Core {
         cfg: EngineConfig,
         stats: Arc<Mutex<EngineStats>>,
     ) -> anyhow::Result<Core> {
-        let shape = model.kv_shape();
         let max_context = model.max_positions();
-        let groups = pool_groups(&shape, &cfg);
-        // The pool holds every block the manager hands out, its padding block included.
-        let pool_blocks: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
-        check_pool_fits(&shape, &pool_blocks, &cfg, model.device())?;
-        let blocks = BlockManager::new(BlockConfig { block_size: BLOCK_SIZE, groups })?;
-        let pool = KvPool::new(&shape, BLOCK_SIZE, &pool_blocks, model.device())?;
+        let pipelined = super::graphs::enabled(model.device()) && cfg.pipeline;
+        let (runner, blocks) = runner_with_pool(model, &cfg)?;
         let sched = Scheduler::new(SchedulerConfig {
             max_seqs: cfg.max_seqs.max(1),
             token_budget: cfg.token_budget.max(1),
             max_context,
         });
-        let pipelined = super::graphs::enabled(model.device()) && cfg.pipeline;
         let core = Core {
             step_times: Default::default(),
             print_step_times: crate::switches::step_stats(),
-            runner: Runner::new(model, pool, shape),
+            runner,
             blocks,
             sched,
             live: HashMap::new(),

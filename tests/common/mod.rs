@@ -8,6 +8,22 @@ pub mod serve;
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// Every token of an engine request, and how it finished; panics when it fails.
+pub fn collect(
+    mut h: inferno::engine::request::RequestHandle,
+) -> (Vec<u32>, inferno::engine::request::Finish) {
+    use inferno::engine::request::Event;
+    let mut tokens = Vec::new();
+    loop {
+        match h.blocking_next() {
+            Some(Event::Token(t, _)) => tokens.push(t),
+            Some(Event::Finished(f)) => return (tokens, f),
+            Some(Event::Failed(m)) => panic!("request failed: {m}"),
+            None => panic!("the engine dropped the request"),
+        }
+    }
+}
+
 /// Runs the real `inferno` binary with a clean HF environment pointing at `cache`.
 pub fn inferno(
     cache: &Path,

@@ -68,12 +68,15 @@ impl Core {
     fn draft_limit(&self) -> Option<usize> {
         let spec = self.spec?;
         let running = self.sched.running();
+        if running == 0 || running > spec.max_batch || self.sched.waiting() > 0 {
+            return None;
+        }
         let decoding = self
             .sched
             .running_ids()
             .iter()
             .all(|&id| self.sched.get(id).is_some_and(|s| s.computed + 1 == s.tokens.len()));
-        if running == 0 || running > spec.max_batch || !decoding || self.sched.waiting() > 0 {
+        if !decoding {
             return None;
         }
         let rows = self.runner.model.invariant_rows();
@@ -82,15 +85,13 @@ impl Core {
     }
 
     /// Draft tokens sequence `id` may verify in its next step (`None`: it may not speculate):
-    /// it decodes, its tokens are its sampler's, and a draft leaves room for one more token
-    /// within `max_tokens`.
+    /// its tokens are its sampler's, and a draft leaves room for one more token within
+    /// `max_tokens` (that it decodes, [`Core::draft_limit`] has checked).
     fn draft_room(&self, id: u64) -> Option<usize> {
-        let seq = self.sched.get(id)?;
         let l = self.live.get(&id)?;
-        let decoding = seq.computed + 1 == seq.tokens.len();
         let own = l.req.constraint.is_none() && l.req.forced.len() <= l.generated;
         let room = l.req.max_tokens.saturating_sub(l.generated + 1);
-        (decoding && own && room > 0).then_some(room)
+        (own && room > 0).then_some(room)
     }
 
     /// Whether sequence `id` would draft if its tokens so far were all it had (the pipelined
@@ -98,15 +99,15 @@ impl Core {
     pub(super) fn would_draft(&self, id: u64) -> bool {
         let Some(spec) = self.spec else { return false };
         let Some(seq) = self.sched.get(id) else { return false };
-        let drafts = match spec.drafter {
+        // The cheap checks first: this runs for every sequence of every pipelined step.
+        let may = self.draft_limit().is_some()
+            && self.draft_room(id).is_some()
+            && self.live.get(&id).is_some_and(|l| l.backoff.is_open());
+        may && match spec.drafter {
             Drafter::Ngram => !ngram::propose(&seq.tokens, 1, spec.ngram).is_empty(),
             // A draft model always has a guess.
             Drafter::Model => self.draft.is_some(),
-        };
-        self.draft_limit().is_some()
-            && self.draft_room(id).is_some()
-            && self.live.get(&id).is_some_and(|l| l.backoff.is_open())
-            && drafts
+        }
     }
 
     /// A prompt's prefill just ended: the draft model (if any) computes it too, so that its

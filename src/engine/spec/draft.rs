@@ -12,11 +12,11 @@
 
 use std::collections::HashMap;
 
-use super::super::core::{BLOCK_SIZE, EngineConfig, pool_groups};
-use super::super::kv::blocks::{BlockConfig, BlockManager, SeqId};
+use super::super::core::{EngineConfig, runner_with_pool};
+use super::super::kv::blocks::{BlockManager, SeqId};
 use super::super::runner::Runner;
 use super::super::scheduler::Chunk;
-use crate::models::batch::{BatchModel, KvPool};
+use crate::models::batch::BatchModel;
 
 pub struct DraftModel {
     runner: Runner,
@@ -45,18 +45,8 @@ impl DraftModel {
                 ),
             ));
         }
-        let shape = model.kv_shape();
-        let groups = pool_groups(&shape, cfg);
-        let pool_blocks: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
-        super::super::core::check_pool_fits(&shape, &pool_blocks, cfg, model.device())?;
-        let blocks = BlockManager::new(BlockConfig { block_size: BLOCK_SIZE, groups })?;
-        let pool = KvPool::new(&shape, BLOCK_SIZE, &pool_blocks, model.device())?;
-        Ok(DraftModel {
-            runner: Runner::new(model, pool, shape),
-            blocks,
-            held: HashMap::new(),
-            chunk: cfg.token_budget.max(1),
-        })
+        let (runner, blocks) = runner_with_pool(model, cfg)?;
+        Ok(DraftModel { runner, blocks, held: HashMap::new(), chunk: cfg.token_budget.max(1) })
     }
 
     /// The draft's greedy guess of the `k` tokens after `tokens` (sequence `id`); empty when its
@@ -80,14 +70,8 @@ impl DraftModel {
                 logits = l.ok_or_else(|| anyhow::anyhow!("the draft step gave no logits"))?;
             }
         }
-        // Only real tokens are hashed: the guesses' keys are rewritten when they are wrong.
-        let _ = self.blocks.commit(id, tokens);
-        // A later call runs from `len` at the earliest (the tokens before it are real).
-        self.blocks.release_out_of_window(id, len);
-        let held = self.held.entry(id).or_default();
-        held.clear();
-        held.extend_from_slice(tokens);
-        held.extend_from_slice(&guess[..k - 1]);
+        // The pool now holds `tokens` ([`Self::run`]) and the guesses fed back.
+        self.held.entry(id).or_default().extend_from_slice(&guess[..k - 1]);
         Ok(guess)
     }
 
@@ -133,7 +117,10 @@ impl DraftModel {
             logits = self.runner.forward(&[c], &[&tokens[pos..end]], &self.blocks)?;
             pos = end;
         }
+        // Only real tokens are hashed: a guess's keys are rewritten where it was wrong. A later
+        // run starts at `len` at the earliest (the tokens before it are real).
         let _ = self.blocks.commit(id, tokens);
+        self.blocks.release_out_of_window(id, len);
         let held = self.held.entry(id).or_default();
         held.clear();
         held.extend_from_slice(tokens);
