@@ -26,8 +26,10 @@ pub enum ErrorKind {
     Memory,
     /// The user asked for something malformed or unsafe (bad repo id, path traversal).
     InvalidInput,
-    /// No usable GPU.
+    /// No usable GPU (or a CUDA library, NCCL included, is missing).
     NoDevice,
+    /// Another rank of a tensor-parallel group failed, exited or could not be reached.
+    Rank,
 }
 
 impl ErrorKind {
@@ -42,6 +44,7 @@ impl ErrorKind {
             ErrorKind::Integrity => 6,
             ErrorKind::Storage | ErrorKind::Memory => 7,
             ErrorKind::NoDevice => 8,
+            ErrorKind::Rank => 9,
         }
     }
 }

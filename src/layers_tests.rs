@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 /// The top-level modules, bottom up, as `lib.rs`'s first paragraph lists them.
-const ORDER: [&str; 19] = [
+const ORDER: [&str; 20] = [
     "error",
     "util",
     "switches",
@@ -18,6 +18,7 @@ const ORDER: [&str; 19] = [
     "inspect",
     "tokenizer",
     "kernels",
+    "dist",
     "models",
     "engine",
     "load",

@@ -4,7 +4,7 @@
 //! test `layers_tests` checks it): [`error`], [`util`], [`switches`] (and the tests' assets)
 //! under everything; [`gpu`], [`hub`], [`quant`], [`template`], [`generate`], then [`inspect`]
 //! and [`tokenizer`]: devices, the cache, and the formats and host-side logic that run no model;
-//! [`kernels`]; [`models`]; [`engine`], which batches a built model and knows no names or
+//! [`kernels`]; [`dist`] (tensor parallelism's shards and collectives); [`models`]; [`engine`], which batches a built model and knows no names or
 //! files; [`load`], from a name to a model inside an engine (its memory plan counts the
 //! engine's pool); then the front ends [`chat`], [`cli`], [`serve`], [`commands`]. A type two
 //! layers share lives in the lower one, never behind a re-export.
@@ -19,6 +19,8 @@
 //! - [`quant`]: quantized weights as data (compressed-tensors, GGUF blocks) and their CPU
 //!   reference.
 //! - [`kernels`]: our own CUDA kernels (gpt-oss attention with sinks, MXFP4 experts), each with a CPU reference.
+//! - [`dist`]: tensor parallelism below the models: which slice a rank holds, and the
+//!   collectives (NCCL, or threads on the CPU) that combine the slices.
 //! - [`models`]: transformer architectures, their weight loaders and batched forward passes.
 //! - [`engine`]: the batching engine: one thread running every generation over a paged KV pool.
 //! - [`load`]: from a model name to a loaded model and its tokenizer on a device.
@@ -33,6 +35,7 @@
 pub mod chat;
 pub mod cli;
 pub mod commands;
+pub mod dist;
 pub mod engine;
 pub mod error;
 pub mod generate;

@@ -16,7 +16,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::kv::blocks::{BlockManager, PAD_BLOCK};
+use super::kv::blocks::{PAD_BLOCK, Tables};
 use super::scheduler::Chunk;
 use crate::kernels::PagedBounds;
 use crate::models::batch::{BatchModel, KvPool, StepInput};
@@ -156,7 +156,7 @@ impl BucketGraph {
         pool: &KvPool,
         chunks: &[Chunk],
         ids: StepIds,
-        blocks: &BlockManager,
+        blocks: &dyn Tables,
     ) -> anyhow::Result<Tensor> {
         anyhow::ensure!(chunks.len() <= self.size, "decode graph: batch over its bucket");
         anyhow::ensure!(
@@ -175,6 +175,10 @@ impl BucketGraph {
                 self.upload(chunks, &vec![0; rows], blocks, pool.block_size)?;
                 // Behind the previous step on the stream: its sampled ids, never on the host.
                 self.input.tokens.slice_set(&ids.to_dtype(DType::U32)?, 0, 0)?;
+                // The other ranks of a sharded model take rank 0's ids, on the stream.
+                if let Some(c) = model.collective() {
+                    c.broadcast(&self.input.tokens.narrow(0, 0, rows)?, 0)?;
+                }
             }
         }
         match &self.state {
@@ -209,7 +213,7 @@ impl BucketGraph {
         &self,
         chunks: &[Chunk],
         ids: &[u32],
-        blocks: &BlockManager,
+        blocks: &dyn Tables,
         block_size: usize,
     ) -> anyhow::Result<()> {
         let (b, q, w, g) = (self.size, self.q, self.width, self.groups);

@@ -17,6 +17,7 @@ pub mod core;
 pub mod graphs;
 pub mod kv;
 pub mod logprobs;
+pub mod ranks;
 pub mod readback;
 pub mod request;
 pub mod runner;

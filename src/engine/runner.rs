@@ -7,7 +7,8 @@
 use candle_core::{Device, Tensor};
 
 use super::graphs::{self, BucketGraph, GraphArena, StepIds};
-use super::kv::blocks::BlockManager;
+use super::kv::blocks::Tables;
+use super::ranks::{self, Followers};
 use super::scheduler::Chunk;
 use crate::generate::{Sampler, SamplerConfig};
 use crate::kernels::{PagedBounds, RowSampling};
@@ -22,6 +23,9 @@ pub struct Runner {
     pub graphs: std::collections::HashMap<(usize, usize), BucketGraph>,
     /// The memory the graphs' steps allocate from, this engine's own.
     pub arena: GraphArena,
+    /// The other ranks of a tensor-parallel model, on rank 0: each step is sent to them before
+    /// it runs ([`super::ranks`]).
+    pub followers: Option<Box<dyn Followers>>,
 }
 
 /// What a sampling chunk needs to pick its tokens: one row, or one per draft and one more.
@@ -47,7 +51,14 @@ impl<'a> SampleSpec<'a> {
 impl Runner {
     /// A runner with no decode graph captured yet.
     pub fn new(model: Box<dyn BatchModel>, pool: KvPool, shape: KvShape) -> Runner {
-        Runner { model, pool, shape, graphs: Default::default(), arena: Default::default() }
+        Runner {
+            model,
+            pool,
+            shape,
+            graphs: Default::default(),
+            arena: Default::default(),
+            followers: None,
+        }
     }
 
     pub fn device(&self) -> &Device {
@@ -61,8 +72,13 @@ impl Runner {
         &mut self,
         chunks: &[Chunk],
         inputs: &[T],
-        blocks: &BlockManager,
+        blocks: &dyn Tables,
     ) -> anyhow::Result<Option<Tensor>> {
+        if let Some(f) = &mut self.followers {
+            let ids: Vec<&[u32]> = inputs.iter().map(|i| i.as_ref()).collect();
+            let groups = self.shape.group_windows.len();
+            f.send(ranks::encode(false, chunks, &ids, blocks, groups))?;
+        }
         if let Some(logits) = self.decode_graph(chunks, inputs, blocks)? {
             return Ok(Some(logits));
         }
@@ -78,7 +94,7 @@ impl Runner {
         &mut self,
         chunks: &[Chunk],
         inputs: &[T],
-        blocks: &BlockManager,
+        blocks: &dyn Tables,
     ) -> anyhow::Result<Option<Tensor>> {
         if !graphs::enabled(self.model.device()) {
             return Ok(None);
@@ -105,12 +121,17 @@ impl Runner {
         &mut self,
         chunks: &[Chunk],
         ids: &Tensor,
-        blocks: &BlockManager,
+        blocks: &dyn Tables,
     ) -> anyhow::Result<Option<Tensor>> {
-        match decode_bucket(chunks).filter(|key| key.1 == 1 && self.graphs.contains_key(key)) {
-            Some(key) => self.graph_step(key, chunks, StepIds::Device(ids), blocks).map(Some),
-            None => Ok(None),
+        let Some(key) = decode_bucket(chunks).filter(|k| k.1 == 1 && self.graphs.contains_key(k))
+        else {
+            return Ok(None);
+        };
+        if let Some(f) = &mut self.followers {
+            let groups = self.shape.group_windows.len();
+            f.send(ranks::encode(true, chunks, &[], blocks, groups))?;
         }
+        self.graph_step(key, chunks, StepIds::Device(ids), blocks).map(Some)
     }
 
     fn graph_step(
@@ -118,7 +139,7 @@ impl Runner {
         key: (usize, usize),
         chunks: &[Chunk],
         ids: StepIds,
-        blocks: &BlockManager,
+        blocks: &dyn Tables,
     ) -> anyhow::Result<Tensor> {
         let Some(graph) = self.graphs.get_mut(&key) else {
             anyhow::bail!("runner: no decode graph for {key:?}")
@@ -136,7 +157,7 @@ impl Runner {
         &self,
         chunks: &[Chunk],
         inputs: &[T],
-        blocks: &BlockManager,
+        blocks: &dyn Tables,
     ) -> anyhow::Result<StepInput> {
         let dev = self.model.device();
         let groups = self.shape.group_windows.len();

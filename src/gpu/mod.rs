@@ -29,7 +29,7 @@ mod elfdyn_tests;
     any(target_arch = "x86_64", target_arch = "aarch64")
 ))]
 mod lazy;
-mod loader;
+pub(crate) mod loader;
 pub mod probe;
 
 pub use probe::{LibStatus, libraries};

@@ -8,8 +8,11 @@
 //! will allocate, and [`start`] loads a model inside a new engine thread. The engine itself
 //! knows nothing of names, files or formats.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Device};
 
+use crate::dist::{Collective, Shard};
 use crate::engine::core::{Engine, EngineConfig};
 use crate::error::{ErrorKind, fail};
 use crate::gpu::{self, GpuInfo};
@@ -168,13 +171,38 @@ pub fn prepare(name: &str, opts: &LoadOptions, target: Target) -> anyhow::Result
 /// Resolves `name` (cache id, `id@rev`, local folder or .gguf), checks its memory plan against
 /// the device's free memory, and loads it.
 pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<Loaded> {
-    let (source, mut spec) = prepare(name, opts, Target::of(device))?;
+    load_with(name, opts, device, None)
+}
+
+/// [`load`] of rank `comm.shard()`'s slice of a tensor-parallel model: its own memory plan (a
+/// refusal names the smallest `--tp` that fits), the whole checkpoint read on the host and its
+/// slice put on `device`.
+pub fn load_rank(
+    name: &str,
+    opts: &LoadOptions,
+    device: &Device,
+    comm: Arc<dyn Collective>,
+) -> anyhow::Result<Loaded> {
+    load_with(name, opts, device, Some(comm))
+}
+
+fn load_with(
+    name: &str,
+    opts: &LoadOptions,
+    device: &Device,
+    comm: Option<Arc<dyn Collective>>,
+) -> anyhow::Result<Loaded> {
+    let shard = comm.as_ref().map_or(Shard::SINGLE, |c| c.shard());
+    let (source, whole) = prepare(name, opts, Target::of(device))?;
+    let mut spec = whole.for_rank(shard)?;
     let budget = Budget::of(device);
     let full = spec.context;
     if opts.context.is_none() {
         fit_default_context(&mut spec, budget.as_ref());
     }
-    let plan = spec.check(name, budget.as_ref(), opts.context.is_some())?;
+    let plan = spec
+        .check(name, budget.as_ref(), opts.context.is_some())
+        .map_err(|e| with_tp_advice(e, &whole, spec.context, budget.as_ref(), shard))?;
     let (n, max) = (spec.context, spec.max_context);
     if n > max {
         // Positions past the trained maximum get RoPE angles the model never saw (YaRN is
@@ -184,7 +212,11 @@ pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<L
         );
     }
     let before = gpu::memory(device);
-    let model = build(&source, &spec, device).map_err(|e| out_of_memory(e, name, &plan, budget))?;
+    let built = match comm {
+        Some(c) => build_rank(&source, &whole, &spec, device, c),
+        None => build(&source, &spec, device),
+    };
+    let model = built.map_err(|e| out_of_memory(e, name, &plan, budget))?;
     let after = gpu::memory(device);
     let device_bytes = match (before, after) {
         (Some((free_before, _)), Some((free_after, _))) => {
@@ -205,6 +237,26 @@ pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<L
         device_bytes,
     };
     Ok(Loaded { model, info })
+}
+
+/// A refusal by the memory plan, with the smallest `--tp` whose rank's plan fits a GPU like this
+/// one (2, 4 or 8).
+fn with_tp_advice(
+    err: anyhow::Error,
+    whole: &Spec,
+    context: usize,
+    budget: Option<&Budget>,
+    shard: Shard,
+) -> anyhow::Error {
+    let Some(b) = budget.filter(|b| b.target == Target::Gpu) else { return err };
+    let fits = |world: usize| {
+        let spec = whole.for_rank(Shard { rank: 0, world }).ok()?;
+        (spec.plan(context).total() <= b.free).then_some(world)
+    };
+    match [2, 4, 8].into_iter().filter(|&w| w > shard.world).find_map(fits) {
+        Some(w) => err.context(format!("--tp {w} fits")),
+        None => err,
+    }
 }
 
 /// An allocation that failed although the plan fitted (another process took the memory, or
@@ -261,6 +313,54 @@ fn format_name(source: &Source, spec: &Spec) -> String {
             None => "dummy".into(),
         },
     }
+}
+
+/// Builds rank `comm.shard()`'s slice of what `whole` describes (`spec`: the rank's own): random
+/// weights made in the slice's shapes, or the checkpoint read whole on the host and sliced.
+fn build_rank(
+    source: &Source,
+    whole: &Spec,
+    spec: &Spec,
+    device: &Device,
+    comm: Arc<dyn Collective>,
+) -> anyhow::Result<Box<dyn BatchModel>> {
+    let (dtype, context, cpu) = (spec.dtype, spec.context, Device::Cpu);
+    let shard = comm.shard();
+    Ok(match (source, &whole.arch, &spec.arch) {
+        (Source::Dummy(_), Arch::GptOss(_), Arch::GptOss(local)) => {
+            let mut w = gpt_oss::dummy::random_weights(local, dtype, device)?;
+            w.head = w.head.shard(shard, device)?;
+            Box::new(
+                gpt_oss::GptOss::new(local.clone(), w, context, dtype, device)?.with_comm(comm),
+            )
+        }
+        (Source::Dummy(_), Arch::Llama(_), Arch::Llama(local)) => {
+            let mut w = dummy::random_weights(local, dtype, device)?;
+            w.head = w.head.shard(shard, device)?;
+            let style = RopeStyle::HalfSplit;
+            let m = llama::Llama::new(local.clone(), w, style, context, dtype, device)?;
+            Box::new(m.with_comm(comm))
+        }
+        (Source::Gguf(path), Arch::GptOss(_), _) => {
+            let (cfg, w) = gpt_oss::gguf::load(path, dtype, context, &cpu)?.into_parts();
+            Box::new(gpt_oss::GptOss::sharded(&cfg, &w, comm, context, dtype, device)?)
+        }
+        (Source::HfDir(dir), Arch::GptOss(_), _) => {
+            let (cfg, w) = gpt_oss::load::load(dir, dtype, context, &cpu)?.into_parts();
+            Box::new(gpt_oss::GptOss::sharded(&cfg, &w, comm, context, dtype, device)?)
+        }
+        (Source::Gguf(path), Arch::Llama(_), _) => {
+            let mut gguf = GgufFile::open(path)?;
+            let (cfg, style, w) = load::load_gguf(&mut gguf, context, &cpu)?.into_parts();
+            Box::new(llama::Llama::sharded(&cfg, &w, comm, style, context, dtype, device)?)
+        }
+        (Source::HfDir(dir), Arch::Llama(_), _) => {
+            let m = load::load_safetensors(dir, Some(dtype), context, &cpu)?;
+            let (cfg, style, w) = m.into_parts();
+            Box::new(llama::Llama::sharded(&cfg, &w, comm, style, context, dtype, device)?)
+        }
+        _ => anyhow::bail!("tensor parallelism: the rank's architecture differs from the model's"),
+    })
 }
 
 /// Builds what `spec` describes.

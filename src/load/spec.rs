@@ -127,6 +127,34 @@ impl Spec {
         Ok(Spec { arch: Arch::GptOss(cfg), dtype, context, max_context, weights, target })
     }
 
+    /// What rank `shard` of a tensor-parallel model loads: its slice's config (heads, key/value
+    /// heads and intermediate size per rank) and weights (the embedding whole, the LM head's
+    /// `ceil(vocab / world)` rows; a tied head becomes a copy), so that its plan is a GPU's.
+    pub fn for_rank(&self, shard: crate::dist::Shard) -> anyhow::Result<Spec> {
+        if shard.is_single() {
+            return Ok(self.clone());
+        }
+        let size = self.dtype.size_in_bytes() as u64;
+        let (arch, weights, vocab, hidden, tied) = match &self.arch {
+            Arch::GptOss(cfg) => {
+                let local = gpt_oss::shard::local_config(cfg, shard)?;
+                let w = gpt_oss::memory::weight_bytes(&local, self.dtype, None);
+                let dims = (cfg.vocab_size, cfg.hidden_size, cfg.tie_word_embeddings);
+                (Arch::GptOss(local), w, dims.0, dims.1, dims.2)
+            }
+            Arch::Llama(cfg) => {
+                let local = llama::shard::local_config(cfg, shard)?;
+                let w = llama::memory::weight_bytes(&local, self.dtype, None);
+                let dims = (cfg.vocab_size, cfg.hidden_size, cfg.tie_word_embeddings);
+                (Arch::Llama(local), w, dims.0, dims.1, dims.2)
+            }
+        };
+        let head = vocab as u64 * hidden as u64 * size;
+        let mine = shard.vocab(vocab).1 as u64 * hidden as u64 * size;
+        let weights = if tied { weights + mine } else { weights.saturating_sub(head) + mine };
+        Ok(Spec { arch, weights, ..self.clone() })
+    }
+
     /// The memory needed at `context`.
     pub fn plan(&self, context: usize) -> MemoryPlan {
         // The pool an engine of one sequence of `context` tokens allocates; the intermediates

@@ -122,6 +122,12 @@ pub trait BatchModel {
     /// Rows a step may hold with each row's logits the bits a one-row step gives it
     /// ([`crate::kernels::invariance`]): speculative decoding verifies within it.
     fn invariant_rows(&self) -> usize;
+    /// The other ranks, when the model is one rank's slice (tensor parallelism): every rank
+    /// runs the same steps, and a step's inputs that only rank 0 holds reach the others through
+    /// it.
+    fn collective(&self) -> Option<&std::sync::Arc<dyn crate::dist::Collective>> {
+        None
+    }
     /// The bytes its weights and RoPE tables hold (what memory plans predict; the KV pool is
     /// the engine's, [`KvShape::pool_bytes`]).
     fn allocated(&self) -> super::memory::Allocated;

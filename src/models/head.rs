@@ -1,9 +1,10 @@
 //! What every decoder here shares after its layers: the final norm (in f32, [`rms_norm`]) and
 //! the LM head producing f32 logits.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::linear::Linear;
+use crate::dist::{Collective, Shard, collective};
 use crate::kernels::{matmul_hi_lo, rms_norm};
 
 /// Final norm and LM head.
@@ -26,6 +27,49 @@ impl Head {
                 self.lm_head.add_bias_f32(matmul_hi_lo(&h, weight)?)?
             }
             _ => self.lm_head.forward_f32(&h)?,
+        })
+    }
+
+    /// [`Head::logits`] of a head split by vocabulary ([`Head::shard`]): each rank's piece
+    /// gathered, `[rows, vocab]` on every rank.
+    pub fn gathered_logits(
+        &self,
+        hidden: &Tensor,
+        comm: Option<&dyn Collective>,
+        vocab: usize,
+    ) -> anyhow::Result<Tensor> {
+        let local = self.logits(hidden)?;
+        let Some(c) = comm else { return Ok(local) };
+        let all = collective::all_gather_cols(c, &local)?;
+        Ok(if all.dim(1)? == vocab { all } else { all.narrow(1, 0, vocab)?.contiguous()? })
+    }
+
+    /// The rows of the vocabulary rank `shard` computes, padded with zero rows to the share every
+    /// rank has (`ceil(vocab / world)`: the gathered logits are equal pieces); on `device`.
+    pub fn shard(&self, shard: Shard, device: &Device) -> anyhow::Result<Head> {
+        let Linear::Dense { weight, bias } = &self.lm_head else {
+            anyhow::bail!("--tp above 1 needs a dense LM head")
+        };
+        let vocab = weight.dim(0)?;
+        let (range, per) = shard.vocab(vocab);
+        let pad = |t: &Tensor| -> anyhow::Result<Tensor> {
+            let mine = t.narrow(0, range.start, range.len())?;
+            let t = if range.len() < per {
+                let mut dims = t.dims().to_vec();
+                dims[0] = per - range.len();
+                Tensor::cat(&[mine, Tensor::zeros(dims, t.dtype(), t.device())?], 0)?
+            } else {
+                mine
+            };
+            Ok(t.contiguous()?.to_device(device)?)
+        };
+        Ok(Head {
+            norm: self.norm.to_device(device)?,
+            lm_head: Linear::Dense {
+                weight: pad(weight)?,
+                bias: bias.as_ref().map(pad).transpose()?,
+            },
+            eps: self.eps,
         })
     }
 }

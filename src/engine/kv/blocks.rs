@@ -428,10 +428,7 @@ impl BlockManager {
 
     /// The slot of position `pos` of `id` in group `g`: block · block_size + pos % block_size.
     pub fn slot(&self, id: SeqId, g: usize, pos: usize) -> Option<u32> {
-        let bs = self.block_size;
-        let b = *self.table(id, g).get(pos / bs).filter(|&&b| b != INVALID)?;
-        // `new` checked that every slot number fits in u32.
-        Some(b * bs as u32 + (pos % bs) as u32)
+        Tables::slot(self, id, g, pos)
     }
 
     /// Drops every cached (unreferenced) block's content, making it plain free: for tests and
@@ -510,5 +507,32 @@ impl BlockManager {
             }
         }
         Ok(())
+    }
+}
+
+/// What a step reads of the block manager: each sequence's block tables. The runner takes it
+/// from the manager, and a tensor-parallel rank that follows rank 0 from the tables rank 0 sent
+/// (`engine/ranks.rs`).
+pub trait Tables {
+    fn block_size(&self) -> usize;
+    /// The block table of `id` in group `g` (empty for an untracked `id` or group).
+    fn table(&self, id: SeqId, g: usize) -> &[u32];
+
+    /// The slot of position `pos` of `id` in group `g`: block · block_size + pos % block_size.
+    fn slot(&self, id: SeqId, g: usize, pos: usize) -> Option<u32> {
+        let bs = self.block_size();
+        let b = *self.table(id, g).get(pos / bs).filter(|&&b| b != INVALID)?;
+        // The manager checked that every slot number fits in u32.
+        Some(b * bs as u32 + (pos % bs) as u32)
+    }
+}
+
+impl Tables for BlockManager {
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn table(&self, id: SeqId, g: usize) -> &[u32] {
+        BlockManager::table(self, id, g)
     }
 }

@@ -78,19 +78,19 @@ impl BatchModel for GptOss {
                 step.bounds,
                 &attn,
             )?;
-            let o = layer.attn.o.matmul_f32(&o.reshape((tokens, heads * d))?)?;
+            let o = self.reduce(layer.attn.o.matmul_f32(&o.reshape((tokens, heads * d))?)?)?;
             let bias = layer.attn.o.bias();
             let normed =
                 add_rms_norm(&x, Some(&o), bias, &layer.mlp_norm, eps, self.dtype(), true)?;
             x = normed.x;
             let Some(h32) = normed.h32 else { anyhow::bail!("gpt-oss: the f32 norm is missing") };
-            mlp_out = Some(moe(cfg, layer, &h32, &normed.h)?);
+            mlp_out = Some(self.reduce(moe(cfg, layer, &h32, &normed.h)?)?);
         }
         if let Some(m) = mlp_out {
             x = (x + m)?;
         }
         let last = x.index_select(&step.logit_rows, 0)?;
-        w.head.logits(&last)
+        w.head.gathered_logits(&last, self.comm().map(|c| c.as_ref()), cfg.vocab_size)
     }
 
     fn vocab_size(&self) -> usize {
@@ -107,6 +107,10 @@ impl BatchModel for GptOss {
 
     fn device(&self) -> &Device {
         GptOss::device(self)
+    }
+
+    fn collective(&self) -> Option<&std::sync::Arc<dyn crate::dist::Collective>> {
+        self.comm()
     }
 
     fn allocated(&self) -> crate::models::memory::Allocated {

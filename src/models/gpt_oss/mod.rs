@@ -8,6 +8,7 @@ pub mod gguf;
 pub mod load;
 pub mod memory;
 pub mod model;
+pub mod shard;
 
 pub use config::GptOssConfig;
 pub use model::GptOss;

@@ -7,10 +7,13 @@
 //! logits, softmax over those k) → experts (MXFP4, interleaved gate/up, clamped SwiGLU with the
 //! +1, per-expert biases) → weighted sum → residual. The residual stream is f32.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
 use super::memory;
+use crate::dist::{Collective, collective};
 use crate::kernels::{Mxfp4Experts, SwiGlu};
 use crate::models::head::Head;
 use crate::models::linear::Linear;
@@ -88,6 +91,8 @@ pub struct GptOss {
     sin: Tensor,
     dtype: DType,
     device: Device,
+    /// The other ranks, when this is one rank's slice of the model (`shard.rs`).
+    comm: Option<Arc<dyn Collective>>,
 }
 
 impl GptOss {
@@ -108,7 +113,46 @@ impl GptOss {
             memory::ROPE_DTYPE,
             device,
         )?;
-        Ok(GptOss { cfg, w, cos, sin, dtype, device: device.clone() })
+        Ok(GptOss { cfg, w, cos, sin, dtype, device: device.clone(), comm: None })
+    }
+
+    /// Rank `comm.shard()`'s slice of the model whose whole weights are `w` (anywhere: loaded on
+    /// the CPU), on `device`: tensor parallelism (`shard.rs`).
+    pub fn sharded(
+        cfg: &GptOssConfig,
+        w: &Weights,
+        comm: Arc<dyn Collective>,
+        context: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> anyhow::Result<GptOss> {
+        let shard = comm.shard();
+        let local = super::shard::local_config(cfg, shard)?;
+        let w = super::shard::shard_weights(w, cfg, shard, device)?;
+        Ok(GptOss::new(local, w, context, dtype, device)?.with_comm(comm))
+    }
+
+    /// This model as rank `comm.shard()` of a sharded one (its weights already its slice).
+    pub fn with_comm(self, comm: Arc<dyn Collective>) -> GptOss {
+        GptOss { comm: Some(comm), ..self }
+    }
+
+    /// The config and the weights (to shard them).
+    pub fn into_parts(self) -> (GptOssConfig, Weights) {
+        (self.cfg, self.w)
+    }
+
+    /// The other ranks of a sharded model.
+    pub fn comm(&self) -> Option<&Arc<dyn Collective>> {
+        self.comm.as_ref()
+    }
+
+    /// A row-parallel product's sum over the ranks (itself on one rank).
+    pub(super) fn reduce(&self, x: Tensor) -> anyhow::Result<Tensor> {
+        match &self.comm {
+            Some(c) => collective::all_reduce_sum(c.as_ref(), &x),
+            None => Ok(x),
+        }
     }
 
     /// Bytes of the RoPE tables.

@@ -88,7 +88,7 @@ impl BatchModel for Llama {
             // how the GEMM splits its sums, which differs between batch sizes. The SwiGLU's
             // output is rounded once, as the products' input (an elementwise rounding, the same
             // in any batch).
-            let o = layer.o.matmul_f32(&o.reshape((tokens, heads * d))?)?;
+            let o = self.reduce(layer.o.matmul_f32(&o.reshape((tokens, heads * d))?)?)?;
             let normed = norm(&x, Some(&o), layer.o.bias(), &layer.mlp_norm)?;
             let h = normed.h;
             x = normed.x;
@@ -106,13 +106,14 @@ impl BatchModel for Llama {
                     self.dtype(),
                 )?,
             };
-            mlp_out = Some(layer.down.forward_f32(&act)?);
+            // The bias after the sum over ranks (once): the same ops as `forward_f32` on one.
+            mlp_out = Some(layer.down.add_bias_f32(self.reduce(layer.down.matmul_f32(&act)?)?)?);
         }
         if let Some(m) = mlp_out {
             x = (x + m)?;
         }
         let last = x.index_select(&step.logit_rows, 0)?;
-        w.head.logits(&last)
+        w.head.gathered_logits(&last, self.comm().map(|c| c.as_ref()), cfg.vocab_size)
     }
 
     fn vocab_size(&self) -> usize {
@@ -129,6 +130,10 @@ impl BatchModel for Llama {
 
     fn device(&self) -> &Device {
         self.device_ref()
+    }
+
+    fn collective(&self) -> Option<&std::sync::Arc<dyn crate::dist::Collective>> {
+        self.comm()
     }
 
     fn allocated(&self) -> crate::models::memory::Allocated {

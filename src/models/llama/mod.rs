@@ -9,6 +9,7 @@ mod fuse;
 pub mod load;
 pub mod memory;
 pub mod model;
+pub mod shard;
 
 pub use config::LlamaConfig;
 pub use model::Llama;

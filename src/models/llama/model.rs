@@ -3,11 +3,14 @@
 //! paged KV pool → RMSNorm → SwiGLU MLP, residuals around both; final norm and LM head on the
 //! rows that sample.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Device, Tensor};
 
 use super::config::LlamaConfig;
 use super::fuse::Fused;
 use super::memory;
+use crate::dist::{Collective, collective};
 use crate::models::head::Head;
 use crate::models::linear::Linear;
 use crate::models::rope;
@@ -56,6 +59,8 @@ pub struct Llama {
     rope: (Tensor, Tensor),
     dtype: DType,
     device: Device,
+    /// The other ranks, when this is one rank's slice of the model (`shard.rs`).
+    comm: Option<Arc<dyn Collective>>,
 }
 
 impl Llama {
@@ -76,7 +81,47 @@ impl Llama {
         let w = f32_head(w, dtype)?;
         let scale = cfg.rope.attention_scaling();
         let rope = rope::scaled_tables(&inv_freq, scale, 0, context, memory::ROPE_DTYPE, device)?;
-        Ok(Llama { cfg, w, rope_style, inv_freq, rope, dtype, device: device.clone() })
+        Ok(Llama { cfg, w, rope_style, inv_freq, rope, dtype, device: device.clone(), comm: None })
+    }
+
+    /// Rank `comm.shard()`'s slice of the model whose whole weights are `w` (anywhere: loaded on
+    /// the CPU), on `device`: tensor parallelism (`shard.rs`).
+    pub fn sharded(
+        cfg: &LlamaConfig,
+        w: &Weights,
+        comm: Arc<dyn Collective>,
+        rope_style: RopeStyle,
+        context: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> anyhow::Result<Llama> {
+        let shard = comm.shard();
+        let local = super::shard::local_config(cfg, shard)?;
+        let w = super::shard::shard_weights(w, cfg, shard, device)?;
+        Ok(Llama::new(local, w, rope_style, context, dtype, device)?.with_comm(comm))
+    }
+
+    /// This model as rank `comm.shard()` of a sharded one (its weights already its slice).
+    pub fn with_comm(self, comm: Arc<dyn Collective>) -> Llama {
+        Llama { comm: Some(comm), ..self }
+    }
+
+    /// The config, RoPE style and weights (to shard them).
+    pub fn into_parts(self) -> (LlamaConfig, RopeStyle, Weights) {
+        (self.cfg, self.rope_style, self.w)
+    }
+
+    /// The other ranks of a sharded model.
+    pub fn comm(&self) -> Option<&Arc<dyn Collective>> {
+        self.comm.as_ref()
+    }
+
+    /// A row-parallel product's sum over the ranks (itself on one rank).
+    pub(super) fn reduce(&self, x: Tensor) -> anyhow::Result<Tensor> {
+        match &self.comm {
+            Some(c) => collective::all_reduce_sum(c.as_ref(), &x),
+            None => Ok(x),
+        }
     }
 
     pub fn config(&self) -> &LlamaConfig {

@@ -1,0 +1,103 @@
+//! What ranks exchange in a step: every rank's tensor gathered on every rank, and one rank's
+//! tensor broadcast to the others. The sum a row-parallel product needs is built on the gather
+//! ([`all_reduce_sum`]): each rank adds the gathered pieces in rank order itself, so every rank
+//! gets the same bits, and a row gets the same bits whatever rows share its step (NCCL's
+//! all-reduce picks its algorithm and its order of additions by message size, which a batch
+//! changes: docs/tensor-parallel.md §3.6). Its cost is the gather's: at decode, a few KiB a
+//! layer, where latency, not bytes, is what counts.
+
+use std::sync::{Arc, Barrier, Mutex};
+
+use candle_core::Tensor;
+
+use super::Shard;
+
+/// One rank's end of a group of ranks. Every rank must make the same calls in the same order
+/// with tensors of the same shape and dtype (NCCL's rule); on a GPU the calls are enqueued on the
+/// device's stream, so they may be captured in a CUDA graph.
+pub trait Collective: Send + Sync {
+    fn shard(&self) -> Shard;
+    /// Every rank's `x`, stacked in rank order: `[world, ..x.dims()]`.
+    fn all_gather(&self, x: &Tensor) -> anyhow::Result<Tensor>;
+    /// Writes rank `root`'s `x` into every rank's `x`, in place (a contiguous tensor of the same
+    /// shape on every rank).
+    fn broadcast(&self, x: &Tensor, root: usize) -> anyhow::Result<()>;
+}
+
+/// The sum over ranks of `x` (f32), added in rank order: the same bits on every rank.
+pub fn all_reduce_sum(c: &dyn Collective, x: &Tensor) -> anyhow::Result<Tensor> {
+    let all = c.all_gather(x)?;
+    let mut sum = all.get(0)?;
+    for r in 1..c.shard().world {
+        sum = (sum + all.get(r)?)?;
+    }
+    Ok(sum)
+}
+
+/// Every rank's `[rows, cols]` side by side: `[rows, world · cols]` (an LM head split by
+/// vocabulary: each rank's logits for its rows of the vocabulary).
+pub fn all_gather_cols(c: &dyn Collective, x: &Tensor) -> anyhow::Result<Tensor> {
+    let (rows, cols) = x.dims2()?;
+    let world = c.shard().world;
+    let all = c.all_gather(&x.contiguous()?)?; // [world, rows, cols]
+    Ok(all.transpose(0, 1)?.contiguous()?.reshape((rows, world * cols))?)
+}
+
+/// Ranks as threads of one process, on the CPU: the sharded forward passes checked against one
+/// rank in tests, with no GPU. Built by [`ThreadGroup::new`], one end per thread.
+pub struct ThreadGroup {
+    shard: Shard,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    slots: Mutex<Vec<Option<Tensor>>>,
+    barrier: Barrier,
+}
+
+impl ThreadGroup {
+    /// The `world` ends of a new group, in rank order.
+    pub fn new(world: usize) -> Vec<ThreadGroup> {
+        let shared =
+            Arc::new(Shared { slots: Mutex::new(vec![None; world]), barrier: Barrier::new(world) });
+        (0..world)
+            .map(|rank| ThreadGroup { shard: Shard { rank, world }, shared: shared.clone() })
+            .collect()
+    }
+
+    /// Every rank's tensor, once all have put theirs.
+    fn exchange(&self, x: &Tensor) -> anyhow::Result<Vec<Tensor>> {
+        let lock = || self.shared.slots.lock().unwrap_or_else(|e| e.into_inner());
+        lock()[self.shard.rank] = Some(x.copy()?);
+        self.shared.barrier.wait();
+        let all: Option<Vec<Tensor>> = lock().iter().cloned().collect();
+        // Nobody puts the next tensor before everyone has read this one.
+        self.shared.barrier.wait();
+        all.ok_or_else(|| anyhow::anyhow!("collective: a rank's tensor is missing"))
+    }
+}
+
+impl Collective for ThreadGroup {
+    fn shard(&self) -> Shard {
+        self.shard
+    }
+
+    fn all_gather(&self, x: &Tensor) -> anyhow::Result<Tensor> {
+        let all = self.exchange(x)?;
+        anyhow::ensure!(
+            all.iter().all(|t| t.dims() == x.dims() && t.dtype() == x.dtype()),
+            "collective: ranks gathered tensors of different shapes"
+        );
+        Ok(Tensor::stack(&all, 0)?)
+    }
+
+    fn broadcast(&self, x: &Tensor, root: usize) -> anyhow::Result<()> {
+        let all = self.exchange(x)?;
+        let src = all.get(root).ok_or_else(|| anyhow::anyhow!("collective: no rank {root}"))?;
+        anyhow::ensure!(src.dims() == x.dims(), "collective: broadcast of another shape");
+        if self.shard.rank != root {
+            x.slice_set(src, 0, 0)?;
+        }
+        Ok(())
+    }
+}
