@@ -295,9 +295,14 @@ pub struct DeviceArgs {
     /// a gpt-oss GGUF in bf16).
     #[arg(long)]
     pub dtype: Option<String>,
-    /// CUDA device index.
+    /// CUDA device index (with --tp, the first of the GPUs).
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+    /// Tensor parallelism: split the model over N GPUs, one process each (GPUs --gpu to
+    /// --gpu + N − 1, or as RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT say when a
+    /// launcher starts the ranks).
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
     /// Run on the CPU (debugging and tests only; slow). Never chosen implicitly.
     #[arg(long)]
     pub cpu: bool,

@@ -93,6 +93,15 @@ pub fn kind_of(err: &anyhow::Error) -> ErrorKind {
     ErrorKind::Other
 }
 
+/// The outermost message plus the innermost cause when it adds something, on one line
+/// (library errors can carry backtraces or multi-line text: only their first line is kept).
+pub fn one_line(err: &anyhow::Error) -> String {
+    let first = |s: String| s.lines().next().unwrap_or("").trim().to_string();
+    let top = first(err.to_string());
+    let root = first(err.root_cause().to_string());
+    if root == top || top.contains(&root) { top } else { format!("{top}: {root}") }
+}
+
 /// A device allocation that failed: candle passes the driver's error on as text inside its
 /// own error type, so the code name is what can be recognised.
 pub fn is_out_of_memory(err: &anyhow::Error) -> bool {

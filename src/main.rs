@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use inferno::cli::Cli;
-use inferno::error::kind_of;
+use inferno::error::{kind_of, one_line};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -20,15 +20,6 @@ fn main() -> ExitCode {
             ExitCode::from(kind_of(&err).exit_code())
         }
     }
-}
-
-/// The outermost message plus the innermost cause when it adds something, on one line
-/// (library errors can carry backtraces or multi-line text: only their first line is kept).
-fn one_line(err: &anyhow::Error) -> String {
-    let first = |s: String| s.lines().next().unwrap_or("").trim().to_string();
-    let top = first(err.to_string());
-    let root = first(err.root_cause().to_string());
-    if root == top || top.contains(&root) { top } else { format!("{top}: {root}") }
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {

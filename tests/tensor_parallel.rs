@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use inferno::dist::{Collective, ThreadGroup};
 use inferno::load::{self, LoadOptions};
 
@@ -101,51 +101,9 @@ fn check(dir: &Path, worlds: &[usize]) {
     }
 }
 
-/// The tiny gpt-oss fixture's layout widened so that 4 ranks can split it: 8 query heads over 2
-/// key/value heads (replicated at TP4), 4 MXFP4 blocks of intermediate columns, a vocabulary of
-/// 250 (pieces of 63, the last padded); random weights, seeded.
-fn wide_gpt_oss() -> tempfile::TempDir {
-    use rand::{Rng, SeedableRng};
-    let dir = tempfile::tempdir().unwrap();
-    let fixture =
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_oss_tiny"));
-    let mut cfg: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(fixture.join("config.json")).unwrap()).unwrap();
-    cfg["num_attention_heads"] = 8.into();
-    cfg["num_key_value_heads"] = 2.into();
-    cfg["intermediate_size"] = 128.into();
-    cfg["vocab_size"] = 250.into();
-    cfg["eos_token_id"] = 249.into();
-    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
-    let parsed = inferno::models::gpt_oss::GptOssConfig::from_hf_json(&cfg.to_string()).unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let mut tensors = std::collections::HashMap::new();
-    for (name, shape) in inferno::models::gpt_oss::memory::checkpoint_tensors(&parsed) {
-        let n: usize = shape.iter().product();
-        let t = if name.ends_with("_blocks") || name.ends_with("_scales") {
-            let (lo, hi) = if name.ends_with("_blocks") { (0, 256) } else { (118, 124) };
-            let v: Vec<u8> = (0..n).map(|_| rng.random_range(lo..hi) as u8).collect();
-            Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-        } else {
-            let std = match () {
-                _ if name.contains("layernorm") || name == "model.norm.weight" => 0.0,
-                _ if name.contains("embed") || name.ends_with("sinks") => 1.0,
-                _ if name.ends_with("bias") => 0.05,
-                _ => 0.125,
-            };
-            let base = if std == 0.0 { 1.0 } else { 0.0 };
-            let v: Vec<f32> = (0..n).map(|_| base + std * rng.random_range(-1.7f32..1.7)).collect();
-            Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-        };
-        tensors.insert(name, t);
-    }
-    candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
-    dir
-}
-
 #[test]
 fn gpt_oss_over_2_and_4_ranks_gives_one_ranks_logits_and_tokens() {
-    let dir = wide_gpt_oss();
+    let dir = common::tp::wide_gpt_oss();
     check(dir.path(), &[2, 4]);
 }
 
@@ -164,4 +122,114 @@ fn ranks_that_do_not_divide_the_heads_are_refused_in_one_line() {
     let msg = format!("{err:#}");
     assert!(msg.contains("--tp 3 must divide the model's 4 attention heads"), "{msg}");
     assert_eq!(msg.lines().count(), 1, "{msg}");
+}
+
+/// An engine on rank 0 whose steps reach the other ranks (threads here) as the words
+/// `engine/ranks.rs` encodes, each following with its own runner and pool: continuous batching
+/// of several requests (prefill chunks beside decodes, sequences finishing at different steps)
+/// gives the tokens one rank's engine gives.
+#[test]
+fn an_engine_over_ranks_decodes_what_one_rank_decodes() {
+    use inferno::engine::core::{BLOCK_SIZE, Built, Engine, EngineConfig, pool_groups};
+    use inferno::engine::ranks::{Followers, follow};
+    use inferno::engine::request::Request;
+    use inferno::engine::runner::Runner;
+    use inferno::generate::SamplerConfig;
+    use inferno::models::batch::KvPool;
+    use std::sync::mpsc;
+
+    struct Threads(Vec<mpsc::Sender<Vec<u32>>>);
+    impl Followers for Threads {
+        fn send(&mut self, words: Vec<u32>) -> anyhow::Result<()> {
+            for tx in &self.0 {
+                tx.send(words.clone())?;
+            }
+            Ok(())
+        }
+    }
+    impl Drop for Threads {
+        fn drop(&mut self) {
+            for tx in &self.0 {
+                let _ = tx.send(inferno::engine::ranks::encode_stop());
+            }
+        }
+    }
+
+    let dir = common::tp::wide_gpt_oss();
+    let name = dir.path().to_str().unwrap().to_string();
+    let cfg = EngineConfig {
+        max_seqs: 4,
+        kv_tokens: 4 * 64,
+        token_budget: 16, // prompts of 21 run in two chunks, beside other sequences' decodes
+        pipeline: false,
+        spec: None,
+    };
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|i| PROMPT.iter().skip(i * 3).map(|&t| (t + i as u32) % 250).collect())
+        .collect();
+    let request = |p: &Vec<u32>, n: usize| Request {
+        prompt: p.clone(),
+        sampling: SamplerConfig::greedy(),
+        max_tokens: n,
+        eos_ids: Vec::new(),
+        interrupt: None,
+        logprobs: None,
+        forced: Vec::new(),
+        constraint: None,
+    };
+    let generate = |engine: &Engine| -> Vec<Vec<u32>> {
+        let handles: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| engine.submit(request(p, 6 + 5 * i)).expect("submit"))
+            .collect();
+        handles.into_iter().map(|h| common::collect(h).0).collect()
+    };
+
+    let one = {
+        let name = name.clone();
+        let (engine, ()) = Engine::start(move || {
+            let model = load::load(&name, &opts(), &Device::Cpu)?.model;
+            Ok((model, cfg, ()))
+        })
+        .unwrap();
+        generate(&engine)
+    };
+
+    let world = 2;
+    let mut ends = ThreadGroup::new(world).into_iter();
+    let leader: Arc<dyn Collective> = Arc::new(ends.next().unwrap());
+    let (txs, followers): (Vec<_>, Vec<_>) = ends
+        .map(|end| {
+            let (tx, rx) = mpsc::channel::<Vec<u32>>();
+            let name = name.clone();
+            let handle = std::thread::spawn(move || {
+                let comm: Arc<dyn Collective> = Arc::new(end);
+                let model = load::load_rank(&name, &opts(), &Device::Cpu, comm).unwrap().model;
+                let shape = model.kv_shape();
+                let blocks: Vec<usize> =
+                    pool_groups(&shape, &cfg).iter().map(|g| g.blocks).collect();
+                let pool = KvPool::new(&shape, BLOCK_SIZE, &blocks, &Device::Cpu).unwrap();
+                let mut runner = Runner::new(model, pool, shape);
+                follow(&mut runner, || Ok(rx.recv()?)).unwrap();
+            });
+            (tx, handle)
+        })
+        .unzip();
+    let tp = {
+        let name = name.clone();
+        let (engine, ()) = Engine::start_built(move || {
+            let model = load::load_rank(&name, &opts(), &Device::Cpu, leader)?.model;
+            let followers: Box<dyn Followers> = Box::new(Threads(txs));
+            Ok(Built { model, draft: None, cfg, info: (), followers: Some(followers) })
+        })
+        .unwrap();
+        let tokens = generate(&engine);
+        drop(engine);
+        tokens
+    };
+    for f in followers {
+        f.join().expect("a following rank failed");
+    }
+    assert_eq!(tp, one, "rank 0's engine over 2 ranks decoded other tokens");
 }

@@ -76,6 +76,18 @@ impl EngineConfig {
     }
 }
 
+/// What an engine thread's `load` builds ([`Engine::start_built`]).
+pub struct Built<I> {
+    pub model: Box<dyn BatchModel>,
+    /// The draft model for speculative decoding (`--draft MODEL`).
+    pub draft: Option<Box<dyn BatchModel>>,
+    pub cfg: EngineConfig,
+    /// What the front end gets back beside the engine.
+    pub info: I,
+    /// The other ranks, on rank 0 of a tensor-parallel model.
+    pub followers: Option<Box<dyn super::ranks::Followers>>,
+}
+
 /// The pool's and the queue's state, for front ends (`/metrics`, bench, tests).
 #[derive(Debug, Clone, Default)]
 pub struct EngineStats {
@@ -151,14 +163,28 @@ impl Engine {
             )> + Send
             + 'static,
     {
+        Engine::start_built(move || {
+            let (model, draft, cfg, info) = load()?;
+            Ok(Built { model, draft, cfg, info, followers: None })
+        })
+    }
+
+    /// [`Engine::start_with_draft`] for any [`Built`]: a tensor-parallel model's rank 0 comes
+    /// with the other ranks its runner sends each step to.
+    pub fn start_built<I, F>(load: F) -> anyhow::Result<(Engine, I)>
+    where
+        I: Send + 'static,
+        F: FnOnce() -> anyhow::Result<Built<I>> + Send + 'static,
+    {
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let thread_stats = stats.clone();
         let thread =
             std::thread::Builder::new().name("inferno-engine".into()).spawn(move || {
-                let core = load().and_then(|(model, draft, cfg, info)| {
+                let core = load().and_then(|Built { model, draft, cfg, info, followers }| {
                     let mut core = Core::new(model, cfg, thread_stats)?;
+                    core.runner.followers = followers;
                     if let Some(d) = draft {
                         let vocab = core.runner.model.vocab_size();
                         core.draft = Some(super::spec::draft::DraftModel::new(d, &cfg, vocab)?);

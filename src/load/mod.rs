@@ -13,7 +13,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device};
 
 use crate::dist::{Collective, Shard};
-use crate::engine::core::{Engine, EngineConfig};
+use crate::engine::core::{Built, Engine, EngineConfig};
 use crate::error::{ErrorKind, fail};
 use crate::gpu::{self, GpuInfo};
 use crate::models::batch::BatchModel;
@@ -23,6 +23,7 @@ use crate::models::llama::model::RopeStyle;
 use crate::models::llama::{self, dummy};
 
 pub mod plan;
+pub mod ranks;
 pub mod source;
 pub mod spec;
 pub mod text;
@@ -125,19 +126,72 @@ pub fn start_with_draft(
     let draft = draft.map(str::to_string);
     Engine::start_with_draft(move || {
         let (model, info) = load(&name, &opts, &device)?.split();
-        let draft = match draft {
-            Some(d) => {
-                let opts = LoadOptions { context: Some(info.context), ..opts.clone() };
-                let loaded = load(&d, &opts, &device)
-                    .map_err(|e| e.context(format!("loading the draft model {d}")))?;
-                same_tokenizer(&info.source, &loaded.info.source)?;
-                Some(loaded.split().0)
-            }
-            None => None,
-        };
+        let draft = load_draft(draft.as_deref(), &info, &opts, &device)?;
         let cfg = size(&info);
         Ok((model, draft, cfg, info))
     })
+}
+
+/// [`start_with_draft`] for `role`: on rank 0 of a tensor-parallel group, the other ranks join
+/// (`ranks.rs`), each loads its slice, and the engine sends them its steps. The context is rank
+/// 0's choice (its plan's largest that fits, or `--context`), which every rank loads.
+pub fn start_group(
+    name: &str,
+    draft: Option<&str>,
+    opts: &LoadOptions,
+    device: &Device,
+    role: ranks::Role,
+    size: impl FnOnce(&ModelInfo) -> EngineConfig + Send + 'static,
+) -> anyhow::Result<(Engine, ModelInfo)> {
+    let mut leader = match role {
+        ranks::Role::Single => return start_with_draft(name, draft, opts, device, size),
+        ranks::Role::Leader(l) => l,
+    };
+    let (name, opts, device) = (name.to_string(), opts.clone(), device.clone());
+    let draft = draft.map(str::to_string);
+    Engine::start_built(move || {
+        let world = leader.rv.world;
+        let context = rank_context(&name, &opts, &device, world)?;
+        let dtype = opts.dtype.map(|d| d.as_str().to_string());
+        let (comm, group) = leader.join(&name, dtype, context, opts.dummy, &device)?;
+        let opts = LoadOptions { context: Some(context), ..opts };
+        let (model, info) = load_rank(&name, &opts, &device, comm)?.split();
+        let cfg = size(&info);
+        let group = group.ready(&cfg)?;
+        let draft = load_draft(draft.as_deref(), &info, &opts, &device)?;
+        Ok(Built { model, draft, cfg, info, followers: Some(Box::new(group)) })
+    })
+}
+
+/// The context every rank of `world` loads: `--context`, or the largest rank 0's plan fits.
+fn rank_context(
+    name: &str,
+    opts: &LoadOptions,
+    device: &Device,
+    world: usize,
+) -> anyhow::Result<usize> {
+    let (_, whole) = prepare(name, opts, Target::of(device))?;
+    let mut spec = whole.for_rank(Shard { rank: 0, world })?;
+    if opts.context.is_none() {
+        fit_default_context(&mut spec, Budget::of(device).as_ref());
+    }
+    Ok(spec.context)
+}
+
+/// The draft model for speculative decoding (`--draft MODEL`), loaded after the model (its
+/// plan then sees what the model left), with the model's dtype and context, whole on this GPU.
+fn load_draft(
+    draft: Option<&str>,
+    info: &ModelInfo,
+    opts: &LoadOptions,
+    device: &Device,
+) -> anyhow::Result<Option<Box<dyn BatchModel>>> {
+    let Some(d) = draft else { return Ok(None) };
+    let opts = LoadOptions { context: Some(info.context), ..opts.clone() };
+    let loaded =
+        load(d, &opts, device).map_err(|e| e.context(format!("loading the draft model {d}")))?;
+    same_tokenizer(&info.source, &loaded.info.source)?;
+    Ok(Some(loaded.split().0))
 }
 
 /// Refuses a draft whose tokenizer maps any token to another id than the model's. Where either

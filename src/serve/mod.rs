@@ -62,6 +62,8 @@ use state::{AppState, ModelIds, Ready};
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // First: a tensor-parallel rank other than 0 follows rank 0 and never returns.
+    let role = load::ranks::role(args.device.tp, args.device.gpu, args.device.cpu)?;
     init_tracing(args.verbose);
     if args.max_seqs == 0 {
         return Err(fail(ErrorKind::InvalidInput, "--max-seqs must be at least 1"));
@@ -85,7 +87,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .thread_name("inferno-http")
         .build()?;
-    runtime.block_on(serve(args, device, device_name, opts))
+    runtime.block_on(serve(args, device, device_name, opts, role))
 }
 
 async fn serve(
@@ -93,6 +95,7 @@ async fn serve(
     device: Device,
     device_name: String,
     opts: LoadOptions,
+    role: load::ranks::Role,
 ) -> anyhow::Result<()> {
     // An IP address or a name (`localhost`), resolved as the system does.
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
@@ -118,7 +121,7 @@ async fn serve(
     let started = Instant::now();
     std::thread::Builder::new().name("inferno-load".into()).spawn(move || {
         let sizes = Sizes { max_seqs, kv_tokens, step_tokens, spec, draft };
-        let _ = load_tx.send(load(&model, &opts, &device, sizes));
+        let _ = load_tx.send(load(&model, &opts, &device, sizes, role));
     })?;
     let shutdown = state::shutdown_started(shutdown_rx);
     let mut server =
@@ -198,11 +201,17 @@ struct Sizes {
 }
 
 /// Loads the model into an engine sized for serving, its text side, and warms it up.
-fn load(name: &str, opts: &LoadOptions, device: &Device, sizes: Sizes) -> anyhow::Result<Ready> {
+fn load(
+    name: &str,
+    opts: &LoadOptions,
+    device: &Device,
+    sizes: Sizes,
+    role: load::ranks::Role,
+) -> anyhow::Result<Ready> {
     let Sizes { max_seqs, kv_tokens, step_tokens, spec, .. } = sizes;
     let draft = sizes.draft.as_deref();
     let (engine, info) =
-        load::start_with_draft(name, draft, opts, device, move |info| EngineConfig {
+        load::start_group(name, draft, opts, device, role, move |info| EngineConfig {
             max_seqs,
             kv_tokens: kv_tokens
                 .unwrap_or_else(|| default_kv_tokens(info, max_seqs))

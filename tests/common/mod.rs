@@ -4,6 +4,7 @@
 pub mod hub_server;
 pub mod one_seq;
 pub mod serve;
+pub mod tp;
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -45,6 +45,8 @@ struct Run {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    // First: a tensor-parallel rank other than 0 follows rank 0 and never returns.
+    let role = load::ranks::role(args.device.tp, args.device.gpu, args.device.cpu)?;
     if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repeat == 0 || args.concurrency == 0
     {
         return Err(fail(
@@ -77,7 +79,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let draft = args.spec.draft_model();
     let (engine, loaded) =
-        load::start_with_draft(&args.model, draft, &opts, &device, move |info| EngineConfig {
+        load::start_group(&args.model, draft, &opts, &device, role, move |info| EngineConfig {
             max_seqs: streams,
             // Every stream's whole sequence, plus a block each for rounding.
             kv_tokens: streams

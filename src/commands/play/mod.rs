@@ -127,6 +127,8 @@ fn dropped_notice(turns: usize, context: usize) -> String {
 }
 
 pub fn run(args: PlayArgs) -> anyhow::Result<()> {
+    // First: a tensor-parallel rank other than 0 follows rank 0 and never returns.
+    let role = load::ranks::role(args.device.tp, args.device.gpu, args.device.cpu)?;
     let interactive = args.prompt.is_none() && std::io::stdin().is_terminal();
     let model = match &args.model {
         Some(m) => m.clone(),
@@ -157,7 +159,7 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     // One sequence at a time: the pool holds the context once (what the memory plan counted).
     let draft = args.spec.draft_model();
-    let (engine, loaded) = load::start_with_draft(&model, draft, &opts, &device, move |info| {
+    let (engine, loaded) = load::start_group(&model, draft, &opts, &device, role, move |info| {
         EngineConfig { spec, ..EngineConfig::single(info.context) }
     })?;
     let text = load::text::load(&loaded.source)?;
