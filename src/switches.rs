@@ -128,6 +128,15 @@ static PIPELINE_TRACE: Flag = Flag::new(Spec {
     kind: Kind::Diagnostic,
 });
 
+static TP_TRACE: Flag = Flag::new(Spec {
+    name: "INFERNO_TP_TRACE",
+    values: "0, 1",
+    default: "0",
+    what: "each rank of a tensor-parallel model says on stderr which step it starts and ends \
+           (each step waits for the GPU: slow)",
+    kind: Kind::Diagnostic,
+});
+
 static GRAPH_ARENA: Flag = Flag::new(Spec {
     name: "INFERNO_GRAPH_ARENA",
     values: "0, 1",
@@ -150,6 +159,11 @@ pub fn graph_stats() -> bool {
 /// Whether the engine says on stderr why a decode step was not pipelined.
 pub fn pipeline_trace() -> bool {
     PIPELINE_TRACE.get()
+}
+
+/// Whether each rank of a tensor-parallel model traces its steps.
+pub fn tp_trace() -> bool {
+    TP_TRACE.get()
 }
 
 /// Whether captured decode steps allocate from the engine's arena.
@@ -250,7 +264,7 @@ pub struct State {
 }
 
 /// Every switch, in the order of this module.
-pub fn all() -> [&'static dyn Switch; 12] {
+pub fn all() -> [&'static dyn Switch; 13] {
     [
         &CUDA_GRAPH,
         &PDL,
@@ -259,6 +273,7 @@ pub fn all() -> [&'static dyn Switch; 12] {
         &STEP_STATS,
         &GRAPH_STATS,
         &PIPELINE_TRACE,
+        &TP_TRACE,
         &GRAPH_ARENA,
         &TEST_HOOKS,
         &TEST_REPLIES,

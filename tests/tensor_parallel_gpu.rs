@@ -61,10 +61,13 @@ fn size(_: &load::ModelInfo) -> EngineConfig {
     EngineConfig { max_seqs: 4, kv_tokens: 4 * 256, ..EngineConfig::single(256) }
 }
 
-/// `dir`'s model over 2 GPUs and on one: the same tokens, log probabilities within `tol`.
-fn check(dir: &std::path::Path, dtype: DType, vocab: u32, tol: f32) {
+/// `make`'s model over 2 GPUs and on one: the same tokens, log probabilities within `tol`. The
+/// role comes first: the other rank (this test in a copy of this process) follows from there,
+/// and reads rank 0's checkpoint.
+fn check(make: impl FnOnce() -> tempfile::TempDir, dtype: DType, vocab: u32, tol: f32) {
     let role = ranks::role(2, 0, false).expect("rank role");
-    let name = dir.to_str().unwrap();
+    let dir = make();
+    let name = dir.path().to_str().unwrap();
     let opts = LoadOptions { dtype: Some(dtype), context: Some(256), dummy: false };
     let device = Device::new_cuda(0).expect("GPU 0");
     let (tp_engine, _) =
@@ -94,8 +97,7 @@ fn check(dir: &std::path::Path, dtype: DType, vocab: u32, tol: f32) {
 #[test]
 #[ignore = "needs 2 GPUs and NCCL"]
 fn gpu_tp2_gpt_oss_matches_one_gpu() {
-    let dir = common::tp::wide_gpt_oss();
-    check(dir.path(), DType::F32, 250, 2e-4);
+    check(common::tp::wide_gpt_oss, DType::F32, 250, 2e-4);
 }
 
 #[test]
@@ -107,6 +109,5 @@ fn gpu_tp2_llama_1b_shape_matches_one_gpu_over_64_tokens() {
     ))
     .or_else(|_| std::fs::read_to_string("benches/configs/llama-3.2-1b.json"))
     .expect("the Llama-3.2-1B config");
-    let dir = common::tp::random_llama(&config);
-    check(dir.path(), DType::F32, 128_256, 2e-4);
+    check(|| common::tp::random_llama(&config), DType::F32, 128_256, 2e-4);
 }

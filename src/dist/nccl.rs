@@ -1,7 +1,7 @@
 //! NCCL, opened at run time: the collectives between the GPUs of a tensor-parallel model, one
 //! process per GPU.
 //!
-//! Bound here by hand (eleven functions through `libloading`) rather than through cudarc's
+//! Bound here by hand (seven functions through `libloading`) rather than through cudarc's
 //! `nccl` feature: candle turns on cudarc's link-time mode, in which that feature links `-lnccl`
 //! into every build, so every build (CI's included) would need the 300 MB library, and the
 //! binary could not start without it. Opened this way, a machine without NCCL runs everything
@@ -32,7 +32,6 @@ struct Api {
     ncclGetUniqueId: unsafe extern "C" fn(*mut UniqueId) -> c_int,
     ncclCommInitRank: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> c_int,
     ncclCommAbort: unsafe extern "C" fn(Comm) -> c_int,
-    ncclCommDestroy: unsafe extern "C" fn(Comm) -> c_int,
     ncclGetErrorString: unsafe extern "C" fn(c_int) -> *const c_char,
     ncclAllGather:
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> c_int,
@@ -94,7 +93,6 @@ fn bind(lib: libloading::Library) -> Result<Api, String> {
         ncclGetUniqueId: sym!(ncclGetUniqueId),
         ncclCommInitRank: sym!(ncclCommInitRank),
         ncclCommAbort: sym!(ncclCommAbort),
-        ncclCommDestroy: sym!(ncclCommDestroy),
         ncclGetErrorString: sym!(ncclGetErrorString),
         ncclAllGather: sym!(ncclAllGather),
         ncclBroadcast: sym!(ncclBroadcast),
@@ -164,11 +162,10 @@ impl NcclComm {
 }
 
 impl Drop for NcclComm {
+    /// Aborts rather than destroys: `ncclCommDestroy` waits for the other ranks to finish their
+    /// operations, which ranks that exited (or that wait for this one) never do.
     fn drop(&mut self) {
-        if let Ok(api) = api() {
-            // SAFETY: the handle is live and dropped once.
-            unsafe { (api.ncclCommDestroy)(self.comm) };
-        }
+        self.abort();
     }
 }
 

@@ -15,6 +15,10 @@ use crate::kernels::{PagedBounds, RowSampling};
 use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
 
 pub struct Runner {
+    /// The other ranks of a tensor-parallel model, on rank 0: each step is sent to them before
+    /// it runs ([`super::ranks`]). First, so that it drops first: the ranks stop before the
+    /// model's collectives go.
+    pub followers: Option<Box<dyn Followers>>,
     pub model: Box<dyn BatchModel>,
     pub pool: KvPool,
     pub shape: KvShape,
@@ -23,9 +27,6 @@ pub struct Runner {
     pub graphs: std::collections::HashMap<(usize, usize), BucketGraph>,
     /// The memory the graphs' steps allocate from, this engine's own.
     pub arena: GraphArena,
-    /// The other ranks of a tensor-parallel model, on rank 0: each step is sent to them before
-    /// it runs ([`super::ranks`]).
-    pub followers: Option<Box<dyn Followers>>,
 }
 
 /// What a sampling chunk needs to pick its tokens: one row, or one per draft and one more.
@@ -69,6 +70,37 @@ impl Runner {
     /// chunks' sampled rows ([`Chunk::sampled_rows`]), in chunk order (`None` when no chunk
     /// samples).
     pub fn forward<T: AsRef<[u32]>>(
+        &mut self,
+        chunks: &[Chunk],
+        inputs: &[T],
+        blocks: &dyn Tables,
+    ) -> anyhow::Result<Option<Tensor>> {
+        let trace = self.trace("forward", chunks);
+        let out = self.forward_untraced(chunks, inputs, blocks);
+        self.traced(trace, out)
+    }
+
+    /// With `INFERNO_TP_TRACE`, on a sharded model: the step's number, said before it runs.
+    fn trace(&self, kind: &str, chunks: &[Chunk]) -> Option<u64> {
+        static STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let c = self.model.collective().filter(|_| crate::switches::tp_trace())?;
+        let n = STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let parts: Vec<String> =
+            chunks.iter().map(|c| format!("{}@{}+{}", c.id, c.start, c.len)).collect();
+        eprintln!("inferno tp rank {}: step {n} {kind} [{}]", c.shard().rank, parts.join(" "));
+        Some(n)
+    }
+
+    /// The end of a traced step, once the GPU has run it.
+    fn traced<R>(&self, step: Option<u64>, out: anyhow::Result<R>) -> anyhow::Result<R> {
+        if let (Some(n), Some(c)) = (step, self.model.collective()) {
+            let synced = self.model.device().synchronize();
+            eprintln!("inferno tp rank {}: step {n} done ({:?})", c.shard().rank, synced.err());
+        }
+        out
+    }
+
+    fn forward_untraced<T: AsRef<[u32]>>(
         &mut self,
         chunks: &[Chunk],
         inputs: &[T],
@@ -131,7 +163,9 @@ impl Runner {
             let groups = self.shape.group_windows.len();
             f.send(ranks::encode(true, chunks, &[], blocks, groups))?;
         }
-        self.graph_step(key, chunks, StepIds::Device(ids), blocks).map(Some)
+        let trace = self.trace("forward_after", chunks);
+        let out = self.graph_step(key, chunks, StepIds::Device(ids), blocks).map(Some);
+        self.traced(trace, out)
     }
 
     fn graph_step(

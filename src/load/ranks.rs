@@ -226,6 +226,7 @@ impl Leader {
             match self.listener.accept() {
                 Ok((mut s, _)) => {
                     s.set_nonblocking(false)?;
+                    s.set_nodelay(true)?;
                     s.set_read_timeout(Some(Duration::from_secs(30)))?;
                     let hello: Reply = read_json(&mut s)?;
                     s.set_read_timeout(None)?;
@@ -397,8 +398,11 @@ fn join_nccl(
 /// A frame: its length (u32, little-endian) and its bytes.
 fn write_frame(c: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
     let len = u32::try_from(bytes.len()).map_err(std::io::Error::other)?;
-    c.write_all(&len.to_le_bytes())?;
-    c.write_all(bytes)
+    // One write: a frame split in two waits for the peer's delayed ACK (Nagle).
+    let mut frame = Vec::with_capacity(4 + bytes.len());
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.extend_from_slice(bytes);
+    c.write_all(&frame)
 }
 
 /// Frames above this are a broken peer, not a step (a step of 64 sequences of 128k tokens is
