@@ -165,7 +165,14 @@ impl Drop for NcclComm {
     /// Aborts rather than destroys: `ncclCommDestroy` waits for the other ranks to finish their
     /// operations, which ranks that exited (or that wait for this one) never do.
     fn drop(&mut self) {
+        let trace = crate::switches::tp_trace();
+        if trace {
+            eprintln!("inferno tp rank {}: aborting NCCL", self.shard.rank);
+        }
         self.abort();
+        if trace {
+            eprintln!("inferno tp rank {}: NCCL aborted", self.shard.rank);
+        }
     }
 }
 

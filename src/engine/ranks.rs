@@ -152,7 +152,12 @@ pub fn follow(
                     "rank: no decode graph for a step rank 0 ran as one"
                 );
             }
-            StepOp::Stop => return Ok(()),
+            StepOp::Stop => {
+                if crate::switches::tp_trace() {
+                    eprintln!("inferno tp: a rank stops");
+                }
+                return Ok(());
+            }
         }
     }
 }

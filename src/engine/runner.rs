@@ -16,15 +16,15 @@ use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
 
 pub struct Runner {
     /// The other ranks of a tensor-parallel model, on rank 0: each step is sent to them before
-    /// it runs ([`super::ranks`]). First, so that it drops first: the ranks stop before the
-    /// model's collectives go.
+    /// it runs ([`super::ranks`]). Fields drop in order: the ranks stop first, then the graphs
+    /// (which may hold the model's collectives) go before the model.
     pub followers: Option<Box<dyn Followers>>,
-    pub model: Box<dyn BatchModel>,
-    pub pool: KvPool,
-    pub shape: KvShape,
     /// Decode-step graphs by (bucket size, rows per sequence) (empty on the CPU or with graphs
     /// off).
     pub graphs: std::collections::HashMap<(usize, usize), BucketGraph>,
+    pub model: Box<dyn BatchModel>,
+    pub pool: KvPool,
+    pub shape: KvShape,
     /// The memory the graphs' steps allocate from, this engine's own.
     pub arena: GraphArena,
 }

@@ -105,6 +105,9 @@ pub fn role(tp: usize, gpu: usize, cpu: bool) -> anyhow::Result<Role> {
                     crate::error::kind_of(&e).exit_code()
                 }
             };
+            if crate::switches::tp_trace() {
+                eprintln!("inferno tp rank {}: exiting ({code})", rv.rank);
+            }
             std::process::exit(code.into())
         }
         Some(rv) => {
@@ -331,6 +334,10 @@ impl crate::engine::ranks::Followers for Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
+        let trace = crate::switches::tp_trace();
+        if trace {
+            eprintln!("inferno tp rank 0: stopping the other ranks");
+        }
         self.stopping.store(true, Ordering::SeqCst);
         let stop = crate::engine::ranks::encode_stop();
         for (_, c) in &mut self.conns {
@@ -344,6 +351,9 @@ impl Drop for Group {
             }
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if trace {
+            eprintln!("inferno tp rank 0: the other ranks stopped");
         }
     }
 }
