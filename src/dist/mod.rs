@@ -50,7 +50,9 @@ impl Shard {
     ) -> anyhow::Result<(Range<usize>, Range<usize>)> {
         let w = self.world;
         anyhow::ensure!(
-            heads % w == 0 && kv_heads > 0 && (kv_heads % w == 0 || w % kv_heads == 0),
+            heads.is_multiple_of(w)
+                && kv_heads > 0
+                && (kv_heads.is_multiple_of(w) || w.is_multiple_of(kv_heads)),
             "--tp {w} must divide the model's {heads} attention heads, and its {kv_heads} key/value heads must divide by it or it by them"
         );
         let q = self.rank * heads / w..(self.rank + 1) * heads / w;
@@ -76,7 +78,7 @@ impl Shard {
     /// its columns, balanced by blocks so that no block is cut.
     pub fn blocks_of_32(&self, n: usize) -> anyhow::Result<Range<usize>> {
         anyhow::ensure!(
-            n % 32 == 0 && n / 32 >= self.world,
+            n.is_multiple_of(32) && n / 32 >= self.world,
             "--tp {}: the intermediate size {n} has {} blocks of 32, fewer than the ranks",
             self.world,
             n / 32

@@ -304,11 +304,14 @@ fn with_tp_advice(
 ) -> anyhow::Error {
     let Some(b) = budget.filter(|b| b.target == Target::Gpu) else { return err };
     let fits = |world: usize| {
-        let spec = whole.for_rank(Shard { rank: 0, world }).ok()?;
-        (spec.plan(context).total() <= b.free).then_some(world)
+        let need = whole.for_rank(Shard { rank: 0, world }).ok()?.plan(context).total();
+        (need <= b.free).then_some((world, need))
     };
     match [2, 4, 8].into_iter().filter(|&w| w > shard.world).find_map(fits) {
-        Some(w) => err.context(format!("--tp {w} fits")),
+        Some((w, need)) => fail(
+            ErrorKind::Memory,
+            format!("{err}; with --tp {w} each GPU needs {}", crate::util::human_bytes_iec(need)),
+        ),
         None => err,
     }
 }

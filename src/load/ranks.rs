@@ -211,8 +211,14 @@ impl Leader {
         for (_, c) in &mut group.conns {
             write_json(c, &setup)?;
         }
-        let comm = join_nccl(&id, 0, self.rv.world, device)?;
-        Ok((comm, group))
+        // A rank that fails before it joins (its GPU missing, say) leaves NCCL's join waiting
+        // for it forever: its connection closing ends the wait.
+        let joined = Arc::new(AtomicBool::new(false));
+        let guard = guard_join(&group.conns, joined.clone())?;
+        let comm = join_nccl(&id, 0, self.rv.world, device);
+        joined.store(true, Ordering::SeqCst);
+        let _ = guard.join();
+        Ok((comm?, group))
     }
 
     /// The other ranks' connections, in rank order, once each has said which rank it is.
@@ -307,6 +313,36 @@ impl Group {
         }
         Ok(self)
     }
+}
+
+/// While rank 0 joins NCCL: exits (code 9, naming the rank) when a rank's connection closes
+/// before every rank has joined. Peeks, so nothing the ranks send is consumed.
+fn guard_join(
+    conns: &[(usize, TcpStream)],
+    joined: Arc<AtomicBool>,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let mut peers = Vec::with_capacity(conns.len());
+    for (rank, c) in conns {
+        let c = c.try_clone()?;
+        c.set_read_timeout(Some(Duration::from_millis(100)))?;
+        peers.push((*rank, c));
+    }
+    Ok(std::thread::Builder::new().name("inferno-join".into()).spawn(move || {
+        let mut byte = [0u8; 1];
+        while !joined.load(Ordering::SeqCst) {
+            for (rank, c) in &peers {
+                if matches!(c.peek(&mut byte), Ok(0)) && !joined.load(Ordering::SeqCst) {
+                    eprintln!("inferno: rank {rank} exited before joining the group; stopping");
+                    std::process::exit(ErrorKind::Rank.exit_code().into());
+                }
+            }
+            // A rank that has data waiting (it joined and loaded first) answers peeks at once.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for (_, c) in &peers {
+            let _ = c.set_read_timeout(None);
+        }
+    })?)
 }
 
 /// Ends rank 0 when rank `rank`'s connection closes while the group runs: a rank that died

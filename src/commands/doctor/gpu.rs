@@ -33,6 +33,11 @@ pub struct GpuReport {
     pub devices: Vec<DeviceReport>,
     /// GPUs the driver lists that could not be opened.
     pub device_errors: Vec<String>,
+    /// With several GPUs: NCCL's version (for `--tp`), or why it cannot be opened.
+    pub nccl: Option<Result<String, String>>,
+    /// With several GPUs: how each pair is linked, as `nvidia-smi topo -m` says (`NV18`: NVLink,
+    /// `PIX`/`PXB`/`PHB`/`NODE`/`SYS`: PCIe paths).
+    pub links: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -75,6 +80,8 @@ pub fn check() -> GpuReport {
         kernels_built_for: KERNELS_FOR.map(|c| format!("sm_{c}")),
         devices: Vec::new(),
         device_errors: Vec::new(),
+        nccl: None,
+        links: Vec::new(),
         libraries,
     };
     match probe::driver() {
@@ -83,6 +90,10 @@ pub fn check() -> GpuReport {
             report.driver_path = d.path;
             if report.libraries.iter().all(|l| !l.required || l.error.is_none()) {
                 open_devices(&mut report, d.devices);
+            }
+            if d.devices > 1 {
+                report.nccl = Some(nccl_version());
+                report.links = gpu_links();
             }
         }
         Err(e) => report.driver_error = Some(format!("{e:#}")),
@@ -108,6 +119,57 @@ fn open_devices(report: &mut GpuReport, count: usize) {
             Err(e) => report.device_errors.push(format!("GPU {ordinal}: {e:#}")),
         }
     }
+}
+
+#[cfg(feature = "cuda")]
+fn nccl_version() -> Result<String, String> {
+    crate::dist::nccl::version().map_err(|e| crate::error::one_line(&e))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nccl_version() -> Result<String, String> {
+    Err("a build without CUDA".into())
+}
+
+/// "GPU0–GPU1: NV18" for each pair, from `nvidia-smi topo -m` (empty without nvidia-smi).
+fn gpu_links() -> Vec<String> {
+    let Ok(out) = std::process::Command::new("nvidia-smi").args(["topo", "-m"]).output() else {
+        return Vec::new();
+    };
+    parse_topology(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn is_gpu(word: &str) -> bool {
+    word.strip_prefix("GPU").is_some_and(|n| n.parse::<usize>().is_ok())
+}
+
+/// The GPU-to-GPU cells of `nvidia-smi topo -m`'s matrix (colour codes stripped).
+fn parse_topology(text: &str) -> Vec<String> {
+    // SGR colour codes (ESC [ … m) around the header.
+    let mut clean = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            clean.push(c);
+        }
+    }
+    let rows: Vec<Vec<&str>> = clean
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        // A matrix row: `GPUn` then cells; the header's second word is a GPU too.
+        .filter(|w| w.len() > 1 && is_gpu(w[0]) && !is_gpu(w[1]))
+        .collect();
+    let mut out = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        for (j, other) in rows.iter().enumerate().skip(i + 1) {
+            if let Some(link) = row.get(1 + j) {
+                out.push(format!("{}–{}: {link}", row[0], other[0]));
+            }
+        }
+    }
+    out
 }
 
 /// `580.159.04` out of "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Mon …".
@@ -165,6 +227,16 @@ impl GpuReport {
             out.push(if d.kernels_match { Line::ok(text) } else { Line::bad(text) });
         }
         out.extend(self.device_errors.iter().map(|e| Line::bad(e.clone())));
+        match &self.nccl {
+            Some(Ok(v)) => out.push(Line::ok(format!("NCCL {v} (--tp)"))),
+            Some(Err(e)) => {
+                out.push(Line::ok(format!("NCCL not found, --tp above 1 unavailable ({e})")))
+            }
+            None => {}
+        }
+        if !self.links.is_empty() {
+            out.push(Line::ok(format!("GPU links: {}", self.links.join(", "))));
+        }
         if self.kernels_built_for.is_none() {
             out.push(Line::bad("this inferno was built without CUDA (CPU-only build)"));
         }
@@ -232,6 +304,16 @@ impl GpuReport {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn gpu_links_come_from_the_topology_matrix() {
+        let text = "\u{1b}[4mGPU0\tGPU1\tGPU2\tCPU Affinity\u{1b}[0m\nGPU0\t X \tNV18\tSYS\t0-31\nGPU1\tNV18\t X \tPIX\t0-31\nGPU2\tSYS\tPIX\t X \t0-31\n\nLegend:\n  X    = Self\n";
+        assert_eq!(
+            super::parse_topology(text),
+            ["GPU0–GPU1: NV18", "GPU0–GPU2: SYS", "GPU1–GPU2: PIX"]
+        );
+        assert!(super::parse_topology("No devices were found").is_empty());
+    }
+
+    #[test]
     fn module_version_from_proc() {
         let text = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue Oct  7 2025\n\
                     GCC version:  gcc version 12.2.0\n";
@@ -265,6 +347,8 @@ mod report_tests {
                 kernels_match: matches,
             }],
             device_errors: Vec::new(),
+            nccl: None,
+            links: Vec::new(),
         }
     }
 

@@ -100,6 +100,34 @@ fn the_20b_kv_pool_by_hand() {
     assert_eq!(spec.plan(8192).kv_cache, 12 * (full + sliding) * per_layer_token);
 }
 
+#[test]
+fn a_rank_plans_its_slice_and_a_refusal_names_the_tp_that_fits() {
+    let spec = Spec::read(
+        &Source::Dummy(bench_config("gpt-oss-120b")),
+        &LoadOptions { dtype: None, context: Some(8192), dummy: true },
+        Target::Gpu,
+    )
+    .unwrap();
+    let rank = |world| spec.for_rank(crate::dist::Shard { rank: 0, world }).unwrap().plan(8192);
+    let (one, two, four) = (spec.plan(8192), rank(2), rank(4));
+    // Everything splits but the embedding (1.16 GB) and the router and the experts' down
+    // biases (53 MB each over 36 layers), whole on every rank.
+    let embed = 201_088 * 2880 * 2;
+    let halves = (two.weights - embed / 2) * 2;
+    assert!(halves.abs_diff(one.weights) < 128 << 20, "{} vs {}", two.weights, one.weights);
+    assert!(four.weights < two.weights);
+    assert_eq!((two.kv_cache * 2, four.kv_cache * 4), (one.kv_cache, one.kv_cache));
+    // A GPU that holds half of the model but not all of it.
+    let budget = Budget { free: two.total() + (1 << 30), target: Target::Gpu };
+    let err = spec.check("gpt-oss-120b", Some(&budget), true).unwrap_err();
+    let err =
+        super::super::with_tp_advice(err, &spec, 8192, Some(&budget), crate::dist::Shard::SINGLE);
+    let msg = err.to_string();
+    assert!(msg.contains("; with --tp 2 each GPU needs"), "{msg}");
+    assert_eq!(crate::error::kind_of(&err).exit_code(), 7);
+    assert_eq!(msg.lines().count(), 1);
+}
+
 /// Loads `name` on the CPU and checks the plan it made against what the
 /// model it built holds and the KV pool an engine of one sequence allocates for it.
 fn plan_matches_allocation(name: &Path, dtype: Option<DType>, context: usize, dummy: bool) {

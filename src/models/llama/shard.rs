@@ -31,7 +31,7 @@ fn intermediate(cfg: &LlamaConfig, shard: Shard) -> anyhow::Result<std::ops::Ran
     let i = cfg.intermediate_size;
     let unit = [64, 32, 16, 8, 1]
         .into_iter()
-        .find(|u| i % u == 0 && i / u >= shard.world)
+        .find(|&u| i.is_multiple_of(u) && i / u >= shard.world)
         .ok_or_else(|| {
             anyhow::anyhow!(
                 "--tp {}: the intermediate size {i} is smaller than the ranks",
