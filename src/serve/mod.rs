@@ -251,7 +251,7 @@ fn banner(r: &Ready, device: &str, args: &ServeArgs, addr: SocketAddr, load: Dur
     let page = if args.no_ui {
         String::new()
     } else {
-        format!("\n         chat:   http://{addr}/ (in a browser)")
+        format!("\nchat:   http://{addr}/ (in a browser)")
     };
     format!(
         "inferno serve · {} ({}, {:?}) · {device} · {}{format} · loaded in {:.1}s\n\

@@ -29,7 +29,8 @@ async function loadModel() {
     const m = list.data?.[0];
     if (!m) throw new ApiError(200, "The server lists no model.");
     state.model = { id: m.id, reasoning: m.reasoning === true, context: m.max_model_len };
-    $("model-name").textContent = m.id;
+    $("model-name").textContent = shortName(m.id);
+    $("model-name").title = m.id;
     $("model-info").textContent = m.max_model_len ? `context ${m.max_model_len.toLocaleString()} tokens` : "";
     $("effort-field").hidden = !state.model.reasoning;
     document.title = `${m.id} · inferno`;
@@ -39,6 +40,13 @@ async function loadModel() {
     if (e.status === 401) openPanel("key-panel", true);
     return false;
   }
+}
+
+/// What people call the model: a path's or repo id's last part, without `@rev` or `.gguf` (the
+/// alias the server also accepts).
+function shortName(id) {
+  const last = id.replace(/\/+$/, "").split("/").pop().split("@")[0].replace(/\.gguf$/, "");
+  return last || id;
 }
 
 /// Follows /health until the model is loaded (the server listens while it loads).
