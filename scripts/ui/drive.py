@@ -105,6 +105,11 @@ def open_page():
     wait_for("the model's name", lambda: el("model-name").text not in ("", "…"))
 
 
+def effort_offered():
+    """Whether the settings panel has the reasoning effort field (it may be closed)."""
+    return js("return !document.getElementById('effort-field').hidden")
+
+
 def set_settings(values):
     """Fills the settings panel as a person would (opens it, types, closes it)."""
     el("settings-toggle").click()
@@ -193,7 +198,7 @@ def shot(path):
 def chat():
     open_page()
     out = {"model": el("model-name").text, "title": D.title,
-           "effort_shown": el("effort-field").is_displayed()}
+           "effort_shown": effort_offered()}
     set_settings(ARGS.get("settings", {}))
     out["first"] = turn(ARGS["prompt"])
     out["second"] = turn(ARGS["followup"])
@@ -263,7 +268,7 @@ def errors():
 
 def reasoning():
     open_page()
-    out = {"effort_shown": el("effort-field").is_displayed()}
+    out = {"effort_shown": effort_offered()}
     set_settings(ARGS.get("settings", {}))
     out["reply"] = turn(ARGS["prompt"])
     out["pwned"] = js("return window.__pwned === 1")

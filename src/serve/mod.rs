@@ -248,11 +248,8 @@ fn banner(r: &Ready, device: &str, args: &ServeArgs, addr: SocketAddr, load: Dur
         "no API key"
     };
     let format = if r.harmony { " · harmony (reasoning, tools)" } else { "" };
-    let page = if args.no_ui {
-        String::new()
-    } else {
-        format!("\nchat:   http://{addr}/ (in a browser)")
-    };
+    let page =
+        if args.no_ui { String::new() } else { format!("\nchat:   http://{addr}/ (in a browser)") };
     format!(
         "inferno serve · {} ({}, {:?}) · {device} · {}{format} · loaded in {:.1}s\n\
          memory: {}\n\
