@@ -265,7 +265,7 @@ const FORCED: &str = "<|channel|>analysis<|message|>The user asks for **2 + 2**.
 fn gpt_oss_reasoning_is_a_collapsed_block_and_markdown_is_safe() {
     let dir = tempfile::tempdir().unwrap();
     let replies = dir.path().join("replies.json");
-    std::fs::write(&replies, serde_json::to_string(&[FORCED, FORCED]).unwrap()).unwrap();
+    std::fs::write(&replies, serde_json::to_string(&[FORCED, FORCED, READABLE]).unwrap()).unwrap();
     let model = common::tiny_gpt_oss_full_vocab();
     let env = [("INFERNO_TEST_HOOKS", "1"), ("INFERNO_TEST_REPLIES", replies.to_str().unwrap())];
     let args = ["--dtype", "f32", "--context", "2048", "--kv-tokens", "4096", "--max-seqs", "2"];
@@ -296,7 +296,15 @@ fn gpt_oss_reasoning_is_a_collapsed_block_and_markdown_is_safe() {
     );
     assert_eq!((&page["pwned"], &page["img_in_messages"]), (&json!(false), &json!(0)), "{page}");
     check_markdown(&cases, &page["markdown"]);
+    if let Some(dir) = std::env::var_os("INFERNO_UI_SHOTS") {
+        let out = PathBuf::from(dir).join("ui-gpt-oss.png");
+        let prompts = ["Why is the sky blue?"];
+        drive(&s, "shot", json!({"out": out, "prompts": prompts, "open_reasoning": true}));
+    }
 }
+
+/// A reply that reads well, for the screenshot INFERNO_UI_SHOTS asks for.
+const READABLE: &str = "<|channel|>analysis<|message|>The user asks why the sky is blue. The key is Rayleigh scattering: its strength goes as 1/λ⁴, so blue light (about 450 nm) scatters almost 6 times more than red (about 700 nm). A small table makes the numbers clear; sunsets are the same effect.<|end|><|start|>assistant<|channel|>final<|message|>The sky looks blue because of **Rayleigh scattering**: the molecules of the air scatter short wavelengths much more strongly than long ones (the strength goes as `1/λ⁴`).\n\n| Color | Wavelength | Scattered, relative to red |\n|---|---:|---:|\n| Blue | 450 nm | 5.8× |\n| Green | 550 nm | 2.6× |\n| Red | 700 nm | 1× |\n\nAt sunset the light crosses much more air, so most of the blue is scattered away before it reaches you and the reds and oranges remain.<|return|>";
 
 /// Markdown sources for the page's renderer, with tags its HTML must have.
 fn markdown_cases() -> Vec<(&'static str, &'static [&'static str])> {

@@ -276,7 +276,7 @@ def reasoning():
     out["code_blocks"] = [e.text for e in D.find_elements(By.CSS_SELECTOR, "#messages .code code")]
     out["markdown"] = markdown_cases(ARGS.get("markdown", []))
     if ARGS.get("shot"):
-        D.find_element(By.CSS_SELECTOR, "#messages details.reasoning summary").click()
+        D.find_element(By.CSS_SELECTOR, "#messages details.reasoning:not([hidden]) summary").click()
         shot(ARGS["shot"])
     return out
 
@@ -324,7 +324,7 @@ def screenshot():
     for prompt in ARGS["prompts"]:
         turn(prompt)
     if ARGS.get("open_reasoning"):
-        for s in D.find_elements(By.CSS_SELECTOR, "#messages details.reasoning summary"):
+        for s in D.find_elements(By.CSS_SELECTOR, "#messages details.reasoning:not([hidden]) summary"):
             s.click()
     time.sleep(0.3)
     D.save_screenshot(ARGS["out"])

@@ -23,6 +23,8 @@ const NUMBERS = ["temperature", "top_p", "top_k", "min_p", "max_tokens", "seed"]
 
 // ---- the model and the key
 
+const NEEDS_KEY = "needs the API key";
+
 async function loadModel() {
   try {
     const list = await getJson("/v1/models", store.apiKey());
@@ -34,10 +36,14 @@ async function loadModel() {
     $("model-info").textContent = m.max_model_len ? `context ${m.max_model_len.toLocaleString()} tokens` : "";
     $("effort-field").hidden = !state.model.reasoning;
     document.title = `${m.id} · inferno`;
+    if ($("server-state").textContent === NEEDS_KEY) $("server-state").textContent = "";
     return true;
   } catch (e) {
     view.showError(e.message);
-    if (e.status === 401) openPanel("key-panel", true);
+    if (e.status === 401) {
+      $("server-state").textContent = NEEDS_KEY;
+      openPanel("key-panel", true);
+    }
     return false;
   }
 }
