@@ -21,7 +21,10 @@ fn smollm2() -> PathBuf {
 }
 
 fn server(args: &[&str]) -> Server {
-    let mut all = vec!["--context", "1024", "--kv-tokens", "4096", "--max-seqs", "4"];
+    let mut all = vec!["--context", "1024", "--kv-tokens", "4096"];
+    if !args.contains(&"--max-seqs") {
+        all.extend(["--max-seqs", "4"]);
+    }
     all.extend_from_slice(args);
     Server::start(&smollm2(), &all, &[])
 }
@@ -161,8 +164,8 @@ fn stopping_a_reply_ends_it_and_frees_its_sequence() {
 }
 
 #[test]
-fn conversations_are_listed_switched_and_deleted_and_refusals_are_one_line() {
-    let s = server(&["--body-limit", "65536"]);
+fn conversations_are_listed_switched_deleted_and_kept() {
+    let s = server(&[]);
     let settings = json!({"temperature": 0, "max_tokens": 4});
     let page = drive(
         &s,
@@ -175,22 +178,57 @@ fn conversations_are_listed_switched_and_deleted_and_refusals_are_one_line() {
     assert_eq!(page["asked"], "Delete?", "{page}");
     assert_eq!(page["after_delete"], json!(["Hi there"]), "{page}");
     assert_eq!(page["shown_after_reload"], json!(["Hi there"]), "{page}");
+}
 
+#[test]
+fn refused_messages_are_one_line_and_go_back_to_the_box() {
+    let s = server(&["--body-limit", "65536", "--max-seqs", "1", "--max-waiting", "0"]);
+    // One long generation holds the only slot: the page's next message is refused with 503.
+    let hog = hold_the_slot(&s);
     // Over the context (SmolLM2 makes a token of each " word"), and over the body limit.
     let too_long = "word ".repeat(3000);
     let too_large = "x".repeat(100_000);
-    let page = drive(&s, "errors", json!({"too_long": too_long, "too_large": too_large}));
+    let args = json!({"too_long": too_long, "too_large": too_large, "busy": "Hello?"});
+    let page = drive(&s, "errors", args);
+    drop(s);
+    let _ = hog.join();
     let line = page["too_long"].as_str().unwrap();
     assert!(
         line.starts_with("Error 400: the prompt is ") && line.contains("context holds 1024"),
         "{page}"
     );
     assert_eq!(page["too_large"], "Error 413: the request body is larger than the server accepts");
-    assert_eq!(
-        (&page["too_long_input_back"], &page["too_large_input_back"]),
-        (&json!(true), &json!(true))
-    );
+    let busy = page["busy"].as_str().unwrap();
+    assert!(busy.starts_with("Error 503: ") && busy.ends_with("(try again in 1 s)"), "{page}");
+    for case in ["too_long", "too_large", "busy"] {
+        assert_eq!(page[format!("{case}_input_back")], true, "{case}: {page}");
+    }
     assert_eq!((&page["messages"], &page["conversations"]), (&json!(0), &json!(0)), "{page}");
+}
+
+/// A streamed generation as long as the context allows, running until the server goes; returns
+/// once the engine runs it.
+fn hold_the_slot(s: &Server) -> std::thread::JoinHandle<()> {
+    use std::io::{Read, Write};
+    let body = json!({"messages": [{"role": "user", "content": "Tell me a long story."}],
+                      "max_tokens": 900, "stream": true})
+    .to_string();
+    let addr = s.addr.clone();
+    let hog = std::thread::spawn(move || {
+        let Ok(mut c) = std::net::TcpStream::connect(&addr) else { return };
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let _ = c.write_all(head.as_bytes()).and_then(|_| c.write_all(body.as_bytes()));
+        let _ = c.read_to_end(&mut Vec::new());
+    });
+    let t0 = Instant::now();
+    while s.metrics(&[]).get("inferno_running_sequences") != Some(&1.0) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the long request never ran:\n{}", s.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    hog
 }
 
 #[test]

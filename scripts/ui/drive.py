@@ -12,7 +12,8 @@ API's own answers and the server's /metrics. A step that never happens fails wit
 - chat: a greedy turn and a second one (with the settings panel), then a reload.
 - stop: a long reply stopped mid-stream.
 - conversations: new chat, switch, delete.
-- errors: a prompt longer than the context (400) and a body over the server's limit (413).
+- errors: a prompt longer than the context (400), a body over the server's limit (413), a
+  message while the server is full (503).
 - reasoning: a gpt-oss reply (reasoning block, Markdown, text that must not become markup),
   and the Markdown renderer on hostile input.
 - key: a server with --api-key: the page loads, asks for the key, shows the 401s, then works.
@@ -256,7 +257,8 @@ def conversations():
 def errors():
     open_page()
     out = {}
-    for name, text in (("too_long", ARGS["too_long"]), ("too_large", ARGS["too_large"])):
+    cases = [(name, ARGS[name]) for name in ("too_long", "too_large", "busy") if name in ARGS]
+    for name, text in cases:
         put_and_send(text)
         out[name] = wait_for(f"the error line ({name})", error_line)
         out[name + "_input_back"] = js("return document.getElementById('input').value.length") == len(text)
