@@ -9,8 +9,8 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::serve::Server;
@@ -29,47 +29,17 @@ fn server(args: &[&str]) -> Server {
     Server::start(&smollm2(), &all, &[])
 }
 
-/// The python with selenium (scripts/test.sh makes it and sets INFERNO_UI_PYTHON).
-fn ui_python() -> String {
-    let py = std::env::var("INFERNO_UI_PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let ok = Command::new(&py)
-        .args(["-c", "import selenium"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        ok,
-        "{py} cannot import selenium: run scripts/test.sh, or set INFERNO_UI_PYTHON to a python that has it"
-    );
-    py
-}
-
-/// Runs a scenario of scripts/ui/drive.py against the server; its JSON result, which must
-/// report no console error (a script error, a load the CSP refused).
+/// Runs a scenario of scripts/ui/drive.py against the server (with the python that has
+/// selenium: INFERNO_UI_PYTHON); its JSON result, which must report no console error (a script
+/// error, a load the CSP refused).
 fn drive(s: &Server, scenario: &str, mut args: Value) -> Value {
     if let Some(dir) = std::env::var_os("INFERNO_UI_SHOTS") {
         let shot = PathBuf::from(dir).join(format!("ui-{scenario}.png"));
         args["shot"] = shot.to_string_lossy().into_owned().into();
     }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/ui/drive.py");
-    let out = Command::new(ui_python())
-        .arg(script)
-        .arg(s.url())
-        .arg(scenario)
-        .arg(args.to_string())
-        .output()
-        .expect("running drive.py");
-    assert!(
-        out.status.success(),
-        "drive.py {scenario} failed:\n{}\n--- server log ---\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        s.log()
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "drive.py {scenario} printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    });
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/ui/drive.py");
+    let python = common::serve::python_with("INFERNO_UI_PYTHON", "selenium");
+    let v = s.script(python, &script, scenario, args);
     assert_eq!(v["console_errors"], json!([]), "{scenario}: the page logged errors");
     v
 }
@@ -146,20 +116,8 @@ fn stopping_a_reply_ends_it_and_frees_its_sequence() {
     assert_eq!(words(page["stored"]["content"].as_str().unwrap()), words(text), "{page}");
     assert_eq!((&page["send_shown"], &page["stop_shown"]), (&json!(true), &json!(false)), "{page}");
     // The server saw the client go and freed the sequence.
-    let t0 = Instant::now();
-    loop {
-        let m = s.metrics(&[]);
-        if m.get("inferno_running_sequences") == Some(&0.0) {
-            assert_eq!(m.get("inferno_cancelled_total"), Some(&1.0), "{m:?}");
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "still running after Stop: {m:?}\n{}",
-            s.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let m = until_running(&s, 0, Duration::from_secs(10));
+    assert_eq!(m.get("inferno_cancelled_total"), Some(&1.0), "{m:?}");
     assert!(s.log().contains("client disconnected"), "{}", s.log());
 }
 
@@ -223,12 +181,21 @@ fn hold_the_slot(s: &Server) -> std::thread::JoinHandle<()> {
         let _ = c.write_all(head.as_bytes()).and_then(|_| c.write_all(body.as_bytes()));
         let _ = c.read_to_end(&mut Vec::new());
     });
+    until_running(&s, 1, Duration::from_secs(30));
+    hog
+}
+
+/// /metrics once the engine runs `n` sequences (polled; a panic after `limit`).
+fn until_running(s: &Server, n: u32, limit: Duration) -> HashMap<String, f64> {
     let t0 = Instant::now();
-    while s.metrics(&[]).get("inferno_running_sequences") != Some(&1.0) {
-        assert!(t0.elapsed() < Duration::from_secs(30), "the long request never ran:\n{}", s.log());
+    loop {
+        let m = s.metrics(&[]);
+        if m.get("inferno_running_sequences") == Some(&f64::from(n)) {
+            return m;
+        }
+        assert!(t0.elapsed() < limit, "{n} sequences never ran: {m:?}\n{}", s.log());
         std::thread::sleep(Duration::from_millis(50));
     }
-    hog
 }
 
 #[test]
