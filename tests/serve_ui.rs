@@ -181,7 +181,7 @@ fn hold_the_slot(s: &Server) -> std::thread::JoinHandle<()> {
         let _ = c.write_all(head.as_bytes()).and_then(|_| c.write_all(body.as_bytes()));
         let _ = c.read_to_end(&mut Vec::new());
     });
-    until_running(&s, 1, Duration::from_secs(30));
+    until_running(s, 1, Duration::from_secs(30));
     hog
 }
 

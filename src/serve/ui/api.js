@@ -2,7 +2,7 @@
 // line each failure becomes: the server's own error message with its status, so a 401, a 413 or
 // a 503 reads in the page as the server said it.
 
-/// A failure to show: `message` is the line, `status` the HTTP status (0: no answer at all).
+// A failure to show: `message` is the line, `status` the HTTP status (0: no answer at all).
 export class ApiError extends Error {
   constructor(status, message) {
     super(message);
@@ -29,8 +29,8 @@ async function call(path, key, init) {
   return resp;
 }
 
-/// The one line for an answer that is not 2xx: the OpenAI-shaped `error.message` when there
-/// is one, else the start of the body, else the status text.
+// The one line for an answer that is not 2xx: the OpenAI-shaped `error.message` when there
+// is one, else the start of the body, else the status text.
 async function failure(resp) {
   let text = "";
   try {
@@ -50,13 +50,13 @@ async function failure(resp) {
   return new ApiError(resp.status, `Error ${resp.status}: ${message}${later}`);
 }
 
-/// `GET path` as JSON.
+// `GET path` as JSON.
 export async function getJson(path, key) {
   const resp = await call(path, key, { method: "GET" });
   return resp.json();
 }
 
-/// `GET /health`: "ok", "loading", "shutting down", or null when the server does not answer.
+// `GET /health`: "ok", "loading", "shutting down", or null when the server does not answer.
 export async function health() {
   try {
     const resp = await fetch("/health");
@@ -66,9 +66,9 @@ export async function health() {
   }
 }
 
-/// Streams `POST /v1/chat/completions`: yields each chunk object. Throws an ApiError for a
-/// refused request, an error event or a stream that ends without `[DONE]`; an AbortError when
-/// `signal` stops it.
+// Streams `POST /v1/chat/completions`: yields each chunk object. Throws an ApiError for a
+// refused request, an error event or a stream that ends without `[DONE]`; an AbortError when
+// `signal` stops it.
 export async function* chatStream(body, key, signal) {
   const resp = await call("/v1/chat/completions", key, {
     method: "POST",
@@ -89,8 +89,8 @@ export async function* chatStream(body, key, signal) {
   if (!signal.aborted) throw new ApiError(resp.status, "The stream ended before the reply finished.");
 }
 
-/// The `data:` payloads of a server-sent-event stream (comments such as `: keep-alive` are
-/// skipped).
+// The `data:` payloads of a server-sent-event stream (comments such as `: keep-alive` are
+// skipped).
 async function* sseData(stream, signal) {
   const reader = stream.getReader();
   const decoder = new TextDecoder();

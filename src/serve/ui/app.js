@@ -10,11 +10,11 @@ import * as view from "./view.js";
 const $ = (id) => document.getElementById(id);
 
 const state = {
-  /// The open conversation (null: a new one, saved on its first message).
+  // The open conversation (null: a new one, saved on its first message).
   chat: null,
-  /// `{id, reasoning, context}` from /v1/models once known.
+  // `{id, reasoning, context}` from /v1/models once known.
   model: null,
-  /// The turn streaming now: `{chat, reply, element, controller}`.
+  // The turn streaming now: `{chat, reply, element, controller}`.
   active: null,
 };
 
@@ -48,14 +48,14 @@ async function loadModel() {
   }
 }
 
-/// What people call the model: a path's or repo id's last part, without `@rev` or `.gguf` (the
-/// alias the server also accepts).
+// What people call the model: a path's or repo id's last part, without `@rev` or `.gguf` (the
+// alias the server also accepts).
 function shortName(id) {
   const last = id.replace(/\/+$/, "").split("/").pop().split("@")[0].replace(/\.gguf$/, "");
   return last || id;
 }
 
-/// Follows /health until the model is loaded (the server listens while it loads).
+// Follows /health until the model is loaded (the server listens while it loads).
 async function watchHealth() {
   const status = await health();
   const shown = { ok: "", loading: "loading the model…", "shutting down": "shutting down" };
@@ -94,8 +94,8 @@ function fillSettings(s) {
   for (const name of SETTINGS) form.elements[name].value = s[name] ?? "";
 }
 
-/// The request's sampling fields: those set, as numbers (a value that is not one is refused
-/// here: JSON has no way to carry it to the server).
+// The request's sampling fields: those set, as numbers (a value that is not one is refused
+// here: JSON has no way to carry it to the server).
 function samplingFields() {
   const s = readSettings();
   const body = {};
@@ -111,8 +111,8 @@ function samplingFields() {
 
 // ---- conversations
 
-/// Shows a conversation (null: a new one). The one streaming is shown from memory, and its
-/// reply keeps streaming into the new element.
+// Shows a conversation (null: a new one). The one streaming is shown from memory, and its
+// reply keeps streaming into the new element.
 function openChat(id) {
   const live = state.active?.chat;
   state.chat = id ? (live?.id === id ? live : store.loadChat(id)) : null;
@@ -187,7 +187,7 @@ async function send(text) {
   setBusy(false);
 }
 
-/// Runs one turn's stream into `active.reply`, then records how it ended.
+// Runs one turn's stream into `active.reply`, then records how it ended.
 async function stream(active, body, text) {
   const { reply, chat, controller } = active;
   const t = { start: performance.now(), first: null, content: null };
@@ -206,7 +206,7 @@ async function stream(active, body, text) {
   } catch (e) {
     if (controller.signal.aborted) {
       reply.state = "stopped";
-    } else if (e instanceof ApiError && t.first === null && !reply.content && !reply.reasoning) {
+    } else if (e instanceof ApiError && e.status !== 200 && t.first === null) {
       return refused(active, e, text);
     } else {
       reply.state = "error";
@@ -216,7 +216,7 @@ async function stream(active, body, text) {
   finish(active, stats, t);
 }
 
-/// Folds one chunk into the reply: text, reasoning, the finish reason, the usage.
+// Folds one chunk into the reply: text, reasoning, the finish reason, the usage.
 function absorb(chunk, reply, stats, t) {
   const now = performance.now();
   for (const choice of chunk.choices || []) {
@@ -235,8 +235,8 @@ function absorb(chunk, reply, stats, t) {
   }
 }
 
-/// A request the server refused before any reply (401, 413, 400, 503…): its line is shown, the
-/// message goes back into the composer and out of the conversation, to send again once fixed.
+// A request the server refused before any reply (401, 413, 400, 503…): its line is shown, the
+// message goes back into the composer and out of the conversation, to send again once fixed.
 function refused(active, e, text) {
   const { chat } = active;
   chat.messages.splice(-2, 2);

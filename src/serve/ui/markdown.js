@@ -15,8 +15,8 @@ export function escapeHtml(s) {
   return s.replace(/[&<>"']/g, (c) => ESC[c]);
 }
 
-/// The HTML of a Markdown text. Unclosed constructs (a fence still streaming) render as far as
-/// they go.
+// The HTML of a Markdown text. Unclosed constructs (a fence still streaming) render as far as
+// they go.
 export function render(src) {
   // NUL marks held fragments below; a reply's own NULs become U+FFFD.
   const text = escapeHtml(src.replace(/\r\n?/g, "\n").replace(/\u0000/g, "\uFFFD"));
@@ -29,10 +29,10 @@ const RULE = /^ {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*$/;
 const QUOTE = /^ {0,3}&gt; ?/;
 const ITEM = /^( *)([-*+]|\d{1,9}[.)])(?:[ \t]+(.*))?$/;
 const TABLE_SEP = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
-/// Nesting deeper than this (quotes in quotes…) renders as text: bounded recursion.
+// Nesting deeper than this (quotes in quotes…) renders as text: bounded recursion.
 const MAX_DEPTH = 16;
 
-/// Block parsers, tried in order; each returns [html, next line] or null.
+// Block parsers, tried in order; each returns [html, next line] or null.
 const PARSERS = [fence, heading, rule, quote, list, table];
 
 function blocks(lines, tight, depth) {
@@ -138,9 +138,9 @@ function list(lines, i, depth) {
   return [start === 1 ? `<ol>${html}</ol>` : `<ol start="${start}">${html}</ol>`, j];
 }
 
-/// One list item: its lines (the text after the marker, then the lines indented under it or
-/// continuing its paragraph), the line after it, and whether a blank line separated it from
-/// what follows (a loose list).
+// One list item: its lines (the text after the marker, then the lines indented under it or
+// continuing its paragraph), the line after it, and whether a blank line separated it from
+// what follows (a loose list).
 function item(lines, j, m) {
   const width = m[1].length + m[2].length + 1;
   const body = [m[3] || ""];
@@ -194,7 +194,7 @@ function cells(line) {
   return s.split(/(?<!\\)\|/).map((c) => c.trim().replace(/\\\|/g, "|"));
 }
 
-/// Inline Markdown of escaped text: code spans, escapes, links, emphasis, line breaks.
+// Inline Markdown of escaped text: code spans, escapes, links, emphasis, line breaks.
 function inline(s) {
   const held = [];
   const hold = (html) => `\u0000${held.push(html) - 1}\u0000`;

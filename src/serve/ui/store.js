@@ -18,7 +18,7 @@ function read(key, fallback) {
   }
 }
 
-/// Writes, or returns the one line that says why it could not (the storage is full, or off).
+// Writes, or returns the one line that says why it could not (the storage is full, or off).
 function write(key, value) {
   try {
     localStorage.setItem(key, JSON.stringify(value));
@@ -35,7 +35,7 @@ function validMessage(m) {
   return m && (m.role === "user" || m.role === "assistant") && typeof m.content === "string";
 }
 
-/// The conversations, most recently updated first: `{id, title, updated}` only.
+// The conversations, most recently updated first: `{id, title, updated}` only.
 export function listChats() {
   const index = read(INDEX, []);
   if (!Array.isArray(index)) return [];
@@ -44,7 +44,7 @@ export function listChats() {
     .sort((a, b) => (b.updated || 0) - (a.updated || 0));
 }
 
-/// One whole conversation `{id, title, created, updated, messages}`, or null.
+// One whole conversation `{id, title, created, updated, messages}`, or null.
 export function loadChat(id) {
   const c = read(CHAT + id, null);
   if (!c || typeof c !== "object" || !Array.isArray(c.messages)) return null;
@@ -52,7 +52,7 @@ export function loadChat(id) {
   return c;
 }
 
-/// Saves a conversation and its index entry; null, or the line saying why not.
+// Saves a conversation and its index entry; null, or the line saying why not.
 export function saveChat(chat) {
   chat.updated = Date.now();
   const err = write(CHAT + chat.id, chat);
@@ -91,7 +91,7 @@ export function setCurrentChat(id) {
   else remove(CURRENT);
 }
 
-/// The sampling settings as the form holds them (strings; empty means the server's default).
+// The sampling settings as the form holds them (strings; empty means the server's default).
 export function loadSettings() {
   const s = read(SETTINGS, {});
   return s && typeof s === "object" ? s : {};
@@ -106,14 +106,14 @@ export function apiKey() {
   return typeof key === "string" ? key : "";
 }
 
-/// Keeps the key (or forgets it when empty); null, or the line saying why it could not.
+// Keeps the key (or forgets it when empty); null, or the line saying why it could not.
 export function setApiKey(key) {
   if (key) return write(API_KEY, key);
   remove(API_KEY);
   return null;
 }
 
-/// Whether another tab changed the conversations (the `storage` event's key).
+// Whether another tab changed the conversations (the `storage` event's key).
 export function isChatKey(key) {
   return key === null || key === INDEX || key.startsWith(CHAT);
 }

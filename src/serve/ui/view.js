@@ -12,8 +12,8 @@ function el(tag, className, text) {
   return e;
 }
 
-/// The sidebar: one entry per conversation, the open one marked. Delete asks once more (the
-/// button turns into "Delete?" for a few seconds) rather than through a dialog.
+// The sidebar: one entry per conversation, the open one marked. Delete asks once more (the
+// button turns into "Delete?" for a few seconds) rather than through a dialog.
 export function renderChatList(chats, currentId, { open, remove }) {
   const nav = $("conversations");
   nav.replaceChildren(...chats.map((c) => {
@@ -40,7 +40,7 @@ export function renderChatList(chats, currentId, { open, remove }) {
   }));
 }
 
-/// All messages of a conversation (or the empty state).
+// All messages of a conversation (or the empty state).
 export function renderMessages(chat) {
   const box = $("messages");
   const items = (chat?.messages || []).map(messageElement);
@@ -57,7 +57,7 @@ function emptyState() {
   return e;
 }
 
-/// A new element for a message; an assistant's is filled by `updateAssistant`.
+// A new element for a message; an assistant's is filled by `updateAssistant`.
 export function messageElement(m) {
   const e = el("article", `msg ${m.role}`);
   if (m.role === "user") {
@@ -71,8 +71,8 @@ export function messageElement(m) {
   return e;
 }
 
-/// Brings an assistant message's element up to date with `m` (its `<details>` keeps whether
-/// the user opened it).
+// Brings an assistant message's element up to date with `m` (its `<details>` keeps whether
+// the user opened it).
 export function updateAssistant(e, m) {
   e.dataset.state = m.state || "done";
   const details = e.querySelector(".reasoning");
@@ -100,7 +100,7 @@ function seconds(ms) {
   return ms < 10000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms / 1000)} s`;
 }
 
-/// `prompt 31 (12 cached) · 48 tokens · 35.2 tok/s · TTFT 180 ms · 1.6 s · stop`
+// `prompt 31 (12 cached) · 48 tokens · 35.2 tok/s · TTFT 180 ms · 1.6 s · stop`
 export function statsLine(m) {
   const s = m.stats;
   if (!s) return m.state === "interrupted" ? "interrupted (the page was closed while it streamed)" : "";
@@ -117,14 +117,14 @@ export function statsLine(m) {
   return parts.join(" · ");
 }
 
-/// The one-line error above the composer (empty hides it).
+// The one-line error above the composer (empty hides it).
 export function showError(text) {
   const e = $("error");
   e.textContent = text || "";
   e.hidden = !text;
 }
 
-/// The textarea grows with its text, up to a third of the window.
+// The textarea grows with its text, up to a third of the window.
 export function autosize(t) {
   t.style.height = "auto";
   t.style.height = `${Math.min(t.scrollHeight, window.innerHeight / 3)}px`;
