@@ -121,6 +121,7 @@ function openChat(id) {
   if (live && state.chat === live) state.active.element = $("messages").lastElementChild;
   refreshList();
   view.showError("");
+  document.body.classList.remove("show-sidebar");
   $("input").focus();
 }
 
@@ -340,6 +341,10 @@ function wire() {
     if (e.key === "Escape" && state.active) state.active.controller.abort();
   });
   $("new-chat").addEventListener("click", () => openChat(null));
+  $("menu-toggle").addEventListener("click", () => document.body.classList.toggle("show-sidebar"));
+  document.querySelector("main").addEventListener("click", (e) => {
+    if (e.target.id !== "menu-toggle") document.body.classList.remove("show-sidebar");
+  });
   $("settings-toggle").addEventListener("click", () => openPanel("settings"));
   $("key-toggle").addEventListener("click", () => openPanel("key-panel"));
   $("key-form").addEventListener("submit", saveKey);
