@@ -311,16 +311,23 @@ function openPanel(id, open) {
 
 function copyCode(button) {
   const code = button.closest(".code")?.querySelector("code")?.textContent ?? "";
-  const done = () => {
-    button.textContent = "Copied";
+  const shown = (text) => {
+    button.textContent = text;
     setTimeout(() => (button.textContent = "Copy"), 1500);
   };
-  // The clipboard API needs a secure context (127.0.0.1 is one, a LAN address is not).
+  // The clipboard API needs a secure context (127.0.0.1 is one, a LAN address over http is not):
+  // there, the older selection copy still works.
   if (navigator.clipboard && window.isSecureContext) {
-    navigator.clipboard.writeText(code).then(done, () => (button.textContent = "Copy failed"));
-  } else {
-    button.textContent = "Copy needs https or 127.0.0.1";
+    navigator.clipboard.writeText(code).then(() => shown("Copied"), () => shown("Copy failed"));
+    return;
   }
+  const area = document.createElement("textarea");
+  area.value = code;
+  document.body.append(area);
+  area.select();
+  const ok = document.execCommand("copy");
+  area.remove();
+  shown(ok ? "Copied" : "Copy failed");
 }
 
 function wire() {
