@@ -277,9 +277,10 @@ def reasoning():
     out["img_in_messages"] = len(D.find_elements(By.CSS_SELECTOR, "#messages img"))
     out["code_blocks"] = [e.text for e in D.find_elements(By.CSS_SELECTOR, "#messages .code code")]
     out["markdown"] = markdown_cases(ARGS.get("markdown", []))
-    if ARGS.get("shot"):
-        D.find_element(By.CSS_SELECTOR, "#messages details.reasoning:not([hidden]) summary").click()
+    if ARGS.get("shot"):  # as the reply ended (reasoning collapsed), then opened
         shot(ARGS["shot"])
+        D.find_element(By.CSS_SELECTOR, "#messages details.reasoning:not([hidden]) summary").click()
+        shot(ARGS["shot"].replace(".png", "-open.png"))
     return out
 
 
