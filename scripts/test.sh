@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on any machine, GPU or not. Installs what it needs on first use:
 # the CUDA 13 build toolchain from PyPI (scripts/cuda-env.sh), in a venv, the official
-# huggingface_hub and openai clients that the cache-sharing and server tests use, and the real
-# test model
+# huggingface_hub and openai clients that the cache-sharing and server tests use, headless
+# Chromium and selenium for the chat page's test, and the real test model
 # (scripts/assets/). It also checks formatting (cargo fmt) and lints (clippy -D warnings, GPU and
 # CPU-only builds). GPU tests are #[ignore]d
 # and show up as "ignored"/"skipped"; run them on a GPU machine with scripts/gpu-tests.sh.
@@ -24,6 +24,21 @@ pinned_venv "$PY" "import huggingface_hub, openai, anthropic, jsonschema; assert
     "huggingface_hub==$HF_HUB_VERSION" "openai==$OPENAI_VERSION" "anthropic==$ANTHROPIC_VERSION" \
     "jsonschema==$JSONSCHEMA_VERSION"
 export INFERNO_PYTHON="$PY/bin/python"
+
+# The chat page's test (tests/serve_ui.rs) drives headless Chromium through WebDriver: Debian's
+# chromium and chromium-driver (installed when missing, which takes root, as CI has) and
+# selenium from PyPI, pinned.
+SELENIUM_VERSION=4.38.0
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null \
+        || { echo "test.sh: tests/serve_ui.rs needs chromium and chromedriver: as root, apt-get install chromium chromium-driver" >&2; exit 1; }
+    echo "test.sh: installing Debian's chromium and chromium-driver (apt-get)" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } >&2 \
+        || { echo "test.sh: could not install chromium and chromium-driver (apt-get failed)" >&2; exit 1; }
+fi
+UI_PY="${INFERNO_CACHE:-$HOME/.cache/inferno}/py-selenium-$SELENIUM_VERSION"
+pinned_venv "$UI_PY" "import selenium; assert selenium.__version__ == '$SELENIUM_VERSION'" "selenium==$SELENIUM_VERSION"
+export INFERNO_UI_PYTHON="$UI_PY/bin/python"
 
 # Claude Code (tests/serve_messages.rs runs `claude -p` against `inferno serve`), pinned, from
 # npm; its package carries a native binary per platform, run directly (no postinstall, no node).

@@ -216,6 +216,9 @@ pub struct ServeArgs {
     /// Allow browser pages from this origin (CORS); repeatable, `*` for any. Off by default.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
+    /// Serve no chat page at `/` (the API alone; `GET /` is then 404).
+    #[arg(long)]
+    pub no_ui: bool,
     /// Requests that may wait for a free sequence slot; more get 503 with Retry-After.
     #[arg(long, default_value_t = 256)]
     pub max_waiting: usize,

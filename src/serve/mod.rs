@@ -17,6 +17,7 @@
 //!   [`logprobs`] writes log probabilities as the API does.
 //! - [`sse`]: streaming (SSE) or collecting a generation; the per-request log line.
 //! - [`errors`]: OpenAI error objects; [`metrics`]: Prometheus text; [`hooks`]: test-only.
+//! - [`ui`]: the chat page at `/` (static files built into the binary).
 
 mod chat;
 mod completions;
@@ -38,6 +39,7 @@ mod routes;
 mod sse;
 mod state;
 mod tool_prompt;
+mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -110,7 +112,7 @@ async fn serve(
         shutdown_rx.clone(),
         responses::Store::new(args.responses_store, args.responses_store_mb << 20),
     ));
-    let app = routes::router(state.clone(), &args.cors_origins, args.body_limit)?;
+    let app = routes::router(state.clone(), &args.cors_origins, args.body_limit, !args.no_ui)?;
     eprintln!("inferno serve · http://{addr} · loading {} …", args.model);
 
     let (load_tx, load_rx) = oneshot::channel();
@@ -255,11 +257,13 @@ fn banner(r: &Ready, device: &str, args: &ServeArgs, addr: SocketAddr, load: Dur
         "no API key"
     };
     let format = if r.harmony { " · harmony (reasoning, tools)" } else { "" };
+    let page =
+        if args.no_ui { String::new() } else { format!("\nchat:   http://{addr}/ (in a browser)") };
     format!(
         "inferno serve · {} ({}, {:?}) · {device} · {}{format} · loaded in {:.1}s\n\
          memory: {}\n\
          batch:  up to {} sequences, KV pool {} tokens ({} blocks of {BLOCK_SIZE}, ≈{}), {} tokens per step; {} may wait\n\
-         ready:  http://{addr}/v1 (OpenAI API, {key}) · /health · /metrics",
+         ready:  http://{addr}/v1 (OpenAI API, {key}) · /health · /metrics{page}",
         i.name,
         i.format,
         i.dtype,

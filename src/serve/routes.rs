@@ -1,5 +1,5 @@
 //! The HTTP surface: which path goes to which handler, the API key check (every path but
-//! `/health`), CORS (only for the origins given), the body limit, a request count per
+//! `/health` and the chat page's files, [`super::ui`]), CORS (only for the origins given), the body limit, a request count per
 //! endpoint and status for `/metrics`, and OpenAI-shaped 404/405s for everything else.
 
 use std::sync::Arc;
@@ -23,6 +23,7 @@ pub fn router(
     state: Arc<AppState>,
     cors_origins: &[String],
     body_limit: usize,
+    ui: bool,
 ) -> anyhow::Result<Router> {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::handle))
@@ -36,9 +37,11 @@ pub fn router(
         .route("/v1/models/{*id}", get(model))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    let mut app = Router::new()
-        .route("/health", get(health))
-        .merge(api)
+    let mut app = Router::new().route("/health", get(health)).merge(api);
+    if ui {
+        app = app.merge(super::ui::routes());
+    }
+    let mut app = app
         .fallback(|req: Request| async move {
             unknown(&req, "no such endpoint");
             ApiError::not_found("no such endpoint")
@@ -123,6 +126,7 @@ async fn count(State(state): State<Arc<AppState>>, req: Request, next: Next) -> 
         p if p == "/v1/responses" || p.starts_with("/v1/responses/") => "/v1/responses",
         "/health" => "/health",
         "/metrics" => "/metrics",
+        p if p == "/" || p.starts_with("/ui/") => "/ (chat page)",
         p if p == "/v1/models" || p.starts_with("/v1/models/") => "/v1/models",
         _ => "other",
     };
@@ -155,6 +159,8 @@ fn model_object(state: &AppState) -> serde_json::Value {
     });
     if let Some(r) = state.loaded() {
         m["max_model_len"] = r.engine.context().into();
+        // Whether `reasoning_effort` applies (gpt-oss): the chat page offers it only then.
+        m["reasoning"] = r.harmony.into();
     }
     m
 }

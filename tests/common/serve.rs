@@ -160,8 +160,21 @@ impl Server {
         args: serde_json::Value,
     ) -> serde_json::Value {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
-        let out = python_command()
-            .arg(std::path::Path::new(dir).join(script))
+        self.script(python_command(), &Path::new(dir).join(script), scenario, args)
+    }
+
+    /// `PYTHON SCRIPT URL SCENARIO ARGS`: a scenario of a script against this server; the JSON
+    /// it prints. A failure shows the script's stderr and the server's log.
+    pub fn script(
+        &self,
+        mut python: Command,
+        script: &Path,
+        scenario: &str,
+        args: serde_json::Value,
+    ) -> serde_json::Value {
+        let name = script.file_name().unwrap_or_default().to_string_lossy();
+        let out = python
+            .arg(script)
             .arg(self.url())
             .arg(scenario)
             .arg(args.to_string())
@@ -169,13 +182,13 @@ impl Server {
             .expect("running python");
         assert!(
             out.status.success(),
-            "{script} {scenario} failed:\n{}\n--- server log ---\n{}",
+            "{name} {scenario} failed:\n{}\n--- server log ---\n{}",
             String::from_utf8_lossy(&out.stderr),
             self.log()
         );
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
-                "{script} {scenario} printed no JSON ({e}): {}",
+                "{name} {scenario} printed no JSON ({e}): {}",
                 String::from_utf8_lossy(&out.stdout)
             )
         })
@@ -206,12 +219,20 @@ impl Drop for Server {
 
 /// The python with the `openai` package (scripts/test.sh makes it and sets INFERNO_PYTHON).
 pub fn python_command() -> Command {
-    let py = std::env::var("INFERNO_PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let ok =
-        Command::new(&py).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    python_with("INFERNO_PYTHON", "openai")
+}
+
+/// The python `var` names (else `python3`), which must import `module`: scripts/test.sh makes
+/// the venvs and sets the variables.
+pub fn python_with(var: &str, module: &str) -> Command {
+    let py = std::env::var(var).unwrap_or_else(|_| "python3".to_string());
+    let ok = Command::new(&py)
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
     assert!(
         ok,
-        "{py} cannot import openai: run scripts/test.sh, or set INFERNO_PYTHON to a python that has it"
+        "{py} cannot import {module}: run scripts/test.sh, or set {var} to a python that has it"
     );
     Command::new(py)
 }

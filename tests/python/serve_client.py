@@ -808,5 +808,21 @@ def disconnects():
     return {"streamed": sum(kinds), "collected": n - sum(kinds), "wall_s": time.time() - started}
 
 
+def turns():
+    """A conversation streamed turn by turn, each reply sent back with the next message (what
+    the chat page does): each turn's content, reasoning and usage."""
+    c = client()
+    msgs, out = [], []
+    for text in ARGS["messages"]:
+        msgs.append({"role": "user", "content": text})
+        content, reasoning, finish, usage, _, _ = chat_stream(
+            c, model=model_id(), messages=msgs, stream_options={"include_usage": True}, **ARGS["settings"]
+        )
+        msgs.append({"role": "assistant", "content": content})
+        out.append({"content": content, "reasoning": reasoning, "finish": finish,
+                    "completion_tokens": usage.completion_tokens})
+    return {"turns": out}
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[SCENARIO]()))
