@@ -124,3 +124,41 @@ fn a_client_gone_mid_stream_cancels_its_generation() {
     }
     assert!(s.log().contains("client disconnected"), "{}", s.log());
 }
+
+/// `truncation: "auto"` drops the oldest turns until the input fits (the newest message stays);
+/// without it, the same conversation is a 400 `context_length_exceeded`.
+#[test]
+fn truncation_auto_drops_the_oldest_turns_until_the_input_fits() {
+    let model = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
+    let s = Server::start(&model, &["--context", "256", "--kv-tokens", "1024"], &[]);
+    let mut input = Vec::new();
+    for t in 0..12 {
+        let said =
+            format!("Turn {t}: tell me one more fact about the planets of the solar system.");
+        input.push(json!({"role": "user", "content": said}));
+        input.push(json!({"role": "assistant", "content": format!("Fact {t}: Jupiter is the largest planet, and Mercury is the closest to the sun.")}));
+    }
+    input.push(json!({"role": "user", "content": "Which planet is the largest?"}));
+    let body = |truncation: &str| {
+        json!({"input": input, "max_output_tokens": 8, "temperature": 0,
+               "instructions": "Answer briefly.", "truncation": truncation})
+        .to_string()
+    };
+    let headers = [("Content-Type", "application/json")];
+    let (status, text) = s.request("POST", "/v1/responses", &headers, body("disabled").as_bytes());
+    assert_eq!(status, 400, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("truncation \"auto\""), "{v}");
+    let (status, text) = s.request("POST", "/v1/responses", &headers, body("auto").as_bytes());
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["truncation"], "auto", "{v}");
+    let used = v["usage"]["input_tokens"].as_u64().unwrap()
+        + v["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+    // It fits, and no more went than needed: a turn is ~40 tokens.
+    assert!(used < 256 && used > 256 - 2 * 45, "{used} input tokens: {v}");
+    let (status, text) = s.request("POST", "/v1/responses", &headers, body("sometimes").as_bytes());
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("truncation must be"), "{text}");
+}

@@ -67,12 +67,11 @@ fn prepare(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prep
     if items.is_empty() {
         return Err(ApiError::bad_param("input", "input is empty"));
     }
-    let messages = input::messages(checked.instructions.as_deref(), &items)?;
     let mut common = req.common.clone();
     common.max_tokens = None;
-    let chat = ChatRequest {
+    let mut chat = ChatRequest {
         common,
-        messages,
+        messages: Vec::new(),
         max_completion_tokens: checked.max_output_tokens,
         logprobs: None,
         top_logprobs: None,
@@ -87,14 +86,20 @@ fn prepare(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prep
         chat.tools.as_ref(),
         req.tool_choice.as_ref(),
     )?;
-    let prompt = super::prompt::chat_prompt(&ready, &chat, date, structured.format.as_ref())
-        .map_err(as_input_error)?;
     let context = ready.engine.context();
+    let prompt = loop {
+        chat.messages = input::messages(checked.instructions.as_deref(), &items)?;
+        let prompt = super::prompt::chat_prompt(&ready, &chat, date, structured.format.as_ref())
+            .map_err(as_input_error)?;
+        if prompt.len() < context || !checked.truncate || !drop_oldest(&mut items) {
+            break prompt;
+        }
+    };
     if prompt.len() >= context {
         let mut e = ApiError::bad_param(
             "input",
             format!(
-                "the input is {} tokens; this model's context holds {context} (input and output): shorten it or restart the server with a larger --context",
+                "the input is {} tokens; this model's context holds {context} (input and output): shorten it, pass truncation \"auto\", or restart the server with a larger --context",
                 prompt.len()
             ),
         );
@@ -102,6 +107,27 @@ fn prepare(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prep
         return Err(e);
     }
     Ok(Prepared { ready, req, checked, chat, items, prompt, structured })
+}
+
+/// `truncation: "auto"` (OpenAI's: input items dropped from the conversation's start): drops
+/// the oldest turn that is not a system or developer message, with the items that belong to it
+/// (up to the next user message, so a tool call goes with its output and the conversation still
+/// opens with the user). The newest user message stays; `false` when nothing more can go.
+fn drop_oldest(items: &mut Vec<Value>) -> bool {
+    let role = |i: &Value| i.get("role").and_then(Value::as_str).unwrap_or("").to_string();
+    let kept = |i: &Value| matches!(role(i).as_str(), "system" | "developer");
+    let is_user = |i: &Value| role(i) == "user";
+    let Some(first) = items.iter().position(|i| !kept(i)) else { return false };
+    // The turn that starts at `first` ends before the next user message.
+    let end = items[first + 1..].iter().position(|i| is_user(i)).map(|p| first + 1 + p);
+    let Some(end) = end else { return false };
+    let mut n = 0;
+    items.retain(|i| {
+        let here = n;
+        n += 1;
+        kept(i) || !(first..end).contains(&here)
+    });
+    true
 }
 
 /// Chat's errors name `messages`; here they are about `input`.

@@ -6,8 +6,8 @@
 //! and `namespace` tools (never offered to the model), `include:
 //! ["reasoning.encrypted_content"]` (reasoning comes back as plain `reasoning_text`, which
 //! Codex replays), `prompt_cache_key`, `client_metadata`, `reasoning.summary`. Refused: other
-//! hosted and custom tools, `background`, `conversation`, `prompt`, `truncation: "auto"`,
-//! logprobs. `text.format` (json_object, json_schema) and a forced `tool_choice` (required, or
+//! hosted and custom tools, `background`, `conversation`, `prompt`, logprobs.
+//! `truncation: "auto"` drops the conversation's oldest items until it fits (`mod.rs`). `text.format` (json_object, json_schema) and a forced `tool_choice` (required, or
 //! a function by name) constrain the reply as on chat ([`crate::serve::constraint`]).
 
 use serde::Deserialize;
@@ -52,6 +52,8 @@ pub struct Checked {
     pub previous_response_id: Option<String>,
     /// `text.format` as a constraint (none for text).
     pub text_format: Option<ReplyFormat>,
+    /// `truncation: "auto"`: the oldest items go until the input fits the context.
+    pub truncate: bool,
     /// The request's fields the response object repeats.
     pub echo: Map<String, Value>,
 }
@@ -85,18 +87,16 @@ pub fn check(r: &ResponsesRequest) -> Result<Checked, ApiError> {
             return Err(bad(name, format!("{name} is not supported by this server: send input")));
         }
     }
-    match string_of("truncation", &r.truncation)?.as_deref() {
-        None | Some("disabled") => {}
-        Some("auto") => {
+    let truncate = match string_of("truncation", &r.truncation)?.as_deref() {
+        None | Some("disabled") => false,
+        Some("auto") => true,
+        Some(o) => {
             return Err(bad(
                 "truncation",
-                "truncation \"auto\" is not supported: use \"disabled\"",
+                format!("truncation must be \"auto\" or \"disabled\", not {o:?}"),
             ));
         }
-        Some(o) => {
-            return Err(bad("truncation", format!("truncation must be \"disabled\", not {o:?}")));
-        }
-    }
+    };
     if let Some(t) = r.common.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
         return Err(bad("temperature", format!("temperature must be from 0 to 2, not {t}")));
     }
@@ -133,7 +133,7 @@ pub fn check(r: &ResponsesRequest) -> Result<Checked, ApiError> {
     echo.insert("max_output_tokens".into(), json!(max_output_tokens));
     echo.insert("reasoning".into(), reasoning);
     echo.insert("text".into(), text);
-    echo.insert("truncation".into(), "disabled".into());
+    echo.insert("truncation".into(), if truncate { "auto" } else { "disabled" }.into());
     echo.insert("metadata".into(), r.metadata.clone().unwrap_or(json!({})));
     let store = bool_of("store", &r.store)?.unwrap_or(true);
     echo.insert("store".into(), store.into());
@@ -147,6 +147,7 @@ pub fn check(r: &ResponsesRequest) -> Result<Checked, ApiError> {
         store,
         previous_response_id,
         text_format,
+        truncate,
         echo,
     })
 }
