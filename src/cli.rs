@@ -185,7 +185,8 @@ pub struct PlayArgs {
     /// Stop when the reply contains this text (repeatable).
     #[arg(long = "stop", value_name = "TEXT")]
     pub stop: Vec<String>,
-    /// KV-cache size in tokens (default: the model's, at most 8192).
+    /// KV-cache size in tokens (default: the model's trained context when it fits the GPU, else
+    /// the largest that does; the banner says which).
     #[arg(long)]
     pub context: Option<usize>,
     #[command(flatten)]
@@ -225,7 +226,8 @@ pub struct ServeArgs {
     /// Sequences decoded together at most.
     #[arg(long, default_value_t = 16)]
     pub max_seqs: usize,
-    /// Positions one sequence may hold, prompt and reply (default: the model's, at most 8192).
+    /// Positions one sequence may hold, prompt and reply (default: the model's trained context
+    /// when it fits the GPU, else the largest that does; the banner says which).
     #[arg(long)]
     pub context: Option<usize>,
     /// Tokens of KV cache shared by all sequences (default: what fits beside the model, up to

@@ -85,9 +85,19 @@ pub struct ModelInfo {
     pub budget: Option<Budget>,
     /// Device memory taken by loading (weights and RoPE tables), when measurable.
     pub device_bytes: Option<u64>,
+    /// GPUs the model is split over (`--tp`); the plan and memory above are one GPU's.
+    pub ranks: usize,
 }
 
 impl ModelInfo {
+    /// The device for banners: `NVIDIA H100 80GB HBM3 × 2 (--tp 2; plan and memory per GPU)`.
+    pub fn device_label(&self, gpu_name: &str) -> String {
+        match self.ranks {
+            1 => gpu_name.to_string(),
+            n => format!("{gpu_name} × {n} (--tp {n}; plan and memory per GPU)"),
+        }
+    }
+
     /// The context for banners: `context 8192 (model max 131072; the largest that fits)`.
     pub fn context_label(&self) -> String {
         let why = if self.context_fitted { "; the largest that fits" } else { "" };
@@ -289,6 +299,7 @@ fn load_with(
         plan,
         budget,
         device_bytes,
+        ranks: shard.world,
     };
     Ok(Loaded { model, info })
 }

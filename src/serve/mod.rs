@@ -259,6 +259,7 @@ fn banner(r: &Ready, device: &str, args: &ServeArgs, addr: SocketAddr, load: Dur
     let format = if r.harmony { " · harmony (reasoning, tools)" } else { "" };
     let page =
         if args.no_ui { String::new() } else { format!("\nchat:   http://{addr}/ (in a browser)") };
+    let device = i.device_label(device);
     format!(
         "inferno serve · {} ({}, {:?}) · {device} · {}{format} · loaded in {:.1}s\n\
          memory: {}\n\

@@ -134,6 +134,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "format": loaded.format,
             "dtype": format!("{:?}", loaded.dtype).to_lowercase(),
             "device": gpu_name,
+            "tp": loaded.ranks,
             "context": loaded.context,
             "concurrency": streams,
             "step_tokens": step_tokens,
@@ -163,7 +164,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "model:   {} ({}, {:?}, context {})",
         loaded.name, loaded.format, loaded.dtype, loaded.context
     );
-    println!("device:  {gpu_name}");
+    println!("device:  {}", loaded.device_label(&gpu_name));
     println!("plan:    {}", loaded.plan.summary(loaded.budget.as_ref()));
     println!("sample:  {}", sampling_line(&sampling.config));
     if let Some(line) = constrained_line(&sampling, &runs) {

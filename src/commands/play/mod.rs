@@ -308,7 +308,7 @@ fn banner(l: &ModelInfo, gpu_name: &str, dialogue: &Dialogue, load_s: f64) -> St
         l.name,
         l.format,
         l.dtype,
-        gpu_name,
+        l.device_label(gpu_name),
         l.context_label(),
         l.plan.summary(l.budget.as_ref())
     )
