@@ -1,0 +1,102 @@
+//! Bounds on one render of a chat template: the work (minijinja's fuel: one unit per
+//! instruction), the output size and the depth of nested calls.
+//!
+//! A template comes with a model's files, from whoever published them; one whose loops nest two
+//! ranges of 100,000 would otherwise keep `play` or a `serve` request rendering for minutes.
+//! The work and output budgets grow with the render's input (its JSON context), so a
+//! conversation of any size that a template walks once or a few times never reaches them:
+//! running out is the template's fault, not the request's.
+//!
+//! Not bounded: memory within the budgets. minijinja caps one repetition (`'x' * n`, `[x] * n`)
+//! at 100 million items but not concatenation, so a template can still double a string a few
+//! dozen times; there is no hook for it short of a separate process.
+
+use std::io;
+
+/// Instructions any render may run (the Llama 3.1 template with tools runs a few thousand).
+const BASE_FUEL: u64 = 2_000_000;
+/// Further instructions per byte of input: a template visits each message a few times at ~100
+/// instructions per visit, and a message takes at least ~30 bytes of JSON.
+const FUEL_PER_BYTE: u64 = 16;
+/// Bytes any render may write (templates' fixed text is a few kB).
+const BASE_OUTPUT: usize = 1 << 20;
+/// Further bytes per byte of input: the input rendered once or twice, or as indented JSON.
+const OUTPUT_PER_BYTE: usize = 8;
+/// Macro calls and includes nested at most (the deepest real template nests 3): each level
+/// takes a few kB of the rendering thread's stack, and serve's threads have 2 MiB.
+pub(super) const MAX_DEPTH: usize = 64;
+
+/// What one render may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Budget {
+    pub fuel: u64,
+    pub output: usize,
+}
+
+impl Budget {
+    /// The budget for a render whose context serializes to `input` bytes of JSON.
+    pub fn for_input(input: usize) -> Budget {
+        Budget {
+            fuel: BASE_FUEL.saturating_add(FUEL_PER_BYTE.saturating_mul(input as u64)),
+            output: BASE_OUTPUT.saturating_add(OUTPUT_PER_BYTE.saturating_mul(input)),
+        }
+    }
+}
+
+/// The render's output, refused past `cap` bytes (minijinja then stops with a write failure).
+pub(super) struct Capped {
+    pub buf: Vec<u8>,
+    cap: usize,
+    pub overflowed: bool,
+}
+
+impl Capped {
+    pub fn new(cap: usize) -> Capped {
+        Capped { buf: Vec::new(), cap, overflowed: false }
+    }
+}
+
+impl io::Write for Capped {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.buf.len().saturating_add(data.len()) > self.cap {
+            self.overflowed = true;
+            return Err(io::Error::other("chat template output limit"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The one-line message for a render stopped by a limit, if `e` is one (an include or a macro
+/// call wraps the error that stopped it, so the whole chain is searched).
+pub(super) fn exceeded(e: &minijinja::Error, out: &Capped, budget: Budget) -> Option<String> {
+    use minijinja::ErrorKind as K;
+    let chain = std::iter::successors(Some(e), |e| {
+        std::error::Error::source(*e).and_then(|s| s.downcast_ref::<minijinja::Error>())
+    });
+    let (mut fuel, mut depth) = (false, false);
+    for e in chain {
+        fuel |= e.kind() == K::OutOfFuel;
+        depth |= e.kind() == K::InvalidOperation && e.detail() == Some("recursion limit exceeded");
+    }
+    let what = if out.overflowed {
+        format!("wrote more than {} bytes", budget.output)
+    } else if fuel {
+        format!("ran past its limit of {} steps", budget.fuel)
+    } else if depth {
+        format!("nested calls deeper than {MAX_DEPTH}")
+    } else {
+        return None;
+    };
+    Some(format!(
+        "the model's chat template {what} for this conversation (a template that never ends?)"
+    ))
+}
+
+#[cfg(test)]
+#[path = "limits_tests.rs"]
+mod tests;
