@@ -7,17 +7,31 @@
 //! conversation of any size that a template walks once or a few times never reaches them:
 //! running out is the template's fault, not the request's.
 //!
-//! Not bounded: memory within the budgets. minijinja caps one repetition (`'x' * n`, `[x] * n`)
-//! at 100 million items but not concatenation, so a template can still double a string a few
-//! dozen times; there is no hook for it short of a separate process.
+//! Data a template nests (a list wrapped in a list on each pass of a loop) is printed, compared
+//! and dropped recursively inside minijinja, a stack frame per level, and only the fuel bounds
+//! its depth: renders run on a thread of their own whose stack ([`RENDER_STACK`], reserved, not
+//! used until touched) holds the deepest nesting the fuel cap ([`MAX_FUEL`]) allows.
+//!
+//! Not bounded: memory. minijinja caps one repetition (`'x' * n`, `[x] * n`) at 100 million
+//! items but not concatenation, so a template that doubles a string on each pass of a loop
+//! (`ns.s = ns.s ~ ns.s`) exhausts memory in a few dozen instructions and the process is
+//! killed; minijinja has no hook for it, so bounding it needs the render in a separate
+//! process with a memory limit.
 
 use std::io;
+use std::time::Duration;
 
 /// Instructions any render may run (the Llama 3.1 template with tools runs a few thousand).
-const BASE_FUEL: u64 = 2_000_000;
-/// Further instructions per byte of input: a template visits each message a few times at ~100
-/// instructions per visit, and a message takes at least ~30 bytes of JSON.
-const FUEL_PER_BYTE: u64 = 16;
+const BASE_FUEL: u64 = 1_000_000;
+/// Further instructions per byte of input: the real templates of tests/fixtures run 25 to 62
+/// per message, and a message takes at least 28 bytes of JSON.
+const FUEL_PER_BYTE: u64 = 4;
+/// The most instructions any render runs: what 30,000 messages take with the heaviest real
+/// template (more than a 128k-token context holds), and what [`RENDER_STACK`] is sized for.
+pub(super) const MAX_FUEL: u64 = 2_000_000;
+/// The rendering thread's stack: a level of nested data takes up to ~500 bytes of it (printing
+/// a list of lists), and a level costs at least one instruction.
+pub(super) const RENDER_STACK: usize = 2 << 30;
 /// Bytes any render may write (templates' fixed text is a few kB).
 const BASE_OUTPUT: usize = 1 << 20;
 /// Further bytes per byte of input: the input rendered once or twice, or as indented JSON.
@@ -25,6 +39,12 @@ const OUTPUT_PER_BYTE: usize = 8;
 /// Macro calls and includes nested at most (the deepest real template nests 3): each level
 /// takes a few kB of the rendering thread's stack, and serve's threads have 2 MiB.
 pub(super) const MAX_DEPTH: usize = 64;
+
+/// How long a caller waits for a render. Fuel counts instructions, but one instruction can cost
+/// up to minijinja's own caps (`range(100000) | sort`, `'x' * 100000000`), so a template can
+/// still take minutes within its fuel; the caller gets this error in time, and the render
+/// runs on, unseen, until its fuel is gone.
+pub(super) const RENDER_TIME: Duration = Duration::from_secs(10);
 
 /// What one render may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +57,7 @@ impl Budget {
     /// The budget for a render whose context serializes to `input` bytes of JSON.
     pub fn for_input(input: usize) -> Budget {
         Budget {
-            fuel: BASE_FUEL.saturating_add(FUEL_PER_BYTE.saturating_mul(input as u64)),
+            fuel: BASE_FUEL.saturating_add(FUEL_PER_BYTE.saturating_mul(input as u64)).min(MAX_FUEL),
             output: BASE_OUTPUT.saturating_add(OUTPUT_PER_BYTE.saturating_mul(input)),
         }
     }
@@ -95,6 +115,14 @@ pub(super) fn exceeded(e: &minijinja::Error, out: &Capped, budget: Budget) -> Op
     Some(format!(
         "the model's chat template {what} for this conversation (a template that never ends?)"
     ))
+}
+
+/// The message for a render that missed its deadline.
+pub(super) fn too_slow(deadline: Duration) -> String {
+    format!(
+        "the model's chat template did not finish within {}s for this conversation (a template that never ends?)",
+        deadline.as_secs_f32()
+    )
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ fn two_nested_loops_of_100000_stop_at_the_step_limit() {
     let (err, took) = render_err(src, vec![]);
     assert_eq!(
         err,
-        "the model's chat template ran past its limit of 2001184 steps for this conversation (a template that never ends?)"
+        "the model's chat template ran past its limit of 1000296 steps for this conversation (a template that never ends?)"
     );
     assert!(took < Duration::from_secs(5), "took {took:?}");
     // The same inside a macro and an include, which wrap the error.
@@ -48,6 +48,22 @@ fn endless_recursion_stops_at_the_depth_limit_within_a_2_mib_stack() {
     assert!(err.contains("nested calls deeper than 64"), "{err}");
     let (err, _) = render_err("x{% include 'chat_template' %}", vec![]);
     assert!(err.contains("nested calls deeper than 64"), "{err}");
+}
+
+#[test]
+fn a_render_past_its_deadline_is_answered_in_time() {
+    // Each pass sorts 100,000 items in one instruction: seconds of work within little fuel.
+    let src = "{% for i in range(2000) %}{{ range(100000) | list | sort | length }}{% endfor %}";
+    let t = ChatTemplate::new(src, None, None).unwrap();
+    let t0 = Instant::now();
+    let ctx = serde_json::Map::new();
+    let err = t.render_bounded(ctx, Duration::from_millis(300)).unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert_eq!(kind_of(&err), ErrorKind::Other);
+    assert_eq!(
+        err.to_string(),
+        "the model's chat template did not finish within 0.3s for this conversation (a template that never ends?)"
+    );
 }
 
 #[test]
@@ -82,3 +98,4 @@ fn a_long_conversation_renders_with_real_templates() {
         assert!(out.matches("hi").count() >= 20_000, "{name}");
     }
 }
+

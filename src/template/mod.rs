@@ -166,33 +166,34 @@ impl ChatTemplate {
         }
         ctx.insert("messages".into(), messages.clone());
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
-        self.render_bounded(&ctx)
+        self.render_bounded(ctx, limits::RENDER_TIME)
     }
 
-    /// Renders with the context `ctx` within the [`limits::Budget`] its size allows.
-    fn render_bounded(&self, ctx: &serde_json::Map<String, serde_json::Value>) -> Result<String> {
-        let budget = limits::Budget::for_input(serde_json::to_vec(ctx)?.len());
-        // Fuel is the environment's setting, so each render gets a copy (templates and
-        // functions inside are shared, not copied).
-        let mut env = self.env.clone();
-        env.set_fuel(Some(budget.fuel));
-        let tmpl = env.get_template(NAME).context("chat template missing from its environment")?;
-        let mut out = limits::Capped::new(budget.output);
-        let rendered =
-            tmpl.render_captured_to(Value::from(minijinja::value::Serde(ctx)), &mut out);
-        if let Err(e) = rendered {
-            return Err(match (limits::exceeded(&e, &out, budget), raised_message(&e)) {
-                (Some(limit), _) => fail(ErrorKind::Other, limit),
-                (None, Some(msg)) => fail(
-                    ErrorKind::InvalidInput,
-                    format!("the chat template rejected the conversation: {msg}"),
-                ),
-                (None, None) => {
-                    fail(ErrorKind::InvalidInput, format!("chat template failed: {}", describe(&e)))
-                }
-            });
+    /// Renders with the context `ctx` on a thread of its own with [`limits::RENDER_STACK`],
+    /// waiting at most `deadline` for it. A render past the deadline is left to run out of fuel
+    /// (minijinja cannot be interrupted); a panic inside minijinja fails this render only.
+    fn render_bounded(
+        &self,
+        ctx: serde_json::Map<String, serde_json::Value>,
+        deadline: std::time::Duration,
+    ) -> Result<String> {
+        use std::sync::mpsc::RecvTimeoutError;
+        let env = self.env.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("inferno-template".into())
+            .stack_size(limits::RENDER_STACK)
+            .spawn(move || {
+                let _ = tx.send(render_within_budget(env, &ctx));
+            })
+            .context("starting the chat template's thread")?;
+        match rx.recv_timeout(deadline) {
+            Ok(rendered) => rendered,
+            Err(RecvTimeoutError::Timeout) => Err(fail(ErrorKind::Other, limits::too_slow(deadline))),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(fail(ErrorKind::Other, "the chat template's render panicked"))
+            }
         }
-        String::from_utf8(out.buf).context("the chat template wrote invalid UTF-8")
     }
 
     /// The template of a model directory's files: `chat_template.jinja` if there is one, else
@@ -216,6 +217,35 @@ impl ChatTemplate {
         };
         Self::new(&source, token("bos_token"), token("eos_token"))
     }
+}
+
+/// Renders the chat template of `env` with the context `ctx` within the [`limits::Budget`] its
+/// size allows.
+fn render_within_budget(
+    mut env: Environment<'static>,
+    ctx: &serde_json::Map<String, serde_json::Value>,
+) -> Result<String> {
+    let budget = limits::Budget::for_input(serde_json::to_vec(ctx)?.len());
+    // Fuel is the environment's setting: each render has its own copy (the templates and
+    // functions inside are shared, not copied).
+    env.set_fuel(Some(budget.fuel));
+    let tmpl = env.get_template(NAME).context("chat template missing from its environment")?;
+    let mut out = limits::Capped::new(budget.output);
+    let rendered =
+        tmpl.render_captured_to(Value::from(minijinja::value::Serde(ctx)), &mut out);
+    if let Err(e) = rendered {
+        return Err(match (limits::exceeded(&e, &out, budget), raised_message(&e)) {
+            (Some(limit), _) => fail(ErrorKind::Other, limit),
+            (None, Some(msg)) => fail(
+                ErrorKind::InvalidInput,
+                format!("the chat template rejected the conversation: {msg}"),
+            ),
+            (None, None) => {
+                fail(ErrorKind::InvalidInput, format!("chat template failed: {}", describe(&e)))
+            }
+        });
+    }
+    String::from_utf8(out.buf).context("the chat template wrote invalid UTF-8")
 }
 
 /// transformers' `{% generation %}…{% endgeneration %}` (its AssistantTracker extension) only

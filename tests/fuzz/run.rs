@@ -27,7 +27,13 @@ pub fn fuzz<S: Strategy>(
 ) where
     S::Value: Debug,
 {
+    // A stack overflow or an abort ends the process before proptest can report the input:
+    // INFERNO_FUZZ_TRACE=1 prints each input first, so the last one printed is the culprit.
+    let trace = std::env::var_os("INFERNO_FUZZ_TRACE").is_some();
     let timed = |v: S::Value| {
+        if trace {
+            eprintln!("fuzz {name} input: {v:?}");
+        }
         let t0 = Instant::now();
         check(v)?;
         let took = t0.elapsed();
