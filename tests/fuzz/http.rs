@@ -21,7 +21,10 @@ fn model() -> PathBuf {
 
 /// A server with short timeouts, so the attacks that wait on them end quickly.
 pub fn server(extra: &[&str]) -> Server {
-    let mut args = vec!["--context", "256", "--max-seqs", "4", "--idle-timeout", "2"];
+    let mut args = vec!["--context", "256", "--max-seqs", "4"];
+    if !extra.contains(&"--idle-timeout") {
+        args.extend(["--idle-timeout", "2"]);
+    }
     args.extend_from_slice(extra);
     Server::start(&model(), &args, &[])
 }

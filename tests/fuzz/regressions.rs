@@ -34,3 +34,32 @@ fn template_nested_list_overflowed_the_stack() {
         }
     }
 }
+
+/// gguf_generated: a GGUF whose `token_embd.weight` has no dimensions panicked (an index out
+/// of bounds) where the loader took the vocabulary size from its first dimension.
+#[test]
+fn gguf_token_embd_without_dimensions_panicked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.gguf");
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes()); // tensors
+    b.extend_from_slice(&1u64.to_le_bytes()); // metadata entries
+    let string = |b: &mut Vec<u8>, s: &str| {
+        b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        b.extend_from_slice(s.as_bytes());
+    };
+    string(&mut b, "general.architecture");
+    b.extend_from_slice(&8u32.to_le_bytes());
+    string(&mut b, "qwen3");
+    string(&mut b, "token_embd.weight");
+    b.extend_from_slice(&0u32.to_le_bytes()); // no dimensions
+    b.extend_from_slice(&0u32.to_le_bytes()); // F32
+    b.extend_from_slice(&0u64.to_le_bytes()); // offset
+    b.resize(b.len().next_multiple_of(32) + 32, 0);
+    std::fs::write(&path, b).unwrap();
+    let opts = inferno::load::LoadOptions { dtype: None, context: Some(64), dummy: false };
+    let source = inferno::load::Source::Gguf(path);
+    let err = inferno::load::Spec::read(&source, &opts, inferno::load::Target::Host).unwrap_err();
+    assert_eq!(err.to_string(), "GGUF file's token_embd.weight has no dimensions");
+}
