@@ -97,7 +97,7 @@ fn gguf_files_edited_from_real_ones() {
     let seeds = gguf_seeds();
     // The SmolLM2 header is large: a third of the cases, and fewer edits land on its structure.
     let strategy = (0..seeds.len() + 1, edits(8));
-    fuzz("gguf_edited", 160, Duration::from_secs(20), strategy, |(i, e)| {
+    fuzz("gguf_edited", 300, Duration::from_secs(20), strategy, |(i, e)| {
         let seed = &seeds[i.min(seeds.len() - 1)];
         write_sparse(&path, &apply(&seed.bytes, &e), seed.len);
         check_gguf(&path);
@@ -110,7 +110,7 @@ fn gguf_files_generated() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("model.gguf");
     let strategy = (gguf_doc(), prop::option::weighted(0.3, edits(4)));
-    fuzz("gguf_generated", 400, Duration::from_secs(20), strategy, |(doc, e): (GgufDoc, _)| {
+    fuzz("gguf_generated", 1000, Duration::from_secs(20), strategy, |(doc, e): (GgufDoc, _)| {
         let bytes = doc.to_bytes();
         let bytes = match e {
             Some(e) => apply(&bytes, &e),
@@ -144,7 +144,7 @@ fn safetensors_headers() {
         json_edits(6).prop_map(Ok),
         edits(6).prop_map(Err),
     ];
-    fuzz("safetensors_header", 600, Duration::from_secs(5), strategy, |e| {
+    fuzz("safetensors_header", 5000, Duration::from_secs(5), strategy, |e| {
         let file = match e {
             Ok(je) => safetensors_file(&serde_json::to_vec(&apply_json(&header, &je)).unwrap(), data_len),
             Err(be) => apply(&safetensors_file(&text, data_len), &be),
@@ -163,7 +163,7 @@ fn safetensors_headers() {
 fn model_folders() {
     const SEEDS: &[&str] = &["llama3_tiny", "llama_ct/w4a16", "llama_ct/fp8_dynamic", "llama_ct/w8a8_int8", "gpt_oss_tiny"];
     let strategy = (prop::sample::select(SEEDS), json_edits(5), prop::option::of(json_edits(3)));
-    fuzz("model_folder", 160, Duration::from_secs(20), strategy, |(seed, config_edits, index_edits)| {
+    fuzz("model_folder", 1000, Duration::from_secs(20), strategy, |(seed, config_edits, index_edits)| {
         let dir = tempfile::tempdir().unwrap();
         let src = fixture(seed);
         let config: Value =

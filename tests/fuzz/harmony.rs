@@ -118,7 +118,7 @@ fn parse(enc: &HarmonyEncoding, ids: &[u32]) {
 #[test]
 fn harmony_random_streams() {
     let enc = HarmonyEncoding::new(tokenizer()).unwrap();
-    fuzz("harmony_random", 1500, Duration::from_secs(2), stream(), |picks| {
+    fuzz("harmony_random", 10000, Duration::from_secs(2), stream(), |picks| {
         let ids: Vec<u32> = picks.iter().map(|p| id_of(&enc, p)).collect();
         parse(&enc, &ids);
         Ok(())
@@ -129,7 +129,7 @@ fn harmony_random_streams() {
 fn harmony_edited_turns() {
     let enc = HarmonyEncoding::new(tokenizer()).unwrap();
     let strategy = (prop::sample::select(TURNS), vec(id_edit(), 1..8));
-    fuzz("harmony_edited", 1500, Duration::from_secs(2), strategy, |(turn, edits)| {
+    fuzz("harmony_edited", 10000, Duration::from_secs(2), strategy, |(turn, edits)| {
         parse(&enc, &edited_turn(&enc, turn, &edits));
         Ok(())
     });

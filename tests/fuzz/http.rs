@@ -100,7 +100,7 @@ fn endpoint_bodies_get_4xx_never_5xx() {
     let s = server(&[]);
     let seeds = seeds();
     let strategy = (0..seeds.len(), json_edits(4));
-    fuzz("endpoint_bodies", 200, Duration::from_secs(30), strategy, |(i, e)| {
+    fuzz("endpoint_bodies", 120, Duration::from_secs(30), strategy, |(i, e)| {
         let (path, seed) = &seeds[i];
         let mut body = apply_json(seed, &e);
         clamp(path, &mut body);

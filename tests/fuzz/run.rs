@@ -45,7 +45,9 @@ pub fn fuzz<S: Strategy>(
     let seconds = std::env::var("INFERNO_FUZZ_SECONDS").ok().and_then(|s| s.parse::<u64>().ok());
     let t0 = Instant::now();
     let Some(seconds) = seconds else {
-        run(name, cases, name_seed(name), &strategy, &timed);
+        // INFERNO_FUZZ_SEED replays a failure a longer run reported (its seed, in hex).
+        let seed = std::env::var("INFERNO_FUZZ_SEED").ok().and_then(|h| parse_seed(&h));
+        run(name, cases, seed.unwrap_or_else(|| name_seed(name)), &strategy, &timed);
         eprintln!("fuzz {name}: {cases} cases in {:.1?}", t0.elapsed());
         return;
     };
@@ -80,6 +82,14 @@ fn run<S: Strategy>(
 fn name_seed(name: &str) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     Sha256::digest(name.as_bytes()).into()
+}
+
+fn parse_seed(hex: &str) -> Option<[u8; 32]> {
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| hex.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+        .collect();
+    bytes?.try_into().ok()
 }
 
 fn hex(b: &[u8]) -> String {

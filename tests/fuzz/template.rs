@@ -103,7 +103,7 @@ fn render(src: &str) {
 
 #[test]
 fn generated_hostile_templates() {
-    fuzz("template_generated", 300, Duration::from_secs(5), template(), |src| {
+    fuzz("template_generated", 1500, Duration::from_secs(5), template(), |src| {
         render(&src);
         Ok(())
     });
@@ -120,7 +120,7 @@ fn real_templates_edited() {
         .map(|t| t["source"].as_str().unwrap().to_string())
         .collect();
     let strategy = (0..sources.len(), edits(6));
-    fuzz("template_edited", 300, Duration::from_secs(5), strategy, |(i, e)| {
+    fuzz("template_edited", 3000, Duration::from_secs(5), strategy, |(i, e)| {
         let bytes = apply(sources[i].as_bytes(), &e);
         render(&String::from_utf8_lossy(&bytes));
         Ok(())

@@ -146,7 +146,7 @@ fn text() -> impl Strategy<Value = String> {
 fn tokenizers_from_edited_gguf_metadata() {
     let ids = prop_oneof![0u32..700, any::<u32>()];
     let strategy = (vec(meta_edit(), 1..6), text(), vec(ids, 0..24));
-    fuzz("gguf_tokenizer", 300, Duration::from_secs(10), strategy, |(edits, text, ids)| {
+    fuzz("gguf_tokenizer", 3000, Duration::from_secs(10), strategy, |(edits, text, ids)| {
         let md = apply(&edits);
         let Ok(t) = inferno::tokenizer::gguf::from_gguf_metadata(&md) else { return Ok(()) };
         if let Ok(enc) = t.tokenizer.encode(text.as_str(), true) {
