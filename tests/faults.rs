@@ -125,7 +125,13 @@ fn noise(n: usize, seed: u64) -> Vec<u8> {
 
 /// `inferno download REPO` with files limited to `limit` bytes (RLIMIT_FSIZE); with
 /// `ignore_sigxfsz`, a write past it fails (EFBIG) instead of killing the process.
-fn download_limited(cache: &Path, hub: &str, repo: &str, limit: u64, ignore_sigxfsz: bool) -> std::process::Output {
+fn download_limited(
+    cache: &Path,
+    hub: &str,
+    repo: &str,
+    limit: u64,
+    ignore_sigxfsz: bool,
+) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_inferno"));
     cmd.args(["download", repo])
         .env("HF_HUB_CACHE", cache)

@@ -56,7 +56,8 @@ pub async fn serve(
             a = accept(&listener, &permits) => a,
         };
         let Some((stream, permit)) = accepted else { continue };
-        let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let conn =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             // Errors here are the client's (a reset, a bad head hyper already answered).

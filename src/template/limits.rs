@@ -57,7 +57,9 @@ impl Budget {
     /// The budget for a render whose context serializes to `input` bytes of JSON.
     pub fn for_input(input: usize) -> Budget {
         Budget {
-            fuel: BASE_FUEL.saturating_add(FUEL_PER_BYTE.saturating_mul(input as u64)).min(MAX_FUEL),
+            fuel: BASE_FUEL
+                .saturating_add(FUEL_PER_BYTE.saturating_mul(input as u64))
+                .min(MAX_FUEL),
             output: BASE_OUTPUT.saturating_add(OUTPUT_PER_BYTE.saturating_mul(input)),
         }
     }

@@ -37,7 +37,8 @@ fn two_nested_loops_of_100000_stop_at_the_step_limit() {
 
 #[test]
 fn a_huge_output_stops_at_the_output_limit() {
-    let (err, took) = render_err("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", vec![]);
+    let (err, took) =
+        render_err("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", vec![]);
     assert!(err.contains("wrote more than 1049168 bytes"), "{err}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
 }
@@ -98,4 +99,3 @@ fn a_long_conversation_renders_with_real_templates() {
         assert!(out.matches("hi").count() >= 20_000, "{name}");
     }
 }
-

@@ -189,7 +189,9 @@ impl ChatTemplate {
             .context("starting the chat template's thread")?;
         match rx.recv_timeout(deadline) {
             Ok(rendered) => rendered,
-            Err(RecvTimeoutError::Timeout) => Err(fail(ErrorKind::Other, limits::too_slow(deadline))),
+            Err(RecvTimeoutError::Timeout) => {
+                Err(fail(ErrorKind::Other, limits::too_slow(deadline)))
+            }
             Err(RecvTimeoutError::Disconnected) => {
                 Err(fail(ErrorKind::Other, "the chat template's render panicked"))
             }
@@ -231,8 +233,7 @@ fn render_within_budget(
     env.set_fuel(Some(budget.fuel));
     let tmpl = env.get_template(NAME).context("chat template missing from its environment")?;
     let mut out = limits::Capped::new(budget.output);
-    let rendered =
-        tmpl.render_captured_to(Value::from(minijinja::value::Serde(ctx)), &mut out);
+    let rendered = tmpl.render_captured_to(Value::from(minijinja::value::Serde(ctx)), &mut out);
     if let Err(e) = rendered {
         return Err(match (limits::exceeded(&e, &out, budget), raised_message(&e)) {
             (Some(limit), _) => fail(ErrorKind::Other, limit),

@@ -140,13 +140,12 @@ fn safetensors_file(header: &[u8], data_len: u64) -> Vec<u8> {
 fn safetensors_headers() {
     let (header, data_len) = safetensors_seed();
     let text = serde_json::to_vec(&header).unwrap();
-    let strategy = prop_oneof![
-        json_edits(6).prop_map(Ok),
-        edits(6).prop_map(Err),
-    ];
+    let strategy = prop_oneof![json_edits(6).prop_map(Ok), edits(6).prop_map(Err),];
     fuzz("safetensors_header", 5000, Duration::from_secs(5), strategy, |e| {
         let file = match e {
-            Ok(je) => safetensors_file(&serde_json::to_vec(&apply_json(&header, &je)).unwrap(), data_len),
+            Ok(je) => {
+                safetensors_file(&serde_json::to_vec(&apply_json(&header, &je)).unwrap(), data_len)
+            }
             Err(be) => apply(&safetensors_file(&text, data_len), &be),
         };
         let mut r = std::io::Cursor::new(&file);
@@ -161,23 +160,40 @@ fn safetensors_headers() {
 /// edited: the tiny Llama, its compressed-tensors variants and the tiny gpt-oss.
 #[test]
 fn model_folders() {
-    const SEEDS: &[&str] = &["llama3_tiny", "llama_ct/w4a16", "llama_ct/fp8_dynamic", "llama_ct/w8a8_int8", "gpt_oss_tiny"];
+    const SEEDS: &[&str] = &[
+        "llama3_tiny",
+        "llama_ct/w4a16",
+        "llama_ct/fp8_dynamic",
+        "llama_ct/w8a8_int8",
+        "gpt_oss_tiny",
+    ];
     let strategy = (prop::sample::select(SEEDS), json_edits(5), prop::option::of(json_edits(3)));
-    fuzz("model_folder", 1000, Duration::from_secs(20), strategy, |(seed, config_edits, index_edits)| {
-        let dir = tempfile::tempdir().unwrap();
-        let src = fixture(seed);
-        let config: Value =
-            serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
-        let config = apply_json(&config, &config_edits);
-        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-        std::os::unix::fs::symlink(src.join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
-        if let Some(e) = index_edits {
-            let index = json!({"metadata": {"total_size": 1}, "weight_map": {"model.embed_tokens.weight": "model.safetensors", "lm_head.weight": "model.safetensors"}});
-            let index = apply_json(&index, &e);
-            std::fs::write(dir.path().join("model.safetensors.index.json"), index.to_string()).unwrap();
-        }
-        let _ = inspect::inspect(dir.path());
-        check_source(Source::HfDir(dir.path().to_path_buf()));
-        Ok(())
-    });
+    fuzz(
+        "model_folder",
+        1000,
+        Duration::from_secs(20),
+        strategy,
+        |(seed, config_edits, index_edits)| {
+            let dir = tempfile::tempdir().unwrap();
+            let src = fixture(seed);
+            let config: Value =
+                serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+            let config = apply_json(&config, &config_edits);
+            std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+            std::os::unix::fs::symlink(
+                src.join("model.safetensors"),
+                dir.path().join("model.safetensors"),
+            )
+            .unwrap();
+            if let Some(e) = index_edits {
+                let index = json!({"metadata": {"total_size": 1}, "weight_map": {"model.embed_tokens.weight": "model.safetensors", "lm_head.weight": "model.safetensors"}});
+                let index = apply_json(&index, &e);
+                std::fs::write(dir.path().join("model.safetensors.index.json"), index.to_string())
+                    .unwrap();
+            }
+            let _ = inspect::inspect(dir.path());
+            check_source(Source::HfDir(dir.path().to_path_buf()));
+            Ok(())
+        },
+    );
 }

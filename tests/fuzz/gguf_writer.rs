@@ -33,23 +33,53 @@ pub struct GgufDoc {
 
 const ARCHS: &[&str] = &["llama", "gpt-oss", "qwen3", "mistral", ""];
 const KEYS: &[&str] = &[
-    "context_length", "embedding_length", "block_count", "feed_forward_length",
-    "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
-    "rope.dimension_count", "rope.freq_base", "rope.scaling.type", "rope.scaling.factor",
-    "rope.scaling.original_context_length", "expert_count", "expert_used_count",
-    "attention.sliding_window", "vocab_size",
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.layer_norm_rms_epsilon",
+    "rope.dimension_count",
+    "rope.freq_base",
+    "rope.scaling.type",
+    "rope.scaling.factor",
+    "rope.scaling.original_context_length",
+    "expert_count",
+    "expert_used_count",
+    "attention.sliding_window",
+    "vocab_size",
 ];
 const TOKENIZER_KEYS: &[&str] = &[
-    "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
-    "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id",
-    "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.add_bos_token",
-    "tokenizer.chat_template", "general.alignment", "general.file_type",
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.chat_template",
+    "general.alignment",
+    "general.file_type",
 ];
 const TENSORS: &[&str] = &[
-    "token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
-    "blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight",
-    "blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "blk.0.ffn_gate.weight",
-    "blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "blk.0.ffn_gate_exps.weight",
+    "token_embd.weight",
+    "output_norm.weight",
+    "output.weight",
+    "rope_freqs.weight",
+    "blk.0.attn_q.weight",
+    "blk.0.attn_k.weight",
+    "blk.0.attn_v.weight",
+    "blk.0.attn_output.weight",
+    "blk.0.attn_norm.weight",
+    "blk.0.ffn_norm.weight",
+    "blk.0.ffn_gate.weight",
+    "blk.0.ffn_up.weight",
+    "blk.0.ffn_down.weight",
+    "blk.0.ffn_gate_exps.weight",
     "blk.0.attn_sinks.weight",
 ];
 /// F32, F16, Q4_0, Q8_0, Q4_K, Q6_K, BF16, MXFP4, and types ggml does not have.
@@ -62,8 +92,9 @@ fn scalar() -> impl Strategy<Value = Val> {
             Val::Scalar(t, v.to_le_bytes()[..n].to_vec())
         }),
         (10u32..=12, any::<u64>()).prop_map(|(t, v)| Val::Scalar(t, v.to_le_bytes().to_vec())),
-        (prop::sample::select(vec![4u32, 10]), super::run::interesting_int())
-            .prop_map(|(t, v)| Val::Scalar(t, v.to_le_bytes()[..if t == 4 { 4 } else { 8 }].to_vec())),
+        (prop::sample::select(vec![4u32, 10]), super::run::interesting_int()).prop_map(|(t, v)| {
+            Val::Scalar(t, v.to_le_bytes()[..if t == 4 { 4 } else { 8 }].to_vec())
+        }),
         (13u32..40, vec(any::<u8>(), 0..8)).prop_map(|(t, b)| Val::Scalar(t, b)),
     ]
 }
@@ -71,8 +102,19 @@ fn scalar() -> impl Strategy<Value = Val> {
 fn string() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         "\\PC{0,8}".prop_map(String::into_bytes),
-        prop::sample::select(vec!["<0x41>", "<s>", "</s>", "<unk>", "▁a", "Ġb", "a b", "Ġ Ġ", "<|im_start|>", "{{ messages }}"])
-            .prop_map(|s| s.as_bytes().to_vec()),
+        prop::sample::select(vec![
+            "<0x41>",
+            "<s>",
+            "</s>",
+            "<unk>",
+            "▁a",
+            "Ġb",
+            "a b",
+            "Ġ Ġ",
+            "<|im_start|>",
+            "{{ messages }}"
+        ])
+        .prop_map(|s| s.as_bytes().to_vec()),
         vec(any::<u8>(), 0..8),
     ]
 }
@@ -83,14 +125,18 @@ fn value() -> impl Strategy<Value = Val> {
         prop_oneof![
             (0u32..=12, vec(inner, 0..32)).prop_map(|(t, items)| Val::Array(t, items)),
             vec(string(), 0..64).prop_map(|s| Val::Array(8, s.into_iter().map(Val::Str).collect())),
-            vec(any::<i32>(), 0..64).prop_map(|v| Val::Array(5, v.into_iter().map(|x| Val::Scalar(5, x.to_le_bytes().to_vec())).collect())),
+            vec(any::<i32>(), 0..64).prop_map(|v| Val::Array(
+                5,
+                v.into_iter().map(|x| Val::Scalar(5, x.to_le_bytes().to_vec())).collect()
+            )),
         ]
     })
 }
 
 fn key() -> impl Strategy<Value = String> {
     prop_oneof![
-        (prop::sample::select(ARCHS), prop::sample::select(KEYS)).prop_map(|(a, k)| format!("{a}.{k}")),
+        (prop::sample::select(ARCHS), prop::sample::select(KEYS))
+            .prop_map(|(a, k)| format!("{a}.{k}")),
         prop::sample::select(TOKENIZER_KEYS).prop_map(str::to_string),
         "[a-z.]{0,12}",
     ]

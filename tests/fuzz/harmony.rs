@@ -17,7 +17,8 @@ use super::run::fuzz;
 fn tokenizer() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
     T.get_or_init(|| {
-        let path = crate::common::asset("gptoss-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
+        let path =
+            crate::common::asset("gptoss-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
         Tokenizer::from_file(path).unwrap()
     })
 }
@@ -57,10 +58,8 @@ enum IdEdit {
 }
 
 fn id_edit() -> impl Strategy<Value = IdEdit> {
-    let pick = prop_oneof![
-        any::<Index>().prop_map(Pick::Control),
-        (0u32..201_100).prop_map(Pick::Vocab),
-    ];
+    let pick =
+        prop_oneof![any::<Index>().prop_map(Pick::Control), (0u32..201_100).prop_map(Pick::Vocab),];
     prop_oneof![
         any::<Index>().prop_map(IdEdit::Delete),
         (any::<Index>(), pick).prop_map(|(i, p)| IdEdit::Insert(i, p)),

@@ -37,16 +37,43 @@ fn schema() -> Value {
 fn seeds() -> Vec<(&'static str, Value)> {
     let tool = json!({"type": "function", "function": {"name": "f", "description": "d", "parameters": schema()}});
     vec![
-        ("/v1/chat/completions", json!({"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0.7, "top_p": 0.9, "seed": 1, "stop": ["\n"], "logprobs": true, "top_logprobs": 2})),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "2"}], "tools": [tool], "tool_choice": "auto", "max_completion_tokens": 4, "stream": true, "stream_options": {"include_usage": true}})),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "json please"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema(), "strict": true}}, "max_tokens": 8})),
-        ("/v1/completions", json!({"model": "m", "prompt": "Once upon", "max_tokens": 4, "logprobs": 2, "stop": "\n", "stream": false, "temperature": 0})),
-        ("/v1/responses", json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}], "instructions": "be brief", "max_output_tokens": 4, "tools": [{"type": "function", "name": "f", "parameters": schema()}], "text": {"format": {"type": "json_schema", "name": "x", "schema": schema()}}, "store": true})),
-        ("/v1/responses", json!({"input": "hi", "max_output_tokens": 4, "stream": true, "previous_response_id": "resp_x"})),
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0.7, "top_p": 0.9, "seed": 1, "stop": ["\n"], "logprobs": true, "top_logprobs": 2}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "2"}], "tools": [tool], "tool_choice": "auto", "max_completion_tokens": 4, "stream": true, "stream_options": {"include_usage": true}}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "json please"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema(), "strict": true}}, "max_tokens": 8}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "m", "prompt": "Once upon", "max_tokens": 4, "logprobs": 2, "stop": "\n", "stream": false, "temperature": 0}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}], "instructions": "be brief", "max_output_tokens": 4, "tools": [{"type": "function", "name": "f", "parameters": schema()}], "text": {"format": {"type": "json_schema", "name": "x", "schema": schema()}}, "store": true}),
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "hi", "max_output_tokens": 4, "stream": true, "previous_response_id": "resp_x"}),
+        ),
         ("/v1/responses/input_tokens", json!({"input": "hi", "instructions": "x"})),
-        ("/v1/messages", json!({"model": "m", "max_tokens": 4, "system": [{"type": "text", "text": "be brief"}], "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "tools": [{"name": "f", "description": "d", "input_schema": schema()}], "tool_choice": {"type": "auto"}, "stream": true})),
-        ("/v1/messages", json!({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]}, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "2"}]}], "thinking": {"type": "enabled", "budget_tokens": 1024}})),
-        ("/v1/messages/count_tokens", json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "system": "s"})),
+        (
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 4, "system": [{"type": "text", "text": "be brief"}], "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "tools": [{"name": "f", "description": "d", "input_schema": schema()}], "tool_choice": {"type": "auto"}, "stream": true}),
+        ),
+        (
+            "/v1/messages",
+            json!({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]}, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "2"}]}], "thinking": {"type": "enabled", "budget_tokens": 1024}}),
+        ),
+        (
+            "/v1/messages/count_tokens",
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "system": "s"}),
+        ),
     ]
 }
 
@@ -110,8 +137,9 @@ fn endpoint_bodies_get_4xx_never_5xx() {
         prop_assert!(status < 500, "{path} {text:.300}: {answer:.500}");
         if status >= 400 {
             let json = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-            let v: Value = serde_json::from_str(json)
-                .map_err(|e| TestCaseError::fail(format!("{status} is not JSON ({e}): {answer:.300}")))?;
+            let v: Value = serde_json::from_str(json).map_err(|e| {
+                TestCaseError::fail(format!("{status} is not JSON ({e}): {answer:.300}"))
+            })?;
             prop_assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
         }
         // A stream that failed midway says so in an error event, never a 5xx-shaped event.
@@ -124,7 +152,8 @@ fn endpoint_bodies_get_4xx_never_5xx() {
 #[test]
 fn raw_requests_edited() {
     let s = server(&["--idle-timeout", "1"]);
-    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+    let body =
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
     let seeds = [
         post("/v1/chat/completions", body.as_bytes()),
         b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec(),

@@ -140,9 +140,15 @@ fn metrics_and_health_reveal_nothing_of_prompts() {
     let auth = format!("Bearer {key}");
     let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str())];
     let bodies = [
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": secret}], "max_tokens": 2})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": secret}], "max_tokens": 2}),
+        ),
         ("/v1/completions", json!({"prompt": secret, "max_tokens": 2, "stop": [secret]})),
-        ("/v1/messages", json!({"max_tokens": 2, "system": secret, "messages": [{"role": "user", "content": secret}]})),
+        (
+            "/v1/messages",
+            json!({"max_tokens": 2, "system": secret, "messages": [{"role": "user", "content": secret}]}),
+        ),
         // Refused requests too: the secret in a field that fails validation.
         ("/v1/chat/completions", json!({"messages": [{"role": secret, "content": secret}]})),
         ("/v1/completions", json!({"prompt": secret, "max_tokens": secret})),

@@ -16,21 +16,32 @@ fn render(src: &str) -> Result<String, String> {
 #[test]
 fn template_nested_list_overflowed_the_stack() {
     let wrap = format!("{}ns.l{}", "[".repeat(20), "]".repeat(20));
-    for tail in ["", "{% set c %}{{ ns.l }}{% endset %}", "{{ ns.l == ns.l }}", "{{ [ns.l, ns.l] | sort | length }}", "{{ ns.l | tojson }}", "{{ ns.l | string | length }}"] {
+    for tail in [
+        "",
+        "{% set c %}{{ ns.l }}{% endset %}",
+        "{{ ns.l == ns.l }}",
+        "{{ [ns.l, ns.l] | sort | length }}",
+        "{{ ns.l | tojson }}",
+        "{{ ns.l | string | length }}",
+    ] {
         let src = format!(
             "{{% set ns = namespace(l=[]) %}}{{% for i in range(100000) %}}{{% set ns.l = {wrap} %}}{{% endfor %}}{tail}"
         );
         // Runs out of fuel in the loop, or prints what it nested: no crash either way.
         match render(&src) {
             Ok(_) => {}
-            Err(e) => assert!(e.contains("limit") || e.contains("nested more than 1000"), "{tail}: {e}"),
+            Err(e) => {
+                assert!(e.contains("limit") || e.contains("nested more than 1000"), "{tail}: {e}")
+            }
         }
         let src = format!(
             "{{% set ns = namespace(l=[]) %}}{{% for i in range(60000) %}}{{% set ns.l = {wrap} %}}{{% endfor %}}{tail}"
         );
         match render(&src) {
             Ok(_) => {}
-            Err(e) => assert!(e.contains("limit") || e.contains("nested more than 1000"), "{tail}: {e}"),
+            Err(e) => {
+                assert!(e.contains("limit") || e.contains("nested more than 1000"), "{tail}: {e}")
+            }
         }
     }
 }

@@ -70,7 +70,8 @@ fn run<S: Strategy>(
 {
     // No failure files in the tree: a failure is replayed by its seed, then kept as a
     // regression test by hand.
-    let config = Config { cases, failure_persistence: None, max_shrink_iters: 512, ..Config::default() };
+    let config =
+        Config { cases, failure_persistence: None, max_shrink_iters: 512, ..Config::default() };
     let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed);
     let mut runner = TestRunner::new_with_rng(config, rng);
     if let Err(e) = runner.run(strategy, check) {
@@ -256,15 +257,60 @@ pub enum JsonEdit {
 
 /// Keys the endpoints and configs read, so added keys land on real fields.
 const KEYS: &[&str] = &[
-    "model", "messages", "content", "role", "max_tokens", "max_completion_tokens",
-    "max_output_tokens", "stream", "stream_options", "tools", "tool_choice", "response_format",
-    "json_schema", "schema", "stop", "temperature", "top_p", "top_k", "seed", "logprobs",
-    "top_logprobs", "n", "input", "instructions", "previous_response_id", "reasoning",
-    "reasoning_effort", "text", "format", "type", "name", "parameters", "tool_calls",
-    "function", "arguments", "system", "thinking", "prompt", "echo", "suffix", "store",
-    "quantization_config", "hidden_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "vocab_size", "head_dim", "rope_scaling", "rope_theta",
-    "max_position_embeddings", "torch_dtype", "tie_word_embeddings", "weight_map",
+    "model",
+    "messages",
+    "content",
+    "role",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "stream",
+    "stream_options",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "json_schema",
+    "schema",
+    "stop",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "n",
+    "input",
+    "instructions",
+    "previous_response_id",
+    "reasoning",
+    "reasoning_effort",
+    "text",
+    "format",
+    "type",
+    "name",
+    "parameters",
+    "tool_calls",
+    "function",
+    "arguments",
+    "system",
+    "thinking",
+    "prompt",
+    "echo",
+    "suffix",
+    "store",
+    "quantization_config",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "head_dim",
+    "rope_scaling",
+    "rope_theta",
+    "max_position_embeddings",
+    "torch_dtype",
+    "tie_word_embeddings",
+    "weight_map",
 ];
 
 fn json_edit() -> impl Strategy<Value = JsonEdit> {

@@ -72,9 +72,12 @@ fn template() -> impl Strategy<Value = String> {
                 .prop_map(|(n, b)| format!("{{% for i in range({n}) %}}{b}{{% endfor %}}")),
             body.clone().prop_map(|b| format!("{{% for m in messages %}}{b}{{% endfor %}}")),
             body.clone().prop_map(|b| format!("{{% if messages %}}{b}{{% else %}}x{{% endif %}}")),
-            body.clone().prop_map(|b| format!("{{% macro f(n) %}}{b}{{{{ f(n + 1) }}}}{{% endmacro %}}{{{{ f(0) }}}}")),
+            body.clone().prop_map(|b| format!(
+                "{{% macro f(n) %}}{b}{{{{ f(n + 1) }}}}{{% endmacro %}}{{{{ f(0) }}}}"
+            )),
             body.clone().prop_map(|b| format!("{{% filter upper %}}{b}{{% endfilter %}}")),
-            body.clone().prop_map(|b| format!("{{% set cap %}}{b}{{% endset %}}{{{{ cap ~ cap }}}}")),
+            body.clone()
+                .prop_map(|b| format!("{{% set cap %}}{b}{{% endset %}}{{{{ cap ~ cap }}}}")),
             body.prop_map(|b| format!("{{% with a = 1 %}}{b}{{% endwith %}}")),
         ]
     })
@@ -111,8 +114,7 @@ fn generated_hostile_templates() {
 
 #[test]
 fn real_templates_edited() {
-    let fx: Value =
-        serde_json::from_str(include_str!("../fixtures/chat_templates.json")).unwrap();
+    let fx: Value = serde_json::from_str(include_str!("../fixtures/chat_templates.json")).unwrap();
     let sources: Vec<String> = fx["templates"]
         .as_object()
         .unwrap()
