@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::hub_server::{FakeFile, FakeRepo, HubServer};
 use common::serve::Server;
-use common::{inferno, stderr};
+use common::{inferno, noise, stderr};
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -109,18 +109,6 @@ fn serve_killed_while_loading_and_while_streaming_restarts_on_an_intact_cache() 
     assert_eq!(status, 200, "{answer}");
     drop(s);
     assert_cache_intact(cache.path(), &repo);
-}
-
-fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 /// `inferno download REPO` with files limited to `limit` bytes (RLIMIT_FSIZE); with

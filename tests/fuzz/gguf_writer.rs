@@ -50,21 +50,8 @@ const KEYS: &[&str] = &[
     "attention.sliding_window",
     "vocab_size",
 ];
-const TOKENIZER_KEYS: &[&str] = &[
-    "tokenizer.ggml.model",
-    "tokenizer.ggml.pre",
-    "tokenizer.ggml.tokens",
-    "tokenizer.ggml.scores",
-    "tokenizer.ggml.token_type",
-    "tokenizer.ggml.merges",
-    "tokenizer.ggml.bos_token_id",
-    "tokenizer.ggml.eos_token_id",
-    "tokenizer.ggml.unknown_token_id",
-    "tokenizer.ggml.add_bos_token",
-    "tokenizer.chat_template",
-    "general.alignment",
-    "general.file_type",
-];
+/// Keys outside an architecture's namespace.
+const GENERAL_KEYS: &[&str] = &["general.alignment", "general.file_type", "general.name"];
 const TENSORS: &[&str] = &[
     "token_embd.weight",
     "output_norm.weight",
@@ -137,7 +124,8 @@ fn key() -> impl Strategy<Value = String> {
     prop_oneof![
         (prop::sample::select(ARCHS), prop::sample::select(KEYS))
             .prop_map(|(a, k)| format!("{a}.{k}")),
-        prop::sample::select(TOKENIZER_KEYS).prop_map(str::to_string),
+        prop::sample::select(super::tokenizer::KEYS).prop_map(str::to_string),
+        prop::sample::select(GENERAL_KEYS).prop_map(str::to_string),
         "[a-z.]{0,12}",
     ]
 }

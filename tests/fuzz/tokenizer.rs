@@ -17,7 +17,8 @@ use super::run::{fuzz, interesting_int};
 
 type Meta = HashMap<String, Value>;
 
-const KEYS: &[&str] = &[
+/// The `tokenizer.*` keys the builders read.
+pub const KEYS: &[&str] = &[
     "tokenizer.ggml.model",
     "tokenizer.ggml.pre",
     "tokenizer.ggml.tokens",
