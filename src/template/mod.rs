@@ -258,7 +258,11 @@ fn rewrite_generation_tags(source: &str) -> String {
     while let Some(at) = rest.find("{%") {
         out.push_str(&rest[..at]);
         let tag = &rest[at..];
-        let Some(end) = tag.find("%}") else { break };
+        // The closing `%}` after the opening `{%`: in `{%}`, the `%` is the opener's.
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
+            rest = tag;
+            break;
+        };
         let inner = &tag[2..end];
         let (lead, body) = match inner.strip_prefix(['-', '+']) {
             Some(b) => (&inner[..1], b),

@@ -65,3 +65,16 @@ fn gguf_token_embd_without_dimensions_panicked() {
     let err = inferno::load::Spec::read(&source, &opts, inferno::load::Target::Host).unwrap_err();
     assert_eq!(err.to_string(), "GGUF file's token_embd.weight has no dimensions");
 }
+
+/// template_edited: a tag written `{%}` (its `%}` overlapping its `{%`) panicked, slicing
+/// backwards, where `{% generation %}` tags are rewritten before the template compiles: a
+/// model folder with such a template crashed `play` and `serve` as they loaded it.
+#[test]
+fn template_tag_closing_inside_its_opening_panicked() {
+    for src in ["{%} for t in tools %}", "{%}", "a{%", "{%-}x{%+%}", "{% generation %}{%}"] {
+        match render(src) {
+            Ok(out) => assert!(!out.contains("generation"), "{src}: {out}"),
+            Err(e) => assert!(e.starts_with("chat template does not parse"), "{src}: {e}"),
+        }
+    }
+}
