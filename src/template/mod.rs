@@ -169,33 +169,15 @@ impl ChatTemplate {
         self.render_bounded(ctx, limits::RENDER_TIME)
     }
 
-    /// Renders with the context `ctx` on a thread of its own with [`limits::RENDER_STACK`],
-    /// waiting at most `deadline` for it. A render past the deadline is left to run out of fuel
-    /// (minijinja cannot be interrupted); a panic inside minijinja fails this render only.
+    /// Renders with the context `ctx` on a render thread ([`limits::on_render_thread`]),
+    /// waiting at most `deadline` for it.
     fn render_bounded(
         &self,
         ctx: serde_json::Map<String, serde_json::Value>,
         deadline: std::time::Duration,
     ) -> Result<String> {
-        use std::sync::mpsc::RecvTimeoutError;
         let env = self.env.clone();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("inferno-template".into())
-            .stack_size(limits::RENDER_STACK)
-            .spawn(move || {
-                let _ = tx.send(render_within_budget(env, &ctx));
-            })
-            .context("starting the chat template's thread")?;
-        match rx.recv_timeout(deadline) {
-            Ok(rendered) => rendered,
-            Err(RecvTimeoutError::Timeout) => {
-                Err(fail(ErrorKind::Other, limits::too_slow(deadline)))
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                Err(fail(ErrorKind::Other, "the chat template's render panicked"))
-            }
-        }
+        limits::on_render_thread(move || render_within_budget(env, &ctx), deadline)?
     }
 
     /// The template of a model directory's files: `chat_template.jinja` if there is one, else
