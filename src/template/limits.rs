@@ -16,8 +16,10 @@
 //! Not bounded: memory. minijinja caps one repetition (`'x' * n`, `[x] * n`) at 100 million
 //! items but not concatenation, so a template that doubles a string on each pass of a loop
 //! (`ns.s = ns.s ~ ns.s`) exhausts memory in a few dozen instructions and the process is
-//! killed; minijinja has no hook for it, so bounding it needs the render in a separate
-//! process with a memory limit.
+//! killed; so does printing data that holds the previous pass's twice (`ns.l = [ns.l, ns.l]`)
+//! into a macro's output, which minijinja buffers without a limit (the output limit counts
+//! only what reaches the render's writer). minijinja has no hook for either: bounding them
+//! needs the render in a separate process with a memory limit.
 
 use std::io;
 use std::sync::mpsc::{self, Receiver, Sender};

@@ -78,3 +78,13 @@ fn template_tag_closing_inside_its_opening_panicked() {
         }
     }
 }
+
+/// template_generated: `{% break %}` inside a `{% with %}` inside a loop panics inside
+/// minijinja 3.0.5 (`PopLoopFrame` unwraps the `with` block's frame as a loop's). The panic
+/// stays on the render's thread: the render fails with one line, the process goes on.
+#[test]
+fn template_break_inside_with_panicked_inside_minijinja() {
+    let src = "{% for i in range(3) %}{% with a = 1 %}{% break %}{% endwith %}{% endfor %}";
+    assert_eq!(render(src).unwrap_err(), "the chat template's render panicked");
+    assert_eq!(render("{% for i in range(3) %}{{ i }}{% endfor %}").unwrap(), "012");
+}
