@@ -238,9 +238,16 @@ pub struct ServeArgs {
     /// how long other streams' next tokens wait behind a long prompt.
     #[arg(long, default_value_t = crate::engine::core::DEFAULT_TOKEN_BUDGET, value_parser = step_tokens)]
     pub step_tokens: usize,
-    /// Largest request body in bytes.
-    #[arg(long, default_value_t = 16 << 20, hide = true)]
+    /// Largest request body in bytes (more gets 413).
+    #[arg(long, default_value_t = 16 << 20)]
     pub body_limit: usize,
+    /// Connections open at once; more wait until one closes.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a connection may take to send a request's headers (also how long an idle
+    /// keep-alive connection stays open) and may pause within a request body.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub idle_timeout: u64,
     /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}` (those created
     /// with `store` on), oldest dropped first past this count or --responses-store-mb.
     #[arg(long, default_value_t = 1000)]

@@ -108,12 +108,17 @@ pub fn is_out_of_memory(err: &anyhow::Error) -> bool {
     err.chain().any(|c| c.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"))
 }
 
-/// Disk full, quota exceeded or a read-only cache: the user must free space or pick another root.
+/// Disk full, quota exceeded, a file-size limit (EFBIG: `ulimit -f`, or the filesystem's
+/// largest file) or a read-only cache: the user must free space or pick another root.
 pub fn is_storage_error(err: &std::io::Error) -> bool {
     use std::io::ErrorKind as K;
     matches!(
         err.kind(),
-        K::StorageFull | K::QuotaExceeded | K::ReadOnlyFilesystem | K::PermissionDenied
+        K::StorageFull
+            | K::QuotaExceeded
+            | K::FileTooLarge
+            | K::ReadOnlyFilesystem
+            | K::PermissionDenied
     )
 }
 

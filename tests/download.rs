@@ -5,19 +5,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::hub_server::{FakeFile, FakeRepo, GOOD_TOKEN, HubServer};
-use common::{inferno, stderr, stdout};
-
-fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
+use common::{inferno, noise, stderr, stdout};
 
 fn llama_repo() -> FakeRepo {
     let index = r#"{"metadata":{"total_size":1},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}"#;

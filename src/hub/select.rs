@@ -40,7 +40,9 @@ pub struct Filters {
     pub exclude: Vec<String>,
 }
 
-/// The shard file names listed in a `model.safetensors.index.json`.
+/// The shard file names listed in a `model.safetensors.index.json`: plain names of files
+/// beside it. The loaders join each to the model folder, so a name with a path in it
+/// (`../x`, `/dev/stdin`) would read a file outside it, or block on a pipe.
 pub fn index_shards(index_json: &[u8]) -> anyhow::Result<BTreeSet<String>> {
     #[derive(serde::Deserialize)]
     struct Index {
@@ -49,7 +51,18 @@ pub fn index_shards(index_json: &[u8]) -> anyhow::Result<BTreeSet<String>> {
     let index: Index = serde_json::from_slice(index_json).map_err(|e| {
         fail(ErrorKind::Integrity, format!("{SAFETENSORS_INDEX} is not valid: {e}"))
     })?;
-    Ok(index.weight_map.into_values().collect())
+    let shards: BTreeSet<String> = index.weight_map.into_values().collect();
+    if let Some(bad) = shards.iter().find(|s| !is_plain_file_name(s)) {
+        return Err(fail(
+            ErrorKind::Integrity,
+            format!("{SAFETENSORS_INDEX} names a shard {bad:?} outside the model's folder"),
+        ));
+    }
+    Ok(shards)
+}
+
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 
 /// Chooses the files to fetch. `shards` is the index's shard set when the repo has an index.
@@ -147,6 +160,17 @@ fn build_globs(patterns: &[String]) -> anyhow::Result<Option<GlobSet>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn index_shards_must_be_files_beside_the_index() {
+        let index = |name: &str| serde_json::json!({"weight_map": {"w": name}}).to_string();
+        let ok = super::index_shards(index("model-00001-of-00002.safetensors").as_bytes());
+        assert_eq!(ok.unwrap().len(), 1);
+        for bad in ["../secret.safetensors", "/dev/stdin", "a/b.safetensors", "..", "", "a\\b"] {
+            let err = super::index_shards(index(bad).as_bytes()).unwrap_err();
+            assert!(err.to_string().contains("outside the model's folder"), "{bad}: {err}");
+        }
+    }
+
     use super::*;
 
     fn listed(names: &[&str]) -> Vec<Listed> {

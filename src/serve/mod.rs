@@ -6,6 +6,7 @@
 //! batches whatever runs. Ctrl+C (or SIGTERM) ends open streams with an error event, answers
 //! waiting requests with 503 and exits; a second Ctrl+C exits at once.
 //!
+//! - [`listen`]: the accept loop and its limits (connections, header and idle timeouts).
 //! - [`routes`]: paths, API key, CORS, body limit, `/health`, `/v1/models`, `/metrics`.
 //! - [`chat`], [`completions`], [`responses`]: OpenAI's generation endpoints; [`messages`]:
 //!   Anthropic's.
@@ -26,6 +27,7 @@ pub mod errors;
 mod generation;
 mod harmony_reply;
 mod hooks;
+mod listen;
 mod llama_tools;
 mod logprobs;
 mod messages;
@@ -67,8 +69,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // First: a tensor-parallel rank other than 0 follows rank 0 and never returns.
     let role = load::ranks::role(args.device.tp, args.device.gpu, args.device.cpu)?;
     init_tracing(args.verbose);
-    if args.max_seqs == 0 {
-        return Err(fail(ErrorKind::InvalidInput, "--max-seqs must be at least 1"));
+    for (flag, value) in [
+        ("--max-seqs", args.max_seqs),
+        ("--max-connections", args.max_connections),
+        ("--idle-timeout", args.idle_timeout as usize),
+    ] {
+        if value == 0 {
+            return Err(fail(ErrorKind::InvalidInput, format!("{flag} must be at least 1")));
+        }
     }
     if let (Some(kv), Some(ctx)) = (args.kv_tokens, args.context)
         && kv < ctx
@@ -126,8 +134,11 @@ async fn serve(
         let _ = load_tx.send(load(&model, &opts, &device, sizes, role));
     })?;
     let shutdown = state::shutdown_started(shutdown_rx);
-    let mut server =
-        tokio::spawn(axum::serve(listener, app).with_graceful_shutdown(shutdown).into_future());
+    let limits = listen::Limits {
+        max_connections: args.max_connections,
+        idle: Duration::from_secs(args.idle_timeout),
+    };
+    let mut server = tokio::spawn(listen::serve(listener, app, limits, shutdown));
     let signal = stop_signal();
     tokio::pin!(signal);
 
@@ -171,9 +182,8 @@ async fn serve(
     }
 }
 
-fn server_ended(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> anyhow::Result<()> {
-    r.map_err(|e| anyhow::anyhow!("the HTTP server failed: {e}"))?
-        .map_err(|e| anyhow::anyhow!("the HTTP server failed: {e}"))
+fn server_ended(r: Result<(), tokio::task::JoinError>) -> anyhow::Result<()> {
+    r.map_err(|e| anyhow::anyhow!("the HTTP server failed: {e}"))
 }
 
 /// Ctrl+C, or SIGTERM (what `docker stop` and systemd send).

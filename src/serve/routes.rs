@@ -113,9 +113,12 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
     next.run(req).await
 }
 
-/// Equality in time independent of where the first difference is.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Equality in time independent of where the keys differ and of their lengths: both are
+/// hashed (SHA-256), and the digests compared in constant time (`subtle`).
+fn same(given: &[u8], key: &[u8]) -> bool {
+    use sha2::{Digest, Sha256};
+    use subtle::ConstantTimeEq;
+    Sha256::digest(given).as_slice().ct_eq(Sha256::digest(key).as_slice()).into()
 }
 
 async fn count(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
@@ -184,4 +187,15 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     };
     let body = state.metrics.render(&g);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn keys_match_only_when_equal() {
+        assert!(super::same(b"sk-secret", b"sk-secret"));
+        for other in [&b""[..], b"sk-secreT", b"sk-secret ", b"sk-secre", b"x"] {
+            assert!(!super::same(other, b"sk-secret"), "{other:?}");
+        }
+    }
 }

@@ -19,8 +19,13 @@
 //! by `scripts/fixtures/chat_templates.py`.
 //!
 //! A template is part of what a model's files hold, loaded and compiled with its tokenizer
-//! (`load::text`), so it sits below both loading and the chats (`chat`) that render it.
+//! (`load::text`), so it sits below both loading and the chats (`chat`) that render it. It is
+//! code from whoever published the model, so it runs sandboxed: the environment has no loader
+//! (`include`, `import` and `extends` find no template but itself, and no file), no function
+//! that reads files or the network, and each render is bounded in work, output and depth
+//! ([`limits`]).
 
+mod limits;
 pub mod pyjson;
 pub mod strftime;
 
@@ -79,6 +84,7 @@ impl ChatTemplate {
             .context("building the chat template syntax")?;
         env.set_syntax(syntax);
         env.set_auto_escape_callback(|_| AutoEscape::None);
+        env.set_recursion_limit(limits::MAX_DEPTH);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson_filter);
         // Jinja2: `none is iterable` is false (minijinja iterates none as empty), so templates'
@@ -160,19 +166,18 @@ impl ChatTemplate {
         }
         ctx.insert("messages".into(), messages.clone());
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
-        let tmpl =
-            self.env.get_template(NAME).context("chat template missing from its environment")?;
-        tmpl.render(Value::from(minijinja::value::Serde(&ctx))).map_err(|e| {
-            match raised_message(&e) {
-                Some(msg) => fail(
-                    ErrorKind::InvalidInput,
-                    format!("the chat template rejected the conversation: {msg}"),
-                ),
-                None => {
-                    fail(ErrorKind::InvalidInput, format!("chat template failed: {}", describe(&e)))
-                }
-            }
-        })
+        self.render_bounded(ctx, limits::RENDER_TIME)
+    }
+
+    /// Renders with the context `ctx` on a render thread ([`limits::on_render_thread`]),
+    /// waiting at most `deadline` for it.
+    fn render_bounded(
+        &self,
+        ctx: serde_json::Map<String, serde_json::Value>,
+        deadline: std::time::Duration,
+    ) -> Result<String> {
+        let env = self.env.clone();
+        limits::on_render_thread(move || render_within_budget(env, &ctx), deadline)?
     }
 
     /// The template of a model directory's files: `chat_template.jinja` if there is one, else
@@ -198,6 +203,34 @@ impl ChatTemplate {
     }
 }
 
+/// Renders the chat template of `env` with the context `ctx` within the [`limits::Budget`] its
+/// size allows.
+fn render_within_budget(
+    mut env: Environment<'static>,
+    ctx: &serde_json::Map<String, serde_json::Value>,
+) -> Result<String> {
+    let budget = limits::Budget::for_input(serde_json::to_vec(ctx)?.len());
+    // Fuel is the environment's setting: each render has its own copy (the templates and
+    // functions inside are shared, not copied).
+    env.set_fuel(Some(budget.fuel));
+    let tmpl = env.get_template(NAME).context("chat template missing from its environment")?;
+    let mut out = limits::Capped::new(budget.output);
+    let rendered = tmpl.render_captured_to(Value::from(minijinja::value::Serde(ctx)), &mut out);
+    if let Err(e) = rendered {
+        return Err(match (limits::exceeded(&e, &out, budget), raised_message(&e)) {
+            (Some(limit), _) => fail(ErrorKind::Other, limit),
+            (None, Some(msg)) => fail(
+                ErrorKind::InvalidInput,
+                format!("the chat template rejected the conversation: {msg}"),
+            ),
+            (None, None) => {
+                fail(ErrorKind::InvalidInput, format!("chat template failed: {}", describe(&e)))
+            }
+        });
+    }
+    String::from_utf8(out.buf).context("the chat template wrote invalid UTF-8")
+}
+
 /// transformers' `{% generation %}…{% endgeneration %}` (its AssistantTracker extension) only
 /// marks assistant text for training masks and renders its body unchanged; minijinja has no
 /// such tag, so it becomes `{% if true %}…{% endif %}`, keeping any whitespace control.
@@ -207,7 +240,11 @@ fn rewrite_generation_tags(source: &str) -> String {
     while let Some(at) = rest.find("{%") {
         out.push_str(&rest[..at]);
         let tag = &rest[at..];
-        let Some(end) = tag.find("%}") else { break };
+        // The closing `%}` after the opening `{%`: in `{%}`, the `%` is the opener's.
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
+            rest = tag;
+            break;
+        };
         let inner = &tag[2..end];
         let (lead, body) = match inner.strip_prefix(['-', '+']) {
             Some(b) => (&inner[..1], b),

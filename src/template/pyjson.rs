@@ -88,8 +88,15 @@ fn bad(msg: &str) -> Error {
     Error::new(ErrorKind::InvalidOperation, msg.to_string())
 }
 
+/// Deepest nesting `dump` writes: Python's `json.dumps` stops near its recursion limit of 1000
+/// too, and each level is a frame of the rendering thread's stack.
+const MAX_LEVEL: usize = 1000;
+
 /// Serialises `v` like `json.dumps(v, **o)`.
 pub fn dump(v: &Value, o: &DumpOptions, level: usize, out: &mut String) -> Result<(), Error> {
+    if level > MAX_LEVEL {
+        return Err(bad("tojson: the value is nested more than 1000 levels deep"));
+    }
     match v.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),

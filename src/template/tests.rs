@@ -27,6 +27,9 @@ fn generation_tags_render_their_body() {
         rewrite_generation_tags("a{%generation%}b{%+ endgeneration -%}c{% if x %}"),
         "a{% if true %}b{%+ endif -%}c{% if x %}"
     );
+    // An unterminated tag is kept once (for the parser to report), text before it too.
+    assert_eq!(rewrite_generation_tags("ab{% if"), "ab{% if");
+    assert_eq!(rewrite_generation_tags("x{%}y"), "x{%}y");
 }
 
 #[test]

@@ -207,12 +207,14 @@ impl GgufFile {
     }
 
     pub fn config(&self) -> anyhow::Result<LlamaConfig> {
-        let vocab =
-            self.content
-                .tensor_infos
-                .get("token_embd.weight")
-                .map(|t| t.shape.dims()[0])
-                .ok_or_else(|| fail(ErrorKind::Integrity, "GGUF file has no token_embd.weight"))?;
+        let embd = self
+            .content
+            .tensor_infos
+            .get("token_embd.weight")
+            .ok_or_else(|| fail(ErrorKind::Integrity, "GGUF file has no token_embd.weight"))?;
+        let vocab = *embd.shape.dims().first().ok_or_else(|| {
+            fail(ErrorKind::Integrity, "GGUF file's token_embd.weight has no dimensions")
+        })?;
         LlamaConfig::from_gguf(&self.content.metadata, vocab, self.rope_freqs()?)
     }
 
