@@ -119,7 +119,7 @@ fn drop_oldest(items: &mut Vec<Value>) -> bool {
     let is_user = |i: &Value| role(i) == "user";
     let Some(first) = items.iter().position(|i| !kept(i)) else { return false };
     // The turn that starts at `first` ends before the next user message.
-    let end = items[first + 1..].iter().position(|i| is_user(i)).map(|p| first + 1 + p);
+    let end = items[first + 1..].iter().position(is_user).map(|p| first + 1 + p);
     let Some(end) = end else { return false };
     let mut n = 0;
     items.retain(|i| {
