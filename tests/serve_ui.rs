@@ -168,8 +168,12 @@ fn refused_messages_are_one_line_and_go_back_to_the_box() {
 /// once the engine runs it.
 fn hold_the_slot(s: &Server) -> std::thread::JoinHandle<()> {
     use std::io::{Read, Write};
+    // A reply constrained to a string of 4,000 characters cannot end before its 900 tokens (a
+    // free reply may stop at its end-of-text token within seconds and free the slot).
+    let long = json!({"type": "json_schema",
+                      "json_schema": {"name": "story", "schema": {"type": "string", "minLength": 4000}}});
     let body = json!({"messages": [{"role": "user", "content": "Tell me a long story."}],
-                      "max_tokens": 900, "stream": true})
+                      "max_tokens": 900, "stream": true, "response_format": long})
     .to_string();
     let addr = s.addr.clone();
     let hog = std::thread::spawn(move || {

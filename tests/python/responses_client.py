@@ -248,7 +248,6 @@ def errors():
         ({"include": ["everything"]}, "include"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"store": "yes"}, "store"),
-        ({"truncation": "auto"}, "truncation"),
         ({"truncation": "sometimes"}, "truncation"),
         ({"text": {"format": {"type": "xml"}}}, "text.format"),
         ({"text": {"format": {"type": "json_schema", "name": "bad name", "schema": {}}}}, "text.format"),
@@ -274,7 +273,8 @@ def errors():
               {"include": ["reasoning.encrypted_content"], "prompt_cache_key": "k", "client_metadata": {"a": "b"}},
               {"reasoning": {"effort": "minimal", "summary": "auto"}}, {"reasoning": {"effort": "xhigh"}},
               {"text": {"format": {"type": "json_schema", "name": "a-b_1", "schema": {"type": "object"}, "strict": True}}},
-              {"truncation": "disabled", "parallel_tool_calls": False, "store": False, "tool_choice": "none"}]
+              {"truncation": "disabled", "parallel_tool_calls": False, "store": False, "tool_choice": "none"},
+              {"truncation": "auto"}]
         for extra in ok:
             resp = h.post(BASE + "/v1/responses", json={**base, **extra})
             assert resp.status_code == 200, (extra, resp.text)
