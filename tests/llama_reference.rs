@@ -30,15 +30,14 @@ fn gguf_path() -> PathBuf {
 
 /// The HF-format copy, converted once per test process.
 fn hf_checkpoint() -> PathBuf {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = common::process_tempdir();
         let mut gguf = GgufFile::open(&gguf_path()).expect("open GGUF");
-        convert::write_hf_checkpoint(&mut gguf, dir.path()).expect("convert");
+        convert::write_hf_checkpoint(&mut gguf, &dir).expect("convert");
         dir
     })
-    .path()
-    .to_path_buf()
+    .clone()
 }
 
 fn ids(v: &Value) -> Vec<u32> {

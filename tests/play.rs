@@ -16,22 +16,17 @@ fn bin() -> &'static str {
 
 /// The real GGUF converted to an HF folder by `inferno convert` (once per test process).
 fn model_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = common::process_tempdir();
         let gguf =
             common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
-        let out = Command::new(bin())
-            .arg("convert")
-            .arg(&gguf)
-            .arg(dir.path())
-            .output()
-            .expect("convert");
+        let out =
+            Command::new(bin()).arg("convert").arg(&gguf).arg(&dir).output().expect("convert");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         dir
     })
-    .path()
-    .to_path_buf()
+    .clone()
 }
 
 /// transformers' greedy reply to chat case `i`, up to the end-of-turn token.

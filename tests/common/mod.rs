@@ -118,6 +118,28 @@ pub fn tiny_llama(
     }
 }
 
+/// A temporary folder removed when the test process exits. A `TempDir` in a static is never
+/// dropped, so its folder would stay on disk after every run.
+pub fn process_tempdir() -> std::path::PathBuf {
+    use std::sync::{Mutex, Once};
+    static DIRS: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
+    static HOOK: Once = Once::new();
+    extern "C" fn remove_all() {
+        if let Ok(dirs) = DIRS.lock() {
+            for d in dirs.iter() {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+    }
+    // SAFETY: registers a plain function; it runs once, as the process exits.
+    HOOK.call_once(|| unsafe {
+        libc::atexit(remove_all);
+    });
+    let dir = tempfile::tempdir().expect("tempdir").keep();
+    DIRS.lock().unwrap_or_else(|e| e.into_inner()).push(dir.clone());
+    dir
+}
+
 /// A folder with the tiny gpt-oss checkpoint (tests/fixtures/gpt_oss_tiny) widened to the real
 /// gpt-oss vocabulary (random embeddings and head) and the real gpt-oss tokenizer: harmony
 /// chats end to end. Made once per test binary.
@@ -125,9 +147,9 @@ pub fn tiny_gpt_oss_full_vocab() -> std::path::PathBuf {
     use candle_core::{DType, Device, Tensor};
     use std::collections::HashMap;
     use std::path::PathBuf;
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = process_tempdir();
         let fixture =
             PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt_oss_tiny"));
         let mut config: serde_json::Value =
@@ -135,7 +157,7 @@ pub fn tiny_gpt_oss_full_vocab() -> std::path::PathBuf {
         let vocab = 201088;
         config["vocab_size"] = vocab.into();
         config["eos_token_id"] = 200002.into();
-        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
         let mut tensors: HashMap<String, Tensor> =
             candle_core::safetensors::load(fixture.join("model.safetensors"), &Device::Cpu)
                 .unwrap();
@@ -145,13 +167,12 @@ pub fn tiny_gpt_oss_full_vocab() -> std::path::PathBuf {
             let t = seeded_uniform(seed, vocab * 64).reshape((vocab, 64)).unwrap();
             tensors.insert(name.to_string(), t.to_dtype(DType::BF16).unwrap());
         }
-        candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
+        candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
         let tok = asset("gptoss-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
-        std::fs::copy(tok, dir.path().join("tokenizer.json")).unwrap();
+        std::fs::copy(tok, dir.join("tokenizer.json")).unwrap();
         dir
     })
-    .path()
-    .to_path_buf()
+    .clone()
 }
 
 /// `n` values uniform in [-√3, √3) (unit variance) from a seeded generator, on the CPU.
