@@ -34,6 +34,15 @@ pub fn all_reduce_sum(c: &dyn Collective, x: &Tensor) -> anyhow::Result<Tensor> 
     Ok(sum)
 }
 
+/// [`all_reduce_sum`] over `comm`'s ranks; `x` itself without one (the whole model on one rank):
+/// what a row-parallel product's output goes through.
+pub fn sum_over(comm: Option<&Arc<dyn Collective>>, x: Tensor) -> anyhow::Result<Tensor> {
+    match comm {
+        Some(c) => all_reduce_sum(c.as_ref(), &x),
+        None => Ok(x),
+    }
+}
+
 /// Every rank's `[rows, cols]` side by side: `[rows, world · cols]` (an LM head split by
 /// vocabulary: each rank's logits for its rows of the vocabulary).
 pub fn all_gather_cols(c: &dyn Collective, x: &Tensor) -> anyhow::Result<Tensor> {

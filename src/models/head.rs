@@ -1,6 +1,8 @@
 //! What every decoder here shares after its layers: the final norm (in f32, [`rms_norm`]) and
 //! the LM head producing f32 logits.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Device, Tensor};
 
 use super::linear::Linear;
@@ -35,12 +37,12 @@ impl Head {
     pub fn gathered_logits(
         &self,
         hidden: &Tensor,
-        comm: Option<&dyn Collective>,
+        comm: Option<&Arc<dyn Collective>>,
         vocab: usize,
     ) -> anyhow::Result<Tensor> {
         let local = self.logits(hidden)?;
         let Some(c) = comm else { return Ok(local) };
-        let all = collective::all_gather_cols(c, &local)?;
+        let all = collective::all_gather_cols(c.as_ref(), &local)?;
         Ok(if all.dim(1)? == vocab { all } else { all.narrow(1, 0, vocab)?.contiguous()? })
     }
 

@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::memory;
 use super::model::{GptOss, moe};
+use crate::dist::collective::sum_over;
 use crate::kernels::{
     PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged,
 };
@@ -78,19 +79,20 @@ impl BatchModel for GptOss {
                 step.bounds,
                 &attn,
             )?;
-            let o = self.reduce(layer.attn.o.matmul_f32(&o.reshape((tokens, heads * d))?)?)?;
+            let o =
+                sum_over(self.comm(), layer.attn.o.matmul_f32(&o.reshape((tokens, heads * d))?)?)?;
             let bias = layer.attn.o.bias();
             let normed =
                 add_rms_norm(&x, Some(&o), bias, &layer.mlp_norm, eps, self.dtype(), true)?;
             x = normed.x;
             let Some(h32) = normed.h32 else { anyhow::bail!("gpt-oss: the f32 norm is missing") };
-            mlp_out = Some(self.reduce(moe(cfg, layer, &h32, &normed.h)?)?);
+            mlp_out = Some(sum_over(self.comm(), moe(cfg, layer, &h32, &normed.h)?)?);
         }
         if let Some(m) = mlp_out {
             x = (x + m)?;
         }
         let last = x.index_select(&step.logit_rows, 0)?;
-        w.head.gathered_logits(&last, self.comm().map(|c| c.as_ref()), cfg.vocab_size)
+        w.head.gathered_logits(&last, self.comm(), cfg.vocab_size)
     }
 
     fn vocab_size(&self) -> usize {

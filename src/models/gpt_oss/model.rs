@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::GptOssConfig;
 use super::memory;
-use crate::dist::{Collective, collective};
+use crate::dist::Collective;
 use crate::kernels::{Mxfp4Experts, SwiGlu};
 use crate::models::head::Head;
 use crate::models::linear::Linear;
@@ -145,14 +145,6 @@ impl GptOss {
     /// The other ranks of a sharded model.
     pub fn comm(&self) -> Option<&Arc<dyn Collective>> {
         self.comm.as_ref()
-    }
-
-    /// A row-parallel product's sum over the ranks (itself on one rank).
-    pub(super) fn reduce(&self, x: Tensor) -> anyhow::Result<Tensor> {
-        match &self.comm {
-            Some(c) => collective::all_reduce_sum(c.as_ref(), &x),
-            None => Ok(x),
-        }
     }
 
     /// Bytes of the RoPE tables.

@@ -9,6 +9,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::model::{Llama, RopeStyle};
+use crate::dist::collective::sum_over;
 use crate::kernels::{
     PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, matmul_swiglu_bf16, paged_attention,
     qkv_rope_paged, silu_mul_to,
@@ -88,7 +89,7 @@ impl BatchModel for Llama {
             // how the GEMM splits its sums, which differs between batch sizes. The SwiGLU's
             // output is rounded once, as the products' input (an elementwise rounding, the same
             // in any batch).
-            let o = self.reduce(layer.o.matmul_f32(&o.reshape((tokens, heads * d))?)?)?;
+            let o = sum_over(self.comm(), layer.o.matmul_f32(&o.reshape((tokens, heads * d))?)?)?;
             let normed = norm(&x, Some(&o), layer.o.bias(), &layer.mlp_norm)?;
             let h = normed.h;
             x = normed.x;
@@ -107,13 +108,15 @@ impl BatchModel for Llama {
                 )?,
             };
             // The bias after the sum over ranks (once): the same ops as `forward_f32` on one.
-            mlp_out = Some(layer.down.add_bias_f32(self.reduce(layer.down.matmul_f32(&act)?)?)?);
+            mlp_out = Some(
+                layer.down.add_bias_f32(sum_over(self.comm(), layer.down.matmul_f32(&act)?)?)?,
+            );
         }
         if let Some(m) = mlp_out {
             x = (x + m)?;
         }
         let last = x.index_select(&step.logit_rows, 0)?;
-        w.head.gathered_logits(&last, self.comm().map(|c| c.as_ref()), cfg.vocab_size)
+        w.head.gathered_logits(&last, self.comm(), cfg.vocab_size)
     }
 
     fn vocab_size(&self) -> usize {

@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use super::config::LlamaConfig;
 use super::fuse::Fused;
 use super::memory;
-use crate::dist::{Collective, collective};
+use crate::dist::Collective;
 use crate::models::head::Head;
 use crate::models::linear::Linear;
 use crate::models::rope;
@@ -114,14 +114,6 @@ impl Llama {
     /// The other ranks of a sharded model.
     pub fn comm(&self) -> Option<&Arc<dyn Collective>> {
         self.comm.as_ref()
-    }
-
-    /// A row-parallel product's sum over the ranks (itself on one rank).
-    pub(super) fn reduce(&self, x: Tensor) -> anyhow::Result<Tensor> {
-        match &self.comm {
-            Some(c) => collective::all_reduce_sum(c.as_ref(), &x),
-            None => Ok(x),
-        }
     }
 
     pub fn config(&self) -> &LlamaConfig {
