@@ -80,6 +80,17 @@ pub enum Role {
     Leader(Leader),
 }
 
+impl Role {
+    /// The GPU this process runs on: `--gpu` (`first`), counted on by `LOCAL_RANK` for a rank a
+    /// launcher started (as the other ranks count theirs).
+    pub fn gpu(&self, first: usize) -> usize {
+        match self {
+            Role::Single => first,
+            Role::Leader(l) => first + l.rv.local_rank,
+        }
+    }
+}
+
 /// Decides this process's role for `--tp tp`. A rank other than 0 (its `RANK` says so) runs as a
 /// follower and never returns: it exits when rank 0 stops. `gpu` is `--gpu`, the first GPU.
 pub fn role(tp: usize, gpu: usize, cpu: bool) -> anyhow::Result<Role> {
@@ -114,9 +125,9 @@ pub fn role(tp: usize, gpu: usize, cpu: bool) -> anyhow::Result<Role> {
             let addr = format!("{}:{}", rv.addr, rv.port);
             let listener = TcpListener::bind(&addr)
                 .map_err(|e| rank_failed(format!("rank 0 cannot listen on {addr}: {e}")))?;
-            Ok(Role::Leader(Leader { rv, gpu, listener, children: Vec::new() }))
+            Ok(Role::Leader(Leader { rv, listener, children: Vec::new() }))
         }
-        None => Leader::spawn(tp, gpu).map(Role::Leader),
+        None => Leader::spawn(tp).map(Role::Leader),
     }
 }
 
@@ -132,7 +143,6 @@ fn quiet_multicast() {
 /// Rank 0: the connections to the other ranks, once they have joined.
 pub struct Leader {
     pub rv: Rendezvous,
-    gpu: usize,
     listener: TcpListener,
     children: Vec<std::process::Child>,
 }
@@ -164,8 +174,8 @@ struct Reply {
 
 impl Leader {
     /// Rank 0 of `tp` ranks on this machine: listens on a free local port and starts ranks
-    /// 1..tp as copies of this process (same arguments), on GPUs `gpu + rank`.
-    fn spawn(tp: usize, gpu: usize) -> anyhow::Result<Leader> {
+    /// 1..tp as copies of this process (same arguments), on GPUs `--gpu + rank`.
+    fn spawn(tp: usize) -> anyhow::Result<Leader> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
         let exe = std::env::current_exe()?;
@@ -185,12 +195,7 @@ impl Leader {
                 .push(cmd.spawn().map_err(|e| rank_failed(format!("starting rank {rank}: {e}")))?);
         }
         let rv = Rendezvous { rank: 0, world: tp, local_rank: 0, addr: "127.0.0.1".into(), port };
-        Ok(Leader { rv, gpu, listener, children })
-    }
-
-    /// The GPU rank 0 runs on.
-    pub fn gpu(&self) -> usize {
-        self.gpu + self.rv.local_rank
+        Ok(Leader { rv, listener, children })
     }
 
     /// Waits for every other rank, sends them NCCL's id and what to load, and joins the group:

@@ -86,7 +86,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             format!("--kv-tokens {kv} must hold at least one full sequence (--context {ctx})"),
         ));
     }
-    let (device, gpu) = load::open_device(args.device.gpu, args.device.cpu)?;
+    let (device, gpu) = load::open_device(role.gpu(args.device.gpu), args.device.cpu)?;
     let device_name = gpu.map(|g| g.name).unwrap_or_else(|| "CPU (--cpu)".to_string());
     let opts = LoadOptions {
         dtype: args.device.dtype.as_deref().map(load::parse_dtype).transpose()?,

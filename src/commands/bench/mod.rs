@@ -61,7 +61,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ));
     }
     let sampling = super::play::sampler_config(&args.sampling, SamplerConfig::greedy())?;
-    let (device, gpu) = load::open_device(args.device.gpu, args.device.cpu)?;
+    let (device, gpu) = load::open_device(role.gpu(args.device.gpu), args.device.cpu)?;
     let dtype = args.device.dtype.as_deref().map(load::parse_dtype).transpose()?;
     if args.verify_cost {
         return verify::run(&args, &device, dtype, gpu.map(|g| g.name));

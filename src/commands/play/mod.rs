@@ -147,7 +147,7 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
         None => None,
     };
     let spec = args.spec.config()?;
-    let (device, gpu) = load::open_device(args.device.gpu, args.device.cpu)?;
+    let (device, gpu) = load::open_device(role.gpu(args.device.gpu), args.device.cpu)?;
     let gpu_name = gpu.map(|g| g.name).unwrap_or_else(|| "CPU (--cpu)".to_string());
     let opts = LoadOptions {
         dtype: args.device.dtype.as_deref().map(load::parse_dtype).transpose()?,
