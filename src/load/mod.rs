@@ -87,14 +87,20 @@ pub struct ModelInfo {
     pub device_bytes: Option<u64>,
     /// GPUs the model is split over (`--tp`); the plan and memory above are one GPU's.
     pub ranks: usize,
+    /// How the ranks sum their pieces ([`Collective::sums_through`]); empty on one GPU.
+    pub sums: &'static str,
 }
 
 impl ModelInfo {
-    /// The device for banners: `NVIDIA H100 80GB HBM3 × 2 (--tp 2; plan and memory per GPU)`.
+    /// The device for banners: `NVIDIA H100 80GB HBM3 × 2 (--tp 2, sums through peer memory;
+    /// plan and memory per GPU)`.
     pub fn device_label(&self, gpu_name: &str) -> String {
         match self.ranks {
             1 => gpu_name.to_string(),
-            n => format!("{gpu_name} × {n} (--tp {n}; plan and memory per GPU)"),
+            n => format!(
+                "{gpu_name} × {n} (--tp {n}, sums through {}; plan and memory per GPU)",
+                self.sums
+            ),
         }
     }
 
@@ -257,6 +263,7 @@ fn load_with(
     comm: Option<Arc<dyn Collective>>,
 ) -> anyhow::Result<Loaded> {
     let shard = comm.as_ref().map_or(Shard::SINGLE, |c| c.shard());
+    let sums = comm.as_ref().map_or("", |c| c.sums_through());
     let (source, whole) = prepare(name, opts, Target::of(device))?;
     let mut spec = whole.for_rank(shard)?;
     let budget = Budget::of(device);
@@ -300,6 +307,7 @@ fn load_with(
         budget,
         device_bytes,
         ranks: shard.world,
+        sums,
     };
     Ok(Loaded { model, info })
 }
