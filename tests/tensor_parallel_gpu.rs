@@ -36,6 +36,7 @@ fn generate(engine: &Engine, vocab: u32) -> Replies {
                 logprobs: Some(5),
                 forced: Vec::new(),
                 constraint: None,
+                prediction: Vec::new(),
             };
             engine.submit(req).expect("submit")
         })

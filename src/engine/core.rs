@@ -359,6 +359,11 @@ struct Live {
     generated: usize,
     /// Speculation's throttle for this sequence.
     backoff: super::spec::Backoff,
+    /// Where in `req.prediction` the reply was last found to be ([`super::spec::prediction`]).
+    prediction_at: usize,
+    /// Draft tokens verified for this sequence, and those accepted.
+    draft_tokens: usize,
+    accepted_draft_tokens: usize,
 }
 
 struct Core {
@@ -478,7 +483,14 @@ impl Core {
             first_token: None,
             cached: 0,
             generated: 0,
-            backoff: super::spec::Backoff::for_spec(self.spec.as_ref()),
+            backoff: if p.req.prediction.is_empty() {
+                super::spec::Backoff::for_spec(self.spec.as_ref())
+            } else {
+                super::spec::Backoff::for_prediction()
+            },
+            prediction_at: 0,
+            draft_tokens: 0,
+            accepted_draft_tokens: 0,
             req: p.req,
         };
         if live.req.max_tokens == 0 {
@@ -645,6 +657,8 @@ impl Core {
             queued: l.started.unwrap_or(now).duration_since(l.submitted),
             time_to_first_token: first.duration_since(l.submitted),
             decode_time: now.duration_since(first),
+            draft_tokens: l.draft_tokens,
+            accepted_draft_tokens: l.accepted_draft_tokens,
         };
         let _ = l.events.send(Event::Finished(finish));
     }

@@ -382,6 +382,7 @@ fn one_run(
             logprobs: None,
             forced: Vec::new(),
             constraint,
+            prediction: Vec::new(),
         };
         handles.push(engine.submit(request)?);
     }

@@ -11,7 +11,9 @@
 //! distribution; `../shared/docs/spec-decoding.md` §1.3).
 //!
 //! - [`ngram`]: prompt lookup over the sequence's own tokens;
-//! - [`draft`]: a smaller model with the same tokenizer, run greedily beside the target.
+//! - [`draft`]: a smaller model with the same tokenizer, run greedily beside the target;
+//! - [`prediction`]: lookup in the text a request says its reply will repeat (OpenAI's
+//!   Predicted Outputs), for that request, with or without an engine drafter.
 //! - [`Backoff`]: when a sequence's drafts keep failing it drafts less often.
 //!
 //! The engine (`core.rs`) asks for drafts before each step for the sequences that may take one
@@ -20,6 +22,7 @@
 
 pub mod draft;
 pub mod ngram;
+pub mod prediction;
 
 pub use ngram::NgramConfig;
 
@@ -55,6 +58,18 @@ impl SpecConfig {
     /// Drafts of up to `draft_tokens` tokens from a draft model.
     pub fn model(draft_tokens: usize) -> anyhow::Result<SpecConfig> {
         Ok(SpecConfig { drafter: Drafter::Model, ..SpecConfig::ngram(draft_tokens)? })
+    }
+
+    /// What an engine without a drafter speculates with while a request carries a prediction:
+    /// up to 8 tokens a step (a prediction's runs are long; a GPU verifies fewer, by
+    /// [`crate::models::batch::BatchModel::invariant_rows`]).
+    pub fn for_predictions() -> SpecConfig {
+        SpecConfig {
+            drafter: Drafter::Ngram,
+            draft_tokens: 8,
+            max_batch: 8,
+            ngram: NgramConfig::default(),
+        }
     }
 
     /// N-gram drafting of up to `draft_tokens` tokens, with the default limits.
@@ -104,6 +119,13 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// The throttle for drafts from a request's prediction: a miss costs a verify step, as an
+    /// n-gram's does, but the skips stop at 8: a reply often leaves its prediction for a while
+    /// (gpt-oss's reasoning, an edited passage) and comes back to it, and then every step counts.
+    pub fn for_prediction() -> Backoff {
+        Backoff { max: 8, ..Backoff::default() }
+    }
+
     /// The throttle for drafts from `spec`'s drafter (the default without speculation).
     pub fn for_spec(spec: Option<&SpecConfig>) -> Backoff {
         match spec {
