@@ -550,6 +550,12 @@ impl Core {
         let logits = match self.runner.forward(&plan.chunks, &inputs, &self.blocks) {
             Ok(l) => l,
             Err(e) => {
+                if self.runner.followers.is_some() {
+                    // The other ranks ran this step's collectives, or wait in them: a rank 0 that
+                    // went on alone would pair its next collectives with their old ones.
+                    eprintln!("inferno (rank 0): a step failed, so the ranks cannot go on: {e:#}");
+                    std::process::exit(crate::error::ErrorKind::Rank.exit_code().into());
+                }
                 // What the pool holds for these sequences is unknown: fail them, keep serving.
                 let msg = format!("{e:#}");
                 self.fail_chunks(&plan.chunks, &msg);
