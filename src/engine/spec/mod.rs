@@ -11,7 +11,8 @@
 //! distribution; `../shared/docs/spec-decoding.md` §1.3).
 //!
 //! - [`ngram`]: prompt lookup over the sequence's own tokens;
-//! - [`draft`]: a smaller model with the same tokenizer, run greedily beside the target.
+//! - [`draft`]: a smaller model with the same tokenizer, run greedily beside the target;
+//! - [`eagle`]: an EAGLE-3 head on the target's hidden states.
 //! - [`Backoff`]: when a sequence's drafts keep failing it drafts less often.
 //!
 //! The engine (`core.rs`) asks for drafts before each step for the sequences that may take one
@@ -19,6 +20,7 @@
 //! [`accepted`] decides what the sampled rows keep.
 
 pub mod draft;
+pub mod eagle;
 pub mod ngram;
 
 pub use ngram::NgramConfig;
@@ -30,6 +32,14 @@ pub enum Drafter {
     Ngram,
     /// A smaller model with the same tokenizer, loaded beside the target ([`draft`]).
     Model,
+    /// An EAGLE-3 head reading the target's hidden states ([`eagle`]).
+    Eagle,
+}
+
+/// What `--draft MODEL|HEAD` loads beside the model.
+pub enum Draft {
+    Model(Box<dyn crate::models::batch::BatchModel>),
+    Eagle(crate::models::eagle3::Eagle3Head),
 }
 
 /// Speculation settings of an engine.
