@@ -17,10 +17,10 @@ use candle_core::{DType, Device};
 
 use crate::cli::BenchArgs;
 use crate::engine::core::{BLOCK_SIZE, EngineConfig};
-use crate::engine::spec::eagle::EagleDrafter;
 use crate::engine::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
 use crate::engine::runner::Runner;
 use crate::engine::scheduler::Chunk;
+use crate::engine::spec::eagle::EagleDrafter;
 use crate::load::{self, LoadOptions};
 use crate::models::batch::KvPool;
 use crate::models::eagle3::Eagle3Head;
@@ -110,7 +110,9 @@ pub fn run(
     }
     if eagle.is_some() {
         println!("EAGLE-3 head (its proposal: a first pass over 3 rows, then chained passes)");
-        println!("drafts  verify µs  draft µs  step µs   tok/s at mean accepted length 2.0 / 2.5 / 3.0");
+        println!(
+            "drafts  verify µs  draft µs  step µs   tok/s at mean accepted length 2.0 / 2.5 / 3.0"
+        );
         for ((rows, t), d) in ROWS.iter().zip(&times).zip(&draft_times).skip(1) {
             let step = t + d;
             let rates: Vec<String> = LENGTHS.iter().map(|l| format!("{:.1}", l / step)).collect();

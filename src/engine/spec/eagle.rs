@@ -121,7 +121,8 @@ impl EagleDrafter {
             guess.push(next);
             if j + 1 < k {
                 let step = self.step_input(id, len - 1 + j, &[next], 0)?;
-                (logits, hidden) = self.head.forward(&step, &self.pool, Feature::Hidden(&hidden))?;
+                (logits, hidden) =
+                    self.head.forward(&step, &self.pool, Feature::Hidden(&hidden))?;
             }
         }
         Ok(guess)

@@ -91,7 +91,9 @@ impl Eagle3Config {
             .map_or(layer.hidden_size, |n| n as usize);
         let ids = v
             .get("eagle_aux_hidden_state_layer_ids")
-            .or_else(|| v.get("eagle_config").and_then(|e| e.get("eagle_aux_hidden_state_layer_ids")))
+            .or_else(|| {
+                v.get("eagle_config").and_then(|e| e.get("eagle_aux_hidden_state_layer_ids"))
+            })
             .filter(|x| !x.is_null());
         let aux_ids = match ids {
             None => None,
@@ -120,6 +122,21 @@ impl Eagle3Config {
             norm_before_residual: flag("norm_before_residual"),
             norm_before_fc: flag("norm_before_fc"),
         })
+    }
+
+    /// Bytes its weights take in `dtype` (norms in f32), with its own embedding when `own_embed`.
+    pub fn weight_bytes(&self, dtype: candle_core::DType, own_embed: bool) -> u64 {
+        let l = &self.layer;
+        let (h, i) = (l.hidden_size as u64, l.intermediate_size as u64);
+        let (qd, kvd) = ((l.num_heads * l.head_dim) as u64, (l.num_kv_heads * l.head_dim) as u64);
+        let embed = if own_embed { l.vocab_size as u64 * h } else { 0 };
+        let params = 3 * self.target_hidden as u64 * h
+            + (qd + 2 * kvd) * 2 * h
+            + h * qd
+            + 3 * h * i
+            + self.draft_vocab as u64 * h
+            + embed;
+        params * dtype.size_in_bytes() as u64 + 4 * (4 * h + 3 * self.target_hidden as u64)
     }
 
     /// The three target layers whose entering residual stream feeds the head, for a target of

@@ -93,6 +93,7 @@ impl Eagle3Head {
             .map_err(|e| fail(ErrorKind::Integrity, format!("opening the EAGLE-3 head: {e}")))?;
         let prefix = if vb.contains_tensor("model.fc.weight") { "model." } else { "" };
         let src = Checkpoint { vb, prefix };
+        check_fits(&cfg, src.has("embed_tokens.weight"), dtype, device)?;
         let d2t = match raw.load(&format!("{prefix}d2t"), &Device::Cpu) {
             Ok(t) => Some(t.to_dtype(DType::I64)?.to_vec1::<i64>()?),
             Err(_) => None,
@@ -117,6 +118,7 @@ impl Eagle3Head {
         // An increasing map from the draft vocabulary into the target's.
         let step = (vocab / cfg.draft_vocab).max(1);
         let d2t = (0..cfg.draft_vocab).map(|i| (i * step - i) as i64).collect();
+        check_fits(&cfg, false, dtype, device)?;
         let src = Random { dtype, device: device.clone() };
         Eagle3Head::build(cfg, &src, Some(d2t), target_embed, context, dtype, device)
     }
@@ -336,6 +338,33 @@ fn check_target(cfg: &Eagle3Config, target_embed: &Tensor) -> anyhow::Result<()>
         ));
     }
     Ok(())
+}
+
+/// Memory kept free beside the head for the steps (as the engine keeps beside its pool).
+const HEAD_RESERVE: u64 = 512 << 20;
+
+/// Refuses a head whose weights would not fit in what the device has free (exit code 7).
+fn check_fits(
+    cfg: &Eagle3Config,
+    own_embed: bool,
+    dtype: DType,
+    device: &Device,
+) -> anyhow::Result<()> {
+    let bytes = cfg.weight_bytes(dtype, own_embed);
+    let Some(free) = crate::gpu::available(device) else { return Ok(()) };
+    if bytes.saturating_add(HEAD_RESERVE) <= free {
+        return Ok(());
+    }
+    let iec = crate::util::human_bytes_iec;
+    Err(fail(
+        ErrorKind::Memory,
+        format!(
+            "the EAGLE-3 head needs {} for its weights, but {} is free beside the model (keeping {} for the steps): lower --context or drop --draft",
+            iec(bytes),
+            iec(free),
+            iec(HEAD_RESERVE)
+        ),
+    ))
 }
 
 /// `d2t`'s offsets as target ids, each checked to fall inside the target's vocabulary.
