@@ -52,9 +52,6 @@ pub fn run(
     let mut manager = BlockManager::new(BlockConfig { block_size: BLOCK_SIZE, groups })?;
     let mut runner = Runner::new(model, pool, shape);
     let mut eagle = eagle_head(args, &runner, context, dtype, device)?;
-    if let Some(e) = &eagle {
-        runner.taps = e.taps().to_vec();
-    }
     let vocab = runner.model.vocab_size() as u32;
     let ids: Vec<u32> = (0..prompt as u32).map(|i| (i * 7919 + 13) % vocab).collect();
     manager.add_sequence(0, &ids);
@@ -62,27 +59,21 @@ pub fn run(
     let chunk = Chunk { id: 0, start: 0, len: prompt, sample: true, drafts: 0 };
     runner.forward(&[chunk], &[&ids[..]], &manager)?;
 
+    // With a head, the one-token step without its taps first (plain decoding), then every step
+    // with them (the graphs captured again).
+    let plain = match &eagle {
+        Some(e) => {
+            let t = step_time(&mut runner, &manager, prompt, 1, device)?;
+            runner.graphs.clear();
+            runner.taps = e.taps().to_vec();
+            Some(t)
+        }
+        None => None,
+    };
     let mut times = Vec::new();
     let mut draft_times = Vec::new();
     for rows in ROWS {
-        let chunk = Chunk { id: 0, start: prompt, len: rows, sample: true, drafts: rows - 1 };
-        let input: Vec<u32> = (0..rows as u32).map(|i| (i * 31 + 5) % vocab).collect();
-        let mut step = || -> anyhow::Result<()> {
-            let logits = runner.forward(&[chunk], &[&input[..]], &manager)?;
-            let logits = logits.ok_or_else(|| anyhow::anyhow!("a verify step gave no logits"))?;
-            crate::kernels::argmax_rows(&logits)?;
-            Ok(())
-        };
-        for _ in 0..STEPS {
-            step()?;
-        }
-        device.synchronize()?;
-        let t0 = Instant::now();
-        for _ in 0..STEPS {
-            step()?;
-        }
-        device.synchronize()?;
-        times.push(t0.elapsed().as_secs_f64() / STEPS as f64);
+        times.push(step_time(&mut runner, &manager, prompt, rows, device)?);
         if let Some(e) = &mut eagle {
             draft_times.push(eagle_time(e, &mut runner, &ids, rows - 1, device)?);
         }
@@ -108,25 +99,65 @@ pub fn run(
             rates.join(" / ")
         );
     }
-    if eagle.is_some() {
-        println!("EAGLE-3 head (its proposal: a first pass over 3 rows, then chained passes)");
+    if let Some(plain) = plain {
         println!(
-            "drafts  verify µs  draft µs  step µs   tok/s at mean accepted length 2.0 / 2.5 / 3.0"
+            "EAGLE-3 head: the steps above keep its taps; one token without them: {:.1} µs ({:.1} tok/s)",
+            plain * 1e6,
+            1.0 / plain
+        );
+        println!(
+            "a step: the verify, then the head's proposal (one pass over 3 rows, then chained passes)"
+        );
+        println!(
+            "drafts  verify µs  draft µs  step µs   tok/s at mean accepted length 2.0 / 2.5 / 3.0 (× plain)"
         );
         for ((rows, t), d) in ROWS.iter().zip(&times).zip(&draft_times).skip(1) {
             let step = t + d;
             let rates: Vec<String> = LENGTHS.iter().map(|l| format!("{:.1}", l / step)).collect();
+            let gains: Vec<String> =
+                LENGTHS.iter().map(|l| format!("{:.2}", l * plain / step)).collect();
             println!(
-                "{:>6}  {:>9.1}  {:>8.1}  {:>7.1}   {}",
+                "{:>6}  {:>9.1}  {:>8.1}  {:>7.1}   {} ({})",
                 rows - 1,
                 t * 1e6,
                 d * 1e6,
                 step * 1e6,
-                rates.join(" / ")
+                rates.join(" / "),
+                gains.join(" / ")
             );
         }
     }
     Ok(())
+}
+
+/// Seconds one step of `rows` rows at position `prompt` takes (the last token and `rows − 1`
+/// drafts, then their argmax), over [`STEPS`] after as many to warm up.
+fn step_time(
+    runner: &mut Runner,
+    manager: &BlockManager,
+    prompt: usize,
+    rows: usize,
+    device: &Device,
+) -> anyhow::Result<f64> {
+    let vocab = runner.model.vocab_size() as u32;
+    let chunk = Chunk { id: 0, start: prompt, len: rows, sample: true, drafts: rows - 1 };
+    let input: Vec<u32> = (0..rows as u32).map(|i| (i * 31 + 5) % vocab).collect();
+    let mut step = || -> anyhow::Result<()> {
+        let logits = runner.forward(&[chunk], &[&input[..]], manager)?;
+        let logits = logits.ok_or_else(|| anyhow::anyhow!("a verify step gave no logits"))?;
+        crate::kernels::argmax_rows(&logits)?;
+        Ok(())
+    };
+    for _ in 0..STEPS {
+        step()?;
+    }
+    device.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..STEPS {
+        step()?;
+    }
+    device.synchronize()?;
+    Ok(t0.elapsed().as_secs_f64() / STEPS as f64)
 }
 
 /// The EAGLE-3 head `--draft` names, when it names one, with its pool beside the runner's.
