@@ -223,7 +223,7 @@ fn request(c: &Case) -> Request {
 fn run_batch(engine: &Engine, cases: &[Case]) -> Vec<(Vec<u32>, StopReason)> {
     let handles: Vec<RequestHandle> =
         cases.iter().map(|c| engine.submit(request(c)).expect("submit")).collect();
-    handles.into_iter().map(|h| collect(h)).map(|(t, f)| (t, f.reason)).collect()
+    handles.into_iter().map(collect).map(|(t, f)| (t, f.reason)).collect()
 }
 
 /// Each case alone in its own engine, and the drafts' statistics over all.
@@ -423,12 +423,12 @@ fn taps_are_the_right_layers(model: &Path) {
         assert_eq!(taps[2], layers, "{layout:?}: the last id is the last layer's output");
         let (logits, rows) = target.run(&ids, &taps);
         let want = argmax(&logits);
-        for t in 0..ids.len() - 1 {
+        for (t, &w) in want.iter().enumerate().take(ids.len() - 1) {
             let id = 100 + t as u64;
             let n = t + 1;
             head.record(id, 0, rows.narrow(0, 0, n).expect("rows")).expect("record");
             let got = head.propose(id, &ids[..n + 1], 3).expect("propose");
-            assert_eq!(got, vec![want[t]; 3], "{layout:?}: position {t}");
+            assert_eq!(got, vec![w; 3], "{layout:?}: position {t}");
             head.free(id);
         }
     }

@@ -209,7 +209,7 @@ fn load_draft(
         } else {
             Eagle3Head::load(&dir, embed, context, info.dtype, device)
         };
-        return Ok(Some(Draft::Eagle(head.map_err(|e| e.context(format!("{d}")))?)));
+        return Ok(Some(Draft::Eagle(Box::new(head.map_err(|e| e.context(d.to_string()))?))));
     }
     let opts = LoadOptions { context: Some(info.context), ..opts.clone() };
     let loaded =

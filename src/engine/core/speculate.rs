@@ -142,7 +142,7 @@ impl Core {
                 self.draft = Some(DraftModel::new(d, cfg, vocab)?);
             }
             Draft::Eagle(head) => {
-                let e = EagleDrafter::new(head, cfg, self.runner.model.tap_layers())?;
+                let e = EagleDrafter::new(*head, cfg, self.runner.model.tap_layers())?;
                 self.runner.taps = e.taps().to_vec();
                 self.pipelined = false;
                 self.eagle = Some(e);
@@ -173,10 +173,10 @@ impl Core {
     /// or when its taps have piled up (a sequence that has not drafted for a while).
     pub(super) fn eagle_catch_up(&mut self, id: u64, prefilled: bool) {
         let (Some(e), Some(seq)) = (&mut self.eagle, self.sched.get(id)) else { return };
-        if prefilled || e.pending_rows(id) >= EAGLE_PENDING_ROWS {
-            if let Err(err) = e.catch_up(id, &seq.tokens) {
-                tracing::warn!("EAGLE-3 head: {err:#}");
-            }
+        if (prefilled || e.pending_rows(id) >= EAGLE_PENDING_ROWS)
+            && let Err(err) = e.catch_up(id, &seq.tokens)
+        {
+            tracing::warn!("EAGLE-3 head: {err:#}");
         }
     }
 }

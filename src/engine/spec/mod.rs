@@ -39,7 +39,7 @@ pub enum Drafter {
 /// What `--draft MODEL|HEAD` loads beside the model.
 pub enum Draft {
     Model(Box<dyn crate::models::batch::BatchModel>),
-    Eagle(crate::models::eagle3::Eagle3Head),
+    Eagle(Box<crate::models::eagle3::Eagle3Head>),
 }
 
 /// Speculation settings of an engine.
