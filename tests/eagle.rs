@@ -69,7 +69,8 @@ fn write_head(
     let n = |k: &str| cfg[k].as_u64().expect(k) as usize;
     let (h, vocab, layers) = (n("hidden_size"), n("vocab_size"), n("num_hidden_layers"));
     let eps = cfg["rms_norm_eps"].as_f64().expect("eps");
-    let (heads, kv_heads, d, inter) = (4, 2, 16, 96);
+    // head_dim 64: what the GPU's attention kernels take.
+    let (heads, kv_heads, d, inter) = (4, 2, 64, 96);
     let pass = weights == Weights::PassLastTap;
     let draft_vocab = if pass { vocab } else { vocab / 2 };
     let dev = Device::Cpu;

@@ -84,7 +84,7 @@ impl Eagle3Head {
         device: &Device,
     ) -> anyhow::Result<Eagle3Head> {
         let cfg = read_config(dir)?;
-        check_target(&cfg, target_embed)?;
+        check_target(&cfg, target_embed, device)?;
         let files = crate::models::llama::load::safetensors_files(dir)?;
         // SAFETY: read-only maps of files the HF cache layout never rewrites in place.
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? };
@@ -113,7 +113,7 @@ impl Eagle3Head {
         device: &Device,
     ) -> anyhow::Result<Eagle3Head> {
         let cfg = read_config(dir)?;
-        check_target(&cfg, target_embed)?;
+        check_target(&cfg, target_embed, device)?;
         let vocab = cfg.layer.vocab_size;
         // An increasing map from the draft vocabulary into the target's.
         let step = (vocab / cfg.draft_vocab).max(1);
@@ -316,8 +316,16 @@ fn read_config(dir: &Path) -> anyhow::Result<Eagle3Config> {
     Eagle3Config::from_json(&text)
 }
 
-/// The head must read the target's hidden states and speak its vocabulary.
-fn check_target(cfg: &Eagle3Config, target_embed: &Tensor) -> anyhow::Result<()> {
+/// The head must read the target's hidden states, speak its vocabulary, and have heads the
+/// device's attention takes.
+fn check_target(cfg: &Eagle3Config, target_embed: &Tensor, device: &Device) -> anyhow::Result<()> {
+    let d = cfg.layer.head_dim;
+    if device.is_cuda() && ![64, 128].contains(&d) {
+        return Err(fail(
+            ErrorKind::InvalidInput,
+            format!("the EAGLE-3 head's head_dim is {d}: a GPU's attention takes 64 or 128"),
+        ));
+    }
     let (vocab, hidden) = target_embed.dims2()?;
     let refuse = |what: String| {
         Err(fail(
