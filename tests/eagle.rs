@@ -185,13 +185,18 @@ impl On {
 
 /// An engine of `max_seqs` sequences drafting with the head in `head` (none: no speculation).
 fn start(on: On, model: &Path, max_seqs: usize, head: Option<&Path>) -> Engine {
+    start_with(on, model, max_seqs, head, 256)
+}
+
+/// [`start`] with steps of `budget` tokens at most.
+fn start_with(on: On, model: &Path, max_seqs: usize, head: Option<&Path>, budget: usize) -> Engine {
     let (dev, dtype) = on.device();
     let spec =
         head.map(|_| SpecConfig { max_batch: usize::MAX, ..SpecConfig::model(3).expect("k") });
     let cfg = EngineConfig {
         max_seqs,
         kv_tokens: max_seqs * CONTEXT,
-        token_budget: 256,
+        token_budget: budget,
         pipeline: inferno::switches::pipeline(),
         spec,
     };
@@ -430,7 +435,20 @@ fn taps_are_the_right_layers(model: &Path) {
         for (t, &w) in want.iter().enumerate().take(ids.len() - 1) {
             let id = 100 + t as u64;
             let n = t + 1;
-            head.record(id, 0, rows.narrow(0, 0, n).expect("rows")).expect("record");
+            // The taps arrive as the engine hands them over: in chunks of up to 4 rows; a
+            // verify step's rows whose last ones were rejected (junk), replaced by the next
+            // step's from the first rejected position; junk past the sequence's end, which the
+            // proposal must not read.
+            let width = rows.dim(1).expect("width");
+            let junk = |n| Tensor::ones((n, width), DType::F32, &Device::Cpu).expect("junk");
+            let redo = n.saturating_sub(2);
+            for from in (0..redo).step_by(4) {
+                let rows = rows.narrow(0, from, (redo - from).min(4)).expect("rows");
+                head.record(id, from, rows).expect("record");
+            }
+            head.record(id, redo, junk(4)).expect("record");
+            head.record(id, redo, rows.narrow(0, redo, n - redo).expect("rows")).expect("record");
+            head.record(id, n, junk(2)).expect("record");
             let got = head.propose(id, &ids[..n + 1], 3).expect("propose");
             assert_eq!(got, vec![w; 3], "{layout:?}: position {t}");
             head.free(id);
@@ -479,6 +497,36 @@ fn gpt_oss_taps_are_the_right_layers() {
 #[test]
 fn llama_taps_are_the_right_layers() {
     taps_are_the_right_layers(&fixture("llama3_tiny"));
+}
+
+/// Prompts prefilled in chunks of 8 tokens (the head's taps gathered over several steps), and a
+/// second turn whose prompt the target's prefix cache mostly holds (the head reads zeros for
+/// those positions): the same tokens as without the head, and drafts all along.
+#[test]
+fn chunked_prompts_and_a_continued_conversation() {
+    let model = fixture("llama3_tiny");
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_head(dir.path(), &model, Layout::Speculators, Weights::Random, None);
+    let vocab = start(On::Cpu, &model, 1, None).vocab_size() as u32;
+    let mut rng = StdRng::seed_from_u64(19);
+    for (i, base) in cases(vocab, 4, 12).into_iter().enumerate() {
+        let prompt: Vec<u32> = (0..20 + 4 * i).map(|_| rng.random_range(1..vocab)).collect();
+        let case = Case { prompt, ..base };
+        let plain = start_with(On::Cpu, &model, 1, None, 8);
+        let spec = start_with(On::Cpu, &model, 1, Some(dir.path()), 8);
+        let want = run_batch(&plain, std::slice::from_ref(&case));
+        let got = run_batch(&spec, std::slice::from_ref(&case));
+        assert_eq!(got, want, "case {i}: the first turn differs with the head");
+        let mut next = case.prompt.clone();
+        next.extend_from_slice(&got[0].0);
+        next.extend_from_slice(&case.prompt[..3]);
+        let turn = Case { prompt: next, max_tokens: 10, ..case.clone() };
+        let (again, finish) = collect(spec.submit(request(&turn)).expect("submit"));
+        assert!(finish.cached_tokens > 0, "case {i}: the second turn reused nothing");
+        let fresh = run_batch(&plain, std::slice::from_ref(&turn));
+        assert_eq!(again, fresh[0].0, "case {i}: the second turn differs with the head");
+        assert!(spec.stats().spec.drafts > 0, "case {i}: nothing was drafted");
+    }
 }
 
 /// A head made for another model is refused in one line.
