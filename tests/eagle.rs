@@ -132,6 +132,11 @@ fn write_head(
         })
         .collect();
     t.insert("d2t".into(), Tensor::from_vec(d2t, draft_vocab, &dev).expect("d2t"));
+    // The random speculators head normalises the taps before `fc` (Red Hat's gpt-oss heads do).
+    let norm_before_fc = layout == Layout::Speculators && !pass;
+    if norm_before_fc {
+        t.insert("input_norm.weight".into(), randn(&[3 * h], 0.5).affine(1.0, 1.0).expect("norm"));
+    }
     // SpecForge heads carry their embedding; the speculators one shares the target's.
     if layout == Layout::SpecForge {
         let embed =
@@ -162,6 +167,7 @@ fn write_head(
             "draft_vocab_size": draft_vocab,
             "target_hidden_size": h,
             "norm_before_residual": !pass,
+            "norm_before_fc": norm_before_fc,
             "eagle_aux_hidden_state_layer_ids": [1, 2, layers],
         }),
     };

@@ -94,7 +94,8 @@ pub fn accepted(drafts: &[u32], sampled: &[u32]) -> usize {
 /// A sequence's draft throttle: after a verify step that accepted nothing, the sequence skips
 /// drafting for a number of its steps that doubles with each miss in a row, up to a cap (a step
 /// that accepts anything resets the doubling). A wrong n-gram draft costs about one decode step,
-/// so its skips start at 1 and stop at 64; a wrong draft model's costs its `k` draft steps and a
+/// so its skips start at 1 and stop at 64 (an EAGLE-3 head's too: its `k` passes cost a
+/// fraction of a decode step each); a wrong draft model's costs its `k` draft steps and a
 /// verify, so its skips start at `8 · k` and stop at 512. Either way a sequence whose drafts all
 /// fail spends a bounded share of its steps on them (measured in docs/performance.md).
 #[derive(Debug, Clone)]
