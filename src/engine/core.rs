@@ -79,8 +79,8 @@ impl EngineConfig {
 /// What an engine thread's `load` builds ([`Engine::start_built`]).
 pub struct Built<I> {
     pub model: Box<dyn BatchModel>,
-    /// The draft model for speculative decoding (`--draft MODEL`).
-    pub draft: Option<Box<dyn BatchModel>>,
+    /// The drafter for speculative decoding (`--draft MODEL` or `--draft HEAD`).
+    pub draft: Option<super::spec::Draft>,
     pub cfg: EngineConfig,
     /// What the front end gets back beside the engine.
     pub info: I,
@@ -150,14 +150,14 @@ impl Engine {
         })
     }
 
-    /// [`Engine::start`] where `load` also builds a draft model for speculative decoding
-    /// (`--draft MODEL`), which the engine thread owns beside the model.
+    /// [`Engine::start`] where `load` also builds a draft model or an EAGLE-3 head for
+    /// speculative decoding (`--draft`), which the engine thread owns beside the model.
     pub fn start_with_draft<I, F>(load: F) -> anyhow::Result<(Engine, I)>
     where
         I: Send + 'static,
         F: FnOnce() -> anyhow::Result<(
                 Box<dyn BatchModel>,
-                Option<Box<dyn BatchModel>>,
+                Option<super::spec::Draft>,
                 EngineConfig,
                 I,
             )> + Send
@@ -186,8 +186,7 @@ impl Engine {
                     let mut core = Core::new(model, cfg, thread_stats)?;
                     core.runner.followers = followers;
                     if let Some(d) = draft {
-                        let vocab = core.runner.model.vocab_size();
-                        core.draft = Some(super::spec::draft::DraftModel::new(d, &cfg, vocab)?);
+                        core.attach_draft(d, &cfg)?;
                     }
                     Ok((core, info))
                 });
@@ -315,7 +314,7 @@ pub(crate) fn runner_with_pool(
 
 /// Refuses a pool that would not fit in what is free now (exit code 7, with the numbers and
 /// what to lower), instead of failing in the allocator.
-fn check_pool_fits(
+pub(crate) fn check_pool_fits(
     shape: &crate::models::batch::KvShape,
     blocks: &[usize],
     cfg: &EngineConfig,
@@ -401,6 +400,9 @@ struct Core {
     drafted: std::collections::HashSet<u64>,
     /// The draft model (`--draft MODEL`), with its own KV pool.
     draft: Option<super::spec::draft::DraftModel>,
+    /// The EAGLE-3 head (`--draft HEAD`), with its own KV pool; the runner then keeps the
+    /// taps it reads.
+    eagle: Option<super::spec::eagle::EagleDrafter>,
 }
 
 impl Core {
@@ -438,6 +440,7 @@ impl Core {
             spec_stats: Default::default(),
             drafted: Default::default(),
             draft: None,
+            eagle: None,
         };
         core.publish(0);
         Ok(core)
@@ -548,7 +551,10 @@ impl Core {
         }
         let inputs: Vec<Vec<u32>> = plan.chunks.iter().map(|c| self.sched.chunk_ids(c)).collect();
         let logits = match self.runner.forward(&plan.chunks, &inputs, &self.blocks) {
-            Ok(l) => l,
+            Ok(l) => {
+                self.record_taps(&plan.chunks);
+                l
+            }
             Err(e) => {
                 if self.runner.followers.is_some() {
                     // The other ranks ran this step's collectives, or wait in them: a rank 0 that
@@ -598,6 +604,7 @@ impl Core {
             if c.sample && c.len > 1 && c.drafts == 0 {
                 self.draft_catch_up(c.id);
             }
+            self.eagle_catch_up(c.id, c.sample && c.len > 1 && c.drafts == 0);
             self.emit_run(c.id, tokens);
         }
         self.drafted.clear();
@@ -652,6 +659,9 @@ impl Core {
         if let Some(d) = &mut self.draft {
             d.free(id);
         }
+        if let Some(e) = &mut self.eagle {
+            e.free(id);
+        }
         let Some(l) = self.live.remove(&id) else { return };
         let now = Instant::now();
         let first = l.first_token.unwrap_or(now);
@@ -673,6 +683,9 @@ impl Core {
         self.sched.remove(id, &mut self.blocks);
         if let Some(d) = &mut self.draft {
             d.free(id);
+        }
+        if let Some(e) = &mut self.eagle {
+            e.free(id);
         }
         if let Some(l) = self.live.remove(&id) {
             let _ = l.events.send(Event::Failed(msg.to_string()));

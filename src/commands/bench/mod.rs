@@ -318,6 +318,7 @@ fn drafter_name(c: SpecConfig) -> &'static str {
     match c.drafter {
         crate::engine::spec::Drafter::Ngram => "ngram",
         crate::engine::spec::Drafter::Model => "draft model",
+        crate::engine::spec::Drafter::Eagle => "EAGLE-3 head",
     }
 }
 

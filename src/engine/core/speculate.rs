@@ -48,6 +48,13 @@ impl Core {
                             Vec::new()
                         })
                     }
+                    (Some(Drafter::Eagle), _) => match &mut self.eagle {
+                        Some(e) => e.propose(id, &seq.tokens, k).unwrap_or_else(|e| {
+                            tracing::warn!("EAGLE-3 head: {e:#}");
+                            Vec::new()
+                        }),
+                        None => Vec::new(),
+                    },
                     _ => Vec::new(),
                 }
             };
@@ -135,8 +142,9 @@ impl Core {
                 let cfg = self.spec.map(|s| s.ngram).unwrap_or_default();
                 !ngram::propose(&seq.tokens, 1, cfg).is_empty()
             }
-            // A draft model always has a guess.
+            // A draft model or head always has a guess.
             Some(Drafter::Model) => self.draft.is_some(),
+            Some(Drafter::Eagle) => self.eagle.is_some(),
             None => false,
         }
     }
@@ -149,4 +157,60 @@ impl Core {
             tracing::warn!("draft model: {e:#}");
         }
     }
+
+    /// Installs the drafter `load` built: a draft model, or an EAGLE-3 head (whose taps the
+    /// runner then keeps; its steps are not pipelined, since each step's taps are read before
+    /// the next one is planned).
+    pub(super) fn attach_draft(
+        &mut self,
+        draft: crate::engine::spec::Draft,
+        cfg: &crate::engine::core::EngineConfig,
+    ) -> anyhow::Result<()> {
+        use crate::engine::spec::{Draft, draft::DraftModel, eagle::EagleDrafter};
+        match draft {
+            Draft::Model(d) => {
+                let vocab = self.runner.model.vocab_size();
+                self.draft = Some(DraftModel::new(d, cfg, vocab)?);
+            }
+            Draft::Eagle(head) => {
+                let e = EagleDrafter::new(*head, cfg, self.runner.model.tap_layers())?;
+                self.runner.taps = e.taps().to_vec();
+                self.pipelined = false;
+                self.eagle = Some(e);
+                if let Some(s) = &mut self.spec {
+                    s.drafter = Drafter::Eagle;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the step's taps to the EAGLE-3 head, each chunk's rows to its sequence.
+    pub(super) fn record_taps(&mut self, chunks: &[crate::engine::scheduler::Chunk]) {
+        let (Some(e), Some(taps)) = (&mut self.eagle, self.runner.last_taps.take()) else {
+            return;
+        };
+        let mut row = 0;
+        for c in chunks {
+            let rows = taps.narrow(0, row, c.len).map_err(anyhow::Error::from);
+            if let Err(err) = rows.and_then(|r| e.record(c.id, c.start, r)) {
+                tracing::warn!("EAGLE-3 head: {err:#}");
+            }
+            row += c.len;
+        }
+    }
+
+    /// The EAGLE-3 head runs what it can of sequence `id` now: after its prompt (`prefilled`),
+    /// or when its taps have piled up (a sequence that has not drafted for a while).
+    pub(super) fn eagle_catch_up(&mut self, id: u64, prefilled: bool) {
+        let (Some(e), Some(seq)) = (&mut self.eagle, self.sched.get(id)) else { return };
+        if (prefilled || e.pending_rows(id) >= EAGLE_PENDING_ROWS)
+            && let Err(err) = e.catch_up(id, &seq.tokens)
+        {
+            tracing::warn!("EAGLE-3 head: {err:#}");
+        }
+    }
 }
+
+/// Taps a sequence keeps waiting at most before the head runs them (each `3 · hidden` f32s).
+const EAGLE_PENDING_ROWS: usize = 64;

@@ -12,6 +12,7 @@
 //!
 //! - [`ngram`]: prompt lookup over the sequence's own tokens;
 //! - [`draft`]: a smaller model with the same tokenizer, run greedily beside the target;
+//! - [`eagle`]: an EAGLE-3 head on the target's hidden states;
 //! - [`prediction`]: lookup in the text a request says its reply will repeat (OpenAI's
 //!   Predicted Outputs), for that request, with or without an engine drafter.
 //! - [`Backoff`]: when a sequence's drafts keep failing it drafts less often.
@@ -21,6 +22,7 @@
 //! [`accepted`] decides what the sampled rows keep.
 
 pub mod draft;
+pub mod eagle;
 pub mod ngram;
 pub mod prediction;
 
@@ -33,6 +35,14 @@ pub enum Drafter {
     Ngram,
     /// A smaller model with the same tokenizer, loaded beside the target ([`draft`]).
     Model,
+    /// An EAGLE-3 head reading the target's hidden states ([`eagle`]).
+    Eagle,
+}
+
+/// What `--draft MODEL|HEAD` loads beside the model.
+pub enum Draft {
+    Model(Box<dyn crate::models::batch::BatchModel>),
+    Eagle(Box<crate::models::eagle3::Eagle3Head>),
 }
 
 /// Speculation settings of an engine.
@@ -99,7 +109,8 @@ pub fn accepted(drafts: &[u32], sampled: &[u32]) -> usize {
 /// A sequence's draft throttle: after a verify step that accepted nothing, the sequence skips
 /// drafting for a number of its steps that doubles with each miss in a row, up to a cap (a step
 /// that accepts anything resets the doubling). A wrong n-gram draft costs about one decode step,
-/// so its skips start at 1 and stop at 64; a wrong draft model's costs its `k` draft steps and a
+/// so its skips start at 1 and stop at 64 (an EAGLE-3 head's too: its `k` passes cost a
+/// fraction of a decode step each); a wrong draft model's costs its `k` draft steps and a
 /// verify, so its skips start at `8 · k` and stop at 512. Either way a sequence whose drafts all
 /// fail spends a bounded share of its steps on them (measured in docs/performance.md).
 #[derive(Debug, Clone)]
