@@ -508,12 +508,12 @@ fn a_draft_with_another_tokenizer_is_refused() {
 /// tokens plain decoding emits, alone and in a batch, with every sampler setting; an exact
 /// prediction (the plain reply) is accepted almost whole, an edited one in part, an unrelated
 /// one rejected without harm, and the counts come back in the request's `Finish`.
-fn predictions_lossless(model: &str) {
-    let vocab = start(On::Cpu, model, 1, 0).vocab_size() as u32;
+fn predictions_lossless(on: On, model: &str) {
+    let vocab = start(on, model, 1, 0).vocab_size() as u32;
     let cases = cases(&copy_prompts(vocab, 6), 30);
     let plain: Vec<Vec<u32>> = cases
         .iter()
-        .map(|c| run_batch(&start(On::Cpu, model, 1, 0), std::slice::from_ref(c)).remove(0).0)
+        .map(|c| run_batch(&start(on, model, 1, 0), std::slice::from_ref(c)).remove(0).0)
         .collect();
     let mut rng = StdRng::seed_from_u64(11);
     let edit = move |t: &[u32], rng: &mut StdRng| -> Vec<u32> {
@@ -545,7 +545,7 @@ fn predictions_lossless(model: &str) {
         let mut accepted = 0;
         let mut drafted = 0;
         for (i, req) in requests.iter().enumerate() {
-            let e = start(On::Cpu, model, 1, 0);
+            let e = start(on, model, 1, 0);
             let (tokens, finish) = collect(e.submit(req.clone()).expect("submit"));
             assert_eq!(tokens, plain[i], "{kind} prediction, case {i} ({:?})", cases[i].sampling);
             assert!(finish.accepted_draft_tokens <= finish.draft_tokens, "{kind}, case {i}");
@@ -560,10 +560,12 @@ fn predictions_lossless(model: &str) {
             }
             _ => assert!(drafted > 0, "unrelated: nothing drafted"),
         }
-        // Together in one engine (six sequences, within a drafting batch).
-        let e = start(On::Cpu, model, cases.len(), 0);
+        // Together in one engine: six sequences on the CPU; on a GPU two, as a verify step keeps
+        // to the rows every kernel computes alone.
+        let n = if on == On::Gpu { 2 } else { cases.len() };
+        let e = start(on, model, n, 0);
         let handles: Vec<RequestHandle> =
-            requests.iter().map(|r| e.submit(r.clone()).expect("submit")).collect();
+            requests[..n].iter().map(|r| e.submit(r.clone()).expect("submit")).collect();
         for (i, h) in handles.into_iter().enumerate() {
             assert_eq!(collect(h).0, plain[i], "{kind} prediction in a batch, case {i}");
         }
@@ -573,10 +575,22 @@ fn predictions_lossless(model: &str) {
 
 #[test]
 fn gpt_oss_predictions_are_lossless() {
-    predictions_lossless(&fixture("gpt_oss_tiny"));
+    predictions_lossless(On::Cpu, &fixture("gpt_oss_tiny"));
 }
 
 #[test]
 fn llama_predictions_are_lossless() {
-    predictions_lossless(&fixture("llama3_tiny"));
+    predictions_lossless(On::Cpu, &fixture("llama3_tiny"));
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_gpt_oss_predictions_are_lossless_bf16() {
+    predictions_lossless(On::Gpu, &fixture("gpt_oss_tiny"));
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_llama_predictions_are_lossless_bf16() {
+    predictions_lossless(On::Gpu, &fixture("llama3_tiny"));
 }
