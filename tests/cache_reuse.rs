@@ -53,7 +53,12 @@ fn small_engine() -> EngineConfig {
 }
 
 fn gpt_oss(device: &Device, dtype: DType) -> Engine {
-    let opts = LoadOptions { dtype: Some(dtype), context: Some(CONTEXT), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(dtype),
+        context: Some(CONTEXT),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let path = gpt_oss_dir();
     let (engine, _) =
         load::start(path.to_str().expect("utf-8 path"), &opts, device, |_| small_engine())
@@ -247,7 +252,12 @@ fn harmony_two_turns(device: &Device, dtype: DType) {
     let enc = HarmonyEncoding::new(&tokenizer).unwrap();
     // Play's engine: one sequence, the production step budget (512).
     let make = || -> Engine {
-        let opts = LoadOptions { dtype: Some(dtype), context: Some(2048), dummy: false };
+        let opts = LoadOptions {
+            dtype: Some(dtype),
+            context: Some(2048),
+            dummy: false,
+            kv_dtype: Default::default(),
+        };
         load::start(dir.to_str().unwrap(), &opts, device, |_| EngineConfig::single(2048))
             .expect("engine")
             .0

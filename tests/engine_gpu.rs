@@ -23,7 +23,12 @@ const BLOCK: usize = 16;
 
 fn runner(config: &str, dtype: DType, device: &Device) -> Runner {
     let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/configs")).join(config);
-    let opts = LoadOptions { dtype: Some(dtype), context: Some(1024), dummy: true };
+    let opts = LoadOptions {
+        dtype: Some(dtype),
+        context: Some(1024),
+        dummy: true,
+        kv_dtype: Default::default(),
+    };
     // The same random weights for every runner (bf16 ones are the f32 draws rounded): runs in
     // different dtypes compare the dtypes, not two models.
     device.set_seed(2026).expect("seed");

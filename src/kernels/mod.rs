@@ -42,6 +42,7 @@
 
 pub mod argmax;
 pub mod invariance;
+pub mod kv_fp8;
 pub mod layer_norm_act;
 pub mod matmul_f32_out;
 pub mod mxfp4;

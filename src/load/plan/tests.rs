@@ -14,7 +14,8 @@ fn bench_config(name: &str) -> PathBuf {
 }
 
 fn spec_of(source: &Source, dtype: Option<DType>, context: usize, target: Target) -> Spec {
-    let opts = LoadOptions { dtype, context: Some(context), dummy: false };
+    let opts =
+        LoadOptions { dtype, context: Some(context), dummy: false, kv_dtype: Default::default() };
     Spec::read(source, &opts, target).unwrap()
 }
 
@@ -70,7 +71,8 @@ fn a_model_larger_than_the_memory_fits_at_no_context() {
 #[test]
 fn the_default_context_says_which_flag_to_pass() {
     let source = Source::Dummy(bench_config("tinyllama-1.1b"));
-    let opts = LoadOptions { dtype: None, context: None, dummy: true };
+    let opts =
+        LoadOptions { dtype: None, context: None, dummy: true, kv_dtype: Default::default() };
     let spec = Spec::read(&source, &opts, Target::Gpu).unwrap();
     assert_eq!(spec.context, 2048, "min(model max, 8192)");
     let need = spec.plan(2048).total();
@@ -91,7 +93,12 @@ fn the_20b_kv_pool_by_hand() {
     // headroom (256 blocks) and the padding block.
     let spec = Spec::read(
         &Source::Dummy(bench_config("gpt-oss-20b")),
-        &LoadOptions { dtype: None, context: Some(8192), dummy: true },
+        &LoadOptions {
+            dtype: None,
+            context: Some(8192),
+            dummy: true,
+            kv_dtype: Default::default(),
+        },
         Target::Gpu,
     )
     .unwrap();
@@ -104,7 +111,12 @@ fn the_20b_kv_pool_by_hand() {
 fn a_rank_plans_its_slice_and_a_refusal_names_the_tp_that_fits() {
     let spec = Spec::read(
         &Source::Dummy(bench_config("gpt-oss-120b")),
-        &LoadOptions { dtype: None, context: Some(8192), dummy: true },
+        &LoadOptions {
+            dtype: None,
+            context: Some(8192),
+            dummy: true,
+            kv_dtype: Default::default(),
+        },
         Target::Gpu,
     )
     .unwrap();
@@ -131,7 +143,7 @@ fn a_rank_plans_its_slice_and_a_refusal_names_the_tp_that_fits() {
 /// Loads `name` on the CPU and checks the plan it made against what the
 /// model it built holds and the KV pool an engine of one sequence allocates for it.
 fn plan_matches_allocation(name: &Path, dtype: Option<DType>, context: usize, dummy: bool) {
-    let opts = LoadOptions { dtype, context: Some(context), dummy };
+    let opts = LoadOptions { dtype, context: Some(context), dummy, kv_dtype: Default::default() };
     let loaded = load::load(name.to_str().unwrap(), &opts, &Device::Cpu).unwrap();
     let got = loaded.model.allocated();
     let shape = loaded.model.kv_shape();
@@ -219,7 +231,8 @@ fn llama_random_weights_plan_is_what_the_model_allocates() {
     let dynamic = r#","rope_scaling":{"type":"dynamic","factor":2.0}"#;
     let path = tmp.path().join("dynamic.json");
     std::fs::write(&path, tiny_llama(false, false, dynamic)).unwrap();
-    let opts = LoadOptions { dtype: None, context: Some(200), dummy: true };
+    let opts =
+        LoadOptions { dtype: None, context: Some(200), dummy: true, kv_dtype: Default::default() };
     let err = load::load(path.to_str().unwrap(), &opts, &Device::Cpu).err().unwrap();
     assert!(err.to_string().contains("dynamic NTK"), "{err}");
 }
