@@ -318,8 +318,9 @@ pub struct DeviceArgs {
     /// Run on the CPU (debugging and tests only; slow). Never chosen implicitly.
     #[arg(long)]
     pub cpu: bool,
-    /// KV cache storage: bf16 (the compute dtype's) or fp8 (E4M3 with a power-of-two scale per
-    /// token and kv head: about twice the tokens in the same memory; the CPU emulates it).
+    /// KV cache storage: bf16 (the compute dtype's), fp8 (E4M3) or int8, the 8-bit ones with a
+    /// power-of-two scale per token and kv head: about twice the tokens in the same memory, int8
+    /// the closer to bf16 (the CPU emulates both).
     #[arg(long, value_name = "DTYPE", default_value = "bf16")]
     pub kv_dtype: String,
 }

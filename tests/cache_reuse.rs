@@ -226,6 +226,9 @@ fn reused_cache_equals_fresh_cpu_fp8_kv() {
     let cov = run_trials(&llama(&Device::Cpu, KvDtype::Fp8), 20, seed);
     eprintln!("llama {cov:?}");
     assert!(cov.reused > 0, "no trial reused the cache (seed {seed}, {cov:?})");
+    let cov = run_trials(&|| gpt_oss(&Device::Cpu, DType::F32, KvDtype::Int8), 20, seed);
+    eprintln!("gpt-oss int8 {cov:?}");
+    assert!(cov.reused > 0, "no trial reused the cache (seed {seed}, {cov:?})");
 }
 
 #[test]
@@ -234,9 +237,11 @@ fn gpt_oss_reused_cache_equals_fresh_gpu_fp8_kv_decode_graph() {
     let device = Device::new_cuda(0).expect("CUDA device");
     let seed = seed();
     eprintln!("seed {seed}");
-    let cov = run_trials(&|| gpt_oss(&device, DType::BF16, KvDtype::Fp8), 60, seed);
-    eprintln!("{cov:?}");
-    assert!(cov.reused_released_window > 0, "no trial reused a released window (seed {seed})");
+    for kv in [KvDtype::Fp8, KvDtype::Int8] {
+        let cov = run_trials(&|| gpt_oss(&device, DType::BF16, kv), 60, seed);
+        eprintln!("{kv:?} {cov:?}");
+        assert!(cov.reused_released_window > 0, "no trial reused a released window ({seed})");
+    }
 }
 
 #[test]

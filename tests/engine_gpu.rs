@@ -171,12 +171,16 @@ fn gpu_fp8_kv_agrees_with_bf16_kv() {
         let seqs = sequences(&runner(config, DType::BF16, &device));
         let bf16 = forced(&mut runner(config, DType::BF16, &device), &seqs, false);
         let fp8 = forced(&mut runner_kv(config, DType::BF16, KvDtype::Fp8, &device), &seqs, false);
+        let int8 =
+            forced(&mut runner_kv(config, DType::BF16, KvDtype::Int8, &device), &seqs, false);
         let f32 = forced(&mut runner(config, DType::F32, &device), &seqs, false);
         let (kv, compute) = (percent_equal(&fp8, &bf16), percent_equal(&bf16, &f32));
         let fp8_f32 = percent_equal(&fp8, &f32);
+        let (int8_kv, int8_f32) = (percent_equal(&int8, &bf16), percent_equal(&int8, &f32));
         println!(
             "{config}: teacher-forced top-1, {SEQS} sequences x {} positions: fp8 KV vs bf16 KV \
-             {kv:.2}%, fp8 KV vs f32 {fp8_f32:.2}%, bf16 KV vs f32 {compute:.2}%",
+             {kv:.2}%, fp8 KV vs f32 {fp8_f32:.2}%, int8 KV vs bf16 KV {int8_kv:.2}%, int8 KV vs \
+             f32 {int8_f32:.2}%, bf16 KV vs f32 {compute:.2}%",
             STEPS + 1
         );
         match config.starts_with("gpt-oss") {

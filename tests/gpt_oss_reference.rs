@@ -310,17 +310,20 @@ fn gpu_20b_shaped_fp8_kv_teacher_forced_agreement() {
     };
     let bf16 = agreement(KvDtype::Compute);
     let fp8 = agreement(KvDtype::Fp8);
+    let int8 = agreement(KvDtype::Int8);
     let pct = |v: &[bool]| 100.0 * v.iter().filter(|&&x| x).count() as f64 / v.len() as f64;
     let flipped = bf16.iter().zip(&fp8).filter(|(a, b)| a != b).count();
     eprintln!(
         "20b-shaped, bf16 compute, top-1 agreement with transformers f32 over {} positions: bf16 \
-         KV {:.2}%, fp8 KV {:.2}% ({flipped} positions differ between the two)",
+         KV {:.2}%, fp8 KV {:.2}% ({flipped} positions differ between the two), int8 KV {:.2}%",
         want.len(),
         pct(&bf16),
-        pct(&fp8)
+        pct(&fp8),
+        pct(&int8)
     );
     assert!(want.len() >= 256, "the reference covers only {} positions", want.len());
     let yardstick = 100.0 * fx["transformers_bf16_agreement"].as_f64().expect("yardstick");
     assert!(pct(&fp8) >= yardstick, "fp8 KV {:.2}% is under transformers' bf16", pct(&fp8));
     assert!(pct(&bf16) - pct(&fp8) <= 3.0, "fp8 KV costs {:.2} points", pct(&bf16) - pct(&fp8));
+    assert!(pct(&int8) >= pct(&fp8), "int8 KV {:.2}% is under fp8 KV", pct(&int8));
 }

@@ -57,10 +57,11 @@ impl Target {
     }
 }
 
-/// A KV dtype as the plan and bench say it: `bf16`, `f32`, `fp8`.
+/// A KV dtype as the plan and bench say it: `bf16`, `f32`, `fp8`, `int8`.
 pub fn kv_dtype_name(dtype: DType) -> &'static str {
     match dtype {
         DType::F8E4M3 => "fp8",
+        DType::U8 => "int8",
         other => other.as_str(),
     }
 }

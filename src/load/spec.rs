@@ -54,12 +54,14 @@ impl Spec {
             }
             Source::Gguf(path) => Spec::from_gguf(path, opts, target),
         }?;
-        // The GPU reads FP8 pools in the tensor-core attention kernel, which takes bf16 queries.
-        if spec.kv_dtype == KvDtype::Fp8 && target == Target::Gpu && spec.dtype != DType::BF16 {
+        // The GPU reads pools of codes in the tensor-core attention kernel, which takes bf16
+        // queries.
+        if spec.kv_dtype != KvDtype::Compute && target == Target::Gpu && spec.dtype != DType::BF16 {
+            let kv = super::plan::kv_dtype_name(spec.kv_pool_dtype());
             return Err(fail(
                 ErrorKind::InvalidInput,
                 format!(
-                    "--kv-dtype fp8 needs bf16 compute on the GPU, and this model computes in {} \
+                    "--kv-dtype {kv} needs bf16 compute on the GPU, and this model computes in {} \
                      (--dtype bf16, or --kv-dtype bf16)",
                     spec.dtype.as_str()
                 ),

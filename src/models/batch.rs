@@ -18,17 +18,20 @@ pub enum KvDtype {
     /// E4M3 codes with one power-of-two scale per (token, kv head) ([`crate::kernels::kv_fp8`]):
     /// about half the bytes, so about twice the tokens.
     Fp8,
+    /// INT8 codes, the same layout and scales: the same bytes, closer to bf16.
+    Int8,
 }
 
 impl KvDtype {
-    /// `bf16` (the compute dtype's) or `fp8`; one line for anything else.
+    /// `bf16` (the compute dtype's), `fp8` or `int8`; one line for anything else.
     pub fn parse(s: &str) -> anyhow::Result<KvDtype> {
         match s.to_ascii_lowercase().as_str() {
             "bf16" => Ok(KvDtype::Compute),
             "fp8" => Ok(KvDtype::Fp8),
+            "int8" => Ok(KvDtype::Int8),
             other => Err(crate::error::fail(
                 crate::error::ErrorKind::InvalidInput,
-                format!("unknown KV dtype {other:?} (use bf16 or fp8)"),
+                format!("unknown KV dtype {other:?} (use bf16, fp8 or int8)"),
             )),
         }
     }
@@ -38,6 +41,7 @@ impl KvDtype {
         match self {
             KvDtype::Compute => compute,
             KvDtype::Fp8 => DType::F8E4M3,
+            KvDtype::Int8 => DType::U8,
         }
     }
 }
@@ -56,16 +60,16 @@ pub struct KvShape {
 }
 
 impl KvShape {
-    /// Bytes one token's keys and values take in one layer (FP8: the codes and a scale byte
-    /// per kv head).
+    /// Bytes one token's keys and values take in one layer (codes: and a scale byte per kv
+    /// head).
     pub fn bytes_per_token_layer(&self) -> u64 {
-        let scale = usize::from(self.fp8());
+        let scale = usize::from(self.coded());
         2 * (self.kv_heads * (self.head_dim * self.dtype.size_in_bytes() + scale)) as u64
     }
 
-    /// Whether the pools hold FP8 codes with scales.
-    pub fn fp8(&self) -> bool {
-        self.dtype == DType::F8E4M3
+    /// Whether the pools hold 8-bit codes with scales (fp8, int8).
+    pub fn coded(&self) -> bool {
+        crate::kernels::kv_fp8::Codes::of(self.dtype).is_some()
     }
 
     /// Layers in group `g`.
@@ -92,8 +96,8 @@ pub struct KvPool {
     pub block_size: usize,
     /// Per layer (keys, values).
     pub layers: Vec<(Tensor, Tensor)>,
-    /// FP8 pools: per layer, the keys' and values' scales `[slots, kv_heads]` (u8). Empty
-    /// otherwise.
+    /// Pools of codes (fp8, int8): per layer, the keys' and values' scales `[slots, kv_heads]`
+    /// (u8). Empty otherwise.
     pub scales: Vec<(Tensor, Tensor)>,
 }
 
@@ -119,7 +123,7 @@ impl KvPool {
             let k = Tensor::zeros(dims, shape.dtype, device)?;
             let v = Tensor::zeros(dims, shape.dtype, device)?;
             layers.push((k, v));
-            if shape.fp8() {
+            if shape.coded() {
                 let dims = (dims.0, dims.1);
                 scales.push((
                     Tensor::zeros(dims, DType::U8, device)?,
@@ -130,7 +134,7 @@ impl KvPool {
         Ok(KvPool { block_size, layers, scales })
     }
 
-    /// Layer `n`'s scales, for FP8 pools.
+    /// Layer `n`'s scales, for pools of codes.
     pub fn scales(&self, n: usize) -> Option<(&Tensor, &Tensor)> {
         self.scales.get(n).map(|(k, v)| (k, v))
     }

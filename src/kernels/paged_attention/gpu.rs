@@ -1,6 +1,7 @@
 //! The CUDA launch of [`super::paged_attention`]: the attention kernel, then (with several key
 //! splits) the combine kernel, on a grid from [`super::paged_launch`] alone.
 
+use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaStorageSlice;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig,
@@ -11,6 +12,7 @@ use super::{Dims, PagedAttention, PagedKernel, WARPS};
 use crate::kernels::cuda::{
     KernelFloat, allow_shared, cuda_view, int, multiprocessors, output, ptx,
 };
+use crate::kernels::kv_fp8::Codes;
 use crate::kernels::launch::Launch;
 
 /// The tensor-core kernel's key tile and shared-row padding (`MBK`, `KPAD`): two stages of K and
@@ -24,7 +26,7 @@ pub(super) struct Pools<'a> {
     k: u64,
     v: u64,
     layout: &'a Layout,
-    fp8: bool,
+    codes: Option<Codes>,
 }
 
 impl<'a> Pools<'a> {
@@ -39,13 +41,14 @@ impl<'a> Pools<'a> {
                 CudaStorageSlice::F32(x) => (x.device_ptr(&stream).0, 4),
                 CudaStorageSlice::BF16(x) => (x.device_ptr(&stream).0, 2),
                 CudaStorageSlice::F8E4M3(x) => (x.device_ptr(&stream).0, 1),
-                _ => bail!("paged_attention: {what} must be f32, bf16 or fp8"),
+                CudaStorageSlice::U8(x) => (x.device_ptr(&stream).0, 1),
+                _ => bail!("paged_attention: {what} must be f32, bf16, fp8 or int8 codes"),
             };
             check_aligned(l, size, what)?;
             Ok(base + (l.start_offset() * size) as u64)
         };
-        let fp8 = matches!(k.slice, CudaStorageSlice::F8E4M3(_));
-        Ok(Self { k: address(k, kl, "k_pool")?, v: address(v, vl, "v_pool")?, layout: kl, fp8 })
+        let codes = Codes::of(k.dtype());
+        Ok(Self { k: address(k, kl, "k_pool")?, v: address(v, vl, "v_pool")?, layout: kl, codes })
     }
 }
 
@@ -62,12 +65,14 @@ fn attention_func<T: KernelFloat>(
     dev: &CudaDevice,
     kernel: PagedKernel,
     d: usize,
-    fp8: bool,
+    codes: Option<Codes>,
 ) -> Result<(CudaFunction, usize)> {
     Ok(match kernel {
         PagedKernel::Scalar { rows_per_warp } => {
-            if T::BF16 || fp8 {
-                bail!("paged_attention: the scalar kernel takes f32 only (fp8 pools need bf16 q)");
+            if T::BF16 || codes.is_some() {
+                bail!(
+                    "paged_attention: the scalar kernel takes f32 only (pools of codes need bf16 q)"
+                );
             }
             let name = format!("paged_attention_{}_d{d}_r{rows_per_warp}", T::NAME);
             (ptx::paged_attention::PAGED_ATTENTION.func(dev, &name)?, 0)
@@ -76,7 +81,11 @@ fn attention_func<T: KernelFloat>(
             if !T::BF16 {
                 bail!("paged_attention: the tensor-core kernel takes bf16 only");
             }
-            let pools = if fp8 { "_fp8" } else { "" };
+            let pools = match codes {
+                Some(Codes::E4m3) => "_fp8",
+                Some(Codes::Int8) => "_int8",
+                None => "",
+            };
             let name = match kernel {
                 PagedKernel::Mma { warps } => format!("paged_attention_mma{pools}_d{d}_w{warps}"),
                 _ => format!("paged_attention_mma{pools}_d{d}_w4_ds"),
@@ -85,7 +94,8 @@ fn attention_func<T: KernelFloat>(
             // bf16: two stages of K and V tiles. FP8: two stages of their codes, converted into
             // one stage of bf16 tiles.
             let bf16_tiles = 2 * MMA_TILE * (d + MMA_PAD) * 2;
-            let shared = if fp8 { bf16_tiles + 2 * 2 * MMA_TILE * d } else { 2 * bf16_tiles };
+            let shared =
+                if codes.is_some() { bf16_tiles + 2 * 2 * MMA_TILE * d } else { 2 * bf16_tiles };
             allow_shared(&func, shared)?;
             (func, shared)
         }
@@ -183,7 +193,7 @@ pub(super) fn launch<T: KernelFloat>(
     let stream = dev.cuda_stream();
     let sinks_ptr: u64 = sinks_view.as_ref().map_or(0, |v| v.device_ptr(&stream).0);
 
-    let (func, shared) = attention_func::<T>(dev, plan.kernel, d, pools.fp8)?;
+    let (func, shared) = attention_func::<T>(dev, plan.kernel, d, pools.codes)?;
     let grid = LaunchConfig {
         grid_dim: plan.grid,
         block_dim: (plan.kernel.threads() as u32, 1, 1),

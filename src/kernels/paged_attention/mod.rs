@@ -246,7 +246,7 @@ struct PagedAttention {
     d: usize,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     bf16: bool,
-    /// FP8 pools' key and value scales (contiguous u8).
+    /// Pools of codes: their key and value scales (contiguous u8).
     scales: Option<(Tensor, Tensor)>,
     sinks: Option<Tensor>,
     cu_q: Tensor,
@@ -284,15 +284,15 @@ impl PagedAttention {
         if d == 0 || num_slots == 0 {
             bail!("paged_attention: empty head_dim ({d}) or pool ({num_slots} slots)");
         }
-        let fp8 = k_pool.dtype() == DType::F8E4M3;
-        if (!fp8 && q.dtype() != k_pool.dtype())
+        let coded = super::kv_fp8::Codes::of(k_pool.dtype()).is_some();
+        if (!coded && q.dtype() != k_pool.dtype())
             || k_pool.dtype() != v_pool.dtype()
             || !matches!(q.dtype(), DType::F32 | DType::BF16)
-            || fp8 != meta.scales.is_some()
+            || coded != meta.scales.is_some()
         {
             bail!(
-                "paged_attention: q and the pools must all be f32 or all bf16 (or fp8 pools with \
-                 their scales), got {:?} {:?} {:?}",
+                "paged_attention: q and the pools must all be f32 or all bf16 (or pools of fp8 or \
+                 int8 codes with their scales), got {:?} {:?} {:?}",
                 q.dtype(),
                 k_pool.dtype(),
                 v_pool.dtype()
@@ -302,7 +302,7 @@ impl PagedAttention {
             let want = [num_slots, kv_heads];
             for s in [ks, vs] {
                 if s.dims() != want || s.dtype() != DType::U8 || !s.is_contiguous() {
-                    bail!("paged_attention: the fp8 scales must be contiguous u8 {want:?}");
+                    bail!("paged_attention: the pools' scales must be contiguous u8 {want:?}");
                 }
             }
         }
@@ -518,15 +518,21 @@ fn from<'a>(s: &'a CpuStorage, what: &str, at: usize) -> Result<F32Reader<'a>> {
     })
 }
 
-/// The `n` values an FP8 pool's codes (from element `at`) and scales stand for
+/// The `n` values a pool's codes (from element `at`) and scales stand for
 /// ([`super::kv_fp8::dequantize`]), rows of `d`.
-fn dequantized(s: &CpuStorage, at: usize, n: usize, scales: &Tensor, d: usize) -> Result<Vec<f32>> {
+fn dequantized(
+    (s, kind): (&CpuStorage, super::kv_fp8::Codes),
+    at: usize,
+    n: usize,
+    scales: &Tensor,
+    d: usize,
+) -> Result<Vec<f32>> {
     let codes = super::kv_fp8::cpu_codes(s)?;
     let scales = scales.flatten_all()?.to_vec1::<u8>()?;
     Ok(codes[at..at + n]
         .iter()
         .enumerate()
-        .map(|(i, &c)| super::kv_fp8::dequantize(c, scales[i / d]))
+        .map(|(i, &c)| super::kv_fp8::dequantize(kind, c, scales[i / d]))
         .collect())
 }
 
@@ -573,8 +579,11 @@ impl CustomOp3 for PagedAttention {
         let out = match &self.scales {
             Some((k_scale, v_scale)) => {
                 let n = dims.num_slots * dims.kv_heads * dims.d;
-                let k = dequantized(ks, k0, n, k_scale, dims.d)?;
-                let v = dequantized(vs, v0, n, v_scale, dims.d)?;
+                let Some(codes) = super::kv_fp8::Codes::of(ks.dtype()) else {
+                    bail!("paged_attention: scales given for {:?} pools", ks.dtype())
+                };
+                let k = dequantized((ks, codes), k0, n, k_scale, dims.d)?;
+                let v = dequantized((vs, codes), v0, n, v_scale, dims.d)?;
                 self.reference(q, F32Reader::F32(&k), F32Reader::F32(&v), dims)?
             }
             None => {

@@ -31,7 +31,8 @@
 // the tile's chain of products is the time there, not its bytes (4 K/V stages instead of 2 gave
 // nothing on an H100).
 //
-// FP8 pools (KV = uint8_t; include/fp8.cuh): the tiles' codes come in by cp.async, two stages,
+// Pools of codes (KV = uint8_t, E4M3 or with INT8 integers; include/fp8.cuh): the tiles' codes
+// come in by cp.async, two stages,
 // with each row's scale bytes loaded into registers one tile ahead, and every thread turns the
 // chunks it loaded into the bf16 values they stand for (exact) in one stage of bf16 tiles, which
 // the rest reads as it reads a bf16 pool's. A row's bits are those of the bf16 kernel on the
@@ -59,7 +60,7 @@ __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uin
     lo = pack_bf16(x0 - __low2float(h), x1 - __high2float(h));
 }
 
-template <int D, int NW, int DS, typename KV>
+template <int D, int NW, int DS, typename KV, bool INT8>
 __device__ __forceinline__ void paged_attention_mma_impl(
     const bf16* __restrict__ q, const KV* __restrict__ k_pool, const KV* __restrict__ v_pool,
     const uint8_t* __restrict__ k_scale, const uint8_t* __restrict__ v_scale, const float* __restrict__ sinks, const uint32_t* __restrict__ cu_q, const uint32_t* __restrict__ q_pos,
@@ -181,8 +182,8 @@ __device__ __forceinline__ void paged_attention_mma_impl(
                 uint32_t o[8];
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    o[2 * i] = fp8x2_to_bf16x2((uint16_t)(w[i] & 0xffff), scale);
-                    o[2 * i + 1] = fp8x2_to_bf16x2((uint16_t)(w[i] >> 16), scale);
+                    o[2 * i] = kv_codes_to_bf16x2<INT8>((uint16_t)(w[i] & 0xffff), scale);
+                    o[2 * i + 1] = kv_codes_to_bf16x2<INT8>((uint16_t)(w[i] >> 16), scale);
                 }
                 uint4* dst = reinterpret_cast<uint4*>(kv_smem + kv * MBK * ROW + jj * ROW + c);
                 dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
@@ -355,26 +356,33 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     }
 }
 
-// KV: bf16 pools, or uint8_t for FP8 codes (k_scale, v_scale: their scale bytes; null for bf16).
-#define PAGED_ATTENTION_MMA(NAME, D, NW, DS, KV)                                                         \
+// KV: bf16 pools, or uint8_t for codes, E4M3 or (INT8) integers (k_scale, v_scale: their scale
+// bytes; null for bf16).
+#define PAGED_ATTENTION_MMA(NAME, D, NW, DS, KV, INT8)                                                       \
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                \
         NAME(const bf16* q, const KV* k_pool, const KV* v_pool, const uint8_t* k_scale,                   \
              const uint8_t* v_scale, const float* sinks, const uint32_t* cu_q, const uint32_t* q_pos,     \
              const uint32_t* tables, bf16* out, float* part_acc, float* part_ml, const PagedAttnParams p) { \
-        paged_attention_mma_impl<D, NW, DS, KV>(q, k_pool, v_pool, k_scale, v_scale, sinks, cu_q, q_pos,  \
+        paged_attention_mma_impl<D, NW, DS, KV, INT8>(q, k_pool, v_pool, k_scale, v_scale, sinks, cu_q, q_pos,  \
                                                 tables, out, part_acc, part_ml, p);                       \
     }
 
-PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4, 64, 4, 1, bf16)
-PAGED_ATTENTION_MMA(paged_attention_mma_d64_w8, 64, 8, 1, bf16)
-PAGED_ATTENTION_MMA(paged_attention_mma_d128_w4, 128, 4, 1, bf16)
-PAGED_ATTENTION_MMA(paged_attention_mma_d128_w8, 128, 8, 1, bf16)
+PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4, 64, 4, 1, bf16, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_d64_w8, 64, 8, 1, bf16, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_d128_w4, 128, 4, 1, bf16, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_d128_w8, 128, 8, 1, bf16, false)
 // Rows that fit one warp (decode), the output's columns over 4 warps.
-PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4_ds, 64, 4, 4, bf16)
-PAGED_ATTENTION_MMA(paged_attention_mma_d128_w4_ds, 128, 4, 4, bf16)
-PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d64_w4, 64, 4, 1, uint8_t)
-PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d64_w8, 64, 8, 1, uint8_t)
-PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d128_w4, 128, 4, 1, uint8_t)
-PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d128_w8, 128, 8, 1, uint8_t)
-PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d64_w4_ds, 64, 4, 4, uint8_t)
-PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d128_w4_ds, 128, 4, 4, uint8_t)
+PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4_ds, 64, 4, 4, bf16, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_d128_w4_ds, 128, 4, 4, bf16, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d64_w4, 64, 4, 1, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d64_w8, 64, 8, 1, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d128_w4, 128, 4, 1, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d128_w8, 128, 8, 1, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d64_w4_ds, 64, 4, 4, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d128_w4_ds, 128, 4, 4, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d64_w4, 64, 4, 1, uint8_t, true)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d64_w8, 64, 8, 1, uint8_t, true)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d128_w4, 128, 4, 1, uint8_t, true)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d128_w8, 128, 8, 1, uint8_t, true)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d64_w4_ds, 64, 4, 4, uint8_t, true)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d128_w4_ds, 128, 4, 4, uint8_t, true)

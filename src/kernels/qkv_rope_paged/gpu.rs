@@ -65,7 +65,7 @@ impl CustomOp1 for QkvRopePaged {
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
         let slice = match self.tensors[4].dtype() {
             DType::F32 => self.launch::<f32>(s, l)?,
-            DType::BF16 | DType::F8E4M3 => self.launch::<bf16>(s, l)?,
+            DType::BF16 | DType::F8E4M3 | DType::U8 => self.launch::<bf16>(s, l)?,
             other => bail!("qkv_rope_paged: unsupported dtype {other:?}"),
         };
         let (tokens, h) = (l.shape().dims2()?.0, self.h);
@@ -113,7 +113,11 @@ impl QkvRopePaged {
             Some(sc) => Some([address(&sc[0], &stream)?, address(&sc[1], &stream)?]),
             None => None,
         };
-        let kind = if scales.is_some() { "fp8" } else { T::NAME };
+        let kind = match crate::kernels::kv_fp8::Codes::of(self.tensors[4].dtype()) {
+            Some(crate::kernels::kv_fp8::Codes::E4m3) => "fp8",
+            Some(crate::kernels::kv_fp8::Codes::Int8) => "int8",
+            None => T::NAME,
+        };
         let name = format!("qkv_rope_paged_{pairs}_{kind}");
         let func = ptx::qkv_rope_paged::QKV_ROPE_PAGED.func(dev, &name)?;
         let mut b = Launch::new(&stream, &func);

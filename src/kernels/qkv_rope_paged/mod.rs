@@ -62,8 +62,9 @@ struct Args<'a> {
 /// u32 `[T]` (the pool slot each token's k and v go to; [`NO_SLOT`] stores nothing). Adds the
 /// bias, splits q, k, v, rotates q and k by `pairs`, writes k and v in place into `k_pool` /
 /// `v_pool` (`[num_slots, kv_heads, d]`, contiguous, f32 or bf16) and returns q `[T, heads, d]`
-/// in the pools' dtype. FP8 pools (`F8E4M3` codes, with `scales` `[num_slots, kv_heads]` u8 for
-/// keys and values, [`super::kv_fp8`]) take each stored row quantized under its own scale, and q
+/// in the pools' dtype. Pools of codes (`F8E4M3`, or INT8 in `U8`, with `scales`
+/// `[num_slots, kv_heads]` u8 for keys and values, [`super::kv_fp8`]) take each stored row
+/// quantized under its own scale, and q
 /// comes back in the dtype the attention takes with them: bf16 on CUDA, f32 on the CPU. The CPU
 /// refuses positions past the tables and slots past the pool; the CUDA kernel rotates the former
 /// by NaN and stores nothing for the latter.
@@ -108,17 +109,17 @@ pub fn qkv_rope_paged(
             slots.dims()
         );
     }
-    let fp8 = k_pool.dtype() == DType::F8E4M3;
+    let codes = super::kv_fp8::Codes::of(k_pool.dtype());
     if [qkv, cos, sin].into_iter().chain(bias).any(|t| t.dtype() != DType::F32)
         || positions.dtype() != DType::U32
         || slots.dtype() != DType::U32
         || v_pool.dtype() != k_pool.dtype()
-        || !matches!(k_pool.dtype(), DType::F32 | DType::BF16 | DType::F8E4M3)
-        || fp8 != scales.is_some()
+        || !matches!(k_pool.dtype(), DType::F32 | DType::BF16 | DType::F8E4M3 | DType::U8)
+        || codes.is_some() != scales.is_some()
     {
         bail!(
             "qkv_rope_paged: qkv, bias, cos and sin must be f32, positions and slots u32, the \
-             pools both f32, both bf16 or both fp8 with their scales"
+             pools both f32, both bf16, or both fp8 or int8 codes with their scales"
         );
     }
     let dtype = q_dtype(k_pool.dtype(), qkv.device());
@@ -131,7 +132,7 @@ pub fn qkv_rope_paged(
             || vs.dtype() != DType::U8
             || !vs.is_contiguous()
         {
-            bail!("qkv_rope_paged: the fp8 scales must be contiguous u8 {want:?}");
+            bail!("qkv_rope_paged: the pools' scales must be contiguous u8 {want:?}");
         }
     }
     match k_pool.dims() {
@@ -165,13 +166,13 @@ pub fn qkv_rope_paged(
     }
 }
 
-/// q's dtype for pools of `pool`: theirs, or with FP8 pools what the attention takes (bf16 on
-/// CUDA, where the tensor-core kernel reads them; f32 on the CPU).
+/// q's dtype for pools of `pool`: theirs, or with pools of codes what the attention takes
+/// (bf16 on CUDA, where the tensor-core kernel reads them; f32 on the CPU).
 pub fn q_dtype(pool: DType, device: &Device) -> DType {
-    match (pool, device) {
-        (DType::F8E4M3, Device::Cpu) => DType::F32,
-        (DType::F8E4M3, _) => DType::BF16,
-        (dtype, _) => dtype,
+    match (super::kv_fp8::Codes::of(pool), device) {
+        (Some(_), Device::Cpu) => DType::F32,
+        (Some(_), _) => DType::BF16,
+        (None, _) => pool,
     }
 }
 
@@ -226,7 +227,10 @@ fn reference(a: Args) -> Result<Tensor> {
     for (pool, x, scale) in [(k_pool, k, scales.map(|s| s.0)), (v_pool, v, scales.map(|s| s.1))] {
         match scale {
             Some(scale) => {
-                let (codes, scales) = super::kv_fp8::quantize_pool(&rows(x)?, &Device::Cpu)?;
+                let Some(kind) = super::kv_fp8::Codes::of(pool.dtype()) else {
+                    bail!("qkv_rope_paged: scales given for {:?} pools", pool.dtype())
+                };
+                let (codes, scales) = super::kv_fp8::quantize_pool(&rows(x)?, kind, &Device::Cpu)?;
                 pool.inplace_op2(&codes, &op)?;
                 scale.inplace_op2(&scales, &op)?;
             }

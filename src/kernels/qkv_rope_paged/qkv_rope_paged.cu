@@ -70,12 +70,13 @@ QKV_ROPE_PAGED(qkv_rope_paged_half_bf16, __nv_bfloat16, false)
 QKV_ROPE_PAGED(qkv_rope_paged_interleaved_f32, float, true)
 QKV_ROPE_PAGED(qkv_rope_paged_interleaved_bf16, __nv_bfloat16, true)
 
-// FP8 pools (include/fp8.cuh): q as bf16, each stored (token, kv head) row as E4M3 codes under
-// the power-of-two scale of its largest magnitude, the scale byte beside it in
+// Pools of codes (include/fp8.cuh; E4M3, or INT8 with INT8): q as bf16, each stored (token, kv
+// head) row as codes under the power-of-two scale of its largest magnitude, the scale byte beside it in
 // [num_slots, kv_heads]. The row's magnitudes meet in shared memory (a head's D/2 threads may
 // span two warps). RoPE's products and sums are rounded one by one (__fmul_rn, no contraction),
 // as the CPU reference computes them: a fused multiply-add that moved a value across an E4M3
 // rounding boundary would be a whole code (1/16) off, where in bf16 it is one ulp.
+template <bool INT8>
 __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
     const float* __restrict__ qkv, const float* __restrict__ bias, const float* __restrict__ cos,
     const float* __restrict__ sin, const uint32_t* __restrict__ positions, const uint32_t* __restrict__ slots,
@@ -122,22 +123,24 @@ __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
     if (!store) return;
     const bool is_k = b < heads + kv_heads;
     const int g = is_k ? b - heads : b - heads - kv_heads;
-    const uint8_t sb = fp8_scale_byte(__uint_as_float(amax_bits[y]));
+    const uint8_t sb = kv_scale_byte<INT8>(__uint_as_float(amax_bits[y]));
     const float inv = fp8_scale_value((uint8_t)(254 - sb));
     uint8_t* pool = (is_k ? k_pool : v_pool) + (slot * kv_heads + g) * d;
-    pool[i1] = fp8_quantize(y1, inv);
-    pool[i2] = fp8_quantize(y2, inv);
+    pool[i1] = kv_quantize<INT8>(y1, inv);
+    pool[i2] = kv_quantize<INT8>(y2, inv);
     if (i == 0) (is_k ? k_scale : v_scale)[slot * kv_heads + g] = sb;
 }
 
-#define QKV_ROPE_PAGED_FP8(NAME, INTERLEAVED)                                                                  \
+#define QKV_ROPE_PAGED_FP8(NAME, INTERLEAVED, INT8)                                                                \
     extern "C" __global__ void NAME(const float* qkv, const float* bias, const float* cos, const float* sin,   \
                                     const uint32_t* positions, const uint32_t* slots, __nv_bfloat16* q_out,    \
                                     uint8_t* k_pool, uint8_t* v_pool, uint8_t* k_scale, uint8_t* v_scale,      \
                                     int heads, int kv_heads, int d, int n_positions, long long num_slots) {    \
-        qkv_rope_paged_fp8_impl(qkv, bias, cos, sin, positions, slots, q_out, k_pool, v_pool, k_scale, v_scale, \
+        qkv_rope_paged_fp8_impl<INT8>(qkv, bias, cos, sin, positions, slots, q_out, k_pool, v_pool, k_scale, v_scale, \
                                 heads, kv_heads, d, n_positions, num_slots, INTERLEAVED);                      \
     }
 
-QKV_ROPE_PAGED_FP8(qkv_rope_paged_half_fp8, false)
-QKV_ROPE_PAGED_FP8(qkv_rope_paged_interleaved_fp8, true)
+QKV_ROPE_PAGED_FP8(qkv_rope_paged_half_fp8, false, false)
+QKV_ROPE_PAGED_FP8(qkv_rope_paged_interleaved_fp8, true, false)
+QKV_ROPE_PAGED_FP8(qkv_rope_paged_half_int8, false, true)
+QKV_ROPE_PAGED_FP8(qkv_rope_paged_interleaved_int8, true, true)

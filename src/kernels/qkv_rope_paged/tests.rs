@@ -7,6 +7,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
 use super::*;
+use crate::kernels::kv_fp8::Codes;
 use crate::kernels::testing::{rng, tensor, uniform, values};
 
 const TABLE_ROWS: usize = 64;
@@ -241,12 +242,12 @@ fn gpu_matches_reference() {
     }
 }
 
-/// `x` with FP8 pools of `num_slots` (codes of random garbage, scales 0).
-fn with_fp8_pools(x: Inputs, h: QkvHeads, num_slots: usize) -> Inputs {
-    let codes: Vec<u8> =
+/// `x` with pools of `codes` of `num_slots` (codes of garbage, scales 0).
+fn with_coded_pools(x: Inputs, h: QkvHeads, num_slots: usize, codes: Codes) -> Inputs {
+    let raw: Vec<u8> =
         (0..num_slots * h.kv_heads * h.head_dim).map(|i| (i * 37 % 251) as u8).collect();
     let dims = [num_slots, h.kv_heads, h.head_dim];
-    let pool = || Tensor::from_raw_buffer(&codes, DType::F8E4M3, &dims, &Device::Cpu).unwrap();
+    let pool = || Tensor::from_raw_buffer(&raw, codes.dtype(), &dims, &Device::Cpu).unwrap();
     let scales = || Tensor::zeros((num_slots, h.kv_heads), DType::U8, &Device::Cpu).unwrap();
     Inputs { k_pool: pool(), v_pool: pool(), scales: Some((scales(), scales())), ..x }
 }
@@ -260,39 +261,47 @@ fn fp8_pool(codes: &Tensor, scales: &Tensor) -> (Vec<u8>, Vec<u8>) {
     (raw, scales.flatten_all().unwrap().to_device(&Device::Cpu).unwrap().to_vec1().unwrap())
 }
 
-/// FP8 pools: each stored row is the f32 pools' row quantized under its own scale
+/// Pools of codes: each stored row is the f32 pools' row quantized under its own scale
 /// (kv_fp8::quantize_row), the other slots untouched; q as with f32 pools.
 #[test]
-fn fp8_reference_quantizes_each_stored_row() {
+fn coded_reference_quantizes_each_stored_row() {
     let h = QkvHeads { heads: 4, kv_heads: 2, head_dim: 16 };
-    let mut r = rng("qkv_rope_paged fp8");
-    for pairs in [RotaryPairs::HalfSplit, RotaryPairs::Interleaved] {
+    let mut r = rng("qkv_rope_paged codes");
+    for (pairs, codes) in [
+        (RotaryPairs::HalfSplit, Codes::E4m3),
+        (RotaryPairs::Interleaved, Codes::E4m3),
+        (RotaryPairs::HalfSplit, Codes::Int8),
+    ] {
         let (tokens, num_slots) = (r.random_range(1..20), 40);
         let x = inputs(&mut r, h, tokens, num_slots, DType::F32, true);
         let slots = x.slots.to_vec1::<u32>().unwrap();
         let q32 = values(&run(&x, h, pairs).unwrap());
         let (k32, v32) = (values(&x.k_pool), values(&x.v_pool));
-        let x = with_fp8_pools(x, h, num_slots);
+        let x = with_coded_pools(x, h, num_slots, codes);
         let (k0, _) = fp8_pool(&x.k_pool, &x.scales.as_ref().unwrap().0);
         let q = run(&x, h, pairs).unwrap();
-        assert_eq!(q.dtype(), DType::F32, "the CPU's q with fp8 pools");
+        assert_eq!(q.dtype(), DType::F32, "the CPU's q with pools of codes");
         assert_eq!(values(&q), q32);
         let (ks, vs) = x.scales.as_ref().unwrap();
         let row = h.kv_heads * h.head_dim;
         for (pool, scales, want) in [(&x.k_pool, ks, &k32), (&x.v_pool, vs, &v32)] {
-            let (codes, scales) = fp8_pool(pool, scales);
+            let (got, scales) = fp8_pool(pool, scales);
             for slot in 0..num_slots {
                 let at = slot * row..(slot + 1) * row;
                 if !slots.contains(&(slot as u32)) {
-                    assert_eq!(&codes[at.clone()], &k0[at], "slot {slot} written");
+                    assert_eq!(&got[at.clone()], &k0[at], "slot {slot} written");
                     continue;
                 }
                 for g in 0..h.kv_heads {
                     let r0 = slot * row + g * h.head_dim;
                     let mut c = vec![0u8; h.head_dim];
-                    let s = crate::kernels::kv_fp8::quantize_row(&want[r0..][..h.head_dim], &mut c);
+                    let s = crate::kernels::kv_fp8::quantize_row(
+                        codes,
+                        &want[r0..][..h.head_dim],
+                        &mut c,
+                    );
                     assert_eq!(scales[slot * h.kv_heads + g], s, "slot {slot} head {g} scale");
-                    assert_eq!(&codes[r0..][..h.head_dim], &c[..], "slot {slot} head {g} codes");
+                    assert_eq!(&got[r0..][..h.head_dim], &c[..], "slot {slot} head {g} codes");
                 }
             }
         }
@@ -312,11 +321,16 @@ fn gpu_fp8_matches_reference() {
         QkvHeads { heads: 64, kv_heads: 8, head_dim: 64 },
         QkvHeads { heads: 32, kv_heads: 8, head_dim: 128 },
     ] {
-        for (pairs, bias) in [(RotaryPairs::HalfSplit, true), (RotaryPairs::Interleaved, false)] {
-            let name = format!("gpu qkv_rope_paged fp8 {h:?} {pairs:?} bias {bias}");
+        for (pairs, bias, codes) in [
+            (RotaryPairs::HalfSplit, true, Codes::E4m3),
+            (RotaryPairs::Interleaved, false, Codes::E4m3),
+            (RotaryPairs::HalfSplit, false, Codes::Int8),
+            (RotaryPairs::Interleaved, true, Codes::Int8),
+        ] {
+            let name = format!("gpu qkv_rope_paged {codes:?} {h:?} {pairs:?} bias {bias}");
             let (tokens, num_slots) = (r.random_range(1..300), 400);
             let x = inputs(&mut r, h, tokens, num_slots, DType::F32, bias);
-            let x = with_fp8_pools(x, h, num_slots);
+            let x = with_coded_pools(x, h, num_slots, codes);
             let on = |t: &Tensor| t.to_device(&dev).unwrap();
             let (ks, vs) = x.scales.as_ref().unwrap();
             let g = Inputs {

@@ -191,6 +191,8 @@ fn fp8_kv_plan_is_what_the_pool_allocates() {
     for context in [64, 2000] {
         plan_matches_allocation_kv(&gpt_oss_fixture(), None, context, false, fp8);
     }
+    let int8 = crate::models::batch::KvDtype::Int8;
+    plan_matches_allocation_kv(&gpt_oss_fixture(), None, 300, false, int8);
     let llama = gpt_oss_fixture().with_file_name("llama3_tiny");
     plan_matches_allocation_kv(&llama, None, 300, false, fp8);
 }

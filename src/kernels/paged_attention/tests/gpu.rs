@@ -6,6 +6,7 @@
 use candle_core::Device;
 
 use super::*;
+use crate::kernels::kv_fp8::Codes;
 use crate::kernels::testing::{assert_written_and_close, gpu};
 
 /// The batch's tensors on `dev` (without the contiguous copies, which only the CPU needs).
@@ -92,20 +93,22 @@ fn gpu_matches_cpu_bf16() {
     }
 }
 
-/// FP8 pools (bf16 q) against the CPU reference on the same codes, every case of the bf16 test:
-/// the kernel reads the values the codes stand for, so a row is within the bf16 kernel's
-/// tolerance of the reference.
+/// Pools of FP8 and of INT8 codes (bf16 q) against the CPU reference on the same codes, every
+/// case of the bf16 test: the kernel reads the values the codes stand for, so a row is within the
+/// bf16 kernel's tolerance of the reference.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
 fn gpu_matches_cpu_fp8() {
     let mut r = rng("paged gpu fp8 cases");
-    for (name, b) in batches(&mut r) {
-        if b.tokens() == 0 {
-            continue;
+    for codes in [Codes::E4m3, Codes::Int8] {
+        for (name, b) in batches(&mut r) {
+            if b.tokens() == 0 {
+                continue;
+            }
+            let x = inputs(&mut r, &b, DType::F32);
+            let (coded, _) = super::coded_inputs(x, DType::BF16, codes);
+            check_inputs(&format!("{name} {codes:?}"), &b, DType::BF16, 1e-2, coded);
         }
-        let x = inputs(&mut r, &b, DType::F32);
-        let (fp8, _) = super::fp8_inputs(x, DType::BF16);
-        check_inputs(name, &b, DType::BF16, 1e-2, fp8);
     }
 }
 
@@ -244,19 +247,21 @@ fn gpu_rows_are_batch_invariant() {
     let mut r = rng("paged invariance");
     let loose = PagedBounds { max_q_len: 1, max_context: 8192 };
     let u32s = |v: &[u32]| Tensor::new(v, &dev).unwrap();
-    for (dtype, fp8) in [(DType::F32, false), (DType::BF16, false), (DType::BF16, true)] {
+    let kinds = [(DType::F32, None), (DType::BF16, None)];
+    let coded = [(DType::BF16, Some(Codes::E4m3)), (DType::BF16, Some(Codes::Int8))];
+    for (dtype, codes) in kinds.into_iter().chain(coded) {
         for (window, sinks) in [(None, true), (Some(128), true), (Some(100), false), (None, false)]
         {
             let mut b = Batch::new(64, 8, 64, 16).window(window).sinks(sinks);
             b.seqs = vec![(200, 0), (37, 900), (1, 2500), (70, r.random_range(100..300))];
-            let host = match fp8 {
-                true => super::fp8_inputs(inputs(&mut r, &b, DType::F32), dtype).0,
-                false => inputs(&mut r, &b, dtype),
+            let host = match codes {
+                Some(c) => super::coded_inputs(inputs(&mut r, &b, DType::F32), dtype, c).0,
+                None => inputs(&mut r, &b, dtype),
             };
             let x = to_device(&host, &dev);
             let full = values(&run(&x, &b, b.bounds()).unwrap());
             let row = b.heads * b.d;
-            let what = format!("{dtype:?} fp8 {fp8} window {window:?} sinks {sinks}");
+            let what = format!("{dtype:?} codes {codes:?} window {window:?} sinks {sinks}");
             let same = |got: &[f32], at: usize, how: &str| {
                 let want = &full[at * row..][..got.len()];
                 let diff = got.iter().zip(want).position(|(a, w)| a.to_bits() != w.to_bits());
