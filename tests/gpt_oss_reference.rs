@@ -280,13 +280,13 @@ fn gpu_20b_shaped_bf16_teacher_forced_agreement() {
     assert!(f32_agree >= 0.998, "f32 top-1 agreement with transformers f32 is {f32_agree}");
 }
 
-/// `--kv-dtype fp8` on the 20b-shaped checkpoint (INFERNO_GPT_OSS_20B_DIR, as above): bf16
-/// compute, teacher-forced top-1 agreement with transformers' f32 with FP8 KV and with bf16 KV on
-/// the same positions (what FP8 costs), in decode-sized steps of 64 so that most keys are read
-/// back from earlier steps' pools. H200: bf16 KV 99.41%, FP8 KV 97.46% (24 of 1,024 positions
-/// flip; transformers' own bf16 run: 92.68%). The issue asks 99% with FP8 KV, which E4M3's 3
-/// mantissa bits do not reach here (docs/performance.md); the bars kept: at least as close to f32
-/// as transformers' own bf16, and within 3 points of bf16 KV.
+/// `--kv-dtype fp8|int8` on the 20b-shaped checkpoint (INFERNO_GPT_OSS_20B_DIR, as above): bf16
+/// compute, teacher-forced top-1 agreement with transformers' f32 with 8-bit KV and with bf16 KV
+/// on the same positions (what the 8 bits cost), in decode-sized steps of 64 so that most keys
+/// are read back from earlier steps' pools. H200: bf16 KV 99.41%, INT8 KV 99.02%, FP8 KV 97.46%
+/// (24 of 1,024 positions flip; transformers' own bf16 run: 92.68%). The issue's bar, 99%, holds
+/// with INT8; E4M3's 3 mantissa bits do not reach it here (docs/performance.md), so FP8's bars
+/// are: at least as close to f32 as transformers' own bf16, and within 3 points of bf16 KV.
 #[test]
 #[ignore = "needs a CUDA GPU and the 20b-shaped checkpoint (INFERNO_GPT_OSS_20B_DIR): scripts/fixtures/gpt_oss_20b_random.py"]
 fn gpu_20b_shaped_fp8_kv_teacher_forced_agreement() {
@@ -325,5 +325,5 @@ fn gpu_20b_shaped_fp8_kv_teacher_forced_agreement() {
     let yardstick = 100.0 * fx["transformers_bf16_agreement"].as_f64().expect("yardstick");
     assert!(pct(&fp8) >= yardstick, "fp8 KV {:.2}% is under transformers' bf16", pct(&fp8));
     assert!(pct(&bf16) - pct(&fp8) <= 3.0, "fp8 KV costs {:.2} points", pct(&bf16) - pct(&fp8));
-    assert!(pct(&int8) >= pct(&fp8), "int8 KV {:.2}% is under fp8 KV", pct(&int8));
+    assert!(pct(&int8) >= 99.0, "int8 KV top-1 agreement {:.2}% is under 99%", pct(&int8));
 }
