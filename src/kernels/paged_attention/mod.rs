@@ -24,7 +24,8 @@
 //! read (they may be garbage).
 //!
 //! CUDA: head_dim 64 or 128; bf16 calls on tensor cores (`paged_attention_mma.cu`: mma.sync
-//! q·Kᵀ and P·V, P as bf16 hi + lo), f32 calls one key per lane (`paged_attention.cu`), one kernel
+//! q·Kᵀ and P·V, P as bf16 hi + lo; pools of 8-bit codes, [`super::kv_fp8`], turned into the
+//! bf16 they stand for tile by tile), f32 calls one key per lane (`paged_attention.cu`), one kernel
 //! per dtype for decode and prefill alike (a row's bits depend on the kernel; [`PagedKernel`]).
 //! The launch depends only on the number of sequences, the shapes and the host-side
 //! [`PagedBounds`], never on the metadata's contents, so a CUDA graph captured for one batch

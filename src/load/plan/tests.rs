@@ -348,9 +348,10 @@ fn a_device_allocation_failure_while_loading_is_exit_7_with_the_plan() {
     assert_eq!(other.to_string(), "bad shape");
 }
 
-/// `--kv-dtype fp8` on gpt-oss-120b with one H100's 77.1 GiB free: the KV cache takes 65 bytes
-/// a row of 64 where bf16 takes 128, so the largest context nearly doubles; what keeps it from
-/// 2× is the scale byte and the f32 RoPE tables (256 B a position, the same in both).
+/// `--kv-dtype fp8` (int8 takes the same bytes) on gpt-oss-120b with one H100's 77.1 GiB free:
+/// the KV cache takes 65 bytes a row of 64 where bf16 takes 128, so the largest context nearly
+/// doubles; what keeps it from 2× is the scale byte and the f32 RoPE tables (256 B a position,
+/// the same in both).
 #[test]
 fn fp8_kv_nearly_doubles_the_120b_context_on_an_h100() {
     let source = Source::Dummy(bench_config("gpt-oss-120b"));
