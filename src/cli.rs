@@ -274,8 +274,10 @@ pub struct SpecArgs {
     /// Speculative decoding: `ngram` drafts the next tokens by prompt lookup over the
     /// sequence's own tokens (faster where a reply copies its input); a MODEL (a smaller one
     /// with the same tokenizer: Llama-3.2-1B for Llama-3.1-8B) drafts them greedily beside the
-    /// model. Each step verifies the drafts at once: the same tokens as without. Off by default.
-    #[arg(long, value_name = "ngram|MODEL")]
+    /// model; an EAGLE-3 HEAD (a folder or repo in the SpecForge/lmsys or speculators layout)
+    /// drafts them from the model's hidden states. Each step verifies the drafts at once: the
+    /// same tokens as without. Off by default.
+    #[arg(long, value_name = "ngram|MODEL|HEAD")]
     pub draft: Option<String>,
     /// With --draft: draft tokens a step verifies at most (1 to 15).
     #[arg(long, value_name = "N", requires = "draft")]

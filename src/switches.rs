@@ -137,6 +137,15 @@ static TP_TRACE: Flag = Flag::new(Spec {
     kind: Kind::Diagnostic,
 });
 
+static TP_P2P: Flag = Flag::new(Spec {
+    name: "INFERNO_TP_P2P",
+    values: "0, 1",
+    default: "1",
+    what: "a tensor-parallel model sums its ranks' pieces through the GPUs' peer memory where \
+           they can reach each other (0: through NCCL's all-gather; the same bits either way)",
+    kind: Kind::Diagnostic,
+});
+
 static GRAPH_ARENA: Flag = Flag::new(Spec {
     name: "INFERNO_GRAPH_ARENA",
     values: "0, 1",
@@ -164,6 +173,11 @@ pub fn pipeline_trace() -> bool {
 /// Whether each rank of a tensor-parallel model traces its steps.
 pub fn tp_trace() -> bool {
     TP_TRACE.get()
+}
+
+/// Whether tensor-parallel sums may go through peer memory.
+pub fn tp_p2p() -> bool {
+    TP_P2P.get()
 }
 
 /// Whether captured decode steps allocate from the engine's arena.
@@ -264,7 +278,7 @@ pub struct State {
 }
 
 /// Every switch, in the order of this module.
-pub fn all() -> [&'static dyn Switch; 13] {
+pub fn all() -> [&'static dyn Switch; 14] {
     [
         &CUDA_GRAPH,
         &PDL,
@@ -274,6 +288,7 @@ pub fn all() -> [&'static dyn Switch; 13] {
         &GRAPH_STATS,
         &PIPELINE_TRACE,
         &TP_TRACE,
+        &TP_P2P,
         &GRAPH_ARENA,
         &TEST_HOOKS,
         &TEST_REPLIES,

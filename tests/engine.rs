@@ -67,6 +67,7 @@ fn request(prompt: Vec<u32>, sampling: SamplerConfig, max_tokens: usize) -> Requ
         logprobs: None,
         forced: Vec::new(),
         constraint: None,
+        prediction: Vec::new(),
     }
 }
 

@@ -156,6 +156,7 @@ fn forced_argmax(path: &Path, seqs: &[Vec<u32>], dtype: DType, device: &Device) 
                     logprobs: Some(1),
                     forced: seq[p..].to_vec(),
                     constraint: None,
+                    prediction: Vec::new(),
                 })
                 .expect("submit")
         })

@@ -117,6 +117,7 @@ fn the_engine_gives_the_same_tokens() {
                 logprobs: None,
                 forced: Vec::new(),
                 constraint: None,
+                prediction: Vec::new(),
             })
             .unwrap();
         let mut got = Vec::new();

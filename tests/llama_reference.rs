@@ -158,6 +158,7 @@ fn a_prompt_longer_than_the_context_is_refused() {
         logprobs: None,
         forced: Vec::new(),
         constraint: None,
+        prediction: Vec::new(),
     };
     let err = engine.submit(request).err().expect("a refusal");
     assert!(err.to_string().contains("the context holds 8"), "{err}");

@@ -55,6 +55,7 @@ fn request(prompt: &[u32], sampling: SamplerConfig, max_tokens: usize, eos: &[u3
         logprobs: None,
         forced: Vec::new(),
         constraint: None,
+        prediction: Vec::new(),
     }
 }
 

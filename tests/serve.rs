@@ -348,3 +348,27 @@ fn speculation_replies_as_without_and_is_counted() {
         m["inferno_spec_decode_num_accepted_tokens"] <= m["inferno_spec_decode_num_draft_tokens"]
     );
 }
+
+/// Predicted Outputs through the `openai` client: the same greedy reply with any prediction,
+/// most of an exact prediction accepted, an unrelated one mostly rejected (SmolLM2 repeating a
+/// paragraph; the server has no `--draft`: the prediction alone drafts).
+#[test]
+fn predicted_outputs_change_nothing_but_the_speed() {
+    let s = server(&[], &[]);
+    let prompt = "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog \
+                  near the river bank, and then it runs back into the forest.";
+    let unrelated = "Prices of copper rose sharply on Tuesday after the mine strike.";
+    let r = s
+        .python("predictions", json!({"prompt": prompt, "max_tokens": 40, "unrelated": unrelated}));
+    let n = |case: &str, k: &str| r[case][k].as_u64().unwrap_or_else(|| panic!("{r}"));
+    let generated = r["completion_tokens"].as_u64().unwrap();
+    assert!(
+        n("exact", "accepted") * 2 >= generated,
+        "an exact prediction was mostly rejected: {r}"
+    );
+    assert!(n("exact", "accepted") > 2 * n("exact", "rejected"), "{r}");
+    assert!(n("parts", "accepted") == n("exact", "accepted"), "{r}");
+    assert!(n("streamed", "accepted") == n("exact", "accepted"), "{r}");
+    assert!(n("edited", "rejected") > 0, "an edited prediction lost nothing: {r}");
+    assert!(n("unrelated", "accepted") < n("exact", "accepted"), "{r}");
+}

@@ -110,6 +110,7 @@ fn request(c: &Case) -> Request {
         logprobs: None,
         forced: Vec::new(),
         constraint: None,
+        prediction: Vec::new(),
     }
 }
 
@@ -521,4 +522,81 @@ fn a_draft_with_another_tokenizer_is_refused() {
     let msg = format!("{:#}", engine(&draft).err().expect("refused"));
     assert!(msg.contains("tokenizer differs") && msg.contains("2 tokens"), "{msg}");
     assert_eq!(msg.lines().count(), 1, "{msg}");
+}
+
+/// Predicted Outputs: an engine without a drafter, each request carrying a prediction, emits the
+/// tokens plain decoding emits, alone and in a batch, with every sampler setting; an exact
+/// prediction (the plain reply) is accepted almost whole, an edited one in part, an unrelated
+/// one rejected without harm, and the counts come back in the request's `Finish`.
+fn predictions_lossless(model: &str) {
+    let vocab = start(On::Cpu, model, 1, 0).vocab_size() as u32;
+    let cases = cases(&copy_prompts(vocab, 6), 30);
+    let plain: Vec<Vec<u32>> = cases
+        .iter()
+        .map(|c| run_batch(&start(On::Cpu, model, 1, 0), std::slice::from_ref(c)).remove(0).0)
+        .collect();
+    let mut rng = StdRng::seed_from_u64(11);
+    let edit = move |t: &[u32], rng: &mut StdRng| -> Vec<u32> {
+        let mut e: Vec<u32> = t
+            .iter()
+            .map(|&x| if rng.random_range(0..5) == 0 { (x + 1) % vocab } else { x })
+            .collect();
+        e.drain(e.len() / 3..e.len() / 3 + 2);
+        e
+    };
+    type Predict = Box<dyn Fn(&[u32], &mut StdRng) -> Vec<u32>>;
+    let kinds: [(&str, Predict); 3] = [
+        ("exact", Box::new(|t: &[u32], _: &mut StdRng| t.to_vec())),
+        ("edited", Box::new(edit)),
+        (
+            "unrelated",
+            Box::new(move |_: &[u32], r: &mut StdRng| {
+                (0..40).map(|_| r.random_range(0..vocab)).collect()
+            }),
+        ),
+    ];
+    for (kind, predict) in &kinds {
+        let requests: Vec<Request> = cases
+            .iter()
+            .zip(&plain)
+            .map(|(c, p)| Request { prediction: predict(p, &mut rng), ..request(c) })
+            .collect();
+        // Alone, each in its own engine.
+        let mut accepted = 0;
+        let mut drafted = 0;
+        for (i, req) in requests.iter().enumerate() {
+            let e = start(On::Cpu, model, 1, 0);
+            let (tokens, finish) = collect(e.submit(req.clone()).expect("submit"));
+            assert_eq!(tokens, plain[i], "{kind} prediction, case {i} ({:?})", cases[i].sampling);
+            assert!(finish.accepted_draft_tokens <= finish.draft_tokens, "{kind}, case {i}");
+            accepted += finish.accepted_draft_tokens;
+            drafted += finish.draft_tokens;
+        }
+        let generated: usize = plain.iter().map(Vec::len).sum();
+        match *kind {
+            "exact" => assert!(accepted * 3 >= generated * 2, "exact: {accepted} of {generated}"),
+            "edited" => {
+                assert!(accepted > 0 && accepted < drafted, "edited: {accepted} of {drafted}")
+            }
+            _ => assert!(drafted > 0, "unrelated: nothing drafted"),
+        }
+        // Together in one engine (six sequences, within a drafting batch).
+        let e = start(On::Cpu, model, cases.len(), 0);
+        let handles: Vec<RequestHandle> =
+            requests.iter().map(|r| e.submit(r.clone()).expect("submit")).collect();
+        for (i, h) in handles.into_iter().enumerate() {
+            assert_eq!(collect(h).0, plain[i], "{kind} prediction in a batch, case {i}");
+        }
+        assert!(e.stats().spec.drafts > 0, "{kind}: nothing drafted in the batch");
+    }
+}
+
+#[test]
+fn gpt_oss_predictions_are_lossless() {
+    predictions_lossless(&fixture("gpt_oss_tiny"));
+}
+
+#[test]
+fn llama_predictions_are_lossless() {
+    predictions_lossless(&fixture("llama3_tiny"));
 }

@@ -192,6 +192,7 @@ fn request(prompt: Vec<u32>, sampling: SamplerConfig, constraint: Option<Constra
         logprobs: None,
         forced: Vec::new(),
         constraint,
+        prediction: Vec::new(),
     }
 }
 

@@ -181,6 +181,7 @@ fn an_engine_over_ranks_decodes_what_one_rank_decodes() {
         logprobs: None,
         forced: Vec::new(),
         constraint: None,
+        prediction: Vec::new(),
     };
     let generate = |engine: &Engine| -> Vec<Vec<u32>> {
         let handles: Vec<_> = prompts

@@ -36,6 +36,7 @@ fn generate(engine: &Engine, vocab: u32) -> Replies {
                 logprobs: Some(5),
                 forced: Vec::new(),
                 constraint: None,
+                prediction: Vec::new(),
             };
             engine.submit(req).expect("submit")
         })
@@ -58,6 +59,20 @@ fn generate(engine: &Engine, vocab: u32) -> Replies {
         .collect()
 }
 
+/// FNV-1a over every token id and log probability's bits: equal digests, equal replies.
+fn digest(replies: &Replies) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let words = replies.iter().flatten().flat_map(|(t, top)| {
+        std::iter::once(*t).chain(top.iter().flat_map(|(i, l)| [*i, l.to_bits()]))
+    });
+    for w in words {
+        for b in w.to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    h
+}
+
 fn size(_: &load::ModelInfo) -> EngineConfig {
     EngineConfig { max_seqs: 4, kv_tokens: 4 * 256, ..EngineConfig::single(256) }
 }
@@ -76,10 +91,16 @@ fn check(make: impl FnOnce() -> tempfile::TempDir, dtype: DType, vocab: u32, tol
         kv_dtype: Default::default(),
     };
     let device = Device::new_cuda(0).expect("GPU 0");
-    let (tp_engine, _) =
+    let (tp_engine, info) =
         load::start_group(name, None, &opts, &device, role, size).expect("TP2 engine");
+    // Two GPUs that reach each other's memory (NVLink, or PCIe peer access) sum through it unless
+    // INFERNO_TP_P2P=0; either way the bits are the same, so the digest below is too.
+    let peer = std::env::var("INFERNO_TP_P2P").map_or(true, |v| v != "0");
+    let want = if peer { "peer memory" } else { "NCCL" };
+    assert_eq!(info.sums, want, "the ranks' sums went another way");
     let tp = generate(&tp_engine, vocab);
     drop(tp_engine);
+    eprintln!("TP2 sums through {}: digest {:016x}", info.sums, digest(&tp));
     let (one_engine, _) = load::start(name, &opts, &device, size).expect("TP1 engine");
     let one = generate(&one_engine, vocab);
     let mut worst = 0f32;

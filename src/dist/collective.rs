@@ -1,10 +1,10 @@
-//! What ranks exchange in a step: every rank's tensor gathered on every rank, and one rank's
-//! tensor broadcast to the others. The sum a row-parallel product needs is built on the gather
-//! ([`all_reduce_sum`]): each rank adds the gathered pieces in rank order itself, so every rank
+//! What ranks exchange in a step: every rank's tensor gathered on every rank, one rank's tensor
+//! broadcast to the others, and the sum a row-parallel product needs. The sum is always the
+//! pieces added in rank order, by each rank itself ([`all_reduce_sum`] builds it on the gather;
+//! between GPUs that reach each other's memory, one kernel does it: `dist::p2p`), so every rank
 //! gets the same bits, and a row gets the same bits whatever rows share its step (NCCL's
 //! all-reduce picks its algorithm and its order of additions by message size, which a batch
-//! changes: docs/tensor-parallel.md §3.6). Its cost is the gather's: at decode, a few KiB a
-//! layer, where latency, not bytes, is what counts.
+//! changes: docs/tensor-parallel.md §3.6).
 
 use std::sync::{Arc, Barrier, Mutex};
 
@@ -22,10 +22,18 @@ pub trait Collective: Send + Sync {
     /// Writes rank `root`'s `x` into every rank's `x`, in place (a contiguous tensor of the same
     /// shape on every rank).
     fn broadcast(&self, x: &Tensor, root: usize) -> anyhow::Result<()>;
+    /// How [`Collective::sum`] reaches the other ranks, for banners: `NCCL`, `peer memory`.
+    fn sums_through(&self) -> &'static str {
+        "an all-gather"
+    }
+    /// The sum over ranks of `x` (f32), added in rank order: [`all_reduce_sum`]'s bits.
+    fn sum(&self, x: &Tensor) -> anyhow::Result<Tensor> {
+        all_reduce_sum(self, x)
+    }
 }
 
 /// The sum over ranks of `x` (f32), added in rank order: the same bits on every rank.
-pub fn all_reduce_sum(c: &dyn Collective, x: &Tensor) -> anyhow::Result<Tensor> {
+pub fn all_reduce_sum<C: Collective + ?Sized>(c: &C, x: &Tensor) -> anyhow::Result<Tensor> {
     let all = c.all_gather(x)?;
     let mut sum = all.get(0)?;
     for r in 1..c.shard().world {
@@ -34,11 +42,11 @@ pub fn all_reduce_sum(c: &dyn Collective, x: &Tensor) -> anyhow::Result<Tensor> 
     Ok(sum)
 }
 
-/// [`all_reduce_sum`] over `comm`'s ranks; `x` itself without one (the whole model on one rank):
+/// The sum over `comm`'s ranks ([`Collective::sum`]); `x` itself without one (the whole model on one rank):
 /// what a row-parallel product's output goes through.
 pub fn sum_over(comm: Option<&Arc<dyn Collective>>, x: Tensor) -> anyhow::Result<Tensor> {
     match comm {
-        Some(c) => all_reduce_sum(c.as_ref(), &x),
+        Some(c) => c.sum(&x),
         None => Ok(x),
     }
 }

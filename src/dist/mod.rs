@@ -10,6 +10,8 @@ use std::ops::Range;
 pub mod collective;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+#[cfg(feature = "cuda")]
+pub mod p2p;
 
 pub use collective::{Collective, ThreadGroup};
 

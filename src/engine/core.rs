@@ -79,8 +79,8 @@ impl EngineConfig {
 /// What an engine thread's `load` builds ([`Engine::start_built`]).
 pub struct Built<I> {
     pub model: Box<dyn BatchModel>,
-    /// The draft model for speculative decoding (`--draft MODEL`).
-    pub draft: Option<Box<dyn BatchModel>>,
+    /// The drafter for speculative decoding (`--draft MODEL` or `--draft HEAD`).
+    pub draft: Option<super::spec::Draft>,
     pub cfg: EngineConfig,
     /// What the front end gets back beside the engine.
     pub info: I,
@@ -150,14 +150,14 @@ impl Engine {
         })
     }
 
-    /// [`Engine::start`] where `load` also builds a draft model for speculative decoding
-    /// (`--draft MODEL`), which the engine thread owns beside the model.
+    /// [`Engine::start`] where `load` also builds a draft model or an EAGLE-3 head for
+    /// speculative decoding (`--draft`), which the engine thread owns beside the model.
     pub fn start_with_draft<I, F>(load: F) -> anyhow::Result<(Engine, I)>
     where
         I: Send + 'static,
         F: FnOnce() -> anyhow::Result<(
                 Box<dyn BatchModel>,
-                Option<Box<dyn BatchModel>>,
+                Option<super::spec::Draft>,
                 EngineConfig,
                 I,
             )> + Send
@@ -186,8 +186,7 @@ impl Engine {
                     let mut core = Core::new(model, cfg, thread_stats)?;
                     core.runner.followers = followers;
                     if let Some(d) = draft {
-                        let vocab = core.runner.model.vocab_size();
-                        core.draft = Some(super::spec::draft::DraftModel::new(d, &cfg, vocab)?);
+                        core.attach_draft(d, &cfg)?;
                     }
                     Ok((core, info))
                 });
@@ -315,7 +314,7 @@ pub(crate) fn runner_with_pool(
 
 /// Refuses a pool that would not fit in what is free now (exit code 7, with the numbers and
 /// what to lower), instead of failing in the allocator.
-fn check_pool_fits(
+pub(crate) fn check_pool_fits(
     shape: &crate::models::batch::KvShape,
     blocks: &[usize],
     cfg: &EngineConfig,
@@ -359,6 +358,11 @@ struct Live {
     generated: usize,
     /// Speculation's throttle for this sequence.
     backoff: super::spec::Backoff,
+    /// Where in `req.prediction` the reply was last found to be ([`super::spec::prediction`]).
+    prediction_at: usize,
+    /// Draft tokens verified for this sequence, and those accepted.
+    draft_tokens: usize,
+    accepted_draft_tokens: usize,
 }
 
 struct Core {
@@ -396,6 +400,9 @@ struct Core {
     drafted: std::collections::HashSet<u64>,
     /// The draft model (`--draft MODEL`), with its own KV pool.
     draft: Option<super::spec::draft::DraftModel>,
+    /// The EAGLE-3 head (`--draft HEAD`), with its own KV pool; the runner then keeps the
+    /// taps it reads.
+    eagle: Option<super::spec::eagle::EagleDrafter>,
 }
 
 impl Core {
@@ -433,6 +440,7 @@ impl Core {
             spec_stats: Default::default(),
             drafted: Default::default(),
             draft: None,
+            eagle: None,
         };
         core.publish(0);
         Ok(core)
@@ -478,7 +486,14 @@ impl Core {
             first_token: None,
             cached: 0,
             generated: 0,
-            backoff: super::spec::Backoff::for_spec(self.spec.as_ref()),
+            backoff: if p.req.prediction.is_empty() {
+                super::spec::Backoff::for_spec(self.spec.as_ref())
+            } else {
+                super::spec::Backoff::for_prediction()
+            },
+            prediction_at: 0,
+            draft_tokens: 0,
+            accepted_draft_tokens: 0,
             req: p.req,
         };
         if live.req.max_tokens == 0 {
@@ -536,8 +551,17 @@ impl Core {
         }
         let inputs: Vec<Vec<u32>> = plan.chunks.iter().map(|c| self.sched.chunk_ids(c)).collect();
         let logits = match self.runner.forward(&plan.chunks, &inputs, &self.blocks) {
-            Ok(l) => l,
+            Ok(l) => {
+                self.record_taps(&plan.chunks);
+                l
+            }
             Err(e) => {
+                if self.runner.followers.is_some() {
+                    // The other ranks ran this step's collectives, or wait in them: a rank 0 that
+                    // went on alone would pair its next collectives with their old ones.
+                    eprintln!("inferno (rank 0): a step failed, so the ranks cannot go on: {e:#}");
+                    std::process::exit(crate::error::ErrorKind::Rank.exit_code().into());
+                }
                 // What the pool holds for these sequences is unknown: fail them, keep serving.
                 let msg = format!("{e:#}");
                 self.fail_chunks(&plan.chunks, &msg);
@@ -580,6 +604,7 @@ impl Core {
             if c.sample && c.len > 1 && c.drafts == 0 {
                 self.draft_catch_up(c.id);
             }
+            self.eagle_catch_up(c.id, c.sample && c.len > 1 && c.drafts == 0);
             self.emit_run(c.id, tokens);
         }
         self.drafted.clear();
@@ -634,6 +659,9 @@ impl Core {
         if let Some(d) = &mut self.draft {
             d.free(id);
         }
+        if let Some(e) = &mut self.eagle {
+            e.free(id);
+        }
         let Some(l) = self.live.remove(&id) else { return };
         let now = Instant::now();
         let first = l.first_token.unwrap_or(now);
@@ -645,6 +673,8 @@ impl Core {
             queued: l.started.unwrap_or(now).duration_since(l.submitted),
             time_to_first_token: first.duration_since(l.submitted),
             decode_time: now.duration_since(first),
+            draft_tokens: l.draft_tokens,
+            accepted_draft_tokens: l.accepted_draft_tokens,
         };
         let _ = l.events.send(Event::Finished(finish));
     }
@@ -653,6 +683,9 @@ impl Core {
         self.sched.remove(id, &mut self.blocks);
         if let Some(d) = &mut self.draft {
             d.free(id);
+        }
+        if let Some(e) = &mut self.eagle {
+            e.free(id);
         }
         if let Some(l) = self.live.remove(&id) {
             let _ = l.events.send(Event::Failed(msg.to_string()));

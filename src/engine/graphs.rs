@@ -84,6 +84,11 @@ pub struct BucketGraph {
     packed_len: usize,
     /// f32 `[size, vocab]`, written by the step.
     logits: Tensor,
+    /// Layers whose entering stream the step keeps (an EAGLE-3 head's taps; empty: none).
+    tap_ids: Vec<usize>,
+    /// f32 `[size · q, 3 · hidden]`, written by the step when it taps (allocated by the first,
+    /// eager step, before any capture).
+    taps: Option<Tensor>,
     /// Peak bytes the warm-up step had allocated at once: what the capture takes from the arena.
     arena_bytes: u64,
     state: State,
@@ -142,10 +147,22 @@ impl BucketGraph {
             packed,
             packed_len,
             logits,
+            tap_ids: Vec::new(),
+            taps: None,
             arena_bytes: 0,
             state: State::Cold,
             arena: arena.clone(),
         })
+    }
+
+    /// The graph keeping the streams entering layers `taps` ([`BatchModel::forward_taps`]).
+    pub fn with_taps(self, taps: &[usize]) -> BucketGraph {
+        BucketGraph { tap_ids: taps.to_vec(), ..self }
+    }
+
+    /// The last step's taps of its first `rows` rows (a view of the graph's buffer).
+    pub fn taps(&self, rows: usize) -> Option<candle_core::Result<Tensor>> {
+        self.taps.as_ref().map(|t| t.narrow(0, 0, rows))
     }
 
     /// Runs a decode step of `chunks` (each `q` tokens, their ids one after the other in `ids`)
@@ -264,13 +281,21 @@ impl BucketGraph {
         Ok(self.packed.slice_set(&host, 0, 0)?)
     }
 
-    fn run_into_buffer(&self, model: &dyn BatchModel, pool: &KvPool) -> anyhow::Result<()> {
+    fn run_into_buffer(&mut self, model: &dyn BatchModel, pool: &KvPool) -> anyhow::Result<()> {
         let _uploads = keep_uploads(model.device());
-        let logits = model.forward_batch(&self.input, pool)?;
+        let (logits, taps) = model.forward_taps(&self.input, pool, &self.tap_ids)?;
+        if let Some(t) = taps {
+            if self.taps.is_none() {
+                self.taps = Some(Tensor::zeros(t.dims(), DType::F32, t.device())?);
+            }
+            if let Some(buf) = &self.taps {
+                buf.slice_set(&t, 0, 0)?;
+            }
+        }
         Ok(self.logits.slice_set(&logits, 0, 0)?)
     }
 
-    fn replay(&self, model: &dyn BatchModel, pool: &KvPool) -> anyhow::Result<()> {
+    fn replay(&mut self, model: &dyn BatchModel, pool: &KvPool) -> anyhow::Result<()> {
         match &self.state {
             #[cfg(feature = "cuda")]
             State::Ready(graph) => {

@@ -42,6 +42,7 @@ pub fn warm_up(engine: &core::Engine) -> anyhow::Result<()> {
         logprobs: None,
         forced: Vec::new(),
         constraint: None,
+        prediction: Vec::new(),
     };
     let mut handle = engine.submit(request)?;
     while let Some(event) = handle.blocking_next() {

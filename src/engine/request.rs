@@ -38,6 +38,11 @@ pub struct Request {
     /// committed to it too). A mask that fails or allows nothing ends the request with
     /// [`Event::Failed`]. `None`: unconstrained.
     pub constraint: Option<super::constraint::Constraint>,
+    /// Tokens the reply is expected to repeat (OpenAI's Predicted Outputs: a file being edited,
+    /// a document being revised): the sequence drafts from them ([`super::spec::prediction`]),
+    /// whatever the engine's drafter, so the runs it copies take one step each. The tokens are
+    /// the same with or without it. Empty for none.
+    pub prediction: Vec<u32>,
 }
 
 /// What a request reports, in order: tokens, then exactly one `Finished` or `Failed`.
@@ -64,6 +69,10 @@ pub struct Finish {
     pub time_to_first_token: Duration,
     /// From the first token until the last.
     pub decode_time: Duration,
+    /// Draft tokens this request's verify steps checked, and how many of them were accepted
+    /// (emitted as they were drafted).
+    pub draft_tokens: usize,
+    pub accepted_draft_tokens: usize,
 }
 
 /// The caller's end of a request.

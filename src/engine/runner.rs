@@ -27,6 +27,12 @@ pub struct Runner {
     pub shape: KvShape,
     /// The memory the graphs' steps allocate from, this engine's own.
     pub arena: GraphArena,
+    /// Layers whose entering residual stream each step keeps for an EAGLE-3 head (empty:
+    /// none, and the forward pass keeps nothing).
+    pub taps: Vec<usize>,
+    /// The last step's taps, one row per token in chunk order ([`BatchModel::forward_taps`]);
+    /// `None` without taps.
+    pub last_taps: Option<Tensor>,
 }
 
 /// What a sampling chunk needs to pick its tokens: one row, or one per draft and one more.
@@ -59,6 +65,8 @@ impl Runner {
             graphs: Default::default(),
             arena: Default::default(),
             followers: None,
+            taps: Vec::new(),
+            last_taps: None,
         }
     }
 
@@ -116,7 +124,13 @@ impl Runner {
         }
         let step = self.step_input(chunks, inputs, blocks)?;
         let any_sample = chunks.iter().any(|c| c.sample);
-        let logits = self.model.forward_batch(&step, &self.pool)?;
+        let logits = if self.taps.is_empty() {
+            self.model.forward_batch(&step, &self.pool)?
+        } else {
+            let (logits, taps) = self.model.forward_taps(&step, &self.pool, &self.taps)?;
+            self.last_taps = taps;
+            logits
+        };
         Ok(any_sample.then_some(logits))
     }
 
@@ -140,7 +154,8 @@ impl Runner {
                 groups,
                 self.pool.block_size,
                 &self.arena,
-            )?;
+            )?
+            .with_taps(&self.taps);
             self.graphs.insert(key, g);
         }
         let ids: Vec<u32> = inputs.iter().flat_map(|i| i.as_ref().iter().copied()).collect();
@@ -178,7 +193,10 @@ impl Runner {
         let Some(graph) = self.graphs.get_mut(&key) else {
             anyhow::bail!("runner: no decode graph for {key:?}")
         };
-        graph.step(self.model.as_ref(), &self.pool, chunks, ids, blocks)
+        let logits = graph.step(self.model.as_ref(), &self.pool, chunks, ids, blocks)?;
+        // A copy: the next replay rewrites the graph's buffer.
+        self.last_taps = graph.taps(logits.dim(0)?).map(|t| t?.copy()).transpose()?;
+        Ok(logits)
     }
 
     /// Whether `chunks` run as a decode graph that exists already (the pipelined decode needs

@@ -107,6 +107,7 @@ impl Session {
             logprobs: None,
             forced: Vec::new(),
             constraint: None,
+            prediction: Vec::new(),
         };
         let started = Instant::now();
         let mut handle = self.engine.submit(request)?;

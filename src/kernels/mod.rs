@@ -42,6 +42,7 @@
 //! with `scripts/gpu-tests.sh`. Register and shared-memory use per kernel:
 //! `nvcc --ptx -arch=sm_90 -O3 -std=c++17 -I src/kernels/include src/kernels/OP/X.cu -o X.ptx && ptxas -arch=sm_90 -v X.ptx -o /dev/null`.
 
+pub mod all_reduce;
 pub mod argmax;
 pub mod invariance;
 pub mod kv_fp8;

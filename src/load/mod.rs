@@ -91,14 +91,20 @@ pub struct ModelInfo {
     pub device_bytes: Option<u64>,
     /// GPUs the model is split over (`--tp`); the plan and memory above are one GPU's.
     pub ranks: usize,
+    /// How the ranks sum their pieces ([`Collective::sums_through`]); empty on one GPU.
+    pub sums: &'static str,
 }
 
 impl ModelInfo {
-    /// The device for banners: `NVIDIA H100 80GB HBM3 × 2 (--tp 2; plan and memory per GPU)`.
+    /// The device for banners: `NVIDIA H100 80GB HBM3 × 2 (--tp 2, sums through peer memory;
+    /// plan and memory per GPU)`.
     pub fn device_label(&self, gpu_name: &str) -> String {
         match self.ranks {
             1 => gpu_name.to_string(),
-            n => format!("{gpu_name} × {n} (--tp {n}; plan and memory per GPU)"),
+            n => format!(
+                "{gpu_name} × {n} (--tp {n}, sums through {}; plan and memory per GPU)",
+                self.sums
+            ),
         }
     }
 
@@ -140,7 +146,7 @@ pub fn start_with_draft(
     let draft = draft.map(str::to_string);
     Engine::start_with_draft(move || {
         let (model, info) = load(&name, &opts, &device)?.split();
-        let draft = load_draft(draft.as_deref(), &info, &opts, &device)?;
+        let draft = load_draft(draft.as_deref(), model.as_ref(), &info, &opts, &device)?;
         let cfg = size(&info);
         Ok((model, draft, cfg, info))
     })
@@ -173,7 +179,7 @@ pub fn start_group(
         let (model, info) = load_rank(&name, &opts, &device, comm)?.split();
         let cfg = size(&info);
         let group = group.ready(&cfg)?;
-        let draft = load_draft(draft.as_deref(), &info, &opts, &device)?;
+        let draft = load_draft(draft.as_deref(), model.as_ref(), &info, &opts, &device)?;
         Ok(Built { model, draft, cfg, info, followers: Some(Box::new(group)) })
     })
 }
@@ -193,20 +199,41 @@ fn rank_context(
     Ok(spec.context)
 }
 
-/// The draft model for speculative decoding (`--draft MODEL`), loaded after the model (its
-/// plan then sees what the model left), with the model's dtype and context, whole on this GPU.
+/// The drafter for speculative decoding, loaded after `model` (its plan then sees what the
+/// model left), with the model's dtype and context, whole on this GPU: `--draft HEAD`, a folder
+/// whose config is an EAGLE-3 head's (random weights with `--dummy-weights`), or `--draft
+/// MODEL`, a smaller model with the same tokenizer.
 fn load_draft(
     draft: Option<&str>,
+    model: &dyn BatchModel,
     info: &ModelInfo,
     opts: &LoadOptions,
     device: &Device,
-) -> anyhow::Result<Option<Box<dyn BatchModel>>> {
+) -> anyhow::Result<Option<crate::engine::spec::Draft>> {
+    use crate::engine::spec::Draft;
+    use crate::models::eagle3::Eagle3Head;
     let Some(d) = draft else { return Ok(None) };
+    if let Some(dir) = eagle3_folder(d, opts.dummy) {
+        let (embed, context) = (model.embedding(), info.context);
+        let head = if opts.dummy {
+            Eagle3Head::random(&dir, embed, context, info.dtype, device)
+        } else {
+            Eagle3Head::load(&dir, embed, context, info.dtype, device)
+        };
+        return Ok(Some(Draft::Eagle(Box::new(head.map_err(|e| e.context(d.to_string()))?))));
+    }
     let opts = LoadOptions { context: Some(info.context), ..opts.clone() };
     let loaded =
         load(d, &opts, device).map_err(|e| e.context(format!("loading the draft model {d}")))?;
     same_tokenizer(&info.source, &loaded.info.source)?;
-    Ok(Some(loaded.split().0))
+    Ok(Some(Draft::Model(loaded.split().0)))
+}
+
+/// The folder of `name` when its `config.json` is an EAGLE-3 head's.
+fn eagle3_folder(name: &str, dummy: bool) -> Option<std::path::PathBuf> {
+    let dir = source::resolve(name, dummy).ok()?;
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    crate::models::eagle3::is_eagle3(&text).then_some(dir)
 }
 
 /// Refuses a draft whose tokenizer maps any token to another id than the model's. Where either
@@ -262,6 +289,7 @@ fn load_with(
     comm: Option<Arc<dyn Collective>>,
 ) -> anyhow::Result<Loaded> {
     let shard = comm.as_ref().map_or(Shard::SINGLE, |c| c.shard());
+    let sums = comm.as_ref().map_or("", |c| c.sums_through());
     let (source, whole) = prepare(name, opts, Target::of(device))?;
     let mut spec = whole.for_rank(shard)?;
     let budget = Budget::of(device);
@@ -307,6 +335,7 @@ fn load_with(
         budget,
         device_bytes,
         ranks: shard.world,
+        sums,
     };
     Ok(Loaded { model, info })
 }

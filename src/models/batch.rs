@@ -175,7 +175,20 @@ pub trait BatchModel {
     fn kv_shape(&self) -> KvShape;
     /// Runs the step (writing its keys and values into `kv`) and returns the f32 logits of
     /// `step.logit_rows`, `[R, vocab]`.
-    fn forward_batch(&self, step: &StepInput, kv: &KvPool) -> anyhow::Result<Tensor>;
+    fn forward_batch(&self, step: &StepInput, kv: &KvPool) -> anyhow::Result<Tensor> {
+        Ok(self.forward_taps(step, kv, &[])?.0)
+    }
+    /// [`BatchModel::forward_batch`] that also returns, for every row of the step, the f32
+    /// residual stream entering each layer of `taps` ([`BatchModel::tap_layers`]: the last
+    /// layer's output, before the final norm), side by side: `[T, taps.len() · hidden]`, `None`
+    /// when `taps` is empty. What an EAGLE-3 head reads, from the one forward pass: the logits
+    /// are the same bits with taps or without.
+    fn forward_taps(
+        &self,
+        step: &StepInput,
+        kv: &KvPool,
+        taps: &[usize],
+    ) -> anyhow::Result<(Tensor, Option<Tensor>)>;
     fn vocab_size(&self) -> usize;
     /// Positions the RoPE tables cover: the longest sequence.
     fn max_positions(&self) -> usize;
@@ -194,4 +207,44 @@ pub trait BatchModel {
     /// The bytes its weights and RoPE tables hold (what memory plans predict; the KV pool is
     /// the engine's, [`KvShape::pool_bytes`]).
     fn allocated(&self) -> super::memory::Allocated;
+    /// Its decoder layers, the taps [`BatchModel::forward_taps`] can take (`0..=tap_layers()`).
+    fn tap_layers(&self) -> usize;
+    /// The token embedding `[vocab, hidden]` (an EAGLE-3 head without its own shares it).
+    fn embedding(&self) -> &Tensor;
+}
+
+/// The residual streams a forward pass keeps for [`BatchModel::forward_taps`]: with no tap
+/// asked for, [`Taps::see`] only scans an empty list.
+pub struct Taps<'a> {
+    ids: &'a [usize],
+    found: Vec<Option<Tensor>>,
+}
+
+impl<'a> Taps<'a> {
+    /// Keeps the streams entering layers `ids` (none: keeps nothing).
+    pub fn new(ids: &'a [usize]) -> Taps<'a> {
+        Taps { ids, found: vec![None; ids.len()] }
+    }
+
+    /// `x` is the stream entering layer `layer`.
+    pub fn see(&mut self, layer: usize, x: &Tensor) {
+        for (id, slot) in self.ids.iter().zip(&mut self.found) {
+            if *id == layer {
+                *slot = Some(x.clone());
+            }
+        }
+    }
+
+    /// The kept streams side by side (`None` when none was asked for); an error when a layer
+    /// asked for was never seen.
+    pub fn finish(self) -> anyhow::Result<Option<Tensor>> {
+        if self.ids.is_empty() {
+            return Ok(None);
+        }
+        let parts = self.found.into_iter().zip(self.ids).map(|(t, id)| {
+            t.ok_or_else(|| anyhow::anyhow!("hidden-state tap: the model has no layer {id}"))
+        });
+        let parts = parts.collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Some(Tensor::cat(&parts, 1)?))
+    }
 }

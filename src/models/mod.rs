@@ -4,6 +4,7 @@
 //! pool). Generation (sampling, detokenising) lives outside, in `generate`.
 
 pub mod batch;
+pub mod eagle3;
 pub mod gguf;
 pub mod gpt_oss;
 pub mod head;

@@ -59,6 +59,7 @@ async fn run(
         max_tokens: clip_max_tokens(s.max_tokens, prompt.len(), ready.engine.context()),
         forced: hooks::forced_reply(state, &ready, &req.common)?,
         forced_prefix: hooks::forced_prefix(state, &ready, &req.common)?,
+        prediction: super::params::prediction(&ready, req.prediction.as_ref())?,
         constraint,
         // Harmony has its own tool-call syntax, read by its parser.
         tools: if ready.harmony { Vec::new() } else { super::prompt::tool_names(&req) },

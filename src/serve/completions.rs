@@ -58,6 +58,7 @@ async fn run(
         max_tokens: clip_max_tokens(s.max_tokens, prompt.len(), ready.engine.context()),
         forced: hooks::forced_reply(state, &ready, &req.common)?,
         forced_prefix: hooks::forced_prefix(state, &ready, &req.common)?,
+        prediction: Vec::new(),
         constraint,
         prompt,
         sampling: s.sampling,

@@ -41,6 +41,8 @@ pub struct Job {
     pub forced_prefix: Vec<u32>,
     /// Structured output: the grammar the reply follows ([`super::constraint::compile`]).
     pub constraint: Option<crate::engine::constraint::Constraint>,
+    /// Predicted Outputs: ids the reply is expected to repeat (drafts; empty: none).
+    pub prediction: Vec<u32>,
 }
 
 /// A piece of the reply, as it streams.
@@ -94,6 +96,10 @@ pub struct Outcome {
     pub stop_string: Option<String>,
     /// Of the completion tokens, those of the reasoning's text (gpt-oss's analysis).
     pub reasoning_tokens: usize,
+    /// Draft tokens verified (from a prediction or the server's drafter), and those accepted:
+    /// `usage`'s `accepted_prediction_tokens` and `rejected_prediction_tokens`.
+    pub draft_tokens: usize,
+    pub accepted_draft_tokens: usize,
     pub ttft: Duration,
     /// From the first token to the last.
     pub decode: Duration,
@@ -167,6 +173,7 @@ impl<'r> ReplyStream<'r> {
             logprobs: job.logprobs,
             forced: job.forced.unwrap_or(job.forced_prefix),
             constraint: job.constraint,
+            prediction: job.prediction,
         };
         let handle = ready.engine.submit(request).map_err(|e| ApiError::from_anyhow(&e))?;
         Ok(ReplyStream {
@@ -219,6 +226,8 @@ impl<'r> ReplyStream<'r> {
                         completion_tokens: self.tokens,
                         stop_string: self.reader.stop_string(),
                         reasoning_tokens: self.reader.reasoning_tokens(),
+                        draft_tokens: f.draft_tokens,
+                        accepted_draft_tokens: f.accepted_draft_tokens,
                         ttft: first.duration_since(self.started),
                         decode: self.last.unwrap_or(now).duration_since(first),
                     };

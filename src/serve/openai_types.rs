@@ -98,6 +98,15 @@ pub struct ChatRequest {
     pub reasoning_effort: Option<String>,
     /// ollama's spelling of `reasoning_effort`.
     pub reasoning: Option<ReasoningField>,
+    /// Predicted Outputs: `{"type": "content", "content": TEXT or text parts}`.
+    pub prediction: Option<Prediction>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Prediction {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub content: Content,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -162,6 +162,40 @@ fn top_count(name: &str, n: i64) -> Result<usize, ApiError> {
     Ok(n as usize)
 }
 
+/// `prediction` (OpenAI's Predicted Outputs) as the ids the reply's drafts come from: its text
+/// encoded as the reply's would be (no special tokens). A prediction longer than the context
+/// could never be repeated, and would cost its length in every draft's search: refused.
+pub fn prediction(
+    ready: &super::state::Ready,
+    p: Option<&super::openai_types::Prediction>,
+) -> Result<Vec<u32>, ApiError> {
+    let Some(p) = p else { return Ok(Vec::new()) };
+    if p.kind != "content" {
+        let msg = format!("prediction.type must be \"content\", not {:?}", p.kind);
+        return Err(ApiError::bad_param("prediction", msg));
+    }
+    let text = p
+        .content
+        .text()
+        .map_err(|_| ApiError::bad_param("prediction", "prediction.content parts must be text"))?;
+    let ids = ready
+        .text
+        .tokenizer
+        .encode(text.as_str(), false)
+        .map_err(|e| ApiError::bad_param("prediction", format!("prediction: {e}")))?
+        .get_ids()
+        .to_vec();
+    let context = ready.engine.context();
+    if ids.len() > context {
+        let msg = format!(
+            "prediction is {} tokens, longer than the context ({context}): it could not be repeated",
+            ids.len()
+        );
+        return Err(ApiError::bad_param("prediction", msg));
+    }
+    Ok(ids)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

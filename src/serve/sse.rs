@@ -295,13 +295,19 @@ impl ChunkHead {
     }
 }
 
-/// `usage` of a response.
+/// `usage` of a response. The prediction counts are the verified draft tokens (a prediction's,
+/// or the server's `--draft`): accepted ones were emitted as drafted, rejected ones were not.
 pub fn usage(o: &Outcome) -> Value {
     serde_json::json!({
         "prompt_tokens": o.prompt_tokens,
         "completion_tokens": o.completion_tokens,
         "total_tokens": o.prompt_tokens + o.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": o.cached_tokens},
+        "completion_tokens_details": {
+            "reasoning_tokens": o.reasoning_tokens,
+            "accepted_prediction_tokens": o.accepted_draft_tokens,
+            "rejected_prediction_tokens": o.draft_tokens - o.accepted_draft_tokens,
+        },
     })
 }
 

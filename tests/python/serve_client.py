@@ -824,5 +824,42 @@ def turns():
     return {"turns": out}
 
 
+def predictions():
+    """Predicted Outputs: a reply with `prediction` equals the reply without it (greedy; an
+    exact, an edited and an unrelated prediction; streamed and not), and usage counts the
+    prediction's accepted and rejected tokens; a bad prediction is a 400."""
+    c = client()
+    msgs = [{"role": "user", "content": ARGS["prompt"]}]
+    greedy = dict(model=model_id(), messages=msgs, temperature=0, max_tokens=ARGS["max_tokens"])
+    plain = c.chat.completions.create(**greedy)
+    text = plain.choices[0].message.content
+    d = plain.usage.completion_tokens_details
+    assert d.accepted_prediction_tokens == 0 and d.rejected_prediction_tokens == 0, d
+    words = text.split(" ")
+    edited = " ".join(w if i % 4 != 2 else "banana" for i, w in enumerate(words))
+    out = {"text": text, "completion_tokens": plain.usage.completion_tokens}
+    for name, pred in [("exact", text), ("edited", edited), ("unrelated", ARGS["unrelated"]),
+                       ("parts", [{"type": "text", "text": text}])]:
+        r = c.chat.completions.create(**greedy, prediction={"type": "content", "content": pred})
+        got = r.choices[0].message.content
+        assert got == text, (name, got, text)
+        assert r.usage.completion_tokens == plain.usage.completion_tokens, (name, r.usage)
+        d = r.usage.completion_tokens_details
+        out[name] = {"accepted": d.accepted_prediction_tokens, "rejected": d.rejected_prediction_tokens}
+    s_text, _, _, s_usage, _, _ = chat_stream(
+        c, **greedy, prediction={"type": "content", "content": text},
+        stream_options={"include_usage": True})
+    assert s_text == text, (s_text, text)
+    out["streamed"] = {"accepted": s_usage.completion_tokens_details.accepted_prediction_tokens}
+    for bad in [{"type": "audio", "content": "x"}, {"type": "content", "content": [{"type": "image_url"}]},
+                {"type": "content"}]:
+        try:
+            c.chat.completions.create(**greedy, prediction=bad)
+            raise AssertionError(f"accepted {bad}")
+        except openai.BadRequestError as e:
+            assert e.status_code == 400, e
+    return out
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[SCENARIO]()))

@@ -325,6 +325,7 @@ fn drafter_name(c: SpecConfig) -> &'static str {
     match c.drafter {
         crate::engine::spec::Drafter::Ngram => "ngram",
         crate::engine::spec::Drafter::Model => "draft model",
+        crate::engine::spec::Drafter::Eagle => "EAGLE-3 head",
     }
 }
 
@@ -389,6 +390,7 @@ fn one_run(
             logprobs: None,
             forced: Vec::new(),
             constraint,
+            prediction: Vec::new(),
         };
         handles.push(engine.submit(request)?);
     }

@@ -5,18 +5,25 @@
 //! each followed by the argmax of its rows as a greedy verify does. Random weights cannot show
 //! acceptance, so the rates reported are what a drafter that is right for a mean accepted length
 //! of 2.0, 2.5 or 3.0 tokens per step would give, from the measured step times.
+//!
+//! With `--draft HEAD` (an EAGLE-3 head's folder; random weights with `--dummy-weights`) the
+//! verify steps also keep the head's hidden-state taps, and each is timed with the head's
+//! proposal of as many drafts (its first pass over 3 accepted rows, then the chained passes):
+//! the whole cost of a speculative step.
 
 use std::time::Instant;
 
 use candle_core::{DType, Device};
 
 use crate::cli::BenchArgs;
-use crate::engine::core::BLOCK_SIZE;
+use crate::engine::core::{BLOCK_SIZE, EngineConfig};
 use crate::engine::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
 use crate::engine::runner::Runner;
 use crate::engine::scheduler::Chunk;
+use crate::engine::spec::eagle::EagleDrafter;
 use crate::load::{self, LoadOptions};
 use crate::models::batch::KvPool;
+use crate::models::eagle3::Eagle3Head;
 
 /// Rows per step measured: one token, and 2, 4, 8 drafts.
 const ROWS: [usize; 4] = [1, 3, 5, 9];
@@ -49,6 +56,7 @@ pub fn run(
     let pool = KvPool::new(&shape, BLOCK_SIZE, &vec![blocks; groups.len()], device)?;
     let mut manager = BlockManager::new(BlockConfig { block_size: BLOCK_SIZE, groups })?;
     let mut runner = Runner::new(model, pool, shape);
+    let mut eagle = eagle_head(args, &runner, context, dtype, device)?;
     let vocab = runner.model.vocab_size() as u32;
     let ids: Vec<u32> = (0..prompt as u32).map(|i| (i * 7919 + 13) % vocab).collect();
     manager.add_sequence(0, &ids);
@@ -56,26 +64,24 @@ pub fn run(
     let chunk = Chunk { id: 0, start: 0, len: prompt, sample: true, drafts: 0 };
     runner.forward(&[chunk], &[&ids[..]], &manager)?;
 
+    // With a head, the one-token step without its taps first (plain decoding), then every step
+    // with them (the graphs captured again).
+    let plain = match &eagle {
+        Some(e) => {
+            let t = step_time(&mut runner, &manager, prompt, 1, device)?;
+            runner.graphs.clear();
+            runner.taps = e.taps().to_vec();
+            Some(t)
+        }
+        None => None,
+    };
     let mut times = Vec::new();
+    let mut draft_times = Vec::new();
     for rows in ROWS {
-        let chunk = Chunk { id: 0, start: prompt, len: rows, sample: true, drafts: rows - 1 };
-        let input: Vec<u32> = (0..rows as u32).map(|i| (i * 31 + 5) % vocab).collect();
-        let mut step = || -> anyhow::Result<()> {
-            let logits = runner.forward(&[chunk], &[&input[..]], &manager)?;
-            let logits = logits.ok_or_else(|| anyhow::anyhow!("a verify step gave no logits"))?;
-            crate::kernels::argmax_rows(&logits)?;
-            Ok(())
-        };
-        for _ in 0..STEPS {
-            step()?;
+        times.push(step_time(&mut runner, &manager, prompt, rows, device)?);
+        if let Some(e) = &mut eagle {
+            draft_times.push(eagle_time(e, &mut runner, &ids, rows - 1, device)?);
         }
-        device.synchronize()?;
-        let t0 = Instant::now();
-        for _ in 0..STEPS {
-            step()?;
-        }
-        device.synchronize()?;
-        times.push(t0.elapsed().as_secs_f64() / STEPS as f64);
     }
 
     let gpu = gpu.unwrap_or_else(|| "CPU".into());
@@ -98,5 +104,118 @@ pub fn run(
             rates.join(" / ")
         );
     }
+    if let Some(plain) = plain {
+        println!(
+            "EAGLE-3 head: the steps above keep its taps; one token without them: {:.1} µs ({:.1} tok/s)",
+            plain * 1e6,
+            1.0 / plain
+        );
+        println!(
+            "a step: the verify, then the head's proposal (one pass over 3 rows, then chained passes)"
+        );
+        println!(
+            "drafts  verify µs  draft µs  step µs   tok/s at mean accepted length 2.0 / 2.5 / 3.0 (× plain)"
+        );
+        for ((rows, t), d) in ROWS.iter().zip(&times).zip(&draft_times).skip(1) {
+            let step = t + d;
+            let rates: Vec<String> = LENGTHS.iter().map(|l| format!("{:.1}", l / step)).collect();
+            let gains: Vec<String> =
+                LENGTHS.iter().map(|l| format!("{:.2}", l * plain / step)).collect();
+            println!(
+                "{:>6}  {:>9.1}  {:>8.1}  {:>7.1}   {} ({})",
+                rows - 1,
+                t * 1e6,
+                d * 1e6,
+                step * 1e6,
+                rates.join(" / "),
+                gains.join(" / ")
+            );
+        }
+    }
     Ok(())
+}
+
+/// Seconds one step of `rows` rows at position `prompt` takes (the last token and `rows − 1`
+/// drafts, then their argmax), over [`STEPS`] after as many to warm up.
+fn step_time(
+    runner: &mut Runner,
+    manager: &BlockManager,
+    prompt: usize,
+    rows: usize,
+    device: &Device,
+) -> anyhow::Result<f64> {
+    let vocab = runner.model.vocab_size() as u32;
+    let chunk = Chunk { id: 0, start: prompt, len: rows, sample: true, drafts: rows - 1 };
+    let input: Vec<u32> = (0..rows as u32).map(|i| (i * 31 + 5) % vocab).collect();
+    let mut step = || -> anyhow::Result<()> {
+        let logits = runner.forward(&[chunk], &[&input[..]], manager)?;
+        let logits = logits.ok_or_else(|| anyhow::anyhow!("a verify step gave no logits"))?;
+        crate::kernels::argmax_rows(&logits)?;
+        Ok(())
+    };
+    for _ in 0..STEPS {
+        step()?;
+    }
+    device.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..STEPS {
+        step()?;
+    }
+    device.synchronize()?;
+    Ok(t0.elapsed().as_secs_f64() / STEPS as f64)
+}
+
+/// The EAGLE-3 head `--draft` names, when it names one, with its pool beside the runner's.
+fn eagle_head(
+    args: &BenchArgs,
+    runner: &Runner,
+    context: usize,
+    dtype: DType,
+    device: &Device,
+) -> anyhow::Result<Option<EagleDrafter>> {
+    let Some(dir) = args.spec.draft_model().map(std::path::PathBuf::from) else { return Ok(None) };
+    let embed = runner.model.embedding();
+    let head = if args.dummy_weights {
+        Eagle3Head::random(&dir, embed, context, dtype, device)?
+    } else {
+        Eagle3Head::load(&dir, embed, context, dtype, device)?
+    };
+    let cfg = EngineConfig { kv_tokens: context, ..EngineConfig::single(context) };
+    Ok(Some(EagleDrafter::new(head, &cfg, runner.model.tap_layers())?))
+}
+
+/// Seconds the head takes to propose `k` drafts (0: none) after a verify step that accepted
+/// 2 drafts: its first pass over the 3 rows whose taps the step gave, then `k − 1` chained
+/// passes, each with the argmax read back.
+fn eagle_time(
+    e: &mut EagleDrafter,
+    runner: &mut Runner,
+    prompt: &[u32],
+    k: usize,
+    device: &Device,
+) -> anyhow::Result<f64> {
+    if k == 0 {
+        return Ok(0.0);
+    }
+    let p = prompt.len();
+    let taps = runner.last_taps.clone().ok_or_else(|| anyhow::anyhow!("no taps"))?;
+    let rows = taps.narrow(0, 0, 1)?.repeat((3, 1))?;
+    let mut tokens = prompt.to_vec();
+    tokens.extend_from_slice(&[1, 2, 3]);
+    let mut run = || -> anyhow::Result<()> {
+        // The step computed positions p − 1..p + 2 (the last token and 2 accepted drafts).
+        e.record(0, p - 1, rows.clone())?;
+        e.propose(0, &tokens, k)?;
+        Ok(())
+    };
+    for _ in 0..STEPS / 4 {
+        run()?;
+    }
+    device.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..STEPS {
+        run()?;
+    }
+    device.synchronize()?;
+    Ok(t0.elapsed().as_secs_f64() / STEPS as f64)
 }

@@ -52,6 +52,8 @@ impl Core {
                     crate::engine::spec::accepted(&draft[..c.drafts.min(draft.len())], rows);
                 if drafted.contains(&c.id) {
                     l.backoff.record(accepted);
+                    l.draft_tokens += c.drafts;
+                    l.accepted_draft_tokens += accepted;
                     spec_stats.drafts += 1;
                     spec_stats.draft_tokens += c.drafts as u64;
                     spec_stats.accepted_tokens += accepted as u64;

@@ -1,7 +1,8 @@
 //! The drafts of a step ([`crate::engine::spec`]): before the scheduler plans a step, each
 //! decoding sequence that may speculate gets the drafter's guess of its next tokens.
 //!
-//! A sequence may speculate when the engine has a drafter, the step can verify without changing
+//! A sequence may speculate when the engine has a drafter or its request a prediction (which
+//! it then drafts from, whatever the engine's drafter), the step can verify without changing
 //! any row's bits ([`Core::draft_limit`]), its backoff allows it, and its next tokens are its
 //! sampler's alone: no output constraint (its mask would need the grammar advanced over each
 //! draft), no forced tokens left. A draft never reaches past the request's `max_tokens`.
@@ -12,31 +13,50 @@
 //! target agrees with it), but it does not count in the statistics or the backoff.
 
 use super::Core;
-use crate::engine::spec::{Drafter, ngram};
+use crate::engine::spec::{Drafter, SpecConfig, ngram, prediction};
 
 impl Core {
     /// Sets this step's drafts in the scheduler and records whose are the drafter's.
     pub(super) fn propose_drafts(&mut self) {
         self.drafted.clear();
         let Some(k_max) = self.draft_limit() else { return };
-        let Some(spec) = self.spec else { return };
         let mut drafts: Vec<(u64, Vec<u32>, usize)> = Vec::new();
         for id in self.sched.running_ids() {
             let Some(room) = self.draft_room(id) else { continue };
             let Some(seq) = self.sched.get(id) else { continue };
-            let may = self.live.get_mut(&id).is_some_and(|l| l.backoff.may_draft());
+            let Some(l) = self.live.get_mut(&id) else { continue };
+            let may = l.backoff.may_draft();
             let k = k_max.min(room);
-            let draft = match (may, spec.drafter, &mut self.draft) {
-                (false, ..) => Vec::new(),
-                (true, Drafter::Ngram, _) => ngram::propose(&seq.tokens, k, spec.ngram),
-                // A draft that fails is no draft: the sequence decodes one token.
-                (true, Drafter::Model, Some(d)) => {
-                    d.propose(id, &seq.tokens, k).unwrap_or_else(|e| {
-                        tracing::warn!("draft model: {e:#}");
-                        Vec::new()
-                    })
+            let draft = if !may {
+                Vec::new()
+            } else if !l.req.prediction.is_empty() {
+                let reply = &seq.tokens[l.req.prompt.len().min(seq.tokens.len())..];
+                let (draft, at) = prediction::propose(reply, &l.req.prediction, l.prediction_at, k);
+                l.prediction_at = at;
+                draft
+            } else {
+                match (self.spec.map(|s| s.drafter), &mut self.draft) {
+                    (Some(Drafter::Ngram), _) => ngram::propose(
+                        &seq.tokens,
+                        k,
+                        self.spec.map(|s| s.ngram).unwrap_or_default(),
+                    ),
+                    // A draft that fails is no draft: the sequence decodes one token.
+                    (Some(Drafter::Model), Some(d)) => {
+                        d.propose(id, &seq.tokens, k).unwrap_or_else(|e| {
+                            tracing::warn!("draft model: {e:#}");
+                            Vec::new()
+                        })
+                    }
+                    (Some(Drafter::Eagle), _) => match &mut self.eagle {
+                        Some(e) => e.propose(id, &seq.tokens, k).unwrap_or_else(|e| {
+                            tracing::warn!("EAGLE-3 head: {e:#}");
+                            Vec::new()
+                        }),
+                        None => Vec::new(),
+                    },
+                    _ => Vec::new(),
                 }
-                (true, Drafter::Model, None) => Vec::new(),
             };
             drafts.push((id, draft, k));
         }
@@ -66,7 +86,7 @@ impl Core {
     /// row alone ([`crate::models::batch::BatchModel::invariant_rows`]), so that verifying
     /// changes no bit of any row.
     fn draft_limit(&self) -> Option<usize> {
-        let spec = self.spec?;
+        let spec = self.spec_now()?;
         let running = self.sched.running();
         if running == 0 || running > spec.max_batch || self.sched.waiting() > 0 {
             return None;
@@ -84,6 +104,15 @@ impl Core {
         (k > 0).then_some(k)
     }
 
+    /// What this step speculates with: the engine's drafter, or while a request carries a
+    /// prediction and the engine has none, [`SpecConfig::for_predictions`].
+    fn spec_now(&self) -> Option<SpecConfig> {
+        self.spec.or_else(|| {
+            let any = self.live.values().any(|l| !l.req.prediction.is_empty());
+            any.then(SpecConfig::for_predictions)
+        })
+    }
+
     /// Draft tokens sequence `id` may verify in its next step (`None`: it may not speculate):
     /// its tokens are its sampler's, and a draft leaves room for one more token within
     /// `max_tokens` (that it decodes, [`Core::draft_limit`] has checked).
@@ -97,16 +126,26 @@ impl Core {
     /// Whether sequence `id` would draft if its tokens so far were all it had (the pipelined
     /// decode stops going ahead for it, so that its next step can verify).
     pub(super) fn would_draft(&self, id: u64) -> bool {
-        let Some(spec) = self.spec else { return false };
-        let Some(seq) = self.sched.get(id) else { return false };
+        let (Some(seq), Some(l)) = (self.sched.get(id), self.live.get(&id)) else { return false };
         // The cheap checks first: this runs for every sequence of every pipelined step.
-        let may = self.draft_limit().is_some()
-            && self.draft_room(id).is_some()
-            && self.live.get(&id).is_some_and(|l| l.backoff.is_open());
-        may && match spec.drafter {
-            Drafter::Ngram => !ngram::propose(&seq.tokens, 1, spec.ngram).is_empty(),
-            // A draft model always has a guess.
-            Drafter::Model => self.draft.is_some(),
+        let may =
+            l.backoff.is_open() && self.draft_room(id).is_some() && self.draft_limit().is_some();
+        if !may {
+            return false;
+        }
+        if !l.req.prediction.is_empty() {
+            let reply = &seq.tokens[l.req.prompt.len().min(seq.tokens.len())..];
+            return !prediction::propose(reply, &l.req.prediction, l.prediction_at, 1).0.is_empty();
+        }
+        match self.spec.map(|s| s.drafter) {
+            Some(Drafter::Ngram) => {
+                let cfg = self.spec.map(|s| s.ngram).unwrap_or_default();
+                !ngram::propose(&seq.tokens, 1, cfg).is_empty()
+            }
+            // A draft model or head always has a guess.
+            Some(Drafter::Model) => self.draft.is_some(),
+            Some(Drafter::Eagle) => self.eagle.is_some(),
+            None => false,
         }
     }
 
@@ -118,4 +157,60 @@ impl Core {
             tracing::warn!("draft model: {e:#}");
         }
     }
+
+    /// Installs the drafter `load` built: a draft model, or an EAGLE-3 head (whose taps the
+    /// runner then keeps; its steps are not pipelined, since each step's taps are read before
+    /// the next one is planned).
+    pub(super) fn attach_draft(
+        &mut self,
+        draft: crate::engine::spec::Draft,
+        cfg: &crate::engine::core::EngineConfig,
+    ) -> anyhow::Result<()> {
+        use crate::engine::spec::{Draft, draft::DraftModel, eagle::EagleDrafter};
+        match draft {
+            Draft::Model(d) => {
+                let vocab = self.runner.model.vocab_size();
+                self.draft = Some(DraftModel::new(d, cfg, vocab)?);
+            }
+            Draft::Eagle(head) => {
+                let e = EagleDrafter::new(*head, cfg, self.runner.model.tap_layers())?;
+                self.runner.taps = e.taps().to_vec();
+                self.pipelined = false;
+                self.eagle = Some(e);
+                if let Some(s) = &mut self.spec {
+                    s.drafter = Drafter::Eagle;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the step's taps to the EAGLE-3 head, each chunk's rows to its sequence.
+    pub(super) fn record_taps(&mut self, chunks: &[crate::engine::scheduler::Chunk]) {
+        let (Some(e), Some(taps)) = (&mut self.eagle, self.runner.last_taps.take()) else {
+            return;
+        };
+        let mut row = 0;
+        for c in chunks {
+            let rows = taps.narrow(0, row, c.len).map_err(anyhow::Error::from);
+            if let Err(err) = rows.and_then(|r| e.record(c.id, c.start, r)) {
+                tracing::warn!("EAGLE-3 head: {err:#}");
+            }
+            row += c.len;
+        }
+    }
+
+    /// The EAGLE-3 head runs what it can of sequence `id` now: after its prompt (`prefilled`),
+    /// or when its taps have piled up (a sequence that has not drafted for a while).
+    pub(super) fn eagle_catch_up(&mut self, id: u64, prefilled: bool) {
+        let (Some(e), Some(seq)) = (&mut self.eagle, self.sched.get(id)) else { return };
+        if (prefilled || e.pending_rows(id) >= EAGLE_PENDING_ROWS)
+            && let Err(err) = e.catch_up(id, &seq.tokens)
+        {
+            tracing::warn!("EAGLE-3 head: {err:#}");
+        }
+    }
 }
+
+/// Taps a sequence keeps waiting at most before the head runs them (each `3 · hidden` f32s).
+const EAGLE_PENDING_ROWS: usize = 64;

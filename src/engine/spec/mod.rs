@@ -11,7 +11,10 @@
 //! distribution; `../shared/docs/spec-decoding.md` §1.3).
 //!
 //! - [`ngram`]: prompt lookup over the sequence's own tokens;
-//! - [`draft`]: a smaller model with the same tokenizer, run greedily beside the target.
+//! - [`draft`]: a smaller model with the same tokenizer, run greedily beside the target;
+//! - [`eagle`]: an EAGLE-3 head on the target's hidden states;
+//! - [`prediction`]: lookup in the text a request says its reply will repeat (OpenAI's
+//!   Predicted Outputs), for that request, with or without an engine drafter.
 //! - [`Backoff`]: when a sequence's drafts keep failing it drafts less often.
 //!
 //! The engine (`core.rs`) asks for drafts before each step for the sequences that may take one
@@ -19,7 +22,9 @@
 //! [`accepted`] decides what the sampled rows keep.
 
 pub mod draft;
+pub mod eagle;
 pub mod ngram;
+pub mod prediction;
 
 pub use ngram::NgramConfig;
 
@@ -30,6 +35,14 @@ pub enum Drafter {
     Ngram,
     /// A smaller model with the same tokenizer, loaded beside the target ([`draft`]).
     Model,
+    /// An EAGLE-3 head reading the target's hidden states ([`eagle`]).
+    Eagle,
+}
+
+/// What `--draft MODEL|HEAD` loads beside the model.
+pub enum Draft {
+    Model(Box<dyn crate::models::batch::BatchModel>),
+    Eagle(Box<crate::models::eagle3::Eagle3Head>),
 }
 
 /// Speculation settings of an engine.
@@ -55,6 +68,18 @@ impl SpecConfig {
     /// Drafts of up to `draft_tokens` tokens from a draft model.
     pub fn model(draft_tokens: usize) -> anyhow::Result<SpecConfig> {
         Ok(SpecConfig { drafter: Drafter::Model, ..SpecConfig::ngram(draft_tokens)? })
+    }
+
+    /// What an engine without a drafter speculates with while a request carries a prediction:
+    /// up to 8 tokens a step (a prediction's runs are long; a GPU verifies fewer, by
+    /// [`crate::models::batch::BatchModel::invariant_rows`]).
+    pub fn for_predictions() -> SpecConfig {
+        SpecConfig {
+            drafter: Drafter::Ngram,
+            draft_tokens: 8,
+            max_batch: 8,
+            ngram: NgramConfig::default(),
+        }
     }
 
     /// N-gram drafting of up to `draft_tokens` tokens, with the default limits.
@@ -84,7 +109,8 @@ pub fn accepted(drafts: &[u32], sampled: &[u32]) -> usize {
 /// A sequence's draft throttle: after a verify step that accepted nothing, the sequence skips
 /// drafting for a number of its steps that doubles with each miss in a row, up to a cap (a step
 /// that accepts anything resets the doubling). A wrong n-gram draft costs about one decode step,
-/// so its skips start at 1 and stop at 64; a wrong draft model's costs its `k` draft steps and a
+/// so its skips start at 1 and stop at 64 (an EAGLE-3 head's too: its `k` passes cost a
+/// fraction of a decode step each); a wrong draft model's costs its `k` draft steps and a
 /// verify, so its skips start at `8 · k` and stop at 512. Either way a sequence whose drafts all
 /// fail spends a bounded share of its steps on them (measured in docs/performance.md).
 #[derive(Debug, Clone)]
@@ -104,6 +130,13 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// The throttle for drafts from a request's prediction: a miss costs a verify step, as an
+    /// n-gram's does, but the skips stop at 8: a reply often leaves its prediction for a while
+    /// (gpt-oss's reasoning, an edited passage) and comes back to it, and then every step counts.
+    pub fn for_prediction() -> Backoff {
+        Backoff { max: 8, ..Backoff::default() }
+    }
+
     /// The throttle for drafts from `spec`'s drafter (the default without speculation).
     pub fn for_spec(spec: Option<&SpecConfig>) -> Backoff {
         match spec {

@@ -16,7 +16,7 @@ use crate::dist::collective::sum_over;
 use crate::kernels::{
     PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged,
 };
-use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput};
+use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput, Taps};
 
 impl BatchModel for GptOss {
     fn kv_shape(&self) -> KvShape {
@@ -27,7 +27,13 @@ impl BatchModel for GptOss {
         self.set_kv(kv);
     }
 
-    fn forward_batch(&self, step: &StepInput, kv: &KvPool) -> anyhow::Result<Tensor> {
+    fn forward_taps(
+        &self,
+        step: &StepInput,
+        kv: &KvPool,
+        taps: &[usize],
+    ) -> anyhow::Result<(Tensor, Option<Tensor>)> {
+        let mut taps = Taps::new(taps);
         let cfg = self.config();
         let w = self.weights();
         let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
@@ -51,6 +57,7 @@ impl BatchModel for GptOss {
                 false,
             )?;
             x = normed.x;
+            taps.see(n, &x);
             let h = normed.h;
             // q, k, v in one product kept in f32; bias, RoPE and the pool stores in one launch.
             let q = qkv_rope_paged(
@@ -97,8 +104,18 @@ impl BatchModel for GptOss {
         if let Some(m) = mlp_out {
             x = (x + m)?;
         }
+        taps.see(w.layers.len(), &x);
         let last = x.index_select(&step.logit_rows, 0)?;
-        w.head.gathered_logits(&last, self.comm(), cfg.vocab_size)
+        let logits = w.head.gathered_logits(&last, self.comm(), cfg.vocab_size)?;
+        Ok((logits, taps.finish()?))
+    }
+
+    fn tap_layers(&self) -> usize {
+        self.weights().layers.len()
+    }
+
+    fn embedding(&self) -> &Tensor {
+        &self.weights().embed
     }
 
     fn vocab_size(&self) -> usize {

@@ -14,7 +14,7 @@ use crate::kernels::{
     PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, matmul_swiglu_bf16, paged_attention,
     qkv_rope_paged, silu_mul_to,
 };
-use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput};
+use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput, Taps};
 use crate::models::linear::Linear;
 
 impl BatchModel for Llama {
@@ -26,7 +26,13 @@ impl BatchModel for Llama {
         self.set_kv(kv);
     }
 
-    fn forward_batch(&self, step: &StepInput, kv: &KvPool) -> anyhow::Result<Tensor> {
+    fn forward_taps(
+        &self,
+        step: &StepInput,
+        kv: &KvPool,
+        taps: &[usize],
+    ) -> anyhow::Result<(Tensor, Option<Tensor>)> {
+        let mut taps = Taps::new(taps);
         let cfg = self.config();
         let w = self.weights();
         let (cos, sin) = self.rope_f32();
@@ -56,6 +62,7 @@ impl BatchModel for Llama {
             let normed = norm(&x, mlp_out.as_ref(), None, &layer.attn_norm)?;
             let h = normed.h;
             x = normed.x;
+            taps.see(n, &x);
             // q, k, v in f32 with their biases (Llama has none; some derivatives do): one
             // product where the weights could be fused.
             let qkv = match fused.and_then(|f| f.qkv.as_ref()) {
@@ -121,8 +128,18 @@ impl BatchModel for Llama {
         if let Some(m) = mlp_out {
             x = (x + m)?;
         }
+        taps.see(w.layers.len(), &x);
         let last = x.index_select(&step.logit_rows, 0)?;
-        w.head.gathered_logits(&last, self.comm(), cfg.vocab_size)
+        let logits = w.head.gathered_logits(&last, self.comm(), cfg.vocab_size)?;
+        Ok((logits, taps.finish()?))
+    }
+
+    fn tap_layers(&self) -> usize {
+        self.weights().layers.len()
+    }
+
+    fn embedding(&self) -> &Tensor {
+        &self.weights().embed
     }
 
     fn vocab_size(&self) -> usize {

@@ -90,6 +90,7 @@ pub fn parse(body: &[u8], count: bool) -> Result<MessagesRequest, ApiError> {
         tool_choice,
         reasoning_effort: Some(effort(&o)?.to_string()),
         reasoning: None,
+        prediction: None,
     };
     Ok(MessagesRequest { chat, stream, format })
 }

@@ -79,6 +79,7 @@ fn prepare(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prep
         tool_choice: None,
         reasoning_effort: checked.effort.map(str::to_string),
         reasoning: None,
+        prediction: None,
     };
     let date = chat.common.x_inferno_date.as_deref().filter(|_| state.hooks);
     let structured = constraint::from_parts(
@@ -161,6 +162,7 @@ async fn run(
         max_tokens: clip_max_tokens(s.max_tokens, p.prompt.len(), p.ready.engine.context()),
         forced: hooks::forced_reply(state, &p.ready, &p.chat.common)?,
         forced_prefix: hooks::forced_prefix(state, &p.ready, &p.chat.common)?,
+        prediction: Vec::new(),
         constraint,
         tools: if p.ready.harmony { Vec::new() } else { super::prompt::tool_names(&p.chat) },
         prompt: p.prompt.clone(),
