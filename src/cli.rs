@@ -320,6 +320,18 @@ pub struct DeviceArgs {
     /// Run on the CPU (debugging and tests only; slow). Never chosen implicitly.
     #[arg(long)]
     pub cpu: bool,
+    /// KV cache storage: bf16 (the compute dtype's), fp8 (E4M3) or int8, the 8-bit ones with a
+    /// power-of-two scale per token and kv head: about twice the tokens in the same memory, int8
+    /// the closer to bf16 (the CPU emulates both).
+    #[arg(long, value_name = "DTYPE", default_value = "bf16")]
+    pub kv_dtype: String,
+}
+
+impl DeviceArgs {
+    /// `--kv-dtype`, parsed.
+    pub fn kv_dtype(&self) -> anyhow::Result<crate::models::batch::KvDtype> {
+        crate::models::batch::KvDtype::parse(&self.kv_dtype)
+    }
 }
 
 /// `--step-tokens`: 16 to 8,192 (a step's intermediates grow with it; the memory plan counts

@@ -27,6 +27,7 @@ use inferno::engine::Session;
 use inferno::engine::core::{BLOCK_SIZE, Engine, EngineConfig};
 use inferno::generate::{Sampler, SamplerConfig};
 use inferno::load::{self, LoadOptions};
+use inferno::models::batch::KvDtype;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -52,8 +53,8 @@ fn small_engine() -> EngineConfig {
     }
 }
 
-fn gpt_oss(device: &Device, dtype: DType) -> Engine {
-    let opts = LoadOptions { dtype: Some(dtype), context: Some(CONTEXT), dummy: false };
+fn gpt_oss(device: &Device, dtype: DType, kv_dtype: KvDtype) -> Engine {
+    let opts = LoadOptions { dtype: Some(dtype), context: Some(CONTEXT), dummy: false, kv_dtype };
     let path = gpt_oss_dir();
     let (engine, _) =
         load::start(path.to_str().expect("utf-8 path"), &opts, device, |_| small_engine())
@@ -62,11 +63,16 @@ fn gpt_oss(device: &Device, dtype: DType) -> Engine {
 }
 
 /// A maker of engines over identical tiny Llamas (random weights, full attention only).
-fn llama(device: &Device) -> impl Fn() -> Engine {
+fn llama(device: &Device, kv_dtype: KvDtype) -> impl Fn() -> Engine {
     let make = Arc::new(common::tiny_llama(device, CONTEXT));
     move || {
         let make = make.clone();
-        Engine::start(move || Ok((make(), small_engine(), ()))).expect("tiny llama engine").0
+        let model = move || {
+            let mut model = make();
+            model.set_kv_dtype(kv_dtype);
+            model
+        };
+        Engine::start(move || Ok((model(), small_engine(), ()))).expect("tiny llama engine").0
     }
 }
 
@@ -188,7 +194,7 @@ fn run_trials(make: &dyn Fn() -> Engine, trials: usize, seed: u64) -> Coverage {
 fn gpt_oss_reused_cache_equals_fresh_cpu_f32() {
     let seed = seed();
     eprintln!("seed {seed}");
-    let cov = run_trials(&|| gpt_oss(&Device::Cpu, DType::F32), 60, seed);
+    let cov = run_trials(&|| gpt_oss(&Device::Cpu, DType::F32, KvDtype::Compute), 60, seed);
     eprintln!("{cov:?}");
     assert!(cov.early > 0 && cov.last_block > 0 && cov.prompt_end > 0, "seed {seed}: {cov:?}");
     assert!(
@@ -203,9 +209,39 @@ fn gpt_oss_reused_cache_equals_fresh_cpu_f32() {
 fn llama_reused_cache_equals_fresh_cpu_f32() {
     let seed = seed();
     eprintln!("seed {seed}");
-    let cov = run_trials(&llama(&Device::Cpu), 30, seed);
+    let cov = run_trials(&llama(&Device::Cpu, KvDtype::Compute), 30, seed);
     eprintln!("{cov:?}");
     assert!(cov.reused > 0, "no trial reused the cache (seed {seed}, {cov:?})");
+}
+
+/// FP8 KV (`--kv-dtype fp8`): a cached block holds its codes and their scales, reused as they
+/// are, so the same trials hold with both models.
+#[test]
+fn reused_cache_equals_fresh_cpu_fp8_kv() {
+    let seed = seed();
+    eprintln!("seed {seed}");
+    let cov = run_trials(&|| gpt_oss(&Device::Cpu, DType::F32, KvDtype::Fp8), 30, seed);
+    eprintln!("gpt-oss {cov:?}");
+    assert!(cov.reused_released_window > 0, "no trial reused a released window (seed {seed})");
+    let cov = run_trials(&llama(&Device::Cpu, KvDtype::Fp8), 20, seed);
+    eprintln!("llama {cov:?}");
+    assert!(cov.reused > 0, "no trial reused the cache (seed {seed}, {cov:?})");
+    let cov = run_trials(&|| gpt_oss(&Device::Cpu, DType::F32, KvDtype::Int8), 20, seed);
+    eprintln!("gpt-oss int8 {cov:?}");
+    assert!(cov.reused > 0, "no trial reused the cache (seed {seed}, {cov:?})");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
+fn gpt_oss_reused_cache_equals_fresh_gpu_fp8_kv_decode_graph() {
+    let device = Device::new_cuda(0).expect("CUDA device");
+    let seed = seed();
+    eprintln!("seed {seed}");
+    for kv in [KvDtype::Fp8, KvDtype::Int8] {
+        let cov = run_trials(&|| gpt_oss(&device, DType::BF16, kv), 60, seed);
+        eprintln!("{kv:?} {cov:?}");
+        assert!(cov.reused_released_window > 0, "no trial reused a released window ({seed})");
+    }
 }
 
 #[test]
@@ -215,7 +251,7 @@ fn gpt_oss_reused_cache_equals_fresh_gpu_bf16_decode_graph() {
     let seed = seed();
     eprintln!("seed {seed}");
     // The decode steps are replays of the captured CUDA graph (on by default on a GPU).
-    let cov = run_trials(&|| gpt_oss(&device, DType::BF16), 60, seed);
+    let cov = run_trials(&|| gpt_oss(&device, DType::BF16, KvDtype::Compute), 60, seed);
     eprintln!("{cov:?}");
     assert!(cov.reused_released_window > 0, "no trial reused a released window (seed {seed})");
 }
@@ -247,7 +283,12 @@ fn harmony_two_turns(device: &Device, dtype: DType) {
     let enc = HarmonyEncoding::new(&tokenizer).unwrap();
     // Play's engine: one sequence, the production step budget (512).
     let make = || -> Engine {
-        let opts = LoadOptions { dtype: Some(dtype), context: Some(2048), dummy: false };
+        let opts = LoadOptions {
+            dtype: Some(dtype),
+            context: Some(2048),
+            dummy: false,
+            kv_dtype: Default::default(),
+        };
         load::start(dir.to_str().unwrap(), &opts, device, |_| EngineConfig::single(2048))
             .expect("engine")
             .0

@@ -206,7 +206,12 @@ fn start_with(on: On, model: &Path, max_seqs: usize, head: Option<&Path>, budget
         pipeline: inferno::switches::pipeline(),
         spec,
     };
-    let opts = LoadOptions { dtype: Some(dtype), context: Some(CONTEXT), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(dtype),
+        context: Some(CONTEXT),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let model = model.to_str().expect("utf-8");
     let head = head.map(|h| h.to_str().expect("utf-8").to_string());
     load::start_with_draft(model, head.as_deref(), &opts, &dev, move |_| cfg).expect("engine").0
@@ -381,7 +386,12 @@ struct Target {
 
 impl Target {
     fn new(model: &Path) -> Target {
-        let opts = LoadOptions { dtype: Some(DType::F32), context: Some(CONTEXT), dummy: false };
+        let opts = LoadOptions {
+            dtype: Some(DType::F32),
+            context: Some(CONTEXT),
+            dummy: false,
+            kv_dtype: Default::default(),
+        };
         let m = load::load(model.to_str().expect("utf-8"), &opts, &Device::Cpu).expect("model");
         let model = m.split().0;
         let shape = model.kv_shape();
@@ -541,7 +551,12 @@ fn chunked_prompts_and_a_continued_conversation() {
 fn a_head_for_another_model_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_head(dir.path(), &fixture("llama3_tiny"), Layout::SpecForge, Weights::Random, None);
-    let opts = LoadOptions { dtype: Some(DType::F32), context: Some(CONTEXT), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(DType::F32),
+        context: Some(CONTEXT),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let cfg = EngineConfig {
         spec: Some(SpecConfig::model(3).expect("k")),
         ..EngineConfig::single(CONTEXT)

@@ -32,7 +32,12 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn opts() -> LoadOptions {
-    LoadOptions { dtype: Some(DType::F32), context: Some(CONTEXT), dummy: false }
+    LoadOptions {
+        dtype: Some(DType::F32),
+        context: Some(CONTEXT),
+        dummy: false,
+        kv_dtype: Default::default(),
+    }
 }
 
 /// An engine on the CPU; a small token budget so prompts go in several chunks and mix with

@@ -100,7 +100,12 @@ fn engine_step_logits(path: &Path, dev: &Device) -> Vec<Vec<f32>> {
     use inferno::models::batch::KvPool;
     const BLOCK: usize = 16;
     let tokens = tokens();
-    let opts = LoadOptions { dtype: None, context: Some(CONTEXT), dummy: false };
+    let opts = LoadOptions {
+        dtype: None,
+        context: Some(CONTEXT),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let loaded = inferno::load::load(path.to_str().expect("path"), &opts, dev).expect("load");
     let model = loaded.split().0;
     let shape = model.kv_shape();

@@ -125,7 +125,12 @@ fn dequantized_checkpoint(src: &Path, dst: &Path, unit_scales: bool) {
 /// the first `1 + 4·s` tokens as its prompt. Each request's argmax after each of its positions
 /// from its prompt's last on (the first out of the prefill, the others out of decode steps).
 fn forced_argmax(path: &Path, seqs: &[Vec<u32>], dtype: DType, device: &Device) -> Vec<Vec<u32>> {
-    let opts = LoadOptions { dtype: Some(dtype), context: Some(CONTEXT), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(dtype),
+        context: Some(CONTEXT),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let n = seqs.len();
     let cfg = EngineConfig {
         max_seqs: n,

@@ -80,7 +80,12 @@ fn logits_match_transformers() {
 /// The batched engine (the path play, bench and serve take) gives transformers' greedy tokens.
 #[test]
 fn the_engine_gives_the_same_tokens() {
-    let opts = LoadOptions { dtype: Some(DType::F32), context: Some(CONTEXT), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(DType::F32),
+        context: Some(CONTEXT),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     for (name, _) in FORMATS {
         let fx = reference(name);
         let cfg = EngineConfig {

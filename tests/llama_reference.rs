@@ -138,7 +138,12 @@ fn a_prompt_longer_than_the_context_is_refused() {
     use inferno::engine::core::EngineConfig;
     use inferno::engine::request::Request;
     use inferno::load::LoadOptions;
-    let opts = LoadOptions { dtype: Some(DType::F32), context: Some(8), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(DType::F32),
+        context: Some(8),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let dir = hf_checkpoint();
     let (engine, _) = inferno::load::start(dir.to_str().unwrap(), &opts, &Device::Cpu, |i| {
         EngineConfig::single(i.context)
@@ -229,7 +234,12 @@ fn gpu_bf16_engine_teacher_forced_agreement_is_at_least_98_percent() {
     let fx = fixture();
     let tokens = ids(&fx["teacher_forced"]["ids"]);
     let want = ids(&fx["teacher_forced"]["argmax"]);
-    let opts = LoadOptions { dtype: Some(DType::BF16), context: Some(1024), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(DType::BF16),
+        context: Some(1024),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let dir = hf_checkpoint();
     let loaded = inferno::load::load(dir.to_str().unwrap(), &opts, &dev).unwrap();
     let mut model = OneSeq::new(loaded.split().0);

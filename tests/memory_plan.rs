@@ -189,7 +189,8 @@ fn measure(
     let free = || inferno::gpu::memory(device).expect("free memory").0;
     device.synchronize().unwrap();
     let (free0, used0) = (free(), pool.used());
-    let opts = LoadOptions { dtype: None, context: Some(context), dummy };
+    let opts =
+        LoadOptions { dtype: None, context: Some(context), dummy, kv_dtype: Default::default() };
     let loaded = load::load(name, &opts, device).expect("load");
     let info = loaded.info.clone();
     // The KV pool an engine of one sequence allocates.

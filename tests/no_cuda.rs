@@ -381,7 +381,12 @@ fn doctor_without_the_driver_reports_the_cache_and_the_fix() {
     let problems = v["problems"].to_string();
     assert!(problems.contains("INFERNO_PDL=maybe is not accepted"), "{problems}");
     // The model's plan is the loader's: the same numbers `play` checks before loading.
-    let opts = inferno::load::LoadOptions { dtype: None, context: None, dummy: false };
+    let opts = inferno::load::LoadOptions {
+        dtype: None,
+        context: None,
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let (_, spec) = inferno::load::prepare(
         &snapshot.to_string_lossy(),
         &opts,

@@ -22,7 +22,12 @@ use rand::{Rng, SeedableRng};
 fn start(model: &str, pipelined: bool) -> Engine {
     let (device, _) = inferno::gpu::open(0).expect("a CUDA device");
     let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures")).join(model);
-    let opts = LoadOptions { dtype: Some(DType::BF16), context: Some(512), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(DType::BF16),
+        context: Some(512),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let cfg = EngineConfig {
         max_seqs: 4,
         kv_tokens: 2048,

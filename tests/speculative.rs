@@ -83,7 +83,12 @@ fn start_with(
         pipeline: inferno::switches::pipeline(),
         spec,
     };
-    let opts = LoadOptions { dtype: Some(dtype), context: Some(context), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(dtype),
+        context: Some(context),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     load::start(model, &opts, &dev, move |_| cfg).expect("engine").0
 }
 
@@ -435,7 +440,12 @@ fn draft_model_lossless(on: On) {
             pipeline: inferno::switches::pipeline(),
             spec: Some(SpecConfig { max_batch: usize::MAX, ..SpecConfig::model(3).expect("k") }),
         };
-        let opts = LoadOptions { dtype: Some(dtype), context: Some(CONTEXT), dummy: false };
+        let opts = LoadOptions {
+            dtype: Some(dtype),
+            context: Some(CONTEXT),
+            dummy: false,
+            kv_dtype: Default::default(),
+        };
         load::start_with_draft(&model, Some(&model), &opts, &dev, move |_| cfg).expect("engine").0
     };
     let (plain, _) = run_alone(on, &model, &cases, 0);
@@ -454,7 +464,12 @@ fn draft_model_lossless(on: On) {
 #[test]
 fn a_draft_with_another_vocabulary_is_refused() {
     let (model, draft) = (fixture("llama3_tiny"), fixture("gpt_oss_tiny"));
-    let opts = LoadOptions { dtype: Some(DType::F32), context: Some(CONTEXT), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(DType::F32),
+        context: Some(CONTEXT),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let cfg = EngineConfig {
         spec: Some(SpecConfig::model(3).expect("k")),
         ..EngineConfig::single(CONTEXT)
@@ -481,7 +496,12 @@ fn a_draft_with_another_tokenizer_is_refused() {
         .expect("inferno convert");
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
     let draft = dir.path().to_str().expect("utf-8 path").to_string();
-    let opts = LoadOptions { dtype: Some(DType::F32), context: Some(256), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(DType::F32),
+        context: Some(256),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let engine = |draft: &str| {
         let cfg = EngineConfig {
             spec: Some(SpecConfig::model(2).expect("k")),

@@ -164,7 +164,12 @@ const CONTEXT: usize = 256;
 
 fn engine(max_seqs: usize) -> Engine {
     let path = fixture("llama3_tiny/model.gguf");
-    let opts = LoadOptions { dtype: Some(DType::F32), context: Some(CONTEXT), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(DType::F32),
+        context: Some(CONTEXT),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let cfg = EngineConfig {
         max_seqs,
         kv_tokens: 4096,

@@ -20,7 +20,12 @@ const PROMPT: [u32; 21] =
 const DECODE: usize = 12;
 
 fn opts() -> LoadOptions {
-    LoadOptions { dtype: Some(DType::F32), context: Some(64), dummy: false }
+    LoadOptions {
+        dtype: Some(DType::F32),
+        context: Some(64),
+        dummy: false,
+        kv_dtype: Default::default(),
+    }
 }
 
 /// What rank 0 saw: the prompt's logits `[len, vocab]`, then each greedy step's.

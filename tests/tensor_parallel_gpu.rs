@@ -84,7 +84,12 @@ fn check(make: impl FnOnce() -> tempfile::TempDir, dtype: DType, vocab: u32, tol
     let role = ranks::role(2, 0, false).expect("rank role");
     let dir = make();
     let name = dir.path().to_str().unwrap();
-    let opts = LoadOptions { dtype: Some(dtype), context: Some(256), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(dtype),
+        context: Some(256),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let device = Device::new_cuda(0).expect("GPU 0");
     let (tp_engine, info) =
         load::start_group(name, None, &opts, &device, role, size).expect("TP2 engine");

@@ -249,7 +249,12 @@ fn chat_session(name: &str, opts: &LoadOptions) -> (Session, TextSide) {
 /// The tiny gpt-oss checkpoint with the full vocabulary, in a session, and its text side.
 fn gpt_oss_chat() -> (Session, TextSide) {
     let dir = common::tiny_gpt_oss_full_vocab();
-    let opts = LoadOptions { dtype: Some(DType::F32), context: Some(512), dummy: false };
+    let opts = LoadOptions {
+        dtype: Some(DType::F32),
+        context: Some(512),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     chat_session(dir.to_str().unwrap(), &opts)
 }
 
@@ -333,7 +338,8 @@ fn a_failed_turn_leaves_the_history_as_it_was() {
 #[test]
 fn plain_template_events_are_the_streamed_text() {
     let gguf = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
-    let opts = LoadOptions { dtype: None, context: Some(512), dummy: false };
+    let opts =
+        LoadOptions { dtype: None, context: Some(512), dummy: false, kv_dtype: Default::default() };
     let (mut session, text) = chat_session(gguf.to_str().unwrap(), &opts);
     let mut dialogue =
         Dialogue::for_model(&text, Some("Answer briefly.".into()), false, ReasoningEffort::Low);

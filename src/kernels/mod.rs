@@ -21,6 +21,8 @@
 //!   (GEMVs per slot for one token, expert-major tensor-core GEMVs for batched decode, tensor-core
 //!   GEMMs batched by expert for prefill).
 //! - [`mxfp4`]: FP4/E8M0 decoding for references and tests.
+//! - [`kv_fp8`]: the 8-bit KV caches' codes (E4M3, INT8) and scales (`--kv-dtype fp8|int8`), for
+//!   the references and tests.
 //! - [`matmul_f32_out()`], [`matmul_hi_lo()`]: the LM head's product with an f32 result
 //!   (cuBLAS, or our tensor-core GEMV `gemv_bf16` for decode steps' few rows), from an f32
 //!   input carried as two bf16 halves.
@@ -43,6 +45,7 @@
 pub mod all_reduce;
 pub mod argmax;
 pub mod invariance;
+pub mod kv_fp8;
 pub mod layer_norm_act;
 pub mod matmul_f32_out;
 pub mod mxfp4;

@@ -16,7 +16,7 @@ use crate::dist::{Collective, Shard};
 use crate::engine::core::{Built, Engine, EngineConfig};
 use crate::error::{ErrorKind, fail};
 use crate::gpu::{self, GpuInfo};
-use crate::models::batch::BatchModel;
+use crate::models::batch::{BatchModel, KvDtype};
 use crate::models::gpt_oss;
 use crate::models::llama::load::{self, GgufFile};
 use crate::models::llama::model::RopeStyle;
@@ -60,6 +60,8 @@ pub struct LoadOptions {
     pub dtype: Option<DType>,
     pub context: Option<usize>,
     pub dummy: bool,
+    /// How the KV cache stores keys and values (`--kv-dtype`): the plan counts its bytes.
+    pub kv_dtype: KvDtype,
 }
 
 /// A model on its device, with what the banner and benchmarks report.
@@ -75,6 +77,8 @@ pub struct ModelInfo {
     pub name: String,
     pub format: String,
     pub dtype: DType,
+    /// The KV pool's dtype ([`plan::kv_dtype_name`] says it).
+    pub kv_dtype: DType,
     pub context: usize,
     pub max_context: usize,
     /// No `--context` was given and the model's full context did not fit: `context` is the
@@ -169,7 +173,8 @@ pub fn start_group(
         let world = leader.rv.world;
         let context = rank_context(&name, &opts, &device, world)?;
         let dtype = opts.dtype.map(|d| d.as_str().to_string());
-        let (comm, group) = leader.join(&name, dtype, context, opts.dummy, &device)?;
+        let (comm, group) =
+            leader.join(&name, dtype, context, (opts.dummy, opts.kv_dtype), &device)?;
         let opts = LoadOptions { context: Some(context), ..opts };
         let (model, info) = load_rank(&name, &opts, &device, comm)?.split();
         let cfg = size(&info);
@@ -308,7 +313,8 @@ fn load_with(
         Some(c) => build_rank(&source, &whole, &spec, device, c),
         None => build(&source, &spec, device),
     };
-    let model = built.map_err(|e| out_of_memory(e, name, &plan, budget))?;
+    let mut model = built.map_err(|e| out_of_memory(e, name, &plan, budget))?;
+    model.set_kv_dtype(spec.kv_dtype);
     let after = gpu::memory(device);
     let device_bytes = match (before, after) {
         (Some((free_before, _)), Some((free_after, _))) => {
@@ -321,6 +327,7 @@ fn load_with(
         source,
         name: name.to_string(),
         dtype: spec.dtype,
+        kv_dtype: spec.kv_pool_dtype(),
         context: spec.context,
         max_context: spec.max_context,
         context_fitted: spec.context < full,

@@ -11,12 +11,12 @@
 //! allowance (see [`Target::runtime_bytes`]).
 //!
 //! Without loading anything, e.g. for "does this cached model fit on this GPU at its default
-//! context": `load::prepare(id, &LoadOptions { dtype: None, context: None, dummy: false },
+//! context": `load::prepare(id, &LoadOptions { dtype: None, context: None, dummy: false, kv_dtype: Default::default() },
 //! Target::Gpu)` gives the [`Spec`]; `spec.plan(spec.context)` the bytes, and
 //! `spec.check(id, Some(&Budget { free, target: Target::Gpu }), false)` the plan or the
 //! one-line refusal with the largest context that fits.
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 
 use super::spec::Spec;
 use crate::error::{ErrorKind, fail};
@@ -57,12 +57,23 @@ impl Target {
     }
 }
 
+/// A KV dtype as the plan and bench say it: `bf16`, `f32`, `fp8`, `int8`.
+pub fn kv_dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F8E4M3 => "fp8",
+        DType::U8 => "int8",
+        other => other.as_str(),
+    }
+}
+
 /// Bytes needed at one context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryPlan {
     pub context: usize,
     pub weights: u64,
     pub kv_cache: u64,
+    /// The KV cache's dtype (what [`MemoryPlan::parts`] says of it).
+    pub kv_dtype: DType,
     pub rope_tables: u64,
     pub workspace: u64,
     pub runtime: u64,
@@ -83,9 +94,10 @@ impl MemoryPlan {
     /// The terms, e.g. `weights 12.8 GiB, KV cache 204.0 MiB, …`.
     pub fn parts(&self) -> String {
         format!(
-            "weights {}, KV cache {}, RoPE tables {}, workspace {}, {} {}",
+            "weights {}, KV cache {} ({}), RoPE tables {}, workspace {}, {} {}",
             iec(self.weights),
             iec(self.kv_cache),
+            kv_dtype_name(self.kv_dtype),
             iec(self.rope_tables),
             iec(self.workspace),
             self.target.runtime_name(),
@@ -106,6 +118,7 @@ impl MemoryPlan {
             "context": self.context,
             "weights_bytes": self.weights,
             "kv_cache_bytes": self.kv_cache,
+            "kv_dtype": kv_dtype_name(self.kv_dtype),
             "rope_tables_bytes": self.rope_tables,
             "workspace_bytes": self.workspace,
             "runtime_bytes": self.runtime,

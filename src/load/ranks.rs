@@ -155,6 +155,7 @@ struct Setup {
     dtype: Option<String>,
     context: usize,
     dummy: bool,
+    kv_dtype: crate::models::batch::KvDtype,
 }
 
 /// Rank 0 → others: the engine's size, for a KV pool of the same blocks.
@@ -205,12 +206,13 @@ impl Leader {
         model: &str,
         dtype: Option<String>,
         context: usize,
-        dummy: bool,
+        (dummy, kv_dtype): (bool, crate::models::batch::KvDtype),
         device: &candle_core::Device,
     ) -> anyhow::Result<(Arc<dyn crate::dist::Collective>, Group)> {
         let conns = self.accept()?;
         let id = nccl_id()?;
-        let setup = Setup { nccl_id: id.to_vec(), model: model.into(), dtype, context, dummy };
+        let setup =
+            Setup { nccl_id: id.to_vec(), model: model.into(), dtype, context, dummy, kv_dtype };
         let mut group =
             Group { conns, children: std::mem::take(&mut self.children), stopping: Arc::default() };
         for (_, c) in &mut group.conns {
@@ -508,6 +510,7 @@ mod follower {
             dtype: setup.dtype.as_deref().map(crate::load::parse_dtype).transpose()?,
             context: Some(setup.context),
             dummy: setup.dummy,
+            kv_dtype: setup.kv_dtype,
         };
         let loaded = crate::load::load_rank(&setup.model, &opts, &device, comm);
         let model = answer(&mut conn, rv.rank, loaded)?.model;

@@ -12,6 +12,7 @@ use super::plan::{MemoryPlan, Target};
 use super::{LoadOptions, Source};
 use crate::engine::core::{BLOCK_SIZE, DEFAULT_TOKEN_BUDGET, EngineConfig, pool_groups};
 use crate::error::{ErrorKind, fail};
+use crate::models::batch::KvDtype;
 use crate::models::gpt_oss::{self, GptOssConfig};
 use crate::models::llama::{self, LlamaConfig, load::GgufFile};
 use crate::models::memory::{FileTensors, safetensors_tensors};
@@ -27,6 +28,8 @@ pub enum Arch {
 pub struct Spec {
     pub arch: Arch,
     pub dtype: DType,
+    /// How the KV cache stores keys and values.
+    pub kv_dtype: KvDtype,
     /// The KV-cache size in positions.
     pub context: usize,
     /// The context the model was trained for.
@@ -40,7 +43,7 @@ impl Spec {
     /// Reads the config and the weights' headers of `source` (no tensor data) and decides what
     /// to load for `opts` on `target`.
     pub fn read(source: &Source, opts: &LoadOptions, target: Target) -> anyhow::Result<Spec> {
-        match source {
+        let spec = match source {
             Source::HfDir(dir) => {
                 let (kind, text) = model_type(&dir.join("config.json"))?;
                 Spec::from_config(&text, &kind, Some(&checkpoint_tensors(dir)?), opts, target)
@@ -50,7 +53,26 @@ impl Spec {
                 Spec::from_config(&text, &kind, None, opts, target)
             }
             Source::Gguf(path) => Spec::from_gguf(path, opts, target),
+        }?;
+        // The GPU reads pools of codes in the tensor-core attention kernel, which takes bf16
+        // queries.
+        if spec.kv_dtype != KvDtype::Compute && target == Target::Gpu && spec.dtype != DType::BF16 {
+            let kv = super::plan::kv_dtype_name(spec.kv_pool_dtype());
+            return Err(fail(
+                ErrorKind::InvalidInput,
+                format!(
+                    "--kv-dtype {kv} needs bf16 compute on the GPU, and this model computes in {} \
+                     (--dtype bf16, or --kv-dtype bf16)",
+                    spec.dtype.as_str()
+                ),
+            ));
         }
+        Ok(spec)
+    }
+
+    /// The KV pool's dtype.
+    pub fn kv_pool_dtype(&self) -> DType {
+        self.kv_dtype.pool_dtype(self.dtype)
     }
 
     /// From a config.json text; `file`: the checkpoint's tensors, `None` for random weights.
@@ -86,7 +108,8 @@ impl Spec {
             }
         };
         let context = context_for(max, opts.context)?;
-        Ok(Spec { arch, dtype, context, max_context: max, weights, target })
+        let kv_dtype = opts.kv_dtype;
+        Ok(Spec { arch, dtype, kv_dtype, context, max_context: max, weights, target })
     }
 
     /// A GGUF: its header is read and checked by our own reader first (every length against
@@ -108,6 +131,7 @@ impl Spec {
         Ok(Spec {
             arch: Arch::Llama(cfg),
             dtype: DType::F32,
+            kv_dtype: opts.kv_dtype,
             context,
             max_context,
             weights,
@@ -124,7 +148,8 @@ impl Spec {
         let weights = gpt_oss::memory::weight_bytes(&cfg, dtype, None);
         let max_context = cfg.max_position_embeddings;
         let context = context_for(max_context, opts.context)?;
-        Ok(Spec { arch: Arch::GptOss(cfg), dtype, context, max_context, weights, target })
+        let kv_dtype = opts.kv_dtype;
+        Ok(Spec { arch: Arch::GptOss(cfg), dtype, kv_dtype, context, max_context, weights, target })
     }
 
     /// What rank `shard` of a tensor-parallel model loads: its slice's config (heads, key/value
@@ -164,7 +189,7 @@ impl Spec {
             Arch::GptOss(cfg) => {
                 use gpt_oss::memory as m;
                 (
-                    m::kv_shape(cfg, self.dtype),
+                    m::kv_shape(cfg, self.kv_pool_dtype()),
                     m::rope_table_bytes(cfg, context),
                     m::workspace_bytes(cfg, context, step, self.dtype),
                 )
@@ -172,7 +197,7 @@ impl Spec {
             Arch::Llama(cfg) => {
                 use llama::memory as m;
                 (
-                    m::kv_shape(cfg, self.dtype),
+                    m::kv_shape(cfg, self.kv_pool_dtype()),
                     m::rope_table_bytes(cfg, context),
                     m::workspace_bytes(cfg, context, step, self.dtype),
                 )
@@ -185,6 +210,7 @@ impl Spec {
             context,
             weights: self.weights,
             kv_cache,
+            kv_dtype: shape.dtype,
             rope_tables,
             workspace,
             runtime: self.target.runtime_bytes(),

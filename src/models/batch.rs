@@ -9,6 +9,43 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::kernels::PagedBounds;
 
+/// How the KV cache stores keys and values (`--kv-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum KvDtype {
+    /// The compute dtype's (bf16; f32 where the model computes in f32).
+    #[default]
+    Compute,
+    /// E4M3 codes with one power-of-two scale per (token, kv head) ([`crate::kernels::kv_fp8`]):
+    /// about half the bytes, so about twice the tokens.
+    Fp8,
+    /// INT8 codes, the same layout and scales: the same bytes, closer to bf16.
+    Int8,
+}
+
+impl KvDtype {
+    /// `bf16` (the compute dtype's), `fp8` or `int8`; one line for anything else.
+    pub fn parse(s: &str) -> anyhow::Result<KvDtype> {
+        match s.to_ascii_lowercase().as_str() {
+            "bf16" => Ok(KvDtype::Compute),
+            "fp8" => Ok(KvDtype::Fp8),
+            "int8" => Ok(KvDtype::Int8),
+            other => Err(crate::error::fail(
+                crate::error::ErrorKind::InvalidInput,
+                format!("unknown KV dtype {other:?} (use bf16, fp8 or int8)"),
+            )),
+        }
+    }
+
+    /// The pools' dtype for a model computing in `compute`.
+    pub fn pool_dtype(self, compute: DType) -> DType {
+        match self {
+            KvDtype::Compute => compute,
+            KvDtype::Fp8 => DType::F8E4M3,
+            KvDtype::Int8 => DType::U8,
+        }
+    }
+}
+
 /// How a model's attention layers share KV block tables: one group per kind of layer (gpt-oss:
 /// full and sliding-window layers; Llama: one group), each with its own pool and tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,9 +60,16 @@ pub struct KvShape {
 }
 
 impl KvShape {
-    /// Bytes one token's keys and values take in one layer.
+    /// Bytes one token's keys and values take in one layer (codes: and a scale byte per kv
+    /// head).
     pub fn bytes_per_token_layer(&self) -> u64 {
-        2 * (self.kv_heads * self.head_dim * self.dtype.size_in_bytes()) as u64
+        let scale = usize::from(self.coded());
+        2 * (self.kv_heads * (self.head_dim * self.dtype.size_in_bytes() + scale)) as u64
+    }
+
+    /// Whether the pools hold 8-bit codes with scales (fp8, int8).
+    pub fn coded(&self) -> bool {
+        crate::kernels::kv_fp8::Codes::of(self.dtype).is_some()
     }
 
     /// Layers in group `g`.
@@ -46,10 +90,15 @@ impl KvShape {
 
 /// The device KV memory: per layer, keys and values `[slots, kv_heads, d]`, where slot
 /// `block · block_size + offset` holds one token. Layers of one group have the same slot count.
+/// A slot's scales live in the same slot of the scale tensors, so a block of the prefix cache
+/// carries them.
 pub struct KvPool {
     pub block_size: usize,
     /// Per layer (keys, values).
     pub layers: Vec<(Tensor, Tensor)>,
+    /// Pools of codes (fp8, int8): per layer, the keys' and values' scales `[slots, kv_heads]`
+    /// (u8). Empty otherwise.
+    pub scales: Vec<(Tensor, Tensor)>,
 }
 
 impl KvPool {
@@ -68,21 +117,33 @@ impl KvPool {
             shape.group_windows.len()
         );
         let mut layers = Vec::with_capacity(shape.layer_group.len());
+        let mut scales = Vec::new();
         for &g in &shape.layer_group {
             let dims = (blocks[g] * block_size, shape.kv_heads, shape.head_dim);
             let k = Tensor::zeros(dims, shape.dtype, device)?;
             let v = Tensor::zeros(dims, shape.dtype, device)?;
             layers.push((k, v));
+            if shape.coded() {
+                let dims = (dims.0, dims.1);
+                scales.push((
+                    Tensor::zeros(dims, DType::U8, device)?,
+                    Tensor::zeros(dims, DType::U8, device)?,
+                ));
+            }
         }
-        Ok(KvPool { block_size, layers })
+        Ok(KvPool { block_size, layers, scales })
+    }
+
+    /// Layer `n`'s scales, for pools of codes.
+    pub fn scales(&self, n: usize) -> Option<(&Tensor, &Tensor)> {
+        self.scales.get(n).map(|(k, v)| (k, v))
     }
 
     /// Bytes the pool holds on the device.
     pub fn bytes(&self) -> u64 {
-        self.layers
-            .iter()
-            .map(|(k, v)| ((k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes()) as u64)
-            .sum()
+        let bytes = |t: &Tensor| (t.elem_count() * t.dtype().size_in_bytes()) as u64;
+        let pairs = self.layers.iter().chain(&self.scales);
+        pairs.map(|(k, v)| bytes(k) + bytes(v)).sum()
     }
 }
 
@@ -141,6 +202,8 @@ pub trait BatchModel {
     fn collective(&self) -> Option<&std::sync::Arc<dyn crate::dist::Collective>> {
         None
     }
+    /// Stores the KV cache as `kv` says (the pools [`BatchModel::kv_shape`] asks for).
+    fn set_kv_dtype(&mut self, kv: KvDtype);
     /// The bytes its weights and RoPE tables hold (what memory plans predict; the KV pool is
     /// the engine's, [`KvShape::pool_bytes`]).
     fn allocated(&self) -> super::memory::Allocated;

@@ -92,6 +92,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         dtype: args.device.dtype.as_deref().map(load::parse_dtype).transpose()?,
         context: args.context,
         dummy: args.dummy_weights,
+        kv_dtype: args.device.kv_dtype()?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

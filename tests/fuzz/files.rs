@@ -39,7 +39,8 @@ pub fn check_gguf(path: &Path) {
 /// The loaders' reading of a model (spec, memory plan, tokenizer and template), then a real
 /// load on the CPU when its weights are small.
 fn check_source(source: Source) {
-    let opts = LoadOptions { dtype: None, context: Some(64), dummy: false };
+    let opts =
+        LoadOptions { dtype: None, context: Some(64), dummy: false, kv_dtype: Default::default() };
     if let Ok(text) = load::text::load(&source) {
         let _ = text.encode_chat("hello <|im_start|> world");
     }

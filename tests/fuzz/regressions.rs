@@ -60,7 +60,12 @@ fn gguf_token_embd_without_dimensions_panicked() {
     b.extend_from_slice(&0u64.to_le_bytes()); // offset
     b.resize(b.len().next_multiple_of(32) + 32, 0);
     std::fs::write(&path, b).unwrap();
-    let opts = inferno::load::LoadOptions { dtype: None, context: Some(64), dummy: false };
+    let opts = inferno::load::LoadOptions {
+        dtype: None,
+        context: Some(64),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
     let source = inferno::load::Source::Gguf(path);
     let err = inferno::load::Spec::read(&source, &opts, inferno::load::Target::Host).unwrap_err();
     assert_eq!(err.to_string(), "GGUF file's token_embd.weight has no dimensions");

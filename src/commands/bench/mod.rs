@@ -24,6 +24,7 @@ use crate::engine::request::{Event, Request};
 use crate::engine::spec::{SpecConfig, SpecStats};
 use crate::error::{ErrorKind, fail};
 use crate::generate::SamplerConfig;
+use crate::load::plan::kv_dtype_name;
 use crate::load::{self, LoadOptions};
 use crate::util::human_bytes;
 
@@ -72,7 +73,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     // A prompt file's length is known once the tokenizer is loaded: room for a page of text.
     let floor = if args.prompt_file.is_some() { 4096 } else { needed };
     let context = args.context.unwrap_or(floor).max(needed);
-    let opts = LoadOptions { dtype, context: Some(context), dummy: args.dummy_weights };
+    let kv_dtype = args.device.kv_dtype()?;
+    let opts = LoadOptions { dtype, context: Some(context), dummy: args.dummy_weights, kv_dtype };
     let streams = args.concurrency;
     let step_tokens = args.step_tokens;
     let spec = args.spec.config()?;
@@ -133,6 +135,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "constrained": constrained_json(&sampling, &runs),
             "format": loaded.format,
             "dtype": format!("{:?}", loaded.dtype).to_lowercase(),
+            "kv_dtype": kv_dtype_name(loaded.kv_dtype),
             "device": gpu_name,
             "tp": loaded.ranks,
             "context": loaded.context,
@@ -161,8 +164,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "model:   {} ({}, {:?}, context {})",
-        loaded.name, loaded.format, loaded.dtype, loaded.context
+        "model:   {} ({}, {:?}, KV {}, context {})",
+        loaded.name,
+        loaded.format,
+        loaded.dtype,
+        kv_dtype_name(loaded.kv_dtype),
+        loaded.context
     );
     println!("device:  {}", loaded.device_label(&gpu_name));
     println!("plan:    {}", loaded.plan.summary(loaded.budget.as_ref()));

@@ -40,7 +40,12 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let prompt = args.prompt_tokens;
     let context = prompt + 2 * BLOCK_SIZE;
-    let opts = LoadOptions { dtype, context: Some(context), dummy: args.dummy_weights };
+    let opts = LoadOptions {
+        dtype,
+        context: Some(context),
+        dummy: args.dummy_weights,
+        kv_dtype: args.device.kv_dtype()?,
+    };
     let loaded = load::load(&args.model, &opts, device)?;
     let (name, dtype) = (loaded.info.name.clone(), loaded.info.dtype);
     let model = loaded.split().0;

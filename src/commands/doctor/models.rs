@@ -47,7 +47,8 @@ pub fn check(cache: &CacheReport, gpu: &GpuReport) -> Vec<ModelFit> {
 }
 
 fn fit(model: String, path: &str, free: Option<u64>) -> ModelFit {
-    let opts = LoadOptions { dtype: None, context: None, dummy: false };
+    let opts =
+        LoadOptions { dtype: None, context: None, dummy: false, kv_dtype: Default::default() };
     let mut out = ModelFit {
         model,
         context: None,

@@ -153,6 +153,7 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
         dtype: args.device.dtype.as_deref().map(load::parse_dtype).transpose()?,
         context: args.context,
         dummy: false,
+        kv_dtype: args.device.kv_dtype()?,
     };
     let verbose = interactive || args.verbose;
     let spinner = loading_spinner(verbose, &model);

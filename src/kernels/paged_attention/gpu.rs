@@ -1,15 +1,18 @@
 //! The CUDA launch of [`super::paged_attention`]: the attention kernel, then (with several key
 //! splits) the combine kernel, on a grid from [`super::paged_launch`] alone.
 
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::CudaStorageSlice;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig,
 };
-use candle_core::{CudaDevice, Layout, Result, bail};
+use candle_core::{CudaDevice, CudaStorage, Layout, Result, Storage, Tensor, bail};
 
 use super::{Dims, PagedAttention, PagedKernel, WARPS};
 use crate::kernels::cuda::{
     KernelFloat, allow_shared, cuda_view, int, multiprocessors, output, ptx,
 };
+use crate::kernels::kv_fp8::Codes;
 use crate::kernels::launch::Launch;
 
 /// The tensor-core kernel's key tile and shared-row padding (`MBK`, `KPAD`): two stages of K and
@@ -17,16 +20,59 @@ use crate::kernels::launch::Launch;
 const MMA_TILE: usize = 64;
 const MMA_PAD: usize = 8;
 
+/// The pools' device addresses (their first elements) and layout.
+#[derive(Clone, Copy)]
+pub(super) struct Pools<'a> {
+    k: u64,
+    v: u64,
+    layout: &'a Layout,
+    codes: Option<Codes>,
+}
+
+impl<'a> Pools<'a> {
+    pub(super) fn new(
+        dev: &CudaDevice,
+        (k, kl): (&CudaStorage, &'a Layout),
+        (v, vl): (&CudaStorage, &Layout),
+    ) -> Result<Self> {
+        let stream = dev.cuda_stream();
+        let address = |s: &CudaStorage, l: &Layout, what: &str| -> Result<u64> {
+            let (base, size) = match &s.slice {
+                CudaStorageSlice::F32(x) => (x.device_ptr(&stream).0, 4),
+                CudaStorageSlice::BF16(x) => (x.device_ptr(&stream).0, 2),
+                CudaStorageSlice::F8E4M3(x) => (x.device_ptr(&stream).0, 1),
+                CudaStorageSlice::U8(x) => (x.device_ptr(&stream).0, 1),
+                _ => bail!("paged_attention: {what} must be f32, bf16, fp8 or int8 codes"),
+            };
+            check_aligned(l, size, what)?;
+            Ok(base + (l.start_offset() * size) as u64)
+        };
+        let codes = Codes::of(k.dtype());
+        Ok(Self { k: address(k, kl, "k_pool")?, v: address(v, vl, "v_pool")?, layout: kl, codes })
+    }
+}
+
+/// The device address of a contiguous u8 tensor (the FP8 scales).
+fn u8_address(t: &Tensor, dev: &CudaDevice) -> Result<u64> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(s) = &*storage else { bail!("paged_attention: expected CUDA scales") };
+    let CudaStorageSlice::U8(x) = &s.slice else { bail!("paged_attention: scales must be u8") };
+    Ok(x.device_ptr(&dev.cuda_stream()).0 + layout.start_offset() as u64)
+}
+
 /// The attention kernel of a launch and its dynamic shared memory.
 fn attention_func<T: KernelFloat>(
     dev: &CudaDevice,
     kernel: PagedKernel,
     d: usize,
+    codes: Option<Codes>,
 ) -> Result<(CudaFunction, usize)> {
     Ok(match kernel {
         PagedKernel::Scalar { rows_per_warp } => {
-            if T::BF16 {
-                bail!("paged_attention: the scalar kernel takes f32 only");
+            if T::BF16 || codes.is_some() {
+                bail!(
+                    "paged_attention: the scalar kernel takes f32 only (pools of codes need bf16 q)"
+                );
             }
             let name = format!("paged_attention_{}_d{d}_r{rows_per_warp}", T::NAME);
             (ptx::paged_attention::PAGED_ATTENTION.func(dev, &name)?, 0)
@@ -35,12 +81,21 @@ fn attention_func<T: KernelFloat>(
             if !T::BF16 {
                 bail!("paged_attention: the tensor-core kernel takes bf16 only");
             }
+            let pools = match codes {
+                Some(Codes::E4m3) => "_fp8",
+                Some(Codes::Int8) => "_int8",
+                None => "",
+            };
             let name = match kernel {
-                PagedKernel::Mma { warps } => format!("paged_attention_mma_d{d}_w{warps}"),
-                _ => format!("paged_attention_mma_d{d}_w4_ds"),
+                PagedKernel::Mma { warps } => format!("paged_attention_mma{pools}_d{d}_w{warps}"),
+                _ => format!("paged_attention_mma{pools}_d{d}_w4_ds"),
             };
             let func = ptx::paged_attention::PAGED_ATTENTION_MMA.func(dev, &name)?;
-            let shared = 2 * 2 * MMA_TILE * (d + MMA_PAD) * 2;
+            // bf16: two stages of K and V tiles. FP8: two stages of their codes, converted into
+            // one stage of bf16 tiles.
+            let bf16_tiles = 2 * MMA_TILE * (d + MMA_PAD) * 2;
+            let shared =
+                if codes.is_some() { bf16_tiles + 2 * 2 * MMA_TILE * d } else { 2 * bf16_tiles };
             allow_shared(&func, shared)?;
             (func, shared)
         }
@@ -85,10 +140,9 @@ pub(super) fn launch<T: KernelFloat>(
     op: &PagedAttention,
     dev: &CudaDevice,
     (q, ql): (&CudaSlice<T>, &Layout),
-    (k, kl): (&CudaSlice<T>, &Layout),
-    (v, vl): (&CudaSlice<T>, &Layout),
+    pools: Pools,
 ) -> Result<CudaSlice<T>> {
-    let Dims { tokens, heads, kv_heads, d, num_slots } = Dims::new(ql, kl)?;
+    let Dims { tokens, heads, kv_heads, d, num_slots } = Dims::new(ql, pools.layout)?;
     if d != 64 && d != 128 {
         bail!("paged_attention: the CUDA kernel supports head_dim 64 and 128, not {d}");
     }
@@ -97,8 +151,6 @@ pub(super) fn launch<T: KernelFloat>(
     }
     let size = std::mem::size_of::<T>();
     check_aligned(ql, size, "q")?;
-    check_aligned(kl, size, "k_pool")?;
-    check_aligned(vl, size, "v_pool")?;
     let seqs = op.q_pos.dim(0)?;
     let max_blocks = op.tables.dim(1)?;
     let cfg = op.cfg;
@@ -120,8 +172,14 @@ pub(super) fn launch<T: KernelFloat>(
     };
 
     let mut out = output::<T>(dev, tokens * heads * d, op.poison)?;
-    let (q, k, v) =
-        (q.slice(ql.start_offset()..), k.slice(kl.start_offset()..), v.slice(vl.start_offset()..));
+    let q = q.slice(ql.start_offset()..);
+    let (k, v) = (pools.k, pools.v);
+    // The tensor-core kernels' scale pointers (null for bf16 pools).
+    let scales = match &op.scales {
+        Some((ks, vs)) => Some((u8_address(ks, dev)?, u8_address(vs, dev)?)),
+        None => None,
+    };
+    let mma = !matches!(plan.kernel, PagedKernel::Scalar { .. });
     let guards = [&op.cu_q, &op.q_pos, &op.tables].map(|t| t.storage_and_layout());
     let [cu_q, q_pos, tables] = [("cu_q", 0), ("q_pos", 1), ("tables", 2)]
         .map(|(what, i)| cuda_view::<u32>(&guards[i].0, guards[i].1, what));
@@ -135,7 +193,7 @@ pub(super) fn launch<T: KernelFloat>(
     let stream = dev.cuda_stream();
     let sinks_ptr: u64 = sinks_view.as_ref().map_or(0, |v| v.device_ptr(&stream).0);
 
-    let (func, shared) = attention_func::<T>(dev, plan.kernel, d)?;
+    let (func, shared) = attention_func::<T>(dev, plan.kernel, d, pools.codes)?;
     let grid = LaunchConfig {
         grid_dim: plan.grid,
         block_dim: (plan.kernel.threads() as u32, 1, 1),
@@ -143,7 +201,11 @@ pub(super) fn launch<T: KernelFloat>(
     };
     if plan.splits == 1 {
         let mut b = Launch::new(&stream, &func);
-        b.ptr(&q).ptr(&k).ptr(&v).val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr(&tables);
+        b.ptr(&q).val(k).val(v);
+        if mma {
+            b.val(scales.map_or(0, |s| s.0)).val(scales.map_or(0, |s| s.1));
+        }
+        b.val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr(&tables);
         b.ptr_mut(&mut out).null().null().val(params);
         // SAFETY: the arguments match the kernel's signature; shapes were checked by the op, and
         // the kernel guards every block-table lookup against the table and the pool; it waits
@@ -158,7 +220,11 @@ pub(super) fn launch<T: KernelFloat>(
     let mut part_acc = unsafe { dev.alloc::<f32>(parts * d)? };
     let mut part_ml = unsafe { dev.alloc::<f32>(parts * 2)? };
     let mut b = Launch::new(&stream, &func);
-    b.ptr(&q).ptr(&k).ptr(&v).val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr(&tables);
+    b.ptr(&q).val(k).val(v);
+    if mma {
+        b.val(scales.map_or(0, |s| s.0)).val(scales.map_or(0, |s| s.1));
+    }
+    b.val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr(&tables);
     b.ptr_mut(&mut out).ptr_mut(&mut part_acc).ptr_mut(&mut part_ml).val(params);
     // SAFETY: as above.
     unsafe { b.launch(grid) }?;

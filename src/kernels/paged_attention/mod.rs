@@ -24,7 +24,8 @@
 //! read (they may be garbage).
 //!
 //! CUDA: head_dim 64 or 128; bf16 calls on tensor cores (`paged_attention_mma.cu`: mma.sync
-//! q·Kᵀ and P·V, P as bf16 hi + lo), f32 calls one key per lane (`paged_attention.cu`), one kernel
+//! q·Kᵀ and P·V, P as bf16 hi + lo; pools of 8-bit codes, [`super::kv_fp8`], turned into the
+//! bf16 they stand for tile by tile), f32 calls one key per lane (`paged_attention.cu`), one kernel
 //! per dtype for decode and prefill alike (a row's bits depend on the kernel; [`PagedKernel`]).
 //! The launch depends only on the number of sequences, the shapes and the host-side
 //! [`PagedBounds`], never on the metadata's contents, so a CUDA graph captured for one batch
@@ -69,7 +70,8 @@ pub struct PagedBounds {
 
 /// Attention of a varlen batch over a paged KV pool; see the module documentation. `q` is
 /// `[T, heads, d]`, `k_pool`/`v_pool` `[num_slots, kv_heads, d]` (contiguous, same dtype as q:
-/// f32 or bf16), `sinks` f32 `[heads]` or `None`, `cu_q` u32 `[S+1]` (`cu_q[0] = 0`,
+/// f32 or bf16; or FP8 codes with `scales`, the keys' and values' u8 `[num_slots, kv_heads]`
+/// ([`super::kv_fp8`]), read as the bf16 values they stand for, q bf16 on CUDA), `sinks` f32 `[heads]` or `None`, `cu_q` u32 `[S+1]` (`cu_q[0] = 0`,
 /// `cu_q[S] = T`), `q_pos` u32 `[S]`, `tables` u32 `[S, max_blocks]`, all on one device. Returns
 /// `[T, heads, d]` in q's dtype, contiguous. Runs the CUDA kernels on a CUDA device and the
 /// reference loops on the CPU.
@@ -83,6 +85,7 @@ pub fn paged_attention(
     q: &Tensor,
     k_pool: &Tensor,
     v_pool: &Tensor,
+    scales: Option<(&Tensor, &Tensor)>,
     sinks: Option<&Tensor>,
     cu_q: &Tensor,
     q_pos: &Tensor,
@@ -90,7 +93,7 @@ pub fn paged_attention(
     bounds: PagedBounds,
     cfg: &PagedAttnConfig,
 ) -> Result<Tensor> {
-    let meta = Meta { sinks, cu_q, q_pos, tables };
+    let meta = Meta { scales, sinks, cu_q, q_pos, tables };
     let op = PagedAttention::new(q, k_pool, v_pool, meta, bounds, *cfg, false)?;
     if q.dim(0)? == 0 {
         return q.zeros_like();
@@ -225,6 +228,7 @@ pub fn paged_launch(
 /// The metadata tensors of one call.
 #[derive(Clone, Copy)]
 struct Meta<'a> {
+    scales: Option<(&'a Tensor, &'a Tensor)>,
     sinks: Option<&'a Tensor>,
     cu_q: &'a Tensor,
     q_pos: &'a Tensor,
@@ -243,6 +247,8 @@ struct PagedAttention {
     d: usize,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     bf16: bool,
+    /// Pools of codes: their key and value scales (contiguous u8).
+    scales: Option<(Tensor, Tensor)>,
     sinks: Option<Tensor>,
     cu_q: Tensor,
     q_pos: Tensor,
@@ -279,16 +285,27 @@ impl PagedAttention {
         if d == 0 || num_slots == 0 {
             bail!("paged_attention: empty head_dim ({d}) or pool ({num_slots} slots)");
         }
-        if q.dtype() != k_pool.dtype()
-            || q.dtype() != v_pool.dtype()
+        let coded = super::kv_fp8::Codes::of(k_pool.dtype()).is_some();
+        if (!coded && q.dtype() != k_pool.dtype())
+            || k_pool.dtype() != v_pool.dtype()
             || !matches!(q.dtype(), DType::F32 | DType::BF16)
+            || coded != meta.scales.is_some()
         {
             bail!(
-                "paged_attention: q and the pools must all be f32 or all bf16, got {:?} {:?} {:?}",
+                "paged_attention: q and the pools must all be f32 or all bf16 (or pools of fp8 or \
+                 int8 codes with their scales), got {:?} {:?} {:?}",
                 q.dtype(),
                 k_pool.dtype(),
                 v_pool.dtype()
             );
+        }
+        if let Some((ks, vs)) = meta.scales {
+            let want = [num_slots, kv_heads];
+            for s in [ks, vs] {
+                if s.dims() != want || s.dtype() != DType::U8 || !s.is_contiguous() {
+                    bail!("paged_attention: the pools' scales must be contiguous u8 {want:?}");
+                }
+            }
         }
         if !k_pool.is_contiguous() || !v_pool.is_contiguous() {
             bail!("paged_attention: the pools must be contiguous");
@@ -309,8 +326,11 @@ impl PagedAttention {
                 bail!("paged_attention: {name} must be u32, got {:?}", t.dtype());
             }
         }
-        let on_q =
-            [meta.cu_q, meta.q_pos, meta.tables, k_pool, v_pool].into_iter().chain(meta.sinks);
+        let scales = meta.scales.into_iter().flat_map(|(k, v)| [k, v]);
+        let on_q = [meta.cu_q, meta.q_pos, meta.tables, k_pool, v_pool]
+            .into_iter()
+            .chain(meta.sinks)
+            .chain(scales);
         for t in on_q {
             if !t.device().same_device(q.device()) {
                 bail!("paged_attention: inputs on {:?} and {:?}", t.device(), q.device());
@@ -339,6 +359,7 @@ impl PagedAttention {
             kv_heads,
             d,
             bf16: q.dtype() == DType::BF16,
+            scales: meta.scales.map(|(k, v)| (k.clone(), v.clone())),
             sinks: meta.sinks.map(|s| s.to_dtype(DType::F32)?.contiguous()).transpose()?,
             cu_q: meta.cu_q.contiguous()?,
             q_pos: meta.q_pos.contiguous()?,
@@ -498,6 +519,24 @@ fn from<'a>(s: &'a CpuStorage, what: &str, at: usize) -> Result<F32Reader<'a>> {
     })
 }
 
+/// The `n` values a pool's codes (from element `at`) and scales stand for
+/// ([`super::kv_fp8::dequantize`]), rows of `d`.
+fn dequantized(
+    (s, kind): (&CpuStorage, super::kv_fp8::Codes),
+    at: usize,
+    n: usize,
+    scales: &Tensor,
+    d: usize,
+) -> Result<Vec<f32>> {
+    let codes = super::kv_fp8::cpu_codes(s)?;
+    let scales = scales.flatten_all()?.to_vec1::<u8>()?;
+    Ok(codes[at..at + n]
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| super::kv_fp8::dequantize(kind, c, scales[i / d]))
+        .collect())
+}
+
 /// One call's sizes.
 #[derive(Clone, Copy)]
 struct Dims {
@@ -536,8 +575,23 @@ impl CustomOp3 for PagedAttention {
         };
         let (q0, k0, v0) =
             (contiguous(ql, "q")?, contiguous(kl, "k_pool")?, contiguous(vl, "v_pool")?);
-        let (q, k, v) = (from(qs, "q", q0)?, from(ks, "k_pool", k0)?, from(vs, "v_pool", v0)?);
-        let out = self.reference(q, k, v, Dims::new(ql, kl)?)?;
+        let dims = Dims::new(ql, kl)?;
+        let q = from(qs, "q", q0)?;
+        let out = match &self.scales {
+            Some((k_scale, v_scale)) => {
+                let n = dims.num_slots * dims.kv_heads * dims.d;
+                let Some(codes) = super::kv_fp8::Codes::of(ks.dtype()) else {
+                    bail!("paged_attention: scales given for {:?} pools", ks.dtype())
+                };
+                let k = dequantized((ks, codes), k0, n, k_scale, dims.d)?;
+                let v = dequantized((vs, codes), v0, n, v_scale, dims.d)?;
+                self.reference(q, F32Reader::F32(&k), F32Reader::F32(&v), dims)?
+            }
+            None => {
+                let (k, v) = (from(ks, "k_pool", k0)?, from(vs, "v_pool", v0)?);
+                self.reference(q, k, v, dims)?
+            }
+        };
         Ok((cpu_output(out, qs.dtype())?, ql.shape().clone()))
     }
 
@@ -554,12 +608,14 @@ impl CustomOp3 for PagedAttention {
         use super::cuda::KernelFloat;
         use candle_core::cuda_backend::CudaStorageSlice;
         let dev = qs.device.clone();
-        let slice = super::float_dispatch!(
-            CudaStorageSlice,
-            "paged_attention: q and the pools must all be f32 or all bf16",
-            (&qs.slice => q, &ks.slice => k, &vs.slice => v),
-            |T| T::wrap(gpu::launch::<T>(self, &dev, (q, ql), (k, kl), (v, vl))?)
-        );
+        let pools = gpu::Pools::new(&dev, (ks, kl), (vs, vl))?;
+        let slice = match &qs.slice {
+            CudaStorageSlice::F32(q) => f32::wrap(gpu::launch::<f32>(self, &dev, (q, ql), pools)?),
+            CudaStorageSlice::BF16(q) => {
+                half::bf16::wrap(gpu::launch::<half::bf16>(self, &dev, (q, ql), pools)?)
+            }
+            _ => bail!("paged_attention: q must be f32 or bf16"),
+        };
         Ok((candle_core::CudaStorage { slice, device: dev }, ql.shape().clone()))
     }
 }

@@ -30,7 +30,15 @@
 // fit one warp) give all NW warps the same 16 rows and each a share of the output's columns:
 // the tile's chain of products is the time there, not its bytes (4 K/V stages instead of 2 gave
 // nothing on an H100).
+//
+// Pools of codes (KV = uint8_t, E4M3 or with INT8 integers; include/fp8.cuh): the tiles' codes
+// come in by cp.async, two stages,
+// with each row's scale bytes loaded into registers one tile ahead, and every thread turns the
+// chunks it loaded into the bf16 values they stand for (exact) in one stage of bf16 tiles, which
+// the rest reads as it reads a bf16 pool's. A row's bits are those of the bf16 kernel on the
+// dequantized pool, so everything above holds for FP8 too.
 
+#include "fp8.cuh"
 #include "mma.cuh"
 #include "paged_attention.cuh"
 
@@ -52,10 +60,10 @@ __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uin
     lo = pack_bf16(x0 - __low2float(h), x1 - __high2float(h));
 }
 
-template <int D, int NW, int DS>
+template <int D, int NW, int DS, typename KV, bool INT8>
 __device__ __forceinline__ void paged_attention_mma_impl(
-    const bf16* __restrict__ q, const bf16* __restrict__ k_pool, const bf16* __restrict__ v_pool,
-    const float* __restrict__ sinks, const uint32_t* __restrict__ cu_q, const uint32_t* __restrict__ q_pos,
+    const bf16* __restrict__ q, const KV* __restrict__ k_pool, const KV* __restrict__ v_pool,
+    const uint8_t* __restrict__ k_scale, const uint8_t* __restrict__ v_scale, const float* __restrict__ sinks, const uint32_t* __restrict__ cu_q, const uint32_t* __restrict__ q_pos,
     const uint32_t* __restrict__ tables, bf16* __restrict__ out, float* __restrict__ part_acc,
     float* __restrict__ part_ml, const PagedAttnParams& p) {
     // DS = 1: each warp its own 16 rows. DS = NW (rows that fit one warp: a decode step's heads
@@ -71,8 +79,15 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     static_assert(NDW % 2 == 0, "P.V loads column tiles in pairs");
     constexpr int ROW = D + KPAD;
     constexpr int CPR = D / 8;  // 16-byte chunks per key row
-    extern __shared__ __align__(16) bf16 kv_smem[];  // [2 stages][K, V][MBK][ROW]
+    constexpr bool FP8 = sizeof(KV) == 1;
+    // bf16: [2 stages][K, V][MBK][ROW]. FP8: [K, V][MBK][ROW], then the codes [2][K, V][MBK][D].
+    extern __shared__ __align__(16) bf16 kv_smem[];
     __shared__ bool kvalid[2][MBK];
+    uint8_t* const codes = reinterpret_cast<uint8_t*>(kv_smem + 2 * MBK * ROW);
+    constexpr int CPR8 = D / 16;                     // 16-byte chunks per row of codes
+    constexpr int PER8 = MBK * CPR8 / (NW * 32);     // a thread's chunks per tile
+    static_assert(PER8 >= 1 && MBK * CPR8 % (NW * 32) == 0, "the code chunks share out evenly");
+    uint32_t sc_next[PER8], sc_cur[PER8];  // FP8: the scale bytes (k | v << 8) of a thread's chunks
 
     PagedTile tl;  // tiles in reverse: the heavy ones first
     if (!paged_tile<BQ, true>(tl, cu_q, q_pos, tables, p)) return;
@@ -120,16 +135,60 @@ __device__ __forceinline__ void paged_attention_mma_impl(
 
     const long long row_stride = (long long)p.kv_heads * D;
     auto fetch = [&](long long t0, int buf) {
-        bf16* ks = kv_smem + buf * 2 * MBK * ROW;
+        if constexpr (FP8) {
+            uint8_t* kc = codes + buf * 2 * MBK * D;
+            uint8_t* vc = kc + MBK * D;
+#pragma unroll
+            for (int r = 0; r < PER8; r++) {
+                const int idx = threadIdx.x + r * NW * 32;
+                const int jj = idx / CPR8, c = (idx % CPR8) * 16;
+                const long long t = t0 + jj;
+                const long long slot = t >= lo && t < hi ? paged_slot(table, t, p) : -1;
+                const long long at = slot >= 0 ? slot * row_stride + (long long)g * D + c : 0;
+                cp_async16(kc + jj * D + c, k_pool + at, slot >= 0);
+                cp_async16(vc + jj * D + c, v_pool + at, slot >= 0);
+                if (c == 0) kvalid[buf][jj] = slot >= 0;
+                const long long si = slot >= 0 ? slot * p.kv_heads + g : 0;
+                sc_next[r] = slot >= 0 ? (uint32_t)k_scale[si] | (uint32_t)v_scale[si] << 8 : 0u;
+            }
+            return;
+        }
+        bf16* ks = reinterpret_cast<bf16*>(kv_smem) + buf * 2 * MBK * ROW;
         bf16* vs = ks + MBK * ROW;
         for (int idx = threadIdx.x; idx < MBK * CPR; idx += NW * 32) {
             const int jj = idx / CPR, c = (idx % CPR) * 8;
             const long long t = t0 + jj;
             const long long slot = t >= lo && t < hi ? paged_slot(table, t, p) : -1;
             const long long at = slot >= 0 ? slot * row_stride + (long long)g * D + c : 0;
-            cp_async16(ks + jj * ROW + c, k_pool + at, slot >= 0);
-            cp_async16(vs + jj * ROW + c, v_pool + at, slot >= 0);
+            cp_async16(ks + jj * ROW + c, reinterpret_cast<const bf16*>(k_pool) + at, slot >= 0);
+            cp_async16(vs + jj * ROW + c, reinterpret_cast<const bf16*>(v_pool) + at, slot >= 0);
             if (c == 0) kvalid[buf][jj] = slot >= 0;
+        }
+    };
+
+    // FP8: this thread's chunks of stage buf (its own cp.async copies, complete) as bf16 values
+    // in the one stage of bf16 tiles.
+    auto convert = [&](int buf) {
+        const uint8_t* kc = codes + buf * 2 * MBK * D;
+#pragma unroll
+        for (int r = 0; r < PER8; r++) {
+            const int idx = threadIdx.x + r * NW * 32;
+            const int jj = idx / CPR8, c = (idx % CPR8) * 16;
+#pragma unroll
+            for (int kv = 0; kv < 2; kv++) {
+                const float scale = fp8_scale_value((uint8_t)(sc_cur[r] >> (8 * kv)));
+                const uint4 raw = *reinterpret_cast<const uint4*>(kc + kv * MBK * D + jj * D + c);
+                const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+                uint32_t o[8];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    o[2 * i] = kv_codes_to_bf16x2<INT8>((uint16_t)(w[i] & 0xffff), scale);
+                    o[2 * i + 1] = kv_codes_to_bf16x2<INT8>((uint16_t)(w[i] >> 16), scale);
+                }
+                uint4* dst = reinterpret_cast<uint4*>(kv_smem + kv * MBK * ROW + jj * ROW + c);
+                dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+                dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+            }
         }
     };
 
@@ -173,6 +232,10 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     pdl_launch_dependents();
     if (n_tiles > 0 && !early) fetch(start, 0);
     cp_async_commit();
+    if constexpr (FP8) {
+#pragma unroll
+        for (int r = 0; r < PER8; r++) sc_cur[r] = sc_next[r];
+    }
 
     // q as A fragments, straight from global memory (32-bit pairs; zeros for rows past the end).
     uint32_t qa[KS][4];
@@ -191,9 +254,10 @@ __device__ __forceinline__ void paged_attention_mma_impl(
         if (it + 1 < n_tiles) fetch(t0 + MBK, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
+        if constexpr (FP8) convert(buf);
         __syncthreads();  // this tile's keys are in for every thread
         if (warp_rows && t0 <= w_last && t0 + MBK > w_first) {
-            const bf16* ks = kv_smem + buf * 2 * MBK * ROW;
+            const bf16* ks = kv_smem + (FP8 ? 0 : buf) * 2 * MBK * ROW;
             const bf16* vs = ks + MBK * ROW;
             // S = q.K^T: ldmatrix rows are keys, so the fragments are K^T's columns.
             float s[NK][4];
@@ -271,6 +335,10 @@ __device__ __forceinline__ void paged_attention_mma_impl(
             }
         }
         __syncthreads();  // the tile is consumed before its buffer is refilled
+        if constexpr (FP8) {
+#pragma unroll
+            for (int r = 0; r < PER8; r++) sc_cur[r] = sc_next[r];
+        }
     }
     if (n_tiles > 0) close_split((hi - 1) / SK);
 
@@ -288,19 +356,33 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     }
 }
 
-#define PAGED_ATTENTION_MMA(NAME, D, NW, DS)                                                             \
+// KV: bf16 pools, or uint8_t for codes, E4M3 or (INT8) integers (k_scale, v_scale: their scale
+// bytes; null for bf16).
+#define PAGED_ATTENTION_MMA(NAME, D, NW, DS, KV, INT8)                                                       \
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                \
-        NAME(const bf16* q, const bf16* k_pool, const bf16* v_pool, const float* sinks, const uint32_t* cu_q, \
-             const uint32_t* q_pos, const uint32_t* tables, bf16* out, float* part_acc, float* part_ml,    \
-             const PagedAttnParams p) {                                                                   \
-        paged_attention_mma_impl<D, NW, DS>(q, k_pool, v_pool, sinks, cu_q, q_pos, tables, out, part_acc, \
-                                            part_ml, p);                                                  \
+        NAME(const bf16* q, const KV* k_pool, const KV* v_pool, const uint8_t* k_scale,                   \
+             const uint8_t* v_scale, const float* sinks, const uint32_t* cu_q, const uint32_t* q_pos,     \
+             const uint32_t* tables, bf16* out, float* part_acc, float* part_ml, const PagedAttnParams p) { \
+        paged_attention_mma_impl<D, NW, DS, KV, INT8>(q, k_pool, v_pool, k_scale, v_scale, sinks, cu_q, q_pos,  \
+                                                tables, out, part_acc, part_ml, p);                       \
     }
 
-PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4, 64, 4, 1)
-PAGED_ATTENTION_MMA(paged_attention_mma_d64_w8, 64, 8, 1)
-PAGED_ATTENTION_MMA(paged_attention_mma_d128_w4, 128, 4, 1)
-PAGED_ATTENTION_MMA(paged_attention_mma_d128_w8, 128, 8, 1)
+PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4, 64, 4, 1, bf16, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_d64_w8, 64, 8, 1, bf16, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_d128_w4, 128, 4, 1, bf16, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_d128_w8, 128, 8, 1, bf16, false)
 // Rows that fit one warp (decode), the output's columns over 4 warps.
-PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4_ds, 64, 4, 4)
-PAGED_ATTENTION_MMA(paged_attention_mma_d128_w4_ds, 128, 4, 4)
+PAGED_ATTENTION_MMA(paged_attention_mma_d64_w4_ds, 64, 4, 4, bf16, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_d128_w4_ds, 128, 4, 4, bf16, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d64_w4, 64, 4, 1, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d64_w8, 64, 8, 1, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d128_w4, 128, 4, 1, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d128_w8, 128, 8, 1, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d64_w4_ds, 64, 4, 4, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d128_w4_ds, 128, 4, 4, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d64_w4, 64, 4, 1, uint8_t, true)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d64_w8, 64, 8, 1, uint8_t, true)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d128_w4, 128, 4, 1, uint8_t, true)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d128_w8, 128, 8, 1, uint8_t, true)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d64_w4_ds, 64, 4, 4, uint8_t, true)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d128_w4_ds, 128, 4, 4, uint8_t, true)

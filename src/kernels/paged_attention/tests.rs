@@ -7,6 +7,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
 use super::*;
+use crate::kernels::kv_fp8::Codes;
 use crate::kernels::testing::{rel_err, rng, tensor, uniform, values};
 
 /// One batch's shape: heads, the pool's geometry and the sequences `(q_len, q_pos)`.
@@ -89,6 +90,8 @@ struct Inputs {
     q: Tensor,
     k_pool: Tensor,
     v_pool: Tensor,
+    /// FP8 pools' scales.
+    scales: Option<(Tensor, Tensor)>,
     sinks: Option<Tensor>,
     cu_q: Tensor,
     q_pos: Tensor,
@@ -149,6 +152,7 @@ fn inputs(rng: &mut StdRng, b: &Batch, dtype: DType) -> Inputs {
         q: tensor(uniform(rng, tokens * b.heads * d, -2.0, 2.0), &[tokens, b.heads, d], dtype),
         k_pool: tensor(k_pool, &pool_shape, dtype),
         v_pool: tensor(v_pool, &pool_shape, dtype),
+        scales: None,
         sinks: b.sinks.then(|| tensor(uniform(rng, b.heads, -2.0, 2.0), &[b.heads], DType::F32)),
         cu_q: u32s(cu, &[b.seqs.len() + 1]),
         q_pos: u32s(b.seqs.iter().map(|s| s.1 as u32).collect(), &[b.seqs.len()]),
@@ -163,6 +167,7 @@ fn run(x: &Inputs, b: &Batch, bounds: PagedBounds) -> candle_core::Result<Tensor
         &x.q,
         &x.k_pool,
         &x.v_pool,
+        x.scales.as_ref().map(|(k, v)| (k, v)),
         x.sinks.as_ref(),
         &x.cu_q,
         &x.q_pos,
@@ -295,6 +300,56 @@ fn rejects_bad_metadata() {
     assert!(garbage.contains("outside"), "{garbage}");
 }
 
+/// `x` with its pools as codes and scales ([`crate::kernels::kv_fp8::quantize_pool`]), q in
+/// `q_dtype`; and `x` with f32 pools holding the values those codes stand for.
+fn coded_inputs(x: Inputs, q_dtype: DType, codes: Codes) -> (Inputs, Inputs) {
+    use crate::kernels::kv_fp8::{dequantize_pool, quantize_pool};
+    let (kc, ks) = quantize_pool(&x.k_pool, codes, &Device::Cpu).unwrap();
+    let (vc, vs) = quantize_pool(&x.v_pool, codes, &Device::Cpu).unwrap();
+    let dequantized = Inputs {
+        q: x.q.to_dtype(q_dtype).unwrap(),
+        k_pool: dequantize_pool(&kc, &ks).unwrap(),
+        v_pool: dequantize_pool(&vc, &vs).unwrap(),
+        scales: None,
+        sinks: x.sinks.clone(),
+        cu_q: x.cu_q.clone(),
+        q_pos: x.q_pos.clone(),
+        tables: x.tables.clone(),
+        k_seq: Vec::new(),
+        v_seq: Vec::new(),
+    };
+    let q = x.q.to_dtype(q_dtype).unwrap();
+    (Inputs { q, k_pool: kc, v_pool: vc, scales: Some((ks, vs)), ..x }, dequantized)
+}
+
+/// Pools of codes: the reference reads the values the codes stand for (the same bits as f32
+/// pools holding them), and those are within the codes' precision of the f32 originals (a few
+/// percent of the output's norm for E4M3, under one for INT8, at random values with no structure
+/// to hide it).
+#[test]
+fn coded_reference_reads_the_dequantized_pools() {
+    let mut r = rng("paged codes");
+    for (codes, (heads, kv_heads, d, window, sinks)) in
+        [Codes::E4m3, Codes::Int8].into_iter().flat_map(|c| {
+            [(4, 2, 16, None, true), (6, 1, 16, Some(9), false), (8, 2, 8, Some(30), true)]
+                .map(|shape| (c, shape))
+        })
+    {
+        let b = Batch::new(heads, kv_heads, d, 4).window(window).sinks(sinks);
+        let b = b.random(&mut r, 5, 30, 60);
+        let x = inputs(&mut r, &b, DType::F32);
+        let exact = values(&run(&x, &b, b.bounds()).unwrap());
+        let (fp8, dequantized) = coded_inputs(x, DType::F32, codes);
+        let got = values(&run(&fp8, &b, b.bounds()).unwrap());
+        let want = values(&run(&dequantized, &b, b.bounds()).unwrap());
+        assert_eq!(got.len(), want.len());
+        assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()), "{b:?}");
+        let err = rel_err(&got, &exact);
+        let bound = if codes == Codes::E4m3 { 0.05 } else { 0.01 };
+        assert!(err < bound && err > 0.0, "{codes:?} {b:?}: against f32 pools: {err:e}");
+    }
+}
+
 /// The launch is a function of the sequence count, the shapes and the bounds only: batches with
 /// other positions, lengths and tables but the same bounds get the same one; decode splits the
 /// keys, long prefill does not.
@@ -308,8 +363,8 @@ fn launch_depends_on_bounds_only() {
         b.seqs = (0..4).map(|_| (1, r.random_range(0..2999))).collect();
         b.fixed = Some((3000usize.div_ceil(16), 4 * 3000usize.div_ceil(16)));
         let x = inputs(&mut r, &b, DType::F32);
-        let meta =
-            Meta { sinks: x.sinks.as_ref(), cu_q: &x.cu_q, q_pos: &x.q_pos, tables: &x.tables };
+        let (sinks, scales) = (x.sinks.as_ref(), None);
+        let meta = Meta { scales, sinks, cu_q: &x.cu_q, q_pos: &x.q_pos, tables: &x.tables };
         let op =
             PagedAttention::new(&x.q, &x.k_pool, &x.v_pool, meta, bounds, b.cfg(), false).unwrap();
         plans.push(op.plan(4, 132));

@@ -20,6 +20,8 @@ fn address(t: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<u64> {
         CudaStorageSlice::F32(x) => x.device_ptr(stream).0,
         CudaStorageSlice::BF16(x) => x.device_ptr(stream).0,
         CudaStorageSlice::U32(x) => x.device_ptr(stream).0,
+        CudaStorageSlice::U8(x) => x.device_ptr(stream).0,
+        CudaStorageSlice::F8E4M3(x) => x.device_ptr(stream).0,
         _ => bail!("qkv_rope_paged: unexpected dtype {:?}", t.dtype()),
     };
     Ok(base + (layout.start_offset() * t.dtype().size_in_bytes()) as u64)
@@ -30,12 +32,14 @@ struct QkvRopePaged {
     /// cos, sin, positions, slots (contiguous), k pool, v pool.
     tensors: [Tensor; 6],
     bias: Option<Tensor>,
+    /// FP8 pools' key and value scales.
+    scales: Option<[Tensor; 2]>,
     h: QkvHeads,
     pairs: RotaryPairs,
 }
 
 pub(super) fn launch(a: Args) -> Result<Tensor> {
-    let Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool } = a;
+    let Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool, scales } = a;
     let tensors = [
         cos.contiguous()?,
         sin.contiguous()?,
@@ -45,7 +49,8 @@ pub(super) fn launch(a: Args) -> Result<Tensor> {
         v_pool.clone(),
     ];
     let bias = bias.map(Tensor::contiguous).transpose()?;
-    qkv.contiguous()?.apply_op1_no_bwd(&QkvRopePaged { tensors, bias, h, pairs })
+    let scales = scales.map(|(k, v)| [k.clone(), v.clone()]);
+    qkv.contiguous()?.apply_op1_no_bwd(&QkvRopePaged { tensors, bias, scales, h, pairs })
 }
 
 impl CustomOp1 for QkvRopePaged {
@@ -60,7 +65,7 @@ impl CustomOp1 for QkvRopePaged {
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
         let slice = match self.tensors[4].dtype() {
             DType::F32 => self.launch::<f32>(s, l)?,
-            DType::BF16 => self.launch::<bf16>(s, l)?,
+            DType::BF16 | DType::F8E4M3 | DType::U8 => self.launch::<bf16>(s, l)?,
             other => bail!("qkv_rope_paged: unsupported dtype {other:?}"),
         };
         let (tokens, h) = (l.shape().dims2()?.0, self.h);
@@ -72,7 +77,7 @@ impl CustomOp1 for QkvRopePaged {
 }
 
 impl QkvRopePaged {
-    /// The kernel for pools of `T`: q `[T, heads, d]` in `T`.
+    /// The kernel for pools of `T`, or FP8 pools with q in bf16 (`T`): q `[T, heads, d]` in `T`.
     fn launch<T: KernelFloat>(&self, s: &CudaStorage, l: &Layout) -> Result<CudaStorageSlice> {
         let dev = &s.device;
         let stream = dev.cuda_stream();
@@ -104,11 +109,23 @@ impl QkvRopePaged {
         let qkv = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
         // SAFETY: the kernel writes all T × heads × d elements of q.
         let mut q = unsafe { dev.alloc::<T>(n)? };
-        let name = format!("qkv_rope_paged_{pairs}_{}", T::NAME);
+        let scales = match &self.scales {
+            Some(sc) => Some([address(&sc[0], &stream)?, address(&sc[1], &stream)?]),
+            None => None,
+        };
+        let kind = match crate::kernels::kv_fp8::Codes::of(self.tensors[4].dtype()) {
+            Some(crate::kernels::kv_fp8::Codes::E4m3) => "fp8",
+            Some(crate::kernels::kv_fp8::Codes::Int8) => "int8",
+            None => T::NAME,
+        };
+        let name = format!("qkv_rope_paged_{pairs}_{kind}");
         let func = ptx::qkv_rope_paged::QKV_ROPE_PAGED.func(dev, &name)?;
         let mut b = Launch::new(&stream, &func);
         b.ptr(&qkv).val(bias).val(addrs[0]).val(addrs[1]).val(addrs[2]);
         b.val(addrs[3]).ptr_mut(&mut q).val(addrs[4]).val(addrs[5]);
+        if let Some([ks, vs]) = scales {
+            b.val(ks).val(vs);
+        }
         b.val(heads).val(kv_heads).val(d).val(n_positions).val(num_slots);
         // SAFETY: the arguments match the kernel's signature; shapes were checked by
         // qkv_rope_paged and the kernel guards positions and slots. It also writes the pools

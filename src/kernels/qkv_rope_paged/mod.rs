@@ -7,6 +7,7 @@
 //! products loses most of its bits): with it, the tiny gpt-oss test model's bf16 logits were
 //! 0.134 off its f32 ones at worst; with one rounding, 0.019.
 
+use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Result, Tensor, bail};
 
 /// The shapes of one call.
@@ -52,6 +53,7 @@ struct Args<'a> {
     pairs: RotaryPairs,
     k_pool: &'a Tensor,
     v_pool: &'a Tensor,
+    scales: Option<(&'a Tensor, &'a Tensor)>,
 }
 
 /// For `T` tokens: `qkv` f32 `[T, (heads + 2·kv_heads)·d]` (the fused projection without its
@@ -60,8 +62,12 @@ struct Args<'a> {
 /// u32 `[T]` (the pool slot each token's k and v go to; [`NO_SLOT`] stores nothing). Adds the
 /// bias, splits q, k, v, rotates q and k by `pairs`, writes k and v in place into `k_pool` /
 /// `v_pool` (`[num_slots, kv_heads, d]`, contiguous, f32 or bf16) and returns q `[T, heads, d]`
-/// in the pools' dtype. The CPU refuses positions past the tables and slots past the pool; the
-/// CUDA kernel rotates the former by NaN and stores nothing for the latter.
+/// in the pools' dtype. Pools of codes (`F8E4M3`, or INT8 in `U8`, with `scales`
+/// `[num_slots, kv_heads]` u8 for keys and values, [`super::kv_fp8`]) take each stored row
+/// quantized under its own scale, and q
+/// comes back in the dtype the attention takes with them: bf16 on CUDA, f32 on the CPU. The CPU
+/// refuses positions past the tables and slots past the pool; the CUDA kernel rotates the former
+/// by NaN and stores nothing for the latter.
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_rope_paged(
     qkv: &Tensor,
@@ -74,6 +80,7 @@ pub fn qkv_rope_paged(
     pairs: RotaryPairs,
     k_pool: &Tensor,
     v_pool: &Tensor,
+    scales: Option<(&Tensor, &Tensor)>,
 ) -> Result<Tensor> {
     let d = h.head_dim;
     let width = (h.heads + 2 * h.kv_heads) * d;
@@ -102,17 +109,31 @@ pub fn qkv_rope_paged(
             slots.dims()
         );
     }
-    let dtype = k_pool.dtype();
+    let codes = super::kv_fp8::Codes::of(k_pool.dtype());
     if [qkv, cos, sin].into_iter().chain(bias).any(|t| t.dtype() != DType::F32)
         || positions.dtype() != DType::U32
         || slots.dtype() != DType::U32
-        || v_pool.dtype() != dtype
-        || !matches!(dtype, DType::F32 | DType::BF16)
+        || v_pool.dtype() != k_pool.dtype()
+        || !matches!(k_pool.dtype(), DType::F32 | DType::BF16 | DType::F8E4M3 | DType::U8)
+        || codes.is_some() != scales.is_some()
     {
         bail!(
             "qkv_rope_paged: qkv, bias, cos and sin must be f32, positions and slots u32, the \
-             pools both f32 or both bf16"
+             pools both f32, both bf16, or both fp8 or int8 codes with their scales"
         );
+    }
+    let dtype = q_dtype(k_pool.dtype(), qkv.device());
+    if let Some((ks, vs)) = scales {
+        let want = [k_pool.dim(0)?, h.kv_heads];
+        if ks.dims() != want
+            || vs.dims() != want
+            || ks.dtype() != DType::U8
+            || !ks.is_contiguous()
+            || vs.dtype() != DType::U8
+            || !vs.is_contiguous()
+        {
+            bail!("qkv_rope_paged: the pools' scales must be contiguous u8 {want:?}");
+        }
     }
     match k_pool.dims() {
         [_, g, hd] if *g == h.kv_heads && *hd == d && v_pool.dims() == k_pool.dims() => {}
@@ -126,7 +147,9 @@ pub fn qkv_rope_paged(
     if !k_pool.is_contiguous() || !v_pool.is_contiguous() {
         bail!("qkv_rope_paged: the pools must be contiguous (they are written in place)");
     }
-    let others = [cos, sin, positions, slots, k_pool, v_pool].into_iter().chain(bias);
+    let scale_list = scales.into_iter().flat_map(|(k, v)| [k, v]);
+    let others =
+        [cos, sin, positions, slots, k_pool, v_pool].into_iter().chain(bias).chain(scale_list);
     for t in others {
         if !t.device().same_device(qkv.device()) {
             bail!("qkv_rope_paged: inputs on {:?} and {:?}", t.device(), qkv.device());
@@ -135,7 +158,7 @@ pub fn qkv_rope_paged(
     if tokens == 0 {
         return Tensor::zeros((0, h.heads, d), dtype, qkv.device());
     }
-    let args = Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool };
+    let args = Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool, scales };
     match qkv.device() {
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => gpu::launch(args),
@@ -143,11 +166,21 @@ pub fn qkv_rope_paged(
     }
 }
 
+/// q's dtype for pools of `pool`: theirs, or with pools of codes what the attention takes
+/// (bf16 on CUDA, where the tensor-core kernel reads them; f32 on the CPU).
+pub fn q_dtype(pool: DType, device: &Device) -> DType {
+    match (super::kv_fp8::Codes::of(pool), device) {
+        (Some(_), Device::Cpu) => DType::F32,
+        (Some(_), _) => DType::BF16,
+        (None, _) => pool,
+    }
+}
+
 /// The reference in loops: per token and head, the bias added, the pairs rotated by the token's
 /// row of the tables (f32, no fused multiply-add), q gathered and k, v written slot by slot.
 fn reference(a: Args) -> Result<Tensor> {
-    let Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool } = a;
-    let (d, half, dtype) = (h.head_dim, h.head_dim / 2, k_pool.dtype());
+    let Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool, scales } = a;
+    let (d, half, dtype) = (h.head_dim, h.head_dim / 2, q_dtype(k_pool.dtype(), qkv.device()));
     let (x, cos, sin) = (qkv.to_vec2::<f32>()?, cos.to_vec2::<f32>()?, sin.to_vec2::<f32>()?);
     let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
     let (positions, slots) = (positions.to_vec1::<u32>()?, slots.to_vec1::<u32>()?);
@@ -189,12 +222,21 @@ fn reference(a: Args) -> Result<Tensor> {
             stored.push(slot as usize);
         }
     }
-    let rows = |x: Vec<f32>| {
-        Tensor::from_vec(x, (stored.len(), h.kv_heads, d), &Device::Cpu)?.to_dtype(dtype)
-    };
+    let rows = |x: Vec<f32>| Tensor::from_vec(x, (stored.len(), h.kv_heads, d), &Device::Cpu);
     let op = PoolWrite { slots: stored.clone() };
-    k_pool.inplace_op2(&rows(k)?, &op)?;
-    v_pool.inplace_op2(&rows(v)?, &op)?;
+    for (pool, x, scale) in [(k_pool, k, scales.map(|s| s.0)), (v_pool, v, scales.map(|s| s.1))] {
+        match scale {
+            Some(scale) => {
+                let Some(kind) = super::kv_fp8::Codes::of(pool.dtype()) else {
+                    bail!("qkv_rope_paged: scales given for {:?} pools", pool.dtype())
+                };
+                let (codes, scales) = super::kv_fp8::quantize_pool(&rows(x)?, kind, &Device::Cpu)?;
+                pool.inplace_op2(&codes, &op)?;
+                scale.inplace_op2(&scales, &op)?;
+            }
+            None => pool.inplace_op2(&rows(x)?.to_dtype(pool.dtype())?, &op)?,
+        }
+    }
     Tensor::from_vec(q, (x.len(), h.heads, d), &Device::Cpu)?.to_dtype(dtype)
 }
 
@@ -220,17 +262,28 @@ impl InplaceOp2 for PoolWrite {
         else {
             bail!("pool_write: the pool and the rows must be contiguous");
         };
-        let (slots, kv_heads, d) = pl.shape().dims3()?;
-        let row = kv_heads * d;
+        let slots = pl.shape().dims().first().copied().unwrap_or(0);
+        let row = pl.shape().elem_count() / slots.max(1);
         if self.slots.iter().any(|&s| s >= slots) || p1 - p0 != slots * row {
             bail!("pool_write: a slot past the {slots}-slot pool");
         }
-        super::float_dispatch!(
-            CpuStorage,
-            "pool_write: the pool and the rows must be both f32 or both bf16",
-            (p => p, r => r),
-            copy_slots(&mut p[p0..], &r[r0..], &self.slots, row)
-        );
+        match p.dtype() {
+            DType::F8E4M3 | DType::U8 => match (p, r) {
+                (CpuStorage::F8E4M3(p), CpuStorage::F8E4M3(r)) => {
+                    copy_slots(&mut p[p0..], &r[r0..], &self.slots, row)
+                }
+                (CpuStorage::U8(p), CpuStorage::U8(r)) => {
+                    copy_slots(&mut p[p0..], &r[r0..], &self.slots, row)
+                }
+                _ => bail!("pool_write: the pool and the rows must be both fp8 or both u8"),
+            },
+            _ => super::float_dispatch!(
+                CpuStorage,
+                "pool_write: the pool and the rows must be both f32 or both bf16",
+                (p => p, r => r),
+                copy_slots(&mut p[p0..], &r[r0..], &self.slots, row)
+            ),
+        }
         Ok(())
     }
 }

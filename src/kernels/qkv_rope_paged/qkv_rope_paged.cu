@@ -12,6 +12,7 @@
 // and 52 us for 10 MB.
 
 #include "common.cuh"
+#include "fp8.cuh"
 
 template <typename T, bool INTERLEAVED>
 __device__ __forceinline__ void qkv_rope_paged_impl(const float* __restrict__ qkv, const float* __restrict__ bias,
@@ -68,3 +69,78 @@ QKV_ROPE_PAGED(qkv_rope_paged_half_f32, float, false)
 QKV_ROPE_PAGED(qkv_rope_paged_half_bf16, __nv_bfloat16, false)
 QKV_ROPE_PAGED(qkv_rope_paged_interleaved_f32, float, true)
 QKV_ROPE_PAGED(qkv_rope_paged_interleaved_bf16, __nv_bfloat16, true)
+
+// Pools of codes (include/fp8.cuh; E4M3, or INT8 with INT8): q as bf16, each stored (token, kv
+// head) row as codes under the power-of-two scale of its largest magnitude, the scale byte beside it in
+// [num_slots, kv_heads]. The row's magnitudes meet in shared memory (a head's D/2 threads may
+// span two warps). RoPE's products and sums are rounded one by one (__fmul_rn, no contraction),
+// as the CPU reference computes them: a fused multiply-add that moved a value across an E4M3
+// rounding boundary would be a whole code (1/16) off, where in bf16 it is one ulp.
+template <bool INT8>
+__device__ __forceinline__ void qkv_rope_paged_fp8_impl(
+    const float* __restrict__ qkv, const float* __restrict__ bias, const float* __restrict__ cos,
+    const float* __restrict__ sin, const uint32_t* __restrict__ positions, const uint32_t* __restrict__ slots,
+    __nv_bfloat16* __restrict__ q_out, uint8_t* __restrict__ k_pool, uint8_t* __restrict__ v_pool,
+    uint8_t* __restrict__ k_scale, uint8_t* __restrict__ v_scale, int heads, int kv_heads, int d, int n_positions,
+    long long num_slots, bool interleaved) {
+    __shared__ uint32_t amax_bits[256];  // per head of the block (blockDim.y <= 256)
+    pdl_wait();
+    pdl_launch_dependents();
+    const long long t = blockIdx.x;
+    const int y = threadIdx.y, b = blockIdx.y * blockDim.y + y, i = threadIdx.x, half = d / 2;
+    const bool live = b < heads + 2 * kv_heads;
+    const int i1 = interleaved ? 2 * i : i, i2 = interleaved ? 2 * i + 1 : i + half;
+    if (i == 0) amax_bits[y] = 0;
+    float y1 = 0.f, y2 = 0.f;
+    if (live) {
+        const float* row = qkv + t * (heads + 2 * kv_heads) * d + b * d;
+        float x1 = row[i1], x2 = row[i2];
+        if (bias) {
+            x1 = __fadd_rn(x1, bias[b * d + i1]);
+            x2 = __fadd_rn(x2, bias[b * d + i2]);
+        }
+        y1 = x1;
+        y2 = x2;
+        if (b < heads + kv_heads) {
+            const uint32_t p = positions[t];
+            const bool ok = p < (uint32_t)n_positions;
+            const float c = ok ? cos[(long long)p * half + i] : __int_as_float(0x7fffffff);
+            const float s = ok ? sin[(long long)p * half + i] : __int_as_float(0x7fffffff);
+            y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+            y2 = __fadd_rn(__fmul_rn(x1, s), __fmul_rn(x2, c));
+        }
+    }
+    __syncthreads();  // amax_bits cleared
+    const long long slot = slots[t];
+    const bool store = live && b >= heads && slot < num_slots;
+    // Non-negative floats order as their bits; NaN's bits are above infinity's.
+    if (store) atomicMax(&amax_bits[y], max(__float_as_uint(fabsf(y1)), __float_as_uint(fabsf(y2))));
+    __syncthreads();
+    if (live && b < heads) {
+        q_out[(t * heads + b) * d + i1] = __float2bfloat16_rn(y1);
+        q_out[(t * heads + b) * d + i2] = __float2bfloat16_rn(y2);
+    }
+    if (!store) return;
+    const bool is_k = b < heads + kv_heads;
+    const int g = is_k ? b - heads : b - heads - kv_heads;
+    const uint8_t sb = kv_scale_byte<INT8>(__uint_as_float(amax_bits[y]));
+    const float inv = fp8_scale_value((uint8_t)(254 - sb));
+    uint8_t* pool = (is_k ? k_pool : v_pool) + (slot * kv_heads + g) * d;
+    pool[i1] = kv_quantize<INT8>(y1, inv);
+    pool[i2] = kv_quantize<INT8>(y2, inv);
+    if (i == 0) (is_k ? k_scale : v_scale)[slot * kv_heads + g] = sb;
+}
+
+#define QKV_ROPE_PAGED_FP8(NAME, INTERLEAVED, INT8)                                                                \
+    extern "C" __global__ void NAME(const float* qkv, const float* bias, const float* cos, const float* sin,   \
+                                    const uint32_t* positions, const uint32_t* slots, __nv_bfloat16* q_out,    \
+                                    uint8_t* k_pool, uint8_t* v_pool, uint8_t* k_scale, uint8_t* v_scale,      \
+                                    int heads, int kv_heads, int d, int n_positions, long long num_slots) {    \
+        qkv_rope_paged_fp8_impl<INT8>(qkv, bias, cos, sin, positions, slots, q_out, k_pool, v_pool, k_scale, v_scale, \
+                                heads, kv_heads, d, n_positions, num_slots, INTERLEAVED);                      \
+    }
+
+QKV_ROPE_PAGED_FP8(qkv_rope_paged_half_fp8, false, false)
+QKV_ROPE_PAGED_FP8(qkv_rope_paged_interleaved_fp8, true, false)
+QKV_ROPE_PAGED_FP8(qkv_rope_paged_half_int8, false, true)
+QKV_ROPE_PAGED_FP8(qkv_rope_paged_interleaved_int8, true, true)

@@ -7,6 +7,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
 use super::*;
+use crate::kernels::kv_fp8::Codes;
 use crate::kernels::testing::{rng, tensor, uniform, values};
 
 const TABLE_ROWS: usize = 64;
@@ -20,6 +21,8 @@ struct Inputs {
     slots: Tensor,
     k_pool: Tensor,
     v_pool: Tensor,
+    /// FP8 pools' scales.
+    scales: Option<(Tensor, Tensor)>,
 }
 
 /// `tokens` tokens at random positions, stored in distinct random slots of a `num_slots` pool,
@@ -54,6 +57,7 @@ fn inputs(
         slots: Tensor::new(slots, &Device::Cpu).unwrap(),
         k_pool,
         v_pool,
+        scales: None,
     }
 }
 
@@ -69,6 +73,7 @@ fn run(x: &Inputs, h: QkvHeads, pairs: RotaryPairs) -> candle_core::Result<Tenso
         pairs,
         &x.k_pool,
         &x.v_pool,
+        x.scales.as_ref().map(|(k, v)| (k, v)),
     )
 }
 
@@ -184,6 +189,7 @@ fn rejects_positions_and_slots_outside() {
         RotaryPairs::HalfSplit,
         &x.k_pool,
         &x.v_pool,
+        None,
     );
     assert_eq!(q.unwrap().dims(), [0, 2, 8]);
 }
@@ -214,6 +220,7 @@ fn gpu_matches_reference() {
                     slots: on(&x.slots),
                     k_pool: on(&x.k_pool),
                     v_pool: on(&x.v_pool),
+                    scales: None,
                 };
                 let want = values(&run(&x, h, pairs).unwrap());
                 let got = values(&run(&g, h, pairs).unwrap());
@@ -230,6 +237,125 @@ fn gpu_matches_reference() {
                         tol,
                     );
                 }
+            }
+        }
+    }
+}
+
+/// `x` with pools of `codes` of `num_slots` (codes of garbage, scales 0).
+fn with_coded_pools(x: Inputs, h: QkvHeads, num_slots: usize, codes: Codes) -> Inputs {
+    let raw: Vec<u8> =
+        (0..num_slots * h.kv_heads * h.head_dim).map(|i| (i * 37 % 251) as u8).collect();
+    let dims = [num_slots, h.kv_heads, h.head_dim];
+    let pool = || Tensor::from_raw_buffer(&raw, codes.dtype(), &dims, &Device::Cpu).unwrap();
+    let scales = || Tensor::zeros((num_slots, h.kv_heads), DType::U8, &Device::Cpu).unwrap();
+    Inputs { k_pool: pool(), v_pool: pool(), scales: Some((scales(), scales())), ..x }
+}
+
+/// The raw codes of an FP8 pool and its scales, on the host.
+fn fp8_pool(codes: &Tensor, scales: &Tensor) -> (Vec<u8>, Vec<u8>) {
+    let codes = codes.to_device(&Device::Cpu).unwrap();
+    let (storage, _) = codes.storage_and_layout();
+    let candle_core::Storage::Cpu(s) = &*storage else { panic!("not on the CPU") };
+    let raw = crate::kernels::kv_fp8::cpu_codes(s).unwrap();
+    (raw, scales.flatten_all().unwrap().to_device(&Device::Cpu).unwrap().to_vec1().unwrap())
+}
+
+/// Pools of codes: each stored row is the f32 pools' row quantized under its own scale
+/// (kv_fp8::quantize_row), the other slots untouched; q as with f32 pools.
+#[test]
+fn coded_reference_quantizes_each_stored_row() {
+    let h = QkvHeads { heads: 4, kv_heads: 2, head_dim: 16 };
+    let mut r = rng("qkv_rope_paged codes");
+    for (pairs, codes) in [
+        (RotaryPairs::HalfSplit, Codes::E4m3),
+        (RotaryPairs::Interleaved, Codes::E4m3),
+        (RotaryPairs::HalfSplit, Codes::Int8),
+    ] {
+        let (tokens, num_slots) = (r.random_range(1..20), 40);
+        let x = inputs(&mut r, h, tokens, num_slots, DType::F32, true);
+        let slots = x.slots.to_vec1::<u32>().unwrap();
+        let q32 = values(&run(&x, h, pairs).unwrap());
+        let (k32, v32) = (values(&x.k_pool), values(&x.v_pool));
+        let x = with_coded_pools(x, h, num_slots, codes);
+        let (k0, _) = fp8_pool(&x.k_pool, &x.scales.as_ref().unwrap().0);
+        let q = run(&x, h, pairs).unwrap();
+        assert_eq!(q.dtype(), DType::F32, "the CPU's q with pools of codes");
+        assert_eq!(values(&q), q32);
+        let (ks, vs) = x.scales.as_ref().unwrap();
+        let row = h.kv_heads * h.head_dim;
+        for (pool, scales, want) in [(&x.k_pool, ks, &k32), (&x.v_pool, vs, &v32)] {
+            let (got, scales) = fp8_pool(pool, scales);
+            for slot in 0..num_slots {
+                let at = slot * row..(slot + 1) * row;
+                if !slots.contains(&(slot as u32)) {
+                    assert_eq!(&got[at.clone()], &k0[at], "slot {slot} written");
+                    continue;
+                }
+                for g in 0..h.kv_heads {
+                    let r0 = slot * row + g * h.head_dim;
+                    let mut c = vec![0u8; h.head_dim];
+                    let s = crate::kernels::kv_fp8::quantize_row(
+                        codes,
+                        &want[r0..][..h.head_dim],
+                        &mut c,
+                    );
+                    assert_eq!(scales[slot * h.kv_heads + g], s, "slot {slot} head {g} scale");
+                    assert_eq!(&got[r0..][..h.head_dim], &c[..], "slot {slot} head {g} codes");
+                }
+            }
+        }
+    }
+}
+
+/// The FP8 kernel against the reference: the same codes and scales bit for bit (RoPE rounded
+/// step by step on both), q in bf16 within a rounding of the reference's f32.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_fp8_matches_reference() {
+    use crate::kernels::testing::{assert_written_and_close, gpu};
+    let dev = gpu();
+    let mut r = rng("qkv_rope_paged gpu fp8");
+    for h in [
+        QkvHeads { heads: 64, kv_heads: 8, head_dim: 64 },
+        QkvHeads { heads: 32, kv_heads: 8, head_dim: 128 },
+    ] {
+        for (pairs, bias, codes) in [
+            (RotaryPairs::HalfSplit, true, Codes::E4m3),
+            (RotaryPairs::Interleaved, false, Codes::E4m3),
+            (RotaryPairs::HalfSplit, false, Codes::Int8),
+            (RotaryPairs::Interleaved, true, Codes::Int8),
+        ] {
+            let name = format!("gpu qkv_rope_paged {codes:?} {h:?} {pairs:?} bias {bias}");
+            let (tokens, num_slots) = (r.random_range(1..300), 400);
+            let x = inputs(&mut r, h, tokens, num_slots, DType::F32, bias);
+            let x = with_coded_pools(x, h, num_slots, codes);
+            let on = |t: &Tensor| t.to_device(&dev).unwrap();
+            let (ks, vs) = x.scales.as_ref().unwrap();
+            let g = Inputs {
+                qkv: on(&x.qkv),
+                bias: x.bias.as_ref().map(on),
+                cos: on(&x.cos),
+                sin: on(&x.sin),
+                positions: on(&x.positions),
+                slots: on(&x.slots),
+                k_pool: on(&x.k_pool),
+                v_pool: on(&x.v_pool),
+                scales: Some((on(ks), on(vs))),
+            };
+            let want = values(&run(&x, h, pairs).unwrap());
+            let q = run(&g, h, pairs).unwrap();
+            assert_eq!(q.dtype(), DType::BF16, "{name}: q with fp8 pools on CUDA");
+            assert_written_and_close(&format!("{name} q"), &values(&q), &want, 8e-3);
+            let (gks, gvs) = g.scales.as_ref().unwrap();
+            for (gp, gs, cp, cs, what) in
+                [(&g.k_pool, gks, &x.k_pool, ks, "k"), (&g.v_pool, gvs, &x.v_pool, vs, "v")]
+            {
+                let (got, want) = (fp8_pool(gp, gs), fp8_pool(cp, cs));
+                assert_eq!(got.1, want.1, "{name} {what} scales");
+                let diff = got.0.iter().zip(&want.0).position(|(a, b)| a != b);
+                assert!(diff.is_none(), "{name} {what} codes differ at {diff:?}");
             }
         }
     }

@@ -14,7 +14,8 @@ fn bench_config(name: &str) -> PathBuf {
 }
 
 fn spec_of(source: &Source, dtype: Option<DType>, context: usize, target: Target) -> Spec {
-    let opts = LoadOptions { dtype, context: Some(context), dummy: false };
+    let opts =
+        LoadOptions { dtype, context: Some(context), dummy: false, kv_dtype: Default::default() };
     Spec::read(source, &opts, target).unwrap()
 }
 
@@ -44,7 +45,7 @@ fn the_largest_context_of_gpt_oss_20b_on_an_h100() {
     let msg = err.unwrap_err().to_string();
     assert!(msg.starts_with("gpt-oss-20b needs "), "{msg}");
     assert!(
-        msg.contains(" at --context 1000000000 (weights 12.8 GiB, KV cache 22.4 TiB, "),
+        msg.contains(" at --context 1000000000 (weights 12.8 GiB, KV cache 22.4 TiB (bf16), "),
         "{msg}"
     );
     assert!(
@@ -70,7 +71,8 @@ fn a_model_larger_than_the_memory_fits_at_no_context() {
 #[test]
 fn the_default_context_says_which_flag_to_pass() {
     let source = Source::Dummy(bench_config("tinyllama-1.1b"));
-    let opts = LoadOptions { dtype: None, context: None, dummy: true };
+    let opts =
+        LoadOptions { dtype: None, context: None, dummy: true, kv_dtype: Default::default() };
     let spec = Spec::read(&source, &opts, Target::Gpu).unwrap();
     assert_eq!(spec.context, 2048, "min(model max, 8192)");
     let need = spec.plan(2048).total();
@@ -91,7 +93,12 @@ fn the_20b_kv_pool_by_hand() {
     // headroom (256 blocks) and the padding block.
     let spec = Spec::read(
         &Source::Dummy(bench_config("gpt-oss-20b")),
-        &LoadOptions { dtype: None, context: Some(8192), dummy: true },
+        &LoadOptions {
+            dtype: None,
+            context: Some(8192),
+            dummy: true,
+            kv_dtype: Default::default(),
+        },
         Target::Gpu,
     )
     .unwrap();
@@ -104,7 +111,12 @@ fn the_20b_kv_pool_by_hand() {
 fn a_rank_plans_its_slice_and_a_refusal_names_the_tp_that_fits() {
     let spec = Spec::read(
         &Source::Dummy(bench_config("gpt-oss-120b")),
-        &LoadOptions { dtype: None, context: Some(8192), dummy: true },
+        &LoadOptions {
+            dtype: None,
+            context: Some(8192),
+            dummy: true,
+            kv_dtype: Default::default(),
+        },
         Target::Gpu,
     )
     .unwrap();
@@ -131,7 +143,17 @@ fn a_rank_plans_its_slice_and_a_refusal_names_the_tp_that_fits() {
 /// Loads `name` on the CPU and checks the plan it made against what the
 /// model it built holds and the KV pool an engine of one sequence allocates for it.
 fn plan_matches_allocation(name: &Path, dtype: Option<DType>, context: usize, dummy: bool) {
-    let opts = LoadOptions { dtype, context: Some(context), dummy };
+    plan_matches_allocation_kv(name, dtype, context, dummy, Default::default());
+}
+
+fn plan_matches_allocation_kv(
+    name: &Path,
+    dtype: Option<DType>,
+    context: usize,
+    dummy: bool,
+    kv_dtype: crate::models::batch::KvDtype,
+) {
+    let opts = LoadOptions { dtype, context: Some(context), dummy, kv_dtype };
     let loaded = load::load(name.to_str().unwrap(), &opts, &Device::Cpu).unwrap();
     let got = loaded.model.allocated();
     let shape = loaded.model.kv_shape();
@@ -160,6 +182,19 @@ fn gpt_oss_checkpoint_plan_is_what_the_model_allocates() {
     {
         plan_matches_allocation(&gpt_oss_fixture(), dtype, context, false);
     }
+}
+
+/// FP8 pools (the CPU emulates them): the codes, and a scale byte per row of keys or values.
+#[test]
+fn fp8_kv_plan_is_what_the_pool_allocates() {
+    let fp8 = crate::models::batch::KvDtype::Fp8;
+    for context in [64, 2000] {
+        plan_matches_allocation_kv(&gpt_oss_fixture(), None, context, false, fp8);
+    }
+    let int8 = crate::models::batch::KvDtype::Int8;
+    plan_matches_allocation_kv(&gpt_oss_fixture(), None, 300, false, int8);
+    let llama = gpt_oss_fixture().with_file_name("llama3_tiny");
+    plan_matches_allocation_kv(&llama, None, 300, false, fp8);
 }
 
 #[test]
@@ -219,7 +254,8 @@ fn llama_random_weights_plan_is_what_the_model_allocates() {
     let dynamic = r#","rope_scaling":{"type":"dynamic","factor":2.0}"#;
     let path = tmp.path().join("dynamic.json");
     std::fs::write(&path, tiny_llama(false, false, dynamic)).unwrap();
-    let opts = LoadOptions { dtype: None, context: Some(200), dummy: true };
+    let opts =
+        LoadOptions { dtype: None, context: Some(200), dummy: true, kv_dtype: Default::default() };
     let err = load::load(path.to_str().unwrap(), &opts, &Device::Cpu).err().unwrap();
     assert!(err.to_string().contains("dynamic NTK"), "{err}");
 }
@@ -310,4 +346,39 @@ fn a_device_allocation_failure_while_loading_is_exit_7_with_the_plan() {
     assert!(msg.contains("; 1.0 GiB was free before loading"), "{msg}");
     let other = load::out_of_memory(anyhow::anyhow!("bad shape"), "m", &plan, budget);
     assert_eq!(other.to_string(), "bad shape");
+}
+
+/// `--kv-dtype fp8` (int8 takes the same bytes) on gpt-oss-120b with one H100's 77.1 GiB free:
+/// the KV cache takes 65 bytes a row of 64 where bf16 takes 128, so the largest context nearly
+/// doubles; what keeps it from 2× is the scale byte and the f32 RoPE tables (256 B a position,
+/// the same in both).
+#[test]
+fn fp8_kv_nearly_doubles_the_120b_context_on_an_h100() {
+    let source = Source::Dummy(bench_config("gpt-oss-120b"));
+    let free = (77.1 * (1u64 << 30) as f64) as u64;
+    let largest = |kv_dtype| {
+        let opts = LoadOptions { dtype: None, context: Some(1 << 30), dummy: true, kv_dtype };
+        let spec = Spec::read(&source, &opts, Target::Gpu).unwrap();
+        let c = spec.largest_context(free, spec.context).unwrap();
+        (c, spec.plan(c))
+    };
+    let (bf16, bf16_plan) = largest(crate::models::batch::KvDtype::Compute);
+    let (fp8, fp8_plan) = largest(crate::models::batch::KvDtype::Fp8);
+    let ratio = fp8 as f64 / bf16 as f64;
+    eprintln!(
+        "gpt-oss-120b on 77.1 GiB: bf16 KV {bf16} positions ({}), fp8 KV {fp8} positions ({}): \
+         {ratio:.3}x",
+        bf16_plan.parts(),
+        fp8_plan.parts()
+    );
+    assert!(fp8_plan.parts().contains("(fp8)") && bf16_plan.parts().contains("(bf16)"));
+    assert!((1.9..2.0).contains(&ratio), "{bf16} -> {fp8}: {ratio}");
+    // Per position and full layer: 8 kv heads × (64 codes + 1 scale) for k and for v.
+    let spec = |kv_dtype| {
+        let opts = LoadOptions { dtype: None, context: Some(8192), dummy: true, kv_dtype };
+        Spec::read(&source, &opts, Target::Gpu).unwrap().plan(8192).kv_cache
+    };
+    let (b, f) =
+        (spec(crate::models::batch::KvDtype::Compute), spec(crate::models::batch::KvDtype::Fp8));
+    assert_eq!(f * 128, b * 65, "fp8 {f} bytes, bf16 {b}");
 }

@@ -261,6 +261,7 @@ impl Eagle3Head {
             RotaryPairs::HalfSplit,
             k_pool,
             v_pool,
+            kv.scales(0),
         )?;
         let attn = PagedAttnConfig {
             block_size: kv.block_size,
@@ -271,6 +272,7 @@ impl Eagle3Head {
             &q,
             k_pool,
             v_pool,
+            kv.scales(0),
             None,
             &step.cu_q,
             &step.q_pos,

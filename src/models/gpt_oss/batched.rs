@@ -16,11 +16,15 @@ use crate::dist::collective::sum_over;
 use crate::kernels::{
     PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged,
 };
-use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput, Taps};
+use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput, Taps};
 
 impl BatchModel for GptOss {
     fn kv_shape(&self) -> KvShape {
-        memory::kv_shape(self.config(), self.dtype())
+        memory::kv_shape(self.config(), self.kv_pool_dtype())
+    }
+
+    fn set_kv_dtype(&mut self, kv: KvDtype) {
+        self.set_kv(kv);
     }
 
     fn forward_taps(
@@ -67,6 +71,7 @@ impl BatchModel for GptOss {
                 RotaryPairs::HalfSplit,
                 k_pool,
                 v_pool,
+                kv.scales(n),
             )?;
             // Each sequence's queries over its own blocks; [T, heads, d] is already the layout
             // of the rows [T, heads·d] o_proj takes.
@@ -79,6 +84,7 @@ impl BatchModel for GptOss {
                 &q,
                 k_pool,
                 v_pool,
+                kv.scales(n),
                 Some(&layer.attn.sinks),
                 &step.cu_q,
                 &step.q_pos,

@@ -15,6 +15,7 @@ use super::config::GptOssConfig;
 use super::memory;
 use crate::dist::Collective;
 use crate::kernels::{Mxfp4Experts, SwiGlu};
+use crate::models::batch::KvDtype;
 use crate::models::head::Head;
 use crate::models::linear::Linear;
 use crate::models::rope;
@@ -90,6 +91,8 @@ pub struct GptOss {
     cos: Tensor,
     sin: Tensor,
     dtype: DType,
+    /// How the engine's KV pool stores keys and values.
+    kv_dtype: KvDtype,
     device: Device,
     /// The other ranks, when this is one rank's slice of the model (`shard.rs`).
     comm: Option<Arc<dyn Collective>>,
@@ -113,7 +116,8 @@ impl GptOss {
             memory::ROPE_DTYPE,
             device,
         )?;
-        Ok(GptOss { cfg, w, cos, sin, dtype, device: device.clone(), comm: None })
+        let kv_dtype = KvDtype::Compute;
+        Ok(GptOss { cfg, w, cos, sin, dtype, kv_dtype, device: device.clone(), comm: None })
     }
 
     /// Rank `comm.shard()`'s slice of the model whose whole weights are `w` (anywhere: loaded on
@@ -179,6 +183,15 @@ impl GptOss {
 
     pub(super) fn weights(&self) -> &Weights {
         &self.w
+    }
+
+    /// The KV pool's dtype.
+    pub(super) fn kv_pool_dtype(&self) -> DType {
+        self.kv_dtype.pool_dtype(self.dtype)
+    }
+
+    pub(super) fn set_kv(&mut self, kv: KvDtype) {
+        self.kv_dtype = kv;
     }
 
     pub(super) fn dtype(&self) -> DType {

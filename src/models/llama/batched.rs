@@ -14,12 +14,16 @@ use crate::kernels::{
     PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, matmul_swiglu_bf16, paged_attention,
     qkv_rope_paged, silu_mul_to,
 };
-use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput, Taps};
+use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput, Taps};
 use crate::models::linear::Linear;
 
 impl BatchModel for Llama {
     fn kv_shape(&self) -> KvShape {
-        super::memory::kv_shape(self.config(), self.dtype())
+        super::memory::kv_shape(self.config(), self.kv_pool_dtype())
+    }
+
+    fn set_kv_dtype(&mut self, kv: KvDtype) {
+        self.set_kv(kv);
     }
 
     fn forward_taps(
@@ -79,11 +83,13 @@ impl BatchModel for Llama {
                 pairs,
                 k_pool,
                 v_pool,
+                kv.scales(n),
             )?;
             let o = paged_attention(
                 &q,
                 k_pool,
                 v_pool,
+                kv.scales(n),
                 None,
                 &step.cu_q,
                 &step.q_pos,

@@ -11,6 +11,7 @@ use super::config::LlamaConfig;
 use super::fuse::Fused;
 use super::memory;
 use crate::dist::Collective;
+use crate::models::batch::KvDtype;
 use crate::models::head::Head;
 use crate::models::linear::Linear;
 use crate::models::rope;
@@ -58,6 +59,8 @@ pub struct Llama {
     /// f32 cos/sin for every position (the batched path rotates in f32, as gpt-oss does).
     rope: (Tensor, Tensor),
     dtype: DType,
+    /// How the engine's KV pool stores keys and values.
+    kv_dtype: KvDtype,
     device: Device,
     /// The other ranks, when this is one rank's slice of the model (`shard.rs`).
     comm: Option<Arc<dyn Collective>>,
@@ -81,7 +84,18 @@ impl Llama {
         let w = f32_head(w, dtype)?;
         let scale = cfg.rope.attention_scaling();
         let rope = rope::scaled_tables(&inv_freq, scale, 0, context, memory::ROPE_DTYPE, device)?;
-        Ok(Llama { cfg, w, rope_style, inv_freq, rope, dtype, device: device.clone(), comm: None })
+        let kv_dtype = KvDtype::Compute;
+        Ok(Llama {
+            cfg,
+            w,
+            rope_style,
+            inv_freq,
+            rope,
+            dtype,
+            kv_dtype,
+            device: device.clone(),
+            comm: None,
+        })
     }
 
     /// Rank `comm.shard()`'s slice of the model whose whole weights are `w` (anywhere: loaded on
@@ -122,6 +136,15 @@ impl Llama {
 
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// The KV pool's dtype.
+    pub fn kv_pool_dtype(&self) -> DType {
+        self.kv_dtype.pool_dtype(self.dtype)
+    }
+
+    pub(super) fn set_kv(&mut self, kv: KvDtype) {
+        self.kv_dtype = kv;
     }
 
     /// Bytes of the RoPE tables.

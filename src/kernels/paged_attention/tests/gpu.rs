@@ -6,6 +6,7 @@
 use candle_core::Device;
 
 use super::*;
+use crate::kernels::kv_fp8::Codes;
 use crate::kernels::testing::{assert_written_and_close, gpu};
 
 /// The batch's tensors on `dev` (without the contiguous copies, which only the CPU needs).
@@ -15,6 +16,7 @@ fn to_device(x: &Inputs, dev: &Device) -> Inputs {
         q: on(&x.q),
         k_pool: on(&x.k_pool),
         v_pool: on(&x.v_pool),
+        scales: x.scales.as_ref().map(|(k, v)| (on(k), on(v))),
         sinks: x.sinks.as_ref().map(on),
         cu_q: on(&x.cu_q),
         q_pos: on(&x.q_pos),
@@ -31,15 +33,19 @@ fn check(name: &str, b: &Batch, dtype: DType, tol: f64) {
         return;
     }
     let mut rng = rng(name);
-    let x = inputs(&mut rng, b, dtype);
+    check_inputs(name, b, dtype, tol, inputs(&mut rng, b, dtype));
+}
+
+fn check_inputs(name: &str, b: &Batch, dtype: DType, tol: f64, x: Inputs) {
     let want = values(&run(&x, b, b.bounds()).expect("reference"));
     let dev = gpu();
     let g = to_device(&x, &dev);
     let tight = b.bounds();
     let loose = PagedBounds { max_q_len: tight.max_q_len + 9, max_context: 2 * tight.max_context };
     for bounds in [tight, loose] {
-        let meta =
-            Meta { sinks: g.sinks.as_ref(), cu_q: &g.cu_q, q_pos: &g.q_pos, tables: &g.tables };
+        let scales = g.scales.as_ref().map(|(k, v)| (k, v));
+        let (sinks, cu_q, q_pos, tables) = (g.sinks.as_ref(), &g.cu_q, &g.q_pos, &g.tables);
+        let meta = Meta { scales, sinks, cu_q, q_pos, tables };
         let op = PagedAttention::new(&g.q, &g.k_pool, &g.v_pool, meta, bounds, b.cfg(), true)
             .expect("op");
         let plan = op.plan(b.tokens(), 132);
@@ -84,6 +90,25 @@ fn gpu_matches_cpu_bf16() {
     let mut r = rng("paged gpu bf16 cases");
     for (name, b) in batches(&mut r) {
         check(name, &b, DType::BF16, 1e-2);
+    }
+}
+
+/// Pools of FP8 and of INT8 codes (bf16 q) against the CPU reference on the same codes, every
+/// case of the bf16 test: the kernel reads the values the codes stand for, so a row is within the
+/// bf16 kernel's tolerance of the reference.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_matches_cpu_fp8() {
+    let mut r = rng("paged gpu fp8 cases");
+    for codes in [Codes::E4m3, Codes::Int8] {
+        for (name, b) in batches(&mut r) {
+            if b.tokens() == 0 {
+                continue;
+            }
+            let x = inputs(&mut r, &b, DType::F32);
+            let (coded, _) = super::coded_inputs(x, DType::BF16, codes);
+            check_inputs(&format!("{name} {codes:?}"), &b, DType::BF16, 1e-2, coded);
+        }
     }
 }
 
@@ -195,6 +220,7 @@ fn gpu_decode_timing() {
                     &x.q,
                     &x.k_pool,
                     &x.v_pool,
+                    None,
                     x.sinks.as_ref(),
                     &x.cu_q,
                     &x.q_pos,
@@ -213,7 +239,7 @@ fn gpu_decode_timing() {
 /// query computed alone in a decode step under a graph bucket's loose bounds (its keys shared
 /// among blocks and combined), and the same query inside chunks of 7 (other tiles, other rows).
 /// This is what makes a prefix decoded token by token and reused from the cache equal a fresh
-/// prefill of it in bf16.
+/// prefill of it in bf16, and with FP8 pools.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
 fn gpu_rows_are_batch_invariant() {
@@ -221,15 +247,21 @@ fn gpu_rows_are_batch_invariant() {
     let mut r = rng("paged invariance");
     let loose = PagedBounds { max_q_len: 1, max_context: 8192 };
     let u32s = |v: &[u32]| Tensor::new(v, &dev).unwrap();
-    for dtype in [DType::F32, DType::BF16] {
+    let kinds = [(DType::F32, None), (DType::BF16, None)];
+    let coded = [(DType::BF16, Some(Codes::E4m3)), (DType::BF16, Some(Codes::Int8))];
+    for (dtype, codes) in kinds.into_iter().chain(coded) {
         for (window, sinks) in [(None, true), (Some(128), true), (Some(100), false), (None, false)]
         {
             let mut b = Batch::new(64, 8, 64, 16).window(window).sinks(sinks);
             b.seqs = vec![(200, 0), (37, 900), (1, 2500), (70, r.random_range(100..300))];
-            let x = to_device(&inputs(&mut r, &b, dtype), &dev);
+            let host = match codes {
+                Some(c) => super::coded_inputs(inputs(&mut r, &b, DType::F32), dtype, c).0,
+                None => inputs(&mut r, &b, dtype),
+            };
+            let x = to_device(&host, &dev);
             let full = values(&run(&x, &b, b.bounds()).unwrap());
             let row = b.heads * b.d;
-            let what = format!("{dtype:?} window {window:?} sinks {sinks}");
+            let what = format!("{dtype:?} codes {codes:?} window {window:?} sinks {sinks}");
             let same = |got: &[f32], at: usize, how: &str| {
                 let want = &full[at * row..][..got.len()];
                 let diff = got.iter().zip(want).position(|(a, w)| a.to_bits() != w.to_bits());
@@ -247,6 +279,7 @@ fn gpu_rows_are_batch_invariant() {
                         sinks: x.sinks.clone(),
                         k_pool: x.k_pool.clone(),
                         v_pool: x.v_pool.clone(),
+                        scales: x.scales.clone(),
                         k_seq: Vec::new(),
                         v_seq: Vec::new(),
                     };
