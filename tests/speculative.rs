@@ -589,7 +589,11 @@ fn predictions_lossless(on: On, model: &str) {
         for (i, h) in handles.into_iter().enumerate() {
             assert_eq!(collect(h).0, plain[i], "{kind} prediction in a batch, case {i}");
         }
-        assert!(e.stats().spec.drafts > 0, "{kind}: nothing drafted in the batch");
+        // An unrelated prediction may give a batch nothing to draft.
+        assert!(
+            *kind == "unrelated" || e.stats().spec.drafts > 0,
+            "{kind}: nothing drafted in the batch"
+        );
     }
 }
 
