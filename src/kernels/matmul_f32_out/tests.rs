@@ -195,3 +195,32 @@ fn gpu_gemv_timing() {
         eprintln!("{line}");
     }
 }
+
+/// The LM head's product (`matmul_hi_lo`, f32 rows as bf16 hi + lo) gives a row the same bits in
+/// a step of up to 8 rows as alone: the sizes a speculative verify step may have. The tiny
+/// gpt-oss's width and 20b's.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_hi_lo_rows_alone_equal_rows_in_a_step() {
+    let dev = crate::kernels::testing::gpu();
+    let mut r = rng("hi lo invariance");
+    let mut differ = Vec::new();
+    for (n, k) in [(256, 64), (2048, 2880)] {
+        let w = tensor(uniform(&mut r, n * k, -0.5, 0.5), &[n, k], DType::BF16)
+            .to_device(&dev)
+            .unwrap();
+        for rows in 2..=8 {
+            let x = tensor(uniform(&mut r, rows * k, -3.0, 3.0), &[rows, k], DType::F32)
+                .to_device(&dev)
+                .unwrap();
+            let all = values(&matmul_hi_lo(&x, &w).unwrap());
+            for t in 0..rows {
+                let alone = values(&matmul_hi_lo(&x.narrow(0, t, 1).unwrap(), &w).unwrap());
+                if alone.iter().zip(&all[t * n..][..n]).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                    differ.push(format!("[{n}, {k}], {rows} rows: row {t}"));
+                }
+            }
+        }
+    }
+    assert!(differ.is_empty(), "rows differ from themselves alone: {differ:#?}");
+}

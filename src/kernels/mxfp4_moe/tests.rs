@@ -548,6 +548,53 @@ mod gpu {
         }
     }
 
+    /// Each token of a batch below the expert-major threshold (the slot kernel's sizes, where
+    /// speculation verifies) gets the bits it gets alone: the tiny gpt-oss's and 20b's widths,
+    /// f32 output (what the model adds to its residual stream) and bf16.
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_slot_tokens_alone_equal_tokens_in_a_batch() {
+        use crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_MIN_TOKENS;
+        let dev = gpu();
+        let mut differ = Vec::new();
+        for (experts, hidden, inter) in [(8, 64, 64), (32, 2880, 2880)] {
+            for tokens in 2..EXPERT_MAJOR_MIN_TOKENS {
+                let d = Dims { tokens, experts, hidden, inter, k: 4 };
+                let mut rng = rng(&format!("slot invariance {d:?}"));
+                let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
+                let ex = super::experts(&inp.packed, &dev);
+                let (x, ids, w) = (
+                    inp.x.to_device(&dev).unwrap(),
+                    inp.ids.to_device(&dev).unwrap(),
+                    inp.weights.to_device(&dev).unwrap(),
+                );
+                for out_f32 in [false, true] {
+                    let run = |x: &Tensor, ids: &Tensor, w: &Tensor| {
+                        let mut op = Mxfp4Moe::new(x, &ex, ids, w, SwiGlu::GPT_OSS, true).unwrap();
+                        op.out_f32 = out_f32;
+                        let y = x.apply_op3_no_bwd(ids, w, &op).unwrap();
+                        y.to_dtype(DType::F32)
+                            .unwrap()
+                            .flatten_all()
+                            .unwrap()
+                            .to_vec1::<f32>()
+                            .unwrap()
+                    };
+                    let batch = run(&x, &ids, &w);
+                    for t in 0..tokens {
+                        let one = |a: &Tensor| a.narrow(0, t, 1).unwrap().contiguous().unwrap();
+                        let alone = run(&one(&x), &one(&ids), &one(&w));
+                        let row = &batch[t * hidden..][..hidden];
+                        if alone.iter().zip(row).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                            differ.push(format!("{d:?} f32 out {out_f32}: token {t}"));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(differ.is_empty(), "tokens differ from themselves alone: {differ:#?}");
+    }
+
     /// Routing on the GPU (route.cu) plus experts against the CPU reference: decode and prefill
     /// sizes, gpt-oss-20b's 32 and 120b's 128 experts, logits full of ties.
     #[test]
