@@ -199,6 +199,7 @@ fn gpu_gemv_timing() {
 /// The LM head's product (`matmul_hi_lo`, f32 rows as bf16 hi + lo) gives a row the same bits in
 /// a step of up to 8 rows as alone: the sizes a speculative verify step may have. The tiny
 /// gpt-oss's width and 20b's.
+#[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
 fn gpu_hi_lo_rows_alone_equal_rows_in_a_step() {
