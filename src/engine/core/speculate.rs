@@ -15,6 +15,18 @@
 use super::Core;
 use crate::engine::spec::{Drafter, SpecConfig, ngram, prediction};
 
+impl super::Live {
+    /// Up to `k` tokens from this request's prediction after `tokens` (its prompt and reply so
+    /// far), and where in the prediction they start; `None` for a request without one.
+    fn predicted(&self, tokens: &[u32], k: usize) -> Option<(Vec<u32>, usize)> {
+        if self.req.prediction.is_empty() {
+            return None;
+        }
+        let reply = &tokens[self.req.prompt.len().min(tokens.len())..];
+        Some(prediction::propose(reply, &self.req.prediction, self.prediction_at, k))
+    }
+}
+
 impl Core {
     /// Sets this step's drafts in the scheduler and records whose are the drafter's.
     pub(super) fn propose_drafts(&mut self) {
@@ -29,26 +41,22 @@ impl Core {
             let k = k_max.min(room);
             let draft = if !may {
                 Vec::new()
-            } else if !l.req.prediction.is_empty() {
-                let reply = &seq.tokens[l.req.prompt.len().min(seq.tokens.len())..];
-                let (draft, at) = prediction::propose(reply, &l.req.prediction, l.prediction_at, k);
+            } else if let Some((draft, at)) = l.predicted(&seq.tokens, k) {
                 l.prediction_at = at;
                 draft
             } else {
-                match (self.spec.map(|s| s.drafter), &mut self.draft) {
-                    (Some(Drafter::Ngram), _) => ngram::propose(
-                        &seq.tokens,
-                        k,
-                        self.spec.map(|s| s.ngram).unwrap_or_default(),
-                    ),
+                match (self.spec, &mut self.draft) {
+                    (Some(s), _) if s.drafter == Drafter::Ngram => {
+                        ngram::propose(&seq.tokens, k, s.ngram)
+                    }
                     // A draft that fails is no draft: the sequence decodes one token.
-                    (Some(Drafter::Model), Some(d)) => {
+                    (Some(s), Some(d)) if s.drafter == Drafter::Model => {
                         d.propose(id, &seq.tokens, k).unwrap_or_else(|e| {
                             tracing::warn!("draft model: {e:#}");
                             Vec::new()
                         })
                     }
-                    (Some(Drafter::Eagle), _) => match &mut self.eagle {
+                    (Some(s), _) if s.drafter == Drafter::Eagle => match &mut self.eagle {
                         Some(e) => e.propose(id, &seq.tokens, k).unwrap_or_else(|e| {
                             tracing::warn!("EAGLE-3 head: {e:#}");
                             Vec::new()
@@ -133,18 +141,16 @@ impl Core {
         if !may {
             return false;
         }
-        if !l.req.prediction.is_empty() {
-            let reply = &seq.tokens[l.req.prompt.len().min(seq.tokens.len())..];
-            return !prediction::propose(reply, &l.req.prediction, l.prediction_at, 1).0.is_empty();
+        if let Some((draft, _)) = l.predicted(&seq.tokens, 1) {
+            return !draft.is_empty();
         }
-        match self.spec.map(|s| s.drafter) {
-            Some(Drafter::Ngram) => {
-                let cfg = self.spec.map(|s| s.ngram).unwrap_or_default();
-                !ngram::propose(&seq.tokens, 1, cfg).is_empty()
-            }
-            // A draft model or head always has a guess.
-            Some(Drafter::Model) => self.draft.is_some(),
-            Some(Drafter::Eagle) => self.eagle.is_some(),
+        match self.spec {
+            Some(s) => match s.drafter {
+                Drafter::Ngram => !ngram::propose(&seq.tokens, 1, s.ngram).is_empty(),
+                // A draft model or head always has a guess.
+                Drafter::Model => self.draft.is_some(),
+                Drafter::Eagle => self.eagle.is_some(),
+            },
             None => false,
         }
     }
