@@ -38,7 +38,7 @@ const SHARED: usize = 1 + std::mem::size_of::<CUipcMemHandle>();
 
 impl PeerSum {
     /// Sets up the buffers through `comm` (a collective call: every rank must make it). `None`
-    /// when some rank cannot take part; `why` says why on this rank, for the log.
+    /// when some rank cannot take part (this rank logs why it cannot).
     pub fn open(comm: &dyn Collective, device: &Device) -> anyhow::Result<Option<PeerSum>> {
         let Device::Cuda(dev) = device else { anyhow::bail!("peer sums need a CUDA device") };
         let shard = comm.shard();
@@ -48,7 +48,19 @@ impl PeerSum {
             all_reduce::MAX_RANKS
         );
         dev.cuda_stream().context().bind_to_thread()?;
-        let own = if crate::switches::tp_p2p() { allocate(shard.world).ok() } else { None };
+        // Held as a PeerSum from the start, so that dropping it (any rank refusing) frees the
+        // buffer and unmaps whatever was mapped.
+        let mut own = None;
+        if crate::switches::tp_p2p() {
+            match allocate(shard.world) {
+                Ok((p, handle)) => {
+                    let sum =
+                        PeerSum { shard, peers: Peers::default(), own: p, device: dev.clone() };
+                    own = Some((sum, handle));
+                }
+                Err(e) => tracing::warn!("--tp: peer memory: {e}"),
+            }
+        }
         let mut mine = [0u8; SHARED];
         if let Some((_, handle)) = &own {
             mine[0] = 1;
@@ -57,33 +69,19 @@ impl PeerSum {
             mine[1..].copy_from_slice(&bytes);
         }
         let all = exchange(comm, &mine, device)?;
-        let own_ptr = own.map(|(p, _)| p);
         let every = all.chunks(SHARED).all(|c| c[0] == 1);
-        let mut sum = own_ptr.filter(|_| every).map(|p| PeerSum {
-            shard,
-            peers: Peers::default(),
-            own: p,
-            device: dev.clone(),
-        });
-        let opened = match sum.as_mut() {
-            Some(s) => {
+        let opened = every
+            && own.as_mut().is_some_and(|(s, _)| {
                 s.map_peers(&all).map_err(|e| tracing::warn!("--tp: peer memory: {e}")).is_ok()
-            }
-            None => false,
-        };
+            });
         // Every rank learns whether every rank mapped every buffer.
         let agreed = exchange(comm, &[u8::from(opened)], device)?.iter().all(|&b| b == 1);
         if !agreed {
-            if let Some(p) = own_ptr.filter(|_| sum.is_none()) {
-                // SAFETY: allocated above, never shared (no rank mapped it).
-                unsafe { sys::cuMemFree_v2(p) };
-            }
-            drop(sum);
             tracing::info!("--tp: sums go through NCCL (peer memory is not usable by every rank)");
             return Ok(None);
         }
         tracing::info!("--tp: sums go through peer memory");
-        Ok(sum)
+        Ok(own.map(|(s, _)| s))
     }
 
     /// Maps every other rank's buffer from the gathered handles.
@@ -130,7 +128,7 @@ impl Drop for PeerSum {
             }
         }
         // SAFETY: allocated by `allocate`; the graphs that captured its address are gone (the
-        // engine drops them first).
+        // engine drops them first), and a buffer no rank mapped is nobody's but this one's.
         unsafe { sys::cuMemFree_v2(self.own) };
     }
 }
