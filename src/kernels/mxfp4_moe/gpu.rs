@@ -68,6 +68,9 @@ pub(super) const EXPERT_MAJOR_VARIANTS: [EmVariant; 10] = [
     (2, 2, 4, true),
     (1, 1, 8, true),
 ];
+/// The slot tiles' size (`moe_st_gate_up_n1`: 8 columns of one slot each; `moe_st_down_n3`: 24
+/// columns, 3 pieces a slot).
+const SLOT_TILE: usize = 8;
 /// From this many tokens bf16 batches go to the grouped tensor-core GEMMs (tiles of 64 slots).
 /// Measured on the H100 (`gpu_moe_timing`, session 14's grouped kernels), expert-major / grouped:
 /// 355 / 399 µs at 64 tokens, 441 / 464 at 128, 633 / 583 at 256, 1,105 / 841 at 512: the
@@ -193,7 +196,7 @@ pub(super) fn launch_routed<T: KernelFloat>(
         Some(path) => bail!("mxfp4_moe: the {path:?} path needs bf16 x with 16-byte aligned rows"),
         None if !tiled => Path::PerSlot,
         None if tokens < EXPERT_MAJOR_MIN_TOKENS => Path::SlotMma,
-        None if tokens < GROUPED_MIN_TOKENS => Path::ExpertMajor,
+        None if tokens < GROUPED_MIN_TOKENS => Path::SlotTiles,
         None => Path::Grouped,
     };
     // The slot kernel adds the slots itself where it can (moe_sum's launch saved).
@@ -211,6 +214,7 @@ pub(super) fn launch_routed<T: KernelFloat>(
     let part = match path {
         Path::PerSlot => per_slot(&call)?,
         Path::SlotMma => slot_mma::<T, f32>(&call, None)?,
+        Path::SlotTiles => slot_tiles(&call)?,
         Path::ExpertMajor => expert_major(&call)?,
         Path::Grouped => by_expert(&call)?,
     };
@@ -366,6 +370,55 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     // weights and the routing, which moe_sm_gate_up waited for before letting it start. With
     // counters: out holds T·H values of O, and the buffer a zeroed counter for every (token, row
     // tile) of the grid (checked against COUNTERS by the caller).
+    unsafe { b.launch(cfg(d.hidden)?) }?;
+    drop(b);
+    Ok(part)
+}
+
+/// The slots grouped by expert in tiles of up to [`SLOT_TILE`], each computed as
+/// [`slot_mma`] computes it alone (`moe_slot_mma.cu`'s slot tiles): part `[slots, H]`, rows of
+/// slots routed to no valid expert unwritten (moe_sum skips them).
+fn slot_tiles<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
+    let Call { op, dev, x, ids, weights, p, d } = *c;
+    let g = group(dev, ids, d, SLOT_TILE)?;
+    let slots = d.slots();
+    let (k32, n_exp, h32, i32_) = d.ints()?;
+    // Two tiles of 16 rows per warp, as the slot kernels (SM_TWO_TILES).
+    let cfg = |rows: usize| -> Result<LaunchConfig> {
+        Ok(LaunchConfig {
+            grid_dim: (
+                int(g.max_tiles, "tiles")? as u32,
+                int(rows / (2 * SLOT_MMA_ROWS), "row blocks")? as u32,
+                1,
+            ),
+            block_dim: (32 * SLOT_MMA_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    };
+    // SAFETY: moe_st_gate_up writes act's rows of every grouped slot, and moe_st_down reads only
+    // those; part is poisoned for tests (rows of slots routed to no valid expert stay unwritten,
+    // and moe_sum skips them).
+    let mut act = unsafe { dev.alloc::<bf16>(slots * 3 * d.inter)? };
+    let mut part = output::<f32>(dev, slots * d.hidden, op.poison)?;
+    let stream = dev.cuda_stream();
+    let func = ptx::mxfp4_moe::MOE_SLOT_MMA.func(dev, "moe_st_gate_up")?;
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(x).ptr(ids).ptr(&g.sorted).ptr(&g.tiles);
+    b.ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias).ptr_mut(&mut act);
+    b.val(k32).val(n_exp).val(h32).val(i32_).val(op.act.limit).val(op.act.alpha);
+    // SAFETY: the arguments match moe_st_gate_up's signature; x is bf16 with 16-byte aligned
+    // rows (checked by the caller), 2I and H multiples of the block's 32 rows (Mxfp4Experts::new).
+    // It waits (PDL) before reading anything.
+    unsafe { b.launch(cfg(2 * d.inter)?) }?;
+    drop(b);
+    let func = ptx::mxfp4_moe::MOE_SLOT_MMA.func(dev, "moe_st_down")?;
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(&act).ptr(ids).ptr(&g.sorted).ptr(&g.tiles).ptr(weights);
+    b.ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias).ptr_mut(&mut part);
+    b.val(n_exp).val(h32).val(i32_).val(k32).null().val(0i32).null();
+    // SAFETY: the arguments match moe_st_down's signature (no counters: moe_sum adds the slots).
+    // Before its PDL wait it reads only the weights, the routing and the grouping, which
+    // moe_st_gate_up waited for.
     unsafe { b.launch(cfg(d.hidden)?) }?;
     drop(b);
     Ok(part)

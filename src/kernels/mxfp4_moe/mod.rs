@@ -232,6 +232,9 @@ enum Path {
     SlotMma,
     /// Slots grouped by expert in tiles of 8 or 16, GEMVs on tensor cores: `moe_expert_major.cu`.
     ExpertMajor,
+    /// Slots grouped by expert in tiles of up to 8, each slot computed as [`Path::SlotMma`]
+    /// computes it alone: `moe_slot_mma.cu`'s slot tiles.
+    SlotTiles,
     /// Slots grouped by expert in tiles of 64, GEMMs on tensor cores: `moe_grouped.cu`.
     Grouped,
 }

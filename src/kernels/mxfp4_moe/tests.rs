@@ -275,11 +275,12 @@ mod gpu {
     }
 
     /// By batch size (None), then each CUDA path forced.
-    const ALL_PATHS: [Option<Path>; 5] = [
+    const ALL_PATHS: [Option<Path>; 6] = [
         None,
         Some(Path::PerSlot),
         Some(Path::SlotMma),
         Some(Path::ExpertMajor),
+        Some(Path::SlotTiles),
         Some(Path::Grouped),
     ];
 
@@ -529,6 +530,61 @@ mod gpu {
         }
     }
 
+    /// The slot tiles (forced) give every token the slot kernel's bits (forced) at once: decode
+    /// sizes at gpt-oss-20b's and 120b's widths, random shapes (K past a quad's 4 blocks, experts
+    /// with one slot or many, tiles cut at 8), the wild E8M0 scales' slow decode.
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_slot_tiles_equal_the_slot_kernel() {
+        let d = |tokens, experts, hidden, inter, k| Dims { tokens, experts, hidden, inter, k };
+        let mut cases = vec![
+            (d(1, 32, 2880, 2880, 4), false),
+            (d(8, 32, 2880, 2880, 4), false),
+            (d(64, 32, 2880, 2880, 4), false),
+            (d(40, 128, 2880, 2880, 4), false),
+            (d(30, 2, 32 * 9, 32 * 5, 2), false),
+            (d(9, 6, 256, 160, 3), true),
+        ];
+        let mut rng = rng("gpu slot tiles random shapes");
+        cases.extend((0..10).map(|_| (random_dims(&mut rng, 1..=70, 60, 40), false)));
+        let dev = gpu();
+        for (d, wild) in cases {
+            let name = format!("slot tiles {d:?} wild {wild}");
+            let mut rng = self::rng(&name);
+            let mut inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
+            if wild {
+                for n in [1, 4] {
+                    let mut v = inp.packed[n].flatten_all().unwrap().to_vec1::<u8>().unwrap();
+                    for s in v.iter_mut() {
+                        if rng.random_range(0..8) == 0 {
+                            *s = [0, 1, 129, 130][rng.random_range(0..4)];
+                        }
+                    }
+                    inp.packed[n] = Tensor::from_vec(v, inp.packed[n].dims(), &Device::Cpu).unwrap();
+                }
+            }
+            let ex = experts(&inp.packed, &dev);
+            let (x, ids, w) = (
+                inp.x.to_device(&dev).unwrap(),
+                inp.ids.to_device(&dev).unwrap(),
+                inp.weights.to_device(&dev).unwrap(),
+            );
+            for out_f32 in [false, true] {
+                let run = |path| {
+                    let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, true).unwrap();
+                    op.out_f32 = out_f32;
+                    op.force_path = Some(path);
+                    let y = x.apply_op3_no_bwd(&ids, &w, &op).unwrap();
+                    let v = y.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
+                    v.to_vec1::<f32>().unwrap().iter().map(|f| f.to_bits()).collect::<Vec<u32>>()
+                };
+                let (alone, tiled) = (run(Path::SlotMma), run(Path::SlotTiles));
+                let differ = alone.iter().zip(&tiled).filter(|(a, b)| a != b).count();
+                assert!(differ == 0, "{name} f32 out {out_f32}: {differ} values differ");
+            }
+        }
+    }
+
     /// By batch size, bf16 takes the per-slot GEMVs at one token and the expert-major path from
     /// two: the same answers either way (both against the CPU).
     #[test]
@@ -548,17 +604,26 @@ mod gpu {
         }
     }
 
-    /// Each token of a batch below the expert-major threshold (the slot kernel's sizes, where
-    /// speculation verifies) gets the bits it gets alone: the tiny gpt-oss's and 20b's widths,
-    /// f32 output (what the model adds to its residual stream) and bf16.
+    /// Each token of a batch below the grouped GEMMs' threshold (the slot kernel's sizes and the
+    /// slot tiles') gets the bits it gets alone: the tiny gpt-oss's and 20b's widths, f32 output
+    /// (what the model adds to its residual stream) and bf16.
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_slot_tokens_alone_equal_tokens_in_a_batch() {
         use crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_MIN_TOKENS;
         let dev = gpu();
         let mut differ = Vec::new();
+        use crate::kernels::mxfp4_moe::gpu::GROUPED_MIN_TOKENS;
+        let sizes = |wide: bool| {
+            let mut t: Vec<usize> = (2..EXPERT_MAJOR_MIN_TOKENS + 2).collect();
+            t.extend([17, 64]);
+            if !wide {
+                t.extend([100, GROUPED_MIN_TOKENS - 1]);
+            }
+            t
+        };
         for (experts, hidden, inter) in [(8, 64, 64), (32, 2880, 2880)] {
-            for tokens in 2..EXPERT_MAJOR_MIN_TOKENS {
+            for tokens in sizes(hidden > 64) {
                 let d = Dims { tokens, experts, hidden, inter, k: 4 };
                 let mut rng = rng(&format!("slot invariance {d:?}"));
                 let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
