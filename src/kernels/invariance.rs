@@ -4,9 +4,9 @@
 //! On a GPU: the bf16 GEMV (`gemv_bf16`) sums each row in one order for up to 16 rows, past which
 //! cuBLAS takes some products and picks its reduction by the row count; the LM head sends a row
 //! as two (bf16 hi + lo), so a step keeps it on the GEMV up to 8 rows; the quantized GEMVs run
-//! up to [`GEMV_ROWS`](super::quant_matmul::GEMV_ROWS) rows; the MXFP4 MoE's slot kernel serves
-//! fewer than `EXPERT_MAJOR_MIN_TOKENS` tokens and sums a token's experts in one order, and its
-//! tiled paths for more sum in another. Attention, norms, RoPE and the router compute each row
+//! up to [`GEMV_ROWS`](super::quant_matmul::GEMV_ROWS) rows; the MXFP4 MoE gives a token the
+//! same bits in any batch below 256 tokens (its per-slot kernels and their slot tiles), and its
+//! grouped GEMMs for more sum in another order. Attention, norms, RoPE and the router compute each row
 //! alike at any size (docs/gpt-oss.md §4.4.1). f32 products go to cuBLAS at any size. On the CPU
 //! every product computes a row alone.
 //!
@@ -29,14 +29,14 @@ pub fn invariant_rows(device: &Device, dtype: DType, moe: bool) -> usize {
     if moe { dense.min(moe_slot_tokens()) } else { dense }
 }
 
-/// Tokens a verify step may give the MoE's slot kernel. It takes up to
-/// `EXPERT_MAJOR_MIN_TOKENS - 1` (7), but a 7-row verify step of the tiny gpt-oss on an H200
+/// Tokens a verify step may give the MoE. Its kernels give a token its alone bits up to 255
+/// tokens (kernel tests on the GPU), but a 7-row verify step of the tiny gpt-oss on an H200
 /// sampled another token than one-token steps (tests/speculative.rs, a prediction's verify with a
 /// penalised seeded draw), and 6 rows held in every case: kept to 6 until the 7-token difference
 /// is found.
 fn moe_slot_tokens() -> usize {
     #[cfg(feature = "cuda")]
-    return super::mxfp4_moe::EXPERT_MAJOR_MIN_TOKENS - 2;
+    return super::mxfp4_moe::SLOT_TILES_MIN_TOKENS - 2;
     #[cfg(not(feature = "cuda"))]
     usize::MAX
 }

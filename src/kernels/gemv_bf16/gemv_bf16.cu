@@ -5,7 +5,7 @@
 // Llama projection). Here each weight byte is loaded once with 16-byte loads, many in flight, and
 // nothing else is done per byte but the tensor-core product.
 //
-// Layout ("swap AB", as moe_expert_major.cu): the 16 weight rows of a block are mma.sync's A
+// Layout ("swap AB", as the MXFP4 kernels: mxfp4_moe/mxfp4_mma.cuh): the 16 weight rows of a block are mma.sync's A
 // operand (m16n8k16, bf16, f32 accumulation), x's rows the 8 columns of B (NT tiles of 8 for more
 // rows). The dot product does not care in which order K is walked as long as A and B agree, so lane
 // (g, t) of a quad loads whole 16-byte chunks: chunk 4q + t of weight rows g and g + 8 and of x row

@@ -1,10 +1,10 @@
 //! The CUDA launches, by batch size (bf16 x; f32 always takes the per-slot GEMVs of
 //! `mxfp4_moe.cu`):
-//! - below [`EXPERT_MAJOR_MIN_TOKENS`] tokens, the per-slot GEMVs on tensor cores
+//! - below [`SLOT_TILES_MIN_TOKENS`] tokens, the per-slot GEMVs on tensor cores
 //!   (`moe_slot_mma.cu`);
-//! - from there below [`GROUPED_MIN_TOKENS`], expert-major GEMVs on tensor cores
-//!   (`moe_expert_major.cu`): slots grouped by expert into tiles of 8 or 16, each expert's weight
-//!   rows read once per tile;
+//! - from there below [`GROUPED_MIN_TOKENS`], the same GEMVs over tiles of up to 8 slots grouped
+//!   by expert (`moe_slot_mma.cu`'s slot tiles): each expert's weight rows read once per tile, and
+//!   each slot's bits those of the per-slot GEMVs;
 //! - from [`GROUPED_MIN_TOKENS`] on, the tensor-core GEMMs batched by expert in tiles of 64 slots
 //!   (`moe_grouped.cu`).
 //!
@@ -32,49 +32,21 @@ const MAX_K: usize = 8 * 32 * 32;
 /// beyond it 32 (measured on an H200, gpt-oss-20b sizes: 1 token 52 vs 57 µs, 128 tokens
 /// 3.3 vs 2.8 ms).
 const SMALL_BATCH: usize = 2;
-/// From this many tokens bf16 batches take the expert-major GEMVs; below it the per-slot GEMVs on
-/// tensor cores (`moe_slot_mma.cu`), which spread each slot over more blocks. Measured on an H100
-/// (gpt-oss-20b sizes, one layer, `gpu_moe_timing`, session 12): slot / expert-major 33.5 / 69.2
-/// µs at 1 token, 57.6 / 90.8 at 2, 102.1 / 127.7 at 4, 187.9 / 189.4 at 8, 352.9 / 247.8 at 16.
-/// Below it a token's MoE also sums in the same order whatever the batch, so a prompt in chunks
-/// of fewer tokens computes each position bit for bit as a decode step does (tests/cache_reuse.rs
-/// reuses KV that decode steps wrote and compares with a fresh prefill).
-pub(crate) const EXPERT_MAJOR_MIN_TOKENS: usize = 8;
-/// From this many tokens the expert-major GEMVs cut each expert's slots into tiles of 16 instead
-/// of 8 (twice the tensor-core work per weight byte, half the weight re-reads for experts with more
-/// than 8 slots). Measured (H100, as above): 8-slot / 16-slot tiles 296 / 334 µs at 32 tokens,
-/// 327 / 350 at 48, 357 / 358 at 64, 578 / 403 at 128.
-pub(super) const EXPERT_MAJOR_TILE16_MIN_TOKENS: usize = 64;
-/// The expert-major kernels' default variants `(MT, NT, U)` for tiles of 8 and of 16 slots:
-/// `moe_em_*_m{MT}_n{NT}_u{U}`, warps of MT tiles of 16 weight rows (blocks of 4 warps), tiles of
-/// 8·NT slots, batches of U blocks of 32 along K (two batches in flight per warp). On the H100
-/// these were the best or within 2% of it at 8–512 tokens (gpu_moe_timing prints every variant).
-const EXPERT_MAJOR_DEFAULT: [EmVariant; 2] = [(1, 1, 4, true), (2, 2, 1, false)];
-/// An expert-major kernel variant `(MT, NT, U, WIDE)`; WIDE: 16-byte weight loads (a lane reads
-/// whole blocks of 32 along K; suffix `w`), else 4-byte ones (a lane reads one word of each block).
-pub(super) type EmVariant = (usize, usize, usize, bool);
-/// The compiled variants, with their registers per thread (gate_up, down; sm_90, nvcc 13.0, no
-/// shared memory): (1, 1, 4) 121, 168; (2, 1, 2) 128, 167; (2, 1, 4) 168 (4 bytes spilled), 255;
-/// (2, 2, 1) 96, 122; (2, 2, 2) 160, 161.
-pub(super) const EXPERT_MAJOR_VARIANTS: [EmVariant; 10] = [
-    (1, 1, 4, false),
-    (2, 1, 2, false),
-    (2, 1, 4, false),
-    (2, 2, 1, false),
-    (2, 2, 2, false),
-    (1, 1, 4, true),
-    (2, 1, 4, true),
-    (1, 2, 4, true),
-    (2, 2, 4, true),
-    (1, 1, 8, true),
-];
-/// The slot tiles' size (`moe_st_gate_up_n1`: 8 columns of one slot each; `moe_st_down_n3`: 24
-/// columns, 3 pieces a slot).
+/// From this many tokens bf16 batches group their slots by expert into slot tiles (one
+/// `moe_group` launch); below it each slot is its own block (`moe_slot_mma.cu`'s per-slot
+/// kernels). Both give a slot the same bits, so this is a matter of speed alone: at 8 tokens the
+/// grouping already saves the re-reads of experts that several tokens share. A token's MoE sums in
+/// the same order whatever the batch, so a prompt in chunks below [`GROUPED_MIN_TOKENS`] computes
+/// each position bit for bit as a decode step does (tests/cache_reuse.rs reuses KV that decode
+/// steps wrote and compares with a fresh prefill).
+pub(crate) const SLOT_TILES_MIN_TOKENS: usize = 8;
+/// The slot tiles' size (`moe_st_gate_up`: 8 columns of one slot each; `moe_st_down`: 24 columns,
+/// 3 pieces a slot).
 const SLOT_TILE: usize = 8;
 /// From this many tokens bf16 batches go to the grouped tensor-core GEMMs (tiles of 64 slots).
-/// Measured on the H100 (`gpu_moe_timing`, session 14's grouped kernels), expert-major / grouped:
-/// 355 / 399 µs at 64 tokens, 441 / 464 at 128, 633 / 583 at 256, 1,105 / 841 at 512: the
-/// grouped GEMMs win from about 200 tokens.
+/// Measured on the H100 (`gpu_moe_timing`, the grouped kernels against the expert-major GEMVs
+/// the slot tiles replaced, which ran at about their speed): 355 / 399 µs at 64 tokens, 441 / 464
+/// at 128, 633 / 583 at 256, 1,105 / 841 at 512: the grouped GEMMs win from about 200 tokens.
 pub(super) const GROUPED_MIN_TOKENS: usize = 256;
 
 /// moe_grouped.cu's tiles (BM slots) and its expert limit.
@@ -90,8 +62,6 @@ pub(super) type GroupedVariant = (usize, usize);
 pub(super) const GROUPED_VARIANTS: [GroupedVariant; 3] = [(2, 2), (2, 3), (1, 3)];
 const GROUPED_DEFAULT: GroupedVariant = (2, 2);
 const GROUPED_MAX_EXPERTS: usize = 1024;
-/// moe_expert_major.cu's blocks: EM_WARPS = 4 warps (of MT tiles of 16 weight rows each).
-const EM_WARPS: usize = 4;
 
 /// The layer's packed weights as device views.
 struct Packed<'a> {
@@ -195,7 +165,7 @@ pub(super) fn launch_routed<T: KernelFloat>(
         Some(path) if tiled || path == Path::PerSlot => path,
         Some(path) => bail!("mxfp4_moe: the {path:?} path needs bf16 x with 16-byte aligned rows"),
         None if !tiled => Path::PerSlot,
-        None if tokens < EXPERT_MAJOR_MIN_TOKENS => Path::SlotMma,
+        None if tokens < SLOT_TILES_MIN_TOKENS => Path::SlotMma,
         None if tokens < GROUPED_MIN_TOKENS => Path::SlotTiles,
         None => Path::Grouped,
     };
@@ -215,7 +185,6 @@ pub(super) fn launch_routed<T: KernelFloat>(
         Path::PerSlot => per_slot(&call)?,
         Path::SlotMma => slot_mma::<T, f32>(&call, None)?,
         Path::SlotTiles => slot_tiles(&call)?,
-        Path::ExpertMajor => expert_major(&call)?,
         Path::Grouped => by_expert(&call)?,
     };
 
@@ -465,28 +434,6 @@ fn group(dev: &CudaDevice, ids: &CudaView<u32>, d: Dims, tile: usize) -> Result<
     Ok(Groups { sorted, tiles, max_tiles })
 }
 
-/// Expert-major GEMVs on tensor cores (bf16 x only): group the slots by expert into tiles of 8
-/// (or 16 from [`EXPERT_MAJOR_TILE16_MIN_TOKENS`] tokens), then per (tile, 64·MT weight rows) read
-/// each row once for all the tile's slots. Returns part `[slots, H]` like [`by_expert`] (rows of
-/// slots routed to no valid expert unwritten); the activations travel as bf16 hi + lo too.
-fn expert_major<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
-    let tile16 = usize::from(c.d.tokens >= EXPERT_MAJOR_TILE16_MIN_TOKENS);
-    let (mt, nt, u, wide) = c.op.em_variant.unwrap_or(EXPERT_MAJOR_DEFAULT[tile16]);
-    if !EXPERT_MAJOR_VARIANTS.contains(&(mt, nt, u, wide)) {
-        bail!("mxfp4_moe: no expert-major variant {:?} (MT, NT, U, WIDE)", (mt, nt, u, wide));
-    }
-    let suffix = if wide { "w" } else { "" };
-    let kernels = GroupKernels {
-        ptx: &ptx::mxfp4_moe::MOE_EXPERT_MAJOR,
-        gate_up: format!("moe_em_gate_up_m{mt}_n{nt}_u{u}{suffix}"),
-        down: format!("moe_em_down_m{mt}_n{nt}_u{u}{suffix}"),
-        rows_per_block: 16 * mt * EM_WARPS,
-        threads: 32 * EM_WARPS as u32,
-        shared: [0, 0],
-    };
-    project_groups(c, group(c.dev, c.ids, c.d, 8 * nt)?, &kernels)
-}
-
 /// Batched by expert on tensor cores (bf16 x only): group the slots by expert on the device,
 /// then one GEMM tile per (expert's slots, weight rows). Returns part `[slots, H]`, whose rows
 /// of slots routed to no valid expert stay unwritten (moe_sum skips them). The activations
@@ -510,8 +457,8 @@ fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
 }
 
 /// A pair of kernels over slots grouped by expert ([`group`]): gate_up (bias, clamped SwiGLU,
-/// activations as bf16 hi + lo), then down (bias, routing weight) into part. The grouped GEMMs
-/// and the expert-major GEMVs take the same arguments; they differ in their kernels and blocks.
+/// activations as bf16 hi + lo), then down (bias, routing weight) into part (the grouped GEMMs'
+/// variants).
 struct GroupKernels {
     ptx: &'static Ptx,
     gate_up: String,

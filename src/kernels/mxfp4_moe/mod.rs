@@ -15,20 +15,21 @@
 //! - Per slot on tensor cores (`moe_slot_mma.cu`), for bf16 batches below 8 tokens: the same two
 //!   GEMVs as the next path, K split over a block's warps, the FP4 codes decoded straight into
 //!   bf16 mma fragments; the activations travel as bf16 hi + mid + lo (the f32 value exactly).
+//! - Slot tiles (`moe_slot_mma.cu`), for bf16 batches of 8 to 255 tokens (batched decode): the
+//!   slots grouped by expert on the device into tiles of up to 8, each expert's weight rows read
+//!   once per tile, each slot a column of the same mma chain as alone: the same bits as the
+//!   per-slot path, so a token's MoE does not depend on the batch below 256 tokens.
 //! - Per slot (`mxfp4_moe.cu`), for f32: `moe_gate_up` (GEMV over the selected
 //!   experts' gate/up rows, bias and SwiGLU fused, into an f32 scratch `[tokens·k, I]`) and
 //!   `moe_down` (GEMV over the down rows, bias and routing weight fused, into an f32 scratch
 //!   `[tokens·k, H]`). They read each expert's weights once per (token, expert), which is right
 //!   for a token or two.
-//! - Expert-major (`moe_expert_major.cu`), for bf16 batches of a few tokens to a few dozen (batched
-//!   decode): the slots are grouped by expert on the device into tiles of 8 or 16 and each
-//!   expert's weight rows are read once per tile, decoded straight into tensor-core fragments.
 //! - By expert (`moe_grouped.cu`), for bf16 batches (prefill): the slots are grouped by expert on
 //!   the device and each expert's weights are read once per tile of 64 of its slots, on tensor
 //!   cores.
 //!
-//! Both tiled paths carry the activations between the projections as bf16 hi + lo (16 significant
-//! bits).
+//! The grouped GEMMs carry the activations between the projections as bf16 hi + lo (16
+//! significant bits).
 //!
 //! Then `moe_sum` adds each token's k expert rows in order, so results are deterministic without
 //! atomics. One op rather than several CustomOps because the intermediates never need to be
@@ -204,10 +205,6 @@ struct Mxfp4Moe {
     /// Tests and timings: take this CUDA path whatever the batch size (`None`: by batch size).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     force_path: Option<Path>,
-    /// Tests and timings: the expert-major kernels' variant `(MT, NT, U, WIDE)` (gpu.rs's
-    /// `EXPERT_MAJOR_VARIANTS`), whatever the batch size (`None`: gpu.rs's choice).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    em_variant: Option<(usize, usize, usize, bool)>,
     /// Tests and timings: the grouped kernels' variant `(MT, STAGES)` (gpu.rs's
     /// `GROUPED_VARIANTS`; `None`: gpu.rs's choice).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -230,8 +227,6 @@ enum Path {
     /// GEMVs per (token, slot) on tensor cores, K split over a block's warps (bf16 x):
     /// `moe_slot_mma.cu`.
     SlotMma,
-    /// Slots grouped by expert in tiles of 8 or 16, GEMVs on tensor cores: `moe_expert_major.cu`.
-    ExpertMajor,
     /// Slots grouped by expert in tiles of up to 8, each slot computed as [`Path::SlotMma`]
     /// computes it alone: `moe_slot_mma.cu`'s slot tiles.
     SlotTiles,
@@ -265,7 +260,6 @@ impl Mxfp4Moe {
             poison: false,
             out_f32: false,
             force_path: None,
-            em_variant: None,
             grouped_variant: None,
             separate_sum: false,
             one_tile: false,
@@ -450,7 +444,7 @@ mod gpu;
 mod routed;
 
 #[cfg(feature = "cuda")]
-pub(crate) use gpu::EXPERT_MAJOR_MIN_TOKENS;
+pub(crate) use gpu::SLOT_TILES_MIN_TOKENS;
 
 pub use routed::{mxfp4_moe_routed, route};
 

@@ -25,7 +25,7 @@
 
 // Tile t of the grouping: tiles[3t] expert (-1: no tile), tiles[3t + 1] first grouped position,
 // tiles[3t + 2] slot count (1..bm). sorted[p] is the slot at grouped position p. bm is the tile
-// size: BM for this file's GEMMs, 8 or 16 for moe_expert_major.cu.
+// size: BM for this file's GEMMs, 8 for moe_slot_mma.cu's slot tiles.
 // One block of 1024 threads; each warp takes experts w, w + 32, ... and compacts their slots with
 // ballots, so the order within an expert is the slot order.
 extern "C" __global__ void __launch_bounds__(1024)
@@ -73,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 // ---- The grouped GEMMs ----------------------------------------------------------------------
 //
 // A block takes one tile (up to BM = 64 slots of one expert) and 64 MT weight rows; each of its
-// 4 warps owns MT tiles of 16 rows over all of K, in moe_expert_major.cu's "swap AB" form
+// 4 warps owns MT tiles of 16 rows over all of K, in mxfp4_mma.cuh's "swap AB" form
 // (its header): the weights are the 16-row A operand of mma.m16n8k16, decoded from MXFP4 straight
 // into fragments (mxfp4_mma.cuh), lane t of a quad taking the whole 32-value block 4s + t of its
 // two rows at stage s; the tile's 64 slots are the B operand, NT = 8 columns of 8. Only the slot
@@ -141,7 +141,7 @@ __device__ __forceinline__ void load_w(StageW<MT>& sw, int stage, int kb, const 
 
 __device__ __forceinline__ uint32_t word(const uint4& u, int q) { return q == 0 ? u.x : q == 1 ? u.y : q == 2 ? u.z : u.w; }
 
-// The A fragment of k16 step ST of word w0 (row 2g) / w1 (row 2g + 1): moe_expert_major.cu's order.
+// The A fragment of k16 step ST of word w0 (row 2g) / w1 (row 2g + 1): mxfp4_mma.cuh's order.
 template <int ST, bool BIG>
 __device__ __forceinline__ void a_frag(uint32_t (&a)[4], uint32_t w0, uint32_t w1, const Scale& s0, const Scale& s1) {
     a[0] = fp4_pair<2 * ST, BIG>(w0, s0);

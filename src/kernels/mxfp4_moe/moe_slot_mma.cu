@@ -6,9 +6,9 @@
 // shared-memory pipe alone took ~9 us per gate_up call, about what reading its 35 MB takes. Here a
 // value costs about two logic ops (mxfp4_mma.cuh: the codes go straight into bf16 mma fragments,
 // the E8M0 scale applied by one bf16x2 multiply per pair) and the products run on tensor cores.
-// The expert-major kernels decode the same way but give each warp whole rows over all of K: at one
-// token that is 90 dependent steps per warp for gpt-oss; here K is cut over the block's warps and
-// the partial sums meet in shared memory (in a fixed order: deterministic).
+// A kernel that gives each warp whole rows over all of K takes 90 dependent steps per warp at one
+// token for gpt-oss; here K is cut over the block's warps and the partial sums meet in shared
+// memory (in a fixed order: deterministic).
 //
 // One block = one slot (blockIdx.x) and one tile of 16 weight rows (blockIdx.y; or two tiles, each
 // warp taking both with one load of the input per quad: SM_TWO_TILES), W warps. The tile
@@ -578,7 +578,7 @@ __device__ __forceinline__ void st_down(const __nv_bfloat16* __restrict__ act, c
 // group of 8 columns (80 registers: 3 blocks per multiprocessor), down's 3 pieces a slot in 3
 // groups (24 columns). Measured on an H100 (gpt-oss-20b, all streams decoding): 8 / 16 / 64
 // streams 1,481 / 2,358 / 6,084 tok/s against the expert-major GEMVs' 1,435 / 2,263 / 6,017 in
-// the same call; slower there: down with one tile a warp (more blocks, 1,346 / 2,118 / 5,371) and
+// the same call (each warp whole rows over all of K, tiles of 8 or 16 slots; removed for these); slower there: down with one tile a warp (more blocks, 1,346 / 2,118 / 5,371) and
 // gate_up in tiles of 16 (1,285 / 2,028 / 5,638).
 extern "C" __global__ void __launch_bounds__(256, 3)
     moe_st_gate_up(const __nv_bfloat16* x, const uint32_t* ids, const int* sorted, const int* tiles,

@@ -1,7 +1,20 @@
-// Tensor-core helpers for MXFP4 weights shared by the expert-major (moe_expert_major.cu) and
-// the per-slot decode (moe_slot_mma.cu) GEMVs: FP4 E2M1 codes decoded straight into bf16
-// mma.sync fragments, the E8M0 scale applied by one bf16x2 multiply (see moe_expert_major.cu's
-// top for why the order of K inside a block does not matter).
+// Tensor-core helpers for MXFP4 weights shared by the per-slot decode kernels and their slot
+// tiles (moe_slot_mma.cu) and the grouped GEMMs (moe_grouped.cu): FP4 E2M1 codes decoded straight
+// into bf16 mma.sync fragments (m16n8k16, bf16 in, f32 accumulation), the weight rows as the
+// 16-row A operand ("swap AB": the tokens or slots are B's columns).
+//
+// - In a quad (lanes 4g..4g+3), fragment row g is weight row 2g of the 16-row tile and fragment
+//   row g + 8 is row 2g + 1 (so for gate_up a thread ends with the gate AND the up value of pair g:
+//   SwiGLU in registers).
+// - The dot product does not care in which order K is walked, as long as A and B agree: the two
+//   k16 steps of a 32-value word take its nibbles as pairs (j, j + 4) (cheap to decode: one shift
+//   apart in both halves of a 32-bit register) and x's values at the same positions (__byte_perm
+//   of one 16-byte load of x: b_frag).
+// - FP4 E2M1 -> bf16 by bits: sign to bit 15, the 3 magnitude bits to bits 6..8 gives FP4 * 2^-126
+//   exactly (code 1, 0.5, lands on the bf16 subnormal 2^-127), then one bf16x2 multiply by
+//   2^(s - 1) = 2^126 * 2^(s - 127) applies the E8M0 scale s exactly (s > 128 takes a second
+//   multiply, as 2^(s-1) has no bf16; a warp takes that slower decode only for a batch where some
+//   scale is 128 or more, which real checkpoints hardly have).
 #pragma once
 
 #include "activation.cuh"
@@ -14,7 +27,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 }
 
 // Nibbles J and J + 4 of w as two bf16 (low half: nibble J), each FP4 * 2^-126
-// (moe_expert_major.cu's top says why the subnormal code 1 comes out exact). Shifting nibble J to
+// (the top of this file says why the subnormal code 1 comes out exact). Shifting nibble J to
 // bits 12..15 (and so J + 4 to 28..31) leaves sign and magnitude one mask and one shift from their
 // places (Marlin's FP4 decode): three logic ops per pair after the shift, two fewer than masking
 // each field at bit 0. The decode is most of these kernels' instructions.
@@ -52,7 +65,7 @@ __device__ __forceinline__ void b_frag(const uint4& u, int st, uint32_t& b0, uin
     b1 = __byte_perm(lo, hi, 0x7632);
 }
 
-// The epilogues of the "swap AB" tiles (moe_expert_major.cu, moe_grouped.cu): acc[i][j] is the
+// The epilogues of the grouped GEMMs' "swap AB" tiles (moe_grouped.cu): acc[i][j] is the
 // 16 x 8 product of weight rows r0 + 16 i .. (fragment row g = weight row r0 + 16 i + 2 g, row
 // g + 8 the next one) with the tile's slots 8 j .. 8 j + 7 (columns 2 t, 2 t + 1: slots 8 j + 2 t
 // + c). The tile is `count` slots from grouped position p0 of expert e.

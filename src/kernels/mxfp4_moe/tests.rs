@@ -247,7 +247,7 @@ mod gpu {
             d(5, 4, 64, 64, 2),
             d(2, 3, 4000, 96, 3),
             d(7, 4, 2048, 3072, 2),
-            // bf16 from EXPERT_MAJOR_MIN_TOKENS: expert-major, from GROUPED_MIN_TOKENS on: grouped. Widths not
+            // bf16 from SLOT_TILES_MIN_TOKENS: slot tiles, from GROUPED_MIN_TOKENS on: grouped. Widths not
             // multiples of the 128-row tiles; experts with no slot; experts with several tiles
             // and a partial one.
             d(24, 8, 2880, 2880, 4),
@@ -275,11 +275,10 @@ mod gpu {
     }
 
     /// By batch size (None), then each CUDA path forced.
-    const ALL_PATHS: [Option<Path>; 6] = [
+    const ALL_PATHS: [Option<Path>; 5] = [
         None,
         Some(Path::PerSlot),
         Some(Path::SlotMma),
-        Some(Path::ExpertMajor),
         Some(Path::SlotTiles),
         Some(Path::Grouped),
     ];
@@ -382,36 +381,24 @@ mod gpu {
         cases().into_iter().for_each(|d| check(d, DType::BF16, 1e-2));
     }
 
-    /// The expert-major path (forced, whatever the batch size) against the CPU: gpt-oss-20b sizes
-    /// at 2 and 64 tokens, tiles of 8 and of 16 (from EXPERT_MAJOR_TILE16_MIN_TOKENS), experts with
-    /// several tiles and a partial one, one expert for every slot, widths that leave partial
-    /// blocks of 128 weight rows and K not a multiple of the 4 blocks of 32 loaded per batch, then
-    /// random shapes (tokens 2..70, any expert count, top-1..4; the same expert recurs across
-    /// tokens). Also the wild E8M0 scales, once per tile size.
+    /// The slot tiles (forced, whatever the batch size) against the CPU: gpt-oss-20b sizes at 2
+    /// and 64 tokens, experts with several tiles and a partial one, one expert for every slot,
+    /// widths that leave K past a quad's 4 blocks of 32, then random shapes (tokens 2..70, any
+    /// expert count, top-1..4; the same expert recurs across tokens), and the wild E8M0 scales.
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
-    fn gpu_expert_major_matches_cpu() {
+    fn gpu_slot_tiles_match_cpu() {
         let d = |tokens, experts, hidden, inter, k| Dims { tokens, experts, hidden, inter, k };
-        let t16 = crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_TILE16_MIN_TOKENS;
         let cases = vec![
             d(2, 32, 2880, 2880, 4),
             d(64, 32, 2880, 2880, 4),
-            d(t16 - 1, 5, 160, 96, 4),
-            d(t16, 5, 160, 96, 4),
             d(70, 2, 96, 64, 1),
             d(40, 1, 64, 32, 1),
             d(9, 3, 4000, 96, 3),
             d(3, 33, 32, 4000, 2),
             d(17, 13, 1088, 544, 4),
         ];
-        check_forced_cases(Path::ExpertMajor, cases, (12, 2..=70), [5, t16 + 3]);
-        // Every compiled variant, whatever the batch size would choose; K of 7 blocks of 32 (not
-        // a multiple of any batch, nor of two).
-        for variant in crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_VARIANTS {
-            for tokens in [3, 21, 50] {
-                check_variant(d(tokens, 7, 224, 224, 4), variant);
-            }
-        }
+        check_forced_cases(Path::SlotTiles, cases, (12, 2..=70), [5, 67]);
     }
 
     /// The grouped GEMMs (forced, whatever the batch size) against the CPU: gpt-oss-20b sizes at
@@ -459,13 +446,6 @@ mod gpu {
             let d = Dims { tokens, experts: 6, hidden: 256, inter: 128, k: 3 };
             check_path(d, DType::BF16, 1e-2, Some(path), true);
         }
-    }
-
-    fn check_variant(d: Dims, variant: crate::kernels::mxfp4_moe::gpu::EmVariant) {
-        check_forced(d, &format!("gpu moe expert-major {variant:?} {d:?}"), |op| {
-            op.force_path = Some(Path::ExpertMajor);
-            op.em_variant = Some(variant);
-        });
     }
 
     fn check_grouped_variant(d: Dims, variant: crate::kernels::mxfp4_moe::gpu::GroupedVariant) {
@@ -560,7 +540,8 @@ mod gpu {
                             *s = [0, 1, 129, 130][rng.random_range(0..4)];
                         }
                     }
-                    inp.packed[n] = Tensor::from_vec(v, inp.packed[n].dims(), &Device::Cpu).unwrap();
+                    inp.packed[n] =
+                        Tensor::from_vec(v, inp.packed[n].dims(), &Device::Cpu).unwrap();
                 }
             }
             let ex = experts(&inp.packed, &dev);
@@ -585,15 +566,15 @@ mod gpu {
         }
     }
 
-    /// By batch size, bf16 takes the per-slot GEMVs at one token and the expert-major path from
-    /// two: the same answers either way (both against the CPU).
+    /// By batch size, bf16 takes the per-slot GEMVs below 8 tokens, the slot tiles from there and
+    /// the grouped GEMMs from 256: the same answers on every path (all against the CPU).
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_moe_paths_agree_with_cpu_at_the_thresholds() {
-        use crate::kernels::mxfp4_moe::gpu::{EXPERT_MAJOR_MIN_TOKENS, GROUPED_MIN_TOKENS};
+        use crate::kernels::mxfp4_moe::gpu::{GROUPED_MIN_TOKENS, SLOT_TILES_MIN_TOKENS};
         for tokens in [
-            EXPERT_MAJOR_MIN_TOKENS - 1,
-            EXPERT_MAJOR_MIN_TOKENS,
+            SLOT_TILES_MIN_TOKENS - 1,
+            SLOT_TILES_MIN_TOKENS,
             GROUPED_MIN_TOKENS - 1,
             GROUPED_MIN_TOKENS,
         ] {
@@ -610,12 +591,12 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_slot_tokens_alone_equal_tokens_in_a_batch() {
-        use crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_MIN_TOKENS;
+        use crate::kernels::mxfp4_moe::gpu::SLOT_TILES_MIN_TOKENS;
         let dev = gpu();
         let mut differ = Vec::new();
         use crate::kernels::mxfp4_moe::gpu::GROUPED_MIN_TOKENS;
         let sizes = |wide: bool| {
-            let mut t: Vec<usize> = (2..EXPERT_MAJOR_MIN_TOKENS + 2).collect();
+            let mut t: Vec<usize> = (2..SLOT_TILES_MIN_TOKENS + 2).collect();
             t.extend([17, 64]);
             if !wide {
                 t.extend([100, GROUPED_MIN_TOKENS - 1]);
@@ -756,15 +737,6 @@ mod gpu {
                 let us = time(&|op| op.force_path = path);
                 let name = path.map_or("auto".to_string(), |p| format!("{p:?}"));
                 line += &format!(" | {name} {us:.1} us ({:.0} GB/s)", bytes / us / 1e3);
-            }
-            // The expert-major variants (MT, NT, U): warps of MT tiles of 16 rows, tiles of 8·NT
-            // slots, batches of U blocks along K.
-            for variant in crate::kernels::mxfp4_moe::gpu::EXPERT_MAJOR_VARIANTS {
-                let us = time(&|op| {
-                    op.force_path = Some(Path::ExpertMajor);
-                    op.em_variant = Some(variant);
-                });
-                line += &format!(" | em{variant:?} {us:.1}");
             }
             // The grouped variants (MT, STAGES), from the sizes where prompts take them.
             for variant in crate::kernels::mxfp4_moe::gpu::GROUPED_VARIANTS {
