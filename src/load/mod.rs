@@ -22,6 +22,7 @@ use crate::models::llama::load::{self, GgufFile};
 use crate::models::llama::model::RopeStyle;
 use crate::models::llama::{self, dummy};
 
+mod beats;
 pub mod plan;
 pub mod ranks;
 pub mod source;

@@ -10,17 +10,19 @@
 //! that connection (length-prefixed frames): rank 0 sends NCCL's id and what to load, each rank
 //! answers once loaded and once its KV pool is allocated, and then every step follows. A rank
 //! whose connection closes (it exited, or was killed) ends the others: rank 0 exits with code 9
-//! naming the rank, and a rank whose rank 0 is gone exits too. Ranks rank 0 started die with it
-//! (`PR_SET_PDEATHSIG`).
+//! naming the rank, and a rank whose rank 0 is gone exits too. A rank that hangs ends them the
+//! same way: the ranks beat to each other, and a peer silent for 20 s is hung (`beats.rs`).
+//! Ranks rank 0 started die with it (`PR_SET_PDEATHSIG`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::beats::{self, BEAT, HANG, Silence};
 use crate::error::{ErrorKind, fail};
 
 /// How long ranks wait for each other to connect.
@@ -213,8 +215,12 @@ impl Leader {
         let id = nccl_id()?;
         let setup =
             Setup { nccl_id: id.to_vec(), model: model.into(), dtype, context, dummy, kv_dtype };
-        let mut group =
-            Group { conns, children: std::mem::take(&mut self.children), stopping: Arc::default() };
+        let mut group = Group {
+            conns,
+            children: std::mem::take(&mut self.children),
+            stopping: Arc::default(),
+            writing: Arc::default(),
+        };
         for (_, c) in &mut group.conns {
             write_json(c, &setup)?;
         }
@@ -287,6 +293,8 @@ pub struct Group {
     children: Vec<std::process::Child>,
     /// Set once rank 0 stops them: their connections closing is then no failure.
     stopping: Arc<AtomicBool>,
+    /// Held by each write to the connections: the steps' and the beats' (`beats.rs`).
+    writing: Arc<Mutex<()>>,
 }
 
 impl Group {
@@ -315,9 +323,12 @@ impl Group {
             write_json(c, &pool)?;
         }
         self.collect("allocating its KV cache")?;
+        let mut beat = Vec::with_capacity(self.conns.len());
         for (rank, c) in &self.conns {
             watch(*rank, c.try_clone()?, self.stopping.clone());
+            beat.push(c.try_clone()?);
         }
+        beats::beat_to_followers(beat, self.writing.clone(), self.stopping.clone(), BEAT)?;
         Ok(self)
     }
 }
@@ -352,21 +363,28 @@ fn guard_join(
     })?)
 }
 
-/// Ends rank 0 when rank `rank`'s connection closes while the group runs: a rank that died
-/// leaves the others waiting in a collective forever.
+/// Ends rank 0 when rank `rank`'s connection closes, or its beats stop, while the group runs: a
+/// rank that died or hangs leaves the others waiting in a collective forever.
 fn watch(rank: usize, mut conn: TcpStream, stopping: Arc<AtomicBool>) {
     let _ = std::thread::Builder::new().name(format!("inferno-rank-{rank}")).spawn(move || {
-        let mut byte = [0u8; 1];
-        let gone = matches!(conn.read(&mut byte), Ok(0) | Err(_));
-        if gone && !stopping.load(Ordering::SeqCst) {
-            eprintln!("inferno: rank {rank} exited; stopping every rank");
-            std::process::exit(ErrorKind::Rank.exit_code().into());
+        let how = beats::wait_silence(&mut conn, HANG);
+        if stopping.load(Ordering::SeqCst) {
+            return;
         }
+        match how {
+            Silence::Closed => eprintln!("inferno: rank {rank} exited; stopping every rank"),
+            Silence::Hung => eprintln!(
+                "inferno: rank {rank} gave no sign of life for {} s (hung); stopping every rank",
+                HANG.as_secs()
+            ),
+        }
+        std::process::exit(ErrorKind::Rank.exit_code().into());
     });
 }
 
 impl crate::engine::ranks::Followers for Group {
     fn send(&mut self, words: Vec<u32>) -> anyhow::Result<()> {
+        let _held = self.writing.lock().map_err(|_| rank_failed("a beat thread panicked"))?;
         for (rank, c) in &mut self.conns {
             write_words(c, &words)
                 .map_err(|e| rank_failed(format!("rank {rank} is gone ({e})")))?;
@@ -383,9 +401,11 @@ impl Drop for Group {
         }
         self.stopping.store(true, Ordering::SeqCst);
         let stop = crate::engine::ranks::encode_stop();
+        let held = self.writing.lock();
         for (_, c) in &mut self.conns {
             let _ = write_words(c, &stop);
         }
+        drop(held);
         // The ranks rank 0 started: give them a moment to exit cleanly.
         let deadline = Instant::now() + Duration::from_secs(10);
         for child in &mut self.children {
@@ -523,21 +543,35 @@ mod follower {
             spec: None,
         };
         let (mut runner, _) = answer(&mut conn, rv.rank, runner_with_pool(model, &cfg))?;
-        // Steps arrive on their own thread: a rank stuck in a collective whose peer died must
-        // still see rank 0's connection close, and exit.
+        beats::beat_to_leader(conn.try_clone()?, BEAT)?;
+        // Steps arrive on their own thread: a rank stuck in a collective whose peer died or
+        // hangs must still see rank 0's connection close or its beats stop, and exit.
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u32>>(64);
         let rank = rv.rank;
+        conn.set_read_timeout(Some(HANG))?;
         std::thread::Builder::new().name("inferno-steps".into()).spawn(move || {
             loop {
                 match read_words(&mut conn) {
+                    Ok(words) if words.is_empty() => {} // a beat
                     Ok(words) => {
                         let stop = words == crate::engine::ranks::encode_stop();
                         if tx.send(words).is_err() || stop {
                             return;
                         }
                     }
-                    Err(_) => {
-                        eprintln!("inferno (rank {rank}): rank 0 is gone; exiting");
+                    Err(e) => {
+                        let hung = matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        );
+                        match hung {
+                            true => eprintln!(
+                                "inferno (rank {rank}): rank 0 gave no sign of life for {} s \
+                                 (hung); exiting",
+                                HANG.as_secs()
+                            ),
+                            false => eprintln!("inferno (rank {rank}): rank 0 is gone; exiting"),
+                        }
                         std::process::exit(ErrorKind::Rank.exit_code().into());
                     }
                 }
