@@ -49,6 +49,15 @@ impl ErrorKind {
     }
 }
 
+/// Ends the process at once with `kind`'s exit code, running no exit handlers: a tensor-parallel
+/// rank whose peer died or hangs. CUDA's and NCCL's own handlers would wait for the GPU's work,
+/// a collective that never ends (a rank that noticed a stopped peer and called `exit` was
+/// still there 45 s later); the driver frees the process's GPU memory when it is gone.
+pub fn exit_now(kind: ErrorKind) -> ! {
+    // SAFETY: _exit ends the process without touching its state; stderr is unbuffered.
+    unsafe { libc::_exit(kind.exit_code().into()) }
+}
+
 /// An error with a kind and a one-line message meant for the user.
 #[derive(Debug)]
 pub struct Failure {

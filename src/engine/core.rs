@@ -560,7 +560,7 @@ impl Core {
                     // The other ranks ran this step's collectives, or wait in them: a rank 0 that
                     // went on alone would pair its next collectives with their old ones.
                     eprintln!("inferno (rank 0): a step failed, so the ranks cannot go on: {e:#}");
-                    std::process::exit(crate::error::ErrorKind::Rank.exit_code().into());
+                    crate::error::exit_now(crate::error::ErrorKind::Rank);
                 }
                 // What the pool holds for these sequences is unknown: fail them, keep serving.
                 let msg = format!("{e:#}");

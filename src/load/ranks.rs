@@ -111,17 +111,15 @@ pub fn role(tp: usize, gpu: usize, cpu: bool) -> anyhow::Result<Role> {
             Err(bad(format!("--tp {tp} but WORLD_SIZE={}: they must agree", rv.world)))
         }
         Some(rv) if rv.rank > 0 => {
-            let code = match follower::run(&rv, gpu) {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("inferno (rank {}): {}", rv.rank, crate::error::one_line(&e));
-                    crate::error::kind_of(&e).exit_code()
-                }
-            };
-            if crate::switches::tp_trace() {
-                eprintln!("inferno tp rank {}: exiting ({code})", rv.rank);
+            if let Err(e) = follower::run(&rv, gpu) {
+                // Its GPU may still wait in a collective: no exit handlers (exit_now).
+                eprintln!("inferno (rank {}): {}", rv.rank, crate::error::one_line(&e));
+                crate::error::exit_now(crate::error::kind_of(&e));
             }
-            std::process::exit(code.into())
+            if crate::switches::tp_trace() {
+                eprintln!("inferno tp rank {}: exiting (0)", rv.rank);
+            }
+            std::process::exit(0)
         }
         Some(rv) => {
             let addr = format!("{}:{}", rv.addr, rv.port);
@@ -351,7 +349,7 @@ fn guard_join(
             for (rank, c) in &peers {
                 if matches!(c.peek(&mut byte), Ok(0)) && !joined.load(Ordering::SeqCst) {
                     eprintln!("inferno: rank {rank} exited before joining the group; stopping");
-                    std::process::exit(ErrorKind::Rank.exit_code().into());
+                    crate::error::exit_now(ErrorKind::Rank);
                 }
             }
             // A rank that has data waiting (it joined and loaded first) answers peeks at once.
@@ -378,7 +376,7 @@ fn watch(rank: usize, mut conn: TcpStream, stopping: Arc<AtomicBool>) {
                 HANG.as_secs()
             ),
         }
-        std::process::exit(ErrorKind::Rank.exit_code().into());
+        crate::error::exit_now(ErrorKind::Rank);
     });
 }
 
@@ -572,7 +570,7 @@ mod follower {
                             ),
                             false => eprintln!("inferno (rank {rank}): rank 0 is gone; exiting"),
                         }
-                        std::process::exit(ErrorKind::Rank.exit_code().into());
+                        crate::error::exit_now(ErrorKind::Rank);
                     }
                 }
             }
