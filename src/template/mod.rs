@@ -37,7 +37,7 @@ use minijinja::{AutoEscape, Environment, Error as JinjaError, ErrorKind as Jinja
 use pyjson::tojson_filter;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 use strftime::strftime;
 
 /// One chat message as templates see it.
@@ -65,6 +65,8 @@ pub struct ChatTemplate {
     bos_token: Option<String>,
     eos_token: Option<String>,
     clock: Clock,
+    /// How long a render may take ([`limits::RENDER_TIME`] unless set).
+    time_limit: Duration,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -103,6 +105,7 @@ impl ChatTemplate {
             bos_token,
             eos_token,
             clock: Arc::new(SystemTime::now),
+            time_limit: limits::RENDER_TIME,
         };
         t.set_clock(SystemTime::now);
         t.env.add_template_owned(NAME, rewrite_generation_tags(source)).map_err(|e| {
@@ -114,6 +117,12 @@ impl ChatTemplate {
     /// Replaces the clock behind `strftime_now` (tests freeze the date with this).
     pub fn with_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
         self.set_clock(clock);
+        self
+    }
+
+    /// Replaces the time a render may take (10 s): a render past it fails with one line.
+    pub fn with_time_limit(mut self, limit: Duration) -> Self {
+        self.time_limit = limit;
         self
     }
 
@@ -181,7 +190,7 @@ impl ChatTemplate {
         }
         ctx.insert("messages".into(), messages.clone());
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
-        self.render_bounded(ctx, limits::RENDER_TIME)
+        self.render_bounded(ctx, self.time_limit)
     }
 
     /// Renders with the context `ctx` in a render worker ([`worker`]), or in-process where
@@ -189,7 +198,7 @@ impl ChatTemplate {
     fn render_bounded(
         &self,
         ctx: serde_json::Map<String, serde_json::Value>,
-        deadline: std::time::Duration,
+        deadline: Duration,
     ) -> Result<String> {
         let budget = limits::Budget::for_input(serde_json::to_vec(&ctx)?.len());
         let now = (self.clock)().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -212,7 +221,7 @@ impl ChatTemplate {
     fn render_in_process(
         &self,
         ctx: serde_json::Map<String, serde_json::Value>,
-        deadline: std::time::Duration,
+        deadline: Duration,
     ) -> Result<String> {
         let env = self.env.clone();
         limits::on_render_thread(move || render_within_budget(env, &ctx), deadline)?
