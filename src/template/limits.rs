@@ -38,7 +38,7 @@ const FUEL_PER_BYTE: u64 = 4;
 pub(super) const MAX_FUEL: u64 = 2_000_000;
 /// The rendering thread's stack: a level of nested data takes up to ~500 bytes of it (printing
 /// a list of lists), and a level costs at least one instruction.
-pub(super) const RENDER_STACK: usize = 2 << 30;
+const RENDER_STACK: usize = 2 << 30;
 /// The stack where the system refuses to reserve [`RENDER_STACK`] (strict overcommit): enough
 /// for any real template, and for data nested about 100,000 levels deep.
 const FALLBACK_STACK: usize = 64 << 20;
@@ -159,10 +159,11 @@ pub(super) fn on_render_thread<T: Send + 'static>(
     }
 }
 
-type Job<T> = Box<dyn FnOnce() -> T + Send>;
+pub(super) type Job<T> = Box<dyn FnOnce() -> T + Send>;
 
-/// A thread that runs one job: with [`RENDER_STACK`], else [`FALLBACK_STACK`].
-fn render_thread<T: Send + 'static>() -> anyhow::Result<(Sender<Job<T>>, Receiver<T>)> {
+/// A thread that runs the jobs sent to it, one at a time, until their sender is dropped: with
+/// [`RENDER_STACK`], else [`FALLBACK_STACK`].
+pub(super) fn render_thread<T: Send + 'static>() -> anyhow::Result<(Sender<Job<T>>, Receiver<T>)> {
     let mut refused = String::new();
     for stack in [RENDER_STACK, FALLBACK_STACK] {
         let (job_tx, job_rx) = mpsc::channel::<Job<T>>();
@@ -171,7 +172,7 @@ fn render_thread<T: Send + 'static>() -> anyhow::Result<(Sender<Job<T>>, Receive
             .name("inferno-template".into())
             .stack_size(stack)
             .spawn(move || {
-                if let Ok(job) = job_rx.recv() {
+                while let Ok(job) = job_rx.recv() {
                     let _ = done_tx.send(job());
                 }
             });

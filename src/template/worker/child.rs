@@ -1,16 +1,19 @@
 //! The render worker: `inferno template-worker`, started by [`super::pool`] with its stdin and
 //! stdout as pipes. It answers `Ready`, then renders one [`Request`] at a time until its stdin
-//! closes (the server exited). Each render runs with the address space capped at its
+//! closes (the server exited). Renders run on one long-lived thread with the large stack of
+//! [`limits::render_thread`] (mapped once: a thread per render would map and unmap it each
+//! time), each with the address space capped at its
 //! [`Budget::memory`](super::super::limits::Budget) beyond what the worker holds when it starts,
 //! and the CPU time at the parent's deadline plus a little (should the parent fail to kill it);
 //! past either, the kernel ends the worker, not the server. Nothing else is written to stdout.
 
 use std::io::{self, Write};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::Result;
 
-use super::super::{ChatTemplate, limits};
+use super::super::{ChatTemplate, limits, render_within_budget};
 use super::protocol::{Reply, Request, read_frame, write_frame};
 
 /// A worker whose address space grew this much over its life retires after the render.
@@ -24,13 +27,14 @@ pub fn run() -> Result<()> {
     std::panic::set_hook(Box::new(|_| {}));
     let mut input = io::stdin().lock();
     let mut output = io::stdout().lock();
+    let thread = limits::render_thread::<Result<String>>()?;
     write_frame(&mut output, &Reply::Ready)?;
     let start = address_space();
     let mut cached: Option<(Key, ChatTemplate)> = None;
     while let Some(frame) = read_frame(&mut input)? {
         let req: Request = serde_json::from_slice(&frame)?;
         drop(frame);
-        let (reply, clean) = render(req, &mut cached);
+        let (reply, clean) = render(req, &mut cached, &thread);
         let grown = address_space().saturating_sub(start) > GROWTH_TO_RETIRE;
         let reply = if clean && !grown { reply } else { Reply::Retiring(Box::new(reply)) };
         let retiring = matches!(reply, Reply::Retiring(_));
@@ -44,10 +48,15 @@ pub fn run() -> Result<()> {
 }
 
 type Key = (String, Option<String>, Option<String>);
+type RenderThread = (Sender<limits::Job<Result<String>>>, Receiver<Result<String>>);
 
-/// Renders `req` with the template compiled for the last request when it is the same; false
-/// when the render thread panicked or was left running.
-fn render(req: Request, cached: &mut Option<(Key, ChatTemplate)>) -> (Reply, bool) {
+/// Renders `req` on `thread` with the template compiled for the last request when it is the
+/// same; false when the render thread panicked or was left running.
+fn render(
+    req: Request,
+    cached: &mut Option<(Key, ChatTemplate)>,
+    (jobs, done): &RenderThread,
+) -> (Reply, bool) {
     let key = (req.source, req.bos_token, req.eos_token);
     if cached.as_ref().is_none_or(|(k, _)| *k != key) {
         match ChatTemplate::new(&key.0, key.1.clone(), key.2.clone()) {
@@ -61,30 +70,36 @@ fn render(req: Request, cached: &mut Option<(Key, ChatTemplate)>) -> (Reply, boo
     let input = serde_json::to_vec(&req.ctx).map_or(0, |v| v.len());
     let budget = limits::Budget::for_input(input);
     let deadline = Duration::from_millis(req.time_ms);
+    let env = template.env.clone();
+    let ctx = req.ctx;
     let limited = set_limits(budget.memory, deadline);
-    let result = template.render_in_process(req.ctx, deadline + Duration::from_secs(CPU_SLACK_S));
+    let sent = jobs.send(Box::new(move || render_within_budget(env, &ctx)));
+    let result = match sent.map(|()| done.recv_timeout(deadline + Duration::from_secs(CPU_SLACK_S)))
+    {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(RecvTimeoutError::Timeout)) => Err(limits::too_slow(deadline)),
+        Ok(Err(RecvTimeoutError::Disconnected)) | Err(_) => {
+            Err("the chat template's render panicked".to_string())
+        }
+    };
     if limited {
         lift_limits();
     }
-    let clean = result.as_ref().err().is_none_or(|e| !left_running(e));
-    (Reply::from_result(result), clean)
+    match result {
+        Ok(r) => (Reply::from_result(r), true),
+        Err(line) => (Reply::Failed { invalid_input: false, message: line }, false),
+    }
 }
 
-/// A render that timed out or panicked inside this worker: its thread may still run.
-fn left_running(e: &anyhow::Error) -> bool {
-    let m = e.to_string();
-    m.contains("did not finish within") || m.contains("panicked")
-}
-
-/// Caps the address space at `memory` (plus the render thread's stack, reserved by its start)
-/// beyond what the worker maps now, and the CPU time at `deadline` plus [`CPU_SLACK_S`]
+/// Caps the address space at `memory` beyond what the worker maps now (the render thread's
+/// stack included), and the CPU time at `deadline` plus [`CPU_SLACK_S`]
 /// beyond what it used so far. False when the system refused (the render then runs unlimited).
 fn set_limits(memory: usize, deadline: Duration) -> bool {
     let now = address_space();
     if now == 0 {
         return false;
     }
-    let space = now.saturating_add(limits::RENDER_STACK).saturating_add(memory);
+    let space = now.saturating_add(memory);
     let cpu = cpu_seconds() + deadline.as_secs() + 1 + CPU_SLACK_S;
     set_soft(libc::RLIMIT_AS, space as u64) && set_soft(libc::RLIMIT_CPU, cpu)
 }
