@@ -350,3 +350,30 @@ fn spawn(program: &PathBuf) -> io::Result<Worker> {
     };
     Ok(Worker { child, stdin, stdout, stderr })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(raw_status: i32, stderr: &str) -> String {
+        let budget = Budget::for_input(0);
+        died(Ok(ExitStatus::from_raw(raw_status)), stderr, budget, Duration::from_secs(10))
+    }
+
+    #[test]
+    fn a_dead_worker_is_explained_in_one_line() {
+        let abort = libc::SIGABRT;
+        assert!(line(abort, "memory allocation of 2147483648 bytes failed\n").starts_with(
+            "the model's chat template used more than 1024 MiB of memory for this conversation"
+        ));
+        assert!(line(libc::SIGKILL, "").contains("used more than 1024 MiB"));
+        assert!(line(libc::SIGXCPU, "").contains("did not finish within 10s"));
+        let crash = line(libc::SIGSEGV, "\nthread 'x' has overflowed its stack\n\n");
+        assert!(
+            crash.starts_with("the model's chat template crashed its render worker"),
+            "{crash}"
+        );
+        assert!(crash.ends_with(": thread 'x' has overflowed its stack)"), "{crash}");
+        assert!(!crash.contains('\n'));
+    }
+}

@@ -95,3 +95,40 @@ pub fn frame_len(prefix: [u8; 4]) -> io::Result<usize> {
     }
     Ok(len)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_end_cleanly() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &Reply::Rendered("héllo".into())).unwrap();
+        write_frame(&mut buf, &Reply::Ready).unwrap();
+        let mut r = &buf[..];
+        let first: Reply = serde_json::from_slice(&read_frame(&mut r).unwrap().unwrap()).unwrap();
+        assert_eq!(first.into_result().unwrap(), "héllo");
+        let second: Reply = serde_json::from_slice(&read_frame(&mut r).unwrap().unwrap()).unwrap();
+        assert!(matches!(second, Reply::Ready));
+        assert!(read_frame(&mut r).unwrap().is_none());
+        // A frame cut short is an error, not the end.
+        let mut cut = &buf[..6];
+        assert!(read_frame(&mut cut).is_err());
+    }
+
+    #[test]
+    fn an_oversized_length_is_refused_before_allocating() {
+        let mut r = &u32::MAX.to_le_bytes()[..];
+        assert!(read_frame(&mut r).unwrap_err().to_string().contains("frame of 4294967295 bytes"));
+    }
+
+    #[test]
+    fn failures_keep_their_kind() {
+        let e = Reply::from_result(Err(fail(ErrorKind::InvalidInput, "bad"))).into_result();
+        let e = e.unwrap_err();
+        assert_eq!(crate::error::kind_of(&e), ErrorKind::InvalidInput);
+        assert_eq!(e.to_string(), "bad");
+        let retired = Reply::Retiring(Box::new(Reply::from_result(Err(anyhow::anyhow!("x")))));
+        assert_eq!(crate::error::kind_of(&retired.into_result().unwrap_err()), ErrorKind::Other);
+    }
+}
