@@ -8,7 +8,7 @@
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -282,9 +282,9 @@ fn readable(stdout: &ChildStdout, wait: Duration) -> io::Result<bool> {
 }
 
 /// Starts a worker from the spawning thread and waits for its `Ready`.
-fn start(program: &PathBuf) -> anyhow::Result<Worker> {
+fn start(program: &Path) -> anyhow::Result<Worker> {
     let (tx, rx) = mpsc::channel();
-    spawner().lock().unwrap_or_else(|p| p.into_inner()).send((program.clone(), tx))?;
+    spawner().lock().unwrap_or_else(|p| p.into_inner()).send((program.to_path_buf(), tx))?;
     let mut w = rx.recv()??;
     match w.receive(Instant::now() + START_TIME) {
         Ok(Reply::Ready) => Ok(w),
@@ -322,7 +322,7 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnJob>> {
 
 /// Forks `program template-worker`, its limits set before it runs: no core dump, and
 /// SIGKILL when this thread (the spawner, so the process) ends.
-fn spawn(program: &PathBuf) -> io::Result<Worker> {
+fn spawn(program: &Path) -> io::Result<Worker> {
     let parent = std::process::id() as libc::pid_t;
     let mut cmd = Command::new(program);
     cmd.arg(SUBCOMMAND).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
