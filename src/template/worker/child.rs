@@ -58,13 +58,13 @@ fn render(
     (jobs, done): &RenderThread,
 ) -> (Reply, bool) {
     let key = (req.source, req.bos_token, req.eos_token);
-    if cached.as_ref().is_none_or(|(k, _)| *k != key) {
-        match ChatTemplate::new(&key.0, key.1.clone(), key.2.clone()) {
-            Ok(t) => *cached = Some((key, t)),
+    let template = match cached {
+        Some((k, t)) if *k == key => t,
+        _ => match ChatTemplate::new(&key.0, key.1.clone(), key.2.clone()) {
+            Ok(t) => &mut cached.insert((key, t)).1,
             Err(e) => return (Reply::from_result(Err(e)), true),
-        }
-    }
-    let Some((_, template)) = cached.as_mut() else { unreachable!("compiled above") };
+        },
+    };
     let now = UNIX_EPOCH + Duration::from_nanos(req.now_ns.min(u64::MAX as u128) as u64);
     template.set_clock(move || now);
     let input = serde_json::to_vec(&req.ctx).map_or(0, |v| v.len());

@@ -65,25 +65,25 @@ impl Pool {
     /// `deadline`, the budget `budget` naming the memory limit in the error.
     pub fn render(&self, frame: &[u8], budget: Budget, deadline: Duration) -> Outcome {
         let until = Instant::now() + deadline;
+        let mut refused = String::new();
         // A worker idle for long may have been killed from outside: one retry with a new one.
-        for attempt in 0..2 {
+        for _ in 0..2 {
             let mut worker = match self.take(until) {
                 Take::Got(w) => w,
                 Take::Busy => return Outcome::Rendered(Err(too_slow(deadline))),
                 Take::Unstartable(e) => return Outcome::Unavailable(e),
             };
-            if let Err(e) = worker.send(frame) {
-                let (status, _) = self.discard(worker, EXIT_GRACE);
-                if attempt == 0 {
-                    continue;
+            match worker.send(frame) {
+                Ok(()) => return Outcome::Rendered(self.answer(worker, until, budget, deadline)),
+                Err(e) => {
+                    let (status, _) = self.discard(worker, EXIT_GRACE);
+                    let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                    refused = format!("{e}; {status}");
                 }
-                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
-                let line = format!("the chat template's worker refused the render ({e}; {status})");
-                return Outcome::Rendered(Err(fail(ErrorKind::Other, line)));
             }
-            return Outcome::Rendered(self.answer(worker, until, budget, deadline));
         }
-        unreachable!("the second attempt returns")
+        let line = format!("the chat template's worker refused the render ({refused})");
+        Outcome::Rendered(Err(fail(ErrorKind::Other, line)))
     }
 
     /// The reply of `worker` to the render it was sent, the worker kept, killed or reaped.
