@@ -6,14 +6,20 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use inferno::error::{ErrorKind, kind_of};
 use inferno::template::{ChatTemplate, Message, worker};
 use serde_json::json;
 
-fn sandboxed() {
+/// Renders in workers from now on; the guard keeps the tests of this file one at a time (they
+/// count and kill this process's children).
+fn sandboxed() -> MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     worker::enable(PathBuf::from(env!("CARGO_BIN_EXE_inferno")));
+    guard
 }
 
 const DOUBLING: &str = "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}";
@@ -50,7 +56,7 @@ fn assert_no_zombie() {
 
 #[test]
 fn a_template_that_doubles_a_string_gets_its_memory_line_and_the_next_render_works() {
-    sandboxed();
+    let _one = sandboxed();
     for src in [DOUBLING, GROWING] {
         let t = ChatTemplate::new(src, None, None).unwrap();
         let t0 = Instant::now();
@@ -71,7 +77,7 @@ fn a_template_that_doubles_a_string_gets_its_memory_line_and_the_next_render_wor
 
 #[test]
 fn doubling_data_printed_into_a_macro_stops_at_a_limit() {
-    sandboxed();
+    let _one = sandboxed();
     // Printing 2^n items takes time as well as memory: whichever limit comes first.
     let t = ChatTemplate::new(DOUBLING_DATA, None, None).unwrap();
     let t = t.with_time_limit(Duration::from_secs(2));
@@ -87,7 +93,7 @@ fn doubling_data_printed_into_a_macro_stops_at_a_limit() {
 
 #[test]
 fn a_slow_template_is_killed_at_its_deadline_and_leaves_no_zombie() {
-    sandboxed();
+    let _one = sandboxed();
     let t =
         ChatTemplate::new(SLOW, None, None).unwrap().with_time_limit(Duration::from_millis(500));
     let t0 = Instant::now();
@@ -108,7 +114,7 @@ fn a_slow_template_is_killed_at_its_deadline_and_leaves_no_zombie() {
 
 #[test]
 fn the_in_template_limits_still_apply_in_a_worker() {
-    sandboxed();
+    let _one = sandboxed();
     let cases = [
         (
             "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
@@ -132,7 +138,7 @@ fn the_in_template_limits_still_apply_in_a_worker() {
 
 #[test]
 fn the_fixtures_render_byte_identically_in_a_worker() {
-    sandboxed();
+    let _one = sandboxed();
     let fx: serde_json::Value =
         serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
     let now = UNIX_EPOCH + Duration::from_secs(fx["now_unix"].as_u64().unwrap());
@@ -163,17 +169,54 @@ fn the_fixtures_render_byte_identically_in_a_worker() {
     assert!(checked >= 20, "{checked}");
 }
 
-/// Median time of `n` renders of a real template (SmolLM2's, 3 messages).
-fn median_render(n: usize) -> Duration {
+#[test]
+fn concurrent_renders_share_the_workers_and_a_killed_idle_worker_is_replaced() {
+    let _one = sandboxed();
+    let t =
+        std::sync::Arc::new(ChatTemplate::new("{{ messages[0].content }}", None, None).unwrap());
+    let threads: Vec<_> = (0..16)
+        .map(|i| {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                for j in 0..20 {
+                    let text = format!("{i}-{j}");
+                    let msgs = vec![Message::new("user", text.clone())];
+                    assert_eq!(t.render(&msgs, true, &json!(null)).unwrap(), text);
+                }
+            })
+        })
+        .collect();
+    for th in threads {
+        th.join().unwrap();
+    }
+    let kids = children();
+    assert!(!kids.is_empty() && kids.len() <= 4, "{kids:?}");
+    for &pid in kids.keys() {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    for _ in 0..8 {
+        assert_eq!(t.render(&hi(), true, &json!(null)).unwrap(), "hi");
+    }
+}
+
+/// Median time of `n` renders of a real template (SmolLM2's) over 3 messages, or `turns`
+/// exchanges of 1 kB messages.
+fn median_render(n: usize, turns: usize) -> Duration {
     let fx: serde_json::Value =
         serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
     let t = &fx["templates"]["smollm2-135m-instruct"];
     let tmpl = ChatTemplate::new(t["source"].as_str().unwrap(), None, None).unwrap();
-    let msgs = vec![
+    let mut msgs = vec![
         Message::new("system", "You are helpful."),
         Message::new("user", "What is the capital of France?"),
         Message::new("assistant", "Paris."),
     ];
+    for _ in 0..turns {
+        msgs.push(Message::new("user", "q".repeat(1000)));
+        msgs.push(Message::new("assistant", "a".repeat(1000)));
+    }
     let mut times: Vec<Duration> = (0..n)
         .map(|_| {
             let t0 = Instant::now();
@@ -189,13 +232,16 @@ fn median_render(n: usize) -> Duration {
 #[test]
 #[ignore]
 fn render_latency() {
-    let here = median_render(2000);
-    sandboxed();
+    let here = [median_render(2000, 0), median_render(200, 100)];
+    let _one = sandboxed();
     let t0 = Instant::now();
-    median_render(1);
+    median_render(1, 0);
     let first = t0.elapsed();
-    let worker = median_render(2000);
+    let worker = [median_render(2000, 0), median_render(200, 100)];
+    println!("median render of 3 messages: in-process {:?}, in a worker {:?}", here[0], worker[0]);
     println!(
-        "median render: in-process {here:?}, in a worker {worker:?} (first render, starting the worker: {first:?})"
+        "median render of 203 messages (200 kB): in-process {:?}, in a worker {:?}",
+        here[1], worker[1]
     );
+    println!("first render, starting the worker: {first:?}");
 }

@@ -66,8 +66,9 @@ impl Pool {
     pub fn render(&self, frame: &[u8], budget: Budget, deadline: Duration) -> Outcome {
         let until = Instant::now() + deadline;
         let mut refused = String::new();
-        // A worker idle for long may have been killed from outside: one retry with a new one.
-        for _ in 0..2 {
+        // Idle workers may have been killed from outside (the OOM killer): past them all, a
+        // new one.
+        for _ in 0..=MAX_WORKERS {
             let mut worker = match self.take(until) {
                 Take::Got(w) => w,
                 Take::Busy => return Outcome::Rendered(Err(too_slow(deadline))),
