@@ -23,6 +23,7 @@ const CPU_SLACK_S: u64 = 2;
 
 /// The worker's main loop; returns when the parent closes its stdin.
 pub fn run() -> Result<()> {
+    bind_to_parent()?;
     // A panic is reported in the reply: its message on stderr would only fill the pipe.
     std::panic::set_hook(Box::new(|_| {}));
     let mut input = io::stdin().lock();
@@ -45,6 +46,27 @@ pub fn run() -> Result<()> {
     }
     output.flush()?;
     Ok(())
+}
+
+/// No core dumps, and SIGKILL when the thread that started this worker ends; an error when the
+/// parent named by [`super::PARENT_VAR`] is not (or no longer) this process's parent.
+fn bind_to_parent() -> Result<()> {
+    let none = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: setrlimit and prctl on this process, getppid.
+    unsafe {
+        libc::setrlimit(libc::RLIMIT_CORE, &none);
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+            anyhow::bail!("prctl(PR_SET_PDEATHSIG): {}", io::Error::last_os_error());
+        }
+    }
+    let want = std::env::var(super::PARENT_VAR).ok().and_then(|p| p.parse::<libc::pid_t>().ok());
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    match want {
+        Some(p) if p == parent => Ok(()),
+        // The parent died before the prctl above took effect, or a person ran this.
+        _ => anyhow::bail!("the template worker runs only under inferno, which starts it"),
+    }
 }
 
 type Key = (String, Option<String>, Option<String>);

@@ -26,6 +26,8 @@ pub use protocol::Request;
 
 /// The hidden subcommand that runs a worker.
 pub const SUBCOMMAND: &str = "template-worker";
+/// The environment variable that gives a worker its parent's process id.
+const PARENT_VAR: &str = "INFERNO_TEMPLATE_PARENT";
 
 static POOL: OnceLock<Pool> = OnceLock::new();
 

@@ -7,7 +7,7 @@
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -15,8 +15,8 @@ use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::super::limits::{self, Budget};
-use super::SUBCOMMAND;
 use super::protocol::{Reply, frame_len};
+use super::{PARENT_VAR, SUBCOMMAND};
 use crate::error::{ErrorKind, fail};
 
 /// Renders at once; more wait for a worker (within their deadline).
@@ -321,27 +321,14 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnJob>> {
     })
 }
 
-/// Forks `program template-worker`, its limits set before it runs: no core dump, and
-/// SIGKILL when this thread (the spawner, so the process) ends.
+/// Starts `program template-worker`, telling it this process's id: the worker then asks for
+/// SIGKILL when this thread (the spawner, so the process) ends, and exits if its parent is
+/// already another. Set there, not between fork and exec, so that the standard library can use
+/// `posix_spawn` (a `vfork`), not copy the page tables of a server that holds a model.
 fn spawn(program: &Path) -> io::Result<Worker> {
-    let parent = std::process::id() as libc::pid_t;
     let mut cmd = Command::new(program);
-    cmd.arg(SUBCOMMAND).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    // SAFETY: only async-signal-safe calls (prctl, getppid, setrlimit) between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
-                // The parent died before the line above took effect.
-                libc::_exit(1);
-            }
-            let none = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-            libc::setrlimit(libc::RLIMIT_CORE, &none);
-            Ok(())
-        });
-    }
+    cmd.arg(SUBCOMMAND).env(PARENT_VAR, std::process::id().to_string());
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
     let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     let (Some(stdin), Some(stdout), Some(stderr)) = pipes else {
