@@ -137,6 +137,17 @@ fn the_in_template_limits_still_apply_in_a_worker() {
 }
 
 #[test]
+fn a_panic_inside_minijinja_is_one_line_and_the_worker_is_replaced() {
+    let _one = sandboxed();
+    let src = "{% for i in range(3) %}{% with a = 1 %}{% break %}{% endwith %}{% endfor %}";
+    let err = ChatTemplate::new(src, None, None).unwrap().render(&hi(), true, &json!(null));
+    assert_eq!(err.unwrap_err().to_string(), "the chat template's render panicked");
+    let ok = ChatTemplate::new("{% for i in range(3) %}{{ i }}{% endfor %}", None, None).unwrap();
+    assert_eq!(ok.render(&hi(), true, &json!(null)).unwrap(), "012");
+    assert_no_zombie();
+}
+
+#[test]
 fn the_fixtures_render_byte_identically_in_a_worker() {
     let _one = sandboxed();
     let fx: serde_json::Value =
