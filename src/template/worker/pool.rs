@@ -349,6 +349,22 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_that_cannot_start_leaves_the_render_to_the_caller() {
+        let budget = Budget::for_input(0);
+        for program in ["/nonexistent/inferno", "/bin/true"] {
+            let pool = Pool::new(PathBuf::from(program));
+            match pool.render(b"{}", budget, Duration::from_secs(5)) {
+                Outcome::Unavailable(e) => {
+                    let line = crate::error::one_line(&e);
+                    assert!(!line.contains('\n'), "{line}");
+                }
+                Outcome::Rendered(r) => panic!("{program}: {r:?}"),
+            }
+            assert_eq!(pool.state.lock().unwrap().alive, 0, "{program}");
+        }
+    }
+
+    #[test]
     fn a_dead_worker_is_explained_in_one_line() {
         let abort = libc::SIGABRT;
         assert!(line(abort, "memory allocation of 2147483648 bytes failed\n").starts_with(
