@@ -201,6 +201,7 @@ impl ChatTemplate {
         deadline: Duration,
     ) -> Result<String> {
         let budget = limits::Budget::for_input(serde_json::to_vec(&ctx)?.len());
+        // A worker's `strftime_now` reads the time the render started.
         let now = (self.clock)().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let req = worker::Request {
             source: self.source.to_string(),
