@@ -28,6 +28,10 @@ pub enum Command {
     /// Write an HF-format f32 safetensors checkpoint of a llama GGUF (developer tool).
     #[command(hide = true)]
     Convert(ConvertArgs),
+    /// Render chat templates for the parent process over stdin/stdout (started by it, with
+    /// memory and CPU limits; see `template::worker`).
+    #[command(hide = true, name = "template-worker")]
+    TemplateWorker,
 }
 
 #[derive(Debug, Args)]

@@ -9,7 +9,11 @@ use inferno::error::{kind_of, one_line};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match inferno::commands::run(cli) {
+    // Chat templates render in worker processes: this binary, started with a hidden subcommand.
+    inferno::template::worker::enable_this_binary();
+    let result = inferno::commands::run(cli);
+    inferno::template::worker::shutdown();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             if is_broken_pipe(&err) {

@@ -18,5 +18,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => crate::serve::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::TemplateWorker => crate::template::worker::run(),
     }
 }

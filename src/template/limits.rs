@@ -13,13 +13,14 @@
 //! used until touched) holds the deepest nesting the fuel cap ([`MAX_FUEL`]) allows. A panic
 //! inside minijinja ends that thread and fails the render, not the process.
 //!
-//! Not bounded: memory. minijinja caps one repetition (`'x' * n`, `[x] * n`) at 100 million
-//! items but not concatenation, so a template that doubles a string on each pass of a loop
-//! (`ns.s = ns.s ~ ns.s`) exhausts memory in a few dozen instructions and the process is
-//! killed; so does printing data that holds the previous pass's twice (`ns.l = [ns.l, ns.l]`)
-//! into a macro's output, which minijinja buffers without a limit (the output limit counts
-//! only what reaches the render's writer). minijinja has no hook for either: bounding them
-//! needs the render in a separate process with a memory limit.
+//! Memory is bounded outside minijinja, which has no hook for a value's size: minijinja caps
+//! one repetition (`'x' * n`, `[x] * n`) at 100 million items but not concatenation, so a
+//! template that doubles a string on each pass of a loop (`ns.s = ns.s ~ ns.s`) would exhaust
+//! memory in a few dozen instructions, and so would printing data that holds the previous
+//! pass's twice (`ns.l = [ns.l, ns.l]`) into a macro's output, which minijinja buffers
+//! without a limit. Renders therefore run in a worker process ([`super::worker`]) whose
+//! address space is capped at [`Budget::memory`] beyond what it holds when the render starts;
+//! past it, the worker dies, alone, and the caller gets one line.
 
 use std::io;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -45,14 +46,21 @@ const FALLBACK_STACK: usize = 64 << 20;
 const BASE_OUTPUT: usize = 1 << 20;
 /// Further bytes per byte of input: the input rendered once or twice, or as indented JSON.
 const OUTPUT_PER_BYTE: usize = 8;
+/// Memory any render may use: real templates use a few MB, and `'x' * 100000000` (100 MB, the
+/// largest single value minijinja builds) fits several times.
+const BASE_MEMORY: usize = 1 << 30;
+/// Further bytes per byte of input: the conversation parsed into minijinja's values, walked,
+/// and its output.
+const MEMORY_PER_BYTE: usize = 32;
 /// Macro calls and includes nested at most: the deepest real template nests 3, and a template
 /// that calls itself without end stops here (minijinja's default is 500).
 pub(super) const MAX_DEPTH: usize = 64;
 
 /// How long a caller waits for a render. Fuel counts instructions, but one instruction can cost
 /// up to minijinja's own caps (`range(100000) | sort`, `'x' * 100000000`), so a template can
-/// still take minutes within its fuel; the caller gets this error in time, and the render
-/// runs on, unseen, until its fuel is gone.
+/// still take minutes within its fuel; the caller gets this error in time, and the worker
+/// rendering it is killed (in-process, the render would run on, unseen, until its fuel is
+/// gone).
 pub(super) const RENDER_TIME: Duration = Duration::from_secs(10);
 
 /// What one render may use.
@@ -60,6 +68,8 @@ pub(super) const RENDER_TIME: Duration = Duration::from_secs(10);
 pub(super) struct Budget {
     pub fuel: u64,
     pub output: usize,
+    /// Bytes of address space beyond what the render worker holds when the render starts.
+    pub memory: usize,
 }
 
 impl Budget {
@@ -70,6 +80,7 @@ impl Budget {
                 .saturating_add(FUEL_PER_BYTE.saturating_mul(input as u64))
                 .min(MAX_FUEL),
             output: BASE_OUTPUT.saturating_add(OUTPUT_PER_BYTE.saturating_mul(input)),
+            memory: BASE_MEMORY.saturating_add(MEMORY_PER_BYTE.saturating_mul(input)),
         }
     }
 }
@@ -129,7 +140,8 @@ pub(super) fn exceeded(e: &minijinja::Error, out: &Capped, budget: Budget) -> Op
 }
 
 /// Runs `render` on a thread with [`RENDER_STACK`] and waits at most `deadline` for it. A
-/// render past the deadline is left to run out of its fuel (minijinja cannot be interrupted).
+/// render past the deadline is left to run out of its fuel (minijinja cannot be interrupted;
+/// the worker process that runs it is killed instead).
 pub(super) fn on_render_thread<T: Send + 'static>(
     render: impl FnOnce() -> T + Send + 'static,
     deadline: Duration,
@@ -147,10 +159,11 @@ pub(super) fn on_render_thread<T: Send + 'static>(
     }
 }
 
-type Job<T> = Box<dyn FnOnce() -> T + Send>;
+pub(super) type Job<T> = Box<dyn FnOnce() -> T + Send>;
 
-/// A thread that runs one job: with [`RENDER_STACK`], else [`FALLBACK_STACK`].
-fn render_thread<T: Send + 'static>() -> anyhow::Result<(Sender<Job<T>>, Receiver<T>)> {
+/// A thread that runs the jobs sent to it, one at a time, until their sender is dropped: with
+/// [`RENDER_STACK`], else [`FALLBACK_STACK`].
+pub(super) fn render_thread<T: Send + 'static>() -> anyhow::Result<(Sender<Job<T>>, Receiver<T>)> {
     let mut refused = String::new();
     for stack in [RENDER_STACK, FALLBACK_STACK] {
         let (job_tx, job_rx) = mpsc::channel::<Job<T>>();
@@ -159,7 +172,7 @@ fn render_thread<T: Send + 'static>() -> anyhow::Result<(Sender<Job<T>>, Receive
             .name("inferno-template".into())
             .stack_size(stack)
             .spawn(move || {
-                if let Ok(job) = job_rx.recv() {
+                while let Ok(job) = job_rx.recv() {
                     let _ = done_tx.send(job());
                 }
             });
@@ -172,10 +185,18 @@ fn render_thread<T: Send + 'static>() -> anyhow::Result<(Sender<Job<T>>, Receive
 }
 
 /// The message for a render that missed its deadline.
-fn too_slow(deadline: Duration) -> String {
+pub(super) fn too_slow(deadline: Duration) -> String {
     format!(
         "the model's chat template did not finish within {}s for this conversation (a template that never ends?)",
         deadline.as_secs_f32()
+    )
+}
+
+/// The message for a render that passed its memory limit.
+pub(super) fn too_big(budget: Budget) -> String {
+    format!(
+        "the model's chat template used more than {} MiB of memory for this conversation (a template that never ends?)",
+        budget.memory >> 20
     )
 }
 

@@ -23,11 +23,12 @@
 //! code from whoever published the model, so it runs sandboxed: the environment has no loader
 //! (`include`, `import` and `extends` find no template but itself, and no file), no function
 //! that reads files or the network, and each render is bounded in work, output and depth
-//! ([`limits`]).
+//! ([`limits`]), and in memory and time by running in a worker process ([`worker`]).
 
 mod limits;
 pub mod pyjson;
 pub mod strftime;
+pub mod worker;
 
 use crate::error::{ErrorKind, fail};
 use anyhow::{Context, Result};
@@ -36,7 +37,7 @@ use minijinja::{AutoEscape, Environment, Error as JinjaError, ErrorKind as Jinja
 use pyjson::tojson_filter;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 use strftime::strftime;
 
 /// One chat message as templates see it.
@@ -59,8 +60,13 @@ const NAME: &str = "chat_template";
 /// A compiled chat template with the special tokens it may refer to.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template as given, for the render worker to compile.
+    source: Arc<str>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    clock: Clock,
+    /// How long a render may take ([`limits::RENDER_TIME`] unless set).
+    time_limit: Duration,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -93,8 +99,15 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<Value, JinjaError> {
             Err(JinjaError::new(JinjaErrorKind::InvalidOperation, RAISED).with_source(Raised(msg)))
         });
-        let mut t = ChatTemplate { env, bos_token, eos_token };
-        t = t.with_clock(SystemTime::now);
+        let mut t = ChatTemplate {
+            env,
+            source: source.into(),
+            bos_token,
+            eos_token,
+            clock: Arc::new(SystemTime::now),
+            time_limit: limits::RENDER_TIME,
+        };
+        t.set_clock(SystemTime::now);
         t.env.add_template_owned(NAME, rewrite_generation_tags(source)).map_err(|e| {
             fail(ErrorKind::InvalidInput, format!("chat template does not parse: {}", describe(&e)))
         })?;
@@ -103,9 +116,20 @@ impl ChatTemplate {
 
     /// Replaces the clock behind `strftime_now` (tests freeze the date with this).
     pub fn with_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
-        let clock: Clock = Arc::new(clock);
-        self.env.add_function("strftime_now", move |fmt: String| strftime(clock(), &fmt));
+        self.set_clock(clock);
         self
+    }
+
+    /// Replaces the time a render may take (10 s): a render past it fails with one line.
+    pub fn with_time_limit(mut self, limit: Duration) -> Self {
+        self.time_limit = limit;
+        self
+    }
+
+    fn set_clock(&mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) {
+        let clock: Clock = Arc::new(clock);
+        self.clock = clock.clone();
+        self.env.add_function("strftime_now", move |fmt: String| strftime(clock(), &fmt));
     }
 
     /// True when the template reads the context variable `name` (e.g. `tools`: whether the
@@ -166,15 +190,39 @@ impl ChatTemplate {
         }
         ctx.insert("messages".into(), messages.clone());
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
-        self.render_bounded(ctx, limits::RENDER_TIME)
+        self.render_bounded(ctx, self.time_limit)
     }
 
-    /// Renders with the context `ctx` on a render thread ([`limits::on_render_thread`]),
-    /// waiting at most `deadline` for it.
+    /// Renders with the context `ctx` in a render worker ([`worker`]), or in-process where
+    /// there is none, waiting at most `deadline` for it.
     fn render_bounded(
         &self,
         ctx: serde_json::Map<String, serde_json::Value>,
-        deadline: std::time::Duration,
+        deadline: Duration,
+    ) -> Result<String> {
+        let budget = limits::Budget::for_input(serde_json::to_vec(&ctx)?.len());
+        // A worker's `strftime_now` reads the time the render started.
+        let now = (self.clock)().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let req = worker::Request {
+            source: self.source.to_string(),
+            bos_token: self.bos_token.clone(),
+            eos_token: self.eos_token.clone(),
+            ctx,
+            now_ns: now.as_nanos(),
+            time_ms: deadline.as_millis().min(u64::MAX as u128) as u64,
+        };
+        if let Some(rendered) = worker::render(&req, budget, deadline) {
+            return rendered;
+        }
+        self.render_in_process(req.ctx, deadline)
+    }
+
+    /// Renders with the context `ctx` on a render thread of this process
+    /// ([`limits::on_render_thread`]), waiting at most `deadline` for it.
+    fn render_in_process(
+        &self,
+        ctx: serde_json::Map<String, serde_json::Value>,
+        deadline: Duration,
     ) -> Result<String> {
         let env = self.env.clone();
         limits::on_render_thread(move || render_within_budget(env, &ctx), deadline)?

@@ -79,6 +79,11 @@ impl Server {
         server
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
