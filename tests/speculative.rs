@@ -618,3 +618,50 @@ fn gpu_gpt_oss_predictions_are_lossless_bf16() {
 fn gpu_llama_predictions_are_lossless_bf16() {
     predictions_lossless(On::Gpu, &fixture("llama3_tiny"));
 }
+
+/// A verify step whose last draft is rejected keeps as many tokens as it sampled rows: the next
+/// step's history is as long as the last row's (the sequence and every draft) but ends in the
+/// sequence's own token. The presence and frequency penalties must count that token, not the
+/// rejected draft. Each request predicts its plain reply with one token changed, at every
+/// position in turn, so that some verify step rejects exactly its last draft; the penalties are
+/// strong enough that a wrong count changes the token.
+fn penalised_predictions(on: On, model: &str) {
+    let vocab = start(on, model, 1, 0).vocab_size() as u32;
+    let prompts = copy_prompts(vocab, 3);
+    let samplers = [
+        SamplerConfig { presence_penalty: 1.5, frequency_penalty: 2.0, ..SamplerConfig::greedy() },
+        SamplerConfig {
+            presence_penalty: 0.8,
+            frequency_penalty: 1.0,
+            seed: 7,
+            ..SamplerConfig::default()
+        },
+    ];
+    let mut rejected = 0;
+    for (p, sampling) in prompts.iter().zip(samplers.iter().cycle()) {
+        let case =
+            Case { prompt: p.clone(), sampling: sampling.clone(), max_tokens: 24, eos_ids: vec![] };
+        let plain = run_batch(&start(on, model, 1, 0), std::slice::from_ref(&case)).remove(0).0;
+        for m in 1..plain.len() {
+            let mut prediction = plain.clone();
+            prediction[m] = (prediction[m] + 1) % vocab;
+            let e = start(on, model, 1, 0);
+            let req = Request { prediction, ..request(&case) };
+            let (tokens, finish) = collect(e.submit(req).expect("submit"));
+            assert_eq!(tokens, plain, "{sampling:?}, prediction changed at {m}");
+            rejected += usize::from(finish.draft_tokens > finish.accepted_draft_tokens);
+        }
+    }
+    assert!(rejected > 0, "no prediction was rejected");
+}
+
+#[test]
+fn penalised_predictions_count_what_was_kept() {
+    penalised_predictions(On::Cpu, &fixture("gpt_oss_tiny"));
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_penalised_predictions_count_what_was_kept_bf16() {
+    penalised_predictions(On::Gpu, &fixture("gpt_oss_tiny"));
+}

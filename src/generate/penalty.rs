@@ -10,19 +10,23 @@
 use std::collections::HashMap;
 
 /// How often each id occurs in the output part of a history, kept up to date as the history
-/// grows: each step counts only the ids added since the last one.
+/// changes: each call counts only the ids added since the last one, and takes back those the
+/// last one had past where the two part. A speculative step asks for its rows' histories, the
+/// sequence and its drafts; the next step's history then holds another token where a draft was
+/// rejected, at a length the counts may already have reached, so a count kept by length alone
+/// would go on counting the rejected draft.
 #[derive(Debug, Clone)]
 pub struct OutputCounts {
     /// Ids of the history before this index are the prompt.
     prompt_len: usize,
-    /// Output ids counted so far.
-    counted: usize,
+    /// The output ids counted, in order.
+    counted: Vec<u32>,
     counts: HashMap<u32, u32>,
 }
 
 impl OutputCounts {
     pub fn new(prompt_len: usize) -> Self {
-        OutputCounts { prompt_len, counted: 0, counts: HashMap::new() }
+        OutputCounts { prompt_len, counted: Vec::new(), counts: HashMap::new() }
     }
 
     /// Brings the counts up to date with `history` (prompt first) and returns (id, count) of
@@ -54,16 +58,24 @@ impl OutputCounts {
 
     fn update(&mut self, history: &[u32]) {
         let output = history.get(self.prompt_len..).unwrap_or(&[]);
-        if output.len() < self.counted {
-            // Not the history this counted (one sampler serves one growing stream, so only a
-            // caller reusing a sampler gets here): count again from scratch.
-            self.counts.clear();
-            self.counted = 0;
+        // The common case, a history grown from the last one, is one comparison of memory.
+        let same = if output.starts_with(&self.counted) {
+            self.counted.len()
+        } else {
+            self.counted.iter().zip(output).take_while(|(a, b)| a == b).count()
+        };
+        for id in self.counted.drain(same..) {
+            if let Some(n) = self.counts.get_mut(&id) {
+                *n -= 1;
+                if *n == 0 {
+                    self.counts.remove(&id);
+                }
+            }
         }
-        for &id in &output[self.counted..] {
+        for &id in &output[same..] {
             *self.counts.entry(id).or_default() += 1;
         }
-        self.counted = output.len();
+        self.counted.extend_from_slice(&output[same..]);
     }
 }
 
@@ -101,6 +113,37 @@ mod tests {
             }
             assert_eq!(counts.count(3), 3);
             assert_eq!(counts.count(2), 0, "prompt ids are not output");
+        }
+    }
+
+    /// Speculative steps: each asks for the counts of the sequence plus 0 to k of its drafts,
+    /// then the sequence keeps some drafts and one token of its own, so the next history may
+    /// replace ids the counts have seen at any length, as long or longer than before. Random
+    /// drafts and rollbacks, checked against a plain count of every history asked for.
+    #[test]
+    fn a_rolled_back_draft_is_no_longer_counted() {
+        use rand::{Rng, SeedableRng, rngs::StdRng};
+        let mut rng = StdRng::seed_from_u64(7);
+        let base = [0.0f32; 6];
+        for trial in 0..200 {
+            let prompt: Vec<u32> =
+                (0..rng.random_range(0..4)).map(|_| rng.random_range(0..6)).collect();
+            let mut seq = prompt.clone();
+            let mut counts = OutputCounts::new(prompt.len());
+            for _ in 0..12 {
+                let k = rng.random_range(1..8);
+                let drafts: Vec<u32> = (0..k).map(|_| rng.random_range(0..6)).collect();
+                for j in 0..=k {
+                    let history = [&seq[..], &drafts[..j]].concat();
+                    let mut got = base;
+                    counts.apply(&mut got, &history, 0.5, 1.0);
+                    let want = direct(&base, &history[prompt.len()..], 0.5, 1.0);
+                    assert_eq!(got.to_vec(), want, "trial {trial}: {history:?}");
+                }
+                let kept = rng.random_range(0..=k);
+                seq.extend_from_slice(&drafts[..kept]);
+                seq.push(rng.random_range(0..6));
+            }
         }
     }
 

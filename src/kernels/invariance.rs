@@ -29,14 +29,11 @@ pub fn invariant_rows(device: &Device, dtype: DType, moe: bool) -> usize {
     if moe { dense.min(moe_slot_tokens()) } else { dense }
 }
 
-/// Tokens a verify step may give the MoE. Its kernels give a token its alone bits up to 255
-/// tokens (kernel tests on the GPU), but a 7-row verify step of the tiny gpt-oss on an H200
-/// sampled another token than one-token steps (tests/speculative.rs, a prediction's verify with a
-/// penalised seeded draw), and 6 rows held in every case: kept to 6 until the 7-token difference
-/// is found.
+/// Tokens a verify step may give the MoE: below its grouped GEMMs, its per-slot kernels and
+/// their slot tiles give a token its alone bits (`gpu_slot_tokens_alone_equal_tokens_in_a_batch`).
 fn moe_slot_tokens() -> usize {
     #[cfg(feature = "cuda")]
-    return super::mxfp4_moe::SLOT_TILES_MIN_TOKENS - 2;
+    return super::mxfp4_moe::GROUPED_MIN_TOKENS - 1;
     #[cfg(not(feature = "cuda"))]
     usize::MAX
 }

@@ -114,18 +114,19 @@ impl EagleDrafter {
         let Some((mut logits, mut hidden)) = self.run(id, tokens, len - 1, len + k - 2)? else {
             return Ok(Vec::new());
         };
+        // Each guess stays on the device as the next pass's input: the passes queue one after
+        // another without waiting for the host, which reads all k guesses once at the end.
         let mut guess = Vec::with_capacity(k);
         for j in 0..k {
-            let d = crate::kernels::argmax_rows(&logits)?.to_vec1::<u32>()?[0];
-            let next = self.head.target_id(d);
-            guess.push(next);
+            let next = self.head.target_ids(&crate::kernels::argmax_rows(&logits)?)?;
             if j + 1 < k {
-                let step = self.step_input(id, len - 1 + j, &[next], 0)?;
+                let step = self.step_input_of(id, len - 1 + j, next.clone(), 0)?;
                 (logits, hidden) =
                     self.head.forward(&step, &self.pool, Feature::Hidden(&hidden))?;
             }
+            guess.push(next);
         }
-        Ok(guess)
+        Ok(Tensor::cat(&guess, 0)?.to_vec1::<u32>()?)
     }
 
     /// Runs what the head can of the prompt now (all of it but the last position, which the
@@ -191,8 +192,19 @@ impl EagleDrafter {
         ids: &[u32],
         logit_row: usize,
     ) -> anyhow::Result<StepInput> {
+        self.step_input_of(id, start, Tensor::new(ids, self.head.device())?, logit_row)
+    }
+
+    /// [`EagleDrafter::step_input`] with the ids already a tensor (u32 `[n]`) on the device.
+    fn step_input_of(
+        &self,
+        id: SeqId,
+        start: usize,
+        ids: Tensor,
+        logit_row: usize,
+    ) -> anyhow::Result<StepInput> {
         let dev = self.head.device();
-        let n = ids.len();
+        let n = ids.dim(0)?;
         let positions: Vec<u32> = (start..start + n).map(|p| p as u32).collect();
         let slots = (start..start + n)
             .map(|p| self.blocks.slot(id, 0, p))
@@ -200,7 +212,7 @@ impl EagleDrafter {
             .ok_or_else(|| anyhow::anyhow!("EAGLE-3 head: no KV slot for sequence {id}"))?;
         let table = self.blocks.table(id, 0);
         Ok(StepInput {
-            tokens: Tensor::new(ids, dev)?,
+            tokens: ids,
             positions: Tensor::new(positions.as_slice(), dev)?,
             slots: vec![Tensor::new(slots.as_slice(), dev)?],
             tables: vec![Tensor::from_slice(table, (1, table.len()), dev)?],

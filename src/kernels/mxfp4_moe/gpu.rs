@@ -47,7 +47,7 @@ const SLOT_TILE: usize = 8;
 /// Measured on the H100 (`gpu_moe_timing`, the grouped kernels against the expert-major GEMVs
 /// the slot tiles replaced, which ran at about their speed): 355 / 399 µs at 64 tokens, 441 / 464
 /// at 128, 633 / 583 at 256, 1,105 / 841 at 512: the grouped GEMMs win from about 200 tokens.
-pub(super) const GROUPED_MIN_TOKENS: usize = 256;
+pub(crate) const GROUPED_MIN_TOKENS: usize = 256;
 
 /// moe_grouped.cu's tiles (BM slots) and its expert limit.
 const BM: usize = 64;

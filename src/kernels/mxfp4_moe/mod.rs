@@ -444,7 +444,7 @@ mod gpu;
 mod routed;
 
 #[cfg(feature = "cuda")]
-pub(crate) use gpu::SLOT_TILES_MIN_TOKENS;
+pub(crate) use gpu::GROUPED_MIN_TOKENS;
 
 pub use routed::{mxfp4_moe_routed, route};
 

@@ -58,8 +58,9 @@ pub struct Eagle3Head {
     down: Linear,
     /// Final norm and LM head over the draft vocabulary.
     head: Head,
-    /// Per draft id, its target id.
-    d2t: Vec<u32>,
+    /// Per draft id, its target id (u32 `[draft_vocab]` on the head's device, so that a chained
+    /// pass takes its input token without reading the last one's on the host).
+    d2t: Tensor,
     rope: (Tensor, Tensor),
     dtype: DType,
     device: Device,
@@ -188,7 +189,7 @@ impl Eagle3Head {
                 lm_head: dense((cfg.draft_vocab, h), "lm_head")?,
                 eps: l.rms_norm_eps,
             },
-            d2t,
+            d2t: Tensor::new(d2t.as_slice(), device)?,
             rope,
             dtype,
             device: device.clone(),
@@ -217,9 +218,9 @@ impl Eagle3Head {
         self.rope.0.dim(0).unwrap_or(0)
     }
 
-    /// The target id of draft id `d`.
-    pub fn target_id(&self, d: u32) -> u32 {
-        self.d2t.get(d as usize).copied().unwrap_or(0)
+    /// The target ids of draft ids `draft` (u32 `[n]`), on the device that holds them.
+    pub fn target_ids(&self, draft: &Tensor) -> anyhow::Result<Tensor> {
+        Ok(self.d2t.index_select(draft, 0)?)
     }
 
     /// Runs the step's rows (writing their keys and values into `kv`, one layer) with `g`, and
