@@ -18,8 +18,8 @@
 //! binary and loaded on first use.
 //!
 //! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights
-//!   (GEMVs per slot for one token, expert-major tensor-core GEMVs for batched decode, tensor-core
-//!   GEMMs batched by expert for prefill).
+//!   (tensor-core GEMVs per slot for a few tokens, the same over tiles of an expert's slots for
+//!   batched decode, tensor-core GEMMs batched by expert for prefill).
 //! - [`mxfp4`]: FP4/E8M0 decoding for references and tests.
 //! - [`kv_fp8`]: the 8-bit KV caches' codes (E4M3, INT8) and scales (`--kv-dtype fp8|int8`), for
 //!   the references and tests.

@@ -295,6 +295,20 @@ mod gpu {
         check_path_tols(d, dtype, (tol, tol), path, wild_scales);
     }
 
+    /// An eighth of both projections' E8M0 scales made extreme: 2^-127 (byte 0, subnormal),
+    /// 2^-126, 2^2 and 2^3 (bytes 129 and 130, past what a bf16 factor 2^(s-1) holds).
+    fn make_scales_wild(inp: &mut Inputs, rng: &mut StdRng) {
+        for n in [1, 4] {
+            let mut v = inp.packed[n].flatten_all().unwrap().to_vec1::<u8>().unwrap();
+            for s in v.iter_mut() {
+                if rng.random_range(0..8) == 0 {
+                    *s = [0, 1, 129, 130][rng.random_range(0..4)];
+                }
+            }
+            inp.packed[n] = Tensor::from_vec(v, inp.packed[n].dims(), &Device::Cpu).unwrap();
+        }
+    }
+
     /// [`check_path`] with separate bounds for the output in x's dtype and in f32.
     fn check_path_tols(
         d: Dims,
@@ -308,15 +322,7 @@ mod gpu {
         let mut rng = rng(&name);
         let mut inp = inputs(&mut rng, d, dtype, DType::BF16);
         if wild_scales {
-            for n in [1, 4] {
-                let mut v = inp.packed[n].flatten_all().unwrap().to_vec1::<u8>().unwrap();
-                for s in v.iter_mut() {
-                    if rng.random_range(0..8) == 0 {
-                        *s = [0, 1, 129, 130][rng.random_range(0..4)];
-                    }
-                }
-                inp.packed[n] = Tensor::from_vec(v, inp.packed[n].dims(), &Device::Cpu).unwrap();
-            }
+            make_scales_wild(&mut inp, &mut rng);
         }
         // The CPU reference in x's dtype (a bf16 output is rounded), and in f32 on the same
         // values for the f32 output.
@@ -533,16 +539,7 @@ mod gpu {
             let mut rng = self::rng(&name);
             let mut inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
             if wild {
-                for n in [1, 4] {
-                    let mut v = inp.packed[n].flatten_all().unwrap().to_vec1::<u8>().unwrap();
-                    for s in v.iter_mut() {
-                        if rng.random_range(0..8) == 0 {
-                            *s = [0, 1, 129, 130][rng.random_range(0..4)];
-                        }
-                    }
-                    inp.packed[n] =
-                        Tensor::from_vec(v, inp.packed[n].dims(), &Device::Cpu).unwrap();
-                }
+                make_scales_wild(&mut inp, &mut rng);
             }
             let ex = experts(&inp.packed, &dev);
             let (x, ids, w) = (
