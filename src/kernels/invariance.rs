@@ -5,7 +5,7 @@
 //! cuBLAS takes some products and picks its reduction by the row count; the LM head sends a row
 //! as two (bf16 hi + lo), so a step keeps it on the GEMV up to 8 rows; the quantized GEMVs run
 //! up to [`GEMV_ROWS`](super::quant_matmul::GEMV_ROWS) rows; the MXFP4 MoE gives a token the
-//! same bits in any batch below 256 tokens (its per-slot kernels and their slot tiles), and its
+//! same bits in any batch below 128 tokens (its per-slot kernels and their slot tiles), and its
 //! grouped GEMMs for more sum in another order. Attention, norms, RoPE and the router compute each row
 //! alike at any size (docs/gpt-oss.md §4.4.1). f32 products go to cuBLAS at any size. On the CPU
 //! every product computes a row alone.

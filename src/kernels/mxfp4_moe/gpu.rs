@@ -2,7 +2,7 @@
 //! `mxfp4_moe.cu`):
 //! - below [`SLOT_TILES_MIN_TOKENS`] tokens, the per-slot GEMVs on tensor cores
 //!   (`moe_slot_mma.cu`);
-//! - from there below [`GROUPED_MIN_TOKENS`], the same GEMVs over tiles of up to 8 slots grouped
+//! - from there below [`GROUPED_MIN_TOKENS`] (128), the same GEMVs over tiles of up to 8 slots grouped
 //!   by expert (`moe_slot_mma.cu`'s slot tiles): each expert's weight rows read once per tile, and
 //!   each slot's bits those of the per-slot GEMVs;
 //! - from [`GROUPED_MIN_TOKENS`] on, the tensor-core GEMMs batched by expert in tiles of 64 slots
@@ -45,9 +45,12 @@ pub(crate) const SLOT_TILES_MIN_TOKENS: usize = 8;
 const SLOT_TILE: usize = 8;
 /// From this many tokens bf16 batches go to the grouped tensor-core GEMMs (tiles of 64 slots).
 /// Measured on the H100 (`gpu_moe_timing`, the grouped kernels against the expert-major GEMVs
-/// the slot tiles replaced, which ran at about their speed): 355 / 399 µs at 64 tokens, 441 / 464
-/// at 128, 633 / 583 at 256, 1,105 / 841 at 512: the grouped GEMMs win from about 200 tokens.
-pub(crate) const GROUPED_MIN_TOKENS: usize = 256;
+/// the slot tiles replaced): 355 / 399 µs at 64 tokens, 441 / 464 at 128, 633 / 583 at 256,
+/// 1,105 / 841 at 512. The slot tiles took 334 µs a layer at 64 tokens (the expert-major GEMVs
+/// 338 in the same call); each tile decodes its expert's weights again, so their time grows
+/// with the tiles past that, and from 128 tokens the grouped GEMMs are the safer choice. The
+/// crossover between 64 and 128 is not measured.
+pub(crate) const GROUPED_MIN_TOKENS: usize = 128;
 
 /// moe_grouped.cu's tiles (BM slots) and its expert limit.
 const BM: usize = 64;

@@ -15,10 +15,10 @@
 //! - Per slot on tensor cores (`moe_slot_mma.cu`), for bf16 batches below 8 tokens: the same two
 //!   GEMVs as the next path, K split over a block's warps, the FP4 codes decoded straight into
 //!   bf16 mma fragments; the activations travel as bf16 hi + mid + lo (the f32 value exactly).
-//! - Slot tiles (`moe_slot_mma.cu`), for bf16 batches of 8 to 255 tokens (batched decode): the
+//! - Slot tiles (`moe_slot_mma.cu`), for bf16 batches of 8 to 127 tokens (batched decode): the
 //!   slots grouped by expert on the device into tiles of up to 8, each expert's weight rows read
 //!   once per tile, each slot a column of the same mma chain as alone: the same bits as the
-//!   per-slot path, so a token's MoE does not depend on the batch below 256 tokens.
+//!   per-slot path, so a token's MoE does not depend on the batch below 128 tokens.
 //! - Per slot (`mxfp4_moe.cu`), for f32: `moe_gate_up` (GEMV over the selected
 //!   experts' gate/up rows, bias and SwiGLU fused, into an f32 scratch `[tokens·k, I]`) and
 //!   `moe_down` (GEMV over the down rows, bias and routing weight fused, into an f32 scratch
