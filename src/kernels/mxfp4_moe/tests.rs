@@ -337,11 +337,7 @@ mod gpu {
         };
         let dev = gpu();
         let ex = experts(&inp.packed, &dev);
-        let (x, ids, w) = (
-            inp.x.to_device(&dev).unwrap(),
-            inp.ids.to_device(&dev).unwrap(),
-            inp.weights.to_device(&dev).unwrap(),
-        );
+        let (x, ids, w) = routed_on(&inp, &dev);
         for out_f32 in [false, true] {
             let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, true).unwrap();
             op.out_f32 = out_f32;
@@ -476,8 +472,7 @@ mod gpu {
             .unwrap(),
         );
         let dev = gpu();
-        let to = |t: &Tensor| t.to_device(&dev).unwrap();
-        let (x, ids, w) = (to(&inp.x), to(&inp.ids), to(&inp.weights));
+        let (x, ids, w) = routed_on(&inp, &dev);
         let mut op =
             Mxfp4Moe::new(&x, &experts(&inp.packed, &dev), &ids, &w, SwiGlu::GPT_OSS, true)
                 .unwrap();
@@ -542,11 +537,7 @@ mod gpu {
                 make_scales_wild(&mut inp, &mut rng);
             }
             let ex = experts(&inp.packed, &dev);
-            let (x, ids, w) = (
-                inp.x.to_device(&dev).unwrap(),
-                inp.ids.to_device(&dev).unwrap(),
-                inp.weights.to_device(&dev).unwrap(),
-            );
+            let (x, ids, w) = routed_on(&inp, &dev);
             for out_f32 in [false, true] {
                 let run = |path| {
                     let mut op = Mxfp4Moe::new(&x, &ex, &ids, &w, SwiGlu::GPT_OSS, true).unwrap();
@@ -564,7 +555,8 @@ mod gpu {
     }
 
     /// By batch size, bf16 takes the per-slot GEMVs below 8 tokens, the slot tiles from there and
-    /// the grouped GEMMs from 256: the same answers on every path (all against the CPU).
+    /// the grouped GEMMs from GROUPED_MIN_TOKENS: the same answers on every path (all against the
+    /// CPU), at each threshold.
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_moe_paths_agree_with_cpu_at_the_thresholds() {
@@ -588,10 +580,9 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_slot_tokens_alone_equal_tokens_in_a_batch() {
-        use crate::kernels::mxfp4_moe::gpu::SLOT_TILES_MIN_TOKENS;
+        use crate::kernels::mxfp4_moe::gpu::{GROUPED_MIN_TOKENS, SLOT_TILES_MIN_TOKENS};
         let dev = gpu();
         let mut differ = Vec::new();
-        use crate::kernels::mxfp4_moe::gpu::GROUPED_MIN_TOKENS;
         let sizes = |wide: bool| {
             let mut t: Vec<usize> = (2..SLOT_TILES_MIN_TOKENS + 2).collect();
             t.extend([17, 64]);
@@ -606,11 +597,7 @@ mod gpu {
                 let mut rng = rng(&format!("slot invariance {d:?}"));
                 let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
                 let ex = super::experts(&inp.packed, &dev);
-                let (x, ids, w) = (
-                    inp.x.to_device(&dev).unwrap(),
-                    inp.ids.to_device(&dev).unwrap(),
-                    inp.weights.to_device(&dev).unwrap(),
-                );
+                let (x, ids, w) = routed_on(&inp, &dev);
                 for out_f32 in [false, true] {
                     let run = |x: &Tensor, ids: &Tensor, w: &Tensor| {
                         let mut op = Mxfp4Moe::new(x, &ex, ids, w, SwiGlu::GPT_OSS, true).unwrap();
@@ -689,6 +676,12 @@ mod gpu {
         experts(&inp.packed, dev)
     }
 
+    /// `inp`'s x, expert ids and routing weights on `dev`.
+    fn routed_on(inp: &Inputs, dev: &Device) -> (Tensor, Tensor, Tensor) {
+        let to = |t: &Tensor| t.to_device(dev).unwrap();
+        (to(&inp.x), to(&inp.ids), to(&inp.weights))
+    }
+
     /// Not a check: prints the time of gpt-oss-20b-sized MoE calls (32 experts, top 4) on each
     /// CUDA path and on the one chosen by batch size, to read the crossovers off.
     #[test]
@@ -699,11 +692,7 @@ mod gpu {
         let mut rng = rng("moe timing");
         let inp = inputs(&mut rng, d, DType::BF16, DType::BF16);
         let ex = experts(&inp.packed, &dev);
-        let (x, ids, w) = (
-            inp.x.to_device(&dev).unwrap(),
-            inp.ids.to_device(&dev).unwrap(),
-            inp.weights.to_device(&dev).unwrap(),
-        );
+        let (x, ids, w) = routed_on(&inp, &dev);
         let ids_host = inp.ids.to_vec2::<u32>().unwrap();
         for tokens in [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256, 512] {
             let (x, ids, w) = (
