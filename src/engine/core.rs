@@ -8,6 +8,8 @@
 //! ([`pipeline`]): the next step is enqueued before the host reads this one's ids.
 
 mod masks;
+mod oom;
+pub use oom::OUT_OF_MEMORY;
 mod pipeline;
 mod sampling;
 mod speculate;
@@ -562,9 +564,7 @@ impl Core {
                     eprintln!("inferno (rank 0): a step failed, so the ranks cannot go on: {e:#}");
                     crate::error::exit_now(crate::error::ErrorKind::Rank);
                 }
-                // What the pool holds for these sequences is unknown: fail them, keep serving.
-                let msg = format!("{e:#}");
-                self.fail_chunks(&plan.chunks, &msg);
+                self.step_failed(&plan.chunks, &e);
                 return;
             }
         };
@@ -572,8 +572,7 @@ impl Core {
         let logits = match logits.map(|l| self.constrain(l, &sampling)).transpose() {
             Ok(l) => l,
             Err(e) => {
-                let msg = format!("{e:#}");
-                self.fail_chunks(&plan.chunks, &msg);
+                self.step_failed(&plan.chunks, &e);
                 return;
             }
         };
@@ -585,8 +584,7 @@ impl Core {
         let sampled = match logits.map(|l| self.sample(&l, &sampling)).transpose() {
             Ok(s) => s.unwrap_or_default(),
             Err(e) => {
-                let msg = format!("{e:#}");
-                self.fail_chunks(&plan.chunks, &msg);
+                self.step_failed(&plan.chunks, &e);
                 return;
             }
         };

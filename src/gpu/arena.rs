@@ -199,7 +199,12 @@ impl Arena {
         let len = bytes.div_ceil(2 << 20) * (2 << 20);
         let mut chunk = 0;
         // SAFETY: writes one device pointer.
-        let r = unsafe { sys::cuMemAlloc_v2(&mut chunk, len as usize) };
+        let mut r = unsafe { sys::cuMemAlloc_v2(&mut chunk, len as usize) };
+        // The memory pool may keep what the chunk needs (`gpu/mempool.rs`).
+        if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY && super::mempool::trim(context).is_ok() {
+            // SAFETY: as above.
+            r = unsafe { sys::cuMemAlloc_v2(&mut chunk, len as usize) };
+        }
         if r != CUresult::CUDA_SUCCESS {
             return Err(r);
         }

@@ -30,6 +30,8 @@ mod elfdyn_tests;
 ))]
 mod lazy;
 pub(crate) mod loader;
+#[cfg(feature = "cuda")]
+pub mod mempool;
 pub mod probe;
 
 pub use probe::{LibStatus, libraries};
@@ -64,6 +66,9 @@ pub fn open(ordinal: usize) -> anyhow::Result<(Device, GpuInfo)> {
     // event tracking (two events created and recorded per allocation, ~1000 allocations per
     // decoded token) protects nothing and only costs host time.
     unsafe { device.as_cuda_device()?.disable_event_tracking() };
+    let context = device.as_cuda_device()?.cuda_stream().context().clone();
+    mempool::keep_freed(&context)
+        .map_err(|e| anyhow::anyhow!("setting up device {ordinal}'s memory pool: {e}"))?;
     let info = info(&device, ordinal)?;
     Ok((device, info))
 }
@@ -124,7 +129,15 @@ pub fn memory(_device: &Device) -> Option<(u64, u64)> {
 /// `MemAvailable` for the CPU (`--cpu`). `None` when it cannot be read. What the loader's memory
 /// plan and the engine's pool are held against.
 pub fn available(device: &Device) -> Option<u64> {
-    if device.is_cuda() { memory(device).map(|(free, _)| free) } else { host_available() }
+    if !device.is_cuda() {
+        return host_available();
+    }
+    // What the memory pool keeps for this process is free to it too (`mempool`).
+    #[cfg(feature = "cuda")]
+    if let Ok(cuda) = device.as_cuda_device() {
+        let _ = mempool::trim(cuda.cuda_stream().context());
+    }
+    memory(device).map(|(free, _)| free)
 }
 
 /// `MemAvailable` of `/proc/meminfo`: what can be allocated without swapping (free memory plus

@@ -17,6 +17,7 @@ use super::metrics::Metrics;
 use super::plain_reply::PlainOut;
 use super::state::Ready;
 use crate::chat::harmony::HarmonyEncoding;
+use crate::engine::core::OUT_OF_MEMORY;
 use crate::engine::request::{Event, Request, RequestHandle};
 use crate::generate::{SamplerConfig, StopConditions, StopReason};
 
@@ -236,11 +237,14 @@ impl<'r> ReplyStream<'r> {
                 }
                 Some(Event::Failed(msg)) => {
                     self.done = true;
-                    return Err(if msg.contains("shutting down") {
-                        ApiError::unavailable(msg, 5)
-                    } else {
-                        ApiError::internal(format!("generation failed: {msg}"))
-                    });
+                    // 503s: the request itself was fine (out of memory: it may succeed later).
+                    return Err(
+                        if msg.contains("shutting down") || msg.starts_with(OUT_OF_MEMORY) {
+                            ApiError::unavailable(msg, 5)
+                        } else {
+                            ApiError::internal(format!("generation failed: {msg}"))
+                        },
+                    );
                 }
                 None => {
                     self.done = true;

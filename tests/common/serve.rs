@@ -23,8 +23,17 @@ pub struct Server {
 impl Server {
     /// Starts `inferno serve MODEL --cpu --port 0 ARGS` with `env`, and waits until it is ready.
     pub fn start(model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::launch(model, &["--cpu"], args, env)
+    }
+
+    /// [`Server::start`] on GPU 0.
+    pub fn start_gpu(model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::launch(model, &[], args, env)
+    }
+
+    fn launch(model: &Path, device: &[&str], args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_inferno"));
-        cmd.arg("serve").arg(model).args(["--cpu", "--port", "0"]).args(args);
+        cmd.arg("serve").arg(model).args(device).args(["--port", "0"]).args(args);
         cmd.env_remove("INFERNO_API_KEY").env("INFERNO_LOG", "inferno=info");
         for (k, v) in env {
             cmd.env(k, v);

@@ -64,6 +64,12 @@ impl Core {
     pub(super) fn advance(&mut self, step: InFlight) {
         let next = match self.next_step(&step) {
             Ok(next) => next,
+            // `step`'s ids are drawn: read them, and let the next step run unpipelined, where
+            // running out of memory again fails only what it must ([`super::oom`]).
+            Err(e) if crate::error::is_out_of_memory(&e) => {
+                trace(|| format!("not ahead: {e:#}"));
+                None
+            }
             Err(e) => {
                 // The GPU's state is unknown: fail the step's sequences, as `step` does.
                 let msg = format!("{e:#}");
