@@ -164,6 +164,8 @@ def check_structured(r):
 def check_tool(r):
     if isinstance(r, str):
         return r
+    if r["choices"][0]["finish_reason"] == "length":
+        return r  # cut by max_tokens (gpt-oss may reason first): no call yet
     calls = r["choices"][0]["message"].get("tool_calls") or []
     return r if calls else f"tool_choice required but no tool call: {json.dumps(r)[:300]}"
 

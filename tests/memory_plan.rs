@@ -186,7 +186,8 @@ fn measure(
     context: usize,
 ) -> Vec<String> {
     use inferno::load::{self, LoadOptions};
-    let free = || inferno::gpu::memory(device).expect("free memory").0;
+    // What the memory pool keeps unused is given back first (`gpu::mempool`), as plans see it.
+    let free = || inferno::gpu::available(device).expect("free memory");
     device.synchronize().unwrap();
     let (free0, used0) = (free(), pool.used());
     let opts =
@@ -215,7 +216,7 @@ fn measure(
     }
     device.synchronize().unwrap();
     let workspace = pool.high().saturating_sub(resident + used0);
-    let outside_pool = (free0 - free()).saturating_sub(pool.used() - used0);
+    let outside_pool = free0.saturating_sub(free()).saturating_sub(pool.used() - used0);
     let p = info.plan;
     let planned_resident = p.weights + p.kv_cache + p.rope_tables;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;

@@ -6,35 +6,10 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::serve::Server;
 use serde_json::json;
-
-/// Polls `/metrics` until the engine is idle with every KV block free, or fails after `limit`.
-fn wait_drained(s: &Server, limit: Duration) -> HashMap<String, f64> {
-    let t0 = Instant::now();
-    loop {
-        let m = s.metrics(&[]);
-        let groups: Vec<&String> =
-            m.keys().filter(|k| k.starts_with("inferno_kv_total_blocks{")).collect();
-        let free = groups.iter().all(|k| {
-            let free = k.replace("inferno_kv_total_blocks", "inferno_kv_free_blocks");
-            m.get(&free) == m.get(*k)
-        });
-        if m["inferno_running_sequences"] == 0.0
-            && m["inferno_waiting_sequences"] == 0.0
-            && m["inferno_requests_in_flight"] == 0.0
-            && !groups.is_empty()
-            && free
-        {
-            return m;
-        }
-        assert!(t0.elapsed() < limit, "not drained after {limit:?}: {m:?}\n{}", s.log());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
 
 fn smollm2() -> std::path::PathBuf {
     common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh")
@@ -80,7 +55,7 @@ fn concurrent_streams_equal_their_single_replies() {
             prompts[i]
         );
     }
-    let m = wait_drained(&s, Duration::from_secs(60));
+    let m = s.wait_drained(Duration::from_secs(60));
     assert!(m["inferno_batch_size"] >= 0.0);
     assert!(
         m.iter()
@@ -102,7 +77,7 @@ fn random_client_disconnects_leave_no_sequence_and_no_kv_block() {
     eprintln!("disconnects: {r} ({:.1} s)", t0.elapsed().as_secs_f64());
     assert!(r["streamed"].as_u64().unwrap() > 50 && r["collected"].as_u64().unwrap() > 10, "{r}");
     let t0 = Instant::now();
-    let m = wait_drained(&s, Duration::from_secs(120));
+    let m = s.wait_drained(Duration::from_secs(120));
     eprintln!("drained in {:.1} s", t0.elapsed().as_secs_f64());
     assert!(m["inferno_cancelled_total"] - before >= 75.0, "few generations were cancelled: {m:?}");
 }

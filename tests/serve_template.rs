@@ -90,6 +90,32 @@ fn hostile_templates_get_one_line_and_the_server_serves_on() {
     assert!(!s.log().contains("without a memory limit"), "{}", s.log());
 }
 
+/// A render waits for its worker off the server's async threads: with as many slow renders in
+/// flight as the runtime has threads, the server still answers at once.
+#[test]
+fn slow_renders_hold_up_no_other_request() {
+    let dir = model();
+    let s = std::sync::Arc::new(Server::start(dir.path(), &["--context", "1024"], &[]));
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
+    let slow: Vec<_> = (0..threads)
+        .map(|_| {
+            let s = s.clone();
+            std::thread::spawn(move || chat(&s, "slow").0)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    for path in ["/health", "/v1/models"] {
+        let t0 = Instant::now();
+        let (status, body) = s.request("GET", path, &[], b"");
+        assert_eq!(status, 200, "{body}");
+        let took = t0.elapsed();
+        assert!(took < Duration::from_secs(2), "{path} took {took:?} behind {threads} renders");
+    }
+    for t in slow {
+        assert_eq!(t.join().unwrap(), 500);
+    }
+}
+
 #[test]
 fn a_killed_server_leaves_no_worker_running() {
     let dir = model();

@@ -230,8 +230,12 @@ fn template_prompt(
     if let Some(e) = &req.reasoning_effort {
         extra.insert("reasoning_effort".into(), e.clone().into());
     }
-    let rendered = template
-        .render_values(&Value::Array(messages), true, &Value::Object(extra))
-        .map_err(|e| ApiError::from_anyhow(&e))?;
+    // A render waits on a worker process for up to its time limit (`template::worker`): the
+    // runtime hands this thread's other tasks to another thread meanwhile. (Serve's runtime has
+    // several threads; outside a runtime this is a plain call.)
+    let rendered = tokio::task::block_in_place(|| {
+        template.render_values(&Value::Array(messages), true, &Value::Object(extra))
+    })
+    .map_err(|e| ApiError::from_anyhow(&e))?;
     ready.text.encode_chat(&rendered).map_err(|e| ApiError::from_anyhow(&e))
 }

@@ -213,13 +213,45 @@ impl Server {
         let pid = self.child.id() as i32;
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(pid, libc::SIGINT) };
+        self.wait_exit(limit)
+            .unwrap_or_else(|| panic!("still running {limit:?} after Ctrl+C:\n{}", self.log()))
+    }
+
+    /// The server's exit status once it exits, or `None` if it still runs after `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let t0 = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
+                return Some(status);
             }
-            assert!(t0.elapsed() < limit, "still running {limit:?} after Ctrl+C:\n{}", self.log());
+            if t0.elapsed() >= limit {
+                return None;
+            }
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Polls `/metrics` until the engine is idle with every KV block free, or fails after `limit`.
+    pub fn wait_drained(&self, limit: Duration) -> std::collections::HashMap<String, f64> {
+        let t0 = Instant::now();
+        loop {
+            let m = self.metrics(&[]);
+            let groups: Vec<&String> =
+                m.keys().filter(|k| k.starts_with("inferno_kv_total_blocks{")).collect();
+            let free = groups.iter().all(|k| {
+                let free = k.replace("inferno_kv_total_blocks", "inferno_kv_free_blocks");
+                m.get(&free) == m.get(*k)
+            });
+            if m["inferno_running_sequences"] == 0.0
+                && m["inferno_waiting_sequences"] == 0.0
+                && m["inferno_requests_in_flight"] == 0.0
+                && !groups.is_empty()
+                && free
+            {
+                return m;
+            }
+            assert!(t0.elapsed() < limit, "not drained after {limit:?}: {m:?}\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(200));
         }
     }
 }
