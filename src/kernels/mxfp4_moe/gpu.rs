@@ -44,12 +44,11 @@ pub(crate) const SLOT_TILES_MIN_TOKENS: usize = 8;
 /// 3 pieces a slot).
 const SLOT_TILE: usize = 8;
 /// From this many tokens bf16 batches go to the grouped tensor-core GEMMs (tiles of 64 slots).
-/// Measured on the H100 (`gpu_moe_timing`, the grouped kernels against the expert-major GEMVs
-/// the slot tiles replaced): 355 / 399 µs at 64 tokens, 441 / 464 at 128, 633 / 583 at 256,
-/// 1,105 / 841 at 512. The slot tiles took 334 µs a layer at 64 tokens (the expert-major GEMVs
-/// 338 in the same call); each tile decodes its expert's weights again, so their time grows
-/// with the tiles past that, and from 128 tokens the grouped GEMMs are the safer choice. The
-/// crossover between 64 and 128 is not measured.
+/// Measured on the H100 (`gpu_moe_timing`, one gpt-oss-20b layer, slot tiles / grouped, µs):
+/// 353.3 / 400.3 at 64 tokens, 591.0 / 470.5 at 128, 1,029 / 589 at 256. Each tile decodes its
+/// expert's weights again, so the tiles' time grows with them, and the lines cross near 82
+/// tokens. Below 128 the tiles are kept all the same: up to ~25% more MoE time for steps of
+/// 82–127 tokens buys a token the same bits in any batch (`kernels::invariance`).
 pub(crate) const GROUPED_MIN_TOKENS: usize = 128;
 
 /// moe_grouped.cu's tiles (BM slots) and its expert limit.
