@@ -329,3 +329,54 @@ fn gpu_tp2_a_hung_rank_ends_every_rank_within_30_s() {
     let served = load.join().expect("load thread");
     assert!(served > 0 && served < 10_000, "{served} replies before the stop");
 }
+
+/// `inferno bench` on the gpt-oss-20b layout with `args`, bounded: (exit code, stderr).
+fn bench_tp(args: &[&str]) -> (Option<i32>, String) {
+    let config = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/configs"))
+        .join("gpt-oss-20b.json");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .arg("bench")
+        .arg(&config)
+        .args(["--dummy-weights", "-p", "8", "-n", "4", "-r", "1"])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("inferno bench");
+    let t0 = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(90) {
+            let _ = child.kill();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().expect("output");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Bad input to `--tp`, each a clear line and a documented exit code, never a hang: more ranks
+/// than GPUs (8, before any rank starts), and a rank whose GPU another process has filled (the
+/// rank's memory plan refuses it; rank 0 names the rank and exits 9).
+#[test]
+#[ignore = "needs 2 GPUs and NCCL"]
+fn gpu_tp_bad_input_is_one_line_each() {
+    let (code, err) = bench_tp(&["--tp", "64"]);
+    assert_eq!(code, Some(8), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--tp 64 needs GPUs 0…63"), "{err}");
+
+    // GPU 1 full but for 2 GiB: room for a context, not for half of the 20b layout's weights.
+    let (device, _) = inferno::gpu::open(1).expect("GPU 1");
+    let (free, _) = inferno::gpu::memory(&device).expect("free memory");
+    let take = (free.saturating_sub(2 << 30) >> 30) as usize;
+    let hog: Vec<_> = (0..take)
+        .map(|_| candle_core::Tensor::zeros(1usize << 30, DType::U8, &device).expect("1 GiB"))
+        .collect();
+    let (code, err) = bench_tp(&["--tp", "2"]);
+    drop(hog);
+    eprintln!("a full GPU 1: exit {code:?}\n{err}");
+    assert_eq!(code, Some(9), "{err}");
+    // Rank 0's line (rank 1 prints its own too, for a console of its own).
+    assert!(err.lines().any(|l| l.starts_with("error: rank 1: ") && l.contains("needs")), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -127,8 +127,29 @@ pub fn role(tp: usize, gpu: usize, cpu: bool) -> anyhow::Result<Role> {
                 .map_err(|e| rank_failed(format!("rank 0 cannot listen on {addr}: {e}")))?;
             Ok(Role::Leader(Leader { rv, listener, children: Vec::new() }))
         }
-        None => Leader::spawn(tp).map(Role::Leader),
+        None => {
+            enough_gpus(tp, gpu)?;
+            Leader::spawn(tp).map(Role::Leader)
+        }
     }
+}
+
+/// Ranks started on this machine take GPUs `gpu..gpu + tp`: refused in one line (exit code 8)
+/// before any rank starts when the driver sees fewer. Without a driver, opening the device says
+/// why.
+fn enough_gpus(tp: usize, gpu: usize) -> anyhow::Result<()> {
+    let Ok(driver) = crate::gpu::probe::driver() else { return Ok(()) };
+    let last = gpu + tp - 1;
+    if last < driver.devices {
+        return Ok(());
+    }
+    Err(fail(
+        ErrorKind::NoDevice,
+        format!(
+            "--tp {tp} needs GPUs {gpu}…{last} (from --gpu {gpu}), but the NVIDIA driver sees {}",
+            driver.devices
+        ),
+    ))
 }
 
 /// NVLink multicast stays off (`NCCL_NVLS_ENABLE=0` unless the user set it): many hosts lack it,
