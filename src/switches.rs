@@ -76,6 +76,19 @@ static LOG: Text = Text::new(
     check_log_filter,
 );
 
+static TP_JOIN_TIMEOUT: Number = Number::new(
+    Spec {
+        name: "INFERNO_TP_JOIN_TIMEOUT",
+        values: "seconds, at least 1",
+        default: "120",
+        what: "seconds the ranks of a --tp group wait for each other to join and to reach rank 0 \
+               (a launcher that starts ranks slowly needs more)",
+        kind: Kind::User,
+    },
+    120,
+    1,
+);
+
 /// Whether decode steps use CUDA graphs (on a CUDA device).
 pub fn cuda_graphs() -> bool {
     CUDA_GRAPH.get()
@@ -231,6 +244,11 @@ static SSE_KEEP_ALIVE_SECS: Number = Number::new(
     1,
 );
 
+/// How long the ranks of a `--tp` group wait for each other to join.
+pub fn tp_join_timeout() -> std::time::Duration {
+    std::time::Duration::from_secs(TP_JOIN_TIMEOUT.get())
+}
+
 /// Whether `serve` honours test-only request fields.
 pub fn test_hooks() -> bool {
     TEST_HOOKS.get()
@@ -278,12 +296,13 @@ pub struct State {
 }
 
 /// Every switch, in the order of this module.
-pub fn all() -> [&'static dyn Switch; 14] {
+pub fn all() -> [&'static dyn Switch; 15] {
     [
         &CUDA_GRAPH,
         &PDL,
         &PIPELINE,
         &LOG,
+        &TP_JOIN_TIMEOUT,
         &STEP_STATS,
         &GRAPH_STATS,
         &PIPELINE_TRACE,

@@ -129,6 +129,37 @@ fn ranks_that_do_not_divide_the_heads_are_refused_in_one_line() {
     assert_eq!(msg.lines().count(), 1, "{msg}");
 }
 
+/// Rendezvous variables that cannot work end in one line and exit code 9 within the join
+/// timeout, before any GPU is touched: a rank whose rank 0 is not there (nothing listens at
+/// `MASTER_ADDR:MASTER_PORT`), and a rank 0 whose `MASTER_ADDR` is not this machine's (a
+/// documentation address: binding it fails at once, nothing is sent).
+#[test]
+fn a_wrong_master_addr_is_one_line_and_exit_9() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/configs/tinyllama-1.1b.json");
+    let run = |rank: &str, addr: &str| {
+        let t0 = std::time::Instant::now();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferno"))
+            .args(["bench", config, "--dummy-weights", "--tp", "2", "-p", "8", "-n", "4"])
+            .envs([("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", "2")])
+            .env("MASTER_ADDR", addr)
+            .env("MASTER_PORT", port.to_string())
+            .env("INFERNO_TP_JOIN_TIMEOUT", "2")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(9), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30), "{:?}", t0.elapsed());
+        err
+    };
+    let err = run("1", "127.0.0.1");
+    let want = format!("rank 1 could not reach rank 0 at 127.0.0.1:{port} within 2 s");
+    assert!(err.contains(&want), "{err}");
+    let err = run("0", "192.0.2.1");
+    assert!(err.contains("rank 0 cannot listen on 192.0.2.1:"), "{err}");
+}
+
 /// An engine on rank 0 whose steps reach the other ranks (threads here) as the words
 /// `engine/ranks.rs` encodes, each following with its own runner and pool: continuous batching
 /// of several requests (prefill chunks beside decodes, sequences finishing at different steps)

@@ -26,7 +26,6 @@ use super::beats::{self, BEAT, HANG, Silence};
 use crate::error::{ErrorKind, fail};
 
 /// How long ranks wait for each other to connect.
-const JOIN_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// This process's place in a group, from the launcher's variables.
 #[derive(Debug, Clone)]
@@ -255,7 +254,7 @@ impl Leader {
 
     /// The other ranks' connections, in rank order, once each has said which rank it is.
     fn accept(&mut self) -> anyhow::Result<Vec<(usize, TcpStream)>> {
-        let deadline = Instant::now() + JOIN_TIMEOUT;
+        let deadline = Instant::now() + crate::switches::tp_join_timeout();
         self.listener.set_nonblocking(true)?;
         let mut conns: Vec<(usize, TcpStream)> = Vec::new();
         while conns.len() + 1 < self.rv.world {
@@ -293,7 +292,7 @@ impl Leader {
                             missing.join(", "),
                             self.rv.addr,
                             self.rv.port,
-                            JOIN_TIMEOUT.as_secs()
+                            crate::switches::tp_join_timeout().as_secs()
                         )));
                     }
                     std::thread::sleep(Duration::from_millis(20));
@@ -614,7 +613,7 @@ mod follower {
 
     /// Connects to rank 0, retrying until it listens (it may start after this rank).
     fn connect(rv: &Rendezvous) -> anyhow::Result<TcpStream> {
-        let deadline = Instant::now() + JOIN_TIMEOUT;
+        let deadline = Instant::now() + crate::switches::tp_join_timeout();
         let target = format!("{}:{}", rv.addr, rv.port);
         loop {
             let addrs = target.to_socket_addrs();
@@ -631,7 +630,7 @@ mod follower {
                     return Err(rank_failed(format!(
                         "rank {} could not reach rank 0 at {target} within {} s (MASTER_ADDR / MASTER_PORT)",
                         rv.rank,
-                        JOIN_TIMEOUT.as_secs()
+                        crate::switches::tp_join_timeout().as_secs()
                     )));
                 }
                 _ => std::thread::sleep(Duration::from_millis(200)),
