@@ -25,8 +25,6 @@ use serde::{Deserialize, Serialize};
 use super::beats::{self, BEAT, HANG, Silence};
 use crate::error::{ErrorKind, fail};
 
-/// How long ranks wait for each other to connect.
-
 /// This process's place in a group, from the launcher's variables.
 #[derive(Debug, Clone)]
 pub struct Rendezvous {
