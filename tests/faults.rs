@@ -7,8 +7,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -55,11 +54,7 @@ fn serve_env(cache: &Path) -> Vec<(&'static str, String)> {
 
 fn chat(addr: &str) -> (u16, String) {
     let body = r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}"#;
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    (out.split_whitespace().nth(1).unwrap().parse().unwrap(), out)
+    common::serve::post(addr, "/v1/chat/completions", body)
 }
 
 #[test]
@@ -91,8 +86,7 @@ fn serve_killed_while_loading_and_while_streaming_restarts_on_an_intact_cache() 
     let body = r#"{"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 200, "stream": true}"#;
     let mut streams = Vec::new();
     for _ in 0..3 {
-        let mut c = TcpStream::connect(&s.addr).unwrap();
-        write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut c = common::serve::send_post(&s.addr, "/v1/chat/completions", body);
         let mut buf = [0u8; 512];
         assert!(c.read(&mut buf).unwrap() > 0);
         streams.push(c);

@@ -7,28 +7,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
-use common::serve::Server;
-
-/// `POST path` with a JSON body on a connection of its own; `(status, head and body)`.
-fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(300))).expect("timeout");
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (status, out)
-}
+use common::serve::{Server, post, send_post};
 
 fn chat(content: &str, max_tokens: usize, stream: bool) -> String {
     serde_json::json!({
@@ -89,10 +72,9 @@ fn gpu_out_of_memory_fails_the_request_that_needs_it_and_serve_goes_on() {
     let addr = s.addr.clone();
     let (started_tx, started) = std::sync::mpsc::channel();
     let stream = std::thread::spawn(move || {
-        let mut c = TcpStream::connect(&addr).expect("connect");
-        c.set_read_timeout(Some(Duration::from_secs(300))).expect("timeout");
         let body = chat("Tell a long story.", 4000, true);
-        write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).expect("write");
+        let mut c = send_post(&addr, "/v1/chat/completions", &body);
+        c.set_read_timeout(Some(Duration::from_secs(300))).expect("timeout");
         let mut first = [0u8; 256];
         let n = c.read(&mut first).expect("first bytes");
         let _ = started_tx.send(());

@@ -36,27 +36,9 @@ fn chat(s: &Server, text: &str) -> (u16, String, Duration) {
     (status, reply, t0.elapsed())
 }
 
-/// The children of process `pid`.
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
-    for task in tasks.flatten() {
-        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        out.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-    }
-    out
-}
-
 /// The render workers of `s`: its children.
 fn workers(s: &Server) -> Vec<u32> {
-    children_of(s.pid())
-}
-
-/// Whether `pid` is a process that runs (not gone, not a zombie).
-fn running(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rsplit(')').next().and_then(|r| r.trim().chars().next());
-    state.is_some_and(|s| s != 'Z' && s != 'X')
+    common::children_of(s.pid())
 }
 
 #[test]
@@ -82,10 +64,10 @@ fn hostile_templates_get_one_line_and_the_server_serves_on() {
 
     let alive = workers(&s);
     assert!(!alive.is_empty() && alive.len() <= 4, "{alive:?}");
-    assert!(alive.iter().all(|&p| running(p)), "{alive:?}");
+    assert!(alive.iter().all(|&p| common::running(p)), "{alive:?}");
     let status = s.interrupt(Duration::from_secs(30));
     assert!(status.success(), "{status}\n{}", s.log());
-    let left: Vec<u32> = alive.iter().copied().filter(|&p| running(p)).collect();
+    let left: Vec<u32> = alive.iter().copied().filter(|&p| common::running(p)).collect();
     assert!(left.is_empty(), "workers left after Ctrl+C: {left:?}");
     assert!(!s.log().contains("without a memory limit"), "{}", s.log());
 }
@@ -127,7 +109,7 @@ fn a_killed_server_leaves_no_worker_running() {
     // Drop sends SIGKILL: the workers get theirs from PR_SET_PDEATHSIG.
     drop(s);
     let t0 = Instant::now();
-    while alive.iter().any(|&p| running(p)) {
+    while alive.iter().any(|&p| common::running(p)) {
         assert!(t0.elapsed() < Duration::from_secs(5), "workers still running: {alive:?}");
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -154,16 +154,15 @@ fn serve_tp2(env: &[(&str, &str)]) -> (common::serve::Server, std::path::PathBuf
 /// One streamed chat reply, greedy: its reasoning and content as the deltas carried them, and
 /// the tokens the usage counts. Fails on an error event and on a stream cut before `[DONE]`.
 fn streamed(addr: &str, prompt: &str, max_tokens: usize) -> (String, u64) {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::{BufRead, BufReader};
     let body = serde_json::json!({
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens, "temperature": 0, "stream": true,
         "stream_options": {"include_usage": true},
     })
     .to_string();
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    let s = common::serve::send_post(addr, "/v1/chat/completions", &body);
     s.set_read_timeout(Some(std::time::Duration::from_secs(120))).expect("timeout");
-    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).expect("write");
     let (mut reply, mut tokens, mut done) = (String::new(), None, false);
     for line in BufReader::new(s).lines() {
         let line = line.expect("read");
@@ -198,15 +197,14 @@ fn together(addr: &str, prompts: &[String]) -> Vec<(String, u64)> {
 /// it waited for.
 fn vanishing_client(addr: &str, i: usize, rng: &mut rand::rngs::StdRng) {
     use rand::Rng;
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{BufRead, BufReader, Read};
     let stream = rng.random_bool(0.7);
     let body = serde_json::json!({
         "messages": [{"role": "user", "content": format!("Story number {i}, please.")}],
         "max_tokens": 10000, "temperature": 1.0, "stream": stream,
     })
     .to_string();
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).expect("write");
+    let mut s = common::serve::send_post(addr, "/v1/chat/completions", &body);
     if stream {
         let after = [0, 1, 3, 8][rng.random_range(0..4)];
         let mut lines = BufReader::new(s).lines();
@@ -267,24 +265,9 @@ fn gpu_tp2_serve_under_load_loses_and_leaks_nothing() {
     assert_eq!(streamed(&s.addr, &prompts[0], 24), alone[0], "after the load");
 }
 
-/// Whether process `pid` runs (not gone, not a zombie).
-fn running(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rsplit(')').next().and_then(|r| r.trim().chars().next());
-    state.is_some_and(|s| s != 'Z' && s != 'X')
-}
-
 /// The child of `parent` started as rank `rank`.
 fn rank_process(parent: u32, rank: usize) -> Option<u32> {
-    let tasks = std::fs::read_dir(format!("/proc/{parent}/task")).ok()?;
-    let children: Vec<u32> = tasks
-        .flatten()
-        .flat_map(|t| {
-            let list = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            list.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<u32>>()
-        })
-        .collect();
-    children.into_iter().find(|pid| {
+    common::children_of(parent).into_iter().find(|pid| {
         let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
         env.split(|&b| b == 0).any(|v| v == format!("RANK={rank}").as_bytes())
     })
@@ -316,7 +299,7 @@ fn gpu_tp2_a_hung_rank_ends_every_rank_within_30_s() {
     let took = t0.elapsed();
     let gone = (0..100).any(|_| {
         std::thread::sleep(std::time::Duration::from_millis(50));
-        !running(rank1)
+        !common::running(rank1)
     });
     // Never leave a stopped process behind, whatever happened.
     // SAFETY: as above.

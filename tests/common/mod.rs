@@ -9,6 +9,24 @@ pub mod tp;
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// The children of process `pid` (of all its threads).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
+    for task in tasks.flatten() {
+        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+    }
+    out
+}
+
+/// Whether `pid` is a process that runs (not gone, not a zombie).
+pub fn running(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit(')').next().and_then(|r| r.trim().chars().next());
+    state.is_some_and(|s| s != 'Z' && s != 'X')
+}
+
 /// Every token of an engine request, and how it finished; panics when it fails.
 pub fn collect(
     mut h: inferno::engine::request::RequestHandle,

@@ -263,6 +263,29 @@ impl Drop for Server {
     }
 }
 
+/// Sends `POST path` with the JSON `body` on a connection of its own, which the server closes
+/// after its reply; the connection, to read the reply from.
+pub fn send_post(addr: &str, path: &str, body: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    s
+}
+
+/// [`send_post`], its whole reply read (within 300 s): `(status, head and body)`.
+pub fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = send_post(addr, path, body);
+    s.set_read_timeout(Some(Duration::from_secs(300))).expect("timeout");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, out)
+}
+
 /// The python with the `openai` package (scripts/test.sh makes it and sets INFERNO_PYTHON).
 pub fn python_command() -> Command {
     python_with("INFERNO_PYTHON", "openai")
