@@ -65,6 +65,27 @@ static PIPELINE: Flag = Flag::new(Spec {
     kind: Kind::User,
 });
 
+static BATCH_INVARIANT: Text = Text::new(
+    Spec {
+        name: "INFERNO_BATCH_INVARIANT",
+        values: "auto, 0, 1",
+        default: "auto",
+        what: "auto: steps that verify drafts (speculative decoding) compute each row as alone, \
+               whatever the batch; 1: every step of up to 256 rows does (slower than cuBLAS \
+               past 16 rows); 0: none past 16 rows, and speculation verifies in steps of up to \
+               8 rows",
+        kind: Kind::User,
+    },
+    check_batch_invariant,
+);
+
+fn check_batch_invariant(v: &str) -> Result<(), String> {
+    match v {
+        "auto" | "0" | "1" => Ok(()),
+        _ => Err("expected auto, 0 or 1".into()),
+    }
+}
+
 static LOG: Text = Text::new(
     Spec {
         name: "INFERNO_LOG",
@@ -103,6 +124,16 @@ pub fn pdl() -> bool {
 /// Whether engines pipeline their decode steps: the default of `EngineConfig::pipeline`.
 pub fn pipeline() -> bool {
     PIPELINE.get()
+}
+
+/// `INFERNO_BATCH_INVARIANT`: `Some(on)` when set to 1 or 0, `None` for auto
+/// (`kernels::invariance::on` decides).
+pub fn batch_invariant() -> Option<bool> {
+    match BATCH_INVARIANT.get() {
+        Some("1") => Some(true),
+        Some("0") => Some(false),
+        _ => None,
+    }
 }
 
 /// The `serve` log filter, when set (a `tracing_subscriber::EnvFilter` directive).
@@ -296,11 +327,12 @@ pub struct State {
 }
 
 /// Every switch, in the order of this module.
-pub fn all() -> [&'static dyn Switch; 15] {
+pub fn all() -> [&'static dyn Switch; 16] {
     [
         &CUDA_GRAPH,
         &PDL,
         &PIPELINE,
+        &BATCH_INVARIANT,
         &LOG,
         &TP_JOIN_TIMEOUT,
         &STEP_STATS,

@@ -49,9 +49,19 @@ fn manager(r: &Runner) -> BlockManager {
     BlockManager::new(BlockConfig { block_size: BLOCK, groups }).expect("blocks")
 }
 
+/// Each sequence's argmax after its prompt and after every forced token, with the bits of its
+/// largest logit (a product that rounds differently moves them).
+type Picks = Vec<Vec<(u32, u32)>>;
+
 /// Prefills each sequence's prompt, then feeds its forced tokens one step at a time; returns
-/// each sequence's argmax after every forced token. `together`: all sequences in each step.
-fn forced(r: &mut Runner, seqs: &[(Vec<u32>, Vec<u32>)], together: bool) -> Vec<Vec<u32>> {
+/// each sequence's picks after every forced token. `together`: all sequences in each decode
+/// step; `prefill_together`: and in one prefill step (else each prompt alone).
+fn forced(
+    r: &mut Runner,
+    seqs: &[(Vec<u32>, Vec<u32>)],
+    together: bool,
+    prefill_together: bool,
+) -> Picks {
     let mut blocks = manager(r);
     let groups: Vec<Vec<usize>> = if together {
         vec![(0..seqs.len()).collect()]
@@ -66,7 +76,7 @@ fn forced(r: &mut Runner, seqs: &[(Vec<u32>, Vec<u32>)], together: bool) -> Vec<
         let run = |r: &mut Runner,
                    blocks: &mut BlockManager,
                    chunks: Vec<(usize, usize, &[u32])>|
-         -> Vec<u32> {
+         -> Vec<(u32, u32)> {
             let cs: Vec<Chunk> = chunks
                 .iter()
                 .map(|&(i, start, ids)| {
@@ -76,13 +86,25 @@ fn forced(r: &mut Runner, seqs: &[(Vec<u32>, Vec<u32>)], together: bool) -> Vec<
                 .collect();
             let inputs: Vec<&[u32]> = chunks.iter().map(|c| c.2).collect();
             let logits: Tensor = r.forward(&cs, &inputs, blocks).expect("step").expect("logits");
-            inferno::kernels::argmax_rows(&logits).expect("argmax").to_vec1::<u32>().expect("ids")
+            let ids = inferno::kernels::argmax_rows(&logits).expect("argmax").to_vec1::<u32>();
+            let max = logits.to_dtype(DType::F32).and_then(|l| l.max(1)?.to_vec1::<f32>());
+            ids.expect("ids")
+                .into_iter()
+                .zip(max.expect("max").iter().map(|v| v.to_bits()))
+                .collect()
         };
-        let prefill: Vec<(usize, usize, &[u32])> =
-            group.iter().map(|&i| (i, 0, &seqs[i].0[..])).collect();
-        let first = run(r, &mut blocks, prefill);
-        for (k, &i) in group.iter().enumerate() {
-            out[i].push(first[k]);
+        let prefills: Vec<Vec<usize>> = if prefill_together {
+            vec![group.clone()]
+        } else {
+            group.iter().map(|&i| vec![i]).collect()
+        };
+        for part in prefills {
+            let prefill: Vec<(usize, usize, &[u32])> =
+                part.iter().map(|&i| (i, 0, &seqs[i].0[..])).collect();
+            let first = run(r, &mut blocks, prefill);
+            for (k, &i) in part.iter().enumerate() {
+                out[i].push(first[k]);
+            }
         }
         for step in 0..STEPS {
             let chunks: Vec<(usize, usize, &[u32])> = group
@@ -102,12 +124,52 @@ fn forced(r: &mut Runner, seqs: &[(Vec<u32>, Vec<u32>)], together: bool) -> Vec<
     out
 }
 
+/// With batch invariance on (`INFERNO_BATCH_INVARIANT=1`, or a speculating process), decode steps
+/// of 32 sequences give each one exactly the logits it gets alone: every product of a 32-row step
+/// takes our kernels, the MoE its slot tiles, and attention, norms and the router
+/// are per row (`kernels/invariance.rs`). Each prompt is prefilled alone in both runs (a prefill
+/// of thousands of rows takes cuBLAS), so only the decode steps differ.
+fn decode_is_batch_invariant(config: &str) {
+    inferno::kernels::invariance::require();
+    let device = Device::new_cuda(0).expect("a CUDA GPU");
+    let mut r = runner(config, DType::BF16, &device);
+    let seqs = sequences(&r);
+    let batched = forced(&mut r, &seqs, true, false);
+    let alone = forced(&mut r, &seqs, false, false);
+    let mut differ = Vec::new();
+    for (i, (b, a)) in batched.iter().zip(&alone).enumerate() {
+        if let Some(step) = b.iter().zip(a).position(|(x, y)| x != y) {
+            differ.push(format!(
+                "sequence {i} from step {step}: {:?} vs {:?} alone",
+                b[step], a[step]
+            ));
+        }
+    }
+    println!(
+        "{config}: batch {SEQS} vs alone, decode steps: {} of {SEQS} sequences differ",
+        differ.len()
+    );
+    assert!(differ.is_empty(), "{config}: {differ:#?}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_gpt_oss_decode_batch32_is_batch_invariant() {
+    decode_is_batch_invariant("gpt-oss-20b.json");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_llama_decode_batch32_is_batch_invariant() {
+    decode_is_batch_invariant("llama-3.2-1b.json");
+}
+
 fn agreement(config: &str, dtype: DType) -> f64 {
     let device = Device::new_cuda(0).expect("a CUDA GPU");
     let mut r = runner(config, dtype, &device);
     let seqs = sequences(&r);
-    let batched = forced(&mut r, &seqs, true);
-    let alone = forced(&mut r, &seqs, false);
+    let batched = forced(&mut r, &seqs, true, true);
+    let alone = forced(&mut r, &seqs, false, true);
     let pct = percent_equal(&batched, &alone);
     println!(
         "{config} {dtype:?}: batch {SEQS} vs batch 1, teacher-forced top-1 agreement {pct:.2}%"
@@ -129,10 +191,11 @@ fn sequences(r: &Runner) -> Vec<(Vec<u32>, Vec<u32>)> {
         .collect()
 }
 
-fn percent_equal(a: &[Vec<u32>], b: &[Vec<u32>]) -> f64 {
+/// Positions whose argmax agree, in percent.
+fn percent_equal(a: &Picks, b: &Picks) -> f64 {
     let (mut same, mut all) = (0, 0);
     for (x, y) in a.iter().zip(b) {
-        same += x.iter().zip(y).filter(|(p, q)| p == q).count();
+        same += x.iter().zip(y).filter(|(p, q)| p.0 == q.0).count();
         all += x.len();
     }
     100.0 * same as f64 / all.max(1) as f64
@@ -170,11 +233,12 @@ fn gpu_fp8_kv_agrees_with_bf16_kv() {
     let device = Device::new_cuda(0).expect("a CUDA GPU");
     for config in ["gpt-oss-20b.json", "llama-3.2-1b.json"] {
         let seqs = sequences(&runner(config, DType::BF16, &device));
-        let bf16 = forced(&mut runner(config, DType::BF16, &device), &seqs, false);
-        let fp8 = forced(&mut runner_kv(config, DType::BF16, KvDtype::Fp8, &device), &seqs, false);
+        let bf16 = forced(&mut runner(config, DType::BF16, &device), &seqs, false, true);
+        let fp8 =
+            forced(&mut runner_kv(config, DType::BF16, KvDtype::Fp8, &device), &seqs, false, true);
         let int8 =
-            forced(&mut runner_kv(config, DType::BF16, KvDtype::Int8, &device), &seqs, false);
-        let f32 = forced(&mut runner(config, DType::F32, &device), &seqs, false);
+            forced(&mut runner_kv(config, DType::BF16, KvDtype::Int8, &device), &seqs, false, true);
+        let f32 = forced(&mut runner(config, DType::F32, &device), &seqs, false, true);
         let (kv, compute) = (percent_equal(&fp8, &bf16), percent_equal(&bf16, &f32));
         let fp8_f32 = percent_equal(&fp8, &f32);
         let (int8_kv, int8_f32) = (percent_equal(&int8, &bf16), percent_equal(&int8, &f32));
@@ -196,8 +260,8 @@ fn gpu_fp8_kv_agrees_with_bf16_kv() {
 fn bf16_vs_f32(config: &str) -> f64 {
     let device = Device::new_cuda(0).expect("a CUDA GPU");
     let seqs = sequences(&runner(config, DType::F32, &device));
-    let f32 = forced(&mut runner(config, DType::F32, &device), &seqs, false);
-    let bf16 = forced(&mut runner(config, DType::BF16, &device), &seqs, false);
+    let f32 = forced(&mut runner(config, DType::F32, &device), &seqs, false, true);
+    let bf16 = forced(&mut runner(config, DType::BF16, &device), &seqs, false, true);
     percent_equal(&f32, &bf16)
 }
 
@@ -222,7 +286,7 @@ fn gpu_two_engines_at_once_equal_one_alone() {
         let device = Device::new_cuda(0).expect("a CUDA GPU");
         let mut r = runner(config, DType::BF16, &device);
         let seqs = sequences(&r);
-        forced(&mut r, &seqs, true)
+        forced(&mut r, &seqs, true, true)
     };
     let alone = run();
     let (a, b) = std::thread::scope(|s| {

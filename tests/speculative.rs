@@ -6,7 +6,8 @@
 //! rejected, so a drafter that never fires cannot pass it.
 //!
 //! The GPU runs the same cases in bf16 (the `gpu_` tests, `#[ignore]`d without one), where a
-//! verify step stays within the rows every kernel computes alone (`kernels/invariance.rs`).
+//! verify step stays within the rows every kernel computes alone (`kernels/invariance.rs`), and
+//! the full-size gpt-oss-20b and Llama-3.2-1B layouts (random weights) in a batch of 32.
 
 mod common;
 use common::collect;
@@ -522,6 +523,99 @@ fn a_draft_with_another_tokenizer_is_refused() {
     let msg = format!("{:#}", engine(&draft).err().expect("refused"));
     assert!(msg.contains("tokenizer differs") && msg.contains("2 tokens"), "{msg}");
     assert_eq!(msg.lines().count(), 1, "{msg}");
+}
+
+/// An engine of 32 sequences for a full-size layout of `benches/configs` (random weights, bf16)
+/// whose steps stay within the rows every kernel computes alone: prefill chunks of at most 127
+/// tokens (the MoE's slot tiles end at 127), verify steps within `invariant_rows`.
+fn full_size_engine(config: &str, draft_tokens: usize) -> Engine {
+    // The plain engine computes as a speculating one does: batch invariant (what a process
+    // with a drafter turns on, `INFERNO_BATCH_INVARIANT=auto`).
+    inferno::kernels::invariance::require();
+    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/configs")).join(config);
+    let spec = (draft_tokens > 0).then(|| SpecConfig {
+        max_batch: usize::MAX,
+        ngram: NgramConfig { min_n: 1, max_n: 4 },
+        ..SpecConfig::ngram(draft_tokens).expect("draft tokens")
+    });
+    let cfg = EngineConfig {
+        max_seqs: 32,
+        kv_tokens: 32 * 256,
+        token_budget: 127,
+        pipeline: inferno::switches::pipeline(),
+        spec,
+    };
+    let opts = LoadOptions {
+        dtype: Some(DType::BF16),
+        context: Some(256),
+        dummy: true,
+        kv_dtype: Default::default(),
+    };
+    let dev = Device::new_cuda(0).expect("a CUDA device");
+    load::start(path.to_str().expect("utf-8 path"), &opts, &dev, move |_| cfg).expect("engine").0
+}
+
+/// The full-size layouts in a batch of 32: each sequence's tokens (greedy and every sampler
+/// setting) are the same alone as in the batch, and the same with speculation as without. Half
+/// the requests predict their plain reply with edits (drafts accepted in part), the others draft
+/// n-grams; the batch verifies drafts while all 32 run (under the old limit of 8 rows, no
+/// sequence drafts until at most 4 run).
+fn full_size_batch_of_32(config: &str) {
+    let plain_engine = full_size_engine(config, 0);
+    let vocab = plain_engine.vocab_size() as u32;
+    let cases = cases(&copy_prompts(vocab, 32), 40);
+    let plain = run_batch(&plain_engine, &cases);
+    for (i, c) in cases.iter().enumerate() {
+        let alone = run_batch(&plain_engine, std::slice::from_ref(c)).remove(0);
+        assert_eq!(
+            alone, plain[i],
+            "{config}: case {i} ({:?}) alone differs from the batch of 32",
+            c.sampling
+        );
+    }
+    drop(plain_engine);
+    let engine = full_size_engine(config, 4);
+    let mut rng = StdRng::seed_from_u64(12);
+    let handles: Vec<RequestHandle> = cases
+        .iter()
+        .zip(&plain)
+        .enumerate()
+        .map(|(i, (c, (p, _)))| {
+            let prediction = if i % 2 == 1 {
+                let mut e = p.clone();
+                let at = rng.random_range(0..e.len());
+                e[at] = (e[at] + 1) % vocab;
+                e
+            } else {
+                Vec::new()
+            };
+            engine.submit(Request { prediction, ..request(c) }).expect("submit")
+        })
+        .collect();
+    let spec: Vec<(Vec<u32>, StopReason)> = handles
+        .into_iter()
+        .map(|h| {
+            let (t, f) = collect(h);
+            (t, f.reason)
+        })
+        .collect();
+    assert_same(&format!("{config}, batch of 32"), &cases, &spec, &plain);
+    let stats = engine.stats().spec;
+    println!("{config}: batch of 32 with speculation: {stats:?}");
+    assert_exercised(config, stats);
+    assert!(stats.drafts >= 64, "{config}: only {} drafts in the batch of 32", stats.drafts);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_gpt_oss_20b_layout_batch_of_32_is_lossless_bf16() {
+    full_size_batch_of_32("gpt-oss-20b.json");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_llama_1b_layout_batch_of_32_is_lossless_bf16() {
+    full_size_batch_of_32("llama-3.2-1b.json");
 }
 
 /// Predicted Outputs: an engine without a drafter, each request carrying a prediction, emits the

@@ -11,6 +11,7 @@ use super::kv::blocks::Tables;
 use super::ranks::{self, Followers};
 use super::scheduler::Chunk;
 use crate::generate::{Sampler, SamplerConfig};
+use crate::kernels::invariance;
 use crate::kernels::{PagedBounds, RowSampling};
 use crate::models::batch::{BatchModel, KvPool, KvShape, StepInput};
 
@@ -119,6 +120,9 @@ impl Runner {
             let groups = self.shape.group_windows.len();
             f.send(ranks::encode(false, chunks, &ids, blocks, groups))?;
         }
+        // A step that verifies drafts gives each row its one-row bits (followers decide alike,
+        // from the same chunks; a verify graph is captured and replayed under the same rule).
+        let _verifying = invariance::Step::new(chunks.iter().any(|c| c.drafts > 0));
         if let Some(logits) = self.decode_graph(chunks, inputs, blocks)? {
             return Ok(Some(logits));
         }

@@ -64,6 +64,12 @@ impl Linear {
         }
     }
 
+    /// Whether the weight is a dense bf16 tensor (not quantized): its products then give a row
+    /// the same bits in any step (`kernels/invariance.rs`).
+    pub fn is_dense_bf16(&self) -> bool {
+        matches!(self, Linear::Dense { weight, .. } if weight.dtype() == DType::BF16)
+    }
+
     pub fn bias(&self) -> Option<&Tensor> {
         match self {
             Linear::Dense { bias, .. }

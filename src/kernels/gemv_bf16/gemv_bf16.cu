@@ -1,4 +1,5 @@
-// y = x · wᵀ for a few rows of x (decode steps: 1 to 64 rows), bf16 in, f32 out, on tensor cores.
+// y = x · wᵀ for the rows of decode and verify steps (1 to 64 rows a launch here, any number in
+// the rows kernel at the end), bf16 in, f32 out, on tensor cores.
 //
 // Why not cuBLAS: at 1 to 8 rows its GEMMs read the weights at well under the GPU's bandwidth,
 // and a decode step is nothing but weight reads (gpt-oss's attention projections and LM head, every
@@ -198,9 +199,110 @@ GEMV_KERNEL(gemv_bf16_m1_n1_u2, 1, 1, 2, false)
 GEMV_KERNEL(gemv_bf16_m1_n1_u8, 1, 1, 8, false)
 
 // The SwiGLU epilogue (see gemv_bf16_impl) for up to 16 rows of x: the decode steps that take
-// the GEMV for Llama's gate/up product (mod.rs: gemv_wins).
+// the GEMV for Llama's gate/up product (swiglu_gemv/mod.rs).
 GEMV_KERNEL(gemv_swiglu_m1_n1, 1, 1, 4, true)
 GEMV_KERNEL(gemv_swiglu_m1_n1_u2, 1, 1, 2, true)
 GEMV_KERNEL(gemv_swiglu_m1_n1_u8, 1, 1, 8, true)
 GEMV_KERNEL(gemv_swiglu_m1_n2, 1, 2, 2, true)
 GEMV_KERNEL(gemv_swiglu_m2_n2, 2, 2, 2, true)
+
+// Many rows of x (verify steps and decode batches past 16 rows), the same bits as the kernels
+// above give each row: a row's result does not depend on how many rows share its launch.
+//
+// Those kernels split K over the WK warps of a block (WK chosen from N and K only): warp v sums
+// the quad steps q = v, v + WK, ... from zero, in order, and the block adds the WK partial sums
+// from zero in v order. With many rows that layout reads x from L2 once per 16 weight rows (at
+// 64 rows of x, four times the weights' bytes). Here block (·, ·, v) computes chain v with the
+// same loads and products (U groups of a chain per batch only group the loads), for 8 NT rows
+// of x and WN · MT tiles of 16 weight rows: its WN warps walk the same quad steps of the same x
+// rows together, so L1 serves x to all but the first. With WK > 1 the chains' sums go to
+// `part` [WK, M, N] and gemv_rows_sum adds them from zero in v order: every output gets exactly
+// the GEMV's sums. Blocks of the same weight tiles (x's row blocks, gridDim.x) run next to each
+// other and find the weights in L2.
+//
+// grid (ceil(M / (8 NT)), ceil(N / (16 MT WN)), WK), block (32, WN), WN <= GEMV_ROWS_MAX_WN.
+#define GEMV_ROWS_MAX_WN 4
+template <int MT, int NT, int U>
+__device__ __forceinline__ void gemv_bf16_rows_impl(const __nv_bfloat16* __restrict__ x,
+                                                    const __nv_bfloat16* __restrict__ w, float* __restrict__ out,
+                                                    int M, int N, int K) {
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, v = blockIdx.z, WK = gridDim.z;
+    const int row0 = (blockIdx.y * blockDim.y + threadIdx.y) * 16 * MT, m0 = blockIdx.x * 8 * NT;
+    const int chunks = K / 8, groups = (chunks + 3) / 4;
+    const uint4* wr[MT][2];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wr[i][h] = reinterpret_cast<const uint4*>(w) + (long long)min(row0 + 16 * i + g + 8 * h, N - 1) * chunks;
+    const uint4* xr[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        xr[j] = m0 + 8 * j + g < M ? reinterpret_cast<const uint4*>(x) + (long long)(m0 + 8 * j + g) * chunks : nullptr;
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+
+    // The GEMV's main loop for warp v, as it is there.
+    GemvBatch<MT, NT, U> p, n;
+    const int step = U * WK;
+    gemv_load_w(p, v, WK, groups, chunks, wr);
+    gemv_load_w(n, v + step, WK, groups, chunks, wr);
+    pdl_wait();
+    pdl_launch_dependents();
+    gemv_load_x(p, v, WK, groups, chunks, xr);
+#pragma unroll 1
+    for (int q0 = v; q0 < groups; q0 += 2 * step) {
+        if (q0 != v) gemv_load_w(n, q0 + step, WK, groups, chunks, wr);
+        gemv_load_x(n, q0 + step, WK, groups, chunks, xr);
+        gemv_mma_batch(acc, p);
+        if (q0 + step >= groups) break;
+        if (q0 + 2 * step < groups) {
+            gemv_load_w(p, q0 + 2 * step, WK, groups, chunks, wr);
+            gemv_load_x(p, q0 + 2 * step, WK, groups, chunks, xr);
+        }
+        gemv_mma_batch(acc, n);
+    }
+    if (row0 >= N) return;
+    // One chain: the result is 0 + acc, as the GEMV's epilogue adds it.
+    float* dst = out + (long long)v * M * N;
+    // Fragment: c0, c1 row g, columns 2t, 2t + 1 of the n-tile; c2, c3 row g + 8.
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int r = row0 + 16 * i + g + 8 * (c >> 1), m = m0 + 8 * j + 2 * t + (c & 1);
+                if (r < N && m < M) dst[(long long)m * N + r] = WK == 1 ? 0.f + acc[i][j][c] : acc[i][j][c];
+            }
+}
+
+#define GEMV_ROWS_KERNEL(MT, NT, U)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_ROWS_MAX_WN)                                     \
+        gemv_bf16_rows_m##MT##_n##NT(const __nv_bfloat16* x, const __nv_bfloat16* w, float* out, int M, int N, \
+                                     int K) {                                                                \
+        gemv_bf16_rows_impl<MT, NT, U>(x, w, out, M, N, K);                                                  \
+    }
+
+GEMV_ROWS_KERNEL(1, 4, 1)
+GEMV_ROWS_KERNEL(2, 4, 1)
+GEMV_ROWS_KERNEL(1, 8, 1)
+GEMV_ROWS_KERNEL(2, 8, 1)
+
+// y [len] = the WK chains' sums part [WK, len] added from zero in chain order, as the GEMV's
+// epilogue adds its warps' partial sums.
+extern "C" __global__ void gemv_rows_sum(const float* __restrict__ part, float* __restrict__ y, long long len,
+                                         int WK) {
+    pdl_wait();
+    pdl_launch_dependents();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < len; i += (long long)gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int v = 0; v < WK; v++) s += part[v * len + i];
+        y[i] = s;
+    }
+}

@@ -1,26 +1,54 @@
 //! Our bf16 tensor-core GEMV (`gemv_bf16.cu`), the launch side: `x` `[m, k]` times `w`
 //! `[n, k]` transposed for the few rows of a decode step, with f32 accumulation, written as f32
 //! ([`super::matmul_f32_out()`]) or as Llama's SwiGLU of a fused gate/up product
-//! ([`super::matmul_swiglu_bf16()`]). Here: when it beats cuBLAS ([`gemv_wins`]), which kernel
-//! variant a shape takes and how many warps run along K. Its GPU tests and timings go through
+//! ([`super::matmul_swiglu_bf16()`]), and its rows kernel for tall weights and many rows (the
+//! same sums, another split of the work). Here: which of them a product takes
+//! ([`kernel_for`]), which variant a shape takes and how many warps run along K. Its GPU tests and timings go through
 //! those two ops (`matmul_f32_out`'s `check_gemv` and `gpu_gemv_timing`, `swiglu_gemv`'s).
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaView, DevicePtrMut, DeviceRepr, LaunchConfig,
+};
 use candle_core::{CudaDevice, Result};
 use half::bf16;
 
 use crate::kernels::cuda::{int, ptx};
 use crate::kernels::launch::Launch;
 
-/// Whether a product takes this GEMV (up to 64 rows) rather than cuBLAS for `m` rows of x
-/// against `n` weight rows: decode steps, whose time is all weight reads. The crossover is
-/// measured (`gpu_gemv_timing`, H100, docs/performance.md): up to 16 rows the GEMV wins or ties
-/// everywhere; at 17–32 rows only for weights of at most 4096 rows (gpt-oss o 14.2 vs 17.3 µs,
-/// Llama qkv 11.8 vs 15.5; but gpt-oss qkv 20.9 vs 14.6 and the LM heads 648 vs 427); past 32
-/// rows cuBLAS everywhere (64 rows: gpt-oss head 1,080 vs 455, which cost the 64-stream step
-/// 1 ms when the GEMV took them).
-pub fn gemv_wins(m: usize, n: usize) -> bool {
-    m <= 16 || (m <= 32 && n <= 4096)
+/// Rows up to which every bf16 product of a step takes one of our kernels: each gives a row
+/// the bits it gets alone (batch invariance), which speculative verify steps and decode
+/// batches rely on (`kernels/invariance.rs`). Past it (prefill chunks) cuBLAS, which picks its
+/// reduction by the row count.
+pub const INVARIANT_ROWS: usize = 256;
+
+/// Which of our kernels a product of `m` rows of x against `n` weight rows takes; `None`:
+/// cuBLAS (more than [`INVARIANT_ROWS`] rows).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kernel {
+    /// The GEMV (`gemv_bf16_m*_n*`): K split over a block's warps, up to 64 rows a launch.
+    Split,
+    /// `gemv_bf16_rows_*`: each warp walks the GEMV's K chains in turn and x is shared by the
+    /// block's warps; the same sums, for tall weights and many rows.
+    Rows,
+}
+
+/// Which kernel a product of `m` rows against `n` weight rows takes. With batch invariance on
+/// (`kernels::invariance::on`), ours up to [`INVARIANT_ROWS`] rows, the faster of the two
+/// (both give a row the same bits), measured on an H100 (`gpu_gemv_timing`,
+/// docs/performance.md): the split GEMV up to 32 rows, and up to 64 but for LM heads; the rows
+/// kernel past that. Else the GEMV only where it beats cuBLAS: up to 16 rows, up to 32 for
+/// weights of at most 4096 rows.
+pub fn kernel_for(m: usize, n: usize) -> Option<Kernel> {
+    if !crate::kernels::invariance::on() {
+        return (m <= 16 || (m <= 32 && n <= 4096)).then_some(Kernel::Split);
+    }
+    match m {
+        0 => None,
+        1..=32 => Some(Kernel::Split),
+        33..=64 if n < 65_536 => Some(Kernel::Split),
+        _ if m <= INVARIANT_ROWS => Some(Kernel::Rows),
+        _ => None,
+    }
 }
 
 /// gemv_bf16.cu's largest block: GEMV_MAX_WK warps along K.
@@ -116,11 +144,11 @@ fn batch_for(dev: &CudaDevice, epi: Epilogue, tiles: usize, wk: usize) -> Result
 /// y `[m, n]` = x `[m, k]` · w `[n, k]`ᵀ (f32), or its SwiGLU (bf16 `[m, n / 2]`, n even),
 /// m ≤ 64 (16 for the SwiGLU), k % 8 == 0, 16-byte aligned starts. `batch` forces U for up
 /// to 8 rows (tests: every U gives the same bits).
-pub fn launch<T: DeviceRepr>(
+pub fn launch<T: DeviceRepr, O: DevicePtrMut<T>>(
     dev: &CudaDevice,
     x: &CudaView<bf16>,
     w: &CudaView<bf16>,
-    (out, epi): (&mut CudaSlice<T>, Epilogue),
+    (out, epi): (&mut O, Epilogue),
     (m, n, k): (usize, usize, usize),
     batch: Option<usize>,
 ) -> Result<()> {
@@ -151,5 +179,78 @@ pub fn launch<T: DeviceRepr>(
     // SAFETY: the arguments match the kernels' signature; x holds m·k, w n·k and out m·n
     // f32 elements (m·n/2 bf16 for the SwiGLU), k % 8 == 0 and both starts are 16-byte
     // aligned (the caller checks); the kernel reads only w before pdl_wait().
+    unsafe { b.launch(cfg) }
+}
+
+/// The rows kernel's shape for `m` rows against `n` weight rows: `(MT, NT, WN)`, MT tiles of 16
+/// weight rows per warp (x reused from registers), NT tiles of 8 rows of x per block (more rows
+/// take more blocks along gridDim.x), WN warps per block (sharing x through L1). None of them
+/// changes a sum.
+pub fn rows_shape(m: usize, n: usize) -> (usize, usize, usize) {
+    let nt = if m <= 32 { 4 } else { 8 };
+    let tiles = n.div_ceil(16);
+    let mt = if tiles >= 4096 { 2 } else { 1 };
+    let wn = (tiles / mt).clamp(1, 4);
+    (mt, nt, wn)
+}
+
+/// y `[m, n]` (f32) = x `[m, k]` · w `[n, k]`ᵀ with the rows kernel (`gemv_bf16_rows_*`, then
+/// `gemv_rows_sum` for shapes whose sums run in several chains): any m, each row the bits
+/// [`launch`] gives it. k % 8 == 0, 16-byte aligned starts. `mt` forces the weight tiles per
+/// warp (tests: both give the same bits).
+pub fn launch_rows(
+    dev: &CudaDevice,
+    x: &CudaView<bf16>,
+    w: &CudaView<bf16>,
+    out: &mut CudaSlice<f32>,
+    (m, n, k): (usize, usize, usize),
+    mt: Option<usize>,
+) -> Result<()> {
+    let (auto_mt, nt, wn) = rows_shape(m, n);
+    let mt = mt.unwrap_or(auto_mt);
+    let wk = warps_along_k(n, k);
+    let func = ptx::gemv_bf16::GEMV_BF16.func(dev, &format!("gemv_bf16_rows_m{mt}_n{nt}"))?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            int(m.div_ceil(8 * nt), "row blocks")? as u32,
+            int(n.div_ceil(16 * mt * wn), "output tiles")? as u32,
+            wk as u32,
+        ),
+        block_dim: (32, wn as u32, 1),
+        shared_mem_bytes: 0,
+    };
+    let (m32, n32, k32) = (int(m, "rows")?, int(n, "outputs")?, int(k, "inner dim")?);
+    let stream = dev.cuda_stream();
+    // Several chains: each writes its sums to its slice of `part`, added up in order below.
+    let mut part = if wk > 1 {
+        // SAFETY: the kernel writes all wk·m·n elements (every chain, row and output).
+        Some(unsafe { dev.alloc::<f32>(wk * m * n)? })
+    } else {
+        None
+    };
+    {
+        let mut b = Launch::new(&stream, &func);
+        b.ptr(x).ptr(w);
+        match part.as_mut() {
+            Some(p) => b.ptr_mut(p),
+            None => b.ptr_mut(out),
+        };
+        b.val(m32).val(n32).val(k32);
+        // SAFETY: the arguments match the kernel's signature; x holds m·k, w n·k and the output
+        // gridDim.z·m·n elements, k % 8 == 0 and both starts are 16-byte aligned (the caller
+        // checks); the kernel reads only w before pdl_wait().
+        unsafe { b.launch(cfg) }?;
+    }
+    let Some(part) = part else { return Ok(()) };
+    let len = m * n;
+    let sum = ptx::gemv_bf16::GEMV_BF16.func(dev, "gemv_rows_sum")?;
+    let mut b = Launch::new(&stream, &sum);
+    b.ptr(&part).ptr_mut(out).val(len as i64).val(int(wk, "chains")?);
+    let cfg = LaunchConfig {
+        grid_dim: (len.div_ceil(256).min(4096) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: part holds wk·len and out len elements; the kernel waits (PDL) before reading.
     unsafe { b.launch(cfg) }
 }

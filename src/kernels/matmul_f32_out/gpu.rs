@@ -9,7 +9,7 @@ use half::bf16;
 
 use super::Route;
 use crate::kernels::cuda::{int, ptx};
-use crate::kernels::gemv_bf16::{self, Epilogue};
+use crate::kernels::gemv_bf16::{self, Epilogue, Kernel};
 use crate::kernels::launch::Launch;
 
 /// f32 `[m, k]` to bf16 `[2m, k]`: the rows of hi, then those of lo.
@@ -33,8 +33,8 @@ pub(super) fn hi_lo_split(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, S
     Ok((CudaStorage { slice: CudaStorageSlice::BF16(out), device: dev }, Shape::from((2 * m, k))))
 }
 
-/// `x · wᵀ` with an f32 result: our GEMV where `route` (or, for [`Route::Auto`],
-/// [`gemv_bf16::gemv_wins`]) takes it and the rows are aligned, else cuBLAS.
+/// `x · wᵀ` with an f32 result: one of our kernels where `route` (or, for [`Route::Auto`],
+/// [`gemv_bf16::kernel_for`]) takes it and the rows are aligned, else cuBLAS.
 pub(super) fn matmul(
     route: Route,
     (s1, l1): (&CudaStorage, &Layout),
@@ -49,21 +49,42 @@ pub(super) fn matmul(
     let aligned = k.is_multiple_of(8)
         && l1.start_offset().is_multiple_of(8)
         && l2.start_offset().is_multiple_of(8);
-    let gemv = match route {
-        Route::Auto => gemv_bf16::gemv_wins(m, n),
-        Route::Gemv(_) => m <= 64,
-        Route::Cublas => false,
+    let kernel = match route {
+        Route::Auto => gemv_bf16::kernel_for(m, n),
+        Route::Gemv(_) => Some(Kernel::Split),
+        Route::Rows(_) => Some(Kernel::Rows),
+        Route::Cublas => None,
     };
-    if aligned && gemv {
-        let batch = match route {
-            Route::Gemv(b) => b,
-            _ => None,
-        };
-        gemv_bf16::launch(&dev, &x, &w, (&mut out, Epilogue::F32), (m, n, k), batch)?;
-        return Ok((
-            CudaStorage { slice: CudaStorageSlice::F32(out), device: dev },
+    let done = |out| {
+        Ok((
+            CudaStorage { slice: CudaStorageSlice::F32(out), device: dev.clone() },
             Shape::from((m, n)),
-        ));
+        ))
+    };
+    match kernel {
+        Some(Kernel::Split) if aligned => {
+            let batch = match route {
+                Route::Gemv(b) => b,
+                _ => None,
+            };
+            // The GEMV takes up to 64 rows a launch; more (forced: tests, timings) take several.
+            for r0 in (0..m).step_by(64) {
+                let rows = (m - r0).min(64);
+                let mut o = out.slice_mut(r0 * n..(r0 + rows) * n);
+                let xs = x.slice(r0 * k..(r0 + rows) * k);
+                gemv_bf16::launch(&dev, &xs, &w, (&mut o, Epilogue::F32), (rows, n, k), batch)?;
+            }
+            return done(out);
+        }
+        Some(Kernel::Rows) if aligned => {
+            let mt = match route {
+                Route::Rows(mt) => mt,
+                _ => None,
+            };
+            gemv_bf16::launch_rows(&dev, &x, &w, &mut out, (m, n, k), mt)?;
+            return done(out);
+        }
+        _ => {}
     }
     let (m32, n32, k32) = (int(m, "rows")?, int(n, "outputs")?, int(k, "inner dim")?);
     let blas = dev.cublas_handle();

@@ -154,9 +154,54 @@ fn check_gemv(dev: &Device, r: &mut rand::rngs::StdRng, m: usize, n: usize, k: u
             "{name}: row {row} alone differs from the same row in the batch"
         );
     }
+    // The rows kernel, with either number of weight tiles per warp: the GEMV's bits.
+    for mt in [1, 2] {
+        let op = MatmulF32Out { route: Route::Rows(Some(mt)) };
+        let rows = values(&xd.apply_op2_no_bwd(&wd, &op).expect("gpu"));
+        let bad = rows.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
+        assert!(bad.is_none(), "{name}: the rows kernel (MT {mt}) differs at {bad:?}");
+    }
 }
 
-/// Not a check: our GEMV against cuBLAS at the decode shapes of gpt-oss-20b and Llama-3.2-1B.
+/// The rows kernel against the GEMV alone for more rows than one GEMV launch takes (several
+/// row blocks, the last one partial), at shapes with several warps along K and with one: each
+/// row is the bits the GEMV gives it alone (a decode step's row), and the products are close
+/// to the reference.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_rows_kernel_gives_each_row_its_alone_bits() {
+    let dev = crate::kernels::testing::gpu();
+    let mut r = rng("gemv rows");
+    for (m, n, k) in [(65, 300, 2880), (130, 5120, 2880), (200, 20_011, 136), (256, 2048, 8192)] {
+        let x = tensor(uniform(&mut r, m * k, -1.0, 1.0), &[m, k], DType::BF16);
+        let w = tensor(uniform(&mut r, n * k, -1.0, 1.0), &[n, k], DType::BF16);
+        let want = values(&matmul_f32_out(&x, &w).expect("cpu"));
+        let (xd, wd) = (x.to_device(&dev).expect("x"), w.to_device(&dev).expect("w"));
+        let name = format!("rows {m}x{n}x{k}");
+        for mt in [1, 2] {
+            let op = MatmulF32Out { route: Route::Rows(Some(mt)) };
+            let got = values(&xd.apply_op2_no_bwd(&wd, &op).expect("gpu"));
+            crate::kernels::testing::assert_written_and_close(&name, &got, &want, 1e-5);
+            let gemv = MatmulF32Out { route: Route::Gemv(None) };
+            for row in [0, 1, m / 2, m - 1] {
+                let x1 = xd.narrow(0, row, 1).expect("row");
+                let one = values(&x1.apply_op2_no_bwd(&wd, &gemv).expect("gpu"));
+                let bad = one
+                    .iter()
+                    .zip(&got[row * n..][..n])
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(
+                    bad.is_none(),
+                    "{name} MT {mt}: row {row} differs from itself alone at {bad:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Not a check: our GEMV and rows kernel against cuBLAS (µs) at the decode shapes of gpt-oss-20b
+/// and Llama-3.2-1B, from one row to [`crate::kernels::gemv_bf16::INVARIANT_ROWS`].
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
@@ -178,19 +223,20 @@ fn gpu_gemv_timing() {
             .to_device(&dev)
             .expect("w");
         let mut line = format!("gemv timing: {name:<14} {n:>6}x{k:<5}");
-        for m in [1, 2, 8, 16, 32, 64] {
+        for m in [1, 8, 16, 32, 64, 128, 256] {
             let x = tensor(uniform(&mut r, m * k, -1.0, 1.0), &[m, k], DType::BF16)
                 .to_device(&dev)
                 .expect("x");
-            let mut us = [0.0; 2];
-            for (i, route) in [Route::Gemv(None), Route::Cublas].into_iter().enumerate() {
+            let mut us = [0.0; 3];
+            let routes = [Route::Gemv(None), Route::Rows(None), Route::Cublas];
+            for (i, route) in routes.into_iter().enumerate() {
                 let op = MatmulF32Out { route };
                 us[i] = crate::kernels::testing::time_us(&dev, 50, || {
                     x.apply_op2_no_bwd(&w, &op).expect("matmul");
                 });
             }
-            let gbs = (n * k * 2) as f64 / us[0] / 1e3;
-            line += &format!(" | m{m} {:.1} us ({gbs:.0} GB/s) vs cuBLAS {:.1}", us[0], us[1]);
+            let [gemv, rows, blas] = us;
+            line += &format!(" | m{m} gemv {gemv:.1} rows {rows:.1} cuBLAS {blas:.1}");
         }
         eprintln!("{line}");
     }

@@ -27,7 +27,9 @@ pub(super) fn launch(
     let stream = dev.cuda_stream();
     let r = rows.len();
     let n = l.shape().elem_count() / r;
-    let x = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
+    // Just the rows': the logits may be a view of a longer buffer (a decode graph's, padded to
+    // its bucket), and the penalties' scratch copy below takes all of `x`.
+    let x = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..l.start_offset() + r * n);
     let parts = BLOCKS.div_ceil(r).clamp(1, n.div_ceil(MIN_CHUNK));
     let chunk = n.div_ceil(parts);
     let parts = n.div_ceil(chunk);

@@ -348,6 +348,29 @@ fn gpu_same_seed_same_ids() {
     }
 }
 
+/// Penalised rows whose logits are the first rows of a longer buffer (a decode graph's, padded
+/// to its bucket): the same ids as from a buffer of just those rows. The penalties' scratch copy
+/// once took the whole buffer past the view's start and failed its length check.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_penalised_rows_of_a_longer_buffer() {
+    let dev = crate::kernels::testing::gpu();
+    let mut r = StdRng::seed_from_u64(9);
+    let (n, rows) = (5000, 3);
+    let cfg =
+        SamplerConfig { repeat_penalty: 1.3, presence_penalty: 0.5, ..SamplerConfig::default() };
+    let history: Vec<u32> = (0..50).map(|_| r.random_range(0..n as u32)).collect();
+    let case = Case { cfg, prompt_len: 20, history, logits: vec![0.0; n] };
+    let specs: Vec<RowSampling> = (0..rows).map(|i| case.row(i as u64)).collect();
+    let x =
+        Tensor::from_vec(uniform(&mut r, (rows + 5) * n, -5.0, 5.0), (rows + 5, n), &dev).unwrap();
+    let view = x.narrow(0, 0, rows).unwrap();
+    let own = view.copy().unwrap();
+    let ids = |t: &Tensor| sample_rows(t, &specs).unwrap().to_vec1::<u32>().unwrap();
+    assert_eq!(ids(&view), ids(&own));
+}
+
 /// Time per call, ids read back (what a decode step waits for), of the argmax, the plain Gumbel
 /// draw and the full sampler at gpt-oss's and Llama 3's vocabularies, 1 and 64 rows. Printed for
 /// docs/performance.md; fails only when far off what the H100 measured (0.12 ms for one row,

@@ -36,7 +36,6 @@ fn fused(x: &Tensor, w: &Tensor) -> bool {
         && k.is_multiple_of(8)
         && n2.is_multiple_of(2)
         && (1..=16).contains(&m)
-        && super::gemv_bf16::gemv_wins(m, n2)
         && start(x)
         && start(w)
 }

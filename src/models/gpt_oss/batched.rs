@@ -123,7 +123,10 @@ impl BatchModel for GptOss {
     }
 
     fn invariant_rows(&self) -> usize {
-        crate::kernels::invariance::invariant_rows(self.device(), self.dtype(), true)
+        let w = self.weights();
+        let dense = w.head.lm_head.is_dense_bf16()
+            && w.layers.iter().all(|l| l.attn.qkv.is_dense_bf16() && l.attn.o.is_dense_bf16());
+        crate::kernels::invariance::invariant_rows(self.device(), self.dtype(), true, dense)
     }
 
     fn max_positions(&self) -> usize {

@@ -147,7 +147,12 @@ impl BatchModel for Llama {
     }
 
     fn invariant_rows(&self) -> usize {
-        crate::kernels::invariance::invariant_rows(self.device(), self.dtype(), false)
+        let w = self.weights();
+        let dense = w.head.lm_head.is_dense_bf16()
+            && w.layers.iter().all(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().all(|p| p.is_dense_bf16())
+            });
+        crate::kernels::invariance::invariant_rows(self.device(), self.dtype(), false, dense)
     }
 
     fn max_positions(&self) -> usize {
