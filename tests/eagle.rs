@@ -323,7 +323,7 @@ fn lossless(on: On, model: &Path) {
     // Fewer on a GPU, whose time is scarce: each case is an engine of its own.
     let cases = cases(vocab, if on == On::Gpu { 5 } else { 10 }, 24);
     let (plain, _) = run_alone(&cases, || start(on, model, 1, None));
-    let n = if on == On::Gpu { 2 } else { cases.len() };
+    let n = cases.len();
     let batch = run_batch(&start(on, model, n, None), &cases[..n]);
     // Each token's greedy successor alone: a pass-through head mapping the target's argmax at
     // `t` (token t + 1) to it often guesses token t + 2 of these tiny models' replies.

@@ -248,8 +248,9 @@ fn lossless(on: On, model: &str) {
     let (spec, alone_stats) = run_alone(on, model, &cases, 4);
     assert_same("alone", &cases, &spec, &plain);
 
-    // A GPU verifies only steps whose rows keep one-row arithmetic (a few rows): two sequences.
-    let n = if on == On::Gpu { 2 } else { 12 };
+    // Twelve sequences: a GPU's verify steps take the batch-invariant products (up to 127
+    // rows), and its plain decode steps of up to 16 rows take them anyway.
+    let n = 12;
     let label = format!("batch of {n}");
     let batch = run_batch(&start(on, model, n, 0), &cases[..n]);
     let engine = start(on, model, n, 6);
@@ -257,7 +258,7 @@ fn lossless(on: On, model: &str) {
     assert_same(&label, &cases, &spec_batch, &batch);
     let batch_stats = engine.stats().spec;
     assert!(batch_stats.drafts > 0, "{label}: nothing was drafted");
-    // Accepted and rejected drafts, over both (a GPU's batch verifies two drafts at most).
+    // Accepted and rejected drafts, over both.
     assert_exercised(
         "alone and in a batch",
         SpecStats {
@@ -453,8 +454,7 @@ fn draft_model_lossless(on: On) {
     let (drafted, stats) = run_alone_in(&cases, || with_draft(1));
     assert_same("draft model, alone", &cases, &drafted, &plain);
     assert_exercised("draft model, alone", stats);
-    // A GPU verifies a few rows at once: two sequences.
-    let n = if on == On::Gpu { 2 } else { 6 };
+    let n = 6;
     let batch = run_batch(&start(on, &model, n, 0), &cases[..n]);
     let engine = with_draft(n);
     assert_same("draft model, batch", &cases, &run_batch(&engine, &cases[..n]), &batch);
@@ -674,9 +674,8 @@ fn predictions_lossless(on: On, model: &str) {
             }
             _ => assert!(drafted > 0, "unrelated: nothing drafted"),
         }
-        // Together in one engine: six sequences on the CPU; on a GPU two, as a verify step keeps
-        // to the rows every kernel computes alone.
-        let n = if on == On::Gpu { 2 } else { cases.len() };
+        // Together in one engine: all six sequences.
+        let n = cases.len();
         let e = start(on, model, n, 0);
         let handles: Vec<RequestHandle> =
             requests[..n].iter().map(|r| e.submit(r.clone()).expect("submit")).collect();
