@@ -1,10 +1,13 @@
-//! The engine's batched step on the GPU in bf16: a batch of 32 sequences gives the same next
-//! tokens as each sequence alone, teacher-forced (every step feeds the same fixed tokens to both
-//! runs, so one flip does not change what follows). In a batch the attention reads 32 block
-//! tables and the MoE takes its grouped path; alone, one table and the per-slot GEMVs: the sums
-//! run in other orders, so bf16 results differ by rounding, and near-ties may flip. The bar is
-//! ≥ 99.5% top-1 agreement. Random weights in the exact layouts (`benches/configs`), so no
-//! checkpoint is needed; `#[ignore]`d without a GPU.
+//! The engine's batched step on the GPU in bf16, random weights in the exact layouts
+//! (`benches/configs`), so no checkpoint is needed; `#[ignore]`d without a GPU.
+//!
+//! - With batch invariance on, decode steps of 32 sequences give each one exactly the logits it
+//!   gets alone (`decode_is_batch_invariant`).
+//! - By default (and in a prefill of all 32 prompts at once, thousands of rows: cuBLAS and the
+//!   MoE's grouped GEMMs) the sums run in other orders than alone, so bf16 results differ by
+//!   rounding and near-ties may flip: teacher-forced top-1 agreement of a batch of 32 with each
+//!   sequence alone (every step feeds the same fixed tokens to both runs, so one flip does not
+//!   change what follows), with a bar of ≥ 99.5%.
 
 use std::path::PathBuf;
 

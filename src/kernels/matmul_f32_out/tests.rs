@@ -243,8 +243,9 @@ fn gpu_gemv_timing() {
 }
 
 /// The LM head's product (`matmul_hi_lo`, f32 rows as bf16 hi + lo) gives a row the same bits in
-/// a step of up to 8 rows as alone: the sizes a speculative verify step may have. The tiny
-/// gpt-oss's width and 20b's.
+/// a verify step (batch invariance on) of up to 128 rows as alone: the sizes a speculative
+/// verify step may have, through the GEMV (up to 32 rows of hi + lo) and the rows kernel. The
+/// tiny gpt-oss's width and 20b's.
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
@@ -252,11 +253,12 @@ fn gpu_hi_lo_rows_alone_equal_rows_in_a_step() {
     let dev = crate::kernels::testing::gpu();
     let mut r = rng("hi lo invariance");
     let mut differ = Vec::new();
+    let _verifying = crate::kernels::invariance::Step::new(true);
     for (n, k) in [(256, 64), (2048, 2880)] {
         let w = tensor(uniform(&mut r, n * k, -0.5, 0.5), &[n, k], DType::BF16)
             .to_device(&dev)
             .unwrap();
-        for rows in 2..=8 {
+        for rows in (2..=8).chain([17, 40, 100, 128]) {
             let x = tensor(uniform(&mut r, rows * k, -3.0, 3.0), &[rows, k], DType::F32)
                 .to_device(&dev)
                 .unwrap();
