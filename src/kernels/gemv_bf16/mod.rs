@@ -2,9 +2,9 @@
 //! `[n, k]` transposed for the few rows of a decode step, with f32 accumulation, written as f32
 //! ([`super::matmul_f32_out()`]) or as Llama's SwiGLU of a fused gate/up product
 //! ([`super::matmul_swiglu_bf16()`]), and its rows kernel for tall weights and many rows (the
-//! same sums, another split of the work). Here: which of them a product takes
-//! ([`kernel_for`]), which variant a shape takes and how many warps run along K. Its GPU tests and timings go through
-//! those two ops (`matmul_f32_out`'s `check_gemv` and `gpu_gemv_timing`, `swiglu_gemv`'s).
+//! same sums, another split of the work). Here: which of them a product takes ([`kernel_for`]),
+//! which variant a shape takes and how many warps run along K. Its GPU tests and timings go
+//! through those two ops (`matmul_f32_out`'s `check_gemv` and `gpu_gemv_timing`, `swiglu_gemv`'s).
 
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaView, DevicePtrMut, DeviceRepr, LaunchConfig,
@@ -15,10 +15,10 @@ use half::bf16;
 use crate::kernels::cuda::{int, ptx};
 use crate::kernels::launch::Launch;
 
-/// Rows up to which every bf16 product of a step takes one of our kernels: each gives a row
-/// the bits it gets alone (batch invariance), which speculative verify steps and decode
-/// batches rely on (`kernels/invariance.rs`). Past it (prefill chunks) cuBLAS, which picks its
-/// reduction by the row count.
+/// Rows up to which a bf16 product takes one of our kernels while batch invariance is on: each
+/// gives a row the bits it gets alone, which speculative verify steps rely on
+/// (`kernels/invariance.rs`). Past it (prefill chunks) cuBLAS, which picks its reduction by the
+/// row count.
 pub const INVARIANT_ROWS: usize = 256;
 
 /// Which of our kernels a product of `m` rows of x against `n` weight rows takes; `None`:
@@ -27,8 +27,8 @@ pub const INVARIANT_ROWS: usize = 256;
 pub enum Kernel {
     /// The GEMV (`gemv_bf16_m*_n*`): K split over a block's warps, up to 64 rows a launch.
     Split,
-    /// `gemv_bf16_rows_*`: each warp walks the GEMV's K chains in turn and x is shared by the
-    /// block's warps; the same sums, for tall weights and many rows.
+    /// `gemv_bf16_rows_*`: a block per K chain of the GEMV, its warps sharing x, the chains'
+    /// sums added in the GEMV's order; the same sums, for tall weights and many rows.
     Rows,
 }
 

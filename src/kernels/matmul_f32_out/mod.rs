@@ -8,9 +8,9 @@
 //! (damped, 512 positions) this rounding cost 11 of the 14 bf16 top-1 misses
 //! scripts/analysis/gpt_oss_precision.py counts. cuBLAS's GemmEx takes bf16 inputs and writes
 //! f32; candle has no way to ask for it, so this op calls it on candle's cuBLAS handle and
-//! stream. Steps of up to `gemv_bf16::INVARIANT_ROWS` rows (decode batches, speculative verify
-//! steps) take our tensor-core kernels instead (`gemv_bf16/`): faster for few rows, and a row's
-//! result is the same bits in any of them as alone.
+//! stream. Decode-sized products take our tensor-core kernels instead (`gemv_bf16/`): where they
+//! are faster (up to 16 rows), and up to `gemv_bf16::INVARIANT_ROWS` rows where a row must get
+//! the same bits in any batch (`kernels/invariance.rs`).
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor, bail};
 use half::bf16;
@@ -82,10 +82,8 @@ impl CustomOp1 for HiLoSplit {
     }
 }
 
-/// Which product [`MatmulF32Out`] runs on the GPU: ours up to
-/// [`super::gemv_bf16::INVARIANT_ROWS`] rows (the faster of our two kernels,
-/// [`super::gemv_bf16::kernel_for`]) and cuBLAS past it, or one of the three by force (tests and
-/// timings compare them).
+/// Which product [`MatmulF32Out`] runs on the GPU: as [`super::gemv_bf16::kernel_for`] routes
+/// it, or one of the three by force (tests and timings compare them).
 #[derive(Clone, Copy, PartialEq)]
 // Only the GPU tests and timings force a route.
 #[cfg_attr(any(not(feature = "cuda"), not(test)), allow(dead_code))]
