@@ -120,7 +120,8 @@ pub struct BenchArgs {
     pub prompt_file: Option<std::path::PathBuf>,
     /// Time the model's steps of 1, 3, 5 and 9 rows at one position (a one-token step and the
     /// verify steps of 2, 4 and 8 drafts, as CUDA graphs) instead of generating, and the decode
-    /// rates they give at mean accepted lengths 2.0, 2.5 and 3.0.
+    /// rates they give at mean accepted lengths 2.0, 2.5 and 3.0; with -c N, steps of N
+    /// sequences.
     #[arg(long)]
     pub verify_cost: bool,
 }

@@ -525,6 +525,25 @@ fn a_draft_with_another_tokenizer_is_refused() {
     assert_eq!(msg.lines().count(), 1, "{msg}");
 }
 
+/// `bench --verify-cost -c 3`: steps of three sequences' rows, one line per draft count, with
+/// rates for all three sequences (here on the CPU, in f32).
+#[test]
+fn verify_cost_times_steps_of_several_sequences() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["bench", &fixture("gpt_oss_tiny"), "--cpu", "--verify-cost", "-c", "3", "-p", "20"])
+        .output()
+        .expect("run inferno");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("3 sequences at position 20"), "{text}");
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.split_whitespace().next().is_some_and(|w| ["1", "3", "5", "9"].contains(&w)))
+        .collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    assert!(rows[0].contains("(no speculation)"), "{text}");
+}
+
 /// An engine of 32 sequences for a full-size layout of `benches/configs` (random weights, bf16)
 /// whose steps stay within the rows every kernel computes alone: prefill chunks of at most 127
 /// tokens (the MoE's slot tiles end at 127), verify steps within `invariant_rows`.

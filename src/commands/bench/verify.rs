@@ -1,7 +1,7 @@
 //! `inferno bench MODEL --verify-cost`: what a speculative verify step costs against a one-token
-//! step, on the engine's own runner and CUDA graphs. One sequence holds a prompt of `-p` random
-//! ids; then steps of 1, 3, 5 and 9 rows (the last token and 0, 2, 4 or 8 drafts) run at the
-//! same position again and again (each overwrites the same KV slots, as a rejected draft's are),
+//! step, on the engine's own runner and CUDA graphs. One sequence (`-c N`: N) holds a prompt of
+//! `-p` random ids; then steps of 1, 3, 5 and 9 rows a sequence (the last token and 0, 2, 4 or 8
+//! drafts) run at the same position again and again (each overwrites the same KV slots, as a rejected draft's are),
 //! each followed by the argmax of its rows as a greedy verify does. Random weights cannot show
 //! acceptance, so the rates reported are what a drafter that is right for a mean accepted length
 //! of 2.0, 2.5 or 3.0 tokens per step would give, from the measured step times.
@@ -40,6 +40,10 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let prompt = args.prompt_tokens;
     let context = prompt + 2 * BLOCK_SIZE;
+    let seqs = args.concurrency.max(1);
+    if seqs > 1 && args.spec.draft_model().is_some() {
+        anyhow::bail!("--verify-cost with an EAGLE-3 head times one sequence: leave out -c");
+    }
     let opts = LoadOptions {
         dtype,
         context: Some(context),
@@ -50,7 +54,7 @@ pub fn run(
     let (name, dtype) = (loaded.info.name.clone(), loaded.info.dtype);
     let model = loaded.split().0;
     let shape = model.kv_shape();
-    let blocks = context.div_ceil(BLOCK_SIZE) + 1;
+    let blocks = seqs * context.div_ceil(BLOCK_SIZE) + 1;
     let groups: Vec<GroupSpec> =
         shape.group_windows.iter().map(|w| GroupSpec { blocks, window: *w }).collect();
     let pool = KvPool::new(&shape, BLOCK_SIZE, &vec![blocks; groups.len()], device)?;
@@ -58,17 +62,24 @@ pub fn run(
     let mut runner = Runner::new(model, pool, shape);
     let mut eagle = eagle_head(args, &runner, context, dtype, device)?;
     let vocab = runner.model.vocab_size() as u32;
-    let ids: Vec<u32> = (0..prompt as u32).map(|i| (i * 7919 + 13) % vocab).collect();
-    manager.add_sequence(0, &ids);
-    manager.ensure(0, 0, context)?;
-    let chunk = Chunk { id: 0, start: 0, len: prompt, sample: true, drafts: 0 };
-    runner.forward(&[chunk], &[&ids[..]], &manager)?;
+    // Each sequence its own prompt, so that none shares a block with another.
+    let prompt_of = |s: u32| -> Vec<u32> {
+        (0..prompt as u32).map(|i| (i * 7919 + 13 + s * 104_729) % vocab).collect()
+    };
+    for s in 0..seqs {
+        let ids = prompt_of(s as u32);
+        manager.add_sequence(s as u64, &ids);
+        manager.ensure(s as u64, 0, context)?;
+        let chunk = Chunk { id: s as u64, start: 0, len: prompt, sample: true, drafts: 0 };
+        runner.forward(&[chunk], &[&ids[..]], &manager)?;
+    }
+    let ids = prompt_of(0);
 
     // With a head, the one-token step without its taps first (plain decoding), then every step
     // with them (the graphs captured again).
     let plain = match &eagle {
         Some(e) => {
-            let t = step_time(&mut runner, &manager, prompt, 1, device)?;
+            let t = step_time(&mut runner, &manager, (prompt, 1, seqs), device)?;
             runner.graphs.clear();
             runner.taps = e.taps().to_vec();
             Some(t)
@@ -78,23 +89,25 @@ pub fn run(
     let mut times = Vec::new();
     let mut draft_times = Vec::new();
     for rows in ROWS {
-        times.push(step_time(&mut runner, &manager, prompt, rows, device)?);
+        times.push(step_time(&mut runner, &manager, (prompt, rows, seqs), device)?);
         if let Some(e) = &mut eagle {
             draft_times.push(eagle_time(e, &mut runner, &ids, rows - 1, device)?);
         }
     }
 
     let gpu = gpu.unwrap_or_else(|| "CPU".into());
-    println!("model:   {name} ({dtype:?}) · {gpu} · one sequence at position {prompt}");
+    let who = if seqs == 1 { "one sequence".to_string() } else { format!("{seqs} sequences") };
+    println!("model:   {name} ({dtype:?}) · {gpu} · {who} at position {prompt}");
     let base = times[0];
     println!(
         "rows  drafts   µs/step   × one-token   tok/s at mean accepted length 2.0 / 2.5 / 3.0"
     );
+    let n = seqs as f64;
     for (rows, t) in ROWS.iter().zip(&times) {
         let rates: Vec<String> = if *rows == 1 {
-            vec![format!("{:.1} (no speculation)", 1.0 / t)]
+            vec![format!("{:.1} (no speculation)", n / t)]
         } else {
-            LENGTHS.iter().map(|l| format!("{:.1}", l / t)).collect()
+            LENGTHS.iter().map(|l| format!("{:.1}", n * l / t)).collect()
         };
         println!(
             "{rows:>4}  {:>6}  {:>8.1}  {:>11.2}   {}",
@@ -135,20 +148,23 @@ pub fn run(
     Ok(())
 }
 
-/// Seconds one step of `rows` rows at position `prompt` takes (the last token and `rows − 1`
-/// drafts, then their argmax), over [`STEPS`] after as many to warm up.
+/// Seconds one step of `seqs` sequences of `rows` rows each at position `prompt` takes (each
+/// one's last token and `rows − 1` drafts, then the argmax of every row), over [`STEPS`] after
+/// as many to warm up.
 fn step_time(
     runner: &mut Runner,
     manager: &BlockManager,
-    prompt: usize,
-    rows: usize,
+    (prompt, rows, seqs): (usize, usize, usize),
     device: &Device,
 ) -> anyhow::Result<f64> {
     let vocab = runner.model.vocab_size() as u32;
-    let chunk = Chunk { id: 0, start: prompt, len: rows, sample: true, drafts: rows - 1 };
+    let chunks: Vec<Chunk> = (0..seqs as u64)
+        .map(|id| Chunk { id, start: prompt, len: rows, sample: true, drafts: rows - 1 })
+        .collect();
     let input: Vec<u32> = (0..rows as u32).map(|i| (i * 31 + 5) % vocab).collect();
+    let inputs = vec![&input[..]; seqs];
     let mut step = || -> anyhow::Result<()> {
-        let logits = runner.forward(&[chunk], &[&input[..]], manager)?;
+        let logits = runner.forward(&chunks, &inputs, manager)?;
         let logits = logits.ok_or_else(|| anyhow::anyhow!("a verify step gave no logits"))?;
         crate::kernels::argmax_rows(&logits)?;
         Ok(())
