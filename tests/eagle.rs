@@ -547,6 +547,70 @@ fn chunked_prompts_and_a_continued_conversation() {
 }
 
 /// A head made for another model is refused in one line.
+/// A head on rank 0 of a model split over two ranks (threads on the CPU: `--tp 2`'s engine and
+/// followers), the other ranks verifying the same rows. The tokens are those one rank gives
+/// without speculation, and each request's drafts accepted and rejected are those the same head
+/// gives beside the whole model: it passes the last layer's tap through, so its guesses are
+/// right only where rank 0's taps are the whole model's hidden states (summed over the ranks).
+#[test]
+fn a_head_over_two_ranks_is_lossless() {
+    use inferno::engine::core::Built;
+    use inferno::engine::spec::Draft;
+
+    let target = common::tp::wide_gpt_oss();
+    let head = tempfile::tempdir().expect("tempdir");
+    write_head(head.path(), target.path(), Layout::SpecForge, Weights::PassLastTap, None);
+    let cases = cases(250, 6, 20);
+    let plain = run_batch(&start(On::Cpu, target.path(), cases.len(), None), &cases);
+
+    let cfg = EngineConfig {
+        max_seqs: cases.len(),
+        kv_tokens: cases.len() * CONTEXT,
+        token_budget: 256,
+        pipeline: false,
+        spec: Some(SpecConfig { max_batch: usize::MAX, ..SpecConfig::model(3).expect("k") }),
+    };
+    let opts = LoadOptions {
+        dtype: Some(DType::F32),
+        context: Some(CONTEXT),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
+    let name = target.path().to_str().expect("utf-8").to_string();
+    let common::tp::Group { leader, followers, threads } =
+        common::tp::follower_threads(&name, 2, cfg, opts.clone());
+    let dir = head.path().to_path_buf();
+    let (engine, ()) = Engine::start_built(move || {
+        let model = load::load_rank(&name, &opts, &Device::Cpu, leader)?.model;
+        let h = Eagle3Head::load(&dir, model.embedding(), CONTEXT, DType::F32, &Device::Cpu)?;
+        let draft = Some(Draft::Eagle(Box::new(h)));
+        Ok(Built { model, draft, cfg, info: (), followers: Some(followers) })
+    })
+    .expect("engine over two ranks");
+    // One request at a time, so that each one's drafts depend on nothing but its own tokens.
+    let each = |e: &Engine| -> Vec<(Vec<u32>, StopReason, usize, usize)> {
+        cases
+            .iter()
+            .map(|c| {
+                let (t, f) = collect(e.submit(request(c)).expect("submit"));
+                (t, f.reason, f.draft_tokens, f.accepted_draft_tokens)
+            })
+            .collect()
+    };
+    let over_two = each(&engine);
+    drop(engine);
+    for t in threads {
+        t.join().expect("a following rank failed");
+    }
+    let tokens: Vec<_> = over_two.iter().map(|r| (r.0.clone(), r.1.clone())).collect();
+    assert_same("a head over two ranks", &cases, &tokens, &plain);
+    // The same drafts as the head beside the whole model: its taps and embedding are the same.
+    let beside_one = each(&start(On::Cpu, target.path(), 1, Some(head.path())));
+    assert_eq!(over_two, beside_one, "the head drafted otherwise over two ranks");
+    let accepted: usize = over_two.iter().map(|r| r.3).sum();
+    assert!(accepted > 0, "nothing accepted: {over_two:?}");
+}
+
 #[test]
 fn a_head_for_another_model_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");

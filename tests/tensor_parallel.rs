@@ -166,30 +166,9 @@ fn a_wrong_master_addr_is_one_line_and_exit_9() {
 /// gives the tokens one rank's engine gives.
 #[test]
 fn an_engine_over_ranks_decodes_what_one_rank_decodes() {
-    use inferno::engine::core::{BLOCK_SIZE, Built, Engine, EngineConfig, pool_groups};
-    use inferno::engine::ranks::{Followers, follow};
+    use inferno::engine::core::{Built, Engine, EngineConfig};
     use inferno::engine::request::Request;
-    use inferno::engine::runner::Runner;
     use inferno::generate::SamplerConfig;
-    use inferno::models::batch::KvPool;
-    use std::sync::mpsc;
-
-    struct Threads(Vec<mpsc::Sender<Vec<u32>>>);
-    impl Followers for Threads {
-        fn send(&mut self, words: Vec<u32>) -> anyhow::Result<()> {
-            for tx in &self.0 {
-                tx.send(words.clone())?;
-            }
-            Ok(())
-        }
-    }
-    impl Drop for Threads {
-        fn drop(&mut self) {
-            for tx in &self.0 {
-                let _ = tx.send(inferno::engine::ranks::encode_stop());
-            }
-        }
-    }
 
     let dir = common::tp::wide_gpt_oss();
     let name = dir.path().to_str().unwrap().to_string();
@@ -233,31 +212,12 @@ fn an_engine_over_ranks_decodes_what_one_rank_decodes() {
         generate(&engine)
     };
 
-    let world = 2;
-    let mut ends = ThreadGroup::new(world).into_iter();
-    let leader: Arc<dyn Collective> = Arc::new(ends.next().unwrap());
-    let (txs, followers): (Vec<_>, Vec<_>) = ends
-        .map(|end| {
-            let (tx, rx) = mpsc::channel::<Vec<u32>>();
-            let name = name.clone();
-            let handle = std::thread::spawn(move || {
-                let comm: Arc<dyn Collective> = Arc::new(end);
-                let model = load::load_rank(&name, &opts(), &Device::Cpu, comm).unwrap().model;
-                let shape = model.kv_shape();
-                let blocks: Vec<usize> =
-                    pool_groups(&shape, &cfg).iter().map(|g| g.blocks).collect();
-                let pool = KvPool::new(&shape, BLOCK_SIZE, &blocks, &Device::Cpu).unwrap();
-                let mut runner = Runner::new(model, pool, shape);
-                follow(&mut runner, || Ok(rx.recv()?)).unwrap();
-            });
-            (tx, handle)
-        })
-        .unzip();
+    let common::tp::Group { leader, followers, threads } =
+        common::tp::follower_threads(&name, 2, cfg, opts());
     let tp = {
         let name = name.clone();
         let (engine, ()) = Engine::start_built(move || {
             let model = load::load_rank(&name, &opts(), &Device::Cpu, leader)?.model;
-            let followers: Box<dyn Followers> = Box::new(Threads(txs));
             Ok(Built { model, draft: None, cfg, info: (), followers: Some(followers) })
         })
         .unwrap();
@@ -265,8 +225,8 @@ fn an_engine_over_ranks_decodes_what_one_rank_decodes() {
         drop(engine);
         tokens
     };
-    for f in followers {
-        f.join().expect("a following rank failed");
+    for t in threads {
+        t.join().expect("a following rank failed");
     }
     assert_eq!(tp, one, "rank 0's engine over 2 ranks decoded other tokens");
 }

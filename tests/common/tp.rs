@@ -88,3 +88,70 @@ pub fn random_llama(config: &str) -> tempfile::TempDir {
     candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
     dir
 }
+
+/// A group of ranks on the CPU whose ranks 1.. are threads (see [`follower_threads`]).
+pub struct Group {
+    /// Rank 0's end of the group.
+    pub leader: std::sync::Arc<dyn inferno::dist::Collective>,
+    /// What rank 0's engine sends its steps to (dropping it sends each the stop word).
+    pub followers: Box<dyn inferno::engine::ranks::Followers>,
+    /// The following ranks, to join once the engine has stopped.
+    pub threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Ranks 1.. of a `world`-rank group as threads on the CPU, each following rank 0's steps with
+/// its own runner and pool (`engine/ranks.rs`'s words, sent through channels).
+pub fn follower_threads(
+    name: &str,
+    world: usize,
+    cfg: inferno::engine::core::EngineConfig,
+    opts: inferno::load::LoadOptions,
+) -> Group {
+    use inferno::engine::core::{BLOCK_SIZE, pool_groups};
+    use inferno::engine::ranks::follow;
+    use inferno::engine::runner::Runner;
+    use inferno::models::batch::KvPool;
+    use std::sync::{Arc, mpsc};
+
+    let mut ends = inferno::dist::ThreadGroup::new(world).into_iter();
+    let leader: Arc<dyn inferno::dist::Collective> = Arc::new(ends.next().unwrap());
+    let (txs, handles): (Vec<_>, Vec<_>) = ends
+        .map(|end| {
+            let (tx, rx) = mpsc::channel::<Vec<u32>>();
+            let (name, opts) = (name.to_string(), opts.clone());
+            let handle = std::thread::spawn(move || {
+                let comm: Arc<dyn inferno::dist::Collective> = Arc::new(end);
+                let model =
+                    inferno::load::load_rank(&name, &opts, &Device::Cpu, comm).unwrap().model;
+                let shape = model.kv_shape();
+                let blocks: Vec<usize> =
+                    pool_groups(&shape, &cfg).iter().map(|g| g.blocks).collect();
+                let pool = KvPool::new(&shape, BLOCK_SIZE, &blocks, &Device::Cpu).unwrap();
+                let mut runner = Runner::new(model, pool, shape);
+                follow(&mut runner, || Ok(rx.recv()?)).unwrap();
+            });
+            (tx, handle)
+        })
+        .unzip();
+    Group { leader, followers: Box::new(Threads(txs)), threads: handles }
+}
+
+/// Followers that are threads: each step's words go to every one of them.
+struct Threads(Vec<std::sync::mpsc::Sender<Vec<u32>>>);
+
+impl inferno::engine::ranks::Followers for Threads {
+    fn send(&mut self, words: Vec<u32>) -> anyhow::Result<()> {
+        for tx in &self.0 {
+            tx.send(words.clone())?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Threads {
+    fn drop(&mut self) {
+        for tx in &self.0 {
+            let _ = tx.send(inferno::engine::ranks::encode_stop());
+        }
+    }
+}
