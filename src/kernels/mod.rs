@@ -23,6 +23,7 @@
 //! - [`mxfp4`]: FP4/E8M0 decoding for references and tests.
 //! - [`kv_fp8`]: the 8-bit KV caches' codes (E4M3, INT8) and scales (`--kv-dtype fp8|int8`), for
 //!   the references and tests.
+//! - [`cpu_matmul`]: products on the CPU whose rows do not depend on the batch.
 //! - [`matmul_f32_out()`], [`matmul_hi_lo()`]: the LM head's product with an f32 result
 //!   (cuBLAS, or our tensor-core GEMV `gemv_bf16` for decode steps' few rows), from an f32
 //!   input carried as two bf16 halves.
@@ -44,6 +45,7 @@
 
 pub mod all_reduce;
 pub mod argmax;
+pub mod cpu_matmul;
 pub mod invariance;
 pub mod kv_fp8;
 pub mod layer_norm_act;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Module, Tensor};
 
+use crate::kernels::cpu_matmul::matmul_rows;
 use crate::kernels::{matmul_f32_out, quant_matmul};
 use crate::quant::QuantLinear;
 
@@ -17,14 +18,28 @@ pub enum Linear {
     Ct { weight: Arc<QuantLinear>, bias: Option<Tensor> },
 }
 
+/// A GGUF weight's product (f32): on the CPU its float tensors (F32, F16, BF16, which candle
+/// keeps dequantized) take [`matmul_rows`], whose rows do not depend on the batch; its block
+/// formats take candle's kernels, which sum each row's dot products alone.
+fn quantized(weight: &QMatMul, x: &Tensor) -> candle_core::Result<Tensor> {
+    let x = x.to_dtype(DType::F32)?;
+    match weight {
+        QMatMul::Tensor(w) | QMatMul::TensorF16(w) if x.device().is_cpu() => matmul_rows(&x, w),
+        _ => weight.forward(&x),
+    }
+}
+
 impl Linear {
     /// `x`: `[rows, in]` -> `[rows, out]` in the dtype of `x`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (y, bias) = match self {
+            Linear::Dense { weight, bias } if x.device().is_cpu() => {
+                (matmul_rows(x, weight)?.to_dtype(x.dtype())?, bias)
+            }
             Linear::Dense { weight, bias } => (x.matmul(&weight.t()?)?, bias),
             Linear::Quantized { weight, bias } => {
                 // The quantized kernels take and return f32.
-                let y = weight.forward(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype())?;
+                let y = quantized(weight, x)?.to_dtype(x.dtype())?;
                 (y, bias)
             }
             Linear::Ct { weight, bias } => (quant_matmul(x, weight)?.to_dtype(x.dtype())?, bias),
@@ -43,10 +58,13 @@ impl Linear {
             Linear::Dense { weight, .. } if weight.dtype() == DType::BF16 => {
                 matmul_f32_out(&x.to_dtype(DType::BF16)?, weight)
             }
+            Linear::Dense { weight, .. } if x.device().is_cpu() => {
+                matmul_rows(&x.to_dtype(weight.dtype())?, weight)
+            }
             Linear::Dense { weight, .. } => {
                 x.to_dtype(weight.dtype())?.matmul(&weight.t()?)?.to_dtype(DType::F32)
             }
-            Linear::Quantized { weight, .. } => weight.forward(&x.to_dtype(DType::F32)?),
+            Linear::Quantized { weight, .. } => quantized(weight, x),
             Linear::Ct { weight, .. } => quant_matmul(x, weight),
         }
     }
