@@ -10,7 +10,9 @@
 //! gives a token the same bits in any batch below 128 tokens (its per-slot kernels and their
 //! slot tiles), and its grouped GEMMs for more sum in another order. Attention, norms, RoPE and
 //! the router compute each row alike at any size (docs/gpt-oss.md §4.4.1). f32 products go to
-//! cuBLAS at any size. On the CPU every product computes a row alone.
+//! cuBLAS at any size. On the CPU every product computes a row alone (dense and GGUF float
+//! weights through `cpu_matmul`, since candle's CPU matmul does not; block formats through
+//! candle's per-row dot products).
 //!
 //! Speculative decoding keeps its verify steps within this (`engine/core/speculate.rs`): a step
 //! that verifies drafts then computes each row as the one-token steps it replaces would.
