@@ -1,8 +1,8 @@
 //! `inferno bench MODEL --verify-cost`: what a speculative verify step costs against a one-token
 //! step, on the engine's own runner and CUDA graphs. One sequence (`-c N`: N) holds a prompt of
 //! `-p` random ids; then steps of 1, 3, 5 and 9 rows a sequence (the last token and 0, 2, 4 or 8
-//! drafts) run at the same position again and again (each overwrites the same KV slots, as a rejected draft's are),
-//! each followed by the argmax of its rows as a greedy verify does. Random weights cannot show
+//! drafts) run at the same position again and again (each overwrites the same KV slots, as a
+//! rejected draft's are), each followed by the argmax of its rows as a greedy verify does. Random weights cannot show
 //! acceptance, so the rates reported are what a drafter that is right for a mean accepted length
 //! of 2.0, 2.5 or 3.0 tokens per step would give, from the measured step times.
 //!
