@@ -44,7 +44,7 @@ impl CustomOp2 for MatmulRows {
         let mut out = vec![0f32; m * n];
         // Threads take whole output columns: no sum is split, so the count changes no bit.
         let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-        let threads = threads.min((m * n * k / (1 << 16)).max(1)).min(n);
+        let threads = threads.min((m * n * k / (1 << 16)).max(1)).min(n).max(1);
         let cols = n.div_ceil(threads);
         let mut parts: Vec<Vec<f32>> = Vec::new();
         std::thread::scope(|s| {

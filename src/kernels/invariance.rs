@@ -6,9 +6,10 @@
 //! our tensor-core kernels (`gemv_bf16`: the GEMV and its rows kernel, the same sums in the same
 //! order for a row whatever the row count), past which cuBLAS picks its reduction by the row
 //! count (with it off, from 17 rows where cuBLAS is faster); the LM head sends a row as two
-//! (bf16 hi + lo), so a step keeps its rows within half of that; the quantized GEMVs run up to [`GEMV_ROWS`](super::quant_matmul::GEMV_ROWS) rows; the MXFP4 MoE
-//! gives a token the same bits in any batch below 128 tokens (its per-slot kernels and their
-//! slot tiles), and its grouped GEMMs for more sum in another order. Attention, norms, RoPE and
+//! (bf16 hi + lo), so a step keeps its rows within half of that; the quantized GEMVs run up to
+//! [`GEMV_ROWS`](super::quant_matmul::GEMV_ROWS) rows; the MXFP4 MoE gives a token the same
+//! bits in any batch below 128 tokens (its per-slot kernels and their slot tiles), and its
+//! grouped GEMMs for more sum in another order. Attention, norms, RoPE and
 //! the router compute each row alike at any size (docs/gpt-oss.md §4.4.1). f32 products go to
 //! cuBLAS at any size. On the CPU every product computes a row alone (dense and GGUF float
 //! weights through `cpu_matmul`, since candle's CPU matmul does not; block formats through
@@ -74,8 +75,8 @@ impl Drop for Step {
 }
 
 /// Whether bf16 products of up to `INVARIANT_ROWS` rows take our kernels now: always with
-/// `INFERNO_BATCH_INVARIANT=1` or after [`require`], else never with 0, and by default (auto) in steps
-/// that verify drafts, whose rows must get the bits one-row steps give them. Other steps of up
+/// `INFERNO_BATCH_INVARIANT=1` or after [`require`], else never with 0, and by default (auto)
+/// in steps that verify drafts, whose rows must get the bits one-row steps give them. Other steps of up
 /// to 16 rows take our GEMV anyway; larger ones take cuBLAS where it is faster (up to 45% of a
 /// 64-stream step, docs/performance.md).
 pub fn on() -> bool {

@@ -33,8 +33,9 @@ impl Linear {
     /// `x`: `[rows, in]` -> `[rows, out]` in the dtype of `x`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (y, bias) = match self {
-            Linear::Dense { weight, bias } if x.device().is_cpu() => {
-                (matmul_rows(x, weight)?.to_dtype(x.dtype())?, bias)
+            // On the CPU through `matmul_f32`'s products, whose rows do not depend on the batch.
+            Linear::Dense { bias, .. } if x.device().is_cpu() => {
+                (self.matmul_f32(x)?.to_dtype(x.dtype())?, bias)
             }
             Linear::Dense { weight, bias } => (x.matmul(&weight.t()?)?, bias),
             Linear::Quantized { weight, bias } => {
