@@ -118,8 +118,27 @@ class Soak:
         self.samples.append((time.monotonic(), self.phase, device_mb(self.pid), field("VmRSS:") / 1024, fds, field("Threads:")))
 
     def sampler(self, stop, every):
+        """Samples every `every` s and prints a progress line each minute, so that a run cut
+        short (a machine taken back) still leaves its numbers."""
+        t0, per_minute = time.monotonic(), max(1, round(60 / every))
         while not stop.wait(every):
             self.sample()
+            if len(self.samples) % per_minute == 0:
+                self.progress(t0)
+
+    def progress(self, t0):
+        now = time.monotonic()
+        with self.lock:
+            done, failed = sum(self.counts.values()), len(self.errors)
+            recent = [x[3] for x in self.latencies if x[2] == "short" and x[0] >= now - 60]
+        _, phase, dev, rss, fds, threads = self.samples[-1]
+        dev = "n/a" if dev is None else f"{dev}"
+        print(
+            f"soak: {(now - t0) / 60:5.1f} min {phase}: {done} requests, {failed} failed; device MB {dev}, "
+            f"RSS MB {rss:.1f}, fds {fds}, threads {threads}; short p50 {pct(recent, 0.5):.3f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     # ------------------------------------------------------------------ phases
 
