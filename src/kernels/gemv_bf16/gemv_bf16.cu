@@ -73,6 +73,35 @@ __device__ __forceinline__ void gemv_mma_batch(float (&acc)[MT][NT][4], const Ge
         }
 }
 
+// Chain v of a K split over WK: the quad steps q = v, v + WK, ... added into acc in order, in
+// batches of U groups (which only group the loads). Two batches in flight: the next one's loads
+// are issued before this one's products. The first two batches' weights (all of them for
+// K <= 2048 at 8 warps along K) are loaded before pdl_wait(), while the kernel before this one
+// finishes. The GEMV and its rows kernel both sum through here: one order for a row's sums.
+template <int MT, int NT, int U>
+__device__ __forceinline__ void gemv_chain(float (&acc)[MT][NT][4], int v, int WK, int groups, int chunks,
+                                           const uint4* const (&wr)[MT][2], const uint4* const (&xr)[NT]) {
+    GemvBatch<MT, NT, U> p, n;
+    const int step = U * WK;
+    gemv_load_w(p, v, WK, groups, chunks, wr);
+    gemv_load_w(n, v + step, WK, groups, chunks, wr);
+    pdl_wait();
+    pdl_launch_dependents();
+    gemv_load_x(p, v, WK, groups, chunks, xr);
+#pragma unroll 1
+    for (int q0 = v; q0 < groups; q0 += 2 * step) {
+        if (q0 != v) gemv_load_w(n, q0 + step, WK, groups, chunks, wr);
+        gemv_load_x(n, q0 + step, WK, groups, chunks, xr);
+        gemv_mma_batch(acc, p);
+        if (q0 + step >= groups) break;
+        if (q0 + 2 * step < groups) {
+            gemv_load_w(p, q0 + 2 * step, WK, groups, chunks, wr);
+            gemv_load_x(p, q0 + 2 * step, WK, groups, chunks, xr);
+        }
+        gemv_mma_batch(acc, n);
+    }
+}
+
 // grid (ceil(N / (16 MT))), block (32, WK), WK · MT <= GEMV_MAX_WK. x [M, K] bf16 (M <= 8 NT),
 // w [N, K] bf16, y [M, N] f32. K % 8 == 0 and 16-byte aligned rows (checked by the caller).
 //
@@ -113,28 +142,7 @@ __device__ __forceinline__ void gemv_bf16_impl(const __nv_bfloat16* __restrict__
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
-    // Two batches in flight: the next one's loads are issued before this one's products. The
-    // first two batches' weights (all of them for K <= 2048 at 8 warps along K) are loaded
-    // before pdl_wait(), while the kernel before this one finishes.
-    GemvBatch<MT, NT, U> p, n;
-    const int step = U * WK;
-    gemv_load_w(p, wk, WK, groups, chunks, wr);
-    gemv_load_w(n, wk + step, WK, groups, chunks, wr);
-    pdl_wait();
-    pdl_launch_dependents();
-    gemv_load_x(p, wk, WK, groups, chunks, xr);
-#pragma unroll 1
-    for (int q0 = wk; q0 < groups; q0 += 2 * step) {
-        if (q0 != wk) gemv_load_w(n, q0 + step, WK, groups, chunks, wr);
-        gemv_load_x(n, q0 + step, WK, groups, chunks, xr);
-        gemv_mma_batch(acc, p);
-        if (q0 + step >= groups) break;
-        if (q0 + 2 * step < groups) {
-            gemv_load_w(p, q0 + 2 * step, WK, groups, chunks, wr);
-            gemv_load_x(p, q0 + 2 * step, WK, groups, chunks, xr);
-        }
-        gemv_mma_batch(acc, n);
-    }
+    gemv_chain<MT, NT, U>(acc, wk, WK, groups, chunks, wr, xr);
 
     // Fragment: c0, c1 row g, columns 2t, 2t + 1 of the n-tile; c2, c3 row g + 8.
 #pragma unroll
@@ -247,26 +255,8 @@ __device__ __forceinline__ void gemv_bf16_rows_impl(const __nv_bfloat16* __restr
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
-    // The GEMV's main loop for warp v, as it is there.
-    GemvBatch<MT, NT, U> p, n;
-    const int step = U * WK;
-    gemv_load_w(p, v, WK, groups, chunks, wr);
-    gemv_load_w(n, v + step, WK, groups, chunks, wr);
-    pdl_wait();
-    pdl_launch_dependents();
-    gemv_load_x(p, v, WK, groups, chunks, xr);
-#pragma unroll 1
-    for (int q0 = v; q0 < groups; q0 += 2 * step) {
-        if (q0 != v) gemv_load_w(n, q0 + step, WK, groups, chunks, wr);
-        gemv_load_x(n, q0 + step, WK, groups, chunks, xr);
-        gemv_mma_batch(acc, p);
-        if (q0 + step >= groups) break;
-        if (q0 + 2 * step < groups) {
-            gemv_load_w(p, q0 + 2 * step, WK, groups, chunks, wr);
-            gemv_load_x(p, q0 + 2 * step, WK, groups, chunks, xr);
-        }
-        gemv_mma_batch(acc, n);
-    }
+    // Warp v's chain of the GEMV, as it runs there.
+    gemv_chain<MT, NT, U>(acc, v, WK, groups, chunks, wr, xr);
     if (row0 >= N) return;
     // One chain: the result is 0 + acc, as the GEMV's epilogue adds it.
     float* dst = out + (long long)v * M * N;
