@@ -41,36 +41,47 @@ impl CustomOp2 for MatmulRows {
         let ((m, k), (n, _)) = (l1.shape().dims2()?, l2.shape().dims2()?);
         let x = super::cpu_f32(s1, l1, "matmul_rows")?;
         let w = super::cpu_f32(s2, l2, "matmul_rows")?;
-        let mut out = vec![0f32; m * n];
-        // Threads take whole output columns: no sum is split, so the count changes no bit.
-        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-        let threads = threads.min((m * n * k / (1 << 16)).max(1)).min(n).max(1);
-        let cols = n.div_ceil(threads);
-        let mut parts: Vec<Vec<f32>> = Vec::new();
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..n)
-                .step_by(cols)
-                .map(|c0| {
-                    let c1 = (c0 + cols).min(n);
-                    s.spawn(move || {
-                        let mut part = Vec::with_capacity(m * (c1 - c0));
-                        for row in x.chunks_exact(k) {
-                            part.extend((c0..c1).map(|c| dot(row, &w[c * k..(c + 1) * k])));
-                        }
-                        part
-                    })
-                })
-                .collect();
-            parts = handles.into_iter().map(|h| h.join().expect("matmul_rows thread")).collect();
-        });
-        for (t, part) in parts.iter().enumerate() {
-            let (c0, width) = (t * cols, part.len() / m.max(1));
-            for r in 0..m {
-                out[r * n + c0..r * n + c0 + width].copy_from_slice(&part[r * width..][..width]);
-            }
-        }
+        let out = product(x, w, m, n, k);
         Ok((CpuStorage::F32(out), Shape::from((m, n))))
     }
+}
+
+/// `x` (`m` rows of `k`) times `w` (`n` rows of `k`) transposed, `m · n` f32 sums each in the
+/// fixed order of [`dot`]: the CPU product of [`matmul_rows`] and of
+/// [`super::matmul_f32_out`]'s reference.
+pub(crate) fn product(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0f32; m * n];
+    if m == 0 || n == 0 || k == 0 {
+        return out;
+    }
+    // Threads take whole output columns: no sum is split, so the count changes no bit.
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let threads = threads.min((m * n * k / (1 << 16)).max(1)).min(n).max(1);
+    let cols = n.div_ceil(threads);
+    let mut parts: Vec<Vec<f32>> = Vec::new();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .step_by(cols)
+            .map(|c0| {
+                let c1 = (c0 + cols).min(n);
+                s.spawn(move || {
+                    let mut part = Vec::with_capacity(m * (c1 - c0));
+                    for row in x.chunks_exact(k) {
+                        part.extend((c0..c1).map(|c| dot(row, &w[c * k..(c + 1) * k])));
+                    }
+                    part
+                })
+            })
+            .collect();
+        parts = handles.into_iter().map(|h| h.join().expect("matmul_rows thread")).collect();
+    });
+    for (t, part) in parts.iter().enumerate() {
+        let (c0, width) = (t * cols, part.len() / m.max(1));
+        for r in 0..m {
+            out[r * n + c0..r * n + c0 + width].copy_from_slice(&part[r * width..][..width]);
+        }
+    }
+    out
 }
 
 /// `a · b` in the fixed order: eight lane sums, added in lane order, then the tail.
@@ -116,5 +127,14 @@ mod tests {
                 assert!(same, "{m}x{n}x{k}: row {row} alone differs from itself among {m}");
             }
         }
+    }
+
+    /// Empty shapes give empty or zero results, never a panic.
+    #[test]
+    fn empty_shapes() {
+        assert!(product(&[], &[], 0, 0, 3).is_empty());
+        assert!(product(&[], &[1.0; 6], 0, 2, 3).is_empty());
+        assert!(product(&[1.0; 6], &[], 2, 0, 3).is_empty());
+        assert_eq!(product(&[], &[], 2, 3, 0), vec![0.0; 6]);
     }
 }

@@ -106,7 +106,8 @@ impl CustomOp2 for MatmulF32Out {
         "matmul_f32_out"
     }
 
-    /// The reference: each output a plain f32 sum of exact bf16 products.
+    /// The reference: each output an f32 sum of exact bf16 products, in the CPU's one fixed
+    /// order (`cpu_matmul`), so that a row's sums do not depend on the rows beside it.
     fn cpu_fwd(
         &self,
         s1: &CpuStorage,
@@ -120,12 +121,7 @@ impl CustomOp2 for MatmulF32Out {
             Ok((0..len).map(|i| r.get(l.start_offset() + i)).collect())
         };
         let (x, w) = (to_f32(s1, l1, m * k)?, to_f32(s2, l2, n * k)?);
-        let mut out = Vec::with_capacity(m * n);
-        for row in x.chunks_exact(k) {
-            out.extend(
-                w.chunks_exact(k).map(|col| row.iter().zip(col).map(|(a, b)| a * b).sum::<f32>()),
-            );
-        }
+        let out = super::cpu_matmul::product(&x, &w, m, n, k);
         Ok((CpuStorage::F32(out), Shape::from((m, n))))
     }
 
