@@ -134,7 +134,7 @@ class Soak:
         _, phase, dev, rss, fds, threads = self.samples[-1]
         dev = "n/a" if dev is None else f"{dev}"
         print(
-            f"soak: {(now - t0) / 60:5.1f} min {phase}: {done} requests, {failed} failed; device MB {dev}, "
+            f"soak: {(now - t0) / 60:5.1f} min in, {phase}: {done} requests, {failed} failed; device MB {dev}, "
             f"RSS MB {rss:.1f}, fds {fds}, threads {threads}; short p50 {pct(recent, 0.5):.3f} s",
             file=sys.stderr,
             flush=True,
