@@ -57,6 +57,15 @@ pub(crate) fn product(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec
     // Threads take whole output columns: no sum is split, so the count changes no bit.
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
     let threads = threads.min((m * n * k / (1 << 16)).max(1)).min(n).max(1);
+    if threads == 1 {
+        // A small product: a thread would cost more than it saves.
+        for (row, o) in x.chunks_exact(k).zip(out.chunks_exact_mut(n)) {
+            for (col, y) in w.chunks_exact(k).zip(o) {
+                *y = dot(row, col);
+            }
+        }
+        return out;
+    }
     let cols = n.div_ceil(threads);
     let mut parts: Vec<Vec<f32>> = Vec::new();
     std::thread::scope(|s| {
