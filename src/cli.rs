@@ -284,7 +284,8 @@ pub struct SpecArgs {
     /// same tokens as without. Off by default.
     #[arg(long, value_name = "ngram|MODEL|HEAD")]
     pub draft: Option<String>,
-    /// With --draft: draft tokens a step verifies at most (1 to 15).
+    /// With --draft: draft tokens a step verifies at most (1 to 15); n-gram drafts are cut to
+    /// what the sequence's acceptance pays for.
     #[arg(long, value_name = "N", requires = "draft")]
     pub draft_tokens: Option<usize>,
 }

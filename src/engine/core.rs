@@ -360,6 +360,8 @@ struct Live {
     generated: usize,
     /// Speculation's throttle for this sequence.
     backoff: super::spec::Backoff,
+    /// How often its draft tokens stand, for their length.
+    acceptance: super::spec::length::Acceptance,
     /// Where in `req.prediction` the reply was last found to be ([`super::spec::prediction`]).
     prediction_at: usize,
     /// Draft tokens verified for this sequence, and those accepted.
@@ -400,6 +402,8 @@ struct Core {
     /// Sequences of this step whose draft is the drafter's (not filler): their outcome feeds
     /// their backoff and the statistics.
     drafted: std::collections::HashSet<u64>,
+    /// What verify steps cost by their rows, for the drafts' lengths.
+    step_cost: super::spec::length::StepCost,
     /// The draft model (`--draft MODEL`), with its own KV pool.
     draft: Option<super::spec::draft::DraftModel>,
     /// The EAGLE-3 head (`--draft HEAD`), with its own KV pool; the runner then keeps the
@@ -416,6 +420,7 @@ impl Core {
         let max_context = model.max_positions();
         let pipelined = super::graphs::enabled(model.device()) && cfg.pipeline;
         let (runner, blocks) = runner_with_pool(model, &cfg)?;
+        let step_cost = runner.model.step_cost();
         let sched = Scheduler::new(SchedulerConfig {
             max_seqs: cfg.max_seqs.max(1),
             token_budget: cfg.token_budget.max(1),
@@ -441,6 +446,7 @@ impl Core {
             spec: cfg.spec,
             spec_stats: Default::default(),
             drafted: Default::default(),
+            step_cost,
             draft: None,
             eagle: None,
         };
@@ -493,6 +499,7 @@ impl Core {
             } else {
                 super::spec::Backoff::for_prediction()
             },
+            acceptance: Default::default(),
             prediction_at: 0,
             draft_tokens: 0,
             accepted_draft_tokens: 0,

@@ -211,6 +211,12 @@ pub trait BatchModel {
     fn tap_layers(&self) -> usize;
     /// The token embedding `[vocab, hidden]` (an EAGLE-3 head without its own shares it).
     fn embedding(&self) -> &Tensor;
+    /// What a step of several rows of one sequence costs against one row, for the length of
+    /// its drafts ([`crate::engine::spec::length`]): a dense model reads its weights once for
+    /// all rows.
+    fn step_cost(&self) -> crate::engine::spec::length::StepCost {
+        crate::engine::spec::length::StepCost::dense()
+    }
 }
 
 /// The residual streams a forward pass keeps for [`BatchModel::forward_taps`]: with no tap

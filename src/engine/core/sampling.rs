@@ -52,6 +52,7 @@ impl Core {
                     crate::engine::spec::accepted(&draft[..c.drafts.min(draft.len())], rows);
                 if drafted.contains(&c.id) {
                     l.backoff.record(accepted);
+                    l.acceptance.record(c.drafts, accepted);
                     l.draft_tokens += c.drafts;
                     l.accepted_draft_tokens += accepted;
                     spec_stats.drafts += 1;

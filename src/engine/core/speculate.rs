@@ -68,11 +68,14 @@ impl Core {
             };
             drafts.push((id, draft, k));
         }
+        let uniform = crate::engine::graphs::enabled(self.runner.device());
+        if self.drafts_are_free() {
+            self.fit_lengths(&mut drafts, uniform);
+        }
         let longest = drafts.iter().map(|d| d.1.len()).max().unwrap_or(0);
         if longest == 0 {
             return;
         }
-        let uniform = crate::engine::graphs::enabled(self.runner.device());
         for (id, mut draft, k) in drafts {
             if !draft.is_empty() {
                 self.drafted.insert(id);
@@ -85,6 +88,44 @@ impl Core {
                 draft.resize(longest.min(k), fill);
             }
             self.sched.set_draft(id, draft);
+        }
+    }
+
+    /// Whether this step's drafts cost nothing to make (n-gram lookups, requests'
+    /// predictions), so that only their verify rows weigh against the tokens they may give. A
+    /// draft model's or an EAGLE-3 head's drafts cost steps of their own: those keep
+    /// `--draft-tokens`.
+    fn drafts_are_free(&self) -> bool {
+        self.spec.is_none_or(|s| s.drafter == Drafter::Ngram)
+    }
+
+    /// Cuts each of `drafts` (sequence, draft, room) to the length that emits the most tokens
+    /// per unit of step time, from how often the sequence's draft tokens stand
+    /// ([`crate::engine::spec::length`]). With `uniform` (a CUDA graph's step, where every
+    /// sequence that may speculate verifies as many rows) one length for all of them, a
+    /// sequence without a draft of its own counted as one whose filler never stands.
+    fn fit_lengths(&self, drafts: &mut [(u64, Vec<u32>, usize)], uniform: bool) {
+        use crate::engine::spec::length::{best_length, best_uniform};
+        let rate = |id: &u64, draft: &[u32]| match self.live.get(id) {
+            Some(l) if !draft.is_empty() => l.acceptance.rate(),
+            _ => 0.0,
+        };
+        let longest = drafts.iter().map(|d| d.1.len()).max().unwrap_or(0);
+        if longest == 0 {
+            return;
+        }
+        let shared = uniform.then(|| {
+            let rates: Vec<f64> = drafts.iter().map(|(id, d, _)| rate(id, d)).collect();
+            best_uniform(&rates, &self.step_cost, longest)
+        });
+        for (id, draft, room) in drafts.iter_mut() {
+            let k = match shared {
+                Some(k) => k,
+                None if draft.is_empty() => continue,
+                None => best_length(rate(id, draft), &self.step_cost, draft.len()),
+            };
+            draft.truncate(k);
+            *room = (*room).min(k);
         }
     }
 

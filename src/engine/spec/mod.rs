@@ -15,7 +15,9 @@
 //! - [`eagle`]: an EAGLE-3 head on the target's hidden states;
 //! - [`prediction`]: lookup in the text a request says its reply will repeat (OpenAI's
 //!   Predicted Outputs), for that request, with or without an engine drafter.
-//! - [`Backoff`]: when a sequence's drafts keep failing it drafts less often.
+//! - [`Backoff`]: when a sequence's drafts keep failing it drafts less often;
+//! - [`length`]: how long a sequence's drafts are, from how often its draft tokens stand and
+//!   what a step's extra rows cost.
 //!
 //! The engine (`core.rs`) asks for drafts before each step for the sequences that may take one
 //! ([`SpecConfig::max_batch`]), the scheduler fits them into the step (`scheduler.rs`), and
@@ -23,6 +25,7 @@
 
 pub mod draft;
 pub mod eagle;
+pub mod length;
 pub mod ngram;
 pub mod prediction;
 

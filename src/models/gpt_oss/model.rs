@@ -173,6 +173,20 @@ impl GptOss {
         m.total
     }
 
+    /// The bytes of the experts' weights, and of the other weights a one-token step reads
+    /// (all but the embedding table, of which it reads one row).
+    pub fn expert_bytes(&self) -> (u64, u64) {
+        let mut experts = crate::models::memory::Measured::default();
+        for l in &self.w.layers {
+            l.experts.tensors().into_iter().for_each(|t| experts.tensor(t));
+        }
+        let mut embed = crate::models::memory::Measured::default();
+        embed.tensor(&self.w.embed);
+        let row = embed.total / self.cfg.vocab_size.max(1) as u64;
+        let rest = self.weight_bytes().saturating_sub(experts.total + embed.total) + row;
+        (experts.total, rest)
+    }
+
     pub fn config(&self) -> &GptOssConfig {
         &self.cfg
     }

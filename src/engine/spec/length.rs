@@ -1,0 +1,207 @@
+//! How many tokens a sequence drafts: the length whose expected tokens per unit of step time is
+//! highest, from the sequence's own acceptance and what a step of so many rows costs.
+//!
+//! A draft of `k` tokens whose tokens each stand with chance `α` (given the ones before stood)
+//! emits `1 + α + … + α^k` tokens a step. A dense model's extra rows are almost free (the step
+//! reads the same weights), so long drafts pay even at a low `α`. A mixture of experts' are not:
+//! each row routes to experts of its own, so 3 rows of gpt-oss-20b read ~1.5× a one-row step's
+//! bytes and 5 rows ~2×, and a draft of 4 at `α` = 0.5 (1.94 tokens for 1.99 steps' time) is
+//! slower than no draft at all, where a draft of 1 gives 1.5 tokens for 1.3.
+//!
+//! The cost is a model of the bytes a step reads ([`StepCost`]), not a timing: timings would make
+//! a sequence's draft lengths, and so its steps, depend on the machine's noise. Against the
+//! measured verify steps (docs/performance.md, H100) it errs by under 5%.
+
+/// What a step of `rows` rows of one sequence costs against a one-row step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepCost {
+    /// A step's time per extra row beyond the weight reads (the attention, the activations):
+    /// ~2% of a one-row step on the dense layouts measured (Llama-3.2-1B 9 rows: 1.146×).
+    per_row: f64,
+    moe: Option<Experts>,
+}
+
+/// A mixture of experts' share of a one-row step: `top_k` of `experts` per token per layer,
+/// whose bytes are `share` of what a one-row step reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Experts {
+    experts: f64,
+    top_k: f64,
+    share: f64,
+}
+
+impl StepCost {
+    /// A dense model: the weights are read once whatever the rows.
+    pub fn dense() -> StepCost {
+        StepCost { per_row: 0.02, moe: None }
+    }
+
+    /// A mixture of `experts` experts, `top_k` a token, whose `top_k` experts make `share` of a
+    /// one-row step's bytes.
+    pub fn moe(experts: usize, top_k: usize, share: f64) -> StepCost {
+        let moe = (experts > 0 && top_k > 0 && top_k <= experts).then_some(Experts {
+            experts: experts as f64,
+            top_k: top_k as f64,
+            share: share.clamp(0.0, 1.0),
+        });
+        StepCost { per_row: 0.0, moe }
+    }
+
+    /// The time of a step of `rows` rows over that of one row. Rows route independently, so
+    /// `r` rows read the distinct experts of `r · top_k` draws: `E · (1 − (1 − k/E)^r)` of them
+    /// in expectation.
+    pub fn relative(&self, rows: usize) -> f64 {
+        let r = rows.max(1) as f64;
+        let extra = self.per_row * (r - 1.0);
+        match self.moe {
+            None => 1.0 + extra,
+            Some(m) => {
+                let distinct = m.experts * (1.0 - (1.0 - m.top_k / m.experts).powf(r));
+                (1.0 - m.share) + m.share * distinct / m.top_k + extra
+            }
+        }
+    }
+}
+
+/// Tokens a verify step emits in expectation: the accepted drafts and the one it samples.
+pub fn expected_tokens(alpha: f64, drafts: usize) -> f64 {
+    (0..=drafts).map(|i| alpha.powi(i as i32)).sum()
+}
+
+/// The draft length of 1 to `k_max` tokens that emits the most tokens per unit of step time
+/// for one sequence that verifies alone (the shortest of equals).
+pub fn best_length(alpha: f64, cost: &StepCost, k_max: usize) -> usize {
+    best_uniform(&[alpha], cost, k_max)
+}
+
+/// The one draft length that sequences verifying together (each as many rows as the others, as
+/// a CUDA graph's step has them) take: the most tokens over the step's time, each sequence's
+/// rows costing what they cost alone. Several sequences' extra rows cost more than that against
+/// their plain step (H100, gpt-oss-20b, 2 drafts: 1.87× at 8 sequences, 1.53× alone;
+/// docs/performance.md), so this errs long there; speculation stops past 8 sequences
+/// ([`super::SpecConfig::max_batch`]) for that reason.
+pub fn best_uniform(alphas: &[f64], cost: &StepCost, k_max: usize) -> usize {
+    let rate = |k: usize| {
+        let tokens: f64 = alphas.iter().map(|&a| expected_tokens(a, k)).sum();
+        tokens / cost.relative(1 + k)
+    };
+    (1..=k_max.max(1)).fold(1, |best, k| if rate(k) > rate(best) * (1.0 + 1e-9) { k } else { best })
+}
+
+/// A sequence's acceptance per draft token, from its own verify steps, recent ones weighing
+/// most (a reply moves between copying its input and writing new text).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Acceptance {
+    stood: f64,
+    tried: f64,
+}
+
+/// The weight an earlier verify step keeps at each new one: about the last 8 count.
+const DECAY: f64 = 0.875;
+
+impl Default for Acceptance {
+    /// Before any verify step: as if one draft token had been tried and had stood, so that a
+    /// new sequence drafts long (drafts that miss are cut down within a few steps).
+    fn default() -> Self {
+        Acceptance { stood: 0.8, tried: 1.0 }
+    }
+}
+
+impl Acceptance {
+    /// A verify step of `drafts` draft tokens kept `accepted`: tokens up to the first miss were
+    /// tried (the ones after it say nothing about the chance of a token standing).
+    pub fn record(&mut self, drafts: usize, accepted: usize) {
+        if drafts == 0 {
+            return;
+        }
+        let tried = (accepted + 1).min(drafts) as f64;
+        self.stood = DECAY * self.stood + accepted.min(drafts) as f64;
+        self.tried = DECAY * self.tried + tried;
+    }
+
+    /// The chance that a draft token stands, given the ones before it stood.
+    pub fn rate(&self) -> f64 {
+        (self.stood / self.tried.max(1e-9)).clamp(0.0, 1.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gpt-oss-20b's experts: 4 of 32 a token, 1.27 of the 3.7 GB a one-row step reads.
+    fn gpt_oss_20b() -> StepCost {
+        StepCost::moe(32, 4, 1.27 / 3.7)
+    }
+
+    #[test]
+    fn the_moe_model_matches_the_measured_verify_steps() {
+        // docs/performance.md, H100: 3 / 5 / 9 rows at 3,398 / 4,385 / 6,003 µs against 2,206.
+        for (rows, measured) in [(3, 3398.0 / 2206.0), (5, 4385.0 / 2206.0), (9, 6003.0 / 2206.0)] {
+            let model = gpt_oss_20b().relative(rows);
+            assert!((model / measured - 1.0).abs() < 0.06, "{rows} rows: {model} vs {measured}");
+        }
+        // Llama-3.2-1B: 1,286 / 1,319 / 1,417 µs against 1,236.
+        for (rows, measured) in [(3, 1286.0 / 1236.0), (5, 1319.0 / 1236.0), (9, 1417.0 / 1236.0)] {
+            let model = StepCost::dense().relative(rows);
+            assert!((model / measured - 1.0).abs() < 0.05, "{rows} rows: {model} vs {measured}");
+        }
+        assert_eq!(gpt_oss_20b().relative(1), 1.0);
+        assert_eq!(StepCost::dense().relative(0), 1.0);
+    }
+
+    #[test]
+    fn a_moe_drafts_short_unless_its_drafts_stand() {
+        let c = gpt_oss_20b();
+        assert_eq!(best_length(0.3, &c, 4), 1);
+        assert_eq!(best_length(0.5, &c, 4), 1);
+        assert!(best_length(0.9, &c, 8) >= 4);
+        assert_eq!(best_length(1.0, &c, 8), 8);
+        // The chosen length beats the longest one it passed over.
+        let rate = |a: f64, k| expected_tokens(a, k) / c.relative(1 + k);
+        for a in [0.2, 0.5, 0.7, 0.8, 0.95] {
+            let k = best_length(a, &c, 8);
+            assert!((1..=8).all(|j| rate(a, k) >= rate(a, j) - 1e-12), "α {a}: {k}");
+        }
+    }
+
+    #[test]
+    fn a_dense_model_drafts_long_once_drafts_stand_at_all() {
+        let c = StepCost::dense();
+        assert_eq!(best_length(0.9, &c, 8), 8);
+        assert!(best_length(0.6, &c, 8) >= 4);
+        assert!(best_length(0.05, &c, 8) <= 2);
+        assert_eq!(best_length(0.5, &c, 0), 1);
+    }
+
+    #[test]
+    fn filler_shortens_a_shared_length() {
+        let c = gpt_oss_20b();
+        assert_eq!(best_uniform(&[0.8], &c, 8), best_length(0.8, &c, 8));
+        // Three sequences without drafts of their own verify filler that never stands.
+        let with_filler = best_uniform(&[0.8, 0.0, 0.0, 0.0], &c, 8);
+        assert!(with_filler < best_length(0.8, &c, 8), "{with_filler}");
+        assert_eq!(best_uniform(&[0.9; 4], &c, 8), best_length(0.9, &c, 8));
+        assert_eq!(best_uniform(&[], &c, 3), 1);
+    }
+
+    #[test]
+    fn acceptance_follows_the_recent_steps() {
+        let mut a = Acceptance::default();
+        assert!(a.rate() > 0.7);
+        for _ in 0..16 {
+            a.record(4, 0);
+        }
+        assert!(a.rate() < 0.05, "{}", a.rate());
+        for _ in 0..16 {
+            a.record(4, 4);
+        }
+        assert!(a.rate() > 0.9, "{}", a.rate());
+        // Two of four stood: three were tried (the third missed, the fourth says nothing).
+        let mut b = Acceptance { stood: 0.0, tried: 0.0 };
+        b.record(4, 2);
+        assert!((b.rate() - 2.0 / 3.0).abs() < 1e-12);
+        b.record(0, 0);
+        assert!((b.rate() - 2.0 / 3.0).abs() < 1e-12);
+    }
+}
