@@ -13,7 +13,12 @@
 # With --prefill it profiles `-p PROMPT_TOKENS -n 1 -r 1` instead and prints every kernel of the
 # two prefills (the warm-up's and the run's; no decode step runs) per prefill, with the prompt's
 # share of the time per kernel family.
-# PROMPT (default 64) sets the decode steps' context for the first form (-p PROMPT).
+# PROMPT (default 64) sets the decode steps' context for the first form (-p PROMPT). SKIP
+# (default 0) leaves out the last SKIP steps: with STREAMS > 1 the prompts prefill over several
+# steps, so the streams finish over as many steps at the end, with fewer rows each; for a table of
+# steps in which all of them decode, take GEN_TOKENS past the prefill's steps and SKIP them (64
+# streams of 64 tokens prefill in 2 steps of 2,048: `scripts/gpu-profile.sh gpt-oss-20b 64 16 3`
+# with SKIP=2).
 # The binary: $BIN, else the one `scripts/gpu-tests.sh build` leaves in .dev/gpu/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,9 +37,9 @@ ncu --graph-profiling node --cache-control none --clock-control none \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw \
     "$bin" bench "benches/configs/$layout.json" --dummy-weights -p "$prompt" -n "$gen" -r 1 -c "$streams" \
     >"$csv" 2>"${csv%.csv}.err"
-python3 - "$csv" "$steps" <<'EOF'
+python3 - "$csv" "$steps" "${SKIP:-0}" <<'EOF'
 import csv, sys, collections
-path, steps = sys.argv[1], sys.argv[2]
+path, steps, skip = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rows = [r for r in csv.reader(l for l in open(path) if l.startswith('"'))]
 head, units, data = rows[0], rows[1], rows[2:]
 col = {k: head.index(k) for k in ("Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum")}
@@ -50,9 +55,10 @@ if steps == "prefill":
     window, steps = data, 2
 else:
     steps = int(steps)
-    if len(ends) <= steps:
+    if len(ends) <= steps + skip:
         sys.exit(f"only {len(ends)} steps profiled")
-    window = data[ends[-steps - 1] + 1 : ends[-1] + 1]
+    last = len(ends) - 1 - skip
+    window = data[ends[last - steps] + 1 : ends[last] + 1]
 t, b, n = collections.Counter(), collections.Counter(), collections.Counter()
 for r in window:
     k = r[col["Kernel Name"]].split("(")[0].split("<")[0]
