@@ -118,10 +118,10 @@ pub struct BenchArgs {
     /// of --prompt-tokens random ids: real text for speculative decoding to copy from.
     #[arg(long, value_name = "FILE")]
     pub prompt_file: Option<std::path::PathBuf>,
-    /// Time the model's steps of 1, 3, 5 and 9 rows at one position (a one-token step and the
-    /// verify steps of 2, 4 and 8 drafts, as CUDA graphs) instead of generating, and the decode
-    /// rates they give at mean accepted lengths 2.0, 2.5 and 3.0; with -c N, steps of N
-    /// sequences.
+    /// Time the model's steps of 1 to 5 and 9 rows at one position (a one-token step and the
+    /// verify steps of 1 to 4 and 8 drafts, as CUDA graphs) instead of generating, next to the
+    /// cost the draft lengths assume, and the decode rates they give at mean accepted lengths
+    /// 2.0, 2.5 and 3.0; with -c N, steps of N sequences.
     #[arg(long)]
     pub verify_cost: bool,
 }

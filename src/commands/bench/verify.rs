@@ -25,8 +25,8 @@ use crate::load::{self, LoadOptions};
 use crate::models::batch::KvPool;
 use crate::models::eagle3::Eagle3Head;
 
-/// Rows per step measured: one token, and 2, 4, 8 drafts.
-const ROWS: [usize; 4] = [1, 3, 5, 9];
+/// Rows per step measured: one token, and 1, 2, 3, 4, 8 drafts.
+const ROWS: [usize; 6] = [1, 2, 3, 4, 5, 9];
 /// Mean accepted lengths (tokens a verify step emits) the rates are projected for.
 const LENGTHS: [f64; 3] = [2.0, 2.5, 3.0];
 /// Steps timed per row count (after as many to warm up and capture the graph).
@@ -99,8 +99,11 @@ pub fn run(
     let who = if seqs == 1 { "one sequence".to_string() } else { format!("{seqs} sequences") };
     println!("model:   {name} ({dtype:?}) · {gpu} · {who} at position {prompt}");
     let base = times[0];
+    // What the draft lengths assume a step of so many rows costs (engine/spec/length.rs): a
+    // model of one sequence's steps, shown beside the measurement that checks it.
+    let cost = runner.model.step_cost();
     println!(
-        "rows  drafts   µs/step   × one-token   tok/s at mean accepted length 2.0 / 2.5 / 3.0"
+        "rows  drafts   µs/step   × one-token   model ×   tok/s at mean accepted length 2.0 / 2.5 / 3.0"
     );
     let n = seqs as f64;
     for (rows, t) in ROWS.iter().zip(&times) {
@@ -109,8 +112,12 @@ pub fn run(
         } else {
             LENGTHS.iter().map(|l| format!("{:.1}", n * l / t)).collect()
         };
+        let model = match seqs {
+            1 => format!("{:.2}", cost.relative(*rows)),
+            _ => "—".into(),
+        };
         println!(
-            "{rows:>4}  {:>6}  {:>8.1}  {:>11.2}   {}",
+            "{rows:>4}  {:>6}  {:>8.1}  {:>11.2}  {model:>8}   {}",
             rows - 1,
             t * 1e6,
             t / base,
