@@ -312,10 +312,11 @@ fn spec_delta(before: SpecStats, after: SpecStats) -> SpecStats {
 fn spec_line(spec: Option<(SpecConfig, SpecStats)>) -> Option<String> {
     let (c, s) = spec?;
     Some(format!(
-        "draft:   {}, up to {} tokens · {} drafts, {:.1}% of draft tokens accepted, mean accepted length {:.2}",
+        "draft:   {}, up to {} tokens · {} drafts of {:.2} tokens on average, {:.1}% of draft tokens accepted, mean accepted length {:.2}",
         drafter_name(c),
         c.draft_tokens,
         s.drafts,
+        s.mean_draft_length(),
         100.0 * s.acceptance_rate(),
         s.mean_accepted_length()
     ))
@@ -339,6 +340,7 @@ fn spec_json(spec: Option<(SpecConfig, SpecStats)>) -> serde_json::Value {
             "accepted_tokens": s.accepted_tokens,
             "acceptance_rate": s.acceptance_rate(),
             "mean_accepted_length": s.mean_accepted_length(),
+            "mean_draft_length": s.mean_draft_length(),
         }),
         None => serde_json::Value::Null,
     }

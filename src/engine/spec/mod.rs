@@ -192,6 +192,11 @@ impl SpecStats {
         self.accepted_tokens as f64 / self.draft_tokens.max(1) as f64
     }
 
+    /// Draft tokens a verify step checks on average ([`length`] cuts drafts short).
+    pub fn mean_draft_length(&self) -> f64 {
+        self.draft_tokens as f64 / self.drafts.max(1) as f64
+    }
+
     /// Tokens a verify step emits on average (the accepted ones and the one it samples).
     pub fn mean_accepted_length(&self) -> f64 {
         1.0 + self.accepted_tokens as f64 / self.drafts.max(1) as f64
