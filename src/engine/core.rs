@@ -403,7 +403,7 @@ struct Core {
     /// their backoff and the statistics.
     drafted: std::collections::HashSet<u64>,
     /// What verify steps cost by their rows, for the drafts' lengths.
-    step_cost: super::spec::length::StepCost,
+    step_cost: crate::models::step_cost::StepCost,
     /// The draft model (`--draft MODEL`), with its own KV pool.
     draft: Option<super::spec::draft::DraftModel>,
     /// The EAGLE-3 head (`--draft HEAD`), with its own KV pool; the runner then keeps the

@@ -214,8 +214,8 @@ pub trait BatchModel {
     /// What a step of several rows of one sequence costs against one row, for the length of
     /// its drafts ([`crate::engine::spec::length`]): a dense model reads its weights once for
     /// all rows.
-    fn step_cost(&self) -> crate::engine::spec::length::StepCost {
-        crate::engine::spec::length::StepCost::dense()
+    fn step_cost(&self) -> crate::models::step_cost::StepCost {
+        crate::models::step_cost::StepCost::dense()
     }
 }
 

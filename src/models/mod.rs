@@ -13,3 +13,4 @@ pub mod llama;
 pub mod memory;
 pub mod random;
 pub mod rope;
+pub mod step_cost;

@@ -141,14 +141,14 @@ impl BatchModel for GptOss {
         self.comm()
     }
 
-    fn step_cost(&self) -> crate::engine::spec::length::StepCost {
+    fn step_cost(&self) -> crate::models::step_cost::StepCost {
         let cfg = self.config();
         let (experts, rest) = self.expert_bytes();
         let (e, k) = (cfg.num_experts, cfg.experts_per_token);
         // A one-row step reads every weight but the embedding's other rows, and k of the E
         // experts of each layer.
         let routed = experts as f64 * k as f64 / e.max(1) as f64;
-        crate::engine::spec::length::StepCost::moe(e, k, routed / (routed + rest as f64).max(1.0))
+        crate::models::step_cost::StepCost::moe(e, k, routed / (routed + rest as f64).max(1.0))
     }
 
     fn allocated(&self) -> crate::models::memory::Allocated {
