@@ -99,7 +99,7 @@ pub fn run(
     let who = if seqs == 1 { "one sequence".to_string() } else { format!("{seqs} sequences") };
     println!("model:   {name} ({dtype:?}) · {gpu} · {who} at position {prompt}");
     let base = times[0];
-    // What the draft lengths assume a step of so many rows costs (engine/spec/length.rs): a
+    // What the draft lengths assume a step of so many rows costs (models/step_cost.rs): a
     // model of one sequence's steps, shown beside the measurement that checks it.
     let cost = runner.model.step_cost();
     println!(

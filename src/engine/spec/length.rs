@@ -9,8 +9,7 @@
 //! slower than no draft at all, where a draft of 1 gives 1.5 tokens for 1.3.
 //!
 //! The cost is a model of the bytes a step reads ([`StepCost`]), not a timing: timings would make
-//! a sequence's draft lengths, and so its steps, depend on the machine's noise. Against the
-//! measured verify steps (docs/performance.md, H100) it errs by under 5%.
+//! a sequence's draft lengths, and so its steps, depend on the machine's noise.
 
 use crate::models::step_cost::StepCost;
 
@@ -51,8 +50,8 @@ pub struct Acceptance {
 const DECAY: f64 = 0.875;
 
 impl Default for Acceptance {
-    /// Before any verify step: as if one draft token had been tried and had stood, so that a
-    /// new sequence drafts long (drafts that miss are cut down within a few steps).
+    /// Before any verify step: a rate of 0.8 weighing as one tried token, so that a new
+    /// sequence drafts long (drafts that miss are cut down within a few steps).
     fn default() -> Self {
         Acceptance { stood: 0.8, tried: 1.0 }
     }
