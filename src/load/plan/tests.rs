@@ -382,3 +382,26 @@ fn fp8_kv_nearly_doubles_the_120b_context_on_an_h100() {
         (spec(crate::models::batch::KvDtype::Compute), spec(crate::models::batch::KvDtype::Fp8));
     assert_eq!(f * 128, b * 65, "fp8 {f} bytes, bf16 {b}");
 }
+
+/// The tiny gpt-oss's verify-step cost model ([`crate::models::step_cost`]) takes its experts'
+/// share of a one-row step from the built model's tensors: here the same share from its
+/// config by hand and the plan's weight bytes (which the test above ties to the model).
+#[test]
+fn gpt_oss_step_cost_counts_its_experts_by_hand() {
+    let opts =
+        LoadOptions { dtype: None, context: Some(64), dummy: false, kv_dtype: Default::default() };
+    let loaded = load::load(gpt_oss_fixture().to_str().unwrap(), &opts, &Device::Cpu).unwrap();
+    // 4 layers of 8 experts over hidden 64, intermediate 64: u8 FP4 blocks of 16 bytes and u8
+    // scales per 32 values, f32 biases; gate_up has 128 rows, down 64.
+    let per_expert: u64 = (128 * 2 * 16 + 128 * 2 + 128 * 4) + (64 * 2 * 16 + 64 * 2 + 64 * 4);
+    let experts = 4 * 8 * per_expert;
+    let embed = 256 * 64 * loaded.info.dtype.size_in_bytes() as u64;
+    let rest = loaded.info.plan.weights - experts - embed + embed / 256;
+    let routed = experts as f64 * 4.0 / 8.0;
+    let want = crate::models::step_cost::StepCost::moe(8, 4, routed / (routed + rest as f64));
+    assert_eq!(loaded.model.step_cost(), want);
+    // A dense model's extra rows cost 2% of a step each.
+    let llama = gpt_oss_fixture().with_file_name("llama3_tiny");
+    let loaded = load::load(llama.to_str().unwrap(), &opts, &Device::Cpu).unwrap();
+    assert_eq!(loaded.model.step_cost().relative(3), 1.04);
+}

@@ -174,14 +174,17 @@ impl GptOss {
     }
 
     /// The bytes of the experts' weights, and of the other weights a one-token step reads
-    /// (all but the embedding table, of which it reads one row).
+    /// (all but the embedding table, of which it reads one row, unless it is also the LM head).
     pub fn expert_bytes(&self) -> (u64, u64) {
         let mut experts = crate::models::memory::Measured::default();
         for l in &self.w.layers {
             l.experts.tensors().into_iter().for_each(|t| experts.tensor(t));
         }
+        let tied = matches!(&self.w.head.lm_head, Linear::Dense { weight, .. } if weight.id() == self.w.embed.id());
         let mut embed = crate::models::memory::Measured::default();
-        embed.tensor(&self.w.embed);
+        if !tied {
+            embed.tensor(&self.w.embed);
+        }
         let row = embed.total / self.cfg.vocab_size.max(1) as u64;
         let rest = self.weight_bytes().saturating_sub(experts.total + embed.total) + row;
         (experts.total, rest)
