@@ -50,37 +50,23 @@ impl CustomOp2 for MatmulRows {
 /// fixed order of [`dot`]: the CPU product of [`matmul_rows`] and of
 /// [`super::matmul_f32_out`]'s reference.
 pub(crate) fn product(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
-    let mut out = vec![0f32; m * n];
     if m == 0 || n == 0 || k == 0 {
-        return out;
+        return vec![0f32; m * n];
     }
     // Threads take whole output columns: no sum is split, so the count changes no bit.
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
     let threads = threads.min((m * n * k / (1 << 16)).max(1)).min(n).max(1);
     if threads == 1 {
         // A small product: a thread would cost more than it saves.
-        for (row, o) in x.chunks_exact(k).zip(out.chunks_exact_mut(n)) {
-            for (col, y) in w.chunks_exact(k).zip(o) {
-                *y = dot(row, col);
-            }
-        }
-        return out;
+        return columns(x, w, k, 0..n);
     }
     let cols = n.div_ceil(threads);
+    let mut out = vec![0f32; m * n];
     let mut parts: Vec<Vec<f32>> = Vec::new();
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .step_by(cols)
-            .map(|c0| {
-                let c1 = (c0 + cols).min(n);
-                s.spawn(move || {
-                    let mut part = Vec::with_capacity(m * (c1 - c0));
-                    for row in x.chunks_exact(k) {
-                        part.extend((c0..c1).map(|c| dot(row, &w[c * k..(c + 1) * k])));
-                    }
-                    part
-                })
-            })
+            .map(|c0| s.spawn(move || columns(x, w, k, c0..(c0 + cols).min(n))))
             .collect();
         parts = handles.into_iter().map(|h| h.join().expect("matmul_rows thread")).collect();
     });
@@ -91,6 +77,15 @@ pub(crate) fn product(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec
         }
     }
     out
+}
+
+/// Output columns `cols` of `x · wᵀ` for every row of `x`, row by row (`m · cols.len()` sums).
+fn columns(x: &[f32], w: &[f32], k: usize, cols: std::ops::Range<usize>) -> Vec<f32> {
+    let mut part = Vec::with_capacity(x.len() / k * cols.len());
+    for row in x.chunks_exact(k) {
+        part.extend(cols.clone().map(|c| dot(row, &w[c * k..(c + 1) * k])));
+    }
+    part
 }
 
 /// `a · b` in the fixed order: eight lane sums, added in lane order, then the tail.
