@@ -197,8 +197,11 @@ fn start(on: On, model: &Path, max_seqs: usize, head: Option<&Path>) -> Engine {
 /// [`start`] with steps of `budget` tokens at most.
 fn start_with(on: On, model: &Path, max_seqs: usize, head: Option<&Path>, budget: usize) -> Engine {
     let (dev, dtype) = on.device();
-    let spec =
-        head.map(|_| SpecConfig { max_batch: usize::MAX, ..SpecConfig::model(3).expect("k") });
+    let spec = head.map(|_| SpecConfig {
+        max_batch: usize::MAX,
+        regardless_of_cost: true,
+        ..SpecConfig::model(3).expect("k")
+    });
     let cfg = EngineConfig {
         max_seqs,
         kv_tokens: max_seqs * CONTEXT,
@@ -568,7 +571,11 @@ fn a_head_over_two_ranks_is_lossless() {
         kv_tokens: cases.len() * CONTEXT,
         token_budget: 256,
         pipeline: false,
-        spec: Some(SpecConfig { max_batch: usize::MAX, ..SpecConfig::model(3).expect("k") }),
+        spec: Some(SpecConfig {
+            max_batch: usize::MAX,
+            regardless_of_cost: true,
+            ..SpecConfig::model(3).expect("k")
+        }),
     };
     let opts = LoadOptions {
         dtype: Some(DType::F32),

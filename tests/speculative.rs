@@ -417,7 +417,9 @@ fn logprobs_and_a_continued_conversation_under_speculation() {
 
 /// A draft model: the engine runs it beside the model with its own KV pool and verifies its
 /// guesses. The model drafting for itself guesses every greedy token right and some sampled
-/// ones; the replies are plain decoding's either way, alone and in a batch.
+/// ones; the replies are plain decoding's either way, alone and in a batch. Its steps cost what
+/// the model's do, so drafting cannot pay: the engine makes no drafts unless told to draft at a
+/// loss (which the losslessness checks do).
 #[test]
 fn a_draft_model_is_lossless() {
     draft_model_lossless(On::Cpu);
@@ -434,13 +436,18 @@ fn draft_model_lossless(on: On) {
     let (dev, dtype) = on.device();
     let vocab = start(on, &model, 1, 0).vocab_size() as u32;
     let cases = cases(&copy_prompts(vocab, 6), 30);
-    let with_draft = |n: usize| {
+    let with_draft_costing = |n: usize, regardless_of_cost: bool| {
+        let spec = SpecConfig {
+            max_batch: usize::MAX,
+            regardless_of_cost,
+            ..SpecConfig::model(3).expect("k")
+        };
         let cfg = EngineConfig {
             max_seqs: n,
             kv_tokens: n * CONTEXT,
             token_budget: 256,
             pipeline: inferno::switches::pipeline(),
-            spec: Some(SpecConfig { max_batch: usize::MAX, ..SpecConfig::model(3).expect("k") }),
+            spec: Some(spec),
         };
         let opts = LoadOptions {
             dtype: Some(dtype),
@@ -450,7 +457,11 @@ fn draft_model_lossless(on: On) {
         };
         load::start_with_draft(&model, Some(&model), &opts, &dev, move |_| cfg).expect("engine").0
     };
+    let with_draft = |n: usize| with_draft_costing(n, true);
     let (plain, _) = run_alone(on, &model, &cases, 0);
+    let (kept, stats) = run_alone_in(&cases[..2], || with_draft_costing(1, false));
+    assert_same("draft model that cannot pay", &cases[..2], &kept, &plain[..2]);
+    assert_eq!(stats.drafts, 0, "a draft as dear as the model drafted");
     let (drafted, stats) = run_alone_in(&cases, || with_draft(1));
     assert_same("draft model, alone", &cases, &drafted, &plain);
     assert_exercised("draft model, alone", stats);

@@ -402,7 +402,8 @@ struct Core {
     /// Sequences of this step whose draft is the drafter's (not filler): their outcome feeds
     /// their backoff and the statistics.
     drafted: std::collections::HashSet<u64>,
-    /// What verify steps cost by their rows, for the drafts' lengths.
+    /// What speculative steps cost by their rows and the drafter's steps, for the drafts'
+    /// lengths and the backoff.
     step_cost: crate::models::step_cost::StepCost,
     /// The draft model (`--draft MODEL`), with its own KV pool.
     draft: Option<super::spec::draft::DraftModel>,
@@ -495,7 +496,7 @@ impl Core {
             cached: 0,
             generated: 0,
             backoff: if p.req.prediction.is_empty() {
-                super::spec::Backoff::for_spec(self.spec.as_ref())
+                super::spec::Backoff::for_spec(self.spec.as_ref(), &self.step_cost)
             } else {
                 super::spec::Backoff::for_prediction()
             },

@@ -213,9 +213,10 @@ pub trait BatchModel {
     fn embedding(&self) -> &Tensor;
     /// What a step of several rows of one sequence costs against one row, for the length of
     /// its drafts ([`crate::engine::spec::length`]): a dense model reads its weights once for
-    /// all rows.
+    /// all rows, all of them a step (its embedding too, where one row of it is read: a draft
+    /// model's cost errs high by that share).
     fn step_cost(&self) -> crate::models::step_cost::StepCost {
-        crate::models::step_cost::StepCost::dense()
+        crate::models::step_cost::StepCost::dense(self.allocated().weights)
     }
 }
 

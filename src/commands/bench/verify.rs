@@ -168,8 +168,12 @@ fn step_time(
     let chunks: Vec<Chunk> = (0..seqs as u64)
         .map(|id| Chunk { id, start: prompt, len: rows, sample: true, drafts: rows - 1 })
         .collect();
-    let input: Vec<u32> = (0..rows as u32).map(|i| (i * 31 + 5) % vocab).collect();
-    let inputs = vec![&input[..]; seqs];
+    // Each sequence its own ids: rows of one token route alike, so shared ids would read a
+    // mixture of experts' weights once for all the sequences.
+    let input: Vec<Vec<u32>> = (0..seqs as u32)
+        .map(|s| (0..rows as u32).map(|i| (i * 31 + 5 + s * 7919) % vocab).collect())
+        .collect();
+    let inputs: Vec<&[u32]> = input.iter().map(|v| &v[..]).collect();
     let mut step = || -> anyhow::Result<()> {
         let logits = runner.forward(&chunks, &inputs, manager)?;
         let logits = logits.ok_or_else(|| anyhow::anyhow!("a verify step gave no logits"))?;

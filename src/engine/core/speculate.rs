@@ -13,7 +13,9 @@
 //! target agrees with it), but it does not count in the statistics or the backoff.
 
 use super::Core;
+use crate::engine::spec::length::{best_length, pays};
 use crate::engine::spec::{Drafter, SpecConfig, ngram, prediction};
+use crate::models::step_cost::StepCost;
 
 impl super::Live {
     /// Up to `k` tokens from this request's prediction after `tokens` (its prompt and reply so
@@ -32,6 +34,7 @@ impl Core {
     pub(super) fn propose_drafts(&mut self) {
         self.drafted.clear();
         let Some(k_max) = self.draft_limit() else { return };
+        let costly = self.costly_drafts(k_max);
         let mut drafts: Vec<(u64, Vec<u32>, usize)> = Vec::new();
         for id in self.sched.running_ids() {
             let Some(room) = self.draft_room(id) else { continue };
@@ -39,7 +42,15 @@ impl Core {
             let Some(l) = self.live.get_mut(&id) else { continue };
             let may = l.backoff.may_draft();
             let k = k_max.min(room);
-            let draft = if !may {
+            // A drafter that runs steps of its own makes only the drafts that pay for them.
+            let k = match &costly {
+                Some(cost) if l.req.prediction.is_empty() => match cost {
+                    Some(cost) => best_length(l.acceptance.rate(), cost, k),
+                    None => 0,
+                },
+                _ => k,
+            };
+            let draft = if !may || k == 0 {
                 Vec::new()
             } else if let Some((draft, at)) = l.predicted(&seq.tokens, k) {
                 l.prediction_at = at;
@@ -91,10 +102,25 @@ impl Core {
         }
     }
 
+    /// For a drafter that runs steps of its own (`None` for free drafts, and with
+    /// [`SpecConfig::regardless_of_cost`]): what this step's drafts of at most `k_max` tokens
+    /// cost, or `None` where they cannot pay for themselves. A draft model or head makes each
+    /// sequence's drafts alone, so with several sequences running its steps may cost more than
+    /// all their drafts could give; a drafter as dear as the model never pays. Then it drafts
+    /// for none, and only requests' predictions draft.
+    fn costly_drafts(&self, k_max: usize) -> Option<Option<StepCost>> {
+        let costly =
+            self.spec.is_some_and(|s| s.drafter != Drafter::Ngram && !s.regardless_of_cost);
+        costly.then(|| {
+            let cost = self.step_cost.for_sequences(self.sched.running());
+            pays(&cost, k_max).then_some(cost)
+        })
+    }
+
     /// Whether this step's drafts cost nothing to make (n-gram lookups, requests'
-    /// predictions), so that only their verify rows weigh against the tokens they may give. A
-    /// draft model's or an EAGLE-3 head's drafts cost steps of their own: those keep
-    /// `--draft-tokens`.
+    /// predictions), so that they are cut to length once made. A draft model's or an EAGLE-3
+    /// head's drafts cost steps of their own, so their length is chosen before they are made
+    /// (in an engine with either, a request's predicted drafts keep `--draft-tokens`).
     fn drafts_are_free(&self) -> bool {
         self.spec.is_none_or(|s| s.drafter == Drafter::Ngram)
     }
@@ -105,7 +131,7 @@ impl Core {
     /// sequence that may speculate verifies as many rows) one length for all of them, a
     /// sequence without a draft of its own counted as one whose filler never stands.
     fn fit_lengths(&self, drafts: &mut [(u64, Vec<u32>, usize)], uniform: bool) {
-        use crate::engine::spec::length::{best_length, best_uniform};
+        use crate::engine::spec::length::best_uniform;
         let rate = |id: &u64, draft: &[u32]| match self.live.get(id) {
             Some(l) if !draft.is_empty() => l.acceptance.rate(),
             _ => 0.0,
@@ -177,20 +203,19 @@ impl Core {
     pub(super) fn would_draft(&self, id: u64) -> bool {
         let (Some(seq), Some(l)) = (self.sched.get(id), self.live.get(&id)) else { return false };
         // The cheap checks first: this runs for every sequence of every pipelined step.
-        let may =
-            l.backoff.is_open() && self.draft_room(id).is_some() && self.draft_limit().is_some();
-        if !may {
-            return false;
-        }
+        let may = l.backoff.is_open() && self.draft_room(id).is_some();
+        let Some(k_max) = self.draft_limit().filter(|_| may) else { return false };
         if let Some((draft, _)) = l.predicted(&seq.tokens, 1) {
             return !draft.is_empty();
         }
         match self.spec {
             Some(s) => match s.drafter {
                 Drafter::Ngram => !ngram::propose(&seq.tokens, 1, s.ngram).is_empty(),
-                // A draft model or head always has a guess.
-                Drafter::Model => self.draft.is_some(),
-                Drafter::Eagle => self.eagle.is_some(),
+                // A draft model or head always has a guess, where its drafts pay.
+                Drafter::Model | Drafter::Eagle => {
+                    (self.draft.is_some() || self.eagle.is_some())
+                        && !matches!(self.costly_drafts(k_max), Some(None))
+                }
             },
             None => false,
         }
@@ -217,9 +242,11 @@ impl Core {
         match draft {
             Draft::Model(d) => {
                 let vocab = self.runner.model.vocab_size();
+                self.step_cost = self.step_cost.with_drafter(&d.step_cost());
                 self.draft = Some(DraftModel::new(d, cfg, vocab)?);
             }
             Draft::Eagle(head) => {
+                self.step_cost = self.step_cost.with_drafter(&StepCost::dense(head.bytes()));
                 let e = EagleDrafter::new(*head, cfg, self.runner.model.tap_layers())?;
                 self.runner.taps = e.taps().to_vec();
                 self.pipelined = false;
@@ -228,6 +255,13 @@ impl Core {
                     s.drafter = Drafter::Eagle;
                 }
             }
+        }
+        let k = self.spec.map_or(1, |s| s.draft_tokens);
+        if self.spec.is_some_and(|s| !s.regardless_of_cost) && !pays(&self.step_cost, k) {
+            tracing::warn!(
+                "the drafter's steps cost {:.2} of the model's (by the bytes each reads): drafts of up to {k} tokens cannot speed decoding up even when all of them stand, so none are made",
+                self.step_cost.draft()
+            );
         }
         Ok(())
     }

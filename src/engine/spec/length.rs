@@ -8,6 +8,10 @@
 //! bytes and 5 rows ~2×, and a draft of 4 at `α` = 0.5 (1.94 tokens for 1.99 steps' time) is
 //! slower than no draft at all, where a draft of 1 gives 1.5 tokens for 1.3.
 //!
+//! A draft model's or an EAGLE-3 head's draft tokens cost a step of the drafter each on top:
+//! a Llama-3.2-1B draft for Llama-3.1-8B (~0.15 of a step a token) drafts 4 at `α` = 0.8, where
+//! free drafts would take all 8; a model drafting for itself never gains, and drafts 1.
+//!
 //! The cost is a model of the bytes a step reads ([`StepCost`]), not a timing: timings would make
 //! a sequence's draft lengths, and so its steps, depend on the machine's noise.
 
@@ -18,6 +22,13 @@ pub fn expected_tokens(alpha: f64, drafts: usize) -> f64 {
     (0..=drafts).map(|i| alpha.powi(i as i32)).sum()
 }
 
+/// Whether drafts of at most `k_max` tokens can emit more than a token per one-row step's time
+/// even when every draft token stands: a drafter whose steps cost about what the model's do
+/// (the model drafting for itself; gpt-oss-20b for 120b, ~0.7 of its step) never can.
+pub fn pays(cost: &StepCost, k_max: usize) -> bool {
+    (1..=k_max).any(|k| expected_tokens(1.0, k) > cost.speculative(k))
+}
+
 /// The draft length of 1 to `k_max` tokens that emits the most tokens per unit of step time
 /// for one sequence that verifies alone (the shortest of equals).
 pub fn best_length(alpha: f64, cost: &StepCost, k_max: usize) -> usize {
@@ -26,14 +37,13 @@ pub fn best_length(alpha: f64, cost: &StepCost, k_max: usize) -> usize {
 
 /// The one draft length that sequences verifying together (each as many rows as the others, as
 /// a CUDA graph's step has them) take: the most tokens over the step's time, each sequence's
-/// rows costing what they cost alone. Several sequences' extra rows cost more than that against
-/// their plain step (H100, gpt-oss-20b, 2 drafts: 1.87× at 8 sequences, 1.53× alone;
-/// docs/performance.md), so this errs long there; speculation stops past 8 sequences
-/// ([`super::SpecConfig::max_batch`]) for that reason.
+/// rows costing against their plain step what one sequence's cost alone: near enough where
+/// speculation runs (H100, gpt-oss-20b, 2 drafts: 1.49× at 8 sequences, 1.53× alone; 4 drafts
+/// 1.81× and 1.98×; docs/performance.md).
 pub fn best_uniform(alphas: &[f64], cost: &StepCost, k_max: usize) -> usize {
     let rate = |k: usize| {
         let tokens: f64 = alphas.iter().map(|&a| expected_tokens(a, k)).sum();
-        tokens / cost.relative(1 + k)
+        tokens / cost.speculative(k)
     };
     (1..=k_max.max(1)).fold(1, |best, k| if rate(k) > rate(best) * (1.0 + 1e-9) { k } else { best })
 }
@@ -81,7 +91,7 @@ mod tests {
 
     /// gpt-oss-20b's experts: 4 of 32 a token, 1.27 of the 3.7 GB a one-row step reads.
     fn gpt_oss_20b() -> StepCost {
-        StepCost::moe(32, 4, 1.27 / 3.7)
+        StepCost::moe(32, 4, 1.27 / 3.7, 3_700_000_000)
     }
 
     #[test]
@@ -92,7 +102,7 @@ mod tests {
         assert!(best_length(0.9, &c, 8) >= 4);
         assert_eq!(best_length(1.0, &c, 8), 8);
         // The chosen length beats the longest one it passed over.
-        let rate = |a: f64, k| expected_tokens(a, k) / c.relative(1 + k);
+        let rate = |a: f64, k| expected_tokens(a, k) / c.speculative(k);
         for a in [0.2, 0.5, 0.7, 0.8, 0.95] {
             let k = best_length(a, &c, 8);
             assert!((1..=8).all(|j| rate(a, k) >= rate(a, j) - 1e-12), "α {a}: {k}");
@@ -101,11 +111,31 @@ mod tests {
 
     #[test]
     fn a_dense_model_drafts_long_once_drafts_stand_at_all() {
-        let c = StepCost::dense();
+        let c = StepCost::dense(2_470_000_000);
         assert_eq!(best_length(0.9, &c, 8), 8);
         assert!(best_length(0.6, &c, 8) >= 4);
         assert!(best_length(0.05, &c, 8) <= 2);
         assert_eq!(best_length(0.5, &c, 0), 1);
+    }
+
+    #[test]
+    fn a_drafter_that_runs_steps_drafts_what_pays_for_them() {
+        let target = StepCost::dense(16_000_000_000);
+        let small = target.with_drafter(&StepCost::dense(2_470_000_000));
+        assert_eq!(best_length(0.8, &target, 8), 8);
+        assert_eq!(best_length(0.8, &small, 8), 4);
+        assert_eq!(best_length(0.2, &small, 8), 1);
+        assert!(pays(&small, 8));
+        // As its own draft the model emits under a token per step's time at any acceptance.
+        let own = target.with_drafter(&target);
+        assert_eq!(best_length(0.99, &own, 8), 1);
+        assert!(!pays(&own, 8));
+        // 8 sequences' drafts of the small model, made one sequence at a time, cost more than
+        // their shared verify step gives.
+        assert!(pays(&small.for_sequences(2), 8));
+        assert!(!pays(&small.for_sequences(8), 8));
+        // n-gram drafts always pay once they stand.
+        assert!(pays(&StepCost::moe(32, 4, 1.27 / 3.7, 3_700_000_000), 1));
     }
 
     #[test]

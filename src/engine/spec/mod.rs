@@ -29,6 +29,8 @@ pub mod length;
 pub mod ngram;
 pub mod prediction;
 
+use crate::models::step_cost::StepCost;
+
 pub use ngram::NgramConfig;
 
 /// Where drafts come from.
@@ -58,6 +60,11 @@ pub struct SpecConfig {
     /// more than the tokens they save.
     pub max_batch: usize,
     pub ngram: NgramConfig,
+    /// A draft model or head drafts `draft_tokens` whenever it may, whatever its steps cost,
+    /// backing off as n-gram drafts do (tests of what verifying its drafts does); otherwise its
+    /// drafts are as long as they pay for, it makes none where they cannot pay ([`length`]),
+    /// and its misses back off by their cost ([`Backoff::for_spec`]).
+    pub regardless_of_cost: bool,
 }
 
 /// Draft tokens a step verifies at most: a graph step's rows for one sequence all fit in one
@@ -82,6 +89,7 @@ impl SpecConfig {
             draft_tokens: 8,
             max_batch: 8,
             ngram: NgramConfig::default(),
+            regardless_of_cost: false,
         }
     }
 
@@ -98,6 +106,7 @@ impl SpecConfig {
             draft_tokens,
             max_batch: 8,
             ngram: NgramConfig::default(),
+            regardless_of_cost: false,
         })
     }
 }
@@ -111,11 +120,12 @@ pub fn accepted(drafts: &[u32], sampled: &[u32]) -> usize {
 
 /// A sequence's draft throttle: after a verify step that accepted nothing, the sequence skips
 /// drafting for a number of its steps that doubles with each miss in a row, up to a cap (a step
-/// that accepts anything resets the doubling). A wrong n-gram draft costs about one decode step,
-/// so its skips start at 1 and stop at 64 (an EAGLE-3 head's too: its `k` passes cost a
-/// fraction of a decode step each); a wrong draft model's costs its `k` draft steps and a
-/// verify, so its skips start at `8 · k` and stop at 512. Either way a sequence whose drafts all
-/// fail spends a bounded share of its steps on them (measured in docs/performance.md).
+/// that accepts anything resets the doubling). A wrong n-gram draft costs at most about one
+/// decode step, so its skips start at 1 and stop at 64. A drafter that runs a model of its own
+/// (a draft model, an EAGLE-3 head) pays for a miss with its draft steps as well: its skips
+/// start where a miss costs a tenth of the steps skipped ([`Backoff::for_spec`]) and stop at
+/// 512. Either way a sequence whose drafts all fail spends a bounded share of its time on them
+/// (measured in docs/performance.md).
 #[derive(Debug, Clone)]
 pub struct Backoff {
     misses: u32,
@@ -140,11 +150,18 @@ impl Backoff {
         Backoff { max: 8, ..Backoff::default() }
     }
 
-    /// The throttle for drafts from `spec`'s drafter (the default without speculation).
-    pub fn for_spec(spec: Option<&SpecConfig>) -> Backoff {
+    /// The throttle for drafts from `spec`'s drafter (the default without speculation), whose
+    /// steps cost what `cost` says. A sequence whose drafts miss drafts one token next (its
+    /// acceptance has fallen, [`length`]), so a miss then costs a verify row and the drafter's
+    /// catch-up over the tokens it skipped (a prefill chunk of them, whose last row gives the
+    /// draft): the first skip is ten times that, so that misses cost at most about a tenth of a
+    /// sequence's time.
+    pub fn for_spec(spec: Option<&SpecConfig>, cost: &StepCost) -> Backoff {
         match spec {
-            Some(s) if s.drafter == Drafter::Model => {
-                Backoff { first: 8 * s.draft_tokens as u32, max: 512, ..Backoff::default() }
+            Some(s) if s.drafter != Drafter::Ngram && !s.regardless_of_cost => {
+                let miss = cost.relative(2) - 1.0 + cost.catch_up();
+                let first = (10.0 * miss).ceil().clamp(1.0, 512.0) as u32;
+                Backoff { first, max: 512, ..Backoff::default() }
             }
             _ => Backoff::default(),
         }
@@ -237,19 +254,34 @@ mod tests {
         assert!(b.may_draft());
     }
 
+    /// The steps of 1,000 at which a sequence whose drafts all miss drafts.
+    fn drafts_of_misses(mut b: Backoff) -> Vec<usize> {
+        (0..1000)
+            .filter(|_| {
+                let may = b.may_draft();
+                if may {
+                    b.record(0);
+                }
+                may
+            })
+            .collect()
+    }
+
     #[test]
-    fn a_draft_model_backs_off_longer() {
+    fn a_draft_model_backs_off_by_what_a_miss_costs() {
         let spec = SpecConfig::model(3).ok();
-        let mut b = Backoff::for_spec(spec.as_ref());
-        let mut drafted = Vec::new();
-        for step in 0..1000 {
-            if b.may_draft() {
-                drafted.push(step);
-                b.record(0);
-            }
-        }
-        // Skips of 24, 48, 96, 192, 384, then 512.
-        assert_eq!(drafted, vec![0, 25, 74, 171, 364, 749]);
+        // A dense model drafting for itself: a miss costs 2% of a step for the verify row and
+        // 1.3 steps for the catch-up over 16 tokens: skips of 14, 28, 56, 112, 224, 448, 512.
+        let own = StepCost::dense(16_000_000_000);
+        let b = Backoff::for_spec(spec.as_ref(), &own.with_drafter(&own));
+        assert_eq!(drafts_of_misses(b), vec![0, 15, 44, 101, 214, 439, 888]);
+        // A draft of a sixth of the bytes misses for 0.24 of a step: skips from 3.
+        let small = StepCost::dense(2_666_666_667);
+        let b = Backoff::for_spec(spec.as_ref(), &own.with_drafter(&small));
+        assert_eq!(drafts_of_misses(b), vec![0, 4, 11, 24, 49, 98, 195, 388, 773]);
+        // n-gram drafts cost nothing to make: skips from 1, up to 64.
+        let b = Backoff::for_spec(SpecConfig::ngram(4).ok().as_ref(), &own);
+        assert_eq!(drafts_of_misses(b)[..7], [0, 2, 5, 10, 19, 36, 69]);
     }
 
     #[test]

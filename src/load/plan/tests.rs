@@ -398,7 +398,8 @@ fn gpt_oss_step_cost_counts_its_experts_by_hand() {
     let embed = 256 * 64 * loaded.info.dtype.size_in_bytes() as u64;
     let rest = loaded.info.plan.weights - experts - embed + embed / 256;
     let routed = experts as f64 * 4.0 / 8.0;
-    let want = crate::models::step_cost::StepCost::moe(8, 4, routed / (routed + rest as f64));
+    let bytes = routed + rest as f64;
+    let want = crate::models::step_cost::StepCost::moe(8, 4, routed / bytes, bytes as u64);
     assert_eq!(loaded.model.step_cost(), want);
     // A dense model's extra rows cost 2% of a step each.
     let llama = gpt_oss_fixture().with_file_name("llama3_tiny");

@@ -148,7 +148,8 @@ impl BatchModel for GptOss {
         // A one-row step reads every weight but the embedding's other rows, and k of the E
         // experts of each layer.
         let routed = experts as f64 * k as f64 / e.max(1) as f64;
-        crate::models::step_cost::StepCost::moe(e, k, routed / (routed + rest as f64).max(1.0))
+        let bytes = routed + rest as f64;
+        crate::models::step_cost::StepCost::moe(e, k, routed / bytes.max(1.0), bytes as u64)
     }
 
     fn allocated(&self) -> crate::models::memory::Allocated {
