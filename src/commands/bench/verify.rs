@@ -99,8 +99,8 @@ pub fn run(
     let who = if seqs == 1 { "one sequence".to_string() } else { format!("{seqs} sequences") };
     println!("model:   {name} ({dtype:?}) · {gpu} · {who} at position {prompt}");
     let base = times[0];
-    // What the draft lengths assume a step of so many rows costs (models/step_cost.rs): a
-    // model of one sequence's steps, shown beside the measurement that checks it.
+    // What the draft lengths assume a step of so many rows costs (models/step_cost.rs), shown
+    // beside the measurement that checks it.
     let cost = runner.model.step_cost();
     println!(
         "rows  drafts   µs/step   × one-token   model ×   tok/s at mean accepted length 2.0 / 2.5 / 3.0"
@@ -112,10 +112,7 @@ pub fn run(
         } else {
             LENGTHS.iter().map(|l| format!("{:.1}", n * l / t)).collect()
         };
-        let model = match seqs {
-            1 => format!("{:.2}", cost.relative(*rows)),
-            _ => "—".into(),
-        };
+        let model = format!("{:.2}", cost.speculative(seqs, rows - 1));
         println!(
             "{rows:>4}  {:>6}  {:>8.1}  {:>11.2}  {model:>8}   {}",
             rows - 1,

@@ -35,6 +35,7 @@ impl Core {
         self.drafted.clear();
         let Some(k_max) = self.draft_limit() else { return };
         let costly = self.costly_drafts(k_max);
+        let running = self.sched.running();
         let mut drafts: Vec<(u64, Vec<u32>, usize)> = Vec::new();
         for id in self.sched.running_ids() {
             let Some(room) = self.draft_room(id) else { continue };
@@ -45,7 +46,7 @@ impl Core {
             // A drafter that runs steps of its own makes only the drafts that pay for them.
             let k = match &costly {
                 Some(cost) if l.req.prediction.is_empty() => match cost {
-                    Some(cost) => best_length(l.acceptance.rate(), cost, k),
+                    Some(cost) => best_length(l.acceptance.rate(), cost, running, k),
                     None => 0,
                 },
                 _ => k,
@@ -111,10 +112,7 @@ impl Core {
     fn costly_drafts(&self, k_max: usize) -> Option<Option<StepCost>> {
         let costly =
             self.spec.is_some_and(|s| s.drafter != Drafter::Ngram && !s.regardless_of_cost);
-        costly.then(|| {
-            let cost = self.step_cost.for_sequences(self.sched.running());
-            pays(&cost, k_max).then_some(cost)
-        })
+        costly.then(|| pays(&self.step_cost, self.sched.running(), k_max).then_some(self.step_cost))
     }
 
     /// Whether this step's drafts cost nothing to make (n-gram lookups, requests'
@@ -140,6 +138,7 @@ impl Core {
         if longest == 0 {
             return;
         }
+        let drafting = drafts.iter().filter(|d| !d.1.is_empty()).count();
         let shared = uniform.then(|| {
             let rates: Vec<f64> = drafts.iter().map(|(id, d, _)| rate(id, d)).collect();
             best_uniform(&rates, &self.step_cost, longest)
@@ -148,7 +147,7 @@ impl Core {
             let k = match shared {
                 Some(k) => k,
                 None if draft.is_empty() => continue,
-                None => best_length(rate(id, draft), &self.step_cost, draft.len()),
+                None => best_length(rate(id, draft), &self.step_cost, drafting, draft.len()),
             };
             draft.truncate(k);
             *room = (*room).min(k);
@@ -222,8 +221,13 @@ impl Core {
     }
 
     /// A prompt's prefill just ended: the draft model (if any) computes it too, so that its
-    /// first guess does not wait for it.
+    /// first guess does not wait for it; not while its drafts cannot pay (it catches up when
+    /// they can, before its first guess).
     pub(super) fn draft_catch_up(&mut self, id: u64) {
+        let k = self.spec.map_or(1, |s| s.draft_tokens);
+        if matches!(self.costly_drafts(k), Some(None)) {
+            return;
+        }
         let (Some(d), Some(seq)) = (&mut self.draft, self.sched.get(id)) else { return };
         if let Err(e) = d.catch_up(id, &seq.tokens) {
             tracing::warn!("draft model: {e:#}");
@@ -257,7 +261,7 @@ impl Core {
             }
         }
         let k = self.spec.map_or(1, |s| s.draft_tokens);
-        if self.spec.is_some_and(|s| !s.regardless_of_cost) && !pays(&self.step_cost, k) {
+        if self.spec.is_some_and(|s| !s.regardless_of_cost) && !pays(&self.step_cost, 1, k) {
             tracing::warn!(
                 "the drafter's steps cost {:.2} of the model's (by the bytes each reads): drafts of up to {k} tokens cannot speed decoding up even when all of them stand, so none are made",
                 self.step_cost.draft()
