@@ -33,7 +33,11 @@ if [ ! -x "$bin" ]; then
     gunzip -c .dev/gpu/inferno.gz >"$bin" && chmod +x "$bin"
 fi
 csv="${TMPDIR:-/tmp}/ncu-$layout-c$streams.csv"
-ncu --graph-profiling node --cache-control none --clock-control none \
+# Decode steps without bench's warm-up run (under ncu every kernel runs alone, so it would take as
+# long as the run): the run's last steps replay the graphs the run itself captured.
+warmup=0
+[ "$steps" = prefill ] && warmup=1
+INFERNO_BENCH_WARMUP=$warmup ncu --graph-profiling node --cache-control none --clock-control none \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw \
     "$bin" bench "benches/configs/$layout.json" --dummy-weights -p "$prompt" -n "$gen" -r 1 -c "$streams" \
     >"$csv" 2>"${csv%.csv}.err"

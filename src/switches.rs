@@ -199,6 +199,15 @@ static GRAPH_ARENA: Flag = Flag::new(Spec {
     kind: Kind::Diagnostic,
 });
 
+static BENCH_WARMUP: Flag = Flag::new(Spec {
+    name: "INFERNO_BENCH_WARMUP",
+    values: "0, 1",
+    default: "1",
+    what: "`bench` runs once before the runs it measures (0: not, for a profiler that times each \
+           kernel alone and needs the measured run only; the first run then captures the graphs)",
+    kind: Kind::Diagnostic,
+});
+
 /// Whether the engine prints its step times when it stops.
 pub fn step_stats() -> bool {
     STEP_STATS.get()
@@ -227,6 +236,11 @@ pub fn tp_p2p() -> bool {
 /// Whether captured decode steps allocate from the engine's arena.
 pub fn graph_arena() -> bool {
     GRAPH_ARENA.get()
+}
+
+/// Whether `bench` runs once before the runs it measures.
+pub fn bench_warmup() -> bool {
+    BENCH_WARMUP.get()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -327,7 +341,7 @@ pub struct State {
 }
 
 /// Every switch, in the order of this module.
-pub fn all() -> [&'static dyn Switch; 16] {
+pub fn all() -> [&'static dyn Switch; 17] {
     [
         &CUDA_GRAPH,
         &PDL,
@@ -341,6 +355,7 @@ pub fn all() -> [&'static dyn Switch; 16] {
         &TP_TRACE,
         &TP_P2P,
         &GRAPH_ARENA,
+        &BENCH_WARMUP,
         &TEST_HOOKS,
         &TEST_REPLIES,
         &RETRY_DELAY_MS,

@@ -8,7 +8,8 @@
 //! tokens over the run's wall time, prefill included), the decode rate while all streams decode
 //! (streams over the mean time of such a step: their inter-token latency), each stream's
 //! decode rate, and the TTFT percentiles. One
-//! warm-up run, then `--repeat` runs; medians are reported with the GPU name and memory.
+//! warm-up run (none with `INFERNO_BENCH_WARMUP=0`), then `--repeat` runs; medians are reported
+//! with the GPU name and memory.
 //!
 //! With `--draft` it reports what speculation drafted and accepted; `--prompt-file` gives it real
 //! text to copy from; `--verify-cost` times the verify steps themselves ([`verify`]).
@@ -109,7 +110,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let grammar = schema_grammar(&args, &loaded.source, vocab)?;
     let eos_ids = file_prompt.as_ref().map(|p| p.1.clone()).unwrap_or_default();
     let sampling = Sampling { config: sampling, grammar, eos_ids };
-    one_run(&engine, next_prompts(), args.gen_tokens, &sampling)?; // warm-up
+    if crate::switches::bench_warmup() {
+        one_run(&engine, next_prompts(), args.gen_tokens, &sampling)?;
+    }
     let spec_before = engine.stats().spec;
     let before = engine.stats().decode_steps.get(&streams).copied().unwrap_or_default();
     let mut runs = Vec::new();
