@@ -34,7 +34,7 @@ impl Core {
     pub(super) fn propose_drafts(&mut self) {
         self.drafted.clear();
         let Some(k_max) = self.draft_limit() else { return };
-        let costly = self.costly_drafts(k_max);
+        let costly = self.costly_drafts_pay(k_max);
         let running = self.sched.running();
         let mut drafts: Vec<(u64, Vec<u32>, usize)> = Vec::new();
         for id in self.sched.running_ids() {
@@ -44,11 +44,11 @@ impl Core {
             let may = l.backoff.may_draft();
             let k = k_max.min(room);
             // A drafter that runs steps of its own makes only the drafts that pay for them.
-            let k = match &costly {
-                Some(cost) if l.req.prediction.is_empty() => match cost {
-                    Some(cost) => best_length(l.acceptance.rate(), cost, running, k),
-                    None => 0,
-                },
+            let k = match costly {
+                Some(true) if l.req.prediction.is_empty() => {
+                    best_length(l.acceptance.rate(), &self.step_cost, running, k)
+                }
+                Some(false) if l.req.prediction.is_empty() => 0,
                 _ => k,
             };
             let draft = if !may || k == 0 {
@@ -104,15 +104,15 @@ impl Core {
     }
 
     /// For a drafter that runs steps of its own (`None` for free drafts, and with
-    /// [`SpecConfig::regardless_of_cost`]): what this step's drafts of at most `k_max` tokens
-    /// cost, or `None` where they cannot pay for themselves. A draft model or head makes each
+    /// [`SpecConfig::regardless_of_cost`]): whether this step's drafts of at most `k_max` tokens
+    /// can pay for those steps (by the engine's step cost). A draft model or head makes each
     /// sequence's drafts alone, so with several sequences running its steps may cost more than
     /// all their drafts could give; a drafter as dear as the model never pays. Then it drafts
     /// for none, and only requests' predictions draft.
-    fn costly_drafts(&self, k_max: usize) -> Option<Option<StepCost>> {
+    fn costly_drafts_pay(&self, k_max: usize) -> Option<bool> {
         let costly =
             self.spec.is_some_and(|s| s.drafter != Drafter::Ngram && !s.regardless_of_cost);
-        costly.then(|| pays(&self.step_cost, self.sched.running(), k_max).then_some(self.step_cost))
+        costly.then(|| pays(&self.step_cost, self.sched.running(), k_max))
     }
 
     /// Whether this step's drafts cost nothing to make (n-gram lookups, requests'
@@ -211,9 +211,11 @@ impl Core {
             Some(s) => match s.drafter {
                 Drafter::Ngram => !ngram::propose(&seq.tokens, 1, s.ngram).is_empty(),
                 // A draft model or head always has a guess, where its drafts pay.
-                Drafter::Model | Drafter::Eagle => {
-                    (self.draft.is_some() || self.eagle.is_some())
-                        && !matches!(self.costly_drafts(k_max), Some(None))
+                Drafter::Model => {
+                    self.draft.is_some() && self.costly_drafts_pay(k_max) != Some(false)
+                }
+                Drafter::Eagle => {
+                    self.eagle.is_some() && self.costly_drafts_pay(k_max) != Some(false)
                 }
             },
             None => false,
@@ -225,7 +227,7 @@ impl Core {
     /// they can, before its first guess).
     pub(super) fn draft_catch_up(&mut self, id: u64) {
         let k = self.spec.map_or(1, |s| s.draft_tokens);
-        if matches!(self.costly_drafts(k), Some(None)) {
+        if self.costly_drafts_pay(k) == Some(false) {
             return;
         }
         let (Some(d), Some(seq)) = (&mut self.draft, self.sched.get(id)) else { return };
@@ -260,8 +262,9 @@ impl Core {
                 }
             }
         }
+        // No sequence runs yet: whether one sequence's drafts can pay.
         let k = self.spec.map_or(1, |s| s.draft_tokens);
-        if self.spec.is_some_and(|s| !s.regardless_of_cost) && !pays(&self.step_cost, 1, k) {
+        if self.costly_drafts_pay(k) == Some(false) {
             tracing::warn!(
                 "the drafter's steps cost {:.2} of the model's (by the bytes each reads): drafts of up to {k} tokens cannot speed decoding up even when all of them stand, so none are made",
                 self.step_cost.draft()

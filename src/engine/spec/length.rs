@@ -37,16 +37,20 @@ pub fn pays(cost: &StepCost, sequences: usize, k_max: usize) -> bool {
 /// for a sequence whose step holds `sequences` sequences drafting alike (the shortest of
 /// equals).
 pub fn best_length(alpha: f64, cost: &StepCost, sequences: usize, k_max: usize) -> usize {
-    best_uniform(&vec![alpha; sequences.max(1)], cost, k_max)
+    best(k_max, |k| expected_tokens(alpha, k) / cost.speculative(sequences, k))
 }
 
 /// The one draft length that sequences verifying together (each as many rows as the others, as
 /// a CUDA graph's step has them) take: the most tokens over the step's time.
 pub fn best_uniform(alphas: &[f64], cost: &StepCost, k_max: usize) -> usize {
-    let rate = |k: usize| {
+    best(k_max, |k| {
         let tokens: f64 = alphas.iter().map(|&a| expected_tokens(a, k)).sum();
         tokens / cost.speculative(alphas.len(), k)
-    };
+    })
+}
+
+/// The length of 1 to `k_max` with the highest `rate` (the shortest of equals).
+fn best(k_max: usize, rate: impl Fn(usize) -> f64) -> usize {
     (1..=k_max.max(1)).fold(1, |best, k| if rate(k) > rate(best) * (1.0 + 1e-9) { k } else { best })
 }
 
