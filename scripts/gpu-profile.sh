@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Per-kernel table of decode steps under Nsight Compute, on a GPU machine:
 #
-#   scripts/gpu-profile.sh LAYOUT STREAMS [GEN_TOKENS] [STEPS]
+#   scripts/gpu-profile.sh LAYOUT|MODEL_FILE STREAMS [GEN_TOKENS] [STEPS]
 #   scripts/gpu-profile.sh --prefill LAYOUT PROMPT_TOKENS
 #
 # Runs `inferno bench benches/configs/LAYOUT.json --dummy-weights -p 64 -n GEN_TOKENS -c STREAMS`
-# (greedy) under ncu, every kernel node of the CUDA graphs timed on its own with warm caches and
-# the clocks left alone (gpu__time_duration, DRAM bytes read and written), then prints the
+# (or `inferno bench MODEL_FILE ...`, a GGUF of real or random weights; greedy) under ncu, every
+# kernel node of the CUDA graphs timed on its own with warm caches and the clocks left alone
+# (gpu__time_duration, DRAM bytes read and written), then prints the
 # kernels of the last STEPS decode steps (default 3; a step ends with the argmax's last kernel)
 # as a markdown table: launches, mean time, time, DRAM bytes and rate per step. Kernels run one
 # at a time under ncu (no PDL overlap, no gaps): the sum is above a graph replay's time.
@@ -32,14 +33,22 @@ if [ ! -x "$bin" ]; then
     mkdir -p "$(dirname "$bin")"
     gunzip -c .dev/gpu/inferno.gz >"$bin" && chmod +x "$bin"
 fi
-csv="${TMPDIR:-/tmp}/ncu-$layout-c$streams.csv"
+# A layout of benches/configs with dummy weights, or a model file (a GGUF of real or random weights).
+model=("benches/configs/$layout.json" --dummy-weights)
+[ -f "$layout" ] && model=("$layout")
+csv="${TMPDIR:-/tmp}/ncu-$(basename "$layout")-c$streams.csv"
 # Decode steps without bench's warm-up run (under ncu every kernel runs alone, so it would take as
-# long as the run): the run's last steps replay the graphs the run itself captured.
-warmup=0
-[ "$steps" = prefill ] && warmup=1
-INFERNO_BENCH_WARMUP=$warmup ncu --graph-profiling node --cache-control none --clock-control none \
+# long as the run): the run's last steps replay the graphs the run itself captured. Only the
+# last steps are profiled: the engine starts the profiler a few steps before the ones the table
+# shows (a run of GEN_TOKENS takes about GEN_TOKENS steps after its prefill), so the loading, the
+# dummy weights' initialisation and the prefill run at full speed.
+warmup=0 from=$((gen - steps - ${SKIP:-0} - 2)) start=off
+[ "$from" -lt 1 ] && from=1
+[ "$steps" = prefill ] && warmup=1 from=0 start=on
+INFERNO_BENCH_WARMUP=$warmup INFERNO_PROFILE_FROM_STEP=$from \
+    ncu --profile-from-start $start --graph-profiling node --cache-control none --clock-control none \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw \
-    "$bin" bench "benches/configs/$layout.json" --dummy-weights -p "$prompt" -n "$gen" -r 1 -c "$streams" \
+    "$bin" bench "${model[@]}" -p "$prompt" -n "$gen" -r 1 -c "$streams" \
     >"$csv" 2>"${csv%.csv}.err"
 python3 - "$csv" "$steps" "${SKIP:-0}" <<'EOF'
 import csv, sys, collections

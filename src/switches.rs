@@ -208,6 +208,20 @@ static BENCH_WARMUP: Flag = Flag::new(Spec {
     kind: Kind::Diagnostic,
 });
 
+static PROFILE_FROM_STEP: Number = Number::new(
+    Spec {
+        name: "INFERNO_PROFILE_FROM_STEP",
+        values: "a step number, 0: off",
+        default: "0",
+        what: "the engine starts the CUDA profiler (cuProfilerStart) before its step N, counting \
+               from 1, for a profiler started with profiling off (`ncu --profile-from-start off`, \
+               as `scripts/gpu-profile.sh` does) to time the last steps only",
+        kind: Kind::Diagnostic,
+    },
+    0,
+    0,
+);
+
 /// Whether the engine prints its step times when it stops.
 pub fn step_stats() -> bool {
     STEP_STATS.get()
@@ -294,6 +308,11 @@ pub fn tp_join_timeout() -> std::time::Duration {
     std::time::Duration::from_secs(TP_JOIN_TIMEOUT.get())
 }
 
+/// The engine step before which the CUDA profiler starts (`None`: never started by the engine).
+pub fn profile_from_step() -> Option<u64> {
+    Some(PROFILE_FROM_STEP.get()).filter(|&n| n > 0)
+}
+
 /// Whether `serve` honours test-only request fields.
 pub fn test_hooks() -> bool {
     TEST_HOOKS.get()
@@ -341,7 +360,7 @@ pub struct State {
 }
 
 /// Every switch, in the order of this module.
-pub fn all() -> [&'static dyn Switch; 17] {
+pub fn all() -> [&'static dyn Switch; 18] {
     [
         &CUDA_GRAPH,
         &PDL,
@@ -356,6 +375,7 @@ pub fn all() -> [&'static dyn Switch; 17] {
         &TP_P2P,
         &GRAPH_ARENA,
         &BENCH_WARMUP,
+        &PROFILE_FROM_STEP,
         &TEST_HOOKS,
         &TEST_REPLIES,
         &RETRY_DELAY_MS,

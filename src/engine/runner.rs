@@ -34,6 +34,8 @@ pub struct Runner {
     /// The last step's taps, one row per token in chunk order ([`BatchModel::forward_taps`]);
     /// `None` without taps.
     pub last_taps: Option<Tensor>,
+    /// Steps run so far, for `INFERNO_PROFILE_FROM_STEP`.
+    steps: u64,
 }
 
 /// What a sampling chunk needs to pick its tokens: one row, or one per draft and one more.
@@ -68,6 +70,7 @@ impl Runner {
             followers: None,
             taps: Vec::new(),
             last_taps: None,
+            steps: 0,
         }
     }
 
@@ -84,9 +87,20 @@ impl Runner {
         inputs: &[T],
         blocks: &dyn Tables,
     ) -> anyhow::Result<Option<Tensor>> {
+        self.count_step();
         let trace = self.trace("forward", chunks);
         let out = self.forward_untraced(chunks, inputs, blocks);
         self.traced(trace, out)
+    }
+
+    /// Counts a step, and starts the CUDA profiler before the one `INFERNO_PROFILE_FROM_STEP`
+    /// names: a profiler that times each kernel alone then skips the loading, the prefill and the
+    /// graphs' capture.
+    fn count_step(&mut self) {
+        self.steps += 1;
+        if crate::switches::profile_from_step() == Some(self.steps) {
+            crate::gpu::profiler_start(self.model.device());
+        }
     }
 
     /// With `INFERNO_TP_TRACE`, on a sharded model: the step's number, said before it runs.
@@ -182,6 +196,7 @@ impl Runner {
             let groups = self.shape.group_windows.len();
             f.send(ranks::encode(true, chunks, &[], blocks, groups))?;
         }
+        self.count_step();
         let trace = self.trace("forward_after", chunks);
         let out = self.graph_step(key, chunks, StepIds::Device(ids), blocks).map(Some);
         self.traced(trace, out)

@@ -127,6 +127,26 @@ pub fn memory(_device: &Device) -> Option<(u64, u64)> {
     None
 }
 
+/// Starts the CUDA profiler's collection on `device`'s context (a profiler started with
+/// collection off waits for this); one warning line if the driver refuses.
+#[cfg(feature = "cuda")]
+pub fn profiler_start(device: &Device) {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let Ok(cuda) = device.as_cuda_device() else { return };
+    if let Err(e) = cuda.cuda_stream().context().bind_to_thread() {
+        eprintln!("inferno: cannot start the CUDA profiler: {e}");
+        return;
+    }
+    // SAFETY: the context is bound to this thread; the call takes no arguments.
+    let r = unsafe { sys::cuProfilerStart() };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        eprintln!("inferno: cannot start the CUDA profiler: {r:?}");
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn profiler_start(_device: &Device) {}
+
 /// Memory that allocations on `device` can take now: the GPU's free memory, or the host's
 /// `MemAvailable` for the CPU (`--cpu`). `None` when it cannot be read. What the loader's memory
 /// plan and the engine's pool are held against.
