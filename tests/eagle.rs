@@ -196,9 +196,21 @@ fn start(on: On, model: &Path, max_seqs: usize, head: Option<&Path>) -> Engine {
 
 /// [`start`] with steps of `budget` tokens at most.
 fn start_with(on: On, model: &Path, max_seqs: usize, head: Option<&Path>, budget: usize) -> Engine {
+    start_crowded(on, model, max_seqs, head, budget, usize::MAX)
+}
+
+/// [`start_with`], speculating only while at most `max_batch` sequences run.
+fn start_crowded(
+    on: On,
+    model: &Path,
+    max_seqs: usize,
+    head: Option<&Path>,
+    budget: usize,
+    max_batch: usize,
+) -> Engine {
     let (dev, dtype) = on.device();
     let spec = head.map(|_| SpecConfig {
-        max_batch: usize::MAX,
+        max_batch,
         regardless_of_cost: true,
         ..SpecConfig::model(3).expect("k")
     });
@@ -547,6 +559,37 @@ fn chunked_prompts_and_a_continued_conversation() {
         assert_eq!(again, fresh[0].0, "case {i}: the second turn differs with the head");
         assert!(spec.stats().spec.drafts > 0, "case {i}: nothing was drafted");
     }
+}
+
+/// While more sequences run than speculation serves, the head keeps none of their taps (each
+/// step would pay for them) and never drafts for them, not even once one runs alone; a request
+/// that comes later drafts. The tokens are those without the head.
+#[test]
+fn sequences_that_ran_in_a_crowd_are_not_drafted_for() {
+    let model = fixture("llama3_tiny");
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_head(dir.path(), &model, Layout::Speculators, Weights::Random, None);
+    let vocab = start(On::Cpu, &model, 1, None).vocab_size() as u32;
+    let mut rng = StdRng::seed_from_u64(23);
+    let mut prompt =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(1..vocab)).collect() };
+    // The long request prefills over 5 steps of 8 tokens: the short one has joined before it
+    // decodes, and leaves it alone for its last 18 tokens.
+    let long = Case { prompt: prompt(40), sampling: SamplerConfig::greedy(), max_tokens: 20 };
+    let short = Case { prompt: prompt(3), max_tokens: 2, ..long.clone() };
+    let later = Case { prompt: prompt(12), ..long.clone() };
+    let plain = start_with(On::Cpu, &model, 2, None, 8);
+    let spec = start_crowded(On::Cpu, &model, 2, Some(dir.path()), 8, 1);
+    let want = run_batch(&plain, &[long.clone(), short.clone()]);
+    let handles = [&long, &short].map(|c| spec.submit(request(c)).expect("submit"));
+    let got: Vec<_> = handles.into_iter().map(collect).collect();
+    for (i, ((tokens, finish), want)) in got.iter().zip(&want).enumerate() {
+        assert_eq!((tokens, &finish.reason), (&want.0, &want.1), "request {i} differs");
+    }
+    assert_eq!(got[0].1.draft_tokens, 0, "the head drafted for a sequence that ran in a crowd");
+    let (tokens, finish) = collect(spec.submit(request(&later)).expect("submit"));
+    assert_eq!(tokens, run_batch(&plain, std::slice::from_ref(&later))[0].0);
+    assert!(finish.draft_tokens > 0, "the head drafted nothing for a request alone");
 }
 
 /// A head made for another model is refused in one line.

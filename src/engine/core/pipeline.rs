@@ -16,7 +16,9 @@
 //! or frequency penalty (they read the history), no forced tokens, no log probabilities (the
 //! logits buffer is reused by the next step), no output constraint (its mask needs the token
 //! just sampled, see [`super::masks`]), no draft in sight (a verify step needs the tokens on the
-//! host, [`super::speculate`]). Otherwise the step is read at once as before.
+//! host, [`super::speculate`]). Otherwise the step is read at once as before. An EAGLE-3 head's
+//! taps are kept from every step, pipelined or not: a sequence that backs off from drafting
+//! decodes at the pipelined speed.
 
 use std::time::Instant;
 
@@ -98,6 +100,7 @@ impl Core {
                 l.backoff.may_draft();
             }
             self.sched.complete(c, 0, &[id], &mut self.blocks);
+            self.eagle_catch_up(c.id, false);
             self.emit_run(c.id, vec![(id, None)]);
         }
         self.publish(step.chunks.len());
@@ -134,6 +137,9 @@ impl Core {
             return Ok(None);
         };
         self.pipelined_steps += 1;
+        // The step's taps (an EAGLE-3 head's) join the pending ones now, before the next
+        // replay rewrites the graph's buffer.
+        self.record_taps(&chunks);
         // `step`'s tokens are drawn but not handed out yet: these are each reply's next.
         self.launch_draw(&logits, &chunks, t0, 1).map(Some)
     }

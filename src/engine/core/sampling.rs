@@ -51,7 +51,7 @@ impl Core {
                 let accepted =
                     crate::engine::spec::accepted(&draft[..c.drafts.min(draft.len())], rows);
                 if drafted.contains(&c.id) {
-                    l.backoff.record(accepted);
+                    l.backoff.record(accepted, chunks.len());
                     l.acceptance.record(c.drafts, accepted);
                     l.draft_tokens += c.drafts;
                     l.accepted_draft_tokens += accepted;

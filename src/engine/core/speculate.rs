@@ -215,7 +215,8 @@ impl Core {
                     self.draft.is_some() && self.costly_drafts_pay(k_max) != Some(false)
                 }
                 Drafter::Eagle => {
-                    self.eagle.is_some() && self.costly_drafts_pay(k_max) != Some(false)
+                    self.eagle.as_ref().is_some_and(|e| e.drafts_for(id))
+                        && self.costly_drafts_pay(k_max) != Some(false)
                 }
             },
             None => false,
@@ -237,8 +238,7 @@ impl Core {
     }
 
     /// Installs the drafter `load` built: a draft model, or an EAGLE-3 head (whose taps the
-    /// runner then keeps; its steps are not pipelined, since each step's taps are read before
-    /// the next one is planned).
+    /// runner then keeps, every step's, pipelined or not).
     pub(super) fn attach_draft(
         &mut self,
         draft: crate::engine::spec::Draft,
@@ -255,7 +255,6 @@ impl Core {
                 self.step_cost = self.step_cost.with_drafter(&StepCost::dense(head.bytes()));
                 let e = EagleDrafter::new(*head, cfg, self.runner.model.tap_layers())?;
                 self.runner.taps = e.taps().to_vec();
-                self.pipelined = false;
                 self.eagle = Some(e);
                 if let Some(s) = &mut self.spec {
                     s.drafter = Drafter::Eagle;
@@ -273,11 +272,21 @@ impl Core {
         Ok(())
     }
 
-    /// Hands the step's taps to the EAGLE-3 head, each chunk's rows to its sequence.
+    /// Hands the step's taps to the EAGLE-3 head, each chunk's rows to its sequence; while
+    /// more sequences run than speculation serves, none: keeping them (and running the head over
+    /// them) would cost every step of a batch that never drafts, so the head forgets those
+    /// sequences instead.
     pub(super) fn record_taps(&mut self, chunks: &[crate::engine::scheduler::Chunk]) {
         let (Some(e), Some(taps)) = (&mut self.eagle, self.runner.last_taps.take()) else {
             return;
         };
+        let running = self.sched.running();
+        if self.spec.is_some_and(|s| running > s.max_batch) {
+            for c in chunks {
+                e.untap(c.id);
+            }
+            return;
+        }
         let mut row = 0;
         for c in chunks {
             let rows = taps.narrow(0, row, c.len).map_err(anyhow::Error::from);

@@ -13,7 +13,9 @@
 //! again from the target's taps once they come.
 //!
 //! Positions the target never computed for this sequence (a prompt prefix its cache held) have
-//! no taps: the head reads zeros there, which only costs acceptance. The head's pool has no
+//! no taps: the head reads zeros there, which only costs acceptance. While more sequences run
+//! than speculation serves, no step keeps taps (it would cost every step of a batch that never
+//! drafts): the head forgets those sequences and never drafts for them ([`EagleDrafter::untap`]). The head's pool has no
 //! prefix cache of its own: its keys at a position depend on the token after it.
 
 use std::collections::HashMap;
@@ -26,9 +28,41 @@ use crate::kernels::PagedBounds;
 use crate::models::batch::{KvPool, StepInput};
 use crate::models::eagle3::{Eagle3Head, Feature};
 
-/// Taps a sequence's next proposal reads: the rows of positions `held..held + n`.
+/// Taps a sequence's next proposal reads: the rows of positions `held..held + rows`, in the
+/// pieces the steps handed over (joined when the head runs them, not at every step).
 struct Pending {
-    rows: Tensor,
+    parts: Vec<Tensor>,
+    rows: usize,
+}
+
+impl Pending {
+    fn new(parts: Vec<Tensor>) -> anyhow::Result<Pending> {
+        let rows = parts.iter().map(|p| p.dim(0)).sum::<candle_core::Result<usize>>()?;
+        Ok(Pending { parts, rows })
+    }
+
+    /// The first `n` rows' pieces.
+    fn first(self, n: usize) -> anyhow::Result<Vec<Tensor>> {
+        let mut kept = Vec::new();
+        let mut left = n;
+        for part in self.parts {
+            if left == 0 {
+                break;
+            }
+            let rows = part.dim(0)?;
+            kept.push(if rows <= left { part } else { part.narrow(0, 0, left)? });
+            left -= rows.min(left);
+        }
+        Ok(kept)
+    }
+
+    /// All the rows in one tensor.
+    fn joined(&self) -> anyhow::Result<Tensor> {
+        Ok(match self.parts.as_slice() {
+            [one] => one.clone(),
+            parts => Tensor::cat(parts, 0)?,
+        })
+    }
 }
 
 pub struct EagleDrafter {
@@ -40,6 +74,8 @@ pub struct EagleDrafter {
     /// Per sequence: positions whose keys the head's pool holds from the target's taps.
     held: HashMap<SeqId, usize>,
     pending: HashMap<SeqId, Pending>,
+    /// Sequences whose taps some step did not keep ([`EagleDrafter::untap`]): never drafted for.
+    untapped: std::collections::HashSet<SeqId>,
     /// Positions one catch-up chunk runs at most (the engine's step budget).
     chunk: usize,
 }
@@ -62,6 +98,7 @@ impl EagleDrafter {
             taps,
             held: HashMap::new(),
             pending: HashMap::new(),
+            untapped: Default::default(),
             chunk: cfg.token_budget.max(1),
         })
     }
@@ -74,41 +111,59 @@ impl EagleDrafter {
     /// The target computed positions `start..start + rows.dim(0)` of sequence `id`, whose taps
     /// are `rows` (f32 `[n, 3 · hidden]`): they replace what was pending from `start` on.
     pub fn record(&mut self, id: SeqId, start: usize, rows: Tensor) -> anyhow::Result<()> {
+        if self.untapped.contains(&id) {
+            return Ok(());
+        }
         let held = self.held.get(&id).copied().unwrap_or(0);
-        let kept = match self.pending.remove(&id) {
+        let parts = match self.pending.remove(&id) {
             Some(p) if start > held => {
-                let have = p.rows.dim(0)?;
-                let keep = (start - held).min(have);
+                let keep = (start - held).min(p.rows);
                 let gap = start - held - keep;
-                let mut parts = vec![p.rows.narrow(0, 0, keep)?];
+                let mut parts = p.first(keep)?;
                 if gap > 0 {
                     parts.push(Tensor::zeros((gap, rows.dim(1)?), DType::F32, rows.device())?);
                 }
                 parts.push(rows);
-                Tensor::cat(&parts, 0)?
+                parts
             }
             None if start > held => {
                 let gap = Tensor::zeros((start - held, rows.dim(1)?), DType::F32, rows.device())?;
-                Tensor::cat(&[gap, rows], 0)?
+                vec![gap, rows]
             }
-            _ => rows,
+            _ => vec![rows],
         };
         // The target recomputed positions the head held (a preempted sequence): run them again.
         self.held.insert(id, held.min(start));
-        self.pending.insert(id, Pending { rows: kept });
+        self.pending.insert(id, Pending::new(parts)?);
         Ok(())
+    }
+
+    /// A step of sequence `id` ran without keeping its taps (more sequences ran than drafting
+    /// serves, where keeping them costs every step): the head forgets the sequence and never
+    /// drafts for it, rather than read zeros for the positions missed.
+    pub fn untap(&mut self, id: SeqId) {
+        if self.untapped.insert(id) {
+            self.blocks.free_sequence(id);
+            self.held.remove(&id);
+            self.pending.remove(&id);
+        }
+    }
+
+    /// Whether the head may draft for sequence `id` (its taps were all kept).
+    pub fn drafts_for(&self, id: SeqId) -> bool {
+        !self.untapped.contains(&id)
     }
 
     /// Taps of sequence `id` waiting for the head.
     pub fn pending_rows(&self, id: SeqId) -> usize {
-        self.pending.get(&id).and_then(|p| p.rows.dim(0).ok()).unwrap_or(0)
+        self.pending.get(&id).map_or(0, |p| p.rows)
     }
 
     /// The head's greedy guess of the `k` tokens after `tokens` (sequence `id`); empty when it
     /// has no new taps to start from or its pool has no room.
     pub fn propose(&mut self, id: SeqId, tokens: &[u32], k: usize) -> anyhow::Result<Vec<u32>> {
         let len = tokens.len();
-        if k == 0 || len < 2 || len + k > self.head.max_positions() {
+        if k == 0 || len < 2 || len + k > self.head.max_positions() || !self.drafts_for(id) {
             return Ok(Vec::new());
         }
         let Some((mut logits, mut hidden)) = self.run(id, tokens, len - 1, len + k - 2)? else {
@@ -150,7 +205,7 @@ impl EagleDrafter {
     ) -> anyhow::Result<Option<(Tensor, Tensor)>> {
         let held = self.held.get(&id).copied().unwrap_or(0);
         let Some(p) = self.pending.get(&id) else { return Ok(None) };
-        let have = p.rows.dim(0)?;
+        let have = p.rows;
         let upto = upto.min(held + have);
         if upto <= held {
             return Ok(None);
@@ -162,7 +217,7 @@ impl EagleDrafter {
             self.free(id);
             return Ok(None);
         }
-        let rows = p.rows.clone();
+        let rows = p.joined()?;
         let mut out = None;
         let mut pos = held;
         while pos < upto {
@@ -177,7 +232,7 @@ impl EagleDrafter {
         let rest = have - (upto - held);
         if rest > 0 {
             let rows = rows.narrow(0, upto - held, rest)?;
-            self.pending.insert(id, Pending { rows });
+            self.pending.insert(id, Pending { parts: vec![rows], rows: rest });
         } else {
             self.pending.remove(&id);
         }
@@ -228,5 +283,6 @@ impl EagleDrafter {
         self.blocks.free_sequence(id);
         self.held.remove(&id);
         self.pending.remove(&id);
+        self.untapped.remove(&id);
     }
 }

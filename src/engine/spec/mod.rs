@@ -124,7 +124,9 @@ pub fn accepted(drafts: &[u32], sampled: &[u32]) -> usize {
 /// decode step, so its skips start at 1 and stop at 64. A drafter that runs a model of its own
 /// (a draft model, an EAGLE-3 head) pays for a miss with its draft steps as well: its skips
 /// start where a miss costs a tenth of the steps skipped ([`Backoff::for_spec`]) and stop at
-/// 512. Either way a sequence whose drafts all fail spends a bounded share of its time on them
+/// 512; with several sequences in the step they are as many times longer, since one sequence's
+/// draft pads every other one's rows too (a CUDA graph's step verifies as many rows for each)
+/// and its draft steps hold the whole batch up. Either way a sequence whose drafts all fail spends a bounded share of its time on them
 /// (measured in docs/performance.md).
 #[derive(Debug, Clone)]
 pub struct Backoff {
@@ -134,11 +136,13 @@ pub struct Backoff {
     /// The skip after a first miss, and the largest.
     first: u32,
     max: u32,
+    /// Whether the skips grow with the sequences in the step (a costly drafter's).
+    per_batch: bool,
 }
 
 impl Default for Backoff {
     fn default() -> Self {
-        Backoff { misses: 0, skip: 0, first: 1, max: 64 }
+        Backoff { misses: 0, skip: 0, first: 1, max: 64, per_batch: false }
     }
 }
 
@@ -161,7 +165,7 @@ impl Backoff {
             Some(s) if s.drafter != Drafter::Ngram && !s.regardless_of_cost => {
                 let miss = cost.relative(2) - 1.0 + cost.catch_up();
                 let first = (10.0 * miss).ceil().clamp(1.0, 512.0) as u32;
-                Backoff { first, max: 512, ..Backoff::default() }
+                Backoff { first, max: 512, per_batch: true, ..Backoff::default() }
             }
             _ => Backoff::default(),
         }
@@ -181,12 +185,14 @@ impl Backoff {
         self.skip == 0
     }
 
-    /// Records a verify step's outcome.
-    pub fn record(&mut self, accepted: usize) {
+    /// Records the outcome of a verify step of `sequences` sequences.
+    pub fn record(&mut self, accepted: usize, sequences: usize) {
         if accepted > 0 {
             self.misses = 0;
         } else {
-            self.skip = self.first.saturating_mul(1 << self.misses.min(16)).min(self.max);
+            let batch = if self.per_batch { sequences.clamp(1, 512) as u32 } else { 1 };
+            let skip = self.first.saturating_mul(1 << self.misses.min(16)).saturating_mul(batch);
+            self.skip = skip.min(self.max);
             self.misses += 1;
         }
     }
@@ -239,28 +245,33 @@ mod tests {
         for step in 0..40 {
             if b.may_draft() {
                 drafted.push(step);
-                b.record(0);
+                b.record(0, 1);
             }
         }
         // Skips of 1, 2, 4, 8, 16 between the drafts.
         assert_eq!(drafted, vec![0, 2, 5, 10, 19, 36]);
-        b.record(2);
+        b.record(2, 1);
         let mut next = 0;
         while !b.may_draft() {
             next += 1;
         }
         assert!(next <= 32, "a hit resets the misses, the pending skip runs out");
-        b.record(1);
+        b.record(1, 1);
         assert!(b.may_draft());
     }
 
     /// The steps of 1,000 at which a sequence whose drafts all miss drafts.
-    fn drafts_of_misses(mut b: Backoff) -> Vec<usize> {
+    fn drafts_of_misses(b: Backoff) -> Vec<usize> {
+        drafts_of_misses_among(b, 1)
+    }
+
+    /// [`drafts_of_misses`] for a sequence verifying beside `sequences − 1` others.
+    fn drafts_of_misses_among(mut b: Backoff, sequences: usize) -> Vec<usize> {
         (0..1000)
             .filter(|_| {
                 let may = b.may_draft();
                 if may {
-                    b.record(0);
+                    b.record(0, sequences);
                 }
                 may
             })
@@ -279,9 +290,14 @@ mod tests {
         let small = StepCost::dense(2_666_666_667);
         let b = Backoff::for_spec(spec.as_ref(), &own.with_drafter(&small));
         assert_eq!(drafts_of_misses(b), vec![0, 4, 11, 24, 49, 98, 195, 388, 773]);
-        // n-gram drafts cost nothing to make: skips from 1, up to 64.
+        // Beside 3 other sequences, whose rows its drafts pad: skips 4 times as long.
+        let b = Backoff::for_spec(spec.as_ref(), &own.with_drafter(&small));
+        assert_eq!(drafts_of_misses_among(b, 4), vec![0, 13, 38, 87, 184, 377, 762]);
+        // n-gram drafts cost nothing to make: skips from 1, up to 64, whatever the batch.
         let b = Backoff::for_spec(SpecConfig::ngram(4).ok().as_ref(), &own);
         assert_eq!(drafts_of_misses(b)[..7], [0, 2, 5, 10, 19, 36, 69]);
+        let b = Backoff::for_spec(SpecConfig::ngram(4).ok().as_ref(), &own);
+        assert_eq!(drafts_of_misses_among(b, 8)[..7], [0, 2, 5, 10, 19, 36, 69]);
     }
 
     #[test]
