@@ -432,11 +432,20 @@ impl Target {
     }
 
     fn head(&self, dir: &Path) -> EagleDrafter {
+        self.head_for(dir, 1)
+    }
+
+    /// A head whose pool holds `sequences` sequences of the whole context.
+    fn head_for(&self, dir: &Path, sequences: usize) -> EagleDrafter {
         let model = &self.runner.model;
         let head = Eagle3Head::load(dir, model.embedding(), CONTEXT, DType::F32, &Device::Cpu)
             .expect("head");
-        EagleDrafter::new(head, &EngineConfig::single(CONTEXT), model.tap_layers())
-            .expect("drafter")
+        let cfg = EngineConfig {
+            max_seqs: sequences,
+            kv_tokens: sequences * CONTEXT,
+            ..EngineConfig::single(CONTEXT)
+        };
+        EagleDrafter::new(head, &cfg, model.tap_layers()).expect("drafter")
     }
 }
 
@@ -484,6 +493,20 @@ fn taps_are_the_right_layers(model: &Path) {
             let got = head.propose(id, &ids[..n + 1], 3).expect("propose");
             assert_eq!(got, vec![w; 3], "{layout:?}: position {t}");
             head.free(id);
+        }
+        // Every position at once, each a sequence of its own with as many rows, in one
+        // proposal (as the engine makes them for the sequences of a step); one asks for fewer.
+        let mut head = target.head_for(dir.path(), ids.len());
+        let ends = 1..ids.len();
+        for n in ends.clone() {
+            head.record(n as u64, 0, rows.narrow(0, 0, n).expect("rows")).expect("record");
+        }
+        let wants: Vec<(u64, &[u32], usize)> =
+            ends.clone().map(|n| (n as u64, &ids[..n + 1], if n == 5 { 1 } else { 3 })).collect();
+        let got = head.propose_many(&wants).expect("propose");
+        for (n, got) in ends.zip(got) {
+            let k = if n == 5 { 1 } else { 3 };
+            assert_eq!(got, vec![want[n - 1]; k], "{layout:?}: {n} rows among all");
         }
     }
     // The stream entering layer 0 is the embedding; one layer below the last gives other drafts.

@@ -399,6 +399,10 @@ struct Core {
     /// Speculative decoding, when on.
     spec: Option<super::spec::SpecConfig>,
     spec_stats: super::spec::SpecStats,
+    /// How often the engine's drafter's tokens stood lately, over all sequences: where a new
+    /// sequence's own acceptance starts (a drafter that keeps missing is not trusted with long
+    /// drafts again for each new request; one that keeps landing drafts long from the start).
+    recent_acceptance: super::spec::length::Acceptance,
     /// Sequences of this step whose draft is the drafter's (not filler): their outcome feeds
     /// their backoff and the statistics.
     drafted: std::collections::HashSet<u64>,
@@ -446,6 +450,7 @@ impl Core {
             mask_time: Default::default(),
             spec: cfg.spec,
             spec_stats: Default::default(),
+            recent_acceptance: Default::default(),
             drafted: Default::default(),
             step_cost,
             draft: None,
@@ -500,7 +505,11 @@ impl Core {
             } else {
                 super::spec::Backoff::for_prediction()
             },
-            acceptance: Default::default(),
+            acceptance: if p.req.prediction.is_empty() {
+                self.recent_acceptance
+            } else {
+                Default::default()
+            },
             prediction_at: 0,
             draft_tokens: 0,
             accepted_draft_tokens: 0,

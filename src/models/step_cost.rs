@@ -13,8 +13,9 @@
 //! A drafter that runs a model of its own (a draft model, an EAGLE-3 head) adds what its draft
 //! tokens cost to make: each a step of the drafter, in the same currency, the bytes it reads
 //! against the model's; and after a sequence has not drafted for a while, a prefill chunk of
-//! the drafter over the tokens it skipped. Its steps run one sequence at a time, where the
-//! model's verify rows share one step ([`StepCost::speculative`]).
+//! the drafter over the tokens it skipped. A draft model's steps run one sequence at a time; an
+//! EAGLE-3 head's make every sequence's drafts in one step of a row each
+//! ([`StepCost::speculative`]).
 
 /// What a step of so many rows costs against a one-row step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,6 +33,9 @@ pub struct StepCost {
     /// What the drafter's catch-up over the tokens a sequence skipped costs against a one-row
     /// step ([`CATCH_UP_ROWS`] of them).
     catch_up: f64,
+    /// Whether the drafter makes all the sequences' drafts in one step (rows of a dense
+    /// drafter: [`PER_ROW`] each beyond the first), rather than one sequence at a time.
+    batched: bool,
 }
 
 /// Tokens a drafter catches up over after a sequence has not drafted for a while: what its
@@ -55,7 +59,7 @@ impl StepCost {
     /// A dense model whose one-row step reads `bytes`: the weights are read once whatever the
     /// rows.
     pub fn dense(bytes: u64) -> StepCost {
-        StepCost { per_row: PER_ROW, moe: None, bytes, draft: 0.0, catch_up: 0.0 }
+        StepCost { per_row: PER_ROW, moe: None, bytes, draft: 0.0, catch_up: 0.0, batched: false }
     }
 
     /// A mixture of `experts` experts, `top_k` a token, whose `top_k` experts make `share` of a
@@ -66,7 +70,7 @@ impl StepCost {
             top_k: top_k as f64,
             share: share.clamp(0.0, 1.0),
         });
-        StepCost { per_row: PER_ROW, moe, bytes, draft: 0.0, catch_up: 0.0 }
+        StepCost { per_row: PER_ROW, moe, bytes, draft: 0.0, catch_up: 0.0, batched: false }
     }
 
     /// This model's steps with drafts made by a drafter whose steps cost what `drafter` says
@@ -74,6 +78,12 @@ impl StepCost {
     pub fn with_drafter(self, drafter: &StepCost) -> StepCost {
         let draft = drafter.bytes as f64 / self.bytes.max(1) as f64;
         StepCost { draft, catch_up: draft * drafter.relative(CATCH_UP_ROWS), ..self }
+    }
+
+    /// [`StepCost::with_drafter`] for a drafter that makes every sequence's drafts in one step
+    /// (an EAGLE-3 head).
+    pub fn with_batched_drafter(self, drafter: &StepCost) -> StepCost {
+        StepCost { batched: true, ..self.with_drafter(drafter) }
     }
 
     /// What making one draft token costs against a one-row step.
@@ -102,11 +112,12 @@ impl StepCost {
     }
 
     /// The time of a speculative step of `sequences` sequences that each verify `drafts` draft
-    /// tokens with their last token, their drafts made one sequence at a time, over that of a
-    /// plain step of the sequences.
+    /// tokens with their last token, and of making their drafts (one sequence at a time, or all
+    /// at once by a batched drafter), over that of a plain step of the sequences.
     pub fn speculative(&self, sequences: usize, drafts: usize) -> f64 {
         let n = sequences.max(1);
-        let made = self.draft * (n * drafts) as f64;
+        let steps = if self.batched { 1.0 + PER_ROW * (n - 1) as f64 } else { n as f64 };
+        let made = self.draft * drafts as f64 * steps;
         (self.relative(n * (1 + drafts)) + made) / self.relative(n)
     }
 }
@@ -163,5 +174,10 @@ mod tests {
         // 8 sequences make their drafts one after another but verify them in one step.
         let eight = (with.relative(16) + 8.0 * 0.15625) / with.relative(8);
         assert!((with.speculative(8, 1) - eight).abs() < 1e-12);
+        // A batched drafter (an EAGLE-3 head) makes them in one step of 8 rows: 1.14 steps.
+        let batched = target.with_batched_drafter(&StepCost::dense(2_500_000_000));
+        let eight = (with.relative(24) + 2.0 * 0.15625 * 1.14) / with.relative(8);
+        assert!((batched.speculative(8, 2) - eight).abs() < 1e-12);
+        assert_eq!(batched.speculative(1, 3), with.speculative(1, 3));
     }
 }

@@ -29,7 +29,7 @@ impl Core {
         chunks: &[Chunk],
     ) -> anyhow::Result<Vec<SampledRun>> {
         let ids = self.draw(logits, chunks)?;
-        let Core { live, sched, drafted, spec_stats, broken, .. } = self;
+        let Core { live, sched, drafted, spec_stats, broken, recent_acceptance, .. } = self;
         let mut out = Vec::with_capacity(chunks.len());
         let mut r = 0;
         for c in chunks {
@@ -53,6 +53,9 @@ impl Core {
                 if drafted.contains(&c.id) {
                     l.backoff.record(accepted, chunks.len());
                     l.acceptance.record(c.drafts, accepted);
+                    if l.req.prediction.is_empty() {
+                        recent_acceptance.record(c.drafts, accepted);
+                    }
                     l.draft_tokens += c.drafts;
                     l.accepted_draft_tokens += accepted;
                     spec_stats.drafts += 1;

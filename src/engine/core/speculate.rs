@@ -37,6 +37,8 @@ impl Core {
         let costly = self.costly_drafts_pay(k_max);
         let running = self.sched.running();
         let mut drafts: Vec<(u64, Vec<u32>, usize)> = Vec::new();
+        // Entries of `drafts` the EAGLE-3 head fills.
+        let mut heads = Vec::new();
         for id in self.sched.running_ids() {
             let Some(room) = self.draft_room(id) else { continue };
             let Some(seq) = self.sched.get(id) else { continue };
@@ -68,18 +70,17 @@ impl Core {
                             Vec::new()
                         })
                     }
-                    (Some(s), _) if s.drafter == Drafter::Eagle => match &mut self.eagle {
-                        Some(e) => e.propose(id, &seq.tokens, k).unwrap_or_else(|e| {
-                            tracing::warn!("EAGLE-3 head: {e:#}");
-                            Vec::new()
-                        }),
-                        None => Vec::new(),
-                    },
+                    // The head guesses for all of them at once, below.
+                    (Some(s), _) if s.drafter == Drafter::Eagle => {
+                        heads.push(drafts.len());
+                        Vec::new()
+                    }
                     _ => Vec::new(),
                 }
             };
             drafts.push((id, draft, k));
         }
+        self.propose_with_head(&mut drafts, &heads);
         let uniform = crate::engine::graphs::enabled(self.runner.device());
         if self.drafts_are_free() {
             self.fit_lengths(&mut drafts, uniform);
@@ -100,6 +101,28 @@ impl Core {
                 draft.resize(longest.min(k), fill);
             }
             self.sched.set_draft(id, draft);
+        }
+    }
+
+    /// The EAGLE-3 head's guesses for entries `heads` of `drafts` (sequence, draft, length),
+    /// made together. A proposal that fails is no draft: those sequences decode one token.
+    fn propose_with_head(&mut self, drafts: &mut [(u64, Vec<u32>, usize)], heads: &[usize]) {
+        let (Some(e), false) = (&mut self.eagle, heads.is_empty()) else { return };
+        let wants: Vec<(u64, &[u32], usize)> = heads
+            .iter()
+            .filter_map(|&i| {
+                let (id, _, k) = drafts[i];
+                self.sched.get(id).map(|seq| (id, seq.tokens.as_slice(), k))
+            })
+            .collect();
+        let guesses = e.propose_many(&wants).unwrap_or_else(|err| {
+            tracing::warn!("EAGLE-3 head: {err:#}");
+            Vec::new()
+        });
+        for ((id, _, _), guess) in wants.iter().zip(guesses) {
+            if let Some(d) = drafts.iter_mut().find(|d| d.0 == *id) {
+                d.1 = guess;
+            }
         }
     }
 
@@ -252,7 +275,8 @@ impl Core {
                 self.draft = Some(DraftModel::new(d, cfg, vocab)?);
             }
             Draft::Eagle(head) => {
-                self.step_cost = self.step_cost.with_drafter(&StepCost::dense(head.bytes()));
+                self.step_cost =
+                    self.step_cost.with_batched_drafter(&StepCost::dense(head.bytes()));
                 let e = EagleDrafter::new(*head, cfg, self.runner.model.tap_layers())?;
                 self.runner.taps = e.taps().to_vec();
                 self.eagle = Some(e);

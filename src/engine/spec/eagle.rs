@@ -28,6 +28,18 @@ use crate::kernels::PagedBounds;
 use crate::models::batch::{KvPool, StepInput};
 use crate::models::eagle3::{Eagle3Head, Feature};
 
+/// A sequence's rows in a proposal's first pass: positions `start..end`, with their taps.
+struct Rows {
+    start: usize,
+    end: usize,
+    taps: Tensor,
+}
+
+/// Rows of a sequence a proposal's first pass runs at most beside the other sequences' (more,
+/// left by a long pause, run alone before it): about what a sequence gathers between
+/// catch-ups.
+const FIRST_PASS_ROWS: usize = 64;
+
 /// Taps a sequence's next proposal reads: the rows of positions `held..held + rows`, in the
 /// pieces the steps handed over (joined when the head runs them, not at every step).
 struct Pending {
@@ -162,26 +174,105 @@ impl EagleDrafter {
     /// The head's greedy guess of the `k` tokens after `tokens` (sequence `id`); empty when it
     /// has no new taps to start from or its pool has no room.
     pub fn propose(&mut self, id: SeqId, tokens: &[u32], k: usize) -> anyhow::Result<Vec<u32>> {
-        let len = tokens.len();
-        if k == 0 || len < 2 || len + k > self.head.max_positions() || !self.drafts_for(id) {
-            return Ok(Vec::new());
+        Ok(self.propose_many(&[(id, tokens, k)])?.remove(0))
+    }
+
+    /// [`EagleDrafter::propose`] for several sequences at once, each `(id, tokens, k)`: one pass
+    /// over every sequence's new rows, then `k − 1` chained passes of one row a sequence (the
+    /// longest `k`; a shorter guess is cut). The passes read the head's weights once for all
+    /// the sequences, where proposing one at a time reads them once a sequence.
+    pub fn propose_many(
+        &mut self,
+        wants: &[(SeqId, &[u32], usize)],
+    ) -> anyhow::Result<Vec<Vec<u32>>> {
+        let mut out = vec![Vec::new(); wants.len()];
+        let fits: Vec<bool> =
+            wants.iter().map(|&(id, t, k)| k > 0 && t.len() >= 2 && self.drafts_for(id)).collect();
+        let k_max = wants.iter().zip(&fits).filter(|w| *w.1).map(|w| w.0.2).max().unwrap_or(0);
+        // Who drafts: (index in `wants`, the rows its first pass runs).
+        let mut runs: Vec<(usize, Rows)> = Vec::new();
+        for (i, &(id, tokens, _)) in wants.iter().enumerate() {
+            if !fits[i] || tokens.len() + k_max > self.head.max_positions() {
+                continue;
+            }
+            if let Some(rows) = self.first_rows(id, tokens, tokens.len() + k_max - 2)? {
+                runs.push((i, rows));
+            }
         }
-        let Some((mut logits, mut hidden)) = self.run(id, tokens, len - 1, len + k - 2)? else {
-            return Ok(Vec::new());
-        };
+        if runs.is_empty() {
+            return Ok(out);
+        }
+        let dev = self.head.device().clone();
+        let ids: Vec<u32> =
+            runs.iter().flat_map(|(i, r)| wants[*i].1[r.start + 1..r.end + 1].to_vec()).collect();
+        let spans: Vec<(SeqId, usize, usize)> =
+            runs.iter().map(|(i, r)| (wants[*i].0, r.start, r.end - r.start)).collect();
+        let taps: Vec<Tensor> = runs.iter().map(|(_, r)| r.taps.clone()).collect();
+        let step = self.rows_input(&spans, Tensor::new(ids.as_slice(), &dev)?)?;
+        let (mut logits, hidden) =
+            self.head.forward(&step, &self.pool, Feature::Taps(&Tensor::cat(&taps, 0)?))?;
+        let mut hidden = hidden.index_select(&step.logit_rows, 0)?;
         // Each guess stays on the device as the next pass's input: the passes queue one after
-        // another without waiting for the host, which reads all k guesses once at the end.
-        let mut guess = Vec::with_capacity(k);
-        for j in 0..k {
+        // another without waiting for the host, which reads all the guesses once at the end.
+        let mut guesses = Vec::with_capacity(k_max);
+        for j in 0..k_max {
             let next = self.head.target_ids(&crate::kernels::argmax_rows(&logits)?)?;
-            if j + 1 < k {
-                let step = self.step_input_of(id, len - 1 + j, next.clone(), 0)?;
+            if j + 1 < k_max {
+                let spans: Vec<(SeqId, usize, usize)> =
+                    runs.iter().map(|(i, _)| (wants[*i].0, wants[*i].1.len() - 1 + j, 1)).collect();
+                let step = self.rows_input(&spans, next.clone())?;
                 (logits, hidden) =
                     self.head.forward(&step, &self.pool, Feature::Hidden(&hidden))?;
             }
-            guess.push(next);
+            guesses.push(next);
         }
-        Ok(Tensor::cat(&guess, 0)?.to_vec1::<u32>()?)
+        let guesses = Tensor::stack(&guesses, 1)?.to_vec2::<u32>()?;
+        for ((i, _), mut guess) in runs.iter().zip(guesses) {
+            guess.truncate(wants[*i].2);
+            out[*i] = guess;
+        }
+        Ok(out)
+    }
+
+    /// The rows of sequence `id` a proposal's first pass runs: its pending taps up to the last
+    /// of `tokens`, with blocks up to position `reach`; any but the last [`FIRST_PASS_ROWS`]
+    /// are run now, alone. `None` when there is nothing new or no room (the sequence is then
+    /// forgotten).
+    fn first_rows(
+        &mut self,
+        id: SeqId,
+        tokens: &[u32],
+        reach: usize,
+    ) -> anyhow::Result<Option<Rows>> {
+        let upto = tokens.len() - 1;
+        let held = self.held.get(&id).copied().unwrap_or(0);
+        if upto > held + FIRST_PASS_ROWS {
+            self.run(id, tokens, upto - FIRST_PASS_ROWS, reach)?;
+        }
+        let held = self.held.get(&id).copied().unwrap_or(0);
+        let Some(p) = self.pending.get(&id) else { return Ok(None) };
+        let upto = upto.min(held + p.rows);
+        if upto <= held {
+            return Ok(None);
+        }
+        if !self.blocks.contains(id) {
+            self.blocks.add_sequence(id, &[]);
+        }
+        if self.blocks.ensure(id, held, reach.max(upto) + 1).is_err() {
+            self.free(id);
+            return Ok(None);
+        }
+        let rows = p.joined()?;
+        let have = p.rows;
+        let taps = rows.narrow(0, 0, upto - held)?;
+        self.held.insert(id, upto);
+        if have > upto - held {
+            let rest = rows.narrow(0, upto - held, have - (upto - held))?;
+            self.pending.insert(id, Pending { parts: vec![rest], rows: have - (upto - held) });
+        } else {
+            self.pending.remove(&id);
+        }
+        Ok(Some(Rows { start: held, end: upto, taps }))
     }
 
     /// Runs what the head can of the prompt now (all of it but the last position, which the
@@ -247,34 +338,52 @@ impl EagleDrafter {
         ids: &[u32],
         logit_row: usize,
     ) -> anyhow::Result<StepInput> {
-        self.step_input_of(id, start, Tensor::new(ids, self.head.device())?, logit_row)
+        let mut step =
+            self.rows_input(&[(id, start, ids.len())], Tensor::new(ids, self.head.device())?)?;
+        step.logit_rows = Tensor::new(&[logit_row as u32], self.head.device())?;
+        Ok(step)
     }
 
-    /// [`EagleDrafter::step_input`] with the ids already a tensor (u32 `[n]`) on the device.
-    fn step_input_of(
+    /// Rows of several sequences, each `(id, start, n)` (positions `start..start + n`), whose
+    /// ids are `ids` (u32, in that order, on the device); logits of each sequence's last row.
+    fn rows_input(
         &self,
-        id: SeqId,
-        start: usize,
+        spans: &[(SeqId, usize, usize)],
         ids: Tensor,
-        logit_row: usize,
     ) -> anyhow::Result<StepInput> {
         let dev = self.head.device();
-        let n = ids.dim(0)?;
-        let positions: Vec<u32> = (start..start + n).map(|p| p as u32).collect();
-        let slots = (start..start + n)
-            .map(|p| self.blocks.slot(id, 0, p))
-            .collect::<Option<Vec<u32>>>()
-            .ok_or_else(|| anyhow::anyhow!("EAGLE-3 head: no KV slot for sequence {id}"))?;
-        let table = self.blocks.table(id, 0);
+        let (mut positions, mut slots, mut cu_q, mut q_pos, mut last) =
+            (Vec::new(), Vec::new(), vec![0u32], Vec::new(), Vec::new());
+        let (mut max_q, mut max_ctx) = (0, 0);
+        for &(id, start, n) in spans {
+            for p in start..start + n {
+                positions.push(p as u32);
+                slots.push(self.blocks.slot(id, 0, p).ok_or_else(|| {
+                    anyhow::anyhow!("EAGLE-3 head: no KV slot for sequence {id}")
+                })?);
+            }
+            let end = cu_q.last().copied().unwrap_or(0) + n as u32;
+            cu_q.push(end);
+            last.push(end - 1);
+            q_pos.push(start as u32);
+            max_q = max_q.max(n);
+            max_ctx = max_ctx.max(start + n);
+        }
+        let width = spans.iter().map(|s| self.blocks.table(s.0, 0).len()).max().unwrap_or(0).max(1);
+        let mut table = vec![u32::MAX; spans.len() * width];
+        for (i, s) in spans.iter().enumerate() {
+            let row = self.blocks.table(s.0, 0);
+            table[i * width..i * width + row.len()].copy_from_slice(row);
+        }
         Ok(StepInput {
             tokens: ids,
             positions: Tensor::new(positions.as_slice(), dev)?,
             slots: vec![Tensor::new(slots.as_slice(), dev)?],
-            tables: vec![Tensor::from_slice(table, (1, table.len()), dev)?],
-            cu_q: Tensor::new(&[0u32, n as u32], dev)?,
-            q_pos: Tensor::new(&[start as u32], dev)?,
-            logit_rows: Tensor::new(&[logit_row as u32], dev)?,
-            bounds: PagedBounds { max_q_len: n, max_context: start + n },
+            tables: vec![Tensor::from_vec(table, (spans.len(), width), dev)?],
+            cu_q: Tensor::new(cu_q.as_slice(), dev)?,
+            q_pos: Tensor::new(q_pos.as_slice(), dev)?,
+            logit_rows: Tensor::new(last.as_slice(), dev)?,
+            bounds: PagedBounds { max_q_len: max_q, max_context: max_ctx },
         })
     }
 

@@ -55,7 +55,8 @@ fn best(k_max: usize, rate: impl Fn(usize) -> f64) -> usize {
 }
 
 /// A sequence's acceptance per draft token, from its own verify steps, recent ones weighing
-/// most (a reply moves between copying its input and writing new text).
+/// most (a reply moves between copying its input and writing new text). A new sequence starts
+/// from the engine's: the same record over every sequence's verify steps.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Acceptance {
     stood: f64,
