@@ -33,7 +33,8 @@ if [ ! -x "$bin" ]; then
     mkdir -p "$(dirname "$bin")"
     gunzip -c .dev/gpu/inferno.gz >"$bin" && chmod +x "$bin"
 fi
-# A layout of benches/configs with dummy weights, or a model file (a GGUF of real or random weights).
+# A layout of benches/configs with dummy weights, or a model file (a GGUF of real or random
+# weights).
 model=("benches/configs/$layout.json" --dummy-weights)
 [ -f "$layout" ] && model=("$layout")
 csv="${TMPDIR:-/tmp}/ncu-$(basename "$layout")-c$streams.csv"
@@ -46,7 +47,8 @@ warmup=0 from=$((gen - steps - ${SKIP:-0} - 2)) start=off
 [ "$from" -lt 1 ] && from=1
 [ "$steps" = prefill ] && warmup=1 from=0 start=on
 INFERNO_BENCH_WARMUP=$warmup INFERNO_PROFILE_FROM_STEP=$from \
-    ncu --profile-from-start $start --graph-profiling node --cache-control none --clock-control none \
+    ncu --profile-from-start $start --graph-profiling node --cache-control none \
+    --clock-control none \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw \
     "$bin" bench "${model[@]}" -p "$prompt" -n "$gen" -r 1 -c "$streams" \
     >"$csv" 2>"${csv%.csv}.err"

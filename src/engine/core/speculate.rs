@@ -108,21 +108,20 @@ impl Core {
     /// made together. A proposal that fails is no draft: those sequences decode one token.
     fn propose_with_head(&mut self, drafts: &mut [(u64, Vec<u32>, usize)], heads: &[usize]) {
         let (Some(e), false) = (&mut self.eagle, heads.is_empty()) else { return };
-        let wants: Vec<(u64, &[u32], usize)> = heads
-            .iter()
-            .filter_map(|&i| {
-                let (id, _, k) = drafts[i];
-                self.sched.get(id).map(|seq| (id, seq.tokens.as_slice(), k))
-            })
-            .collect();
+        let (mut which, mut wants) = (Vec::new(), Vec::new());
+        for &i in heads {
+            let (id, _, k) = drafts[i];
+            if let Some(seq) = self.sched.get(id) {
+                which.push(i);
+                wants.push((id, seq.tokens.as_slice(), k));
+            }
+        }
         let guesses = e.propose_many(&wants).unwrap_or_else(|err| {
             tracing::warn!("EAGLE-3 head: {err:#}");
             Vec::new()
         });
-        for ((id, _, _), guess) in wants.iter().zip(guesses) {
-            if let Some(d) = drafts.iter_mut().find(|d| d.0 == *id) {
-                d.1 = guess;
-            }
+        for (i, guess) in which.into_iter().zip(guesses) {
+            drafts[i].1 = guess;
         }
     }
 

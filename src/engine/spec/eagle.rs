@@ -15,8 +15,13 @@
 //! Positions the target never computed for this sequence (a prompt prefix its cache held) have
 //! no taps: the head reads zeros there, which only costs acceptance. While more sequences run
 //! than speculation serves, no step keeps taps (it would cost every step of a batch that never
-//! drafts): the head forgets those sequences and never drafts for them ([`EagleDrafter::untap`]). The head's pool has no
-//! prefix cache of its own: its keys at a position depend on the token after it.
+//! drafts): the head forgets those sequences and never drafts for them
+//! ([`EagleDrafter::untap`]). The head's pool has no prefix cache of its own: its keys at a
+//! position depend on the token after it.
+//!
+//! The sequences that draft in a step get their guesses together
+//! ([`EagleDrafter::propose_many`]): one pass over all their new rows, then the chained passes
+//! of a row each, so the head's weights are read once a pass whatever the number of sequences.
 
 use std::collections::HashMap;
 
@@ -249,30 +254,7 @@ impl EagleDrafter {
         if upto > held + FIRST_PASS_ROWS {
             self.run(id, tokens, upto - FIRST_PASS_ROWS, reach)?;
         }
-        let held = self.held.get(&id).copied().unwrap_or(0);
-        let Some(p) = self.pending.get(&id) else { return Ok(None) };
-        let upto = upto.min(held + p.rows);
-        if upto <= held {
-            return Ok(None);
-        }
-        if !self.blocks.contains(id) {
-            self.blocks.add_sequence(id, &[]);
-        }
-        if self.blocks.ensure(id, held, reach.max(upto) + 1).is_err() {
-            self.free(id);
-            return Ok(None);
-        }
-        let rows = p.joined()?;
-        let have = p.rows;
-        let taps = rows.narrow(0, 0, upto - held)?;
-        self.held.insert(id, upto);
-        if have > upto - held {
-            let rest = rows.narrow(0, upto - held, have - (upto - held))?;
-            self.pending.insert(id, Pending { parts: vec![rest], rows: have - (upto - held) });
-        } else {
-            self.pending.remove(&id);
-        }
-        Ok(Some(Rows { start: held, end: upto, taps }))
+        self.take(id, upto, reach)
     }
 
     /// Runs what the head can of the prompt now (all of it but the last position, which the
@@ -285,19 +267,27 @@ impl EagleDrafter {
     }
 
     /// Runs positions `held..upto` of `id` from its pending taps (each with the token after it),
-    /// with blocks up to position `reach`: the last row's draft logits and pre-norm output.
+    /// with blocks up to position `reach`, in chunks of the step budget.
+    fn run(&mut self, id: SeqId, tokens: &[u32], upto: usize, reach: usize) -> anyhow::Result<()> {
+        let Some(rows) = self.take(id, upto, reach)? else { return Ok(()) };
+        let mut pos = rows.start;
+        while pos < rows.end {
+            let end = (pos + self.chunk).min(rows.end);
+            let step = self.step_input(id, pos, &tokens[pos + 1..end + 1], end - pos - 1)?;
+            let taps = rows.taps.narrow(0, pos - rows.start, end - pos)?;
+            self.head.forward(&step, &self.pool, Feature::Taps(&taps))?;
+            pos = end;
+        }
+        Ok(())
+    }
+
+    /// Takes positions `held..upto` of `id` (as far as its pending taps reach) out of the
+    /// pending ones, with blocks up to position `reach`: the head holds them once they run.
     /// `None` when there is nothing to run or no room (the sequence is then forgotten).
-    fn run(
-        &mut self,
-        id: SeqId,
-        tokens: &[u32],
-        upto: usize,
-        reach: usize,
-    ) -> anyhow::Result<Option<(Tensor, Tensor)>> {
+    fn take(&mut self, id: SeqId, upto: usize, reach: usize) -> anyhow::Result<Option<Rows>> {
         let held = self.held.get(&id).copied().unwrap_or(0);
         let Some(p) = self.pending.get(&id) else { return Ok(None) };
-        let have = p.rows;
-        let upto = upto.min(held + have);
+        let (have, upto) = (p.rows, upto.min(held + p.rows));
         if upto <= held {
             return Ok(None);
         }
@@ -309,25 +299,15 @@ impl EagleDrafter {
             return Ok(None);
         }
         let rows = p.joined()?;
-        let mut out = None;
-        let mut pos = held;
-        while pos < upto {
-            let end = (pos + self.chunk).min(upto);
-            let step = self.step_input(id, pos, &tokens[pos + 1..end + 1], end - pos - 1)?;
-            let taps = rows.narrow(0, pos - held, end - pos)?;
-            let (logits, hidden) = self.head.forward(&step, &self.pool, Feature::Taps(&taps))?;
-            out = Some((logits, hidden.narrow(0, end - pos - 1, 1)?));
-            pos = end;
-        }
+        let taken = upto - held;
         self.held.insert(id, upto);
-        let rest = have - (upto - held);
-        if rest > 0 {
-            let rows = rows.narrow(0, upto - held, rest)?;
-            self.pending.insert(id, Pending { parts: vec![rows], rows: rest });
+        if have > taken {
+            let rest = rows.narrow(0, taken, have - taken)?;
+            self.pending.insert(id, Pending { parts: vec![rest], rows: have - taken });
         } else {
             self.pending.remove(&id);
         }
-        Ok(out)
+        Ok(Some(Rows { start: held, end: upto, taps: rows.narrow(0, 0, taken)? }))
     }
 
     /// One sequence's rows at positions `start..` with ids `ids`; logits of row `logit_row`.

@@ -126,8 +126,8 @@ pub fn accepted(drafts: &[u32], sampled: &[u32]) -> usize {
 /// start where a miss costs a tenth of the steps skipped ([`Backoff::for_spec`]) and stop at
 /// 512; with several sequences in the step they are as many times longer, since one sequence's
 /// draft pads every other one's rows too (a CUDA graph's step verifies as many rows for each)
-/// and its draft steps hold the whole batch up. Either way a sequence whose drafts all fail spends a bounded share of its time on them
-/// (measured in docs/performance.md).
+/// and its draft steps hold the whole batch up. Either way a sequence whose drafts all fail
+/// spends a bounded share of its time on them (measured in docs/performance.md).
 #[derive(Debug, Clone)]
 pub struct Backoff {
     misses: u32,
