@@ -257,6 +257,11 @@ pub fn bench_warmup() -> bool {
     BENCH_WARMUP.get()
 }
 
+/// The engine step before which the CUDA profiler starts (`None`: never started by the engine).
+pub fn profile_from_step() -> Option<u64> {
+    Some(PROFILE_FROM_STEP.get()).filter(|&n| n > 0)
+}
+
 // ---------------------------------------------------------------------------------------------
 // For tests: knobs the integration tests set on the binary they run.
 
@@ -306,11 +311,6 @@ static SSE_KEEP_ALIVE_SECS: Number = Number::new(
 /// How long the ranks of a `--tp` group wait for each other to join.
 pub fn tp_join_timeout() -> std::time::Duration {
     std::time::Duration::from_secs(TP_JOIN_TIMEOUT.get())
-}
-
-/// The engine step before which the CUDA profiler starts (`None`: never started by the engine).
-pub fn profile_from_step() -> Option<u64> {
-    Some(PROFILE_FROM_STEP.get()).filter(|&n| n > 0)
 }
 
 /// Whether `serve` honours test-only request fields.

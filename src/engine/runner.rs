@@ -7,7 +7,7 @@
 use candle_core::{Device, Tensor};
 
 use super::graphs::{self, BucketGraph, GraphArena, StepIds};
-use super::kv::blocks::Tables;
+use super::kv::blocks::{INVALID, SeqId, Tables};
 use super::ranks::{self, Followers};
 use super::scheduler::Chunk;
 use crate::generate::{Sampler, SamplerConfig};
@@ -267,17 +267,10 @@ impl Runner {
         if rows.is_empty() {
             rows.push(0); // a row nobody reads: the head needs at least one
         }
-        let mut tables = Vec::with_capacity(groups);
-        for g in 0..groups {
-            let width =
-                chunks.iter().map(|c| blocks.table(c.id, g).len()).max().unwrap_or(0).max(1);
-            let mut t = vec![u32::MAX; chunks.len() * width];
-            for (i, c) in chunks.iter().enumerate() {
-                let row = blocks.table(c.id, g);
-                t[i * width..i * width + row.len()].copy_from_slice(row);
-            }
-            tables.push(Tensor::from_vec(t, (chunks.len(), width), dev)?);
-        }
+        let ids: Vec<_> = chunks.iter().map(|c| c.id).collect();
+        let tables = (0..groups)
+            .map(|g| block_tables(blocks, &ids, g, dev))
+            .collect::<candle_core::Result<Vec<_>>>()?;
         let n = tokens.len();
         Ok(StepInput {
             tokens: Tensor::from_vec(tokens, n, dev)?,
@@ -293,6 +286,23 @@ impl Runner {
             bounds: PagedBounds { max_q_len: max_q, max_context: max_ctx },
         })
     }
+}
+
+/// The block tables of sequences `ids` in group `g` as one u32 tensor `[ids.len(), width]`,
+/// each row padded with [`INVALID`] to the longest (a step's `tables`).
+pub(crate) fn block_tables(
+    blocks: &dyn Tables,
+    ids: &[SeqId],
+    g: usize,
+    dev: &Device,
+) -> candle_core::Result<Tensor> {
+    let width = ids.iter().map(|&id| blocks.table(id, g).len()).max().unwrap_or(0).max(1);
+    let mut t = vec![INVALID; ids.len() * width];
+    for (i, &id) in ids.iter().enumerate() {
+        let row = blocks.table(id, g);
+        t[i * width..i * width + row.len()].copy_from_slice(row);
+    }
+    Tensor::from_vec(t, (ids.len(), width), dev)
 }
 
 /// The decode graph of a step whose every chunk samples all its rows, and has as many as the

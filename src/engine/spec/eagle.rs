@@ -29,6 +29,7 @@ use candle_core::{DType, Tensor};
 
 use super::super::core::{EngineConfig, pool_groups};
 use super::super::kv::blocks::{BlockConfig, BlockManager, SeqId};
+use super::super::runner::block_tables;
 use crate::kernels::PagedBounds;
 use crate::models::batch::{KvPool, StepInput};
 use crate::models::eagle3::{Eagle3Head, Feature};
@@ -159,10 +160,9 @@ impl EagleDrafter {
     /// serves, where keeping them costs every step): the head forgets the sequence and never
     /// drafts for it, rather than read zeros for the positions missed.
     pub fn untap(&mut self, id: SeqId) {
-        if self.untapped.insert(id) {
-            self.blocks.free_sequence(id);
-            self.held.remove(&id);
-            self.pending.remove(&id);
+        if !self.untapped.contains(&id) {
+            self.free(id);
+            self.untapped.insert(id);
         }
     }
 
@@ -349,17 +349,12 @@ impl EagleDrafter {
             max_q = max_q.max(n);
             max_ctx = max_ctx.max(start + n);
         }
-        let width = spans.iter().map(|s| self.blocks.table(s.0, 0).len()).max().unwrap_or(0).max(1);
-        let mut table = vec![u32::MAX; spans.len() * width];
-        for (i, s) in spans.iter().enumerate() {
-            let row = self.blocks.table(s.0, 0);
-            table[i * width..i * width + row.len()].copy_from_slice(row);
-        }
+        let seqs: Vec<SeqId> = spans.iter().map(|s| s.0).collect();
         Ok(StepInput {
             tokens: ids,
             positions: Tensor::new(positions.as_slice(), dev)?,
             slots: vec![Tensor::new(slots.as_slice(), dev)?],
-            tables: vec![Tensor::from_vec(table, (spans.len(), width), dev)?],
+            tables: vec![block_tables(&self.blocks, &seqs, 0, dev)?],
             cu_q: Tensor::new(cu_q.as_slice(), dev)?,
             q_pos: Tensor::new(q_pos.as_slice(), dev)?,
             logit_rows: Tensor::new(last.as_slice(), dev)?,
