@@ -437,12 +437,18 @@ impl Target {
 
     /// A head whose pool holds `sequences` sequences of the whole context.
     fn head_for(&self, dir: &Path, sequences: usize) -> EagleDrafter {
+        self.head_with(dir, sequences, EngineConfig::single(CONTEXT).token_budget)
+    }
+
+    /// [`Target::head_for`] whose passes run at most `budget` rows.
+    fn head_with(&self, dir: &Path, sequences: usize, budget: usize) -> EagleDrafter {
         let model = &self.runner.model;
         let head = Eagle3Head::load(dir, model.embedding(), CONTEXT, DType::F32, &Device::Cpu)
             .expect("head");
         let cfg = EngineConfig {
             max_seqs: sequences,
             kv_tokens: sequences * CONTEXT,
+            token_budget: budget,
             ..EngineConfig::single(CONTEXT)
         };
         EagleDrafter::new(head, &cfg, model.tap_layers()).expect("drafter")
@@ -542,6 +548,47 @@ fn taps_are_the_right_layers(model: &Path) {
         head.free(id);
     }
     assert!(same < ids.len() / 2, "a tap one layer off still reproduces the logits ({same} rows)");
+}
+
+/// Prompts the head catches up together (in passes of a few rows, so that one sequence's rows
+/// span passes and a pass holds several sequences) leave it the keys a proposal's own first
+/// pass computes for each alone: its guesses after them are the same. A head of random weights,
+/// whose guesses read every key.
+#[test]
+fn prompts_caught_up_together_guess_as_alone() {
+    let model = fixture("gpt_oss_tiny");
+    let mut target = Target::new(&model);
+    let vocab = target.runner.model.vocab_size() as u32;
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_head(dir.path(), &model, Layout::Speculators, Weights::Random, None);
+    let taps = target.head(dir.path()).taps().to_vec();
+    let mut rng = StdRng::seed_from_u64(11);
+    // Each prompt with the token sampled after it, and the prompt's taps.
+    let prompts: Vec<(Vec<u32>, Tensor)> = [5, 12, 3, 9]
+        .iter()
+        .map(|&n| {
+            let ids: Vec<u32> = (0..=n).map(|_| rng.random_range(1..vocab)).collect();
+            let rows = target.run(&ids[..n], &taps).1;
+            (ids, rows)
+        })
+        .collect();
+    let mut alone = target.head_for(dir.path(), prompts.len());
+    let mut want = Vec::new();
+    for (i, (ids, rows)) in prompts.iter().enumerate() {
+        alone.record(i as u64, 0, rows.clone()).expect("record");
+        want.push(alone.propose(i as u64, ids, 3).expect("propose"));
+    }
+    let mut together = target.head_with(dir.path(), prompts.len(), 4);
+    for (i, (_, rows)) in prompts.iter().enumerate() {
+        together.record(i as u64, 0, rows.clone()).expect("record");
+    }
+    let seqs: Vec<(u64, &[u32])> =
+        prompts.iter().enumerate().map(|(i, (ids, _))| (i as u64, ids.as_slice())).collect();
+    together.catch_up(&seqs).expect("catch up");
+    let wants: Vec<(u64, &[u32], usize)> = seqs.iter().map(|&(i, ids)| (i, ids, 3)).collect();
+    let got = together.propose_many(&wants).expect("propose");
+    assert_eq!(got, want, "guesses after prompts caught up together");
+    assert!(want.iter().all(|g| g.len() == 3), "every sequence guessed: {want:?}");
 }
 
 #[test]

@@ -100,9 +100,10 @@ impl Core {
                 l.backoff.may_draft();
             }
             self.sched.complete(c, 0, &[id], &mut self.blocks);
-            self.eagle_catch_up(c.id, false);
             self.emit_run(c.id, vec![(id, None)]);
         }
+        let due: Vec<(u64, bool)> = step.chunks.iter().map(|c| (c.id, false)).collect();
+        self.eagle_catch_up(&due);
         self.publish(step.chunks.len());
         self.in_flight = next;
     }

@@ -252,31 +252,56 @@ impl EagleDrafter {
         let upto = tokens.len() - 1;
         let held = self.held.get(&id).copied().unwrap_or(0);
         if upto > held + FIRST_PASS_ROWS {
-            self.run(id, tokens, upto - FIRST_PASS_ROWS, reach)?;
+            self.run(&[(id, tokens, upto - FIRST_PASS_ROWS)])?;
         }
         self.take(id, upto, reach)
     }
 
-    /// Runs what the head can of the prompt now (all of it but the last position, which the
-    /// first proposal runs): the head's prefill then counts in the time to the first token.
-    pub fn catch_up(&mut self, id: SeqId, tokens: &[u32]) -> anyhow::Result<()> {
-        if tokens.len() > 2 {
-            self.run(id, tokens, tokens.len() - 2, tokens.len() - 2)?;
-        }
-        Ok(())
+    /// Runs what the head can of each sequence `(id, tokens)` now, in passes shared by all of
+    /// them: for a prompt (all of it but the last position, which the first proposal runs; the
+    /// head's prefill then counts in the time to the first token), or taps piled up while a
+    /// sequence did not draft. Sharing the passes matters where prompts end in the same step:
+    /// one pass reads the head's weights and launches its kernels once for all of them.
+    pub fn catch_up(&mut self, seqs: &[(SeqId, &[u32])]) -> anyhow::Result<()> {
+        let wants: Vec<(SeqId, &[u32], usize)> =
+            seqs.iter().filter(|(_, t)| t.len() > 2).map(|&(id, t)| (id, t, t.len() - 2)).collect();
+        self.run(&wants)
     }
 
-    /// Runs positions `held..upto` of `id` from its pending taps (each with the token after it),
-    /// with blocks up to position `reach`, in chunks of the step budget.
-    fn run(&mut self, id: SeqId, tokens: &[u32], upto: usize, reach: usize) -> anyhow::Result<()> {
-        let Some(rows) = self.take(id, upto, reach)? else { return Ok(()) };
-        let mut pos = rows.start;
-        while pos < rows.end {
-            let end = (pos + self.chunk).min(rows.end);
-            let step = self.step_input(id, pos, &tokens[pos + 1..end + 1], end - pos - 1)?;
-            let taps = rows.taps.narrow(0, pos - rows.start, end - pos)?;
+    /// Runs positions `held..upto` of each `(id, tokens, upto)` from its pending taps (each with
+    /// the token after it), with blocks up to `upto`, in passes of at most the step budget's
+    /// rows. A pass takes at most one piece of a sequence: a second piece's queries would read
+    /// keys the same kernel is still writing.
+    fn run(&mut self, wants: &[(SeqId, &[u32], usize)]) -> anyhow::Result<()> {
+        let mut left: Vec<(SeqId, &[u32], Rows)> = Vec::new();
+        for &(id, tokens, upto) in wants {
+            if let Some(rows) = self.take(id, upto, upto)? {
+                left.push((id, tokens, rows));
+            }
+        }
+        let dev = self.head.device().clone();
+        while !left.is_empty() {
+            let (mut spans, mut ids, mut taps, mut room) =
+                (Vec::new(), Vec::new(), Vec::new(), self.chunk);
+            for (id, tokens, rows) in left.iter_mut() {
+                let n = (rows.end - rows.start).min(room);
+                if n == 0 {
+                    break;
+                }
+                spans.push((*id, rows.start, n));
+                ids.extend_from_slice(&tokens[rows.start + 1..rows.start + n + 1]);
+                taps.push(rows.taps.narrow(0, 0, n)?);
+                let rest = rows.end - rows.start - n;
+                if rest > 0 {
+                    rows.taps = rows.taps.narrow(0, n, rest)?;
+                }
+                rows.start += n;
+                room -= n;
+            }
+            let step = self.rows_input(&spans, Tensor::new(ids.as_slice(), &dev)?)?;
+            let taps = if taps.len() == 1 { taps.remove(0) } else { Tensor::cat(&taps, 0)? };
             self.head.forward(&step, &self.pool, Feature::Taps(&taps))?;
-            pos = end;
+            left.retain(|(_, _, rows)| rows.start < rows.end);
         }
         Ok(())
     }
@@ -308,20 +333,6 @@ impl EagleDrafter {
             self.pending.remove(&id);
         }
         Ok(Some(Rows { start: held, end: upto, taps: rows.narrow(0, 0, taken)? }))
-    }
-
-    /// One sequence's rows at positions `start..` with ids `ids`; logits of row `logit_row`.
-    fn step_input(
-        &self,
-        id: SeqId,
-        start: usize,
-        ids: &[u32],
-        logit_row: usize,
-    ) -> anyhow::Result<StepInput> {
-        let mut step =
-            self.rows_input(&[(id, start, ids.len())], Tensor::new(ids, self.head.device())?)?;
-        step.logit_rows = Tensor::new(&[logit_row as u32], self.head.device())?;
-        Ok(step)
     }
 
     /// Rows of several sequences, each `(id, start, n)` (positions `start..start + n`), whose
