@@ -208,12 +208,21 @@ fn start_crowded(
     budget: usize,
     max_batch: usize,
 ) -> Engine {
+    let spec =
+        SpecConfig { max_batch, regardless_of_cost: true, ..SpecConfig::model(3).expect("k") };
+    start_spec(on, model, max_seqs, head.map(|h| (h, spec)), budget)
+}
+
+/// An engine of `model` with the head at `head` drafting as its config says.
+fn start_spec(
+    on: On,
+    model: &Path,
+    max_seqs: usize,
+    head: Option<(&Path, SpecConfig)>,
+    budget: usize,
+) -> Engine {
     let (dev, dtype) = on.device();
-    let spec = head.map(|_| SpecConfig {
-        max_batch,
-        regardless_of_cost: true,
-        ..SpecConfig::model(3).expect("k")
-    });
+    let (head, spec) = head.unzip();
     let cfg = EngineConfig {
         max_seqs,
         kv_tokens: max_seqs * CONTEXT,
@@ -660,6 +669,33 @@ fn sequences_that_ran_in_a_crowd_are_not_drafted_for() {
     let (tokens, finish) = collect(spec.submit(request(&later)).expect("submit"));
     assert_eq!(tokens, run_batch(&plain, std::slice::from_ref(&later))[0].0);
     assert!(finish.draft_tokens > 0, "the head drafted nothing for a request alone");
+}
+
+/// A head that keeps missing (random weights) sleeps for the requests that come after the
+/// first: they never draft, and the head never runs for them, except one in 16, whose drafts
+/// keep testing it. The tokens are those without the head.
+#[test]
+fn a_head_that_keeps_missing_sleeps_for_new_requests() {
+    let model = fixture("llama3_tiny");
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_head(dir.path(), &model, Layout::Speculators, Weights::Random, None);
+    let plain = start(On::Cpu, &model, 1, None);
+    let greedy = |c: Case| Case { sampling: SamplerConfig::greedy(), ..c };
+    let cases: Vec<Case> =
+        cases(plain.vocab_size() as u32, 18, 16).into_iter().map(greedy).collect();
+    // Drafts as long as they pay, as `--draft HEAD` makes them (the other tests draft
+    // regardless of cost).
+    let config = SpecConfig::model(3).expect("k");
+    let spec = start_spec(On::Cpu, &model, 1, Some((dir.path(), config)), 256);
+    let mut drafted = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let (tokens, finish) = collect(spec.submit(request(c)).expect("submit"));
+        assert_eq!(tokens, run_batch(&plain, std::slice::from_ref(c))[0].0, "request {i}");
+        drafted.push(finish.draft_tokens > 0);
+    }
+    let want: Vec<bool> = (0..cases.len()).map(|i| i == 0 || i == 16).collect();
+    assert_eq!(drafted, want, "which requests drafted");
+    assert_eq!(spec.stats().spec.accepted_tokens, 0, "a random head landed a draft");
 }
 
 /// A head made for another model is refused in one line.

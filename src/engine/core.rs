@@ -403,6 +403,8 @@ struct Core {
     /// sequence's own acceptance starts (a drafter that keeps missing is not trusted with long
     /// drafts again for each new request; one that keeps landing drafts long from the start).
     recent_acceptance: super::spec::length::Acceptance,
+    /// New sequences that found the drafter asleep ([`Core::drafter_sleeps`]).
+    slept: u64,
     /// Sequences of this step whose draft is the drafter's (not filler): their outcome feeds
     /// their backoff and the statistics.
     drafted: std::collections::HashSet<u64>,
@@ -451,6 +453,7 @@ impl Core {
             spec: cfg.spec,
             spec_stats: Default::default(),
             recent_acceptance: Default::default(),
+            slept: 0,
             drafted: Default::default(),
             step_cost,
             draft: None,
@@ -491,6 +494,7 @@ impl Core {
     }
 
     fn admit(&mut self, p: Pending) {
+        let asleep = p.req.prediction.is_empty() && self.drafter_sleeps(p.id);
         let live = Live {
             sampler: Sampler::new(p.req.sampling.clone()).with_prompt_len(p.req.prompt.len()),
             events: p.events,
@@ -500,10 +504,12 @@ impl Core {
             first_token: None,
             cached: 0,
             generated: 0,
-            backoff: if p.req.prediction.is_empty() {
-                super::spec::Backoff::for_spec(self.spec.as_ref(), &self.step_cost)
-            } else {
+            backoff: if !p.req.prediction.is_empty() {
                 super::spec::Backoff::for_prediction()
+            } else if asleep {
+                super::spec::Backoff::asleep()
+            } else {
+                super::spec::Backoff::for_spec(self.spec.as_ref(), &self.step_cost)
             },
             acceptance: if p.req.prediction.is_empty() {
                 self.recent_acceptance

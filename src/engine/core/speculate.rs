@@ -13,7 +13,7 @@
 //! target agrees with it), but it does not count in the statistics or the backoff.
 
 use super::Core;
-use crate::engine::spec::length::{best_length, pays};
+use crate::engine::spec::length::{best_length, expected_tokens, pays};
 use crate::engine::spec::{Drafter, SpecConfig, ngram, prediction};
 use crate::models::step_cost::StepCost;
 
@@ -137,6 +137,30 @@ impl Core {
         costly.then(|| pays(&self.step_cost, self.sched.running(), k_max))
     }
 
+    /// Whether new sequence `id` finds the drafter asleep: a draft model or head whose recent
+    /// drafts (the engine's record over every sequence) stand too rarely for one draft token of
+    /// a sequence alone to pay for its verify row and the drafter's step. Such a sequence never
+    /// drafts, and the drafter never runs for it (no prompt of its to catch up, no taps kept):
+    /// sequences that keep coming no longer pay for a drafter that keeps missing. One new
+    /// sequence in [`WAKE_EVERY`] drafts anyway, so that the record follows the drafter when the
+    /// requests change.
+    pub(super) fn drafter_sleeps(&mut self, id: u64) -> bool {
+        let Some(k) = self.spec.map(|s| s.draft_tokens) else { return false };
+        if self.costly_drafts_pay(k) != Some(true)
+            || expected_tokens(self.recent_acceptance.rate(), 1) > self.step_cost.speculative(1, 1)
+        {
+            return false;
+        }
+        self.slept += 1;
+        if self.slept % WAKE_EVERY == 0 {
+            return false;
+        }
+        if let Some(e) = &mut self.eagle {
+            e.untap(id);
+        }
+        true
+    }
+
     /// Whether this step's drafts cost nothing to make (n-gram lookups, requests'
     /// predictions), so that they are cut to length once made. A draft model's or an EAGLE-3
     /// head's drafts cost steps of their own, so their length is chosen before they are made
@@ -250,7 +274,8 @@ impl Core {
     /// they can, before its first guess).
     pub(super) fn draft_catch_up(&mut self, id: u64) {
         let k = self.spec.map_or(1, |s| s.draft_tokens);
-        if self.costly_drafts_pay(k) == Some(false) {
+        let asleep = self.live.get(&id).is_some_and(|l| l.backoff.is_asleep());
+        if self.costly_drafts_pay(k) == Some(false) || asleep {
             return;
         }
         let (Some(d), Some(seq)) = (&mut self.draft, self.sched.get(id)) else { return };
@@ -337,6 +362,9 @@ impl Core {
         }
     }
 }
+
+/// One new sequence in so many drafts while the drafter sleeps ([`Core::drafter_sleeps`]).
+const WAKE_EVERY: u64 = 16;
 
 /// Taps a sequence keeps waiting at most before the head runs them (each `3 · hidden` f32s).
 const EAGLE_PENDING_ROWS: usize = 64;

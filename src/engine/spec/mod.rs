@@ -171,8 +171,22 @@ impl Backoff {
         }
     }
 
+    /// The throttle of a sequence that never drafts: it came while the engine's drafter kept
+    /// missing (the engine's `drafter_sleeps`).
+    pub fn asleep() -> Backoff {
+        Backoff { skip: u32::MAX, max: u32::MAX, ..Backoff::default() }
+    }
+
+    /// Whether the sequence never drafts ([`Backoff::asleep`]).
+    pub fn is_asleep(&self) -> bool {
+        self.skip == u32::MAX
+    }
+
     /// Whether the sequence drafts in this step (counts a skipped step down).
     pub fn may_draft(&mut self) -> bool {
+        if self.is_asleep() {
+            return false;
+        }
         if self.skip > 0 {
             self.skip -= 1;
             return false;
