@@ -575,6 +575,7 @@ impl Core {
             return;
         }
         let inputs: Vec<Vec<u32>> = plan.chunks.iter().map(|c| self.sched.chunk_ids(c)).collect();
+        self.runner.keep_taps = self.wants_taps(&plan.chunks);
         let logits = match self.runner.forward(&plan.chunks, &inputs, &self.blocks) {
             Ok(l) => {
                 self.record_taps(&plan.chunks);

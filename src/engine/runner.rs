@@ -20,9 +20,9 @@ pub struct Runner {
     /// it runs ([`super::ranks`]). Fields drop in order: the ranks stop first, then the graphs
     /// (which may hold the model's collectives) go before the model.
     pub followers: Option<Box<dyn Followers>>,
-    /// Decode-step graphs by (bucket size, rows per sequence) (empty on the CPU or with graphs
-    /// off).
-    pub graphs: std::collections::HashMap<(usize, usize), BucketGraph>,
+    /// Decode-step graphs by (bucket size, rows per sequence, whether it taps) (empty on the
+    /// CPU or with graphs off).
+    pub graphs: std::collections::HashMap<GraphKey, BucketGraph>,
     pub model: Box<dyn BatchModel>,
     pub pool: KvPool,
     pub shape: KvShape,
@@ -31,6 +31,9 @@ pub struct Runner {
     /// Layers whose entering residual stream each step keeps for an EAGLE-3 head (empty:
     /// none, and the forward pass keeps nothing).
     pub taps: Vec<usize>,
+    /// Whether the next step keeps `taps`: not where none of its sequences is drafted for by
+    /// the head, whose steps then run without (a graph of each kind).
+    pub keep_taps: bool,
     /// The last step's taps, one row per token in chunk order ([`BatchModel::forward_taps`]);
     /// `None` without taps.
     pub last_taps: Option<Tensor>,
@@ -69,6 +72,7 @@ impl Runner {
             arena: Default::default(),
             followers: None,
             taps: Vec::new(),
+            keep_taps: true,
             last_taps: None,
             steps: 0,
         }
@@ -142,7 +146,8 @@ impl Runner {
         }
         let step = self.step_input(chunks, inputs, blocks)?;
         let any_sample = chunks.iter().any(|c| c.sample);
-        let logits = if self.taps.is_empty() {
+        self.last_taps = None;
+        let logits = if self.step_taps().is_empty() {
             self.model.forward_batch(&step, &self.pool)?
         } else {
             let (logits, taps) = self.model.forward_taps(&step, &self.pool, &self.taps)?;
@@ -163,17 +168,17 @@ impl Runner {
         if !graphs::enabled(self.model.device()) {
             return Ok(None);
         }
-        let Some(key) = decode_bucket(chunks) else { return Ok(None) };
+        let Some(key) = self.graph_key(chunks) else { return Ok(None) };
         if !self.graphs.contains_key(&key) {
             let groups = self.shape.group_windows.len();
             let g = BucketGraph::new(
-                key,
+                (key.0, key.1),
                 self.model.as_ref(),
                 groups,
                 self.pool.block_size,
                 &self.arena,
             )?
-            .with_taps(&self.taps);
+            .with_taps(self.step_taps());
             self.graphs.insert(key, g);
         }
         let ids: Vec<u32> = inputs.iter().flat_map(|i| i.as_ref().iter().copied()).collect();
@@ -188,7 +193,7 @@ impl Runner {
         ids: &Tensor,
         blocks: &dyn Tables,
     ) -> anyhow::Result<Option<Tensor>> {
-        let Some(key) = decode_bucket(chunks).filter(|k| k.1 == 1 && self.graphs.contains_key(k))
+        let Some(key) = self.graph_key(chunks).filter(|k| k.1 == 1 && self.graphs.contains_key(k))
         else {
             return Ok(None);
         };
@@ -204,7 +209,7 @@ impl Runner {
 
     fn graph_step(
         &mut self,
-        key: (usize, usize),
+        key: GraphKey,
         chunks: &[Chunk],
         ids: StepIds,
         blocks: &dyn Tables,
@@ -221,7 +226,17 @@ impl Runner {
     /// Whether `chunks` run as a decode graph that exists already (the pipelined decode needs
     /// it: only a graph step takes its ids from the device).
     pub fn has_graph_for(&self, chunks: &[Chunk]) -> bool {
-        decode_bucket(chunks).is_some_and(|key| key.1 == 1 && self.graphs.contains_key(&key))
+        self.graph_key(chunks).is_some_and(|key| key.1 == 1 && self.graphs.contains_key(&key))
+    }
+
+    /// The layers this step taps: none unless it keeps its taps.
+    fn step_taps(&self) -> &[usize] {
+        if self.keep_taps { &self.taps } else { &[] }
+    }
+
+    /// The decode graph that runs `chunks` now ([`decode_bucket`]), tapping or not.
+    fn graph_key(&self, chunks: &[Chunk]) -> Option<GraphKey> {
+        decode_bucket(chunks).map(|(b, q)| (b, q, !self.step_taps().is_empty()))
     }
 
     fn step_input<T: AsRef<[u32]>>(
@@ -304,6 +319,9 @@ pub(crate) fn block_tables(
     }
     Tensor::from_vec(t, (ids.len(), width), dev)
 }
+
+/// A decode graph's bucket size, rows per sequence, and whether it taps.
+type GraphKey = (usize, usize, bool);
 
 /// The decode graph of a step whose every chunk samples all its rows, and has as many as the
 /// others (one token, or the last token and the same number of drafts): (bucket, rows per

@@ -133,6 +133,7 @@ impl Core {
             }
         }
         let t0 = Instant::now();
+        self.runner.keep_taps = self.wants_taps(&chunks);
         let Some(logits) = self.runner.forward_after(&chunks, &step.ids, &self.blocks)? else {
             trace(|| "not ahead: no decode graph".into());
             return Ok(None);

@@ -320,21 +320,33 @@ impl Core {
         Ok(())
     }
 
-    /// Hands the step's taps to the EAGLE-3 head, each chunk's rows to its sequence; while
-    /// more sequences run than speculation serves, none: keeping them (and running the head over
-    /// them) would cost every step of a batch that never drafts, so the head forgets those
-    /// sequences instead.
-    pub(super) fn record_taps(&mut self, chunks: &[crate::engine::scheduler::Chunk]) {
-        let (Some(e), Some(taps)) = (&mut self.eagle, self.runner.last_taps.take()) else {
-            return;
-        };
+    /// Whether a step of `chunks` keeps the taps the EAGLE-3 head reads: where the head may
+    /// draft for one of its sequences, and not while more sequences run than speculation serves
+    /// (keeping them, and running the head over them, would cost every step of a batch that
+    /// never drafts). A step that keeps none runs without them.
+    pub(super) fn wants_taps(&self, chunks: &[crate::engine::scheduler::Chunk]) -> bool {
+        let Some(e) = &self.eagle else { return false };
+        !self.crowded() && chunks.iter().any(|c| e.drafts_for(c.id))
+    }
+
+    /// More sequences run than speculation serves.
+    fn crowded(&self) -> bool {
         let running = self.sched.running();
-        if self.spec.is_some_and(|s| running > s.max_batch) {
+        self.spec.is_some_and(|s| running > s.max_batch)
+    }
+
+    /// Hands the step's taps to the EAGLE-3 head, each chunk's rows to its sequence. In a crowd
+    /// the step kept none ([`Core::wants_taps`]): the head forgets those sequences.
+    pub(super) fn record_taps(&mut self, chunks: &[crate::engine::scheduler::Chunk]) {
+        let crowded = self.crowded();
+        let Some(e) = &mut self.eagle else { return };
+        if crowded {
             for c in chunks {
                 e.untap(c.id);
             }
             return;
         }
+        let Some(taps) = self.runner.last_taps.take() else { return };
         let mut row = 0;
         for c in chunks {
             let rows = taps.narrow(0, row, c.len).map_err(anyhow::Error::from);
