@@ -15,7 +15,9 @@
 //! - [`eagle`]: an EAGLE-3 head on the target's hidden states;
 //! - [`prediction`]: lookup in the text a request says its reply will repeat (OpenAI's
 //!   Predicted Outputs), for that request, with or without an engine drafter.
-//! - [`Backoff`]: when a sequence's drafts keep failing it drafts less often;
+//! - [`Backoff`]: when a sequence's drafts keep failing it drafts less often; where a costly
+//!   drafter's drafts keep failing for every sequence, new ones start with it asleep and never
+//!   draft (the engine's `drafter_sleeps`);
 //! - [`length`]: how long a sequence's drafts are, from how often its draft tokens stand and
 //!   what a step's extra rows cost.
 //!
