@@ -152,7 +152,7 @@ impl Core {
             return false;
         }
         self.slept += 1;
-        if self.slept % WAKE_EVERY == 0 {
+        if self.slept.is_multiple_of(WAKE_EVERY) {
             return false;
         }
         if let Some(e) = &mut self.eagle {
