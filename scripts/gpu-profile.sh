@@ -20,6 +20,10 @@
 # steps in which all of them decode, take GEN_TOKENS past the prefill's steps and SKIP them (64
 # streams of 64 tokens prefill in 2 steps of 2,048: `scripts/gpu-profile.sh gpt-oss-20b 64 16 3`
 # with SKIP=2).
+# TP=N profiles `--tp N`: rank 0's kernels only (the other ranks run at full speed and wait for
+# it), the collectives left out (their kernels wait on the other ranks: replayed alone they would
+# wait for ever). What the sums cost a step comes from bench's step times with and without them
+# (INFERNO_TP_SKIP_SUMS=1), not from here.
 # The binary: $BIN, else the one `scripts/gpu-tests.sh build` leaves in .dev/gpu/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +41,7 @@ fi
 # weights).
 model=("benches/configs/$layout.json" --dummy-weights)
 [ -f "$layout" ] && model=("$layout")
-csv="${TMPDIR:-/tmp}/ncu-$(basename "$layout")-c$streams.csv"
+csv="${TMPDIR:-/tmp}/ncu-$(basename "$layout")-c$streams${TP:+-tp$TP}.csv"
 # Decode steps without bench's warm-up run (under ncu every kernel runs alone, so it would take as
 # long as the run): the run's last steps replay the graphs the run itself captured. Only the
 # last steps are profiled: the engine starts the profiler a few steps before the ones the table
@@ -46,11 +50,16 @@ csv="${TMPDIR:-/tmp}/ncu-$(basename "$layout")-c$streams.csv"
 warmup=0 from=$((gen - steps - ${SKIP:-0} - 2)) start=off
 [ "$from" -lt 1 ] && from=1
 [ "$steps" = prefill ] && warmup=1 from=0 start=on
+tp=() ranks=()
+if [ -n "${TP:-}" ]; then
+    tp=(--tp "$TP")
+    ranks=(--target-processes application-only --kernel-name regex:'^(?!.*(all_reduce|nccl)).*')
+fi
 INFERNO_BENCH_WARMUP=$warmup INFERNO_PROFILE_FROM_STEP=$from \
     ncu --profile-from-start $start --graph-profiling node --cache-control none \
-    --clock-control none \
+    --clock-control none "${ranks[@]}" \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw \
-    "$bin" bench "${model[@]}" -p "$prompt" -n "$gen" -r 1 -c "$streams" \
+    "$bin" bench "${model[@]}" "${tp[@]}" -p "$prompt" -n "$gen" -r 1 -c "$streams" \
     >"$csv" 2>"${csv%.csv}.err"
 python3 - "$csv" "$steps" "${SKIP:-0}" <<'EOF'
 import csv, sys, collections

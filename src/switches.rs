@@ -190,6 +190,15 @@ static TP_P2P: Flag = Flag::new(Spec {
     kind: Kind::Diagnostic,
 });
 
+static TP_SKIP_SUMS: Flag = Flag::new(Spec {
+    name: "INFERNO_TP_SKIP_SUMS",
+    values: "0, 1",
+    default: "0",
+    what: "the ranks of a tensor-parallel model skip the sums of their row-parallel products \
+           (1: every output is wrong; a bench's step times then say what the sums cost)",
+    kind: Kind::Diagnostic,
+});
+
 static GRAPH_ARENA: Flag = Flag::new(Spec {
     name: "INFERNO_GRAPH_ARENA",
     values: "0, 1",
@@ -245,6 +254,11 @@ pub fn tp_trace() -> bool {
 /// Whether tensor-parallel sums may go through peer memory.
 pub fn tp_p2p() -> bool {
     TP_P2P.get()
+}
+
+/// Whether a tensor-parallel model's ranks skip their sums (timing only: the outputs are wrong).
+pub fn tp_skip_sums() -> bool {
+    TP_SKIP_SUMS.get()
 }
 
 /// Whether captured decode steps allocate from the engine's arena.
@@ -360,7 +374,7 @@ pub struct State {
 }
 
 /// Every switch, in the order of this module.
-pub fn all() -> [&'static dyn Switch; 18] {
+pub fn all() -> [&'static dyn Switch; 19] {
     [
         &CUDA_GRAPH,
         &PDL,
@@ -373,6 +387,7 @@ pub fn all() -> [&'static dyn Switch; 18] {
         &PIPELINE_TRACE,
         &TP_TRACE,
         &TP_P2P,
+        &TP_SKIP_SUMS,
         &GRAPH_ARENA,
         &BENCH_WARMUP,
         &PROFILE_FROM_STEP,
