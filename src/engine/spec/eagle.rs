@@ -16,7 +16,8 @@
 //! no taps: the head reads zeros there, which only costs acceptance. While more sequences run
 //! than speculation serves, no step keeps taps (it would cost every step of a batch that never
 //! drafts): the head forgets those sequences and never drafts for them
-//! ([`EagleDrafter::untap`]). The head's pool has no prefix cache of its own: its keys at a
+//! ([`EagleDrafter::untap`]), as it does for a sequence that came while it slept (its drafts
+//! kept missing for every sequence) and for whose steps no taps are kept. The head's pool has no prefix cache of its own: its keys at a
 //! position depend on the token after it.
 //!
 //! The sequences that draft in a step get their guesses together
@@ -156,9 +157,10 @@ impl EagleDrafter {
         Ok(())
     }
 
-    /// A step of sequence `id` ran without keeping its taps (more sequences ran than drafting
-    /// serves, where keeping them costs every step): the head forgets the sequence and never
-    /// drafts for it, rather than read zeros for the positions missed.
+    /// Sequence `id` is not drafted for: a step of it ran without keeping its taps (more
+    /// sequences ran than drafting serves, where keeping them costs every step), or it came
+    /// while the drafter slept. The head forgets the sequence and never drafts for it, rather
+    /// than read zeros for the positions missed.
     pub fn untap(&mut self, id: SeqId) {
         if !self.untapped.contains(&id) {
             self.free(id);
