@@ -11,6 +11,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use candle_core::Tensor;
 
 use super::Shard;
+use crate::kernels::layer_norm_act::{AddNorm, Normed};
 
 /// One rank's end of a group of ranks. Every rank must make the same calls in the same order
 /// with tensors of the same shape and dtype (NCCL's rule); on a GPU the calls are enqueued on the
@@ -29,6 +30,12 @@ pub trait Collective: Send + Sync {
     /// The sum over ranks of `x` (f32), added in rank order: [`all_reduce_sum`]'s bits.
     fn sum(&self, x: &Tensor) -> anyhow::Result<Tensor> {
         all_reduce_sum(self, x)
+    }
+    /// `norm` applied to the sum of `x` (the residual add and the norm after a row-parallel
+    /// product): the bits of [`Collective::sum`] then [`AddNorm::apply`], in one launch where a
+    /// collective can.
+    fn sum_add_norm(&self, x: &Tensor, norm: &AddNorm) -> anyhow::Result<Normed> {
+        Ok(norm.apply(&self.sum(x)?)?)
     }
 }
 
@@ -49,6 +56,19 @@ pub fn sum_over(comm: Option<&Arc<dyn Collective>>, x: Tensor) -> anyhow::Result
         Some(_) if crate::switches::tp_skip_sums() => Ok(x),
         Some(c) => c.sum(&x),
         None => Ok(x),
+    }
+}
+
+/// [`sum_over`] followed by `norm` ([`Collective::sum_add_norm`]): what a row-parallel
+/// product's output goes through when a residual add and a norm come next.
+pub fn sum_add_norm(
+    comm: Option<&Arc<dyn Collective>>,
+    x: Tensor,
+    norm: &AddNorm,
+) -> anyhow::Result<Normed> {
+    match comm {
+        Some(c) if !crate::switches::tp_skip_sums() => c.sum_add_norm(&x, norm),
+        _ => Ok(norm.apply(&x)?),
     }
 }
 

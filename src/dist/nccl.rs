@@ -15,6 +15,7 @@ use candle_core::{DType, Device, Storage, Tensor};
 
 use super::Shard;
 use super::collective::Collective;
+use crate::kernels::layer_norm_act::{AddNorm, Normed};
 
 /// The id rank 0 makes and every rank joins with (`ncclUniqueId`).
 #[repr(C)]
@@ -255,6 +256,15 @@ impl Collective for NcclComm {
             return Ok(sum);
         }
         super::collective::all_reduce_sum(self, x)
+    }
+
+    fn sum_add_norm(&self, x: &Tensor, norm: &AddNorm) -> anyhow::Result<Normed> {
+        if let Some(p) = &self.peer_sum
+            && let Some(normed) = p.sum_add_norm(x, norm)?
+        {
+            return Ok(normed);
+        }
+        Ok(norm.apply(&self.sum(x)?)?)
     }
 
     fn broadcast(&self, x: &Tensor, root: usize) -> anyhow::Result<()> {

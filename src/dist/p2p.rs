@@ -11,6 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use super::Shard;
 use super::collective::Collective;
 use crate::kernels::all_reduce::{self, Peers};
+use crate::kernels::layer_norm_act::{AddNorm, Normed};
 
 /// Floats a rank's piece may have to go this way: 1 Mi (4 MiB), a decode batch of 364 rows of
 /// gpt-oss's 2,880. Larger sums (long prefill chunks, where bytes rather than latency count)
@@ -115,6 +116,13 @@ impl PeerSum {
         let x = x.contiguous()?;
         let Shard { rank, world } = self.shard;
         Ok(Some(all_reduce::all_reduce_f32(&x, &self.peers, rank, world, REGION)?))
+    }
+
+    /// [`PeerSum::sum`] with `norm` applied to it in the same launch, or `None` where that
+    /// kernel does not take it (the caller then sums and norms in two steps, the same bits).
+    pub fn sum_add_norm(&self, x: &Tensor, norm: &AddNorm) -> anyhow::Result<Option<Normed>> {
+        let Shard { rank, world } = self.shard;
+        Ok(all_reduce::all_reduce_add_rms_norm(x, norm, &self.peers, rank, world, REGION)?)
     }
 }
 

@@ -1,11 +1,13 @@
 //! The launch of `all_reduce.cu`.
 
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
-use candle_core::{DType, Result, Storage, Tensor, bail};
+use candle_core::{DType, Device, Result, Storage, Tensor, bail};
+use half::bf16;
 
 use super::{BLOCKS, MAX_RANKS, THREADS};
-use crate::kernels::cuda::{output, ptx, tensor};
+use crate::kernels::cuda::{cuda_view, output, ptx, tensor};
 use crate::kernels::launch::Launch;
+use crate::kernels::layer_norm_act::{AddNorm, Normed, norm_threads};
 
 /// Every rank's buffer as this process addresses it (`Peers` in all_reduce.cu): its own at its
 /// rank, the others' mapped through CUDA IPC.
@@ -64,4 +66,87 @@ pub fn all_reduce_f32(
     unsafe { b.launch(cfg) }?;
     drop(b);
     Ok(tensor(out, &dev, x.dims()))
+}
+
+/// Rows a fused launch norms at most in width: `NORM_VEC` float4s a thread at 1,024 threads.
+const NORM_MAX_WIDTH: usize = 16_384;
+
+/// [`all_reduce_f32`] of `partial` (f32 `[rows, n]`) with `norm` applied to the sum in the
+/// same launch (`all_reduce_add_rms_norm_bf16`): the bits of the sum and then
+/// `norm.apply(sum)`. `None` where that kernel does not take it (a norm to another dtype than
+/// bf16, tensors not f32, rows wider than [`NORM_MAX_WIDTH`] or not in whole float4s, more than a
+/// region): the caller then takes the two steps. Every rank must make the same call at the same
+/// point of its stream, as for [`all_reduce_f32`].
+pub fn all_reduce_add_rms_norm(
+    partial: &Tensor,
+    norm: &AddNorm,
+    peers: &Peers,
+    rank: usize,
+    world: usize,
+    region: usize,
+) -> Result<Option<Normed>> {
+    let (rows, n) = partial.dims2()?;
+    let f32s = [Some(partial), Some(norm.x), norm.bias, Some(norm.w)];
+    if norm.dtype != DType::BF16
+        || f32s.into_iter().flatten().any(|t| t.dtype() != DType::F32)
+        || norm.x.dims() != [rows, n]
+        || norm.bias.is_some_and(|b| b.dims() != [n])
+        || norm.w.dims() != [n]
+        || !n.is_multiple_of(4)
+        || n > NORM_MAX_WIDTH
+        || rows * n > region
+        || !region.is_multiple_of(4)
+        || world > MAX_RANKS
+        || rank >= world
+    {
+        return Ok(None);
+    }
+    let Device::Cuda(dev) = partial.device() else { return Ok(None) };
+    // Whole float4s from the first value on (candle's buffers start aligned; a view may not).
+    let aligned = |t: &Tensor| -> Result<Tensor> {
+        let t = t.contiguous()?;
+        if t.layout().start_offset() % 4 == 0 { Ok(t) } else { t.force_contiguous() }
+    };
+    let (p, x, w) = (aligned(partial)?, aligned(norm.x)?, aligned(norm.w)?);
+    let bias = norm.bias.map(aligned).transpose()?;
+    let (ps, pl) = p.storage_and_layout();
+    let (xs, xl) = x.storage_and_layout();
+    let (ws, wl) = w.storage_and_layout();
+    let bs = bias.as_ref().map(|t| t.storage_and_layout());
+    let pv = cuda_view::<f32>(&ps, pl, "all_reduce_add_rms_norm partial")?;
+    let xv = cuda_view::<f32>(&xs, xl, "all_reduce_add_rms_norm x")?;
+    let wv = cuda_view::<f32>(&ws, wl, "all_reduce_add_rms_norm weight")?;
+    let bv = bs.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "all_reduce_add_rms_norm bias"));
+    let bv = bv.transpose()?;
+    let mut x_out = output::<f32>(dev, rows * n, false)?;
+    // SAFETY: the kernel writes every element of the outputs it is given.
+    let mut h16 = unsafe { dev.alloc::<bf16>(rows * n)? };
+    let mut h32 = norm.keep_f32.then(|| unsafe { dev.alloc::<f32>(rows * n) }).transpose()?;
+    let func = ptx::all_reduce::ALL_REDUCE.func(dev, "all_reduce_add_rms_norm_bf16")?;
+    let stream = dev.cuda_stream();
+    let mut b = Launch::new(&stream, &func);
+    b.val(*peers).val(rank as i32).val(world as i32).ptr(&pv).ptr(&xv);
+    match &bv {
+        Some(v) => b.ptr(v),
+        None => b.null(),
+    };
+    b.ptr(&wv).ptr_mut(&mut x_out).ptr_mut(&mut h16);
+    match &mut h32 {
+        Some(v) => b.ptr_mut(v),
+        None => b.null(),
+    };
+    b.val(rows as u32).val(n as u32).val(region as u32).val(norm.eps as f32);
+    let cfg = LaunchConfig {
+        grid_dim: (BLOCKS as u32, 1, 1),
+        block_dim: (norm_threads(n) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match the kernel; every buffer in `peers` holds two slots of `world`
+    // regions of `region` floats (the caller's contract) and rows·n ≤ region; partial, x and the
+    // outputs hold rows·n floats, bias and w n, all from a 16-byte boundary; n ≤ 16,384 fits the
+    // block's registers at `norm_threads(n)` threads. It waits (PDL) before anything else.
+    unsafe { b.launch(cfg) }?;
+    drop(b);
+    let h32 = h32.map(|s| tensor(s, dev, &[rows, n]));
+    Ok(Some(Normed { x: tensor(x_out, dev, &[rows, n]), h: tensor(h16, dev, &[rows, n]), h32 }))
 }

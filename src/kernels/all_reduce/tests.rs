@@ -17,9 +17,10 @@ mod gpu {
     use rand::Rng;
 
     use super::super::{
-        BLOCKS, MAX_RANKS, Peers, all_reduce_f32, buffer_bytes, flag_offset, region_offset,
-        sum_in_rank_order,
+        BLOCKS, MAX_RANKS, Peers, all_reduce_add_rms_norm, all_reduce_f32, buffer_bytes,
+        flag_offset, region_offset, sum_in_rank_order,
     };
+    use crate::kernels::layer_norm_act::AddNorm;
     use crate::kernels::testing::{gpu, rng, uniform, values};
 
     /// The device address of a u32 tensor's first element.
@@ -32,6 +33,112 @@ mod gpu {
 
     fn words(bytes: usize) -> Vec<u32> {
         vec![0; bytes / 4]
+    }
+
+    /// The ranks' buffers on one GPU as rank `rank`'s kernel should find them at call `call`:
+    /// in its own, the other ranks' pieces and their flags for this call, and its count of the
+    /// calls before; the others' zeroed. Also the `Peers` addressing them.
+    fn stand_in(
+        dev: &Device,
+        pieces: &[Vec<f32>],
+        rank: usize,
+        region: usize,
+        call: u32,
+    ) -> (Vec<Tensor>, Peers) {
+        let world = pieces.len();
+        let bytes = buffer_bytes(world, region);
+        let slot = (call & 1) as usize;
+        let mut own = words(bytes);
+        for p in (0..world).filter(|&p| p != rank) {
+            let at = region_offset(slot, world, p, region) / 4;
+            let bits: Vec<u32> = pieces[p].iter().map(|v| v.to_bits()).collect();
+            own[at..at + bits.len()].copy_from_slice(&bits);
+            for b in 0..BLOCKS {
+                own[flag_offset(b, p) / 4] = call;
+            }
+        }
+        for b in 0..BLOCKS {
+            own[BLOCKS * MAX_RANKS + b] = call - 1;
+        }
+        let buffers: Vec<Tensor> = (0..world)
+            .map(|p| {
+                let image = if p == rank { own.clone() } else { words(bytes) };
+                Tensor::from_vec(image, bytes / 4, &Device::Cpu).unwrap().to_device(dev).unwrap()
+            })
+            .collect();
+        let mut peers = Peers::default();
+        for (p, b) in buffers.iter().enumerate() {
+            peers.base[p] = address(b);
+        }
+        (buffers, peers)
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        values(t).iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// The sum fused with the residual add and norm gives the bits of the two launches it
+    /// replaces (the sum, then `add_rms_norm`), for one row and for more rows than blocks (each
+    /// block then norms several), with and without a bias and the f32 norm; and it raises every
+    /// block's flag in every rank's buffer as the plain sum does.
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_sum_fused_with_the_norm_gives_the_two_launches_bits() {
+        let dev = gpu();
+        let mut r = rng("all reduce add norm");
+        let region = 64 * 4096;
+        for (world, rows, n) in
+            [(2, 1, 2880), (2, 30, 2880), (3, 5, 64), (4, 2, 4096), (2, 3, 8192)]
+        {
+            let rank = r.random_range(0..world);
+            for (call, with_bias, keep_f32) in
+                [(1, true, true), (2, false, false), (3, true, false)]
+            {
+                let pieces: Vec<Vec<f32>> =
+                    (0..world).map(|_| uniform(&mut r, rows * n, -2.0, 2.0)).collect();
+                let t = |v: Vec<f32>, dims: &[usize]| {
+                    Tensor::from_vec(v, dims, &Device::Cpu).unwrap().to_device(&dev).unwrap()
+                };
+                let x = t(uniform(&mut r, rows * n, -4.0, 4.0), &[rows, n]);
+                let w = t(uniform(&mut r, n, 0.5, 1.5), &[n]);
+                let bias = with_bias.then(|| t(uniform(&mut r, n, -0.5, 0.5), &[n]));
+                let norm = AddNorm {
+                    x: &x,
+                    bias: bias.as_ref(),
+                    w: &w,
+                    eps: 1e-5,
+                    dtype: candle_core::DType::BF16,
+                    keep_f32,
+                };
+                let mine = t(pieces[rank].clone(), &[rows, n]);
+                let what = format!("world {world}, rank {rank}, {rows} × {n}, call {call}");
+                let (buffers, peers) = stand_in(&dev, &pieces, rank, region, call);
+                let fused = all_reduce_add_rms_norm(&mine, &norm, &peers, rank, world, region)
+                    .unwrap()
+                    .expect("the fused kernel takes these");
+                let (_, peers) = stand_in(&dev, &pieces, rank, region, call);
+                let sum = all_reduce_f32(&mine, &peers, rank, world, region).unwrap();
+                let want = norm.apply(&sum).unwrap();
+                assert_eq!(bits(&fused.x), bits(&want.x), "{what}: the residual");
+                assert_eq!(bits(&fused.h), bits(&want.h), "{what}: the bf16 norm");
+                assert_eq!(fused.h32.is_some(), keep_f32, "{what}: the f32 norm asked for");
+                if let (Some(a), Some(b)) = (&fused.h32, &want.h32) {
+                    assert_eq!(bits(a), bits(b), "{what}: the f32 norm");
+                }
+                let sum_ref = sum_in_rank_order(&pieces);
+                assert_eq!(values(&sum), sum_ref, "{what}: the plain sum");
+                for (p, b) in buffers.iter().enumerate() {
+                    let image = b.to_vec1::<u32>().unwrap();
+                    for blk in 0..BLOCKS {
+                        assert_eq!(
+                            image[flag_offset(blk, rank) / 4],
+                            call,
+                            "{what}: rank {p}'s flag"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// One rank's kernel against the reference, on one GPU: the other ranks' buffers are plain
@@ -47,39 +154,11 @@ mod gpu {
         let region = 4096;
         for (world, n) in [(2, 2880), (2, 4), (3, 4096), (4, 1000), (8, 2880), (MAX_RANKS, 12)] {
             let rank = r.random_range(0..world);
-            let bytes = buffer_bytes(world, region);
             for call in 1..=3u32 {
                 let slot = (call & 1) as usize;
                 let pieces: Vec<Vec<f32>> =
                     (0..world).map(|_| uniform(&mut r, n, -50.0, 50.0)).collect();
-                // This rank's buffer as the kernel should find it: the others' pieces and flags,
-                // and its own count of the calls before this one.
-                let mut own = words(bytes);
-                for p in (0..world).filter(|&p| p != rank) {
-                    let at = region_offset(slot, world, p, region) / 4;
-                    own[at..at + n].copy_from_slice(
-                        &pieces[p].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    );
-                    for b in 0..BLOCKS {
-                        own[flag_offset(b, p) / 4] = call;
-                    }
-                }
-                for b in 0..BLOCKS {
-                    own[BLOCKS * MAX_RANKS + b] = call - 1;
-                }
-                let buffers: Vec<Tensor> = (0..world)
-                    .map(|p| {
-                        let image = if p == rank { own.clone() } else { words(bytes) };
-                        Tensor::from_vec(image, bytes / 4, &Device::Cpu)
-                            .unwrap()
-                            .to_device(&dev)
-                            .unwrap()
-                    })
-                    .collect();
-                let mut peers = Peers::default();
-                for (p, b) in buffers.iter().enumerate() {
-                    peers.base[p] = address(b);
-                }
+                let (buffers, peers) = stand_in(&dev, &pieces, rank, region, call);
                 let x = Tensor::from_vec(pieces[rank].clone(), n, &Device::Cpu)
                     .unwrap()
                     .to_device(&dev)

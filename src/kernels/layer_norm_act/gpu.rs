@@ -48,9 +48,8 @@ pub(super) fn add_rms_norm(
     let mut h32 = keep_f32.then(|| unsafe { dev.alloc::<f32>(rows * n) }).transpose()?;
     let func = ptx::layer_norm_act::LAYER_NORM_ACT.func(dev, "add_rms_norm_bf16")?;
     let n32 = int(n, "add_rms_norm width")?;
-    // A thread per 4 values, in whole warps, up to 1,024 (the kernel's fast path holds a row
-    // of up to 16 values per thread in registers; any other row takes its strided loop).
-    let threads = n.div_ceil(4).next_multiple_of(32).clamp(32, 1024);
+    // Rows wider than its fast path holds take the kernel's strided loop.
+    let threads = super::norm_threads(n);
     let cfg = LaunchConfig {
         grid_dim: (int(rows, "add_rms_norm rows")? as u32, 1, 1),
         block_dim: (threads as u32, 1, 1),

@@ -16,21 +16,9 @@
 // (g = gu[:, :n], u = gu[:, n:]), the SwiGLU of Llama's MLP, rounded once as candle's bf16 path
 // rounds the down projection's input.
 #include "activation.cuh"
-
-#define NORM_MAX_THREADS 1024
-#define NORM_VEC 4  // float4s a thread keeps in registers: rows up to 16,384 wide take the fast path
+#include "norm_row.cuh"
 
 __device__ __forceinline__ bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
-
-// One row, sum of squares: per thread, then a fixed tree (warp shuffles, then the warps in order).
-__device__ __forceinline__ float block_sum(float s, float* partial) {
-    s = warp_sum(s);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = s;
-    __syncthreads();
-    float total = 0.f;
-    for (int v = 0; v < (int)(blockDim.x + 31) / 32; v++) total += partial[v];
-    return total;
-}
 
 // Why the block is as wide as the row (up to 1,024 threads) and a thread's values stay in
 // registers: at batch 1 this kernel is one block whose time is its chain of dependent loads. With
@@ -67,28 +55,10 @@ extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
                     reinterpret_cast<float4*>(x_out + row)[i] = a;
                 }
                 v[j] = a;
-                s += a.x * a.x;
-                s += a.y * a.y;
-                s += a.z * a.z;
-                s += a.w * a.w;
+                add_squares(a, s);
             }
         }
-        const float inv = rsqrtf(block_sum(s, partial) / n + eps);
-#pragma unroll
-        for (int j = 0; j < NORM_VEC; j++) {
-            const int i = threadIdx.x + j * blockDim.x;
-            if (i < n4) {
-                const float4 g = reinterpret_cast<const float4*>(w)[i];
-                const float4 h = make_float4(v[j].x * inv * g.x, v[j].y * inv * g.y, v[j].z * inv * g.z,
-                                             v[j].w * inv * g.w);
-                const __nv_bfloat162 lo = __floats2bfloat162_rn(h.x, h.y), hi = __floats2bfloat162_rn(h.z, h.w);
-                uint2 packed;
-                packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-                packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-                reinterpret_cast<uint2*>(h16 + row)[i] = packed;
-                if (h32) reinterpret_cast<float4*>(h32 + row)[i] = h;
-            }
-        }
+        norm_row_vec(v, s, n, w, h16, h32, row, eps, partial);
         return;
     }
     // Any width or alignment: strided, reading back what it wrote.

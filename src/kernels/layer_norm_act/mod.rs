@@ -60,6 +60,33 @@ pub fn add_rms_norm(
     Ok(Normed { h: h32.to_dtype(dtype)?, h32: keep_f32.then_some(h32), x })
 }
 
+/// The residual add and norm that follow a product, [`add_rms_norm`]'s arguments but the
+/// product itself, which a tensor-parallel model first sums over its ranks
+/// (`dist::collective::sum_add_norm`, one launch for both where it can).
+#[derive(Clone, Copy)]
+pub struct AddNorm<'a> {
+    pub x: &'a Tensor,
+    pub bias: Option<&'a Tensor>,
+    pub w: &'a Tensor,
+    pub eps: f64,
+    pub dtype: DType,
+    pub keep_f32: bool,
+}
+
+impl AddNorm<'_> {
+    /// [`add_rms_norm`] of `x + (delta + bias)`.
+    pub fn apply(&self, delta: &Tensor) -> Result<Normed> {
+        add_rms_norm(self.x, Some(delta), self.bias, self.w, self.eps, self.dtype, self.keep_f32)
+    }
+}
+
+/// The threads of `add_rms_norm_bf16`'s block for rows `n` wide: one per 4 values, in whole
+/// warps, up to 1,024 (its fast path holds up to 16 values a thread in registers). The sum
+/// fused with it launches as many, so that its norm adds in the same order.
+pub(crate) fn norm_threads(n: usize) -> usize {
+    n.div_ceil(4).next_multiple_of(32).clamp(32, 1024)
+}
+
 /// `silu(g) · u` in `dtype` for the fused gate/up product `gu` (f32 `[rows, 2n]`, gate first).
 pub fn silu_mul_to(gu: &Tensor, dtype: DType) -> Result<Tensor> {
     let n = gu.dim(1)? / 2;

@@ -12,9 +12,9 @@ use candle_core::{DType, Device, Tensor};
 
 use super::memory;
 use super::model::{GptOss, moe};
-use crate::dist::collective::sum_over;
+use crate::dist::collective::{sum_add_norm, sum_over};
 use crate::kernels::{
-    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged,
+    AddNorm, PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged,
 };
 use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput, Taps};
 
@@ -47,15 +47,23 @@ impl BatchModel for GptOss {
         for (n, layer) in w.layers.iter().enumerate() {
             let g = memory::kv_group(cfg, n);
             let (k_pool, v_pool) = &kv.layers[n];
-            let normed = add_rms_norm(
-                &x,
-                mlp_out.as_ref(),
-                None,
-                &layer.attn_norm,
-                eps,
-                self.dtype(),
-                false,
-            )?;
+            // The previous layer's experts summed over the ranks, added and normed (one launch
+            // for the three where the GPUs reach each other's memory).
+            let normed = match mlp_out.take() {
+                Some(m) => sum_add_norm(
+                    self.comm(),
+                    m,
+                    &AddNorm {
+                        x: &x,
+                        bias: None,
+                        w: &layer.attn_norm,
+                        eps,
+                        dtype: self.dtype(),
+                        keep_f32: false,
+                    },
+                )?,
+                None => add_rms_norm(&x, None, None, &layer.attn_norm, eps, self.dtype(), false)?,
+            };
             x = normed.x;
             taps.see(n, &x);
             let h = normed.h;
@@ -92,17 +100,23 @@ impl BatchModel for GptOss {
                 step.bounds,
                 &attn,
             )?;
-            let o =
-                sum_over(self.comm(), layer.attn.o.matmul_f32(&o.reshape((tokens, heads * d))?)?)?;
-            let bias = layer.attn.o.bias();
-            let normed =
-                add_rms_norm(&x, Some(&o), bias, &layer.mlp_norm, eps, self.dtype(), true)?;
+            let o = layer.attn.o.matmul_f32(&o.reshape((tokens, heads * d))?)?;
+            let norm = AddNorm {
+                x: &x,
+                bias: layer.attn.o.bias(),
+                w: &layer.mlp_norm,
+                eps,
+                dtype: self.dtype(),
+                keep_f32: true,
+            };
+            let normed = sum_add_norm(self.comm(), o, &norm)?;
             x = normed.x;
             let Some(h32) = normed.h32 else { anyhow::bail!("gpt-oss: the f32 norm is missing") };
-            mlp_out = Some(sum_over(self.comm(), moe(cfg, layer, &h32, &normed.h)?)?);
+            // Summed over the ranks by the next layer's first norm, or below.
+            mlp_out = Some(moe(cfg, layer, &h32, &normed.h)?);
         }
         if let Some(m) = mlp_out {
-            x = (x + m)?;
+            x = (x + sum_over(self.comm(), m)?)?;
         }
         taps.see(w.layers.len(), &x);
         let last = x.index_select(&step.logit_rows, 0)?;

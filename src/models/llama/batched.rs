@@ -9,10 +9,10 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::model::{Llama, RopeStyle};
-use crate::dist::collective::sum_over;
+use crate::dist::collective::{sum_add_norm, sum_over};
 use crate::kernels::{
-    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, matmul_swiglu_bf16, paged_attention,
-    qkv_rope_paged, silu_mul_to,
+    AddNorm, PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, matmul_swiglu_bf16,
+    paged_attention, qkv_rope_paged, silu_mul_to,
 };
 use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput, Taps};
 use crate::models::linear::Linear;
@@ -50,16 +50,23 @@ impl BatchModel for Llama {
         let eps = cfg.rms_norm_eps;
         // The residual stream stays in f32 (see model.rs).
         let mut x = w.embed.index_select(&step.tokens, 0)?.to_dtype(DType::F32)?;
-        // The previous layer's MLP output, added to the stream by this layer's first norm.
-        let mut mlp_out: Option<Tensor> = None;
-        // The residual add in front of a norm and the norm, to the products' dtype (one launch).
-        let norm = |x: &Tensor, delta: Option<&Tensor>, bias: Option<&Tensor>, w: &Tensor| {
-            add_rms_norm(x, delta, bias, w, eps, self.dtype(), false)
-        };
+        // The previous layer's MLP output (this rank's piece) and its bias, summed over the
+        // ranks and added to the stream by this layer's first norm.
+        let mut mlp_out: Option<(Tensor, Option<&Tensor>)> = None;
+        // The residual add in front of a norm (of a row-parallel product's output, summed over
+        // the ranks first) and the norm, to the products' dtype: one launch each.
+        let dtype = self.dtype();
         for (n, layer) in w.layers.iter().enumerate() {
             let (k_pool, v_pool) = &kv.layers[n];
             let fused = self.fused(n);
-            let normed = norm(&x, mlp_out.as_ref(), None, &layer.attn_norm)?;
+            let normed = match mlp_out.take() {
+                Some((m, bias)) => {
+                    let w_norm = &layer.attn_norm;
+                    let norm = AddNorm { x: &x, bias, w: w_norm, eps, dtype, keep_f32: false };
+                    sum_add_norm(self.comm(), m, &norm)?
+                }
+                None => add_rms_norm(&x, None, None, &layer.attn_norm, eps, dtype, false)?,
+            };
             let h = normed.h;
             x = normed.x;
             taps.see(n, &x);
@@ -102,8 +109,10 @@ impl BatchModel for Llama {
             // how the GEMM splits its sums, which differs between batch sizes. The SwiGLU's
             // output is rounded once, as the products' input (an elementwise rounding, the same
             // in any batch).
-            let o = sum_over(self.comm(), layer.o.matmul_f32(&o.reshape((tokens, heads * d))?)?)?;
-            let normed = norm(&x, Some(&o), layer.o.bias(), &layer.mlp_norm)?;
+            let o = layer.o.matmul_f32(&o.reshape((tokens, heads * d))?)?;
+            let (bias, w_norm) = (layer.o.bias(), &layer.mlp_norm);
+            let norm = AddNorm { x: &x, bias, w: w_norm, eps, dtype, keep_f32: false };
+            let normed = sum_add_norm(self.comm(), o, &norm)?;
             let h = normed.h;
             x = normed.x;
             let act = match fused.and_then(|f| f.gate_up.as_ref()) {
@@ -121,12 +130,10 @@ impl BatchModel for Llama {
                 )?,
             };
             // The bias after the sum over ranks (once): the same ops as `forward_f32` on one.
-            mlp_out = Some(
-                layer.down.add_bias_f32(sum_over(self.comm(), layer.down.matmul_f32(&act)?)?)?,
-            );
+            mlp_out = Some((layer.down.matmul_f32(&act)?, layer.down.bias()));
         }
-        if let Some(m) = mlp_out {
-            x = (x + m)?;
+        if let (Some((m, _)), Some(last)) = (mlp_out, w.layers.last()) {
+            x = (x + last.down.add_bias_f32(sum_over(self.comm(), m)?)?)?;
         }
         taps.see(w.layers.len(), &x);
         let last = x.index_select(&step.logit_rows, 0)?;
