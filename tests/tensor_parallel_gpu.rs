@@ -129,6 +129,15 @@ fn gpu_tp2_gpt_oss_matches_one_gpu() {
     check(common::tp::wide_gpt_oss, DType::F32, 250, 2e-4);
 }
 
+/// In bf16 each sum feeds the norm after it in one launch where the GPUs reach each other's
+/// memory (`all_reduce_add_rms_norm_bf16`): the tokens are one GPU's, and the digest is the same
+/// with `INFERNO_TP_P2P=0` (NCCL's sum, then the norm apart).
+#[test]
+#[ignore = "needs 2 GPUs and NCCL"]
+fn gpu_tp2_gpt_oss_bf16_matches_one_gpu() {
+    check(common::tp::wide_gpt_oss, DType::BF16, 250, 0.1);
+}
+
 #[test]
 #[ignore = "needs 2 GPUs and NCCL"]
 fn gpu_tp2_llama_1b_shape_matches_one_gpu_over_64_tokens() {

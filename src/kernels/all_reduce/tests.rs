@@ -116,7 +116,7 @@ mod gpu {
                 let fused = all_reduce_add_rms_norm(&mine, &norm, &peers, rank, world, region)
                     .unwrap()
                     .expect("the fused kernel takes these");
-                let (_, peers) = stand_in(&dev, &pieces, rank, region, call);
+                let (_apart, peers) = stand_in(&dev, &pieces, rank, region, call);
                 let sum = all_reduce_f32(&mine, &peers, rank, world, region).unwrap();
                 let want = norm.apply(&sum).unwrap();
                 assert_eq!(bits(&fused.x), bits(&want.x), "{what}: the residual");
