@@ -83,6 +83,7 @@ impl AddNorm<'_> {
 /// The threads of `add_rms_norm_bf16`'s block for rows `n` wide: one per 4 values, in whole
 /// warps, up to 1,024 (its fast path holds up to 16 values a thread in registers). The sum
 /// fused with it launches as many, so that its norm adds in the same order.
+#[cfg(feature = "cuda")]
 pub(crate) fn norm_threads(n: usize) -> usize {
     n.div_ceil(4).next_multiple_of(32).clamp(32, 1024)
 }
