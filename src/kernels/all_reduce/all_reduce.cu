@@ -165,27 +165,15 @@ extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
     pdl_launch_dependents();
 
     const float4 *slot0 = ar_region(own, e & 1, world, 0, region);
-    const int n4 = n / 4;
     for (unsigned r = blockIdx.x; r < rows; r += gridDim.x) {
         const long long row = (long long)r * n;
         float4 v[NORM_VEC];
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < NORM_VEC; j++) {
-            const int i = threadIdx.x + j * blockDim.x;
-            if (i < n4) {
-                float4 d = ar_sum4(slot0, world, region, row / 4 + i);
-                if (bias) {
-                    const float4 b = reinterpret_cast<const float4 *>(bias)[i];
-                    d = make_float4(d.x + b.x, d.y + b.y, d.z + b.z, d.w + b.w);
-                }
-                float4 a = reinterpret_cast<const float4 *>(x + row)[i];
-                a = make_float4(a.x + d.x, a.y + d.y, a.z + d.z, a.w + d.w);
-                reinterpret_cast<float4 *>(x_out + row)[i] = a;
-                v[j] = a;
-                add_squares(a, s);
-            }
-        }
+        const float s = gather_row(n / 4, v, [&](int i) {
+            const float4 d = ar_sum4(slot0, world, region, row / 4 + i);
+            const float4 a = add_residual(reinterpret_cast<const float4 *>(x + row)[i], d, bias, i);
+            reinterpret_cast<float4 *>(x_out + row)[i] = a;
+            return a;
+        });
         norm_row_vec(v, s, n, w, h16, h32, row, eps, partial);
         // The next row's sum of squares reuses `partial`.
         __syncthreads();

@@ -18,12 +18,39 @@ __device__ __forceinline__ float block_sum(float s, float* partial) {
     return total;
 }
 
+// x + (d + bias[i]): the residual add in front of a norm, the product's bias added to the
+// product first (bias may be null).
+__device__ __forceinline__ float4 add_residual(float4 x, float4 d, const float* __restrict__ bias,
+                                               int i) {
+    if (bias) {
+        const float4 b = reinterpret_cast<const float4*>(bias)[i];
+        d = make_float4(d.x + b.x, d.y + b.y, d.z + b.z, d.w + b.w);
+    }
+    return make_float4(x.x + d.x, x.y + d.y, x.z + d.z, x.w + d.w);
+}
+
 // A thread's share of the row's sum of squares, value by value.
 __device__ __forceinline__ void add_squares(float4 a, float& s) {
     s += a.x * a.x;
     s += a.y * a.y;
     s += a.z * a.z;
     s += a.w * a.w;
+}
+
+// A row's float4s i = threadIdx.x + j · blockDim.x (j < NORM_VEC, i < n4) as `value(i)` gives
+// them, into v, and their sum of squares in that order (what norm_row_vec takes).
+template <typename Value>
+__device__ __forceinline__ float gather_row(int n4, float4 (&v)[NORM_VEC], Value value) {
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < NORM_VEC; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < n4) {
+            v[j] = value(i);
+            add_squares(v[j], s);
+        }
+    }
+    return s;
 }
 
 // h16 = bf16(v / sqrt(mean(v²) + eps) · w) for the row at `row` (an element offset), and h32 the

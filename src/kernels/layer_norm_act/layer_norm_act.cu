@@ -37,27 +37,15 @@ extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
                      (!delta || (aligned16(delta) && aligned16(x_out))) && (!bias || aligned16(bias)) &&
                      ((uintptr_t)h16 & 7) == 0 && (!h32 || aligned16(h32));
     if (vec) {
-        const int n4 = n / 4;
         float4 v[NORM_VEC];
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < NORM_VEC; j++) {
-            const int i = threadIdx.x + j * blockDim.x;
-            if (i < n4) {
-                float4 a = reinterpret_cast<const float4*>(x + row)[i];
-                if (delta) {
-                    float4 d = reinterpret_cast<const float4*>(delta + row)[i];
-                    if (bias) {
-                        const float4 b = reinterpret_cast<const float4*>(bias)[i];
-                        d = make_float4(d.x + b.x, d.y + b.y, d.z + b.z, d.w + b.w);
-                    }
-                    a = make_float4(a.x + d.x, a.y + d.y, a.z + d.z, a.w + d.w);
-                    reinterpret_cast<float4*>(x_out + row)[i] = a;
-                }
-                v[j] = a;
-                add_squares(a, s);
+        const float s = gather_row(n / 4, v, [&](int i) {
+            float4 a = reinterpret_cast<const float4*>(x + row)[i];
+            if (delta) {
+                a = add_residual(a, reinterpret_cast<const float4*>(delta + row)[i], bias, i);
+                reinterpret_cast<float4*>(x_out + row)[i] = a;
             }
-        }
+            return a;
+        });
         norm_row_vec(v, s, n, w, h16, h32, row, eps, partial);
         return;
     }
