@@ -135,7 +135,8 @@ fn gpu_tp2_gpt_oss_matches_one_gpu() {
 #[test]
 #[ignore = "needs 2 GPUs and NCCL"]
 fn gpu_tp2_gpt_oss_bf16_matches_one_gpu() {
-    check(common::tp::wide_gpt_oss, DType::BF16, 250, 0.1);
+    // Top-5 log probabilities differed by 4.9e-3 at most on two H100s and on two H200s.
+    check(common::tp::wide_gpt_oss, DType::BF16, 250, 1e-2);
 }
 
 #[test]

@@ -614,7 +614,6 @@ impl Core {
         };
         let mut sampled = sampled.into_iter();
         self.count_step(&plan.chunks, t0);
-        let mut due = Vec::with_capacity(plan.chunks.len());
         for c in &plan.chunks {
             let run = if c.sample { sampled.next() } else { None };
             if let Some(msg) = self.broken.remove(&c.id) {
@@ -627,10 +626,12 @@ impl Core {
             if c.sample && c.len > 1 && c.drafts == 0 {
                 self.draft_catch_up(c.id);
             }
-            due.push((c.id, c.sample && c.len > 1 && c.drafts == 0));
             self.emit_run(c.id, tokens);
         }
-        self.eagle_catch_up(&due);
+        // Sequences that failed above are gone from the scheduler: the head skips them.
+        self.eagle_catch_up(
+            plan.chunks.iter().map(|c| (c.id, c.sample && c.len > 1 && c.drafts == 0)),
+        );
         self.drafted.clear();
         self.publish(plan.chunks.len());
     }

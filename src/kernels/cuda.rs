@@ -107,6 +107,13 @@ pub(super) fn cuda_view<'a, T: CudaDType>(
     }
 }
 
+/// f32 `t` contiguous from a 16-byte boundary, for a kernel that reads it in float4s (candle's
+/// buffers start aligned; a view's offset may not).
+pub(super) fn f32_aligned16(t: &Tensor) -> Result<Tensor> {
+    let t = t.contiguous()?;
+    if t.layout().start_offset().is_multiple_of(4) { Ok(t) } else { t.force_contiguous() }
+}
+
 /// Dynamic shared memory a block gets without opting in.
 const DEFAULT_SHARED: usize = 48 * 1024;
 

@@ -102,8 +102,7 @@ impl Core {
             self.sched.complete(c, 0, &[id], &mut self.blocks);
             self.emit_run(c.id, vec![(id, None)]);
         }
-        let due: Vec<(u64, bool)> = step.chunks.iter().map(|c| (c.id, false)).collect();
-        self.eagle_catch_up(&due);
+        self.eagle_catch_up(step.chunks.iter().map(|c| (c.id, false)));
         self.publish(step.chunks.len());
         self.in_flight = next;
     }

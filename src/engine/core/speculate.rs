@@ -360,12 +360,12 @@ impl Core {
     /// The EAGLE-3 head runs what it can of the step's sequences, each `(id, prefilled)`, in
     /// passes shared by them: a sequence whose prompt just ended (`prefilled`), or whose taps
     /// have piled up (one that has not drafted for a while).
-    pub(super) fn eagle_catch_up(&mut self, seqs: &[(u64, bool)]) {
+    pub(super) fn eagle_catch_up(&mut self, seqs: impl IntoIterator<Item = (u64, bool)>) {
         let Some(e) = &mut self.eagle else { return };
         let due: Vec<(u64, &[u32])> = seqs
-            .iter()
-            .filter(|&&(id, prefilled)| prefilled || e.pending_rows(id) >= EAGLE_PENDING_ROWS)
-            .filter_map(|&(id, _)| self.sched.get(id).map(|s| (id, s.tokens.as_slice())))
+            .into_iter()
+            .filter(|&(id, prefilled)| prefilled || e.pending_rows(id) >= EAGLE_PENDING_ROWS)
+            .filter_map(|(id, _)| self.sched.get(id).map(|s| (id, s.tokens.as_slice())))
             .collect();
         if !due.is_empty()
             && let Err(err) = e.catch_up(&due)

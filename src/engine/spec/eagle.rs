@@ -17,8 +17,8 @@
 //! than speculation serves, no step keeps taps (it would cost every step of a batch that never
 //! drafts): the head forgets those sequences and never drafts for them
 //! ([`EagleDrafter::untap`]), as it does for a sequence that came while it slept (its drafts
-//! kept missing for every sequence) and for whose steps no taps are kept. The head's pool has no prefix cache of its own: its keys at a
-//! position depend on the token after it.
+//! kept missing for every sequence) and for whose steps no taps are kept. The head's pool has no
+//! prefix cache of its own: its keys at a position depend on the token after it.
 //!
 //! The sequences that draft in a step get their guesses together
 //! ([`EagleDrafter::propose_many`]): one pass over all their new rows, then the chained passes

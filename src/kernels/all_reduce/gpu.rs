@@ -5,7 +5,7 @@ use candle_core::{DType, Device, Result, Storage, Tensor, bail};
 use half::bf16;
 
 use super::{BLOCKS, MAX_RANKS, THREADS};
-use crate::kernels::cuda::{cuda_view, output, ptx, tensor};
+use crate::kernels::cuda::{cuda_view, f32_aligned16, output, ptx, tensor};
 use crate::kernels::launch::Launch;
 use crate::kernels::layer_norm_act::{AddNorm, Normed, norm_threads};
 
@@ -102,13 +102,8 @@ pub fn all_reduce_add_rms_norm(
         return Ok(None);
     }
     let Device::Cuda(dev) = partial.device() else { return Ok(None) };
-    // Whole float4s from the first value on (candle's buffers start aligned; a view may not).
-    let aligned = |t: &Tensor| -> Result<Tensor> {
-        let t = t.contiguous()?;
-        if t.layout().start_offset() % 4 == 0 { Ok(t) } else { t.force_contiguous() }
-    };
-    let (p, x, w) = (aligned(partial)?, aligned(norm.x)?, aligned(norm.w)?);
-    let bias = norm.bias.map(aligned).transpose()?;
+    let (p, x, w) = (f32_aligned16(partial)?, f32_aligned16(norm.x)?, f32_aligned16(norm.w)?);
+    let bias = norm.bias.map(f32_aligned16).transpose()?;
     let (ps, pl) = p.storage_and_layout();
     let (xs, xl) = x.storage_and_layout();
     let (ws, wl) = w.storage_and_layout();

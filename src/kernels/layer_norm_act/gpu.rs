@@ -6,7 +6,7 @@ use candle_core::{CudaStorage, Device, Layout, Result, Shape, Tensor, bail};
 use half::bf16;
 
 use super::Normed;
-use crate::kernels::cuda::{cuda_view, int, ptx, tensor};
+use crate::kernels::cuda::{cuda_view, f32_aligned16, int, ptx, tensor};
 use crate::kernels::launch::Launch;
 
 pub(super) fn add_rms_norm(
@@ -25,15 +25,11 @@ pub(super) fn add_rms_norm(
     {
         bail!("add_rms_norm: x {:?}, delta, bias and weight {:?} do not fit", x.dims(), w.dims());
     }
-    // Rows start 16-byte aligned (candle's buffers are; a view's offset may not be), so that
-    // the kernel's path depends on n alone and a row gives the same bits in any batch.
-    let aligned = |t: &Tensor| -> Result<Tensor> {
-        let t = t.contiguous()?;
-        if t.layout().start_offset() % 4 == 0 { Ok(t) } else { t.force_contiguous() }
-    };
-    let x = aligned(x)?;
-    let (delta, bias) = (delta.map(aligned).transpose()?, bias.map(aligned).transpose()?);
-    let w = aligned(w)?;
+    // Rows start 16-byte aligned, so that the kernel's path depends on n alone and a row gives
+    // the same bits in any batch.
+    let x = f32_aligned16(x)?;
+    let delta = delta.map(f32_aligned16).transpose()?;
+    let (bias, w) = (bias.map(f32_aligned16).transpose()?, f32_aligned16(w)?);
     let (xs, xl) = x.storage_and_layout();
     let ds = delta.as_ref().map(|t| t.storage_and_layout());
     let bs = bias.as_ref().map(|t| t.storage_and_layout());
