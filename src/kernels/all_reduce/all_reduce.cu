@@ -2,18 +2,30 @@
 // peer memory, in one launch (src/kernels/all_reduce/mod.rs says why and describes the buffers).
 //
 // Every rank runs this kernel with the same grid on vectors of the same length. Block b of each
-// rank owns the same chunk of the vector on every rank. It pushes its rank's piece of that chunk
-// into region `rank` of the current slot of every rank's buffer (remote stores are posted, so
-// pushing costs less than each rank pulling), raises its flag in every rank's header, waits
-// until every rank's flag for block b has reached this call, then adds the regions of its own
-// buffer in rank order. Every rank therefore adds the same numbers in the same order: the same
-// bits on every rank, and a row's bits do not depend on the other rows of the vector.
+// rank owns the same chunk of the vector on every rank and pushes its rank's piece of that chunk
+// into every other rank's buffer (remote stores are posted, so pushing costs less than each rank
+// pulling). How a receiver learns that a piece has arrived depends on the vector's length:
 //
-// The flags count calls (per block; every call runs every block, so all blocks of a rank agree on
-// the count). Call e uses slot e & 1. A rank writes slot e & 1 again at call e + 2, when it has
-// passed call e + 1's wait: each rank raises call e + 1's flags only after its call e has
-// finished (stream order, and pdl_wait below), so no rank still reads the slot. The count lives
-// in device memory, so a captured graph replays correctly.
+// - Up to AR_LL_FLOATS floats (decode steps), in lines that carry their own flag (NCCL's LL
+//   protocol): every 16-byte store is two (value, call number) pairs, and a receiver reads a line
+//   until both its pairs hold this call's number. A store may land as two 8-byte halves but never
+//   splits a pair, so a pair with the call's number holds the call's value. One crossing of the
+//   link, no fence: the latency a decode step's few KiB are bound by.
+// - Longer vectors, in plain floats followed by a system-wide fence and a flag per block; a
+//   receiver waits for every rank's flag, then reads. Half the bytes of the lines, a fence and a
+//   second crossing more.
+//
+// Then the pieces are added in rank order (this rank's own straight from its input): every rank
+// adds the same numbers in the same order, so every rank gets the same bits, the two protocols
+// give the same bits, and a row's bits do not depend on the other rows of the vector.
+//
+// Calls are numbered per block in device memory (every call runs every block, so all blocks of a
+// rank agree; a captured graph replays correctly). Call e uses slot e & 1 of either protocol. A
+// rank writes slot e & 1 again at call e + 2, when it has passed call e + 1, which needed every
+// rank's piece of call e + 1; each rank pushes that only after its call e has finished (stream
+// order, and pdl_wait below), so no rank still reads the slot. The numbers run 1, 2, …, 2^32 - 2
+// and start again at 1: never 0, a zeroed line's number, and an even cycle, so the slots still
+// alternate where it wraps.
 #include "common.cuh"
 #include "norm_row.cuh"
 
@@ -22,6 +34,7 @@ constexpr int AR_MAX_RANKS = 8;
 constexpr int AR_BLOCKS = 24;
 constexpr int AR_THREADS = 512;
 constexpr unsigned long long AR_DATA_OFFSET = 4096;
+constexpr unsigned AR_LL_FLOATS = 64 * 1024;
 // A peer that has not arrived after this long is hung (or dead): trap, so that the rank fails
 // with an error instead of spinning forever.
 constexpr unsigned long long AR_TIMEOUT_NS = 30ull * 1000 * 1000 * 1000;
@@ -64,21 +77,41 @@ __device__ __forceinline__ float4 *ar_region(unsigned long long base, unsigned s
     return reinterpret_cast<float4 *>(data + (static_cast<size_t>(slot) * world + r) * region);
 }
 
-// Phase one of a call, the same for both kernels below: block b pushes this rank's piece of its
-// chunk of the flat vector (n floats, a multiple of 4) into region `rank` of the call's slot of
-// every rank's buffer, and raises its flag there. Returns the call's number.
-__device__ __forceinline__ unsigned ar_push(const Peers &peers, int rank, int world,
-                                            const float *__restrict__ in, unsigned n,
-                                            unsigned region, unsigned *call) {
-    const unsigned long long own = peers.base[rank];
-    if (threadIdx.x == 0) *call = *ar_count(own, blockIdx.x) + 1;
+// Line region `r` of LL slot `slot`, past the plain slots: AR_LL_FLOATS / 2 lines, two a float4.
+__device__ __forceinline__ uint4 *ll_region(unsigned long long base, unsigned slot, int world,
+                                            int r, unsigned region) {
+    const unsigned long long lines = base + AR_DATA_OFFSET + 2ull * world * region * 4;
+    return reinterpret_cast<uint4 *>(lines) + (static_cast<size_t>(slot) * world + r) * (AR_LL_FLOATS / 2);
+}
+
+// The number of the call after `last` (see the top of the file).
+__device__ __forceinline__ unsigned ar_next(unsigned last) {
+    return last >= 0xFFFFFFFEu ? 1u : last + 1u;
+}
+
+// The call's number, read by one thread of the block and handed to all.
+__device__ __forceinline__ unsigned ar_begin(unsigned long long own, unsigned *call) {
+    if (threadIdx.x == 0) *call = ar_next(*ar_count(own, blockIdx.x));
     __syncthreads();
-    const unsigned e = *call;
-    const unsigned slot = e & 1;
-    const unsigned n4 = n / 4;
+    return *call;
+}
+
+// Block b's chunk of a vector of n4 float4s: [start, end).
+__device__ __forceinline__ void ar_chunk(unsigned n4, unsigned *start, unsigned *end) {
     const unsigned chunk = (n4 + gridDim.x - 1) / gridDim.x;
-    const unsigned start = blockIdx.x * chunk;
-    const unsigned end = min(start + chunk, n4);
+    *start = blockIdx.x * chunk;
+    *end = min(*start + chunk, n4);
+}
+
+// Phase one of a plain call: block b pushes this rank's piece of its chunk of the flat vector (n
+// floats, a multiple of 4) into region `rank` of the call's slot of every rank's buffer, and
+// raises its flag there.
+__device__ __forceinline__ void ar_push(const Peers &peers, int rank, int world,
+                                        const float *__restrict__ in, unsigned n,
+                                        unsigned region, unsigned e) {
+    const unsigned slot = e & 1;
+    unsigned start, end;
+    ar_chunk(n / 4, &start, &end);
     const float4 *in4 = reinterpret_cast<const float4 *>(in);
     for (unsigned i = start + threadIdx.x; i < end; i += blockDim.x) {
         const float4 v = in4[i];
@@ -88,7 +121,77 @@ __device__ __forceinline__ unsigned ar_push(const Peers &peers, int rank, int wo
     __threadfence_system();
     __syncthreads();
     if (threadIdx.x < world) store_release_sys(ar_flag(peers.base[threadIdx.x], blockIdx.x, rank), e);
-    return e;
+}
+
+__device__ __forceinline__ void ll_store(uint4 *p, float a, float b, unsigned e) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p),
+                 "r"(__float_as_uint(a)), "r"(e), "r"(__float_as_uint(b)), "r"(e)
+                 : "memory");
+}
+
+__device__ __forceinline__ uint4 ll_load(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+// Phase one of an LL call: block b pushes this rank's piece of its chunk as lines of call e into
+// region `rank` of the call's LL slot of every other rank's buffer.
+__device__ __forceinline__ void ll_push(const Peers &peers, int rank, int world,
+                                        const float *__restrict__ in, unsigned n,
+                                        unsigned region, unsigned e) {
+    const unsigned slot = e & 1;
+    unsigned start, end;
+    ar_chunk(n / 4, &start, &end);
+    const float4 *in4 = reinterpret_cast<const float4 *>(in);
+    for (unsigned i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const float4 v = in4[i];
+        for (int r = 0; r < world; ++r) {
+            if (r == rank) continue;
+            uint4 *line = ll_region(peers.base[r], slot, world, rank, region) + 2 * i;
+            ll_store(line, v.x, v.y, e);
+            ll_store(line + 1, v.z, v.w, e);
+        }
+    }
+}
+
+// The float4 a rank pushed as two lines of call e, once both have arrived.
+__device__ __forceinline__ float4 ll_read4(const uint4 *line, unsigned e) {
+    uint4 a = ll_load(line), b = ll_load(line + 1);
+    if (a.y != e || a.w != e || b.y != e || b.w != e) {
+        const unsigned long long t0 = global_ns();
+        while (a.y != e || a.w != e) {
+            a = ll_load(line);
+            if (global_ns() - t0 > AR_TIMEOUT_NS) __trap();
+        }
+        while (b.y != e || b.w != e) {
+            b = ll_load(line + 1);
+            if (global_ns() - t0 > AR_TIMEOUT_NS) __trap();
+        }
+    }
+    return make_float4(__uint_as_float(a.x), __uint_as_float(a.z), __uint_as_float(b.x),
+                       __uint_as_float(b.z));
+}
+
+__device__ __forceinline__ void add4(float4 &s, const float4 v) {
+    s.x += v.x;
+    s.y += v.y;
+    s.z += v.z;
+    s.w += v.w;
+}
+
+// The sum of float4 i over the ranks, in rank order, as ar_sum4 adds them: this rank's own from
+// `in`, the others' from the lines of call e in this rank's LL slot.
+__device__ __forceinline__ float4 ll_sum4(const uint4 *slot0, const float *__restrict__ in,
+                                          int rank, int world, size_t i, unsigned e) {
+    const float4 own = reinterpret_cast<const float4 *>(in)[i];
+    float4 s = rank == 0 ? own : ll_read4(slot0 + 2 * i, e);
+    for (int r = 1; r < world; ++r)
+        add4(s, r == rank ? own : ll_read4(slot0 + static_cast<size_t>(r) * (AR_LL_FLOATS / 2) + 2 * i, e));
+    return s;
 }
 
 // Waits until every rank's flag for `block` has reached call e. A rank may already be a call
@@ -106,13 +209,7 @@ __device__ __forceinline__ float4 ar_sum4(const float4 *slot0, int world, unsign
                                           size_t i) {
     // Written by other GPUs: read past L1, which does not see their stores.
     float4 s = __ldcg(slot0 + i);
-    for (int r = 1; r < world; ++r) {
-        const float4 v = __ldcg(slot0 + static_cast<size_t>(r) * (region / 4) + i);
-        s.x += v.x;
-        s.y += v.y;
-        s.z += v.z;
-        s.w += v.w;
-    }
+    for (int r = 1; r < world; ++r) add4(s, __ldcg(slot0 + static_cast<size_t>(r) * (region / 4) + i));
     return s;
 }
 
@@ -123,18 +220,29 @@ extern "C" __global__ void __launch_bounds__(AR_THREADS)
     __shared__ unsigned call;
     pdl_wait();
     const unsigned long long own = peers.base[rank];
-    const unsigned e = ar_push(peers, rank, world, in, n, region, &call);
-    if (threadIdx.x < world) ar_wait(own, blockIdx.x, threadIdx.x, e);
-    __syncthreads();
+    const unsigned e = ar_begin(own, &call);
+    const bool ll = n <= AR_LL_FLOATS;
+    if (ll) {
+        ll_push(peers, rank, world, in, n, region, e);
+    } else {
+        ar_push(peers, rank, world, in, n, region, e);
+        if (threadIdx.x < world) ar_wait(own, blockIdx.x, threadIdx.x, e);
+        __syncthreads();
+    }
     pdl_launch_dependents();
 
-    const unsigned n4 = n / 4;
-    const unsigned chunk = (n4 + gridDim.x - 1) / gridDim.x;
-    const unsigned start = blockIdx.x * chunk;
-    const unsigned end = min(start + chunk, n4);
-    const float4 *slot0 = ar_region(own, e & 1, world, 0, region);
+    unsigned start, end;
+    ar_chunk(n / 4, &start, &end);
     float4 *out4 = reinterpret_cast<float4 *>(out);
-    for (unsigned i = start + threadIdx.x; i < end; i += blockDim.x) out4[i] = ar_sum4(slot0, world, region, i);
+    if (ll) {
+        const uint4 *slot0 = ll_region(own, e & 1, world, 0, region);
+        for (unsigned i = start + threadIdx.x; i < end; i += blockDim.x)
+            out4[i] = ll_sum4(slot0, in, rank, world, i, e);
+    } else {
+        const float4 *slot0 = ar_region(own, e & 1, world, 0, region);
+        for (unsigned i = start + threadIdx.x; i < end; i += blockDim.x)
+            out4[i] = ar_sum4(slot0, world, region, i);
+    }
     if (threadIdx.x == 0) *ar_count(own, blockIdx.x) = e;
 }
 
@@ -144,11 +252,11 @@ extern "C" __global__ void __launch_bounds__(AR_THREADS)
 // sum and the norm were two, with their bits: the same additions in the same order, and the
 // norm's arithmetic from norm_row.cuh at add_rms_norm_bf16's block width (the launch takes
 // its threads). Phase one is all_reduce_f32's; a row spans several blocks' chunks, so each block
-// then waits for every block's flags and norms rows b, b + gridDim.x, … (reading other blocks'
-// chunks of the same call is safe: a rank writes the slot again only two calls on, after every
-// rank's next call has begun, so after this kernel has ended). n / 4 must fit the block's
-// registers (n ≤ blockDim.x · 4 · NORM_VEC) and every pointer be 16-byte aligned: the caller
-// checks.
+// then norms rows b, b + gridDim.x, …, reading every block's chunks of them: in LL lines as they
+// arrive, or in plain floats once every block's flags are in. Reading other blocks' chunks of
+// the same call is safe: a rank writes the slot again only two calls on, after every rank's
+// next call has begun, so after this kernel has ended. n / 4 must fit the block's registers
+// (n ≤ blockDim.x · 4 · NORM_VEC) and every pointer be 16-byte aligned: the caller checks.
 extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
     all_reduce_add_rms_norm_bf16(Peers peers, int rank, int world, const float *__restrict__ in,
                                  const float *__restrict__ x, const float *__restrict__ bias,
@@ -159,17 +267,25 @@ extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
     __shared__ float partial[NORM_MAX_THREADS / 32];
     pdl_wait();
     const unsigned long long own = peers.base[rank];
-    const unsigned e = ar_push(peers, rank, world, in, rows * n, region, &call);
-    for (unsigned t = threadIdx.x; t < gridDim.x * world; t += blockDim.x) ar_wait(own, t / world, t % world, e);
-    __syncthreads();
+    const unsigned e = ar_begin(own, &call);
+    const bool ll = rows * n <= AR_LL_FLOATS;
+    if (ll) {
+        ll_push(peers, rank, world, in, rows * n, region, e);
+    } else {
+        ar_push(peers, rank, world, in, rows * n, region, e);
+        for (unsigned t = threadIdx.x; t < gridDim.x * world; t += blockDim.x) ar_wait(own, t / world, t % world, e);
+        __syncthreads();
+    }
     pdl_launch_dependents();
 
+    const uint4 *lines = ll_region(own, e & 1, world, 0, region);
     const float4 *slot0 = ar_region(own, e & 1, world, 0, region);
     for (unsigned r = blockIdx.x; r < rows; r += gridDim.x) {
         const long long row = (long long)r * n;
         float4 v[NORM_VEC];
         const float s = gather_row(n / 4, v, [&](int i) {
-            const float4 d = ar_sum4(slot0, world, region, row / 4 + i);
+            const size_t at = row / 4 + i;
+            const float4 d = ll ? ll_sum4(lines, in, rank, world, at, e) : ar_sum4(slot0, world, region, at);
             const float4 a = add_residual(reinterpret_cast<const float4 *>(x + row)[i], d, bias, i);
             reinterpret_cast<float4 *>(x_out + row)[i] = a;
             return a;

@@ -1,4 +1,4 @@
-use super::sum_in_rank_order;
+use super::{next_call, sum_in_rank_order};
 
 #[test]
 fn reference_adds_in_rank_order() {
@@ -10,6 +10,21 @@ fn reference_adds_in_rank_order() {
     assert_eq!(sum_in_rank_order(&[]), Vec::<f32>::new());
 }
 
+/// The calls' numbers never take 0 (a zeroed line's) and cycle evenly, so the slots alternate
+/// across the wrap.
+#[test]
+fn call_numbers_skip_zero_and_alternate_slots() {
+    let mut last = u32::MAX - 4;
+    for _ in 0..8 {
+        let next = next_call(last);
+        assert_ne!(next, 0);
+        assert_ne!(next & 1, last & 1, "{last} → {next}");
+        last = next;
+    }
+    assert_eq!(next_call(0), 1);
+    assert_eq!(next_call(u32::MAX - 1), 1);
+}
+
 #[cfg(feature = "cuda")]
 mod gpu {
     use candle_core::cuda_backend::cudarc::driver::DevicePtr;
@@ -17,8 +32,8 @@ mod gpu {
     use rand::Rng;
 
     use super::super::{
-        BLOCKS, MAX_RANKS, Peers, all_reduce_add_rms_norm, all_reduce_f32, buffer_bytes,
-        flag_offset, region_offset, sum_in_rank_order,
+        BLOCKS, LL_FLOATS, MAX_RANKS, Peers, all_reduce_add_rms_norm, all_reduce_f32, buffer_bytes,
+        flag_offset, in_lines, ll_offset, ll_words, next_call, region_offset, sum_in_rank_order,
     };
     use crate::kernels::layer_norm_act::AddNorm;
     use crate::kernels::testing::{gpu, rng, uniform, values};
@@ -35,30 +50,36 @@ mod gpu {
         vec![0; bytes / 4]
     }
 
-    /// The ranks' buffers on one GPU as rank `rank`'s kernel should find them at call `call`:
-    /// in its own, the other ranks' pieces and their flags for this call, and its count of the
-    /// calls before; the others' zeroed. Also the `Peers` addressing them.
+    /// The ranks' buffers on one GPU as rank `rank`'s kernel should find them at the call after
+    /// call `last`: in its own, the other ranks' pieces as they push them for that call (LL
+    /// lines, or plain floats and their flags) and its count of the calls before; the others'
+    /// zeroed. Also the `Peers` addressing them.
     fn stand_in(
         dev: &Device,
         pieces: &[Vec<f32>],
         rank: usize,
         region: usize,
-        call: u32,
+        last: u32,
     ) -> (Vec<Tensor>, Peers) {
         let world = pieces.len();
         let bytes = buffer_bytes(world, region);
+        let call = next_call(last);
         let slot = (call & 1) as usize;
         let mut own = words(bytes);
         for p in (0..world).filter(|&p| p != rank) {
-            let at = region_offset(slot, world, p, region) / 4;
-            let bits: Vec<u32> = pieces[p].iter().map(|v| v.to_bits()).collect();
-            own[at..at + bits.len()].copy_from_slice(&bits);
-            for b in 0..BLOCKS {
-                own[flag_offset(b, p) / 4] = call;
-            }
+            let (at, image) = if in_lines(pieces[p].len()) {
+                (ll_offset(slot, world, p, region) / 4, ll_words(&pieces[p], call))
+            } else {
+                for b in 0..BLOCKS {
+                    own[flag_offset(b, p) / 4] = call;
+                }
+                let bits = pieces[p].iter().map(|v| v.to_bits()).collect();
+                (region_offset(slot, world, p, region) / 4, bits)
+            };
+            own[at..at + image.len()].copy_from_slice(&image);
         }
         for b in 0..BLOCKS {
-            own[BLOCKS * MAX_RANKS + b] = call - 1;
+            own[BLOCKS * MAX_RANKS + b] = last;
         }
         let buffers: Vec<Tensor> = (0..world)
             .map(|p| {
@@ -73,14 +94,52 @@ mod gpu {
         (buffers, peers)
     }
 
+    /// Checks that every other rank's buffer received `piece` from `rank` for call `call` as the
+    /// kernel pushes it (LL lines, or plain floats and a flag per block), and that `rank`'s own
+    /// count moved to the call.
+    fn pushed(
+        buffers: &[Tensor],
+        piece: &[f32],
+        rank: usize,
+        region: usize,
+        call: u32,
+        what: &str,
+    ) {
+        let world = buffers.len();
+        let slot = (call & 1) as usize;
+        for (p, b) in buffers.iter().enumerate() {
+            let image = b.to_vec1::<u32>().unwrap();
+            if p == rank {
+                let counts = &image[BLOCKS * MAX_RANKS..BLOCKS * MAX_RANKS + BLOCKS];
+                assert!(counts.iter().all(|&c| c == call), "{what}: counts {counts:?}");
+                continue;
+            }
+            let (at, want) = if in_lines(piece.len()) {
+                (ll_offset(slot, world, rank, region) / 4, ll_words(piece, call))
+            } else {
+                for blk in 0..BLOCKS {
+                    assert_eq!(image[flag_offset(blk, rank) / 4], call, "{what}: rank {p}'s flag");
+                }
+                (
+                    region_offset(slot, world, rank, region) / 4,
+                    piece.iter().map(|v| v.to_bits()).collect(),
+                )
+            };
+            assert!(
+                image[at..at + want.len()] == want[..],
+                "{what}: rank {p} did not get the piece"
+            );
+        }
+    }
+
     fn bits(t: &Tensor) -> Vec<u32> {
         values(t).iter().map(|v| v.to_bits()).collect()
     }
 
     /// The sum fused with the residual add and norm gives the bits of the two launches it
     /// replaces (the sum, then `add_rms_norm`), for one row and for more rows than blocks (each
-    /// block then norms several), with and without a bias and the f32 norm; and it raises every
-    /// block's flag in every rank's buffer as the plain sum does.
+    /// block then norms several; 30 × 2,880 is past the LL lines), with and without a bias and
+    /// the f32 norm, across the calls' wrap; and it pushes its piece as the plain sum does.
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_sum_fused_with_the_norm_gives_the_two_launches_bits() {
@@ -91,9 +150,10 @@ mod gpu {
             [(2, 1, 2880), (2, 30, 2880), (3, 5, 64), (4, 2, 4096), (2, 3, 8192)]
         {
             let rank = r.random_range(0..world);
-            for (call, with_bias, keep_f32) in
-                [(1, true, true), (2, false, false), (3, true, false)]
+            for (last, with_bias, keep_f32) in
+                [(0, true, true), (1, false, false), (2, true, false), (u32::MAX - 1, true, true)]
             {
+                let call = next_call(last);
                 let pieces: Vec<Vec<f32>> =
                     (0..world).map(|_| uniform(&mut r, rows * n, -2.0, 2.0)).collect();
                 let t = |v: Vec<f32>, dims: &[usize]| {
@@ -112,11 +172,11 @@ mod gpu {
                 };
                 let mine = t(pieces[rank].clone(), &[rows, n]);
                 let what = format!("world {world}, rank {rank}, {rows} × {n}, call {call}");
-                let (buffers, peers) = stand_in(&dev, &pieces, rank, region, call);
+                let (buffers, peers) = stand_in(&dev, &pieces, rank, region, last);
                 let fused = all_reduce_add_rms_norm(&mine, &norm, &peers, rank, world, region)
                     .unwrap()
                     .expect("the fused kernel takes these");
-                let (_apart, peers) = stand_in(&dev, &pieces, rank, region, call);
+                let (_apart, peers) = stand_in(&dev, &pieces, rank, region, last);
                 let sum = all_reduce_f32(&mine, &peers, rank, world, region).unwrap();
                 let want = norm.apply(&sum).unwrap();
                 assert_eq!(bits(&fused.x), bits(&want.x), "{what}: the residual");
@@ -127,71 +187,45 @@ mod gpu {
                 }
                 let sum_ref = sum_in_rank_order(&pieces);
                 assert_eq!(values(&sum), sum_ref, "{what}: the plain sum");
-                for (p, b) in buffers.iter().enumerate() {
-                    let image = b.to_vec1::<u32>().unwrap();
-                    for blk in 0..BLOCKS {
-                        assert_eq!(
-                            image[flag_offset(blk, rank) / 4],
-                            call,
-                            "{what}: rank {p}'s flag"
-                        );
-                    }
-                }
+                pushed(&buffers, &pieces[rank], rank, region, call, &what);
             }
         }
     }
 
     /// One rank's kernel against the reference, on one GPU: the other ranks' buffers are plain
-    /// allocations, and what they would have pushed into this rank's buffer (their pieces, their
-    /// flags for this call) is written there before the launch. Three calls, so both slots and the
-    /// call count are used; the sum must equal the reference bit for bit, and every other rank's
-    /// buffer must have received this rank's piece and its flag for every block.
+    /// allocations, and what they would have pushed into this rank's buffer (their pieces, as LL
+    /// lines or as plain floats and flags) is written there before the launch. Three calls, so
+    /// both slots and the call count are used, and one across the count's wrap; vectors in lines
+    /// and past them. The sum must equal the reference bit for bit, and every other rank's buffer
+    /// must have received this rank's piece for the call.
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_one_rank_matches_reference_with_peers_standing_in() {
         let dev = gpu();
         let mut r = rng("all reduce");
-        let region = 4096;
-        for (world, n) in [(2, 2880), (2, 4), (3, 4096), (4, 1000), (8, 2880), (MAX_RANKS, 12)] {
+        let region = 2 * LL_FLOATS;
+        let past = LL_FLOATS + 4;
+        let cases =
+            [(2, 2880), (2, 4), (3, 4096), (4, 1000), (8, 2880), (MAX_RANKS, 12), (2, past)];
+        for (world, n) in cases.into_iter().chain([(4, LL_FLOATS), (3, region)]) {
             let rank = r.random_range(0..world);
-            for call in 1..=3u32 {
-                let slot = (call & 1) as usize;
+            for last in [0, 1, 2, u32::MAX - 1] {
+                let call = next_call(last);
                 let pieces: Vec<Vec<f32>> =
                     (0..world).map(|_| uniform(&mut r, n, -50.0, 50.0)).collect();
-                let (buffers, peers) = stand_in(&dev, &pieces, rank, region, call);
+                let (buffers, peers) = stand_in(&dev, &pieces, rank, region, last);
                 let x = Tensor::from_vec(pieces[rank].clone(), n, &Device::Cpu)
                     .unwrap()
                     .to_device(&dev)
                     .unwrap();
                 let got = values(&all_reduce_f32(&x, &peers, rank, world, region).unwrap());
                 let want = sum_in_rank_order(&pieces);
+                let what = format!("world {world}, rank {rank}, n {n}, call {call}");
                 assert!(
                     got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "world {world}, rank {rank}, n {n}, call {call}: the sum differs from the reference"
+                    "{what}: the sum differs from the reference"
                 );
-                for (p, b) in buffers.iter().enumerate() {
-                    let image = b.to_vec1::<u32>().unwrap();
-                    let at = region_offset(slot, world, rank, region) / 4;
-                    let mine: Vec<u32> = pieces[rank].iter().map(|v| v.to_bits()).collect();
-                    assert_eq!(
-                        &image[at..at + n],
-                        &mine[..],
-                        "rank {p} did not get rank {rank}'s piece"
-                    );
-                    for blk in 0..BLOCKS {
-                        assert_eq!(
-                            image[flag_offset(blk, rank) / 4],
-                            call,
-                            "rank {p}, block {blk}: flag"
-                        );
-                    }
-                    if p == rank {
-                        assert!(
-                            (0..BLOCKS).all(|blk| image[BLOCKS * MAX_RANKS + blk] == call),
-                            "counts"
-                        );
-                    }
-                }
+                pushed(&buffers, &pieces[rank], rank, region, call, &what);
             }
         }
     }
