@@ -118,6 +118,20 @@ impl PeerSum {
         Ok(Some(all_reduce::all_reduce_f32(&x, &self.peers, rank, world, REGION)?))
     }
 
+    /// Every rank's `x` stacked in rank order (`Collective::all_gather`), or `None` where it does
+    /// not go this way (not f32 or u32, or larger than a region).
+    pub fn all_gather(&self, x: &Tensor) -> anyhow::Result<Option<Tensor>> {
+        let Shard { rank, world } = self.shard;
+        Ok(all_reduce::all_gather_b32(&x.contiguous()?, &self.peers, rank, world, REGION)?)
+    }
+
+    /// Rank `root`'s `x` over every rank's, in place (`Collective::broadcast`); `false` where it
+    /// does not go this way.
+    pub fn broadcast(&self, x: &Tensor, root: usize) -> anyhow::Result<bool> {
+        let Shard { rank, world } = self.shard;
+        Ok(all_reduce::broadcast_b32(x, &self.peers, rank, world, REGION, root)?)
+    }
+
     /// [`PeerSum::sum`] with `norm` applied to it in the same launch, or `None` where that
     /// kernel does not take it (the caller then sums and norms in two steps, the same bits).
     pub fn sum_add_norm(&self, x: &Tensor, norm: &AddNorm) -> anyhow::Result<Option<Normed>> {

@@ -296,3 +296,71 @@ extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
     }
     if (threadIdx.x == 0) *ar_count(own, blockIdx.x) = e;
 }
+
+__device__ __forceinline__ void ll_store_word(uint2 *p, unsigned v, unsigned e) {
+    asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v), "r"(e) : "memory");
+}
+
+// The word a rank pushed as one (value, call) pair of call e, once it has arrived.
+__device__ __forceinline__ unsigned ll_read_word(const uint2 *p, unsigned e) {
+    uint2 v;
+    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+    if (v.y != e) {
+        const unsigned long long t0 = global_ns();
+        do {
+            asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+            if (global_ns() - t0 > AR_TIMEOUT_NS) __trap();
+        } while (v.y != e);
+    }
+    return v.x;
+}
+
+// Every rank's n 32-bit words (f32 or u32), gathered in rank order: out[r · n + i] = in_r[i]
+// (root < 0); or rank `root`'s words written over `out` (root ≥ 0: a broadcast, in place where out
+// is in). The same two protocols as the sums, by words: up to AR_LL_FLOATS as one (word, call)
+// pair per 8-byte store, longer ones as plain words, a fence and the flags. Every rank pushes its
+// words even for a broadcast: a rank then passes call e + 1 only once every rank has begun it,
+// which is what keeps the slots safe (the top of the file).
+extern "C" __global__ void __launch_bounds__(AR_THREADS)
+    all_gather_b32(Peers peers, int rank, int world, const unsigned *in, unsigned *out,
+                   unsigned n, unsigned region, int root) {
+    __shared__ unsigned call;
+    pdl_wait();
+    const unsigned long long own = peers.base[rank];
+    const unsigned e = ar_begin(own, &call);
+    const unsigned slot = e & 1;
+    const bool ll = n <= AR_LL_FLOATS;
+    const unsigned chunk = (n + gridDim.x - 1) / gridDim.x;
+    const unsigned start = blockIdx.x * chunk;
+    const unsigned end = min(start + chunk, n);
+    for (unsigned i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const unsigned v = in[i];
+        for (int r = 0; r < world; ++r) {
+            if (r == rank) continue;
+            if (ll) {
+                ll_store_word(reinterpret_cast<uint2 *>(ll_region(peers.base[r], slot, world, rank, region)) + i, v, e);
+            } else {
+                reinterpret_cast<unsigned *>(ar_region(peers.base[r], slot, world, rank, region))[i] = v;
+            }
+        }
+        if (root < 0) out[static_cast<size_t>(rank) * n + i] = v;
+    }
+    if (!ll) {
+        __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x < world) store_release_sys(ar_flag(peers.base[threadIdx.x], blockIdx.x, rank), e);
+        if (threadIdx.x < world) ar_wait(own, blockIdx.x, threadIdx.x, e);
+        __syncthreads();
+    }
+    pdl_launch_dependents();
+
+    for (int r = 0; r < world; ++r) {
+        if (r == rank || (root >= 0 && r != root)) continue;
+        unsigned *to = root < 0 ? out + static_cast<size_t>(r) * n : out;
+        const uint2 *lines = reinterpret_cast<const uint2 *>(ll_region(own, slot, world, r, region));
+        const unsigned *words = reinterpret_cast<const unsigned *>(ar_region(own, slot, world, r, region));
+        for (unsigned i = start + threadIdx.x; i < end; i += blockDim.x)
+            to[i] = ll ? ll_read_word(lines + i, e) : __ldcg(words + i);
+    }
+    if (threadIdx.x == 0) *ar_count(own, blockIdx.x) = e;
+}

@@ -1,6 +1,6 @@
 //! The launch of `all_reduce.cu`.
 
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig};
 use candle_core::{DType, Device, Result, Storage, Tensor, bail};
 use half::bf16;
 
@@ -144,4 +144,110 @@ pub fn all_reduce_add_rms_norm(
     drop(b);
     let h32 = h32.map(|s| tensor(s, dev, &[rows, n]));
     Ok(Some(Normed { x: tensor(x_out, dev, &[rows, n]), h: tensor(h16, dev, &[rows, n]), h32 }))
+}
+
+/// The device address of a contiguous f32 or u32 tensor's first element.
+fn word_address(x: &Tensor) -> Result<u64> {
+    let (storage, layout) = x.storage_and_layout();
+    let Storage::Cuda(s) = &*storage else { bail!("all_gather_b32: not a CUDA tensor") };
+    let stream = s.device.cuda_stream();
+    let base = match x.dtype() {
+        DType::F32 => s.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
+        DType::U32 => s.as_cuda_slice::<u32>()?.device_ptr(&stream).0,
+        other => bail!("all_gather_b32: {other:?} is not a 32-bit dtype"),
+    };
+    Ok(base + 4 * layout.start_offset() as u64)
+}
+
+/// Whether `all_gather_b32` takes `x` as it is: 32-bit words, contiguous, at most a region.
+fn gathers(x: &Tensor, rank: usize, world: usize, region: usize) -> bool {
+    matches!(x.dtype(), DType::F32 | DType::U32)
+        && x.is_contiguous()
+        && x.elem_count() <= region
+        && world <= MAX_RANKS
+        && rank < world
+        && x.device().is_cuda()
+}
+
+/// Launches `all_gather_b32` from `input` into `out` (device addresses of n words each, out
+/// world · n where root < 0).
+///
+/// # Safety
+/// `input` and `out` must be live device memory of this device as large as said, ordered on its
+/// stream; every buffer in `peers` must hold two slots of `world` regions of `region` floats.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gather_into(
+    dev: &candle_core::CudaDevice,
+    peers: &Peers,
+    rank: usize,
+    world: usize,
+    region: usize,
+    input: u64,
+    out: u64,
+    n: usize,
+    root: i32,
+) -> Result<()> {
+    let func = ptx::all_reduce::ALL_REDUCE.func(dev, "all_gather_b32")?;
+    let stream = dev.cuda_stream();
+    let mut b = Launch::new(&stream, &func);
+    b.val(*peers).val(rank as i32).val(world as i32).val(input).val(out);
+    b.val(n as u32).val(region as u32).val(root);
+    let cfg = LaunchConfig {
+        grid_dim: (BLOCKS as u32, 1, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match the kernel; the buffers are the caller's contract.
+    unsafe { b.launch(cfg) }
+}
+
+/// Every rank's `x` (f32 or u32, contiguous, at most `region` elements), stacked in rank order:
+/// `[world, ..x.dims()]`, through the ranks' buffers as the sums go; `None` where `x` does not go
+/// this way. Every rank must make the same call at the same point of its stream.
+pub fn all_gather_b32(
+    x: &Tensor,
+    peers: &Peers,
+    rank: usize,
+    world: usize,
+    region: usize,
+) -> Result<Option<Tensor>> {
+    if !gathers(x, rank, world, region) {
+        return Ok(None);
+    }
+    let Device::Cuda(dev) = x.device() else { return Ok(None) };
+    let n = x.elem_count();
+    let mut dims = vec![world];
+    dims.extend_from_slice(x.dims());
+    let out = match x.dtype() {
+        DType::F32 => tensor(output::<f32>(dev, world * n, false)?, dev, &dims),
+        // SAFETY: the kernel writes all world · n words.
+        _ => tensor(unsafe { dev.alloc::<u32>(world * n)? }, dev, &dims),
+    };
+    // SAFETY: x holds n words and out world · n, both on this device; `peers` is the caller's.
+    unsafe {
+        gather_into(dev, peers, rank, world, region, word_address(x)?, word_address(&out)?, n, -1)?
+    };
+    Ok(Some(out))
+}
+
+/// Rank `root`'s `x` written over every rank's `x`, in place (f32 or u32, contiguous, at most
+/// `region` elements, the same shape on every rank); `false` where `x` does not go this way.
+/// Every rank must make the same call at the same point of its stream.
+pub fn broadcast_b32(
+    x: &Tensor,
+    peers: &Peers,
+    rank: usize,
+    world: usize,
+    region: usize,
+    root: usize,
+) -> Result<bool> {
+    if !gathers(x, rank, world, region) || root >= world {
+        return Ok(false);
+    }
+    let Device::Cuda(dev) = x.device() else { return Ok(false) };
+    let at = word_address(x)?;
+    // SAFETY: x holds its n words on this device, read and written in place; `peers` is the
+    // caller's.
+    unsafe { gather_into(dev, peers, rank, world, region, at, at, x.elem_count(), root as i32)? };
+    Ok(true)
 }

@@ -28,7 +28,7 @@ mod gpu;
 mod tests;
 
 #[cfg(feature = "cuda")]
-pub use gpu::{Peers, all_reduce_add_rms_norm, all_reduce_f32};
+pub use gpu::{Peers, all_gather_b32, all_reduce_add_rms_norm, all_reduce_f32, broadcast_b32};
 
 /// Ranks a buffer has flags for (`AR_MAX_RANKS` in all_reduce.cu).
 pub const MAX_RANKS: usize = 8;

@@ -32,8 +32,9 @@ mod gpu {
     use rand::Rng;
 
     use super::super::{
-        BLOCKS, LL_FLOATS, MAX_RANKS, Peers, all_reduce_add_rms_norm, all_reduce_f32, buffer_bytes,
-        flag_offset, in_lines, ll_offset, ll_words, next_call, region_offset, sum_in_rank_order,
+        BLOCKS, LL_FLOATS, MAX_RANKS, Peers, all_gather_b32, all_reduce_add_rms_norm,
+        all_reduce_f32, broadcast_b32, buffer_bytes, flag_offset, in_lines, ll_offset, ll_words,
+        next_call, region_offset, sum_in_rank_order,
     };
     use crate::kernels::layer_norm_act::AddNorm;
     use crate::kernels::testing::{gpu, rng, uniform, values};
@@ -225,6 +226,55 @@ mod gpu {
                     got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{what}: the sum differs from the reference"
                 );
+                pushed(&buffers, &pieces[rank], rank, region, call, &what);
+            }
+        }
+    }
+
+    /// The gather and the broadcast, one rank on one GPU with the others standing in as for the
+    /// sum: every rank's words in rank order (f32, and u32 as the step's token ids travel), or
+    /// the root's over this rank's in place, in lines and past them, across the count's wrap; and
+    /// this rank's words pushed to every other rank as the sum pushes them.
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_gather_and_broadcast_with_peers_standing_in() {
+        let dev = gpu();
+        let mut r = rng("all gather");
+        let region = 2 * LL_FLOATS;
+        for (world, n) in [(2, 1), (2, 7), (3, 2880), (4, LL_FLOATS), (2, LL_FLOATS + 3), (8, 5)] {
+            let rank = r.random_range(0..world);
+            for (last, words) in [(0, false), (1, true), (u32::MAX - 1, false)] {
+                let call = next_call(last);
+                let pieces: Vec<Vec<f32>> =
+                    (0..world).map(|_| uniform(&mut r, n, -50.0, 50.0)).collect();
+                let mine = Tensor::from_vec(pieces[rank].clone(), n, &Device::Cpu).unwrap();
+                let mine = if words {
+                    let ids: Vec<u32> = pieces[rank].iter().map(|v| v.to_bits()).collect();
+                    Tensor::from_vec(ids, n, &Device::Cpu).unwrap()
+                } else {
+                    mine
+                };
+                let x = mine.to_device(&dev).unwrap();
+                let what = format!("world {world}, rank {rank}, n {n}, call {call}, u32 {words}");
+                let (buffers, peers) = stand_in(&dev, &pieces, rank, region, last);
+                let all = all_gather_b32(&x, &peers, rank, world, region).unwrap().expect("taken");
+                assert_eq!(all.dims(), [world, n], "{what}");
+                let got: Vec<u32> = if words {
+                    all.flatten_all().unwrap().to_vec1::<u32>().unwrap()
+                } else {
+                    bits(&all.flatten_all().unwrap())
+                };
+                let want: Vec<u32> = pieces.iter().flatten().map(|v| v.to_bits()).collect();
+                assert!(got == want, "{what}: the gather");
+                pushed(&buffers, &pieces[rank], rank, region, call, &what);
+
+                let root = r.random_range(0..world);
+                let (buffers, peers) = stand_in(&dev, &pieces, rank, region, last);
+                let y = mine.to_device(&dev).unwrap();
+                assert!(broadcast_b32(&y, &peers, rank, world, region, root).unwrap());
+                let got: Vec<u32> = if words { y.to_vec1::<u32>().unwrap() } else { bits(&y) };
+                let want: Vec<u32> = pieces[root].iter().map(|v| v.to_bits()).collect();
+                assert!(got == want, "{what}: rank {root}'s broadcast");
                 pushed(&buffers, &pieces[rank], rank, region, call, &what);
             }
         }
