@@ -375,3 +375,105 @@ fn gpu_tp_bad_input_is_one_line_each() {
     assert!(err.lines().any(|l| l.starts_with("error: rank 1: ") && l.contains("needs")), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// The top-1 prediction at every position of `ids`, teacher-forced through `engine` as a reply
+/// (`Request::forced`): the prompt is the first token, the rest are forced, and one more is
+/// sampled, so the k-th token's alternatives are the prediction after position k.
+fn forced_top1(engine: &Engine, ids: &[u32]) -> Vec<u32> {
+    let req = Request {
+        prompt: ids[..1].to_vec(),
+        sampling: SamplerConfig::greedy(),
+        max_tokens: ids.len(),
+        eos_ids: Vec::new(),
+        interrupt: None,
+        logprobs: Some(1),
+        forced: ids[1..].to_vec(),
+        constraint: None,
+        prediction: Vec::new(),
+    };
+    let mut h = engine.submit(req).expect("submit");
+    let mut top = Vec::new();
+    loop {
+        match h.blocking_next() {
+            Some(Event::Token(_, lp)) => top.push(lp.expect("log probabilities").top[0].0),
+            Some(Event::Finished(_)) => return top,
+            Some(Event::Failed(m)) => panic!("request failed: {m}"),
+            None => panic!("the engine dropped the request"),
+        }
+    }
+}
+
+/// The share of positions where `a` and `b` agree.
+fn agreement(a: &[u32], b: &[u32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "predictions of other lengths");
+    a.iter().zip(b).filter(|(x, y)| x == y).count() as f64 / a.len() as f64
+}
+
+/// Full size: the random checkpoint in gpt-oss-20b's exact layout that
+/// scripts/fixtures/gpt_oss_20b_random.py writes (its folder in INFERNO_GPT_OSS_20B_DIR), in bf16
+/// over two GPUs and on one, teacher-forced through the engine over the fixture's tokens. TP2
+/// agrees with transformers' f32 as well as one GPU does (at most 2 positions in 1,024 fewer, and
+/// the single-GPU bar, 99%, of gpt_oss_reference), and where TP2's top-1 is not one GPU's the two
+/// best tokens were near-equal in f32 (a margin under 0.05): the sums' other order of additions
+/// moves bf16 logits by ~1e-2, which decides only near-ties. Measured on two H200: 1,024
+/// positions, TP2 and one GPU both 99.51% against f32, 99.61% against each other, apart at 4
+/// positions whose f32 margins were 1.6e-4 to 1.6e-3.
+#[test]
+#[ignore = "needs 2 GPUs, NCCL and the 20b-shaped checkpoint (INFERNO_GPT_OSS_20B_DIR)"]
+fn gpu_tp2_20b_shaped_bf16_teacher_forced_agreement() {
+    let role = ranks::role(2, 0, false).expect("rank role");
+    let dir = std::env::var("INFERNO_GPT_OSS_20B_DIR").expect("set INFERNO_GPT_OSS_20B_DIR");
+    let text = std::fs::read_to_string(std::path::Path::new(&dir).join("reference.json"));
+    let fx: serde_json::Value = serde_json::from_str(&text.expect("reference.json")).unwrap();
+    let list = |key: &str| -> Vec<f64> {
+        let a = fx[key].as_array().unwrap_or_else(|| panic!("reference.json: {key}"));
+        a.iter().map(|v| v.as_f64().expect("a number")).collect()
+    };
+    let ids: Vec<u32> = list("ids").into_iter().map(|v| v as u32).collect();
+    let want: Vec<u32> = list("f32_argmax").into_iter().map(|v| v as u32).collect();
+    let margins = list("f32_margins");
+    let context = (ids.len() + 1).next_power_of_two();
+    let opts = LoadOptions {
+        dtype: Some(DType::BF16),
+        context: Some(context),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
+    let size = move |_: &load::ModelInfo| EngineConfig {
+        max_seqs: 1,
+        kv_tokens: context,
+        ..EngineConfig::single(context)
+    };
+    let device = Device::new_cuda(0).expect("GPU 0");
+    let (tp_engine, info) =
+        load::start_group(&dir, None, &opts, &device, role, size).expect("TP2 engine");
+    let tp = forced_top1(&tp_engine, &ids);
+    drop(tp_engine);
+    let (one_engine, _) = load::start(&dir, &opts, &device, size).expect("TP1 engine");
+    let one = forced_top1(&one_engine, &ids);
+    let (tp_one, tp_f32, one_f32) =
+        (agreement(&tp, &one), agreement(&tp, &want), agreement(&one, &want));
+    let apart: Vec<(usize, f64)> =
+        (0..ids.len()).filter(|&i| tp[i] != one[i]).map(|i| (i, margins[i])).collect();
+    eprintln!(
+        "20b-shaped, bf16, {} positions teacher-forced, sums through {}: TP2 vs one GPU {:.2}%; \
+         against transformers f32: TP2 {:.2}%, one GPU {:.2}%",
+        ids.len(),
+        info.sums,
+        100.0 * tp_one,
+        100.0 * tp_f32,
+        100.0 * one_f32
+    );
+    eprintln!("  TP2 ≠ one GPU at (position, f32 top-1 margin): {apart:?}");
+    let slack = 2.0 / ids.len() as f64;
+    assert!(
+        tp_f32 >= 0.99 && tp_f32 >= one_f32 - slack,
+        "TP2's top-1 agrees with transformers f32 on {:.2}%, one GPU's on {:.2}%",
+        100.0 * tp_f32,
+        100.0 * one_f32
+    );
+    assert!(
+        apart.iter().all(|&(_, m)| m < 0.05),
+        "TP2's top-1 differs from one GPU's where f32's was clear: {apart:?}"
+    );
+}
