@@ -185,8 +185,8 @@ static TP_P2P: Flag = Flag::new(Spec {
     name: "INFERNO_TP_P2P",
     values: "0, 1",
     default: "1",
-    what: "a tensor-parallel model sums its ranks' pieces through the GPUs' peer memory where \
-           they can reach each other (0: through NCCL's all-gather; the same bits either way)",
+    what: "a tensor-parallel model's collectives go through the GPUs' peer memory where they can \
+           reach each other (0: through NCCL; the same bits either way)",
     kind: Kind::Diagnostic,
 });
 
@@ -251,7 +251,7 @@ pub fn tp_trace() -> bool {
     TP_TRACE.get()
 }
 
-/// Whether tensor-parallel sums may go through peer memory.
+/// Whether tensor-parallel collectives may go through peer memory.
 pub fn tp_p2p() -> bool {
     TP_P2P.get()
 }

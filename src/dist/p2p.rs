@@ -1,9 +1,11 @@
-//! The ranks' sums through the GPUs' peer memory ([`PeerSum`]): each rank allocates one buffer,
-//! shares it with the others as a CUDA IPC handle, and maps theirs, so the kernel of
-//! `kernels::all_reduce` can write into every rank's buffer. Where any rank cannot map a peer's
-//! buffer (GPUs without peer access to each other: no NVLink, and PCIe peer access off), or
-//! `INFERNO_TP_P2P=0` on any rank, no rank uses it and the sums go through NCCL: every rank
-//! decides the same, since a collective that some ranks enter and others do not never ends.
+//! The ranks' sums, gathers and broadcasts through the GPUs' peer memory ([`PeerSum`]): each rank
+//! allocates one buffer, shares it with the others as a CUDA IPC handle, and maps theirs, so the
+//! kernels of `kernels::all_reduce` can write into every rank's buffer. Where any rank cannot map
+//! a peer's buffer (GPUs without peer access to each other: no NVLink, and PCIe peer access off),
+//! or `INFERNO_TP_P2P=0` on any rank, no rank uses it and the collectives go through NCCL: every
+//! rank decides the same, since a collective that some ranks enter and others do not never ends.
+//! The collectives of both kinds must still come in the same order on every rank, as NCCL's do:
+//! those through peer memory share the buffers' call numbers.
 
 use candle_core::cuda_backend::cudarc::driver::sys::{self, CUipcMemHandle, CUresult};
 use candle_core::{DType, Device, Tensor};
