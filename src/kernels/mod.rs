@@ -13,9 +13,10 @@
 //! launched), `cuda.rs` (what the launches share), `float_dispatch!` (below: the f32/bf16
 //! dispatch of the ops' storages) and [`mxfp4`].
 //!
-//! build.rs compiles every `.cu` under `src/kernels` to PTX for `sm_$CUDA_COMPUTE_CAP` (default
-//! 90) and generates one constant per file, `cuda::ptx::OP::NAME`; the PTX is embedded in the
-//! binary and loaded on first use.
+//! build.rs compiles every `.cu` under `src/kernels` to a fat binary (machine code for
+//! `sm_$CUDA_COMPUTE_CAP`, default 90, and its PTX for later GPUs) and generates one constant per
+//! file, `cuda::fatbin::OP::NAME`; the fat binary is embedded in the binary and its module loaded
+//! on first use, with no compilation by the driver on the target GPU.
 //!
 //! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights
 //!   (tensor-core GEMVs per slot for a few tokens, the same over tiles of an expert's slots for

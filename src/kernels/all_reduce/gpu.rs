@@ -5,7 +5,7 @@ use candle_core::{DType, Device, Result, Storage, Tensor, bail};
 use half::bf16;
 
 use super::{BLOCKS, MAX_RANKS, THREADS};
-use crate::kernels::cuda::{cuda_view, f32_aligned16, output, ptx, tensor};
+use crate::kernels::cuda::{cuda_view, f32_aligned16, fatbin, output, tensor};
 use crate::kernels::launch::Launch;
 use crate::kernels::layer_norm_act::{AddNorm, Normed, norm_threads};
 
@@ -50,7 +50,7 @@ pub fn all_reduce_f32(
     let dev = s.device.clone();
     let input = s.as_cuda_slice::<f32>()?.slice(layout.start_offset()..);
     let mut out = output::<f32>(&dev, n, false)?;
-    let func = ptx::all_reduce::ALL_REDUCE.func(&dev, "all_reduce_f32")?;
+    let func = fatbin::all_reduce::ALL_REDUCE.func(&dev, "all_reduce_f32")?;
     let stream = dev.cuda_stream();
     let mut b = Launch::new(&stream, &func);
     b.val(*peers).val(rank as i32).val(world as i32).ptr(&input).ptr_mut(&mut out);
@@ -117,7 +117,7 @@ pub fn all_reduce_add_rms_norm(
     // SAFETY: the kernel writes every element of the outputs it is given.
     let mut h16 = unsafe { dev.alloc::<bf16>(rows * n)? };
     let mut h32 = norm.keep_f32.then(|| unsafe { dev.alloc::<f32>(rows * n) }).transpose()?;
-    let func = ptx::all_reduce::ALL_REDUCE.func(dev, "all_reduce_add_rms_norm_bf16")?;
+    let func = fatbin::all_reduce::ALL_REDUCE.func(dev, "all_reduce_add_rms_norm_bf16")?;
     let stream = dev.cuda_stream();
     let mut b = Launch::new(&stream, &func);
     b.val(*peers).val(rank as i32).val(world as i32).ptr(&pv).ptr(&xv);
@@ -187,7 +187,7 @@ unsafe fn gather_into(
     n: usize,
     root: i32,
 ) -> Result<()> {
-    let func = ptx::all_reduce::ALL_REDUCE.func(dev, "all_gather_b32")?;
+    let func = fatbin::all_reduce::ALL_REDUCE.func(dev, "all_gather_b32")?;
     let stream = dev.cuda_stream();
     let mut b = Launch::new(&stream, &func);
     b.val(*peers).val(rank as i32).val(world as i32).val(input).val(out);

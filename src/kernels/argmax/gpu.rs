@@ -5,7 +5,7 @@ use candle_core::cuda_backend::CudaStorageSlice;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig};
 use candle_core::{CudaDevice, CudaStorage, Layout, Result, Shape};
 
-use crate::kernels::cuda::{int, ptx, upload};
+use crate::kernels::cuda::{fatbin, int, upload};
 use crate::kernels::launch::Launch;
 
 /// Blocks per launch to aim for, and threads per block (`ARGMAX_THREADS` in argmax.cuh).
@@ -44,7 +44,7 @@ pub(super) fn launch(
         None => None,
     };
     let views = draws.as_ref().map(|w| (w.slice(2 * rows..3 * rows), w.slice(0..2 * rows)));
-    let func = ptx::argmax::ARGMAX.func(&dev, "argmax_rows_partial")?;
+    let func = fatbin::argmax::ARGMAX.func(&dev, "argmax_rows_partial")?;
     let stream = dev.cuda_stream();
     let mut b = Launch::new(&stream, &func);
     b.ptr(&x).val(n32).val(chunk32).val(parts32);
@@ -77,7 +77,7 @@ pub(crate) fn launch_final(
 ) -> Result<CudaSlice<u32>> {
     // SAFETY: one block per row writes its id.
     let mut out = unsafe { dev.alloc::<u32>(rows)? };
-    let func = ptx::argmax::ARGMAX.func(dev, "argmax_rows_final")?;
+    let func = fatbin::argmax::ARGMAX.func(dev, "argmax_rows_final")?;
     let stream = dev.cuda_stream();
     let mut b = Launch::new(&stream, &func);
     b.ptr(part_v).ptr(part_i).val(int(parts, "parts")?).ptr_mut(&mut out);

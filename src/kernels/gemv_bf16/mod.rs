@@ -12,7 +12,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::{CudaDevice, Result};
 use half::bf16;
 
-use crate::kernels::cuda::{int, ptx};
+use crate::kernels::cuda::{fatbin, int};
 use crate::kernels::launch::Launch;
 
 /// Rows up to which a bf16 product takes one of our kernels while batch invariance is on: each
@@ -126,7 +126,7 @@ fn batch_for(dev: &CudaDevice, epi: Epilogue, tiles: usize, wk: usize) -> Result
     let sms = crate::kernels::cuda::multiprocessors(dev);
     let mut chosen = BATCHES[0];
     for u in BATCHES {
-        let func = ptx::gemv_bf16::GEMV_BF16.func(dev, &one_tile_kernel(epi, u))?;
+        let func = fatbin::gemv_bf16::GEMV_BF16.func(dev, &one_tile_kernel(epi, u))?;
         let per_sm = func
             .occupancy_max_active_blocks_per_multiprocessor(32 * wk as u32, 0, None)
             .map_err(|e| candle_core::Error::Msg(format!("gemv occupancy: {e:?}")))?;
@@ -166,7 +166,7 @@ pub fn launch<T: DeviceRepr, O: DevicePtrMut<T>>(
     } else {
         format!("{}_m{mt}_n{nt}", epi.prefix())
     };
-    let func = ptx::gemv_bf16::GEMV_BF16.func(dev, &name)?;
+    let func = fatbin::gemv_bf16::GEMV_BF16.func(dev, &name)?;
     let cfg = LaunchConfig {
         grid_dim: (int(n.div_ceil(16 * mt), "output tiles")? as u32, 1, 1),
         block_dim: (32, wk as u32, 1),
@@ -209,7 +209,7 @@ pub fn launch_rows(
     let (auto_mt, nt, wn) = rows_shape(m, n);
     let mt = mt.unwrap_or(auto_mt);
     let wk = warps_along_k(n, k);
-    let func = ptx::gemv_bf16::GEMV_BF16.func(dev, &format!("gemv_bf16_rows_m{mt}_n{nt}"))?;
+    let func = fatbin::gemv_bf16::GEMV_BF16.func(dev, &format!("gemv_bf16_rows_m{mt}_n{nt}"))?;
     let cfg = LaunchConfig {
         grid_dim: (
             int(m.div_ceil(8 * nt), "row blocks")? as u32,
@@ -243,7 +243,7 @@ pub fn launch_rows(
     }
     let Some(part) = part else { return Ok(()) };
     let len = m * n;
-    let sum = ptx::gemv_bf16::GEMV_BF16.func(dev, "gemv_rows_sum")?;
+    let sum = fatbin::gemv_bf16::GEMV_BF16.func(dev, "gemv_rows_sum")?;
     let mut b = Launch::new(&stream, &sum);
     b.ptr(&part).ptr_mut(out).val(len as i64).val(int(wk, "chains")?);
     let cfg = LaunchConfig {

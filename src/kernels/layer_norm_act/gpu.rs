@@ -6,7 +6,7 @@ use candle_core::{CudaStorage, Device, Layout, Result, Shape, Tensor, bail};
 use half::bf16;
 
 use super::Normed;
-use crate::kernels::cuda::{cuda_view, f32_aligned16, int, ptx, tensor};
+use crate::kernels::cuda::{cuda_view, f32_aligned16, fatbin, int, tensor};
 use crate::kernels::launch::Launch;
 
 pub(super) fn add_rms_norm(
@@ -42,7 +42,7 @@ pub(super) fn add_rms_norm(
     let mut x_out = dv.as_ref().map(|_| unsafe { dev.alloc::<f32>(rows * n) }).transpose()?;
     let mut h16 = unsafe { dev.alloc::<bf16>(rows * n)? };
     let mut h32 = keep_f32.then(|| unsafe { dev.alloc::<f32>(rows * n) }).transpose()?;
-    let func = ptx::layer_norm_act::LAYER_NORM_ACT.func(dev, "add_rms_norm_bf16")?;
+    let func = fatbin::layer_norm_act::LAYER_NORM_ACT.func(dev, "add_rms_norm_bf16")?;
     let n32 = int(n, "add_rms_norm width")?;
     // Rows wider than its fast path holds take the kernel's strided loop.
     let threads = super::norm_threads(n);
@@ -94,7 +94,7 @@ pub(super) fn silu_mul_bf16(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage,
     let gu = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
     // SAFETY: one thread per output element writes it.
     let mut out = unsafe { dev.alloc::<bf16>(rows * n)? };
-    let func = ptx::layer_norm_act::LAYER_NORM_ACT.func(&dev, "silu_mul_bf16")?;
+    let func = fatbin::layer_norm_act::LAYER_NORM_ACT.func(&dev, "silu_mul_bf16")?;
     let (r32, n32) = (int(rows, "silu_mul_bf16 rows")?, int(n, "silu_mul_bf16 width")?);
     let cfg = LaunchConfig::for_num_elems(int(rows * n, "silu_mul_bf16 elements")? as u32);
     let stream = dev.cuda_stream();

@@ -8,7 +8,7 @@ use candle_core::{CudaStorage, Layout, Result, Shape};
 use half::bf16;
 
 use super::Route;
-use crate::kernels::cuda::{int, ptx};
+use crate::kernels::cuda::{fatbin, int};
 use crate::kernels::gemv_bf16::{self, Epilogue, Kernel};
 use crate::kernels::launch::Launch;
 
@@ -21,7 +21,7 @@ pub(super) fn hi_lo_split(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, S
     // SAFETY: the kernel writes all 2n elements.
     let mut out = unsafe { dev.alloc::<bf16>(2 * n)? };
     let n32 = int(n, "hi_lo_split elements")?;
-    let func = ptx::matmul_f32_out::HI_LO.func(&dev, "hi_lo_split")?;
+    let func = fatbin::matmul_f32_out::HI_LO.func(&dev, "hi_lo_split")?;
     let stream = dev.cuda_stream();
     let mut b = Launch::new(&stream, &func);
     b.ptr(&x).ptr_mut(&mut out).val(n32);

@@ -4,7 +4,7 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig};
 use candle_core::{CudaDevice, Result, Tensor};
 
-use crate::kernels::cuda::{int, ptx, tensor};
+use crate::kernels::cuda::{fatbin, int, tensor};
 use crate::kernels::launch::Launch;
 use crate::kernels::mxfp4::BLOCK_BYTES;
 
@@ -22,7 +22,7 @@ pub(super) fn respell(
     // SAFETY: the kernel writes every code and scale (one thread per output block).
     let mut codes = unsafe { dev.alloc::<u8>(out_blocks * BLOCK_BYTES)? };
     let mut scales = unsafe { dev.alloc::<u8>(out_blocks)? };
-    let func = ptx::mxfp4_ggml::MXFP4_GGML.func(dev, "mxfp4_ggml_to_hf")?;
+    let func = fatbin::mxfp4_ggml::MXFP4_GGML.func(dev, "mxfp4_ggml_to_hf")?;
     let n_src = raw.len() as i32;
     let blocks = out_blocks as i64;
     let rb = int(row_blocks, "mxfp4_ggml row blocks")?;

@@ -18,7 +18,7 @@ use half::bf16;
 
 use super::{Mxfp4Moe, Path};
 use crate::kernels::cuda::{
-    COUNTERS, KernelFloat, Ptx, allow_shared, counters, cuda_view, int, output, ptx,
+    COUNTERS, Fatbin, KernelFloat, allow_shared, counters, cuda_view, fatbin, int, output,
 };
 use crate::kernels::launch::Launch;
 
@@ -206,7 +206,7 @@ fn sum<O: KernelFloat>(
     d: Dims,
 ) -> Result<CudaSlice<O>> {
     let mut out = output::<O>(dev, d.tokens * d.hidden, op.poison)?;
-    let func = ptx::mxfp4_moe::MXFP4_MOE.func(dev, &format!("moe_sum_{}", O::NAME))?;
+    let func = fatbin::mxfp4_moe::MXFP4_MOE.func(dev, &format!("moe_sum_{}", O::NAME))?;
     let (t32, k32, h32, e32) = (
         int(d.tokens, "tokens")?,
         int(d.k, "k")?,
@@ -258,7 +258,7 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
 
     let stream = dev.cuda_stream();
     let func =
-        ptx::mxfp4_moe::MXFP4_MOE.func(dev, &format!("moe_gate_up_{}_{variant}", T::NAME))?;
+        fatbin::mxfp4_moe::MXFP4_MOE.func(dev, &format!("moe_gate_up_{}_{variant}", T::NAME))?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(x).ptr(ids).ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias).ptr_mut(&mut act);
     b.val(k32).val(n_exp).val(h32).val(i32_).val(op.act.limit).val(op.act.alpha);
@@ -267,7 +267,7 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     unsafe { b.launch(launch_cfg(2 * d.inter, d.hidden)?) }?;
     drop(b);
 
-    let func = ptx::mxfp4_moe::MXFP4_MOE.func(dev, &format!("moe_down_{variant}"))?;
+    let func = fatbin::mxfp4_moe::MXFP4_MOE.func(dev, &format!("moe_down_{variant}"))?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(&act).ptr(ids).ptr(weights).ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias);
     b.ptr_mut(&mut part).val(n_exp).val(h32).val(i32_);
@@ -320,7 +320,7 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     let suffix = if tiles == 2 { "_t2" } else { "" };
     let name = |what: &str| format!("moe_sm_{what}_w{SLOT_MMA_WARPS}{suffix}");
     let stream = dev.cuda_stream();
-    let func = ptx::mxfp4_moe::MOE_SLOT_MMA.func(dev, &name("gate_up"))?;
+    let func = fatbin::mxfp4_moe::MOE_SLOT_MMA.func(dev, &name("gate_up"))?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(x).ptr(ids).ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias).ptr_mut(&mut act);
     b.val(k32).val(n_exp).val(h32).val(i32_).val(op.act.limit).val(op.act.alpha);
@@ -329,7 +329,7 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     // (PDL) before reading anything.
     unsafe { b.launch(cfg(2 * d.inter)?) }?;
     drop(b);
-    let func = ptx::mxfp4_moe::MOE_SLOT_MMA.func(dev, &name("down"))?;
+    let func = fatbin::mxfp4_moe::MOE_SLOT_MMA.func(dev, &name("down"))?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(&act).ptr(ids).ptr(weights).ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias);
     b.ptr_mut(&mut part).val(n_exp).val(h32).val(i32_).val(k32);
@@ -372,7 +372,7 @@ fn slot_tiles<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let mut act = unsafe { dev.alloc::<bf16>(slots * 3 * d.inter)? };
     let mut part = output::<f32>(dev, slots * d.hidden, op.poison)?;
     let stream = dev.cuda_stream();
-    let func = ptx::mxfp4_moe::MOE_SLOT_MMA.func(dev, "moe_st_gate_up")?;
+    let func = fatbin::mxfp4_moe::MOE_SLOT_MMA.func(dev, "moe_st_gate_up")?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(x).ptr(ids).ptr(&g.sorted).ptr(&g.tiles);
     b.ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias).ptr_mut(&mut act);
@@ -382,7 +382,7 @@ fn slot_tiles<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     // It waits (PDL) before reading anything.
     unsafe { b.launch(cfg(2 * d.inter)?) }?;
     drop(b);
-    let func = ptx::mxfp4_moe::MOE_SLOT_MMA.func(dev, "moe_st_down")?;
+    let func = fatbin::mxfp4_moe::MOE_SLOT_MMA.func(dev, "moe_st_down")?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(&act).ptr(ids).ptr(&g.sorted).ptr(&g.tiles).ptr(weights);
     b.ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias).ptr_mut(&mut part);
@@ -423,7 +423,7 @@ fn group(dev: &CudaDevice, ids: &CudaView<u32>, d: Dims, tile: usize) -> Result<
         int(max_tiles, "tiles")?,
         int(tile, "tile")?,
     );
-    let func = ptx::mxfp4_moe::MOE_GROUPED.func(dev, "moe_group")?;
+    let func = fatbin::mxfp4_moe::MOE_GROUPED.func(dev, "moe_group")?;
     let stream = dev.cuda_stream();
     let mut b = Launch::new(&stream, &func);
     b.ptr(ids).val(s32).val(e32).ptr_mut(&mut sorted).ptr_mut(&mut tiles).val(t32).val(bm);
@@ -448,7 +448,7 @@ fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     }
     let ring = stages * BM * 256;
     let kernels = GroupKernels {
-        ptx: &ptx::mxfp4_moe::MOE_GROUPED,
+        fatbin: &fatbin::mxfp4_moe::MOE_GROUPED,
         gate_up: format!("moe_grouped_gate_up_m{mt}_s{stages}"),
         down: format!("moe_grouped_down_m{mt}_s{stages}"),
         rows_per_block: 64 * mt,
@@ -462,7 +462,7 @@ fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
 /// activations as bf16 hi + lo), then down (bias, routing weight) into part (the grouped GEMMs'
 /// variants).
 struct GroupKernels {
-    ptx: &'static Ptx,
+    fatbin: &'static Fatbin,
     gate_up: String,
     down: String,
     /// Weight rows one block covers (the grid's second dimension).
@@ -497,7 +497,7 @@ fn project_groups<T: KernelFloat>(
         })
     };
     let stream = dev.cuda_stream();
-    let func = k.ptx.func(dev, &k.gate_up)?;
+    let func = k.fatbin.func(dev, &k.gate_up)?;
     allow_shared(&func, k.shared[0])?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(x).ptr(&sorted).ptr(&tiles).ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias);
@@ -509,7 +509,7 @@ fn project_groups<T: KernelFloat>(
     unsafe { b.launch(grid(2 * d.inter, k.shared[0])?) }?;
     drop(b);
 
-    let func = k.ptx.func(dev, &k.down)?;
+    let func = k.fatbin.func(dev, &k.down)?;
     allow_shared(&func, k.shared[1])?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(&act_hi).ptr(&act_lo).ptr(&sorted).ptr(&tiles).ptr(weights);

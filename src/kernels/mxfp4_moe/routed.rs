@@ -106,7 +106,7 @@ impl CustomOp3 for Routed {
         use candle_core::cuda_backend::CudaStorageSlice;
         use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 
-        use crate::kernels::cuda::{int, ptx};
+        use crate::kernels::cuda::{fatbin, int};
         use crate::kernels::launch::Launch;
 
         let dev = xs.device.clone();
@@ -116,7 +116,7 @@ impl CustomOp3 for Routed {
         // SAFETY: route_topk_softmax writes all k ids and weights of every token.
         let mut ids = unsafe { dev.alloc::<u32>(tokens * self.k)? };
         let mut weights = unsafe { dev.alloc::<f32>(tokens * self.k)? };
-        let func = ptx::mxfp4_moe::ROUTE.func(&dev, "route_topk_softmax")?;
+        let func = fatbin::mxfp4_moe::ROUTE.func(&dev, "route_topk_softmax")?;
         let (t32, e32, k32) = (int(tokens, "tokens")?, int(experts, "experts")?, int(self.k, "k")?);
         let stream = dev.cuda_stream();
         let mut b = Launch::new(&stream, &func);

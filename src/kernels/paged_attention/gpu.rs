@@ -10,7 +10,7 @@ use candle_core::{CudaDevice, CudaStorage, Layout, Result, Storage, Tensor, bail
 
 use super::{Dims, PagedAttention, PagedKernel, WARPS};
 use crate::kernels::cuda::{
-    KernelFloat, allow_shared, cuda_view, int, multiprocessors, output, ptx,
+    KernelFloat, allow_shared, cuda_view, fatbin, int, multiprocessors, output,
 };
 use crate::kernels::kv_fp8::Codes;
 use crate::kernels::launch::Launch;
@@ -75,7 +75,7 @@ fn attention_func<T: KernelFloat>(
                 );
             }
             let name = format!("paged_attention_{}_d{d}_r{rows_per_warp}", T::NAME);
-            (ptx::paged_attention::PAGED_ATTENTION.func(dev, &name)?, 0)
+            (fatbin::paged_attention::PAGED_ATTENTION.func(dev, &name)?, 0)
         }
         PagedKernel::Mma { .. } | PagedKernel::MmaSplitDims => {
             if !T::BF16 {
@@ -90,7 +90,7 @@ fn attention_func<T: KernelFloat>(
                 PagedKernel::Mma { warps } => format!("paged_attention_mma{pools}_d{d}_w{warps}"),
                 _ => format!("paged_attention_mma{pools}_d{d}_w4_ds"),
             };
-            let func = ptx::paged_attention::PAGED_ATTENTION_MMA.func(dev, &name)?;
+            let func = fatbin::paged_attention::PAGED_ATTENTION_MMA.func(dev, &name)?;
             // bf16: two stages of K and V tiles. FP8: two stages of their codes, converted into
             // one stage of bf16 tiles.
             let bf16_tiles = 2 * MMA_TILE * (d + MMA_PAD) * 2;
@@ -231,7 +231,7 @@ pub(super) fn launch<T: KernelFloat>(
     drop(b);
 
     let name = format!("paged_combine_{}_d{d}", T::NAME);
-    let combine = ptx::paged_attention::PAGED_ATTENTION.func(dev, &name)?;
+    let combine = fatbin::paged_attention::PAGED_ATTENTION.func(dev, &name)?;
     let mut b = Launch::new(&stream, &combine);
     b.ptr(&part_acc).ptr(&part_ml).val(sinks_ptr).ptr(&cu_q).ptr(&q_pos).ptr_mut(&mut out);
     b.val(params);

@@ -9,7 +9,7 @@ use candle_core::{
 use half::bf16;
 
 use super::{Args, QkvHeads, RotaryPairs};
-use crate::kernels::cuda::{KernelFloat, int, ptx};
+use crate::kernels::cuda::{KernelFloat, fatbin, int};
 use crate::kernels::launch::Launch;
 
 /// The device address of a tensor's first element.
@@ -119,7 +119,7 @@ impl QkvRopePaged {
             None => T::NAME,
         };
         let name = format!("qkv_rope_paged_{pairs}_{kind}");
-        let func = ptx::qkv_rope_paged::QKV_ROPE_PAGED.func(dev, &name)?;
+        let func = fatbin::qkv_rope_paged::QKV_ROPE_PAGED.func(dev, &name)?;
         let mut b = Launch::new(&stream, &func);
         b.ptr(&qkv).val(bias).val(addrs[0]).val(addrs[1]).val(addrs[2]);
         b.val(addrs[3]).ptr_mut(&mut q).val(addrs[4]).val(addrs[5]);

@@ -6,7 +6,7 @@ use candle_core::{CudaDevice, DType, Device, Result, Tensor, bail};
 use half::bf16;
 
 use super::GEMV_ROWS;
-use crate::kernels::cuda::{allow_shared, cuda_view, int, ptx};
+use crate::kernels::cuda::{allow_shared, cuda_view, fatbin, int};
 use crate::kernels::launch::Launch;
 use crate::quant::{ActQuant, QuantLinear, WeightFormat};
 
@@ -153,8 +153,8 @@ fn launch_rows(
     };
     let gguf = matches!(w.scheme.weight, WeightFormat::Q8Block) || k_quant(w);
     let func = match gguf {
-        true => ptx::quant_matmul::GGUF_GEMV.func(dev, &name)?,
-        false => ptx::quant_matmul::CT_GEMV.func(dev, &name)?,
+        true => fatbin::quant_matmul::GGUF_GEMV.func(dev, &name)?,
+        false => fatbin::quant_matmul::CT_GEMV.func(dev, &name)?,
     };
     allow_shared(&func, smem)?;
     let cfg = LaunchConfig {

@@ -6,7 +6,7 @@ use candle_core::{CudaDevice, DType, Device, Result, Tensor, bail};
 use half::bf16;
 
 use super::GEMV_ROWS;
-use crate::kernels::cuda::{cuda_view, int, ptx, tensor};
+use crate::kernels::cuda::{cuda_view, fatbin, int, tensor};
 use crate::kernels::launch::Launch;
 use crate::kernels::matmul_f32_out;
 use crate::quant::{ActQuant, QuantLinear, WeightFormat};
@@ -68,7 +68,7 @@ pub fn act_quant(x: &Tensor, act: ActQuant) -> Result<(Tensor, Tensor)> {
     // SAFETY: one block per row writes all k values and the scale.
     let mut q = unsafe { dev.alloc::<bf16>(m * k)? };
     let mut s = unsafe { dev.alloc::<f32>(m)? };
-    let func = ptx::quant_matmul::CT_QUANT.func(dev, "ct_act_quant")?;
+    let func = fatbin::quant_matmul::CT_QUANT.func(dev, "ct_act_quant")?;
     let cfg = LaunchConfig {
         grid_dim: (int(m, "rows")? as u32, 1, 1),
         block_dim: (256, 1, 1),
@@ -109,7 +109,7 @@ pub fn dequantize(w: &QuantLinear) -> Result<Tensor> {
     match w.scheme.weight {
         WeightFormat::Int8 | WeightFormat::Fp8 => {
             let qv = cuda_view::<u8>(&qs, ql, "weight")?;
-            let func = ptx::quant_matmul::CT_QUANT.func(dev, "ct_dequant_8bit")?;
+            let func = fatbin::quant_matmul::CT_QUANT.func(dev, "ct_dequant_8bit")?;
             let (n64, fp8) = (n as i64, i32::from(w.scheme.weight == WeightFormat::Fp8));
             let mut b = Launch::new(&stream, &func);
             b.ptr(&qv).ptr_mut(&mut out).val(n64).val(fp8);
@@ -124,7 +124,7 @@ pub fn dequantize(w: &QuantLinear) -> Result<Tensor> {
             let zv = zs.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "zero")).transpose()?;
             let gs = w.g_idx.as_ref().map(|g| g.storage_and_layout());
             let gv = gs.as_ref().map(|(s, l)| cuda_view::<u32>(s, l, "g_idx")).transpose()?;
-            let func = ptx::quant_matmul::CT_QUANT.func(dev, "ct_dequant_int4")?;
+            let func = fatbin::quant_matmul::CT_QUANT.func(dev, "ct_dequant_int4")?;
             let groups = w.scale.elem_count() / w.out;
             let (rows, inp) = (int(w.out, "rows")?, int(w.inp, "in")?);
             let (g32, group) = (int(groups, "groups")?, int(w.group, "group")?);
@@ -150,7 +150,7 @@ pub fn dequantize(w: &QuantLinear) -> Result<Tensor> {
                 WeightFormat::Q8Block => "gguf_dequant_q80",
                 _ => "gguf_dequant_kq",
             };
-            let func = ptx::quant_matmul::GGUF_GEMV.func(dev, name)?;
+            let func = fatbin::quant_matmul::GGUF_GEMV.func(dev, name)?;
             let (rows, inp) = (int(w.out, "rows")?, int(w.inp, "in")?);
             let fmt = i32::from(w.scheme.weight == WeightFormat::Q6K);
             let mut b = Launch::new(&stream, &func);
@@ -232,7 +232,7 @@ fn gemv_int4(x: &Tensor, w: &QuantLinear) -> Result<Tensor> {
     let zv = zs.as_ref().map(|(s, l)| cuda_view::<f32>(s, l, "zero")).transpose()?;
     let groups = int(w.scale.elem_count() / w.out, "groups")?;
     let group = int(w.group, "group")?;
-    let func = ptx::quant_matmul::CT_QUANT.func(dev, "ct_gemv_int4")?;
+    let func = fatbin::quant_matmul::CT_QUANT.func(dev, "ct_gemv_int4")?;
     let stream = dev.cuda_stream();
     let mut b = Launch::new(&stream, &func);
     b.ptr(&qv).ptr(&sv);

@@ -4,7 +4,7 @@ use candle_core::cuda_backend::CudaStorageSlice;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{CudaStorage, Layout, Result, Shape, bail};
 
-use crate::kernels::cuda::{int, ptx};
+use crate::kernels::cuda::{fatbin, int};
 use crate::kernels::launch::Launch;
 
 /// `h · wᵀ` for f32 `h` `[tokens, hidden]` and `w` `[experts, hidden]`.
@@ -22,7 +22,7 @@ pub(super) fn launch(
     let w = ws.as_cuda_slice::<f32>()?.slice(wl.start_offset()..);
     // SAFETY: every (token, expert) output is written by the block that computes it.
     let mut out = unsafe { dev.alloc::<f32>(tokens * experts)? };
-    let func = ptx::router_logits::ROUTER_LOGITS.func(&dev, "router_logits_f32")?;
+    let func = fatbin::router_logits::ROUTER_LOGITS.func(&dev, "router_logits_f32")?;
     // One block per 4 tokens × 4 experts (RT × RE in the kernel).
     let blocks = tokens.div_ceil(4) * experts.div_ceil(4);
     let (t32, e32, h32) =

@@ -6,7 +6,7 @@ use candle_core::{CudaStorage, Layout, Result, Shape};
 
 use super::{RowSampling, TOPK_CHUNK, pack, topk_first};
 use crate::kernels::argmax::gpu::launch_final;
-use crate::kernels::cuda::{int, ptx, upload};
+use crate::kernels::cuda::{fatbin, int, upload};
 use crate::kernels::launch::Launch;
 
 const THREADS: u32 = 256;
@@ -46,7 +46,7 @@ pub(super) fn launch(
         stream.memcpy_dtod(&x, &mut y).w()?;
         let entries = params.slice(r * super::HEADER..);
         let count = int(penalties, "penalties")?;
-        let func = ptx::sample::SAMPLE.func(&dev, "sample_penalise")?;
+        let func = fatbin::sample::SAMPLE.func(&dev, "sample_penalise")?;
         let mut b = Launch::new(&stream, &func);
         b.ptr_mut(&mut y).val(n32).ptr(&entries).val(count);
         let cfg = LaunchConfig {
@@ -78,7 +78,7 @@ pub(super) fn launch(
     let top_k =
         rows.iter().any(|x| x.filter.inv_t > 0.0 && x.filter.top_k > 0 && x.filter.top_k < n);
     let top_p = rows.iter().any(|x| x.filter.inv_t > 0.0 && x.filter.top_p.is_some());
-    let hist = ptx::sample::SAMPLE.func(&dev, "sample_hist")?;
+    let hist = fatbin::sample::SAMPLE.func(&dev, "sample_hist")?;
     let mut passes = vec![(0i32, 0i32)];
     if top_k {
         passes.extend((1..DIGITS as i32).map(|d| (0, d)));
@@ -98,7 +98,7 @@ pub(super) fn launch(
     let mut part_v = unsafe { dev.alloc::<f32>(r * parts)? };
     let mut part_i = unsafe { dev.alloc::<i32>(r * parts)? };
     let mut kept = if mask { Some(stream.alloc_zeros::<u8>(r * n).w()?) } else { None };
-    let draw = ptx::sample::SAMPLE.func(&dev, "sample_draw")?;
+    let draw = fatbin::sample::SAMPLE.func(&dev, "sample_draw")?;
     let mut b = Launch::new(&stream, &draw);
     b.ptr(&y).val(n32).val(chunk32).val(parts32).ptr(&params);
     b.ptr(&rowmax).ptr(&cnt).ptr(&mass).ptr_mut(&mut part_v).ptr_mut(&mut part_i);
@@ -153,7 +153,7 @@ fn launch_topk(
     let mut cand_idx = unsafe { dev.alloc::<i32>(r * parts * k_stride)? };
     // Offsets in the chunk (u16: CHUNK is 4,096).
     let mut ties = unsafe { dev.alloc::<u16>(r * parts * TOPK_CHUNK)? };
-    let local = ptx::sample::SAMPLE_TOPK.func(dev, "sample_topk_local")?;
+    let local = fatbin::sample::SAMPLE_TOPK.func(dev, "sample_topk_local")?;
     let mut b = Launch::new(&stream, &local);
     b.ptr(x).val(n32).val(parts32).ptr(params).val(rows32).val(pen32).val(stride32);
     b.ptr_mut(&mut part_v).ptr_mut(&mut part_i).ptr_mut(&mut part_kth).ptr_mut(&mut part_ties);
@@ -169,7 +169,7 @@ fn launch_topk(
     drop(b);
     let mut kept = if mask { Some(stream.alloc_zeros::<u8>(r * n).w()?) } else { None };
     let mut out = unsafe { dev.alloc::<u32>(r)? }; // SAFETY: one id per row, unless mask
-    let draw = ptx::sample::SAMPLE_TOPK.func(dev, "sample_topk_draw")?;
+    let draw = fatbin::sample::SAMPLE_TOPK.func(dev, "sample_topk_draw")?;
     let mut b = Launch::new(&stream, &draw);
     b.val(n32).val(parts32).ptr(params).val(stride32);
     b.ptr(&part_v).ptr(&part_i).ptr(&part_kth).ptr(&part_ties);
