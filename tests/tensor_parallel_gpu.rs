@@ -6,8 +6,10 @@
 //! 64 tokens. Measured: 192 of 192 tokens identical for each; log probabilities within 1.4e-6
 //! (gpt-oss) and, for the Llama-1B shape (logits of ±40), 3.7e-4 on 2 H100s and 6.1e-4 on 2
 //! H200s with the same seeded weights (the GPUs' f32 products sum in orders of their own). Needs 2 GPUs and NCCL:
-//! `tensor_parallel_gpu --ignored` on a machine of two. Besides, `inferno serve --tp 2` itself:
-//! under load and vanishing clients, and with a rank that hangs.
+//! `tensor_parallel_gpu --ignored` on a machine of two. In bf16, the 20b-shaped checkpoint's
+//! teacher-forced predictions agree with transformers' f32 over two GPUs as on one (with the
+//! checkpoint only: INFERNO_GPT_OSS_20B_DIR). Besides, `inferno serve --tp 2` itself: under load
+//! and vanishing clients, and with a rank that hangs.
 
 use candle_core::{DType, Device};
 use inferno::engine::core::{Engine, EngineConfig};
