@@ -13,7 +13,7 @@
 
 use candle_core::{DType, Device};
 use inferno::engine::core::{Engine, EngineConfig};
-use inferno::engine::request::{Event, Request};
+use inferno::engine::request::{Event, Request, RequestHandle};
 use inferno::generate::SamplerConfig;
 use inferno::load::{self, LoadOptions, ranks};
 
@@ -23,6 +23,19 @@ const TOKENS: usize = 64;
 
 /// Each request's tokens and their top-5 log probabilities.
 type Replies = Vec<Vec<(u32, Vec<(u32, f32)>)>>;
+
+/// A request's reply to its end: each token and its top log probabilities.
+fn reply(mut h: RequestHandle) -> Vec<(u32, Vec<(u32, f32)>)> {
+    let mut out = Vec::new();
+    loop {
+        match h.blocking_next() {
+            Some(Event::Token(t, lp)) => out.push((t, lp.map(|l| l.top).unwrap_or_default())),
+            Some(Event::Finished(_)) => return out,
+            Some(Event::Failed(m)) => panic!("request failed: {m}"),
+            None => panic!("the engine dropped the request"),
+        }
+    }
+}
 
 fn generate(engine: &Engine, vocab: u32) -> Replies {
     let prompts: Vec<Vec<u32>> = (0..3u32)
@@ -45,22 +58,7 @@ fn generate(engine: &Engine, vocab: u32) -> Replies {
             engine.submit(req).expect("submit")
         })
         .collect();
-    handles
-        .into_iter()
-        .map(|mut h| {
-            let mut out = Vec::new();
-            loop {
-                match h.blocking_next() {
-                    Some(Event::Token(t, lp)) => {
-                        out.push((t, lp.map(|l| l.top).unwrap_or_default()))
-                    }
-                    Some(Event::Finished(_)) => return out,
-                    Some(Event::Failed(m)) => panic!("request failed: {m}"),
-                    None => panic!("the engine dropped the request"),
-                }
-            }
-        })
-        .collect()
+    handles.into_iter().map(reply).collect()
 }
 
 /// FNV-1a over every token id and log probability's bits: equal digests, equal replies.
@@ -393,16 +391,8 @@ fn forced_top1(engine: &Engine, ids: &[u32]) -> Vec<u32> {
         constraint: None,
         prediction: Vec::new(),
     };
-    let mut h = engine.submit(req).expect("submit");
-    let mut top = Vec::new();
-    loop {
-        match h.blocking_next() {
-            Some(Event::Token(_, lp)) => top.push(lp.expect("log probabilities").top[0].0),
-            Some(Event::Finished(_)) => return top,
-            Some(Event::Failed(m)) => panic!("request failed: {m}"),
-            None => panic!("the engine dropped the request"),
-        }
-    }
+    let tokens = reply(engine.submit(req).expect("submit"));
+    tokens.iter().map(|(_, top)| top.first().expect("log probabilities").0).collect()
 }
 
 /// The share of positions where `a` and `b` agree.

@@ -10,11 +10,11 @@
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
 
-use candle_core::cuda_backend::cudarc::driver::DevicePtr;
-use candle_core::{DType, Device, Storage, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::Shard;
 use super::collective::Collective;
+use crate::kernels::device_address;
 use crate::kernels::layer_norm_act::{AddNorm, Normed};
 
 /// The id rank 0 makes and every rank joins with (`ncclUniqueId`).
@@ -193,26 +193,6 @@ fn nccl_type(d: DType) -> anyhow::Result<c_int> {
     })
 }
 
-/// The device address of a contiguous CUDA tensor's first element.
-fn address(
-    x: &Tensor,
-    stream: &candle_core::cuda_backend::cudarc::driver::CudaStream,
-) -> anyhow::Result<u64> {
-    anyhow::ensure!(x.is_contiguous(), "NCCL: the tensor must be contiguous");
-    let (storage, layout) = x.storage_and_layout();
-    let Storage::Cuda(s) = &*storage else { anyhow::bail!("NCCL: not a CUDA tensor") };
-    let offset = (layout.start_offset() * x.dtype().size_in_bytes()) as u64;
-    let base = match x.dtype() {
-        DType::U8 => s.as_cuda_slice::<u8>()?.device_ptr(stream).0,
-        DType::U32 => s.as_cuda_slice::<u32>()?.device_ptr(stream).0,
-        DType::F16 => s.as_cuda_slice::<half::f16>()?.device_ptr(stream).0,
-        DType::F32 => s.as_cuda_slice::<f32>()?.device_ptr(stream).0,
-        DType::BF16 => s.as_cuda_slice::<half::bf16>()?.device_ptr(stream).0,
-        other => anyhow::bail!("NCCL: no collective for {other:?}"),
-    };
-    Ok(base + offset)
-}
-
 impl Collective for NcclComm {
     fn shard(&self) -> Shard {
         self.shard
@@ -231,9 +211,9 @@ impl Collective for NcclComm {
         let mut dims = vec![self.shard.world];
         dims.extend_from_slice(x.dims());
         let out = Tensor::zeros(dims, x.dtype(), &Device::Cuda(self.device.clone()))?;
-        let send = address(&x, &stream)?;
-        let recv = address(&out, &stream)?;
         let kind = nccl_type(x.dtype())?;
+        let send = device_address(&x)?;
+        let recv = device_address(&out)?;
         // SAFETY: `recv` holds world · n elements, `send` n, both on this stream's device; NCCL
         // enqueues on the stream the tensors are ordered by.
         let code = unsafe {
@@ -280,8 +260,8 @@ impl Collective for NcclComm {
         }
         let api = api()?;
         let stream = self.device.cuda_stream();
-        let at = address(x, &stream)?;
         let kind = nccl_type(x.dtype())?;
+        let at = device_address(x)?;
         // SAFETY: in place: the same `elem_count` elements on every rank.
         let code = unsafe {
             (api.ncclBroadcast)(

@@ -6,12 +6,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaView, DeviceRepr, PinnedHostSlice,
+    CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaView, DevicePtr, DeviceRepr,
+    PinnedHostSlice,
 };
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, Layout, Result, Storage, Tensor, bail};
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor, bail};
 use half::bf16;
 
 /// A kernel file compiled by build.rs into a fat binary (machine code for `sm_$CUDA_COMPUTE_CAP`
@@ -130,6 +131,26 @@ pub(super) fn cuda_view<'a, T: CudaDType>(
         Storage::Cuda(s) => Ok(s.as_cuda_slice::<T>()?.slice(layout.start_offset()..)),
         _ => bail!("{what}: expected a CUDA tensor like the op's inputs"),
     }
+}
+
+/// The device address of a contiguous CUDA tensor's first element (u8, u32, f16, f32 or bf16),
+/// for what takes raw pointers (NCCL, the peer-memory collectives).
+pub(crate) fn device_address(x: &Tensor) -> Result<u64> {
+    if !x.is_contiguous() {
+        bail!("device address: the tensor must be contiguous");
+    }
+    let (storage, layout) = x.storage_and_layout();
+    let Storage::Cuda(s) = &*storage else { bail!("device address: not a CUDA tensor") };
+    let stream = s.device.cuda_stream();
+    let base = match x.dtype() {
+        DType::U8 => s.as_cuda_slice::<u8>()?.device_ptr(&stream).0,
+        DType::U32 => s.as_cuda_slice::<u32>()?.device_ptr(&stream).0,
+        DType::F16 => s.as_cuda_slice::<half::f16>()?.device_ptr(&stream).0,
+        DType::F32 => s.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
+        DType::BF16 => s.as_cuda_slice::<bf16>()?.device_ptr(&stream).0,
+        other => bail!("device address: no {other:?} tensors"),
+    };
+    Ok(base + (layout.start_offset() * x.dtype().size_in_bytes()) as u64)
 }
 
 /// f32 `t` contiguous from a 16-byte boundary, for a kernel that reads it in float4s (candle's

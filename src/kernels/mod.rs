@@ -64,6 +64,8 @@ pub mod swiglu_gemv;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
+pub(crate) use cuda::device_address;
+#[cfg(feature = "cuda")]
 mod gemv_bf16;
 #[cfg(feature = "cuda")]
 pub(crate) mod launch;

@@ -96,11 +96,19 @@ __device__ __forceinline__ unsigned ar_begin(unsigned long long own, unsigned *c
     return *call;
 }
 
-// Block b's chunk of a vector of n4 float4s: [start, end).
-__device__ __forceinline__ void ar_chunk(unsigned n4, unsigned *start, unsigned *end) {
-    const unsigned chunk = (n4 + gridDim.x - 1) / gridDim.x;
+// Block b's chunk of a vector of n units (float4s, or words): [start, end).
+__device__ __forceinline__ void ar_chunk(unsigned n, unsigned *start, unsigned *end) {
+    const unsigned chunk = (n + gridDim.x - 1) / gridDim.x;
     *start = blockIdx.x * chunk;
-    *end = min(*start + chunk, n4);
+    *end = min(*start + chunk, n);
+}
+
+// The end of a plain push: every thread's stores of this block are visible system-wide before
+// its flag for call e says they are there, in every rank's header.
+__device__ __forceinline__ void ar_raise(const Peers &peers, int rank, int world, unsigned e) {
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x < world) store_release_sys(ar_flag(peers.base[threadIdx.x], blockIdx.x, rank), e);
 }
 
 // Phase one of a plain call: block b pushes this rank's piece of its chunk of the flat vector (n
@@ -117,10 +125,7 @@ __device__ __forceinline__ void ar_push(const Peers &peers, int rank, int world,
         const float4 v = in4[i];
         for (int r = 0; r < world; ++r) ar_region(peers.base[r], slot, world, rank, region)[i] = v;
     }
-    // Every thread's stores are visible system-wide before any flag says they are there.
-    __threadfence_system();
-    __syncthreads();
-    if (threadIdx.x < world) store_release_sys(ar_flag(peers.base[threadIdx.x], blockIdx.x, rank), e);
+    ar_raise(peers, rank, world, e);
 }
 
 __device__ __forceinline__ void ll_store(uint4 *p, float a, float b, unsigned e) {
@@ -204,6 +209,12 @@ __device__ __forceinline__ void ar_wait(unsigned long long own, int block, int r
     }
 }
 
+// Waits, the whole block, until every rank's flag for this block has reached call e.
+__device__ __forceinline__ void ar_wait_block(unsigned long long own, int world, unsigned e) {
+    if (threadIdx.x < world) ar_wait(own, blockIdx.x, threadIdx.x, e);
+    __syncthreads();
+}
+
 // The sum of one float4 over the ranks' regions of this rank's own buffer, in rank order.
 __device__ __forceinline__ float4 ar_sum4(const float4 *slot0, int world, unsigned region,
                                           size_t i) {
@@ -226,8 +237,7 @@ extern "C" __global__ void __launch_bounds__(AR_THREADS)
         ll_push(peers, rank, world, in, n, region, e);
     } else {
         ar_push(peers, rank, world, in, n, region, e);
-        if (threadIdx.x < world) ar_wait(own, blockIdx.x, threadIdx.x, e);
-        __syncthreads();
+        ar_wait_block(own, world, e);
     }
     pdl_launch_dependents();
 
@@ -301,14 +311,19 @@ __device__ __forceinline__ void ll_store_word(uint2 *p, unsigned v, unsigned e) 
     asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v), "r"(e) : "memory");
 }
 
-// The word a rank pushed as one (value, call) pair of call e, once it has arrived.
-__device__ __forceinline__ unsigned ll_read_word(const uint2 *p, unsigned e) {
+__device__ __forceinline__ uint2 ll_load_word(const uint2 *p) {
     uint2 v;
     asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+    return v;
+}
+
+// The word a rank pushed as one (value, call) pair of call e, once it has arrived.
+__device__ __forceinline__ unsigned ll_read_word(const uint2 *p, unsigned e) {
+    uint2 v = ll_load_word(p);
     if (v.y != e) {
         const unsigned long long t0 = global_ns();
         do {
-            asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+            v = ll_load_word(p);
             if (global_ns() - t0 > AR_TIMEOUT_NS) __trap();
         } while (v.y != e);
     }
@@ -330,9 +345,8 @@ extern "C" __global__ void __launch_bounds__(AR_THREADS)
     const unsigned e = ar_begin(own, &call);
     const unsigned slot = e & 1;
     const bool ll = n <= AR_LL_FLOATS;
-    const unsigned chunk = (n + gridDim.x - 1) / gridDim.x;
-    const unsigned start = blockIdx.x * chunk;
-    const unsigned end = min(start + chunk, n);
+    unsigned start, end;
+    ar_chunk(n, &start, &end);
     for (unsigned i = start + threadIdx.x; i < end; i += blockDim.x) {
         const unsigned v = in[i];
         for (int r = 0; r < world; ++r) {
@@ -346,11 +360,8 @@ extern "C" __global__ void __launch_bounds__(AR_THREADS)
         if (root < 0) out[static_cast<size_t>(rank) * n + i] = v;
     }
     if (!ll) {
-        __threadfence_system();
-        __syncthreads();
-        if (threadIdx.x < world) store_release_sys(ar_flag(peers.base[threadIdx.x], blockIdx.x, rank), e);
-        if (threadIdx.x < world) ar_wait(own, blockIdx.x, threadIdx.x, e);
-        __syncthreads();
+        ar_raise(peers, rank, world, e);
+        ar_wait_block(own, world, e);
     }
     pdl_launch_dependents();
 

@@ -1,11 +1,11 @@
 //! The launch of `all_reduce.cu`.
 
-use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
 use candle_core::{DType, Device, Result, Storage, Tensor, bail};
 use half::bf16;
 
 use super::{BLOCKS, MAX_RANKS, THREADS};
-use crate::kernels::cuda::{cuda_view, f32_aligned16, fatbin, output, tensor};
+use crate::kernels::cuda::{cuda_view, device_address, f32_aligned16, fatbin, output, tensor};
 use crate::kernels::launch::Launch;
 use crate::kernels::layer_norm_act::{AddNorm, Normed, norm_threads};
 
@@ -146,19 +146,6 @@ pub fn all_reduce_add_rms_norm(
     Ok(Some(Normed { x: tensor(x_out, dev, &[rows, n]), h: tensor(h16, dev, &[rows, n]), h32 }))
 }
 
-/// The device address of a contiguous f32 or u32 tensor's first element.
-fn word_address(x: &Tensor) -> Result<u64> {
-    let (storage, layout) = x.storage_and_layout();
-    let Storage::Cuda(s) = &*storage else { bail!("all_gather_b32: not a CUDA tensor") };
-    let stream = s.device.cuda_stream();
-    let base = match x.dtype() {
-        DType::F32 => s.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
-        DType::U32 => s.as_cuda_slice::<u32>()?.device_ptr(&stream).0,
-        other => bail!("all_gather_b32: {other:?} is not a 32-bit dtype"),
-    };
-    Ok(base + 4 * layout.start_offset() as u64)
-}
-
 /// Whether `all_gather_b32` takes `x` as it is: 32-bit words, contiguous, at most a region.
 fn gathers(x: &Tensor, rank: usize, world: usize, region: usize) -> bool {
     matches!(x.dtype(), DType::F32 | DType::U32)
@@ -225,7 +212,17 @@ pub fn all_gather_b32(
     };
     // SAFETY: x holds n words and out world · n, both on this device; `peers` is the caller's.
     unsafe {
-        gather_into(dev, peers, rank, world, region, word_address(x)?, word_address(&out)?, n, -1)?
+        gather_into(
+            dev,
+            peers,
+            rank,
+            world,
+            region,
+            device_address(x)?,
+            device_address(&out)?,
+            n,
+            -1,
+        )?
     };
     Ok(Some(out))
 }
@@ -245,7 +242,7 @@ pub fn broadcast_b32(
         return Ok(false);
     }
     let Device::Cuda(dev) = x.device() else { return Ok(false) };
-    let at = word_address(x)?;
+    let at = device_address(x)?;
     // SAFETY: x holds its n words on this device, read and written in place; `peers` is the
     // caller's.
     unsafe { gather_into(dev, peers, rank, world, region, at, at, x.elem_count(), root as i32)? };
