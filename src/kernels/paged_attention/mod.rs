@@ -157,12 +157,13 @@ impl PagedKernel {
     /// Blocks one multiprocessor runs at once (registers bound both): the tensor-core kernel's
     /// 244 registers a thread allow 2 blocks of 4 warps, so a decode step spreads its splits over
     /// 2 blocks per multiprocessor; more would run in a second wave (H100, gpt-oss-20b decode
-    /// after an 8k prompt: 381 tok/s sized for 2 blocks, 376 for 4).
-    fn blocks_per_sm(self) -> usize {
+    /// after an 8k prompt: 381 tok/s sized for 2 blocks, 376 for 4). The decode kernel takes 126
+    /// registers a thread at d 64 (4 blocks) and 160 at d 128 (3).
+    fn blocks_per_sm(self, d: usize) -> usize {
         match self {
             PagedKernel::Scalar { .. } => 4,
             PagedKernel::Mma { .. } => 2,
-            // 168 (d64) or 174 (d128) registers a thread.
+            PagedKernel::MmaSplitDims if d <= 64 => 4,
             PagedKernel::MmaSplitDims => 3,
         }
     }
@@ -214,7 +215,7 @@ pub fn paged_launch(
     let splits = if partial_bytes > MAX_PARTIAL_BYTES {
         1
     } else {
-        (kernel.blocks_per_sm() * sms.max(1)).div_ceil(blocks).clamp(1, fixed_splits)
+        (kernel.blocks_per_sm(d) * sms.max(1)).div_ceil(blocks).clamp(1, fixed_splits)
     };
     PagedLaunch {
         grid: ((seqs * row_blocks) as u32, kv_heads as u32, splits as u32),

@@ -27,9 +27,10 @@
 // Shape: block (sequence x row tile, kv head, z) as the scalar kernel, NW warps of 16 rows, K and
 // V tiles of MBK keys double-buffered in shared memory by cp.async (rows padded by 16 bytes, so
 // ldmatrix's 8 row addresses hit 8 different bank groups). The _ds kernels (a decode step's rows
-// fit one warp) give all NW warps the same 16 rows and each a share of the output's columns:
-// the tile's chain of products is the time there, not its bytes (4 K/V stages instead of 2 gave
-// nothing on an H100).
+// fit one warp) give all NW warps the same 16 rows: each computes a share of a tile's scores
+// (their row maxima, then the probabilities, meet in shared memory) and a share of the output's
+// columns. The tile's chain of instructions is the time there, not its bytes (4 K/V stages
+// instead of 2 gave nothing on an H100), so no warp repeats another's scores.
 //
 // Pools of codes (KV = uint8_t, E4M3 or with INT8 integers; include/fp8.cuh): the tiles' codes
 // come in by cp.async, two stages,
@@ -83,6 +84,12 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     // bf16: [2 stages][K, V][MBK][ROW]. FP8: [K, V][MBK][ROW], then the codes [2][K, V][MBK][D].
     extern __shared__ __align__(16) bf16 kv_smem[];
     __shared__ bool kvalid[2][MBK];
+    // DS > 1: each warp's row maxima over its score tiles, and the tile's probabilities (rows padded
+    // by 8 floats: a quad's float2 stores of 8 rows fall in different banks).
+    constexpr int NKW = DS > 1 ? NK / NW : NK;
+    static_assert(DS == 1 || NK % NW == 0, "the score tiles share out evenly over the warps");
+    __shared__ float ds_max[2][DS > 1 ? NW : 1][8];
+    __shared__ __align__(8) float ds_p[2][DS > 1 ? 8 : 1][DS > 1 ? MBK + 8 : 2];
     uint8_t* const codes = reinterpret_cast<uint8_t*>(kv_smem + 2 * MBK * ROW);
     constexpr int CPR8 = D / 16;                     // 16-byte chunks per row of codes
     constexpr int PER8 = MBK * CPR8 / (NW * 32);     // a thread's chunks per tile
@@ -259,59 +266,145 @@ __device__ __forceinline__ void paged_attention_mma_impl(
         if (warp_rows && t0 <= w_last && t0 + MBK > w_first) {
             const bf16* ks = kv_smem + (FP8 ? 0 : buf) * 2 * MBK * ROW;
             const bf16* vs = ks + MBK * ROW;
-            // S = q.K^T: ldmatrix rows are keys, so the fragments are K^T's columns.
             float s[NK][4];
+            if constexpr (DS > 1) {
+                // The tile's scores once, not once per warp: warp w computes S's column tiles
+                // NKW w .. NKW w + NKW - 1 and their maxima; the row maxima and then the
+                // probabilities meet in shared memory, and every warp reads back all of a row's
+                // probabilities for its share of P.V. Each score, maximum, probability and sum is
+                // the operation the one-warp path does on the same values in the same order (a
+                // max is exact in any order), so the bits are the same.
+                const int nk0 = warp * NKW;
+                float sw[NKW][4];
 #pragma unroll
-            for (int nk = 0; nk < NK; nk++) {
+                for (int j = 0; j < NKW; j++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[nk][e] = 0.f;
+                    for (int e = 0; e < 4; e++) sw[j][e] = 0.f;
 #pragma unroll
-                for (int kp = 0; kp < KS / 2; kp++) {
-                    uint32_t b[4];
-                    ldmatrix_x4<false>(b, ks + (nk * 8 + (lane & 7)) * ROW + kp * 32 + (lane >> 3) * 8);
-                    mma_bf16(s[nk], qa[2 * kp], b[0], b[1]);
-                    mma_bf16(s[nk], qa[2 * kp + 1], b[2], b[3]);
+                    for (int kp = 0; kp < KS / 2; kp++) {
+                        uint32_t b[4];
+                        ldmatrix_x4<false>(b, ks + ((nk0 + j) * 8 + (lane & 7)) * ROW + kp * 32 + (lane >> 3) * 8);
+                        mma_bf16(sw[j], qa[2 * kp], b[0], b[1]);
+                        mma_bf16(sw[j], qa[2 * kp + 1], b[2], b[3]);
+                    }
                 }
-            }
-            // Online softmax per row over the tile.
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                if (hf >= nhf) break;
-                // The row's visible keys in this tile: jj in (jlo, jhi], in 32-bit tile offsets.
-                const long long P = qpos[hf];
-                const int jhi = rv[hf] ? (int)max(-1LL, min(P - t0, (long long)MBK)) : -1;
-                const int jlo = p.window > 0 ? (int)max(-1LL, min(P - p.window - t0, (long long)MBK)) : -1;
-                float mx = -INFINITY;
+                for (int hf = 0; hf < 2; hf++) {
+                    if (hf >= nhf) break;
+                    const long long P = qpos[hf];
+                    const int jhi = rv[hf] ? (int)max(-1LL, min(P - t0, (long long)MBK)) : -1;
+                    const int jlo = p.window > 0 ? (int)max(-1LL, min(P - p.window - t0, (long long)MBK)) : -1;
+                    float mx = -INFINITY;
 #pragma unroll
-                for (int nk = 0; nk < NK; nk++)
+                    for (int j = 0; j < NKW; j++)
 #pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int jj = nk * 8 + 2 * tq + e;
-                        const bool ok = jj <= jhi && jj > jlo && kvalid[buf][jj];
-                        const float sc = ok ? __fmul_rn(s[nk][2 * hf + e], p.scale_log2) : -INFINITY;
-                        s[nk][2 * hf + e] = sc;
-                        mx = fmaxf(mx, sc);
+                        for (int e = 0; e < 2; e++) {
+                            const int jj = (nk0 + j) * 8 + 2 * tq + e;
+                            const bool ok = jj <= jhi && jj > jlo && kvalid[buf][jj];
+                            const float sc = ok ? __fmul_rn(sw[j][2 * hf + e], p.scale_log2) : -INFINITY;
+                            sw[j][2 * hf + e] = sc;
+                            mx = fmaxf(mx, sc);
+                        }
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                    if (tq == 0) ds_max[hf][warp][gq] = mx;
+                }
+                __syncthreads();
+                float alpha[2] = {1.f, 1.f};
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    if (hf >= nhf) break;
+                    float mx = ds_max[hf][0][gq];
+#pragma unroll
+                    for (int w = 1; w < NW; w++) mx = fmaxf(mx, ds_max[hf][w][gq]);
+                    const float mn = fmaxf(m[hf], mx);
+                    const float base = mn == -INFINITY ? 0.f : mn;
+                    alpha[hf] = exp2f(m[hf] - base);
+                    m[hf] = mn;
+#pragma unroll
+                    for (int j = 0; j < NKW; j++)
+                        *reinterpret_cast<float2*>(&ds_p[hf][gq][(nk0 + j) * 8 + 2 * tq]) =
+                            make_float2(exp2f(sw[j][2 * hf] - base), exp2f(sw[j][2 * hf + 1] - base));
+                }
+                __syncthreads();
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    if (hf >= nhf) {
+                        // Rows gq + 8 hold no query (their q rows are zeros): P is 0 there.
+#pragma unroll
+                        for (int nk = 0; nk < NK; nk++) s[nk][2 * hf] = s[nk][2 * hf + 1] = 0.f;
+                        continue;
                     }
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-                const float mn = fmaxf(m[hf], mx);
-                const float base = mn == -INFINITY ? 0.f : mn;
-                const float alpha = exp2f(m[hf] - base);
-                float ls = 0.f;
+                    float ls = 0.f;
 #pragma unroll
-                for (int nk = 0; nk < NK; nk++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float pj = exp2f(s[nk][2 * hf + e] - base);
-                        s[nk][2 * hf + e] = pj;
-                        ls += pj;
+                    for (int nk = 0; nk < NK; nk++) {
+                        const float2 pj = *reinterpret_cast<const float2*>(&ds_p[hf][gq][nk * 8 + 2 * tq]);
+                        s[nk][2 * hf] = pj.x;
+                        s[nk][2 * hf + 1] = pj.y;
+                        ls += pj.x;
+                        ls += pj.y;
                     }
-                l[hf] = fmaf(l[hf], alpha, ls);
-                m[hf] = mn;
+                    l[hf] = fmaf(l[hf], alpha[hf], ls);
 #pragma unroll
-                for (int nd = 0; nd < NDW; nd++) {
-                    acc[nd][2 * hf] = __fmul_rn(acc[nd][2 * hf], alpha);
-                    acc[nd][2 * hf + 1] = __fmul_rn(acc[nd][2 * hf + 1], alpha);
+                    for (int nd = 0; nd < NDW; nd++) {
+                        acc[nd][2 * hf] = __fmul_rn(acc[nd][2 * hf], alpha[hf]);
+                        acc[nd][2 * hf + 1] = __fmul_rn(acc[nd][2 * hf + 1], alpha[hf]);
+                    }
+                }
+            } else {
+                // S = q.K^T: ldmatrix rows are keys, so the fragments are K^T's columns.
+#pragma unroll
+                for (int nk = 0; nk < NK; nk++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[nk][e] = 0.f;
+#pragma unroll
+                    for (int kp = 0; kp < KS / 2; kp++) {
+                        uint32_t b[4];
+                        ldmatrix_x4<false>(b, ks + (nk * 8 + (lane & 7)) * ROW + kp * 32 + (lane >> 3) * 8);
+                        mma_bf16(s[nk], qa[2 * kp], b[0], b[1]);
+                        mma_bf16(s[nk], qa[2 * kp + 1], b[2], b[3]);
+                    }
+                }
+                // Online softmax per row over the tile.
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    if (hf >= nhf) break;
+                    // The row's visible keys in this tile: jj in (jlo, jhi], in 32-bit tile offsets.
+                    const long long P = qpos[hf];
+                    const int jhi = rv[hf] ? (int)max(-1LL, min(P - t0, (long long)MBK)) : -1;
+                    const int jlo = p.window > 0 ? (int)max(-1LL, min(P - p.window - t0, (long long)MBK)) : -1;
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int nk = 0; nk < NK; nk++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int jj = nk * 8 + 2 * tq + e;
+                            const bool ok = jj <= jhi && jj > jlo && kvalid[buf][jj];
+                            const float sc = ok ? __fmul_rn(s[nk][2 * hf + e], p.scale_log2) : -INFINITY;
+                            s[nk][2 * hf + e] = sc;
+                            mx = fmaxf(mx, sc);
+                        }
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                    const float mn = fmaxf(m[hf], mx);
+                    const float base = mn == -INFINITY ? 0.f : mn;
+                    const float alpha = exp2f(m[hf] - base);
+                    float ls = 0.f;
+#pragma unroll
+                    for (int nk = 0; nk < NK; nk++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const float pj = exp2f(s[nk][2 * hf + e] - base);
+                            s[nk][2 * hf + e] = pj;
+                            ls += pj;
+                        }
+                    l[hf] = fmaf(l[hf], alpha, ls);
+                    m[hf] = mn;
+#pragma unroll
+                    for (int nd = 0; nd < NDW; nd++) {
+                        acc[nd][2 * hf] = __fmul_rn(acc[nd][2 * hf], alpha);
+                        acc[nd][2 * hf + 1] = __fmul_rn(acc[nd][2 * hf + 1], alpha);
+                    }
                 }
             }
             // acc += P.V, P as hi + lo: S's accumulator layout is the A fragment's.

@@ -202,19 +202,24 @@ fn gpu_paged_attention_timing() {
 }
 
 /// Not a check: prints the time of gpt-oss-shaped decode steps (64 query heads, 8 kv heads,
-/// d 64, sinks) for batches of 1–64 sequences at 640 and 4,000 positions, full and windowed,
+/// d 64, sinks) for batches of 1–64 sequences at 640 and 4,000 positions, full and windowed, and
+/// one sequence at 32,000,
 /// with the graph bucket's bounds (the model's whole context).
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
 fn gpu_decode_timing() {
     let dev = gpu();
     let mut r = rng("paged decode timing");
-    for (pos, window) in [(640, None), (640, Some(128)), (4000, None)] {
+    for (pos, window) in [(640, None), (640, Some(128)), (4000, None), (32000, None)] {
         for n in [1, 8, 64] {
+            if pos > 4000 && n > 1 {
+                continue;
+            }
             let mut b = Batch::new(64, 8, 64, 16).window(window);
             b.seqs = (0..n).map(|_| (1, pos - 1)).collect();
             let x = to_device(&inputs(&mut r, &b, DType::BF16), &dev);
-            let bounds = PagedBounds { max_q_len: 1, max_context: 8192 };
+            let bounds =
+                PagedBounds { max_q_len: 1, max_context: pos.max(8192).next_power_of_two() };
             let us = crate::kernels::testing::time_us(&dev, 20, || {
                 paged_attention(
                     &x.q,
@@ -290,23 +295,31 @@ fn gpu_rows_are_batch_invariant() {
                     at += 1;
                 }
             }
-            // Every sequence in chunks of 7, all in one call.
-            let (mut cu, mut pos, mut rows) = (vec![0u32], Vec::new(), Vec::new());
-            for (s, &(q_len, q_pos)) in b.seqs.iter().enumerate() {
-                for c in (0..q_len).step_by(7) {
-                    cu.push(cu.last().unwrap() + (q_len - c).min(7) as u32);
-                    pos.push((q_pos + c) as u32);
-                    rows.push(s as u32);
+            // Every sequence in chunks of 7 (other tiles, other rows), and of 2 (a verify
+            // step's 16 rows a kv head: the split kernel with both halves of its rows), each
+            // all in one call.
+            for chunk in [7, 2] {
+                let (mut cu, mut pos, mut rows) = (vec![0u32], Vec::new(), Vec::new());
+                for (s, &(q_len, q_pos)) in b.seqs.iter().enumerate() {
+                    for c in (0..q_len).step_by(chunk) {
+                        cu.push(cu.last().unwrap() + (q_len - c).min(chunk) as u32);
+                        pos.push((q_pos + c) as u32);
+                        rows.push(s as u32);
+                    }
                 }
+                let chunked = Inputs {
+                    cu_q: u32s(&cu),
+                    q_pos: u32s(&pos),
+                    tables: x.tables.index_select(&u32s(&rows), 0).unwrap(),
+                    ..to_device(&x, &dev)
+                };
+                let bounds = PagedBounds { max_q_len: chunk, max_context: b.bounds().max_context };
+                same(
+                    &values(&run(&chunked, &b, bounds).unwrap()),
+                    0,
+                    &format!("in chunks of {chunk}"),
+                );
             }
-            let chunked = Inputs {
-                cu_q: u32s(&cu),
-                q_pos: u32s(&pos),
-                tables: x.tables.index_select(&u32s(&rows), 0).unwrap(),
-                ..to_device(&x, &dev)
-            };
-            let bounds = PagedBounds { max_q_len: 7, max_context: b.bounds().max_context };
-            same(&values(&run(&chunked, &b, bounds).unwrap()), 0, "in chunks of 7");
         }
     }
 }
