@@ -203,8 +203,8 @@ fn gpu_paged_attention_timing() {
 
 /// Not a check: prints the time of gpt-oss-shaped decode steps (64 query heads, 8 kv heads,
 /// d 64, sinks) for batches of 1–64 sequences at 640 and 4,000 positions, full and windowed, and
-/// one sequence at 32,000,
-/// with the graph bucket's bounds (the model's whole context).
+/// of one sequence at 32,000, with a graph bucket's bounds (8,192 positions, or the next power of
+/// two).
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
 fn gpu_decode_timing() {
