@@ -254,6 +254,45 @@ __device__ __forceinline__ void paged_attention_mma_impl(
             qa[ks][i] = rv[hf] ? *reinterpret_cast<const uint32_t*>(q + orow[hf] * D + col) : 0u;
         }
 
+    // S's column tiles nk0 .. nk0 + NKW - 1 for this warp's rows against the tile at ks (the
+    // one-warp path: all NK of them, from 0): ldmatrix rows are keys, so the fragments are K^T's
+    // columns.
+    auto tile_scores = [&](float (&sv)[NKW][4], int nk0, const bf16* ks) {
+#pragma unroll
+        for (int j = 0; j < NKW; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) sv[j][e] = 0.f;
+#pragma unroll
+            for (int kp = 0; kp < KS / 2; kp++) {
+                uint32_t b[4];
+                ldmatrix_x4<false>(b, ks + ((nk0 + j) * 8 + (lane & 7)) * ROW + kp * 32 + (lane >> 3) * 8);
+                mma_bf16(sv[j], qa[2 * kp], b[0], b[1]);
+                mma_bf16(sv[j], qa[2 * kp + 1], b[2], b[3]);
+            }
+        }
+    };
+    // Row hf's scores among those tiles in the log2 domain, the keys it cannot see at -inf, and
+    // their max over the row's four lanes.
+    auto mask_max = [&](float (&sv)[NKW][4], int nk0, int hf, int buf, long long t0) {
+        // The row's visible keys in this tile: jj in (jlo, jhi], in 32-bit tile offsets.
+        const long long P = qpos[hf];
+        const int jhi = rv[hf] ? (int)max(-1LL, min(P - t0, (long long)MBK)) : -1;
+        const int jlo = p.window > 0 ? (int)max(-1LL, min(P - p.window - t0, (long long)MBK)) : -1;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < NKW; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int jj = (nk0 + j) * 8 + 2 * tq + e;
+                const bool ok = jj <= jhi && jj > jlo && kvalid[buf][jj];
+                const float sc = ok ? __fmul_rn(sv[j][2 * hf + e], p.scale_log2) : -INFINITY;
+                sv[j][2 * hf + e] = sc;
+                mx = fmaxf(mx, sc);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+        return fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+    };
+
     for (long long it = 0; it < n_tiles; it++) {
         const long long t0 = start + it * MBK;
         const int buf = (int)(it & 1);
@@ -276,37 +315,11 @@ __device__ __forceinline__ void paged_attention_mma_impl(
                 // max is exact in any order), so the bits are the same.
                 const int nk0 = warp * NKW;
                 float sw[NKW][4];
-#pragma unroll
-                for (int j = 0; j < NKW; j++) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) sw[j][e] = 0.f;
-#pragma unroll
-                    for (int kp = 0; kp < KS / 2; kp++) {
-                        uint32_t b[4];
-                        ldmatrix_x4<false>(b, ks + ((nk0 + j) * 8 + (lane & 7)) * ROW + kp * 32 + (lane >> 3) * 8);
-                        mma_bf16(sw[j], qa[2 * kp], b[0], b[1]);
-                        mma_bf16(sw[j], qa[2 * kp + 1], b[2], b[3]);
-                    }
-                }
+                tile_scores(sw, nk0, ks);
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     if (hf >= nhf) break;
-                    const long long P = qpos[hf];
-                    const int jhi = rv[hf] ? (int)max(-1LL, min(P - t0, (long long)MBK)) : -1;
-                    const int jlo = p.window > 0 ? (int)max(-1LL, min(P - p.window - t0, (long long)MBK)) : -1;
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int j = 0; j < NKW; j++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int jj = (nk0 + j) * 8 + 2 * tq + e;
-                            const bool ok = jj <= jhi && jj > jlo && kvalid[buf][jj];
-                            const float sc = ok ? __fmul_rn(sw[j][2 * hf + e], p.scale_log2) : -INFINITY;
-                            sw[j][2 * hf + e] = sc;
-                            mx = fmaxf(mx, sc);
-                        }
-                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                    const float mx = mask_max(sw, nk0, hf, buf, t0);
                     if (tq == 0) ds_max[hf][warp][gq] = mx;
                 }
                 __syncthreads();
@@ -352,40 +365,12 @@ __device__ __forceinline__ void paged_attention_mma_impl(
                     }
                 }
             } else {
-                // S = q.K^T: ldmatrix rows are keys, so the fragments are K^T's columns.
-#pragma unroll
-                for (int nk = 0; nk < NK; nk++) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s[nk][e] = 0.f;
-#pragma unroll
-                    for (int kp = 0; kp < KS / 2; kp++) {
-                        uint32_t b[4];
-                        ldmatrix_x4<false>(b, ks + (nk * 8 + (lane & 7)) * ROW + kp * 32 + (lane >> 3) * 8);
-                        mma_bf16(s[nk], qa[2 * kp], b[0], b[1]);
-                        mma_bf16(s[nk], qa[2 * kp + 1], b[2], b[3]);
-                    }
-                }
+                tile_scores(s, 0, ks);
                 // Online softmax per row over the tile.
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     if (hf >= nhf) break;
-                    // The row's visible keys in this tile: jj in (jlo, jhi], in 32-bit tile offsets.
-                    const long long P = qpos[hf];
-                    const int jhi = rv[hf] ? (int)max(-1LL, min(P - t0, (long long)MBK)) : -1;
-                    const int jlo = p.window > 0 ? (int)max(-1LL, min(P - p.window - t0, (long long)MBK)) : -1;
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int nk = 0; nk < NK; nk++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int jj = nk * 8 + 2 * tq + e;
-                            const bool ok = jj <= jhi && jj > jlo && kvalid[buf][jj];
-                            const float sc = ok ? __fmul_rn(s[nk][2 * hf + e], p.scale_log2) : -INFINITY;
-                            s[nk][2 * hf + e] = sc;
-                            mx = fmaxf(mx, sc);
-                        }
-                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                    const float mx = mask_max(s, 0, hf, buf, t0);
                     const float mn = fmaxf(m[hf], mx);
                     const float base = mn == -INFINITY ? 0.f : mn;
                     const float alpha = exp2f(m[hf] - base);
