@@ -135,21 +135,32 @@ fn batch_for(
     }
     let sms = crate::kernels::cuda::multiprocessors(dev);
     let long_chains = k / 32 / wk.max(1) >= 64 && tiles >= 4 * sms;
-    let mut chosen = BATCHES[0];
-    for u in BATCHES.into_iter().filter(|_| !long_chains) {
+    let chosen = if long_chains { BATCHES[0] } else { one_wave_batch(dev, epi, tiles, wk, sms)? };
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, chosen);
+    }
+    Ok(chosen)
+}
+
+/// The largest U whose `tiles` blocks of `wk` warps all fit on the `sms` multiprocessors at
+/// once, by the driver's occupancy calculator; the largest U when none does.
+fn one_wave_batch(
+    dev: &CudaDevice,
+    epi: Epilogue,
+    tiles: usize,
+    wk: usize,
+    sms: usize,
+) -> Result<usize> {
+    for u in BATCHES {
         let func = fatbin::gemv_bf16::GEMV_BF16.func(dev, &one_tile_kernel(epi, u))?;
         let per_sm = func
             .occupancy_max_active_blocks_per_multiprocessor(32 * wk as u32, 0, None)
             .map_err(|e| candle_core::Error::Msg(format!("gemv occupancy: {e:?}")))?;
         if per_sm as usize * sms >= tiles {
-            chosen = u;
-            break;
+            return Ok(u);
         }
     }
-    if let Ok(mut c) = cache.lock() {
-        c.insert(key, chosen);
-    }
-    Ok(chosen)
+    Ok(BATCHES[0])
 }
 
 /// y `[m, n]` = x `[m, k]` · w `[n, k]`ᵀ (f32), or its SwiGLU (bf16 `[m, n / 2]`, n even),
