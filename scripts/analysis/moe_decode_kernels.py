@@ -121,8 +121,8 @@ def main():
     E, H, I, K = 32, 2880, 2880, 4
     tmp = tempfile.mkdtemp()
     old, old_regs = build("mxfp4_moe", tmp)
-    # inferno builds the 8-warp variant only; the 4-warp one for comparison.
-    w4 = ("SM_VARIANT(8)", "SM_VARIANT(4)\nSM_VARIANT(8)")
+    # inferno builds gate_up at 8 warps only (down at 4 too, for short K); 4 for comparison.
+    w4 = ("SM_VARIANT(8)", "SM_GATE_UP(4)\nSM_VARIANT(8)")
     new, new_regs = build("moe_slot_mma", tmp, [w4])
     here = os.path.dirname(os.path.abspath(__file__))
     dp, dp_regs = build("moe_slot_dp4a", tmp, folder=here)
@@ -130,7 +130,7 @@ def main():
     # loop), and its loads with the arithmetic replaced by a fold of the loaded words; and capped
     # at 42 registers (6 blocks of 8 warps per multiprocessor).
     compute_only, _ = build("moe_slot_mma", tmp, [
-        ("if (Q != w) sm_load_w(qd, 4 * Q + t, kb, row_w, row_s, on);", ""),
+        ("if (Q != w) sm_load_w(p, 4 * Q + t, kb, row_w, row_s, on);", ""),
         ("sm_load_x(qd, 4 * Q + t, kb, xg, on);", "if (Q == w) sm_load_x(qd, 4 * Q + t, kb, xg, on);")])
     loads_only, _ = build("moe_slot_mma", tmp, [(
         "if (__any_sync(FULL_MASK, big & 0x80u)) {",

@@ -25,6 +25,14 @@ use crate::kernels::launch::Launch;
 /// moe_slot_mma.cu's warps per block (along K), and the rows of its tile. 8 warps: 33.1 µs per
 /// gpt-oss-20b layer against 33.4 with 4 (H100, scripts/analysis/moe_decode_kernels.py).
 const SLOT_MMA_WARPS: u32 = 8;
+
+/// The warps along K of down's per-slot and slot-tile kernels, from its K (the intermediate
+/// width) alone, so that both give a slot the same bits: 8 as gate_up, but 4 where 8 would walk
+/// at most two quads (of 4 blocks of 32 values) each, as gpt-oss's experts split over two ranks
+/// (45 blocks): there half of 8 warps idle for half of each block.
+fn down_warps(inter: usize) -> u32 {
+    if inter / 32 <= 2 * 4 * SLOT_MMA_WARPS as usize { 4 } else { SLOT_MMA_WARPS }
+}
 const SLOT_MMA_ROWS: usize = 16;
 /// The GEMVs' widest K: 8 warps of 32 lanes, 32 inputs each.
 const MAX_K: usize = 8 * 32 * 32;
@@ -303,14 +311,14 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     // waves); one with the op's `one_tile` (tests: the same bits). H and 2I are multiples of the
     // 32 rows (Mxfp4Experts::new: H = 32 × its blocks along K, I a multiple of 32).
     let tiles = if op.one_tile { 1 } else { 2 };
-    let cfg = |rows: usize| -> Result<LaunchConfig> {
+    let cfg = |rows: usize, warps: u32| -> Result<LaunchConfig> {
         Ok(LaunchConfig {
             grid_dim: (
                 int(slots, "tokens × k")? as u32,
                 int(rows / (tiles * SLOT_MMA_ROWS), "row blocks")? as u32,
                 1,
             ),
-            block_dim: (32 * SLOT_MMA_WARPS, 1, 1),
+            block_dim: (32 * warps, 1, 1),
             shared_mem_bytes: 0,
         })
     };
@@ -318,18 +326,19 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     let mut act = unsafe { dev.alloc::<bf16>(slots * 3 * d.inter)? };
     let mut part = unsafe { dev.alloc::<f32>(slots * d.hidden)? };
     let suffix = if tiles == 2 { "_t2" } else { "" };
-    let name = |what: &str| format!("moe_sm_{what}_w{SLOT_MMA_WARPS}{suffix}");
+    let name = |what: &str, warps: u32| format!("moe_sm_{what}_w{warps}{suffix}");
+    let down_w = down_warps(d.inter);
     let stream = dev.cuda_stream();
-    let func = fatbin::mxfp4_moe::MOE_SLOT_MMA.func(dev, &name("gate_up"))?;
+    let func = fatbin::mxfp4_moe::MOE_SLOT_MMA.func(dev, &name("gate_up", SLOT_MMA_WARPS))?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(x).ptr(ids).ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias).ptr_mut(&mut act);
     b.val(k32).val(n_exp).val(h32).val(i32_).val(op.act.limit).val(op.act.alpha);
     // SAFETY: the arguments match moe_sm_gate_up's signature; x is bf16 with 16-byte aligned rows
     // (checked by the caller), 2I and H are multiples of the block's rows (above). It waits
     // (PDL) before reading anything.
-    unsafe { b.launch(cfg(2 * d.inter)?) }?;
+    unsafe { b.launch(cfg(2 * d.inter, SLOT_MMA_WARPS)?) }?;
     drop(b);
-    let func = fatbin::mxfp4_moe::MOE_SLOT_MMA.func(dev, &name("down"))?;
+    let func = fatbin::mxfp4_moe::MOE_SLOT_MMA.func(dev, &name("down", down_w))?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(&act).ptr(ids).ptr(weights).ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias);
     b.ptr_mut(&mut part).val(n_exp).val(h32).val(i32_).val(k32);
@@ -341,7 +350,7 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     // weights and the routing, which moe_sm_gate_up waited for before letting it start. With
     // counters: out holds T·H values of O, and the buffer a zeroed counter for every (token, row
     // tile) of the grid (checked against COUNTERS by the caller).
-    unsafe { b.launch(cfg(d.hidden)?) }?;
+    unsafe { b.launch(cfg(d.hidden, down_w)?) }?;
     drop(b);
     Ok(part)
 }
@@ -355,14 +364,14 @@ fn slot_tiles<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let slots = d.slots();
     let (k32, n_exp, h32, i32_) = d.ints()?;
     // Two tiles of 16 rows per warp, as the slot kernels (SM_TWO_TILES).
-    let cfg = |rows: usize| -> Result<LaunchConfig> {
+    let cfg = |rows: usize, warps: u32| -> Result<LaunchConfig> {
         Ok(LaunchConfig {
             grid_dim: (
                 int(g.max_tiles, "tiles")? as u32,
                 int(rows / (2 * SLOT_MMA_ROWS), "row blocks")? as u32,
                 1,
             ),
-            block_dim: (32 * SLOT_MMA_WARPS, 1, 1),
+            block_dim: (32 * warps, 1, 1),
             shared_mem_bytes: 0,
         })
     };
@@ -380,9 +389,10 @@ fn slot_tiles<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     // SAFETY: the arguments match moe_st_gate_up's signature; x is bf16 with 16-byte aligned
     // rows (checked by the caller), 2I and H multiples of the block's 32 rows (Mxfp4Experts::new).
     // It waits (PDL) before reading anything.
-    unsafe { b.launch(cfg(2 * d.inter)?) }?;
+    unsafe { b.launch(cfg(2 * d.inter, SLOT_MMA_WARPS)?) }?;
     drop(b);
-    let func = fatbin::mxfp4_moe::MOE_SLOT_MMA.func(dev, "moe_st_down")?;
+    let down_w = down_warps(d.inter);
+    let func = fatbin::mxfp4_moe::MOE_SLOT_MMA.func(dev, &format!("moe_st_down_w{down_w}"))?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(&act).ptr(ids).ptr(&g.sorted).ptr(&g.tiles).ptr(weights);
     b.ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias).ptr_mut(&mut part);
@@ -390,7 +400,7 @@ fn slot_tiles<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     // SAFETY: the arguments match moe_st_down's signature (no counters: moe_sum adds the slots).
     // Before its PDL wait it reads only the weights, the routing and the grouping, which
     // moe_st_gate_up waited for.
-    unsafe { b.launch(cfg(d.hidden)?) }?;
+    unsafe { b.launch(cfg(d.hidden, down_w)?) }?;
     drop(b);
     Ok(part)
 }

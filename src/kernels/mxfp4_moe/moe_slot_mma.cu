@@ -129,15 +129,8 @@ __device__ __forceinline__ void sm_tile(float (&red)[W][16 * MT][4], const uint8
 #pragma unroll
         for (int c = 0; c < 4; c++) acc[i][c] = 0.f;
     const int nq = (kb + 3) / 4;
-    SlotQuad<MT> qd;
-    sm_load_w(qd, 4 * w + t, kb, row_w, row_s, on);
-    if (WAIT) {  // the input is the previous kernel's output; the first weights are on their way
-        pdl_wait();
-        pdl_launch_dependents();
-    }
-#pragma unroll 1
-    for (int Q = w; Q < nq; Q += W) {
-        if (Q != w) sm_load_w(qd, 4 * Q + t, kb, row_w, row_s, on);
+    // Quad Q's products, its weights in qd: the input's loads, then the mma chain.
+    auto quad = [&](SlotQuad<MT>& qd, int Q) {
         sm_load_x(qd, 4 * Q + t, kb, xg, on);
         // A scale of 128 or more in any lane takes the slow decode (warp-uniform).
         uint32_t big = 0;
@@ -147,6 +140,32 @@ __device__ __forceinline__ void sm_tile(float (&red)[W][16 * MT][4], const uint8
             sm_mma<true>(acc, qd);
         } else {
             sm_mma<false>(acc, qd);
+        }
+    };
+    SlotQuad<MT> p, n;
+    sm_load_w(p, 4 * w + t, kb, row_w, row_s, on);
+    // Fewer than 8 warps walk longer chains: there the next quad's weights are in flight while a
+    // quad's products run (two buffers, as gemv_chain; with 8 warps that gained nothing).
+    constexpr bool AHEAD = W < 8;
+    if (AHEAD) sm_load_w(n, 4 * (w + W) + t, kb, row_w, row_s, on);
+    if (WAIT) {  // the input is the previous kernel's output; the first weights are on their way
+        pdl_wait();
+        pdl_launch_dependents();
+    }
+    if (AHEAD) {
+#pragma unroll 1
+        for (int Q = w; Q < nq; Q += 2 * W) {
+            if (Q != w) sm_load_w(n, 4 * (Q + W) + t, kb, row_w, row_s, on);
+            quad(p, Q);
+            if (Q + W >= nq) break;
+            if (Q + 2 * W < nq) sm_load_w(p, 4 * (Q + 2 * W) + t, kb, row_w, row_s, on);
+            quad(n, Q + W);
+        }
+    } else {
+#pragma unroll 1
+        for (int Q = w; Q < nq; Q += W) {
+            if (Q != w) sm_load_w(p, 4 * Q + t, kb, row_w, row_s, on);
+            quad(p, Q);
         }
     }
     // Lane (g, t): columns (pieces) 2t, 2t + 1 of fragment rows g (acc 0, 1: tile row 2g) and
@@ -262,14 +281,15 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
     }
 }
 
-// One tile per warp, W = 8 warps along K (the analysis script also builds W = 4).
-#define SM_VARIANT(W)                                                                                     \
+// One tile per warp, W warps along K (the analysis script also builds gate_up at W = 4).
+#define SM_GATE_UP(W)                                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_gate_up_w##W(                              \
         const __nv_bfloat16* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales,         \
         const float* bias, __nv_bfloat16* act, int k, int n_experts, int hidden, int inter, float limit,   \
         float alpha) {                                                                                    \
         sm_gate_up<W, 1>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha);    \
-    }                                                                                                     \
+    }
+#define SM_DOWN(W)                                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_down_w##W(                                 \
         const __nv_bfloat16* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,        \
         const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter, int k, \
@@ -277,6 +297,7 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
         sm_down<W, 1>(act, ids, weights, blocks, scales, bias, part, n_experts, hidden, inter, k, out,      \
                       out_bf16, counters);                                                                \
     }
+#define SM_VARIANT(W) SM_GATE_UP(W) SM_DOWN(W)
 
 // Two tiles of 16 rows per warp, what gpu.rs launches (the one-tile kernels above give the same
 // bits: the GPU tests compare them). gpt-oss-20b: down has 360 blocks per call, all resident at
@@ -288,13 +309,14 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
 // (128 registers), 4 warps of two tiles, down held to 64 registers (4 blocks per multiprocessor),
 // gate_up of one tile held to 48 (5 blocks per multiprocessor, 12 bytes spilled), gate_up's two
 // tiles at 93 registers.
-#define SM_TWO_TILES(W)                                                                                   \
+#define SM_GATE_UP_TWO_TILES(W)                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * W, 3) moe_sm_gate_up_w##W##_t2(                      \
         const __nv_bfloat16* x, const uint32_t* ids, const uint8_t* blocks, const uint8_t* scales,         \
         const float* bias, __nv_bfloat16* act, int k, int n_experts, int hidden, int inter, float limit,   \
         float alpha) {                                                                                    \
         sm_gate_up<W, 2>(x, ids, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha);    \
-    }                                                                                                     \
+    }
+#define SM_DOWN_TWO_TILES(W)                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * W) moe_sm_down_w##W##_t2(                            \
         const __nv_bfloat16* act, const uint32_t* ids, const float* weights, const uint8_t* blocks,        \
         const uint8_t* scales, const float* bias, float* part, int n_experts, int hidden, int inter, int k, \
@@ -304,7 +326,19 @@ __device__ __forceinline__ void sm_down(const __nv_bfloat16* __restrict__ act, c
     }
 
 SM_VARIANT(8)
-SM_TWO_TILES(8)
+SM_GATE_UP_TWO_TILES(8)
+SM_DOWN_TWO_TILES(8)
+// Down's K is the experts' intermediate width, which tensor parallelism splits: gpt-oss's 2,880
+// over two ranks is 45 blocks, 12 quads, which 8 warps would walk 2 or 1 at a time (half the
+// warps idle for half the block). Such K takes down kernels of 4 warps (gpu.rs's down_warps),
+// per slot and in slot tiles alike: the same chains in both, so a slot's bits still do not
+// depend on its batch. With fewer warps sm_tile keeps two quads a warp in flight. Two H200
+// (NV18), gpt-oss-120b at --tp 2 against 8 warps, same call: 64 streams 3,272.7 -> 3,676.7 tok/s,
+// 16 streams 1,610.1 -> 1,792.8 (the slot tiles' down had scaled 1.53x from one GPU to two, its
+// gate_up 1.96x); one stream 473.4 -> 467.1, gpt-oss-20b's 681.2 -> 673.4 (without the second
+// quad in flight 447.2 against 471.2).
+SM_DOWN(4)
+SM_DOWN_TWO_TILES(4)
 
 // ---------------------------------------------------------------------------------------------
 // Slot tiles: the per-slot kernels above for several slots of one expert at once, each weight
@@ -589,10 +623,16 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     st_gate_up<8, 2, 1>(x, ids, sorted, tiles, blocks, scales, bias, act, k, n_experts, hidden, inter, limit, alpha);
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-    moe_st_down(const __nv_bfloat16* act, const uint32_t* ids, const int* sorted, const int* tiles,
-                const float* weights, const uint8_t* blocks, const uint8_t* scales, const float* bias, float* part,
-                int n_experts, int hidden, int inter, int k, void* out, int out_bf16, uint32_t* counters) {
-    st_down<8, 2, 3>(act, ids, sorted, tiles, weights, blocks, scales, bias, part, n_experts, hidden, inter, k, out,
-                     out_bf16, counters);
-}
+#define ST_DOWN(W)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * W, 16 / W) moe_st_down_w##W(                         \
+        const __nv_bfloat16* act, const uint32_t* ids, const int* sorted, const int* tiles,                \
+        const float* weights, const uint8_t* blocks, const uint8_t* scales, const float* bias, float* part, \
+        int n_experts, int hidden, int inter, int k, void* out, int out_bf16, uint32_t* counters) {        \
+        st_down<W, 2, 3>(act, ids, sorted, tiles, weights, blocks, scales, bias, part, n_experts, hidden,   \
+                         inter, k, out, out_bf16, counters);                                               \
+    }
+
+// W warps along K, as the per-slot down kernel of the same K (down_warps); 16 warps a
+// multiprocessor either way (registers: 126 at W = 8, 147 at W = 4 left to itself).
+ST_DOWN(8)
+ST_DOWN(4)
