@@ -13,7 +13,7 @@ variant as a CUDA graph of gate_up, down and the ordered sum over `--layers` lay
 step runs them. Prints one line per variant: microseconds per layer and the bandwidth that
 means, against the 52.6 MB a layer's 4 experts hold. Needs cupy and numpy (the GPU machine's
 image has both). It times moe_slot_mma.cu's one-tile kernels (moe_sm_*_w8); the engine launches
-the two-tile ones since session 19 (SM_TWO_TILES: the same bits, in fewer waves; measured
+the two-tile ones (SM_GATE_UP_TWO_TILES, SM_DOWN_TWO_TILES: the same bits, in fewer waves; measured
 through `inferno bench`, docs/performance.md).
 """
 

@@ -25,6 +25,9 @@ use crate::kernels::launch::Launch;
 /// moe_slot_mma.cu's warps per block (along K), and the rows of its tile. 8 warps: 33.1 µs per
 /// gpt-oss-20b layer against 33.4 with 4 (H100, scripts/analysis/moe_decode_kernels.py).
 const SLOT_MMA_WARPS: u32 = 8;
+const SLOT_MMA_ROWS: usize = 16;
+/// The GEMVs' widest K: 8 warps of 32 lanes, 32 inputs each.
+const MAX_K: usize = 8 * 32 * 32;
 
 /// The warps along K of down's per-slot and slot-tile kernels, from its K (the intermediate
 /// width) alone, so that both give a slot the same bits: 8 as gate_up, but 4 where 8 would walk
@@ -33,9 +36,7 @@ const SLOT_MMA_WARPS: u32 = 8;
 fn down_warps(inter: usize) -> u32 {
     if inter / 32 <= 2 * 4 * SLOT_MMA_WARPS as usize { 4 } else { SLOT_MMA_WARPS }
 }
-const SLOT_MMA_ROWS: usize = 16;
-/// The GEMVs' widest K: 8 warps of 32 lanes, 32 inputs each.
-const MAX_K: usize = 8 * 32 * 32;
+
 /// Up to this many tokens the GEMVs take 16 rows per block (more blocks to fill the GPU),
 /// beyond it 32 (measured on an H200, gpt-oss-20b sizes: 1 token 52 vs 57 µs, 128 tokens
 /// 3.3 vs 2.8 ms).
@@ -307,7 +308,7 @@ fn slot_mma<T: KernelFloat, O: KernelFloat>(
     let Call { op, dev, x, ids, weights, p, d } = *c;
     let slots = d.slots();
     let (k32, n_exp, h32, i32_) = d.ints()?;
-    // Two tiles of 16 rows per warp (moe_slot_mma.cu's SM_TWO_TILES: half the blocks, fewer
+    // Two tiles of 16 rows per warp (moe_slot_mma.cu's *_TWO_TILES: half the blocks, fewer
     // waves); one with the op's `one_tile` (tests: the same bits). H and 2I are multiples of the
     // 32 rows (Mxfp4Experts::new: H = 32 × its blocks along K, I a multiple of 32).
     let tiles = if op.one_tile { 1 } else { 2 };
@@ -363,7 +364,7 @@ fn slot_tiles<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     let g = group(dev, ids, d, SLOT_TILE)?;
     let slots = d.slots();
     let (k32, n_exp, h32, i32_) = d.ints()?;
-    // Two tiles of 16 rows per warp, as the slot kernels (SM_TWO_TILES).
+    // Two tiles of 16 rows per warp, as the slot kernels (*_TWO_TILES).
     let cfg = |rows: usize, warps: u32| -> Result<LaunchConfig> {
         Ok(LaunchConfig {
             grid_dim: (

@@ -11,7 +11,7 @@
 // memory (in a fixed order: deterministic).
 //
 // One block = one slot (blockIdx.x) and one tile of 16 weight rows (blockIdx.y; or two tiles, each
-// warp taking both with one load of the input per quad: SM_TWO_TILES), W warps. The tile
+// warp taking both with one load of the input per quad: *_TWO_TILES), W warps. The tile
 // is the 16-row A operand of mma.m16n8k16 (fragment row g = weight row 2g, row g + 8 = row 2g + 1:
 // for gate_up the gate and the up value of pair g); the input is B, one column per bf16 piece of
 // it: 1 for bf16 x (exact), 3 for the f32 activations between the projections (hi + mid + lo: the
@@ -610,7 +610,7 @@ __device__ __forceinline__ void st_down(const __nv_bfloat16* __restrict__ act, c
     }
 }
 
-// Tiles of up to 8 slots, two tiles of 16 rows per warp as SM_TWO_TILES: gate_up's slots in one
+// Tiles of up to 8 slots, two tiles of 16 rows per warp as *_TWO_TILES: gate_up's slots in one
 // group of 8 columns (80 registers: 3 blocks per multiprocessor), down's 3 pieces a slot in 3
 // groups (24 columns). Measured on an H100 (gpt-oss-20b, all streams decoding): 8 / 16 / 64
 // streams 1,481 / 2,358 / 6,084 tok/s against the expert-major GEMVs' 1,435 / 2,263 / 6,017 in
