@@ -331,10 +331,10 @@ SM_DOWN_TWO_TILES(8)
 // Down's K is the experts' intermediate width, which tensor parallelism splits: gpt-oss's 2,880
 // over two ranks is 45 blocks, 12 quads, which 8 warps would walk 2 or 1 at a time (half the
 // warps idle for half the block). Such K takes down kernels of 4 warps (gpu.rs's down_warps),
-// per slot and in slot tiles alike: the same chains in both, so a slot's bits still do not
-// depend on its batch. With fewer warps sm_tile keeps two quads a warp in flight. Two H200
-// (NV18), gpt-oss-120b at --tp 2 against 8 warps, same call: 64 streams 3,272.7 -> 3,676.7 tok/s,
-// 16 streams 1,610.1 -> 1,792.8 (the slot tiles' down had scaled 1.53x from one GPU to two, its
+// per slot and in slot tiles alike: the same chains in both, so a slot's bits do not depend on
+// its batch. With fewer warps sm_tile keeps two quads a warp in flight. Two H200 (NV18),
+// gpt-oss-120b at --tp 2 against 8 warps, same call: 64 streams 3,272.7 -> 3,676.7 tok/s, 16
+// streams 1,610.1 -> 1,792.8 (at 8 warps the slot tiles' down scales 1.53x from one GPU to two,
 // gate_up 1.96x); one stream 473.4 -> 467.1, gpt-oss-20b's 681.2 -> 673.4 (without the second
 // quad in flight 447.2 against 471.2).
 SM_DOWN(4)
