@@ -19,21 +19,22 @@
 // adds the same numbers in the same order, so every rank gets the same bits, the two protocols
 // give the same bits, and a row's bits do not depend on the other rows of the vector.
 //
-// Calls are numbered per block in device memory (every call runs every block, so all blocks of a
-// rank agree; a captured graph replays correctly). Call e uses slot e & 1 of either protocol. A
-// rank writes slot e & 1 again at call e + 2, when it has passed call e + 1, which needed every
-// rank's piece of call e + 1; each rank pushes that only after its call e has finished (stream
-// order, and pdl_wait below), so no rank still reads the slot. The numbers run 1, 2, …, 2^32 - 2
-// and start again at 1: never 0, a zeroed line's number, and an even cycle, so the slots still
-// alternate where it wraps.
+// Calls are numbered per block in device memory: AR_MAX_BLOCKS counts, of which a launch of g
+// blocks has block b keep counts b, b + g, …, so every call moves every count (all blocks of a
+// rank agree, whatever grid the call before had; a captured graph replays correctly). Call e
+// uses slot e & 1 of either protocol. A rank writes slot e & 1 again at call e + 2, when it has
+// passed call e + 1, which needed every rank's piece of call e + 1; each rank pushes that only
+// after its call e has finished (stream order, and pdl_wait below), so no rank still reads the
+// slot. The numbers run 1, 2, …, 2^32 - 2 and start again at 1: never 0, a zeroed line's number,
+// and an even cycle, so the slots still alternate where it wraps.
 #include "common.cuh"
 #include "norm_row.cuh"
 
 // These must match src/kernels/all_reduce/mod.rs.
 constexpr int AR_MAX_RANKS = 8;
-constexpr int AR_BLOCKS = 24;
+constexpr int AR_MAX_BLOCKS = 128;
 constexpr int AR_THREADS = 512;
-constexpr unsigned long long AR_DATA_OFFSET = 4096;
+constexpr unsigned long long AR_DATA_OFFSET = 8192;
 constexpr unsigned AR_LL_FLOATS = 64 * 1024;
 // A peer that has not arrived after this long is hung (or dead): trap, so that the rank fails
 // with an error instead of spinning forever.
@@ -61,13 +62,13 @@ __device__ __forceinline__ unsigned long long global_ns() {
 }
 
 // Header of a rank's buffer: flags[block][rank] (raised by that rank), then counts[block] (this
-// rank's own calls).
+// rank's own calls), AR_MAX_BLOCKS of each.
 __device__ __forceinline__ unsigned *ar_flag(unsigned long long base, int block, int rank) {
     return reinterpret_cast<unsigned *>(base) + block * AR_MAX_RANKS + rank;
 }
 
 __device__ __forceinline__ unsigned *ar_count(unsigned long long base, int block) {
-    return reinterpret_cast<unsigned *>(base) + AR_BLOCKS * AR_MAX_RANKS + block;
+    return reinterpret_cast<unsigned *>(base) + AR_MAX_BLOCKS * AR_MAX_RANKS + block;
 }
 
 // Region `r` of slot `slot` of a buffer: `region` floats each, `world` regions a slot.
@@ -89,11 +90,18 @@ __device__ __forceinline__ unsigned ar_next(unsigned last) {
     return last >= 0xFFFFFFFEu ? 1u : last + 1u;
 }
 
-// The call's number, read by one thread of the block and handed to all.
+// The call's number, read by one thread of the block and handed to all. Count b was written
+// last by the call before (by its block b % its grid), which has ended.
 __device__ __forceinline__ unsigned ar_begin(unsigned long long own, unsigned *call) {
     if (threadIdx.x == 0) *call = ar_next(*ar_count(own, blockIdx.x));
     __syncthreads();
     return *call;
+}
+
+// The block's counts moved to call e: b, b + gridDim.x, … (the top of the file).
+__device__ __forceinline__ void ar_end(unsigned long long own, unsigned e) {
+    if (threadIdx.x == 0)
+        for (int b = blockIdx.x; b < AR_MAX_BLOCKS; b += gridDim.x) *ar_count(own, b) = e;
 }
 
 // Block b's chunk of a vector of n units (float4s, or words): [start, end).
@@ -104,11 +112,17 @@ __device__ __forceinline__ void ar_chunk(unsigned n, unsigned *start, unsigned *
 }
 
 // The end of a plain push: every thread's stores of this block are visible system-wide before
-// its flag for call e says they are there, in every rank's header.
+// its flag for call e says they are there, in every rank's header. It raises the flags of blocks
+// b + gridDim.x, … too, which no block of this call waits for: every flag is then as recent as
+// the last plain call, whatever grids the calls take, so a flag is never so stale that its
+// wrapping comparison with a call's number (ar_wait) reads as ahead.
 __device__ __forceinline__ void ar_raise(const Peers &peers, int rank, int world, unsigned e) {
     __threadfence_system();
     __syncthreads();
-    if (threadIdx.x < world) store_release_sys(ar_flag(peers.base[threadIdx.x], blockIdx.x, rank), e);
+    for (int t = threadIdx.x; t < world * AR_MAX_BLOCKS; t += blockDim.x) {
+        const int b = blockIdx.x + (t / world) * gridDim.x;
+        if (b < AR_MAX_BLOCKS) store_release_sys(ar_flag(peers.base[t % world], b, rank), e);
+    }
 }
 
 // Phase one of a plain call: block b pushes this rank's piece of its chunk of the flat vector (n
@@ -253,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(AR_THREADS)
         for (unsigned i = start + threadIdx.x; i < end; i += blockDim.x)
             out4[i] = ar_sum4(slot0, world, region, i);
     }
-    if (threadIdx.x == 0) *ar_count(own, blockIdx.x) = e;
+    ar_end(own, e);
 }
 
 // The sum over the ranks of `in` [rows, n] with the residual add and RMSNorm after it, as
@@ -261,11 +275,12 @@ extern "C" __global__ void __launch_bounds__(AR_THREADS)
 // bias), h16 = bf16(norm(x_out) · w), h32 the same unrounded when asked. One launch where the
 // sum and the norm were two, with their bits: the same additions in the same order, and the
 // norm's arithmetic from norm_row.cuh at add_rms_norm_bf16's block width (the launch takes
-// its threads). Phase one is all_reduce_f32's; a row spans several blocks' chunks, so each block
-// then norms rows b, b + gridDim.x, …, reading every block's chunks of them: in LL lines as they
-// arrive, or in plain floats once every block's flags are in. Reading other blocks' chunks of
-// the same call is safe: a rank writes the slot again only two calls on, after every rank's
-// next call has begun, so after this kernel has ended. n / 4 must fit the block's registers
+// its threads) and a block a row (24 to AR_MAX_BLOCKS blocks): the rows' norms run side by
+// side, not one after another in a few blocks. Phase one is all_reduce_f32's; a row may span
+// several blocks' chunks, so each block then norms rows b, b + gridDim.x, …, reading every
+// block's chunks of them: in LL lines as they arrive, or in plain floats once every block's flags
+// are in. Reading other blocks' chunks of the same call is safe: a rank writes the slot again
+// only two calls on, after every rank's next call has begun, so after this kernel has ended. n / 4 must fit the block's registers
 // (n ≤ blockDim.x · 4 · NORM_VEC) and every pointer be 16-byte aligned: the caller checks.
 extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
     all_reduce_add_rms_norm_bf16(Peers peers, int rank, int world, const float *__restrict__ in,
@@ -304,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
         // The next row's sum of squares reuses `partial`.
         __syncthreads();
     }
-    if (threadIdx.x == 0) *ar_count(own, blockIdx.x) = e;
+    ar_end(own, e);
 }
 
 __device__ __forceinline__ void ll_store_word(uint2 *p, unsigned v, unsigned e) {
@@ -373,5 +388,5 @@ extern "C" __global__ void __launch_bounds__(AR_THREADS)
         for (unsigned i = start + threadIdx.x; i < end; i += blockDim.x)
             to[i] = ll ? ll_read_word(lines + i, e) : __ldcg(words + i);
     }
-    if (threadIdx.x == 0) *ar_count(own, blockIdx.x) = e;
+    ar_end(own, e);
 }

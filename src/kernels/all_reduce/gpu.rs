@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
 use candle_core::{DType, Device, Result, Storage, Tensor, bail};
 use half::bf16;
 
-use super::{BLOCKS, MAX_RANKS, THREADS};
+use super::{BLOCKS, MAX_RANKS, THREADS, fused_blocks};
 use crate::kernels::cuda::{cuda_view, device_address, f32_aligned16, fatbin, output, tensor};
 use crate::kernels::launch::Launch;
 use crate::kernels::layer_norm_act::{AddNorm, Normed, norm_threads};
@@ -132,7 +132,7 @@ pub fn all_reduce_add_rms_norm(
     };
     b.val(rows as u32).val(n as u32).val(region as u32).val(norm.eps as f32);
     let cfg = LaunchConfig {
-        grid_dim: (BLOCKS as u32, 1, 1),
+        grid_dim: (fused_blocks(rows) as u32, 1, 1),
         block_dim: (norm_threads(n) as u32, 1, 1),
         shared_mem_bytes: 0,
     };

@@ -32,7 +32,7 @@ mod gpu {
     use rand::Rng;
 
     use super::super::{
-        BLOCKS, LL_FLOATS, MAX_RANKS, Peers, all_gather_b32, all_reduce_add_rms_norm,
+        LL_FLOATS, MAX_BLOCKS, MAX_RANKS, Peers, all_gather_b32, all_reduce_add_rms_norm,
         all_reduce_f32, broadcast_b32, buffer_bytes, flag_offset, in_lines, ll_offset, ll_words,
         next_call, region_offset, sum_in_rank_order,
     };
@@ -71,7 +71,7 @@ mod gpu {
             let (at, image) = if in_lines(pieces[p].len()) {
                 (ll_offset(slot, world, p, region) / 4, ll_words(&pieces[p], call))
             } else {
-                for b in 0..BLOCKS {
+                for b in 0..MAX_BLOCKS {
                     own[flag_offset(b, p) / 4] = call;
                 }
                 let bits = pieces[p].iter().map(|v| v.to_bits()).collect();
@@ -79,8 +79,8 @@ mod gpu {
             };
             own[at..at + image.len()].copy_from_slice(&image);
         }
-        for b in 0..BLOCKS {
-            own[BLOCKS * MAX_RANKS + b] = last;
+        for b in 0..MAX_BLOCKS {
+            own[MAX_BLOCKS * MAX_RANKS + b] = last;
         }
         let buffers: Vec<Tensor> = (0..world)
             .map(|p| {
@@ -111,14 +111,14 @@ mod gpu {
         for (p, b) in buffers.iter().enumerate() {
             let image = b.to_vec1::<u32>().unwrap();
             if p == rank {
-                let counts = &image[BLOCKS * MAX_RANKS..BLOCKS * MAX_RANKS + BLOCKS];
+                let counts = &image[MAX_BLOCKS * MAX_RANKS..MAX_BLOCKS * (MAX_RANKS + 1)];
                 assert!(counts.iter().all(|&c| c == call), "{what}: counts {counts:?}");
                 continue;
             }
             let (at, want) = if in_lines(piece.len()) {
                 (ll_offset(slot, world, rank, region) / 4, ll_words(piece, call))
             } else {
-                for blk in 0..BLOCKS {
+                for blk in 0..MAX_BLOCKS {
                     assert_eq!(image[flag_offset(blk, rank) / 4], call, "{what}: rank {p}'s flag");
                 }
                 (
@@ -138,18 +138,26 @@ mod gpu {
     }
 
     /// The sum fused with the residual add and norm gives the bits of the two launches it
-    /// replaces (the sum, then `add_rms_norm`), for one row and for more rows than blocks (each
-    /// block then norms several; 30 × 2,880 is past the LL lines), with and without a bias and
-    /// the f32 norm, across the calls' wrap; and it pushes its piece as the plain sum does.
+    /// replaces (the sum, then `add_rms_norm`), for one row, for fewer rows than blocks (20 ×
+    /// 2,880, in LL lines), for rows a block each (its grid grows with them: 64 × 2,880, past the
+    /// lines) and for more rows than its largest grid (each block then norms two), with and
+    /// without a bias and the f32 norm, across the calls' wrap; and it pushes its piece as the
+    /// plain sum does.
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_sum_fused_with_the_norm_gives_the_two_launches_bits() {
         let dev = gpu();
         let mut r = rng("all reduce add norm");
         let region = 64 * 4096;
-        for (world, rows, n) in
-            [(2, 1, 2880), (2, 30, 2880), (3, 5, 64), (4, 2, 4096), (2, 3, 8192)]
-        {
+        for (world, rows, n) in [
+            (2, 1, 2880),
+            (2, 20, 2880),
+            (2, 64, 2880),
+            (3, 5, 64),
+            (3, 200, 64),
+            (4, 2, 4096),
+            (2, 3, 8192),
+        ] {
             let rank = r.random_range(0..world);
             for (last, with_bias, keep_f32) in
                 [(0, true, true), (1, false, false), (2, true, false), (u32::MAX - 1, true, true)]
