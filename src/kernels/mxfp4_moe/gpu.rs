@@ -447,6 +447,25 @@ fn group(dev: &CudaDevice, ids: &CudaView<u32>, d: Dims, tile: usize) -> Result<
     Ok(Groups { sorted, tiles, max_tiles })
 }
 
+/// [`group`] of `ids` (an expert id a slot; ids from `experts` on are routed nowhere) on `dev`,
+/// read back: the slots in grouped order (as many as are routed) and the tiles `[max_tiles, 3]`.
+#[cfg(test)]
+pub(super) fn group_ids(
+    dev: &CudaDevice,
+    ids: &[u32],
+    experts: usize,
+    tile: usize,
+) -> Result<(Vec<i32>, Vec<i32>)> {
+    use candle_core::cuda_backend::WrapErr;
+    let stream = dev.cuda_stream();
+    let on_dev = stream.clone_htod(ids).w()?;
+    let d = Dims { tokens: ids.len(), k: 1, experts, hidden: 0, inter: 0 };
+    let g = group(dev, &on_dev.slice(..), d, tile)?;
+    let routed = ids.iter().filter(|&&e| (e as usize) < experts).count();
+    let sorted = stream.clone_dtoh(&g.sorted.slice(..routed)).w()?;
+    Ok((sorted, stream.clone_dtoh(&g.tiles).w()?))
+}
+
 /// Batched by expert on tensor cores (bf16 x only): group the slots by expert on the device,
 /// then one GEMM tile per (expert's slots, weight rows). Returns part `[slots, H]`, whose rows
 /// of slots routed to no valid expert stay unwritten (moe_sum skips them). The activations

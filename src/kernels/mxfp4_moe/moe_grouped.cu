@@ -25,47 +25,66 @@
 
 // Tile t of the grouping: tiles[3t] expert (-1: no tile), tiles[3t + 1] first grouped position,
 // tiles[3t + 2] slot count (1..bm). sorted[p] is the slot at grouped position p. bm is the tile
-// size: BM for this file's GEMMs, 8 for moe_slot_mma.cu's slot tiles.
-// One block of 1024 threads; each warp takes experts w, w + 32, ... and compacts their slots with
-// ballots, so the order within an expert is the slot order.
+// size: BM for this file's GEMMs, 8 for moe_slot_mma.cu's slot tiles. Slots whose id is not an
+// expert (>= n_experts) are left out.
+// One block of 1024 threads (n_experts <= 1024: one expert a thread in the scans):
+// 1. each expert's slot count, by shared-memory atomics (counts: any order gives the same);
+// 2. each expert's first grouped position and first tile, exclusive scans over the experts
+//    (a warp's shuffles, then the warps' totals), and each expert's thread writes its tiles;
+// 3. each warp takes experts w, w + 32, ... and compacts their slots with ballots, so the order
+//    within an expert is the slot order.
 extern "C" __global__ void __launch_bounds__(1024)
     moe_group(const uint32_t* __restrict__ ids, int slots, int n_experts, int* __restrict__ sorted,
               int* __restrict__ tiles, int max_tiles, int bm) {
     pdl_wait();
-    __shared__ int start[MAX_EXPERTS + 1];
+    __shared__ int start[MAX_EXPERTS];
+    __shared__ int totals[2][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    for (int e = warp; e < n_experts; e += nwarps) {
-        int count = 0;
-        for (int base = 0; base < slots; base += 32) {
-            const int s = base + lane;
-            count += __popc(__ballot_sync(FULL_MASK, s < slots && ids[s] == (uint32_t)e));
-        }
-        if (lane == 0) start[e] = count;
+    for (int e = threadIdx.x; e < n_experts; e += blockDim.x) start[e] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+        const uint32_t e = ids[s];
+        if (e < (uint32_t)n_experts) atomicAdd(&start[e], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int pos = 0, t = 0;
-        for (int e = 0; e < n_experts; e++) {
-            const int count = start[e];
-            start[e] = pos;
-            for (int m = 0; m < count && t < max_tiles; m += bm, t++) {
-                tiles[3 * t] = e;
-                tiles[3 * t + 1] = pos + m;
-                tiles[3 * t + 2] = min(bm, count - m);
-            }
-            pos += count;
-        }
-        for (; t < max_tiles; t++) tiles[3 * t] = -1;
+
+    const int e = threadIdx.x;
+    const int count = e < n_experts ? start[e] : 0;
+    const int ntiles = (count + bm - 1) / bm;
+    const auto plus = [](int a, int b) { return a + b; };
+    const int count_incl = warp_scan(count, plus), tiles_incl = warp_scan(ntiles, plus);
+    if (lane == 31) {
+        totals[0][warp] = count_incl;
+        totals[1][warp] = tiles_incl;
     }
     __syncthreads();
-    for (int e = warp; e < n_experts; e += nwarps) {
-        int pos = start[e];
+    int pos = count_incl - count, t = tiles_incl - ntiles, all_tiles = 0;
+    for (int w = 0; w < nwarps; w++) {
+        if (w < warp) {
+            pos += totals[0][w];
+            t += totals[1][w];
+        }
+        all_tiles += totals[1][w];
+    }
+    for (int m = 0; m < count && t < max_tiles; m += bm, t++) {
+        tiles[3 * t] = e;
+        tiles[3 * t + 1] = pos + m;
+        tiles[3 * t + 2] = min(bm, count - m);
+    }
+    for (int u = all_tiles + threadIdx.x; u < max_tiles; u += blockDim.x) tiles[3 * u] = -1;
+    // Every thread has read its count before the counts become first positions.
+    __syncthreads();
+    if (e < n_experts) start[e] = pos;
+    __syncthreads();
+
+    for (int x = warp; x < n_experts; x += nwarps) {
+        int p = start[x];
         for (int base = 0; base < slots; base += 32) {
             const int s = base + lane;
-            const bool hit = s < slots && ids[s] == (uint32_t)e;
+            const bool hit = s < slots && ids[s] == (uint32_t)x;
             const uint32_t mask = __ballot_sync(FULL_MASK, hit);
-            if (hit) sorted[pos + __popc(mask & ((1u << lane) - 1))] = s;
-            pos += __popc(mask);
+            if (hit) sorted[p + __popc(mask & ((1u << lane) - 1))] = s;
+            p += __popc(mask);
         }
     }
 }

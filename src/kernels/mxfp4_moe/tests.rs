@@ -625,6 +625,68 @@ mod gpu {
         assert!(differ.is_empty(), "tokens differ from themselves alone: {differ:#?}");
     }
 
+    /// `moe_group` against the grouping written plainly: each expert's slots in slot order,
+    /// experts in order, slots routed nowhere (ids past the experts) left out, and each expert's
+    /// run cut into tiles of `tile` in order, then tiles of −1. Random ids, some of them routed
+    /// nowhere, from one slot to more than the block's 1,024 threads, 1 to 1,024 experts
+    /// (one a thread), slot tiles (8) and the grouped GEMMs' (64), and one expert taking most.
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_group_matches_cpu() {
+        let dev = gpu();
+        let cuda = dev.as_cuda_device().unwrap();
+        let mut r = rng("moe group");
+        let cases = [
+            (1, 32, 8),
+            (256, 128, 8),
+            (256, 32, 8),
+            (1000, 7, 64),
+            (8192, 128, 64),
+            (3000, 1024, 8),
+            (4100, 1024, 64),
+            (700, 1, 8),
+        ];
+        for (slots, experts, tile) in cases {
+            let crowd = r.random_range(0..experts as u32);
+            let ids: Vec<u32> = (0..slots)
+                .map(|_| match r.random_range(0..20) {
+                    0 => experts as u32 + r.random_range(0..3),
+                    1..=4 => crowd,
+                    _ => r.random_range(0..experts as u32),
+                })
+                .collect();
+            let (sorted, tiles) =
+                crate::kernels::mxfp4_moe::gpu::group_ids(cuda, &ids, experts, tile).unwrap();
+            let (want_sorted, want_tiles) = group_plainly(&ids, experts, tile);
+            let what = format!("{slots} slots, {experts} experts, tiles of {tile}");
+            assert_eq!(sorted, want_sorted, "{what}: the grouped slots");
+            assert_eq!(tiles.len(), 3 * want_tiles.len(), "{what}: the tiles' size");
+            for (t, want) in want_tiles.iter().enumerate() {
+                let got = &tiles[3 * t..3 * t + 3];
+                // Past the last tile only the expert (−1) is written.
+                let ok = if want[0] < 0 { got[0] == -1 } else { got == want };
+                assert!(ok, "{what}: tile {t} is {got:?}, not {want:?}");
+            }
+        }
+    }
+
+    /// The grouped slots and the tiles `[slots / tile + experts]` (expert, first position,
+    /// count) that `moe_group` gives, one expert at a time.
+    fn group_plainly(ids: &[u32], experts: usize, tile: usize) -> (Vec<i32>, Vec<[i32; 3]>) {
+        let mut sorted = Vec::new();
+        let mut tiles = Vec::new();
+        for e in 0..experts {
+            let first = sorted.len();
+            sorted.extend((0..ids.len()).filter(|&s| ids[s] as usize == e).map(|s| s as i32));
+            let count = sorted.len() - first;
+            for m in (0..count).step_by(tile) {
+                tiles.push([e as i32, (first + m) as i32, tile.min(count - m) as i32]);
+            }
+        }
+        tiles.resize(ids.len().div_ceil(tile) + experts, [-1, 0, 0]);
+        (sorted, tiles)
+    }
+
     /// Routing on the GPU (route.cu) plus experts against the CPU reference: decode and prefill
     /// sizes, gpt-oss-20b's 32 and 120b's 128 experts, logits full of ties.
     #[test]

@@ -5,16 +5,23 @@ use super::router_logits;
 use crate::kernels::testing::{gpu, rel_err, rng, tensor, uniform, values};
 
 /// The kernel against an f64 reference on random shapes (token and expert counts that are
-/// not multiples of the warp's 4 × 4 tile), and each token alone equal bit for bit to the
-/// same token in the batch.
+/// not multiples of the blocks' 4 × 4 and 8 × 8 tiles), and each token alone (a 4 × 4 tile)
+/// equal bit for bit to the same token in the batch (8 × 8 tiles from 32 tokens).
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
 fn gpu_matches_reference_and_is_batch_invariant() {
     let dev = gpu();
     let mut r = rng("router logits");
-    for (tokens, experts, hidden) in
-        [(1, 32, 2880), (7, 32, 2880), (64, 32, 2880), (513, 32, 2880), (5, 33, 68), (3, 8, 64)]
-    {
+    for (tokens, experts, hidden) in [
+        (1, 32, 2880),
+        (7, 32, 2880),
+        (64, 32, 2880),
+        (64, 128, 2880),
+        (513, 32, 2880),
+        (37, 33, 68),
+        (5, 33, 68),
+        (3, 8, 64),
+    ] {
         let h = uniform(&mut r, tokens * hidden, -3.0, 3.0);
         let w = uniform(&mut r, experts * hidden, -0.1, 0.1);
         let want: Vec<f32> = (0..tokens * experts)
