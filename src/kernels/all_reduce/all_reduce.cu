@@ -113,9 +113,8 @@ __device__ __forceinline__ void ar_chunk(unsigned n, unsigned *start, unsigned *
 
 // The end of a plain push: every thread's stores of this block are visible system-wide before
 // its flag for call e says they are there, in every rank's header. It raises the flags of blocks
-// b + gridDim.x, … too, which no block of this call waits for: every flag is then as recent as
-// the last plain call, whatever grids the calls take, so a flag is never so stale that its
-// wrapping comparison with a call's number (ar_wait) reads as ahead.
+// b + gridDim.x, … too, which no block of this call waits for, so that every flag is as recent
+// as the last plain call, whatever grids the calls take.
 __device__ __forceinline__ void ar_raise(const Peers &peers, int rank, int world, unsigned e) {
     __threadfence_system();
     __syncthreads();
@@ -213,12 +212,19 @@ __device__ __forceinline__ float4 ll_sum4(const uint4 *slot0, const float *__res
     return s;
 }
 
-// Waits until every rank's flag for `block` has reached call e. A rank may already be a call
-// ahead (it saw this rank's flag and went on): >=, in wrapping arithmetic.
+// How far past call e a rank's flag may be and still count as having reached it.
+constexpr unsigned AR_AHEAD = 1u << 16;
+
+// Waits until every rank's flag for `block` has reached call e. A rank may already be a call or
+// a few ahead (it saw this rank's flag and went on; a broadcast's root waits for nobody), so a
+// flag from e to e + AR_AHEAD counts. A flag behind e does not, however far behind: flags move
+// only in plain calls, which a server may not make for hours (steps of at most 22 rows take the
+// lines), and a wrapping >= would take a flag 2^31 calls old for one ahead. Only a flag stale by
+// one whole cycle of the numbers (2^32 − 2 calls, a day or more of sums) could match again.
 __device__ __forceinline__ void ar_wait(unsigned long long own, int block, int rank, unsigned e) {
     const unsigned *flag = ar_flag(own, block, rank);
     const unsigned long long t0 = global_ns();
-    while (static_cast<int>(load_acquire_sys(flag) - e) < 0) {
+    while (load_acquire_sys(flag) - e >= AR_AHEAD) {
         if (global_ns() - t0 > AR_TIMEOUT_NS) __trap();
     }
 }

@@ -201,6 +201,85 @@ mod gpu {
         }
     }
 
+    /// `buffers` with rank `rank`'s replaced by a new one holding `image`, and the `Peers`
+    /// addressing them.
+    fn with_own(dev: &Device, buffers: &[Tensor], rank: usize, image: Vec<u32>) -> (Tensor, Peers) {
+        let len = image.len();
+        let own = Tensor::from_vec(image, len, &Device::Cpu).unwrap().to_device(dev).unwrap();
+        let mut peers = Peers::default();
+        for (p, b) in buffers.iter().enumerate() {
+            peers.base[p] = address(if p == rank { &own } else { b });
+        }
+        (own, peers)
+    }
+
+    /// A plain call takes a peer's flags a few calls ahead (a rank that went on), and waits for
+    /// flags behind the call however far behind: flags move only in plain calls, and ones
+    /// 2^31 + 5 calls old must not read as ahead (the kernel would add a piece that has not
+    /// landed). There the piece, then the flags, land from another stream while the kernel
+    /// waits; with the flags taken early the sum would miss the piece.
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+    fn gpu_plain_call_takes_flags_ahead_and_waits_for_stale_ones() {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        let dev = gpu();
+        let Device::Cuda(cuda) = &dev else { unreachable!("gpu() is a CUDA device") };
+        let mut r = rng("stale flags");
+        let (world, rank, region) = (2, 0, 2 * LL_FLOATS);
+        let n = LL_FLOATS + 4;
+        assert!(!in_lines(n));
+        let call = next_call(41);
+        let pieces: Vec<Vec<f32>> = (0..world).map(|_| uniform(&mut r, n, -50.0, 50.0)).collect();
+        let want: Vec<u32> = sum_in_rank_order(&pieces).iter().map(|v| v.to_bits()).collect();
+        let x = Tensor::from_vec(pieces[rank].clone(), n, &Device::Cpu).unwrap();
+        let x = x.to_device(&dev).unwrap();
+        let (buffers, _) = stand_in(&dev, &pieces, rank, region, 41);
+        let image = buffers[rank].to_vec1::<u32>().unwrap();
+        let with_flags = |mut image: Vec<u32>, value: u32| {
+            for b in 0..MAX_BLOCKS {
+                image[flag_offset(b, 1) / 4] = value;
+            }
+            image
+        };
+
+        let (_own, peers) = with_own(&dev, &buffers, rank, with_flags(image.clone(), call + 3));
+        let sum = all_reduce_f32(&x, &peers, rank, world, region).unwrap();
+        assert!(bits(&sum) == want, "flags three calls ahead");
+
+        let piece_at = region_offset((call & 1) as usize, world, 1, region);
+        let mut stale = with_flags(image.clone(), call.wrapping_sub((1 << 31) + 5));
+        stale[piece_at / 4..piece_at / 4 + n].fill(0);
+        let (own, peers) = with_own(&dev, &buffers, rank, stale);
+        let base = address(&own);
+        // Before the launch: a context's first second stream synchronizes it, which would wait
+        // for the kernel that waits for this stream's copies.
+        cuda.cuda_stream().context().bind_to_thread().unwrap();
+        let other = cuda.cuda_stream().context().new_stream().unwrap();
+        let sum = all_reduce_f32(&x, &peers, rank, world, region).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let piece = &image[piece_at / 4..piece_at / 4 + n];
+        let flag = [call];
+        let copy = |to: usize, from: &[u32]| {
+            // SAFETY: `to` lies inside `own`'s allocation with room for `from`; the host words
+            // outlive the copy (the stream is synchronized below, before they go).
+            let r = unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    base + to as u64,
+                    from.as_ptr().cast(),
+                    4 * from.len(),
+                    other.cu_stream(),
+                )
+            };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "copy to the stand-in buffer");
+        };
+        copy(piece_at, piece);
+        for b in 0..MAX_BLOCKS {
+            copy(flag_offset(b, 1), &flag);
+        }
+        other.synchronize().unwrap();
+        assert!(bits(&sum) == want, "flags 2^31 + 5 calls old: the sum took the piece early");
+    }
+
     /// One rank's kernel against the reference, on one GPU: the other ranks' buffers are plain
     /// allocations, and what they would have pushed into this rank's buffer (their pieces, as LL
     /// lines or as plain floats and flags) is written there before the launch. Three calls, so
