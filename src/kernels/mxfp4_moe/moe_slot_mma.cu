@@ -632,7 +632,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
                          inter, k, out, out_bf16, counters);                                               \
     }
 
-// W warps along K, as the per-slot down kernel of the same K (down_warps); 16 warps a
-// multiprocessor either way (registers: 126 at W = 8, 147 at W = 4 left to itself).
+// W warps along K, as the per-slot down kernel of the same K (down_warps); held to 16 warps a
+// multiprocessor either way (127 registers at both W; W = 4 would take 147 without the bound).
 ST_DOWN(8)
 ST_DOWN(4)
