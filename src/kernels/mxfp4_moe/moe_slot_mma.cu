@@ -417,11 +417,13 @@ __device__ __forceinline__ void st_mma(float (&acc)[MT][NT][4], const TileQuad<M
 }
 
 // sm_tile for NT column groups: xg[j] is this lane's column of group j (column 8 j + g; nullptr:
-// zeros). red[w][r][c]: warp w's sum for tile row r and column c. Ends with a block-level sync.
-template <int NT, int W, bool WAIT, int MT>
-__device__ __forceinline__ void st_tile(float (&red)[W][16 * MT][8 * NT], const uint8_t* __restrict__ blocks,
+// zeros; groups from NT on are not read). red[w][r][c]: warp w's sum for tile row r and column c
+// (columns from 8 NT on are left as they are). Ends with a block-level sync.
+template <int NT, int W, bool WAIT, int MT, int C, int NX>
+__device__ __forceinline__ void st_tile(float (&red)[W][16 * MT][C], const uint8_t* __restrict__ blocks,
                                         const uint8_t* __restrict__ scales, long long row0, int kb,
-                                        const __nv_bfloat16* const (&xg)[NT], bool on) {
+                                        const __nv_bfloat16* const (&xg)[NX], bool on) {
+    static_assert(NT <= NX && 8 * NT <= C, "the tile's column groups fit its inputs and its sums");
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const uint4* row_w[MT][2];
     const uint8_t* row_s[MT][2];
@@ -572,7 +574,21 @@ __device__ __forceinline__ void st_down(const __nv_bfloat16* __restrict__ act, c
         const int c = 8 * j + g, m = c / 3;
         xg[j] = m < tl.count ? act + (long long)tile_slot(sorted, tl, m) * 3 * inter + (c % 3) * inter : nullptr;
     }
-    st_tile<NT, W, true, MT>(red, blocks, scales, row0, inter / 32, xg, tl.on);
+    // Only the column groups that hold the tile's slots: a column's chain is the same whatever
+    // the groups beside it, so the bits are too, and a tile of one or two slots (most of them
+    // when the slots spread over many experts: 64 streams of gpt-oss-120b route ~2 slots to
+    // each of its 128 experts) runs one mma a fragment instead of three, and loads a third of
+    // the activations. One H200, same call, against all three groups always: gpt-oss-120b at
+    // 8 / 16 / 64 streams 793.6 -> 851.6, 1,036.6 -> 1,117.3, 2,123 -> 2,248 tok/s; gpt-oss-20b
+    // (8 slots an expert at 64 streams: full tiles) 1,587.9 -> 1,683.3 and 6,348 -> 6,402. With
+    // only the one-group and three-group forms (no spills) 120b at 64 streams took 2,213.
+    if (tl.count <= 8 / 3) {
+        st_tile<1, W, true, MT>(red, blocks, scales, row0, inter / 32, xg, tl.on);
+    } else if (tl.count <= 16 / 3) {
+        st_tile<2, W, true, MT>(red, blocks, scales, row0, inter / 32, xg, tl.on);
+    } else {
+        st_tile<NT, W, true, MT>(red, blocks, scales, row0, inter / 32, xg, tl.on);
+    }
     for (int i = threadIdx.x; i < ROWS * tl.count; i += 32 * W) {
         const int r = i % ROWS, m = i / ROWS;
         const int slot = tile_slot(sorted, tl, m);
@@ -633,6 +649,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     }
 
 // W warps along K, as the per-slot down kernel of the same K (down_warps); held to 16 warps a
-// multiprocessor either way (127 registers at both W; W = 4 would take 147 without the bound).
+// multiprocessor either way (128 registers at both W with 34 bytes spilled, from the three
+// column-group forms of st_down; one form took 127 with none).
 ST_DOWN(8)
 ST_DOWN(4)
