@@ -12,7 +12,8 @@
 //! per (bucket, q).
 //!
 //! Padding sequences decode token 0 at positions 0.. into the block manager's padding block,
-//! which no sequence owns; their logits are ignored. `INFERNO_CUDA_GRAPH=0` switches graphs off.
+//! which no sequence owns; their logits are ignored, and the step tells the model where their
+//! rows start (`live_rows`), so that gpt-oss reads no experts for them. `INFERNO_CUDA_GRAPH=0` switches graphs off.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -111,7 +112,7 @@ impl BucketGraph {
         let max_context = model.max_positions();
         let width = max_context.div_ceil(block_size).max(1);
         let rows = size * q;
-        let packed_len = rows * (3 + groups) + size * (2 + groups * width) + 1;
+        let packed_len = rows * (3 + groups) + size * (2 + groups * width) + 2;
         // Every input is a view of one buffer, in `upload`'s order: a step's inputs arrive in
         // one copy instead of one per tensor (each a GPU operation between two replays).
         let packed = Tensor::zeros(packed_len, DType::U32, dev)?;
@@ -135,6 +136,7 @@ impl BucketGraph {
             cu_q: view(size + 1)?,
             q_pos: view(size)?,
             logit_rows: view(rows)?,
+            live_rows: Some(view(1)?),
             bounds: PagedBounds { max_q_len: q, max_context },
         };
         let logits = Tensor::zeros((rows, model.vocab_size()), DType::F32, dev)?;
@@ -276,6 +278,7 @@ impl BucketGraph {
         p.extend(chunks.iter().map(|c| c.start as u32));
         p.extend(std::iter::repeat_n(0, b - n));
         p.extend(0..(b * q) as u32); // every row's logits
+        p.push((n * q) as u32); // the padding sequences' rows come last
         debug_assert_eq!(p.len(), self.packed_len);
         let host = crate::kernels::upload_u32(&p, self.logits.device())?;
         Ok(self.packed.slice_set(&host, 0, 0)?)

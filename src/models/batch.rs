@@ -165,6 +165,10 @@ pub struct StepInput {
     pub q_pos: Tensor,
     /// u32 `[R]`: the rows whose logits are wanted (each sequence's last, when it samples).
     pub logit_rows: Tensor,
+    /// u32 `[1]`, on the device: rows from this one on belong to a decode graph's padding
+    /// sequences, whose outputs nobody reads; a model may skip work for them that costs
+    /// bytes (gpt-oss routes them to no expert). `None`: every row is live.
+    pub live_rows: Option<Tensor>,
     /// Host-side bounds that fix the attention launches.
     pub bounds: PagedBounds,
 }

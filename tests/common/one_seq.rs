@@ -136,6 +136,7 @@ impl OneSeq {
             cu_q: Tensor::new(&[0u32, n as u32], &dev)?,
             q_pos: Tensor::new(&[start as u32], &dev)?,
             logit_rows: Tensor::new(rows.as_slice(), &dev)?,
+            live_rows: None,
             bounds: PagedBounds { max_q_len: n, max_context: start + n },
         })
     }

@@ -371,6 +371,7 @@ impl EagleDrafter {
             cu_q: Tensor::new(cu_q.as_slice(), dev)?,
             q_pos: Tensor::new(q_pos.as_slice(), dev)?,
             logit_rows: Tensor::new(last.as_slice(), dev)?,
+            live_rows: None,
             bounds: PagedBounds { max_q_len: max_q, max_context: max_ctx },
         })
     }

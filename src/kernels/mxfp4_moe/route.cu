@@ -4,6 +4,8 @@
 // gives), each winner knocked out. Replaces sort + narrow + gather + softmax + bias add.
 // grid (ceil(tokens / 4)), block (128); experts <= 32 * MAX_PER_LANE, k <= 32. Launched with
 // Programmatic Dependent Launch (launch.rs). The CPU reference is routed.rs's `route`.
+// live (may be null): tokens from *live on are padding (a decode graph's padding sequences),
+// routed to no expert (id `experts`, weight 0), so the expert kernels read no weights for them.
 
 #include "common.cuh"
 
@@ -11,12 +13,20 @@
 
 extern "C" __global__ void __launch_bounds__(128)
     route_topk_softmax(const float* __restrict__ logits, const float* __restrict__ bias, uint32_t* __restrict__ ids,
-                       float* __restrict__ weights, int tokens, int experts, int k) {
+                       float* __restrict__ weights, int tokens, int experts, int k,
+                       const uint32_t* __restrict__ live) {
     pdl_wait();  // the logits are the previous kernel's
     pdl_launch_dependents();
     const int lane = threadIdx.x & 31;
     const long long t = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (t >= tokens) return;
+    if (live && t >= (long long)*live) {
+        if (lane < k) {
+            ids[t * k + lane] = (uint32_t)experts;
+            weights[t * k + lane] = 0.f;
+        }
+        return;
+    }
     float v[MAX_PER_LANE];
 #pragma unroll
     for (int i = 0; i < MAX_PER_LANE; i++) {

@@ -25,6 +25,12 @@ pub fn route(logits: &[f32], bias: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
 /// The experts' f32 output `[tokens, H]` for `x` `[tokens, H]` (f32 or bf16) routed by the
 /// router's raw `logits` (f32 `[tokens, E]`, before the bias) and `bias` (f32 `[E]`): top `k`,
 /// softmax over the k, then the experts as in [`super::mxfp4_moe`], with an f32 result.
+///
+/// `live` (u32 `[1]` on x's device, read there): tokens from this one on are padding, routed to
+/// no expert, their rows zero. A decode graph pads its batch to a bucket with sequences nobody
+/// reads ([`crate::models::batch::StepInput::live_rows`]); routed like the others, they would
+/// read four more experts' weights a layer for nothing (on gpt-oss-120b at 6 streams padded to
+/// 8, about a sixth of the step's expert reads).
 pub fn mxfp4_moe_routed(
     x: &Tensor,
     experts: &Mxfp4Experts,
@@ -32,6 +38,7 @@ pub fn mxfp4_moe_routed(
     bias: &Tensor,
     k: usize,
     act: SwiGlu,
+    live: Option<&Tensor>,
 ) -> Result<Tensor> {
     let (tokens, e) = logits.dims2()?;
     if e != experts.experts || tokens != x.dim(0)? || logits.dtype() != DType::F32 {
@@ -55,17 +62,29 @@ pub fn mxfp4_moe_routed(
     }
     let mut moe = Mxfp4Moe::for_x(x, experts, act)?;
     moe.out_f32 = true;
-    for t in [logits, bias] {
+    for t in [logits, bias].into_iter().chain(live) {
         if !t.device().same_device(x.device()) {
             bail!("mxfp4_moe_routed: router tensors on {:?}, x on {:?}", t.device(), x.device());
         }
     }
-    x.contiguous()?.apply_op3_no_bwd(&logits.contiguous()?, &bias.contiguous()?, &Routed { moe, k })
+    if let Some(l) = live
+        && (l.dims() != [1] || l.dtype() != DType::U32)
+    {
+        bail!("mxfp4_moe_routed: live rows {:?} {:?} must be u32 [1]", l.dtype(), l.dims());
+    }
+    let live = live.map(Tensor::contiguous).transpose()?;
+    x.contiguous()?.apply_op3_no_bwd(
+        &logits.contiguous()?,
+        &bias.contiguous()?,
+        &Routed { moe, k, live },
+    )
 }
 
 struct Routed {
     moe: Mxfp4Moe,
     k: usize,
+    /// u32 `[1]`: tokens from it on are padding ([`mxfp4_moe_routed`]).
+    live: Option<Tensor>,
 }
 
 impl CustomOp3 for Routed {
@@ -83,13 +102,20 @@ impl CustomOp3 for Routed {
         bl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (logits, bias) = (cpu_f32(ls, ll, "router logits")?, cpu_f32(bs, bl, "router bias")?);
+        let tokens = xl.shape().dims2()?.0;
+        let live = match &self.live {
+            Some(l) => (l.to_vec1::<u32>()?[0] as usize).min(tokens),
+            None => tokens,
+        };
         let (mut ids, mut weights) = (Vec::new(), Vec::new());
-        for row in logits.chunks_exact(bias.len()) {
+        for row in logits.chunks_exact(bias.len()).take(live) {
             let (i, w) = route(row, bias, self.k);
             ids.extend(i);
             weights.extend(w);
         }
-        let out = self.moe.reference(F32Reader::new(xs, "x")?, xl, &ids, &weights)?;
+        let live_x = xl.narrow(0, 0, live)?;
+        let mut out = self.moe.reference(F32Reader::new(xs, "x")?, &live_x, &ids, &weights)?;
+        out.resize(xl.shape().elem_count(), 0.0); // padding rows: zero
         Ok((cpu_output(out, DType::F32)?, xl.shape().clone()))
     }
 
@@ -119,9 +145,23 @@ impl CustomOp3 for Routed {
         let func = fatbin::mxfp4_moe::ROUTE.func(&dev, "route_topk_softmax")?;
         let (t32, e32, k32) = (int(tokens, "tokens")?, int(experts, "experts")?, int(self.k, "k")?);
         let stream = dev.cuda_stream();
+        let live = self.live.as_ref().map(|l| l.storage_and_layout());
+        let live = match &live {
+            Some((s, l)) => match &**s {
+                candle_core::Storage::Cuda(c) => {
+                    Some(c.as_cuda_slice::<u32>()?.slice(l.start_offset()..))
+                }
+                _ => bail!("mxfp4_moe_routed: live rows must be on x's device"),
+            },
+            None => None,
+        };
         let mut b = Launch::new(&stream, &func);
         b.ptr(&logits).ptr(&bias).ptr_mut(&mut ids).ptr_mut(&mut weights);
         b.val(t32).val(e32).val(k32);
+        match &live {
+            Some(l) => b.ptr(l),
+            None => b.null(),
+        };
         let cfg = LaunchConfig {
             grid_dim: (int(tokens.div_ceil(4), "blocks")? as u32, 1, 1),
             block_dim: (128, 1, 1),

@@ -213,7 +213,8 @@ fn routed_op_is_route_then_experts() {
     let inp = inputs(&mut rng, d, DType::F32, DType::F32);
     let ex = experts(&inp.packed, &Device::Cpu);
     let (logits, bias) = router_inputs(&mut rng, d.tokens, d.experts);
-    let got = values(&mxfp4_moe_routed(&inp.x, &ex, &logits, &bias, d.k, SwiGlu::GPT_OSS).unwrap());
+    let got =
+        values(&mxfp4_moe_routed(&inp.x, &ex, &logits, &bias, d.k, SwiGlu::GPT_OSS, None).unwrap());
     let (mut ids, mut weights) = (Vec::new(), Vec::new());
     for row in logits.to_vec2::<f32>().unwrap() {
         let (i, w) = route(&row, &bias.to_vec1::<f32>().unwrap(), d.k);
@@ -225,9 +226,20 @@ fn routed_op_is_route_then_experts() {
     let want = values(&mxfp4_moe(&inp.x, &ex, &ids, &weights, SwiGlu::GPT_OSS).unwrap());
     assert_eq!(got, want);
     assert!(
-        mxfp4_moe_routed(&inp.x, &ex, &logits, &bias, 9, SwiGlu::GPT_OSS).is_err(),
+        mxfp4_moe_routed(&inp.x, &ex, &logits, &bias, 9, SwiGlu::GPT_OSS, None).is_err(),
         "k above the expert count"
     );
+    // Rows from `live` on are padding: zero, the others as without it.
+    let live = Tensor::new(&[4u32], &Device::Cpu).unwrap();
+    let padded = values(
+        &mxfp4_moe_routed(&inp.x, &ex, &logits, &bias, d.k, SwiGlu::GPT_OSS, Some(&live)).unwrap(),
+    );
+    let h = d.hidden;
+    assert_eq!(padded[..4 * h], want[..4 * h]);
+    assert!(padded[4 * h..].iter().all(|&v| v == 0.0), "padding rows are zero");
+    let bad = Tensor::new(&[4f32], &Device::Cpu).unwrap();
+    let err = mxfp4_moe_routed(&inp.x, &ex, &logits, &bias, d.k, SwiGlu::GPT_OSS, Some(&bad));
+    assert!(err.unwrap_err().to_string().contains("live rows"));
 }
 
 /// The GPU cases, on the path chosen by batch size: decode (1 and 3 tokens) at gpt-oss's 2880
@@ -688,22 +700,30 @@ mod gpu {
     }
 
     /// Routing on the GPU (route.cu) plus experts against the CPU reference: decode and prefill
-    /// sizes, gpt-oss-20b's 32 and 120b's 128 experts, logits full of ties.
+    /// sizes, gpt-oss-20b's 32 and 120b's 128 experts, logits full of ties; with padding rows
+    /// (`live`) on each path: zero there, and below the grouped GEMMs the live rows' bits those
+    /// of the call without them.
     #[test]
     #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
     fn gpu_routed_matches_cpu() {
         let dev = gpu();
-        for (tokens, experts, dtype) in [
-            (1, 32, DType::BF16),
-            (37, 128, DType::BF16),
-            (300, 32, DType::BF16),
-            (5, 128, DType::F32),
+        for (tokens, experts, dtype, live) in [
+            (1, 32, DType::BF16, None),
+            (37, 128, DType::BF16, None),
+            (300, 32, DType::BF16, None),
+            (5, 128, DType::F32, None),
+            (4, 32, DType::BF16, Some(3)),
+            (16, 128, DType::BF16, Some(11)),
+            (64, 32, DType::BF16, Some(1)),
+            (300, 32, DType::BF16, Some(290)),
+            (5, 128, DType::F32, Some(2)),
         ] {
             let d = Dims { tokens, experts, hidden: 256, inter: 128, k: 4 };
-            let name = format!("gpu routed {dtype:?} {d:?}");
+            let name = format!("gpu routed {dtype:?} {d:?} live {live:?}");
             let mut rng = rng(&name);
             let inp = inputs(&mut rng, d, dtype, DType::BF16);
             let (logits, bias) = router_inputs(&mut rng, tokens, experts);
+            let live_on = |dev: &Device| live.map(|l: u32| Tensor::new(&[l], dev).unwrap());
             let want = values(
                 &mxfp4_moe_routed(
                     &inp.x,
@@ -712,25 +732,42 @@ mod gpu {
                     &bias,
                     d.k,
                     SwiGlu::GPT_OSS,
+                    live_on(&Device::Cpu).as_ref(),
                 )
                 .unwrap(),
             );
             let to = |t: &Tensor| t.to_device(&dev).unwrap();
-            let got = mxfp4_moe_routed(
-                &to(&inp.x),
-                &experts_on(&inp, &dev),
-                &to(&logits),
-                &to(&bias),
-                d.k,
-                SwiGlu::GPT_OSS,
-            )
-            .unwrap();
+            let run = |live: Option<&Tensor>| {
+                let out = mxfp4_moe_routed(
+                    &to(&inp.x),
+                    &experts_on(&inp, &dev),
+                    &to(&logits),
+                    &to(&bias),
+                    d.k,
+                    SwiGlu::GPT_OSS,
+                    live,
+                );
+                values(&out.unwrap())
+            };
+            let got = run(live_on(&dev).as_ref());
             assert_written_and_close(
                 &name,
-                &values(&got),
+                &got,
                 &want,
                 if dtype == DType::F32 { 1e-5 } else { 1e-2 },
             );
+            if let Some(l) = live {
+                let at = l as usize * d.hidden;
+                assert!(got[at..].iter().all(|&v| v == 0.0), "{name}: padding rows are zero");
+                // Below the grouped GEMMs a token's bits do not depend on the batch.
+                if tokens >= crate::kernels::mxfp4_moe::gpu::GROUPED_MIN_TOKENS {
+                    continue;
+                }
+                let all = run(None);
+                let same =
+                    all[..at].iter().zip(&got[..at]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{name}: live rows differ from the call without padding");
+            }
         }
     }
 

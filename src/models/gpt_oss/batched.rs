@@ -113,7 +113,7 @@ impl BatchModel for GptOss {
             x = normed.x;
             let Some(h32) = normed.h32 else { anyhow::bail!("gpt-oss: the f32 norm is missing") };
             // Summed over the ranks by the next layer's first norm, or below.
-            mlp_out = Some(moe(cfg, layer, &h32, &normed.h)?);
+            mlp_out = Some(moe(cfg, layer, &h32, &normed.h, step.live_rows.as_ref())?);
         }
         if let Some(m) = mlp_out {
             x = (x + sum_over(self.comm(), m)?)?;

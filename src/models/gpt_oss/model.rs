@@ -222,14 +222,15 @@ impl GptOss {
 }
 
 /// Router and experts for `h` (`[seq, hidden]`, f32) and `h_experts`, the same rounded to the
-/// compute dtype; returns the f32 MoE output. The router runs in f32 on the f32 normed residual
-/// (docs/gpt-oss.md pitfall #5: near-ties); routing (top-k, softmax over the k) is fused into the
-/// experts' op.
+/// compute dtype; returns the f32 MoE output (zero on rows from `live_rows` on: padding). The
+/// router runs in f32 on the f32 normed residual (docs/gpt-oss.md pitfall #5: near-ties);
+/// routing (top-k, softmax over the k) is fused into the experts' op.
 pub(super) fn moe(
     cfg: &GptOssConfig,
     layer: &Layer,
     h: &Tensor,
     h_experts: &Tensor,
+    live_rows: Option<&Tensor>,
 ) -> anyhow::Result<Tensor> {
     let logits = crate::kernels::router_logits(h, &layer.router_w)?;
     let act = SwiGlu { limit: cfg.swiglu_limit, alpha: cfg.swiglu_alpha };
@@ -240,5 +241,6 @@ pub(super) fn moe(
         &layer.router_b,
         cfg.experts_per_token,
         act,
+        live_rows,
     )?)
 }
