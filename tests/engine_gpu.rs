@@ -151,7 +151,10 @@ fn decode_is_batch_invariant(config: &str, n: usize) {
             ));
         }
     }
-    println!("{config}: batch {n} vs alone, decode steps: {} of {n} sequences differ", differ.len());
+    println!(
+        "{config}: batch {n} vs alone, decode steps: {} of {n} sequences differ",
+        differ.len()
+    );
     assert!(differ.is_empty(), "{config}: {differ:#?}");
 }
 

@@ -1,8 +1,8 @@
 //! The CUDA launches, by batch size (bf16 x; f32 always takes the per-slot GEMVs of
 //! `mxfp4_moe.cu`):
-//! - below [`SLOT_TILES_MIN_TOKENS`] tokens, the per-slot GEMVs on tensor cores
-//!   (`moe_slot_mma.cu`);
-//! - from there below [`GROUPED_MIN_TOKENS`] (128), the same GEMVs over tiles of up to 8 slots grouped
+//! - below [`SLOT_TILES_MIN_TOKENS`] tokens, and where the slots are fewer than half the experts
+//!   ([`slot_tiles_pay`]), the per-slot GEMVs on tensor cores (`moe_slot_mma.cu`);
+//! - else below [`GROUPED_MIN_TOKENS`] (128), the same GEMVs over tiles of up to 8 slots grouped
 //!   by expert (`moe_slot_mma.cu`'s slot tiles): each expert's weight rows read once per tile, and
 //!   each slot's bits those of the per-slot GEMVs;
 //! - from [`GROUPED_MIN_TOKENS`] on, the tensor-core GEMMs batched by expert in tiles of 64 slots
@@ -41,14 +41,28 @@ fn down_warps(inter: usize) -> u32 {
 /// beyond it 32 (measured on an H200, gpt-oss-20b sizes: 1 token 52 vs 57 µs, 128 tokens
 /// 3.3 vs 2.8 ms).
 const SMALL_BATCH: usize = 2;
-/// From this many tokens bf16 batches group their slots by expert into slot tiles (one
-/// `moe_group` launch); below it each slot is its own block (`moe_slot_mma.cu`'s per-slot
-/// kernels). Both give a slot the same bits, so this is a matter of speed alone: at 8 tokens the
-/// grouping already saves the re-reads of experts that several tokens share. A token's MoE sums in
+/// From this many tokens bf16 batches may group their slots by expert into slot tiles (one
+/// `moe_group` launch, [`slot_tiles_pay`]); below it each slot is its own block
+/// (`moe_slot_mma.cu`'s per-slot kernels). Both give a slot the same bits, so this is a matter
+/// of speed alone: at 8 tokens of gpt-oss-20b the grouping already saves the re-reads of
+/// experts that several tokens share. A token's MoE sums in
 /// the same order whatever the batch, so a prompt in chunks below [`GROUPED_MIN_TOKENS`] computes
 /// each position bit for bit as a decode step does (tests/cache_reuse.rs reuses KV that decode
 /// steps wrote and compares with a fresh prefill).
 pub(crate) const SLOT_TILES_MIN_TOKENS: usize = 8;
+/// Whether a bf16 batch of `tokens` routed to `k` of `experts` takes the slot tiles rather than
+/// the per-slot kernels. The per-slot kernels read an expert once per slot but move each byte
+/// faster (two tiles a warp, no grouping); the tiles read it once per 8 of its slots. So the
+/// tiles pay from [`SLOT_TILES_MIN_TOKENS`] tokens once the slots are at least half the
+/// experts, where about a fifth of them share an expert with another (at `s` slots over `e`
+/// experts, `e·(1 − e^(−s/e))` distinct). One H200, per-slot against tiles, tok/s: gpt-oss-120b
+/// (128 experts) at 8 streams 978.9 / 852.4, at 16 1,120.7 / 1,112.9, at 12 (a graph of 16)
+/// 892.5 / 981.7, at 32 1,242.9 / 1,520.1; gpt-oss-20b (32 experts) at 8 streams 1,474.2 /
+/// 1,678.0, at 4 1,151.5 / 1,109.7.
+pub(crate) fn slot_tiles_pay(tokens: usize, k: usize, experts: usize) -> bool {
+    tokens >= SLOT_TILES_MIN_TOKENS && 2 * tokens * k >= experts
+}
+
 /// The slot tiles' size (`moe_st_gate_up`: 8 columns of one slot each; `moe_st_down`: 24 columns,
 /// 3 pieces a slot).
 const SLOT_TILE: usize = 8;
@@ -176,7 +190,7 @@ pub(super) fn launch_routed<T: KernelFloat>(
         Some(path) if tiled || path == Path::PerSlot => path,
         Some(path) => bail!("mxfp4_moe: the {path:?} path needs bf16 x with 16-byte aligned rows"),
         None if !tiled => Path::PerSlot,
-        None if tokens < SLOT_TILES_MIN_TOKENS => Path::SlotMma,
+        None if !slot_tiles_pay(tokens, k, e.experts) => Path::SlotMma,
         None if tokens < GROUPED_MIN_TOKENS => Path::SlotTiles,
         None => Path::Grouped,
     };

@@ -152,7 +152,10 @@ __device__ __forceinline__ void sm_tile(float (&red)[W][16 * MT][4], const uint8
         pdl_wait();
         pdl_launch_dependents();
     }
-    if (AHEAD) {
+    // A slot routed to no expert (a decode graph's padding) reads nothing and its sums stay
+    // zero: its block skips the products, which would all be of zeros.
+    if (!on) {
+    } else if (AHEAD) {
 #pragma unroll 1
         for (int Q = w; Q < nq; Q += 2 * W) {
             if (Q != w) sm_load_w(n, 4 * (Q + W) + t, kb, row_w, row_s, on);
