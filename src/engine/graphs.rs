@@ -13,7 +13,8 @@
 //!
 //! Padding sequences decode token 0 at positions 0.. into the block manager's padding block,
 //! which no sequence owns; their logits are ignored, and the step tells the model where their
-//! rows start (`live_rows`), so that gpt-oss reads no experts for them. `INFERNO_CUDA_GRAPH=0` switches graphs off.
+//! rows start (`live_rows`), so that gpt-oss reads no experts for them. `INFERNO_CUDA_GRAPH=0`
+//! switches graphs off.
 
 use candle_core::{DType, Device, Tensor};
 

@@ -45,10 +45,10 @@ const SMALL_BATCH: usize = 2;
 /// `moe_group` launch, [`slot_tiles_pay`]); below it each slot is its own block
 /// (`moe_slot_mma.cu`'s per-slot kernels). Both give a slot the same bits, so this is a matter
 /// of speed alone: at 8 tokens of gpt-oss-20b the grouping already saves the re-reads of
-/// experts that several tokens share. A token's MoE sums in
-/// the same order whatever the batch, so a prompt in chunks below [`GROUPED_MIN_TOKENS`] computes
-/// each position bit for bit as a decode step does (tests/cache_reuse.rs reuses KV that decode
-/// steps wrote and compares with a fresh prefill).
+/// experts that several tokens share. A token's MoE sums in the same order whatever the batch,
+/// so a prompt in chunks below [`GROUPED_MIN_TOKENS`] computes each position bit for bit as a
+/// decode step does (tests/cache_reuse.rs reuses KV that decode steps wrote and compares with a
+/// fresh prefill).
 pub(crate) const SLOT_TILES_MIN_TOKENS: usize = 8;
 /// Whether a bf16 batch of `tokens` routed to `k` of `experts` takes the slot tiles rather than
 /// the per-slot kernels. The per-slot kernels read an expert once per slot but move each byte

@@ -12,13 +12,14 @@
 //! `[E, rows, K/32]` E8M0 scales, see [`super::mxfp4`]) and are decoded on the fly.
 //!
 //! CUDA, four paths that end alike (`gpu.rs`):
-//! - Per slot on tensor cores (`moe_slot_mma.cu`), for bf16 batches below 8 tokens: the same two
-//!   GEMVs as the next path, K split over a block's warps, the FP4 codes decoded straight into
-//!   bf16 mma fragments; the activations travel as bf16 hi + mid + lo (the f32 value exactly).
-//! - Slot tiles (`moe_slot_mma.cu`), for bf16 batches of 8 to 127 tokens (batched decode): the
-//!   slots grouped by expert on the device into tiles of up to 8, each expert's weight rows read
-//!   once per tile, each slot a column of the same mma chain as alone: the same bits as the
-//!   per-slot path, so a token's MoE does not depend on the batch below 128 tokens.
+//! - Per slot on tensor cores (`moe_slot_mma.cu`), for bf16 batches below 8 tokens, or whose
+//!   slots are fewer than half the experts (`gpu::slot_tiles_pay`): the same two GEMVs as the
+//!   next path, K split over a block's warps, the FP4 codes decoded straight into bf16 mma
+//!   fragments; the activations travel as bf16 hi + mid + lo (the f32 value exactly).
+//! - Slot tiles (`moe_slot_mma.cu`), for the other bf16 batches below 128 tokens (batched
+//!   decode): the slots grouped by expert on the device into tiles of up to 8, each expert's
+//!   weight rows read once per tile, each slot a column of the same mma chain as alone: the same
+//!   bits as the per-slot path, so a token's MoE does not depend on the batch below 128 tokens.
 //! - Per slot (`mxfp4_moe.cu`), for f32: `moe_gate_up` (GEMV over the selected
 //!   experts' gate/up rows, bias and SwiGLU fused, into an f32 scratch `[tokens·k, I]`) and
 //!   `moe_down` (GEMV over the down rows, bias and routing weight fused, into an f32 scratch

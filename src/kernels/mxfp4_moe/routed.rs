@@ -168,7 +168,8 @@ impl CustomOp3 for Routed {
             shared_mem_bytes: 0,
         };
         // SAFETY: the arguments match the kernel's signature; experts ≤ 256 and k ≤ 32 were
-        // checked in mxfp4_moe_routed. It waits (PDL) before reading anything.
+        // checked in mxfp4_moe_routed, and live is null or one u32 (checked there too). It
+        // waits (PDL) before reading anything.
         unsafe { b.launch(cfg) }?;
         drop(b);
         let (ids, weights) = (ids.slice(..), weights.slice(..));
