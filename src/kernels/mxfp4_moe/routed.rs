@@ -113,8 +113,12 @@ impl CustomOp3 for Routed {
             ids.extend(i);
             weights.extend(w);
         }
-        let live_x = xl.narrow(0, 0, live)?;
-        let mut out = self.moe.reference(F32Reader::new(xs, "x")?, &live_x, &ids, &weights)?;
+        let mut out = if live == 0 {
+            Vec::new()
+        } else {
+            let live_x = xl.narrow(0, 0, live)?;
+            self.moe.reference(F32Reader::new(xs, "x")?, &live_x, &ids, &weights)?
+        };
         out.resize(xl.shape().elem_count(), 0.0); // padding rows: zero
         Ok((cpu_output(out, DType::F32)?, xl.shape().clone()))
     }

@@ -237,6 +237,11 @@ fn routed_op_is_route_then_experts() {
     let h = d.hidden;
     assert_eq!(padded[..4 * h], want[..4 * h]);
     assert!(padded[4 * h..].iter().all(|&v| v == 0.0), "padding rows are zero");
+    let none = Tensor::new(&[0u32], &Device::Cpu).unwrap();
+    let all_padding = values(
+        &mxfp4_moe_routed(&inp.x, &ex, &logits, &bias, d.k, SwiGlu::GPT_OSS, Some(&none)).unwrap(),
+    );
+    assert!(all_padding.iter().all(|&v| v == 0.0), "no live row: all zero");
     let bad = Tensor::new(&[4f32], &Device::Cpu).unwrap();
     let err = mxfp4_moe_routed(&inp.x, &ex, &logits, &bias, d.k, SwiGlu::GPT_OSS, Some(&bad));
     assert!(err.unwrap_err().to_string().contains("live rows"));
