@@ -286,8 +286,9 @@ extern "C" __global__ void __launch_bounds__(AR_THREADS)
 // several blocks' chunks, so each block then norms rows b, b + gridDim.x, …, reading every
 // block's chunks of them: in LL lines as they arrive, or in plain floats once every block's flags
 // are in. Reading other blocks' chunks of the same call is safe: a rank writes the slot again
-// only two calls on, after every rank's next call has begun, so after this kernel has ended. n / 4 must fit the block's registers
-// (n ≤ blockDim.x · 4 · NORM_VEC) and every pointer be 16-byte aligned: the caller checks.
+// only two calls on, after every rank's next call has begun, so after this kernel has ended.
+// n / 4 must fit the block's registers (n ≤ blockDim.x · 4 · NORM_VEC) and every pointer be
+// 16-byte aligned: the caller checks.
 extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
     all_reduce_add_rms_norm_bf16(Peers peers, int rank, int world, const float *__restrict__ in,
                                  const float *__restrict__ x, const float *__restrict__ bias,

@@ -17,10 +17,10 @@
 //!
 //! Each rank's buffer (one allocation, shared with the other ranks as a CUDA IPC handle by
 //! `dist::p2p`): a header of flags (`[MAX_BLOCKS][MAX_RANKS]` u32, raised by the ranks) and call
-//! counts (`[MAX_BLOCKS]` u32, its own); at [`DATA_OFFSET`] two slots of `world` regions of `region`
-//! floats each; then two LL slots of `world` regions of [`LL_FLOATS`] floats as lines (16 bytes:
-//! value, call, value, call). Calls alternate between the slots; region `r` holds rank `r`'s
-//! piece.
+//! counts (`[MAX_BLOCKS]` u32, its own); at [`DATA_OFFSET`] two slots of `world` regions of
+//! `region` floats each; then two LL slots of `world` regions of [`LL_FLOATS`] floats as lines
+//! (16 bytes: value, call, value, call). Calls alternate between the slots; region `r` holds rank
+//! `r`'s piece.
 
 #[cfg(feature = "cuda")]
 mod gpu;
