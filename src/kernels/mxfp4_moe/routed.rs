@@ -136,7 +136,7 @@ impl CustomOp3 for Routed {
         use candle_core::cuda_backend::CudaStorageSlice;
         use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 
-        use crate::kernels::cuda::{fatbin, int};
+        use crate::kernels::cuda::{cuda_view, fatbin, int};
         use crate::kernels::launch::Launch;
 
         let dev = xs.device.clone();
@@ -150,15 +150,10 @@ impl CustomOp3 for Routed {
         let (t32, e32, k32) = (int(tokens, "tokens")?, int(experts, "experts")?, int(self.k, "k")?);
         let stream = dev.cuda_stream();
         let live = self.live.as_ref().map(|l| l.storage_and_layout());
-        let live = match &live {
-            Some((s, l)) => match &**s {
-                candle_core::Storage::Cuda(c) => {
-                    Some(c.as_cuda_slice::<u32>()?.slice(l.start_offset()..))
-                }
-                _ => bail!("mxfp4_moe_routed: live rows must be on x's device"),
-            },
-            None => None,
-        };
+        let live = live
+            .as_ref()
+            .map(|(s, l)| cuda_view::<u32>(s, l, "mxfp4_moe_routed: live rows"))
+            .transpose()?;
         let mut b = Launch::new(&stream, &func);
         b.ptr(&logits).ptr(&bias).ptr_mut(&mut ids).ptr_mut(&mut weights);
         b.val(t32).val(e32).val(k32);
