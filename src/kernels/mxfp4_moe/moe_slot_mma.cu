@@ -209,6 +209,7 @@ __device__ __forceinline__ void sm_gate_up(const __nv_bfloat16* __restrict__ x, 
     constexpr int ROWS = 16 * MT;  // the block's weight rows: MT tiles per warp
     __shared__ float red[W][ROWS][4];
     pdl_wait();  // the routing is the previous kernel's
+    // Only now: the down kernel reads the routing before its own wait (launch.rs).
     pdl_launch_dependents();
     const int slot = blockIdx.x;
     const uint32_t e = ids[slot];
@@ -522,6 +523,7 @@ __device__ __forceinline__ void st_gate_up(const __nv_bfloat16* __restrict__ x, 
     constexpr int ROWS = 16 * MT;
     __shared__ float red[W][ROWS][8 * NT];
     pdl_wait();  // the routing and the grouping are the previous kernels'
+    // Only now: the down kernel reads them before its own wait (launch.rs).
     pdl_launch_dependents();
     const SlotTile tl = slot_tile(tiles, ids, n_experts);
     if (tl.count == 0) return;  // the whole block
