@@ -18,8 +18,11 @@
 //! and issuing their weight loads while these wait and run (H200: gpt-oss-20b and 120b at one
 //! stream +0.8% and +0.2%, at `--tp 2` +1.6% and +2.9%). The weight streams release after their
 //! wait, and so do the sums over the ranks (released first, 20b at `--tp 2` gained 0.8% and 120b
-//! lost 0.5%). The MoE's gate_up kernels must: their down kernels read the routing before waiting,
-//! which is safe only because gate_up let them start after the routing had completed.
+//! lost 0.5%). A dependent of a kernel that releases first may start before that kernel's own
+//! predecessor has finished, so what a kernel reads before its wait must come from further back:
+//! weights, the step's metadata (uploaded before the step), the keys of earlier steps. The MoE's
+//! down kernels read the routing, which the kernels before gate_up write: gate_up releases only
+//! after its wait.
 //!
 //! In a captured decode step the overlap needs kernel-to-kernel edges: stream capture turns a PDL
 //! launch into a programmatic edge only when the node before it is a kernel, so the step's
