@@ -11,18 +11,11 @@
 //! writes may have been freed by an earlier kernel that still reads it); weights and other
 //! read-only inputs may be read before.
 //!
-//! When a kernel releases does not change what its dependents see: their `pdl_wait()` returns
-//! only once this grid has completed, which is after its own wait. It changes when they start.
-//! The kernels that stream no weights (norms, RoPE and the KV stores, attention and its combine,
-//! the router and top-k, SwiGLU) release first thing, so the next kernel's blocks are resident
-//! and issuing their weight loads while these wait and run (H200: gpt-oss-20b and 120b at one
-//! stream +0.8% and +0.2%, at `--tp 2` +1.6% and +2.9%). The weight streams release after their
-//! wait, and so do the sums over the ranks (released first, 20b at `--tp 2` gained 0.8% and 120b
-//! lost 0.5%). A dependent of a kernel that releases first may start before that kernel's own
-//! predecessor has finished, so what a kernel reads before its wait must come from further back:
-//! weights, the step's metadata (uploaded before the step), the keys of earlier steps. The MoE's
-//! down kernels read the routing, which the kernels before gate_up write: gate_up releases only
-//! after its wait.
+//! When a kernel releases does not change what its dependents see (their `pdl_wait()` returns
+//! only once this grid has completed), only when they start, and so how far back their pre-wait
+//! reads may reach. The MoE's down kernels read the routing before their wait, which is safe
+//! because gate_up releases only after its own. Releasing first in the kernels that stream no
+//! weights was measured and not kept (docs/performance.md: gpt-oss +1–3%, Llama-3.2-1B −2.9%).
 //!
 //! In a captured decode step the overlap needs kernel-to-kernel edges: stream capture turns a PDL
 //! launch into a programmatic edge only when the node before it is a kernel, so the step's

@@ -30,8 +30,8 @@ extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
                       const float* __restrict__ w, float* __restrict__ x_out, __nv_bfloat16* __restrict__ h16,
                       float* __restrict__ h32, int n, float eps) {
     __shared__ float partial[NORM_MAX_THREADS / 32];
-    pdl_launch_dependents();
     pdl_wait();
+    pdl_launch_dependents();
     const long long row = (long long)blockIdx.x * n;
     const bool vec = n % 4 == 0 && n / 4 <= (int)blockDim.x * NORM_VEC && aligned16(x) && aligned16(w) &&
                      (!delta || (aligned16(delta) && aligned16(x_out))) && (!bias || aligned16(bias)) &&
@@ -72,8 +72,8 @@ extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
 
 extern "C" __global__ void silu_mul_bf16(const float* __restrict__ gu, __nv_bfloat16* __restrict__ out, int rows,
                                          int n) {
-    pdl_launch_dependents();
     pdl_wait();
+    pdl_launch_dependents();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)rows * n) return;
     const long long r = i / n, c = i % n;

@@ -235,8 +235,8 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     const bool early = n_tiles > 0 && start + MBK <= pos0;
     if (early) fetch(start, 0);
     cp_async_commit();
-    pdl_launch_dependents();
     pdl_wait();
+    pdl_launch_dependents();
     if (n_tiles > 0 && !early) fetch(start, 0);
     cp_async_commit();
     if constexpr (FP8) {

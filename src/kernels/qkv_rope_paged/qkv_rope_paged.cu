@@ -21,8 +21,8 @@ __device__ __forceinline__ void qkv_rope_paged_impl(const float* __restrict__ qk
                                                     const uint32_t* __restrict__ slots, T* __restrict__ q_out,
                                                     T* __restrict__ k_pool, T* __restrict__ v_pool, int heads,
                                                     int kv_heads, int d, int n_positions, long long num_slots) {
-    pdl_launch_dependents();
     pdl_wait();
+    pdl_launch_dependents();
     const long long t = blockIdx.x;
     const int b = blockIdx.y * blockDim.y + threadIdx.y, i = threadIdx.x, half = d / 2;
     if (b >= heads + 2 * kv_heads) return;
@@ -84,8 +84,8 @@ __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
     uint8_t* __restrict__ k_scale, uint8_t* __restrict__ v_scale, int heads, int kv_heads, int d, int n_positions,
     long long num_slots, bool interleaved) {
     __shared__ uint32_t amax_bits[256];  // per head of the block (blockDim.y <= 256)
-    pdl_launch_dependents();
     pdl_wait();
+    pdl_launch_dependents();
     const long long t = blockIdx.x;
     const int y = threadIdx.y, b = blockIdx.y * blockDim.y + y, i = threadIdx.x, half = d / 2;
     const bool live = b < heads + 2 * kv_heads;
