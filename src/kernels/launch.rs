@@ -5,7 +5,7 @@
 //! GEMV's work. With PDL the next kernel's blocks start while the previous grid finishes: each of
 //! our kernels first does what needs nothing from its predecessors (a GEMV issues its weight
 //! loads), then waits (`pdl_wait()` in common.cuh: `griddepcontrol.wait`, which returns once the
-//! previous grid has completed and its writes are visible), and then releases its own dependents
+//! previous grid has completed and its writes are visible), and releases its own dependents
 //! (`pdl_launch_dependents()`). A kernel launched here must therefore call `pdl_wait()` before it
 //! reads anything an earlier kernel wrote and before it writes any global memory (a buffer it
 //! writes may have been freed by an earlier kernel that still reads it); weights and other
@@ -14,9 +14,12 @@
 //! When a kernel releases does not change what its dependents see (their `pdl_wait()` returns
 //! only once this grid has completed), only when they start, and so how far back their pre-wait
 //! reads may reach. The MoE's down kernels read the routing before their wait, which is safe
-//! because gate_up releases only after its own. The kernels that stream no weights release after
-//! their wait too: releasing first speeds gpt-oss up by 1–3% but slows Llama-3.2-1B by 2.9%
-//! (docs/performance.md).
+//! because gate_up releases only after its own. gpt-oss's router and top-k release first, so the
+//! next weight stream's blocks are resident and loading sooner; RoPE and attention do where the
+//! model asks (`PagedAttnConfig::release_first`, `pdl_wait_release` in common.cuh): gpt-oss gains
+//! 1.6–2.6% at `--tp 2` with them, Llama-3.2-1B would lose 2.9%. The norms, shared by every
+//! model, wait first: released first they gained gpt-oss 0.5% on one GPU and cost Llama-3.2-1B
+//! as much (docs/performance.md).
 //!
 //! In a captured decode step the overlap needs kernel-to-kernel edges: stream capture turns a PDL
 //! launch into a programmatic edge only when the node before it is a kernel, so the step's

@@ -62,3 +62,12 @@ __device__ __forceinline__ void pdl_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
+
+// The wait and the release, the release first where the launch asks for it (the same results
+// either way: a dependent's wait still waits for this grid; src/kernels/launch.rs says when it
+// pays).
+__device__ __forceinline__ void pdl_wait_release(bool release_first) {
+    if (release_first) pdl_launch_dependents();
+    pdl_wait();
+    if (!release_first) pdl_launch_dependents();
+}

@@ -15,8 +15,8 @@ extern "C" __global__ void __launch_bounds__(128)
     route_topk_softmax(const float* __restrict__ logits, const float* __restrict__ bias, uint32_t* __restrict__ ids,
                        float* __restrict__ weights, int tokens, int experts, int k,
                        const uint32_t* __restrict__ live) {
-    pdl_wait();  // the logits are the previous kernel's
     pdl_launch_dependents();
+    pdl_wait();  // the logits are the previous kernel's
     const int lane = threadIdx.x & 31;
     const long long t = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (t >= tokens) return;

@@ -118,6 +118,7 @@ struct Params {
     row_blocks: i32,
     num_seqs: i32,
     scale_log2: f32,
+    release_first: i32,
 }
 
 // SAFETY: plain old data with the C layout the kernel expects.
@@ -169,6 +170,7 @@ pub(super) fn launch<T: KernelFloat>(
         row_blocks: int(plan.grid.0 as usize / seqs, "row blocks")?,
         num_seqs: int(seqs, "sequences")?,
         scale_log2: cfg.scale * std::f32::consts::LOG2_E,
+        release_first: i32::from(cfg.release_first),
     };
 
     let mut out = output::<T>(dev, tokens * heads * d, op.poison)?;

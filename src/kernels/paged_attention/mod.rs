@@ -55,6 +55,10 @@ pub struct PagedAttnConfig {
     pub window: Option<usize>,
     /// Score scale, normally `1/√d`.
     pub scale: f32,
+    /// The attention kernels (and [`crate::kernels::qkv_rope_paged`] before them) release their PDL
+    /// dependents before they wait (`kernels/launch.rs`): the same results, the next kernels
+    /// started sooner. Measured per model: gpt-oss gains, Llama-3.2-1B loses (docs/performance.md).
+    pub release_first: bool,
 }
 
 /// Host-side bounds that fix the launch, so that a CUDA graph captured for a batch shape replays

@@ -152,8 +152,7 @@ __device__ __forceinline__ void paged_attention_impl(
     // the step's first position) or while Q is staged.
     const bool early = lo < hi && start + BK <= pos0;
     if (early) fetch(start);
-    pdl_wait();
-    pdl_launch_dependents();
+    pdl_wait_release(p.release_first);
     if (lo < hi && !early) fetch(start);
     for (int i = threadIdx.x; i < BQ * D; i += blockDim.x) {
         const int r = i / D, c = i % D;
@@ -268,8 +267,7 @@ __device__ __forceinline__ void paged_combine_impl(const float* __restrict__ par
                                                    const float* __restrict__ sinks, const uint32_t* __restrict__ cu_q,
                                                    const uint32_t* __restrict__ q_pos, T* __restrict__ out,
                                                    const PagedAttnParams& p) {
-    pdl_wait();
-    pdl_launch_dependents();
+    pdl_wait_release(p.release_first);
     const int warp = threadIdx.x >> 5;
     const long long rows = p.tokens * p.heads;
     const long long row = (long long)blockIdx.x * NW + warp;

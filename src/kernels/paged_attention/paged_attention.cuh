@@ -23,6 +23,7 @@ struct PagedAttnParams {
     int row_blocks;       // row tiles per sequence
     int num_seqs;
     float scale_log2;     // scale * log2(e)
+    int release_first;    // release the PDL dependents before the wait (kernels/launch.rs)
 };
 
 // The pool slot of position t, or -1 when the table row does not reach it or its entry points

@@ -235,8 +235,7 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     const bool early = n_tiles > 0 && start + MBK <= pos0;
     if (early) fetch(start, 0);
     cp_async_commit();
-    pdl_wait();
-    pdl_launch_dependents();
+    pdl_wait_release(p.release_first);
     if (n_tiles > 0 && !early) fetch(start, 0);
     cp_async_commit();
     if constexpr (FP8) {

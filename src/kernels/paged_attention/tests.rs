@@ -76,6 +76,7 @@ impl Batch {
             block_size: self.block_size,
             window: self.window,
             scale: 1.0 / (self.d as f32).sqrt(),
+            release_first: false,
         }
     }
     /// The first position any query of sequence `(q_len, q_pos)` sees.

@@ -36,10 +36,24 @@ struct QkvRopePaged {
     scales: Option<[Tensor; 2]>,
     h: QkvHeads,
     pairs: RotaryPairs,
+    release_first: bool,
 }
 
 pub(super) fn launch(a: Args) -> Result<Tensor> {
-    let Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool, scales } = a;
+    let Args {
+        qkv,
+        bias,
+        cos,
+        sin,
+        positions,
+        slots,
+        h,
+        pairs,
+        k_pool,
+        v_pool,
+        scales,
+        release_first,
+    } = a;
     let tensors = [
         cos.contiguous()?,
         sin.contiguous()?,
@@ -50,7 +64,14 @@ pub(super) fn launch(a: Args) -> Result<Tensor> {
     ];
     let bias = bias.map(Tensor::contiguous).transpose()?;
     let scales = scales.map(|(k, v)| [k.clone(), v.clone()]);
-    qkv.contiguous()?.apply_op1_no_bwd(&QkvRopePaged { tensors, bias, scales, h, pairs })
+    qkv.contiguous()?.apply_op1_no_bwd(&QkvRopePaged {
+        tensors,
+        bias,
+        scales,
+        h,
+        pairs,
+        release_first,
+    })
 }
 
 impl CustomOp1 for QkvRopePaged {
@@ -127,10 +148,11 @@ impl QkvRopePaged {
             b.val(ks).val(vs);
         }
         b.val(heads).val(kv_heads).val(d).val(n_positions).val(num_slots);
+        b.val(i32::from(self.release_first));
         // SAFETY: the arguments match the kernel's signature; shapes were checked by
         // qkv_rope_paged and the kernel guards positions and slots. It also writes the pools
         // through their addresses: candle does not see those writes, which is fine on the one
-        // stream all work runs on. The kernel waits (PDL) first.
+        // stream all work runs on. The kernel waits (PDL) before it reads or writes anything.
         unsafe { b.launch(cfg) }?;
         drop(b);
         Ok(T::wrap(q))

@@ -54,6 +54,7 @@ struct Args<'a> {
     k_pool: &'a Tensor,
     v_pool: &'a Tensor,
     scales: Option<(&'a Tensor, &'a Tensor)>,
+    release_first: bool,
 }
 
 /// For `T` tokens: `qkv` f32 `[T, (heads + 2·kv_heads)·d]` (the fused projection without its
@@ -67,7 +68,8 @@ struct Args<'a> {
 /// quantized under its own scale, and q
 /// comes back in the dtype the attention takes with them: bf16 on CUDA, f32 on the CPU. The CPU
 /// refuses positions past the tables and slots past the pool; the CUDA kernel rotates the former
-/// by NaN and stores nothing for the latter.
+/// by NaN and stores nothing for the latter. `release_first`: the kernel releases its PDL
+/// dependents before it waits (as [`crate::kernels::PagedAttnConfig::release_first`]).
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_rope_paged(
     qkv: &Tensor,
@@ -81,6 +83,7 @@ pub fn qkv_rope_paged(
     k_pool: &Tensor,
     v_pool: &Tensor,
     scales: Option<(&Tensor, &Tensor)>,
+    release_first: bool,
 ) -> Result<Tensor> {
     let d = h.head_dim;
     let width = (h.heads + 2 * h.kv_heads) * d;
@@ -158,7 +161,20 @@ pub fn qkv_rope_paged(
     if tokens == 0 {
         return Tensor::zeros((0, h.heads, d), dtype, qkv.device());
     }
-    let args = Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool, scales };
+    let args = Args {
+        qkv,
+        bias,
+        cos,
+        sin,
+        positions,
+        slots,
+        h,
+        pairs,
+        k_pool,
+        v_pool,
+        scales,
+        release_first,
+    };
     match qkv.device() {
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => gpu::launch(args),
@@ -179,7 +195,7 @@ pub fn q_dtype(pool: DType, device: &Device) -> DType {
 /// The reference in loops: per token and head, the bias added, the pairs rotated by the token's
 /// row of the tables (f32, no fused multiply-add), q gathered and k, v written slot by slot.
 fn reference(a: Args) -> Result<Tensor> {
-    let Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool, scales } = a;
+    let Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool, scales, .. } = a;
     let (d, half, dtype) = (h.head_dim, h.head_dim / 2, q_dtype(k_pool.dtype(), qkv.device()));
     let (x, cos, sin) = (qkv.to_vec2::<f32>()?, cos.to_vec2::<f32>()?, sin.to_vec2::<f32>()?);
     let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;

@@ -20,9 +20,9 @@ __device__ __forceinline__ void qkv_rope_paged_impl(const float* __restrict__ qk
                                                     const uint32_t* __restrict__ positions,
                                                     const uint32_t* __restrict__ slots, T* __restrict__ q_out,
                                                     T* __restrict__ k_pool, T* __restrict__ v_pool, int heads,
-                                                    int kv_heads, int d, int n_positions, long long num_slots) {
-    pdl_wait();
-    pdl_launch_dependents();
+                                                    int kv_heads, int d, int n_positions, long long num_slots,
+                                                    int release_first) {
+    pdl_wait_release(release_first);
     const long long t = blockIdx.x;
     const int b = blockIdx.y * blockDim.y + threadIdx.y, i = threadIdx.x, half = d / 2;
     if (b >= heads + 2 * kv_heads) return;
@@ -60,9 +60,9 @@ __device__ __forceinline__ void qkv_rope_paged_impl(const float* __restrict__ qk
     extern "C" __global__ void NAME(const float* qkv, const float* bias, const float* cos, const float* sin,   \
                                     const uint32_t* positions, const uint32_t* slots, T* q_out, T* k_pool,     \
                                     T* v_pool, int heads, int kv_heads, int d, int n_positions,                \
-                                    long long num_slots) {                                                     \
+                                    long long num_slots, int release_first) {                                  \
         qkv_rope_paged_impl<T, INTERLEAVED>(qkv, bias, cos, sin, positions, slots, q_out, k_pool, v_pool,      \
-                                            heads, kv_heads, d, n_positions, num_slots);                       \
+                                            heads, kv_heads, d, n_positions, num_slots, release_first);        \
     }
 
 QKV_ROPE_PAGED(qkv_rope_paged_half_f32, float, false)
@@ -82,10 +82,9 @@ __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
     const float* __restrict__ sin, const uint32_t* __restrict__ positions, const uint32_t* __restrict__ slots,
     __nv_bfloat16* __restrict__ q_out, uint8_t* __restrict__ k_pool, uint8_t* __restrict__ v_pool,
     uint8_t* __restrict__ k_scale, uint8_t* __restrict__ v_scale, int heads, int kv_heads, int d, int n_positions,
-    long long num_slots, bool interleaved) {
+    long long num_slots, bool interleaved, int release_first) {
     __shared__ uint32_t amax_bits[256];  // per head of the block (blockDim.y <= 256)
-    pdl_wait();
-    pdl_launch_dependents();
+    pdl_wait_release(release_first);
     const long long t = blockIdx.x;
     const int y = threadIdx.y, b = blockIdx.y * blockDim.y + y, i = threadIdx.x, half = d / 2;
     const bool live = b < heads + 2 * kv_heads;
@@ -135,9 +134,10 @@ __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
     extern "C" __global__ void NAME(const float* qkv, const float* bias, const float* cos, const float* sin,   \
                                     const uint32_t* positions, const uint32_t* slots, __nv_bfloat16* q_out,    \
                                     uint8_t* k_pool, uint8_t* v_pool, uint8_t* k_scale, uint8_t* v_scale,      \
-                                    int heads, int kv_heads, int d, int n_positions, long long num_slots) {    \
+                                    int heads, int kv_heads, int d, int n_positions, long long num_slots,      \
+                                    int release_first) {                                                       \
         qkv_rope_paged_fp8_impl<INT8>(qkv, bias, cos, sin, positions, slots, q_out, k_pool, v_pool, k_scale, v_scale, \
-                                heads, kv_heads, d, n_positions, num_slots, INTERLEAVED);                      \
+                                heads, kv_heads, d, n_positions, num_slots, INTERLEAVED, release_first);       \
     }
 
 QKV_ROPE_PAGED_FP8(qkv_rope_paged_half_fp8, false, false)

@@ -74,6 +74,7 @@ fn run(x: &Inputs, h: QkvHeads, pairs: RotaryPairs) -> candle_core::Result<Tenso
         &x.k_pool,
         &x.v_pool,
         x.scales.as_ref().map(|(k, v)| (k, v)),
+        false,
     )
 }
 
@@ -190,6 +191,7 @@ fn rejects_positions_and_slots_outside() {
         &x.k_pool,
         &x.v_pool,
         None,
+        false,
     );
     assert_eq!(q.unwrap().dims(), [0, 2, 8]);
 }

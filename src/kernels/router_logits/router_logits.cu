@@ -34,8 +34,8 @@ __device__ __forceinline__ void router_logits(const float* __restrict__ h, const
     for (int i = threadIdx.x; i < n4; i += RK)
 #pragma unroll
         for (int c = 0; c < RE; c++) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[c] + i));
-    pdl_wait();
     pdl_launch_dependents();
+    pdl_wait();
     float acc[RT][RE];
 #pragma unroll
     for (int r = 0; r < RT; r++)

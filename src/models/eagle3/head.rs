@@ -263,11 +263,13 @@ impl Eagle3Head {
             k_pool,
             v_pool,
             kv.scales(0),
+            false,
         )?;
         let attn = PagedAttnConfig {
             block_size: kv.block_size,
             window: None,
             scale: 1.0 / (d as f32).sqrt(),
+            release_first: false,
         };
         let o = paged_attention(
             &q,

@@ -80,6 +80,7 @@ impl BatchModel for GptOss {
                 k_pool,
                 v_pool,
                 kv.scales(n),
+                true,
             )?;
             // Each sequence's queries over its own blocks; [T, heads, d] is already the layout
             // of the rows [T, heads·d] o_proj takes.
@@ -87,6 +88,7 @@ impl BatchModel for GptOss {
                 block_size: kv.block_size,
                 window: cfg.sliding[n].then_some(cfg.sliding_window),
                 scale,
+                release_first: true,
             };
             let o = paged_attention(
                 &q,

@@ -46,6 +46,7 @@ impl BatchModel for Llama {
             block_size: kv.block_size,
             window: None,
             scale: 1.0 / (d as f32).sqrt(),
+            release_first: false,
         };
         let eps = cfg.rms_norm_eps;
         // The residual stream stays in f32 (see model.rs).
@@ -91,6 +92,7 @@ impl BatchModel for Llama {
                 k_pool,
                 v_pool,
                 kv.scales(n),
+                false,
             )?;
             let o = paged_attention(
                 &q,
