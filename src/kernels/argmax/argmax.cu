@@ -63,3 +63,59 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const long long row = blockIdx.x;
     argmax_parts(part_v + row * parts, part_i + row * parts, parts, out + row);
 }
+
+// The draw over a vocabulary split between ranks (an LM head split by vocabulary): each rank
+// reduces its own columns to candidates, the ranks gather them, and every rank picks the best.
+// Only (value, index) pairs cross between GPUs, never the logits, and the pick is the one
+// argmax_rows / sample_gumbel_rows make over the whole row: the same values (the noise is drawn
+// at the global index), the same rule (the larger value, on a tie the lower index).
+//
+// draws: u32 [3 rows]: per row its seed as two words (low, high), then per row 1/T's bits (0:
+// greedy). Words rather than a u64 array: the draws are a view of a decode graph's input buffer.
+
+// grid (parts, rows), block (THREADS): row r's local columns [part * chunk, ...) below `valid`
+// (a padded piece's last rank holds fewer real columns than n), at global indices offset + j,
+// to cand[r, part] (the value's bits) and cand[r, parts + part] (its global index; 0x7fffffff
+// where the chunk had none).
+extern "C" __global__ void __launch_bounds__(THREADS)
+    argmax_shard_partial(const float* __restrict__ x, int n, int valid, int offset, int chunk, int parts,
+                         const uint32_t* __restrict__ draws, uint32_t* __restrict__ cand) {
+    pdl_wait();
+    const int rows = gridDim.y;
+    const long long row = blockIdx.y;
+    const float it = __uint_as_float(draws[2 * rows + row]);
+    const int sample = it > 0.f;
+    const unsigned long long seed =
+        (unsigned long long)draws[2 * row] | ((unsigned long long)draws[2 * row + 1] << 32);
+    const int lo = blockIdx.x * chunk, hi = min(valid, lo + chunk);
+    const float* xr = x + row * n;
+    float v = -INFINITY;
+    int i = 0x7fffffff;
+    for (int j = lo + threadIdx.x; j < hi; j += THREADS) {
+        float xj = xr[j];
+        if (sample) xj = __fadd_rn(__fmul_rn(xj, it), gumbel(seed, offset + j));  // as argmax_chunk
+        if (!isnan(xj)) better(v, i, xj, offset + j);
+    }
+    block_best(v, i);
+    if (threadIdx.x == 0) {
+        cand[row * 2 * parts + blockIdx.x] = __float_as_uint(v);
+        cand[row * 2 * parts + parts + blockIdx.x] = (uint32_t)i;
+    }
+}
+
+// grid (rows), block (THREADS): every rank's candidates of row r, all [pieces, rows, 2 parts]
+// (the gather of argmax_shard_partial's outputs), to out[r] (0 when no candidate had a value).
+extern "C" __global__ void __launch_bounds__(THREADS)
+    argmax_shard_pick(const uint32_t* __restrict__ all, int pieces, int parts, uint32_t* __restrict__ out) {
+    pdl_wait();
+    const int rows = gridDim.x;
+    const long long row = blockIdx.x;
+    float v = -INFINITY;
+    int i = 0x7fffffff;
+    for (int p = threadIdx.x; p < pieces * parts; p += THREADS) {
+        const uint32_t* c = all + ((long long)(p / parts) * rows + row) * 2 * parts;
+        better(v, i, __uint_as_float(c[p % parts]), (int)c[parts + p % parts]);
+    }
+    block_best(v, i);
+    if (threadIdx.x == 0) out[row] = i == 0x7fffffff ? 0u : (uint32_t)i;
+}

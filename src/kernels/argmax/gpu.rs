@@ -92,3 +92,64 @@ pub(crate) fn launch_final(
     drop(b);
     Ok(out)
 }
+
+/// `argmax_shard_partial`: row `r`'s candidates of the f32 `[rows, n]` logits in `s` (global
+/// columns from `offset`, the first `valid` real) by the draw words in `ds`, u32 `[rows, 2P]`.
+pub(super) fn launch_candidates(
+    rows: usize,
+    (offset, valid): (usize, usize),
+    s: &CudaStorage,
+    l: &Layout,
+    ds: &CudaStorage,
+    dl: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let dev = s.device.clone();
+    let n = l.shape().elem_count() / rows;
+    let x = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
+    let draws = ds.as_cuda_slice::<u32>()?.slice(dl.start_offset()..);
+    // As `launch`: about BLOCKS blocks in all, at least 4 per row.
+    let chunk = n.div_ceil((BLOCKS / rows).max(4)).max(1);
+    let parts = n.div_ceil(chunk);
+    // SAFETY: every block writes its row's two words of its part.
+    let mut cand = unsafe { dev.alloc::<u32>(rows * 2 * parts)? };
+    let func = fatbin::argmax::ARGMAX.func(&dev, "argmax_shard_partial")?;
+    let stream = dev.cuda_stream();
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(&x).val(int(n, "logits")?).val(int(valid, "real columns")?).val(int(offset, "offset")?);
+    b.val(int(chunk, "chunk")?).val(int(parts, "parts")?).ptr(&draws).ptr_mut(&mut cand);
+    let cfg = LaunchConfig {
+        grid_dim: (parts as u32, rows as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match the kernel's signature; blocks stay inside their row and the
+    // draws hold 3 words a row (checked by shard_candidates). It waits (PDL) before anything else.
+    unsafe { b.launch(cfg) }?;
+    drop(b);
+    let out = CudaStorage { slice: CudaStorageSlice::U32(cand), device: dev };
+    Ok((out, Shape::from((rows, 2 * parts))))
+}
+
+/// `argmax_shard_pick`: each row's id from every rank's candidates (u32 `[W, rows, 2P]` in `s`).
+pub(super) fn launch_pick(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+    let dev = s.device.clone();
+    let (w, rows, c) = l.shape().dims3()?;
+    let all = s.as_cuda_slice::<u32>()?.slice(l.start_offset()..);
+    // SAFETY: one block per row writes its id.
+    let mut out = unsafe { dev.alloc::<u32>(rows)? };
+    let func = fatbin::argmax::ARGMAX.func(&dev, "argmax_shard_pick")?;
+    let stream = dev.cuda_stream();
+    let mut b = Launch::new(&stream, &func);
+    b.ptr(&all).val(int(w, "ranks")?).val(int(c / 2, "parts")?).ptr_mut(&mut out);
+    int(w * rows * c, "candidates")?;
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match the kernel's signature; row r's block reads the W · 2P words
+    // of its row (the shape checked by pick_candidates). It waits (PDL) before anything else.
+    unsafe { b.launch(cfg) }?;
+    drop(b);
+    Ok((CudaStorage { slice: CudaStorageSlice::U32(out), device: dev }, Shape::from(rows)))
+}

@@ -116,6 +116,159 @@ impl CustomOp1 for ArgmaxRows {
     }
 }
 
+/// The words of a step's draws for [`shard_candidates`]: each row's `(1/T, seed)` (1/T = 0: a
+/// greedy row) as the seeds' low and high words, then the 1/T bits.
+pub fn draw_words(draws: &[(f32, u64)]) -> Vec<u32> {
+    let mut w: Vec<u32> = draws.iter().flat_map(|d| [d.1 as u32, (d.1 >> 32) as u32]).collect();
+    w.extend(draws.iter().map(|d| d.0.to_bits()));
+    w
+}
+
+/// One rank's part of the draw over a vocabulary split between ranks: the best `(value, index)`
+/// candidates of each row of its logits (f32 `[R, n]`, global columns `offset..offset + n`,
+/// the first `valid` real), by the draws `draws` (u32 `[3R]`, [`draw_words`]): u32 `[R, 2P]`,
+/// P values' bits then their global indices (`i32::MAX`: none). Gathered from every rank,
+/// [`pick_candidates`] gives what [`sample_gumbel_rows`] gives on the whole rows: the noise is
+/// drawn at the global index and the rule is the same, so only these pairs travel between the
+/// ranks, never the logits.
+pub fn shard_candidates(
+    logits: &Tensor,
+    offset: usize,
+    valid: usize,
+    draws: &Tensor,
+) -> Result<Tensor> {
+    let rows = check_rows(logits)?;
+    let n = logits.dim(1)?;
+    if valid > n || offset + n > i32::MAX as usize || draws.dims() != [3 * rows] {
+        bail!(
+            "shard_candidates: {valid} real of {n} columns at {offset}, draws {:?} for {rows} rows",
+            draws.dims()
+        );
+    }
+    let op = ShardCandidates { rows, offset, valid };
+    logits.contiguous()?.apply_op2_no_bwd(&draws.to_dtype(DType::U32)?, &op)
+}
+
+/// The id each row draws from every rank's [`shard_candidates`] stacked in rank order (u32
+/// `[W, R, 2P]`): u32 `[R]`, the larger value, on a tie the lower index (0 where no rank had a
+/// value: a row of only NaN, as [`argmax_rows`]).
+pub fn pick_candidates(all: &Tensor) -> Result<Tensor> {
+    match (all.dims(), all.dtype()) {
+        ([w, r, c], DType::U32) if *w > 0 && *r > 0 && *r <= 65_535 && *c > 0 && c % 2 == 0 => {}
+        (dims, dtype) => {
+            bail!("pick_candidates: expected u32 [ranks, rows, 2·parts], got {dtype:?} {dims:?}")
+        }
+    }
+    all.contiguous()?.apply_op1_no_bwd(&PickCandidates)
+}
+
+/// The reference's candidate of one row: the best `(value, global index)` of its real columns
+/// (the kernels' `better`: NaN never wins, ties to the lower index).
+fn candidate(values: &[f32], offset: usize, (inv_t, seed): (f32, u64)) -> (f32, u32) {
+    let mut best = (f32::NEG_INFINITY, i32::MAX as u32);
+    for (j, &x) in values.iter().enumerate() {
+        let g = offset + j;
+        let x = if inv_t > 0.0 { x * inv_t + gumbel(seed, g) } else { x };
+        if !x.is_nan() && (x > best.0 || (x == best.0 && (g as u32) < best.1)) {
+            best = (x, g as u32);
+        }
+    }
+    best
+}
+
+/// `(1/T, seed)` of row `r` of `rows` from [`draw_words`]' words.
+fn draw_of(words: &[u32], rows: usize, r: usize) -> (f32, u64) {
+    let seed = u64::from(words[2 * r]) | (u64::from(words[2 * r + 1]) << 32);
+    (f32::from_bits(words[2 * rows + r]), seed)
+}
+
+struct ShardCandidates {
+    rows: usize,
+    offset: usize,
+    valid: usize,
+}
+
+impl candle_core::CustomOp2 for ShardCandidates {
+    fn name(&self) -> &'static str {
+        "shard_candidates"
+    }
+
+    /// One candidate a row (P = 1).
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        ds: &CpuStorage,
+        dl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let values = cpu_f32(s, l, "shard_candidates")?;
+        let words = match (ds, dl.contiguous_offsets()) {
+            (CpuStorage::U32(v), Some((a, b))) => &v[a..b],
+            _ => bail!("shard_candidates: expected contiguous u32 draws"),
+        };
+        let n = values.len() / self.rows;
+        let mut out = Vec::with_capacity(2 * self.rows);
+        for (r, row) in values.chunks_exact(n).enumerate() {
+            let (v, i) = candidate(&row[..self.valid], self.offset, draw_of(words, self.rows, r));
+            out.extend([v.to_bits(), i]);
+        }
+        Ok((CpuStorage::U32(out), Shape::from((self.rows, 2))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+        ds: &candle_core::CudaStorage,
+        dl: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        gpu::launch_candidates(self.rows, (self.offset, self.valid), s, l, ds, dl)
+    }
+}
+
+struct PickCandidates;
+
+impl CustomOp1 for PickCandidates {
+    fn name(&self) -> &'static str {
+        "pick_candidates"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (w, rows, c) = l.shape().dims3()?;
+        let all = match (s, l.contiguous_offsets()) {
+            (CpuStorage::U32(v), Some((a, b))) => &v[a..b],
+            _ => bail!("pick_candidates: expected a contiguous u32 tensor"),
+        };
+        let parts = c / 2;
+        let out = (0..rows)
+            .map(|r| {
+                let mut best = (f32::NEG_INFINITY, i32::MAX as u32);
+                for k in 0..w {
+                    let cand = &all[(k * rows + r) * c..(k * rows + r + 1) * c];
+                    for p in 0..parts {
+                        let (v, i) = (f32::from_bits(cand[p]), cand[parts + p]);
+                        if v > best.0 || (v == best.0 && i < best.1) {
+                            best = (v, i);
+                        }
+                    }
+                }
+                if best.1 == i32::MAX as u32 { 0 } else { best.1 }
+            })
+            .collect();
+        Ok((CpuStorage::U32(out), Shape::from(rows)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        gpu::launch_pick(s, l)
+    }
+}
+
 #[cfg(feature = "cuda")]
 pub(super) mod gpu;
 

@@ -164,3 +164,77 @@ fn gpu_argmax_matches_cpu() {
         assert_eq!(one(&t), argmax_slice(&v), "row of {}", v.len());
     }
 }
+
+/// Rows on `dev` split into `world` pieces of `ceil(n / world)` columns (the last padded with
+/// values larger than any real one, which must not win), each piece's candidates taken alone
+/// and picked together: the ids the whole rows give, greedy and drawn (random temperatures,
+/// some greedy rows, random seeds), with the maximum planted twice across pieces.
+fn check_shards_on(dev: &Device, shapes: &[(usize, usize)]) {
+    let mut r = rng(&format!("argmax shards {dev:?}"));
+    for &(rows, n) in shapes {
+        for world in [2usize, 3, 4] {
+            let per = n.div_ceil(world);
+            let mut data = Vec::with_capacity(rows * n);
+            for row in 0..rows {
+                let mut v = uniform(&mut r, n, -30.0, 30.0);
+                match row % 5 {
+                    3 if rows > 3 => v.fill(f32::NAN),
+                    4 => v.fill(f32::NEG_INFINITY),
+                    _ if n > 10 => {
+                        v[(n / 3 + row) % (n - 2)] = 31.0;
+                        v[n - 2] = 31.0;
+                        v[n / 5] = f32::NAN;
+                    }
+                    _ => {}
+                }
+                data.extend(v);
+            }
+            let temps: Vec<f32> = (0..rows)
+                .map(|i| if i % 3 == 0 { 0.0 } else { uniform(&mut r, 1, 0.3, 1.5)[0] })
+                .collect();
+            let seeds: Vec<u64> = (0..rows).map(|_| rand::Rng::random(&mut r)).collect();
+            let draws: Vec<(f32, u64)> = temps
+                .iter()
+                .zip(&seeds)
+                .map(|(&t, &s)| (if t > 0.0 { 1.0 / t } else { 0.0 }, s))
+                .collect();
+            let words = Tensor::new(draw_words(&draws).as_slice(), dev).unwrap();
+            let pieces: Vec<Tensor> = (0..world)
+                .map(|k| {
+                    let (lo, hi) = ((k * per).min(n), ((k + 1) * per).min(n));
+                    let mut piece = Vec::with_capacity(rows * per);
+                    for row in 0..rows {
+                        piece.extend_from_slice(&data[row * n + lo..row * n + hi]);
+                        piece.extend(std::iter::repeat_n(1e30f32, per - (hi - lo)));
+                    }
+                    let t = Tensor::from_vec(piece, (rows, per), dev).unwrap();
+                    shard_candidates(&t, lo, hi - lo, &words).unwrap()
+                })
+                .collect();
+            let got = pick_candidates(&Tensor::stack(&pieces, 0).unwrap()).unwrap();
+            let got = got.to_vec1::<u32>().unwrap();
+            for i in 0..rows {
+                let want = pick(&data[i * n..(i + 1) * n], draws[i]);
+                assert_eq!(got[i], want, "row {i} of {rows} × {n} over {world}, T {}", temps[i]);
+            }
+        }
+    }
+}
+
+#[test]
+fn shards_pick_what_the_whole_rows_give() {
+    check_shards_on(&Device::Cpu, &[(1, 7), (6, 1000), (2, 65_537)]);
+    let x = Tensor::zeros((2, 5), DType::F32, &Device::Cpu).unwrap();
+    let words = Tensor::zeros(6, DType::U32, &Device::Cpu).unwrap();
+    assert!(shard_candidates(&x, 0, 6, &words).is_err(), "more real columns than columns");
+    assert!(shard_candidates(&x, 0, 5, &words.narrow(0, 0, 3).unwrap()).is_err(), "short draws");
+    assert!(pick_candidates(&Tensor::zeros((2, 2, 3), DType::U32, &Device::Cpu).unwrap()).is_err());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
+fn gpu_shards_pick_what_the_whole_rows_give() {
+    let dev = crate::kernels::testing::gpu();
+    check_shards_on(&dev, &[(1, 7), (6, 1000), (3, 65_537), (64, 201_088), (300, 333)]);
+}
