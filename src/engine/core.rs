@@ -27,7 +27,7 @@ use super::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
 use super::logprobs::TokenLogprobs;
 use super::readback::ReadbackStream;
 use super::request::{Event, Finish, Request, RequestHandle};
-use super::runner::Runner;
+use super::runner::{Runner, StepOut};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use crate::error::{ErrorKind, fail};
 use crate::generate::{Sampler, StopReason};
@@ -576,7 +576,9 @@ impl Core {
         }
         let inputs: Vec<Vec<u32>> = plan.chunks.iter().map(|c| self.sched.chunk_ids(c)).collect();
         self.runner.keep_taps = self.wants_taps(&plan.chunks);
-        let logits = match self.runner.forward(&plan.chunks, &inputs, &self.blocks) {
+        let draws = self.rank_draws(&plan.chunks, 0);
+        let out = self.runner.forward_drawn(&plan.chunks, &inputs, &self.blocks, draws.as_deref());
+        let out = match out {
             Ok(l) => {
                 self.record_taps(&plan.chunks);
                 l
@@ -593,19 +595,24 @@ impl Core {
             }
         };
         let sampling: Vec<_> = plan.chunks.iter().filter(|c| c.sample).copied().collect();
-        let logits = match logits.map(|l| self.constrain(l, &sampling)).transpose() {
-            Ok(l) => l,
+        // Ids drawn on the ranks: none of their requests has a constraint (`rank_draws`).
+        let constrained = out.map(|o| match o {
+            StepOut::Logits(l) => self.constrain(l, &sampling).map(StepOut::Logits),
+            ids => Ok(ids),
+        });
+        let out = match constrained.transpose() {
+            Ok(o) => o,
             Err(e) => {
                 self.step_failed(&plan.chunks, &e);
                 return;
             }
         };
-        if let Some(l) = &logits
-            && self.defer(l, &plan.chunks, t0)
+        if let Some(o) = &out
+            && self.defer(o, &plan.chunks, t0)
         {
             return;
         }
-        let sampled = match logits.map(|l| self.sample(&l, &sampling)).transpose() {
+        let sampled = match out.map(|o| self.sample(&o, &sampling)).transpose() {
             Ok(s) => s.unwrap_or_default(),
             Err(e) => {
                 self.step_failed(&plan.chunks, &e);

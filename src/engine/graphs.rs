@@ -15,10 +15,15 @@
 //! which no sequence owns; their logits are ignored, and the step tells the model where their
 //! rows start (`live_rows`), so that gpt-oss reads no experts for them. `INFERNO_CUDA_GRAPH=0`
 //! switches graphs off.
+//!
+//! A graph gives its rows' logits, or, for a model split by vocabulary over ranks whose step
+//! draws on them, their ids: each row's draw (`(1/T, seed)`) is one more input, and the graph
+//! holds the draw ([`super::runner::draw_on_ranks`]) with its gather.
 
 use candle_core::{DType, Device, Tensor};
 
 use super::kv::blocks::{PAD_BLOCK, Tables};
+use super::runner::{StepOut, draw_on_ranks};
 use super::scheduler::Chunk;
 use crate::kernels::PagedBounds;
 use crate::models::batch::{BatchModel, KvPool, StepInput};
@@ -84,8 +89,8 @@ pub struct BucketGraph {
     /// Every input of a step, u32 `[packed_len]`, written by one copy per step.
     packed: Tensor,
     packed_len: usize,
-    /// f32 `[size, vocab]`, written by the step.
-    logits: Tensor,
+    /// What the step writes.
+    out: Out,
     /// Layers whose entering stream the step keeps (an EAGLE-3 head's taps; empty: none).
     tap_ids: Vec<usize>,
     /// f32 `[size · q, 3 · hidden]`, written by the step when it taps (allocated by the first,
@@ -99,10 +104,21 @@ pub struct BucketGraph {
     arena: GraphArena,
 }
 
+/// A graph's output buffers.
+enum Out {
+    /// f32 `[size · q, vocab]`.
+    Logits(Tensor),
+    /// The rows' draws (u32 `[3 · size · q]`, [`crate::kernels::draw_words`], a view of the
+    /// inputs) and the ids drawn (u32 `[size · q]`).
+    Ids { draws: Tensor, ids: Tensor },
+}
+
 impl BucketGraph {
-    /// The graph of `size` sequences of `q` rows each.
+    /// The graph of `size` sequences of `q` rows each; `drawn`: its rows' ids drawn on the
+    /// model's ranks rather than its logits.
     pub fn new(
         (size, q): (usize, usize),
+        drawn: bool,
         model: &dyn BatchModel,
         groups: usize,
         block_size: usize,
@@ -113,7 +129,10 @@ impl BucketGraph {
         let max_context = model.max_positions();
         let width = max_context.div_ceil(block_size).max(1);
         let rows = size * q;
-        let packed_len = rows * (3 + groups) + size * (2 + groups * width) + 2;
+        let packed_len = rows * (3 + groups)
+            + size * (2 + groups * width)
+            + 2
+            + if drawn { 3 * rows } else { 0 };
         // Every input is a view of one buffer, in `upload`'s order: a step's inputs arrive in
         // one copy instead of one per tensor (each a GPU operation between two replays).
         let packed = Tensor::zeros(packed_len, DType::U32, dev)?;
@@ -139,8 +158,13 @@ impl BucketGraph {
             logit_rows: view(rows)?,
             live_rows: Some(view(1)?),
             bounds: PagedBounds { max_q_len: q, max_context },
+            local_logits: drawn,
         };
-        let logits = Tensor::zeros((rows, model.vocab_size()), DType::F32, dev)?;
+        let out = if drawn {
+            Out::Ids { draws: view(3 * rows)?, ids: Tensor::zeros(rows, DType::U32, dev)? }
+        } else {
+            Out::Logits(Tensor::zeros((rows, model.vocab_size()), DType::F32, dev)?)
+        };
         Ok(BucketGraph {
             size,
             q,
@@ -149,7 +173,7 @@ impl BucketGraph {
             input,
             packed,
             packed_len,
-            logits,
+            out,
             tap_ids: Vec::new(),
             taps: None,
             arena_bytes: 0,
@@ -169,7 +193,8 @@ impl BucketGraph {
     }
 
     /// Runs a decode step of `chunks` (each `q` tokens, their ids one after the other in `ids`)
-    /// and returns the logits of its rows `[chunks.len() · q, vocab]`.
+    /// and returns the logits of its rows `[chunks.len() · q, vocab]`, or in a graph that draws
+    /// on the ranks the ids `draws` (one per row) gave them.
     pub fn step(
         &mut self,
         model: &dyn BatchModel,
@@ -177,7 +202,12 @@ impl BucketGraph {
         chunks: &[Chunk],
         ids: StepIds,
         blocks: &dyn Tables,
-    ) -> anyhow::Result<Tensor> {
+        draws: Option<&[(f32, u64)]>,
+    ) -> anyhow::Result<StepOut> {
+        anyhow::ensure!(
+            draws.is_some() == matches!(self.out, Out::Ids { .. }),
+            "decode graph: draws for a graph of logits, or none for a graph that draws"
+        );
         anyhow::ensure!(chunks.len() <= self.size, "decode graph: batch over its bucket");
         anyhow::ensure!(
             chunks.iter().all(|c| c.len == self.q),
@@ -188,11 +218,11 @@ impl BucketGraph {
         match ids {
             StepIds::Host(ids) => {
                 anyhow::ensure!(ids.len() == rows, "decode graph: one id per row");
-                self.upload(chunks, ids, blocks, pool.block_size)?
+                self.upload(chunks, ids, blocks, pool.block_size, draws)?
             }
             StepIds::Device(ids) => {
                 anyhow::ensure!(ids.dims() == [rows], "decode graph: one id per row");
-                self.upload(chunks, &vec![0; rows], blocks, pool.block_size)?;
+                self.upload(chunks, &vec![0; rows], blocks, pool.block_size, draws)?;
                 // Behind the previous step on the stream: its sampled ids, never on the host.
                 self.input.tokens.slice_set(&ids.to_dtype(DType::U32)?, 0, 0)?;
                 // The other ranks of a sharded model take rank 0's ids, on the stream.
@@ -220,7 +250,12 @@ impl BucketGraph {
             #[cfg(feature = "cuda")]
             State::Ready(_) => self.replay(model, pool)?,
         }
-        Ok(self.logits.narrow(0, 0, rows)?)
+        Ok(match &self.out {
+            Out::Logits(l) => StepOut::Logits(l.narrow(0, 0, rows)?),
+            // A copy: the next step's replay rewrites the buffer while the host may still be
+            // reading these (the pipelined decode).
+            Out::Ids { ids, .. } => StepOut::Ids(ids.narrow(0, 0, rows)?.copy()?),
+        })
     }
 
     /// Whether capturing this bucket's graph failed (its steps run eagerly).
@@ -235,6 +270,7 @@ impl BucketGraph {
         ids: &[u32],
         blocks: &dyn Tables,
         block_size: usize,
+        draws: Option<&[(f32, u64)]>,
     ) -> anyhow::Result<()> {
         let (b, q, w, g) = (self.size, self.q, self.width, self.groups);
         let mut p = Vec::with_capacity(self.packed_len);
@@ -280,8 +316,14 @@ impl BucketGraph {
         p.extend(std::iter::repeat_n(0, b - n));
         p.extend(0..(b * q) as u32); // every row's logits
         p.push((n * q) as u32); // the padding sequences' rows come last
-        debug_assert_eq!(p.len(), self.packed_len);
-        let host = crate::kernels::upload_u32(&p, self.logits.device())?;
+        if let Some(d) = draws {
+            anyhow::ensure!(d.len() == n * q, "decode graph: one draw per row");
+            let padded: Vec<(f32, u64)> =
+                d.iter().copied().chain(std::iter::repeat_n((0.0, 0), pad_rows)).collect();
+            p.extend(crate::kernels::draw_words(&padded));
+        }
+        anyhow::ensure!(p.len() == self.packed_len, "decode graph: inputs of another size");
+        let host = crate::kernels::upload_u32(&p, self.packed.device())?;
         Ok(self.packed.slice_set(&host, 0, 0)?)
     }
 
@@ -296,7 +338,13 @@ impl BucketGraph {
                 buf.slice_set(&t, 0, 0)?;
             }
         }
-        Ok(self.logits.slice_set(&logits, 0, 0)?)
+        match &self.out {
+            Out::Logits(buf) => buf.slice_set(&logits, 0, 0)?,
+            Out::Ids { draws, ids } => {
+                ids.slice_set(&draw_on_ranks(model, &logits, draws)?, 0, 0)?
+            }
+        }
+        Ok(())
     }
 
     fn replay(&mut self, model: &dyn BatchModel, pool: &KvPool) -> anyhow::Result<()> {
@@ -327,7 +375,7 @@ impl BucketGraph {
         let _arena = reserved.is_ok().then(|| arena.serve(stream.cu_stream()));
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         // Everything the step allocates is freed before the capture ends (the graph owns those
-        // allocations); only the fixed logits buffer is written.
+        // allocations); only the fixed output buffers are written.
         let recorded = self.run_into_buffer(model, pool);
         // Always end the capture, or the stream stays in capture mode.
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));

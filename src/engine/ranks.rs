@@ -3,8 +3,10 @@
 //! their own heads) and run every step rank 0 runs, in the same order, so that the collectives
 //! inside the model meet. Before each step, rank 0's runner sends the others a [`StepOp`]: the
 //! chunks, their token ids and their sequences' block tables, which is everything a runner's
-//! step reads from the host. A pipelined decode step's ids exist only on rank 0's device; they
-//! reach the other ranks by a broadcast on the stream, in front of the step (`graphs.rs`).
+//! step reads from the host, and the rows' draws where the ranks draw the step's ids
+//! ([`Runner::forward_drawn`]: every rank takes part in that draw). A pipelined decode step's
+//! ids exist only on rank 0's device; they reach the other ranks by a broadcast on the stream,
+//! in front of the step (`graphs.rs`).
 //!
 //! The ops travel as words (u32), framed by the transport (`load/ranks.rs`): a decode step of 64
 //! sequences with 8k-token tables is ~130 KB, written and parsed without a serializer's cost.
@@ -20,13 +22,16 @@ use super::scheduler::Chunk;
 /// What rank 0 sends the other ranks before a step.
 #[derive(Debug, PartialEq)]
 pub enum StepOp {
-    /// [`Runner::forward`] of these chunks and ids.
-    Forward { chunks: Vec<Chunk>, inputs: Vec<Vec<u32>>, tables: TableSnapshot },
-    /// [`Runner::forward_after`] of these chunks (the ids come by broadcast).
-    ForwardAfter { chunks: Vec<Chunk>, tables: TableSnapshot },
+    /// [`Runner::forward_drawn`] of these chunks, ids and draws.
+    Forward { chunks: Vec<Chunk>, inputs: Vec<Vec<u32>>, tables: TableSnapshot, draws: Draws },
+    /// [`Runner::forward_after`] of these chunks (the ids come by broadcast) and draws.
+    ForwardAfter { chunks: Vec<Chunk>, tables: TableSnapshot, draws: Draws },
     /// The engine stopped: the rank exits.
     Stop,
 }
+
+/// Each sampled row's `(1/T, seed)` where the ranks draw the step's ids.
+pub type Draws = Option<Vec<(f32, u64)>>;
 
 /// The ranks rank 0's runner sends each step to.
 pub trait Followers: Send {
@@ -56,13 +61,15 @@ const STOP: u32 = 2;
 
 /// The words of a step: `[kind, chunks, groups, block_size]`, then per chunk `[id (2 words),
 /// start, len, sample, drafts, ids…, per group: table length, table…]` (ids counted by `len`
-/// for a forward, none after).
+/// for a forward, none after), then the draws: `[0]` for none, else `[rows + 1]` and their
+/// [`crate::kernels::draw_words`].
 pub fn encode(
     kind_after: bool,
     chunks: &[Chunk],
     inputs: &[&[u32]],
     tables: &dyn Tables,
     groups: usize,
+    draws: Option<&[(f32, u64)]>,
 ) -> Vec<u32> {
     let kind = if kind_after { FORWARD_AFTER } else { FORWARD };
     let mut w = vec![kind, chunks.len() as u32, groups as u32, tables.block_size() as u32];
@@ -77,6 +84,13 @@ pub fn encode(
             w.push(t.len() as u32);
             w.extend_from_slice(t);
         }
+    }
+    match draws {
+        Some(d) => {
+            w.push(d.len() as u32 + 1);
+            w.extend(crate::kernels::draw_words(d));
+        }
+        None => w.push(0),
     }
     w
 }
@@ -123,12 +137,24 @@ pub fn decode(words: &[u32]) -> anyhow::Result<StepOp> {
         seqs.insert(chunk.id, tables);
         chunks.push(chunk);
     }
+    let draws = match take(1)?[0] as usize {
+        0 => None,
+        marked => {
+            let rows = marked - 1;
+            let w = take(3 * rows)?;
+            let draw = |r: usize| {
+                let seed = u64::from(w[2 * r]) | (u64::from(w[2 * r + 1]) << 32);
+                (f32::from_bits(w[2 * rows + r]), seed)
+            };
+            Some((0..rows).map(draw).collect())
+        }
+    };
     anyhow::ensure!(at == words.len(), "rank: {} words after a step", words.len() - at);
     let tables = TableSnapshot { block_size, seqs };
     Ok(if kind == FORWARD {
-        StepOp::Forward { chunks, inputs, tables }
+        StepOp::Forward { chunks, inputs, tables, draws }
     } else {
-        StepOp::ForwardAfter { chunks, tables }
+        StepOp::ForwardAfter { chunks, tables, draws }
     })
 }
 
@@ -139,14 +165,14 @@ pub fn follow(
 ) -> anyhow::Result<()> {
     loop {
         match decode(&next()?)? {
-            StepOp::Forward { chunks, inputs, tables } => {
-                runner.forward(&chunks, &inputs, &tables)?;
+            StepOp::Forward { chunks, inputs, tables, draws } => {
+                runner.forward_drawn(&chunks, &inputs, &tables, draws.as_deref())?;
             }
-            StepOp::ForwardAfter { chunks, tables } => {
+            StepOp::ForwardAfter { chunks, tables, draws } => {
                 // Rank 0's ids overwrite these (the broadcast in front of the step).
                 let rows: usize = chunks.iter().map(|c| c.len).sum();
                 let ids = Tensor::zeros(rows, DType::U32, runner.device())?;
-                let ran = runner.forward_after(&chunks, &ids, &tables)?;
+                let ran = runner.forward_after(&chunks, &ids, &tables, draws.as_deref())?;
                 anyhow::ensure!(
                     ran.is_some(),
                     "rank: no decode graph for a step rank 0 ran as one"
@@ -176,15 +202,18 @@ mod tests {
             Chunk { id: 2, start: 0, len: 1, sample: false, drafts: 0 },
         ];
         let ids: [&[u32]; 2] = [&[5, 6, 7], &[8]];
-        let words = encode(false, &chunks, &ids, &blocks, 2);
+        let words = encode(false, &chunks, &ids, &blocks, 2, None);
         let want = StepOp::Forward {
             chunks: chunks.clone(),
             inputs: vec![vec![5, 6, 7], vec![8]],
             tables: TableSnapshot { block_size: 16, seqs: blocks.seqs.clone() },
+            draws: None,
         };
         assert_eq!(decode(&words).unwrap(), want);
-        let after = decode(&encode(true, &chunks, &[], &blocks, 2)).unwrap();
-        assert!(matches!(after, StepOp::ForwardAfter { chunks: c, .. } if c == chunks));
+        let draws = [(0.0, 0), (1.25, u64::MAX - 3), (0.5, 1 << 40)];
+        let after = decode(&encode(true, &chunks, &[], &blocks, 2, Some(&draws))).unwrap();
+        assert!(matches!(after, StepOp::ForwardAfter { chunks: c, draws: Some(d), .. }
+            if c == chunks && d == draws));
         assert_eq!(decode(&encode_stop()).unwrap(), StepOp::Stop);
         for cut in 0..words.len() {
             assert!(decode(&words[..cut]).is_err(), "cut at {cut}");

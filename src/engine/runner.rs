@@ -3,6 +3,9 @@
 //! once per step), the model runs, and each sampling sequence's next id is picked: on a GPU all
 //! rows on the device in one chain of launches whatever their settings (argmax, a Gumbel draw, or
 //! the full device sampler), on the CPU greedy rows by the argmax kernel and the rest on the host.
+//! A model split by vocabulary over ranks whose step draws only greedy or plain-temperature rows
+//! draws them on the ranks instead ([`Runner::forward_drawn`]): each rank's best candidates of its
+//! own logits, gathered and picked, so that the logits never leave their GPUs.
 
 use candle_core::{Device, Tensor};
 
@@ -61,6 +64,63 @@ impl<'a> SampleSpec<'a> {
     }
 }
 
+/// What a step gives its sampling rows.
+pub enum StepOut {
+    /// f32 `[R, vocab]`, to be drawn from.
+    Logits(Tensor),
+    /// u32 `[R]`: the ids the ranks drew ([`draw_on_ranks`]).
+    Ids(Tensor),
+}
+
+impl StepOut {
+    /// The logits; an error for ids (a step asked for logits gets them).
+    pub fn logits(self) -> anyhow::Result<Tensor> {
+        match self {
+            StepOut::Logits(l) => Ok(l),
+            StepOut::Ids(_) => anyhow::bail!("runner: a step drawn on the ranks has no logits"),
+        }
+    }
+}
+
+/// Each row's `(1/T, seed)` (1/T = 0: greedy) where every row of `specs` can be drawn on the
+/// ranks of a model split by vocabulary as one rank draws it: plain greedy, or on a GPU (`cuda`)
+/// plain temperature too (the Gumbel-max draw, which needs only each rank's own logits; the CPU
+/// samples such rows on the host), with the seeds [`device_ids`] gives them. `None` where a row
+/// needs the whole logits (penalties, top-k, top-p, min-p).
+pub fn rank_draws(specs: &mut [SampleSpec], cuda: bool) -> Option<Vec<(f32, u64)>> {
+    let mut draws = Vec::new();
+    for s in specs.iter_mut() {
+        let c = s.sampler.config();
+        let greedy = c.is_greedy() && c.is_unpenalised();
+        let plain_temperature = cuda && c.is_plain_temperature() && c.filter().inv_t > 0.0;
+        if !(greedy || plain_temperature) {
+            return None;
+        }
+        for j in 0..=s.drafts {
+            s.sampler.seek(s.index + j as u64);
+            // As sample_gumbel_rows turns each row's temperature into 1/T.
+            let inv_t = if greedy { 0.0 } else { 1.0 / s.sampler.config().temperature };
+            draws.push((inv_t, if greedy { 0 } else { s.sampler.next_seed() }));
+        }
+    }
+    Some(draws)
+}
+
+/// The ids of a step's rows from this rank's piece of their logits (`[R, ceil(vocab / world)]`,
+/// [`StepInput::local_logits`]) and the draws' words (u32 `[3R]`, [`crate::kernels::draw_words`]):
+/// every rank's candidates gathered, then picked (the same ids on every rank, those
+/// [`device_ids`] draws from the whole logits). Every rank of the model must call it.
+pub fn draw_on_ranks(
+    model: &dyn BatchModel,
+    logits: &Tensor,
+    words: &Tensor,
+) -> anyhow::Result<Tensor> {
+    let c = model.collective().ok_or_else(|| anyhow::anyhow!("a draw on ranks without ranks"))?;
+    let (mine, _) = c.shard().vocab(model.vocab_size());
+    let candidates = crate::kernels::shard_candidates(logits, mine.start, mine.len(), words)?;
+    Ok(crate::kernels::pick_candidates(&c.all_gather(&candidates)?)?)
+}
+
 impl Runner {
     /// A runner with no decode graph captured yet.
     pub fn new(model: Box<dyn BatchModel>, pool: KvPool, shape: KvShape) -> Runner {
@@ -91,10 +151,36 @@ impl Runner {
         inputs: &[T],
         blocks: &dyn Tables,
     ) -> anyhow::Result<Option<Tensor>> {
+        self.forward_drawn(chunks, inputs, blocks, None)?.map(StepOut::logits).transpose()
+    }
+
+    /// [`Runner::forward`], whose sampling rows are drawn on the ranks by `draws` (each row's
+    /// `(1/T, seed)`, [`rank_draws`]) where the model is split over ranks; elsewhere `draws`
+    /// is ignored and the step gives its logits.
+    pub fn forward_drawn<T: AsRef<[u32]>>(
+        &mut self,
+        chunks: &[Chunk],
+        inputs: &[T],
+        blocks: &dyn Tables,
+        draws: Option<&[(f32, u64)]>,
+    ) -> anyhow::Result<Option<StepOut>> {
         self.count_step();
         let trace = self.trace("forward", chunks);
-        let out = self.forward_untraced(chunks, inputs, blocks);
+        let draws = self.draws_here(chunks, draws)?;
+        let out = self.forward_untraced(chunks, inputs, blocks, draws);
         self.traced(trace, out)
+    }
+
+    /// `draws` where this model draws on ranks (one per sampled row of `chunks`), else `None`.
+    fn draws_here<'d>(
+        &self,
+        chunks: &[Chunk],
+        draws: Option<&'d [(f32, u64)]>,
+    ) -> anyhow::Result<Option<&'d [(f32, u64)]>> {
+        let Some(d) = draws.filter(|_| self.model.collective().is_some()) else { return Ok(None) };
+        let rows: usize = chunks.iter().filter(|c| c.sample).map(|c| c.sampled_rows()).sum();
+        anyhow::ensure!(d.len() == rows, "runner: {} draws for {rows} sampled rows", d.len());
+        Ok((rows > 0).then_some(d))
     }
 
     /// Counts a step, and starts the CUDA profiler before the one `INFERNO_PROFILE_FROM_STEP`
@@ -132,19 +218,21 @@ impl Runner {
         chunks: &[Chunk],
         inputs: &[T],
         blocks: &dyn Tables,
-    ) -> anyhow::Result<Option<Tensor>> {
+        draws: Option<&[(f32, u64)]>,
+    ) -> anyhow::Result<Option<StepOut>> {
         if let Some(f) = &mut self.followers {
             let ids: Vec<&[u32]> = inputs.iter().map(|i| i.as_ref()).collect();
             let groups = self.shape.group_windows.len();
-            f.send(ranks::encode(false, chunks, &ids, blocks, groups))?;
+            f.send(ranks::encode(false, chunks, &ids, blocks, groups, draws))?;
         }
         // A step that verifies drafts gives each row its one-row bits (followers decide alike,
         // from the same chunks; a verify graph is captured and replayed under the same rule).
         let _verifying = invariance::Step::new(chunks.iter().any(|c| c.drafts > 0));
-        if let Some(logits) = self.decode_graph(chunks, inputs, blocks)? {
-            return Ok(Some(logits));
+        if let Some(out) = self.decode_graph(chunks, inputs, blocks, draws)? {
+            return Ok(Some(out));
         }
-        let step = self.step_input(chunks, inputs, blocks)?;
+        let mut step = self.step_input(chunks, inputs, blocks)?;
+        step.local_logits = draws.is_some();
         let any_sample = chunks.iter().any(|c| c.sample);
         self.last_taps = None;
         let logits = if self.step_taps().is_empty() {
@@ -154,7 +242,11 @@ impl Runner {
             self.last_taps = taps;
             logits
         };
-        Ok(any_sample.then_some(logits))
+        if let Some(d) = draws {
+            let words = crate::kernels::upload_u32(&crate::kernels::draw_words(d), self.device())?;
+            return Ok(Some(StepOut::Ids(draw_on_ranks(self.model.as_ref(), &logits, &words)?)));
+        }
+        Ok(any_sample.then_some(StepOut::Logits(logits)))
     }
 
     /// A step where every sequence decodes one token, or verifies the same number of drafts,
@@ -164,15 +256,17 @@ impl Runner {
         chunks: &[Chunk],
         inputs: &[T],
         blocks: &dyn Tables,
-    ) -> anyhow::Result<Option<Tensor>> {
+        draws: Option<&[(f32, u64)]>,
+    ) -> anyhow::Result<Option<StepOut>> {
         if !graphs::enabled(self.model.device()) {
             return Ok(None);
         }
-        let Some(key) = self.graph_key(chunks) else { return Ok(None) };
+        let Some(key) = self.graph_key(chunks, draws.is_some()) else { return Ok(None) };
         if !self.graphs.contains_key(&key) {
             let groups = self.shape.group_windows.len();
             let g = BucketGraph::new(
                 (key.0, key.1),
+                key.3,
                 self.model.as_ref(),
                 groups,
                 self.pool.block_size,
@@ -182,28 +276,33 @@ impl Runner {
             self.graphs.insert(key, g);
         }
         let ids: Vec<u32> = inputs.iter().flat_map(|i| i.as_ref().iter().copied()).collect();
-        self.graph_step(key, chunks, StepIds::Host(&ids), blocks).map(Some)
+        self.graph_step(key, chunks, StepIds::Host(&ids), blocks, draws).map(Some)
     }
 
     /// A decode step whose input ids are the previous step's sampled ids, still on the device
-    /// (u32 `[chunks.len()]`): the logits of its rows. `None` where no decode graph runs it.
+    /// (u32 `[chunks.len()]`): the logits of its rows, or with `draws` on a model split over
+    /// ranks their ids ([`Runner::forward_drawn`]). `None` where no decode graph runs it.
     pub fn forward_after(
         &mut self,
         chunks: &[Chunk],
         ids: &Tensor,
         blocks: &dyn Tables,
-    ) -> anyhow::Result<Option<Tensor>> {
-        let Some(key) = self.graph_key(chunks).filter(|k| k.1 == 1 && self.graphs.contains_key(k))
+        draws: Option<&[(f32, u64)]>,
+    ) -> anyhow::Result<Option<StepOut>> {
+        let draws = self.draws_here(chunks, draws)?;
+        let Some(key) = self
+            .graph_key(chunks, draws.is_some())
+            .filter(|k| k.1 == 1 && self.graphs.contains_key(k))
         else {
             return Ok(None);
         };
         if let Some(f) = &mut self.followers {
             let groups = self.shape.group_windows.len();
-            f.send(ranks::encode(true, chunks, &[], blocks, groups))?;
+            f.send(ranks::encode(true, chunks, &[], blocks, groups, draws))?;
         }
         self.count_step();
         let trace = self.trace("forward_after", chunks);
-        let out = self.graph_step(key, chunks, StepIds::Device(ids), blocks).map(Some);
+        let out = self.graph_step(key, chunks, StepIds::Device(ids), blocks, draws).map(Some);
         self.traced(trace, out)
     }
 
@@ -213,20 +312,28 @@ impl Runner {
         chunks: &[Chunk],
         ids: StepIds,
         blocks: &dyn Tables,
-    ) -> anyhow::Result<Tensor> {
+        draws: Option<&[(f32, u64)]>,
+    ) -> anyhow::Result<StepOut> {
         let Some(graph) = self.graphs.get_mut(&key) else {
             anyhow::bail!("runner: no decode graph for {key:?}")
         };
-        let logits = graph.step(self.model.as_ref(), &self.pool, chunks, ids, blocks)?;
+        let out = graph.step(self.model.as_ref(), &self.pool, chunks, ids, blocks, draws)?;
         // A copy: the next replay rewrites the graph's buffer.
-        self.last_taps = graph.taps(logits.dim(0)?).map(|t| t?.copy()).transpose()?;
-        Ok(logits)
+        let rows = chunks.len() * key.1;
+        self.last_taps = graph.taps(rows).map(|t| t?.copy()).transpose()?;
+        Ok(out)
     }
 
     /// Whether `chunks` run as a decode graph that exists already (the pipelined decode needs
-    /// it: only a graph step takes its ids from the device).
-    pub fn has_graph_for(&self, chunks: &[Chunk]) -> bool {
-        self.graph_key(chunks).is_some_and(|key| key.1 == 1 && self.graphs.contains_key(&key))
+    /// it: only a graph step takes its ids from the device), drawn on the ranks or not.
+    pub fn has_graph_for(&self, chunks: &[Chunk], drawn: bool) -> bool {
+        self.graph_key(chunks, drawn)
+            .is_some_and(|key| key.1 == 1 && self.graphs.contains_key(&key))
+    }
+
+    /// Whether this model's steps may draw on its ranks ([`Runner::forward_drawn`]).
+    pub fn draws_on_ranks(&self) -> bool {
+        self.model.collective().is_some()
     }
 
     /// The layers this step taps: none unless it keeps its taps.
@@ -234,9 +341,10 @@ impl Runner {
         if self.keep_taps { &self.taps } else { &[] }
     }
 
-    /// The decode graph that runs `chunks` now ([`decode_bucket`]), tapping or not.
-    fn graph_key(&self, chunks: &[Chunk]) -> Option<GraphKey> {
-        decode_bucket(chunks).map(|(b, q)| (b, q, !self.step_taps().is_empty()))
+    /// The decode graph that runs `chunks` now ([`decode_bucket`]), tapping or not, drawing on
+    /// the ranks or not.
+    fn graph_key(&self, chunks: &[Chunk], drawn: bool) -> Option<GraphKey> {
+        decode_bucket(chunks).map(|(b, q)| (b, q, !self.step_taps().is_empty(), drawn))
     }
 
     fn step_input<T: AsRef<[u32]>>(
@@ -300,6 +408,7 @@ impl Runner {
             logit_rows: Tensor::new(rows.as_slice(), dev)?,
             live_rows: None,
             bounds: PagedBounds { max_q_len: max_q, max_context: max_ctx },
+            local_logits: false,
         })
     }
 }
@@ -321,8 +430,9 @@ pub(crate) fn block_tables(
     Tensor::from_vec(t, (ids.len(), width), dev)
 }
 
-/// A decode graph's bucket size, rows per sequence, and whether it taps.
-type GraphKey = (usize, usize, bool);
+/// A decode graph's bucket size, rows per sequence, whether it taps, and whether it draws its
+/// ids on the ranks.
+type GraphKey = (usize, usize, bool, bool);
 
 /// The decode graph of a step whose every chunk samples all its rows, and has as many as the
 /// others (one token, or the last token and the same number of drafts): (bucket, rows per

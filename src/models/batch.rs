@@ -171,6 +171,10 @@ pub struct StepInput {
     pub live_rows: Option<Tensor>,
     /// Host-side bounds that fix the attention launches.
     pub bounds: PagedBounds,
+    /// A model split by vocabulary returns its own piece of the logits, `[R, ceil(vocab /
+    /// world)]`, not gathered: the ranks draw the step's ids themselves
+    /// (`engine::runner::draw_on_ranks`). Ignored by a model on one rank.
+    pub local_logits: bool,
 }
 
 /// A model the engine can batch.

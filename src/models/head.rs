@@ -33,16 +33,17 @@ impl Head {
     }
 
     /// [`Head::logits`] of a head split by vocabulary ([`Head::shard`]): each rank's piece
-    /// gathered, `[rows, vocab]` on every rank.
+    /// gathered, `[rows, vocab]` on every rank; or, with `local`, this rank's piece alone.
     pub fn gathered_logits(
         &self,
         hidden: &Tensor,
         comm: Option<&Arc<dyn Collective>>,
         vocab: usize,
+        local: bool,
     ) -> anyhow::Result<Tensor> {
-        let local = self.logits(hidden)?;
-        let Some(c) = comm else { return Ok(local) };
-        let all = collective::all_gather_cols(c.as_ref(), &local)?;
+        let mine = self.logits(hidden)?;
+        let Some(c) = comm.filter(|_| !local) else { return Ok(mine) };
+        let all = collective::all_gather_cols(c.as_ref(), &mine)?;
         Ok(if all.dim(1)? == vocab { all } else { all.narrow(1, 0, vocab)?.contiguous()? })
     }
 

@@ -138,6 +138,7 @@ impl OneSeq {
             logit_rows: Tensor::new(rows.as_slice(), &dev)?,
             live_rows: None,
             bounds: PagedBounds { max_q_len: n, max_context: start + n },
+            local_logits: false,
         })
     }
 }

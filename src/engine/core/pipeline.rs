@@ -26,7 +26,7 @@ use candle_core::Tensor;
 
 use super::Core;
 use crate::engine::readback::Readback;
-use crate::engine::runner::device_ids;
+use crate::engine::runner::{StepOut, device_ids};
 use crate::engine::scheduler::Chunk;
 
 /// A decode step enqueued whose ids the host has not read yet.
@@ -39,16 +39,18 @@ pub(super) struct InFlight {
 }
 
 impl Core {
-    /// After a graph decode step's logits: draws its ids on the device, marks the step's end and
-    /// leaves the step in flight (true), when every sequence's draw allows it.
-    pub(super) fn defer(&mut self, logits: &Tensor, chunks: &[Chunk], t0: Instant) -> bool {
+    /// After a graph decode step's logits (or its ids drawn on the ranks): draws its ids on the
+    /// device, marks the step's end and leaves the step in flight (true), when every sequence's
+    /// draw allows it.
+    pub(super) fn defer(&mut self, out: &StepOut, chunks: &[Chunk], t0: Instant) -> bool {
+        let drawn = matches!(out, StepOut::Ids(_));
         if !self.pipelined
-            || !self.runner.has_graph_for(chunks)
+            || !self.runner.has_graph_for(chunks, drawn)
             || !chunks.iter().all(|c| self.drawn_blind(c.id, 0))
         {
             return false;
         }
-        match self.launch_draw(logits, chunks, t0, 0) {
+        match self.launch_draw(out, chunks, t0, 0) {
             Ok(step) => {
                 self.in_flight = Some(step);
                 true
@@ -133,7 +135,9 @@ impl Core {
         }
         let t0 = Instant::now();
         self.runner.keep_taps = self.wants_taps(&chunks);
-        let Some(logits) = self.runner.forward_after(&chunks, &step.ids, &self.blocks)? else {
+        let draws = self.rank_draws(&chunks, 1);
+        let ran = self.runner.forward_after(&chunks, &step.ids, &self.blocks, draws.as_deref())?;
+        let Some(out) = ran else {
             trace(|| "not ahead: no decode graph".into());
             return Ok(None);
         };
@@ -142,20 +146,25 @@ impl Core {
         // replay rewrites the graph's buffer.
         self.record_taps(&chunks);
         // `step`'s tokens are drawn but not handed out yet: these are each reply's next.
-        self.launch_draw(&logits, &chunks, t0, 1).map(Some)
+        self.launch_draw(&out, &chunks, t0, 1).map(Some)
     }
 
-    /// Draws `chunks`' ids from `logits` on the device and marks the end of the step; `ahead`:
-    /// tokens of each sequence drawn before these but not handed out yet (their draw indices
-    /// come first).
+    /// Draws `chunks`' ids from the step's logits on the device (or takes those the ranks drew)
+    /// and marks the end of the step; `ahead`: tokens of each sequence drawn before these but
+    /// not handed out yet (their draw indices come first).
     fn launch_draw(
         &mut self,
-        logits: &Tensor,
+        out: &StepOut,
         chunks: &[Chunk],
         t0: Instant,
         ahead: usize,
     ) -> anyhow::Result<InFlight> {
-        let ids = self.with_specs(chunks, ahead, |specs| device_ids(logits, specs))??;
+        let ids = match out {
+            StepOut::Logits(logits) => {
+                self.with_specs(chunks, ahead, |specs| device_ids(logits, specs))??
+            }
+            StepOut::Ids(ids) => ids.clone(),
+        };
         let readback = Readback::enqueue(&ids)?;
         Ok(InFlight { chunks: chunks.to_vec(), ids, readback, t0 })
     }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::Core;
 use crate::engine::logprobs::{TokenLogprobs, token_logprobs};
-use crate::engine::runner::{SampleSpec, sample_rows};
+use crate::engine::runner::{SampleSpec, StepOut, rank_draws, sample_rows};
 use crate::engine::scheduler::Chunk;
 
 /// A sampled (or forced) id and, when its request asked, its log probabilities.
@@ -25,10 +25,13 @@ impl Core {
     /// probabilities.
     pub(super) fn sample(
         &mut self,
-        logits: &candle_core::Tensor,
+        step: &StepOut,
         chunks: &[Chunk],
     ) -> anyhow::Result<Vec<SampledRun>> {
-        let ids = self.draw(logits, chunks)?;
+        let ids = match step {
+            StepOut::Logits(logits) => self.draw(logits, chunks)?,
+            StepOut::Ids(ids) => ids.to_vec1::<u32>()?,
+        };
         let Core { live, sched, drafted, spec_stats, broken, recent_acceptance, .. } = self;
         let mut out = Vec::with_capacity(chunks.len());
         let mut r = 0;
@@ -66,19 +69,44 @@ impl Core {
             };
             let mut tokens = Vec::with_capacity(picked.len());
             for (j, id) in picked.into_iter().enumerate() {
-                let scores = match l.req.logprobs {
+                let scores = match (l.req.logprobs, step) {
                     // Only this row leaves the device, and only for a request that asked.
-                    Some(k) => {
+                    (Some(k), StepOut::Logits(logits)) => {
                         let row = logits.get(first + j)?.to_vec1::<f32>()?;
                         Some(Box::new(token_logprobs(&row, id, k)))
                     }
-                    None => None,
+                    // `rank_draws` never draws on the ranks for a request that asked.
+                    (Some(_), StepOut::Ids(_)) => {
+                        anyhow::bail!("log probabilities of ids drawn on ranks")
+                    }
+                    (None, _) => None,
                 };
                 tokens.push((id, scores));
             }
             out.push(SampledRun { accepted, tokens });
         }
         Ok(out)
+    }
+
+    /// Each sampled row's `(1/T, seed)` where the step's ids can be drawn on the ranks of a model
+    /// split by vocabulary ([`crate::engine::runner::Runner::forward_drawn`]): every sampling
+    /// chunk's request greedy or plain temperature, without log probabilities or a constraint
+    /// (they need the whole logits on the host). `ahead` as [`Core::with_specs`].
+    pub(super) fn rank_draws(&mut self, chunks: &[Chunk], ahead: usize) -> Option<Vec<(f32, u64)>> {
+        if !self.runner.draws_on_ranks() {
+            return None;
+        }
+        let sampling: Vec<Chunk> = chunks.iter().filter(|c| c.sample).copied().collect();
+        let plain = |c: &Chunk| {
+            self.live
+                .get(&c.id)
+                .is_some_and(|l| l.req.logprobs.is_none() && l.req.constraint.is_none())
+        };
+        if sampling.is_empty() || !sampling.iter().all(plain) {
+            return None;
+        }
+        let cuda = self.runner.device().is_cuda();
+        self.with_specs(&sampling, ahead, |specs| rank_draws(specs, cuda)).ok().flatten()
     }
 
     /// Each sampled row's id as its chunk's sampler draws it (rows in chunk order).

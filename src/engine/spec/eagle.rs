@@ -373,6 +373,7 @@ impl EagleDrafter {
             logit_rows: Tensor::new(last.as_slice(), dev)?,
             live_rows: None,
             bounds: PagedBounds { max_q_len: max_q, max_context: max_ctx },
+            local_logits: false,
         })
     }
 

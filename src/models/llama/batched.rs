@@ -139,7 +139,8 @@ impl BatchModel for Llama {
         }
         taps.see(w.layers.len(), &x);
         let last = x.index_select(&step.logit_rows, 0)?;
-        let logits = w.head.gathered_logits(&last, self.comm(), cfg.vocab_size)?;
+        let logits =
+            w.head.gathered_logits(&last, self.comm(), cfg.vocab_size, step.local_logits)?;
         Ok((logits, taps.finish()?))
     }
 
