@@ -12,6 +12,18 @@ use crate::kernels::launch::Launch;
 const BLOCKS: usize = 256;
 const THREADS: u32 = 256;
 
+/// The chunk of a row each block reduces, and the chunks a row has: about BLOCKS blocks in all,
+/// at least 4 per row (one row gets 256 chunks).
+fn chunking(n: usize, rows: usize) -> (usize, usize) {
+    let chunk = n.div_ceil((BLOCKS / rows).max(4)).max(1);
+    (chunk, n.div_ceil(chunk))
+}
+
+/// A grid of `x` × `y` blocks of THREADS.
+fn grid(x: u32, y: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (x, y, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
 /// Row `r` of the f32 `[rows, n]` logits in `s` to its index, greedy or by the draw
 /// `draws[r] = (1/T, seed)` (1/T = 0: greedy).
 pub(super) fn launch(
@@ -23,9 +35,7 @@ pub(super) fn launch(
     let dev = s.device.clone();
     let n = l.shape().elem_count() / rows;
     let x = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
-    // About BLOCKS blocks in all, at least 4 per row: one row gets argmax's 256 chunks.
-    let chunk = n.div_ceil((BLOCKS / rows).max(4)).max(1);
-    let parts = n.div_ceil(chunk);
+    let (chunk, parts) = chunking(n, rows);
     // SAFETY (both): argmax_rows_partial writes every partial.
     let mut part_v = unsafe { dev.alloc::<f32>(rows * parts)? };
     let mut part_i = unsafe { dev.alloc::<i32>(rows * parts)? };
@@ -53,11 +63,7 @@ pub(super) fn launch(
         None => b.null().null(),
     };
     b.ptr_mut(&mut part_v).ptr_mut(&mut part_i);
-    let cfg = LaunchConfig {
-        grid_dim: (parts as u32, rows as u32, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = grid(parts as u32, rows as u32);
     // SAFETY: the arguments match the kernel's signature; blocks stay inside their row. It
     // waits (PDL) before anything else.
     unsafe { b.launch(cfg) }?;
@@ -81,11 +87,7 @@ pub(crate) fn launch_final(
     let stream = dev.cuda_stream();
     let mut b = Launch::new(&stream, &func);
     b.ptr(part_v).ptr(part_i).val(int(parts, "parts")?).ptr_mut(&mut out);
-    let cfg = LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = grid(rows as u32, 1);
     // SAFETY: the arguments match the kernel's signature; each row's block reads the `parts`
     // partials its row was given. It waits (PDL) before anything else.
     unsafe { b.launch(cfg) }?;
@@ -107,9 +109,7 @@ pub(super) fn launch_candidates(
     let n = l.shape().elem_count() / rows;
     let x = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
     let draws = ds.as_cuda_slice::<u32>()?.slice(dl.start_offset()..);
-    // As `launch`: about BLOCKS blocks in all, at least 4 per row.
-    let chunk = n.div_ceil((BLOCKS / rows).max(4)).max(1);
-    let parts = n.div_ceil(chunk);
+    let (chunk, parts) = chunking(n, rows);
     // SAFETY: every block writes its row's two words of its part.
     let mut cand = unsafe { dev.alloc::<u32>(rows * 2 * parts)? };
     let func = fatbin::argmax::ARGMAX.func(&dev, "argmax_shard_partial")?;
@@ -117,11 +117,7 @@ pub(super) fn launch_candidates(
     let mut b = Launch::new(&stream, &func);
     b.ptr(&x).val(int(n, "logits")?).val(int(valid, "real columns")?).val(int(offset, "offset")?);
     b.val(int(chunk, "chunk")?).val(int(parts, "parts")?).ptr(&draws).ptr_mut(&mut cand);
-    let cfg = LaunchConfig {
-        grid_dim: (parts as u32, rows as u32, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = grid(parts as u32, rows as u32);
     // SAFETY: the arguments match the kernel's signature; blocks stay inside their row and the
     // draws hold 3 words a row (checked by shard_candidates). It waits (PDL) before anything else.
     unsafe { b.launch(cfg) }?;
@@ -142,11 +138,7 @@ pub(super) fn launch_pick(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, S
     let mut b = Launch::new(&stream, &func);
     b.ptr(&all).val(int(w, "ranks")?).val(int(c / 2, "parts")?).ptr_mut(&mut out);
     int(w * rows * c, "candidates")?;
-    let cfg = LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = grid(rows as u32, 1);
     // SAFETY: the arguments match the kernel's signature; row r's block reads the W · 2P words
     // of its row (the shape checked by pick_candidates). It waits (PDL) before anything else.
     unsafe { b.launch(cfg) }?;

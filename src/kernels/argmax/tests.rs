@@ -72,27 +72,35 @@ fn gumbel_draws_follow_the_softmax() {
     check_draw_frequencies(&Device::Cpu);
 }
 
+/// `rows` random rows of `n` (`[rows · n]`): every fifth from the fourth all NaN (with more than
+/// 3 rows), every fifth from the fifth all −∞, the others with the maximum planted twice (the
+/// lower index must win) and a NaN.
+fn planted(r: &mut rand::rngs::StdRng, rows: usize, n: usize) -> Vec<f32> {
+    let mut data = Vec::with_capacity(rows * n);
+    for row in 0..rows {
+        let mut v = uniform(r, n, -30.0, 30.0);
+        match row % 5 {
+            3 if rows > 3 => v.fill(f32::NAN),
+            4 => v.fill(f32::NEG_INFINITY),
+            _ if n > 10 => {
+                v[(n / 3 + row) % (n - 2)] = 31.0;
+                v[n - 2] = 31.0;
+                v[n / 5] = f32::NAN;
+            }
+            _ => {}
+        }
+        data.extend(v);
+    }
+    data
+}
+
 /// Batches of rows on `dev` (planted ties, NaNs, an all-NaN and an all −∞ row) against the
 /// reference, row by row: greedy, and draws with random temperatures (some ≤ 0: greedy
 /// rows) and seeds.
 fn check_rows_on(dev: &Device, shapes: &[(usize, usize)]) {
     let mut r = rng(&format!("argmax rows {dev:?}"));
     for &(rows, n) in shapes {
-        let mut data = Vec::with_capacity(rows * n);
-        for row in 0..rows {
-            let mut v = uniform(&mut r, n, -30.0, 30.0);
-            match row % 5 {
-                3 if rows > 3 => v.fill(f32::NAN),
-                4 => v.fill(f32::NEG_INFINITY),
-                _ if n > 10 => {
-                    v[(n / 3 + row) % (n - 2)] = 31.0;
-                    v[n - 2] = 31.0; // tie: the lower index must win
-                    v[n / 5] = f32::NAN;
-                }
-                _ => {}
-            }
-            data.extend(v);
-        }
+        let data = planted(&mut r, rows, n);
         let cpu = Tensor::from_vec(data.clone(), (rows, n), &Device::Cpu).unwrap();
         let row = |i: usize| &data[i * n..(i + 1) * n];
         let t = cpu.to_device(dev).unwrap();
@@ -174,21 +182,7 @@ fn check_shards_on(dev: &Device, shapes: &[(usize, usize)]) {
     for &(rows, n) in shapes {
         for world in [2usize, 3, 4] {
             let per = n.div_ceil(world);
-            let mut data = Vec::with_capacity(rows * n);
-            for row in 0..rows {
-                let mut v = uniform(&mut r, n, -30.0, 30.0);
-                match row % 5 {
-                    3 if rows > 3 => v.fill(f32::NAN),
-                    4 => v.fill(f32::NEG_INFINITY),
-                    _ if n > 10 => {
-                        v[(n / 3 + row) % (n - 2)] = 31.0;
-                        v[n - 2] = 31.0;
-                        v[n / 5] = f32::NAN;
-                    }
-                    _ => {}
-                }
-                data.extend(v);
-            }
+            let data = planted(&mut r, rows, n);
             let temps: Vec<f32> = (0..rows)
                 .map(|i| if i % 3 == 0 { 0.0 } else { uniform(&mut r, 1, 0.3, 1.5)[0] })
                 .collect();
