@@ -163,9 +163,43 @@ fn a_wrong_master_addr_is_one_line_and_exit_9() {
 /// An engine on rank 0 whose steps reach the other ranks (threads here) as the words
 /// `engine/ranks.rs` encodes, each following with its own runner and pool: continuous batching
 /// of several requests (prefill chunks beside decodes, sequences finishing at different steps)
-/// gives the tokens one rank's engine gives.
+/// gives the tokens one rank's engine gives. Their greedy rows are drawn on the ranks (each
+/// rank's candidates of its own logits, `Runner::forward_drawn`) but for one request that asks
+/// for log probabilities, whose steps gather the logits.
 #[test]
 fn an_engine_over_ranks_decodes_what_one_rank_decodes() {
+    let (one, tp) = one_rank_and_two(None, |_| Vec::new());
+    assert_eq!(tp, one, "rank 0's engine over 2 ranks decoded other tokens");
+}
+
+/// The same with drafts to verify: each request predicts its own reply but for a wrong token
+/// in the middle (OpenAI's predicted outputs), so that steps verify several rows a sequence,
+/// drawn on the ranks, accept some and reject the rest.
+#[test]
+fn an_engine_over_ranks_verifies_drafts_as_one_rank_does() {
+    let (plain, _) = one_rank_and_two(None, |_| Vec::new());
+    let spec = inferno::engine::spec::SpecConfig {
+        max_batch: usize::MAX,
+        ..inferno::engine::spec::SpecConfig::ngram(4).expect("draft tokens")
+    };
+    let replies = plain.clone();
+    let predicted = move |i: usize| {
+        let mut p = replies[i].clone();
+        let mid = p.len() / 2;
+        p[mid] = (p[mid] + 1) % 250;
+        p
+    };
+    let (one, tp) = one_rank_and_two(Some(spec), predicted);
+    assert_eq!(one, plain, "one rank's drafts changed its greedy tokens");
+    assert_eq!(tp, one, "rank 0's engine over 2 ranks verified drafts into other tokens");
+}
+
+/// Four requests on one rank's engine and on an engine over 2 ranks (threads), with `spec` and
+/// each request's predicted output: each engine's tokens.
+fn one_rank_and_two(
+    spec: Option<inferno::engine::spec::SpecConfig>,
+    prediction: impl Fn(usize) -> Vec<u32>,
+) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
     use inferno::engine::core::{Built, Engine, EngineConfig};
     use inferno::engine::request::Request;
     use inferno::generate::SamplerConfig;
@@ -177,27 +211,29 @@ fn an_engine_over_ranks_decodes_what_one_rank_decodes() {
         kv_tokens: 4 * 64,
         token_budget: 16, // prompts of 21 run in two chunks, beside other sequences' decodes
         pipeline: false,
-        spec: None,
+        spec,
     };
     let prompts: Vec<Vec<u32>> = (0..4)
         .map(|i| PROMPT.iter().skip(i * 3).map(|&t| (t + i as u32) % 250).collect())
         .collect();
-    let request = |p: &Vec<u32>, n: usize| Request {
-        prompt: p.clone(),
-        sampling: SamplerConfig::greedy(),
-        max_tokens: n,
-        eos_ids: Vec::new(),
-        interrupt: None,
-        logprobs: None,
-        forced: Vec::new(),
-        constraint: None,
-        prediction: Vec::new(),
-    };
-    let generate = |engine: &Engine| -> Vec<Vec<u32>> {
+    let generate = move |engine: &Engine| -> Vec<Vec<u32>> {
         let handles: Vec<_> = prompts
             .iter()
             .enumerate()
-            .map(|(i, p)| engine.submit(request(p, 6 + 5 * i)).expect("submit"))
+            .map(|(i, p)| {
+                let req = Request {
+                    prompt: p.clone(),
+                    sampling: SamplerConfig::greedy(),
+                    max_tokens: 6 + 5 * i,
+                    eos_ids: Vec::new(),
+                    interrupt: None,
+                    logprobs: (i == 0).then_some(3),
+                    forced: Vec::new(),
+                    constraint: None,
+                    prediction: prediction(i),
+                };
+                engine.submit(req).expect("submit")
+            })
             .collect();
         handles.into_iter().map(|h| common::collect(h).0).collect()
     };
@@ -228,5 +264,5 @@ fn an_engine_over_ranks_decodes_what_one_rank_decodes() {
     for t in threads {
         t.join().expect("a following rank failed");
     }
-    assert_eq!(tp, one, "rank 0's engine over 2 ranks decoded other tokens");
+    (one, tp)
 }
