@@ -53,7 +53,7 @@ warmup=0 from=$((gen - steps - ${SKIP:-0} - 2)) start=off
 tp=() ranks=()
 if [ -n "${TP:-}" ]; then
     tp=(--tp "$TP")
-    ranks=(--target-processes application-only --kernel-name regex:'^(?!.*(all_reduce|nccl)).*')
+    ranks=(--target-processes application-only --kernel-name regex:'^(?!.*(all_reduce|all_gather|broadcast|nccl)).*')
 fi
 INFERNO_BENCH_WARMUP=$warmup INFERNO_PROFILE_FROM_STEP=$from \
     ncu --profile-from-start $start --graph-profiling node --cache-control none \
@@ -71,8 +71,10 @@ scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "mse
 byte = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9, "B": 1}
 t_scale = scale[units[col["gpu__time_duration.sum"]]]
 num = lambda s: float(s.replace(",", "") or 0)
-# A decode step ends with the greedy argmax's last kernel: keep the last `steps` steps.
-ends = [i for i, r in enumerate(data) if r[col["Kernel Name"]].startswith("argmax_rows_final")]
+# A decode step ends with the greedy argmax's last kernel (one GPU's, or the pick of a draw on
+# the ranks with --tp): keep the last `steps` steps.
+last = ("argmax_rows_final", "argmax_shard_pick")
+ends = [i for i, r in enumerate(data) if r[col["Kernel Name"]].startswith(last)]
 if steps == "prefill":
     # Everything the two prefills ran (the dummy weights' initialisation included: it is
     # counted per prefill too, and shows as its own kernels).
