@@ -54,6 +54,8 @@ struct Args<'a> {
     k_pool: &'a Tensor,
     v_pool: &'a Tensor,
     scales: Option<(&'a Tensor, &'a Tensor)>,
+    /// Only the CUDA kernel has a release to order.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     release_first: bool,
 }
 
