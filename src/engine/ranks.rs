@@ -140,13 +140,8 @@ pub fn decode(words: &[u32]) -> anyhow::Result<StepOp> {
     let draws = match take(1)?[0] as usize {
         0 => None,
         marked => {
-            let rows = marked - 1;
-            let w = take(3 * rows)?;
-            let draw = |r: usize| {
-                let seed = u64::from(w[2 * r]) | (u64::from(w[2 * r + 1]) << 32);
-                (f32::from_bits(w[2 * rows + r]), seed)
-            };
-            Some((0..rows).map(draw).collect())
+            let w = take(3 * (marked - 1))?;
+            Some((0..marked - 1).map(|r| crate::kernels::draw_of(w, r)).collect())
         }
     };
     anyhow::ensure!(at == words.len(), "rank: {} words after a step", words.len() - at);

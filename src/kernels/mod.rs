@@ -72,7 +72,9 @@ pub(crate) mod launch;
 #[cfg(test)]
 mod testing;
 
-pub use argmax::{argmax_rows, draw_words, pick_candidates, sample_gumbel_rows, shard_candidates};
+pub use argmax::{
+    argmax_rows, draw_of, draw_words, pick_candidates, sample_gumbel_rows, shard_candidates,
+};
 pub use layer_norm_act::{AddNorm, Normed, add_rms_norm, rms_norm, silu_mul_to};
 pub use matmul_f32_out::{matmul_f32_out, matmul_hi_lo};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};

@@ -169,17 +169,24 @@ fn candidate(values: &[f32], offset: usize, (inv_t, seed): (f32, u64)) -> (f32, 
     for (j, &x) in values.iter().enumerate() {
         let g = offset + j;
         let x = if inv_t > 0.0 { x * inv_t + gumbel(seed, g) } else { x };
-        if !x.is_nan() && (x > best.0 || (x == best.0 && (g as u32) < best.1)) {
+        if !x.is_nan() && beats((x, g as u32), best) {
             best = (x, g as u32);
         }
     }
     best
 }
 
-/// `(1/T, seed)` of row `r` of `rows` from [`draw_words`]' words.
-fn draw_of(words: &[u32], rows: usize, r: usize) -> (f32, u64) {
+/// `(1/T, seed)` of row `r` from [`draw_words`]' words (3 a row).
+pub fn draw_of(words: &[u32], r: usize) -> (f32, u64) {
+    let rows = words.len() / 3;
     let seed = u64::from(words[2 * r]) | (u64::from(words[2 * r + 1]) << 32);
     (f32::from_bits(words[2 * rows + r]), seed)
+}
+
+/// Whether `(v, i)` beats `best` by the kernels' `better`: the larger value, on a tie the lower
+/// index (the callers keep NaN out).
+fn beats((v, i): (f32, u32), best: (f32, u32)) -> bool {
+    v > best.0 || (v == best.0 && i < best.1)
 }
 
 struct ShardCandidates {
@@ -209,7 +216,7 @@ impl candle_core::CustomOp2 for ShardCandidates {
         let n = values.len() / self.rows;
         let mut out = Vec::with_capacity(2 * self.rows);
         for (r, row) in values.chunks_exact(n).enumerate() {
-            let (v, i) = candidate(&row[..self.valid], self.offset, draw_of(words, self.rows, r));
+            let (v, i) = candidate(&row[..self.valid], self.offset, draw_of(words, r));
             out.extend([v.to_bits(), i]);
         }
         Ok((CpuStorage::U32(out), Shape::from((self.rows, 2))))
@@ -247,9 +254,9 @@ impl CustomOp1 for PickCandidates {
                 for k in 0..w {
                     let cand = &all[(k * rows + r) * c..(k * rows + r + 1) * c];
                     for p in 0..parts {
-                        let (v, i) = (f32::from_bits(cand[p]), cand[parts + p]);
-                        if v > best.0 || (v == best.0 && i < best.1) {
-                            best = (v, i);
+                        let c = (f32::from_bits(cand[p]), cand[parts + p]);
+                        if beats(c, best) {
+                            best = c;
                         }
                     }
                 }
