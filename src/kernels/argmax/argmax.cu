@@ -11,17 +11,19 @@
 #define THREADS ARGMAX_THREADS
 
 // One chunk of one row: [part * chunk, min(n, (part + 1) * chunk)) reduced to (value, index) in
-// part_v/part_i[part]. With sample != 0 the values are x * inv_t + gumbel(seed, j).
-__device__ __forceinline__ void argmax_chunk(const float* __restrict__ x, int n, int chunk, int part, int sample,
-                                             float inv_t, unsigned long long seed, float* __restrict__ part_v,
-                                             int* __restrict__ part_i) {
+// part_v/part_i[part], column j standing for index offset + j (a rank's piece of a vocabulary).
+// With sample != 0 the values are x * inv_t + gumbel(seed, offset + j).
+__device__ __forceinline__ void argmax_chunk(const float* __restrict__ x, int n, int offset, int chunk, int part,
+                                             int sample, float inv_t, unsigned long long seed,
+                                             float* __restrict__ part_v, int* __restrict__ part_i) {
     const int lo = part * chunk, hi = min(n, lo + chunk);
     float v = -INFINITY;
     int i = 0x7fffffff;
     for (int j = lo + threadIdx.x; j < hi; j += THREADS) {
         float xj = x[j];
-        if (sample) xj = __fadd_rn(__fmul_rn(xj, inv_t), gumbel(seed, j));  // no FMA: as the reference
-        if (!isnan(xj)) better(v, i, xj, j);
+        // no FMA: as the reference
+        if (sample) xj = __fadd_rn(__fmul_rn(xj, inv_t), gumbel(seed, offset + j));
+        if (!isnan(xj)) better(v, i, xj, offset + j);
     }
     block_best(v, i);
     if (threadIdx.x == 0) {
@@ -51,7 +53,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const long long row = blockIdx.y;
     const float it = inv_t ? inv_t[row] : 0.f;
     const int sample = it > 0.f;
-    argmax_chunk(x + row * n, n, chunk, blockIdx.x, sample, it, sample ? seeds[row] : 0ull, part_v + row * parts,
+    argmax_chunk(x + row * n, n, 0, chunk, blockIdx.x, sample, it, sample ? seeds[row] : 0ull, part_v + row * parts,
                  part_i + row * parts);
 }
 
@@ -76,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 // grid (parts, rows), block (THREADS): row r's local columns [part * chunk, ...) below `valid`
 // (a padded piece's last rank holds fewer real columns than n), at global indices offset + j,
 // to cand[r, part] (the value's bits) and cand[r, parts + part] (its global index; 0x7fffffff
-// where the chunk had none).
+// where the chunk had none): argmax_chunk's partials, the two halves of the row's words.
 extern "C" __global__ void __launch_bounds__(THREADS)
     argmax_shard_partial(const float* __restrict__ x, int n, int valid, int offset, int chunk, int parts,
                          const uint32_t* __restrict__ draws, uint32_t* __restrict__ cand) {
@@ -87,20 +89,9 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const int sample = it > 0.f;
     const unsigned long long seed =
         (unsigned long long)draws[2 * row] | ((unsigned long long)draws[2 * row + 1] << 32);
-    const int lo = blockIdx.x * chunk, hi = min(valid, lo + chunk);
-    const float* xr = x + row * n;
-    float v = -INFINITY;
-    int i = 0x7fffffff;
-    for (int j = lo + threadIdx.x; j < hi; j += THREADS) {
-        float xj = xr[j];
-        if (sample) xj = __fadd_rn(__fmul_rn(xj, it), gumbel(seed, offset + j));  // as argmax_chunk
-        if (!isnan(xj)) better(v, i, xj, offset + j);
-    }
-    block_best(v, i);
-    if (threadIdx.x == 0) {
-        cand[row * 2 * parts + blockIdx.x] = __float_as_uint(v);
-        cand[row * 2 * parts + parts + blockIdx.x] = (uint32_t)i;
-    }
+    uint32_t* mine = cand + row * 2 * parts;
+    argmax_chunk(x + row * n, valid, offset, chunk, blockIdx.x, sample, it, seed, reinterpret_cast<float*>(mine),
+                 reinterpret_cast<int*>(mine + parts));
 }
 
 // grid (rows), block (THREADS): every rank's candidates of row r, all [pieces, rows, 2 parts]
