@@ -82,12 +82,12 @@ impl StepOut {
     }
 }
 
-/// Each row's `(1/T, seed)` (1/T = 0: greedy) where every row of `specs` can be drawn on the
-/// ranks of a model split by vocabulary as one rank draws it: plain greedy, or on a GPU (`cuda`)
-/// plain temperature too (the Gumbel-max draw, which needs only each rank's own logits; the CPU
-/// samples such rows on the host), with the seeds [`device_ids`] gives them. `None` where a row
-/// needs the whole logits (penalties, top-k, top-p, min-p).
-pub fn rank_draws(specs: &mut [SampleSpec], cuda: bool) -> Option<Vec<(f32, u64)>> {
+/// Each row's `(1/T, seed)` (1/T = 0: greedy, the seed its sampler's at the row's token index)
+/// where every row of `specs` is plain greedy or, on a GPU (`cuda`), plain temperature: the
+/// Gumbel-max draw, which [`device_ids`] makes from these and which the ranks of a model split
+/// by vocabulary make from their own logits alike (the CPU samples temperature rows on the host).
+/// `None` where a row needs the whole logits (penalties, top-k, top-p, min-p).
+pub fn plain_draws(specs: &mut [SampleSpec], cuda: bool) -> Option<Vec<(f32, u64)>> {
     let mut draws = Vec::new();
     for s in specs.iter_mut() {
         let c = s.sampler.config();
@@ -155,7 +155,7 @@ impl Runner {
     }
 
     /// [`Runner::forward`], whose sampling rows are drawn on the ranks by `draws` (each row's
-    /// `(1/T, seed)`, [`rank_draws`]) where the model is split over ranks; elsewhere `draws`
+    /// `(1/T, seed)`, [`plain_draws`]) where the model is split over ranks; elsewhere `draws`
     /// is ignored and the step gives its logits.
     pub fn forward_drawn<T: AsRef<[u32]>>(
         &mut self,
@@ -486,40 +486,25 @@ fn device_rows(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Vec<
 /// The ids [`sample_rows`] draws on a GPU, left on the device (u32 `[R]`).
 pub fn device_ids(logits: &Tensor, specs: &mut [SampleSpec]) -> anyhow::Result<Tensor> {
     let plain_greedy = |c: &SamplerConfig| c.is_greedy() && c.is_unpenalised();
-    // Each row's seed: its sampler's at the row's token index (0 for a greedy row).
-    let mut seeds = Vec::with_capacity(logits.dim(0)?);
+    if specs.iter().all(|s| plain_greedy(s.sampler.config())) {
+        return Ok(crate::kernels::argmax_rows(logits)?);
+    }
+    if let Some(draws) = plain_draws(specs, true) {
+        return Ok(crate::kernels::draw_rows(logits, &draws)?);
+    }
+    let vocab = logits.dim(1)?;
+    let mut rows: Vec<RowSampling> = Vec::with_capacity(logits.dim(0)?);
     for s in specs.iter_mut() {
         for j in 0..=s.drafts {
+            // The row's seed: its sampler's at the row's token index (0 for a greedy row).
             s.sampler.seek(s.index + j as u64);
             let greedy = s.sampler.config().is_greedy();
-            seeds.push(if greedy { 0 } else { s.sampler.next_seed() });
+            let seed = if greedy { 0 } else { s.sampler.next_seed() };
+            let filter = s.sampler.config().filter();
+            let history = s.history_of(j);
+            let penalties = s.sampler.penalties(history, vocab).to_vec();
+            rows.push(RowSampling { filter, seed, penalties });
         }
     }
-    let ids = if specs.iter().all(|s| plain_greedy(s.sampler.config())) {
-        crate::kernels::argmax_rows(logits)?
-    } else if specs.iter().all(|s| {
-        let c = s.sampler.config();
-        plain_greedy(c) || (c.is_plain_temperature() && c.filter().inv_t > 0.0)
-    }) {
-        let mut temps = Vec::with_capacity(seeds.len());
-        for s in specs.iter() {
-            let c = s.sampler.config();
-            let t = if c.is_greedy() { 0.0 } else { c.temperature };
-            temps.extend(std::iter::repeat_n(t, s.drafts + 1));
-        }
-        crate::kernels::sample_gumbel_rows(logits, &temps, &seeds)?
-    } else {
-        let vocab = logits.dim(1)?;
-        let mut rows: Vec<RowSampling> = Vec::with_capacity(seeds.len());
-        for s in specs.iter_mut() {
-            for j in 0..=s.drafts {
-                let filter = s.sampler.config().filter();
-                let history = s.history_of(j);
-                let penalties = s.sampler.penalties(history, vocab).to_vec();
-                rows.push(RowSampling { filter, seed: seeds[rows.len()], penalties });
-            }
-        }
-        crate::kernels::sample_rows(logits, &rows)?
-    };
-    Ok(ids)
+    Ok(crate::kernels::sample_rows(logits, &rows)?)
 }

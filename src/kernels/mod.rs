@@ -73,7 +73,8 @@ pub(crate) mod launch;
 mod testing;
 
 pub use argmax::{
-    argmax_rows, draw_of, draw_words, pick_candidates, sample_gumbel_rows, shard_candidates,
+    argmax_rows, draw_of, draw_rows, draw_words, pick_candidates, sample_gumbel_rows,
+    shard_candidates,
 };
 pub use layer_norm_act::{AddNorm, Normed, add_rms_norm, rms_norm, silu_mul_to};
 pub use matmul_f32_out::{matmul_f32_out, matmul_hi_lo};

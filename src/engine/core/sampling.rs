@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::Core;
 use crate::engine::logprobs::{TokenLogprobs, token_logprobs};
-use crate::engine::runner::{SampleSpec, StepOut, rank_draws, sample_rows};
+use crate::engine::runner::{SampleSpec, StepOut, plain_draws, sample_rows};
 use crate::engine::scheduler::Chunk;
 
 /// A sampled (or forced) id and, when its request asked, its log probabilities.
@@ -106,7 +106,7 @@ impl Core {
             return None;
         }
         let cuda = self.runner.device().is_cuda();
-        self.with_specs(&sampling, ahead, |specs| rank_draws(specs, cuda)).ok().flatten()
+        self.with_specs(&sampling, ahead, |specs| plain_draws(specs, cuda)).ok().flatten()
     }
 
     /// Each sampled row's id as its chunk's sampler draws it (rows in chunk order).

@@ -51,12 +51,21 @@ pub fn sample_gumbel_rows(logits: &Tensor, temperatures: &[f32], seeds: &[u64]) 
         bail!("sample_gumbel_rows: temperature {t} (≤ 0 is greedy, > 0 must be finite)");
     }
     // 1/T; 0 marks a greedy row.
-    let draws = temperatures
+    let draws: Vec<(f32, u64)> = temperatures
         .iter()
         .zip(seeds)
         .map(|(&t, &seed)| (if t > 0.0 { 1.0 / t } else { 0.0 }, seed))
         .collect();
-    logits.contiguous()?.apply_op1_no_bwd(&ArgmaxRows { draws: Some(draws), rows })
+    draw_rows(logits, &draws)
+}
+
+/// [`sample_gumbel_rows`] by each row's `(1/T, seed)` (1/T = 0: a greedy row): u32 `[R]`.
+pub fn draw_rows(logits: &Tensor, draws: &[(f32, u64)]) -> Result<Tensor> {
+    let rows = check_rows(logits)?;
+    if draws.len() != rows {
+        bail!("draw_rows: {rows} rows, {} draws", draws.len());
+    }
+    logits.contiguous()?.apply_op1_no_bwd(&ArgmaxRows { draws: Some(draws.to_vec()), rows })
 }
 
 /// The row count of f32 `[R, n]` logits with `R, n ≥ 1` that the kernels can index.
