@@ -452,8 +452,14 @@ impl Target {
     /// [`Target::head_for`] whose passes run at most `budget` rows.
     fn head_with(&self, dir: &Path, sequences: usize, budget: usize) -> EagleDrafter {
         let model = &self.runner.model;
-        let head = Eagle3Head::load(dir, model.embedding(), CONTEXT, DType::F32, &Device::Cpu)
-            .expect("head");
+        let head = Eagle3Head::load(
+            dir,
+            model.embedding().expect("whole embedding"),
+            CONTEXT,
+            DType::F32,
+            &Device::Cpu,
+        )
+        .expect("head");
         let cfg = EngineConfig {
             max_seqs: sequences,
             kv_tokens: sequences * CONTEXT,
@@ -535,8 +541,14 @@ fn taps_are_the_right_layers(model: &Path) {
     let mut head = target.head(dir.path());
     let taps = head.taps().to_vec();
     let (logits, rows) = target.run(&ids, &taps);
-    let h = target.runner.model.embedding().dim(1).expect("hidden");
-    let embed = target.runner.model.embedding().to_dtype(DType::F32).expect("f32");
+    let h = target.runner.model.embedding().expect("whole embedding").dim(1).expect("hidden");
+    let embed = target
+        .runner
+        .model
+        .embedding()
+        .expect("whole embedding")
+        .to_dtype(DType::F32)
+        .expect("f32");
     let ids_t = Tensor::new(ids.as_slice(), &Device::Cpu).expect("ids");
     let diff = (rows.narrow(1, 0, h).expect("tap 0")
         - embed.index_select(&ids_t, 0).expect("rows"))
@@ -737,8 +749,9 @@ fn a_head_over_two_ranks_is_lossless() {
         common::tp::follower_threads(&name, 2, cfg, opts.clone());
     let dir = head.path().to_path_buf();
     let (engine, ()) = Engine::start_built(move || {
-        let model = load::load_rank(&name, &opts, &Device::Cpu, leader)?.model;
-        let h = Eagle3Head::load(&dir, model.embedding(), CONTEXT, DType::F32, &Device::Cpu)?;
+        let model = load::load_rank_with_embedding(&name, &opts, &Device::Cpu, leader)?.model;
+        let embed = model.embedding().expect("rank 0 keeps the whole embedding");
+        let h = Eagle3Head::load(&dir, embed, CONTEXT, DType::F32, &Device::Cpu)?;
         let draft = Some(Draft::Eagle(Box::new(h)));
         Ok(Built { model, draft, cfg, info: (), followers: Some(followers) })
     })

@@ -33,6 +33,8 @@
 //!   pool through per-sequence block tables, with or without sinks.
 //! - [`qkv_rope_paged()`]: a varlen batch's bias, RoPE (either pairing) and pool writes in one
 //!   launch.
+//! - [`embed_rows()`]: the token embedding's lookup in f32, or a tensor-parallel rank's rows of
+//!   it.
 //! - [`argmax_rows()`], [`sample_gumbel_rows()`]: the next token of every row of a batch.
 //! - [`sample_rows()`]: the next token of every row by the full sampler (penalties, top-k,
 //!   top-p, min-p, seeded draw), as the host sampler filters; top-k first where every row has a
@@ -47,6 +49,7 @@
 pub mod all_reduce;
 pub mod argmax;
 pub mod cpu_matmul;
+pub mod embed_rows;
 pub mod invariance;
 pub mod kv_fp8;
 pub mod layer_norm_act;
@@ -76,6 +79,7 @@ pub use argmax::{
     argmax_rows, draw_of, draw_rows, draw_words, pick_candidates, sample_gumbel_rows,
     shard_candidates,
 };
+pub use embed_rows::embed_rows;
 pub use layer_norm_act::{AddNorm, Normed, add_rms_norm, rms_norm, silu_mul_to};
 pub use matmul_f32_out::{matmul_f32_out, matmul_hi_lo};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};

@@ -17,6 +17,7 @@ use crate::engine::core::{Built, Engine, EngineConfig};
 use crate::error::{ErrorKind, fail};
 use crate::gpu::{self, GpuInfo};
 use crate::models::batch::{BatchModel, KvDtype};
+use crate::models::embedding::shard_ends;
 use crate::models::gpt_oss;
 use crate::models::llama::load::{self, GgufFile};
 use crate::models::llama::model::RopeStyle;
@@ -172,12 +173,17 @@ pub fn start_group(
     let draft = draft.map(str::to_string);
     Engine::start_built(move || {
         let world = leader.rv.world;
-        let context = rank_context(&name, &opts, &device, world)?;
+        // An EAGLE-3 head without an embedding reads the model's whole table on this rank.
+        let keep = draft.as_deref().and_then(|d| eagle3_folder(d, opts.dummy));
+        let whole_embedding =
+            keep.is_some_and(|dir| crate::models::eagle3::reads_target_embedding(&dir, opts.dummy));
+        let context = rank_context(&name, &opts, &device, world, whole_embedding)?;
         let dtype = opts.dtype.map(|d| d.as_str().to_string());
         let (comm, group) =
             leader.join(&name, dtype, context, (opts.dummy, opts.kv_dtype), &device)?;
         let opts = LoadOptions { context: Some(context), ..opts };
-        let (model, info) = load_rank(&name, &opts, &device, comm)?.split();
+        let loaded = load_with(&name, &opts, &device, Some(comm), whole_embedding)?;
+        let (model, info) = loaded.split();
         let cfg = size(&info);
         let group = group.ready(&cfg)?;
         let draft = load_draft(draft.as_deref(), model.as_ref(), &info, &opts, &device)?;
@@ -185,15 +191,17 @@ pub fn start_group(
     })
 }
 
-/// The context every rank of `world` loads: `--context`, or the largest rank 0's plan fits.
+/// The context every rank of `world` loads: `--context`, or the largest rank 0's plan fits (with
+/// the whole embedding table beside its rows where `whole_embedding`).
 fn rank_context(
     name: &str,
     opts: &LoadOptions,
     device: &Device,
     world: usize,
+    whole_embedding: bool,
 ) -> anyhow::Result<usize> {
     let (_, whole) = prepare(name, opts, Target::of(device))?;
-    let mut spec = whole.for_rank(Shard { rank: 0, world })?;
+    let mut spec = whole.for_rank(Shard { rank: 0, world }, whole_embedding)?;
     if opts.context.is_none() {
         fit_default_context(&mut spec, Budget::of(device).as_ref());
     }
@@ -215,7 +223,12 @@ fn load_draft(
     use crate::models::eagle3::Eagle3Head;
     let Some(d) = draft else { return Ok(None) };
     if let Some(dir) = eagle3_folder(d, opts.dummy) {
-        let (embed, context) = (model.embedding(), info.context);
+        let Some(embed) = model.embedding() else {
+            anyhow::bail!(
+                "{d}: the EAGLE-3 head reads the model's embedding, which this rank does not keep whole"
+            )
+        };
+        let context = info.context;
         let head = if opts.dummy {
             Eagle3Head::random(&dir, embed, context, info.dtype, device)
         } else {
@@ -268,7 +281,7 @@ pub fn prepare(name: &str, opts: &LoadOptions, target: Target) -> anyhow::Result
 /// Resolves `name` (cache id, `id@rev`, local folder or .gguf), checks its memory plan against
 /// the device's free memory, and loads it.
 pub fn load(name: &str, opts: &LoadOptions, device: &Device) -> anyhow::Result<Loaded> {
-    load_with(name, opts, device, None)
+    load_with(name, opts, device, None, false)
 }
 
 /// [`load`] of rank `comm.shard()`'s slice of a tensor-parallel model: its own memory plan (a
@@ -280,7 +293,19 @@ pub fn load_rank(
     device: &Device,
     comm: Arc<dyn Collective>,
 ) -> anyhow::Result<Loaded> {
-    load_with(name, opts, device, Some(comm))
+    load_with(name, opts, device, Some(comm), false)
+}
+
+/// [`load_rank`] keeping the whole embedding table beside the rank's rows of it
+/// ([`BatchModel::embedding`]): rank 0 of a group whose EAGLE-3 head has no embedding of its
+/// own.
+pub fn load_rank_with_embedding(
+    name: &str,
+    opts: &LoadOptions,
+    device: &Device,
+    comm: Arc<dyn Collective>,
+) -> anyhow::Result<Loaded> {
+    load_with(name, opts, device, Some(comm), true)
 }
 
 fn load_with(
@@ -288,11 +313,12 @@ fn load_with(
     opts: &LoadOptions,
     device: &Device,
     comm: Option<Arc<dyn Collective>>,
+    whole_embedding: bool,
 ) -> anyhow::Result<Loaded> {
     let shard = comm.as_ref().map_or(Shard::SINGLE, |c| c.shard());
     let sums = comm.as_ref().map_or("", |c| c.sums_through());
     let (source, whole) = prepare(name, opts, Target::of(device))?;
-    let mut spec = whole.for_rank(shard)?;
+    let mut spec = whole.for_rank(shard, whole_embedding)?;
     let budget = Budget::of(device);
     let full = spec.context;
     if opts.context.is_none() {
@@ -311,7 +337,7 @@ fn load_with(
     }
     let before = gpu::memory(device);
     let built = match comm {
-        Some(c) => build_rank(&source, &whole, &spec, device, c),
+        Some(c) => build_rank(&source, (&whole, &spec), device, c, whole_embedding),
         None => build(&source, &spec, device),
     };
     let mut model = built.map_err(|e| out_of_memory(e, name, &plan, budget))?;
@@ -352,7 +378,7 @@ fn with_tp_advice(
 ) -> anyhow::Error {
     let Some(b) = budget.filter(|b| b.target == Target::Gpu) else { return err };
     let fits = |world: usize| {
-        let need = whole.for_rank(Shard { rank: 0, world }).ok()?.plan(context).total();
+        let need = whole.for_rank(Shard { rank: 0, world }, false).ok()?.plan(context).total();
         (need <= b.free).then_some((world, need))
     };
     match [2, 4, 8].into_iter().filter(|&w| w > shard.world).find_map(fits) {
@@ -421,48 +447,83 @@ fn format_name(source: &Source, spec: &Spec) -> String {
 }
 
 /// Builds rank `comm.shard()`'s slice of what `whole` describes (`spec`: the rank's own): random
-/// weights made in the slice's shapes, or the checkpoint read whole on the host and sliced.
+/// weights made in the slice's shapes, or the checkpoint read whole on the host and sliced; the
+/// whole embedding table too with `whole_embedding`.
 fn build_rank(
     source: &Source,
-    whole: &Spec,
-    spec: &Spec,
+    (whole, spec): (&Spec, &Spec),
     device: &Device,
     comm: Arc<dyn Collective>,
+    whole_embedding: bool,
 ) -> anyhow::Result<Box<dyn BatchModel>> {
     let (dtype, context, cpu) = (spec.dtype, spec.context, Device::Cpu);
     let shard = comm.shard();
     Ok(match (source, &whole.arch, &spec.arch) {
         (Source::Dummy(_), Arch::GptOss(_), Arch::GptOss(local)) => {
             let mut w = gpt_oss::dummy::random_weights(local, dtype, device)?;
-            w.head = w.head.shard(shard, device)?;
+            (w.embed, w.head) = shard_ends(&w.embed, &w.head, shard, whole_embedding, device)?;
             Box::new(
                 gpt_oss::GptOss::new(local.clone(), w, context, dtype, device)?.with_comm(comm),
             )
         }
         (Source::Dummy(_), Arch::Llama(_), Arch::Llama(local)) => {
             let mut w = dummy::random_weights(local, dtype, device)?;
-            w.head = w.head.shard(shard, device)?;
+            (w.embed, w.head) = shard_ends(&w.embed, &w.head, shard, whole_embedding, device)?;
             let style = RopeStyle::HalfSplit;
             let m = llama::Llama::new(local.clone(), w, style, context, dtype, device)?;
             Box::new(m.with_comm(comm))
         }
         (Source::Gguf(path), Arch::GptOss(_), _) => {
             let (cfg, w) = gpt_oss::gguf::load(path, dtype, context, &cpu)?.into_parts();
-            Box::new(gpt_oss::GptOss::sharded(&cfg, &w, comm, context, dtype, device)?)
+            Box::new(gpt_oss::GptOss::sharded(
+                &cfg,
+                &w,
+                comm,
+                whole_embedding,
+                context,
+                dtype,
+                device,
+            )?)
         }
         (Source::HfDir(dir), Arch::GptOss(_), _) => {
             let (cfg, w) = gpt_oss::load::load(dir, dtype, context, &cpu)?.into_parts();
-            Box::new(gpt_oss::GptOss::sharded(&cfg, &w, comm, context, dtype, device)?)
+            Box::new(gpt_oss::GptOss::sharded(
+                &cfg,
+                &w,
+                comm,
+                whole_embedding,
+                context,
+                dtype,
+                device,
+            )?)
         }
         (Source::Gguf(path), Arch::Llama(_), _) => {
             let mut gguf = GgufFile::open(path)?;
             let (cfg, style, w) = load::load_gguf(&mut gguf, context, &cpu)?.into_parts();
-            Box::new(llama::Llama::sharded(&cfg, &w, comm, style, context, dtype, device)?)
+            Box::new(llama::Llama::sharded(
+                &cfg,
+                &w,
+                comm,
+                whole_embedding,
+                style,
+                context,
+                dtype,
+                device,
+            )?)
         }
         (Source::HfDir(dir), Arch::Llama(_), _) => {
             let m = load::load_safetensors(dir, Some(dtype), context, &cpu)?;
             let (cfg, style, w) = m.into_parts();
-            Box::new(llama::Llama::sharded(&cfg, &w, comm, style, context, dtype, device)?)
+            Box::new(llama::Llama::sharded(
+                &cfg,
+                &w,
+                comm,
+                whole_embedding,
+                style,
+                context,
+                dtype,
+                device,
+            )?)
         }
         _ => anyhow::bail!("tensor parallelism: the rank's architecture differs from the model's"),
     })

@@ -153,9 +153,14 @@ impl Spec {
     }
 
     /// What rank `shard` of a tensor-parallel model loads: its slice's config (heads, key/value
-    /// heads and intermediate size per rank) and weights (the embedding whole, the LM head's
-    /// `ceil(vocab / world)` rows; a tied head becomes a copy), so that its plan is a GPU's.
-    pub fn for_rank(&self, shard: crate::dist::Shard) -> anyhow::Result<Spec> {
+    /// heads and intermediate size per rank) and weights (`ceil(vocab / world)` rows of the
+    /// embedding and of the LM head, one tensor where they are tied; the whole embedding too with
+    /// `whole_embedding`), so that its plan is a GPU's.
+    pub fn for_rank(
+        &self,
+        shard: crate::dist::Shard,
+        whole_embedding: bool,
+    ) -> anyhow::Result<Spec> {
         if shard.is_single() {
             return Ok(self.clone());
         }
@@ -174,9 +179,14 @@ impl Spec {
                 (Arch::Llama(local), w, dims.0, dims.1, dims.2)
             }
         };
-        let head = vocab as u64 * hidden as u64 * size;
+        // `weights` counts the whole table, and an untied head's whole table.
+        let table = vocab as u64 * hidden as u64 * size;
         let mine = shard.vocab(vocab).1 as u64 * hidden as u64 * size;
-        let weights = if tied { weights + mine } else { weights.saturating_sub(head) + mine };
+        let ends = if tied { table } else { 2 * table };
+        let embedding = if whole_embedding { table } else { mine };
+        // A tied head is the embedding's rows, unless those are a view of the whole table.
+        let head = if tied && !whole_embedding { 0 } else { mine };
+        let weights = weights.saturating_sub(ends) + embedding + head;
         Ok(Spec { arch, weights, ..self.clone() })
     }
 

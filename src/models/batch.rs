@@ -217,8 +217,9 @@ pub trait BatchModel {
     fn allocated(&self) -> super::memory::Allocated;
     /// Its decoder layers, the taps [`BatchModel::forward_taps`] can take (`0..=tap_layers()`).
     fn tap_layers(&self) -> usize;
-    /// The token embedding `[vocab, hidden]` (an EAGLE-3 head without its own shares it).
-    fn embedding(&self) -> &Tensor;
+    /// The whole token embedding `[vocab, hidden]` (an EAGLE-3 head without its own shares it);
+    /// `None` on a tensor-parallel rank that keeps only its rows.
+    fn embedding(&self) -> Option<&Tensor>;
     /// What a step of several rows of one sequence costs against one row, for the length of
     /// its drafts ([`crate::engine::spec::length`]): a dense model reads its weights once for
     /// all rows, all of them a step (its embedding too, where one row of it is read: a draft

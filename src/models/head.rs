@@ -53,26 +53,28 @@ impl Head {
         let Linear::Dense { weight, bias } = &self.lm_head else {
             anyhow::bail!("--tp above 1 needs a dense LM head")
         };
-        let vocab = weight.dim(0)?;
-        let (range, per) = shard.vocab(vocab);
-        let pad = |t: &Tensor| -> anyhow::Result<Tensor> {
-            let mine = t.narrow(0, range.start, range.len())?;
-            let t = if range.len() < per {
-                let mut dims = t.dims().to_vec();
-                dims[0] = per - range.len();
-                Tensor::cat(&[mine, Tensor::zeros(dims, t.dtype(), t.device())?], 0)?
-            } else {
-                mine
-            };
-            Ok(t.contiguous()?.to_device(device)?)
-        };
         Ok(Head {
             norm: self.norm.to_device(device)?,
             lm_head: Linear::Dense {
-                weight: pad(weight)?,
-                bias: bias.as_ref().map(pad).transpose()?,
+                weight: vocab_rows(weight, shard, device)?,
+                bias: bias.as_ref().map(|b| vocab_rows(b, shard, device)).transpose()?,
             },
             eps: self.eps,
         })
     }
+}
+
+/// Rank `shard`'s rows of `t` (`[vocab, ..]`, one row per id), padded with zero rows to the
+/// share every rank has (`ceil(vocab / world)`), on `device`.
+pub fn vocab_rows(t: &Tensor, shard: Shard, device: &Device) -> anyhow::Result<Tensor> {
+    let (range, per) = shard.vocab(t.dim(0)?);
+    let mine = t.narrow(0, range.start, range.len())?;
+    let t = if range.len() < per {
+        let mut dims = t.dims().to_vec();
+        dims[0] = per - range.len();
+        Tensor::cat(&[mine, Tensor::zeros(dims, t.dtype(), t.device())?], 0)?
+    } else {
+        mine
+    };
+    Ok(t.contiguous()?.to_device(device)?)
 }

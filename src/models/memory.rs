@@ -76,6 +76,11 @@ impl Measured {
         }
     }
 
+    /// A view of a tensor counted already (its id is another).
+    pub fn view(&mut self, t: &Tensor) {
+        self.seen.insert(t.id());
+    }
+
     pub fn linear(&mut self, l: &Linear) {
         match l {
             Linear::Dense { weight, bias } => {

@@ -5,6 +5,7 @@
 
 pub mod batch;
 pub mod eagle3;
+pub mod embedding;
 pub mod gguf;
 pub mod gpt_oss;
 pub mod head;

@@ -13,6 +13,7 @@
 
 use std::time::Instant;
 
+use anyhow::Context;
 use candle_core::{DType, Device};
 
 use crate::cli::BenchArgs;
@@ -198,7 +199,7 @@ fn eagle_head(
     device: &Device,
 ) -> anyhow::Result<Option<EagleDrafter>> {
     let Some(dir) = args.spec.draft_model().map(std::path::PathBuf::from) else { return Ok(None) };
-    let embed = runner.model.embedding();
+    let embed = runner.model.embedding().context("the model's embedding is not whole here")?;
     let head = if args.dummy_weights {
         Eagle3Head::random(&dir, embed, context, dtype, device)?
     } else {

@@ -120,13 +120,17 @@ fn a_rank_plans_its_slice_and_a_refusal_names_the_tp_that_fits() {
         Target::Gpu,
     )
     .unwrap();
-    let rank = |world| spec.for_rank(crate::dist::Shard { rank: 0, world }).unwrap().plan(8192);
+    let rank =
+        |world| spec.for_rank(crate::dist::Shard { rank: 0, world }, false).unwrap().plan(8192);
     let (one, two, four) = (spec.plan(8192), rank(2), rank(4));
-    // Everything splits but the embedding (1.16 GB) and the router and the experts' down
-    // biases (53 MB each over 36 layers), whole on every rank.
-    let embed = 201_088 * 2880 * 2;
-    let halves = (two.weights - embed / 2) * 2;
+    // Everything splits but the router and the experts' down biases (53 MB each over 36
+    // layers), whole on every rank.
+    let halves = two.weights * 2;
     assert!(halves.abs_diff(one.weights) < 128 << 20, "{} vs {}", two.weights, one.weights);
+    // Rank 0 keeping the whole embedding too (an EAGLE-3 head reads it) holds the other half.
+    let shard = crate::dist::Shard { rank: 0, world: 2 };
+    let kept = spec.for_rank(shard, true).unwrap().plan(8192);
+    assert_eq!(kept.weights - two.weights, 201_088 / 2 * 2880 * 2);
     assert!(four.weights < two.weights);
     assert_eq!((two.kv_cache * 2, four.kv_cache * 4), (one.kv_cache, one.kv_cache));
     // A GPU that holds half of the model but not all of it.
@@ -405,4 +409,38 @@ fn gpt_oss_step_cost_counts_its_experts_by_hand() {
     let llama = gpt_oss_fixture().with_file_name("llama3_tiny");
     let loaded = load::load(llama.to_str().unwrap(), &opts, &Device::Cpu).unwrap();
     assert_eq!(loaded.model.step_cost().relative(3), 1.04);
+}
+
+/// Each rank of `--tp 2` plans what it allocates: its rows of the vocabulary (the
+/// last rank's padded where the ranks do not divide it), a tied head sharing the embedding's rows, and with the whole embedding
+/// kept beside them (rank 0 under an EAGLE-3 head without its own).
+#[test]
+fn a_rank_plans_what_it_allocates() {
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let tied = write_config(tmp.path(), "tied.json", |v| {
+        v["tie_word_embeddings"] = true.into();
+        v["vocab_size"] = 251.into();
+    });
+    let llama = gpt_oss_fixture().with_file_name("llama3_tiny");
+    let cases = [(gpt_oss_fixture(), false), (llama, false), (tied.clone(), true)];
+    for (path, dummy) in &cases {
+        for whole in [false, true] {
+            for end in crate::dist::ThreadGroup::new(2) {
+                let rank = crate::dist::Collective::shard(&end).rank;
+                let opts = LoadOptions {
+                    dtype: None,
+                    context: Some(64),
+                    dummy: *dummy,
+                    kv_dtype: Default::default(),
+                };
+                let comm: Arc<dyn crate::dist::Collective> = Arc::new(end);
+                let name = path.to_str().unwrap();
+                let loaded = load::load_with(name, &opts, &Device::Cpu, Some(comm), whole).unwrap();
+                let what = format!("{} rank {rank} of 2, whole embedding {whole}", path.display());
+                assert_eq!(loaded.info.plan.weights, loaded.model.allocated().weights, "{what}");
+                assert_eq!(loaded.model.embedding().is_some(), whole, "{what}");
+            }
+        }
+    }
 }

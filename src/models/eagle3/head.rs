@@ -321,6 +321,22 @@ fn read_config(dir: &Path) -> anyhow::Result<Eagle3Config> {
     Eagle3Config::from_json(&text)
 }
 
+/// Whether the head in `dir` reads the target's embedding (it has none of its own; a random
+/// head never has): a tensor-parallel target then keeps its whole table on rank 0, beside that
+/// rank's rows.
+pub fn reads_target_embedding(dir: &Path, dummy: bool) -> bool {
+    if dummy {
+        return true;
+    }
+    let Ok(files) = crate::models::llama::load::safetensors_files(dir) else { return true };
+    !files.iter().any(|f| {
+        crate::inspect::safetensors::read_header(f).is_ok_and(|h| {
+            h.tensors.contains_key("embed_tokens.weight")
+                || h.tensors.contains_key("model.embed_tokens.weight")
+        })
+    })
+}
+
 /// The head must read the target's hidden states, speak its vocabulary, and have heads the
 /// device's attention takes.
 fn check_target(cfg: &Eagle3Config, target_embed: &Tensor, device: &Device) -> anyhow::Result<()> {

@@ -8,7 +8,7 @@
 //! bf16 (one launch) → router (f32 norm) and MXFP4 experts (bf16 norm; routing sees tokens, not
 //! sequences), added by the next layer's first norm.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use super::memory;
 use super::model::{GptOss, moe};
@@ -41,7 +41,7 @@ impl BatchModel for GptOss {
         let (cos, sin) = self.rope_tables();
         let eps = cfg.rms_norm_eps;
         let scale = 1.0 / (d as f32).sqrt();
-        let mut x = w.embed.index_select(&step.tokens, 0)?.to_dtype(DType::F32)?;
+        let mut x = w.embed.lookup(&step.tokens, self.comm())?;
         // The previous layer's expert output, added to the stream by this layer's first norm.
         let mut mlp_out: Option<Tensor> = None;
         for (n, layer) in w.layers.iter().enumerate() {
@@ -131,8 +131,8 @@ impl BatchModel for GptOss {
         self.weights().layers.len()
     }
 
-    fn embedding(&self) -> &Tensor {
-        &self.weights().embed
+    fn embedding(&self) -> Option<&Tensor> {
+        self.weights().embed.table()
     }
 
     fn vocab_size(&self) -> usize {

@@ -6,6 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use super::config::GptOssConfig;
 use super::model::{Attention, Layer, Weights};
 use crate::kernels::Mxfp4Experts;
+use crate::models::embedding::Embedding;
 use crate::models::head::Head;
 use crate::models::linear::Linear;
 use crate::models::random::{bytes, normal};
@@ -67,5 +68,9 @@ pub fn random_weights(
         },
         bias: None,
     };
-    Ok(Weights { embed, layers, head: Head { norm: ones(h)?, lm_head, eps: cfg.rms_norm_eps } })
+    Ok(Weights {
+        embed: Embedding::whole(embed),
+        layers,
+        head: Head { norm: ones(h)?, lm_head, eps: cfg.rms_norm_eps },
+    })
 }

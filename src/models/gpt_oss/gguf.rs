@@ -22,6 +22,7 @@ use super::model::{Attention, GptOss, Layer, Weights};
 use crate::error::{ErrorKind, fail};
 use crate::inspect::gguf::FullMetadata;
 use crate::kernels::{Mxfp4Experts, mxfp4_ggml};
+use crate::models::embedding::Embedding;
 use crate::models::gguf::{GgufTensors, MXFP4};
 use crate::models::head::Head;
 use crate::models::linear::Linear;
@@ -246,7 +247,11 @@ fn read_weights(
         Linear::Dense { weight, bias: None }
     };
     let norm = f32("output_norm.weight".into(), &[h])?;
-    Ok(Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } })
+    Ok(Weights {
+        embed: Embedding::whole(embed),
+        layers,
+        head: Head { norm, lm_head, eps: cfg.rms_norm_eps },
+    })
 }
 
 /// One layer's experts in the checkpoint layout [`Mxfp4Experts`] takes.

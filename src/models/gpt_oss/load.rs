@@ -15,6 +15,7 @@ use super::memory;
 use super::model::{Attention, GptOss, Layer, Weights};
 use crate::error::{ErrorKind, fail};
 use crate::kernels::Mxfp4Experts;
+use crate::models::embedding::Embedding;
 use crate::models::head::Head;
 use crate::models::linear::Linear;
 
@@ -107,5 +108,5 @@ fn read_weights(r: &Reader, cfg: &GptOssConfig) -> anyhow::Result<Weights> {
         Linear::Dense { weight: r.get("lm_head.weight", &[cfg.vocab_size, h])?, bias: None }
     };
     let head = Head { norm: r.get("model.norm.weight", &[h])?, lm_head, eps: cfg.rms_norm_eps };
-    Ok(Weights { embed, layers, head })
+    Ok(Weights { embed: Embedding::whole(embed), layers, head })
 }

@@ -16,6 +16,7 @@ use super::memory;
 use crate::dist::Collective;
 use crate::kernels::{Mxfp4Experts, SwiGlu};
 use crate::models::batch::KvDtype;
+use crate::models::embedding::Embedding;
 use crate::models::head::Head;
 use crate::models::linear::Linear;
 use crate::models::rope;
@@ -78,7 +79,7 @@ pub struct Layer {
 }
 
 pub struct Weights {
-    pub embed: Tensor,
+    pub embed: Embedding,
     pub layers: Vec<Layer>,
     /// Final norm and LM head.
     pub head: Head,
@@ -121,18 +122,20 @@ impl GptOss {
     }
 
     /// Rank `comm.shard()`'s slice of the model whose whole weights are `w` (anywhere: loaded on
-    /// the CPU), on `device`: tensor parallelism (`shard.rs`).
+    /// the CPU), on `device`: tensor parallelism (`shard.rs`); with `whole_embedding` the rank
+    /// keeps the whole embedding table too (an EAGLE-3 head reads it).
     pub fn sharded(
         cfg: &GptOssConfig,
         w: &Weights,
         comm: Arc<dyn Collective>,
+        whole_embedding: bool,
         context: usize,
         dtype: DType,
         device: &Device,
     ) -> anyhow::Result<GptOss> {
         let shard = comm.shard();
         let local = super::shard::local_config(cfg, shard)?;
-        let w = super::shard::shard_weights(w, cfg, shard, device)?;
+        let w = super::shard::shard_weights(w, cfg, shard, whole_embedding, device)?;
         Ok(GptOss::new(local, w, context, dtype, device)?.with_comm(comm))
     }
 
@@ -159,7 +162,7 @@ impl GptOss {
     /// Bytes of the weights, each tensor once (a tied LM head is the embedding).
     pub fn weight_bytes(&self) -> u64 {
         let mut m = crate::models::memory::Measured::default();
-        m.tensor(&self.w.embed);
+        self.w.embed.measure(&mut m);
         for l in &self.w.layers {
             for t in [&l.attn_norm, &l.mlp_norm, &l.router_w, &l.router_b, &l.attn.sinks] {
                 m.tensor(t);
@@ -180,12 +183,11 @@ impl GptOss {
         for l in &self.w.layers {
             l.experts.tensors().into_iter().for_each(|t| experts.tensor(t));
         }
-        let tied = matches!(&self.w.head.lm_head, Linear::Dense { weight, .. } if weight.id() == self.w.embed.id());
         let mut embed = crate::models::memory::Measured::default();
-        if !tied {
-            embed.tensor(&self.w.embed);
+        if !self.w.embed.is_head(&self.w.head.lm_head) {
+            self.w.embed.measure(&mut embed);
         }
-        let row = embed.total / self.cfg.vocab_size.max(1) as u64;
+        let row = if embed.total > 0 { self.w.embed.row_bytes() } else { 0 };
         let rest = self.weight_bytes().saturating_sub(experts.total + embed.total) + row;
         (experts.total, rest)
     }

@@ -3,8 +3,9 @@
 //! matching sinks, and o_proj's columns for those heads (its bias whole: it is added after the
 //! sum); of every expert, its intermediate columns in whole MXFP4 blocks of 32 (gate/up rows
 //! `2·start..2·end`, interleaved as the checkpoint keeps them; down's blocks along its input),
-//! with the down biases on rank 0 only, so the sum adds them once; and its rows of the LM head.
-//! Norms, router and embedding stay whole on every rank.
+//! with the down biases on rank 0 only, so the sum adds them once; and its rows of the
+//! vocabulary, of the LM head and of the embedding (`models::embedding`). Norms and router stay
+//! whole on every rank.
 
 use candle_core::{Device, Tensor};
 
@@ -12,6 +13,7 @@ use super::config::GptOssConfig;
 use super::model::{Attention, Layer, Weights};
 use crate::dist::Shard;
 use crate::kernels::Mxfp4Experts;
+use crate::models::embedding::shard_ends;
 use crate::models::linear::Linear;
 
 /// The config of rank `shard`'s slice: its heads, key/value heads and intermediate columns (the
@@ -27,11 +29,13 @@ pub fn local_config(cfg: &GptOssConfig, shard: Shard) -> anyhow::Result<GptOssCo
     })
 }
 
-/// Rank `shard`'s slice of `w` (whole weights of `cfg`, anywhere), on `device`.
+/// Rank `shard`'s slice of `w` (whole weights of `cfg`, anywhere), on `device`; the whole
+/// embedding table too with `whole_embedding`.
 pub fn shard_weights(
     w: &Weights,
     cfg: &GptOssConfig,
     shard: Shard,
+    whole_embedding: bool,
     device: &Device,
 ) -> anyhow::Result<Weights> {
     let (q, kv) = shard.heads(cfg.num_heads, cfg.num_kv_heads)?;
@@ -72,7 +76,8 @@ pub fn shard_weights(
             experts: shard_experts(&l.experts, cols.clone(), shard.rank == 0, device)?,
         });
     }
-    Ok(Weights { embed: put(&w.embed)?, layers, head: w.head.shard(shard, device)? })
+    let (embed, head) = shard_ends(&w.embed, &w.head, shard, whole_embedding, device)?;
+    Ok(Weights { embed, layers, head })
 }
 
 /// Intermediate columns `cols` (whole blocks of 32) of every expert.

@@ -50,7 +50,7 @@ impl BatchModel for Llama {
         };
         let eps = cfg.rms_norm_eps;
         // The residual stream stays in f32 (see model.rs).
-        let mut x = w.embed.index_select(&step.tokens, 0)?.to_dtype(DType::F32)?;
+        let mut x = w.embed.lookup(&step.tokens, self.comm())?;
         // The previous layer's MLP output (this rank's piece) and its bias, summed over the
         // ranks and added to the stream by this layer's first norm.
         let mut mlp_out: Option<(Tensor, Option<&Tensor>)> = None;
@@ -148,8 +148,8 @@ impl BatchModel for Llama {
         self.weights().layers.len()
     }
 
-    fn embedding(&self) -> &Tensor {
-        &self.weights().embed
+    fn embedding(&self) -> Option<&Tensor> {
+        self.weights().embed.table()
     }
 
     fn vocab_size(&self) -> usize {

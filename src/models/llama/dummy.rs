@@ -5,6 +5,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::LlamaConfig;
 use super::model::{Layer, Weights};
+use crate::models::embedding::Embedding;
 use crate::models::head::Head;
 use crate::models::linear::Linear;
 use crate::models::random::normal;
@@ -62,5 +63,9 @@ pub fn random_weights(cfg: &LlamaConfig, dtype: DType, device: &Device) -> anyho
     } else {
         lin("lm_head".into(), cfg.vocab_size, h, false)?
     };
-    Ok(Weights { embed, layers, head: Head { norm: ones(h)?, lm_head, eps: cfg.rms_norm_eps } })
+    Ok(Weights {
+        embed: Embedding::whole(embed),
+        layers,
+        head: Head { norm: ones(h)?, lm_head, eps: cfg.rms_norm_eps },
+    })
 }

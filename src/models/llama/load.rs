@@ -16,6 +16,7 @@ use candle_nn::VarBuilder;
 use super::config::LlamaConfig;
 use super::model::{Layer, Llama, RopeStyle, Weights};
 use crate::error::{ErrorKind, fail};
+use crate::models::embedding::Embedding;
 use crate::models::head::Head;
 use crate::models::linear::Linear;
 use crate::quant::{CtConfig, QuantLinear};
@@ -137,7 +138,11 @@ fn checkpoint_weights(
     } else {
         linear(vb.pp("lm_head"), cfg.vocab_size, h, false)?
     };
-    Ok(Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } })
+    Ok(Weights {
+        embed: Embedding::whole(embed),
+        layers,
+        head: Head { norm, lm_head, eps: cfg.rms_norm_eps },
+    })
 }
 
 /// An opened GGUF file: metadata and tensor directory (the data is read on demand).
@@ -296,8 +301,11 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
         let embed = gguf.dense("token_embd.weight", dtype, device)?;
         let head = gguf.dense(head_name, dtype, device)?;
         let lm_head = Linear::Dense { weight: head, bias: None };
-        let weights =
-            Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } };
+        let weights = Weights {
+            embed: Embedding::whole(embed),
+            layers,
+            head: Head { norm, lm_head, eps: cfg.rms_norm_eps },
+        };
         return Llama::new(cfg, weights, RopeStyle::Interleaved, context, dtype, device);
     }
     if own {
@@ -308,8 +316,11 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
         let cpu = Device::Cpu;
         let embed = gguf.qtensor("token_embd.weight", &cpu)?.dequantize(&cpu)?;
         let embed = embed.to_dtype(DType::BF16)?.to_device(device)?;
-        let weights =
-            Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } };
+        let weights = Weights {
+            embed: Embedding::whole(embed),
+            layers,
+            head: Head { norm, lm_head, eps: cfg.rms_norm_eps },
+        };
         return Llama::new(cfg, weights, RopeStyle::Interleaved, context, DType::BF16, device);
     }
     let embed_q = gguf.qtensor("token_embd.weight", device)?;
@@ -319,7 +330,11 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
         false => embed_q,
     };
     let lm_head = Linear::Quantized { weight: QMatMul::from_qtensor(head_q)?, bias: None };
-    let weights = Weights { embed, layers, head: Head { norm, lm_head, eps: cfg.rms_norm_eps } };
+    let weights = Weights {
+        embed: Embedding::whole(embed),
+        layers,
+        head: Head { norm, lm_head, eps: cfg.rms_norm_eps },
+    };
     Llama::new(cfg, weights, RopeStyle::Interleaved, context, DType::F32, device)
 }
 

@@ -12,6 +12,7 @@ use super::fuse::Fused;
 use super::memory;
 use crate::dist::Collective;
 use crate::models::batch::KvDtype;
+use crate::models::embedding::Embedding;
 use crate::models::head::Head;
 use crate::models::linear::Linear;
 use crate::models::rope;
@@ -42,8 +43,8 @@ pub struct Layer {
 
 #[derive(Clone)]
 pub struct Weights {
-    /// `[vocab, hidden]`, dense in the compute dtype.
-    pub embed: Tensor,
+    /// `[vocab, hidden]` (a rank's rows of it), dense in the compute dtype.
+    pub embed: Embedding,
     pub layers: Vec<Layer>,
     /// Final norm and LM head.
     pub head: Head,
@@ -99,11 +100,14 @@ impl Llama {
     }
 
     /// Rank `comm.shard()`'s slice of the model whose whole weights are `w` (anywhere: loaded on
-    /// the CPU), on `device`: tensor parallelism (`shard.rs`).
+    /// the CPU), on `device`: tensor parallelism (`shard.rs`); with `whole_embedding` the rank
+    /// keeps the whole embedding table too (an EAGLE-3 head reads it).
+    #[allow(clippy::too_many_arguments)]
     pub fn sharded(
         cfg: &LlamaConfig,
         w: &Weights,
         comm: Arc<dyn Collective>,
+        whole_embedding: bool,
         rope_style: RopeStyle,
         context: usize,
         dtype: DType,
@@ -111,7 +115,7 @@ impl Llama {
     ) -> anyhow::Result<Llama> {
         let shard = comm.shard();
         let local = super::shard::local_config(cfg, shard)?;
-        let w = super::shard::shard_weights(w, cfg, shard, device)?;
+        let w = super::shard::shard_weights(w, cfg, shard, whole_embedding, device)?;
         Ok(Llama::new(local, w, rope_style, context, dtype, device)?.with_comm(comm))
     }
 
@@ -157,7 +161,7 @@ impl Llama {
     /// projections are views of the fused ones).
     pub fn weight_bytes(&self) -> u64 {
         let mut m = crate::models::memory::Measured::default();
-        m.tensor(&self.w.embed);
+        self.w.embed.measure(&mut m);
         for l in &self.w.layers {
             m.tensor(&l.attn_norm);
             m.tensor(&l.mlp_norm);

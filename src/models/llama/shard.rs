@@ -1,8 +1,9 @@
 //! Llama split over tensor-parallel ranks in the Megatron layout (docs/tensor-parallel.md §1):
 //! rank r keeps its query heads' rows of q and their key/value heads' rows of k and v, o_proj's
 //! columns for those heads, its slice of gate and up's rows (the intermediate dimension) and
-//! down's matching columns, and its rows of the LM head. Biases of q/k/v and gate/up go with
-//! their rows; o and down's are added once, after the sum. Norms and the embedding stay whole.
+//! down's matching columns, and its rows of the vocabulary, of the LM head and of the embedding
+//! (`models::embedding`). Biases of q/k/v and gate/up go with their rows; o and down's are added
+//! once, after the sum. Norms stay whole.
 //! Dense weights only: a quantized checkpoint's blocks run along the inputs that o and down
 //! would split.
 
@@ -11,6 +12,7 @@ use candle_core::{Device, Tensor};
 use super::config::LlamaConfig;
 use super::model::{Layer, Weights};
 use crate::dist::Shard;
+use crate::models::embedding::shard_ends;
 use crate::models::linear::Linear;
 
 /// The config of rank `shard`'s slice: its heads, key/value heads and intermediate rows (the
@@ -42,11 +44,13 @@ fn intermediate(cfg: &LlamaConfig, shard: Shard) -> anyhow::Result<std::ops::Ran
     Ok(r.start * unit..r.end * unit)
 }
 
-/// Rank `shard`'s slice of `w` (whole dense weights of `cfg`, anywhere), on `device`.
+/// Rank `shard`'s slice of `w` (whole dense weights of `cfg`, anywhere), on `device`; the whole
+/// embedding table too with `whole_embedding`.
 pub fn shard_weights(
     w: &Weights,
     cfg: &LlamaConfig,
     shard: Shard,
+    whole_embedding: bool,
     device: &Device,
 ) -> anyhow::Result<Weights> {
     let (q, kv) = shard.heads(cfg.num_heads, cfg.num_kv_heads)?;
@@ -86,7 +90,8 @@ pub fn shard_weights(
         };
         layers.push(layer.fuse()?);
     }
-    Ok(Weights { embed: put(w.embed.clone())?, layers, head: w.head.shard(shard, device)? })
+    let (embed, head) = shard_ends(&w.embed, &w.head, shard, whole_embedding, device)?;
+    Ok(Weights { embed, layers, head })
 }
 
 fn dense(l: &Linear) -> anyhow::Result<(&Tensor, Option<&Tensor>)> {
