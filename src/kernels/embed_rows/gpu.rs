@@ -8,6 +8,9 @@ use half::bf16;
 use crate::kernels::cuda::{fatbin, int};
 use crate::kernels::launch::Launch;
 
+/// Threads per block (the kernel's grid takes any).
+const THREADS: u32 = 128;
+
 /// The table from its offset on, in its dtype.
 enum Table<'a> {
     F32(CudaView<'a, f32>),
@@ -31,13 +34,22 @@ pub(super) fn launch(
         CudaStorageSlice::BF16(s) => (Table::Bf16(s.slice(at..)), "embed_rows_bf16"),
         _ => bail!("embed_rows: the table must be f32 or bf16"),
     };
-    // SAFETY: the block of token t writes all of row t.
+    // 16-byte loads where every row starts on 16 bytes (allocations are 256-byte aligned) and
+    // the stores' rows too.
+    let width = match &table {
+        Table::F32(_) => 4,
+        Table::Bf16(_) => 8,
+    };
+    let vector = hidden.is_multiple_of(width) && at.is_multiple_of(width);
+    let (name, per) = if vector { (format!("{name}_v{width}"), width) } else { (name.into(), 1) };
+    // SAFETY: the thread of each of a row's runs of `per` values writes them.
     let mut out = unsafe { dev.alloc::<f32>(n * hidden)? };
-    let func = fatbin::embed_rows::EMBED_ROWS.func(&dev, name)?;
+    let func = fatbin::embed_rows::EMBED_ROWS.func(&dev, &name)?;
     let stream = dev.cuda_stream();
+    let chunks = hidden.div_ceil(per * THREADS as usize);
     let cfg = LaunchConfig {
-        grid_dim: (int(n, "tokens")? as u32, 1, 1),
-        block_dim: (256, 1, 1),
+        grid_dim: (int(n, "tokens")? as u32, int(chunks, "chunks")? as u32, 1),
+        block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     let mut b = Launch::new(&stream, &func);

@@ -7,9 +7,10 @@ use crate::kernels::testing::{rng, tensor, uniform, values};
 
 /// A random table of `vocab` rows and a slice of it (`first .. first + rows`, a view with an
 /// offset, as a rank keeping the whole table reads its own rows), and random ids over the whole
-/// vocabulary and past it.
-fn case(r: &mut StdRng, dtype: DType) -> (Tensor, usize, usize, Vec<u32>) {
-    let (vocab, hidden) = (r.random_range(2..300), r.random_range(1..700));
+/// vocabulary and past it. `hidden`: the rows' width, random where `None`.
+fn case(r: &mut StdRng, dtype: DType, hidden: Option<usize>) -> (Tensor, usize, usize, Vec<u32>) {
+    let vocab = r.random_range(2..300);
+    let hidden = hidden.unwrap_or_else(|| r.random_range(1..700));
     let table = tensor(uniform(r, vocab * hidden, -4.0, 4.0), &[vocab, hidden], dtype);
     let first = r.random_range(0..vocab);
     let rows = r.random_range(1..=vocab - first);
@@ -24,7 +25,7 @@ fn case(r: &mut StdRng, dtype: DType) -> (Tensor, usize, usize, Vec<u32>) {
 fn cpu_looks_up_its_rows_and_zeros_elsewhere() {
     let mut r = rng("embed_rows cpu");
     for dtype in [DType::F32, DType::BF16, DType::F32, DType::BF16] {
-        let (table, first, rows, ids) = case(&mut r, dtype);
+        let (table, first, rows, ids) = case(&mut r, dtype, None);
         let hidden = table.dim(1).unwrap();
         let mine = table.narrow(0, first, rows).unwrap();
         let tokens = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap();
@@ -45,21 +46,24 @@ fn cpu_looks_up_its_rows_and_zeros_elsewhere() {
     }
 }
 
-/// The GPU's lookup gives the CPU's bits, on fresh random tables, slices and ids.
+/// The GPU's lookup gives the CPU's bits, on fresh random tables, slices and ids: rows of a
+/// width the 16-byte loads take (gpt-oss's 2,880, a multiple of 8) and of any width.
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release --lib kernels -- --ignored"]
 fn gpu_matches_cpu() {
     let dev = crate::kernels::testing::gpu();
     let mut r = rng("embed_rows gpu");
-    for dtype in [DType::F32, DType::BF16, DType::F32, DType::BF16, DType::BF16] {
-        let (table, first, rows, ids) = case(&mut r, dtype);
+    let widths =
+        [Some(2880), Some(8 * r.random_range(1..90)), Some(4 * r.random_range(1..90)), None];
+    for (dtype, hidden) in widths.iter().flat_map(|&h| [(DType::F32, h), (DType::BF16, h)]) {
+        let (table, first, rows, ids) = case(&mut r, dtype, hidden);
         let mine = table.narrow(0, first, rows).unwrap();
         let tokens = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap();
         let want = values(&embed_rows(&mine, &tokens, first).unwrap());
         let on_gpu = table.to_device(&dev).unwrap().narrow(0, first, rows).unwrap();
         let got = embed_rows(&on_gpu, &tokens.to_device(&dev).unwrap(), first).unwrap();
         let same = values(&got).iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{dtype:?}: the GPU's lookup differs from the CPU's");
+        assert!(same, "{dtype:?} {hidden:?}: the GPU's lookup differs from the CPU's");
     }
 }
