@@ -65,6 +65,10 @@ pub struct DoctorArgs {
     /// Machine-readable output: one JSON object with every finding and the problems.
     #[arg(long)]
     pub json: bool,
+    /// Check each cached model split over the first N GPUs, as `--tp N` runs it: a GPU's share
+    /// against the least memory free among them.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
 }
 
 #[derive(Debug, Args)]

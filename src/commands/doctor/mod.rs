@@ -4,7 +4,8 @@
 //! binary's kernels were built for them; the NVIDIA driver, the CUDA version and the CUDA
 //! libraries found (with their paths); the Hugging Face cache (where, how big, how many models,
 //! whether a token is set — never its value); and for each cached model whether it fits on the
-//! GPU at its full context (or at which smaller one), by the same memory plan `play` and `bench` use before loading;
+//! GPU at its full context (or at which smaller one), by the same memory plan `play` and `bench` use before loading,
+//! split over `--tp N` GPUs when asked, with the smallest `--tp` that holds a model one GPU does not;
 //! and the `INFERNO_*` switches: each one's value, whether it is set, and any value refused.
 //! Every problem comes with a line saying how to fix it. It never needs a GPU to run: on a
 //! machine without the driver it says so and still reports the cache.
@@ -41,7 +42,10 @@ pub struct Report {
 }
 
 pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
-    let report = collect();
+    if args.tp == 0 {
+        return Err(fail(ErrorKind::InvalidInput, "--tp must be at least 1"));
+    }
+    let report = collect(args.tp)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -58,15 +62,22 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
     }
 }
 
-fn collect() -> Report {
+fn collect(tp: usize) -> anyhow::Result<Report> {
     let gpu = gpu::check();
+    let found = gpu.devices.len();
+    if found > 0 && tp > found {
+        return Err(fail(
+            ErrorKind::InvalidInput,
+            format!("--tp {tp} needs {tp} GPUs; this machine has {found}"),
+        ));
+    }
     let cache = cache::check();
-    let models = models::check(&cache, &gpu);
+    let models = models::check(&cache, &gpu, tp);
     let switches = crate::switches::states();
     let mut problems = Vec::new();
     problems.extend(gpu.problems());
     problems.extend(cache.problems());
     problems.extend(models.iter().filter_map(models::ModelFit::problem));
     problems.extend(switches::problems(&switches));
-    Report { version: env!("CARGO_PKG_VERSION"), gpu, cache, models, switches, problems }
+    Ok(Report { version: env!("CARGO_PKG_VERSION"), gpu, cache, models, switches, problems })
 }
