@@ -474,56 +474,20 @@ fn build_rank(
             Box::new(m.with_comm(comm))
         }
         (Source::Gguf(path), Arch::GptOss(_), _) => {
-            let (cfg, w) = gpt_oss::gguf::load(path, dtype, context, &cpu)?.into_parts();
-            Box::new(gpt_oss::GptOss::sharded(
-                &cfg,
-                &w,
-                comm,
-                whole_embedding,
-                context,
-                dtype,
-                device,
-            )?)
+            let whole = gpt_oss::gguf::load(path, dtype, context, &cpu)?;
+            Box::new(whole.sharded(comm, whole_embedding, device)?)
         }
         (Source::HfDir(dir), Arch::GptOss(_), _) => {
-            let (cfg, w) = gpt_oss::load::load(dir, dtype, context, &cpu)?.into_parts();
-            Box::new(gpt_oss::GptOss::sharded(
-                &cfg,
-                &w,
-                comm,
-                whole_embedding,
-                context,
-                dtype,
-                device,
-            )?)
+            let whole = gpt_oss::load::load(dir, dtype, context, &cpu)?;
+            Box::new(whole.sharded(comm, whole_embedding, device)?)
         }
         (Source::Gguf(path), Arch::Llama(_), _) => {
-            let mut gguf = GgufFile::open(path)?;
-            let (cfg, style, w) = load::load_gguf(&mut gguf, context, &cpu)?.into_parts();
-            Box::new(llama::Llama::sharded(
-                &cfg,
-                &w,
-                comm,
-                whole_embedding,
-                style,
-                context,
-                dtype,
-                device,
-            )?)
+            let whole = load::load_gguf(&mut GgufFile::open(path)?, context, &cpu)?;
+            Box::new(whole.sharded(comm, whole_embedding, device)?)
         }
         (Source::HfDir(dir), Arch::Llama(_), _) => {
-            let m = load::load_safetensors(dir, Some(dtype), context, &cpu)?;
-            let (cfg, style, w) = m.into_parts();
-            Box::new(llama::Llama::sharded(
-                &cfg,
-                &w,
-                comm,
-                whole_embedding,
-                style,
-                context,
-                dtype,
-                device,
-            )?)
+            let whole = load::load_safetensors(dir, Some(dtype), context, &cpu)?;
+            Box::new(whole.sharded(comm, whole_embedding, device)?)
         }
         _ => anyhow::bail!("tensor parallelism: the rank's architecture differs from the model's"),
     })

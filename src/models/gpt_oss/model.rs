@@ -121,22 +121,21 @@ impl GptOss {
         Ok(GptOss { cfg, w, cos, sin, dtype, kv_dtype, device: device.clone(), comm: None })
     }
 
-    /// Rank `comm.shard()`'s slice of the model whose whole weights are `w` (anywhere: loaded on
-    /// the CPU), on `device`: tensor parallelism (`shard.rs`); with `whole_embedding` the rank
-    /// keeps the whole embedding table too (an EAGLE-3 head reads it).
+    /// Rank `comm.shard()`'s slice of this model (whole, anywhere: loaded on the CPU), on
+    /// `device`, with its RoPE tables' positions and its dtype: tensor parallelism (`shard.rs`);
+    /// with `whole_embedding` the rank keeps the whole embedding table too (an EAGLE-3 head reads
+    /// it).
     pub fn sharded(
-        cfg: &GptOssConfig,
-        w: &Weights,
+        &self,
         comm: Arc<dyn Collective>,
         whole_embedding: bool,
-        context: usize,
-        dtype: DType,
         device: &Device,
     ) -> anyhow::Result<GptOss> {
         let shard = comm.shard();
-        let local = super::shard::local_config(cfg, shard)?;
-        let w = super::shard::shard_weights(w, cfg, shard, whole_embedding, device)?;
-        Ok(GptOss::new(local, w, context, dtype, device)?.with_comm(comm))
+        let local = super::shard::local_config(&self.cfg, shard)?;
+        let w = super::shard::shard_weights(&self.w, &self.cfg, shard, whole_embedding, device)?;
+        let context = self.cos.dim(0)?;
+        Ok(GptOss::new(local, w, context, self.dtype, device)?.with_comm(comm))
     }
 
     /// This model as rank `comm.shard()` of a sharded one (its weights already its slice).

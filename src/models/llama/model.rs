@@ -99,24 +99,21 @@ impl Llama {
         })
     }
 
-    /// Rank `comm.shard()`'s slice of the model whose whole weights are `w` (anywhere: loaded on
-    /// the CPU), on `device`: tensor parallelism (`shard.rs`); with `whole_embedding` the rank
-    /// keeps the whole embedding table too (an EAGLE-3 head reads it).
-    #[allow(clippy::too_many_arguments)]
+    /// Rank `comm.shard()`'s slice of this model (whole, anywhere: loaded on the CPU), on
+    /// `device`, with its RoPE tables' positions, pairing and dtype: tensor parallelism
+    /// (`shard.rs`); with `whole_embedding` the rank keeps the whole embedding table too (an
+    /// EAGLE-3 head reads it).
     pub fn sharded(
-        cfg: &LlamaConfig,
-        w: &Weights,
+        &self,
         comm: Arc<dyn Collective>,
         whole_embedding: bool,
-        rope_style: RopeStyle,
-        context: usize,
-        dtype: DType,
         device: &Device,
     ) -> anyhow::Result<Llama> {
         let shard = comm.shard();
-        let local = super::shard::local_config(cfg, shard)?;
-        let w = super::shard::shard_weights(w, cfg, shard, whole_embedding, device)?;
-        Ok(Llama::new(local, w, rope_style, context, dtype, device)?.with_comm(comm))
+        let local = super::shard::local_config(&self.cfg, shard)?;
+        let w = super::shard::shard_weights(&self.w, &self.cfg, shard, whole_embedding, device)?;
+        let (style, context) = (self.rope_style, self.rope.0.dim(0)?);
+        Ok(Llama::new(local, w, style, context, self.dtype, device)?.with_comm(comm))
     }
 
     /// This model as rank `comm.shard()` of a sharded one (its weights already its slice).
