@@ -154,8 +154,7 @@ __device__ __forceinline__ void sm_tile(float (&red)[W][16 * MT][4], const uint8
     }
     // A slot routed to no expert (a decode graph's padding) reads nothing and its sums stay
     // zero: its block skips the products, which would all be of zeros.
-    if (!on) {
-    } else if (AHEAD) {
+    if (on && AHEAD) {
 #pragma unroll 1
         for (int Q = w; Q < nq; Q += 2 * W) {
             if (Q != w) sm_load_w(n, 4 * (Q + W) + t, kb, row_w, row_s, on);
@@ -164,7 +163,7 @@ __device__ __forceinline__ void sm_tile(float (&red)[W][16 * MT][4], const uint8
             if (Q + 2 * W < nq) sm_load_w(p, 4 * (Q + 2 * W) + t, kb, row_w, row_s, on);
             quad(n, Q + W);
         }
-    } else {
+    } else if (on) {
 #pragma unroll 1
         for (int Q = w; Q < nq; Q += W) {
             if (Q != w) sm_load_w(p, 4 * Q + t, kb, row_w, row_s, on);
