@@ -24,12 +24,14 @@ pub struct Embedding {
     /// The whole table, where this rank keeps it: on one GPU, and on rank 0 of a group whose
     /// EAGLE-3 head has no embedding of its own and reads the model's.
     whole: Option<Tensor>,
+    /// `rows` are a rank's share: a lookup is summed over the ranks.
+    split: bool,
 }
 
 impl Embedding {
     /// The whole table `[vocab, hidden]`.
     pub fn whole(table: Tensor) -> Embedding {
-        Embedding { rows: table.clone(), first: 0, whole: Some(table) }
+        Embedding { rows: table.clone(), first: 0, whole: Some(table), split: false }
     }
 
     /// The whole table, where this rank keeps it.
@@ -43,17 +45,18 @@ impl Embedding {
     }
 
     /// The f32 rows of `tokens` (u32 `[n]`): `[n, hidden]`, summed over `comm`'s ranks when
-    /// the table is split.
+    /// the table is split (every rank must then call it).
     pub fn lookup(
         &self,
         tokens: &Tensor,
         comm: Option<&Arc<dyn Collective>>,
     ) -> anyhow::Result<Tensor> {
         let mine = embed_rows(&self.rows, tokens, self.first)?;
-        match comm {
-            Some(c) if c.shard().world > 1 => sum_over(comm, mine),
-            _ => Ok(mine),
+        if !self.split {
+            return Ok(mine);
         }
+        anyhow::ensure!(comm.is_some(), "a split embedding's lookup needs its ranks");
+        sum_over(comm, mine)
     }
 
     /// Bytes of one row (what a step reads per token).
@@ -93,7 +96,7 @@ pub fn shard_ends(
     if keep_whole {
         let whole = table.to_device(device)?;
         let rows = whole.narrow(0, range.start, range.len())?;
-        let e = Embedding { rows, first: range.start, whole: Some(whole) };
+        let e = Embedding { rows, first: range.start, whole: Some(whole), split: true };
         return Ok((e, head.shard(shard, device)?));
     }
     let rows = vocab_rows(table, shard, device)?;
@@ -105,5 +108,5 @@ pub fn shard_ends(
         },
         false => head.shard(shard, device)?,
     };
-    Ok((Embedding { rows, first: range.start, whole: None }, head))
+    Ok((Embedding { rows, first: range.start, whole: None, split: true }, head))
 }
