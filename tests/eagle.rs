@@ -29,7 +29,7 @@ use inferno::engine::spec::{SpecConfig, SpecStats};
 use inferno::generate::{SamplerConfig, StopReason};
 use inferno::load::{self, LoadOptions};
 use inferno::models::batch::KvPool;
-use inferno::models::eagle3::Eagle3Head;
+use inferno::models::eagle3::{self, Eagle3Head};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -454,7 +454,7 @@ impl Target {
         let model = &self.runner.model;
         let head = Eagle3Head::load(
             dir,
-            model.embedding().expect("whole embedding"),
+            eagle3::Target::of(model.as_ref()),
             CONTEXT,
             DType::F32,
             &Device::Cpu,
@@ -710,20 +710,27 @@ fn a_head_that_keeps_missing_sleeps_for_new_requests() {
     assert_eq!(spec.stats().spec.accepted_tokens, 0, "a random head landed a draft");
 }
 
-/// A head made for another model is refused in one line.
 /// A head on rank 0 of a model split over two ranks (threads on the CPU: `--tp 2`'s engine and
 /// followers), the other ranks verifying the same rows. The tokens are those one rank gives
 /// without speculation, and each request's drafts accepted and rejected are those the same head
 /// gives beside the whole model: it passes the last layer's tap through, so its guesses are
 /// right only where rank 0's taps are the whole model's hidden states (summed over the ranks).
+/// A SpecForge head carries its embedding, and rank 0 keeps only its rows of the model's; a
+/// speculators head reads the model's, and rank 0 keeps the whole table too (as `start_group`
+/// decides from the head's files).
 #[test]
 fn a_head_over_two_ranks_is_lossless() {
+    head_over_two_ranks(Layout::SpecForge);
+    head_over_two_ranks(Layout::Speculators);
+}
+
+fn head_over_two_ranks(layout: Layout) {
     use inferno::engine::core::Built;
     use inferno::engine::spec::Draft;
 
     let target = common::tp::wide_gpt_oss();
     let head = tempfile::tempdir().expect("tempdir");
-    write_head(head.path(), target.path(), Layout::SpecForge, Weights::PassLastTap, None);
+    write_head(head.path(), target.path(), layout, Weights::PassLastTap, None);
     let cases = cases(250, 6, 20);
     let plain = run_batch(&start(On::Cpu, target.path(), cases.len(), None), &cases);
 
@@ -749,9 +756,18 @@ fn a_head_over_two_ranks_is_lossless() {
         common::tp::follower_threads(&name, 2, cfg, opts.clone());
     let dir = head.path().to_path_buf();
     let (engine, ()) = Engine::start_built(move || {
-        let model = load::load_rank_with_embedding(&name, &opts, &Device::Cpu, leader)?.model;
-        let embed = model.embedding().expect("rank 0 keeps the whole embedding");
-        let h = Eagle3Head::load(&dir, embed, CONTEXT, DType::F32, &Device::Cpu)?;
+        let whole = eagle3::reads_target_embedding(&dir, false);
+        anyhow::ensure!(
+            whole == (layout == Layout::Speculators),
+            "{layout:?}: whole table {whole}"
+        );
+        let model = match whole {
+            true => load::load_rank_with_embedding(&name, &opts, &Device::Cpu, leader)?.model,
+            false => load::load_rank(&name, &opts, &Device::Cpu, leader)?.model,
+        };
+        anyhow::ensure!(model.embedding().is_some() == whole, "{layout:?}: the table's rows");
+        let target = eagle3::Target::of(model.as_ref());
+        let h = Eagle3Head::load(&dir, target, CONTEXT, DType::F32, &Device::Cpu)?;
         let draft = Some(Draft::Eagle(Box::new(h)));
         Ok(Built { model, draft, cfg, info: (), followers: Some(followers) })
     })
@@ -775,11 +791,12 @@ fn a_head_over_two_ranks_is_lossless() {
     assert_same("a head over two ranks", &cases, &tokens, &plain);
     // The same drafts as the head beside the whole model: its taps and embedding are the same.
     let beside_one = each(&start(On::Cpu, target.path(), 1, Some(head.path())));
-    assert_eq!(over_two, beside_one, "the head drafted otherwise over two ranks");
+    assert_eq!(over_two, beside_one, "{layout:?}: the head drafted otherwise over two ranks");
     let accepted: usize = over_two.iter().map(|r| r.3).sum();
     assert!(accepted > 0, "nothing accepted: {over_two:?}");
 }
 
+/// A head made for another model is refused in one line.
 #[test]
 fn a_head_for_another_model_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -220,19 +220,14 @@ fn load_draft(
     device: &Device,
 ) -> anyhow::Result<Option<crate::engine::spec::Draft>> {
     use crate::engine::spec::Draft;
-    use crate::models::eagle3::Eagle3Head;
+    use crate::models::eagle3::{Eagle3Head, Target};
     let Some(d) = draft else { return Ok(None) };
     if let Some(dir) = eagle3_folder(d, opts.dummy) {
-        let Some(embed) = model.embedding() else {
-            anyhow::bail!(
-                "{d}: the EAGLE-3 head reads the model's embedding, which this rank does not keep whole"
-            )
-        };
-        let context = info.context;
+        let (target, context) = (Target::of(model), info.context);
         let head = if opts.dummy {
-            Eagle3Head::random(&dir, embed, context, info.dtype, device)
+            Eagle3Head::random(&dir, target, context, info.dtype, device)
         } else {
-            Eagle3Head::load(&dir, embed, context, info.dtype, device)
+            Eagle3Head::load(&dir, target, context, info.dtype, device)
         };
         return Ok(Some(Draft::Eagle(Box::new(head.map_err(|e| e.context(d.to_string()))?))));
     }

@@ -198,6 +198,8 @@ pub trait BatchModel {
         taps: &[usize],
     ) -> anyhow::Result<(Tensor, Option<Tensor>)>;
     fn vocab_size(&self) -> usize;
+    /// The width of the hidden states (an EAGLE-3 head's input).
+    fn hidden_size(&self) -> usize;
     /// Positions the RoPE tables cover: the longest sequence.
     fn max_positions(&self) -> usize;
     fn device(&self) -> &Device;

@@ -13,7 +13,6 @@
 
 use std::time::Instant;
 
-use anyhow::Context;
 use candle_core::{DType, Device};
 
 use crate::cli::BenchArgs;
@@ -24,7 +23,7 @@ use crate::engine::scheduler::Chunk;
 use crate::engine::spec::eagle::EagleDrafter;
 use crate::load::{self, LoadOptions};
 use crate::models::batch::KvPool;
-use crate::models::eagle3::Eagle3Head;
+use crate::models::eagle3::{Eagle3Head, Target};
 
 /// Rows per step measured: one token, and 1, 2, 3, 4, 8 drafts.
 const ROWS: [usize; 6] = [1, 2, 3, 4, 5, 9];
@@ -199,11 +198,11 @@ fn eagle_head(
     device: &Device,
 ) -> anyhow::Result<Option<EagleDrafter>> {
     let Some(dir) = args.spec.draft_model().map(std::path::PathBuf::from) else { return Ok(None) };
-    let embed = runner.model.embedding().context("the model's embedding is not whole here")?;
+    let target = Target::of(runner.model.as_ref());
     let head = if args.dummy_weights {
-        Eagle3Head::random(&dir, embed, context, dtype, device)?
+        Eagle3Head::random(&dir, target, context, dtype, device)?
     } else {
-        Eagle3Head::load(&dir, embed, context, dtype, device)?
+        Eagle3Head::load(&dir, target, context, dtype, device)?
     };
     let cfg = EngineConfig { kv_tokens: context, ..EngineConfig::single(context) };
     Ok(Some(EagleDrafter::new(head, &cfg, runner.model.tap_layers())?))

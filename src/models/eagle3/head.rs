@@ -73,19 +73,18 @@ trait Source {
 }
 
 impl Eagle3Head {
-    /// Loads the head in folder `dir` (`config.json` and safetensors) for a target whose
-    /// embedding is `target_embed` (`[vocab, hidden]`, shared when the head has none) and whose
-    /// RoPE tables cover `context` positions. Refused in one line when it was made for another
+    /// Loads the head in folder `dir` (`config.json` and safetensors) for `target` (whose
+    /// embedding it shares when it has none) with RoPE tables that cover `context` positions. Refused in one line when it was made for another
     /// target (hidden size or vocabulary).
     pub fn load(
         dir: &Path,
-        target_embed: &Tensor,
+        target: Target,
         context: usize,
         dtype: DType,
         device: &Device,
     ) -> anyhow::Result<Eagle3Head> {
         let cfg = read_config(dir)?;
-        check_target(&cfg, target_embed, device)?;
+        check_target(&cfg, target, device)?;
         let files = crate::models::llama::load::safetensors_files(dir)?;
         // SAFETY: read-only maps of files the HF cache layout never rewrites in place.
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? };
@@ -99,7 +98,7 @@ impl Eagle3Head {
             Ok(t) => Some(t.to_dtype(DType::I64)?.to_vec1::<i64>()?),
             Err(_) => None,
         };
-        let head = Eagle3Head::build(cfg, &src, d2t, target_embed, context, dtype, device)
+        let head = Eagle3Head::build(cfg, &src, d2t, target, context, dtype, device)
             .map_err(|e| fail(ErrorKind::Integrity, format!("loading the EAGLE-3 head: {e:#}")))?;
         Ok(head)
     }
@@ -108,27 +107,27 @@ impl Eagle3Head {
     /// `d2t` (benchmarks of a head's cost: `--dummy-weights`).
     pub fn random(
         dir: &Path,
-        target_embed: &Tensor,
+        target: Target,
         context: usize,
         dtype: DType,
         device: &Device,
     ) -> anyhow::Result<Eagle3Head> {
         let cfg = read_config(dir)?;
-        check_target(&cfg, target_embed, device)?;
+        check_target(&cfg, target, device)?;
         let vocab = cfg.layer.vocab_size;
         // An increasing map from the draft vocabulary into the target's.
         let step = (vocab / cfg.draft_vocab).max(1);
         let d2t = (0..cfg.draft_vocab).map(|i| (i * step - i) as i64).collect();
         check_fits(&cfg, false, dtype, device)?;
         let src = Random { dtype, device: device.clone() };
-        Eagle3Head::build(cfg, &src, Some(d2t), target_embed, context, dtype, device)
+        Eagle3Head::build(cfg, &src, Some(d2t), target, context, dtype, device)
     }
 
     fn build(
         cfg: Eagle3Config,
         src: &dyn Source,
         d2t: Option<Vec<i64>>,
-        target_embed: &Tensor,
+        target: Target,
         context: usize,
         dtype: DType,
         device: &Device,
@@ -158,7 +157,12 @@ impl Eagle3Head {
         let embed = if src.has("embed_tokens.weight") {
             src.get(&[l.vocab_size, h], "embed_tokens.weight")?
         } else {
-            target_embed.to_dtype(dtype)?
+            let Some(e) = target.embed else {
+                anyhow::bail!(
+                    "the head has no embedding of its own, and the model keeps only its rank's rows of its own"
+                )
+            };
+            e.to_dtype(dtype)?
         };
         let d2t = match d2t {
             Some(d) => d2t_ids(&d, l.vocab_size)?,
@@ -321,6 +325,22 @@ fn read_config(dir: &Path) -> anyhow::Result<Eagle3Config> {
     Eagle3Config::from_json(&text)
 }
 
+/// The model a head drafts for: its vocabulary and hidden size, and its whole embedding
+/// `[vocab, hidden]` where the model keeps one (a head without an embedding of its own reads it;
+/// a tensor-parallel rank may keep only its rows).
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub vocab: usize,
+    pub hidden: usize,
+    pub embed: Option<&'a Tensor>,
+}
+
+impl<'a> Target<'a> {
+    pub fn of(model: &'a dyn crate::models::batch::BatchModel) -> Target<'a> {
+        Target { vocab: model.vocab_size(), hidden: model.hidden_size(), embed: model.embedding() }
+    }
+}
+
 /// Whether the head in `dir` reads the target's embedding (it has none of its own; a random
 /// head never has): a tensor-parallel target then keeps its whole table on rank 0, beside that
 /// rank's rows.
@@ -339,7 +359,7 @@ pub fn reads_target_embedding(dir: &Path, dummy: bool) -> bool {
 
 /// The head must read the target's hidden states, speak its vocabulary, and have heads the
 /// device's attention takes.
-fn check_target(cfg: &Eagle3Config, target_embed: &Tensor, device: &Device) -> anyhow::Result<()> {
+fn check_target(cfg: &Eagle3Config, target: Target, device: &Device) -> anyhow::Result<()> {
     let d = cfg.layer.head_dim;
     if device.is_cuda() && ![64, 128].contains(&d) {
         return Err(fail(
@@ -347,7 +367,7 @@ fn check_target(cfg: &Eagle3Config, target_embed: &Tensor, device: &Device) -> a
             format!("the EAGLE-3 head's head_dim is {d}: a GPU's attention takes 64 or 128"),
         ));
     }
-    let (vocab, hidden) = target_embed.dims2()?;
+    let (vocab, hidden) = (target.vocab, target.hidden);
     let refuse = |what: String| {
         Err(fail(
             ErrorKind::InvalidInput,

@@ -8,4 +8,4 @@ pub mod config;
 pub mod head;
 
 pub use config::{Eagle3Config, Layout, is_eagle3};
-pub use head::{Eagle3Head, Feature, reads_target_embedding};
+pub use head::{Eagle3Head, Feature, Target, reads_target_embedding};

@@ -156,6 +156,10 @@ impl BatchModel for Llama {
         self.config().vocab_size
     }
 
+    fn hidden_size(&self) -> usize {
+        self.config().hidden_size
+    }
+
     fn invariant_rows(&self) -> usize {
         let w = self.weights();
         let dense = w.head.lm_head.is_dense_bf16()
