@@ -796,6 +796,34 @@ fn head_over_two_ranks(layout: Layout) {
     assert!(accepted > 0, "nothing accepted: {over_two:?}");
 }
 
+/// A head without an embedding of its own beside a rank that keeps only its rows of the model's
+/// is refused in one line (`start_group` keeps the whole table on rank 0 for such a head).
+#[test]
+fn a_head_without_an_embedding_needs_the_whole_table() {
+    let target = common::tp::wide_gpt_oss();
+    let head = tempfile::tempdir().expect("tempdir");
+    write_head(head.path(), target.path(), Layout::Speculators, Weights::PassLastTap, None);
+    assert!(eagle3::reads_target_embedding(head.path(), false));
+    let opts = LoadOptions {
+        dtype: Some(DType::F32),
+        context: Some(CONTEXT),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
+    let rank0 = inferno::dist::ThreadGroup::new(2).into_iter().next().expect("rank 0");
+    let name = target.path().to_str().expect("utf-8");
+    let model = load::load_rank(name, &opts, &Device::Cpu, std::sync::Arc::new(rank0))
+        .expect("rank 0")
+        .model;
+    let target = eagle3::Target::of(model.as_ref());
+    let err = Eagle3Head::load(head.path(), target, CONTEXT, DType::F32, &Device::Cpu)
+        .err()
+        .expect("refused");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("has no embedding of its own"), "{msg}");
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+}
+
 /// A head made for another model is refused in one line.
 #[test]
 fn a_head_for_another_model_is_refused() {
