@@ -372,11 +372,7 @@ fn with_tp_advice(
     shard: Shard,
 ) -> anyhow::Error {
     let Some(b) = budget.filter(|b| b.target == Target::Gpu) else { return err };
-    let fits = |world: usize| {
-        let need = whole.for_rank(Shard { rank: 0, world }, false).ok()?.plan(context).total();
-        (need <= b.free).then_some((world, need))
-    };
-    match [2, 4, 8].into_iter().filter(|&w| w > shard.world).find_map(fits) {
+    match whole.smallest_tp(context, b.free, shard.world) {
         Some((w, need)) => fail(
             ErrorKind::Memory,
             format!("{err}; with --tp {w} each GPU needs {}", crate::util::human_bytes_iec(need)),

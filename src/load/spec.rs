@@ -190,6 +190,16 @@ impl Spec {
         Ok(Spec { arch, weights, ..self.clone() })
     }
 
+    /// The smallest `--tp` above `above` (2, 4 or 8) whose rank 0, the largest share, fits
+    /// `free` bytes at `context`, and the bytes that share needs.
+    pub fn smallest_tp(&self, context: usize, free: u64, above: usize) -> Option<(usize, u64)> {
+        [2, 4, 8].into_iter().filter(|&w| w > above).find_map(|world| {
+            let share = self.for_rank(crate::dist::Shard { rank: 0, world }, false).ok()?;
+            let need = share.plan(context).total();
+            (need <= free).then_some((world, need))
+        })
+    }
+
     /// The memory needed at `context`.
     pub fn plan(&self, context: usize) -> MemoryPlan {
         // The pool an engine of one sequence of `context` tokens allocates; the intermediates

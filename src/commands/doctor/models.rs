@@ -12,7 +12,6 @@ use super::gpu::GpuReport;
 use super::render::Line;
 use crate::dist::Shard;
 use crate::load::plan::Target;
-use crate::load::spec::Spec;
 use crate::load::{LoadOptions, prepare};
 use crate::util::human_bytes_iec as iec;
 
@@ -79,18 +78,15 @@ fn fit(model: String, path: &str, free: Option<u64>, tp: usize) -> ModelFit {
         fits_with: None,
     };
     // Rank 0's share: the largest (a vocabulary the ranks do not divide leaves the last fewer rows).
-    let share = |whole: &Spec, world: usize| whole.for_rank(Shard { rank: 0, world }, false);
-    let spec = match prepare(path, &opts, Target::Gpu).and_then(|(_, whole)| {
-        let spec = share(&whole, tp)?;
-        Ok((whole, spec))
-    }) {
-        Ok(s) => s,
+    let planned = prepare(path, &opts, Target::Gpu)
+        .and_then(|(_, whole)| Ok((whole.for_rank(Shard { rank: 0, world: tp }, false)?, whole)));
+    let (spec, whole) = match planned {
+        Ok(pair) => pair,
         Err(e) => {
             out.note = Some(first_line(&format!("{e:#}")));
             return out;
         }
     };
-    let (whole, spec) = spec;
     let plan = spec.plan(spec.context);
     out.context = Some(spec.context);
     out.needed_bytes = Some(plan.total());
@@ -99,10 +95,9 @@ fn fit(model: String, path: &str, free: Option<u64>, tp: usize) -> ModelFit {
         out.fits = Some(fits);
         if !fits {
             out.largest_context = spec.largest_context(free, spec.context.saturating_sub(1));
-            out.fits_with = [2, 4, 8].into_iter().filter(|&w| w > tp).find_map(|w| {
-                let need = share(&whole, w).ok()?.plan(spec.context).total();
-                (need <= free).then_some(TpFit { tp: w, needed_bytes: need })
-            });
+            out.fits_with = whole
+                .smallest_tp(spec.context, free, tp)
+                .map(|(tp, needed_bytes)| TpFit { tp, needed_bytes });
         }
     }
     out

@@ -411,9 +411,9 @@ fn gpt_oss_step_cost_counts_its_experts_by_hand() {
     assert_eq!(loaded.model.step_cost().relative(3), 1.04);
 }
 
-/// Each rank of `--tp 2` plans what it allocates: its rows of the vocabulary (the
-/// last rank's padded where the ranks do not divide it), a tied head sharing the embedding's rows, and with the whole embedding
-/// kept beside them (rank 0 under an EAGLE-3 head without its own).
+/// Each rank of `--tp 2` plans what it allocates: its rows of the vocabulary (the last rank's
+/// padded where the ranks do not divide it), a tied head sharing the embedding's rows, and with
+/// the whole embedding kept beside them (rank 0 under an EAGLE-3 head without its own).
 #[test]
 fn a_rank_plans_what_it_allocates() {
     use std::sync::Arc;

@@ -74,8 +74,8 @@ trait Source {
 
 impl Eagle3Head {
     /// Loads the head in folder `dir` (`config.json` and safetensors) for `target` (whose
-    /// embedding it shares when it has none) with RoPE tables that cover `context` positions. Refused in one line when it was made for another
-    /// target (hidden size or vocabulary).
+    /// embedding it shares when it has none) with RoPE tables that cover `context` positions.
+    /// Refused in one line when it was made for another target (hidden size or vocabulary).
     pub fn load(
         dir: &Path,
         target: Target,
@@ -159,7 +159,7 @@ impl Eagle3Head {
         } else {
             let Some(e) = target.embed else {
                 anyhow::bail!(
-                    "the head has no embedding of its own, and the model keeps only its rank's rows of its own"
+                    "the head has no embedding of its own, and this rank keeps only its rows of the model's"
                 )
             };
             e.to_dtype(dtype)?

@@ -143,11 +143,6 @@ impl GptOss {
         GptOss { comm: Some(comm), ..self }
     }
 
-    /// The config and the weights (to shard them).
-    pub fn into_parts(self) -> (GptOssConfig, Weights) {
-        (self.cfg, self.w)
-    }
-
     /// The other ranks of a sharded model.
     pub fn comm(&self) -> Option<&Arc<dyn Collective>> {
         self.comm.as_ref()

@@ -121,11 +121,6 @@ impl Llama {
         Llama { comm: Some(comm), ..self }
     }
 
-    /// The config, RoPE style and weights (to shard them).
-    pub fn into_parts(self) -> (LlamaConfig, RopeStyle, Weights) {
-        (self.cfg, self.rope_style, self.w)
-    }
-
     /// The other ranks of a sharded model.
     pub fn comm(&self) -> Option<&Arc<dyn Collective>> {
         self.comm.as_ref()
