@@ -252,3 +252,63 @@ fn gpu_bf16_engine_teacher_forced_agreement_is_at_least_98_percent() {
     eprintln!("bf16 GPU engine teacher-forced top-1 agreement: {:.2}%", agree * 100.0);
     assert!(agree >= 0.98, "top-1 agreement {agree}");
 }
+
+/// `--kv-dtype fp8|int8` on real weights: SmolLM2-135M-Instruct in bf16, teacher-forced over
+/// the fixture's natural text in decode-sized steps of 64 (so most keys are read back from
+/// earlier steps' 8-bit pools), against transformers' f32 argmax, with bf16 KV on the same
+/// positions: what the 8 bits cost on a trained model's weights rather than random ones (the
+/// 20b-shaped checkpoint's test in gpt_oss_reference.rs). Prints every position where an 8-bit
+/// cache changes the bf16-KV argmax, with the reference's top-1 margin there.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
+fn gpu_bf16_8bit_kv_teacher_forced_agreement_on_real_weights() {
+    use inferno::models::batch::{BatchModel, KvDtype};
+    let fx = fixture();
+    let tokens = ids(&fx["teacher_forced"]["ids"]);
+    let want = ids(&fx["teacher_forced"]["argmax"]);
+    let margins = &fx["teacher_forced"]["margins"];
+    let dev = gpu();
+    let run = |kv: KvDtype| -> Vec<u32> {
+        let mut model =
+            load::load_safetensors(&hf_checkpoint(), Some(DType::BF16), 1024, &dev).unwrap();
+        model.set_kv_dtype(kv);
+        let mut seq = OneSeq::new(Box::new(model));
+        seq.chunk = 64;
+        let logits = seq.forward_all(&tokens, 0).unwrap();
+        logits.argmax(1).unwrap().to_vec1().unwrap()
+    };
+    let bf16 = run(KvDtype::Compute);
+    let pct = |got: &[u32]| {
+        100.0 * got.iter().zip(&want).filter(|(a, b)| a == b).count() as f64 / want.len() as f64
+    };
+    let mut results = Vec::new();
+    for (name, kv) in [("fp8", KvDtype::Fp8), ("int8", KvDtype::Int8)] {
+        let got = run(kv);
+        let flips: Vec<(usize, f64)> = (0..want.len())
+            .filter(|&i| got[i] != bf16[i])
+            .map(|i| (i, margins[i].as_f64().unwrap_or(f64::NAN)))
+            .collect();
+        eprintln!(
+            "SmolLM2-135M bf16, top-1 agreement with transformers f32 over {} positions: bf16 KV \
+             {:.2}%, {name} KV {:.2}%; positions where {name} differs from bf16 KV (reference \
+             margin): {flips:?}",
+            want.len(),
+            pct(&bf16),
+            pct(&got)
+        );
+        results.push((name, pct(&bf16) - pct(&got)));
+    }
+    // Floors under what an H200 measured (bf16 KV 98.48%, FP8 KV 90.15%, INT8 KV 95.08% with
+    // f32 compute on the CPU): a broken code path lands far below them. The 8 bits' cost here is
+    // the keys' (docs/performance.md, "8-bit KV cache"), and the issue's 99% is not met on these
+    // weights.
+    for (name, cost) in results {
+        let floor = if name == "fp8" { 88.0 } else { 93.0 };
+        assert!(
+            pct(&bf16) - cost >= floor,
+            "{name} KV agreement {:.2}% is under {floor}%",
+            pct(&bf16) - cost
+        );
+    }
+    assert!(pct(&bf16) >= 98.0, "bf16 KV agreement {:.2}% is under 98%", pct(&bf16));
+}

@@ -67,8 +67,9 @@ struct Args<'a> {
 /// `v_pool` (`[num_slots, kv_heads, d]`, contiguous, f32 or bf16) and returns q `[T, heads, d]`
 /// in the pools' dtype. Pools of codes (`F8E4M3`, or INT8 in `U8`, with `scales`
 /// `[num_slots, kv_heads]` u8 for keys and values, [`super::kv_fp8`]) take each stored row
-/// quantized under its own scale, and q
-/// comes back in the dtype the attention takes with them: bf16 on CUDA, f32 on the CPU. The CPU
+/// quantized under its own scale, keys and q rotated first where the head width allows it
+/// ([`super::kv_fp8::rotate`]: every score is unchanged), and q comes back in the dtype the
+/// attention takes with them: bf16 on CUDA, f32 on the CPU. The CPU
 /// refuses positions past the tables and slots past the pool; the CUDA kernel rotates the former
 /// by NaN and stores nothing for the latter. `release_first`: the kernel releases its PDL
 /// dependents before it waits (as [`crate::kernels::PagedAttnConfig::release_first`]).
@@ -228,6 +229,10 @@ fn reference(a: Args) -> Result<Tensor> {
                     rotated[i2] = head[i1] * s[i] + head[i2] * c[i];
                 }
                 head = rotated;
+                // Pools of codes hold keys rotated, and the queries turn alike (kv_fp8.rs).
+                if scales.is_some() && super::kv_fp8::rotates(d) {
+                    super::kv_fp8::rotate(&mut head, b >= h.heads);
+                }
             }
             match b {
                 b if b < h.heads => q.extend(head),

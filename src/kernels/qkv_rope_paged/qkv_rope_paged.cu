@@ -72,7 +72,7 @@ QKV_ROPE_PAGED(qkv_rope_paged_interleaved_bf16, __nv_bfloat16, true)
 
 // Pools of codes (include/fp8.cuh; E4M3, or INT8 with INT8): q as bf16, each stored (token, kv
 // head) row as codes under the power-of-two scale of its largest magnitude, the scale byte beside it in
-// [num_slots, kv_heads]. The row's magnitudes meet in shared memory (a head's D/2 threads may
+// [num_slots, kv_heads]; q and the keys rotated first where d is a power of two from 16 to 256. The row's magnitudes meet in shared memory (a head's D/2 threads may
 // span two warps). RoPE's products and sums are rounded one by one (__fmul_rn, no contraction),
 // as the CPU reference computes them: a fused multiply-add that moved a value across an E4M3
 // rounding boundary would be a whole code (1/16) off, where in bf16 it is one ulp.
@@ -84,6 +84,7 @@ __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
     uint8_t* __restrict__ k_scale, uint8_t* __restrict__ v_scale, int heads, int kv_heads, int d, int n_positions,
     long long num_slots, bool interleaved, int release_first) {
     __shared__ uint32_t amax_bits[256];  // per head of the block (blockDim.y <= 256)
+    __shared__ float rot[512];           // the block's heads, d each, while they rotate (d <= 256)
     pdl_wait_release(release_first);
     const long long t = blockIdx.x;
     const int y = threadIdx.y, b = blockIdx.y * blockDim.y + y, i = threadIdx.x, half = d / 2;
@@ -107,6 +108,33 @@ __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
             const float s = ok ? sin[(long long)p * half + i] : __int_as_float(0x7fffffff);
             y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
             y2 = __fadd_rn(__fmul_rn(x1, s), __fmul_rn(x2, c));
+        }
+    }
+    // Keys and queries rotated (kv_fp8.rs's header): H x through shared memory, butterfly by
+    // butterfly as kv_fp8::rotate, then the exact power-of-two scale. d is uniform, so every
+    // thread takes the same branch and meets every barrier.
+    if ((d & (d - 1)) == 0 && d >= 16 && d <= 256) {
+        const bool turns = live && b < heads + kv_heads;
+        float* r = rot + y * d;
+        if (turns) {
+            r[i1] = y1;
+            r[i2] = y2;
+        }
+        for (int h = 1; h < d; h *= 2) {
+            __syncthreads();
+            if (turns) {
+                const int j = (i / h) * 2 * h + i % h;
+                const float a = r[j], c = r[j + h];
+                r[j] = __fadd_rn(a, c);
+                r[j + h] = __fsub_rn(a, c);
+            }
+        }
+        __syncthreads();
+        if (turns) {
+            const int lg = 31 - __clz(d), shift = b >= heads ? lg / 2 : lg - lg / 2;
+            const float f = __uint_as_float((uint32_t)(127 - shift) << 23);
+            y1 = __fmul_rn(r[i1], f);
+            y2 = __fmul_rn(r[i2], f);
         }
     }
     __syncthreads();  // amax_bits cleared

@@ -264,7 +264,8 @@ fn fp8_pool(codes: &Tensor, scales: &Tensor) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// Pools of codes: each stored row is the f32 pools' row quantized under its own scale
-/// (kv_fp8::quantize_row), the other slots untouched; q as with f32 pools.
+/// (kv_fp8::quantize_row), keys rotated first (kv_fp8::rotate), the other slots untouched; q as
+/// with f32 pools, rotated alike (kv_fp8's tests check that the scores stay).
 #[test]
 fn coded_reference_quantizes_each_stored_row() {
     let h = QkvHeads { heads: 4, kv_heads: 2, head_dim: 16 };
@@ -283,7 +284,15 @@ fn coded_reference_quantizes_each_stored_row() {
         let (k0, _) = fp8_pool(&x.k_pool, &x.scales.as_ref().unwrap().0);
         let q = run(&x, h, pairs).unwrap();
         assert_eq!(q.dtype(), DType::F32, "the CPU's q with pools of codes");
-        assert_eq!(values(&q), q32);
+        let q = values(&q);
+        let d = h.head_dim;
+        let turned = |rows: &[f32], key: bool| -> Vec<f32> {
+            let mut out = rows.to_vec();
+            out.chunks_mut(d).for_each(|r| crate::kernels::kv_fp8::rotate(r, key));
+            out
+        };
+        assert_eq!(q, turned(&q32, false), "q rotated");
+        let k32 = turned(&k32, true);
         let (ks, vs) = x.scales.as_ref().unwrap();
         let row = h.kv_heads * h.head_dim;
         for (pool, scales, want) in [(&x.k_pool, ks, &k32), (&x.v_pool, vs, &v32)] {
