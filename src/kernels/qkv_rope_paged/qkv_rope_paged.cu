@@ -84,7 +84,7 @@ __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
     uint8_t* __restrict__ k_scale, uint8_t* __restrict__ v_scale, int heads, int kv_heads, int d, int n_positions,
     long long num_slots, bool interleaved, int release_first) {
     __shared__ uint32_t amax_bits[256];  // per head of the block (blockDim.y <= 256)
-    __shared__ float rot[512];           // the block's heads while they rotate (64 < d <= 256)
+    __shared__ float rot[512];           // pairs exchanged across warps while heads rotate
     pdl_wait_release(release_first);
     const long long t = blockIdx.x;
     const int y = threadIdx.y, b = blockIdx.y * blockDim.y + y, i = threadIdx.x, half = d / 2;
@@ -112,50 +112,42 @@ __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
     }
     // Keys and queries rotated (kv_fp8.rs's header): H x butterfly by butterfly as
     // kv_fp8::rotate (stages of distance 1, 2, 4, ... in that order; a butterfly's sum and
-    // difference are single f32 operations), then the exact power-of-two scale. d is uniform:
-    // every thread takes the same branch and meets every shuffle and barrier.
+    // difference are single f32 operations), then the exact power-of-two scale. Thread i holds
+    // elements i1 and i2: the stage that pairs those two (distance d / 2 for half-split pairs,
+    // 1 for interleaved ones) is local, and every other stage pairs thread i with thread i ^ m,
+    // by a shuffle within a warp (m < 32) and through shared memory across the warps of a head
+    // of d >= 128. d is uniform, so every thread takes the same branches and meets every shuffle
+    // and barrier. A barrier for every stage cost the gpt-oss-20b layout 2.5% of its decode at 1k.
     if ((d & (d - 1)) == 0 && d >= 16 && d <= 256) {
         const bool turns = live && b < heads + kv_heads;
-        float r1 = y1, r2 = y2;  // every lane takes part in the shuffles; only q and k keep the result
-        if (d <= 64) {
-            // The head's d / 2 threads are one warp or half of one; thread i holds elements i1
-            // and i2. The stage of the two in-thread elements (distance d / 2 for half-split
-            // pairs, 1 for interleaved ones) is local; every other stage pairs lane i with lane
-            // i ^ m. A barrier per stage through shared memory cost the gpt-oss-20b layout
-            // 2.5% of its decode at 1k.
-            const auto local = [&]() {
-                const float a = r1, c = r2;
-                r1 = __fadd_rn(a, c);
-                r2 = __fsub_rn(a, c);
-            };
-            const auto across = [&](int m) {
-                const float p1 = __shfl_xor_sync(0xffffffffu, r1, m), p2 = __shfl_xor_sync(0xffffffffu, r2, m);
-                const bool low = (i & m) == 0;
-                r1 = low ? __fadd_rn(r1, p1) : __fsub_rn(p1, r1);
-                r2 = low ? __fadd_rn(r2, p2) : __fsub_rn(p2, r2);
-            };
-            if (interleaved) local();
-            for (int m = 1; m < half; m *= 2) across(m);
-            if (!interleaved) local();
-        } else {  // a head spans warps: through shared memory
-            float* r = rot + y * d;
-            if (turns) {
-                r[i1] = r1;
-                r[i2] = r2;
-            }
-            for (int h = 1; h < d; h *= 2) {
+        float r1 = y1, r2 = y2;  // every thread takes part in the exchanges; only q and k keep the result
+        const auto local = [&]() {
+            const float a = r1, c = r2;
+            r1 = __fadd_rn(a, c);
+            r2 = __fsub_rn(a, c);
+        };
+        float2* swap = reinterpret_cast<float2*>(rot);  // a thread's pair at its index in the block
+        const int tid = y * half + i;
+        const auto across = [&](int m) {
+            float p1, p2;
+            if (m < 32) {
+                p1 = __shfl_xor_sync(0xffffffffu, r1, m);
+                p2 = __shfl_xor_sync(0xffffffffu, r2, m);
+            } else {
+                swap[tid] = make_float2(r1, r2);
                 __syncthreads();
-                if (turns) {
-                    const int j = (i & ~(h - 1)) * 2 + (i & (h - 1));
-                    const float a = r[j], c = r[j + h];
-                    r[j] = __fadd_rn(a, c);
-                    r[j + h] = __fsub_rn(a, c);
-                }
+                const float2 p = swap[tid ^ m];
+                __syncthreads();  // read before the next stage writes
+                p1 = p.x;
+                p2 = p.y;
             }
-            __syncthreads();
-            r1 = r[i1];
-            r2 = r[i2];
-        }
+            const bool low = (i & m) == 0;
+            r1 = low ? __fadd_rn(r1, p1) : __fsub_rn(p1, r1);
+            r2 = low ? __fadd_rn(r2, p2) : __fsub_rn(p2, r2);
+        };
+        if (interleaved) local();
+        for (int m = 1; m < half; m *= 2) across(m);
+        if (!interleaved) local();
         if (turns) {
             const int lg = 31 - __clz(d), shift = b >= heads ? lg / 2 : lg - lg / 2;
             const float f = __uint_as_float((uint32_t)(127 - shift) << 23);
