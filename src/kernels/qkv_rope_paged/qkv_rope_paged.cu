@@ -72,8 +72,8 @@ QKV_ROPE_PAGED(qkv_rope_paged_interleaved_bf16, __nv_bfloat16, true)
 
 // Pools of codes (include/fp8.cuh; E4M3, or INT8 with INT8): q as bf16, each stored (token, kv
 // head) row as codes under the power-of-two scale of its largest magnitude, the scale byte beside it in
-// [num_slots, kv_heads]; q and the keys rotated first where d is a power of two from 16 to 256. The row's magnitudes meet in shared memory (a head's D/2 threads may
-// span two warps). RoPE's products and sums are rounded one by one (__fmul_rn, no contraction),
+// [num_slots, kv_heads]; q and the keys rotated first where d is a power of two from 16 to 256.
+// The row's magnitudes meet in shared memory (a head's D/2 threads may span two warps). RoPE's products and sums are rounded one by one (__fmul_rn, no contraction),
 // as the CPU reference computes them: a fused multiply-add that moved a value across an E4M3
 // rounding boundary would be a whole code (1/16) off, where in bf16 it is one ulp.
 template <bool INT8>
@@ -84,7 +84,7 @@ __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
     uint8_t* __restrict__ k_scale, uint8_t* __restrict__ v_scale, int heads, int kv_heads, int d, int n_positions,
     long long num_slots, bool interleaved, int release_first) {
     __shared__ uint32_t amax_bits[256];  // per head of the block (blockDim.y <= 256)
-    __shared__ float rot[512];           // pairs exchanged across warps while heads rotate
+    __shared__ float2 swap[256];         // a thread's pair, exchanged across warps while heads rotate
     pdl_wait_release(release_first);
     const long long t = blockIdx.x;
     const int y = threadIdx.y, b = blockIdx.y * blockDim.y + y, i = threadIdx.x, half = d / 2;
@@ -126,7 +126,6 @@ __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
             r1 = __fadd_rn(a, c);
             r2 = __fsub_rn(a, c);
         };
-        float2* swap = reinterpret_cast<float2*>(rot);  // a thread's pair at its index in the block
         const int tid = y * half + i;
         const auto across = [&](int m) {
             float p1, p2;
