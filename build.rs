@@ -10,9 +10,14 @@
 //! loads (from PTX alone it compiled for 46 s at an H100's first start), and the PTX, which a
 //! later GPU compiles. Headers shared by several ops live in
 //! `src/kernels/include` (on the include path); an op's own headers sit beside its `.cu` files.
-//! The target is `sm_$CUDA_COMPUTE_CAP` (default 90: H100/H200). nvcc comes from
-//! `$CUDA_HOME/bin` or `PATH`, as `scripts/cuda-env.sh` sets them up; it must be CUDA 13.0 (see
-//! docs/cuda-build.md: newer PTX is refused by the GPU machines' driver).
+//! The targets are `src/gpu/targets.rs`'s: by default machine code for every architecture
+//! from sm_80 to sm_120 and PTX for the newest; `INFERNO_CUDA_ARCHS` or `CUDA_COMPUTE_CAP` (a
+//! capability or a list, `compute_XY` for PTX alone) narrows them. ptxas's report of every
+//! kernel on every target is checked against that target's limits (registers; static shared
+//! memory plus the largest dynamic, `src/kernels/shared_memory.rs`) and kept beside the fat
+//! binary as `NAME.usage`. nvcc comes from `$CUDA_HOME/bin` or `PATH`, as
+//! `scripts/cuda-env.sh` sets them up; it must be CUDA 13.0 (see docs/cuda-build.md: newer PTX
+//! is refused by the GPU machines' driver).
 //!
 //! No `--use_fast_math`: it turns on flush-to-zero, and the MXFP4 decoder relies on the subnormal
 //! scale 2^-127 (E8M0 byte 0) being exact; the kernels are memory-bound, so fast math buys little.
@@ -27,6 +32,12 @@ use std::process::Command;
 
 #[path = "src/gpu/codegen.rs"]
 mod codegen;
+#[path = "src/kernels/shared_memory.rs"]
+mod shared_memory;
+// The binary reads more of it than the build does.
+#[allow(dead_code)]
+#[path = "src/gpu/targets.rs"]
+mod targets;
 // Also used by the tests, which read more of it than the build does.
 #[allow(dead_code)]
 #[path = "src/gpu/elfdyn.rs"]
@@ -37,7 +48,10 @@ const KERNEL_DIR: &str = "src/kernels";
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo::rerun-if-env-changed=INFERNO_CUDA_ARCHS");
     println!("cargo::rerun-if-env-changed=CUDA_HOME");
+    println!("cargo::rerun-if-changed=src/kernels/shared_memory.rs");
+    println!("cargo::rerun-if-changed=src/gpu/targets.rs");
     println!("cargo::rerun-if-changed=src/gpu/codegen.rs");
     println!("cargo::rerun-if-changed=src/gpu/elfdyn.rs");
 
@@ -60,10 +74,15 @@ fn main() {
         .collect();
     write(&out_dir.join("kernels.rs"), &kernel_constants(&kernels));
     let nvcc = find_nvcc();
-    let cap = env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".to_string());
-    let cap = cap.trim().trim_start_matches("sm_").replace('.', "");
-    // `inferno doctor` compares it with the GPU's compute capability.
-    println!("cargo::rustc-env=INFERNO_CUDA_COMPUTE_CAP={cap}");
+    let spec = ["INFERNO_CUDA_ARCHS", "CUDA_COMPUTE_CAP"]
+        .iter()
+        .find_map(|v| env::var(v).ok().filter(|s| !s.trim().is_empty()))
+        .unwrap_or_else(|| targets::DEFAULT.to_string());
+    let targets = targets::parse(&spec).unwrap_or_else(|e| {
+        panic!("inferno: CUDA_COMPUTE_CAP / INFERNO_CUDA_ARCHS = {spec:?}: {e}")
+    });
+    // The binary checks the GPU against it before its first launch, and `inferno doctor` shows it.
+    println!("cargo::rustc-env=INFERNO_CUDA_ARCHS={}", targets::encode(&targets));
     // nvcc compiles one file on one core: run up to cargo's job count at once, the biggest
     // files first (the shortest tail). A failure panics in its thread, which fails the scope.
     let mut kernels: Vec<&Kernel> = kernels.iter().collect();
@@ -78,7 +97,7 @@ fn main() {
                 while let Some(kernel) =
                     kernels.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
                 {
-                    compile_kernel(&nvcc, &cap, kernel);
+                    compile_kernel(&nvcc, &targets, kernel);
                 }
             });
         }
@@ -157,14 +176,19 @@ fn kernel_constants(kernels: &[Kernel]) -> String {
     out
 }
 
-/// `kernel.src` to its fat binary for `sm_$cap` (`-arch=sm_$cap`: that machine code and
-/// `compute_$cap` PTX); panics with nvcc's output when it fails.
-fn compile_kernel(nvcc: &Path, cap: &str, kernel: &Kernel) {
+/// `kernel.src` to its fat binary for `targets` (one `-gencode` each), then ptxas's resources
+/// of every kernel on every machine-code target checked against that target's limits; panics
+/// with nvcc's output, or with the kernels over a limit.
+fn compile_kernel(nvcc: &Path, targets: &[targets::Target], kernel: &Kernel) {
     let dir = kernel.fatbin.parent().expect("the fat binary has a folder");
     std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    let gencodes = targets.iter().map(|t| {
+        let code = t.name();
+        format!("-gencode=arch=compute_{},code={code}", t.cap)
+    });
     let output = Command::new(nvcc)
-        .args(["--fatbin", "-O3", "-std=c++17", "--expt-relaxed-constexpr"])
-        .arg(format!("-arch=sm_{cap}"))
+        .args(["--fatbin", "-O3", "-std=c++17", "--expt-relaxed-constexpr", "--resource-usage"])
+        .args(gencodes)
         .arg("-I")
         .arg(Path::new(KERNEL_DIR).join("include"))
         .arg("-o")
@@ -172,14 +196,62 @@ fn compile_kernel(nvcc: &Path, cap: &str, kernel: &Kernel) {
         .arg(&kernel.src)
         .output()
         .unwrap_or_else(|e| panic!("could not run {}: {e}", nvcc.display()));
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     if !output.status.success() {
+        panic!("nvcc failed on {}:\n{report}", kernel.src.display());
+    }
+    write(&kernel.fatbin.with_extension("usage"), &report);
+    let over = over_limits(&report);
+    if !over.is_empty() {
         panic!(
-            "nvcc failed on {}:\n{}{}",
+            "{}: kernels over a target's limits (static shared memory from ptxas plus the largest \
+             dynamic, src/kernels/shared_memory.rs):\n{}",
             kernel.src.display(),
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
+            over.join("\n")
         );
     }
+}
+
+/// The kernels of ptxas's `--resource-usage` report ("Compiling entry function 'NAME' for
+/// 'sm_XY'", then "Used R registers, … S bytes smem, …") over the limits of their target.
+fn over_limits(report: &str) -> Vec<String> {
+    let mut over = Vec::new();
+    let mut current: Option<(String, u32)> = None;
+    for line in report.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let mut parts = rest.split('\'');
+            let name = parts.next().unwrap_or_default().to_string();
+            let cap = parts.nth(1).and_then(|t| t.trim_start_matches("sm_").parse().ok());
+            current = cap.map(|c| (name, c));
+        } else if let (Some((name, cap)), Some(used)) = (&current, line.split("Used ").nth(1)) {
+            let words: Vec<&str> = used.split([' ', ',']).filter(|w| !w.is_empty()).collect();
+            let number_before = |unit: &[&str]| -> usize {
+                words
+                    .windows(unit.len() + 1)
+                    .find(|w| w[1..] == *unit)
+                    .and_then(|w| w[0].parse().ok())
+                    .unwrap_or(0)
+            };
+            let registers = number_before(&["registers"]) as u32;
+            let fixed = number_before(&["bytes", "smem"]);
+            let dynamic = shared_memory::largest(name);
+            let limit = targets::shared_per_block(*cap);
+            if registers > targets::MAX_REGISTERS {
+                over.push(format!("  {name} on sm_{cap}: {registers} registers"));
+            }
+            if fixed.saturating_add(dynamic) > limit {
+                over.push(format!(
+                    "  {name} on sm_{cap}: {fixed} bytes static + {dynamic} dynamic shared memory, \
+                     over the {limit} a block may take"
+                ));
+            }
+        }
+    }
+    over
 }
 
 /// Every `.cu` and `.cuh` file under `dir`, sorted.

@@ -9,16 +9,21 @@
 # checkout (INFERNO_CACHE, default ~/.cache/inferno) and reused by later builds.
 #
 # A real toolkit (nvcc 13.x and a libcuda) is used as is.
+#
+# The GPU targets: every architecture from Ampere on (src/gpu/targets.rs), unless
+# CUDA_COMPUTE_CAP (or INFERNO_CUDA_ARCHS) names fewer: a capability or a list (`86`, `8.6`,
+# `80,89,90`; `compute_80` for PTX alone). build.rs reads the list from INFERNO_CUDA_ARCHS;
+# candle's kernels get it through scripts/nvcc-fat.sh (it says why).
 
 _inferno_cuda_setup() {
 
     local want_major=13
-    export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
 
     if command -v nvcc >/dev/null 2>&1 && nvcc --version | grep -q "release ${want_major}\." \
         && { ldconfig -p 2>/dev/null | grep -q 'libcuda\.so'; }; then
         echo "cuda-env: using the system CUDA toolkit ($(command -v nvcc))" >&2
-        return 0
+        _inferno_cuda_targets "$(command -v nvcc)"
+        return
     fi
 
     local cache="${INFERNO_CACHE:-$HOME/.cache/inferno}"
@@ -66,7 +71,46 @@ _inferno_cuda_setup() {
     export LIBRARY_PATH="$prefix/lib:$stubdir${LIBRARY_PATH:+:$LIBRARY_PATH}"
     export LD_LIBRARY_PATH="$prefix/lib:$stubdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export RUSTFLAGS="${RUSTFLAGS:-} -L $prefix/lib -L $stubdir"
-    echo "cuda-env: using the PyPI CUDA toolchain in $prefix (CUDA_COMPUTE_CAP=$CUDA_COMPUTE_CAP)" >&2
+    echo "cuda-env: using the PyPI CUDA toolchain in $prefix" >&2
+    _inferno_cuda_targets "$prefix/bin/nvcc"
+}
+
+# INFERNO_CUDA_ARCHS (the build's targets), CUDA_COMPUTE_CAP (candle's: the oldest of them),
+# INFERNO_CUDA_GENCODES and NVCC (scripts/nvcc-fat.sh, which gives candle's library all of them).
+_inferno_cuda_targets() {
+    local spec="${INFERNO_CUDA_ARCHS:-${CUDA_COMPUTE_CAP:-all}}"
+    local word cap sass=() ptx=() oldest=999 newest=0
+    for word in ${spec//[,;]/ }; do
+        [ "$word" = all ] && { sass+=(80 86 89 90 100 120); continue; }
+        case "$word" in
+        compute_*) cap="${word#compute_}"; ptx+=("${cap//./}") ;;
+        *) cap="${word#sm_}"; sass+=("${cap//./}") ;;
+        esac
+    done
+    for cap in "${sass[@]}" "${ptx[@]}"; do
+        [[ "$cap" =~ ^[0-9]+$ ]] || { echo "cuda-env: CUDA_COMPUTE_CAP=$spec: '$cap' is not a compute capability" >&2; return 1; }
+        [ "$cap" -lt "$oldest" ] && oldest="$cap"
+        [ "$cap" -gt "$newest" ] && newest="$cap"
+    done
+    [ "${#ptx[@]}" -gt 0 ] || ptx=("$newest")
+    # candle's library takes machine code once per major version (sm_80 code runs on 8.6 and 8.9
+    # too): its GGUF kernels have no path of their own there, and each target costs minutes.
+    local gencodes="" majors=" "
+    for cap in $(printf '%s\n' "${sass[@]}" | sort -n); do
+        [[ "$majors" == *" $((cap / 10)) "* ]] && continue
+        majors+="$((cap / 10)) "
+        gencodes+=" -gencode=arch=compute_$cap,code=sm_$cap"
+    done
+    for cap in "${ptx[@]}"; do gencodes+=" -gencode=arch=compute_$cap,code=compute_$cap"; done
+    export INFERNO_CUDA_ARCHS="$spec" CUDA_COMPUTE_CAP="$oldest" INFERNO_CUDA_GENCODES="${gencodes# }"
+    export INFERNO_REAL_NVCC="$1"
+    # INFERNO_CANDLE_FAT=0 leaves candle's library to the oldest target alone: a machine without a
+    # GPU (CI) never runs it, and its GGUF kernels take most of a build's time for every target.
+    if [ "${INFERNO_CANDLE_FAT:-1}" != 0 ]; then
+        NVCC="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/nvcc-fat.sh"
+        export NVCC
+    fi
+    echo "cuda-env: GPU targets $spec (candle's PTX for $oldest)" >&2
 }
 
 # The driver library is not on PyPI. Stub every driver entry point cudarc can bind so the binary

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and installs the `inferno` GPU binary into ~/.cargo/bin. Uses a system CUDA 13 toolkit
 # when there is one, else assembles the build pieces from PyPI (scripts/cuda-env.sh).
-# Set CUDA_COMPUTE_CAP for GPUs other than Hopper (default 90), e.g. 89 for Ada, 80 for A100.
+# The binary runs on every NVIDIA GPU since Ampere; CUDA_COMPUTE_CAP narrows the build to fewer
+# (e.g. 86, or 80,90) for a shorter one (docs/cuda-build.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cuda-env.sh

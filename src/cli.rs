@@ -330,6 +330,11 @@ pub struct DeviceArgs {
     /// Run on the CPU (debugging and tests only; slow). Never chosen implicitly.
     #[arg(long)]
     pub cpu: bool,
+    /// The most GPU memory inferno may take (`20G`, `16GiB`, `24GB`): the memory plan, the
+    /// context it picks and the KV cache fit within it. For sharing a GPU, or trying what fits a
+    /// smaller card. Default: all that is free.
+    #[arg(long, value_name = "SIZE", value_parser = crate::util::parse_size)]
+    pub gpu_memory: Option<u64>,
     /// KV cache storage: bf16 (the compute dtype's), fp8 (E4M3) or int8, the 8-bit ones with a
     /// power-of-two scale per token and kv head: about twice the tokens in the same memory, int8
     /// the closer to bf16 (the CPU emulates both).

@@ -7,6 +7,7 @@
 use candle_core::Device;
 
 use crate::error::{ErrorKind, fail};
+use targets::Target;
 
 #[cfg(all(
     feature = "cuda",
@@ -33,6 +34,7 @@ pub(crate) mod loader;
 #[cfg(feature = "cuda")]
 pub mod mempool;
 pub mod probe;
+pub mod targets;
 
 pub use probe::{LibStatus, libraries};
 
@@ -45,11 +47,56 @@ pub struct GpuInfo {
     pub free_bytes: u64,
     /// (major, minor); (0, 0) when the driver would not say.
     pub compute_capability: (i32, i32),
+    /// Shared memory a block may take after opting in, bytes (0 when the driver would not say).
+    pub shared_per_block: usize,
 }
 
-/// Opens CUDA device `ordinal` (the `--gpu N` flag).
+/// The GPU architectures this binary holds kernels for (build.rs: `src/gpu/targets.rs`);
+/// `None` in a build without CUDA.
+pub const BUILT_FOR: Option<&str> = option_env!("INFERNO_CUDA_ARCHS");
+
+/// Which of this binary's kernels a GPU of compute capability `cap` runs: machine code of its
+/// architecture or PTX the driver compiles; `Err` with one line when none does or the GPU is
+/// older than Ampere.
+pub fn kernels_for(name: &str, cap: (i32, i32)) -> Result<Target, String> {
+    code_for(BUILT_FOR, name, cap)
+}
+
+/// [`kernels_for`] of a binary built for `built`.
+fn code_for(built: Option<&str>, name: &str, cap: (i32, i32)) -> Result<Target, String> {
+    let cc = (cap.0.max(0) * 10 + cap.1.max(0)) as u32;
+    if cc < targets::OLDEST {
+        return Err(format!(
+            "{name} is compute capability {}.{}; inferno needs an NVIDIA GPU of compute \
+             capability 8.0 (Ampere: RTX 30, A100) or newer",
+            cap.0, cap.1
+        ));
+    }
+    let built = built.ok_or_else(|| "this inferno was built without CUDA".to_string())?;
+    let list = targets::parse(built).map_err(|e| format!("this binary's GPU targets: {e}"))?;
+    targets::chosen(&list, cc).ok_or_else(|| {
+        format!(
+            "this inferno holds GPU code for {built} only, none of which runs on {name} (compute \
+             capability {}.{}): rebuild it with `bash scripts/install.sh` (every GPU since \
+             Ampere) or CUDA_COMPUTE_CAP={cc}",
+            cap.0, cap.1
+        )
+    })
+}
+
+/// Opens CUDA device `ordinal` (the `--gpu N` flag), refusing in one line a GPU this binary has
+/// no kernels for.
 #[cfg(feature = "cuda")]
 pub fn open(ordinal: usize) -> anyhow::Result<(Device, GpuInfo)> {
+    let (device, info) = open_any(ordinal)?;
+    let name = format!("GPU {ordinal} ({})", info.name);
+    kernels_for(&name, info.compute_capability).map_err(|e| fail(ErrorKind::NoDevice, e))?;
+    Ok((device, info))
+}
+
+/// Opens CUDA device `ordinal` whatever its architecture (`doctor` reports on any GPU).
+#[cfg(feature = "cuda")]
+pub fn open_any(ordinal: usize) -> anyhow::Result<(Device, GpuInfo)> {
     // Before the first CUDA call: a missing driver, library or device is one precise line here,
     // not an exit from inside a lazy trampoline.
     probe::check(ordinal)?;
@@ -72,6 +119,9 @@ pub fn open(ordinal: usize) -> anyhow::Result<(Device, GpuInfo)> {
         tracing::debug!("device {ordinal}'s memory pool gives freed memory back: {e}");
     }
     let info = info(&device, ordinal)?;
+    if let Some(cap) = MEMORY_CAP.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        cap.free_at_open = Some(info.free_bytes);
+    }
     Ok((device, info))
 }
 
@@ -82,12 +132,18 @@ fn info(device: &Device, ordinal: usize) -> anyhow::Result<GpuInfo> {
     let name = ctx.name().unwrap_or_else(|_| "unknown NVIDIA GPU".to_string());
     let (free, total) = ctx.mem_get_info().unwrap_or((0, 0));
     let compute_capability = ctx.compute_capability().unwrap_or((0, 0));
+    let shared_per_block = ctx
+        .attribute(
+            candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )
+        .map_or(0, |n| n.max(0) as usize);
     Ok(GpuInfo {
         ordinal,
         name,
         total_bytes: total as u64,
         free_bytes: free as u64,
         compute_capability,
+        shared_per_block,
     })
 }
 
@@ -104,6 +160,11 @@ fn short_cuda_error(text: &str) -> String {
         return code.to_string();
     }
     text.lines().next().unwrap_or("unknown error").trim().to_string()
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn open_any(ordinal: usize) -> anyhow::Result<(Device, GpuInfo)> {
+    open(ordinal)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -147,9 +208,32 @@ pub fn profiler_start(device: &Device) {
 #[cfg(not(feature = "cuda"))]
 pub fn profiler_start(_device: &Device) {}
 
-/// Memory that allocations on `device` can take now: the GPU's free memory, or the host's
-/// `MemAvailable` for the CPU (`--cpu`). `None` when it cannot be read. What the loader's memory
-/// plan and the engine's pool are held against.
+/// `--gpu-memory`: the most GPU memory this process may take, and the GPU's free memory when it
+/// was opened (what the process has taken since is the difference).
+#[derive(Debug, Clone, Copy)]
+struct Cap {
+    limit: u64,
+    free_at_open: Option<u64>,
+}
+
+static MEMORY_CAP: std::sync::Mutex<Option<Cap>> = std::sync::Mutex::new(None);
+
+/// Caps the GPU memory this process takes at `limit` bytes, counted from when it opens the GPU
+/// (the CUDA context's own few hundred MiB are not counted; the plan's runtime allowance is).
+/// Call before [`open`]. For sharing a GPU, and for trying what fits a smaller card.
+pub fn cap_memory(limit: Option<u64>) {
+    *MEMORY_CAP.lock().unwrap_or_else(|e| e.into_inner()) =
+        limit.map(|limit| Cap { limit, free_at_open: None });
+}
+
+/// The cap of [`cap_memory`], if any.
+pub fn memory_cap() -> Option<u64> {
+    MEMORY_CAP.lock().unwrap_or_else(|e| e.into_inner()).map(|c| c.limit)
+}
+
+/// Memory that allocations on `device` can take now: the GPU's free memory (within
+/// `--gpu-memory`), or the host's `MemAvailable` for the CPU (`--cpu`). `None` when it cannot be
+/// read. What the loader's memory plan and the engine's pool are held against.
 pub fn available(device: &Device) -> Option<u64> {
     if !device.is_cuda() {
         return host_available();
@@ -159,7 +243,14 @@ pub fn available(device: &Device) -> Option<u64> {
     if let Ok(cuda) = device.as_cuda_device() {
         let _ = mempool::trim(cuda.cuda_stream().context());
     }
-    memory(device).map(|(free, _)| free)
+    let free = memory(device).map(|(free, _)| free)?;
+    let cap = *MEMORY_CAP.lock().unwrap_or_else(|e| e.into_inner());
+    Some(match cap {
+        Some(Cap { limit, free_at_open: Some(at_open) }) => {
+            free.min(limit.saturating_sub(at_open.saturating_sub(free)))
+        }
+        _ => free,
+    })
 }
 
 /// `MemAvailable` of `/proc/meminfo`: what can be allocated without swapping (free memory plus
@@ -177,6 +268,20 @@ fn meminfo_available(text: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_gpu_without_code_or_older_than_ampere_is_one_line() {
+        let all = Some("sm_80,sm_86,sm_89,sm_90,sm_100,sm_120,compute_120");
+        let ok = |built, cap| super::code_for(built, "GPU 0 (X)", cap).map(|t| t.name());
+        assert_eq!(ok(all, (8, 6)).as_deref(), Ok("sm_86"));
+        assert_eq!(ok(Some("compute_80"), (9, 0)).as_deref(), Ok("compute_80"));
+        let t4 = ok(all, (7, 5)).unwrap_err();
+        assert!(t4.contains("7.5") && t4.contains("8.0 (Ampere"), "{t4}");
+        let hopper_only = ok(Some("sm_90,compute_90"), (8, 6)).unwrap_err();
+        assert!(hopper_only.contains("sm_90,compute_90 only") && hopper_only.contains("8.6"));
+        assert!(hopper_only.contains("scripts/install.sh") && !hopper_only.contains('\n'));
+        assert!(ok(None, (9, 0)).unwrap_err().contains("without CUDA"));
+    }
+
     #[test]
     fn cuda_errors_are_short() {
         let text =

@@ -13,10 +13,14 @@
 //! launched), `cuda.rs` (what the launches share), `float_dispatch!` (below: the f32/bf16
 //! dispatch of the ops' storages) and [`mxfp4`].
 //!
-//! build.rs compiles every `.cu` under `src/kernels` to a fat binary (machine code for
-//! `sm_$CUDA_COMPUTE_CAP`, default 90, and its PTX for later GPUs) and generates one constant per
-//! file, `cuda::fatbin::OP::NAME`; the fat binary is embedded in the binary and its module loaded
-//! on first use, with no compilation by the driver on the target GPU.
+//! build.rs compiles every `.cu` under `src/kernels` to a fat binary (machine code for every
+//! architecture of [`crate::gpu::targets`], by default each one from sm_80 to sm_120, and PTX for the newest)
+//! and generates one constant per file, `cuda::fatbin::OP::NAME`; the fat binary is embedded in
+//! the binary and its module loaded on first use, with no compilation by the driver on a GPU the
+//! build targets. Where an instruction is missing on an older architecture, the kernel takes
+//! another path under `__CUDA_ARCH__` with the same tests (`bf16x2_mul`, `mma_e4m3`, PDL). It
+//! also checks every kernel's registers and shared memory (static, from ptxas, plus the largest
+//! dynamic, [`shared_memory`]) against each target's limits.
 //!
 //! - [`mxfp4_moe()`]: the routed experts' clamped SwiGLU MLP straight off the packed weights
 //!   (tensor-core GEMVs per slot for a few tokens, the same over tiles of an expert's slots for
@@ -43,8 +47,8 @@
 //! Tests: CPU references against independent naive formulations run everywhere; GPU-vs-CPU tests
 //! are `#[ignore]`d (no GPU on the build machines) and run with
 //! `cargo test --release --lib kernels -- --ignored` on a GPU, or from binaries built elsewhere
-//! with `scripts/gpu-tests.sh`. Register and shared-memory use per kernel:
-//! `nvcc --ptx -arch=sm_90 -O3 -std=c++17 -I src/kernels/include src/kernels/OP/X.cu -o X.ptx && ptxas -arch=sm_90 -v X.ptx -o /dev/null`.
+//! with `scripts/gpu-tests.sh`. Register and shared-memory use per kernel and target:
+//! `$OUT_DIR/kernels/OP/NAME.usage` after a build (ptxas's report).
 
 pub mod all_reduce;
 pub mod argmax;
@@ -62,6 +66,7 @@ pub mod qkv_rope_paged;
 pub mod quant_matmul;
 pub mod router_logits;
 pub mod sample;
+pub mod shared_memory;
 pub mod swiglu_gemv;
 
 #[cfg(feature = "cuda")]

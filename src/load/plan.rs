@@ -143,9 +143,10 @@ impl Budget {
     }
 
     fn adjective(&self) -> &'static str {
-        match self.target {
-            Target::Gpu => "free on the GPU",
-            Target::Host => "available on the host",
+        match (self.target, crate::gpu::memory_cap()) {
+            (Target::Gpu, Some(_)) => "free on the GPU within --gpu-memory",
+            (Target::Gpu, None) => "free on the GPU",
+            (Target::Host, _) => "available on the host",
         }
     }
 }
@@ -212,9 +213,14 @@ fn refusal(
         Some(c) => format!("the largest context that fits is {c}: pass --context {c}"),
         None => "it does not fit at any context".to_string(),
     };
-    let has = match budget.target {
-        Target::Gpu => format!("the GPU has {} free", iec(budget.free)),
-        Target::Host => format!("the host has {} available (MemAvailable)", iec(budget.free)),
+    let has = match (budget.target, crate::gpu::memory_cap()) {
+        (Target::Gpu, Some(cap)) => {
+            format!("--gpu-memory {} leaves {}", iec(cap), iec(budget.free))
+        }
+        (Target::Gpu, None) => format!("the GPU has {} free", iec(budget.free)),
+        (Target::Host, _) => {
+            format!("the host has {} available (MemAvailable)", iec(budget.free))
+        }
     };
     format!("{name} needs {} at {at} ({}) but {has}; {advice}", iec(plan.total()), plan.parts())
 }

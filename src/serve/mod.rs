@@ -67,6 +67,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // First: a tensor-parallel rank other than 0 follows rank 0 and never returns.
+    crate::gpu::cap_memory(args.device.gpu_memory);
     let role = load::ranks::role(args.device.tp, args.device.gpu, args.device.cpu)?;
     init_tracing(args.verbose);
     for (flag, value) in [

@@ -14,6 +14,34 @@ pub fn human_bytes_iec(n: u64) -> String {
     scaled(n, 1024.0, &["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"])
 }
 
+/// A size as people write it: `24G`, `24GiB`, `16 GB`, `1.5T`, `20000M`, `123456` (bytes). K, M, G
+/// and T alone mean KiB, MiB, GiB and TiB (nvidia-smi's units); `kB`, `MB`, `GB`, `TB` are
+/// decimal. `Err` with one line otherwise.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = (&t[..split], t[split..].trim());
+    let value: f64 =
+        number.parse().map_err(|_| format!("{text:?} is not a size (like 24G or 16GiB)"))?;
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024f64.powi(2),
+        "g" | "gib" => 1024f64.powi(3),
+        "t" | "tib" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use K, M, G, T, KiB…, kB…)")),
+    };
+    let bytes = value * scale;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(format!("{text:?} is not a size this GPU could have"));
+    }
+    Ok(bytes as u64)
+}
+
 /// `n` in the largest unit (each `step` times the previous) that keeps it at least 1.
 fn scaled(n: u64, step: f64, units: &[&str]) -> String {
     let mut v = n as f64;
@@ -57,6 +85,18 @@ pub fn rfc3339(t: SystemTime) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn sizes_as_people_write_them() {
+        assert_eq!(super::parse_size("24G"), Ok(24 << 30));
+        assert_eq!(super::parse_size("16GiB"), Ok(16 << 30));
+        assert_eq!(super::parse_size(" 16 GB "), Ok(16_000_000_000));
+        assert_eq!(super::parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(super::parse_size("4096"), Ok(4096));
+        for bad in ["", "G", "-1G", "12 apples", "0", "1e400"] {
+            assert!(super::parse_size(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn human_bytes_iec() {

@@ -48,6 +48,7 @@ struct Run {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     // First: a tensor-parallel rank other than 0 follows rank 0 and never returns.
+    crate::gpu::cap_memory(args.device.gpu_memory);
     let role = load::ranks::role(args.device.tp, args.device.gpu, args.device.cpu)?;
     if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repeat == 0 || args.concurrency == 0
     {

@@ -12,9 +12,9 @@ use super::render::Line;
 use crate::gpu::probe;
 use crate::util::human_bytes_iec as iec;
 
-/// The compute capability the kernels were compiled for (`CUDA_COMPUTE_CAP` at build time);
-/// `None` in a build without CUDA.
-pub const KERNELS_FOR: Option<&str> = option_env!("INFERNO_CUDA_COMPUTE_CAP");
+/// The GPU targets the kernels were compiled for (`sm_80,…,compute_120`); `None` in a build
+/// without CUDA.
+pub const KERNELS_FOR: Option<&str> = crate::gpu::BUILT_FOR;
 
 #[derive(Debug, Serialize)]
 pub struct GpuReport {
@@ -28,7 +28,8 @@ pub struct GpuReport {
     pub libraries: Vec<LibraryReport>,
     /// Where the loader looks for them (besides ld.so.cache).
     pub search_dirs: Vec<PathBuf>,
-    /// `sm_XY` the kernels were built for; `None`: a build without CUDA.
+    /// The targets the kernels were built for (`sm_XY` machine code, `compute_XY` PTX); `None`:
+    /// a build without CUDA.
     pub kernels_built_for: Option<String>,
     pub devices: Vec<DeviceReport>,
     /// GPUs the driver lists that could not be opened.
@@ -56,8 +57,13 @@ pub struct DeviceReport {
     pub compute_capability: String,
     pub total_bytes: u64,
     pub free_bytes: u64,
-    /// Whether the kernels were built for this GPU's compute capability.
+    /// Whether this binary's kernels run on this GPU.
     pub kernels_match: bool,
+    /// The code it runs (`sm_86`: machine code; `compute_120`: PTX the driver compiles), or why
+    /// none does.
+    pub kernels: String,
+    /// Shared memory a block may take, bytes (what sizes the kernels' launches).
+    pub shared_per_block: usize,
 }
 
 pub fn check() -> GpuReport {
@@ -77,7 +83,7 @@ pub fn check() -> GpuReport {
         driver_path: None,
         driver_error: None,
         search_dirs: probe::search_dirs(),
-        kernels_built_for: KERNELS_FOR.map(|c| format!("sm_{c}")),
+        kernels_built_for: KERNELS_FOR.map(str::to_string),
         devices: Vec::new(),
         device_errors: Vec::new(),
         nccl: None,
@@ -103,17 +109,26 @@ pub fn check() -> GpuReport {
 
 fn open_devices(report: &mut GpuReport, count: usize) {
     for ordinal in 0..count {
-        match crate::gpu::open(ordinal) {
+        match crate::gpu::open_any(ordinal) {
             Ok((_, info)) => {
                 let (major, minor) = info.compute_capability;
-                let cap = format!("{major}{minor}");
+                let code = crate::gpu::kernels_for(&info.name, info.compute_capability);
                 report.devices.push(DeviceReport {
                     ordinal,
                     name: info.name,
                     compute_capability: format!("{major}.{minor}"),
                     total_bytes: info.total_bytes,
                     free_bytes: info.free_bytes,
-                    kernels_match: KERNELS_FOR.is_some_and(|k| k == cap),
+                    kernels_match: code.is_ok(),
+                    kernels: match code {
+                        Ok(t) if t.sass => format!("runs this binary's {} machine code", t.name()),
+                        Ok(t) => format!(
+                            "runs this binary's {} PTX, compiled by the driver at its first start",
+                            t.name()
+                        ),
+                        Err(e) => e,
+                    },
+                    shared_per_block: info.shared_per_block,
                 });
             }
             Err(e) => report.device_errors.push(format!("GPU {ordinal}: {e:#}")),
@@ -215,15 +230,16 @@ impl GpuReport {
         }
         for d in &self.devices {
             out.push(Line::ok(format!(
-                "GPU {}: {}, compute capability {}, {} free of {}",
+                "GPU {}: {}, compute capability {}, {} free of {}, {} KiB shared memory a block",
                 d.ordinal,
                 d.name,
                 d.compute_capability,
                 iec(d.free_bytes),
-                iec(d.total_bytes)
+                iec(d.total_bytes),
+                d.shared_per_block / 1024
             )));
             let built = self.kernels_built_for.as_deref().unwrap_or("no GPU");
-            let text = format!("kernels built for {built}");
+            let text = format!("kernels built for {built}; GPU {} {}", d.ordinal, d.kernels);
             out.push(if d.kernels_match { Line::ok(text) } else { Line::bad(text) });
         }
         out.extend(self.device_errors.iter().map(|e| Line::bad(e.clone())));
@@ -278,6 +294,7 @@ impl GpuReport {
         }
         for d in self.devices.iter().filter(|d| !d.kernels_match) {
             let cap = d.compute_capability.replace('.', "");
+            let old = cap.parse::<u32>().is_ok_and(|c| c < crate::gpu::targets::OLDEST);
             out.push(Problem {
                 what: format!(
                     "GPU {} ({}) has compute capability {}; this binary's kernels were built for {}",
@@ -286,7 +303,16 @@ impl GpuReport {
                     d.compute_capability,
                     self.kernels_built_for.as_deref().unwrap_or("none")
                 ),
-                fix: format!("rebuild for it: CUDA_COMPUTE_CAP={cap} bash scripts/install.sh"),
+                fix: if old {
+                    "inferno needs compute capability 8.0 (Ampere) or newer: use another GPU \
+                     (--gpu N)"
+                        .into()
+                } else {
+                    format!(
+                        "rebuild it: bash scripts/install.sh (every GPU since Ampere), or \
+                         CUDA_COMPUTE_CAP={cap} bash scripts/install.sh"
+                    )
+                },
             });
         }
         for e in &self.device_errors {
@@ -345,6 +371,8 @@ mod report_tests {
                 total_bytes: 48 << 30,
                 free_bytes: 47 << 30,
                 kernels_match: matches,
+                kernels: String::new(),
+                shared_per_block: 101_376,
             }],
             device_errors: Vec::new(),
             nccl: None,
@@ -358,6 +386,9 @@ mod report_tests {
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].what.contains("8.9") && problems[0].what.contains("sm_90"));
         assert!(problems[0].fix.contains("CUDA_COMPUTE_CAP=89"), "{:?}", problems[0]);
+        assert!(problems[0].fix.contains("install.sh"), "{:?}", problems[0]);
+        let old = report(Some("sm_80,compute_80"), "7.5", false).problems();
+        assert!(old[0].fix.contains("8.0"), "{old:?}");
         assert!(report(Some("sm_90"), "9.0", true).problems().is_empty());
     }
 

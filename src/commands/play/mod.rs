@@ -128,6 +128,7 @@ fn dropped_notice(turns: usize, context: usize) -> String {
 
 pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     // First: a tensor-parallel rank other than 0 follows rank 0 and never returns.
+    crate::gpu::cap_memory(args.device.gpu_memory);
     let role = load::ranks::role(args.device.tp, args.device.gpu, args.device.cpu)?;
     let interactive = args.prompt.is_none() && std::io::stdin().is_terminal();
     let model = match &args.model {

@@ -17,6 +17,15 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
     mma_bf16(c, a[0], a[1], a[2], a[3], b0, b1);
 }
 
+// The same on f16 operands (the FP8 GEMV's decode path before sm_89, quant_matmul/ct_gemv.cu).
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // Four 8 x 8 bf16 matrices from shared memory: lanes 8 i .. 8 i + 7 give the row addresses
 // (16 bytes each) of matrix i, and r[i] gets lane l's fragment of it (row l / 4, columns
 // 2 (l % 4) and 2 (l % 4) + 1). With TRANS each matrix is transposed on the way.

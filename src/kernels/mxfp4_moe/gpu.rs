@@ -21,13 +21,14 @@ use crate::kernels::cuda::{
     COUNTERS, Fatbin, KernelFloat, allow_shared, counters, cuda_view, fatbin, int, output,
 };
 use crate::kernels::launch::Launch;
+use crate::kernels::shared_memory;
 
 /// moe_slot_mma.cu's warps per block (along K), and the rows of its tile. 8 warps: 33.1 µs per
 /// gpt-oss-20b layer against 33.4 with 4 (H100, scripts/analysis/moe_decode_kernels.py).
 const SLOT_MMA_WARPS: u32 = 8;
 const SLOT_MMA_ROWS: usize = 16;
 /// The GEMVs' widest K: 8 warps of 32 lanes, 32 inputs each.
-const MAX_K: usize = 8 * 32 * 32;
+const MAX_K: usize = shared_memory::MOE_MAX_WIDTH;
 
 /// The warps along K of down's per-slot and slot-tile kernels, from its K (the intermediate
 /// width) alone, so that both give a slot the same bits: 8 as gate_up, but 4 where 8 would walk
@@ -75,7 +76,7 @@ const SLOT_TILE: usize = 8;
 pub(crate) const GROUPED_MIN_TOKENS: usize = 128;
 
 /// moe_grouped.cu's tiles (BM slots) and its expert limit.
-const BM: usize = 64;
+const BM: usize = shared_memory::GROUPED_TILE;
 /// A grouped kernel variant `(MT, STAGES)`: warps of MT tiles of 16 weight rows (blocks of 4
 /// warps), STAGES stages of slot rows in flight (256 bytes per slot row each, twice for down's hi
 /// and lo, in shared memory). Measured on the H100 (`gpu_moe_timing`, one gpt-oss-20b layer at
@@ -272,7 +273,7 @@ fn per_slot<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
         Ok(LaunchConfig {
             grid_dim: (int(slots, "tokens × k")? as u32, (rows / rows_per_block) as u32, 1),
             block_dim: (32, width.div_ceil(32 * 32) as u32, 1),
-            shared_mem_bytes: (width / 32 * 36 * 4) as u32,
+            shared_mem_bytes: shared_memory::moe_inputs(width) as u32,
         })
     };
     // SAFETY (both): moe_gate_up writes every element of act, moe_down every element of part.
@@ -490,14 +491,16 @@ fn by_expert<T: KernelFloat>(c: &Call<T>) -> Result<CudaSlice<f32>> {
     if !GROUPED_VARIANTS.contains(&(mt, stages)) {
         bail!("mxfp4_moe: no grouped variant {:?} (MT, STAGES)", (mt, stages));
     }
-    let ring = stages * BM * 256;
     let kernels = GroupKernels {
         fatbin: &fatbin::mxfp4_moe::MOE_GROUPED,
         gate_up: format!("moe_grouped_gate_up_m{mt}_s{stages}"),
         down: format!("moe_grouped_down_m{mt}_s{stages}"),
         rows_per_block: 64 * mt,
         threads: 128,
-        shared: [ring, 2 * ring],
+        shared: [
+            shared_memory::moe_grouped(stages, false),
+            shared_memory::moe_grouped(stages, true),
+        ],
     };
     project_groups(c, group(c.dev, c.ids, c.d, BM)?, &kernels)
 }
@@ -542,7 +545,7 @@ fn project_groups<T: KernelFloat>(
     };
     let stream = dev.cuda_stream();
     let func = k.fatbin.func(dev, &k.gate_up)?;
-    allow_shared(&func, k.shared[0])?;
+    allow_shared(dev, &func, &k.gate_up, k.shared[0])?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(x).ptr(&sorted).ptr(&tiles).ptr(&p.gu_blocks).ptr(&p.gu_scales).ptr(&p.gu_bias);
     b.ptr_mut(&mut act_hi).ptr_mut(&mut act_lo);
@@ -554,7 +557,7 @@ fn project_groups<T: KernelFloat>(
     drop(b);
 
     let func = k.fatbin.func(dev, &k.down)?;
-    allow_shared(&func, k.shared[1])?;
+    allow_shared(dev, &func, &k.down, k.shared[1])?;
     let mut b = Launch::new(&stream, &func);
     b.ptr(&act_hi).ptr(&act_lo).ptr(&sorted).ptr(&tiles).ptr(weights);
     b.ptr(&p.d_blocks).ptr(&p.d_scales).ptr(&p.d_bias).ptr_mut(&mut part);

@@ -20,9 +20,16 @@
 #include "activation.cuh"
 #include "mma.cuh"
 
+// a * b on bf16 pairs, rounded to nearest. Before sm_90 there is no mul.bf16x2; fma with an
+// addend of -0 is the same operation on every input (x * y + -0 == x * y, also for x * y = +-0),
+// one instruction as well (cuda_bf16.hpp lowers __hmul2 the same way there).
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     uint32_t d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+#else
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+#endif
     return d;
 }
 

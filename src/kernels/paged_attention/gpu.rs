@@ -14,11 +14,7 @@ use crate::kernels::cuda::{
 };
 use crate::kernels::kv_fp8::Codes;
 use crate::kernels::launch::Launch;
-
-/// The tensor-core kernel's key tile and shared-row padding (`MBK`, `KPAD`): two stages of K and
-/// V tiles, bf16.
-const MMA_TILE: usize = 64;
-const MMA_PAD: usize = 8;
+use crate::kernels::shared_memory;
 
 /// The pools' device addresses (their first elements) and layout.
 #[derive(Clone, Copy)]
@@ -91,12 +87,8 @@ fn attention_func<T: KernelFloat>(
                 _ => format!("paged_attention_mma{pools}_d{d}_w4_ds"),
             };
             let func = fatbin::paged_attention::PAGED_ATTENTION_MMA.func(dev, &name)?;
-            // bf16: two stages of K and V tiles. FP8: two stages of their codes, converted into
-            // one stage of bf16 tiles.
-            let bf16_tiles = 2 * MMA_TILE * (d + MMA_PAD) * 2;
-            let shared =
-                if codes.is_some() { bf16_tiles + 2 * 2 * MMA_TILE * d } else { 2 * bf16_tiles };
-            allow_shared(&func, shared)?;
+            let shared = shared_memory::paged_attention_mma(d, codes.is_some());
+            allow_shared(dev, &func, &name, shared)?;
             (func, shared)
         }
     })

@@ -7,7 +7,8 @@
 //   agree (see gemv_bf16.cu). MT tiles of 16 rows per warp, WK warps along K adding their
 //   partial sums in shared memory in warp order, two batches of loads in flight per warp.
 // - W8A8 int8: int8 × int8 on `mma.m16n8k32.s8.s8.s32`, exact int32 sums; both scales in the
-//   epilogue. FP8: E4M3 × E4M3 on `mma.m16n8k32.e4m3.e4m3.f32` (sm_89+). For both, the block
+//   epilogue. FP8: E4M3 × E4M3 on `mma.m16n8k32.e4m3.e4m3.f32` (sm_89 on; before, the codes decoded
+//   to f16 for `mma.m16n8k16`, mma_e4m3). For both, the block
 //   first quantizes the rows of x per token (compressed-tensors' dynamic `token` strategy,
 //   numerics.rs: scale = max|x| / 127.5 or / 448, q = round(x / scale)) into shared memory, so a
 //   product is one launch; the first weight loads are issued before that, to overlap it.
@@ -33,12 +34,38 @@
 #include "mma.cuh"
 
 
+// Bytes 2H and 2H + 1 of four E4M3 codes as an f16 pair (the lower byte in the low half), exactly:
+// a code's sign, exponent and mantissa moved into f16's fields read as code * 2^-8 (E4M3's
+// subnormals land on f16 normals, its bias is 8 below f16's), and one multiply by 2^8 restores
+// the value. The NaN code (0x7f) becomes 480 instead of NaN: the activations are quantized
+// saturating, and a weight that is NaN is a broken checkpoint either way.
+template <int H>
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w) {
+    const uint32_t p = __byte_perm(w, 0u, H == 0 ? 0x1404 : 0x3424);  // each code in a half's top byte
+    const uint32_t h = (p & 0x80008000u) | ((p >> 1) & 0x3f803f80u);
+    const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), __half2(__half(256.f), __half(256.f)));
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// c += A (16 x 32 E4M3) * B (32 x 8 E4M3) in m16n8k32's fragments, f32 sums. sm_89 on has the
+// instruction (sm_90 itself assembles it to an E4M3 -> f16 unpack and two f16 mmas); before, the
+// same decode by bit operations and two f16 m16n8k16 mmas. Lane (g, t) holds K positions
+// 4t..4t+3 and 16+4t..16+4t+3 of A's rows g, g + 8 and B's column g; the first f16 mma takes
+// 4t..4t+3 as its k slots 2t, 2t+1, 8+2t, 9+2t, for A and B alike, so every product pairs the same
+// K position as the FP8 instruction's, and the sum over K is the same set of exact products.
 __device__ __forceinline__ void mma_e4m3(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    mma_f16(c, e4m3x2_to_f16x2<0>(a0), e4m3x2_to_f16x2<0>(a1), e4m3x2_to_f16x2<1>(a0), e4m3x2_to_f16x2<1>(a1),
+            e4m3x2_to_f16x2<0>(b0), e4m3x2_to_f16x2<1>(b0));
+    mma_f16(c, e4m3x2_to_f16x2<0>(a2), e4m3x2_to_f16x2<0>(a3), e4m3x2_to_f16x2<1>(a2), e4m3x2_to_f16x2<1>(a3),
+            e4m3x2_to_f16x2<0>(b1), e4m3x2_to_f16x2<1>(b1));
+#endif
 }
 
 // ---- 8-bit weights × per-token quantized activations ----------------------------------------

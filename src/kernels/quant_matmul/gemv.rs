@@ -14,9 +14,8 @@ use crate::quant::{ActQuant, QuantLinear, WeightFormat};
 const MAX_WK: usize = 8;
 /// Enough warps to keep every multiprocessor's loads in flight (as gemv_bf16's launch).
 const TARGET_WARPS: usize = 2048;
-/// Dynamic shared memory a launch of the 8-bit kernels may take for the quantized rows of x
-/// (every GPU with FP8 tensor cores allows 99 KiB per block, the static arrays included).
-const MAX_X_BYTES: usize = 90 * 1024;
+/// Dynamic shared memory a launch of the 8-bit kernels may take for the quantized rows of x.
+const MAX_X_BYTES: usize = crate::kernels::shared_memory::GEMV_X_BYTES;
 
 /// K values one quad step of a warp covers: 4 lanes × a 16-byte chunk of weights.
 fn quad_values(w: &QuantLinear) -> usize {
@@ -156,7 +155,7 @@ fn launch_rows(
         true => fatbin::quant_matmul::GGUF_GEMV.func(dev, &name)?,
         false => fatbin::quant_matmul::CT_GEMV.func(dev, &name)?,
     };
-    allow_shared(&func, smem)?;
+    allow_shared(dev, &func, &name, smem)?;
     let cfg = LaunchConfig {
         grid_dim: (int(n.div_ceil(16 * mt), "output tiles")? as u32, 1, 1),
         block_dim: (32, wk as u32, 1),

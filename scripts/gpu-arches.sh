@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The older architectures' kernel paths, tested and timed on a newer GPU (docs/cuda-build.md):
+# builds whose kernels are PTX alone for compute capability XY, which the driver compiles with
+# __CUDA_ARCH__ = XY0, so every branch an sm_XY GPU takes runs, against the same references.
+#
+#   scripts/gpu-arches.sh pack NAME SPEC [TEST...]   # here: builds with CUDA_COMPUTE_CAP=SPEC
+#       (e.g. compute_80; `all` for the default build) the inferno binary and the lib's test
+#       binary (every kernel's GPU test) plus the named integration tests, stripped and gzipped
+#       into .dev/arch-NAME/
+#   scripts/gpu-arches.sh run NAME... [-- TEST ARGS]  # on the GPU machine: for each pack, the GPU
+#       tests of its binaries, `doctor`, and the decode benchmarks of BENCH_LAYOUTS (default
+#       gpt-oss-20b llama-3.2-1b; random weights, -p 512 -n 128 -r 3); a table last
+#
+# candle's kernels are not rebuilt by `pack` (its build keys on CUDA_COMPUTE_CAP alone, which
+# stays the environment's): a pack differs from the default build in inferno's kernels only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+case "${1:-}" in
+pack)
+    [ $# -ge 3 ] || { sed -n 2,15p "$0"; exit 2; }
+    name="$2" spec="$3"
+    shift 3
+    source scripts/cuda-env.sh
+    out=".dev/arch-$name"
+    rm -rf "$out" && mkdir -p "$out"
+    export INFERNO_CUDA_ARCHS="$spec"
+    tests=(--lib)
+    for t in "$@"; do tests+=(--test "$t"); done
+    cargo build --release --locked
+    cargo test --release --locked --no-run "${tests[@]}" --message-format=json 2>/dev/null \
+        | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        kind = m["target"]["kind"][0]
+        print(m["target"]["name"] if kind == "test" else kind + "-" + m["target"]["name"], m["executable"])' \
+        | while read -r t exe; do strip -o "$out/$t" "$exe" && gzip -9 "$out/$t"; done
+    strip -o "$out/inferno" target/release/inferno && gzip -9 "$out/inferno"
+    du -sh "$out"/*
+    ;;
+run)
+    shift
+    packs=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do packs+=("$1") && shift; done
+    [ "${1:-}" = -- ] && shift
+    nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader
+    table="${OUT:-/tmp}/arches.txt"
+    : >"$table"
+    for name in "${packs[@]}"; do
+        dir="${TMPDIR:-/tmp}/arch-$name"
+        mkdir -p "$dir"
+        for gz in ".dev/arch-$name"/*.gz; do
+            gunzip -c "$gz" >"$dir/$(basename "$gz" .gz)" && chmod +x "$dir/$(basename "$gz" .gz)"
+        done
+        echo "== $name: doctor"
+        "$dir/inferno" doctor 2>&1 | grep -E "GPU 0|kernels built" || true
+        for t in "$dir"/*; do
+            [ "$(basename "$t")" = inferno ] && continue
+            echo "== $name: $(basename "$t")"
+            set +e
+            timeout "${GPU_TEST_TIMEOUT:-600}" "$t" --ignored --test-threads=1 "$@" 2>&1 | tee "$dir/log-$(basename "$t")" \
+                | grep -E "^test .*(FAILED|ok)$|^test result|panicked" | grep -vE "^test .* ok$"
+            set -e
+            grep "^test result" "$dir/log-$(basename "$t")" | sed "s/^/$name $(basename "$t"): /" >>"$table"
+        done
+        for layout in ${BENCH_LAYOUTS:-gpt-oss-20b llama-3.2-1b}; do
+            "$dir/inferno" bench "benches/configs/$layout.json" --dummy-weights -p 512 -n 128 -r 3 \
+                --json >"$dir/bench-$layout.json" 2>"$dir/bench-$layout.err" \
+                || { tail -3 "$dir/bench-$layout.err"; continue; }
+            python3 - "$name" "$layout" "$dir/bench-$layout.json" >>"$table" <<'EOF'
+import json, sys
+name, layout, path = sys.argv[1:]
+r = json.load(open(path))
+print(f"{name} {layout}: prefill pp512 {r['prefill_tok_s']:.1f} tok/s, decode {r['decode_tok_s']:.1f} tok/s")
+EOF
+        done
+    done
+    echo "== summary"
+    cat "$table"
+    ;;
+*)
+    sed -n 2,15p "$0"
+    exit 2
+    ;;
+esac
