@@ -5,7 +5,9 @@
 #
 #   scripts/gpu-arches.sh pack NAME SPEC [TEST...]   # here: builds with CUDA_COMPUTE_CAP=SPEC
 #       (e.g. compute_80; `all` for the default build) the inferno binary and the lib's test
-#       binary (every kernel's GPU test) plus the named integration tests, stripped and gzipped
+#       binary (every kernel's GPU test) plus the named integration tests, stripped and
+#       xz-compressed (a binary holds candle's library for every target: gzipped, one is over
+#       the GPU machine's 64 MiB carry)
 #       into .dev/arch-NAME/
 #   scripts/gpu-arches.sh run NAME... [-- TEST ARGS]  # on the GPU machine: for each pack, the GPU
 #       tests of its binaries, `doctor`, and the decode benchmarks of BENCH_LAYOUTS (default
@@ -35,8 +37,8 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
         kind = m["target"]["kind"][0]
         print(m["target"]["name"] if kind == "test" else kind + "-" + m["target"]["name"], m["executable"])' \
-        | while read -r t exe; do strip -o "$out/$t" "$exe" && gzip -9 "$out/$t"; done
-    strip -o "$out/inferno" target/release/inferno && gzip -9 "$out/inferno"
+        | while read -r t exe; do strip -o "$out/$t" "$exe" && xz -T0 -6 "$out/$t"; done
+    strip -o "$out/inferno" target/release/inferno && xz -T0 -6 "$out/inferno"
     du -sh "$out"/*
     ;;
 run)
@@ -50,11 +52,11 @@ run)
     for name in "${packs[@]}"; do
         dir="${TMPDIR:-/tmp}/arch-$name"
         mkdir -p "$dir"
-        for gz in ".dev/arch-$name"/*.gz; do
-            gunzip -c "$gz" >"$dir/$(basename "$gz" .gz)" && chmod +x "$dir/$(basename "$gz" .gz)"
+        for xz in ".dev/arch-$name"/*.xz; do
+            xz -dc "$xz" >"$dir/$(basename "$xz" .xz)" && chmod +x "$dir/$(basename "$xz" .xz)"
         done
         echo "== $name: doctor"
-        "$dir/inferno" doctor 2>&1 | grep -E "GPU 0|kernels built" || true
+        [ -x "$dir/inferno" ] && { "$dir/inferno" doctor 2>&1 | grep -E "GPU 0|kernels built" || true; }
         for t in "$dir"/*; do
             [ "$(basename "$t")" = inferno ] && continue
             echo "== $name: $(basename "$t")"
@@ -64,6 +66,7 @@ run)
             set -e
             grep "^test result" "$dir/log-$(basename "$t")" | sed "s/^/$name $(basename "$t"): /" >>"$table"
         done
+        [ -x "$dir/inferno" ] || continue
         for layout in ${BENCH_LAYOUTS:-gpt-oss-20b llama-3.2-1b}; do
             "$dir/inferno" bench "benches/configs/$layout.json" --dummy-weights -p 512 -n 128 -r 3 \
                 --json >"$dir/bench-$layout.json" 2>"$dir/bench-$layout.err" \

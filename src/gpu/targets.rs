@@ -81,7 +81,7 @@ pub fn parse(spec: &str) -> Result<Vec<Target>, String> {
     if !explicit_ptx && let Some(newest) = out.iter().map(|t| t.cap).max() {
         out.push(Target { cap: newest, sass: false });
     }
-    out.sort();
+    out.sort_by_key(|t| (t.cap, !t.sass));
     out.dedup();
     Ok(out)
 }
