@@ -132,11 +132,7 @@ fn info(device: &Device, ordinal: usize) -> anyhow::Result<GpuInfo> {
     let name = ctx.name().unwrap_or_else(|_| "unknown NVIDIA GPU".to_string());
     let (free, total) = ctx.mem_get_info().unwrap_or((0, 0));
     let compute_capability = ctx.compute_capability().unwrap_or((0, 0));
-    let shared_per_block = ctx
-        .attribute(
-            candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-        )
-        .map_or(0, |n| n.max(0) as usize);
+    let shared_per_block = shared_per_block(&ctx);
     Ok(GpuInfo {
         ordinal,
         name,
@@ -145,6 +141,33 @@ fn info(device: &Device, ordinal: usize) -> anyhow::Result<GpuInfo> {
         compute_capability,
         shared_per_block,
     })
+}
+
+/// Shared memory a block may take on the context's GPU, static and dynamic together, after
+/// opting in; read from the driver once per GPU (the kernels' launches ask for it). Some early
+/// RTX 50 drivers report 0 or a wrapped value for it (llama.cpp #23385): then the
+/// multiprocessor's memory less the 1 KiB the system keeps for each block.
+#[cfg(feature = "cuda")]
+pub fn shared_per_block(
+    ctx: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaContext>,
+) -> usize {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
+    static BY_GPU: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+    let mut known = BY_GPU.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, bytes)) = known.iter().find(|(gpu, _)| *gpu == ctx.ordinal()) {
+        return bytes;
+    }
+    let get = |a| ctx.attribute(a).ok().filter(|&n| n > 0).map(|n| n as usize);
+    let per_sm = get(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
+    let bytes = match (get(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN), per_sm) {
+        (Some(block), Some(sm)) if block <= sm => block,
+        (_, Some(sm)) => sm.saturating_sub(1024),
+        (Some(block), None) => block,
+        // The least a block may take on any GPU.
+        (None, None) => 48 * 1024,
+    };
+    known.push((ctx.ordinal(), bytes));
+    bytes
 }
 
 /// The driver's error code out of candle's error text (which may carry a backtrace).

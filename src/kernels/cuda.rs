@@ -163,21 +163,6 @@ pub(super) fn f32_aligned16(t: &Tensor) -> Result<Tensor> {
 /// Dynamic shared memory a block gets without opting in.
 const DEFAULT_SHARED: usize = 48 * 1024;
 
-/// Shared memory a block may take on the device, static and dynamic together, after opting in.
-/// Some early RTX 50 drivers report 0 or a wrapped value for it (llama.cpp #23385): then the
-/// multiprocessor's memory less the 1 KiB the system keeps for each block.
-pub(super) fn shared_per_block(dev: &CudaDevice) -> usize {
-    let ctx = dev.cuda_stream().context().clone();
-    let get = |a| ctx.attribute(a).ok().filter(|&n| n > 0).map(|n| n as usize);
-    let per_sm = get(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
-    match (get(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN), per_sm) {
-        (Some(block), Some(sm)) if block <= sm => block,
-        (_, Some(sm)) => sm.saturating_sub(1024),
-        (Some(block), None) => block,
-        (None, None) => DEFAULT_SHARED,
-    }
-}
-
 /// Lets kernel `name` (`func`) launch with `bytes` of dynamic shared memory where that is past
 /// the default; one clear line where the GPU has less than it needs (build.rs checks every
 /// target's limit, so this is the safety net for a GPU no target describes). A driver
@@ -190,7 +175,7 @@ pub(super) fn allow_shared(
 ) -> Result<()> {
     if bytes > DEFAULT_SHARED {
         let fixed = func.shared_size_bytes().map_or(0, |n| n.max(0) as usize);
-        let limit = shared_per_block(dev);
+        let limit = crate::gpu::shared_per_block(dev.cuda_stream().context());
         if fixed + bytes > limit {
             bail!(
                 "kernel {name} needs {} bytes of shared memory a block; this GPU allows {limit}",
