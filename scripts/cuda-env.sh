@@ -106,9 +106,16 @@ _inferno_cuda_targets() {
     export INFERNO_REAL_NVCC="$1"
     # INFERNO_CANDLE_FAT=0 leaves candle's library to the oldest target alone: a machine without a
     # GPU (CI) never runs it, and its GGUF kernels take most of a build's time for every target.
+    # candle's build reruns when NVCC or CUDA_COMPUTE_CAP changes, not when INFERNO_CUDA_GENCODES
+    # does: NVCC is a link to the wrapper at a path of its own per set of targets, so a build for
+    # other targets rebuilds candle's library instead of linking the last one.
     if [ "${INFERNO_CANDLE_FAT:-1}" != 0 ]; then
-        NVCC="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/nvcc-fat.sh"
-        export NVCC
+        local key link
+        key="$(printf '%s' "$gencodes" | cksum | cut -d' ' -f1)"
+        link="${INFERNO_CACHE:-$HOME/.cache/inferno}/nvcc-fat-$key/nvcc"
+        mkdir -p "$(dirname "$link")" \
+            && ln -sfn "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/nvcc-fat.sh" "$link" || return 1
+        export NVCC="$link"
     fi
     echo "cuda-env: GPU targets $spec (candle's PTX for $oldest)" >&2
 }

@@ -6,15 +6,13 @@
 #   scripts/gpu-arches.sh pack NAME SPEC [TEST...]   # here: builds with CUDA_COMPUTE_CAP=SPEC
 #       (e.g. compute_80; `all` for the default build) the inferno binary and the lib's test
 #       binary (every kernel's GPU test) plus the named integration tests, stripped and
-#       xz-compressed (a binary holds candle's library for every target: gzipped, one is over
-#       the GPU machine's 64 MiB carry)
-#       into .dev/arch-NAME/
+#       xz-compressed, into .dev/arch-NAME/
 #   scripts/gpu-arches.sh run NAME... [-- TEST ARGS]  # on the GPU machine: for each pack, the GPU
 #       tests of its binaries, `doctor`, and the decode benchmarks of BENCH_LAYOUTS (default
 #       gpt-oss-20b llama-3.2-1b; random weights, -p 512 -n 128 -r 3); a table last
 #
-# candle's kernels are not rebuilt by `pack` (its build keys on CUDA_COMPUTE_CAP alone, which
-# stays the environment's): a pack differs from the default build in inferno's kernels only.
+# A pack's candle library is built for the pack's targets too (scripts/cuda-env.sh), so a
+# compute_80 pack runs candle's GGUF kernels as an Ampere GPU does, from their PTX.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,10 +21,10 @@ pack)
     [ $# -ge 3 ] || { sed -n 2,15p "$0"; exit 2; }
     name="$2" spec="$3"
     shift 3
+    export INFERNO_CUDA_ARCHS="$spec"
     source scripts/cuda-env.sh
     out=".dev/arch-$name"
     rm -rf "$out" && mkdir -p "$out"
-    export INFERNO_CUDA_ARCHS="$spec"
     tests=(--lib)
     for t in "$@"; do tests+=(--test "$t"); done
     cargo build --release --locked
