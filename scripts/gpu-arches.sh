@@ -10,6 +10,10 @@
 #   scripts/gpu-arches.sh run NAME... [-- TEST ARGS]  # on the GPU machine: for each pack, the GPU
 #       tests of its binaries, `doctor`, and the decode benchmarks of BENCH_LAYOUTS (default
 #       gpt-oss-20b llama-3.2-1b; random weights, -p 512 -n 128 -r 3); a table last
+#   scripts/gpu-arches.sh peer LLAMA_CPP_DIR LLAMA_BENCH GPTOSS_TOKENIZER_JSON LLAMA3_TOKENIZER_DIR NAME...
+#       # on the GPU machine: each pack's inferno and llama-bench (built for the same target, e.g.
+#       LLAMA_CUDA_ARCH=80-virtual with ../shared/peer/llama-bench.sh, llama-quantize beside it)
+#       on the same random gpt-oss-20b and Llama-3.2-1B files (docs/performance.md, "Before Hopper")
 #
 # A pack's candle library is built for the pack's targets too (scripts/cuda-env.sh), so a
 # compute_80 pack runs candle's GGUF kernels as an Ampere GPU does, from their PTX.
@@ -18,7 +22,7 @@ cd "$(dirname "$0")/.."
 
 case "${1:-}" in
 pack)
-    [ $# -ge 3 ] || { sed -n 2,15p "$0"; exit 2; }
+    [ $# -ge 3 ] || { sed -n 2,20p "$0"; exit 2; }
     name="$2" spec="$3"
     shift 3
     export INFERNO_CUDA_ARCHS="$spec"
@@ -80,8 +84,53 @@ EOF
     echo "== summary"
     cat "$table"
     ;;
+peer)
+    # The packs' inferno against one llama-bench on the same files: a random gpt-oss-20b
+    # checkpoint and its GGUF (llama.cpp's converter, Q8_0 beside the MXFP4 experts), a random
+    # Llama-3.2-1B-shaped checkpoint and its bf16 and Q4_K_M GGUFs (llama-quantize). Files are
+    # written once under ${TMPDIR:-/tmp}/arch-peer and reused.
+    [ $# -ge 6 ] || { sed -n 2,20p "$0"; exit 2; }
+    llama_cpp="$2" llama_bench="$3" gptoss_tok="$4" llama3_tok="$5"
+    shift 5
+    w="${TMPDIR:-/tmp}/arch-peer"
+    mkdir -p "$w"
+    nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader
+    if [ ! -f "$w/oss20b.gguf" ]; then
+        python3 scripts/fixtures/gpt_oss_20b_random.py benches/configs/gpt-oss-20b.json "$w/oss20b-hf" --checkpoint-only
+        cp "$gptoss_tok" "$w/oss20b-hf/tokenizer.json"
+        python3 "$llama_cpp/convert_hf_to_gguf.py" "$w/oss20b-hf" --outtype q8_0 --outfile "$w/oss20b.part" >"$w/convert-20b.log" 2>&1 \
+            || { tail -20 "$w/convert-20b.log"; exit 1; }
+        mv "$w/oss20b.part" "$w/oss20b.gguf"
+    fi
+    if [ ! -f "$w/l1b-q4km.gguf" ]; then
+        python3 scripts/fixtures/llama_random.py benches/configs/llama-3.2-1b.json "$llama3_tok" "$w/l1b-hf"
+        python3 "$llama_cpp/convert_hf_to_gguf.py" "$w/l1b-hf" --outtype bf16 --outfile "$w/l1b-bf16.gguf" >"$w/convert-1b.log" 2>&1 \
+            || { tail -20 "$w/convert-1b.log"; exit 1; }
+        "$(dirname "$llama_bench")/llama-quantize" "$w/l1b-bf16.gguf" "$w/l1b-q4km.part" Q4_K_M >"$w/quantize.log" 2>&1 \
+            || { tail -20 "$w/quantize.log"; exit 1; }
+        mv "$w/l1b-q4km.part" "$w/l1b-q4km.gguf"
+    fi
+    for name in "$@"; do
+        bin="${TMPDIR:-/tmp}/arch-$name/inferno"
+        mkdir -p "$(dirname "$bin")"
+        xz -dc ".dev/arch-$name/inferno.xz" >"$bin" && chmod +x "$bin"
+        for m in oss20b-hf oss20b.gguf l1b-hf l1b-bf16.gguf l1b-q4km.gguf; do
+            "$bin" bench "$w/$m" -p 512 -n 128 -r 3 --json >"$w/bench.json" 2>"$w/bench.err" \
+                || { echo "inferno $name $m: failed"; tail -3 "$w/bench.err"; continue; }
+            python3 - "$name" "$m" "$w/bench.json" <<'EOF2'
+import json, sys
+name, model, path = sys.argv[1:]
+r = json.load(open(path))
+print(f"inferno {name} {model} ({r['format']}): pp512 {r['prefill_tok_s']:.1f}, tg128 {r['decode_tok_s']:.1f} tok/s")
+EOF2
+        done
+    done
+    for m in oss20b.gguf l1b-bf16.gguf l1b-q4km.gguf; do
+        "$llama_bench" -m "$w/$m" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o md 2>&1 | grep -E "^\| [a-z]"
+    done
+    ;;
 *)
-    sed -n 2,15p "$0"
+    sed -n 2,20p "$0"
     exit 2
     ;;
 esac
