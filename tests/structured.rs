@@ -314,3 +314,22 @@ fn unsatisfiable_schemas_fail_to_compile() {
         assert!(r.is_err(), "{schema} compiled");
     }
 }
+
+/// A grammar compiled again is a copy of the first one's state at its start: walking one copy
+/// leaves the other, and the masks each allows first are the same.
+#[test]
+fn a_grammar_compiled_again_starts_fresh() {
+    let gguf = inferno::tokenizer::from_gguf_file(&fixture("llama3_tiny/model.gguf")).unwrap();
+    let (tok, eos) = (&gguf.tokenizer, &gguf.eos_ids);
+    let grammars = Grammars::new(tok, tok.get_vocab_size(true), eos).unwrap();
+    let bytes = TokenBytes::new(tok);
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    let mut first = grammars.compile(TopLevelGrammar::from_json_schema(schema())).unwrap();
+    let start: Vec<u32> = first.mask().unwrap().iter().collect();
+    let text = random_walk(&mut first, eos, &mut rng, &bytes);
+    check_value(&serde_json::from_slice(&text).unwrap()).unwrap();
+    let mut again = grammars.compile(TopLevelGrammar::from_json_schema(schema())).unwrap();
+    assert_eq!(again.mask().unwrap().iter().collect::<Vec<u32>>(), start);
+    let text = random_walk(&mut again, eos, &mut rng, &bytes);
+    check_value(&serde_json::from_slice(&text).unwrap()).unwrap();
+}

@@ -16,10 +16,11 @@
 //!   device), added by `index_add`; the other rows are copied untouched, bit for bit, so a row
 //!   without a constraint samples exactly what it would alone.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
@@ -54,9 +55,22 @@ pub fn token_env(tokenizer: &Tokenizer, vocab: usize, eos: &[u32]) -> anyhow::Re
     Ok(Arc::new(ApproximateTokEnv::new(trie)))
 }
 
-/// A model's grammar compiler: its token trie and llguidance's parser factory.
+/// A model's grammar compiler: its token trie, llguidance's parser factory, and the grammars
+/// compiled last, ready to clone.
 pub struct Grammars {
     factory: ParserFactory,
+    recent: Mutex<Recent>,
+}
+
+/// How many compiled grammars [`Grammars`] keeps: clients send the same few schemas (an app's
+/// response format, an agent's tools) again and again.
+const RECENT: usize = 64;
+
+/// Compiled grammars by their JSON, oldest first.
+#[derive(Default)]
+struct Recent {
+    order: VecDeque<String>,
+    by_json: HashMap<String, Constraint>,
 }
 
 impl Grammars {
@@ -66,18 +80,43 @@ impl Grammars {
         let mut factory = ParserFactory::new_simple(&env).context("building the grammar engine")?;
         factory.quiet();
         *factory.limits_mut() = limits();
-        Ok(Grammars { factory })
+        Ok(Grammars { factory, recent: Mutex::default() })
     }
 
     /// A fresh parser state for `grammar`; an error says why it does not compile (too big, an
-    /// unsupported schema feature, a syntax error).
+    /// unsupported schema feature, a syntax error, nothing allowed at the start).
+    ///
+    /// Its first mask is computed here, on the caller's thread: llguidance builds a lexer's
+    /// states as masks need them, and the first mask of a new grammar (hundreds of ms for a
+    /// JSON schema over a 128k vocabulary) would otherwise stall the engine's step, every
+    /// stream's. A grammar seen lately is a clone of that warmed state.
     pub fn compile(&self, grammar: TopLevelGrammar) -> anyhow::Result<Constraint> {
+        let key = serde_json::to_string(&grammar)?;
+        if let Some(c) = self.lock().by_json.get(&key) {
+            return Ok(c.clone());
+        }
         let parser = self.factory.create_parser(grammar)?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             anyhow::bail!("{e}");
         }
-        Ok(Constraint { matcher: Box::new(matcher) })
+        let mut c = Constraint { matcher: Box::new(matcher) };
+        c.mask()?;
+        let mut recent = self.lock();
+        if recent.by_json.insert(key.clone(), c.clone()).is_none() {
+            recent.order.push_back(key);
+            if recent.order.len() > RECENT
+                && let Some(old) = recent.order.pop_front()
+            {
+                recent.by_json.remove(&old);
+            }
+        }
+        Ok(c)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Recent> {
+        // A panic while holding it leaves a cache, still whole: keep using it.
+        self.recent.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -138,31 +177,35 @@ impl Constraint {
 
 /// `logits` (`[R, vocab]` f32) with each `(row, mask)`'s disallowed tokens at -inf; rows not
 /// listed are copied unchanged (bit for bit). A mask shorter than the row disallows the rest.
+/// The masks go to the device as their bit words, and one kernel writes them
+/// ([`crate::kernels::token_mask`]).
 pub fn apply_masks(logits: &Tensor, masks: &[(usize, &SimpleVob)]) -> anyhow::Result<Tensor> {
     if masks.is_empty() {
         return Ok(logits.clone());
     }
-    let (rows, vocab) = logits.dims2()?;
-    let mut allowed = vec![0u8; masks.len() * vocab];
-    let mut index = Vec::with_capacity(masks.len());
+    let rows = logits.dims2()?.0;
+    let words = masks.iter().map(|(_, m)| m.as_slice().len()).max().unwrap_or(0).max(1);
+    let mut which = vec![-1i32; rows];
+    let mut bits = vec![0u32; masks.len() * words];
     for (i, (row, mask)) in masks.iter().enumerate() {
         anyhow::ensure!(*row < rows, "mask for row {row} of {rows}");
-        index.push(*row as u32);
-        let out = &mut allowed[i * vocab..(i + 1) * vocab];
-        mask.iter_set_entries(|t| {
-            if t < vocab {
-                out[t] = 1;
-            }
-        });
+        which[*row] = i as i32;
+        // Only the mask's own length counts: a token past it is disallowed, whatever the
+        // spare bits of its last word hold.
+        let len = mask.len();
+        let w = &mask.as_slice()[..len.div_ceil(32).min(mask.as_slice().len())];
+        let out = &mut bits[i * words..][..w.len()];
+        out.copy_from_slice(w);
+        if len % 32 != 0
+            && let Some(last) = out.get_mut(len / 32)
+        {
+            *last &= (1u32 << (len % 32)) - 1;
+        }
     }
     let dev = logits.device();
-    let shape = (masks.len(), vocab);
-    let allowed = Tensor::from_vec(allowed, shape, dev)?;
-    let zeros = Tensor::zeros(shape, DType::F32, dev)?;
-    let minus = Tensor::full(f32::NEG_INFINITY, shape, dev)?;
-    let add = allowed.where_cond(&zeros, &minus)?;
-    let index = Tensor::from_vec(index, masks.len(), dev)?;
-    Ok(logits.index_add(&index, &add, 0)?)
+    let which = Tensor::from_vec(which, rows, dev)?;
+    let bits = Tensor::from_vec(bits, (masks.len(), words), dev)?;
+    Ok(crate::kernels::token_mask::token_mask(logits, &which, &bits)?)
 }
 
 /// The CPU reference of [`apply_masks`] for one row.

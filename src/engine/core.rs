@@ -393,9 +393,9 @@ struct Core {
     /// Sequences of this step whose output constraint failed (its mask or its commit), with
     /// the message they end with once the step's tokens are handed out.
     broken: HashMap<u64, String>,
-    /// Time spent computing constraint masks on the host (printed with the step times): (rows,
-    /// time).
-    mask_time: (u64, std::time::Duration),
+    /// Time spent on constraint masks (printed with the step times): rows and steps masked,
+    /// the host's time computing them, and the time writing them into the logits.
+    mask_time: masks::MaskTime,
     /// Speculative decoding, when on.
     spec: Option<super::spec::SpecConfig>,
     spec_stats: super::spec::SpecStats,
@@ -742,9 +742,16 @@ impl Core {
         if !self.print_step_times {
             return;
         }
-        if self.mask_time.0 > 0 {
-            let us = self.mask_time.1.as_secs_f64() * 1e6 / self.mask_time.0 as f64;
-            eprintln!("constraint masks: {} rows, {us:.1} µs each", self.mask_time.0);
+        let m = &self.mask_time;
+        if m.rows > 0 {
+            eprintln!(
+                "constraint masks: {} rows in {} steps; computing {:.2} ms a step (in parallel), \
+                 writing {:.2} ms a step",
+                m.rows,
+                m.steps,
+                m.compute.as_secs_f64() * 1e3 / m.steps as f64,
+                m.write.as_secs_f64() * 1e3 / m.steps as f64,
+            );
         }
         for ((decode_only, seqs), (n, total)) in &self.step_times {
             let kind = if *decode_only { "decode" } else { "mixed " };

@@ -40,6 +40,8 @@
 //! - [`embed_rows()`]: the token embedding's lookup in f32, or a tensor-parallel rank's rows of
 //!   it.
 //! - [`argmax_rows()`], [`sample_gumbel_rows()`]: the next token of every row of a batch.
+//! - [`token_mask()`](token_mask::token_mask): output constraints' masks written into a step's
+//!   logits from their bit words.
 //! - [`sample_rows()`]: the next token of every row by the full sampler (penalties, top-k,
 //!   top-p, min-p, seeded draw), as the host sampler filters; top-k first where every row has a
 //!   small top-k.
@@ -68,6 +70,7 @@ pub mod router_logits;
 pub mod sample;
 pub mod shared_memory;
 pub mod swiglu_gemv;
+pub mod token_mask;
 
 #[cfg(feature = "cuda")]
 mod cuda;

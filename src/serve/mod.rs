@@ -155,6 +155,12 @@ async fn serve(
                 }
             };
             eprintln!("{}", banner(&ready, &device_name, &args, addr, started.elapsed()));
+            // The grammar compiler's token trie (the whole vocabulary, ~0.5 s for 128k ids) is
+            // built now, beside the first requests, so a structured request does not wait for it.
+            let warm = ready.clone();
+            std::thread::Builder::new()
+                .name("inferno-grammars".into())
+                .spawn(move || drop(constraint::grammars(&warm)))?;
             state.set_ready(ready);
         }
         _ = &mut signal => {
