@@ -139,6 +139,8 @@ fn paths_are_read_as_the_compiler_reads_them() {
     assert_eq!(named_modules("let x = crate::gpu::available(d); // crate::serve"), ["gpu"]);
     assert!(named_modules("/// [`crate::kernels::sample_rows`]").is_empty());
     assert_eq!(named_after("use super::{gpt_oss, llama};", "super::"), ["gpt_oss", "llama"]);
+    let config = "use crate::models::llama::config::LlamaConfig;";
+    assert_eq!(named_after(config, "crate::models::"), ["llama"]);
 }
 
 /// The architecture folders: the directories under `src/models/`.
@@ -188,7 +190,12 @@ fn load_names_no_architecture() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let folders = architecture_folders(&src);
     let mut found = Vec::new();
-    for (rel, text) in sources(&src).into_iter().filter(|(rel, _)| rel.starts_with("load")) {
+    // Its tests may build a model of a named architecture to hold the plan against.
+    let is_test =
+        |rel: &Path| rel.file_stem().is_some_and(|s| s.to_string_lossy().ends_with("tests"));
+    let code =
+        sources(&src).into_iter().filter(|(rel, _)| rel.starts_with("load") && !is_test(rel));
+    for (rel, text) in code {
         for (n, line) in text.lines().enumerate() {
             for name in named_after(line, "models::").into_iter().filter(|m| folders.contains(m)) {
                 found.push(format!("{}:{}: {name}", rel.display(), n + 1));

@@ -323,9 +323,12 @@ fn load_with(
         );
     }
     let before = gpu::memory(device);
+    // A rank builds its slice: random weights made in the slice's shapes, or the checkpoint read
+    // whole on the host and sliced (the whole embedding table too with `whole_embedding`).
+    let b = build_of(&source, &spec, device);
     let built = match comm {
-        Some(c) => build_rank(&source, &spec, device, c, whole_embedding),
-        None => build(&source, &spec, device),
+        Some(c) => spec.arch.build_rank(&b, c, whole_embedding),
+        None => spec.arch.build(&b),
     };
     let mut model = built.map_err(|e| out_of_memory(e, name, &plan, budget))?;
     model.set_kv_dtype(spec.kv_dtype);
@@ -422,7 +425,7 @@ fn format_name(source: &Source, spec: &Spec) -> String {
     }
 }
 
-/// What the architecture builds from `source` for `spec`.
+/// What the architecture builds from `source` for `spec` on `device`.
 fn build_of<'a>(source: &'a Source, spec: &Spec, device: &'a Device) -> Build<'a> {
     let origin = match source {
         Source::HfDir(dir) => Origin::Checkpoint(dir),
@@ -430,22 +433,4 @@ fn build_of<'a>(source: &'a Source, spec: &Spec, device: &'a Device) -> Build<'a
         Source::Dummy(_) => Origin::Random,
     };
     Build { origin, dtype: spec.dtype, context: spec.context, device }
-}
-
-/// Builds rank `comm.shard()`'s slice of the model `spec` (the rank's own spec) describes: random
-/// weights made in the slice's shapes, or the checkpoint read whole on the host and sliced; the
-/// whole embedding table too with `whole_embedding`.
-fn build_rank(
-    source: &Source,
-    spec: &Spec,
-    device: &Device,
-    comm: Arc<dyn Collective>,
-    whole_embedding: bool,
-) -> anyhow::Result<Box<dyn BatchModel>> {
-    spec.arch.build_rank(&build_of(source, spec, device), comm, whole_embedding)
-}
-
-/// Builds what `spec` describes.
-fn build(source: &Source, spec: &Spec, device: &Device) -> anyhow::Result<Box<dyn BatchModel>> {
-    spec.arch.build(&build_of(source, spec, device))
 }
