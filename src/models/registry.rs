@@ -1,8 +1,9 @@
 //! Every architecture inferno runs, one line each: `load` asks here which one reads a model,
 //! and names no architecture itself. An architecture is its folder under `models/`, which
-//! implements [`Architecture`] and [`super::arch::ArchConfig`]; adding one is that folder and a
-//! line in [`ARCHITECTURES`]. Draft heads (EAGLE-3) are recognised here too, by the
-//! `architectures` their `config.json` names, as vLLM's registry keys them.
+//! implements [`Architecture`] and [`super::arch::ArchConfig`]; adding one is that folder, its
+//! `mod` line in `models/mod.rs` and a line in [`ARCHITECTURES`]. Draft heads (EAGLE-3) are
+//! recognised here too, by the `architectures` their `config.json` names (as vLLM's registry
+//! keys every model).
 
 use std::path::Path;
 
@@ -15,8 +16,8 @@ use super::{gpt_oss, llama};
 use crate::error::{ErrorKind, fail};
 
 /// The architectures, in the order an unsupported `model_type`'s refusal lists them.
-pub const ARCHITECTURES: [&dyn Architecture; 2] =
-    [&llama::arch::LlamaFamily, &gpt_oss::arch::GptOssFamily];
+pub const ARCHITECTURES: &[&dyn Architecture] =
+    &[&llama::arch::LlamaFamily, &gpt_oss::arch::GptOssFamily];
 
 /// The architecture of a `config.json` without a `model_type`.
 const UNNAMED: &dyn Architecture = &llama::arch::LlamaFamily;
@@ -29,7 +30,7 @@ const GGUF_FALLBACK: &dyn Architecture = &llama::arch::LlamaFamily;
 /// supported ones.
 pub fn for_model_type(kind: Option<&str>) -> anyhow::Result<&'static dyn Architecture> {
     let Some(kind) = kind else { return Ok(UNNAMED) };
-    let found = ARCHITECTURES.into_iter().find(|a| a.model_types().contains(&kind));
+    let found = ARCHITECTURES.iter().copied().find(|a| a.model_types().contains(&kind));
     found.ok_or_else(|| {
         let supported: Vec<&str> =
             ARCHITECTURES.iter().flat_map(|a| a.model_types().iter().copied()).collect();
@@ -43,7 +44,7 @@ pub fn for_model_type(kind: Option<&str>) -> anyhow::Result<&'static dyn Archite
 /// The architecture that reads a GGUF file of `general.architecture` `name`.
 pub fn for_gguf(name: Option<&str>) -> &'static dyn Architecture {
     let claims = |a: &&dyn Architecture| name.is_some_and(|n| a.gguf_architectures().contains(&n));
-    ARCHITECTURES.into_iter().find(claims).unwrap_or(GGUF_FALLBACK)
+    ARCHITECTURES.iter().copied().find(claims).unwrap_or(GGUF_FALLBACK)
 }
 
 /// Whether a `config.json` text is a draft head's (EAGLE-3, either published layout): its
