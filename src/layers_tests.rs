@@ -220,10 +220,15 @@ fn no_import_loop_crosses_an_architecture_folder() {
         }
         let Some(own) = parts.next() else { continue };
         let in_folder = folders.contains(&own);
+        // `models::` as a relative path: `super::` in a shared file or a folder's `mod.rs`,
+        // `super::super::` in a folder's other files.
+        let up = match rel.file_name().is_some_and(|f| f == "mod.rs") || !in_folder {
+            true => "super::",
+            false => "super::super::",
+        };
         for (n, line) in text.lines().enumerate() {
             let mut names = named_after(line, "crate::models::");
-            // `super::` in a shared file, `super::super::` in a folder's file, is `models::`.
-            names.extend(named_after(line, if in_folder { "super::super::" } else { "super::" }));
+            names.extend(named_after(line, up));
             for name in names.into_iter().filter(|m| folders.contains(m) && *m != own) {
                 match in_folder {
                     true => edges.push((own.clone(), name)),
