@@ -1,6 +1,8 @@
 //! The layering `lib.rs` describes, checked on the sources: every `crate::module` path outside a
 //! comment names a module before its own in [`ORDER`], so an upward import fails here rather
-//! than growing into a cycle.
+//! than growing into a cycle. And an architecture is its folder under `models/`: no code outside
+//! `models/` matches on architectures, `load` names no architecture folder (it asks
+//! `models::registry`), and the folders' imports of each other form no loop.
 
 use std::path::{Path, PathBuf};
 
@@ -46,10 +48,16 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// The top-level modules a line of code names through `crate::` (single paths and groups like
 /// `crate::{a, b::{c, d}}`), its comment left out.
 fn named_modules(line: &str) -> Vec<String> {
+    named_after(line, "crate::")
+}
+
+/// The first segments of the paths a line of code continues after `prefix`, as
+/// [`named_modules`] reads them after `crate::`.
+fn named_after(line: &str, prefix: &str) -> Vec<String> {
     let code = line.split("//").next().unwrap_or("");
     let mut out = Vec::new();
-    for (i, _) in code.match_indices("crate::") {
-        let rest = &code[i + "crate::".len()..];
+    for (i, _) in code.match_indices(prefix) {
+        let rest = &code[i + prefix.len()..];
         let Some(group) = rest.strip_prefix('{') else {
             out.extend(first_segment(rest));
             continue;
@@ -130,4 +138,122 @@ fn paths_are_read_as_the_compiler_reads_them() {
     assert_eq!(named_modules("use crate::{gpu::{a, b}, hub};"), ["gpu", "hub"]);
     assert_eq!(named_modules("let x = crate::gpu::available(d); // crate::serve"), ["gpu"]);
     assert!(named_modules("/// [`crate::kernels::sample_rows`]").is_empty());
+    assert_eq!(named_after("use super::{gpt_oss, llama};", "super::"), ["gpt_oss", "llama"]);
+    let config = "use crate::models::llama::config::LlamaConfig;";
+    assert_eq!(named_after(config, "crate::models::"), ["llama"]);
+}
+
+/// The architecture folders: the directories under `src/models/`.
+fn architecture_folders(src: &Path) -> Vec<String> {
+    let dirs = std::fs::read_dir(src.join("models")).expect("src/models is readable");
+    let mut out: Vec<String> = dirs
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.is_dir())
+        .map(|p| p.file_name().expect("a name").to_string_lossy().into_owned())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every source file with its path under `src/` and its text.
+fn sources(src: &Path) -> Vec<(PathBuf, String)> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files
+        .into_iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).expect("readable");
+            (f.strip_prefix(src).expect("under src").to_path_buf(), text)
+        })
+        .collect()
+}
+
+#[test]
+fn no_architecture_is_matched_outside_models() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    for (rel, text) in sources(&src) {
+        if rel.starts_with("models") || rel == Path::new("layers_tests.rs") {
+            continue;
+        }
+        for (n, line) in text.lines().enumerate() {
+            if line.split("//").next().unwrap_or("").contains("Arch::") {
+                found.push(format!("{}:{}", rel.display(), n + 1));
+            }
+        }
+    }
+    assert!(found.is_empty(), "architectures matched outside src/models/:\n{}", found.join("\n"));
+}
+
+#[test]
+fn load_names_no_architecture() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let folders = architecture_folders(&src);
+    let mut found = Vec::new();
+    // Its tests may build a model of a named architecture to hold the plan against.
+    let is_test =
+        |rel: &Path| rel.file_stem().is_some_and(|s| s.to_string_lossy().ends_with("tests"));
+    let code =
+        sources(&src).into_iter().filter(|(rel, _)| rel.starts_with("load") && !is_test(rel));
+    for (rel, text) in code {
+        for (n, line) in text.lines().enumerate() {
+            for name in named_after(line, "models::").into_iter().filter(|m| folders.contains(m)) {
+                found.push(format!("{}:{}: {name}", rel.display(), n + 1));
+            }
+        }
+    }
+    assert!(found.is_empty(), "load names architecture folders:\n{}", found.join("\n"));
+}
+
+/// Which architecture folders each one imports, and which the shared files beside them do: only
+/// the registry names them there, and the folders' imports form no loop.
+#[test]
+fn no_import_loop_crosses_an_architecture_folder() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let folders = architecture_folders(&src);
+    let mut edges: Vec<(String, String)> = Vec::new();
+    let mut shared = Vec::new();
+    for (rel, text) in sources(&src) {
+        let mut parts = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned());
+        if parts.next().as_deref() != Some("models") {
+            continue;
+        }
+        let Some(own) = parts.next() else { continue };
+        let in_folder = folders.contains(&own);
+        // `models::` as a relative path: `super::` in a shared file or a folder's `mod.rs`,
+        // `super::super::` in a folder's other files.
+        let up = match rel.file_name().is_some_and(|f| f == "mod.rs") || !in_folder {
+            true => "super::",
+            false => "super::super::",
+        };
+        for (n, line) in text.lines().enumerate() {
+            let mut names = named_after(line, "crate::models::");
+            names.extend(named_after(line, up));
+            for name in names.into_iter().filter(|m| folders.contains(m) && *m != own) {
+                match in_folder {
+                    true => edges.push((own.clone(), name)),
+                    false if own == "registry.rs" || own == "mod.rs" => {}
+                    false => shared.push(format!("{}:{}: {name}", rel.display(), n + 1)),
+                }
+            }
+        }
+    }
+    assert!(shared.is_empty(), "shared model code names architectures:\n{}", shared.join("\n"));
+    edges.sort();
+    edges.dedup();
+    // An import is on a loop when the folder it names reaches back to the importer.
+    let reaches = |from: &str, to: &str| {
+        let (mut seen, mut next) = (vec![from.to_string()], vec![from.to_string()]);
+        while let Some(f) = next.pop() {
+            for (_, b) in edges.iter().filter(|(a, _)| *a == f) {
+                if !seen.contains(b) {
+                    seen.push(b.clone());
+                    next.push(b.clone());
+                }
+            }
+        }
+        seen.iter().any(|s| s == to)
+    };
+    let looped: Vec<&(String, String)> = edges.iter().filter(|(a, b)| reaches(b, a)).collect();
+    assert!(looped.is_empty(), "architecture folders import each other in a loop: {looped:?}");
 }

@@ -21,7 +21,8 @@
 //! - [`kernels`]: our own CUDA kernels (gpt-oss attention with sinks, MXFP4 experts), each with a CPU reference.
 //! - [`dist`]: tensor parallelism below the models: which slice a rank holds, and the
 //!   collectives (NCCL, or threads on the CPU) that combine the slices.
-//! - [`models`]: transformer architectures, their weight loaders and batched forward passes.
+//! - [`models`]: transformer architectures, a folder each (listed in `models::registry`): their
+//!   weight loaders, memory formulas and batched forward passes.
 //! - [`engine`]: the batching engine: one thread running every generation over a paged KV pool.
 //! - [`load`]: from a model name to a loaded model and its tokenizer on a device.
 //! - [`generate`]: model-independent generation: sampling, stop conditions, streaming detokeniser.

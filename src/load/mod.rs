@@ -16,12 +16,9 @@ use crate::dist::{Collective, Shard};
 use crate::engine::core::{Built, Engine, EngineConfig};
 use crate::error::{ErrorKind, fail};
 use crate::gpu::{self, GpuInfo};
+use crate::models::arch::{Build, Origin};
 use crate::models::batch::{BatchModel, KvDtype};
-use crate::models::embedding::shard_ends;
-use crate::models::gpt_oss;
-use crate::models::llama::load::{self, GgufFile};
-use crate::models::llama::model::RopeStyle;
-use crate::models::llama::{self, dummy};
+use crate::models::registry;
 
 mod beats;
 pub mod plan;
@@ -32,7 +29,7 @@ pub mod text;
 
 pub use plan::{Budget, MemoryPlan, Target};
 pub use source::Source;
-pub use spec::{Arch, Spec};
+pub use spec::Spec;
 
 /// Device choice from the command line: a GPU unless `--cpu` was given explicitly.
 pub fn open_device(gpu_index: usize, cpu: bool) -> anyhow::Result<(Device, Option<GpuInfo>)> {
@@ -174,9 +171,9 @@ pub fn start_group(
     Engine::start_built(move || {
         let world = leader.rv.world;
         // An EAGLE-3 head without an embedding reads the model's whole table on this rank.
-        let keep = draft.as_deref().and_then(|d| eagle3_folder(d, opts.dummy));
+        let keep = draft.as_deref().and_then(|d| head_folder(d, opts.dummy));
         let whole_embedding =
-            keep.is_some_and(|dir| crate::models::eagle3::reads_target_embedding(&dir, opts.dummy));
+            keep.is_some_and(|dir| registry::head_reads_target_embedding(&dir, opts.dummy));
         let context = rank_context(&name, &opts, &device, world, whole_embedding)?;
         let dtype = opts.dtype.map(|d| d.as_str().to_string());
         let (comm, group) =
@@ -210,8 +207,8 @@ fn rank_context(
 
 /// The drafter for speculative decoding, loaded after `model` (its plan then sees what the
 /// model left), with the model's dtype and context, whole on this GPU: `--draft HEAD`, a folder
-/// whose config is an EAGLE-3 head's (random weights with `--dummy-weights`), or `--draft
-/// MODEL`, a smaller model with the same tokenizer.
+/// whose config is a draft head's (random weights with `--dummy-weights`), or `--draft MODEL`,
+/// a smaller model with the same tokenizer.
 fn load_draft(
     draft: Option<&str>,
     model: &dyn BatchModel,
@@ -220,15 +217,10 @@ fn load_draft(
     device: &Device,
 ) -> anyhow::Result<Option<crate::engine::spec::Draft>> {
     use crate::engine::spec::Draft;
-    use crate::models::eagle3::{Eagle3Head, Target};
     let Some(d) = draft else { return Ok(None) };
-    if let Some(dir) = eagle3_folder(d, opts.dummy) {
-        let (target, context) = (Target::of(model), info.context);
-        let head = if opts.dummy {
-            Eagle3Head::random(&dir, target, context, info.dtype, device)
-        } else {
-            Eagle3Head::load(&dir, target, context, info.dtype, device)
-        };
+    if let Some(dir) = head_folder(d, opts.dummy) {
+        let (context, dtype) = (info.context, info.dtype);
+        let head = registry::load_draft_head(&dir, model, context, dtype, device, opts.dummy);
         return Ok(Some(Draft::Eagle(Box::new(head.map_err(|e| e.context(d.to_string()))?))));
     }
     let opts = LoadOptions { context: Some(info.context), ..opts.clone() };
@@ -238,11 +230,11 @@ fn load_draft(
     Ok(Some(Draft::Model(loaded.split().0)))
 }
 
-/// The folder of `name` when its `config.json` is an EAGLE-3 head's.
-fn eagle3_folder(name: &str, dummy: bool) -> Option<std::path::PathBuf> {
+/// The folder of `name` when its `config.json` is a draft head's.
+fn head_folder(name: &str, dummy: bool) -> Option<std::path::PathBuf> {
     let dir = source::resolve(name, dummy).ok()?;
     let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
-    crate::models::eagle3::is_eagle3(&text).then_some(dir)
+    registry::is_draft_head(&text).then_some(dir)
 }
 
 /// Refuses a draft whose tokenizer maps any token to another id than the model's. Where either
@@ -331,9 +323,12 @@ fn load_with(
         );
     }
     let before = gpu::memory(device);
+    // A rank builds its slice: random weights made in the slice's shapes, or the checkpoint read
+    // whole on the host and sliced (the whole embedding table too with `whole_embedding`).
+    let b = build_of(&source, &spec, device);
     let built = match comm {
-        Some(c) => build_rank(&source, (&whole, &spec), device, c, whole_embedding),
-        None => build(&source, &spec, device),
+        Some(c) => spec.arch.build_rank(&b, c, whole_embedding),
+        None => spec.arch.build(&b),
     };
     let mut model = built.map_err(|e| out_of_memory(e, name, &plan, budget))?;
     model.set_kv_dtype(spec.kv_dtype);
@@ -420,95 +415,22 @@ fn fit_default_context(spec: &mut Spec, budget: Option<&Budget>) {
 
 /// The weight format for banners.
 fn format_name(source: &Source, spec: &Spec) -> String {
-    match (source, &spec.arch) {
-        (Source::Gguf(path), _) => {
+    let format = spec.arch.weight_format();
+    match source {
+        Source::Gguf(path) => {
             crate::inspect::inspect(path).map(|i| i.format).unwrap_or_else(|_| "GGUF".into())
         }
-        (Source::HfDir(_), Arch::GptOss(_)) => "mxfp4".into(),
-        (Source::Dummy(_), Arch::GptOss(_)) => "dummy mxfp4".into(),
-        (Source::HfDir(_), Arch::Llama(cfg)) => match &cfg.quant {
-            Some(q) => q.label().into(),
-            None => "safetensors".into(),
-        },
-        (Source::Dummy(_), Arch::Llama(cfg)) => match &cfg.quant {
-            Some(q) => format!("dummy {}", q.label()),
-            None => "dummy".into(),
-        },
+        Source::HfDir(_) => format.unwrap_or("safetensors").into(),
+        Source::Dummy(_) => format.map_or_else(|| "dummy".into(), |f| format!("dummy {f}")),
     }
 }
 
-/// Builds rank `comm.shard()`'s slice of what `whole` describes (`spec`: the rank's own): random
-/// weights made in the slice's shapes, or the checkpoint read whole on the host and sliced; the
-/// whole embedding table too with `whole_embedding`.
-fn build_rank(
-    source: &Source,
-    (whole, spec): (&Spec, &Spec),
-    device: &Device,
-    comm: Arc<dyn Collective>,
-    whole_embedding: bool,
-) -> anyhow::Result<Box<dyn BatchModel>> {
-    let (dtype, context, cpu) = (spec.dtype, spec.context, Device::Cpu);
-    let shard = comm.shard();
-    Ok(match (source, &whole.arch, &spec.arch) {
-        (Source::Dummy(_), Arch::GptOss(_), Arch::GptOss(local)) => {
-            let mut w = gpt_oss::dummy::random_weights(local, dtype, device)?;
-            (w.embed, w.head) = shard_ends(&w.embed, &w.head, shard, whole_embedding, device)?;
-            Box::new(
-                gpt_oss::GptOss::new(local.clone(), w, context, dtype, device)?.with_comm(comm),
-            )
-        }
-        (Source::Dummy(_), Arch::Llama(_), Arch::Llama(local)) => {
-            let mut w = dummy::random_weights(local, dtype, device)?;
-            (w.embed, w.head) = shard_ends(&w.embed, &w.head, shard, whole_embedding, device)?;
-            let style = RopeStyle::HalfSplit;
-            let m = llama::Llama::new(local.clone(), w, style, context, dtype, device)?;
-            Box::new(m.with_comm(comm))
-        }
-        (Source::Gguf(path), Arch::GptOss(_), _) => {
-            let whole = gpt_oss::gguf::load(path, dtype, context, &cpu)?;
-            Box::new(whole.sharded(comm, whole_embedding, device)?)
-        }
-        (Source::HfDir(dir), Arch::GptOss(_), _) => {
-            let whole = gpt_oss::load::load(dir, dtype, context, &cpu)?;
-            Box::new(whole.sharded(comm, whole_embedding, device)?)
-        }
-        (Source::Gguf(path), Arch::Llama(_), _) => {
-            let whole = load::load_gguf(&mut GgufFile::open(path)?, context, &cpu)?;
-            Box::new(whole.sharded(comm, whole_embedding, device)?)
-        }
-        (Source::HfDir(dir), Arch::Llama(_), _) => {
-            let whole = load::load_safetensors(dir, Some(dtype), context, &cpu)?;
-            Box::new(whole.sharded(comm, whole_embedding, device)?)
-        }
-        _ => anyhow::bail!("tensor parallelism: the rank's architecture differs from the model's"),
-    })
-}
-
-/// Builds what `spec` describes.
-fn build(source: &Source, spec: &Spec, device: &Device) -> anyhow::Result<Box<dyn BatchModel>> {
-    let (dtype, context) = (spec.dtype, spec.context);
-    Ok(match (source, &spec.arch) {
-        (Source::Gguf(path), Arch::GptOss(_)) => {
-            Box::new(gpt_oss::gguf::load(path, dtype, context, device)?)
-        }
-        (Source::Gguf(path), Arch::Llama(_)) => {
-            let mut gguf = GgufFile::open(path)?;
-            Box::new(load::load_gguf(&mut gguf, context, device)?)
-        }
-        (Source::HfDir(dir), Arch::GptOss(_)) => {
-            Box::new(gpt_oss::load::load(dir, dtype, context, device)?)
-        }
-        (Source::Dummy(_), Arch::GptOss(cfg)) => {
-            let w = gpt_oss::dummy::random_weights(cfg, dtype, device)?;
-            Box::new(gpt_oss::GptOss::new(cfg.clone(), w, context, dtype, device)?)
-        }
-        (Source::HfDir(dir), Arch::Llama(_)) => {
-            Box::new(load::load_safetensors(dir, Some(dtype), context, device)?)
-        }
-        (Source::Dummy(_), Arch::Llama(cfg)) => {
-            let weights = dummy::random_weights(cfg, dtype, device)?;
-            let style = RopeStyle::HalfSplit;
-            Box::new(llama::Llama::new(cfg.clone(), weights, style, context, dtype, device)?)
-        }
-    })
+/// What the architecture builds from `source` for `spec` on `device`.
+fn build_of<'a>(source: &'a Source, spec: &Spec, device: &'a Device) -> Build<'a> {
+    let origin = match source {
+        Source::HfDir(dir) => Origin::Checkpoint(dir),
+        Source::Gguf(path) => Origin::Gguf(path),
+        Source::Dummy(_) => Origin::Random,
+    };
+    Build { origin, dtype: spec.dtype, context: spec.context, device }
 }

@@ -4,11 +4,11 @@
 //! much is needed and the largest context that fits, instead of failing halfway through
 //! loading (or aborting in the allocator).
 //!
-//! Every term comes from the same functions the models use to lay out their allocations
-//! (`models::{gpt_oss,llama}::memory`), so the plan and what is allocated cannot drift apart;
-//! the tests compare them on built models. The workspace is an upper bound (every intermediate
-//! of one prefill chunk through one layer, counted as live at once), the runtime term a fixed
-//! allowance (see [`Target::runtime_bytes`]).
+//! Every term comes from the same functions the models use to lay out their allocations (each
+//! architecture's `memory.rs`, asked through `models::arch::ArchConfig`), so the plan and what
+//! is allocated cannot drift apart; the tests compare them on built models. The workspace is an
+//! upper bound (every intermediate of one prefill chunk through one layer, counted as live at
+//! once), the runtime term a fixed allowance (see [`Target::runtime_bytes`]).
 //!
 //! Without loading anything, e.g. for "does this cached model fit on this GPU at its default
 //! context": `load::prepare(id, &LoadOptions { dtype: None, context: None, dummy: false, kv_dtype: Default::default() },

@@ -8,7 +8,7 @@ use anyhow::Context;
 use crate::error::{ErrorKind, fail};
 use crate::hub::Cache;
 use crate::hub::resolve::resolve_model;
-use crate::models::llama::load::safetensors_files;
+use crate::models::checkpoint::safetensors_files;
 
 /// The files `name` means: the cache's snapshot of a cache id, or the local path itself (with
 /// `--dummy-weights`, a config.json given by path).

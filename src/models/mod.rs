@@ -1,9 +1,13 @@
 //! Transformer models. Each architecture lives in its own folder with a serde config that mirrors
 //! the checkpoint's `config.json`, loaders for the weight formats it accepts, and the batched
 //! forward pass the engine runs ([`batch::BatchModel`]: keys and values in the engine's paged
-//! pool). Generation (sampling, detokenising) lives outside, in `generate`.
+//! pool); it answers loading through [`arch`]'s traits and takes one line in [`registry`]. The
+//! files beside the folders are what architectures share. Generation (sampling, detokenising)
+//! lives outside, in `generate`.
 
+pub mod arch;
 pub mod batch;
+pub mod checkpoint;
 pub mod eagle3;
 pub mod embedding;
 pub mod gguf;
@@ -13,5 +17,6 @@ pub mod linear;
 pub mod llama;
 pub mod memory;
 pub mod random;
+pub mod registry;
 pub mod rope;
 pub mod step_cost;

@@ -85,7 +85,7 @@ impl Eagle3Head {
     ) -> anyhow::Result<Eagle3Head> {
         let cfg = read_config(dir)?;
         check_target(&cfg, target, device)?;
-        let files = crate::models::llama::load::safetensors_files(dir)?;
+        let files = crate::models::checkpoint::safetensors_files(dir)?;
         // SAFETY: read-only maps of files the HF cache layout never rewrites in place.
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? };
         // SAFETY: as above; `d2t` is read in its own integer dtype.
@@ -348,7 +348,7 @@ pub fn reads_target_embedding(dir: &Path, dummy: bool) -> bool {
     if dummy {
         return true;
     }
-    let Ok(files) = crate::models::llama::load::safetensors_files(dir) else { return true };
+    let Ok(files) = crate::models::checkpoint::safetensors_files(dir) else { return true };
     !files.iter().any(|f| {
         crate::inspect::safetensors::read_header(f).is_ok_and(|h| {
             h.tensors.contains_key("embed_tokens.weight")

@@ -57,7 +57,7 @@ pub fn load(dir: &Path, dtype: DType, context: usize, device: &Device) -> anyhow
     let text = std::fs::read_to_string(dir.join("config.json"))
         .with_context(|| format!("reading {}/config.json", dir.display()))?;
     let cfg = GptOssConfig::from_hf_json(&text)?;
-    let files = crate::models::llama::load::safetensors_files(dir)?;
+    let files = crate::models::checkpoint::safetensors_files(dir)?;
     // SAFETY: read-only maps of files the cache never rewrites in place.
     let st = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| {
         fail(

@@ -1,6 +1,7 @@
 //! OpenAI gpt-oss (20b, 120b): MoE transformer with MXFP4 experts, attention sinks, alternating
 //! sliding-window and full attention, YaRN RoPE. See docs/gpt-oss.md.
 
+pub mod arch;
 mod batched;
 pub mod config;
 pub mod dummy;

@@ -21,33 +21,6 @@ use crate::models::head::Head;
 use crate::models::linear::Linear;
 use crate::quant::{CtConfig, QuantLinear};
 
-/// The safetensors files of a checkpoint folder, through the index when there is one.
-pub fn safetensors_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let index = dir.join("model.safetensors.index.json");
-    if index.exists() {
-        let text = std::fs::read(&index).with_context(|| format!("reading {}", index.display()))?;
-        let shards = crate::hub::select::index_shards(&text)?;
-        let files: Vec<PathBuf> = shards.iter().map(|s| dir.join(s)).collect();
-        for f in &files {
-            if !f.exists() {
-                return Err(fail(
-                    ErrorKind::NotFound,
-                    format!("shard {} named by the index is missing", f.display()),
-                ));
-            }
-        }
-        return Ok(files);
-    }
-    let single = dir.join("model.safetensors");
-    if single.exists() {
-        return Ok(vec![single]);
-    }
-    Err(fail(
-        ErrorKind::NotFound,
-        format!("no model.safetensors or model.safetensors.index.json in {}", dir.display()),
-    ))
-}
-
 /// The compute dtype: the one asked for, else the checkpoint's (bf16 when it says nothing).
 pub fn choose_dtype(requested: Option<DType>, cfg: &LlamaConfig) -> DType {
     requested.unwrap_or(match cfg.checkpoint_dtype.as_deref() {
@@ -69,7 +42,7 @@ pub fn load_safetensors(
         .with_context(|| format!("reading {}", cfg_path.display()))?;
     let cfg = LlamaConfig::from_hf_json(&text)?;
     let dtype = choose_dtype(dtype, &cfg);
-    let files = safetensors_files(dir)?;
+    let files = crate::models::checkpoint::safetensors_files(dir)?;
     for f in &files {
         crate::inspect::safetensors::read_header(f)
             .map_err(|e| fail(ErrorKind::Integrity, format!("{}: {e}", f.display())))?;

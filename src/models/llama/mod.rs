@@ -1,6 +1,7 @@
 //! Llama-family models (Llama 2/3.x, TinyLlama, SmolLM2, mistral-style configs without a
 //! sliding window), from HF safetensors or llama-architecture GGUF files.
 
+pub mod arch;
 mod batched;
 pub mod config;
 pub mod convert;
