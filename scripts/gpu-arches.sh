@@ -27,8 +27,8 @@ pack)
     rm -rf "$out" && mkdir -p "$out"
     tests=(--lib)
     for t in "$@"; do tests+=(--test "$t"); done
-    cargo build --release --locked
-    cargo test --release --locked --no-run "${tests[@]}" --message-format=json 2>/dev/null \
+    cargo build --release --locked --features cuda
+    cargo test --release --locked --features cuda --no-run "${tests[@]}" --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)

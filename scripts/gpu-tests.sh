@@ -74,8 +74,8 @@ case "${1:-}" in
 build)
     source scripts/cuda-env.sh
     rm -rf "$out" && mkdir -p "$out"
-    cargo build --release --locked
-    cargo test --release --locked --no-run --all-targets --message-format=json 2>/dev/null \
+    cargo build --release --locked --features cuda
+    cargo test --release --locked --features cuda --no-run --all-targets --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
