@@ -94,14 +94,23 @@ phase_done "the CUDA toolchain"
 gpu=(--release --locked --features cuda,conformance --all-targets)
 cpu=(--release --locked --all-targets)
 
-# Style and lints first. A failure here fails the run, after the tests have still run and
-# reported.
 lint=0
 cargo fmt --check || { echo "test.sh: cargo fmt --check found unformatted code (run cargo fmt)" >&2; lint=1; }
 phase_done "fmt"
+
+# The test build before the lints: candle's kernels take one core for most of a build, and
+# beside them the other core compiles the dependencies' code and inferno's kernels; before
+# clippy, it would have only the dependencies' checks to do.
+set +e
+cargo test "${gpu[@]}" --no-run 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+phase_done "the test build"
+
+# The lints. A failure fails the run, after the tests have still run and reported.
 # clippy's build of inferno is its own (cargo keys a workspace crate's build script by the
 # clippy wrapper too), so build.rs runs again for it: for one PTX target alone, since the lints
-# read no kernel. The test build below compiles every kernel for every target and checks each
+# read no kernel. The test build above compiles every kernel for every target and checks each
 # one's resources; candle's kernels, outside the workspace, are built once for both.
 INFERNO_CUDA_ARCHS=compute_80 cargo clippy "${gpu[@]}" -- -D warnings \
     || { echo "test.sh: clippy failed (cuda build)" >&2; lint=1; }
@@ -110,9 +119,6 @@ cargo clippy "${cpu[@]}" -- -D warnings || { echo "test.sh: clippy failed (CPU-o
 phase_done "clippy (CPU-only build)"
 
 set +e
-cargo test "${gpu[@]}" --no-run 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
-phase_done "the test build"
 wait "$setup_pid"
 setup_status=$?
 cat "$setup_log" >&2
