@@ -287,10 +287,10 @@ fn find_nvcc() -> PathBuf {
         return PathBuf::from("nvcc");
     }
     panic!(
-        "inferno: the `cuda` feature (on by default) compiles the .cu files under src/kernels and \
+        "inferno: the `cuda` feature compiles the .cu files under src/kernels and \
          needs nvcc from CUDA 13.0, found neither in $CUDA_HOME/bin nor on PATH. Run `source scripts/cuda-env.sh` \
          first (it assembles the toolkit from PyPI when none is installed), or build a CPU-only \
-         binary with `--no-default-features`."
+         binary without `--features cuda`."
     );
 }
 

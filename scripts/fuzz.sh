@@ -2,7 +2,7 @@
 # Runs every fuzz target of tests/fuzz.rs for SECONDS each (default 60) on fresh random inputs,
 # one target at a time; CI runs the same targets on a fixed number of cases. A failure prints
 # its seed and the smallest input proptest shrank it to: replay it with
-#   INFERNO_FUZZ_SEED=<seed> cargo test --release --test fuzz -- <target>
+#   INFERNO_FUZZ_SEED=<seed> cargo test --release --features conformance --test fuzz -- <target>
 # then keep it as a test in tests/fuzz/regressions.rs. A crash that kills the process (a stack
 # overflow, an abort) prints no input: rerun that target with INFERNO_FUZZ_TRACE=1, which
 # prints each input before it runs.
@@ -21,7 +21,9 @@ bash scripts/assets/gptoss-tokenizer.sh >/dev/null
 export INFERNO_FUZZ_SECONDS="$seconds"
 log=target/fuzz-last.log
 echo "fuzz.sh: $seconds s per target; the whole output goes to $log" >&2
+# The features of scripts/test.sh's build, which this one reuses; conformance runs the targets
+# that need the assets (without it they are ignored).
 # shellcheck disable=SC2086
-cargo test --release --locked --test fuzz -- --test-threads 1 --nocapture $filter 2>&1 \
+cargo test --release --locked --features cuda,conformance --test fuzz -- --test-threads 1 --nocapture $filter 2>&1 \
     | tee "$log" | grep --line-buffered -E '^fuzz |^test |panicked|found:|test result'
 exit "${PIPESTATUS[0]}"

@@ -31,8 +31,10 @@ pack)
     rm -rf "$out" && mkdir -p "$out"
     tests=(--lib)
     for t in "$@"; do tests+=(--test "$t"); done
-    cargo build --release --locked
-    cargo test --release --locked --no-run "${tests[@]}" --message-format=json 2>/dev/null \
+    # conformance keeps the asset tests out of --ignored (the GPU tests alone); same features
+    # for both, so the kernels are compiled once.
+    cargo build --release --locked --features cuda,conformance
+    cargo test --release --locked --features cuda,conformance --no-run "${tests[@]}" --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)

@@ -74,8 +74,11 @@ case "${1:-}" in
 build)
     source scripts/cuda-env.sh
     rm -rf "$out" && mkdir -p "$out"
-    cargo build --release --locked
-    cargo test --release --locked --no-run --all-targets --message-format=json 2>/dev/null \
+    # conformance: the tests that need scripts/test.sh's clients and assets are then not
+    # #[ignore]d, so --ignored below picks the GPU tests alone. The binary takes the same
+    # features, so the kernels are compiled once (a build script's run is per feature set).
+    cargo build --release --locked --features cuda,conformance
+    cargo test --release --locked --features cuda,conformance --no-run --all-targets --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)

@@ -13,7 +13,7 @@ source scripts/cuda-env.sh
 case "${CUDA_HOME:-}" in
 */.cache/inferno/*|"${INFERNO_CACHE:-/nonexistent}"/*) export RUSTFLAGS="$RUSTFLAGS -C link-arg=-Wl,-rpath,$CUDA_HOME/lib" ;;
 esac
-cargo install --locked --path . "$@"
+cargo install --locked --path . --features cuda "$@"
 
 # NCCL for `--tp` (tensor parallelism over several GPUs), opened at run time from
 # ~/.cache/inferno/nccl/lib (src/dist/nccl.rs): fetched only on a machine with more than one GPU

@@ -19,7 +19,7 @@ port="${SOAK_PORT:-18080}"
 bin="${INFERNO_BIN:-target/release/inferno}"
 if [ ! -x "$bin" ]; then
     source scripts/cuda-env.sh
-    cargo build --release --locked
+    cargo build --release --locked --features cuda
 fi
 
 log="$(mktemp)"

@@ -1,6 +1,7 @@
 //! Real tokenizers fetched for the unit tests by `scripts/assets/*.sh` (scripts/test.sh runs
 //! them): one loader, so every test finds them the same way and says which script to run when
-//! one is missing.
+//! one is missing. The tests that load one are ignored without the `conformance` feature, so a
+//! plain `cargo test` runs without them and says what it left out.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -264,6 +264,7 @@ fn gpt_oss_reused_cache_equals_fresh_gpu_bf16_decode_graph() {
 /// would not write them), each reusing the one before; the second turn must then take every
 /// full block of the shared prefix from the cache and decode exactly what a fresh engine decodes.
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn harmony_second_turn_after_long_reasoning_equals_fresh_cpu_f32() {
     harmony_two_turns(&Device::Cpu, DType::F32);
 }

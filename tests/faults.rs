@@ -58,6 +58,7 @@ fn chat(addr: &str) -> (u16, String) {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn serve_killed_while_loading_and_while_streaming_restarts_on_an_intact_cache() {
     let repo = smol_repo();
     let hub = HubServer::start(vec![repo.clone()]);

@@ -1,7 +1,8 @@
 //! Fuzzing on stable Rust: every parser of files and requests from strangers, fed structured
 //! and mutated inputs (proptest; see tests/fuzz/run.rs for why and how), each target a fixed
-//! number of cases in CI and `scripts/fuzz.sh [SECONDS]` for longer runs. Needs the SmolLM2 and
-//! gpt-oss tokenizer assets (scripts/test.sh fetches them).
+//! number of cases in CI and `scripts/fuzz.sh [SECONDS]` for longer runs. Most targets need the
+//! SmolLM2 and gpt-oss tokenizer assets (scripts/test.sh fetches them); without the `conformance`
+//! feature those are ignored, saying so.
 //!
 //! - [files]: GGUF (edited real files and generated ones), safetensors headers, model folders
 //!   (config.json, quantization_config, the safetensors index).

@@ -3,7 +3,8 @@
 //!
 //! Needs python3 with huggingface_hub (scripts/test.sh installs it into a venv and sets
 //! INFERNO_PYTHON). Without it these tests fail with a message saying so: they never pass
-//! without having run.
+//! without having run. Without the `conformance` feature (scripts/test.sh turns it on), a plain
+//! `cargo test` lists them as ignored, saying what they need.
 
 mod common;
 
@@ -64,6 +65,10 @@ fn repo() -> FakeRepo {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs python's huggingface_hub: scripts/test.sh"
+)]
 fn huggingface_hub_reads_what_inferno_downloaded() {
     let repo = repo();
     let server = HubServer::start(vec![repo.clone()]);
@@ -86,6 +91,10 @@ fn huggingface_hub_reads_what_inferno_downloaded() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs python's huggingface_hub: scripts/test.sh"
+)]
 fn inferno_reuses_what_huggingface_hub_downloaded() {
     let repo = repo();
     let server = HubServer::start(vec![repo.clone()]);

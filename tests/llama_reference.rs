@@ -107,6 +107,7 @@ fn sha256_f32(t: &Tensor) -> String {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn gguf_to_hf_conversion_matches_transformers_bit_for_bit() {
     let mut gguf = GgufFile::open(&gguf_path()).unwrap();
     let tensors = convert::hf_tensors(&mut gguf).unwrap();
@@ -116,6 +117,7 @@ fn gguf_to_hf_conversion_matches_transformers_bit_for_bit() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn f32_cpu_greedy_matches_transformers() {
     let dir = hf_checkpoint();
     check_greedy(
@@ -126,6 +128,7 @@ fn f32_cpu_greedy_matches_transformers() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn f32_cpu_teacher_forced_matches_transformers() {
     let mut model =
         one_seq(load::load_safetensors(&hf_checkpoint(), Some(DType::F32), 512, &Device::Cpu));
@@ -134,6 +137,7 @@ fn f32_cpu_teacher_forced_matches_transformers() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn a_prompt_longer_than_the_context_is_refused() {
     use inferno::engine::core::EngineConfig;
     use inferno::engine::request::Request;

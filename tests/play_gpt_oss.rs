@@ -23,6 +23,7 @@ fn play(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn one_shot_goes_through_harmony_without_leaking_markup() {
     let out = play(&[
         "--dtype",
@@ -45,12 +46,14 @@ fn one_shot_goes_through_harmony_without_leaking_markup() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn a_bad_effort_is_refused() {
     let out = play(&["--reasoning", "extreme", "-p", "hi"]);
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn f16_is_refused_for_gpt_oss() {
     let out = play(&["--dtype", "f16", "-p", "hi"]);
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));

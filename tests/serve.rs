@@ -45,6 +45,10 @@ fn play(args: &[&str]) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn chat_and_completions_match_play_streamed_or_not() {
     let s = server(&[], &[]);
     assert!(s.saw_loading, "/health never said 503 while the model loaded");
@@ -57,6 +61,10 @@ fn chat_and_completions_match_play_streamed_or_not() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn stop_strings_seeds_and_models() {
     let s = server(&[], &[]);
     let r =
@@ -67,6 +75,10 @@ fn stop_strings_seeds_and_models() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn errors_are_openai_error_objects_with_the_right_status() {
     let s = server(&["--body-limit", "65536"], &[]);
     s.python("errors", json!({"context": CONTEXT, "body_limit": 65536}));
@@ -83,6 +95,10 @@ fn errors_are_openai_error_objects_with_the_right_status() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn the_api_key_is_a_bearer_token_from_the_flag_or_the_environment() {
     let s = server(&["--api-key", "sekret", "--cors-origin", "http://app.example"], &[]);
     s.python("api_key", json!({"api_key": "sekret"}));
@@ -111,12 +127,20 @@ fn the_api_key_is_a_bearer_token_from_the_flag_or_the_environment() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn a_full_queue_is_503_with_retry_after() {
     let s = server(&["--max-seqs", "1", "--max-waiting", "0"], &[]);
     s.python("queue_full", json!({}));
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn ctrl_c_ends_open_streams_with_an_error_and_exits() {
     let mut s = server(&[], &[]);
     let dir = tempfile::tempdir().unwrap();
@@ -146,6 +170,10 @@ fn ctrl_c_ends_open_streams_with_an_error_and_exits() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn a_waiting_stream_gets_keep_alive_comments() {
     let s = server(&["--max-seqs", "1"], &[("INFERNO_SSE_KEEP_ALIVE_SECS", "1")]);
     s.python("keep_alive", json!({"busy_tokens": 900}));
@@ -165,6 +193,7 @@ fn template_case(template: &str, pick: impl Fn(&serde_json::Value) -> bool) -> s
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the Llama 2 tokenizer: scripts/test.sh")]
 fn tools_go_through_a_chat_template_that_supports_them() {
     let template = "llama3_1-8b-instruct";
     let dir = common::tiny_llama_with_template(template);
@@ -190,6 +219,7 @@ fn log_softmax(row: &[f64]) -> Vec<f64> {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the python clients: scripts/test.sh")]
 fn completion_logprobs_are_the_log_softmax_of_transformers_logits() {
     // The tiny Llama 3 GGUF and transformers' f32 logits on it (scripts/fixtures/llama3_tiny.py):
     // greedy from the fixture's prompt is the fixture's greedy sequence, and the logits it kept
@@ -249,6 +279,10 @@ fn completion_logprobs_are_the_log_softmax_of_transformers_logits() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn chat_logprobs_agree_with_completions_streamed_or_not() {
     let s = server(&[], &[("INFERNO_TEST_HOOKS", "1")]);
     let r = s.python("chat_logprobs", json!({"prompt": "Name three colors.", "max_tokens": 24}));
@@ -256,6 +290,10 @@ fn chat_logprobs_agree_with_completions_streamed_or_not() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn presence_and_frequency_penalties_follow_openais_formula() {
     let s = server(&[], &[]);
     // (presence, frequency): none, then each kind, discouraging and encouraging repeats.
@@ -275,6 +313,10 @@ fn presence_and_frequency_penalties_follow_openais_formula() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the Llama 2 tokenizer: scripts/test.sh"
+)]
 fn a_template_without_tools_gets_them_in_its_system_message() {
     let dir = common::tiny_llama_with_template("smollm2-135m-instruct");
     let s = Server::start(dir.path(), &["--context", "1024"], &[("INFERNO_TEST_HOOKS", "1")]);
@@ -297,6 +339,10 @@ fn a_template_without_tools_gets_them_in_its_system_message() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the Llama 2 tokenizer: scripts/test.sh"
+)]
 fn llama_tool_calls_become_tool_calls_and_their_results_render_back() {
     let template = "llama3_1-8b-instruct";
     let dir = common::tiny_llama_with_template(template);
@@ -313,6 +359,7 @@ fn llama_tool_calls_become_tool_calls_and_their_results_render_back() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn odd_inputs_never_break_the_server() {
     let s = server(&[], &[]);
     common::serve::odd_bodies_are_answered(&s, &[]);
@@ -321,6 +368,7 @@ fn odd_inputs_never_break_the_server() {
 /// `serve --draft ngram`: a reply that copies its prompt is the one plain decoding gives (play
 /// without drafts), and `/metrics` counts the drafts and the accepted tokens.
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn speculation_replies_as_without_and_is_counted() {
     let s = server(&["--draft", "ngram", "--draft-tokens", "6"], &[]);
     let ask = "Repeat this sentence exactly: the old mill stood by the river, and the river ran \
@@ -353,6 +401,10 @@ fn speculation_replies_as_without_and_is_counted() {
 /// most of an exact prediction accepted, an unrelated one mostly rejected (SmolLM2 repeating a
 /// paragraph; the server has no `--draft`: the prediction alone drafts).
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn predicted_outputs_change_nothing_but_the_speed() {
     let s = server(&[], &[]);
     let prompt = "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog \

@@ -106,6 +106,10 @@ fn text(o: &Output) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the Codex CLI and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn codex_completes_a_turn() {
     let dir = tempfile::tempdir().unwrap();
     let s =
@@ -118,6 +122,10 @@ fn codex_completes_a_turn() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the Codex CLI and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn codex_runs_a_tool_call_and_sends_its_output_back() {
     let dir = tempfile::tempdir().unwrap();
     // The command's output (42-ran) is not in its arguments: only running it makes it.

@@ -24,6 +24,10 @@ fn fixtures() -> Value {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn harmony_chat_has_reasoning_apart_and_answers_as_play_does() {
     let s = server(false);
     let prompt = "What is 2 + 2?";
@@ -45,6 +49,10 @@ fn harmony_chat_has_reasoning_apart_and_answers_as_play_does() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn prompts_render_exactly_as_openai_harmony() {
     let s = server(true);
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/harmony.json");
@@ -64,6 +72,10 @@ fn prompts_render_exactly_as_openai_harmony() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn a_tool_call_its_result_and_the_answer() {
     let s = server(true);
     let fx = fixtures();
@@ -79,6 +91,10 @@ fn a_tool_call_its_result_and_the_answer() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn preambles_are_content_and_logprobs_cover_the_content_only() {
     let s = server(true);
     let r = s.python("harmony_preamble_and_logprobs", json!({}));
@@ -86,6 +102,7 @@ fn preambles_are_content_and_logprobs_cover_the_content_only() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn test_hooks_are_off_unless_enabled() {
     let s = server(false);
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0,
@@ -100,6 +117,7 @@ fn test_hooks_are_off_unless_enabled() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn odd_harmony_conversations_are_400s() {
     let s = server(false);
     let call = |id: &str, name: &str| json!({"id": id, "type": "function", "function": {"name": name, "arguments": "{}"}});

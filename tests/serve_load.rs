@@ -16,6 +16,10 @@ fn smollm2() -> std::path::PathBuf {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn concurrent_streams_equal_their_single_replies() {
     let model = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
     let s = Server::start(
@@ -65,6 +69,10 @@ fn concurrent_streams_equal_their_single_replies() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn random_client_disconnects_leave_no_sequence_and_no_kv_block() {
     let s = Server::start(
         &smollm2(),

@@ -36,6 +36,10 @@ fn client(s: &Server, scenario: &str, args: Value) -> Value {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn smollm2_greedy_text_is_the_chat_completions() {
     let s = smollm2_server(&[]);
     let r = client(&s, "smollm2", json!({"prompt": "Name three colors.", "max_tokens": 24}));
@@ -47,6 +51,10 @@ fn smollm2_greedy_text_is_the_chat_completions() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn bad_fields_are_400s_naming_them_and_unknown_ones_are_ignored() {
     let s = smollm2_server(&[]);
     let r = client(&s, "errors", json!({}));
@@ -73,6 +81,10 @@ fn bad_fields_are_400s_naming_them_and_unknown_ones_are_ignored() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn x_api_key_and_bearer_are_both_accepted() {
     let s = smollm2_server(&["--api-key", "sk-test-123"]);
     client(&s, "api_key", json!({"api_key": "sk-test-123"}));
@@ -88,6 +100,10 @@ fn x_api_key_and_bearer_are_both_accepted() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn gpt_oss_thinking_tool_use_and_the_tool_loop() {
     let s = gpt_oss_server("2048", &[("INFERNO_TEST_HOOKS", "1")]);
     let r = client(&s, "gpt_oss_tools", json!({}));
@@ -105,6 +121,10 @@ fn claude() -> PathBuf {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs Claude Code and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn claude_code_completes_a_turn() {
     let claude = claude();
     let home = tempfile::tempdir().unwrap();
@@ -182,6 +202,7 @@ fn claude_code_completes_a_turn() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn a_stream_cut_by_shutdown_ends_with_an_error_event() {
     use std::io::{BufRead, BufReader, Write};
     let mut s = smollm2_server(&[]);

@@ -23,6 +23,10 @@ fn python(s: &Server, scenario: &str, args: Value) -> Value {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn a_tool_call_its_output_and_the_answer_by_history_or_previous_response_id() {
     let s = gpt_oss(&[]);
     let r = python(&s, "tool_loop", json!({}));
@@ -44,6 +48,10 @@ fn a_tool_call_its_output_and_the_answer_by_history_or_previous_response_id() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn stored_responses_get_delete_and_the_bound() {
     let s = gpt_oss(&["--responses-store", "2"]);
     let r = python(&s, "store", json!({}));
@@ -51,6 +59,10 @@ fn stored_responses_get_delete_and_the_bound() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn bad_values_are_400s_naming_the_field() {
     let s = gpt_oss(&[]);
     let r = python(&s, "errors", json!({}));
@@ -68,6 +80,10 @@ fn bad_values_are_400s_naming_the_field() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn smollm2_responses_text_equals_chat() {
     let model = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
     let s = Server::start(&model, &["--context", "1024", "--kv-tokens", "4096"], &[]);
@@ -83,6 +99,7 @@ fn smollm2_responses_text_equals_chat() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn a_client_gone_mid_stream_cancels_its_generation() {
     use std::io::{Read, Write};
     let s = gpt_oss(&[]);
@@ -128,6 +145,7 @@ fn a_client_gone_mid_stream_cancels_its_generation() {
 /// `truncation: "auto"` drops the oldest turns until the input fits (the newest message stays);
 /// without it, the same conversation is a 400 `context_length_exceeded`.
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn truncation_auto_drops_the_oldest_turns_until_the_input_fits() {
     let model = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
     let s = Server::start(&model, &["--context", "256", "--kv-tokens", "1024"], &[]);

@@ -17,6 +17,10 @@ fn smollm2() -> Server {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn twenty_json_schemas_validate_greedy_and_sampled() {
     let s = smollm2();
     let r = s.python_script("structured_client.py", "json_schemas", json!({"max_tokens": 300}));
@@ -24,6 +28,10 @@ fn twenty_json_schemas_validate_greedy_and_sampled() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn json_object_regex_choice_grammar_pydantic_and_bad_values() {
     let s = smollm2();
     let r = s.python_script("structured_client.py", "other_formats", json!({}));
@@ -31,6 +39,10 @@ fn json_object_regex_choice_grammar_pydantic_and_bad_values() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the Llama 2 tokenizer: scripts/test.sh"
+)]
 fn forced_tool_calls_name_an_offered_tool_with_valid_arguments() {
     let dir = common::tiny_llama_with_template("llama3_1-8b-instruct");
     let s = Server::start(dir.path(), &["--context", "1024"], &[]);
@@ -40,6 +52,10 @@ fn forced_tool_calls_name_an_offered_tool_with_valid_arguments() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the python clients and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn gpt_oss_answers_follow_the_schema_after_free_reasoning() {
     let model = common::tiny_gpt_oss_full_vocab();
     let s = Server::start(

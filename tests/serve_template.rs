@@ -42,6 +42,7 @@ fn workers(s: &Server) -> Vec<u32> {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the Llama 2 tokenizer: scripts/test.sh")]
 fn hostile_templates_get_one_line_and_the_server_serves_on() {
     let dir = model();
     let mut s = Server::start(dir.path(), &["--context", "1024"], &[]);
@@ -75,6 +76,7 @@ fn hostile_templates_get_one_line_and_the_server_serves_on() {
 /// A render waits for its worker off the server's async threads: with as many slow renders in
 /// flight as the runtime has threads, the server still answers at once.
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the Llama 2 tokenizer: scripts/test.sh")]
 fn slow_renders_hold_up_no_other_request() {
     let dir = model();
     let s = std::sync::Arc::new(Server::start(dir.path(), &["--context", "1024"], &[]));
@@ -99,6 +101,7 @@ fn slow_renders_hold_up_no_other_request() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the Llama 2 tokenizer: scripts/test.sh")]
 fn a_killed_server_leaves_no_worker_running() {
     let dir = model();
     let s = Server::start(dir.path(), &["--context", "1024"], &[]);

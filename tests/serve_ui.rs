@@ -70,6 +70,10 @@ fn same_reply(page: &Value, api: &Value) {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs Chromium with selenium and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn a_chat_streams_as_the_api_answers_and_comes_back_after_a_reload() {
     let s = server(&[]);
     let (first, second) = ("What is the capital of Germany?", "And of Italy?");
@@ -101,6 +105,10 @@ fn a_chat_streams_as_the_api_answers_and_comes_back_after_a_reload() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs Chromium with selenium and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn stopping_a_reply_ends_it_and_frees_its_sequence() {
     let s = server(&[]);
     let settings = json!({"temperature": 0, "max_tokens": 600});
@@ -122,6 +130,10 @@ fn stopping_a_reply_ends_it_and_frees_its_sequence() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs Chromium with selenium and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn conversations_are_listed_switched_deleted_and_kept() {
     let s = server(&[]);
     let settings = json!({"temperature": 0, "max_tokens": 4});
@@ -139,6 +151,10 @@ fn conversations_are_listed_switched_deleted_and_kept() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs Chromium with selenium and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn refused_messages_are_one_line_and_go_back_to_the_box() {
     let s = server(&["--body-limit", "65536", "--max-seqs", "1", "--max-waiting", "0"]);
     // One long generation holds the only slot: the page's next message is refused with 503.
@@ -203,6 +219,10 @@ fn until_running(s: &Server, n: u32, limit: Duration) -> HashMap<String, f64> {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs Chromium with selenium and the SmolLM2 GGUF: scripts/test.sh"
+)]
 fn with_an_api_key_the_page_loads_asks_for_it_and_then_works() {
     let s = server(&["--api-key", "sekret"]);
     assert_eq!(s.request("GET", "/", &[], b"").0, 200);
@@ -225,6 +245,7 @@ fn with_an_api_key_the_page_loads_asks_for_it_and_then_works() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn the_page_has_its_types_and_policy_and_no_ui_removes_it() {
     let s = server(&[]);
     let (status, body) = s.request("GET", "/", &[], b"");
@@ -271,6 +292,10 @@ fn the_page_has_its_types_and_policy_and_no_ui_removes_it() {
 const FORCED: &str = "<|channel|>analysis<|message|>The user asks for **2 + 2**. <img src=x onerror=\"window.__pwned = 1\"><|end|><|start|>assistant<|channel|>final<|message|>The answer is **4**.\n\n```python\nprint(2 + 2)\n```\n\n<script>window.__pwned = 1</script><|return|>";
 
 #[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs Chromium with selenium and the gpt-oss tokenizer: scripts/test.sh"
+)]
 fn gpt_oss_reasoning_is_a_collapsed_block_and_markdown_is_safe() {
     let dir = tempfile::tempdir().unwrap();
     let replies = dir.path().join("replies.json");

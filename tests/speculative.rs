@@ -307,6 +307,7 @@ fn gpu_llama_speculation_is_lossless_bf16() {
 
 /// SmolLM2 asked to repeat a paragraph with one change: long accepted runs, and the same reply.
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn smollm2_copying_speculates_and_is_lossless() {
     smollm2_copying(On::Cpu);
 }
@@ -498,6 +499,7 @@ fn a_draft_with_another_vocabulary_is_refused() {
 /// same size; the same tokenizer in another format (SmolLM2's GGUF and its HF conversion) is
 /// accepted.
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn a_draft_with_another_tokenizer_is_refused() {
     let gguf = smollm2();
     let dir = tempfile::tempdir().expect("tempdir");

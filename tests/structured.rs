@@ -118,6 +118,7 @@ fn walk_tokenizer(tok: &Tokenizer, eos: &[u32], label: &str) {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn random_walks_satisfy_the_grammar_for_every_tokenizer_kind() {
     let asset = |name| common::asset(name, "scripts/assets/gptoss-tokenizer.sh");
     let o200k = Tokenizer::from_file(asset("gptoss-tokenizer.json")).unwrap();
@@ -133,6 +134,7 @@ fn random_walks_satisfy_the_grammar_for_every_tokenizer_kind() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn special_tokens_are_named_by_grammars_and_never_text() {
     let tok = Tokenizer::from_file(common::asset(
         "gptoss-tokenizer.json",
@@ -298,6 +300,7 @@ fn a_token_the_grammar_refuses_ends_its_request_not_the_engine() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the Llama 2 tokenizer: scripts/test.sh")]
 fn unsatisfiable_schemas_fail_to_compile() {
     let tok = Tokenizer::from_file(common::asset(
         "llama2-tokenizer.json",

@@ -143,6 +143,7 @@ fn feed(enc: &HarmonyEncoding, ids: &[u32]) -> (Collect, Vec<HarmonyMessage>) {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn harmony_reasoning_then_answer() {
     let tok = gptoss_tokenizer();
     let enc = HarmonyEncoding::new(&tok).unwrap();
@@ -179,6 +180,7 @@ fn harmony_reasoning_then_answer() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn harmony_tool_call_is_its_own_event_and_keeps_the_turn_open() {
     let tok = gptoss_tokenizer();
     let enc = HarmonyEncoding::new(&tok).unwrap();
@@ -217,6 +219,7 @@ fn harmony_tool_call_is_its_own_event_and_keeps_the_turn_open() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn harmony_budget_spent_in_reasoning_is_reported() {
     let tok = gptoss_tokenizer();
     let enc = HarmonyEncoding::new(&tok).unwrap();
@@ -274,6 +277,7 @@ fn run_turn(
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn harmony_turns_events_answer_is_the_history_and_never_markup() {
     let (mut session, text) = gpt_oss_chat();
     let mut dialogue =
@@ -319,6 +323,7 @@ fn harmony_turns_events_answer_is_the_history_and_never_markup() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn a_failed_turn_leaves_the_history_as_it_was() {
     let (mut session, text) = gpt_oss_chat();
     let mut dialogue = Dialogue::for_model(&text, None, false, ReasoningEffort::Low);
@@ -336,6 +341,7 @@ fn a_failed_turn_leaves_the_history_as_it_was() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn plain_template_events_are_the_streamed_text() {
     let gguf = common::asset("SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/assets/smollm2-gguf.sh");
     let opts =

@@ -27,7 +27,7 @@ fi
 command -v chromium >/dev/null && command -v chromedriver >/dev/null \
     || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }
 bin="${INFERNO_BIN:-target/release/inferno}"
-[ -x "$bin" ] || { echo "check.sh: no inferno binary at $bin (cargo build --release, or set INFERNO_BIN)" >&2; exit 1; }
+[ -x "$bin" ] || { echo "check.sh: no inferno binary at $bin (cargo build --release, with --features cuda for the GPU; or set INFERNO_BIN)" >&2; exit 1; }
 
 work="$(mktemp -d)"
 serve_port=18080 ui_port=18081

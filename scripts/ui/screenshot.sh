@@ -19,7 +19,7 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do prompts+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
 [ ${#prompts[@]} -gt 0 ] || prompts=("Write a Python function that checks whether a word is a palindrome.")
 bin="${INFERNO_BIN:-target/release/inferno}"
-[ -x "$bin" ] || { echo "screenshot.sh: no inferno binary at $bin (cargo build --release, or set INFERNO_BIN)" >&2; exit 1; }
+[ -x "$bin" ] || { echo "screenshot.sh: no inferno binary at $bin (cargo build --release, with --features cuda for the GPU; or set INFERNO_BIN)" >&2; exit 1; }
 py="${INFERNO_UI_PYTHON:-${INFERNO_CACHE:-$HOME/.cache/inferno}/py-selenium-4.38.0/bin/python}"
 "$py" -c "import selenium" 2>/dev/null || { echo "screenshot.sh: no selenium at $py: run scripts/test.sh once (it makes the venv)" >&2; exit 1; }
 

@@ -247,6 +247,7 @@ fn real_tokenizer(file: &str) -> Tokenizer {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn gptoss_tokenizer_streams_exactly() {
     let tok = real_tokenizer("gptoss-tokenizer.json");
     let multi_token_emoji = TEXTS[3];
@@ -265,6 +266,7 @@ fn gptoss_tokenizer_streams_exactly() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the Llama 2 tokenizer: scripts/test.sh")]
 fn llama2_tokenizer_streams_exactly() {
     let tok = real_tokenizer("llama2-tokenizer.json");
     let ids = tok.encode("🦀", false).unwrap().get_ids().to_vec();

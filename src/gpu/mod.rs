@@ -194,7 +194,7 @@ pub fn open_any(ordinal: usize) -> anyhow::Result<(Device, GpuInfo)> {
 pub fn open(_ordinal: usize) -> anyhow::Result<(Device, GpuInfo)> {
     Err(fail(
         ErrorKind::NoDevice,
-        "this inferno was built without CUDA support (rebuild with the default features)",
+        "this inferno was built without CUDA support (rebuild with `--features cuda`)",
     ))
 }
 

@@ -66,6 +66,7 @@ fn reply(text: &str) -> Seen {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn a_call_on_the_analysis_channel_is_still_a_call() {
     let s = reply(
         "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>analysis to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>",
@@ -76,6 +77,7 @@ fn a_call_on_the_analysis_channel_is_still_a_call() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn markup_never_reaches_a_tool_name() {
     for header in [
         "<|channel|>commentary to=functions.get_weather<|channel|>commentary<|message|>",
@@ -89,6 +91,7 @@ fn markup_never_reaches_a_tool_name() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn malformed_headers_and_unknown_channels_become_the_answer() {
     for (text, want) in [
         ("<|channel|>final<|channel|>final<|message|>Hi there<|return|>", "Hi there"),
@@ -104,6 +107,7 @@ fn malformed_headers_and_unknown_channels_become_the_answer() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn an_unterminated_message_ends_the_turn_with_its_text() {
     let s = reply(
         "<|channel|>analysis<|message|>Think<|end|><|start|>assistant<|channel|>final<|message|>Hello wor",
@@ -162,6 +166,7 @@ fn check(seen: &Seen, specials: &[String], what: &str) {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn random_and_mutated_streams_never_fail_or_leak_markup() {
     let seed = crate::switches::test_var("INFERNO_FUZZ_SEED")
         .and_then(|s| s.parse().ok())

@@ -61,7 +61,8 @@ fn fixture<T: DeserializeOwned>(name: &str) -> T {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
 }
 
-/// A test asset fetched by a script under scripts/assets; missing is a failure, not a skip.
+/// A test asset fetched by a script under scripts/assets; missing is a failure, not a skip. The
+/// tests that read one are ignored without the `conformance` feature (scripts/test.sh).
 fn asset(name: &str, script: &str) -> PathBuf {
     let path = crate::test_assets::assets_dir().join(name);
     assert!(
@@ -132,6 +133,7 @@ fn mismatches(tok: &Tokenizer, cases: &[Case]) -> Vec<String> {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn smollm2_gguf_matches_transformers() {
     let fx: Smollm2Fixture = fixture("smollm2_tokenizer.json");
     let path = asset(&fx.gguf, "scripts/assets/smollm2-gguf.sh");

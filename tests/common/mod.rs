@@ -94,7 +94,8 @@ pub fn stderr(o: &Output) -> String {
 
 /// A test asset (real model files fetched by a script): `$INFERNO_ASSETS/name`, else
 /// `${INFERNO_CACHE:-~/.cache/inferno}/assets/name`. Panics with how to fetch it when absent:
-/// tests that need real weights never pass without them.
+/// tests that need real weights never pass without them. Those tests are ignored, saying what
+/// they need, unless the `conformance` feature is on (scripts/test.sh turns it on).
 pub fn asset(name: &str, script: &str) -> std::path::PathBuf {
     let dir =
         std::env::var_os("INFERNO_ASSETS").map(std::path::PathBuf::from).unwrap_or_else(|| {

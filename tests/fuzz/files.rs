@@ -92,6 +92,7 @@ fn write_sparse(path: &Path, bytes: &[u8], len: u64) {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn gguf_files_edited_from_real_ones() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("model.gguf");

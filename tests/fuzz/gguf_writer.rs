@@ -177,7 +177,12 @@ impl GgufDoc {
             w.u32(t.ty);
             let offset = t.offset.unwrap_or(next);
             w.out.extend_from_slice(&offset.to_le_bytes());
-            next = offset.saturating_add(data_bytes(t)).next_multiple_of(32);
+            // Saturating all the way: a hostile offset near u64::MAX must not overflow the
+            // rounding (a panic under overflow checks, a wrap to 0 without them).
+            next = offset
+                .saturating_add(data_bytes(t))
+                .checked_next_multiple_of(32)
+                .unwrap_or(u64::MAX);
         }
         let start = w.out.len().next_multiple_of(32);
         // The data section, capped: a tensor said to be huge finds the file too short.

@@ -115,6 +115,7 @@ fn parse(enc: &HarmonyEncoding, ids: &[u32]) {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn harmony_random_streams() {
     let enc = HarmonyEncoding::new(tokenizer()).unwrap();
     fuzz("harmony_random", 10000, Duration::from_secs(2), stream(), |picks| {
@@ -125,6 +126,7 @@ fn harmony_random_streams() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the gpt-oss tokenizer: scripts/test.sh")]
 fn harmony_edited_turns() {
     let enc = HarmonyEncoding::new(tokenizer()).unwrap();
     let strategy = (prop::sample::select(TURNS), vec(id_edit(), 1..8));

@@ -123,6 +123,7 @@ pub fn post(path: &str, body: &[u8]) -> Vec<u8> {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn endpoint_bodies_get_4xx_never_5xx() {
     let s = server(&[]);
     let seeds = seeds();
@@ -150,6 +151,7 @@ fn endpoint_bodies_get_4xx_never_5xx() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn raw_requests_edited() {
     let s = server(&["--idle-timeout", "1"]);
     let body =

@@ -30,6 +30,7 @@ fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn slowloris_connections_are_closed_and_others_served_meanwhile() {
     let s = server(&[]);
     let head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
@@ -50,6 +51,7 @@ fn slowloris_connections_are_closed_and_others_served_meanwhile() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn oversize_heads_get_431() {
     let s = server(&[]);
     let big = format!("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "a".repeat(70_000));
@@ -64,6 +66,7 @@ fn oversize_heads_get_431() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn connections_past_the_limit_wait_for_a_free_one() {
     let s = server(&["--max-connections", "4"]);
     let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&s.addr).unwrap()).collect();
@@ -78,6 +81,7 @@ fn connections_past_the_limit_wait_for_a_free_one() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn a_stalled_body_gets_400_after_the_idle_timeout() {
     let s = server(&[]);
     let mut c = TcpStream::connect(&s.addr).unwrap();
@@ -91,6 +95,7 @@ fn a_stalled_body_gets_400_after_the_idle_timeout() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn half_closed_sockets_and_vanished_clients_free_their_sequences() {
     let s = server(&[]);
     let body = json!({"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 200, "stream": true}).to_string();
@@ -133,6 +138,7 @@ fn half_closed_sockets_and_vanished_clients_free_their_sequences() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn metrics_and_health_reveal_nothing_of_prompts() {
     let key = "sk-test-key-0123456789";
     let s = server(&["--api-key", key]);

@@ -162,6 +162,7 @@ fn text() -> impl Strategy<Value = String> {
 }
 
 #[test]
+#[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn tokenizers_from_edited_gguf_metadata() {
     let ids = prop_oneof![0u32..700, any::<u32>()];
     let strategy = (vec(meta_edit(), 1..6), text(), vec(ids, 0..24));

@@ -264,7 +264,7 @@ impl GpuReport {
         if self.kernels_built_for.is_none() {
             out.push(Problem {
                 what: "this inferno was built without CUDA".into(),
-                fix: "build it with the default features: bash scripts/install.sh".into(),
+                fix: "build it with `--features cuda`: bash scripts/install.sh".into(),
             });
             return out;
         }
