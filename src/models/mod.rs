@@ -16,6 +16,7 @@ pub mod head;
 pub mod linear;
 pub mod llama;
 pub mod memory;
+pub mod qwen3;
 pub mod random;
 pub mod registry;
 pub mod rope;

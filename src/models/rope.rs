@@ -98,6 +98,24 @@ impl RopeKind {
         })
     }
 
+    /// YaRN with transformers' defaults (beta 32/1, truncated correction range, attention factor
+    /// 0.1·ln(factor) + 1), which llama.cpp applies too: a GGUF stores the factor and the
+    /// original context alone.
+    pub fn yarn(factor: f64, original_max: usize) -> anyhow::Result<RopeKind> {
+        anyhow::ensure!(
+            factor.is_finite() && factor >= 1.0 && original_max > 0,
+            "YaRN scaling needs a factor of at least 1 and an original context (got {factor}, {original_max})"
+        );
+        Ok(RopeKind::Yarn {
+            factor,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            original_max,
+            truncate: true,
+            attention_factor: yarn_mscale(factor),
+        })
+    }
+
     /// llama.cpp's per-pair frequency factors for `dim` rotary dimensions (a GGUF's
     /// `rope_freqs.weight`), checked: a factor per pair, each positive and finite, or the
     /// frequencies would be misaligned or infinite.

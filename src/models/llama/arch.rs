@@ -1,13 +1,15 @@
 //! The Llama family as the registry sees it ([`crate::models::arch`]): HF configs of `llama`
-//! and `mistral` (without a sliding window), `llama` GGUF files.
+//! and `mistral` (without a sliding window), `llama` GGUF files. The [`ArchConfig`] here serves
+//! every family on Llama's layers (their [`Variant`]s), which read their files with
+//! [`read_hf_as`] and [`read_gguf_as`].
 
 use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{DType, Device};
 
-use super::config::LlamaConfig;
-use super::load::{GgufFile, choose_dtype, load_gguf, load_safetensors};
+use super::config::{LlamaConfig, Variant};
+use super::load::{GgufFile, choose_dtype, load_checkpoint, load_gguf_as, read_config};
 use super::model::{Llama, RopeStyle, Weights};
 use super::{dummy, memory, shard};
 use crate::dist::{Collective, Shard};
@@ -35,14 +37,9 @@ impl Architecture for LlamaFamily {
         file: Option<&FileTensors>,
         dtype: Option<DType>,
     ) -> anyhow::Result<Reading> {
-        let cfg = LlamaConfig::from_hf_json(config)?;
-        let dtype = choose_dtype(dtype, &cfg);
-        let weights = memory::weight_bytes(&cfg, dtype, file);
-        Ok(Reading { config: Arc::new(cfg), dtype, weights })
+        read_hf_as(Variant::LLAMA, config, file, dtype)
     }
 
-    /// The tensor infos give the weights' bytes. GGUF models compute in f32 whatever was asked
-    /// (quantized kernels take f32).
     fn read_gguf(
         &self,
         path: &Path,
@@ -50,10 +47,34 @@ impl Architecture for LlamaFamily {
         _dtype: Option<DType>,
         on_gpu: bool,
     ) -> anyhow::Result<Reading> {
-        let cfg = GgufFile::open(path)?.config()?;
-        let weights = memory::gguf_weight_bytes(&cfg, &header.tensors, on_gpu);
-        Ok(Reading { config: Arc::new(cfg), dtype: DType::F32, weights })
+        read_gguf_as(Variant::LLAMA, path, header, on_gpu)
     }
+}
+
+/// [`Architecture::read_hf`] for a family on Llama's layers.
+pub fn read_hf_as(
+    variant: Variant,
+    config: &str,
+    file: Option<&FileTensors>,
+    dtype: Option<DType>,
+) -> anyhow::Result<Reading> {
+    let cfg = (variant.read_hf)(config)?;
+    let dtype = choose_dtype(dtype, &cfg);
+    let weights = memory::weight_bytes(&cfg, dtype, file);
+    Ok(Reading { config: Arc::new(cfg), dtype, weights })
+}
+
+/// [`Architecture::read_gguf`] for a family on Llama's layers: the tensor infos give the
+/// weights' bytes. GGUF models compute in f32 whatever was asked (quantized kernels take f32).
+pub fn read_gguf_as(
+    variant: Variant,
+    path: &Path,
+    header: &Header,
+    on_gpu: bool,
+) -> anyhow::Result<Reading> {
+    let cfg = GgufFile::open(path)?.config_as(variant)?;
+    let weights = memory::gguf_weight_bytes(&cfg, &header.tensors, on_gpu);
+    Ok(Reading { config: Arc::new(cfg), dtype: DType::F32, weights })
 }
 
 impl ArchConfig for LlamaConfig {
@@ -99,9 +120,8 @@ impl ArchConfig for LlamaConfig {
 
     fn build(&self, b: &Build) -> anyhow::Result<Box<dyn BatchModel>> {
         Ok(Box::new(match b.origin {
-            Origin::Gguf(path) => load_gguf(&mut GgufFile::open(path)?, b.context, b.device)?,
-            Origin::Checkpoint(dir) => load_safetensors(dir, Some(b.dtype), b.context, b.device)?,
             Origin::Random => random(self, b, Ok)?,
+            _ => load_whole(self, b, b.device)?,
         }))
     }
 
@@ -122,10 +142,26 @@ impl ArchConfig for LlamaConfig {
                 })?;
                 return Ok(Box::new(model.with_comm(comm)));
             }
-            Origin::Gguf(path) => load_gguf(&mut GgufFile::open(path)?, b.context, &cpu)?,
-            Origin::Checkpoint(dir) => load_safetensors(dir, Some(b.dtype), b.context, &cpu)?,
+            _ => load_whole(self, b, &cpu)?,
         };
         Ok(Box::new(whole.sharded(comm, whole_embedding, b.device)?))
+    }
+}
+
+/// The whole model of `b`'s checkpoint or GGUF file on `device`, its config read again by
+/// `cfg`'s family (`cfg` may be a rank's slice of it).
+fn load_whole(cfg: &LlamaConfig, b: &Build, device: &Device) -> anyhow::Result<Llama> {
+    let variant = cfg.variant;
+    match b.origin {
+        Origin::Gguf(path) => {
+            let mut gguf = GgufFile::open(path)?;
+            let whole = gguf.config_as(variant)?;
+            load_gguf_as(&mut gguf, whole, b.context, device)
+        }
+        Origin::Checkpoint(dir) => {
+            load_checkpoint(dir, read_config(dir, variant)?, Some(b.dtype), b.context, device)
+        }
+        Origin::Random => random(cfg, b, Ok),
     }
 }
 

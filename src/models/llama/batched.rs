@@ -1,6 +1,7 @@
 //! Llama over a batch of sequences (the engine's step, [`BatchModel`]): the layers on
 //! `model.rs`'s weights, with keys and values in the engine's paged pool, one group of blocks. Per layer:
-//! residual add + RMSNorm (one launch) → the fused q/k/v product in f32 → RoPE at each token's
+//! residual add + RMSNorm (one launch) → the fused q/k/v product in f32 → q's and k's
+//! per-head RMSNorm where the variant has one (Qwen3) → RoPE at each token's
 //! position and the k/v stores into the pool (one launch) → causal attention over each
 //! sequence's block table → o_proj → its bias, the residual add and RMSNorm (one launch) →
 //! fused gate/up product and SwiGLU (one launch at decode for bf16) → down (added to the stream
@@ -12,10 +13,31 @@ use super::model::{Llama, RopeStyle};
 use crate::dist::collective::{sum_add_norm, sum_over};
 use crate::kernels::{
     AddNorm, PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, matmul_swiglu_bf16,
-    paged_attention, qkv_rope_paged, silu_mul_to,
+    paged_attention, qkv_rope_paged, rms_norm, silu_mul_to,
 };
 use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput, Taps};
 use crate::models::linear::Linear;
+
+/// q's and k's heads of a step's f32 q/k/v (`[tokens, (heads + 2 kv_heads) d]`) RMSNormed
+/// over each head with their weights (`[d]`, one for all heads), v as it was: Qwen3's norms,
+/// before RoPE.
+fn qk_normed(
+    qkv: &Tensor,
+    q_norm: &Tensor,
+    k_norm: &Tensor,
+    (heads, kv_heads, d): (usize, usize, usize),
+    eps: f64,
+) -> anyhow::Result<Tensor> {
+    let tokens = qkv.dim(0)?;
+    let normed = |start: usize, n: usize, w: &Tensor| -> anyhow::Result<Tensor> {
+        let part = qkv.narrow(1, start * d, n * d)?.contiguous()?.reshape((tokens * n, d))?;
+        Ok(rms_norm(&part, w, eps)?.reshape((tokens, n * d))?)
+    };
+    let q = normed(0, heads, q_norm)?;
+    let k = normed(heads, kv_heads, k_norm)?;
+    let v = qkv.narrow(1, (heads + kv_heads) * d, kv_heads * d)?;
+    Ok(Tensor::cat(&[q, k, v], 1)?)
+}
 
 impl BatchModel for Llama {
     fn kv_shape(&self) -> KvShape {
@@ -79,6 +101,10 @@ impl BatchModel for Llama {
                     &[layer.q.forward_f32(&h)?, layer.k.forward_f32(&h)?, layer.v.forward_f32(&h)?],
                     1,
                 )?,
+            };
+            let qkv = match &layer.qk_norm {
+                Some((qn, kn)) => qk_normed(&qkv, qn, kn, (heads, kv_heads, d), eps)?,
+                None => qkv,
             };
             let q = qkv_rope_paged(
                 &qkv,

@@ -1,5 +1,7 @@
 //! Llama-family configuration, from an HF `config.json` (llama, and mistral-style configs without
-//! a sliding window) or from GGUF metadata (`llama.*` keys).
+//! a sliding window) or from GGUF metadata (`llama.*` keys). Families built on Llama's layers
+//! (Qwen3, `models/qwen3/`) read their own files into the same config, with the [`Variant`] of
+//! the layers they need.
 
 use std::collections::HashMap;
 
@@ -47,9 +49,46 @@ fn default_max_pos() -> usize {
     2048
 }
 
+/// What a family built on Llama's layers changes in them; Llama's own is [`Variant::LLAMA`].
+#[derive(Debug, Clone, Copy)]
+pub struct Variant {
+    /// The family's name, as refusals and banners say it.
+    pub family: &'static str,
+    /// Its reader of a `config.json`.
+    pub read_hf: fn(&str) -> anyhow::Result<LlamaConfig>,
+    /// q and k RMSNormed over each head before RoPE, one `[head_dim]` weight each for all
+    /// heads (`self_attn.{q,k}_norm`, GGUF `attn_{q,k}_norm`).
+    pub qk_norm: bool,
+    /// The GGUF `general.architecture`, which prefixes its metadata keys.
+    pub gguf_arch: &'static str,
+    /// GGUF files' q/k pairing: llama.cpp's converter permutes Llama's q/k rows so that RoPE
+    /// pairs neighbours (its NORM rope), and leaves NeoX-rope families' rows as they are.
+    pub gguf_pairs: RopeStyle,
+}
+
+/// How q/k pairs are rotated: HF checkpoints pair dim i with i + d/2; llama.cpp's converter
+/// permutes Llama's q/k rows so its GGUF files pair 2i with 2i+1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    HalfSplit,
+    Interleaved,
+}
+
+impl Variant {
+    pub const LLAMA: Variant = Variant {
+        family: "Llama",
+        read_hf: LlamaConfig::from_hf_json,
+        qk_norm: false,
+        gguf_arch: "llama",
+        gguf_pairs: RopeStyle::Interleaved,
+    };
+}
+
 /// What the model code uses, whichever file it came from.
 #[derive(Debug, Clone)]
 pub struct LlamaConfig {
+    /// The layers' variant (the family).
+    pub variant: Variant,
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_layers: usize,
@@ -88,6 +127,17 @@ impl LlamaConfig {
                 "sliding-window attention is not supported for Llama-family models yet".into(),
             ));
         }
+        Self::from_hf(hf, &value, Variant::LLAMA)
+    }
+
+    /// From a parsed `config.json` (`value`, and `hf` read from it) whose family has checked
+    /// its own keys.
+    pub fn from_hf(
+        hf: HfLlamaConfig,
+        value: &serde_json::Value,
+        variant: Variant,
+    ) -> anyhow::Result<LlamaConfig> {
+        let bad = |e: String| fail(ErrorKind::InvalidInput, format!("config.json: {e}"));
         if hf.num_attention_heads == 0 || hf.num_hidden_layers == 0 || hf.hidden_size == 0 {
             return Err(bad("heads, layers and hidden_size must be positive".into()));
         }
@@ -99,6 +149,7 @@ impl LlamaConfig {
         let rope = RopeKind::from_scaling(scaling, hf.max_position_embeddings)
             .map_err(|e| bad(e.to_string()))?;
         let cfg = LlamaConfig {
+            variant,
             hidden_size: hf.hidden_size,
             intermediate_size: hf.intermediate_size,
             num_layers: hf.num_hidden_layers,
@@ -114,16 +165,18 @@ impl LlamaConfig {
             attention_bias: hf.attention_bias,
             mlp_bias: hf.mlp_bias,
             checkpoint_dtype: hf.torch_dtype.or(hf.dtype),
-            quant: CtConfig::from_config(&value)?,
+            quant: CtConfig::from_config(value)?,
         };
         cfg.validate()?;
         Ok(cfg)
     }
 
-    /// From GGUF metadata of a `llama` architecture file; `vocab_size` from the embedding,
-    /// `rope_freqs` from the `rope_freqs.weight` tensor when the file has one.
+    /// From GGUF metadata of a file of `variant`'s architecture (`llama.*` keys for Llama);
+    /// `vocab_size` from the embedding, `rope_freqs` from the `rope_freqs.weight` tensor when
+    /// the file has one.
     pub fn from_gguf(
         md: &HashMap<String, Value>,
+        variant: Variant,
         vocab_size: usize,
         rope_freqs: Option<Vec<f32>>,
     ) -> anyhow::Result<LlamaConfig> {
@@ -132,16 +185,17 @@ impl LlamaConfig {
             .and_then(|v| v.to_string().ok())
             .map(String::as_str)
             .unwrap_or("");
-        if arch != "llama" {
+        let prefix = variant.gguf_arch;
+        if arch != prefix {
             return Err(fail(
                 ErrorKind::InvalidInput,
-                format!("GGUF architecture {arch:?} is not supported (expected llama)"),
+                format!("GGUF architecture {arch:?} is not supported (expected {prefix})"),
             ));
         }
-        let get = |k: &str| md.get(&format!("llama.{k}"));
+        let get = |k: &str| md.get(&format!("{prefix}.{k}"));
         let int = |k: &str| -> anyhow::Result<usize> {
             let v = get(k).ok_or_else(|| {
-                fail(ErrorKind::InvalidInput, format!("GGUF metadata lacks llama.{k}"))
+                fail(ErrorKind::InvalidInput, format!("GGUF metadata lacks {prefix}.{k}"))
             })?;
             Ok(v.to_u64()
                 .or_else(|_| v.to_u32().map(u64::from))
@@ -152,18 +206,32 @@ impl LlamaConfig {
         };
         let heads = int("attention.head_count")?;
         let hidden = int("embedding_length")?;
-        let head_dim = int("rope.dimension_count").unwrap_or(hidden / heads.max(1));
+        // `attention.key_length` where q's width is not the hidden size (Qwen3); the rotated
+        // dimensions are all of a head's in every family read here.
+        let head_dim = int("attention.key_length")
+            .or_else(|_| int("rope.dimension_count"))
+            .unwrap_or(hidden / heads.max(1));
         let max_pos = int("context_length").unwrap_or(2048);
-        let linear = match (
-            md.get("llama.rope.scaling.type").and_then(|v| v.to_string().ok()),
-            float("rope.scaling.factor"),
-        ) {
-            (Some(t), Some(f)) if t == "linear" => Some(f),
-            _ => None,
-        };
-        let rope = gguf_rope(linear, rope_freqs, head_dim)
-            .map_err(|e| fail(ErrorKind::InvalidInput, format!("GGUF {e}")))?;
+        let scaling = get("rope.scaling.type").and_then(|v| v.to_string().ok()).cloned();
+        let rope = match (scaling.as_deref(), float("rope.scaling.factor")) {
+            // YaRN as llama.cpp's converter writes it (Qwen's long-context setting).
+            (Some("yarn"), Some(factor)) => {
+                let original = int("rope.scaling.original_context_length").map_err(|_| {
+                    fail(
+                        ErrorKind::InvalidInput,
+                        format!(
+                            "GGUF YaRN scaling lacks {prefix}.rope.scaling.original_context_length"
+                        ),
+                    )
+                })?;
+                RopeKind::yarn(factor, original)
+            }
+            (Some("linear"), f) => gguf_rope(f, rope_freqs, head_dim),
+            _ => gguf_rope(None, rope_freqs, head_dim),
+        }
+        .map_err(|e| fail(ErrorKind::InvalidInput, format!("GGUF {e}")))?;
         let cfg = LlamaConfig {
+            variant,
             hidden_size: hidden,
             intermediate_size: int("feed_forward_length")?,
             num_layers: int("block_count")?,

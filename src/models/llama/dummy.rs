@@ -46,6 +46,10 @@ pub fn random_weights(cfg: &LlamaConfig, dtype: DType, device: &Device) -> anyho
                 attn_norm: ones(h)?,
                 q: lin(a("q_proj"), qd, h, ab)?,
                 k: lin(a("k_proj"), kvd, h, ab)?,
+                qk_norm: match cfg.variant.qk_norm {
+                    true => Some((ones(cfg.head_dim)?, ones(cfg.head_dim)?)),
+                    false => None,
+                },
                 v: lin(a("v_proj"), kvd, h, ab)?,
                 o: damped(a("o_proj"), h, qd, ab)?,
                 mlp_norm: ones(h)?,

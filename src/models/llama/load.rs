@@ -13,7 +13,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
-use super::config::LlamaConfig;
+use super::config::{LlamaConfig, Variant};
 use super::model::{Layer, Llama, RopeStyle, Weights};
 use crate::error::{ErrorKind, fail};
 use crate::models::embedding::Embedding;
@@ -37,10 +37,25 @@ pub fn load_safetensors(
     context: usize,
     device: &Device,
 ) -> anyhow::Result<Llama> {
+    load_checkpoint(dir, read_config(dir, Variant::LLAMA)?, dtype, context, device)
+}
+
+/// The config of the checkpoint in `dir`, as `variant`'s family reads it.
+pub fn read_config(dir: &Path, variant: Variant) -> anyhow::Result<LlamaConfig> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path)
         .with_context(|| format!("reading {}", cfg_path.display()))?;
-    let cfg = LlamaConfig::from_hf_json(&text)?;
+    (variant.read_hf)(&text)
+}
+
+/// Loads the checkpoint in `dir` whose `config.json` read as `cfg` (by its family's reader).
+pub fn load_checkpoint(
+    dir: &Path,
+    cfg: LlamaConfig,
+    dtype: Option<DType>,
+    context: usize,
+    device: &Device,
+) -> anyhow::Result<Llama> {
     let dtype = choose_dtype(dtype, &cfg);
     let files = crate::models::checkpoint::safetensors_files(dir)?;
     for f in &files {
@@ -94,6 +109,13 @@ fn checkpoint_weights(
                 attn_norm: l.get(h, "input_layernorm.weight")?.to_dtype(DType::F32)?,
                 q: linear(a.pp("q_proj"), qd, h, cfg.attention_bias)?,
                 k: linear(a.pp("k_proj"), kvd, h, cfg.attention_bias)?,
+                qk_norm: match cfg.variant.qk_norm {
+                    true => Some((
+                        a.get(cfg.head_dim, "q_norm.weight")?.to_dtype(DType::F32)?,
+                        a.get(cfg.head_dim, "k_norm.weight")?.to_dtype(DType::F32)?,
+                    )),
+                    false => None,
+                },
                 v: linear(a.pp("v_proj"), kvd, h, cfg.attention_bias)?,
                 o: linear(a.pp("o_proj"), h, qd, cfg.attention_bias)?,
                 mlp_norm: l.get(h, "post_attention_layernorm.weight")?.to_dtype(DType::F32)?,
@@ -184,7 +206,13 @@ impl GgufFile {
         Ok(Linear::Ct { weight: Arc::new(w), bias: None })
     }
 
+    /// The config of a Llama GGUF.
     pub fn config(&self) -> anyhow::Result<LlamaConfig> {
+        self.config_as(Variant::LLAMA)
+    }
+
+    /// The config of a GGUF of `variant`'s architecture.
+    pub fn config_as(&self, variant: Variant) -> anyhow::Result<LlamaConfig> {
         let embd = self
             .content
             .tensor_infos
@@ -193,7 +221,7 @@ impl GgufFile {
         let vocab = *embd.shape.dims().first().ok_or_else(|| {
             fail(ErrorKind::Integrity, "GGUF file's token_embd.weight has no dimensions")
         })?;
-        LlamaConfig::from_gguf(&self.content.metadata, vocab, self.rope_freqs()?)
+        LlamaConfig::from_gguf(&self.content.metadata, variant, vocab, self.rope_freqs()?)
     }
 
     /// llama.cpp's per-pair RoPE frequency factors (Llama 3.x's llama3 scaling), if present.
@@ -225,6 +253,17 @@ impl GgufFile {
 /// ([`own_blocks_only`]).
 pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow::Result<Llama> {
     let cfg = gguf.config()?;
+    load_gguf_as(gguf, cfg, context, device)
+}
+
+/// Loads a GGUF whose metadata read as `cfg` (by its family's reader, [`GgufFile::config_as`]).
+pub fn load_gguf_as(
+    gguf: &mut GgufFile,
+    cfg: LlamaConfig,
+    context: usize,
+    device: &Device,
+) -> anyhow::Result<Llama> {
+    let pairs = cfg.variant.gguf_pairs;
     let float = float_dtype(gguf);
     let own = float.is_none() && device.is_cuda() && own_blocks_only(gguf);
     let mut q = |name: String| -> anyhow::Result<Linear> {
@@ -248,6 +287,7 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
                 attn_norm: Tensor::zeros(1, DType::F32, device)?,
                 q: qw,
                 k: kw,
+                qk_norm: None,
                 v: vw,
                 o: ow,
                 mlp_norm: Tensor::zeros(1, DType::F32, device)?,
@@ -264,6 +304,12 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
             gguf.qtensor(&format!("blk.{n}.attn_norm.weight"), device)?.dequantize(device)?;
         layer.mlp_norm =
             gguf.qtensor(&format!("blk.{n}.ffn_norm.weight"), device)?.dequantize(device)?;
+        if cfg.variant.qk_norm {
+            let mut norm = |s: &str| -> anyhow::Result<Tensor> {
+                Ok(gguf.qtensor(&format!("blk.{n}.{s}.weight"), device)?.dequantize(device)?)
+            };
+            layer.qk_norm = Some((norm("attn_q_norm")?, norm("attn_k_norm")?));
+        }
     }
     let norm = gguf.qtensor("output_norm.weight", device)?.dequantize(device)?;
     let head_name = match gguf.has("output.weight") {
@@ -279,7 +325,7 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
             layers,
             head: Head { norm, lm_head, eps: cfg.rms_norm_eps },
         };
-        return Llama::new(cfg, weights, RopeStyle::Interleaved, context, dtype, device);
+        return Llama::new(cfg, weights, pairs, context, dtype, device);
     }
     if own {
         // bf16 activations, as a bf16 checkpoint's: the GEMV takes bf16 x. The embedding is
@@ -294,7 +340,7 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
             layers,
             head: Head { norm, lm_head, eps: cfg.rms_norm_eps },
         };
-        return Llama::new(cfg, weights, RopeStyle::Interleaved, context, DType::BF16, device);
+        return Llama::new(cfg, weights, pairs, context, DType::BF16, device);
     }
     let embed_q = gguf.qtensor("token_embd.weight", device)?;
     let embed = embed_q.dequantize(device)?;
@@ -308,7 +354,7 @@ pub fn load_gguf(gguf: &mut GgufFile, context: usize, device: &Device) -> anyhow
         layers,
         head: Head { norm, lm_head, eps: cfg.rms_norm_eps },
     };
-    Llama::new(cfg, weights, RopeStyle::Interleaved, context, DType::F32, device)
+    Llama::new(cfg, weights, pairs, context, DType::F32, device)
 }
 
 /// Whether every matmul weight (embeddings included) is Q8_0, Q4_K or Q6_K with rows our layouts
@@ -369,6 +415,8 @@ pub fn unused_gguf_tensors(gguf: &GgufFile, cfg: &LlamaConfig) -> BTreeSet<Strin
             "ffn_down",
             "attn_norm",
             "ffn_norm",
+            "attn_q_norm",
+            "attn_k_norm",
         ] {
             names.remove(&format!("blk.{n}.{s}.weight"));
         }

@@ -57,6 +57,10 @@ pub fn checkpoint_tensors(cfg: &LlamaConfig, separate_head: bool) -> Vec<(String
         let p = format!("model.layers.{n}");
         out.push((format!("{p}.input_layernorm.weight"), vec![h]));
         out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        if cfg.variant.qk_norm {
+            out.push((format!("{p}.self_attn.q_norm.weight"), vec![cfg.head_dim]));
+            out.push((format!("{p}.self_attn.k_norm.weight"), vec![cfg.head_dim]));
+        }
         let projections = [
             ("self_attn.q_proj", qd, h, cfg.attention_bias),
             ("self_attn.k_proj", kvd, h, cfg.attention_bias),
@@ -125,7 +129,7 @@ pub fn gguf_weight_bytes(cfg: &LlamaConfig, tensors: &[TensorInfo], on_gpu: bool
     };
     let mut parts = vec![dequantized("token_embd.weight"), dequantized("output_norm.weight")];
     for n in 0..cfg.num_layers {
-        for norm in ["attn_norm", "ffn_norm"] {
+        for norm in ["attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm"] {
             parts.push(dequantized(&format!("blk.{n}.{norm}.weight")));
         }
         for p in GGUF_PROJECTIONS {

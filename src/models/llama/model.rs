@@ -17,13 +17,7 @@ use crate::models::head::Head;
 use crate::models::linear::Linear;
 use crate::models::rope;
 
-/// How q/k pairs are rotated: HF checkpoints pair dim i with i + d/2; llama.cpp's converter
-/// permutes q/k rows so GGUF files pair 2i with 2i+1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    HalfSplit,
-    Interleaved,
-}
+pub use super::config::RopeStyle;
 
 #[derive(Clone)]
 pub struct Layer {
@@ -31,6 +25,8 @@ pub struct Layer {
     pub attn_norm: Tensor,
     pub q: Linear,
     pub k: Linear,
+    /// q's and k's per-head RMSNorm weights `[head_dim]` (f32), where the variant has them.
+    pub qk_norm: Option<(Tensor, Tensor)>,
     pub v: Linear,
     pub o: Linear,
     pub mlp_norm: Tensor,
@@ -157,6 +153,10 @@ impl Llama {
         for l in &self.w.layers {
             m.tensor(&l.attn_norm);
             m.tensor(&l.mlp_norm);
+            if let Some((q, k)) = &l.qk_norm {
+                m.tensor(q);
+                m.tensor(k);
+            }
             for p in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
                 m.linear(p);
             }

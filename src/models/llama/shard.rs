@@ -3,7 +3,7 @@
 //! columns for those heads, its slice of gate and up's rows (the intermediate dimension) and
 //! down's matching columns, and its rows of the vocabulary, of the LM head and of the embedding
 //! (`models::embedding`). Biases of q/k/v and gate/up go with their rows; o and down's are added
-//! once, after the sum. Norms stay whole.
+//! once, after the sum. Norms stay whole (q/k's per-head ones too).
 //! Dense weights only: a quantized checkpoint's blocks run along the inputs that o and down
 //! would split.
 
@@ -80,6 +80,11 @@ pub fn shard_weights(
             attn_norm: put(l.attn_norm.clone())?,
             q: rows(&l.q, heads(&q))?,
             k: rows(&l.k, heads(&kv))?,
+            // One weight for every head: whole on each rank.
+            qk_norm: match &l.qk_norm {
+                Some((qn, kn)) => Some((put(qn.clone())?, put(kn.clone())?)),
+                None => None,
+            },
             v: rows(&l.v, heads(&kv))?,
             o: cols(&l.o, heads(&q))?,
             mlp_norm: put(l.mlp_norm.clone())?,
