@@ -17,7 +17,7 @@ use crate::error::{ErrorKind, fail};
 
 /// The architectures, in the order an unsupported `model_type`'s refusal lists them.
 pub const ARCHITECTURES: &[&dyn Architecture] =
-    &[&llama::arch::LlamaFamily, &gpt_oss::arch::GptOssFamily];
+    &[&llama::arch::LlamaFamily, &gpt_oss::arch::GptOssFamily, &super::gemma3::arch::Gemma3Family];
 
 /// The architecture of a `config.json` without a `model_type`.
 const UNNAMED: &dyn Architecture = &llama::arch::LlamaFamily;
@@ -95,7 +95,7 @@ mod tests {
         let err = for_model_type(Some("gpt2")).err().unwrap();
         assert_eq!(
             err.to_string(),
-            "unsupported architecture \"gpt2\" (supported: llama, mistral, gpt_oss)"
+            "unsupported architecture \"gpt2\" (supported: llama, mistral, gpt_oss, gemma3_text, gemma3)"
         );
         assert_eq!(crate::error::kind_of(&err), ErrorKind::InvalidInput);
     }
