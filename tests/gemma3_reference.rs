@@ -182,8 +182,7 @@ fn edited_copy(
 ) {
     std::fs::create_dir_all(to).unwrap();
     let mut config: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir().join("config.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir().join("config.json")).unwrap()).unwrap();
     edit(&mut config);
     std::fs::write(to.join("config.json"), config.to_string()).unwrap();
     let tensors = candle_core::safetensors::load(dir().join("model.safetensors"), &Device::Cpu)
@@ -382,40 +381,68 @@ fn gpu() -> Device {
 /// bf16 on the GPU against transformers' f32: teacher-forced top-1 agreement over the whole
 /// sequence (prefill and decode steps, the latter through the runner's CUDA graphs) and the
 /// logits close; the GGUF in bf16 (float weights) and requantized to Q8_0 likewise.
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
-fn gpu_bf16_matches_transformers() {
-    let dev = gpu();
-    let f32_cpu = all_logits(&mut st(&dir()));
-    let tokens = sequence();
-    let stepped = |model: &mut OneSeq| -> Vec<Vec<f32>> {
-        (0..tokens.len())
-            .map(|p| model.forward_last(&tokens[p..=p], p).unwrap().to_vec1().unwrap())
-            .collect()
+/// Teacher-forced top-1 agreement with transformers' f32 argmax over [`sequence`] and the
+/// largest logit difference, for `got` (every position's logits).
+fn agreement(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f32, f32) {
+    let top = |v: &[f32]| {
+        v.iter().enumerate().fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let q8 = q8_0_copy(tmp.path());
-    let models: Vec<(&str, Box<dyn Fn() -> OneSeq>)> = vec![
-        (
-            "safetensors bf16",
-            Box::new(|| OneSeq::new(Box::new(safetensors_model(&dir(), DType::BF16, &dev)))),
-        ),
-        ("GGUF f32 file, bf16", Box::new(|| OneSeq::new(Box::new(gguf_model(&gguf_path(), &dev))))),
-        ("GGUF Q8_0", Box::new(|| OneSeq::new(Box::new(gguf_model(&q8, &dev))))),
-    ];
-    for (label, make) in &models {
-        for (how, got) in [("prefill", all_logits(&mut make())), ("steps", stepped(&mut make()))] {
-            let argmax = |v: &[f32]| {
-                v.iter().enumerate().fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0
+    let agree = got.iter().zip(want).filter(|(g, w)| top(g) == top(w)).count();
+    let worst = got.iter().zip(want).map(|(a, b)| max_diff(a, b)).fold(0.0, f32::max);
+    (agree as f32 / got.len() as f32, worst)
+}
+
+/// Logits of every position of [`sequence`], one decode step each (on a GPU: the runner's
+/// CUDA graphs).
+fn stepped_logits(model: &mut OneSeq) -> Vec<Vec<f32>> {
+    let tokens = sequence();
+    (0..tokens.len())
+        .map(|p| model.forward_last(&tokens[p..=p], p).unwrap().to_vec1().unwrap())
+        .collect()
+}
+
+/// bf16 on `device` against transformers' f32, prefill and decode steps: the safetensors
+/// checkpoint, and the GGUF (f32 weights, computing in bf16 on a GPU).
+fn check_bf16(device: &Device) {
+    let want = all_logits(&mut st(&dir()));
+    for which in ["safetensors", "GGUF"] {
+        let make = || -> OneSeq {
+            let model = match which {
+                "safetensors" => safetensors_model(&dir(), DType::BF16, device),
+                _ => {
+                    let h = inferno::inspect::gguf::read_header(&gguf_path()).unwrap();
+                    let plan = gguf_plan(&h.tensors, Some(DType::BF16), device.is_cuda()).unwrap();
+                    load::load_gguf(&gguf_path(), plan, CONTEXT, device).unwrap()
+                }
             };
-            let agree = got.iter().zip(&f32_cpu).filter(|(g, w)| argmax(g) == argmax(w)).count();
-            let worst = got.iter().zip(&f32_cpu).map(|(a, b)| max_diff(a, b)).fold(0.0, f32::max);
-            let share = agree as f32 / got.len() as f32;
-            eprintln!("{label} {how}: top-1 agreement {:.1}%, max |logit diff| {worst:.3}", share * 100.0);
-            assert!(share >= 0.9 && worst < 1.0, "{label} {how}: {share} agreement, {worst} off");
+            OneSeq::new(Box::new(model))
+        };
+        for (how, got) in
+            [("prefill", all_logits(&mut make())), ("steps", stepped_logits(&mut make()))]
+        {
+            let (share, worst) = agreement(&got, &want);
+            eprintln!(
+                "{which} bf16 {how}: top-1 agreement {:.1}%, max |logit diff| {worst:.3}",
+                share * 100.0
+            );
+            assert!(share >= 0.9, "{which} bf16 {how}: top-1 agreement {share}");
         }
     }
-    // f32 on the GPU: transformers' greedy tokens.
-    let mut gpu_f32 = OneSeq::new(Box::new(safetensors_model(&dir(), DType::F32, &dev)));
-    check_greedy(&mut gpu_f32, "GPU f32");
+}
+
+#[test]
+fn cpu_bf16_agrees_with_transformers_f32() {
+    check_bf16(&Device::Cpu);
+}
+
+/// bf16 on the GPU against transformers' f32 (prefill, and decode steps through the runner's
+/// CUDA graphs); f32 on the GPU: transformers' greedy tokens and logits.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
+fn gpu_bf16_and_f32_match_transformers() {
+    let dev = gpu();
+    check_bf16(&dev);
+    let mut f32_gpu = OneSeq::new(Box::new(safetensors_model(&dir(), DType::F32, &dev)));
+    check_greedy(&mut f32_gpu, "GPU f32");
+    check_rows(&all_logits(&mut f32_gpu), &reference()["logits"], 1e-3, "GPU f32");
 }
