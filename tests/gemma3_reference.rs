@@ -363,15 +363,26 @@ fn the_chat_prompt_has_one_bos_and_the_system_text_in_the_first_turn() {
     assert_eq!(ids.iter().filter(|&&i| i == turn).count(), 2, "{ids:?}");
 }
 
-/// Tensor parallelism is refused in one line.
+/// Tensor parallelism splits dense weights only (tests/tensor_parallel.rs runs the fixture
+/// over 2 and 4 ranks): a quantized GGUF is refused in one line.
 #[test]
-fn tensor_parallelism_is_refused_in_one_line() {
-    let text = std::fs::read_to_string(dir().join("config.json")).unwrap();
-    let arch = registry::for_model_type(Some("gemma3_text")).unwrap();
-    let cfg = arch.read_hf(&text, None, None).unwrap().config;
-    let err = cfg.for_rank(inferno::dist::Shard { rank: 0, world: 2 }).unwrap_err();
-    assert_eq!(kind_of(&err), ErrorKind::InvalidInput);
-    assert!(!format!("{err:#}").contains('\n'), "{err:#}");
+fn tensor_parallelism_refuses_a_quantized_gguf_in_one_line() {
+    use inferno::dist::{Collective, ThreadGroup};
+    let tmp = tempfile::tempdir().unwrap();
+    let q8 = q8_0_copy(tmp.path());
+    let end: std::sync::Arc<dyn Collective> =
+        std::sync::Arc::new(ThreadGroup::new(2).into_iter().next().unwrap());
+    let opts = inferno::load::LoadOptions {
+        dtype: None,
+        context: Some(64),
+        dummy: false,
+        kv_dtype: Default::default(),
+    };
+    let err = inferno::load::load_rank(q8.to_str().unwrap(), &opts, &Device::Cpu, end).err();
+    let err = err.expect("a quantized GGUF over 2 ranks");
+    let msg = format!("{err:#}");
+    assert_eq!(kind_of(&err), ErrorKind::InvalidInput, "{msg}");
+    assert!(msg.contains("--tp above 1 takes dense") && !msg.contains('\n'), "{msg}");
 }
 
 fn gpu() -> Device {

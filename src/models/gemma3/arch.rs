@@ -5,17 +5,18 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::DType;
+use candle_core::{DType, Device};
 
 use super::config::Gemma3Config;
 use super::load::{choose_dtype, gguf_config, gguf_plan, load_gguf, load_safetensors};
 use super::model::Gemma3;
-use super::{dummy, memory};
+use super::{dummy, memory, shard};
 use crate::dist::{Collective, Shard};
 use crate::error::{ErrorKind, fail};
 use crate::inspect::gguf::Header;
 use crate::models::arch::{ArchConfig, Architecture, Build, Origin, Reading};
 use crate::models::batch::{BatchModel, KvShape};
+use crate::models::embedding::shard_ends;
 use crate::models::gguf::GgufTensors;
 use crate::models::memory::FileTensors;
 
@@ -96,10 +97,7 @@ impl ArchConfig for Gemma3Config {
     }
 
     fn for_rank(&self, shard: Shard) -> anyhow::Result<Arc<dyn ArchConfig>> {
-        if shard.is_single() {
-            return Ok(Arc::new(self.clone()));
-        }
-        Err(no_tp(shard.world))
+        Ok(Arc::new(shard::local_config(self, shard)?))
     }
 
     fn build(&self, b: &Build) -> anyhow::Result<Box<dyn BatchModel>> {
@@ -120,17 +118,30 @@ impl ArchConfig for Gemma3Config {
 
     fn build_rank(
         &self,
-        _b: &Build,
+        b: &Build,
         comm: Arc<dyn Collective>,
-        _whole_embedding: bool,
+        whole_embedding: bool,
     ) -> anyhow::Result<Box<dyn BatchModel>> {
-        Err(no_tp(comm.shard().world))
+        let cpu = Device::Cpu;
+        let whole = match b.origin {
+            // Random weights made in the slice's shapes (this config is the rank's), the ends
+            // cut from whole random tables.
+            Origin::Random => {
+                let mut w = dummy::random_weights(self, b.dtype, b.device)?;
+                let shard = comm.shard();
+                (w.embed, w.head) =
+                    shard_ends(&w.embed, &w.head, shard, whole_embedding, b.device)?;
+                let model = Gemma3::new(self.clone(), w, b.context, b.dtype, b.device)?;
+                return Ok(Box::new(model.with_comm(comm)));
+            }
+            Origin::Gguf(path) => {
+                let header = crate::inspect::gguf::read_header(path)
+                    .map_err(|e| fail(ErrorKind::Integrity, format!("{e:#}")))?;
+                let (kind, _) = gguf_plan(&header.tensors, Some(b.dtype), false)?;
+                load_gguf(path, (kind, b.dtype), b.context, &cpu)?
+            }
+            Origin::Checkpoint(dir) => load_safetensors(dir, Some(b.dtype), b.context, &cpu)?,
+        };
+        Ok(Box::new(whole.sharded(comm, whole_embedding, b.device)?))
     }
-}
-
-fn no_tp(world: usize) -> anyhow::Error {
-    fail(
-        ErrorKind::InvalidInput,
-        format!("--tp {world}: Gemma 3 runs on one GPU (no tensor parallelism yet)"),
-    )
 }

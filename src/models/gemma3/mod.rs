@@ -11,6 +11,7 @@ pub mod dummy;
 pub mod load;
 pub mod memory;
 pub mod model;
+pub mod shard;
 
 pub use config::Gemma3Config;
 pub use model::Gemma3;
