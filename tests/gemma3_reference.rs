@@ -446,6 +446,31 @@ fn cpu_bf16_agrees_with_transformers_f32() {
     check_bf16(&Device::Cpu);
 }
 
+/// An INT8 KV cache (`--kv-dtype int8`, emulated on the CPU) in both KV groups, the sliding
+/// layers' and the global one's, under bf16 compute.
+#[test]
+fn int8_kv_cache_agrees_with_transformers_f32() {
+    let want = all_logits(&mut st(&dir()));
+    let mut model = safetensors_model(&dir(), DType::BF16, &Device::Cpu);
+    model.set_kv_dtype(inferno::models::batch::KvDtype::Int8);
+    assert_eq!(model.kv_shape().dtype, DType::U8);
+    for (how, got) in [
+        ("prefill", all_logits(&mut OneSeq::new(Box::new(model)))),
+        ("steps", {
+            let mut m = safetensors_model(&dir(), DType::BF16, &Device::Cpu);
+            m.set_kv_dtype(inferno::models::batch::KvDtype::Int8);
+            stepped_logits(&mut OneSeq::new(Box::new(m)))
+        }),
+    ] {
+        let (share, worst) = agreement(&got, &want);
+        eprintln!(
+            "int8 KV {how}: top-1 agreement {:.1}%, max |logit diff| {worst:.3}",
+            share * 100.0
+        );
+        assert!(share >= 0.85, "int8 KV {how}: top-1 agreement {share}");
+    }
+}
+
 /// bf16 on the GPU against transformers' f32 (prefill, and decode steps through the runner's
 /// CUDA graphs); f32 on the GPU: transformers' greedy tokens and logits.
 #[test]

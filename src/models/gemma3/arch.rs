@@ -53,8 +53,7 @@ impl Architecture for Gemma3Family {
     ) -> anyhow::Result<Reading> {
         let cfg = gguf_config(&GgufTensors::open(path)?)?;
         let (kind, dtype) = gguf_plan(&header.tensors, dtype, on_gpu)?;
-        let own = kind == memory::GgufKind::OwnBlocks;
-        let weights = memory::gguf_weight_bytes(&header.tensors, dtype, on_gpu && own);
+        let weights = memory::gguf_weight_bytes(&header.tensors, kind, dtype, on_gpu);
         Ok(Reading { config: Arc::new(cfg), dtype, weights })
     }
 }

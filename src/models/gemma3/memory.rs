@@ -139,11 +139,12 @@ pub enum GgufKind {
     Candle,
 }
 
-/// How the loader keeps the products of a file whose tensors are `tensors`, on a GPU or not.
-pub fn gguf_kind(tensors: &[TensorInfo], on_gpu: bool) -> GgufKind {
+/// How the loader keeps the products of a file whose tensors are `tensors`; `own`: our GEMVs
+/// may take them (on a GPU, computing in bf16).
+pub fn gguf_kind(tensors: &[TensorInfo], own: bool) -> GgufKind {
     let products = tensors.iter().filter(|t| is_product(&t.name));
     let mut any = false;
-    let (mut float, mut own) = (true, on_gpu);
+    let (mut float, mut own) = (true, own);
     for t in products {
         any = true;
         float &= matches!(t.ggml_type, 0 | 1 | 30);
@@ -168,12 +169,16 @@ fn is_product(name: &str) -> bool {
         || GGUF_PROJECTIONS.iter().any(|p| name.ends_with(&format!(".{p}.weight")))
 }
 
-/// Bytes of a GGUF file's weights once loaded: norms f32; a float file's products in `dtype`;
+/// Bytes of a GGUF file's weights once loaded as `kind` keeps them ([`gguf_kind`]): norms f32; a float file's products in `dtype`;
 /// a quantized file's products in their blocks (candle pads each by 512 elements' worth on a
 /// GPU; ours repack Q4_K to 148 bytes per 256 columns), the embedding dequantized (f32 for
 /// candle's kernels, bf16 beside ours) and kept beside its quantized self as the tied head.
-pub fn gguf_weight_bytes(tensors: &[TensorInfo], dtype: DType, on_gpu: bool) -> u64 {
-    let kind = gguf_kind(tensors, on_gpu);
+pub fn gguf_weight_bytes(
+    tensors: &[TensorInfo],
+    kind: GgufKind,
+    dtype: DType,
+    on_gpu: bool,
+) -> u64 {
     let count = |t: &TensorInfo| t.dims.iter().fold(1u64, |a, &d| a.saturating_mul(d));
     let tied = !tensors.iter().any(|t| t.name == "output.weight");
     sum(tensors.iter().map(|t| {
@@ -230,4 +235,33 @@ pub fn workspace_bytes(cfg: &Gemma3Config, context: usize, chunk: usize, dtype: 
         bytes(&[n, i], 2 * 4 + 3 * 4 + sd),
         dense_bytes(&[2, cfg.vocab_size], DType::F32),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// google/gemma-3-12b-it's text_config, as sparse as on the Hub.
+    const TWELVE_B: &str = r#"{"model_type":"gemma3","text_config":{"hidden_size":3840,
+        "intermediate_size":15360,"model_type":"gemma3_text","num_attention_heads":16,
+        "num_hidden_layers":48,"num_key_value_heads":8,"rope_scaling":{"factor":8.0,
+        "rope_type":"linear"},"sliding_window":1024},"torch_dtype":"bfloat16"}"#;
+
+    #[test]
+    fn gemma_3_12b_by_hand() {
+        let cfg = Gemma3Config::from_hf_json(TWELVE_B).unwrap();
+        let shape = kv_shape(&cfg, DType::BF16);
+        assert_eq!(shape.group_windows, vec![None, Some(1024)]);
+        // 8 global layers grow with the context: 8 kv heads × 256 × (k, v) × bf16 each.
+        assert_eq!(shape.layers_in(GLOBAL), 8);
+        assert_eq!(shape.bytes_per_token_layer() * 8, 64 * 1024);
+        // 11.77 B parameters in bf16 (the model card's 12B less the vision tower), norms f32.
+        let (h, i, d, l) = (3840u64, 15360u64, 256u64, 48u64);
+        let params = 262_208 * h + l * (h * (16 * d + 2 * 8 * d) + 16 * d * h + 3 * h * i);
+        let norms = l * (4 * h + 2 * d) + h;
+        assert_eq!(weight_bytes(&cfg, DType::BF16, None), params * 2 + norms * 4);
+        assert!((params as f64 / 1e9 - 11.77).abs() < 0.01, "{params}");
+        // Two RoPE tables (global and local): 128 frequencies × cos and sin × f32 each.
+        assert_eq!(rope_table_bytes(&cfg, 1000), 2 * 1000 * 128 * 2 * 4);
+    }
 }
