@@ -338,7 +338,8 @@ fn q8_0_copy(dir: &Path) -> PathBuf {
 }
 
 /// Gemma 3's template (carried by the GGUF) merges the system message into the first user
-/// turn and writes `<bos>` itself; the chat encoding adds none, so there is one BOS.
+/// turn and writes `<bos>` itself; the chat encoding adds none, so there is one BOS; the
+/// reply ends at `<end_of_turn>`.
 #[test]
 fn the_chat_prompt_has_one_bos_and_the_system_text_in_the_first_turn() {
     let text = inferno::load::text::load(&inferno::load::source::Source::Gguf(gguf_path()))
@@ -361,6 +362,9 @@ fn the_chat_prompt_has_one_bos_and_the_system_text_in_the_first_turn() {
     let turn = text.tokenizer.token_to_id("<start_of_turn>").expect("<start_of_turn>");
     assert_eq!(ids[1], turn, "{ids:?}");
     assert_eq!(ids.iter().filter(|&&i| i == turn).count(), 2, "{ids:?}");
+    // The converter names no end-of-turn token; `<end_of_turn>` ends a reply all the same.
+    let end = text.tokenizer.token_to_id("<end_of_turn>").expect("<end_of_turn>");
+    assert!(text.eos_ids.contains(&end), "{:?}", text.eos_ids);
 }
 
 /// Tensor parallelism splits dense weights only (tests/tensor_parallel.rs runs the fixture
