@@ -2,7 +2,7 @@
 //! split over 2 and 4 ranks gives the logits of the whole model on one (f32, within 1e-5 of the
 //! largest logit) and the same greedy tokens, for gpt-oss (heads, sinks, MXFP4 experts split at
 //! block boundaries, key/value heads replicated past their count, a vocabulary that does not
-//! divide) and Llama. The GPU run of the same (NCCL, one process per GPU) is
+//! divide), Llama and Gemma 3 (its post-norms after the sum). The GPU run of the same (NCCL, one process per GPU) is
 //! `gpu_tp_matches_one_rank` in tests/tensor_parallel_gpu.rs.
 
 use std::path::{Path, PathBuf};
@@ -115,6 +115,12 @@ fn gpt_oss_over_2_and_4_ranks_gives_one_ranks_logits_and_tokens() {
 #[test]
 fn llama_over_2_and_4_ranks_gives_one_ranks_logits_and_tokens() {
     let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/llama3_tiny"));
+    check(&dir, &[2, 4]);
+}
+
+#[test]
+fn gemma3_over_2_and_4_ranks_gives_one_ranks_logits_and_tokens() {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemma3_tiny"));
     check(&dir, &[2, 4]);
 }
 

@@ -10,6 +10,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod eagle3;
 pub mod embedding;
+pub mod gemma3;
 pub mod gguf;
 pub mod gpt_oss;
 pub mod head;

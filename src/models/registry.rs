@@ -12,12 +12,16 @@ use candle_core::{DType, Device};
 use super::arch::Architecture;
 use super::batch::BatchModel;
 use super::eagle3::{self, Eagle3Head};
-use super::{gpt_oss, llama, qwen3};
+use super::{gemma3, gpt_oss, llama, qwen3};
 use crate::error::{ErrorKind, fail};
 
 /// The architectures, in the order an unsupported `model_type`'s refusal lists them.
-pub const ARCHITECTURES: &[&dyn Architecture] =
-    &[&llama::arch::LlamaFamily, &qwen3::arch::Qwen3Family, &gpt_oss::arch::GptOssFamily];
+pub const ARCHITECTURES: &[&dyn Architecture] = &[
+    &llama::arch::LlamaFamily,
+    &qwen3::arch::Qwen3Family,
+    &gpt_oss::arch::GptOssFamily,
+    &gemma3::arch::Gemma3Family,
+];
 
 /// The architecture of a `config.json` without a `model_type`.
 const UNNAMED: &dyn Architecture = &llama::arch::LlamaFamily;
@@ -95,7 +99,7 @@ mod tests {
         let err = for_model_type(Some("gpt2")).err().unwrap();
         assert_eq!(
             err.to_string(),
-            "unsupported architecture \"gpt2\" (supported: llama, mistral, qwen3, gpt_oss)"
+            "unsupported architecture \"gpt2\" (supported: llama, mistral, qwen3, gpt_oss, gemma3_text, gemma3)"
         );
         assert_eq!(crate::error::kind_of(&err), ErrorKind::InvalidInput);
     }

@@ -34,8 +34,8 @@ pub struct GgufTokenizer {
     pub tokenizer: Tokenizer,
     /// `tokenizer.ggml.bos_token_id` (SentencePiece vocabularies default to 1, as in llama.cpp).
     pub bos_id: Option<u32>,
-    /// Ids that end generation: `tokenizer.ggml.eos_token_id`, `eot_token_id`, `eom_token_id`,
-    /// in that order, without repeats.
+    /// Ids that end generation: `tokenizer.ggml.eos_token_id`, `eot_token_id` (else
+    /// `<end_of_turn>`, as llama.cpp finds it), `eom_token_id`, in that order, without repeats.
     pub eos_ids: Vec<u32>,
     /// `tokenizer.chat_template`: a Jinja template in HF's dialect.
     pub chat_template: Option<String>,
@@ -83,6 +83,11 @@ pub fn from_gguf_metadata(md: &HashMap<String, Value>) -> anyhow::Result<GgufTok
     let bos_id = vocab.special_id(&md, "tokenizer.ggml.bos_token_id", default_bos)?;
     let eos_id = vocab.special_id(&md, "tokenizer.ggml.eos_token_id", default_eos)?;
     let eot_id = vocab.special_id(&md, "tokenizer.ggml.eot_token_id", None)?;
+    // llama.cpp finds the end-of-turn token by its text when the file names none
+    // (`llama-vocab.cpp`): Gemma's converter writes no eot_token_id, and `<end_of_turn>` ends
+    // its turns. Only Gemma's text is taken from llama.cpp's list: its `<|end|>` ends a harmony
+    // message, not a reply.
+    let eot_id = eot_id.or_else(|| vocab.ids.get("<end_of_turn>").copied());
     let eom_id = vocab.special_id(&md, "tokenizer.ggml.eom_token_id", None)?;
     let mut eos_ids: Vec<u32> = Vec::new();
     for id in [eos_id, eot_id, eom_id].into_iter().flatten() {
