@@ -601,7 +601,10 @@ fn gpu_matches_the_cpu_reference_path() {
                 "GPU {which} {how}: top-1 agreement {:.1}%, max |logit diff| {worst:.3}",
                 share * 100.0
             );
-            assert!(share >= 0.9, "GPU {which} {how}: top-1 agreement {share}");
+            // Measured on an H200: bf16 93.8–98.4%, Q8_0 (two 8-bit approximations, ours
+            // against candle's) 90.6–96.9%; a layout error agrees at chance (1/320).
+            let floor = if which.starts_with("Q8_0") { 0.8 } else { 0.9 };
+            assert!(share >= floor, "GPU {which} {how}: top-1 agreement {share}");
         }
     }
 }
