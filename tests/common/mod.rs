@@ -3,6 +3,7 @@
 
 pub mod hub_server;
 pub mod one_seq;
+pub mod reference;
 pub mod serve;
 pub mod tp;
 

@@ -1,5 +1,5 @@
 //! The Llama family as the registry sees it ([`crate::models::arch`]): HF configs of `llama`
-//! and `mistral` (without a sliding window), `llama` GGUF files. The [`ArchConfig`] here serves
+//! and `mistral` (with its sliding window), `llama` GGUF files. The [`ArchConfig`] here serves
 //! every family on Llama's layers (their [`Variant`]s), which read their files with
 //! [`read_hf_as`] and [`read_gguf_as`].
 

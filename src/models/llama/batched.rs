@@ -66,7 +66,7 @@ impl BatchModel for Llama {
         };
         let attn = PagedAttnConfig {
             block_size: kv.block_size,
-            window: None,
+            window: cfg.sliding_window,
             scale: 1.0 / (d as f32).sqrt(),
             release_first: false,
         };

@@ -1,5 +1,5 @@
-//! Llama-family configuration, from an HF `config.json` (llama, and mistral-style configs without
-//! a sliding window) or from GGUF metadata (`llama.*` keys). Families built on Llama's layers
+//! Llama-family configuration, from an HF `config.json` (llama, and mistral, with its sliding
+//! window where it has one) or from GGUF metadata (`llama.*` keys). Families built on Llama's layers
 //! (Qwen3, `models/qwen3/`) read their own files into the same config, with the [`Variant`] of
 //! the layers they need.
 
@@ -36,7 +36,8 @@ pub struct HfLlamaConfig {
     pub attention_bias: bool,
     #[serde(default)]
     pub mlp_bias: bool,
-    pub sliding_window: Option<serde_json::Value>,
+    /// Mistral's window over every layer (`null`: full attention).
+    pub sliding_window: Option<usize>,
     pub torch_dtype: Option<String>,
     pub dtype: Option<String>,
 }
@@ -100,6 +101,9 @@ pub struct LlamaConfig {
     pub rope_theta: f64,
     pub rope: RopeKind,
     pub max_position_embeddings: usize,
+    /// Every layer attends to its last `w` positions, its own included (Mistral's
+    /// `sliding_window`); `None`: full causal attention.
+    pub sliding_window: Option<usize>,
     pub tie_word_embeddings: bool,
     pub attention_bias: bool,
     pub mlp_bias: bool,
@@ -121,11 +125,6 @@ impl LlamaConfig {
             Some(other) => {
                 return Err(bad(format!("model_type {other:?} is not a Llama-family model")));
             }
-        }
-        if hf.sliding_window.as_ref().is_some_and(|w| !w.is_null()) {
-            return Err(bad(
-                "sliding-window attention is not supported for Llama-family models yet".into(),
-            ));
         }
         Self::from_hf(hf, &value, Variant::LLAMA)
     }
@@ -161,6 +160,7 @@ impl LlamaConfig {
             rope_theta: theta,
             rope,
             max_position_embeddings: hf.max_position_embeddings,
+            sliding_window: hf.sliding_window,
             tie_word_embeddings: hf.tie_word_embeddings,
             attention_bias: hf.attention_bias,
             mlp_bias: hf.mlp_bias,
@@ -243,6 +243,9 @@ impl LlamaConfig {
             rope_theta: float("rope.freq_base").unwrap_or(10000.0),
             rope,
             max_position_embeddings: max_pos,
+            // llama.cpp runs `llama` and `qwen3` files with full attention (its converter
+            // writes no Mistral window), and a GGUF is what llama.cpp makes of it.
+            sliding_window: None,
             tie_word_embeddings: false,
             attention_bias: false,
             mlp_bias: false,
@@ -267,6 +270,12 @@ impl LlamaConfig {
             && self.head_dim.is_multiple_of(2)
             && self.head_dim > 0
             && self.vocab_size > 0;
+        if self.sliding_window == Some(0) {
+            return Err(fail(
+                ErrorKind::InvalidInput,
+                "model config: sliding_window 0 sees nothing",
+            ));
+        }
         if !ok {
             return Err(fail(
                 ErrorKind::InvalidInput,

@@ -31,13 +31,14 @@ pub fn has_rope_tables(cfg: &LlamaConfig) -> bool {
 /// The RoPE tables are f32: the batched path rotates in f32 and rounds once.
 pub const ROPE_DTYPE: DType = DType::F32;
 
-/// The paged pool's layout: every layer in one group of block tables, full attention.
+/// The paged pool's layout: every layer in one group of block tables, full attention or the
+/// one sliding window of every layer.
 pub fn kv_shape(cfg: &LlamaConfig, dtype: DType) -> KvShape {
     KvShape {
         kv_heads: cfg.num_kv_heads,
         head_dim: cfg.head_dim,
         dtype,
-        group_windows: vec![None],
+        group_windows: vec![cfg.sliding_window],
         layer_group: vec![0; cfg.num_layers],
     }
 }

@@ -1,5 +1,6 @@
-//! Llama-family models (Llama 2/3.x, TinyLlama, SmolLM2, mistral-style configs without a
-//! sliding window), from HF safetensors or llama-architecture GGUF files.
+//! Llama-family models (Llama 2/3.x, TinyLlama, SmolLM2, Mistral with its sliding window), from
+//! HF safetensors or llama-architecture GGUF files. Qwen3 (`models/qwen3/`) runs these layers
+//! in its own [`config::Variant`].
 
 pub mod arch;
 mod batched;

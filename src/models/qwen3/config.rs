@@ -45,6 +45,7 @@ pub fn from_hf_json(text: &str) -> anyhow::Result<LlamaConfig> {
     let mut hf: HfLlamaConfig =
         serde_json::from_value(value.clone()).map_err(|e| bad(e.to_string()))?;
     hf.head_dim = Some(keys.head_dim.unwrap_or(128));
+    hf.sliding_window = None;
     hf.max_position_embeddings = keys.max_position_embeddings.unwrap_or(32768);
     LlamaConfig::from_hf(hf, &value, VARIANT)
 }
