@@ -2,8 +2,9 @@
 //! events to a sink instead of printed: the REPL prints them, tests collect them. The reply is
 //! read by the reader every front end shares ([`super::reply`]); the history rules live here.
 //!
-//! - HF chat templates: the reply is text, streamed as decoded ([`TurnEvent::Answer`] only),
-//!   read by [`Plain`] (stop strings held back).
+//! - HF chat templates: the reply is read by the model's reply format ([`reply::reader`]):
+//!   for the plain format, text streamed as decoded ([`TurnEvent::Answer`] only, stop strings
+//!   held back).
 //! - gpt-oss harmony: the sampled ids are parsed by channel ([`HarmonyReply`]): reasoning,
 //!   answer and tool calls come apart and no markup reaches any event. Only the final answer
 //!   is kept in the history, so a later prompt never carries an earlier turn's reasoning.
@@ -17,7 +18,7 @@ use std::time::SystemTime;
 
 use super::Conversation;
 use super::harmony::{HarmonyChat, HarmonyEncoding, ReasoningEffort, SystemConfig};
-use super::reply::{Delta, HarmonyReply, Plain, ReplyFormat, TurnEnd, TurnEvent, TurnSink};
+use super::reply::{self, Delta, HarmonyReply, ReplyOptions, TurnEnd, TurnEvent, TurnSink};
 use crate::engine::Session;
 use crate::error::{ErrorKind, fail};
 use crate::generate::{Sampler, SamplerConfig, StopConditions};
@@ -194,6 +195,9 @@ impl Dialogue {
     }
 }
 
+/// A chat-template model's turn, its reply read by the model's reply format
+/// ([`reply::reader`]): plain text for the formats we have, reasoning and calls apart for a
+/// format that writes them.
 fn plain_turn(
     chat: &mut Conversation,
     session: &mut Session,
@@ -202,18 +206,28 @@ fn plain_turn(
     sink: &mut dyn TurnSink,
 ) -> anyhow::Result<TurnEnd> {
     let ids = chat.prompt_ids(text)?;
-    let (max_tokens, eos_ids) = (s.stop.max_tokens, s.stop.eos_ids.clone());
-    let mut reply = Plain::new(&text.tokenizer, s.stop, Vec::new());
+    let max_tokens = s.stop.max_tokens;
+    let opts = ReplyOptions { stop: s.stop, tools: Vec::new(), raw: chat.raw };
+    let mut reply = reply::reader(text, opts)?;
     let mut answer = String::new();
     let mut show = |deltas: Vec<Delta>, answer: &mut String| -> anyhow::Result<()> {
         for d in deltas {
-            if let Delta::Content(t) = d {
-                answer.push_str(&t);
-                sink.event(&TurnEvent::Answer(&t))?;
+            match d {
+                Delta::Content(t) => {
+                    answer.push_str(&t);
+                    sink.event(&TurnEvent::Answer(&t))?;
+                }
+                Delta::Reasoning(t) => sink.event(&TurnEvent::Reasoning(&t))?,
+                Delta::ToolStart { name, .. } => {
+                    sink.event(&TurnEvent::ToolCall { recipient: &name })?
+                }
+                Delta::ToolArgs { text, .. } => sink.event(&TurnEvent::ToolArguments(&text))?,
+                Delta::Logprobs(_) => {}
             }
         }
         Ok(())
     };
+    let eos_ids = reply.stop_ids();
     let mut generation =
         session.generate(&ids, s.sampler, max_tokens, eos_ids, s.interrupt, &mut |id| {
             let (deltas, stop) = reply.push(id, None)?;

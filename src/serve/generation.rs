@@ -15,7 +15,7 @@ use super::state::Ready;
 use crate::chat::reply::{self, Delta, FinishReason, ReplyFormat, ReplyOptions, TokenText};
 use crate::engine::core::OUT_OF_MEMORY;
 use crate::engine::request::{Event, Request, RequestHandle};
-use crate::generate::{SamplerConfig, StopReason};
+use crate::generate::{SamplerConfig, StopConditions, StopReason};
 
 /// What one request asks the engine for (built by [`super::pipeline`] alone).
 pub struct Job {
@@ -100,12 +100,12 @@ impl<'r> ReplyStream<'r> {
         started: Instant,
     ) -> Result<Self, ApiError> {
         let tokenizer = &ready.text.tokenizer;
-        let opts = ReplyOptions {
-            stop: job.stop,
+        let stop = StopConditions {
+            eos_ids: ready.text.eos_ids.clone(),
+            stop_strings: job.stop,
             max_tokens: job.max_tokens,
-            tools: job.tools,
-            raw: !job.chat,
         };
+        let opts = ReplyOptions { stop, tools: job.tools, raw: !job.chat };
         let reader = reply::reader(&ready.text, opts).map_err(|e| ApiError::from_anyhow(&e))?;
         let eos_ids = match &job.forced {
             // Forced ids: the engine must run exactly as many steps; the reader decides the end.

@@ -3,7 +3,7 @@
 //! log probabilities waiting for their text).
 
 use super::logprobs::Entry;
-use crate::generate::StopReason;
+use crate::generate::{StopConditions, StopReason};
 
 /// A piece of the reply, as it streams.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,10 +90,10 @@ pub trait ReplyFormat {
 /// What a reply is read for.
 #[derive(Debug, Clone, Default)]
 pub struct ReplyOptions {
-    /// Stop strings: the reply's visible text ends before the first of them.
-    pub stop: Vec<String>,
-    /// The token budget (a plain reply's stop checker counts it too).
-    pub max_tokens: usize,
+    /// The end-of-sequence ids, the stop strings (the reply's visible text ends before the
+    /// first of them) and the token budget. A format with its own end-of-turn tokens (harmony)
+    /// stops on those instead of the ids.
+    pub stop: StopConditions,
     /// Names of the functions the request offered: a reply in the format's call syntax that
     /// names one of them is read as calls. Empty: no calls are read.
     pub tools: Vec<String>,

@@ -22,7 +22,6 @@ pub mod logprobs;
 pub mod plain;
 
 use crate::chat::harmony::HarmonyEncoding;
-use crate::generate::StopConditions;
 use crate::load::text::TextSide;
 pub use events::{Part, TurnEnd, TurnEvent, TurnSink};
 pub use format::{
@@ -42,12 +41,7 @@ pub fn reader<'t>(
     if !opts.raw
         && let Ok(enc) = HarmonyEncoding::new(&text.tokenizer)
     {
-        return Ok(Box::new(Harmony::new(enc, opts.stop)));
+        return Ok(Box::new(Harmony::new(enc, opts.stop.stop_strings)));
     }
-    let cond = StopConditions {
-        eos_ids: text.eos_ids.clone(),
-        stop_strings: opts.stop,
-        max_tokens: opts.max_tokens,
-    };
-    Ok(Box::new(Plain::new(&text.tokenizer, cond, opts.tools)))
+    Ok(Box::new(Plain::new(&text.tokenizer, opts.stop, opts.tools)))
 }
