@@ -21,7 +21,7 @@ use super::logprobs::chat_json;
 use super::openai_types::{ChatRequest, parse};
 use super::params::chat_logprobs;
 use super::pipeline::{self, GenRequest, Input};
-use super::sse::{self, ChunkHead, Collected, RequestLog, Shape, usage};
+use super::sse::{self, ChunkHead, RequestLog, Shape, usage};
 use super::state::AppState;
 use crate::chat::reply::{Delta, Entry};
 
@@ -139,5 +139,34 @@ impl Shape for ChatChunks {
         let mut body = self.head.frame("chat.completion", json!([choice]));
         body["usage"] = usage(o);
         body
+    }
+}
+
+/// The whole reply as the non-streamed body writes it, added up from its deltas.
+#[derive(Debug, Default)]
+struct Collected {
+    reasoning: String,
+    content: String,
+    /// (id, name, arguments)
+    calls: Vec<(String, String, String)>,
+    /// Of the content's tokens, when asked for.
+    logprobs: Vec<Entry>,
+}
+
+impl Collected {
+    fn add(&mut self, d: &Delta) {
+        match d {
+            Delta::Reasoning(t) => self.reasoning.push_str(t),
+            Delta::Content(t) => self.content.push_str(t),
+            Delta::ToolStart { id, name, .. } => {
+                self.calls.push((id.clone(), name.clone(), String::new()))
+            }
+            Delta::ToolArgs { index, text } => {
+                if let Some(c) = self.calls.get_mut(*index) {
+                    c.2.push_str(text);
+                }
+            }
+            Delta::Logprobs(entries) => self.logprobs.extend(entries.iter().cloned()),
+        }
     }
 }

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::errors::ApiError;
 use super::generation::{Job, Outcome, ReplyStream, Step};
 use super::state::{AppState, Ready, Slot, shutdown_started};
-use crate::chat::reply::{Delta, Entry};
+use crate::chat::reply::Delta;
 
 /// How one protocol shapes a reply from its [`Delta`]s: the events of a stream, or the whole
 /// body. Both come from the same calls ([`Self::start`], [`Self::delta`] for each delta, then
@@ -187,35 +187,6 @@ async fn send_all(tx: &mpsc::Sender<Event>, events: Vec<Event>) -> bool {
 
 fn events(shape: &impl Shape, chunks: Vec<Value>) -> Vec<Event> {
     chunks.iter().map(|v| shape.event(v)).collect()
-}
-
-/// The whole reply as chat and completions write it, added up from its deltas.
-#[derive(Debug, Default)]
-pub struct Collected {
-    pub reasoning: String,
-    pub content: String,
-    /// (id, name, arguments)
-    pub calls: Vec<(String, String, String)>,
-    /// Of the content's tokens, when asked for.
-    pub logprobs: Vec<Entry>,
-}
-
-impl Collected {
-    pub fn add(&mut self, d: &Delta) {
-        match d {
-            Delta::Reasoning(t) => self.reasoning.push_str(t),
-            Delta::Content(t) => self.content.push_str(t),
-            Delta::ToolStart { id, name, .. } => {
-                self.calls.push((id.clone(), name.clone(), String::new()))
-            }
-            Delta::ToolArgs { index, text } => {
-                if let Some(c) = self.calls.get_mut(*index) {
-                    c.2.push_str(text);
-                }
-            }
-            Delta::Logprobs(entries) => self.logprobs.extend(entries.iter().cloned()),
-        }
-    }
 }
 
 /// Runs the generation to its end through `shape`: its whole body. Dropped (client gone), it
