@@ -2,7 +2,9 @@
 //! comment names a module before its own in [`ORDER`], so an upward import fails here rather
 //! than growing into a cycle. And an architecture is its folder under `models/`: no code outside
 //! `models/` matches on architectures, `load` names no architecture folder (it asks
-//! `models::registry`), and the folders' imports of each other form no loop.
+//! `models::registry`), and the folders' imports of each other form no loop. And in `serve/`
+//! and `chat/reply/`, no child imports an item from its parent's `mod.rs` (which declares and
+//! uses the children): what the children share lives in a child of its own.
 
 use std::path::{Path, PathBuf};
 
@@ -256,4 +258,93 @@ fn no_import_loop_crosses_an_architecture_folder() {
     };
     let looped: Vec<&(String, String)> = edges.iter().filter(|(a, b)| reaches(b, a)).collect();
     assert!(looped.is_empty(), "architecture folders import each other in a loop: {looped:?}");
+}
+
+/// The folders whose children take nothing from their parent module's own file: a `mod.rs`
+/// declares its children and may use them, so a child that imports an item from it closes a
+/// loop (serve's handlers once took `body_bytes` and `check_prompt` from `serve/mod.rs`).
+const NO_LOOP_WITH_PARENT: [&str; 2] = ["serve", "chat/reply"];
+
+/// The module path of a source file under `src/`: `serve/messages/mod.rs` is `serve::messages`.
+fn module_path(rel: &Path) -> Vec<String> {
+    let mut parts: Vec<String> =
+        rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    let last = parts.pop().expect("a file name");
+    if last != "mod.rs" {
+        parts.push(last.trim_end_matches(".rs").to_string());
+    }
+    parts
+}
+
+/// Whether the module at `path` (under `src/`) has a child module `name`.
+fn has_child(src: &Path, path: &[String], name: &str) -> bool {
+    let dir = path.iter().fold(src.to_path_buf(), |d, p| d.join(p));
+    dir.join(format!("{name}.rs")).is_file() || dir.join(name).is_dir()
+}
+
+/// The paths a line of code names through `super::` chains: (how many `super`s, the first
+/// segment after them).
+fn super_paths(code: &str) -> Vec<(usize, String)> {
+    const SUPER: &str = "super::";
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices(SUPER) {
+        if code[..i].ends_with(SUPER) {
+            continue; // inside a chain already counted
+        }
+        let mut rest = &code[i..];
+        let mut ups = 0;
+        while let Some(r) = rest.strip_prefix(SUPER) {
+            rest = r;
+            ups += 1;
+        }
+        let names = named_after(&format!("@::{rest}"), "@::");
+        out.extend(names.into_iter().map(|n| (ups, n)));
+    }
+    out
+}
+
+#[test]
+fn no_child_takes_items_from_its_parents_mod_rs() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    for (rel, text) in sources(&src) {
+        let Some(root) = NO_LOOP_WITH_PARENT.iter().find(|r| rel.starts_with(r)) else { continue };
+        let root: Vec<String> = root.split('/').map(str::to_string).collect();
+        let own = module_path(&rel);
+        let crate_prefix = format!("crate::{}::", root.join("::"));
+        // Tests (a `mod tests` at the end of the file) see their own file as `super`.
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        for (n, line) in code.lines().enumerate() {
+            let line = line.split("//").next().unwrap_or("");
+            let mut named: Vec<(Vec<String>, String)> = super_paths(line)
+                .into_iter()
+                .filter(|(ups, _)| *ups <= own.len())
+                .map(|(ups, name)| (own[..own.len() - ups].to_vec(), name))
+                .collect();
+            named.extend(named_after(line, &crate_prefix).into_iter().map(|m| (root.clone(), m)));
+            for (parent, name) in named {
+                let inside = parent.len() >= root.len() && parent[..root.len()] == root[..];
+                if inside && own.starts_with(&parent) && !has_child(&src, &parent, &name) {
+                    found.push(format!(
+                        "{}:{}: {name} from {}",
+                        rel.display(),
+                        n + 1,
+                        parent.join("::")
+                    ));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "children import their parent module's items:\n{}", found.join("\n"));
+}
+
+#[test]
+fn super_chains_are_read_whole() {
+    assert_eq!(super_paths("use super::super::errors::ApiError;"), [(2, "errors".to_string())]);
+    assert_eq!(
+        super_paths("use super::{body_bytes, sse::X};"),
+        [(1, "body_bytes".to_string()), (1, "sse".to_string())]
+    );
+    assert_eq!(module_path(Path::new("serve/messages/mod.rs")), ["serve", "messages"]);
+    assert_eq!(module_path(Path::new("serve/chat.rs")), ["serve", "chat"]);
 }

@@ -16,11 +16,13 @@ use candle_core::{DType, Device};
 use inferno::chat::harmony::{
     Channel, HarmonyChat, HarmonyEncoding, HarmonyMessage, ReasoningEffort, Role,
 };
-use inferno::chat::turn::HarmonyReply;
+use inferno::chat::reply::HarmonyReply;
 use inferno::chat::{Conversation, Dialogue, Part, Sampling, TurnEvent, TurnSink};
 use inferno::engine::Session;
 use inferno::engine::core::EngineConfig;
-use inferno::generate::{Generation, Sampler, SamplerConfig, StopConditions, StopReason};
+use inferno::generate::{
+    Generation, Sampler, SamplerConfig, StopChecker, StopConditions, StopReason, TokenStream,
+};
 use inferno::load::{self, LoadOptions, text::TextSide};
 
 /// An owned copy of a [`TurnEvent`].
@@ -357,28 +359,43 @@ fn plain_template_events_are_the_streamed_text() {
     let end =
         run_turn(&mut dialogue, &mut session, &text, user, &mut sampler, 16, &mut sink).unwrap();
 
-    // The same prompt streamed by the session itself.
+    // The same prompt run by the session itself, its ids read into text by the detokenizer and
+    // the stop checker directly (as the module docs of `generate` put them together).
     let mut expected_chat = Conversation::new(Some("Answer briefly.".into()), false);
     expected_chat.push_user(user);
     let ids = expected_chat.prompt_ids(&text).unwrap();
     let mut streamed = Vec::new();
     let stop =
         StopConditions { eos_ids: text.eos_ids.clone(), stop_strings: vec![], max_tokens: 16 };
+    let mut checker = StopChecker::new(stop);
+    let mut stream = TokenStream::new(&text.tokenizer);
+    let mut answer = String::new();
     // On an engine of its own: nothing comes from the first one's prefix cache.
     let (mut fresh, _) = chat_session(gguf.to_str().unwrap(), &opts);
-    let g = fresh
+    let mut g = fresh
         .generate(
-            &text.tokenizer,
             &ids,
             &mut Sampler::new(SamplerConfig::greedy()),
-            stop,
+            16,
+            text.eos_ids.clone(),
             &Arc::new(AtomicBool::new(false)),
-            &mut |t| {
-                streamed.push(Ev::Answer(t.to_string()));
-                Ok(())
+            &mut |id| {
+                let piece = if checker.is_eos(id) { None } else { stream.push(id)? };
+                let step = checker.push(id, piece.as_deref().unwrap_or(""));
+                if !step.text.is_empty() {
+                    answer.push_str(&step.text);
+                    streamed.push(Ev::Answer(step.text));
+                }
+                Ok(step.stop)
             },
         )
         .unwrap();
+    let tail = format!("{}{}", checker.finish(), stream.finish().unwrap().unwrap_or_default());
+    if !tail.is_empty() {
+        answer.push_str(&tail);
+        streamed.push(Ev::Answer(tail));
+    }
+    g.text = answer;
     assert!(!g.text.is_empty());
     streamed.push(Ev::End { text: g.text.clone(), awaiting_tool: false, cut_in_reasoning: false });
     assert_eq!(sink.0, streamed);

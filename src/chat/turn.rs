@@ -1,9 +1,10 @@
-//! One assistant turn of a chat, whatever the model's format, reported as events to a sink
-//! instead of printed: the REPL prints them, a server turns them into response chunks, tests
-//! collect them. So the format logic (chat templates, harmony parsing by channel) and the
-//! history rules are written once, here, and every front end shows the same turn.
+//! One assistant turn of a chat as `play` holds it, whatever the model's format, reported as
+//! events to a sink instead of printed: the REPL prints them, tests collect them. The reply is
+//! read by the reader every front end shares ([`super::reply`]); the history rules live here.
 //!
-//! - HF chat templates: the reply is text, streamed as decoded ([`TurnEvent::Answer`] only).
+//! - HF chat templates: the reply is read by the model's reply format ([`reply::reader`]):
+//!   for the plain format, text streamed as decoded ([`TurnEvent::Answer`] only, stop strings
+//!   held back).
 //! - gpt-oss harmony: the sampled ids are parsed by channel ([`HarmonyReply`]): reasoning,
 //!   answer and tool calls come apart and no markup reaches any event. Only the final answer
 //!   is kept in the history, so a later prompt never carries an earlier turn's reasoning.
@@ -16,69 +17,12 @@ use std::sync::atomic::AtomicBool;
 use std::time::SystemTime;
 
 use super::Conversation;
-use super::harmony::tools::function_name;
-use super::harmony::{
-    Channel, DoneReason, HarmonyChat, HarmonyEncoding, HarmonyEvent, HarmonyMessage, HarmonyParser,
-    ReasoningEffort, SystemConfig,
-};
+use super::harmony::{HarmonyChat, HarmonyEncoding, ReasoningEffort, SystemConfig};
+use super::reply::{self, Delta, HarmonyReply, ReplyOptions, TurnEnd, TurnEvent, TurnSink};
 use crate::engine::Session;
 use crate::error::{ErrorKind, fail};
-use crate::generate::{Generation, Sampler, SamplerConfig, StopConditions, StopReason};
+use crate::generate::{Sampler, SamplerConfig, StopConditions};
 use crate::load::text::TextSide;
-
-/// What a turn produced, as it streams. Text is never markup: plain models' text has stop
-/// strings held back, harmony's has no control tokens.
-#[derive(Debug, Clone, Copy)]
-pub enum TurnEvent<'a> {
-    /// Chain of thought (harmony analysis, and channels the format does not define).
-    Reasoning(&'a str),
-    /// Harmony commentary addressed to no tool: a preamble, which OpenAI's harmony guide says
-    /// the model writes for the user to see (e.g. what it is about to call and why).
-    Preamble(&'a str),
-    /// Text of the answer: everything a plain model says, harmony's final channel.
-    Answer(&'a str),
-    /// The model began a message to a tool (harmony commentary to e.g. `functions.get_weather`);
-    /// its arguments follow as [`TurnEvent::ToolArguments`].
-    ToolCall {
-        recipient: &'a str,
-    },
-    ToolArguments(&'a str),
-    /// A harmony message ended (plain models have one message and send none).
-    MessageEnd(Part),
-    /// The turn is over; always the last event of a turn that did not fail.
-    End(&'a TurnEnd),
-}
-
-/// Which kind of harmony message a [`TurnEvent::MessageEnd`] closes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part {
-    Reasoning,
-    Preamble,
-    Answer,
-    ToolCall,
-}
-
-/// How a turn ended: the generation's stats and stop reason (`text` is the answer only).
-#[derive(Debug, Clone)]
-pub struct TurnEnd {
-    pub generation: Generation,
-    /// Harmony: the model ended its turn with `<|call|>`, waiting for a tool's result.
-    pub awaiting_tool: bool,
-    /// The token budget ran out inside reasoning, before any answer came.
-    pub cut_in_reasoning: bool,
-}
-
-/// Where a turn's events go.
-pub trait TurnSink {
-    /// An error stops the turn (a closed pipe, a client gone): it then fails as a whole.
-    fn event(&mut self, e: &TurnEvent) -> anyhow::Result<()>;
-}
-
-impl<F: FnMut(&TurnEvent) -> anyhow::Result<()>> TurnSink for F {
-    fn event(&mut self, e: &TurnEvent) -> anyhow::Result<()> {
-        self(e)
-    }
-}
 
 /// How one turn samples and when it stops. Harmony turns stop on `<|return|>`/`<|call|>` and
 /// the token budget only: their ids and stop strings do not apply to the parsed output.
@@ -251,6 +195,9 @@ impl Dialogue {
     }
 }
 
+/// A chat-template model's turn, its reply read by the model's reply format
+/// ([`reply::reader`]): plain text for the formats we have, reasoning and calls apart for a
+/// format that writes them.
 fn plain_turn(
     chat: &mut Conversation,
     session: &mut Session,
@@ -259,10 +206,37 @@ fn plain_turn(
     sink: &mut dyn TurnSink,
 ) -> anyhow::Result<TurnEnd> {
     let ids = chat.prompt_ids(text)?;
-    let generation =
-        session.generate(&text.tokenizer, &ids, s.sampler, s.stop, s.interrupt, &mut |t| {
-            sink.event(&TurnEvent::Answer(t))
+    let max_tokens = s.stop.max_tokens;
+    let opts = ReplyOptions { stop: s.stop, tools: Vec::new(), raw: chat.raw };
+    let mut reply = reply::reader(text, opts)?;
+    let mut answer = String::new();
+    let mut show = |deltas: Vec<Delta>, answer: &mut String| -> anyhow::Result<()> {
+        for d in deltas {
+            match d {
+                Delta::Content(t) => {
+                    answer.push_str(&t);
+                    sink.event(&TurnEvent::Answer(&t))?;
+                }
+                Delta::Reasoning(t) => sink.event(&TurnEvent::Reasoning(&t))?,
+                Delta::ToolStart { name, .. } => {
+                    sink.event(&TurnEvent::ToolCall { recipient: &name })?
+                }
+                Delta::ToolArgs { text, .. } => sink.event(&TurnEvent::ToolArguments(&text))?,
+                Delta::Logprobs(_) => {}
+            }
+        }
+        Ok(())
+    };
+    let eos_ids = reply.stop_ids();
+    let mut generation =
+        session.generate(&ids, s.sampler, max_tokens, eos_ids, s.interrupt, &mut |id| {
+            let (deltas, stop) = reply.push(id, None)?;
+            show(deltas, &mut answer)?;
+            Ok(stop)
         })?;
+    let (tail, _) = reply.finish(&generation.reason, None)?;
+    show(tail, &mut answer)?;
+    generation.text = answer;
     chat.push_assistant(&generation.text);
     let end = TurnEnd { generation, awaiting_tool: false, cut_in_reasoning: false };
     sink.event(&TurnEvent::End(&end))?;
@@ -289,105 +263,4 @@ fn harmony_turn(
     chat.record_reply(reply.messages());
     sink.event(&TurnEvent::End(&end))?;
     Ok(end)
-}
-
-/// A harmony reply as it streams: sampled ids in, [`TurnEvent`]s out. Apart from the session
-/// loop, so whatever produces the ids (a batched engine, a test) gets the same events.
-pub struct HarmonyReply<'t> {
-    parser: HarmonyParser<'t>,
-    /// The message being read is a tool call (its text is arguments, not reasoning).
-    in_tool_call: bool,
-    answer: String,
-}
-
-impl<'t> HarmonyReply<'t> {
-    /// For the continuation of a prompt from [`HarmonyChat::prompt_ids`].
-    pub fn new(enc: &HarmonyEncoding<'t>) -> Self {
-        HarmonyReply { parser: enc.parser(), in_tool_call: false, answer: String::new() }
-    }
-
-    /// Feeds one sampled id; says when the model has ended its turn.
-    pub fn push(&mut self, id: u32, sink: &mut dyn TurnSink) -> anyhow::Result<Option<StopReason>> {
-        for e in self.parser.push(id)? {
-            self.send(&e, sink)?;
-        }
-        Ok(self.parser.done().map(|_| StopReason::Eos(id)))
-    }
-
-    /// Closes the reply after sampling stopped; the generation's text becomes the answer.
-    pub fn finish(
-        &mut self,
-        mut generation: Generation,
-        sink: &mut dyn TurnSink,
-    ) -> anyhow::Result<TurnEnd> {
-        // Read before `finish` closes the message: where the budget ran out.
-        let cut_in_reasoning = matches!(generation.reason, StopReason::MaxTokens)
-            && self.parser.current_channel() == Some(&Channel::Analysis);
-        for e in self.parser.finish()? {
-            self.send(&e, sink)?;
-        }
-        generation.text = std::mem::take(&mut self.answer);
-        let awaiting_tool = self.parser.done() == Some(DoneReason::Call);
-        Ok(TurnEnd { generation, awaiting_tool, cut_in_reasoning })
-    }
-
-    /// Whether the message being read is one the user sees (the answer or a preamble): its
-    /// text tokens are the reply's visible content, its markup and other messages are not.
-    pub fn in_visible_content(&self) -> bool {
-        match self.parser.current_channel() {
-            Some(Channel::Final | Channel::Other(_) | Channel::Commentary) => !self.in_tool_call,
-            _ => false,
-        }
-    }
-
-    /// Whether the message being read is reasoning (analysis, not a call to a tool).
-    pub fn in_reasoning(&self) -> bool {
-        self.parser.current_channel() == Some(&Channel::Analysis) && !self.in_tool_call
-    }
-
-    /// The reply's messages so far, analysis included (what [`HarmonyChat::record_reply`] reads).
-    pub fn messages(&self) -> &[HarmonyMessage] {
-        self.parser.messages()
-    }
-
-    /// Where the model slips, the message still becomes what it was meant to be: a call to a
-    /// function is a tool call on whatever channel it came (gpt-oss sometimes writes calls on
-    /// `analysis`), and text on a channel harmony does not have is shown as the answer rather
-    /// than lost.
-    fn send(&mut self, e: &HarmonyEvent, sink: &mut dyn TurnSink) -> anyhow::Result<()> {
-        match e {
-            HarmonyEvent::MessageStart { channel, recipient: Some(r) }
-                if *channel == Channel::Commentary || function_name(r).is_some() =>
-            {
-                self.in_tool_call = true;
-                sink.event(&TurnEvent::ToolCall { recipient: r })
-            }
-            HarmonyEvent::MessageStart { .. } => {
-                self.in_tool_call = false;
-                Ok(())
-            }
-            HarmonyEvent::Text { text, .. } if self.in_tool_call => {
-                sink.event(&TurnEvent::ToolArguments(text))
-            }
-            HarmonyEvent::Text { channel: Channel::Final | Channel::Other(_), text } => {
-                self.answer.push_str(text);
-                sink.event(&TurnEvent::Answer(text))
-            }
-            HarmonyEvent::Text { channel: Channel::Commentary, text } => {
-                sink.event(&TurnEvent::Preamble(text))
-            }
-            HarmonyEvent::Text { text, .. } => sink.event(&TurnEvent::Reasoning(text)),
-            HarmonyEvent::MessageEnd { channel } => {
-                let part = match channel {
-                    _ if self.in_tool_call => Part::ToolCall,
-                    Channel::Final | Channel::Other(_) => Part::Answer,
-                    Channel::Commentary => Part::Preamble,
-                    _ => Part::Reasoning,
-                };
-                self.in_tool_call = false;
-                sink.event(&TurnEvent::MessageEnd(part))
-            }
-            HarmonyEvent::Done { .. } => Ok(()),
-        }
-    }
 }

@@ -1,4 +1,5 @@
-//! The generation loop: prompt ids in, streamed text out, with timings and the stop reason.
+//! The generation loop: prompt ids in, sampled ids out one by one, with timings and the stop
+//! reason. No text: the front end reads the ids (`chat::reply`).
 //!
 //! Every generation is a request to the engine ([`Engine`]), which batches it with whatever
 //! else runs; a chat re-renders the whole conversation every turn and the engine's prefix cache
@@ -8,11 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use tokenizers::Tokenizer;
-
 use super::core::Engine;
 use super::request::{Event, Request};
-use crate::generate::{Generation, Sampler, StopChecker, StopConditions, StopReason, TokenStream};
+use crate::generate::{Generation, Sampler, StopReason};
 
 /// A conversation's view of the engine: one request per turn. The KV cache lives in the
 /// engine's pool, content-addressed: a turn whose prompt starts with an earlier turn's tokens
@@ -34,46 +33,8 @@ impl Session {
     /// exact matches.
     pub fn reset(&mut self) {}
 
-    /// Generates after `prompt`, calling `on_text` with each piece of text as soon as it may be
-    /// shown. `interrupt` is polled between steps (Ctrl-C).
-    pub fn generate(
-        &mut self,
-        tokenizer: &Tokenizer,
-        prompt: &[u32],
-        sampler: &mut Sampler,
-        cond: StopConditions,
-        interrupt: &Arc<AtomicBool>,
-        on_text: &mut dyn FnMut(&str) -> anyhow::Result<()>,
-    ) -> anyhow::Result<Generation> {
-        let eos = cond.eos_ids.clone();
-        let mut stop = StopChecker::new(cond);
-        let mut stream = TokenStream::new(tokenizer);
-        let max_tokens = stop.remaining();
-        let mut text = String::new();
-        let mut out = self.run(prompt, sampler, max_tokens, eos, interrupt, &mut |id| {
-            let piece = if stop.is_eos(id) { None } else { stream.push(id)? };
-            let step = stop.push(id, piece.as_deref().unwrap_or(""));
-            if !step.text.is_empty() {
-                text.push_str(&step.text);
-                on_text(&step.text)?;
-            }
-            Ok(step.stop)
-        })?;
-        if !matches!(out.reason, StopReason::StopString(_)) {
-            let tail = format!("{}{}", stop.finish(), stream.finish()?.unwrap_or_default());
-            if !tail.is_empty() {
-                text.push_str(&tail);
-                on_text(&tail)?;
-            }
-        }
-        out.text = text;
-        Ok(out)
-    }
-
-    /// The token loop under every generation: submits `prompt` to the engine and hands each
-    /// sampled id to `on_token` until it returns a stop reason, `max_tokens` are made, the
-    /// context is full or `interrupt` is set. `on_token` sees every sampled id (special tokens
-    /// included).
+    /// [`Self::generate`] with no end-of-sequence ids: the engine stops only on the budget, the
+    /// context or `on_token`'s word.
     pub fn generate_tokens(
         &mut self,
         prompt: &[u32],
@@ -82,10 +43,15 @@ impl Session {
         interrupt: &Arc<AtomicBool>,
         on_token: &mut dyn FnMut(u32) -> anyhow::Result<Option<StopReason>>,
     ) -> anyhow::Result<Generation> {
-        self.run(prompt, sampler, max_tokens, Vec::new(), interrupt, on_token)
+        self.generate(prompt, sampler, max_tokens, Vec::new(), interrupt, on_token)
     }
 
-    fn run(
+    /// The token loop under every generation: submits `prompt` to the engine and hands each
+    /// sampled id to `on_token` until it returns a stop reason, `max_tokens` are made, one of
+    /// `eos_ids` is sampled (and handed on), the context is full or `interrupt` is set.
+    /// `on_token` sees every sampled id (special tokens included); reading them as text is the
+    /// reply reader's (`chat::reply`), so `text` is left empty.
+    pub fn generate(
         &mut self,
         prompt: &[u32],
         sampler: &mut Sampler,

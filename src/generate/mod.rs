@@ -8,8 +8,8 @@
 //! - [`stream`]: token ids → text, incrementally, without holding back complete characters.
 //! - [`generation`]: what one generation did (tokens, text, stop reason, timings).
 //!
-//! Nothing here runs a model: the engine's sampling and stop checks and its sessions
-//! (`engine::session`) are built on these pieces. How a generation loop puts them together (the
+//! Nothing here runs a model: the engine's sampling and stop checks and the reply reader
+//! (`chat::reply`) are built on these pieces. How a generation loop puts them together (the
 //! model call is the only model-specific part):
 //!
 //! ```ignore

@@ -11,78 +11,43 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::errors::ApiError;
-use super::generation::{Delta, Job, Outcome};
-use super::logprobs::{Entry, chat_json};
+use super::constraint;
+use super::errors::{ApiError, body_bytes};
+use super::generation::Outcome;
+use super::logprobs::chat_json;
 use super::openai_types::{ChatRequest, parse};
-use super::params::{chat_logprobs, clip_max_tokens, settings};
-use super::sse::{self, ChunkHead, Chunker, Collected, RequestLog, usage};
+use super::params::chat_logprobs;
+use super::pipeline::{self, GenRequest, Input};
+use super::sse::{self, ChunkHead, RequestLog, Shape, usage};
 use super::state::AppState;
-use super::{body_bytes, check_prompt, constraint, hooks};
+use crate::chat::reply::{Delta, Entry};
 
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let log = RequestLog::new("chatcmpl", "/v1/chat/completions");
-    let result = run(&state, body, &log).await;
-    sse::respond(&log, result)
+    let result = async {
+        let req = convert(parse(&body_bytes(body)?)?)?;
+        let logprobs = req.logprobs.is_some();
+        pipeline::run(&state, req, &log, |a| {
+            let head = ChunkHead::new(&log, &state.model.id, a.include_usage);
+            ChatChunks { head, logprobs, pending: Vec::new(), whole: Collected::default() }
+        })
+        .await
+    };
+    sse::respond(&log, result.await)
 }
 
-async fn run(
-    state: &Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
-    log: &RequestLog,
-) -> Result<Response, ApiError> {
-    let req: ChatRequest = parse(&body_bytes(body)?)?;
-    state.model.check(req.common.model.as_deref())?;
-    let ready = state.ready()?;
+/// A chat completions body as the one request every endpoint runs.
+fn convert(req: ChatRequest) -> Result<GenRequest, ApiError> {
     let logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
-    let s =
-        settings(&req.common, req.max_completion_tokens.or(req.common.max_tokens), ready.harmony)?;
-    if let Some(user) = &req.common.user {
-        tracing::debug!("{} user {user:?}", log.id);
-    }
-    let date = req.common.x_inferno_date.as_deref().filter(|_| state.hooks);
     let structured =
         constraint::from_request(&req.common, req.tools.as_ref(), req.tool_choice.as_ref())?;
-    let prompt = super::prompt::chat_prompt(&ready, &req, date, structured.format.as_ref())?;
-    let constraint = constraint::compile(&ready, &structured)?;
-    let echo_ids =
-        (state.hooks && req.common.x_inferno_prompt_ids == Some(true)).then(|| prompt.clone());
-    check_prompt(&ready, prompt.len())?;
-    let slot = state.admit()?;
-    let job = Job {
-        max_tokens: clip_max_tokens(s.max_tokens, prompt.len(), ready.engine.context()),
-        forced: hooks::forced_reply(state, &ready, &req.common)?,
-        forced_prefix: hooks::forced_prefix(state, &ready, &req.common)?,
-        prediction: super::params::prediction(&ready, req.prediction.as_ref())?,
-        constraint,
-        // Harmony has its own tool-call syntax, read by its parser.
-        tools: if ready.harmony { Vec::new() } else { super::prompt::tool_names(&req) },
-        prompt,
-        sampling: s.sampling,
-        stop: s.stop,
-        harmony: ready.harmony,
-        logprobs,
-        token_ids: req.common.return_tokens_as_token_ids == Some(true),
-    };
-    let head = ChunkHead::new(log, &state.model.id, s.include_usage);
-    let chunks = ChatChunks { head, logprobs: logprobs.is_some(), pending: Vec::new() };
-    if s.stream {
-        return Ok(sse::stream(state.clone(), ready, job, chunks, log.clone(), slot));
-    }
-    let (reply, outcome) = sse::collect(state, &ready, job, log).await?;
-    drop(slot);
-    log.done(200, &outcome, false);
-    let mut body = chunks.response(reply, &outcome);
-    if let Some(ids) = echo_ids {
-        body["x_inferno_prompt_ids"] = ids.into();
-    }
-    Ok(axum::Json(body).into_response())
+    Ok(GenRequest { input: Input::Chat(req), structured, logprobs })
 }
 
 struct ChatChunks {
@@ -91,6 +56,8 @@ struct ChatChunks {
     logprobs: bool,
     /// Entries for the next content chunk.
     pending: Vec<Entry>,
+    /// The reply so far (the whole body).
+    whole: Collected,
 }
 
 const CHUNK: &str = "chat.completion.chunk";
@@ -109,9 +76,46 @@ impl ChatChunks {
             e => chat_json(&e),
         }
     }
+}
+
+impl Shape for ChatChunks {
+    fn start(&mut self) -> Vec<Value> {
+        vec![self.chunk(json!({"role": "assistant", "content": ""}), Value::Null, None)]
+    }
+
+    fn delta(&mut self, d: Delta) -> Vec<Value> {
+        self.whole.add(&d);
+        let delta = match d {
+            Delta::Reasoning(t) => json!({"reasoning_content": t, "reasoning": t}),
+            Delta::Content(t) => {
+                let logprobs = self.take_logprobs();
+                return vec![self.chunk(json!({"content": t}), logprobs, None)];
+            }
+            Delta::ToolStart { index, id, name } => json!({"tool_calls": [{
+                "index": index, "id": id, "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }]}),
+            Delta::ToolArgs { index, text } => {
+                json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+            }
+            // They go out with the content that follows them (or with the last chunk).
+            Delta::Logprobs(entries) => {
+                self.pending.extend(entries);
+                return Vec::new();
+            }
+        };
+        vec![self.chunk(delta, Value::Null, None)]
+    }
+
+    fn end(&mut self, o: &Outcome) -> Vec<Value> {
+        let logprobs = self.take_logprobs();
+        let last = self.chunk(json!({}), logprobs, Some(o.finish.as_str()));
+        std::iter::once(last).chain(self.head.usage_chunk(CHUNK, o)).collect()
+    }
 
     /// The non-streamed body.
-    fn response(&self, r: Collected, o: &Outcome) -> Value {
+    fn body(&mut self, o: &Outcome) -> Value {
+        let r = std::mem::take(&mut self.whole);
         let calls: Vec<Value> = r
             .calls
             .iter()
@@ -138,37 +142,31 @@ impl ChatChunks {
     }
 }
 
-impl Chunker for ChatChunks {
-    fn first(&mut self) -> Vec<Value> {
-        vec![self.chunk(json!({"role": "assistant", "content": ""}), Value::Null, None)]
-    }
+/// The whole reply as the non-streamed body writes it, added up from its deltas.
+#[derive(Debug, Default)]
+struct Collected {
+    reasoning: String,
+    content: String,
+    /// (id, name, arguments)
+    calls: Vec<(String, String, String)>,
+    /// Of the content's tokens, when asked for.
+    logprobs: Vec<Entry>,
+}
 
-    fn delta(&mut self, d: Delta) -> Option<Value> {
-        let delta = match d {
-            Delta::Reasoning(t) => json!({"reasoning_content": t, "reasoning": t}),
-            Delta::Content(t) => {
-                let logprobs = self.take_logprobs();
-                return Some(self.chunk(json!({"content": t}), logprobs, None));
+impl Collected {
+    fn add(&mut self, d: &Delta) {
+        match d {
+            Delta::Reasoning(t) => self.reasoning.push_str(t),
+            Delta::Content(t) => self.content.push_str(t),
+            Delta::ToolStart { id, name, .. } => {
+                self.calls.push((id.clone(), name.clone(), String::new()))
             }
-            Delta::ToolStart { index, id, name } => json!({"tool_calls": [{
-                "index": index, "id": id, "type": "function",
-                "function": {"name": name, "arguments": ""},
-            }]}),
             Delta::ToolArgs { index, text } => {
-                json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+                if let Some(c) = self.calls.get_mut(*index) {
+                    c.2.push_str(text);
+                }
             }
-            // They go out with the content that follows them (or with the last chunk).
-            Delta::Logprobs(entries) => {
-                self.pending.extend(entries);
-                return None;
-            }
-        };
-        Some(self.chunk(delta, Value::Null, None))
-    }
-
-    fn last(&mut self, o: &Outcome) -> Vec<Value> {
-        let logprobs = self.take_logprobs();
-        let last = self.chunk(json!({}), logprobs, Some(o.finish.as_str()));
-        std::iter::once(last).chain(self.head.usage_chunk(CHUNK, o)).collect()
+            Delta::Logprobs(entries) => self.logprobs.extend(entries.iter().cloned()),
+        }
     }
 }

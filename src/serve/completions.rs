@@ -7,35 +7,39 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::errors::ApiError;
-use super::generation::{Delta, Job, Outcome};
-use super::logprobs::{Entry, completion_json};
+use super::constraint;
+use super::errors::{ApiError, body_bytes};
+use super::generation::Outcome;
+use super::logprobs::completion_json;
 use super::openai_types::{CompletionRequest, parse};
-use super::params::{clip_max_tokens, completion_logprobs, settings};
-use super::sse::{self, ChunkHead, Chunker, RequestLog, usage};
-use super::state::{AppState, Ready};
-use super::{body_bytes, check_prompt, constraint, hooks};
+use super::params::completion_logprobs;
+use super::pipeline::{self, GenRequest, Input};
+use super::sse::{self, ChunkHead, RequestLog, Shape, usage};
+use super::state::AppState;
+use crate::chat::reply::{Delta, Entry};
 
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let log = RequestLog::new("cmpl", "/v1/completions");
-    let result = run(&state, body, &log).await;
-    sse::respond(&log, result)
+    let result = async {
+        let req = convert(parse(&body_bytes(body)?)?)?;
+        let logprobs = req.logprobs.is_some();
+        pipeline::run(&state, req, &log, |a| {
+            let head = ChunkHead::new(&log, &state.model.id, a.include_usage);
+            TextChunks { head, logprobs, pending: Vec::new(), offset: 0, whole: Whole::default() }
+        })
+        .await
+    };
+    sse::respond(&log, result.await)
 }
 
-async fn run(
-    state: &Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
-    log: &RequestLog,
-) -> Result<Response, ApiError> {
-    let req: CompletionRequest = parse(&body_bytes(body)?)?;
-    state.model.check(req.common.model.as_deref())?;
-    let ready = state.ready()?;
+/// A completions body as the one request every endpoint runs: its raw prompt, never a chat.
+fn convert(req: CompletionRequest) -> Result<GenRequest, ApiError> {
     let logprobs = completion_logprobs(req.logprobs.as_ref())?;
     if req.echo == Some(true) {
         return Err(ApiError::bad_param("echo", "echo is not supported by this server"));
@@ -46,68 +50,15 @@ async fn run(
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::bad_param("suffix", "suffix (fill-in-the-middle) is not supported"));
     }
-    // Raw text: the library's default sampling, whatever the model.
-    let s = settings(&req.common, req.common.max_tokens, false)?;
-    let prompt = prompt_ids(&ready, req.prompt.as_ref())?;
-    // Raw text: never harmony, so the constraint covers the whole continuation.
     let structured = constraint::from_request(&req.common, None, None)?;
-    let constraint = constraint::compile_plain(&ready, &structured)?;
-    check_prompt(&ready, prompt.len())?;
-    let slot = state.admit()?;
-    let job = Job {
-        max_tokens: clip_max_tokens(s.max_tokens, prompt.len(), ready.engine.context()),
-        forced: hooks::forced_reply(state, &ready, &req.common)?,
-        forced_prefix: hooks::forced_prefix(state, &ready, &req.common)?,
-        prediction: Vec::new(),
-        constraint,
-        prompt,
-        sampling: s.sampling,
-        stop: s.stop,
-        harmony: false,
-        tools: Vec::new(),
-        logprobs,
-        token_ids: req.common.return_tokens_as_token_ids == Some(true),
-    };
-    let head = ChunkHead::new(log, &state.model.id, s.include_usage);
-    let mut chunks =
-        TextChunks { head, logprobs: logprobs.is_some(), pending: Vec::new(), offset: 0 };
-    if s.stream {
-        return Ok(sse::stream(state.clone(), ready, job, chunks, log.clone(), slot));
-    }
-    let (reply, outcome) = sse::collect(state, &ready, job, log).await?;
-    drop(slot);
-    log.done(200, &outcome, false);
-    chunks.pending = reply.logprobs;
-    let mut body = chunks.chunk(reply.content, Some(outcome.finish.as_str()));
-    body["usage"] = usage(&outcome);
-    Ok(axum::Json(body).into_response())
+    Ok(GenRequest { input: Input::Text(req.common, req.prompt), structured, logprobs })
 }
 
-/// `prompt`: a string, a list of one string, token ids, or a list of one list of ids.
-fn prompt_ids(ready: &Ready, prompt: Option<&Value>) -> Result<Vec<u32>, ApiError> {
-    let bad = |m: &str| ApiError::bad_param("prompt", m.to_string());
-    let prompt = prompt.ok_or_else(|| bad("prompt is required"))?;
-    let one = match prompt {
-        Value::Array(items) if items.len() == 1 && !items[0].is_number() => &items[0],
-        Value::Array(items) if items.len() > 1 && !items[0].is_number() => {
-            return Err(bad("a list of prompts is not supported: send one prompt per request"));
-        }
-        other => other,
-    };
-    match one {
-        Value::String(s) if s.is_empty() => Err(bad("the prompt is empty")),
-        Value::String(s) => ready.text.encode_raw(s).map_err(|e| ApiError::from_anyhow(&e)),
-        Value::Array(ids) => {
-            let vocab = ready.engine.vocab_size() as u64;
-            ids.iter()
-                .map(|v| match v.as_u64() {
-                    Some(id) if id < vocab => Ok(id as u32),
-                    _ => Err(bad(&format!("token ids must be integers in [0, {vocab}), not {v}"))),
-                })
-                .collect()
-        }
-        _ => Err(bad("prompt must be a string or a list of token ids")),
-    }
+/// The whole completion so far (the non-streamed body).
+#[derive(Default)]
+struct Whole {
+    text: String,
+    logprobs: Vec<Entry>,
 }
 
 struct TextChunks {
@@ -118,6 +69,7 @@ struct TextChunks {
     pending: Vec<Entry>,
     /// Characters of the completion before the next entry (`text_offset`).
     offset: usize,
+    whole: Whole,
 }
 
 const OBJECT: &str = "text_completion";
@@ -137,25 +89,38 @@ impl TextChunks {
     }
 }
 
-impl Chunker for TextChunks {
-    fn first(&mut self) -> Vec<Value> {
+impl Shape for TextChunks {
+    fn start(&mut self) -> Vec<Value> {
         Vec::new()
     }
 
-    fn delta(&mut self, d: Delta) -> Option<Value> {
+    fn delta(&mut self, d: Delta) -> Vec<Value> {
         match d {
-            Delta::Content(t) => Some(self.chunk(t, None)),
+            Delta::Content(t) => {
+                self.whole.text.push_str(&t);
+                vec![self.chunk(t, None)]
+            }
             // They go out with the text that follows them (or with the last chunk).
             Delta::Logprobs(entries) => {
+                self.whole.logprobs.extend(entries.iter().cloned());
                 self.pending.extend(entries);
-                None
+                Vec::new()
             }
-            _ => None,
+            _ => Vec::new(),
         }
     }
 
-    fn last(&mut self, o: &Outcome) -> Vec<Value> {
+    fn end(&mut self, o: &Outcome) -> Vec<Value> {
         let last = self.chunk(String::new(), Some(o.finish.as_str()));
         std::iter::once(last).chain(self.head.usage_chunk(OBJECT, o)).collect()
+    }
+
+    /// The non-streamed body: one chunk with all the text and all the entries.
+    fn body(&mut self, o: &Outcome) -> Value {
+        let whole = std::mem::take(&mut self.whole);
+        (self.pending, self.offset) = (whole.logprobs, 0);
+        let mut body = self.chunk(whole.text, Some(o.finish.as_str()));
+        body["usage"] = usage(o);
+        body
     }
 }

@@ -27,7 +27,7 @@
 //! `<|call|>`); with `tool_choice` required or named only a call may come. The schema is also
 //! written in the developer message under `# Response Formats`, as openai-harmony does.
 //! Plain models: the whole reply is the JSON (or regex, grammar, choice); a forced call is the
-//! Llama-style `{"name": …, "parameters": …}` that [`super::llama_tools`] parses back.
+//! Llama-style `{"name": …, "parameters": …}` that [`crate::chat::reply::llama`] parses back.
 //!
 //! For the `/v1/responses` (`text.format`, flat) and `/v1/messages` (`output_config.format`,
 //! `tool_choice` `any`/`{"type": "tool", "name"}`) handlers: [`from_format`] reads a format in
@@ -372,7 +372,7 @@ fn compact(schema: &Value) -> Value {
 /// The grammar of a plain model's reply.
 fn plain_grammar(r: &ReplyConstraints) -> Result<TopLevelGrammar, ApiError> {
     if r.choice.as_ref().is_some_and(ToolChoice::forces_call) {
-        // The Llama-style call llama_tools reads back: one object per call, name first.
+        // The Llama-style call `chat::reply::llama` reads back: one object per call, name first.
         let calls: Vec<Value> = r
             .callable()?
             .iter()
@@ -442,7 +442,7 @@ fn harmony_grammar(r: &ReplyConstraints) -> Result<TopLevelGrammar, ApiError> {
         tails.push("final".to_string());
     }
     for (i, t) in calls.iter().enumerate() {
-        if !super::generation::valid_name(&t.name) {
+        if !crate::chat::reply::valid_name(&t.name) {
             return Err(ApiError::bad_param("tools", format!("tool name {:?} is invalid", t.name)));
         }
         let schema = if t.strict || forced { &t.parameters } else { &json!({"type": "object"}) };

@@ -3,6 +3,8 @@
 //! status, so every failure the server can answer, from bad JSON to a full queue, goes out in
 //! this shape: handlers return `Result<_, ApiError>` and never panic on request data.
 
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -129,6 +131,17 @@ impl IntoResponse for ApiError {
         }
         resp
     }
+}
+
+/// A request body, or 413 past the limit.
+pub fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large("the request body is larger than the server accepts")
+        } else {
+            ApiError::bad_request(format!("reading the request body: {}", e.body_text()))
+        }
+    })
 }
 
 #[cfg(test)]

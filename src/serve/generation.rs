@@ -1,9 +1,8 @@
-//! One request's generation, pulled step by step by its handler: submit the prompt to the
-//! engine, read the sampled ids, and turn them into [`Delta`]s with the shared output code:
-//! the incremental detokenizer and stop strings for plain text ([`PlainOut`], with Llama-style
-//! tool calls when tools were offered), [`HarmonyOut`] for gpt-oss (reasoning, answer and tool
-//! calls apart, no markup). The same path `Session` takes for `play`, asynchronously, one per
-//! HTTP request.
+//! One request's generation, pulled step by step as its reply is shaped: submit the prompt to
+//! the engine, read the sampled ids, and turn them into [`Delta`]s with the reply reader every
+//! front end shares ([`crate::chat::reply`]: the model's chat format, or plain text for a raw
+//! continuation). The same path `Session` takes for `play`, asynchronously, one per HTTP
+//! request.
 //!
 //! Dropping a [`ReplyStream`] drops its [`RequestHandle`], which cancels the sequence at the
 //! engine's next step: a handler whose client went away stops its generation by ending.
@@ -11,26 +10,23 @@
 use std::time::{Duration, Instant};
 
 use super::errors::ApiError;
-use super::harmony_reply::HarmonyOut;
-use super::logprobs::{Entry, TokenText};
 use super::metrics::Metrics;
-use super::plain_reply::PlainOut;
 use super::state::Ready;
-use crate::chat::harmony::HarmonyEncoding;
+use crate::chat::reply::{self, Delta, FinishReason, ReplyFormat, ReplyOptions, TokenText};
 use crate::engine::core::OUT_OF_MEMORY;
 use crate::engine::request::{Event, Request, RequestHandle};
 use crate::generate::{SamplerConfig, StopConditions, StopReason};
 
-/// What one request asks the engine for.
+/// What one request asks the engine for (built by [`super::pipeline`] alone).
 pub struct Job {
     pub prompt: Vec<u32>,
     pub sampling: SamplerConfig,
     pub max_tokens: usize,
     pub stop: Vec<String>,
-    /// Parse the reply as harmony (chat with gpt-oss); else plain text.
-    pub harmony: bool,
-    /// Names of the tools offered to a plain model: a reply that is a call to one of them
-    /// becomes tool calls. Empty: the reply is text.
+    /// Read the reply in the model's chat format; else as plain text (a raw continuation).
+    pub chat: bool,
+    /// Names of the tools offered to a model whose format reads calls from the reply's text:
+    /// a reply that is a call to one of them becomes tool calls. Empty: no calls are read.
     pub tools: Vec<String>,
     /// Log probabilities of each content token and this many alternatives.
     pub logprobs: Option<usize>,
@@ -44,46 +40,6 @@ pub struct Job {
     pub constraint: Option<crate::engine::constraint::Constraint>,
     /// Predicted Outputs: ids the reply is expected to repeat (drafts; empty: none).
     pub prediction: Vec<u32>,
-}
-
-/// A piece of the reply, as it streams.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Delta {
-    Reasoning(String),
-    Content(String),
-    /// A tool call begins: its index among this reply's calls, its id, the function name.
-    ToolStart {
-        index: usize,
-        id: String,
-        name: String,
-    },
-    /// A fragment of a call's arguments (JSON text as the model writes it).
-    ToolArgs {
-        index: usize,
-        text: String,
-    },
-    /// Log probabilities of the tokens of the content that follows (or, last, of tokens whose
-    /// text a stop string cut).
-    Logprobs(Vec<Entry>),
-}
-
-/// Why a reply ended, as OpenAI's `finish_reason` names it (Messages and Responses map it to
-/// their own words).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    Stop,
-    Length,
-    ToolCalls,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::ToolCalls => "tool_calls",
-        }
-    }
 }
 
 /// How a generation ended, with its counts and times.
@@ -122,7 +78,7 @@ pub enum Step {
 /// [`Outcome`].
 pub struct ReplyStream<'r> {
     handle: RequestHandle,
-    reader: Reader<'r>,
+    reader: Box<dyn ReplyFormat + Send + 'r>,
     /// Set when logprobs were asked for.
     text: Option<TokenText<'r>>,
     metrics: &'r Metrics,
@@ -131,7 +87,7 @@ pub struct ReplyStream<'r> {
     last: Option<Instant>,
     tokens: usize,
     /// Set when this side decided the end (a stop string, harmony's end of turn).
-    stopped: Option<FinishReason>,
+    stopped: Option<StopReason>,
     done: bool,
 }
 
@@ -144,22 +100,17 @@ impl<'r> ReplyStream<'r> {
         started: Instant,
     ) -> Result<Self, ApiError> {
         let tokenizer = &ready.text.tokenizer;
-        let reader = if job.harmony {
-            let enc = HarmonyEncoding::new(tokenizer).map_err(|e| ApiError::from_anyhow(&e))?;
-            Reader::Harmony(Box::new(HarmonyOut::new(enc, job.stop.clone())))
-        } else {
-            let cond = StopConditions {
-                eos_ids: ready.text.eos_ids.clone(),
-                stop_strings: job.stop.clone(),
-                max_tokens: job.max_tokens,
-            };
-            Reader::Plain(Box::new(PlainOut::new(tokenizer, cond, job.tools)))
+        let stop = StopConditions {
+            eos_ids: ready.text.eos_ids.clone(),
+            stop_strings: job.stop,
+            max_tokens: job.max_tokens,
         };
-        let eos_ids = match (&job.forced, &reader) {
+        let opts = ReplyOptions { stop, tools: job.tools, raw: !job.chat };
+        let reader = reply::reader(&ready.text, opts).map_err(|e| ApiError::from_anyhow(&e))?;
+        let eos_ids = match &job.forced {
             // Forced ids: the engine must run exactly as many steps; the reader decides the end.
-            (Some(_), _) => Vec::new(),
-            (None, Reader::Harmony(h)) => h.stop_ids.clone(),
-            (None, Reader::Plain(_)) => ready.text.eos_ids.clone(),
+            Some(_) => Vec::new(),
+            None => reader.stop_ids(),
         };
         let max_tokens = match &job.forced {
             Some(ids) => ids.len().min(job.max_tokens),
@@ -216,7 +167,7 @@ impl<'r> ReplyStream<'r> {
                     self.done = true;
                     let (tail, finish) = self
                         .reader
-                        .finish(&f.reason, self.stopped)
+                        .finish(&f.reason, self.stopped.as_ref())
                         .map_err(|e| ApiError::from_anyhow(&e))?;
                     let now = Instant::now();
                     let first = self.first.unwrap_or(now);
@@ -283,100 +234,4 @@ impl Drop for ReplyStream<'_> {
             self.metrics.cancelled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
-}
-
-pub fn finish_of(reason: &StopReason) -> FinishReason {
-    match reason {
-        StopReason::MaxTokens | StopReason::ContextFull => FinishReason::Length,
-        _ => FinishReason::Stop,
-    }
-}
-
-enum Reader<'r> {
-    Plain(Box<PlainOut<'r>>),
-    Harmony(Box<HarmonyOut<'r>>),
-}
-
-impl Reader<'_> {
-    fn reasoning_tokens(&self) -> usize {
-        match self {
-            Reader::Plain(_) => 0,
-            Reader::Harmony(h) => h.reasoning_tokens,
-        }
-    }
-
-    fn push(
-        &mut self,
-        id: u32,
-        entry: Option<Entry>,
-    ) -> anyhow::Result<(Vec<Delta>, Option<FinishReason>)> {
-        match self {
-            Reader::Plain(p) => p.push(id, entry),
-            Reader::Harmony(h) => h.push(id, entry),
-        }
-    }
-
-    fn finish(
-        &mut self,
-        engine: &StopReason,
-        ours: Option<FinishReason>,
-    ) -> anyhow::Result<(Vec<Delta>, FinishReason)> {
-        match self {
-            Reader::Plain(p) => p.finish(engine, ours),
-            Reader::Harmony(h) => h.finish(engine, ours),
-        }
-    }
-
-    fn stop_string(&self) -> Option<String> {
-        match self {
-            Reader::Plain(p) => p.stop_string.clone(),
-            Reader::Harmony(h) => h.stop_string.clone(),
-        }
-    }
-}
-
-/// Log-probability entries waiting for the content they belong to: a token's text can come
-/// out later than the token (an incomplete character, a possible stop string, a possible tool
-/// call), and a chunk's logprobs describe the tokens of its text.
-#[derive(Default)]
-pub struct PendingLogprobs(Vec<Entry>);
-
-impl PendingLogprobs {
-    pub fn push(&mut self, entry: Option<Entry>) {
-        self.0.extend(entry);
-    }
-
-    /// Puts the waiting entries just before the first content of `deltas`, if there is any.
-    pub fn attach(&mut self, deltas: &mut Vec<Delta>) {
-        if self.0.is_empty() {
-            return;
-        }
-        if let Some(at) = deltas.iter().position(|d| matches!(d, Delta::Content(_))) {
-            deltas.insert(at, Delta::Logprobs(std::mem::take(&mut self.0)));
-        }
-    }
-
-    /// At the end: the waiting entries go out, with content or alone.
-    pub fn flush(&mut self, deltas: &mut Vec<Delta>) {
-        self.attach(deltas);
-        if !self.0.is_empty() {
-            deltas.push(Delta::Logprobs(std::mem::take(&mut self.0)));
-        }
-    }
-
-    pub fn clear(&mut self) {
-        self.0.clear();
-    }
-}
-
-/// The prefix of one reply's tool call ids (`call_…`, then the call's index).
-pub fn call_ids() -> String {
-    format!("call_{:016x}", rand::random::<u64>())
-}
-
-/// A function name as OpenAI allows it, so no markup or stray text ever becomes a tool name.
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }

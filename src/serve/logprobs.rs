@@ -1,5 +1,5 @@
-//! The API's `logprobs`: the engine's numbers ([`TokenLogprobs`], the log-softmax of the raw
-//! logits, see [`crate::engine::logprobs`]) as the two response formats write them.
+//! The API's `logprobs`: the engine's numbers (the log-softmax of the raw logits, see
+//! [`crate::engine::logprobs`]) as the two response formats write them.
 //!
 //! - Chat: `choices[].logprobs.content[]` = `{token, logprob, bytes, top_logprobs: [{token,
 //!   logprob, bytes}]}`, `top_logprobs` the N most likely tokens.
@@ -7,74 +7,12 @@
 //!   each `top_logprobs` entry a `{token: logprob}` object of the N most likely tokens plus the
 //!   chosen one (as OpenAI and vLLM write it; two tokens with the same text share a key).
 //!
-//! A token's `bytes` are its own bytes, even when they are part of a character (byte-level BPE
-//! and byte-fallback tokens); `token` is their text, with U+FFFD for such a fragment (vLLM's
-//! choice), or `token_id:ID` when the request sets vLLM's `return_tokens_as_token_ids`.
-//! Log probabilities below -9999 (an impossible token) are written as -9999, OpenAI's floor:
-//! JSON has no -inf.
+//! The entries themselves (a token's text, bytes and floored log probability) come from the
+//! reply reader ([`crate::chat::reply::logprobs`]).
 
 use serde_json::{Map, Value, json};
-use tokenizers::Tokenizer;
 
-use crate::engine::logprobs::TokenLogprobs;
-use crate::tokenizer::bytes::TokenBytes;
-
-/// OpenAI's value for a token that cannot occur.
-const FLOOR: f32 = -9999.0;
-
-/// One token as the response shows it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Piece {
-    pub token: String,
-    pub bytes: Vec<u8>,
-}
-
-/// One generated token's entry.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Entry {
-    pub piece: Piece,
-    pub logprob: f32,
-    pub top: Vec<(Piece, f32)>,
-}
-
-/// Turns token ids into [`Piece`]s for one tokenizer.
-pub struct TokenText<'t> {
-    bytes: TokenBytes<'t>,
-    as_ids: bool,
-}
-
-impl<'t> TokenText<'t> {
-    pub fn new(tokenizer: &'t Tokenizer, as_ids: bool) -> Self {
-        TokenText { bytes: TokenBytes::new(tokenizer), as_ids }
-    }
-
-    pub fn entry(&self, t: &TokenLogprobs) -> Entry {
-        Entry {
-            piece: self.piece(t.id),
-            logprob: floor(t.logprob),
-            top: t.top.iter().map(|&(id, lp)| (self.piece(id), floor(lp))).collect(),
-        }
-    }
-
-    pub fn piece(&self, id: u32) -> Piece {
-        let bytes = self.bytes(id);
-        let token = if self.as_ids {
-            format!("token_id:{id}")
-        } else {
-            String::from_utf8_lossy(&bytes).into_owned()
-        };
-        Piece { token, bytes }
-    }
-
-    /// The bytes a token stands for ([`TokenBytes`]).
-    fn bytes(&self, id: u32) -> Vec<u8> {
-        self.bytes.bytes(id)
-    }
-}
-
-fn floor(lp: f32) -> f32 {
-    if lp >= FLOOR { lp } else { FLOOR }
-}
+use crate::chat::reply::{Entry, Piece};
 
 /// Chat's `logprobs` object for these entries.
 pub fn chat_json(entries: &[Entry]) -> Value {
@@ -118,6 +56,7 @@ pub fn completion_json(entries: &[Entry], offset: &mut usize) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat::reply::logprobs::{FLOOR, floor};
 
     #[test]
     fn legacy_format_adds_the_chosen_token_and_counts_offsets_in_characters() {

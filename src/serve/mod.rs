@@ -9,13 +9,15 @@
 //! - [`listen`]: the accept loop and its limits (connections, header and idle timeouts).
 //! - [`routes`]: paths, API key, CORS, body limit, `/health`, `/v1/models`, `/metrics`.
 //! - [`chat`], [`completions`], [`responses`]: OpenAI's generation endpoints; [`messages`]:
-//!   Anthropic's.
+//!   Anthropic's. Each converts its body into one [`pipeline::GenRequest`] and shapes its
+//!   output from one stream of deltas ([`sse::Shape`]); [`pipeline`] runs every one of them
+//!   the same way, and alone builds the engine's job.
 //! - [`openai_types`], [`params`]: request bodies and their values → generation settings.
-//! - [`prompt`]: chat messages → prompt ids (harmony or the chat template; [`tool_prompt`]
-//!   offers tools to a model whose template cannot).
-//! - [`generation`]: one request's tokens → deltas (text, reasoning, tool calls, logprobs):
-//!   [`plain_reply`] (with [`llama_tools`]) and [`harmony_reply`] read the two formats;
-//!   [`logprobs`] writes log probabilities as the API does.
+//! - [`prompt`]: chat messages or raw text → prompt ids (harmony or the chat template;
+//!   [`tool_prompt`] offers tools to a model whose template cannot).
+//! - [`generation`]: one request's tokens → deltas (text, reasoning, tool calls, logprobs),
+//!   read by the reply reader `play` uses too (`chat::reply`); [`logprobs`] writes log
+//!   probabilities as the API does.
 //! - [`sse`]: streaming (SSE) or collecting a generation; the per-request log line.
 //! - [`errors`]: OpenAI error objects; [`metrics`]: Prometheus text; [`hooks`]: test-only.
 //! - [`ui`]: the chat page at `/` (static files built into the binary).
@@ -25,16 +27,14 @@ mod completions;
 pub mod constraint;
 pub mod errors;
 mod generation;
-mod harmony_reply;
 mod hooks;
 mod listen;
-mod llama_tools;
 mod logprobs;
 mod messages;
 pub mod metrics;
 pub mod openai_types;
 pub mod params;
-mod plain_reply;
+mod pipeline;
 mod prompt;
 mod responses;
 mod routes;
@@ -47,8 +47,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use candle_core::Device;
 use tokio::sync::{oneshot, watch};
 
@@ -59,7 +57,6 @@ use crate::error::{ErrorKind, fail};
 use crate::load::plan::Target;
 use crate::load::{self, LoadOptions, ModelInfo};
 use crate::util::human_bytes_iec;
-use errors::ApiError;
 use state::{AppState, ModelIds, Ready};
 
 /// How long open requests get to end after Ctrl+C before the server stops anyway.
@@ -312,36 +309,4 @@ fn init_tracing(verbose: u8) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
-}
-
-/// A request body, or 413 past the limit.
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|e| {
-        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large("the request body is larger than the server accepts")
-        } else {
-            ApiError::bad_request(format!("reading the request body: {}", e.body_text()))
-        }
-    })
-}
-
-/// 400 for a prompt the engine could never run.
-fn check_prompt(ready: &Ready, len: usize) -> Result<(), ApiError> {
-    let context = ready.engine.context();
-    if len == 0 {
-        return Err(ApiError::bad_request("the prompt is empty"));
-    }
-    if len >= context {
-        return Err(ApiError::bad_request(format!(
-            "the prompt is {len} tokens; this model's context holds {context} (prompt and reply): shorten it or restart the server with a larger --context"
-        )));
-    }
-    Ok(())
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }

@@ -1,5 +1,6 @@
-//! A chat request's `messages` (and `tools`, `reasoning_effort`) to prompt ids, rendered by the
-//! code `inferno play` uses: harmony for gpt-oss ([`HarmonyChat`], tools as the `functions`
+//! A request's prompt as ids: completions' raw text or ids ([`text_prompt`]), and a chat
+//! request's `messages` (and `tools`, `reasoning_effort`) rendered by the code `inferno play`
+//! uses: harmony for gpt-oss ([`HarmonyChat`], tools as the `functions`
 //! namespace exactly as `openai-harmony` writes it), the model's own chat template otherwise.
 //!
 //! Harmony history rules: `system` and `developer` messages become the developer
@@ -18,6 +19,7 @@ use super::openai_types::{ChatMessage, ChatRequest};
 use super::state::Ready;
 use crate::chat::harmony::tools::tools_from_openai;
 use crate::chat::harmony::{HarmonyChat, HarmonyEncoding, ReasoningEffort, SystemConfig};
+use crate::chat::reply::valid_name;
 
 /// The prompt ids of a chat request.
 /// `date`: the harmony system message's date instead of today's (a test hook).
@@ -55,7 +57,7 @@ pub fn tool_names(req: &ChatRequest) -> Vec<String> {
     tools
         .iter()
         .filter_map(|t| t.get("function")?.get("name")?.as_str())
-        .filter(|n| super::generation::valid_name(n))
+        .filter(|n| valid_name(n))
         .map(str::to_string)
         .collect()
 }
@@ -125,7 +127,7 @@ fn harmony_prompt(
                     chat.push_assistant_preamble(&text);
                 }
                 for c in calls {
-                    if !super::generation::valid_name(&c.function.name) {
+                    if !valid_name(&c.function.name) {
                         return Err(ApiError::bad_param(
                             "messages",
                             format!(
@@ -238,4 +240,31 @@ fn template_prompt(
     })
     .map_err(|e| ApiError::from_anyhow(&e))?;
     ready.text.encode_chat(&rendered).map_err(|e| ApiError::from_anyhow(&e))
+}
+
+/// Completions' `prompt` as ids: a string (encoded as raw text), a list of one string, a list of one string, token ids, or a list of one list of ids.
+pub fn text_prompt(ready: &Ready, prompt: Option<&Value>) -> Result<Vec<u32>, ApiError> {
+    let bad = |m: &str| ApiError::bad_param("prompt", m.to_string());
+    let prompt = prompt.ok_or_else(|| bad("prompt is required"))?;
+    let one = match prompt {
+        Value::Array(items) if items.len() == 1 && !items[0].is_number() => &items[0],
+        Value::Array(items) if items.len() > 1 && !items[0].is_number() => {
+            return Err(bad("a list of prompts is not supported: send one prompt per request"));
+        }
+        other => other,
+    };
+    match one {
+        Value::String(s) if s.is_empty() => Err(bad("the prompt is empty")),
+        Value::String(s) => ready.text.encode_raw(s).map_err(|e| ApiError::from_anyhow(&e)),
+        Value::Array(ids) => {
+            let vocab = ready.engine.vocab_size() as u64;
+            ids.iter()
+                .map(|v| match v.as_u64() {
+                    Some(id) if id < vocab => Ok(id as u32),
+                    _ => Err(bad(&format!("token ids must be integers in [0, {vocab}), not {v}"))),
+                })
+                .collect()
+        }
+        _ => Err(bad("prompt must be a string or a list of token ids")),
+    }
 }

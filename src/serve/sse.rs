@@ -1,9 +1,10 @@
 //! Running a generation for a response: streamed as server-sent events (`data: {chunk}` lines,
 //! `data: [DONE]` at the end, `: keep-alive` comments while nothing else is sent, e.g. during a
-//! long prefill), or collected into one body. Both stop the generation as soon as their client
-//! is gone: the streaming task watches its channel's receiver (dropped with the connection),
-//! the collecting future is dropped with the connection. On shutdown a stream ends with an
-//! error event and a collected request with 503.
+//! long prefill), or collected into one body. Every protocol shapes its reply from the same
+//! event stream through one [`Shape`], streamed or whole. Both stop the generation as soon as
+//! their client is gone: the streaming task watches its channel's receiver (dropped with the
+//! connection), the collecting future is dropped with the connection. On shutdown a stream
+//! ends with an error event and a collected request with 503.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -17,20 +18,23 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::errors::ApiError;
-use super::generation::{Delta, Job, Outcome, ReplyStream, Step};
+use super::generation::{Job, Outcome, ReplyStream, Step};
 use super::state::{AppState, Ready, Slot, shutdown_started};
+use crate::chat::reply::Delta;
 
-/// How a response's deltas become JSON chunks (chat and completions differ).
-pub trait Chunker: Send + 'static {
-    /// Chunks before any delta (chat: the assistant role).
-    fn first(&mut self) -> Vec<Value>;
-    fn delta(&mut self, d: Delta) -> Option<Value>;
-    /// The chunk with the finish reason, and the usage chunk when asked for.
-    fn last(&mut self, outcome: &Outcome) -> Vec<Value>;
-    /// The chunks of one delta, where one delta may need several (the Responses API's events).
-    fn deltas(&mut self, d: Delta) -> Vec<Value> {
-        self.delta(d).into_iter().collect()
-    }
+/// How one protocol shapes a reply from its [`Delta`]s: the events of a stream, or the whole
+/// body. Both come from the same calls ([`Self::start`], [`Self::delta`] for each delta, then
+/// [`Self::end`] for a stream or [`Self::body`] for a whole reply), so a streamed reply and a
+/// whole one agree by construction.
+pub trait Shape: Send + 'static {
+    /// Events before any delta (chat: the assistant role; Responses: `response.created`).
+    fn start(&mut self) -> Vec<Value>;
+    /// The events of one delta (none, one, or several: a delta may close and open blocks).
+    fn delta(&mut self, d: Delta) -> Vec<Value>;
+    /// The events that end a stream: the finish reason, the usage when asked for.
+    fn end(&mut self, outcome: &Outcome) -> Vec<Value>;
+    /// The whole reply's body, in place of [`Self::end`] when the reply is not streamed.
+    fn body(&mut self, outcome: &Outcome) -> Value;
     /// The SSE event that carries a chunk.
     fn event(&self, v: &Value) -> Event {
         Event::default().data(v.to_string())
@@ -103,21 +107,21 @@ pub fn stream(
     state: Arc<AppState>,
     ready: Arc<Ready>,
     job: Job,
-    mut chunker: impl Chunker,
+    mut shape: impl Shape,
     log: RequestLog,
     slot: Slot,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Event>(64);
-    let keep_alive = chunker.keep_alive().interval(Duration::from_secs(state.keep_alive));
+    let keep_alive = shape.keep_alive().interval(Duration::from_secs(state.keep_alive));
     tokio::spawn(async move {
         let _slot = slot;
-        match pump(&state, &ready, job, &mut chunker, &tx, &log).await {
+        match pump(&state, &ready, job, &mut shape, &tx, &log).await {
             Ok(Some(outcome)) => log.done(200, &outcome, true),
             Ok(None) => log.disconnected(),
             Err(e) => {
                 log.failed(&e);
-                for v in chunker.failed(&e) {
-                    let _ = tx.send(chunker.event(&v)).await;
+                for v in shape.failed(&e) {
+                    let _ = tx.send(shape.event(&v)).await;
                 }
             }
         }
@@ -130,13 +134,13 @@ async fn pump(
     state: &AppState,
     ready: &Ready,
     job: Job,
-    chunker: &mut impl Chunker,
+    shape: &mut impl Shape,
     tx: &mpsc::Sender<Event>,
     log: &RequestLog,
 ) -> Result<Option<Outcome>, ApiError> {
     let mut generation = ReplyStream::start(ready, job, &state.metrics, log.started)?;
-    let first = chunker.first();
-    if !send_all(tx, events(chunker, first)).await {
+    let first = shape.start();
+    if !send_all(tx, events(shape, first)).await {
         return Ok(None);
     }
     let shutdown = shutdown_started(state.shutdown.clone());
@@ -153,17 +157,17 @@ async fn pump(
             None => return Err(ApiError::internal("the generation ended without finishing")),
         };
         for d in deltas {
-            let chunks = chunker.deltas(d);
-            if !send_all(tx, events(chunker, chunks)).await {
+            let chunks = shape.delta(d);
+            if !send_all(tx, events(shape, chunks)).await {
                 return Ok(None);
             }
         }
         if let Some(outcome) = outcome {
-            let last = chunker.last(&outcome);
-            if !send_all(tx, events(chunker, last)).await {
+            let last = shape.end(&outcome);
+            if !send_all(tx, events(shape, last)).await {
                 return Ok(None);
             }
-            if chunker.done_marker() {
+            if shape.done_marker() {
                 let _ = tx.send(Event::default().data("[DONE]")).await;
             }
             return Ok(Some(outcome));
@@ -181,46 +185,21 @@ async fn send_all(tx: &mpsc::Sender<Event>, events: Vec<Event>) -> bool {
     true
 }
 
-fn events(chunker: &impl Chunker, chunks: Vec<Value>) -> Vec<Event> {
-    chunks.iter().map(|v| chunker.event(v)).collect()
+fn events(shape: &impl Shape, chunks: Vec<Value>) -> Vec<Event> {
+    chunks.iter().map(|v| shape.event(v)).collect()
 }
 
-/// The whole reply, for a request that is not streamed.
-#[derive(Debug, Default)]
-pub struct Collected {
-    pub reasoning: String,
-    pub content: String,
-    /// (id, name, arguments)
-    pub calls: Vec<(String, String, String)>,
-    /// Of the content's tokens, when asked for.
-    pub logprobs: Vec<super::logprobs::Entry>,
-}
-
-impl Collected {
-    fn add(&mut self, d: Delta) {
-        match d {
-            Delta::Reasoning(t) => self.reasoning.push_str(&t),
-            Delta::Content(t) => self.content.push_str(&t),
-            Delta::ToolStart { id, name, .. } => self.calls.push((id, name, String::new())),
-            Delta::ToolArgs { index, text } => {
-                if let Some(c) = self.calls.get_mut(index) {
-                    c.2.push_str(&text);
-                }
-            }
-            Delta::Logprobs(entries) => self.logprobs.extend(entries),
-        }
-    }
-}
-
-/// Runs the generation to its end. Dropped (client gone), it cancels the generation.
+/// Runs the generation to its end through `shape`: its whole body. Dropped (client gone), it
+/// cancels the generation.
 pub async fn collect(
     state: &AppState,
     ready: &Ready,
     job: Job,
+    mut shape: impl Shape,
     log: &RequestLog,
-) -> Result<(Collected, Outcome), ApiError> {
+) -> Result<(Value, Outcome), ApiError> {
     let mut generation = ReplyStream::start(ready, job, &state.metrics, log.started)?;
-    let mut out = Collected::default();
+    shape.start();
     let shutdown = shutdown_started(state.shutdown.clone());
     tokio::pin!(shutdown);
     loop {
@@ -229,10 +208,10 @@ pub async fn collect(
             step = generation.next() => step?,
         };
         match step {
-            Some(Step::Deltas(d)) => d.into_iter().for_each(|d| out.add(d)),
+            Some(Step::Deltas(d)) => d.into_iter().for_each(|d| drop(shape.delta(d))),
             Some(Step::Done { tail, outcome }) => {
-                tail.into_iter().for_each(|d| out.add(d));
-                return Ok((out, outcome));
+                tail.into_iter().for_each(|d| drop(shape.delta(d)));
+                return Ok((shape.body(&outcome), outcome));
             }
             None => return Err(ApiError::internal("the generation ended without finishing")),
         }
@@ -264,7 +243,7 @@ impl ChunkHead {
     pub fn new(log: &RequestLog, model: &str, include_usage: bool) -> Self {
         ChunkHead {
             id: log.id.clone(),
-            created: super::unix_now(),
+            created: crate::util::unix_now(),
             model: model.to_string(),
             include_usage,
         }

@@ -91,7 +91,7 @@ impl AppState {
             capacity,
             metrics: Metrics::default(),
             shutdown,
-            created: super::unix_now(),
+            created: crate::util::unix_now(),
             hooks,
             keep_alive: crate::switches::sse_keep_alive_secs(),
             test_replies: Mutex::new(if hooks {

@@ -1,7 +1,7 @@
 //! Tools for a model whose chat template cannot render them (SmolLM2, TinyLlama, many
 //! fine-tunes): instead of refusing the request, which breaks clients that always send tools
 //! (Open WebUI's default chat offers its built-in ones), the tools are described in the system
-//! message, with the reply syntax [`super::llama_tools`] reads back: a call is a bare JSON
+//! message, with the reply syntax [`crate::chat::reply::llama`] reads back: a call is a bare JSON
 //! object `{"name": …, "arguments": {…}}`, several one per line. The conversation's earlier
 //! calls are written in that same syntax and tool results become user messages, since such
 //! templates know no `tool` role (llama.cpp's chat-template polyfills make the same moves).
@@ -102,7 +102,7 @@ fn describe(tools: &Value) -> Result<String, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::serve::llama_tools::parse_calls;
+    use crate::chat::reply::llama::parse_calls;
 
     fn weather() -> Value {
         json!([{"type": "function", "function": {

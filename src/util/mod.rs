@@ -75,6 +75,11 @@ pub fn human_age(then: SystemTime, now: SystemTime) -> String {
     "just now".to_string()
 }
 
+/// Seconds since the Unix epoch now (0 on a clock before it).
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
 /// `2024-05-01T12:00:00Z`; `None` for times RFC 3339 cannot show (before 1970, after 9999),
 /// which a file's mtime can be.
 pub fn rfc3339(t: SystemTime) -> Option<String> {

@@ -17,8 +17,8 @@ use super::options::{effort, output_format, tools};
 
 /// A Messages request as the server runs it.
 pub struct MessagesRequest {
+    /// The conversation and its settings (`chat.common.stream` says whether to stream).
     pub chat: ChatRequest,
-    pub stream: bool,
     /// `output_config.format`: the JSON schema the answer is constrained to.
     pub format: Option<ReplyFormat>,
 }
@@ -92,7 +92,7 @@ pub fn parse(body: &[u8], count: bool) -> Result<MessagesRequest, ApiError> {
         reasoning: None,
         prediction: None,
     };
-    Ok(MessagesRequest { chat, stream, format })
+    Ok(MessagesRequest { chat, format })
 }
 
 pub(super) fn field(name: &str, message: impl Into<String>) -> ApiError {

@@ -1,7 +1,7 @@
 //! Anthropic's Messages API, for Claude Code and the `anthropic` SDKs: `POST /v1/messages`
 //! (whole or streamed) and `POST /v1/messages/count_tokens`. A request is translated into a
-//! chat request ([`input`]) and runs exactly as `/v1/chat/completions` does: the same prompt
-//! rendering, engine and reply readers; only the reply's shape differs ([`output`],
+//! chat request ([`input`]) and runs through the pipeline `/v1/chat/completions` runs: the
+//! same prompt rendering, engine and reply reader; only the reply's shape differs ([`output`],
 //! [`stream`]). Errors on these paths are Anthropic's `{type: "error", error: {type,
 //! message}}`, with its statuses.
 
@@ -15,82 +15,44 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::json;
 
-use super::errors::ApiError;
-use super::generation::Job;
-use super::params::{clip_max_tokens, settings};
+use super::constraint;
+use super::errors::{ApiError, body_bytes};
+use super::pipeline::{self, GenRequest, Input};
 use super::sse::RequestLog;
 use super::state::AppState;
-use super::{body_bytes, check_prompt, constraint, hooks};
+use input::MessagesRequest;
+pub use output::error_response;
 
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let log = RequestLog::new("msg", "/v1/messages");
-    run(&state, body, &log).await.unwrap_or_else(|e| {
+    let result = async {
+        let req = input::parse(&body_bytes(body)?, false)?;
+        let model = req.chat.common.model.clone().filter(|m| !m.is_empty());
+        let model = model.unwrap_or_else(|| state.model.id.clone());
+        let id = log.id.replacen("msg-", "msg_", 1);
+        pipeline::run(&state, convert(req)?, &log, |a| {
+            stream::Events::new(stream::MessageHead { id, model, prompt: a.prompt_tokens })
+        })
+        .await
+    };
+    result.await.unwrap_or_else(|e| {
         log.failed(&e);
         error_response(e)
     })
 }
 
-async fn run(
-    state: &Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
-    log: &RequestLog,
-) -> Result<Response, ApiError> {
-    let req = input::parse(&body_bytes(body)?, false)?;
-    let c = &req.chat.common;
-    state.model.check(c.model.as_deref())?;
-    let ready = state.ready()?;
-    let s = settings(c, c.max_tokens, ready.harmony)?;
-    if let Some(user) = &c.user {
-        tracing::debug!("{} user {user:?}", log.id);
-    }
-    let structured = constraint::from_parts(
-        req.format.clone(),
-        req.chat.tools.as_ref(),
-        req.chat.tool_choice.as_ref(),
-    )?;
-    let prompt = super::prompt::chat_prompt(&ready, &req.chat, None, structured.format.as_ref())?;
-    let constraint = constraint::compile(&ready, &structured)?;
-    let echo_ids = (state.hooks && c.x_inferno_prompt_ids == Some(true)).then(|| prompt.clone());
-    check_prompt(&ready, prompt.len())?;
-    let slot = state.admit()?;
-    let head = stream::MessageHead {
-        id: log.id.replacen("msg-", "msg_", 1),
-        model: c.model.clone().filter(|m| !m.is_empty()).unwrap_or_else(|| state.model.id.clone()),
-        prompt: prompt.len(),
-    };
-    let job = Job {
-        max_tokens: clip_max_tokens(s.max_tokens, prompt.len(), ready.engine.context()),
-        forced: hooks::forced_reply(state, &ready, c)?,
-        forced_prefix: hooks::forced_prefix(state, &ready, c)?,
-        prediction: Vec::new(),
-        constraint,
-        // Harmony has its own tool-call syntax, read by its parser.
-        tools: if ready.harmony { Vec::new() } else { super::prompt::tool_names(&req.chat) },
-        prompt,
-        sampling: s.sampling,
-        stop: s.stop,
-        harmony: ready.harmony,
-        logprobs: None,
-        token_ids: false,
-    };
-    if req.stream {
-        let events = stream::Events::new(head);
-        return Ok(super::sse::stream(state.clone(), ready, job, events, log.clone(), slot));
-    }
-    let (mut body, outcome) = stream::collect(state, &ready, job, &head, log).await?;
-    if let Some(ids) = echo_ids {
-        body["x_inferno_prompt_ids"] = ids.into();
-    }
-    drop(slot);
-    log.done(200, &outcome, false);
-    Ok(axum::Json(body).into_response())
+/// A Messages request as the one request every endpoint runs: a chat, never with logprobs.
+fn convert(req: MessagesRequest) -> Result<GenRequest, ApiError> {
+    let chat = req.chat;
+    let structured =
+        constraint::from_parts(req.format, chat.tools.as_ref(), chat.tool_choice.as_ref())?;
+    Ok(GenRequest { input: Input::Chat(chat), structured, logprobs: None })
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt's length as `/v1/messages` would render it.
@@ -108,41 +70,11 @@ pub async fn count_tokens(
     count().unwrap_or_else(error_response)
 }
 
-/// Anthropic's `error.type` for a status.
-fn error_type(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        400 | 405 | 422 => "invalid_request_error",
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        503 | 529 => "overloaded_error",
-        _ => "api_error",
-    }
-}
-
-/// The error as Anthropic's body; the field at fault leads the message (`max_tokens: …`).
-pub fn error_body(e: &ApiError) -> Value {
-    let message = match &e.param {
-        Some(p) if !e.message.starts_with(p.as_str()) => format!("{p}: {}", e.message),
-        _ => e.message.clone(),
-    };
-    json!({"type": "error", "error": {"type": error_type(e.status), "message": message}})
-}
-
-/// An error on the Messages paths, in Anthropic's shape.
-pub fn error_response(e: ApiError) -> Response {
-    let mut resp = (e.status, axum::Json(error_body(&e))).into_response();
-    if let Some(s) = e.retry_after {
-        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
-    }
-    resp
-}
-
 #[cfg(test)]
 mod tests {
+    use super::output::error_body;
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn errors_have_anthropics_shape() {
@@ -192,7 +124,7 @@ mod tests {
         let tools = r.chat.tools.unwrap();
         assert_eq!(tools.as_array().unwrap().len(), 1, "the server tool is left out");
         assert_eq!(r.chat.reasoning_effort.as_deref(), Some("medium"));
-        assert!(!r.stream && r.format.is_none());
+        assert!(r.chat.common.stream == Some(false) && r.format.is_none());
     }
 
     #[test]

@@ -3,15 +3,22 @@
 //! `content_block_start`/`_delta`/`_stop` events and keeps the content they add up to, so the
 //! streamed and the whole reply are the same blocks by construction.
 //!
+//! Errors on these paths are Anthropic's `{type: "error", error: {type, message}}`, with its
+//! statuses ([`error_response`]).
+//!
 //! A thinking block carries an opaque `signature` (a keyed SHA-256 of its text), sent as one
 //! `signature_delta` just before the block stops, as Anthropic sends it; clients send it back
 //! and it is accepted without a check. A call's `input_json_delta` pieces join into its JSON
 //! object; a call without arguments gets `{}`.
 
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::super::generation::{Delta, FinishReason, Outcome};
+use super::super::errors::ApiError;
+use super::super::generation::Outcome;
+use crate::chat::reply::{Delta, FinishReason};
 
 /// Mixed into the thinking signatures (which only this server reads, and never checks).
 const SIGNATURE_KEY: &[u8] = b"inferno thinking signature v1\0";
@@ -210,6 +217,38 @@ pub fn message(
         "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
         "stop_reason": reason, "stop_sequence": sequence, "usage": usage,
     })
+}
+
+/// Anthropic's `error.type` for a status.
+fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 405 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+/// The error as Anthropic's body; the field at fault leads the message (`max_tokens: …`).
+pub fn error_body(e: &ApiError) -> Value {
+    let message = match &e.param {
+        Some(p) if !e.message.starts_with(p.as_str()) => format!("{p}: {}", e.message),
+        _ => e.message.clone(),
+    };
+    json!({"type": "error", "error": {"type": error_type(e.status), "message": message}})
+}
+
+/// An error on the Messages paths, in Anthropic's shape.
+pub fn error_response(e: ApiError) -> Response {
+    let mut resp = (e.status, axum::Json(error_body(&e))).into_response();
+    if let Some(s) = e.retry_after {
+        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    resp
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! The OpenAI Responses API (what Codex CLI speaks): `POST /v1/responses`, streamed as typed
 //! events or not, `GET`/`DELETE /v1/responses/{id}` for stored responses and
 //! `POST /v1/responses/input_tokens`. A request's input items are turned into chat messages
-//! ([`input`]) and rendered, generated and parsed by exactly what chat completions use; only
-//! the request's checks ([`request`]) and the output's shape ([`output`]) are this API's own.
+//! ([`input`]) and rendered (fitted to the context first), then run through the pipeline chat
+//! completions runs; only the request's checks ([`request`]) and the output's shape
+//! ([`output`]) are this API's own.
 //! Responses created with `store` (OpenAI's default) are kept in memory ([`store`]) for
 //! `previous_response_id`.
 
@@ -20,21 +21,20 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::errors::ApiError;
-use super::generation::{Delta, Job, Outcome, ReplyStream, Step};
+use super::constraint;
+use super::errors::{ApiError, body_bytes};
+use super::generation::Outcome;
 use super::openai_types::{ChatRequest, parse};
-use super::params::{clip_max_tokens, settings};
-use super::sse::{self, Chunker, RequestLog};
-use super::state::{AppState, Ready, shutdown_started};
-use super::{body_bytes, constraint, hooks};
+use super::pipeline::{self, GenRequest, Input};
+use super::sse::{self, RequestLog, Shape};
+use super::state::AppState;
+use crate::chat::reply::Delta;
 use output::Builder;
 use request::{Checked, ResponsesRequest};
 pub use store::Store;
 
 /// A request read and rendered.
 struct Prepared {
-    ready: Arc<Ready>,
-    req: ResponsesRequest,
     checked: Checked,
     chat: ChatRequest,
     /// The whole conversation's input items (a previous response's, then this input).
@@ -107,7 +107,7 @@ fn prepare(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prep
         e.code = Some("context_length_exceeded");
         return Err(e);
     }
-    Ok(Prepared { ready, req, checked, chat, items, prompt, structured })
+    Ok(Prepared { checked, chat, items, prompt, structured })
 }
 
 /// `truncation: "auto"` (OpenAI's: input items dropped from the conversation's start): drops
@@ -155,37 +155,15 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let p = prepare(state, body)?;
     log_tool_outputs(log, &p.items);
-    let s = settings(&p.chat.common, p.checked.max_output_tokens, p.ready.harmony)?;
-    let constraint = constraint::compile(&p.ready, &p.structured)?;
-    let slot = state.admit()?;
-    let job = Job {
-        max_tokens: clip_max_tokens(s.max_tokens, p.prompt.len(), p.ready.engine.context()),
-        forced: hooks::forced_reply(state, &p.ready, &p.chat.common)?,
-        forced_prefix: hooks::forced_prefix(state, &p.ready, &p.chat.common)?,
-        prediction: Vec::new(),
-        constraint,
-        tools: if p.ready.harmony { Vec::new() } else { super::prompt::tool_names(&p.chat) },
-        prompt: p.prompt.clone(),
-        sampling: s.sampling,
-        stop: s.stop,
-        harmony: p.ready.harmony,
-        logprobs: None,
-        token_ids: false,
-    };
     let id = log.id.replacen('-', "_", 1);
     let builder = Builder::new(id, state.model.id.clone(), p.checked.echo.clone());
-    let keep = p.checked.store.then(|| (state.clone(), p.items.clone()));
-    let events = Events { builder, keep };
-    if p.req.common.stream == Some(true) {
-        return Ok(sse::stream(state.clone(), p.ready, job, events, log.clone(), slot));
-    }
-    let (mut body, outcome) = collect(state, &p.ready, job, events, log).await?;
-    drop(slot);
-    log.done(200, &outcome, false);
-    if state.hooks && p.req.common.x_inferno_prompt_ids == Some(true) {
-        body["x_inferno_prompt_ids"] = p.prompt.into();
-    }
-    Ok(axum::Json(body).into_response())
+    let keep = p.checked.store.then(|| (state.clone(), p.items));
+    let req = GenRequest {
+        input: Input::Rendered(p.chat, p.prompt),
+        structured: p.structured,
+        logprobs: None,
+    };
+    pipeline::run(state, req, log, |_| Events { builder, keep }).await
 }
 
 /// With `-v`: the tool results a request brings back (tests read them from the log).
@@ -216,21 +194,21 @@ impl Events {
     }
 }
 
-impl Chunker for Events {
-    fn first(&mut self) -> Vec<Value> {
+impl Shape for Events {
+    fn start(&mut self) -> Vec<Value> {
         self.builder.start()
     }
 
-    fn delta(&mut self, _: Delta) -> Option<Value> {
-        None // `deltas` is used
-    }
-
-    fn deltas(&mut self, d: Delta) -> Vec<Value> {
+    fn delta(&mut self, d: Delta) -> Vec<Value> {
         self.builder.push(d)
     }
 
-    fn last(&mut self, o: &Outcome) -> Vec<Value> {
+    fn end(&mut self, o: &Outcome) -> Vec<Value> {
         self.finish(o).0
+    }
+
+    fn body(&mut self, o: &Outcome) -> Value {
+        self.finish(o).1
     }
 
     fn event(&self, v: &Value) -> Event {
@@ -244,39 +222,6 @@ impl Chunker for Events {
 
     fn done_marker(&self) -> bool {
         false
-    }
-}
-
-/// The whole response, not streamed. Dropped (client gone), it cancels the generation.
-async fn collect(
-    state: &AppState,
-    ready: &Ready,
-    job: Job,
-    mut events: Events,
-    log: &RequestLog,
-) -> Result<(Value, Outcome), ApiError> {
-    let mut generation = ReplyStream::start(ready, job, &state.metrics, log.started)?;
-    events.builder.start();
-    let shutdown = shutdown_started(state.shutdown.clone());
-    tokio::pin!(shutdown);
-    loop {
-        let step = tokio::select! {
-            _ = &mut shutdown => return Err(ApiError::unavailable("the server is shutting down", 5)),
-            step = generation.next() => step?,
-        };
-        match step {
-            Some(Step::Deltas(d)) => d.into_iter().for_each(|d| {
-                events.builder.push(d);
-            }),
-            Some(Step::Done { tail, outcome }) => {
-                tail.into_iter().for_each(|d| {
-                    events.builder.push(d);
-                });
-                let (_, response) = events.finish(&outcome);
-                return Ok((response, outcome));
-            }
-            None => return Err(ApiError::internal("the generation ended without finishing")),
-        }
     }
 }
 

@@ -10,7 +10,8 @@
 use serde_json::{Map, Value, json};
 
 use super::super::errors::ApiError;
-use super::super::generation::{Delta, FinishReason, Outcome};
+use super::super::generation::Outcome;
+use crate::chat::reply::{Delta, FinishReason};
 
 /// The item being filled.
 enum Open {
@@ -34,7 +35,7 @@ impl Builder {
     pub fn new(id: String, model: String, echo: Map<String, Value>) -> Self {
         Builder {
             id,
-            created_at: super::super::unix_now(),
+            created_at: crate::util::unix_now(),
             model,
             echo,
             items: Vec::new(),

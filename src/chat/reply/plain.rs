@@ -1,31 +1,34 @@
-//! A plain model's reply read into deltas: the incremental detokenizer and stop strings, as
-//! `play` shows it, and, when the request offered tools, Llama-style tool calls
-//! ([`super::llama_tools`]) in place of their JSON text.
+//! A plain model's reply (a chat template's, or raw text) read into deltas: the incremental
+//! detokenizer and stop strings, and, when the request offered tools, Llama-style tool calls
+//! ([`super::llama`]) in place of their JSON text.
 
 use tokenizers::Tokenizer;
 
-use super::generation::{Delta, FinishReason, PendingLogprobs, call_ids, finish_of};
-use super::llama_tools::{PYTHON_TAG, Sniffer};
+use super::format::{Delta, FinishReason, PendingLogprobs, ReplyFormat, call_ids, finish_of};
+use super::llama::{PYTHON_TAG, Sniffer};
 use super::logprobs::Entry;
 use crate::generate::{StopChecker, StopConditions, StopReason, TokenStream};
 
-pub struct PlainOut<'r> {
+pub struct Plain<'r> {
     stream: TokenStream<'r>,
+    /// The model's end-of-sequence ids (the engine stops on them).
+    eos_ids: Vec<u32>,
     stop: StopChecker,
     /// A stop string ended it (what follows it is never shown).
     on_string: bool,
     /// Which one.
-    pub stop_string: Option<String>,
+    stop_string: Option<String>,
     /// With tools offered: the reply may be a call.
     calls: Option<Sniffer>,
     python_tag: Option<u32>,
     logprobs: PendingLogprobs,
 }
 
-impl<'r> PlainOut<'r> {
+impl<'r> Plain<'r> {
     pub fn new(tokenizer: &'r Tokenizer, cond: StopConditions, tools: Vec<String>) -> Self {
-        PlainOut {
+        Plain {
             stream: TokenStream::new(tokenizer),
+            eos_ids: cond.eos_ids.clone(),
             stop: StopChecker::new(cond),
             on_string: false,
             stop_string: None,
@@ -34,14 +37,24 @@ impl<'r> PlainOut<'r> {
             logprobs: PendingLogprobs::default(),
         }
     }
+}
+
+impl ReplyFormat for Plain<'_> {
+    fn stop_ids(&self) -> Vec<u32> {
+        self.eos_ids.clone()
+    }
+
+    fn stop_string(&self) -> Option<String> {
+        self.stop_string.clone()
+    }
 
     /// One token (with its log probabilities when asked): the deltas it completes, and the
     /// end when a stop string or an end-of-sequence id came.
-    pub fn push(
+    fn push(
         &mut self,
         id: u32,
         entry: Option<Entry>,
-    ) -> anyhow::Result<(Vec<Delta>, Option<FinishReason>)> {
+    ) -> anyhow::Result<(Vec<Delta>, Option<StopReason>)> {
         let eos = self.stop.is_eos(id);
         // The end-of-sequence token is not part of the reply's text, so not of its logprobs.
         if !eos {
@@ -59,23 +72,23 @@ impl<'r> PlainOut<'r> {
         };
         let mut deltas = content(text);
         self.logprobs.attach(&mut deltas);
-        Ok((deltas, step.stop.as_ref().map(finish_of)))
+        Ok((deltas, step.stop))
     }
 
     /// What is left after the last token, and how the reply ended (`ours`: this side stopped
     /// it). Tokens a stop string cut stay in the logprobs (vLLM's choice: the text is cut, not
     /// the tokens).
-    pub fn finish(
+    fn finish(
         &mut self,
         engine: &StopReason,
-        ours: Option<FinishReason>,
+        ours: Option<&StopReason>,
     ) -> anyhow::Result<(Vec<Delta>, FinishReason)> {
         let mut tail = String::new();
         if !self.on_string {
             let rest = self.stream.finish()?.unwrap_or_default();
             tail = format!("{}{rest}", self.stop.finish());
         }
-        let finish = ours.unwrap_or_else(|| finish_of(engine));
+        let finish = finish_of(ours.unwrap_or(engine));
         let Some(sniffer) = &mut self.calls else {
             let mut deltas = content(tail);
             self.logprobs.flush(&mut deltas);

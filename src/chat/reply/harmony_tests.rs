@@ -31,7 +31,7 @@ struct Seen {
 
 /// Feeds `ids` as the engine would (stopping where the reader says), then ends with `engine`.
 fn run(ids: &[u32], engine: StopReason) -> anyhow::Result<Seen> {
-    let mut out = HarmonyOut::new(enc(), Vec::new());
+    let mut out = Harmony::new(enc(), Vec::new());
     let mut seen = Seen::default();
     let mut deltas = Vec::new();
     let mut ours = None;
@@ -43,7 +43,7 @@ fn run(ids: &[u32], engine: StopReason) -> anyhow::Result<Seen> {
             break;
         }
     }
-    let (tail, finish) = out.finish(&engine, ours)?;
+    let (tail, finish) = out.finish(&engine, ours.as_ref())?;
     deltas.extend(tail);
     for d in deltas {
         match d {

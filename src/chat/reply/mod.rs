@@ -1,0 +1,47 @@
+//! The one reader of a model's reply: sampled ids in, [`Delta`]s out (the answer's text,
+//! reasoning, tool calls, and the log probabilities of the answer's tokens), for every front
+//! end (`play`'s turns, every `serve` endpoint) and every chat format.
+//!
+//! A format is one implementation of [`ReplyFormat`]:
+//! - [`plain`]: the text a chat template's model writes, through the incremental detokenizer
+//!   and the stop strings; with tools offered, Llama 3's JSON tool calls ([`llama`]).
+//! - [`harmony`]: gpt-oss's channels (reasoning, answer, preambles and calls apart, no markup).
+//!
+//! [`reader`] chooses the format for a model. **Adding a format** (Qwen3's `<think>…</think>`
+//! reasoning with Hermes' `<tool_call>\n{json}\n</tool_call>` calls, Mistral's
+//! `[TOOL_CALLS]`) is one new implementation of [`ReplyFormat`] in a file here, built on the
+//! same pieces ([`crate::generate::TokenStream`], [`crate::generate::StopChecker`],
+//! [`PendingLogprobs`], [`call_ids`]), plus one line in [`reader`] choosing it; play and serve
+//! read every format through the trait and do not change.
+
+pub mod events;
+pub mod format;
+pub mod harmony;
+pub mod llama;
+pub mod logprobs;
+pub mod plain;
+
+use crate::chat::harmony::HarmonyEncoding;
+use crate::load::text::TextSide;
+pub use events::{Part, TurnEnd, TurnEvent, TurnSink};
+pub use format::{
+    Delta, FinishReason, PendingLogprobs, ReplyFormat, ReplyOptions, call_ids, finish_of,
+    valid_name,
+};
+pub use harmony::{Harmony, HarmonyReply};
+pub use logprobs::{Entry, Piece, TokenText};
+pub use plain::Plain;
+
+/// The reader of a reply from the model whose text side is `text`: the one place that maps a
+/// model to its reply format (add a format's line here).
+pub fn reader<'t>(
+    text: &'t TextSide,
+    opts: ReplyOptions,
+) -> anyhow::Result<Box<dyn ReplyFormat + Send + 't>> {
+    if !opts.raw
+        && let Ok(enc) = HarmonyEncoding::new(&text.tokenizer)
+    {
+        return Ok(Box::new(Harmony::new(enc, opts.stop.stop_strings)));
+    }
+    Ok(Box::new(Plain::new(&text.tokenizer, opts.stop, opts.tools)))
+}
