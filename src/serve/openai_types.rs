@@ -96,6 +96,9 @@ pub struct ChatRequest {
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub reasoning_effort: Option<String>,
+    /// Variables for the model's chat template, as vLLM, SGLang and llama.cpp's server take
+    /// them (Qwen3's `{"enable_thinking": false}`).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// ollama's spelling of `reasoning_effort`.
     pub reasoning: Option<ReasoningField>,
     /// Predicted Outputs: `{"type": "content", "content": TEXT or text parts}`.

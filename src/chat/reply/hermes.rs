@@ -81,11 +81,15 @@ struct Sections {
     /// Calls read so far, and the ids' prefix.
     calls: usize,
     ids: String,
+    /// The answer's leading whitespace is dropped (after the reasoning, or between calls: the
+    /// template's separators, however the text is split).
+    trim: bool,
 }
 
 impl Sections {
     fn new(tools: Vec<String>) -> Sections {
-        Sections { tools, section: Section::Answer, held: String::new(), calls: 0, ids: call_ids() }
+        let (held, ids) = (String::new(), call_ids());
+        Sections { tools, section: Section::Answer, held, calls: 0, ids, trim: false }
     }
 
     /// Reads `text` on from what was held: the deltas it completes. At the `end`, nothing is
@@ -121,9 +125,8 @@ impl Sections {
                 }
                 (Section::Reasoning, _) => {
                     self.emit(&mut out, before, false);
-                    // The template separates reasoning and answer by a blank line.
-                    self.held = self.held.trim_start_matches('\n').to_string();
                     self.section = Section::Answer;
+                    self.trim = true;
                 }
                 (Section::Call, _) => {
                     self.section = Section::Answer;
@@ -144,15 +147,18 @@ impl Sections {
                     out.push(Delta::ToolArgs { index, text: call.arguments });
                     self.calls += 1;
                 }
-                // Whitespace between calls is no answer.
-                self.held = self.held.trim_start().to_string();
+                self.trim = true;
             }
             None => out.push(Delta::Content(format!("{CALL}{body}{END_CALL}"))),
         }
     }
 
     /// Text of the current section (an unclosed call block at the end, as text).
-    fn emit(&mut self, out: &mut Vec<Delta>, text: String, end: bool) {
+    fn emit(&mut self, out: &mut Vec<Delta>, mut text: String, end: bool) {
+        if self.trim && self.section == Section::Answer {
+            text = text.trim_start().to_string();
+            self.trim = text.is_empty();
+        }
         if text.is_empty() {
             return;
         }
@@ -294,7 +300,10 @@ mod tests {
     #[test]
     fn an_empty_think_block_leaves_the_answer_alone() {
         let got = every_split("<think>\n\n</think>\n\nHello <b>there</b>", &[]);
-        assert_eq!(got, [Delta::Reasoning("\n\n".into()), Delta::Content("Hello <b>there</b>".into())]);
+        assert_eq!(
+            got,
+            [Delta::Reasoning("\n\n".into()), Delta::Content("Hello <b>there</b>".into())]
+        );
     }
 
     #[test]

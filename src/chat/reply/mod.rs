@@ -6,9 +6,9 @@
 //! - [`plain`]: the text a chat template's model writes, through the incremental detokenizer
 //!   and the stop strings; with tools offered, Llama 3's JSON tool calls ([`llama`]).
 //! - [`harmony`]: gpt-oss's channels (reasoning, answer, preambles and calls apart, no markup).
+//! - [`hermes`]: Qwen3's `<think>…</think>` reasoning and Hermes `<tool_call>` blocks.
 //!
-//! [`reader`] chooses the format for a model. **Adding a format** (Qwen3's `<think>…</think>`
-//! reasoning with Hermes' `<tool_call>\n{json}\n</tool_call>` calls, Mistral's
+//! [`reader`] chooses the format for a model. **Adding a format** (next: Mistral's
 //! `[TOOL_CALLS]`) is one new implementation of [`ReplyFormat`] in a file here, built on the
 //! same pieces ([`crate::generate::TokenStream`], [`crate::generate::StopChecker`],
 //! [`PendingLogprobs`], [`call_ids`]), plus one line in [`reader`] choosing it; play and serve
@@ -17,6 +17,7 @@
 pub mod events;
 pub mod format;
 pub mod harmony;
+pub mod hermes;
 pub mod llama;
 pub mod logprobs;
 pub mod plain;
@@ -29,6 +30,7 @@ pub use format::{
     valid_name,
 };
 pub use harmony::{Harmony, HarmonyReply};
+pub use hermes::Hermes;
 pub use logprobs::{Entry, Piece, TokenText};
 pub use plain::Plain;
 
@@ -42,6 +44,9 @@ pub fn reader<'t>(
         && let Ok(enc) = HarmonyEncoding::new(&text.tokenizer)
     {
         return Ok(Box::new(Harmony::new(enc, opts.stop.stop_strings)));
+    }
+    if !opts.raw && hermes::speaks(&text.tokenizer) {
+        return Ok(Box::new(Hermes::new(&text.tokenizer, opts.stop, opts.tools)));
     }
     Ok(Box::new(Plain::new(&text.tokenizer, opts.stop, opts.tools)))
 }

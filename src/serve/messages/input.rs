@@ -89,6 +89,7 @@ pub fn parse(body: &[u8], count: bool) -> Result<MessagesRequest, ApiError> {
         tools,
         tool_choice,
         reasoning_effort: Some(effort(&o)?.to_string()),
+        chat_template_kwargs: None,
         reasoning: None,
         prediction: None,
     };

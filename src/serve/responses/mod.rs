@@ -78,6 +78,7 @@ fn prepare(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prep
         tools: (!checked.tools.is_empty()).then(|| Value::Array(checked.tools.clone())),
         tool_choice: None,
         reasoning_effort: checked.effort.map(str::to_string),
+        chat_template_kwargs: None,
         reasoning: None,
         prediction: None,
     };
