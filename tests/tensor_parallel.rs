@@ -118,6 +118,13 @@ fn llama_over_2_and_4_ranks_gives_one_ranks_logits_and_tokens() {
     check(&dir, &[2, 4]);
 }
 
+/// Qwen3's q/k norms: one weight for all heads, whole on every rank.
+#[test]
+fn qwen3_over_2_and_4_ranks_gives_one_ranks_logits_and_tokens() {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qwen3_tiny"));
+    check(&dir, &[2, 4]);
+}
+
 #[test]
 fn gemma3_over_2_and_4_ranks_gives_one_ranks_logits_and_tokens() {
     let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemma3_tiny"));

@@ -213,6 +213,21 @@ fn gpu_tp2_llama_1b_shape_matches_one_gpu_over_64_tokens() {
 
 /// Four ranks: two key/value heads replicated over four, a vocabulary of 250 in shares of 63
 /// (the last rank's padded), one block of 32 intermediate columns a rank.
+/// The tiny Qwen3 fixture (tests/fixtures/qwen3_tiny): its q/k norms, one weight for all heads,
+/// whole on each rank.
+fn qwen3_tiny() -> Checkpoint {
+    let path =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_tiny");
+    let path = if path.exists() { path } else { "tests/fixtures/qwen3_tiny".into() };
+    Checkpoint { _written: None, path }
+}
+
+#[test]
+#[ignore = "needs 2 GPUs and NCCL"]
+fn gpu_tp2_qwen3_matches_one_gpu() {
+    check(2, qwen3_tiny, DType::F32, 320, 2e-4, true);
+}
+
 #[test]
 #[ignore = "needs 4 GPUs and NCCL"]
 fn gpu_tp4_gpt_oss_matches_one_gpu() {

@@ -24,7 +24,8 @@ use tokenizers::Tokenizer;
 use super::format::{Delta, FinishReason, PendingLogprobs, ReplyFormat, call_ids, finish_of};
 use super::llama::parse_calls;
 use super::logprobs::Entry;
-use crate::generate::{StopChecker, StopConditions, StopReason, TokenStream};
+use super::plain::ReplyText;
+use crate::generate::{StopConditions, StopReason};
 
 const THINK: &str = "<think>";
 const END_THINK: &str = "</think>";
@@ -46,11 +47,7 @@ enum Section {
 }
 
 pub struct Hermes<'r> {
-    stream: TokenStream<'r>,
-    eos_ids: Vec<u32>,
-    stop: StopChecker,
-    on_string: bool,
-    stop_string: Option<String>,
+    reply: ReplyText<'r>,
     text: Sections,
     /// Tokens read while reasoning.
     reasoning_tokens: usize,
@@ -60,11 +57,7 @@ pub struct Hermes<'r> {
 impl<'r> Hermes<'r> {
     pub fn new(tokenizer: &'r Tokenizer, cond: StopConditions, tools: Vec<String>) -> Self {
         Hermes {
-            stream: TokenStream::new(tokenizer),
-            eos_ids: cond.eos_ids.clone(),
-            stop: StopChecker::new(cond),
-            on_string: false,
-            stop_string: None,
+            reply: ReplyText::new(tokenizer, cond),
             text: Sections::new(tools),
             reasoning_tokens: 0,
             logprobs: PendingLogprobs::default(),
@@ -185,11 +178,11 @@ fn partial_tag(text: &str, tags: &[&str]) -> usize {
 
 impl ReplyFormat for Hermes<'_> {
     fn stop_ids(&self) -> Vec<u32> {
-        self.eos_ids.clone()
+        self.reply.eos_ids()
     }
 
     fn stop_string(&self) -> Option<String> {
-        self.stop_string.clone()
+        self.reply.stop_string()
     }
 
     fn reasoning_tokens(&self) -> usize {
@@ -201,22 +194,16 @@ impl ReplyFormat for Hermes<'_> {
         id: u32,
         entry: Option<Entry>,
     ) -> anyhow::Result<(Vec<Delta>, Option<StopReason>)> {
-        let eos = self.stop.is_eos(id);
-        if !eos {
+        if !self.reply.is_eos(id) {
             match self.text.section {
                 Section::Reasoning => self.reasoning_tokens += 1,
                 _ => self.logprobs.push(entry),
             }
         }
-        let piece = if eos { None } else { self.stream.push(id)? };
-        let step = self.stop.push(id, piece.as_deref().unwrap_or(""));
-        self.on_string = matches!(step.stop, Some(StopReason::StopString(_)));
-        if let Some(StopReason::StopString(s)) = &step.stop {
-            self.stop_string = Some(s.clone());
-        }
-        let mut deltas = self.text.read(&step.text, false);
+        let (text, stop) = self.reply.push(id)?;
+        let mut deltas = self.text.read(&text, false);
         self.logprobs.attach(&mut deltas);
-        Ok((deltas, step.stop))
+        Ok((deltas, stop))
     }
 
     fn finish(
@@ -224,11 +211,7 @@ impl ReplyFormat for Hermes<'_> {
         engine: &StopReason,
         ours: Option<&StopReason>,
     ) -> anyhow::Result<(Vec<Delta>, FinishReason)> {
-        let mut tail = String::new();
-        if !self.on_string {
-            let rest = self.stream.finish()?.unwrap_or_default();
-            tail = format!("{}{rest}", self.stop.finish());
-        }
+        let tail = self.reply.finish()?;
         let mut deltas = self.text.read(&tail, true);
         self.logprobs.flush(&mut deltas);
         let finish = match self.text.calls {

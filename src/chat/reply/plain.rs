@@ -9,7 +9,9 @@ use super::llama::{PYTHON_TAG, Sniffer};
 use super::logprobs::Entry;
 use crate::generate::{StopChecker, StopConditions, StopReason, TokenStream};
 
-pub struct Plain<'r> {
+/// A reply's text as it comes, for the formats that read text: the incremental detokenizer
+/// and the stop strings.
+pub struct ReplyText<'r> {
     stream: TokenStream<'r>,
     /// The model's end-of-sequence ids (the engine stops on them).
     eos_ids: Vec<u32>,
@@ -18,6 +20,56 @@ pub struct Plain<'r> {
     on_string: bool,
     /// Which one.
     stop_string: Option<String>,
+}
+
+impl<'r> ReplyText<'r> {
+    pub fn new(tokenizer: &'r Tokenizer, cond: StopConditions) -> Self {
+        ReplyText {
+            stream: TokenStream::new(tokenizer),
+            eos_ids: cond.eos_ids.clone(),
+            stop: StopChecker::new(cond),
+            on_string: false,
+            stop_string: None,
+        }
+    }
+
+    pub fn eos_ids(&self) -> Vec<u32> {
+        self.eos_ids.clone()
+    }
+
+    pub fn stop_string(&self) -> Option<String> {
+        self.stop_string.clone()
+    }
+
+    /// Whether `id` ends the reply (it is then no part of its text, nor of its logprobs).
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.stop.is_eos(id)
+    }
+
+    /// One token: the text it completes, and the end when a stop string or an end-of-sequence
+    /// id came.
+    pub fn push(&mut self, id: u32) -> anyhow::Result<(String, Option<StopReason>)> {
+        let piece = if self.is_eos(id) { None } else { self.stream.push(id)? };
+        let step = self.stop.push(id, piece.as_deref().unwrap_or(""));
+        self.on_string = matches!(step.stop, Some(StopReason::StopString(_)));
+        if let Some(StopReason::StopString(s)) = &step.stop {
+            self.stop_string = Some(s.clone());
+        }
+        Ok((step.text, step.stop))
+    }
+
+    /// After the last token: the text still held back (none after a stop string).
+    pub fn finish(&mut self) -> anyhow::Result<String> {
+        if self.on_string {
+            return Ok(String::new());
+        }
+        let rest = self.stream.finish()?.unwrap_or_default();
+        Ok(format!("{}{rest}", self.stop.finish()))
+    }
+}
+
+pub struct Plain<'r> {
+    text: ReplyText<'r>,
     /// With tools offered: the reply may be a call.
     calls: Option<Sniffer>,
     python_tag: Option<u32>,
@@ -27,11 +79,7 @@ pub struct Plain<'r> {
 impl<'r> Plain<'r> {
     pub fn new(tokenizer: &'r Tokenizer, cond: StopConditions, tools: Vec<String>) -> Self {
         Plain {
-            stream: TokenStream::new(tokenizer),
-            eos_ids: cond.eos_ids.clone(),
-            stop: StopChecker::new(cond),
-            on_string: false,
-            stop_string: None,
+            text: ReplyText::new(tokenizer, cond),
             calls: (!tools.is_empty()).then(|| Sniffer::new(tools)),
             python_tag: tokenizer.token_to_id(PYTHON_TAG),
             logprobs: PendingLogprobs::default(),
@@ -41,11 +89,11 @@ impl<'r> Plain<'r> {
 
 impl ReplyFormat for Plain<'_> {
     fn stop_ids(&self) -> Vec<u32> {
-        self.eos_ids.clone()
+        self.text.eos_ids()
     }
 
     fn stop_string(&self) -> Option<String> {
-        self.stop_string.clone()
+        self.text.stop_string()
     }
 
     /// One token (with its log probabilities when asked): the deltas it completes, and the
@@ -55,24 +103,17 @@ impl ReplyFormat for Plain<'_> {
         id: u32,
         entry: Option<Entry>,
     ) -> anyhow::Result<(Vec<Delta>, Option<StopReason>)> {
-        let eos = self.stop.is_eos(id);
-        // The end-of-sequence token is not part of the reply's text, so not of its logprobs.
-        if !eos {
+        if !self.text.is_eos(id) {
             self.logprobs.push(entry);
         }
-        let piece = if eos { None } else { self.stream.push(id)? };
-        let step = self.stop.push(id, piece.as_deref().unwrap_or(""));
-        self.on_string = matches!(step.stop, Some(StopReason::StopString(_)));
-        if let Some(StopReason::StopString(s)) = &step.stop {
-            self.stop_string = Some(s.clone());
-        }
+        let (text, stop) = self.text.push(id)?;
         let text = match &mut self.calls {
-            Some(sniffer) => sniffer.push(&step.text, Some(id) == self.python_tag),
-            None => step.text,
+            Some(sniffer) => sniffer.push(&text, Some(id) == self.python_tag),
+            None => text,
         };
         let mut deltas = content(text);
         self.logprobs.attach(&mut deltas);
-        Ok((deltas, step.stop))
+        Ok((deltas, stop))
     }
 
     /// What is left after the last token, and how the reply ended (`ours`: this side stopped
@@ -83,11 +124,7 @@ impl ReplyFormat for Plain<'_> {
         engine: &StopReason,
         ours: Option<&StopReason>,
     ) -> anyhow::Result<(Vec<Delta>, FinishReason)> {
-        let mut tail = String::new();
-        if !self.on_string {
-            let rest = self.stream.finish()?.unwrap_or_default();
-            tail = format!("{}{rest}", self.stop.finish());
-        }
+        let tail = self.text.finish()?;
         let finish = finish_of(ours.unwrap_or(engine));
         let Some(sniffer) = &mut self.calls else {
             let mut deltas = content(tail);
