@@ -88,7 +88,7 @@ pub use argmax::{
     shard_candidates,
 };
 pub use embed_rows::embed_rows;
-pub use layer_norm_act::{AddNorm, Normed, add_rms_norm, rms_norm, silu_mul_to};
+pub use layer_norm_act::{AddNorm, Normed, add_rms_norm, qk_rms_norm, rms_norm, silu_mul_to};
 pub use matmul_f32_out::{matmul_f32_out, matmul_hi_lo};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};
 pub use paged_attention::{

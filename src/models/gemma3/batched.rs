@@ -10,12 +10,13 @@
 //! norm. Then the final norm and the tied LM head. Every norm is a plain RMSNorm by weights
 //! held as `1 + w` (`model.rs`); there are no softcaps.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use super::model::Gemma3;
 use crate::dist::collective::sum_over;
 use crate::kernels::{
-    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged, rms_norm,
+    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qk_rms_norm,
+    qkv_rope_paged, rms_norm,
 };
 use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput, Taps};
 
@@ -53,7 +54,7 @@ impl BatchModel for Gemma3 {
             x = normed.x;
             taps.see(n, &x);
             let qkv = layer.qkv.forward_f32(&normed.h)?;
-            let qkv = qk_norm(&qkv, (heads, kv_heads, d), &layer.q_norm, &layer.k_norm, eps)?;
+            let qkv = qk_rms_norm(&qkv, (heads, kv_heads, d), &layer.q_norm, &layer.k_norm, eps)?;
             let (cos, sin) = self.rope_of(n);
             let q = qkv_rope_paged(
                 &qkv,
@@ -155,25 +156,4 @@ impl BatchModel for Gemma3 {
             rope_tables: self.rope_bytes(),
         }
     }
-}
-
-/// The q/k/v product (f32 `[T, (heads + 2 kv_heads)·d]`) with each q head RMSNormed by `q_norm`
-/// and each k head by `k_norm` over its `d` values, in f32 (transformers' `q_norm`/`k_norm`,
-/// before RoPE); v as it is.
-fn qk_norm(
-    qkv: &Tensor,
-    (heads, kv_heads, d): (usize, usize, usize),
-    q_norm: &Tensor,
-    k_norm: &Tensor,
-    eps: f64,
-) -> anyhow::Result<Tensor> {
-    let t = qkv.dim(0)?;
-    let part = |start: usize, n: usize, w: &Tensor| -> anyhow::Result<Tensor> {
-        let p = qkv.narrow(1, start * d, n * d)?.contiguous()?.reshape((t * n, d))?;
-        Ok(rms_norm(&p, w, eps)?.reshape((t, n * d))?)
-    };
-    let q = part(0, heads, q_norm)?;
-    let k = part(heads, kv_heads, k_norm)?;
-    let v = qkv.narrow(1, (heads + kv_heads) * d, kv_heads * d)?;
-    Ok(Tensor::cat(&[q, k, v], 1)?.to_dtype(DType::F32)?)
 }

@@ -13,31 +13,10 @@ use super::model::{Llama, RopeStyle};
 use crate::dist::collective::{sum_add_norm, sum_over};
 use crate::kernels::{
     AddNorm, PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, matmul_swiglu_bf16,
-    paged_attention, qkv_rope_paged, rms_norm, silu_mul_to,
+    paged_attention, qk_rms_norm, qkv_rope_paged, silu_mul_to,
 };
 use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput, Taps};
 use crate::models::linear::Linear;
-
-/// q's and k's heads of a step's f32 q/k/v (`[tokens, (heads + 2 kv_heads) d]`) RMSNormed
-/// over each head with their weights (`[d]`, one for all heads), v as it was: Qwen3's norms,
-/// before RoPE.
-fn qk_normed(
-    qkv: &Tensor,
-    q_norm: &Tensor,
-    k_norm: &Tensor,
-    (heads, kv_heads, d): (usize, usize, usize),
-    eps: f64,
-) -> anyhow::Result<Tensor> {
-    let tokens = qkv.dim(0)?;
-    let normed = |start: usize, n: usize, w: &Tensor| -> anyhow::Result<Tensor> {
-        let part = qkv.narrow(1, start * d, n * d)?.contiguous()?.reshape((tokens * n, d))?;
-        Ok(rms_norm(&part, w, eps)?.reshape((tokens, n * d))?)
-    };
-    let q = normed(0, heads, q_norm)?;
-    let k = normed(heads, kv_heads, k_norm)?;
-    let v = qkv.narrow(1, (heads + kv_heads) * d, kv_heads * d)?;
-    Ok(Tensor::cat(&[q, k, v], 1)?)
-}
 
 impl BatchModel for Llama {
     fn kv_shape(&self) -> KvShape {
@@ -103,7 +82,7 @@ impl BatchModel for Llama {
                 )?,
             };
             let qkv = match &layer.qk_norm {
-                Some((qn, kn)) => qk_normed(&qkv, qn, kn, (heads, kv_heads, d), eps)?,
+                Some((qn, kn)) => qk_rms_norm(&qkv, (heads, kv_heads, d), qn, kn, eps)?,
                 None => qkv,
             };
             let q = qkv_rope_paged(

@@ -53,8 +53,6 @@ fn default_max_pos() -> usize {
 /// What a family built on Llama's layers changes in them; Llama's own is [`Variant::LLAMA`].
 #[derive(Debug, Clone, Copy)]
 pub struct Variant {
-    /// The family's name, as refusals and banners say it.
-    pub family: &'static str,
     /// Its reader of a `config.json`.
     pub read_hf: fn(&str) -> anyhow::Result<LlamaConfig>,
     /// q and k RMSNormed over each head before RoPE, one `[head_dim]` weight each for all
@@ -77,7 +75,6 @@ pub enum RopeStyle {
 
 impl Variant {
     pub const LLAMA: Variant = Variant {
-        family: "Llama",
         read_hf: LlamaConfig::from_hf_json,
         qk_norm: false,
         gguf_arch: "llama",

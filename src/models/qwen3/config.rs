@@ -10,7 +10,6 @@ use crate::models::llama::config::{HfLlamaConfig, LlamaConfig, RopeStyle, Varian
 /// Llama's layers as Qwen3 changes them: q/k norms, NeoX pairs in GGUF files (llama.cpp's
 /// converter permutes only Llama's q/k rows).
 pub const VARIANT: Variant = Variant {
-    family: "Qwen3",
     read_hf: from_hf_json,
     qk_norm: true,
     gguf_arch: "qwen3",
