@@ -232,8 +232,9 @@ fn template_prompt(
     if let Some(e) = &req.reasoning_effort {
         extra.insert("reasoning_effort".into(), e.clone().into());
     }
+    // Template variables the request set in its own fields (`tools`, `reasoning_effort`) win.
     for (k, v) in req.chat_template_kwargs.iter().flatten() {
-        extra.insert(k.clone(), v.clone());
+        extra.entry(k.clone()).or_insert_with(|| v.clone());
     }
     // A render waits on a worker process for up to its time limit (`template::worker`): the
     // runtime hands this thread's other tasks to another thread meanwhile. (Serve's runtime has
