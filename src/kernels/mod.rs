@@ -88,13 +88,14 @@ pub use argmax::{
     shard_candidates,
 };
 pub use embed_rows::embed_rows;
-pub use layer_norm_act::{AddNorm, Normed, add_rms_norm, qk_rms_norm, rms_norm, silu_mul_to};
+pub use layer_norm_act::{AddNorm, Normed, add_rms_norm, rms_norm, silu_mul_to};
 pub use matmul_f32_out::{matmul_f32_out, matmul_hi_lo};
 pub use mxfp4_moe::{Mxfp4Experts, SwiGlu, mxfp4_moe, mxfp4_moe_routed, route};
 pub use paged_attention::{
-    PagedAttnConfig, PagedBounds, PagedKernel, PagedLaunch, paged_attention, paged_launch,
+    PagedAttnConfig, PagedBounds, PagedKernel, PagedLaunch, cuda_head_dim, paged_attention,
+    paged_launch,
 };
-pub use qkv_rope_paged::{QkvHeads, RotaryPairs, qkv_rope_paged};
+pub use qkv_rope_paged::{QkNorm, QkvHeads, RotaryPairs, qkv_rope_paged};
 pub use quant_matmul::{quant_matmul, stack_quant, stack_rows};
 pub use router_logits::router_logits;
 pub use sample::{RowSampling, kept_mask, sample_rows};

@@ -4,16 +4,20 @@
 //! a kernel that only fits an H100's 227 KiB cannot build for a GPU of 99 KiB
 //! (`gpu::targets::shared_per_block`).
 
-/// The tensor-core attention's key tile (`MBK` in paged_attention_mma.cu) and its shared rows'
-/// padding (`KPAD`).
-pub const ATTENTION_TILE: usize = 64;
+/// The tensor-core attention's key tile for head size `d` (`mma_key_tile` in
+/// paged_attention_mma.cu): 64 keys, and 32 past d 128, where two stages of 64-key tiles would
+/// take 132 KiB. Its shared rows' padding is `KPAD`.
+pub const fn attention_tile(d: usize) -> usize {
+    if d > 128 { 32 } else { 64 }
+}
 pub const ATTENTION_PAD: usize = 8;
 
 /// paged_attention_mma's shared memory for head size `d`: two stages of bf16 K and V tiles; with
 /// pools of 8-bit codes, two stages of their codes and one stage of bf16 tiles they become.
 pub const fn paged_attention_mma(d: usize, codes: bool) -> usize {
-    let bf16_tiles = 2 * ATTENTION_TILE * (d + ATTENTION_PAD) * 2;
-    if codes { bf16_tiles + 2 * 2 * ATTENTION_TILE * d } else { 2 * bf16_tiles }
+    let tile = attention_tile(d);
+    let bf16_tiles = 2 * tile * (d + ATTENTION_PAD) * 2;
+    if codes { bf16_tiles + 2 * 2 * tile * d } else { 2 * bf16_tiles }
 }
 
 /// moe_grouped.cu's tile of slots (`BM`).
@@ -75,9 +79,11 @@ mod tests {
     #[test]
     fn every_variant_has_its_size_and_fits_every_target() {
         let small = crate::gpu::targets::shared_per_block(86);
-        for d in [64, 128] {
+        for (d, variants) in
+            [(64, &["w4", "w8", "w4_ds"][..]), (128, &["w4", "w8", "w4_ds"]), (256, &["w4_ds"])]
+        {
             for (pools, codes) in [("", false), ("fp8_", true), ("int8_", true)] {
-                for w in ["w4", "w8", "w4_ds"] {
+                for w in variants {
                     let name = format!("paged_attention_mma_{pools}d{d}_{w}");
                     assert_eq!(largest(&name), paged_attention_mma(d, codes), "{name}");
                     assert!(largest(&name) < small, "{name}");

@@ -18,27 +18,6 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     candle_nn::ops::rms_norm(&xf, &w.to_dtype(DType::F32)?, eps as f32)
 }
 
-/// q's and k's heads of a step's f32 q/k/v product (`[tokens, (heads + 2 kv_heads) d]`)
-/// RMSNormed over each head by one `[d]` weight each (transformers' `q_norm`/`k_norm` of Qwen3
-/// and Gemma 3, before RoPE), v as it was; in f32.
-pub fn qk_rms_norm(
-    qkv: &Tensor,
-    (heads, kv_heads, d): (usize, usize, usize),
-    q_norm: &Tensor,
-    k_norm: &Tensor,
-    eps: f64,
-) -> Result<Tensor> {
-    let tokens = qkv.dim(0)?;
-    let normed = |start: usize, n: usize, w: &Tensor| -> Result<Tensor> {
-        let part = qkv.narrow(1, start * d, n * d)?.contiguous()?.reshape((tokens * n, d))?;
-        rms_norm(&part, w, eps)?.reshape((tokens, n * d))
-    };
-    let q = normed(0, heads, q_norm)?;
-    let k = normed(heads, kv_heads, k_norm)?;
-    let v = qkv.narrow(1, (heads + kv_heads) * d, kv_heads * d)?.to_dtype(DType::F32)?;
-    Tensor::cat(&[q, k, v], 1)
-}
-
 /// The residual stream after a layer's step and its RMSNorm: what [`add_rms_norm`] returns.
 pub struct Normed {
     /// `x + (delta + bias)`, f32.

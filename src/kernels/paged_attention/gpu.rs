@@ -136,8 +136,11 @@ pub(super) fn launch<T: KernelFloat>(
     pools: Pools,
 ) -> Result<CudaSlice<T>> {
     let Dims { tokens, heads, kv_heads, d, num_slots } = Dims::new(ql, pools.layout)?;
-    if d != 64 && d != 128 {
-        bail!("paged_attention: the CUDA kernel supports head_dim 64 and 128, not {d}");
+    if !super::cuda_head_dim(d, T::BF16) {
+        bail!(
+            "paged_attention: the CUDA kernels take head_dim 64 and 128, and 256 in bf16, not {d} in {}",
+            T::NAME
+        );
     }
     if !ql.is_contiguous() {
         bail!("paged_attention: q must be contiguous");

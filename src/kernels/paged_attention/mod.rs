@@ -23,7 +23,7 @@
 //! and the plain softmax otherwise (Llama). Table entries of blocks a query cannot see are never
 //! read (they may be garbage).
 //!
-//! CUDA: head_dim 64 or 128; bf16 calls on tensor cores (`paged_attention_mma.cu`: mma.sync
+//! CUDA: head_dim 64 or 128, and 256 in bf16 ([`cuda_head_dim`]); bf16 calls on tensor cores (`paged_attention_mma.cu`: mma.sync
 //! q·Kᵀ and P·V, P as bf16 hi + lo; pools of 8-bit codes, [`super::kv_fp8`], turned into the
 //! bf16 they stand for tile by tile), f32 calls one key per lane (`paged_attention.cu`), one kernel
 //! per dtype for decode and prefill alike (a row's bits depend on the kernel; [`PagedKernel`]).
@@ -168,18 +168,28 @@ impl PagedKernel {
             PagedKernel::Scalar { .. } => 4,
             PagedKernel::Mma { .. } => 2,
             PagedKernel::MmaSplitDims if d <= 64 => 4,
-            PagedKernel::MmaSplitDims => 3,
+            PagedKernel::MmaSplitDims if d <= 128 => 3,
+            PagedKernel::MmaSplitDims => 2,
         }
     }
 
-    /// The kernel for `rows` query rows per kv head (more rows, bigger blocks).
-    fn pick(bf16: bool, rows: usize) -> Self {
+    /// The kernel for `rows` query rows per kv head of head size `d` (more rows, bigger blocks).
+    /// At d 256 every bf16 call takes the `_ds` kernel: a warp holding 16 rows over all 256
+    /// output columns would keep 256 accumulators a thread.
+    fn pick(bf16: bool, rows: usize, d: usize) -> Self {
         match (bf16, rows) {
             (false, r) => PagedKernel::Scalar { rows_per_warp: if r <= 8 { 2 } else { 4 } },
-            (true, r) if r <= 16 => PagedKernel::MmaSplitDims,
+            (true, r) if r <= 16 || d > 128 => PagedKernel::MmaSplitDims,
             (true, r) => PagedKernel::Mma { warps: if r <= 64 { 4 } else { 8 } },
         }
     }
+}
+
+/// Whether the CUDA kernels take head size `d` in this dtype (bf16 or f32 q): 64 and 128 in
+/// both, 256 in bf16 (the f32 kernel's static tiles would pass the 48 KiB a block may declare).
+/// Architectures check it before loading, so a model the GPU cannot run is refused in one line.
+pub fn cuda_head_dim(d: usize, bf16: bool) -> bool {
+    matches!(d, 64 | 128) || (d == 256 && bf16)
 }
 
 /// Keys per tile (`BK` in the scalar kernel) and its warps per block (`NW`).
@@ -208,7 +218,7 @@ pub fn paged_launch(
     sms: usize,
 ) -> PagedLaunch {
     let rows = heads / kv_heads.max(1) * bounds.max_q_len.max(1); // query rows per kv head
-    let kernel = PagedKernel::pick(bf16, rows);
+    let kernel = PagedKernel::pick(bf16, rows, d);
     let row_blocks = rows.div_ceil(kernel.rows_per_block());
     let span =
         window.map_or(bounds.max_context, |w| bounds.max_context.min(w + bounds.max_q_len)).max(1);

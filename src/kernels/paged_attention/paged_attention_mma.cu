@@ -5,7 +5,7 @@
 // (cache reuse equals a fresh prefill).
 //
 // Why a row's bits do not depend on the launch: each warp holds 16 query rows (query, head-in-
-// group pairs, query-major, as the scalar kernel) against key tiles of MBK positions aligned to
+// group pairs, query-major, as the scalar kernel) against key tiles of MBK positions (mma_key_tile) aligned to
 // absolute multiples of MBK, inside the fixed splits of SK. An mma's output row depends only on
 // that row of A, so a row computes the same S = q.K^T and the same P.V whatever other rows share
 // its tile (a decode step's 8 heads padded to 16, or a prefill chunk's 16 of 4,096). Per tile
@@ -43,8 +43,12 @@
 #include "mma.cuh"
 #include "paged_attention.cuh"
 
-#define MBK 64  // keys per tile
 #define KPAD 8  // bf16 of padding per shared row
+
+// Keys per tile (attention_tile in kernels/shared_memory.rs): 64, and 32 at head_dim 256, whose
+// two stages of 64-key K and V tiles (132 KiB) would not fit the 99 KiB a block gets on sm_86,
+// sm_89 and sm_120. A head width has one tile size, so its rows' bits are still one function.
+__host__ __device__ constexpr int mma_key_tile(int d) { return d > 128 ? 32 : 64; }
 
 typedef __nv_bfloat16 bf16;
 
@@ -71,6 +75,7 @@ __device__ __forceinline__ void paged_attention_mma_impl(
     // of a kv head): every warp the same 16 rows, each the P.V of its ND / DS column tiles of
     // the output; the scores and softmax are computed by each warp alike (the same operations,
     // the same bits), so a row's output is bit for bit what one warp alone gives.
+    constexpr int MBK = mma_key_tile(D);
     constexpr int BQ = DS > 1 ? 16 : NW * 16;  // rows per block
     constexpr int KS = D / 16;   // k-steps of q.K^T
     constexpr int NK = MBK / 8;  // 8-key column tiles of S
@@ -463,3 +468,9 @@ PAGED_ATTENTION_MMA(paged_attention_mma_int8_d128_w4, 128, 4, 1, uint8_t, true)
 PAGED_ATTENTION_MMA(paged_attention_mma_int8_d128_w8, 128, 8, 1, uint8_t, true)
 PAGED_ATTENTION_MMA(paged_attention_mma_int8_d64_w4_ds, 64, 4, 4, uint8_t, true)
 PAGED_ATTENTION_MMA(paged_attention_mma_int8_d128_w4_ds, 128, 4, 4, uint8_t, true)
+// head_dim 256 (Gemma 3 1B-12B): the _ds kernels alone, for prefill rows too (mod.rs,
+// PagedKernel::pick): 16 rows a warp over all 256 output columns would hold 256 accumulators a
+// thread; split over 4 warps they hold 64.
+PAGED_ATTENTION_MMA(paged_attention_mma_d256_w4_ds, 256, 4, 4, bf16, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_fp8_d256_w4_ds, 256, 4, 4, uint8_t, false)
+PAGED_ATTENTION_MMA(paged_attention_mma_int8_d256_w4_ds, 256, 4, 4, uint8_t, true)

@@ -393,6 +393,13 @@ fn launch_depends_on_bounds_only() {
     let short =
         paged_launch(1, 8, (64, 8, 64, true), PagedBounds { max_q_len: 8, ..bounds }, None, 132);
     assert_eq!(short.kernel, PagedKernel::Mma { warps: 4 }, "64 rows a kv head");
+    // Head size 256 takes the `_ds` kernel for prefill rows too, 16 rows a block.
+    let long = PagedBounds { max_q_len: 600, max_context: 5000 };
+    let wide = paged_launch(2, 1200, (8, 4, 256, true), long, None, 132);
+    assert_eq!((wide.kernel, wide.splits), (PagedKernel::MmaSplitDims, 1));
+    assert_eq!(wide.grid, (2 * (2 * 600usize).div_ceil(16) as u32, 4, 1));
+    assert!(super::cuda_head_dim(256, true) && !super::cuda_head_dim(256, false));
+    assert!(!super::cuda_head_dim(96, true) && super::cuda_head_dim(64, false));
 }
 
 #[cfg(feature = "cuda")]

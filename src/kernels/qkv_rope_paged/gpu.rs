@@ -32,6 +32,8 @@ struct QkvRopePaged {
     /// cos, sin, positions, slots (contiguous), k pool, v pool.
     tensors: [Tensor; 6],
     bias: Option<Tensor>,
+    /// q's and k's norm weights (f32, contiguous) and eps.
+    norm: Option<(Tensor, Tensor, f32)>,
     /// FP8 pools' key and value scales.
     scales: Option<[Tensor; 2]>,
     h: QkvHeads,
@@ -43,6 +45,7 @@ pub(super) fn launch(a: Args) -> Result<Tensor> {
     let Args {
         qkv,
         bias,
+        norm,
         cos,
         sin,
         positions,
@@ -67,6 +70,7 @@ pub(super) fn launch(a: Args) -> Result<Tensor> {
     qkv.contiguous()?.apply_op1_no_bwd(&QkvRopePaged {
         tensors,
         bias,
+        norm,
         scales,
         h,
         pairs,
@@ -108,6 +112,10 @@ impl QkvRopePaged {
         let addrs =
             self.tensors.iter().map(|t| address(t, &stream)).collect::<Result<Vec<u64>>>()?;
         let bias = self.bias.as_ref().map_or(Ok(0), |b| address(b, &stream))?;
+        let (q_norm, k_norm, eps) = match &self.norm {
+            Some((q, k, eps)) => (address(q, &stream)?, address(k, &stream)?, *eps),
+            None => (0, 0, 0.0),
+        };
         let (heads, kv_heads, d) =
             (int(h.heads, "heads")?, int(h.kv_heads, "kv_heads")?, int(h.head_dim, "head_dim")?);
         let n_positions = int(self.tensors[0].dim(0)?, "RoPE table rows")?;
@@ -142,7 +150,8 @@ impl QkvRopePaged {
         let name = format!("qkv_rope_paged_{pairs}_{kind}");
         let func = fatbin::qkv_rope_paged::QKV_ROPE_PAGED.func(dev, &name)?;
         let mut b = Launch::new(&stream, &func);
-        b.ptr(&qkv).val(bias).val(addrs[0]).val(addrs[1]).val(addrs[2]);
+        b.ptr(&qkv).val(bias).val(q_norm).val(k_norm).val(eps);
+        b.val(addrs[0]).val(addrs[1]).val(addrs[2]);
         b.val(addrs[3]).ptr_mut(&mut q).val(addrs[4]).val(addrs[5]);
         if let Some([ks, vs]) = scales {
             b.val(ks).val(vs);

@@ -37,14 +37,26 @@ impl RotaryPairs {
     }
 }
 
+/// q's and k's RMSNorm over each head before RoPE (transformers' `q_norm`/`k_norm` of Qwen3 and
+/// Gemma 3): `x / sqrt(mean(x²) + eps) · w`, in f32, with one `[d]` weight each (any float
+/// dtype; upcast).
+#[derive(Clone, Copy)]
+pub struct QkNorm<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub eps: f64,
+}
+
 /// The slot value of a token whose k and v are not stored (padding).
 pub const NO_SLOT: u32 = u32::MAX;
 
 /// One call's inputs, checked by [`qkv_rope_paged`].
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Args<'a> {
     qkv: &'a Tensor,
     bias: Option<&'a Tensor>,
+    /// The norm's weights in f32, and eps.
+    norm: Option<(Tensor, Tensor, f32)>,
     cos: &'a Tensor,
     sin: &'a Tensor,
     positions: &'a Tensor,
@@ -63,7 +75,7 @@ struct Args<'a> {
 /// bias), `bias` f32 `[(heads + 2·kv_heads)·d]` or `None`, `cos`/`sin` the model's f32 RoPE
 /// tables `[positions, d/2]`, `positions` u32 `[T]` (each token's row of the tables) and `slots`
 /// u32 `[T]` (the pool slot each token's k and v go to; [`NO_SLOT`] stores nothing). Adds the
-/// bias, splits q, k, v, rotates q and k by `pairs`, writes k and v in place into `k_pool` /
+/// bias, RMSNorms q's and k's heads when `norm` is given, splits q, k, v, rotates q and k by `pairs`, writes k and v in place into `k_pool` /
 /// `v_pool` (`[num_slots, kv_heads, d]`, contiguous, f32 or bf16) and returns q `[T, heads, d]`
 /// in the pools' dtype. Pools of codes (`F8E4M3`, or INT8 in `U8`, with `scales`
 /// `[num_slots, kv_heads]` u8 for keys and values, [`super::kv_fp8`]) take each stored row
@@ -77,6 +89,7 @@ struct Args<'a> {
 pub fn qkv_rope_paged(
     qkv: &Tensor,
     bias: Option<&Tensor>,
+    norm: Option<QkNorm>,
     cos: &Tensor,
     sin: &Tensor,
     positions: &Tensor,
@@ -100,6 +113,18 @@ pub fn qkv_rope_paged(
     if bias.is_some_and(|b| b.dims() != [width]) {
         bail!("qkv_rope_paged: bias {:?} must be [{width}]", bias.map(|b| b.dims()));
     }
+    let norm = match norm {
+        Some(n) if n.q.dims() != [d] || n.k.dims() != [d] || !d.is_power_of_two() => bail!(
+            "qkv_rope_paged: q/k norm weights {:?} / {:?} must be [{d}], d a power of two",
+            n.q.dims(),
+            n.k.dims()
+        ),
+        Some(n) => {
+            let f32 = |w: &Tensor| w.to_dtype(DType::F32)?.contiguous();
+            Some((f32(n.q)?, f32(n.k)?, n.eps as f32))
+        }
+        None => None,
+    };
     if cos.rank() != 2 || cos.dim(1)? != d / 2 || sin.dims() != cos.dims() {
         bail!(
             "qkv_rope_paged: cos {:?} / sin {:?} must be [positions, {}]",
@@ -154,8 +179,12 @@ pub fn qkv_rope_paged(
         bail!("qkv_rope_paged: the pools must be contiguous (they are written in place)");
     }
     let scale_list = scales.into_iter().flat_map(|(k, v)| [k, v]);
-    let others =
-        [cos, sin, positions, slots, k_pool, v_pool].into_iter().chain(bias).chain(scale_list);
+    let norm_list = norm.iter().flat_map(|(q, k, _)| [q, k]);
+    let others = [cos, sin, positions, slots, k_pool, v_pool]
+        .into_iter()
+        .chain(bias)
+        .chain(scale_list)
+        .chain(norm_list);
     for t in others {
         if !t.device().same_device(qkv.device()) {
             bail!("qkv_rope_paged: inputs on {:?} and {:?}", t.device(), qkv.device());
@@ -167,6 +196,7 @@ pub fn qkv_rope_paged(
     let args = Args {
         qkv,
         bias,
+        norm,
         cos,
         sin,
         positions,
@@ -185,6 +215,26 @@ pub fn qkv_rope_paged(
     }
 }
 
+/// The sum of a head's squares as the kernel's `head_rms` adds them, so that a normed head has
+/// the same bits on both: thread `i`'s pair `x[i1]² + x[i2]²`, a pairwise tree over groups of up
+/// to 32 threads (the xor shuffles: `s[i] + s[i ^ m]`, the same sum on both lanes), then the
+/// groups' sums left to right (the head's warps through shared memory).
+fn head_sum_sq(head: &[f32], pairs: RotaryPairs) -> f32 {
+    let (d, half) = (head.len(), head.len() / 2);
+    let mut s: Vec<f32> = (0..half)
+        .map(|i| {
+            let (i1, i2) = pairs.pair(i, d);
+            head[i1] * head[i1] + head[i2] * head[i2]
+        })
+        .collect();
+    let mut m = 1;
+    while m < half.min(32) {
+        s = (0..half).map(|i| s[i] + s[i ^ m]).collect();
+        m *= 2;
+    }
+    s.iter().step_by(32).copied().reduce(|a, b| a + b).unwrap_or(0.0)
+}
+
 /// q's dtype for pools of `pool`: theirs, or with pools of codes what the attention takes
 /// (bf16 on CUDA, where the tensor-core kernel reads them; f32 on the CPU).
 pub fn q_dtype(pool: DType, device: &Device) -> DType {
@@ -195,10 +245,18 @@ pub fn q_dtype(pool: DType, device: &Device) -> DType {
     }
 }
 
-/// The reference in loops: per token and head, the bias added, the pairs rotated by the token's
-/// row of the tables (f32, no fused multiply-add), q gathered and k, v written slot by slot.
+/// The reference in loops: per token and head, the bias added, q's and k's heads normed
+/// (`x / sqrt(ss / d + eps) · w`, the sum of squares `ss` in the kernel's order:
+/// [`head_sum_sq`]), the pairs rotated by the token's row of the tables (f32, no fused multiply-add), q gathered and
+/// k, v written slot by slot.
 fn reference(a: Args) -> Result<Tensor> {
-    let Args { qkv, bias, cos, sin, positions, slots, h, pairs, k_pool, v_pool, scales, .. } = a;
+    let Args {
+        qkv, bias, norm, cos, sin, positions, slots, h, pairs, k_pool, v_pool, scales, ..
+    } = a;
+    let norm = match norm {
+        Some((q, k, eps)) => Some((q.to_vec1::<f32>()?, k.to_vec1::<f32>()?, eps)),
+        None => None,
+    };
     let (d, half, dtype) = (h.head_dim, h.head_dim / 2, q_dtype(k_pool.dtype(), qkv.device()));
     let (x, cos, sin) = (qkv.to_vec2::<f32>()?, cos.to_vec2::<f32>()?, sin.to_vec2::<f32>()?);
     let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
@@ -220,6 +278,13 @@ fn reference(a: Args) -> Result<Tensor> {
             let mut head: Vec<f32> = row[b * d..][..d].to_vec();
             if let Some(bias) = &bias {
                 head.iter_mut().zip(&bias[b * d..]).for_each(|(x, b)| *x += b);
+            }
+            if let Some((qw, kw, eps)) = &norm
+                && b < h.heads + h.kv_heads
+            {
+                let w = if b < h.heads { qw } else { kw };
+                let rms = (head_sum_sq(&head, pairs) / d as f32 + eps).sqrt();
+                head.iter_mut().zip(w).for_each(|(x, w)| *x = *x / rms * w);
             }
             if b < h.heads + h.kv_heads {
                 let mut rotated = head.clone();

@@ -1,6 +1,7 @@
 // A varlen batch's attention inputs in one launch (continuous batching): the fused q/k/v
 // projection's f32 output [T, (heads + 2 kv_heads) * D] plus an optional f32 bias, split into
-// heads, RoPE on q and k from the model's f32 cos/sin tables [positions, D/2] at each token's own
+// heads, q and k optionally RMSNormed per head by one f32 [D] weight each (Qwen3, Gemma 3:
+// head_rms below; five launches a layer on their own), RoPE on q and k from the model's f32 cos/sin tables [positions, D/2] at each token's own
 // row positions[t], q written out as [T, heads, D] and k, v stored in the paged pools
 // [num_slots, kv_heads, D] at slot slots[t] (a slot past the pool, u32::MAX for padding, stores
 // nothing). Pairs: HF's half-split (i, i + D/2) or GGUF's interleaved (2i, 2i + 1), both rotated
@@ -14,25 +15,63 @@
 #include "common.cuh"
 #include "fp8.cuh"
 
+// sqrt(mean(x^2) + eps) over this thread's head (q/k RMSNorm, Qwen3 and Gemma 3), whose d/2
+// threads hold it as pairs (x1, x2); d is a power of two (the launcher checks). Each thread's two
+// squares, then a fixed tree over the head's threads: xor shuffles within a warp (a head of
+// fewer than 32 threads is an aligned group of lanes), then the head's warps in order through
+// shared memory. The same bits in any launch. Every thread of the block calls it (it shuffles and
+// waits), live or not; warp_sums holds one float per warp of the block.
+__device__ __forceinline__ float head_rms(float x1, float x2, int half, int d, float eps, float* warp_sums) {
+    float ss = __fadd_rn(__fmul_rn(x1, x1), __fmul_rn(x2, x2));
+    for (int m = 1; m < min(half, 32); m *= 2) ss = __fadd_rn(ss, __shfl_xor_sync(FULL_MASK, ss, m));
+    if (half > 32) {
+        const int tid = threadIdx.y * half + threadIdx.x, per_head = half >> 5;
+        if ((tid & 31) == 0) warp_sums[tid >> 5] = ss;
+        __syncthreads();
+        const float* mine = warp_sums + threadIdx.y * per_head;
+        ss = mine[0];
+        for (int w = 1; w < per_head; w++) ss = __fadd_rn(ss, mine[w]);
+    }
+    return sqrtf(__fadd_rn(__fdiv_rn(ss, (float)d), eps));
+}
+
+// x / rms * w, the norm's two roundings in the CPU reference's order.
+__device__ __forceinline__ float rms_scaled(float x, float rms, float w) { return __fmul_rn(__fdiv_rn(x, rms), w); }
+
 template <typename T, bool INTERLEAVED>
 __device__ __forceinline__ void qkv_rope_paged_impl(const float* __restrict__ qkv, const float* __restrict__ bias,
-                                                    const float* __restrict__ cos, const float* __restrict__ sin,
+                                                    const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                                    float eps, const float* __restrict__ cos, const float* __restrict__ sin,
                                                     const uint32_t* __restrict__ positions,
                                                     const uint32_t* __restrict__ slots, T* __restrict__ q_out,
                                                     T* __restrict__ k_pool, T* __restrict__ v_pool, int heads,
                                                     int kv_heads, int d, int n_positions, long long num_slots,
                                                     int release_first) {
+    __shared__ float warp_sums[32];
     pdl_wait_release(release_first);
     const long long t = blockIdx.x;
     const int b = blockIdx.y * blockDim.y + threadIdx.y, i = threadIdx.x, half = d / 2;
-    if (b >= heads + 2 * kv_heads) return;
+    const bool live = b < heads + 2 * kv_heads;
     const int i1 = INTERLEAVED ? 2 * i : i, i2 = INTERLEAVED ? 2 * i + 1 : i + half;
-    const float* row = qkv + t * (heads + 2 * kv_heads) * d + b * d;
-    float x1 = row[i1], x2 = row[i2];
-    if (bias) {
-        x1 += bias[b * d + i1];
-        x2 += bias[b * d + i2];
+    float x1 = 0.f, x2 = 0.f;
+    if (live) {
+        const float* row = qkv + t * (heads + 2 * kv_heads) * d + b * d;
+        x1 = row[i1];
+        x2 = row[i2];
+        if (bias) {
+            x1 += bias[b * d + i1];
+            x2 += bias[b * d + i2];
+        }
     }
+    if (q_norm) {  // the same for every thread of the launch
+        const float rms = head_rms(x1, x2, half, d, eps, warp_sums);
+        if (live && b < heads + kv_heads) {
+            const float* w = b < heads ? q_norm : k_norm;
+            x1 = rms_scaled(x1, rms, w[i1]);
+            x2 = rms_scaled(x2, rms, w[i2]);
+        }
+    }
+    if (!live) return;
     float y1 = x1, y2 = x2;
     if (b < heads + kv_heads) {  // q and k: rotate
         const uint32_t p = positions[t];
@@ -57,12 +96,14 @@ __device__ __forceinline__ void qkv_rope_paged_impl(const float* __restrict__ qk
 }
 
 #define QKV_ROPE_PAGED(NAME, T, INTERLEAVED)                                                                   \
-    extern "C" __global__ void NAME(const float* qkv, const float* bias, const float* cos, const float* sin,   \
+    extern "C" __global__ void NAME(const float* qkv, const float* bias, const float* q_norm,                  \
+                                    const float* k_norm, float eps, const float* cos, const float* sin,        \
                                     const uint32_t* positions, const uint32_t* slots, T* q_out, T* k_pool,     \
                                     T* v_pool, int heads, int kv_heads, int d, int n_positions,                \
                                     long long num_slots, int release_first) {                                  \
-        qkv_rope_paged_impl<T, INTERLEAVED>(qkv, bias, cos, sin, positions, slots, q_out, k_pool, v_pool,      \
-                                            heads, kv_heads, d, n_positions, num_slots, release_first);        \
+        qkv_rope_paged_impl<T, INTERLEAVED>(qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slots, q_out, \
+                                            k_pool, v_pool, heads, kv_heads, d, n_positions, num_slots,        \
+                                            release_first);                                                    \
     }
 
 QKV_ROPE_PAGED(qkv_rope_paged_half_f32, float, false)
@@ -78,29 +119,41 @@ QKV_ROPE_PAGED(qkv_rope_paged_interleaved_bf16, __nv_bfloat16, true)
 // rounding boundary would be a whole code (1/16) off, where in bf16 it is one ulp.
 template <bool INT8>
 __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
-    const float* __restrict__ qkv, const float* __restrict__ bias, const float* __restrict__ cos,
+    const float* __restrict__ qkv, const float* __restrict__ bias, const float* __restrict__ q_norm,
+    const float* __restrict__ k_norm, float eps, const float* __restrict__ cos,
     const float* __restrict__ sin, const uint32_t* __restrict__ positions, const uint32_t* __restrict__ slots,
     __nv_bfloat16* __restrict__ q_out, uint8_t* __restrict__ k_pool, uint8_t* __restrict__ v_pool,
     uint8_t* __restrict__ k_scale, uint8_t* __restrict__ v_scale, int heads, int kv_heads, int d, int n_positions,
     long long num_slots, bool interleaved, int release_first) {
     __shared__ uint32_t amax_bits[256];  // per head of the block (blockDim.y <= 256)
     __shared__ float2 swap[256];         // a thread's pair, exchanged across warps while heads rotate
+    __shared__ float warp_sums[32];      // the q/k norm's sums of squares, a float a warp
     pdl_wait_release(release_first);
     const long long t = blockIdx.x;
     const int y = threadIdx.y, b = blockIdx.y * blockDim.y + y, i = threadIdx.x, half = d / 2;
     const bool live = b < heads + 2 * kv_heads;
     const int i1 = interleaved ? 2 * i : i, i2 = interleaved ? 2 * i + 1 : i + half;
     if (i == 0) amax_bits[y] = 0;
-    float y1 = 0.f, y2 = 0.f;
+    float x1 = 0.f, x2 = 0.f;
     if (live) {
         const float* row = qkv + t * (heads + 2 * kv_heads) * d + b * d;
-        float x1 = row[i1], x2 = row[i2];
+        x1 = row[i1];
+        x2 = row[i2];
         if (bias) {
             x1 = __fadd_rn(x1, bias[b * d + i1]);
             x2 = __fadd_rn(x2, bias[b * d + i2]);
         }
-        y1 = x1;
-        y2 = x2;
+    }
+    if (q_norm) {  // the same for every thread of the launch
+        const float rms = head_rms(x1, x2, half, d, eps, warp_sums);
+        if (live && b < heads + kv_heads) {
+            const float* w = b < heads ? q_norm : k_norm;
+            x1 = rms_scaled(x1, rms, w[i1]);
+            x2 = rms_scaled(x2, rms, w[i2]);
+        }
+    }
+    float y1 = x1, y2 = x2;
+    if (live) {
         if (b < heads + kv_heads) {
             const uint32_t p = positions[t];
             const bool ok = p < (uint32_t)n_positions;
@@ -176,12 +229,14 @@ __device__ __forceinline__ void qkv_rope_paged_fp8_impl(
 }
 
 #define QKV_ROPE_PAGED_FP8(NAME, INTERLEAVED, INT8)                                                                \
-    extern "C" __global__ void NAME(const float* qkv, const float* bias, const float* cos, const float* sin,   \
+    extern "C" __global__ void NAME(const float* qkv, const float* bias, const float* q_norm,                  \
+                                    const float* k_norm, float eps, const float* cos, const float* sin,        \
                                     const uint32_t* positions, const uint32_t* slots, __nv_bfloat16* q_out,    \
                                     uint8_t* k_pool, uint8_t* v_pool, uint8_t* k_scale, uint8_t* v_scale,      \
                                     int heads, int kv_heads, int d, int n_positions, long long num_slots,      \
                                     int release_first) {                                                       \
-        qkv_rope_paged_fp8_impl<INT8>(qkv, bias, cos, sin, positions, slots, q_out, k_pool, v_pool, k_scale, v_scale, \
+        qkv_rope_paged_fp8_impl<INT8>(qkv, bias, q_norm, k_norm, eps, cos, sin, positions, slots, q_out, k_pool,      \
+                                      v_pool, k_scale, v_scale,                                                \
                                 heads, kv_heads, d, n_positions, num_slots, INTERLEAVED, release_first);       \
     }
 

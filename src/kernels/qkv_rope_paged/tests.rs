@@ -23,7 +23,11 @@ struct Inputs {
     v_pool: Tensor,
     /// FP8 pools' scales.
     scales: Option<(Tensor, Tensor)>,
+    /// q's and k's norm weights.
+    norm: Option<(Tensor, Tensor)>,
 }
+
+const NORM_EPS: f64 = 1e-6;
 
 /// `tokens` tokens at random positions, stored in distinct random slots of a `num_slots` pool,
 /// every third or so padding (no slot); pools of random values in `dtype`.
@@ -58,13 +62,21 @@ fn inputs(
         k_pool,
         v_pool,
         scales: None,
+        norm: None,
     }
+}
+
+/// `x` with q and k norm weights of Qwen3's spread (gains 0.5 to 3).
+fn with_norm(r: &mut StdRng, x: Inputs, d: usize) -> Inputs {
+    let mut w = || tensor(uniform(r, d, 0.5, 3.0), &[d], DType::F32);
+    Inputs { norm: Some((w(), w())), ..x }
 }
 
 fn run(x: &Inputs, h: QkvHeads, pairs: RotaryPairs) -> candle_core::Result<Tensor> {
     qkv_rope_paged(
         &x.qkv,
         x.bias.as_ref(),
+        x.norm.as_ref().map(|(q, k)| QkNorm { q, k, eps: NORM_EPS }),
         &x.cos,
         &x.sin,
         &x.positions,
@@ -97,11 +109,12 @@ fn candle_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, pairs: RotaryPairs) -> Te
     y.unwrap().squeeze(0).unwrap().transpose(0, 1).unwrap().contiguous().unwrap()
 }
 
-fn check_reference(h: QkvHeads, pairs: RotaryPairs, dtype: DType, bias: bool) {
-    let name = format!("qkv_rope_paged {h:?} {pairs:?} {dtype:?} bias {bias}");
+fn check_reference(h: QkvHeads, pairs: RotaryPairs, dtype: DType, bias: bool, norm: bool) {
+    let name = format!("qkv_rope_paged {h:?} {pairs:?} {dtype:?} bias {bias} norm {norm}");
     let mut r = rng(&name);
     let (tokens, num_slots) = (r.random_range(1..20), 40);
     let x = inputs(&mut r, h, tokens, num_slots, dtype, bias);
+    let x = if norm { with_norm(&mut r, x, h.head_dim) } else { x };
     let (k0, v0) = (values(&x.k_pool), values(&x.v_pool));
     let q = values(&run(&x, h, pairs).unwrap());
 
@@ -109,6 +122,18 @@ fn check_reference(h: QkvHeads, pairs: RotaryPairs, dtype: DType, bias: bool) {
     let mut qkv = x.qkv.clone();
     if let Some(b) = &x.bias {
         qkv = qkv.broadcast_add(b).unwrap();
+    }
+    // candle-nn's rms_norm over q's and k's heads (its own order of the sum of squares).
+    if let Some((qn, kn)) = &x.norm {
+        let (n, d) = (h.heads + h.kv_heads, h.head_dim);
+        let normed = |start: usize, n: usize, w: &Tensor| {
+            let part = qkv.narrow(1, start * d, n * d).unwrap().contiguous().unwrap();
+            let part = part.reshape((tokens * n, d)).unwrap();
+            crate::kernels::rms_norm(&part, w, NORM_EPS).unwrap().reshape((tokens, n * d)).unwrap()
+        };
+        let (q, k) = (normed(0, h.heads, qn), normed(h.heads, h.kv_heads, kn));
+        let v = qkv.narrow(1, n * d, h.kv_heads * d).unwrap();
+        qkv = Tensor::cat(&[q, k, v], 1).unwrap();
     }
     let qkv = qkv.reshape((tokens, h.heads + 2 * h.kv_heads, h.head_dim)).unwrap();
     let (cos, sin) = (
@@ -120,7 +145,11 @@ fn check_reference(h: QkvHeads, pairs: RotaryPairs, dtype: DType, bias: bool) {
     let want_q = rounded(candle_rope(&part(0, h.heads), &cos, &sin, pairs));
     let want_k = rounded(candle_rope(&part(h.heads, h.kv_heads), &cos, &sin, pairs));
     let want_v = rounded(part(h.heads + h.kv_heads, h.kv_heads).contiguous().unwrap());
-    let tol = if dtype == DType::F32 { 1e-6 } else { 8e-3 };
+    let tol = match (dtype, norm) {
+        (DType::F32, false) => 1e-6,
+        (DType::F32, true) => 4e-6, // the norm's sums of squares in another order, times gains ≤ 3
+        _ => 8e-3,
+    };
     assert_close(&format!("{name} q"), &q, &want_q, tol);
 
     let slots = x.slots.to_vec1::<u32>().unwrap();
@@ -155,8 +184,10 @@ fn reference_matches_candle_rope_and_writes_the_slots() {
     ] {
         for pairs in [RotaryPairs::HalfSplit, RotaryPairs::Interleaved] {
             for (dtype, bias) in [(DType::F32, true), (DType::F32, false), (DType::BF16, true)] {
-                check_reference(h, pairs, dtype, bias);
+                check_reference(h, pairs, dtype, bias, false);
             }
+            check_reference(h, pairs, DType::F32, false, true);
+            check_reference(h, pairs, DType::BF16, true, true);
         }
     }
 }
@@ -182,6 +213,7 @@ fn rejects_positions_and_slots_outside() {
     let q = qkv_rope_paged(
         &empty,
         None,
+        None,
         &x.cos,
         &x.sin,
         &none,
@@ -206,12 +238,17 @@ fn gpu_matches_reference() {
     for h in [
         QkvHeads { heads: 64, kv_heads: 8, head_dim: 64 },
         QkvHeads { heads: 32, kv_heads: 8, head_dim: 128 },
+        QkvHeads { heads: 8, kv_heads: 4, head_dim: 256 },
+        QkvHeads { heads: 6, kv_heads: 2, head_dim: 16 },
     ] {
         for pairs in [RotaryPairs::HalfSplit, RotaryPairs::Interleaved] {
-            for (dtype, bias) in [(DType::F32, true), (DType::BF16, false), (DType::BF16, true)] {
-                let name = format!("gpu qkv_rope_paged {h:?} {pairs:?} {dtype:?} bias {bias}");
+            let cases = [(DType::F32, true), (DType::BF16, false), (DType::BF16, true)];
+            for ((dtype, bias), norm) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
+                let name =
+                    format!("gpu qkv_rope_paged {h:?} {pairs:?} {dtype:?} bias {bias} norm {norm}");
                 let tokens = r.random_range(1..300);
                 let x = inputs(&mut r, h, tokens, 400, dtype, bias);
+                let x = if norm { with_norm(&mut r, x, h.head_dim) } else { x };
                 let on = |t: &Tensor| t.to_device(&dev).unwrap();
                 let g = Inputs {
                     qkv: on(&x.qkv),
@@ -223,6 +260,7 @@ fn gpu_matches_reference() {
                     k_pool: on(&x.k_pool),
                     v_pool: on(&x.v_pool),
                     scales: None,
+                    norm: x.norm.as_ref().map(|(q, k)| (on(q), on(k))),
                 };
                 let want = values(&run(&x, h, pairs).unwrap());
                 let got = values(&run(&g, h, pairs).unwrap());
@@ -331,16 +369,19 @@ fn gpu_fp8_matches_reference() {
     for h in [
         QkvHeads { heads: 64, kv_heads: 8, head_dim: 64 },
         QkvHeads { heads: 32, kv_heads: 8, head_dim: 128 },
+        QkvHeads { heads: 8, kv_heads: 4, head_dim: 256 },
     ] {
-        for (pairs, bias, codes) in [
-            (RotaryPairs::HalfSplit, true, Codes::E4m3),
-            (RotaryPairs::Interleaved, false, Codes::E4m3),
-            (RotaryPairs::HalfSplit, false, Codes::Int8),
-            (RotaryPairs::Interleaved, true, Codes::Int8),
+        for (pairs, bias, codes, norm) in [
+            (RotaryPairs::HalfSplit, true, Codes::E4m3, false),
+            (RotaryPairs::Interleaved, false, Codes::E4m3, true),
+            (RotaryPairs::HalfSplit, false, Codes::Int8, true),
+            (RotaryPairs::Interleaved, true, Codes::Int8, false),
         ] {
-            let name = format!("gpu qkv_rope_paged {codes:?} {h:?} {pairs:?} bias {bias}");
+            let name =
+                format!("gpu qkv_rope_paged {codes:?} {h:?} {pairs:?} bias {bias} norm {norm}");
             let (tokens, num_slots) = (r.random_range(1..300), 400);
             let x = inputs(&mut r, h, tokens, num_slots, DType::F32, bias);
+            let x = if norm { with_norm(&mut r, x, h.head_dim) } else { x };
             let x = with_coded_pools(x, h, num_slots, codes);
             let on = |t: &Tensor| t.to_device(&dev).unwrap();
             let (ks, vs) = x.scales.as_ref().unwrap();
@@ -354,6 +395,7 @@ fn gpu_fp8_matches_reference() {
                 k_pool: on(&x.k_pool),
                 v_pool: on(&x.v_pool),
                 scales: Some((on(ks), on(vs))),
+                norm: x.norm.as_ref().map(|(q, k)| (on(q), on(k))),
             };
             let want = values(&run(&x, h, pairs).unwrap());
             let q = run(&g, h, pairs).unwrap();

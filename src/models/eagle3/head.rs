@@ -258,6 +258,7 @@ impl Eagle3Head {
         let q = qkv_rope_paged(
             &self.qkv.matmul_f32(&h)?,
             None,
+            None,
             &self.rope.0,
             &self.rope.1,
             &step.positions,

@@ -147,20 +147,19 @@ impl ArchConfig for Gemma3Config {
     }
 }
 
-/// The head widths the GPU's paged-attention kernels take (`kernels/paged_attention/gpu.rs`
-/// refuses others at the first step). Gemma 3's 256 (1B, 4B, 12B) is not among them yet: refused
-/// here in one line, before the weights are read, rather than after.
-const GPU_HEAD_DIMS: [usize; 2] = [64, 128];
-
+/// Gemma 3's head width on the GPU: the paged-attention kernels take 64 and 128, and 256 (1B, 4B,
+/// 12B) in bf16 only (`kernels::cuda_head_dim`); a build they would refuse at the first step is
+/// refused here in one line, before the weights are read.
 fn gpu_head_dim(cfg: &Gemma3Config, b: &Build) -> anyhow::Result<()> {
-    if !b.device.is_cuda() || GPU_HEAD_DIMS.contains(&cfg.head_dim) {
+    let bf16 = b.dtype == DType::BF16;
+    if !b.device.is_cuda() || crate::kernels::cuda_head_dim(cfg.head_dim, bf16) {
         return Ok(());
     }
     Err(fail(
         ErrorKind::InvalidInput,
         format!(
-            "Gemma 3 with head_dim {} does not run on the GPU yet: its attention kernels take head_dim 64 and 128 (gemma-3-27b); use --cpu",
-            cfg.head_dim
+            "Gemma 3 with head_dim {} runs on the GPU in bf16 only, not {:?}: pass --dtype bf16, or --cpu",
+            cfg.head_dim, b.dtype
         ),
     ))
 }

@@ -15,8 +15,8 @@ use candle_core::{Device, Tensor};
 use super::model::Gemma3;
 use crate::dist::collective::sum_over;
 use crate::kernels::{
-    PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qk_rms_norm,
-    qkv_rope_paged, rms_norm,
+    PagedAttnConfig, QkNorm, QkvHeads, RotaryPairs, add_rms_norm, paged_attention, qkv_rope_paged,
+    rms_norm,
 };
 use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput, Taps};
 
@@ -54,11 +54,11 @@ impl BatchModel for Gemma3 {
             x = normed.x;
             taps.see(n, &x);
             let qkv = layer.qkv.forward_f32(&normed.h)?;
-            let qkv = qk_rms_norm(&qkv, (heads, kv_heads, d), &layer.q_norm, &layer.k_norm, eps)?;
             let (cos, sin) = self.rope_of(n);
             let q = qkv_rope_paged(
                 &qkv,
                 None,
+                Some(QkNorm { q: &layer.q_norm, k: &layer.k_norm, eps }),
                 cos,
                 sin,
                 &step.positions,

@@ -71,6 +71,7 @@ impl BatchModel for GptOss {
             let q = qkv_rope_paged(
                 &layer.attn.qkv.matmul_f32(&h)?,
                 layer.attn.qkv.bias(),
+                None,
                 cos,
                 sin,
                 &step.positions,

@@ -12,8 +12,8 @@ use candle_core::{DType, Device, Tensor};
 use super::model::{Llama, RopeStyle};
 use crate::dist::collective::{sum_add_norm, sum_over};
 use crate::kernels::{
-    AddNorm, PagedAttnConfig, QkvHeads, RotaryPairs, add_rms_norm, matmul_swiglu_bf16,
-    paged_attention, qk_rms_norm, qkv_rope_paged, silu_mul_to,
+    AddNorm, PagedAttnConfig, QkNorm, QkvHeads, RotaryPairs, add_rms_norm, matmul_swiglu_bf16,
+    paged_attention, qkv_rope_paged, silu_mul_to,
 };
 use crate::models::batch::{BatchModel, KvDtype, KvPool, KvShape, StepInput, Taps};
 use crate::models::linear::Linear;
@@ -81,13 +81,11 @@ impl BatchModel for Llama {
                     1,
                 )?,
             };
-            let qkv = match &layer.qk_norm {
-                Some((qn, kn)) => qk_rms_norm(&qkv, (heads, kv_heads, d), qn, kn, eps)?,
-                None => qkv,
-            };
+            let norm = layer.qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps });
             let q = qkv_rope_paged(
                 &qkv,
                 None,
+                norm,
                 cos,
                 sin,
                 &step.positions,

@@ -72,6 +72,13 @@ fn batches(rng: &mut StdRng) -> Vec<(&'static str, Batch)> {
         ("llama decode", Batch::new(32, 8, 128, 16).sinks(false).random(rng, 40, 1, 4000)),
         ("block 5", Batch::new(12, 4, 64, 5).random(rng, 20, 33, 700)),
         ("mqa", Batch::new(6, 1, 64, 16).window(Some(50)).random(rng, 7, 60, 500)),
+        // Gemma 3's head size (bf16 and codes only: `cuda_head_dim`).
+        (
+            "d256 window",
+            Batch::new(8, 4, 256, 16).sinks(false).window(Some(512)).random(rng, 6, 300, 3000),
+        ),
+        ("d256 decode", Batch::new(16, 8, 256, 16).sinks(false).random(rng, 24, 1, 4000)),
+        ("d256 mqa prefill", Batch::new(4, 1, 256, 16).sinks(false).random(rng, 3, 700, 2000)),
     ]
 }
 
@@ -80,6 +87,9 @@ fn batches(rng: &mut StdRng) -> Vec<(&'static str, Batch)> {
 fn gpu_matches_cpu_f32() {
     let mut r = rng("paged gpu f32 cases");
     for (name, b) in batches(&mut r) {
+        if !cuda_head_dim(b.d, false) {
+            continue;
+        }
         check(name, &b, DType::F32, 1e-5);
     }
 }
@@ -254,10 +264,15 @@ fn gpu_rows_are_batch_invariant() {
     let u32s = |v: &[u32]| Tensor::new(v, &dev).unwrap();
     let kinds = [(DType::F32, None), (DType::BF16, None)];
     let coded = [(DType::BF16, Some(Codes::E4m3)), (DType::BF16, Some(Codes::Int8))];
-    for (dtype, codes) in kinds.into_iter().chain(coded) {
-        for (window, sinks) in [(None, true), (Some(128), true), (Some(100), false), (None, false)]
-        {
-            let mut b = Batch::new(64, 8, 64, 16).window(window).sinks(sinks);
+    let windows = [(None, true), (Some(128), true), (Some(100), false), (None, false)];
+    let shapes = [(64, 8, 64), (8, 4, 256)];
+    let cases = kinds.into_iter().chain(coded).flat_map(|k| shapes.map(|s| (k, s)));
+    for ((dtype, codes), (heads, kv_heads, d)) in cases {
+        if !cuda_head_dim(d, dtype == DType::BF16) {
+            continue;
+        }
+        for (window, sinks) in windows {
+            let mut b = Batch::new(heads, kv_heads, d, 16).window(window).sinks(sinks);
             b.seqs = vec![(200, 0), (37, 900), (1, 2500), (70, r.random_range(100..300))];
             let host = match codes {
                 Some(c) => super::coded_inputs(inputs(&mut r, &b, DType::F32), dtype, c).0,
@@ -266,7 +281,7 @@ fn gpu_rows_are_batch_invariant() {
             let x = to_device(&host, &dev);
             let full = values(&run(&x, &b, b.bounds()).unwrap());
             let row = b.heads * b.d;
-            let what = format!("{dtype:?} codes {codes:?} window {window:?} sinks {sinks}");
+            let what = format!("{dtype:?} d {d} codes {codes:?} window {window:?} sinks {sinks}");
             let same = |got: &[f32], at: usize, how: &str| {
                 let want = &full[at * row..][..got.len()];
                 let diff = got.iter().zip(want).position(|(a, w)| a.to_bits() != w.to_bits());
