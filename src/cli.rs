@@ -180,10 +180,11 @@ pub struct PlayArgs {
     /// Complete the text as is, without the chat template.
     #[arg(long)]
     pub raw: bool,
-    /// gpt-oss reasoning effort: low, medium or high.
+    /// Reasoning: gpt-oss's effort, low, medium or high; `off` turns a thinking model's
+    /// reasoning off (Qwen3: its template's enable_thinking).
     #[arg(long, default_value = "medium")]
     pub reasoning: String,
-    /// gpt-oss: do not show the reasoning, only the answer.
+    /// Do not show the reasoning (gpt-oss, Qwen3), only the answer.
     #[arg(long)]
     pub hide_reasoning: bool,
     /// Most tokens per reply.

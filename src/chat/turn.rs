@@ -102,6 +102,28 @@ impl Dialogue {
         }
     }
 
+    /// Turns a thinking model's reasoning on or off (its template's `enable_thinking`):
+    /// refused for gpt-oss (it always reasons; its effort is the knob) and for a template
+    /// without the switch.
+    pub fn set_thinking(&mut self, text: &TextSide, on: bool) -> anyhow::Result<()> {
+        match self {
+            Dialogue::Harmony(_) => Err(fail(
+                ErrorKind::InvalidInput,
+                "gpt-oss always reasons: set its effort (low, medium or high) instead",
+            )),
+            Dialogue::Plain(c) => match &text.template {
+                Some(t) if !c.raw && t.mentions("enable_thinking") => {
+                    c.thinking = Some(on);
+                    Ok(())
+                }
+                _ => Err(fail(
+                    ErrorKind::InvalidInput,
+                    "this model's chat template has no thinking switch (enable_thinking)",
+                )),
+            },
+        }
+    }
+
     /// The prompt the model would continue now.
     pub fn prompt_ids(&self, text: &TextSide) -> anyhow::Result<Vec<u32>> {
         match self {

@@ -79,6 +79,12 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 impl ChatTemplate {
+    /// Whether the template reads the variable `name` (a switch such as Qwen3's
+    /// `enable_thinking`): its name appears in the source.
+    pub fn mentions(&self, name: &str) -> bool {
+        self.source.contains(name)
+    }
+
     /// Compiles `source`; a syntax error is reported here, not at the first render.
     pub fn new(source: &str, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self> {
         let mut env = Environment::new();

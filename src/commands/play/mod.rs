@@ -141,7 +141,11 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
             ));
         }
     };
-    let effort: crate::chat::harmony::ReasoningEffort = args.reasoning.parse()?;
+    // `off` is a thinking model's switch; the levels are gpt-oss's effort.
+    let (effort, thinking_off) = match args.reasoning.trim().to_ascii_lowercase().as_str() {
+        "off" | "none" => (Default::default(), true),
+        level => (level.parse::<crate::chat::harmony::ReasoningEffort>()?, false),
+    };
     // Read before the model loads: a bad name or file is one line at once, not after a minute.
     let resumed = match &args.resume {
         Some(name) => Some((name.clone(), store::load(name)?)),
@@ -170,6 +174,9 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     warm_up(&engine)?;
     spinner.finish_and_clear();
     let mut dialogue = Dialogue::for_model(&text, args.system.clone(), args.raw, effort);
+    if thinking_off {
+        dialogue.set_thinking(&text, false)?;
+    }
     let sampler =
         sampler_config(&args.sampling, default_sampling(matches!(dialogue, Dialogue::Harmony(_))))?;
     if verbose {

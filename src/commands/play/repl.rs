@@ -23,7 +23,8 @@ const HELP: &str = "\
 /load NAME            continue a kept conversation
 /list                 the kept conversations, the most recent first
 /effort low|medium|high   gpt-oss reasoning effort
-/reasoning show|hide  gpt-oss: show or hide the reasoning
+/think, /no_think     a thinking model's reasoning on or off (Qwen3)
+/reasoning show|hide  show or hide the reasoning
 \"\"\"                   start or end a multi-line message
 Ctrl+C stops a reply in progress; on leaving, the conversation is kept as `last`.";
 
@@ -205,6 +206,13 @@ fn command(
         "effort" => {
             match rest.parse().and_then(|e| dialogue.set_effort(e)) {
                 Ok(()) => println!("(reasoning effort {rest})"),
+                Err(e) => eprintln!("error: {e}"),
+            }
+            Flow::Continue
+        }
+        "think" | "no_think" => {
+            match dialogue.set_thinking(&chat.text, name == "think") {
+                Ok(()) => println!("(thinking {})", if name == "think" { "on" } else { "off" }),
                 Err(e) => eprintln!("error: {e}"),
             }
             Flow::Continue
