@@ -189,6 +189,11 @@ fn template_prompt(
             "this model has no chat template: use /v1/completions with a raw prompt",
         )
     })?;
+    // Mistral's templates take call ids of 9 letters and digits only.
+    let call_id = |id: &str| match crate::chat::reply::mistral::speaks(&ready.text.tokenizer) {
+        true => crate::chat::reply::mistral::template_call_id(id),
+        false => id.to_string(),
+    };
     let mut messages = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.iter().enumerate() {
         let role = match m.role.as_str() {
@@ -207,13 +212,13 @@ fn template_prompt(
                     // as the model was trained; text that is not JSON stays text.
                     let args = c.function.arguments_text();
                     let args = serde_json::from_str::<Value>(&args).unwrap_or(Value::String(args));
-                    json!({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
+                    json!({"id": c.id.as_deref().map(call_id), "type": "function", "function": {"name": c.function.name, "arguments": args}})
                 })
                 .collect();
             msg["tool_calls"] = Value::Array(calls);
         }
         if let Some(id) = &m.tool_call_id {
-            msg["tool_call_id"] = id.clone().into();
+            msg["tool_call_id"] = call_id(id).into();
         }
         if let Some(name) = &m.name {
             msg["name"] = name.clone().into();

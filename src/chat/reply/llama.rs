@@ -84,7 +84,7 @@ fn name_may_match(object: &str, tools: &[String]) -> bool {
     }
 }
 
-fn call_of(value: &Value, tools: &[String]) -> Option<Call> {
+pub(super) fn call_of(value: &Value, tools: &[String]) -> Option<Call> {
     let obj = value.as_object()?;
     let name = obj.get("name")?.as_str()?;
     if !tools.iter().any(|t| t == name) {

@@ -7,9 +7,9 @@
 //!   and the stop strings; with tools offered, Llama 3's JSON tool calls ([`llama`]).
 //! - [`harmony`]: gpt-oss's channels (reasoning, answer, preambles and calls apart, no markup).
 //! - [`hermes`]: Qwen3's `<think>…</think>` reasoning and Hermes `<tool_call>` blocks.
+//! - [`mistral`]: Mistral's calls after its `[TOOL_CALLS]` control token.
 //!
-//! [`reader`] chooses the format for a model. **Adding a format** (next: Mistral's
-//! `[TOOL_CALLS]`) is one new implementation of [`ReplyFormat`] in a file here, built on the
+//! [`reader`] chooses the format for a model. **Adding a format** is one new implementation of [`ReplyFormat`] in a file here, built on the
 //! same pieces ([`crate::generate::TokenStream`], [`crate::generate::StopChecker`],
 //! [`PendingLogprobs`], [`call_ids`]), plus one line in [`reader`] choosing it; play and serve
 //! read every format through the trait and do not change.
@@ -20,6 +20,7 @@ pub mod harmony;
 pub mod hermes;
 pub mod llama;
 pub mod logprobs;
+pub mod mistral;
 pub mod plain;
 
 use crate::chat::harmony::HarmonyEncoding;
@@ -32,6 +33,7 @@ pub use format::{
 pub use harmony::{Harmony, HarmonyReply};
 pub use hermes::Hermes;
 pub use logprobs::{Entry, Piece, TokenText};
+pub use mistral::Mistral;
 pub use plain::Plain;
 
 /// The reader of a reply from the model whose text side is `text`: the one place that maps a
@@ -47,6 +49,9 @@ pub fn reader<'t>(
     }
     if !opts.raw && hermes::speaks(&text.tokenizer) {
         return Ok(Box::new(Hermes::new(&text.tokenizer, opts.stop, opts.tools)));
+    }
+    if !opts.raw && mistral::speaks(&text.tokenizer) {
+        return Ok(Box::new(Mistral::new(&text.tokenizer, opts.stop, opts.tools)));
     }
     Ok(Box::new(Plain::new(&text.tokenizer, opts.stop, opts.tools)))
 }
