@@ -25,15 +25,18 @@ fn codex_bin() -> PathBuf {
     }
 }
 
-/// A server on the tiny gpt-oss whose replies are `replies`, in order; `-v` logs the tool
-/// outputs each request brings back.
+/// A server on `model` (the tiny gpt-oss unless given) whose replies are `replies`, in order;
+/// `-v` logs the tool outputs each request brings back.
 fn server(dir: &Path, replies: &[&str]) -> Server {
+    server_on(&common::tiny_gpt_oss_full_vocab(), dir, replies)
+}
+
+fn server_on(model: &Path, dir: &Path, replies: &[&str]) -> Server {
     let file = dir.join("replies.json");
     std::fs::write(&file, serde_json::to_string(replies).unwrap()).unwrap();
-    let model = common::tiny_gpt_oss_full_vocab();
     let args = ["--dtype", "f32", "--context", "16384", "--kv-tokens", "16384", "--max-seqs", "2"];
     Server::start(
-        &model,
+        model,
         &args,
         &[
             ("INFERNO_TEST_HOOKS", "1"),
@@ -45,9 +48,12 @@ fn server(dir: &Path, replies: &[&str]) -> Server {
 
 /// `codex exec PROMPT` with a CODEX_HOME whose provider is the server; killed past LIMIT.
 fn codex(s: &Server, dir: &Path, prompt: &str) -> Output {
+    codex_on(&common::tiny_gpt_oss_full_vocab(), s, dir, prompt)
+}
+
+fn codex_on(model: &Path, s: &Server, dir: &Path, prompt: &str) -> Output {
     let home = dir.join("codex-home");
     std::fs::create_dir_all(&home).unwrap();
-    let model = common::tiny_gpt_oss_full_vocab();
     let alias = model.file_name().unwrap().to_str().unwrap().to_string();
     let config = format!(
         r#"model = "{alias}"
@@ -133,6 +139,29 @@ fn codex_runs_a_tool_call_and_sends_its_output_back() {
     let answer = "<|channel|>final<|message|>The command printed its line. Finished-7.<|return|>";
     let s = server(dir.path(), &[call, answer]);
     let out = codex(&s, dir.path(), "Run echo for me.");
+    assert!(out.status.success(), "{}\n--- server ---\n{}", text(&out), s.log());
+    let log = s.log();
+    let outputs: Vec<&str> = log.lines().filter(|l| l.contains("function_call_output")).collect();
+    assert!(outputs.iter().any(|l| l.contains("42-ran")), "no tool output came back:\n{log}");
+    assert!(log.contains("/v1/responses 200 tool_calls (stream)"), "{log}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Finished-7."), "{}", text(&out));
+}
+
+/// The same tool-call turn on Qwen3 (its real tokenizer and template): the call comes as a
+/// Hermes `<tool_call>` block after its reasoning, which the server reads as Codex's function
+/// call.
+#[test]
+#[cfg_attr(
+    not(feature = "conformance"),
+    ignore = "needs the Codex CLI and the Qwen3 tokenizer: scripts/test.sh"
+)]
+fn codex_runs_a_qwen3_tool_call_and_sends_its_output_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::tiny_qwen3_with_template(16384);
+    let call = "<think>\nRun the command.\n</think>\n\n<tool_call>\n{\"name\": \"exec_command\", \"arguments\": {\"cmd\": \"echo $((6*7))-ran\"}}\n</tool_call>";
+    let answer = "<think>\nIt ran.\n</think>\n\nThe command printed its line. Finished-7.";
+    let s = server_on(model.path(), dir.path(), &[call, answer]);
+    let out = codex_on(model.path(), &s, dir.path(), "Run echo for me.");
     assert!(out.status.success(), "{}\n--- server ---\n{}", text(&out), s.log());
     let log = s.log();
     let outputs: Vec<&str> = log.lines().filter(|l| l.contains("function_call_output")).collect();

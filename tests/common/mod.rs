@@ -207,25 +207,55 @@ fn seeded_uniform(seed: u64, n: usize) -> candle_core::Tensor {
 /// A folder with the tiny Llama-3 checkpoint (random weights widened to Llama 2's tokenizer)
 /// and the chat template `template` from tests/fixtures/chat_templates.json.
 pub fn tiny_llama_with_template(template: &str) -> tempfile::TempDir {
+    tiny_with_tokenizer("llama3_tiny", "llama2-tokenizer.json", template, serde_json::json!({}))
+}
+
+/// The tiny Qwen3 fixture speaking through Qwen3's real tokenizer (its `<think>` and
+/// `<tool_call>` tags) and chat template, its embedding random over the whole vocabulary, with
+/// room for `context` positions (plain RoPE: the fixture's YaRN is for its own 256).
+pub fn tiny_qwen3_with_template(context: usize) -> tempfile::TempDir {
+    // Qwen3's own ids for <|endoftext|> and <|im_end|> (the fixture's are for its 320 ids).
+    let more = serde_json::json!({
+        "max_position_embeddings": context, "rope_scaling": null,
+        "bos_token_id": 151643, "eos_token_id": 151645,
+    });
+    tiny_with_tokenizer("qwen3_tiny", "qwen3-tokenizer.json", "qwen3", more)
+}
+
+/// A fixture's weights with its embedding (and LM head, when untied) replaced by random rows
+/// for every id of the asset `tokenizer`, `template` from tests/fixtures/chat_templates.json,
+/// and the config's keys in `more` set.
+fn tiny_with_tokenizer(
+    fixture: &str,
+    tokenizer: &str,
+    template: &str,
+    more: serde_json::Value,
+) -> tempfile::TempDir {
     use candle_core::{Device, Tensor};
     let dir = tempfile::tempdir().unwrap();
     let fixtures = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures"));
-    let tok_path = asset("llama2-tokenizer.json", "scripts/assets/gptoss-tokenizer.sh");
+    let tok_path = asset(tokenizer, "scripts/assets/gptoss-tokenizer.sh");
     let tok = std::fs::read_to_string(tok_path).unwrap();
     let vocab = tokenizers::Tokenizer::from_bytes(tok.as_bytes()).unwrap().get_vocab_size(true);
     let mut config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(fixtures.join("llama3_tiny/config.json")).unwrap())
+        serde_json::from_slice(&std::fs::read(fixtures.join(fixture).join("config.json")).unwrap())
             .unwrap();
     config["vocab_size"] = vocab.into();
+    for (k, v) in more.as_object().unwrap() {
+        config[k] = v.clone();
+    }
+    let hidden = config["hidden_size"].as_u64().unwrap() as usize;
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     let mut tensors = candle_core::safetensors::load(
-        fixtures.join("llama3_tiny/model.safetensors"),
+        fixtures.join(fixture).join("model.safetensors"),
         &Device::Cpu,
     )
     .unwrap();
     for name in ["model.embed_tokens.weight", "lm_head.weight"] {
-        tensors
-            .insert(name.to_string(), Tensor::randn(0f32, 1.0, (vocab, 64), &Device::Cpu).unwrap());
+        if tensors.contains_key(name) {
+            let rows = Tensor::randn(0f32, 1.0, (vocab, hidden), &Device::Cpu).unwrap();
+            tensors.insert(name.to_string(), rows);
+        }
     }
     candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
     std::fs::write(dir.path().join("tokenizer.json"), tok).unwrap();

@@ -619,6 +619,62 @@ def llama_tool_calls():
     return {"prompt_ids": r2.model_extra["x_inferno_prompt_ids"]}
 
 
+def qwen3_replies():
+    """Qwen3's replies (Hermes reader): reasoning apart from the answer, a <tool_call> block to an
+    offered tool as tool_calls, streamed too, and its result rendered back; thinking off through
+    chat_template_kwargs; a json_schema reply that parses."""
+    c = client()
+    m = model_id()
+    user = {"role": "user", "content": "What's the weather in Paris?"}
+    tools = ARGS["tools"]
+    kw = dict(model=m, messages=[user], tools=tools, max_tokens=200)
+    call = ('<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n'
+            '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    force = {"x_inferno_force_reply": call}
+    ch = c.chat.completions.create(extra_body=force, **kw).choices[0]
+    assert ch.finish_reason == "tool_calls" and not ch.message.content, ch
+    assert ch.message.model_extra.get("reasoning_content") == "\nThe user wants the weather.\n", ch
+    [tc] = ch.message.tool_calls
+    assert tc.function.name == "get_weather" and json.loads(tc.function.arguments) == {"city": "Paris"}, tc
+    content, reasoning, finish, _, _, calls = chat_stream(c, extra_body=force, **kw)
+    assert (content, finish) == ("", "tool_calls") and reasoning == "\nThe user wants the weather.\n", (content, finish)
+    assert [(x["name"], json.loads(x["arguments"])) for x in calls] == [("get_weather", {"city": "Paris"})], calls
+    # An answer after reasoning; a call to a tool not offered stays text.
+    ch = c.chat.completions.create(extra_body={"x_inferno_force_reply": "<think>\nEasy.\n</think>\n\nIt is 4."},
+                                   **kw).choices[0]
+    assert ch.message.content == "It is 4." and ch.message.model_extra.get("reasoning_content") == "\nEasy.\n", ch
+    rogue = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
+    ch = c.chat.completions.create(extra_body={"x_inferno_force_reply": rogue}, **kw).choices[0]
+    assert ch.message.content == rogue and not ch.message.tool_calls and ch.finish_reason == "stop", ch
+    # A call and its result go back through the template (OpenAI's shape: arguments as a JSON string).
+    history = []
+    for msg in ARGS["messages"]:
+        msg = dict(msg)
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = [dict(t, function=dict(t["function"], arguments=json.dumps(t["function"]["arguments"])))
+                                 for t in msg["tool_calls"]]
+        history.append(msg)
+    r = c.chat.completions.create(model=m, messages=history, tools=tools, max_tokens=50,
+                                  extra_body={"x_inferno_force_reply": "It is 21 C.", "x_inferno_prompt_ids": True})
+    assert r.choices[0].message.content == "It is 21 C.", r
+    with_result = r.model_extra["x_inferno_prompt_ids"]
+    # Thinking off: the template's empty reasoning block ends the prompt.
+    r = c.chat.completions.create(model=m, messages=ARGS["thinking_messages"], max_tokens=20,
+                                  extra_body={"x_inferno_force_reply": "Hi.", "x_inferno_prompt_ids": True,
+                                              "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.choices[0].message.content == "Hi.", r
+    thinking_off = r.model_extra["x_inferno_prompt_ids"]
+    # A structured output: the schema's one shape.
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = c.chat.completions.create(model=m, messages=[user], max_tokens=50, temperature=0,
+                                  response_format={"type": "json_schema",
+                                                   "json_schema": {"name": "ok", "strict": True, "schema": schema}})
+    value = json.loads(r.choices[0].message.content)
+    assert isinstance(value, dict) and set(value) == {"ok"} and isinstance(value["ok"], bool), value
+    return {"with_result": with_result, "thinking_off": thinking_off}
+
+
 def polyfill_tools():
     """A model whose template has no tool support still takes `tools` (described in the system
     message); a reply in the JSON syntax it was asked for becomes tool_calls, streamed too; the
