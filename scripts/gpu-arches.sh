@@ -12,7 +12,8 @@
 #       gpt-oss-20b llama-3.2-1b; random weights, -p 512 -n 128 -r 3); a table last
 #   scripts/gpu-arches.sh peer LLAMA_CPP_DIR LLAMA_BENCH GPTOSS_TOKENIZER_JSON LLAMA3_TOKENIZER_DIR NAME...
 #       # on the GPU machine: each pack's inferno and llama-bench (built for the same target, e.g.
-#       LLAMA_CUDA_ARCH=80-virtual with ../shared/peer/llama-bench.sh, llama-quantize beside it)
+#       -DCMAKE_CUDA_ARCHITECTURES=80-virtual as docs/performance.md, "Reproducing", builds it,
+#       llama-quantize beside it)
 #       on the same random gpt-oss-20b and Llama-3.2-1B files (docs/performance.md, "Before Hopper")
 #
 # A pack's candle library is built for the pack's targets too (scripts/cuda-env.sh), so a

@@ -10,7 +10,7 @@
 #   scripts/gpu-families.sh INFERNO LLAMA_CPP_DIR LLAMA_BIN_DIR TOKENIZER_DIR CONFIG...
 #
 # LLAMA_CPP_DIR holds convert_hf_to_gguf.py, LLAMA_BIN_DIR llama-bench, llama-batched-bench and
-# llama-quantize (../shared/peer/llama-bench.sh builds them); TOKENIZER_DIR the family's
+# llama-quantize (built as docs/performance.md, "Reproducing", says); TOKENIZER_DIR the family's
 # tokenizer.json and tokenizer_config.json. Prints one line per measurement.
 set -euo pipefail
 cd "$(dirname "$0")/.."

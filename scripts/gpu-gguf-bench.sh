@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # gpt-oss GGUF speed on a GPU machine: inferno on a GGUF written by llama.cpp's own converter,
 # against inferno on the HF checkpoint it came from and, when given, llama.cpp's llama-bench on
-# the same file (docs/performance.md, issue 13).
+# the same file (docs/performance.md, "Side by side with llama.cpp").
 #
 #   scripts/gpu-gguf-bench.sh LLAMA_CPP_DIR TOKENIZER_JSON [LLAMA_BENCH]
 #
 # From the repo root with .dev/gpu/inferno.gz (scripts/gpu-tests.sh build). LLAMA_CPP_DIR holds
 # convert_hf_to_gguf.py, conversion/ and gguf-py/ (as scripts/fixtures/gpt_oss_gguf.sh caches
 # them from the llama-cpp-python 0.3.36 sdist); TOKENIZER_JSON is gpt-oss's tokenizer.json
-# (scripts/assets/gptoss-tokenizer.sh). LLAMA_BENCH: a llama-bench built there by
-# ../shared/peer/llama-bench.sh. Writes a random checkpoint in the exact gpt-oss-20b layout
+# (scripts/assets/gptoss-tokenizer.sh). LLAMA_BENCH: a llama-bench built there (docs/performance.md,
+# "Reproducing"). Writes a random checkpoint in the exact gpt-oss-20b layout
 # (13.8 GB, ~25 s) and its GGUF (12.1 GB, ~65 s) under ${TMPDIR:-/tmp}/gguf-bench, or reuses
 # them; GGUF_BENCH_PREPARE_ONLY=1 stops after writing them (to split the work over two calls).
 set -euo pipefail

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Llama decode and prefill side by side with llama.cpp's llama-bench, on identical files, on a GPU
-# machine (issue 12's table):
+# machine (docs/performance.md, "Side by side with llama.cpp"):
 #
 #   scripts/gpu-llama-peer-bench.sh LAYOUT LLAMA_CPP_DIR TOKENIZER_DIR LLAMA_BENCH
 #
 # From the repo root with .dev/gpu/inferno.gz (scripts/gpu-tests.sh build). LAYOUT: a config
 # under benches/configs (llama-3.2-1b, llama-3.1-8b); LLAMA_CPP_DIR holds convert_hf_to_gguf.py,
-# conversion/ and gguf-py/ and LLAMA_BENCH is llama-bench, both from ../shared/peer/llama-bench.sh;
+# conversion/ and gguf-py/ and LLAMA_BENCH is llama-bench, built as docs/performance.md,
+# "Reproducing", says;
 # TOKENIZER_DIR: the Llama 3.1 tokenizer (scripts/assets/llama3-tokenizer.sh). Writes a random
 # bf16 checkpoint (scripts/fixtures/llama_random.py) and its bf16 and Q8_0 GGUFs (llama.cpp's
 # converter) under ${TMPDIR:-/tmp}/llama-peer/LAYOUT, reused when there; then runs both engines

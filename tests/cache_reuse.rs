@@ -1,11 +1,11 @@
-//! Reusing a cached prefix gives exactly what a fresh run gives (issue: gpt-oss chats went wrong
-//! after a long reply). A chat re-renders the conversation every turn; the engine's prefix cache
-//! keeps every full block of 16 computed positions under a hash of the token prefix it ends, and
-//! a new prompt takes back the longest run of leading blocks it holds. gpt-oss's sliding-window
-//! layers keep their blocks in a group of their own, which gives blocks back to the cache as soon
-//! as they fall out of the window: a hit needs the full-attention blocks of the whole prefix and
-//! the sliding blocks of the last window before its end, so after a long reply those windows
-//! must still be cached, not recomputed or lost.
+//! Reusing a cached prefix gives exactly what a fresh run gives (a reused prefix that differs sends
+//! a gpt-oss chat wrong after a long reply). A chat re-renders the conversation every turn; the
+//! engine's prefix cache keeps every full block of 16 computed positions under a hash of the token
+//! prefix it ends, and a new prompt takes back the longest run of leading blocks it holds.
+//! gpt-oss's sliding-window layers keep their blocks in a group of their own, which gives blocks
+//! back to the cache as soon as they fall out of the window: a hit needs the full-attention blocks
+//! of the whole prefix and the sliding blocks of the last window before its end, so after a long
+//! reply those windows must still be cached, not recomputed or lost.
 //!
 //! Each trial: a random first prompt, a greedy first turn of random length (shorter and longer
 //! than the window and the block), then a second prompt that shares a random prefix with what

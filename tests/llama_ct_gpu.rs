@@ -1,6 +1,6 @@
-//! compressed-tensors checkpoints against their own weights dequantized to dense bf16 (issue
-//! 13's "top-1 agreement with the dequantized-bf16 reference on the GPU"), on the fixtures of
-//! scripts/fixtures/llama_ct.sh (W8A8 int8, FP8 dynamic, W4A16, W8A16 int8).
+//! compressed-tensors checkpoints against their own weights dequantized to dense bf16 (top-1
+//! agreement with the dequantized-bf16 reference on the GPU: what the kernels must keep), on the
+//! fixtures of scripts/fixtures/llama_ct.sh (W8A8 int8, FP8 dynamic, W4A16, W8A16 int8).
 //!
 //! Each fixture runs twice through the engine (the batched path play, bench and serve take):
 //! (a) as loaded, on the compressed-tensors kernels; (b) the same checkpoint rewritten with every

@@ -254,8 +254,8 @@ fn exchange(p: &mut rexpect::session::PtySession, message: &str) -> (String, [us
     (ansi.replace_all(&reply, "").trim().to_string(), [n(1), n(2), n(3)])
 }
 
-/// Issue 36's session: chat, `/save`, quit, `--resume`, and the next turn is the one an
-/// uninterrupted chat gives (greedy), prefilling only the new message.
+/// A conversation saved and resumed: chat, `/save`, quit, `--resume`, and the next turn is the
+/// one an uninterrupted chat gives (greedy), prefilling only the new message.
 #[test]
 #[cfg_attr(not(feature = "conformance"), ignore = "needs the SmolLM2 GGUF: scripts/test.sh")]
 fn a_saved_conversation_resumes_as_if_never_left() {

@@ -206,7 +206,7 @@ fn llama_1b_config() -> String {
 fn gpu_tp2_llama_1b_shape_matches_one_gpu_over_64_tokens() {
     let config = llama_1b_config();
     // Its logits reach ±40 (a random tied embedding of 2048): 2.5e-5 of that is 1e-3, above what
-    // either kind of GPU gave (the bar for this shape is the identical tokens). Greedy
+    // either kind of GPU gave (what must hold for this shape is the identical tokens). Greedy
     // draws alone: log probabilities 6e-4 apart would flip about one temperature draw in 1,500.
     check(2, || common::tp::random_llama(&config), DType::F32, 128_256, 1e-3, false);
 }

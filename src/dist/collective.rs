@@ -4,7 +4,7 @@
 //! between GPUs that reach each other's memory, one kernel does it: `dist::p2p`), so every rank
 //! gets the same bits, and a row gets the same bits whatever rows share its step (NCCL's
 //! all-reduce picks its algorithm and its order of additions by message size, which a batch
-//! changes: docs/tensor-parallel.md §3.6).
+//! changes: docs/tensor-parallel.md, "Identical bits on every rank").
 
 use std::sync::{Arc, Barrier, Mutex};
 

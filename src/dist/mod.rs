@@ -2,8 +2,9 @@
 //! ([`Shard`]) and the collectives ranks combine their slices with ([`Collective`]: NCCL between
 //! GPUs, threads on the CPU). A model sharded over `world` ranks keeps its attention heads, its
 //! MLP's intermediate columns (gpt-oss: of every expert, at MXFP4 block boundaries) and its LM
-//! head's vocabulary rows split by rank, in the Megatron layout (docs/tensor-parallel.md §1), and
-//! sums its row-parallel products (o_proj, down / the experts) with one collective each.
+//! head's vocabulary rows split by rank, in the Megatron layout (docs/tensor-parallel.md, "The
+//! split"), and sums its row-parallel products (o_proj, down / the experts) with one collective
+//! each.
 
 use std::ops::Range;
 

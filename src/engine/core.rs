@@ -58,7 +58,7 @@ pub struct EngineConfig {
 }
 
 /// Tokens one step runs at most unless a front end says otherwise (`--step-tokens`). gpt-oss-20b
-/// on an H100 (session 17): prefill of a 1k prompt 19.7k tok/s in chunks of 512, 24.3k in one
+/// on an H100: prefill of a 1k prompt 19.7k tok/s in chunks of 512, 24.3k in one
 /// step; of an 8k prompt 16.1k / 19.2k / 21.6k with steps of 512 / 1,024 / 2,048 (the MoE's
 /// grouped GEMMs see more tokens per expert). The price is paid by other streams: their next
 /// token waits behind a chunk (~85 ms for 2,048 gpt-oss tokens), the trade vLLM's and SGLang's

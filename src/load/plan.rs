@@ -40,8 +40,8 @@ impl Target {
     /// first use, the decode graphs and their allocation arena, `gpu/arena.rs`) and kernel
     /// scratch that does not scale with the model (attention split partials, argmax parts). On
     /// the host: the tokenizer and the process. Measured on an H100 (tests/memory_plan.rs):
-    /// TinyLlama in bf16 285 MiB (session 9), 224 MiB when the allowance was set; the growth is
-    /// not attributed yet (the bf16 LM head's cuBLAS GEMM is the likeliest).
+    /// TinyLlama in bf16 takes 285 MiB. Not all of it is attributed (the bf16 LM head's cuBLAS
+    /// GEMM is the likeliest part), so the allowance keeps a margin over it.
     pub fn runtime_bytes(self) -> u64 {
         match self {
             Target::Gpu => 320 << 20,

@@ -1,10 +1,10 @@
-//! Tensor-parallel ranks as processes, one per GPU (docs/tensor-parallel.md §4). Rank 0 runs the
-//! front end (play, serve, bench), the scheduler and the sampler; every other rank loads its
-//! slice of the model and follows the steps rank 0 sends it (`engine/ranks.rs`). The ranks meet
-//! as torchrun's launchers have them meet: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`
-//! and `LOCAL_RANK` in each process's environment, so that srun, mpirun or a shell loop on
-//! several machines can start them. Without those variables, `--tp N` makes rank 0 start the
-//! other N − 1 on this machine itself: the same command line again, with the variables set.
+//! Tensor-parallel ranks as processes, one per GPU (docs/tensor-parallel.md, "Ranks as processes").
+//! Rank 0 runs the front end (play, serve, bench), the scheduler and the sampler; every other rank
+//! loads its slice of the model and follows the steps rank 0 sends it (`engine/ranks.rs`). The
+//! ranks meet as torchrun's launchers have them meet: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+//! `MASTER_PORT` and `LOCAL_RANK` in each process's environment, so that srun, mpirun or a shell
+//! loop on several machines can start them. Without those variables, `--tp N` makes rank 0 start
+//! the other N − 1 on this machine itself: the same command line again, with the variables set.
 //!
 //! Rank 0 listens on `MASTER_ADDR:MASTER_PORT`; each rank connects and the group agrees over
 //! that connection (length-prefixed frames): rank 0 sends NCCL's id and what to load, each rank

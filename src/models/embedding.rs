@@ -1,8 +1,8 @@
-//! The token embedding, whole on one GPU or split by vocabulary over tensor-parallel ranks, as
-//! the LM head is (docs/tensor-parallel.md §1): each rank keeps the rows of its share of the ids,
-//! looks up zeros for the others' tokens, and the sum over the ranks gives every token its row
-//! with the bits one GPU's lookup gives (one rank's values plus zeros). A head tied to the
-//! embedding shares the rank's rows.
+//! The token embedding, whole on one GPU or split by vocabulary over tensor-parallel ranks, as the
+//! LM head is (docs/tensor-parallel.md, "The embedding and the LM head"): each rank keeps the rows
+//! of its share of the ids, looks up zeros for the others' tokens, and the sum over the ranks gives
+//! every token its row with the bits one GPU's lookup gives (one rank's values plus zeros). A head
+//! tied to the embedding shares the rank's rows.
 
 use std::sync::Arc;
 

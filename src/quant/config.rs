@@ -1,7 +1,7 @@
 //! compressed-tensors' `quantization_config` (older files: `compression_config`) in an HF
 //! `config.json`, read strictly: every field that changes what the stored tensors mean is
 //! checked, and anything we do not run is refused with one line naming the field
-//! (docs: ../shared/docs/quant-formats.md; semantics from compressed-tensors 0.20).
+//! (docs/quant-formats.md, "compressed-tensors"; semantics from compressed-tensors 0.20).
 
 use regex::Regex;
 use serde_json::Value;

@@ -8,7 +8,7 @@
 //! tokens plain decoding would have emitted, greedy or sampled (the sample-and-compare form of
 //! rejection sampling for a deterministic draft: the chance a draft token is kept is the
 //! target's probability of it, and a rejected position's token is drawn from the target's
-//! distribution; `../shared/docs/spec-decoding.md` §1.3).
+//! distribution; docs/speculation.md, "Why the output is the target's").
 //!
 //! - [`ngram`]: prompt lookup over the sequence's own tokens;
 //! - [`draft`]: a smaller model with the same tokenizer, run greedily beside the target;

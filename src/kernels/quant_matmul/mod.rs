@@ -11,23 +11,23 @@
 //! - prefill, and what the GEMVs do not cover (activation order, W8A16): the weight dequantized
 //!   to bf16 into a temporary, then cuBLAS ([`matmul_f32_out`]). For W8A8 and FP8 both operands
 //!   are the *quantized values* (exact in bf16) and the scales are applied to the f32 result:
-//!   the int8 / FP8 product, on bf16 tensor cores. Next step: int8 / FP8 tensor-core GEMMs
-//!   (cuBLASLt) would halve the prefill's compute and skip the temporary.
+//!   the int8 / FP8 product, on bf16 tensor cores. int8 / FP8 tensor-core GEMMs (cuBLASLt)
+//!   would halve the prefill's compute and skip the temporary; they are not written.
 //!
 //! The CPU path ([`QuantLinear::matmul_reference`] on the host) is the reference the GPU tests
 //! use; [`quant_matmul`] takes it wherever the weight was dequantized. Batched Llama stacks the
 //! q/k/v and gate/up weights ([`stack_quant`]) as it does dense ones: two GEMVs where there were
 //! five.
 //!
-//! Measured (H100, `gpu_quant_gemv_timing`: CUDA-graph replays, weights cycled from memory,
-//! one row, µs, bf16 / W8A8 / FP8 / W4A16): q/k/v 6.3 / 6.1 / 6.5 / 5.0, o 5.3 / 5.1 / 5.4 /
-//! 4.3, gate+up 25.5 / 17.5 / 17.6 / 12.8, down 14.4 / 11.7 / 12.2 / 10.7. Llama-1B dummy
-//! decode 615 / 693 / 674 / 725 tok/s (before: 614 / 467 / 477 / 560); docs/performance.md
-//! has the table and why issue 13's ratios are out of reach of the GEMVs alone. What is left
-//! here: the small products are latency-bound (~5 µs, as bf16's), gate+up reads at 1.9 TB/s
-//! (8-bit) and 1.3 TB/s (4-bit) where bf16's reads at 2.6; at 8 rows the 8-bit kernels lose to
-//! bf16 (every block quantizes all 8 rows of x: quantizing once, in the norm or SwiGLU kernel
-//! before, is the way on).
+//! Measured (H100, `gpu_quant_gemv_timing`: CUDA-graph replays, weights cycled from memory, one
+//! row, µs, bf16 / W8A8 / FP8 / W4A16): q/k/v 6.3 / 6.1 / 6.5 / 5.0, o 5.3 / 5.1 / 5.4 / 4.3,
+//! gate+up 25.5 / 17.5 / 17.6 / 12.8, down 14.4 / 11.7 / 12.2 / 10.7. Llama-1B dummy decode 615 /
+//! 693 / 674 / 725 tok/s; docs/performance.md, "Quantized weights on our own GEMVs", says why a
+//! step gains less than its weights' bytes shrink: the rest of the step is the same for every
+//! format, so faster GEMVs alone cannot close the gap. What is left here: the small products are
+//! latency-bound (~5 µs, as bf16's), gate+up reads at 1.9 TB/s (8-bit) and 1.3 TB/s (4-bit) where
+//! bf16's reads at 2.6; at 8 rows the 8-bit kernels lose to bf16 (every block quantizes all 8 rows
+//! of x: quantizing once, in the norm or SwiGLU kernel before, is the way on).
 
 #[cfg(not(feature = "cuda"))]
 use candle_core::bail;

@@ -3,9 +3,10 @@
 // as sample.cu, in two launches instead of ten.
 //
 // Why: sample.cu's radix selection over the whole row takes a launch per byte per filter (and
-// memsets between), ~70 us per decode step on an H100 at batch 1 for the issue's setting, almost
-// all of it launch latency and per-block scans, not bandwidth (gpt-oss's row is 0.8 MB). With a
-// top-k of k, everything that can be kept is among each chunk's k largest logits, so:
+// memsets between), ~70 us per decode step on an H100 at batch 1 for a common chat setting
+// (temperature 1, top-k 40, top-p 0.9, min-p 0.05, repetition penalty 1.1), almost all of it launch
+// latency and per-block scans, not bandwidth (gpt-oss's row is 0.8 MB). With a top-k of k,
+// everything that can be kept is among each chunk's k largest logits, so:
 //
 //   sample_topk_local  grid (parts, rows), a chunk of CHUNK logits per block: the penalties
 //                      (sparse list) applied in shared memory; the chunk's argmax (greedy rows,

@@ -142,8 +142,9 @@ fn reference_keeps_the_host_samplers_set() {
     check_kept_sets(&Device::Cpu, &[2, 7, 300, 1025], 12, Rows::TopK);
 }
 
-/// Fixed rows and settings for the draw statistics: the setting with a repetition
-/// penalty, plain top-p, min-p with presence/frequency penalties, top-k with ties.
+/// Fixed rows and settings for the draw statistics: a common chat setting (top-k 40, top-p 0.9,
+/// min-p 0.05) with a repetition penalty, plain top-p, min-p with presence/frequency penalties,
+/// top-k with ties.
 fn fixed_cases() -> Vec<Case> {
     let mut r = StdRng::seed_from_u64(12);
     let n = 257;

@@ -1,5 +1,5 @@
-//! An EAGLE-3 draft head's `config.json`, in the two published layouts
-//! (`../shared/docs/spec-decoding.md` §2.4):
+//! An EAGLE-3 draft head's `config.json`, in the two published layouts (docs/speculation.md,
+//! "EAGLE-3 heads"):
 //!
 //! - SpecForge / lmsys (`architectures ["LlamaForCausalLMEagle3"]`): a Llama config at the top
 //!   level with `draft_vocab_size` and `eagle_config.eagle_aux_hidden_state_layer_ids`;
@@ -7,7 +7,7 @@
 //!   `transformer_layer_config`, the EAGLE keys at the top level (`draft_vocab_size`,
 //!   `target_hidden_size`, `norm_before_residual`, `norm_before_fc`, ...).
 //!
-//! The two mean different things by a tap id (§2.5): SGLang, which SpecForge heads are trained
+//! The two mean different things by a tap id: SGLang, which SpecForge heads are trained
 //! against, taps the *output* of layer `id`; vLLM, speculators' engine, the stream *entering*
 //! layer `id`. Inside inferno a tap is always the stream entering a layer (the last layer's
 //! output is "entering" layer L), so a SpecForge id is read as `id + 1`.

@@ -1,4 +1,4 @@
-//! EAGLE-3 draft heads (`../shared/docs/spec-decoding.md` §2.3): one Llama-style decoder layer
+//! EAGLE-3 draft heads (docs/speculation.md, "EAGLE-3 heads"): one Llama-style decoder layer
 //! that reads the target's own hidden states, so it guesses the target's next tokens far better
 //! than a model of its size alone. [`config`] reads both published layouts, [`head`] holds the
 //! weights and runs the layer over the engine's paged KV; the drafter that feeds it is

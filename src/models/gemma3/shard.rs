@@ -1,11 +1,11 @@
-//! Gemma 3 split over tensor-parallel ranks in the Megatron layout (docs/tensor-parallel.md §1),
-//! as Llama is: rank r keeps its query heads' rows of q and their key/value heads' rows of k and
-//! v, o_proj's columns for those heads, its slice of gate and up's rows and down's matching
-//! columns, and its rows of the vocabulary (the embedding, and the tied head with it). The
-//! q/k norms act per head and stay whole, as do the four layer norms; the post-attention and
-//! post-FFN norms apply to o's and down's outputs summed over the ranks (`batched.rs`), which
-//! is why Gemma needs the sum before its norm where Llama adds it to the stream. The score
-//! scale (`query_pre_attn_scalar`) does not depend on the heads a rank keeps.
+//! Gemma 3 split over tensor-parallel ranks in the Megatron layout (docs/tensor-parallel.md, "The
+//! split"), as Llama is: rank r keeps its query heads' rows of q and their key/value heads' rows of
+//! k and v, o_proj's columns for those heads, its slice of gate and up's rows and down's matching
+//! columns, and its rows of the vocabulary (the embedding, and the tied head with it). The q/k
+//! norms act per head and stay whole, as do the four layer norms; the post-attention and post-FFN
+//! norms apply to o's and down's outputs summed over the ranks (`batched.rs`), which is why Gemma
+//! needs the sum before its norm where Llama adds it to the stream. The score scale
+//! (`query_pre_attn_scalar`) does not depend on the heads a rank keeps.
 //! Dense weights only: a GGUF's blocks run along the inputs that o and down would split.
 
 use std::ops::Range;

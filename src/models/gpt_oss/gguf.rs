@@ -1,5 +1,6 @@
 //! gpt-oss from a GGUF file (`general.architecture = "gpt-oss"`, the layout of
-//! ggml-org/gpt-oss-20b-GGUF written by llama.cpp's `convert_hf_to_gguf.py`; docs/quant-formats.md).
+//! ggml-org/gpt-oss-20b-GGUF written by llama.cpp's `convert_hf_to_gguf.py`; docs/quant-formats.md,
+//! "MXFP4").
 //!
 //! The config comes from the `gpt-oss.*` metadata, read as llama.cpp reads it
 //! (`src/models/openai-moe.cpp`). The weights are mapped onto the same [`Weights`] the HF loader

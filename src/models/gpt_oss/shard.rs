@@ -1,14 +1,14 @@
-//! gpt-oss split over tensor-parallel ranks (docs/tensor-parallel.md §1–2): rank r keeps its
-//! query heads' rows of q and their key/value heads' rows of k and v (biases with them), the
+//! gpt-oss split over tensor-parallel ranks (docs/tensor-parallel.md, "The split"): rank r keeps
+//! its query heads' rows of q and their key/value heads' rows of k and v (biases with them), the
 //! matching sinks, and o_proj's columns for those heads (its bias whole: it is added after the
 //! sum); of every expert, its intermediate columns in whole MXFP4 blocks of 32 (gate/up rows
-//! `2·start..2·end`, interleaved as the checkpoint keeps them; down's blocks along its input),
-//! with the down biases on rank 0 only, so the sum adds them once; and its rows of the
-//! vocabulary, of the LM head and of the embedding (`models::embedding`). Norms and router stay
-//! whole on every rank. Every rank takes a slice of every expert rather than whole experts
-//! (expert parallel): at one stream a layer would wait for the rank holding more of the token's
-//! 4 experts (120b at `--tp 2`: 1.17× one GPU against 1.36×), and at 64 streams the two read the
-//! same bytes (docs/performance.md, "Several GPUs").
+//! `2·start..2·end`, interleaved as the checkpoint keeps them; down's blocks along its input), with
+//! the down biases on rank 0 only, so the sum adds them once; and its rows of the vocabulary, of
+//! the LM head and of the embedding (`models::embedding`). Norms and router stay whole on every
+//! rank. Every rank takes a slice of every expert rather than whole experts (expert parallel): at
+//! one stream a layer would wait for the rank holding more of the token's 4 experts (120b at
+//! `--tp 2`: 1.17× one GPU against 1.36×), and at 64 streams the two read the same bytes
+//! (docs/performance.md, "Experts split, not spread").
 
 use candle_core::{Device, Tensor};
 

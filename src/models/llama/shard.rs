@@ -1,7 +1,7 @@
-//! Llama split over tensor-parallel ranks in the Megatron layout (docs/tensor-parallel.md §1):
-//! rank r keeps its query heads' rows of q and their key/value heads' rows of k and v, o_proj's
-//! columns for those heads, its slice of gate and up's rows (the intermediate dimension) and
-//! down's matching columns, and its rows of the vocabulary, of the LM head and of the embedding
+//! Llama split over tensor-parallel ranks in the Megatron layout (docs/tensor-parallel.md, "The
+//! split"): rank r keeps its query heads' rows of q and their key/value heads' rows of k and v,
+//! o_proj's columns for those heads, its slice of gate and up's rows (the intermediate dimension)
+//! and down's matching columns, and its rows of the vocabulary, of the LM head and of the embedding
 //! (`models::embedding`). Biases of q/k/v and gate/up go with their rows; o and down's are added
 //! once, after the sum. Norms stay whole (q/k's per-head ones too).
 //! Dense weights only: a quantized checkpoint's blocks run along the inputs that o and down
