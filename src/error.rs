@@ -2,7 +2,8 @@
 //!
 //! Most failures travel as `anyhow::Error` with context; the few a caller (or a script using
 //! inferno) must tell apart carry an [`ErrorKind`] through [`Failure`], and `main` maps that to
-//! the documented exit code. Keep the codes stable: they are part of the CLI contract (README).
+//! the documented exit code. Keep the codes stable: they are part of the CLI contract
+//! (docs/operations.md, "Exit codes").
 
 use std::fmt;
 

@@ -1,5 +1,5 @@
 //! The `inferno` binary: parse arguments, run one subcommand, print any error on one line and
-//! exit with the documented code (see README "Exit codes").
+//! exit with the documented code (docs/operations.md, "Exit codes").
 
 use std::process::ExitCode;
 

@@ -1,6 +1,7 @@
 //! Every `INFERNO_*` environment variable the binary reads, in one place, so that a user (and
-//! `inferno doctor`, and README.md's table) can see all of them: a few switches for users, a few
-//! diagnostics for performance work, and, kept apart, the knobs the integration tests set.
+//! `inferno doctor`, and docs/operations.md's tables) can see all of them: a few switches for
+//! users, a few diagnostics for performance work, and, kept apart, the knobs the integration
+//! tests set.
 //!
 //! Each is read once per process, on first use, and then fixed: a kernel launch or a decode
 //! step asks for it often, and one process must not mix two settings. A value outside the
@@ -586,12 +587,12 @@ mod tests {
     }
 
     /// Every switch has a distinct name, a default among its values (flags) and a row in
-    /// README.md's table, which must list no other.
+    /// docs/operations.md's tables, which must list no other.
     #[test]
-    fn readme_lists_every_switch() {
-        let readme = include_str!("../README.md");
+    fn docs_list_every_switch() {
+        let doc = include_str!("../docs/operations.md");
         let rows: Vec<&str> =
-            readme.lines().map(str::trim_start).filter(|l| l.starts_with("| `INFERNO_")).collect();
+            doc.lines().map(str::trim_start).filter(|l| l.starts_with("| `INFERNO_")).collect();
         let mut names: Vec<&str> = all().iter().map(|s| s.spec().name).collect();
         for s in all() {
             let spec = s.spec();
@@ -599,11 +600,11 @@ mod tests {
             let row = format!("| `{}` |", spec.name);
             assert!(
                 rows.iter().any(|r| r.starts_with(&row)),
-                "README.md has no row for {}",
+                "docs/operations.md has no row for {}",
                 spec.name
             );
         }
-        assert_eq!(rows.len(), names.len(), "README.md's switch table: {rows:#?}");
+        assert_eq!(rows.len(), names.len(), "docs/operations.md's switch tables: {rows:#?}");
         names.sort();
         names.dedup();
         assert_eq!(names.len(), all().len(), "two switches share a name");
