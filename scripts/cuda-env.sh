@@ -102,21 +102,25 @@ _inferno_cuda_targets() {
         gencodes+=" -gencode=arch=compute_$cap,code=sm_$cap"
     done
     for cap in "${ptx[@]}"; do gencodes+=" -gencode=arch=compute_$cap,code=compute_$cap"; done
+    # INFERNO_CANDLE_FAT=0 gives candle's library the oldest target's PTX alone: a machine
+    # without a GPU (CI) never runs it, and ptxas's machine code for its GGUF kernels is most of
+    # their build time (docs/cuda-build.md, "What targets cost"). A GPU that runs such a build
+    # compiles the PTX at its first start.
+    [ "${INFERNO_CANDLE_FAT:-1}" = 0 ] && gencodes=" -gencode=arch=compute_$oldest,code=compute_$oldest"
     export INFERNO_CUDA_ARCHS="$spec" CUDA_COMPUTE_CAP="$oldest" INFERNO_CUDA_GENCODES="${gencodes# }"
     export INFERNO_REAL_NVCC="$1"
-    # INFERNO_CANDLE_FAT=0 leaves candle's library to the oldest target alone: a machine without a
-    # GPU (CI) never runs it, and its GGUF kernels take most of a build's time for every target.
+    # candle's builder compiles its library on half the threads by default: one on a 2-core
+    # machine, which then waits on it (candle-core and everything above it need the library).
+    export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-$(nproc)}"
     # candle's build reruns when NVCC or CUDA_COMPUTE_CAP changes, not when INFERNO_CUDA_GENCODES
     # does: NVCC is a link to the wrapper at a path of its own per set of targets, so a build for
     # other targets rebuilds candle's library instead of linking the last one.
-    if [ "${INFERNO_CANDLE_FAT:-1}" != 0 ]; then
-        local key link
-        key="$(printf '%s' "$gencodes" | cksum | cut -d' ' -f1)"
-        link="${INFERNO_CACHE:-$HOME/.cache/inferno}/nvcc-fat-$key/nvcc"
-        mkdir -p "$(dirname "$link")" \
-            && ln -sfn "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/nvcc-fat.sh" "$link" || return 1
-        export NVCC="$link"
-    fi
+    local key link
+    key="$(printf '%s' "$gencodes" | cksum | cut -d' ' -f1)"
+    link="${INFERNO_CACHE:-$HOME/.cache/inferno}/nvcc-fat-$key/nvcc"
+    mkdir -p "$(dirname "$link")" \
+        && ln -sfn "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/nvcc-fat.sh" "$link" || return 1
+    export NVCC="$link"
     echo "cuda-env: GPU targets $spec (candle's PTX for $oldest)" >&2
 }
 

@@ -475,20 +475,20 @@ fn int8_kv_cache_agrees_with_transformers_f32() {
     }
 }
 
-/// The fixture's layout with head_dim 128 (gemma-3-27b's; the GPU's attention kernels take
-/// 64 and 128, not the fixture's 16 nor the 256 of gemma-3-1b/4b/12b) and hidden 64, seeded
+/// The fixture's layout with head_dim `d`: 128 (gemma-3-27b's) or 256 (gemma-3-1b/4b/12b's),
+/// which the GPU's attention kernels take where the fixture's 16 is not, and hidden 64, seeded
 /// random weights of the fixture's scales: in safetensors, and as GGUFs of llama.cpp's
 /// layout (norms + 1) in f32 and Q8_0 (rows of 64: our GEMVs take them on a GPU).
-fn head_dim_128(dir: &Path) {
+fn wide_heads(dir: &Path, d: u32) {
     use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
     use rand::{Rng, SeedableRng};
     let mut config: Value =
         serde_json::from_str(&std::fs::read_to_string(self::dir().join("config.json")).unwrap())
             .unwrap();
-    for (k, v) in [("hidden_size", 64), ("intermediate_size", 128), ("head_dim", 128)] {
+    for (k, v) in [("hidden_size", 64), ("intermediate_size", 128), ("head_dim", d)] {
         config[k] = v.into();
     }
-    config["query_pre_attn_scalar"] = 128.into();
+    config["query_pre_attn_scalar"] = d.into();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     let cfg = inferno::models::gemma3::Gemma3Config::from_hf_json(&config.to_string()).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
@@ -515,7 +515,7 @@ fn head_dim_128(dir: &Path) {
         md.insert(format!("gemma3.{k}"), gguf_file::Value::U32(v));
     }
     for k in ["key_length", "value_length"] {
-        md.insert(format!("gemma3.attention.{k}"), gguf_file::Value::U32(128));
+        md.insert(format!("gemma3.attention.{k}"), gguf_file::Value::U32(d));
     }
     let gguf_name = |hf: &str| -> String {
         let map = [
@@ -559,26 +559,49 @@ fn head_dim_128(dir: &Path) {
 }
 
 /// On the GPU, against our f32 CPU path (which the tests above hold to transformers'), on the
-/// head_dim-128 layout: f32 within 1e-3 (the same greedy tokens); bf16 safetensors and the f32
-/// GGUF computing in bf16 with top-1 agreement ≥ 90%, prefill and decode steps (the runner's
-/// CUDA graphs); the Q8_0 GGUF on our own GEMVs against candle's Q8_0 kernels on the CPU.
+/// head_dim-128 and head_dim-256 layouts: f32 within 1e-3 (the same greedy tokens) at 128, and
+/// at 256 a one-line refusal (the f32 attention kernel takes 64 and 128); bf16 safetensors and
+/// the f32 GGUF computing in bf16 with top-1 agreement ≥ 90%, prefill and decode steps (the
+/// runner's CUDA graphs); the Q8_0 GGUF on our own GEMVs against candle's Q8_0 kernels on the CPU.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on a GPU machine (scripts/gpu-tests.sh)"]
 fn gpu_matches_the_cpu_reference_path() {
+    for d in [128, 256] {
+        gpu_matches_at(d);
+    }
+}
+
+fn gpu_matches_at(d: u32) {
     let dev = gpu();
     let tmp = tempfile::tempdir().unwrap();
-    head_dim_128(tmp.path());
+    wide_heads(tmp.path(), d);
     let (st_dir, f32_gguf, q8) =
         (tmp.path(), tmp.path().join("model.gguf"), tmp.path().join("model-q8_0.gguf"));
     let want = all_logits(&mut st(st_dir));
     let want_gguf = all_logits(&mut OneSeq::new(Box::new(gguf_model(&f32_gguf, &Device::Cpu))));
     let (_, worst) = agreement(&want_gguf, &want);
-    assert!(worst < 1e-4, "the head_dim-128 GGUF is not the checkpoint: {worst}");
+    assert!(worst < 1e-4, "the head_dim-{d} GGUF is not the checkpoint: {worst}");
 
-    let mut f32_gpu = OneSeq::new(Box::new(safetensors_model(st_dir, DType::F32, &dev)));
-    let (share, worst) = agreement(&all_logits(&mut f32_gpu), &want);
-    eprintln!("GPU f32: top-1 agreement {:.1}%, max |logit diff| {worst:.2e}", share * 100.0);
-    assert!(share == 1.0 && worst < 1e-3, "GPU f32: {share}, {worst}");
+    if d == 256 {
+        // As the CLI builds it: through the registry, which refuses before reading weights.
+        let text = std::fs::read_to_string(st_dir.join("config.json")).unwrap();
+        let file = inferno::models::checkpoint::file_tensors(st_dir).unwrap();
+        let arch = registry::for_model_type(Some("gemma3_text")).unwrap();
+        let cfg = arch.read_hf(&text, Some(&file), Some(DType::F32)).unwrap().config;
+        let origin = Origin::Checkpoint(st_dir);
+        let b = Build { origin, dtype: DType::F32, context: CONTEXT, device: &dev };
+        let err = cfg.build(&b).err().expect("f32 at head_dim 256");
+        let line = format!("{err:#}");
+        assert!(line.contains("bf16 only") && !line.contains('\n'), "{line}");
+    } else {
+        let mut f32_gpu = OneSeq::new(Box::new(safetensors_model(st_dir, DType::F32, &dev)));
+        let (share, worst) = agreement(&all_logits(&mut f32_gpu), &want);
+        eprintln!(
+            "GPU f32 d{d}: top-1 agreement {:.1}%, max |logit diff| {worst:.2e}",
+            share * 100.0
+        );
+        assert!(share == 1.0 && worst < 1e-3, "GPU f32 d{d}: {share}, {worst}");
+    }
 
     let make = |which: &str| -> OneSeq {
         let model = match which {
@@ -598,13 +621,13 @@ fn gpu_matches_the_cpu_reference_path() {
         {
             let (share, worst) = agreement(&got, reference);
             eprintln!(
-                "GPU {which} {how}: top-1 agreement {:.1}%, max |logit diff| {worst:.3}",
+                "GPU d{d} {which} {how}: top-1 agreement {:.1}%, max |logit diff| {worst:.3}",
                 share * 100.0
             );
-            // Measured on an H200: bf16 93.8–98.4%, Q8_0 (two 8-bit approximations, ours
-            // against candle's) 90.6–96.9%; a layout error agrees at chance (1/320).
+            // Measured on an H200 at d 128: bf16 93.8–98.4%, Q8_0 (two 8-bit approximations,
+            // ours against candle's) 90.6–96.9%; a layout error agrees at chance (1/320).
             let floor = if which.starts_with("Q8_0") { 0.8 } else { 0.9 };
-            assert!(share >= floor, "GPU {which} {how}: top-1 agreement {share}");
+            assert!(share >= floor, "GPU d{d} {which} {how}: top-1 agreement {share}");
         }
     }
 }
