@@ -104,7 +104,7 @@ _inferno_cuda_targets() {
     for cap in "${ptx[@]}"; do gencodes+=" -gencode=arch=compute_$cap,code=compute_$cap"; done
     # INFERNO_CANDLE_FAT=0 gives candle's library the oldest target's PTX alone: a machine
     # without a GPU (CI) never runs it, and ptxas's machine code for its GGUF kernels is most of
-    # their build time (docs/cuda-build.md, "What targets cost"). A GPU that runs such a build
+    # their build time (docs/cuda-build.md, "What every target costs"). A GPU that runs such a build
     # compiles the PTX at its first start.
     [ "${INFERNO_CANDLE_FAT:-1}" = 0 ] && gencodes=" -gencode=arch=compute_$oldest,code=compute_$oldest"
     export INFERNO_CUDA_ARCHS="$spec" CUDA_COMPUTE_CAP="$oldest" INFERNO_CUDA_GENCODES="${gencodes# }"

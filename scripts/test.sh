@@ -84,8 +84,11 @@ setup_clients >"$setup_log" 2>&1 &
 setup_pid=$!
 
 # inferno's kernels are built for every GPU target and checked against each one's limits; candle's
-# library, which only a GPU runs, for the oldest alone (cuda-env.sh: INFERNO_CANDLE_FAT).
+# library, which only a GPU runs, as the oldest target's PTX alone (cuda-env.sh: INFERNO_CANDLE_FAT).
 export INFERNO_CANDLE_FAT="${INFERNO_CANDLE_FAT:-0}"
+# A first build (CI's fresh clone) has no incremental state to reuse and pays for writing it:
+# off then, on (the release profile's choice) for later runs.
+[ -d target/release ] || export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 source scripts/cuda-env.sh || { echo "test.sh: could not set up the CUDA build toolchain" >&2; exit 1; }
 phase_done "the CUDA toolchain"
 
