@@ -158,8 +158,9 @@ fn codex_runs_a_tool_call_and_sends_its_output_back() {
 fn codex_runs_a_qwen3_tool_call_and_sends_its_output_back() {
     let dir = tempfile::tempdir().unwrap();
     let model = common::tiny_qwen3_with_template(16384);
-    let call = "<think>\nRun the command.\n</think>\n\n<tool_call>\n{\"name\": \"exec_command\", \"arguments\": {\"cmd\": \"echo $((6*7))-ran\"}}\n</tool_call>";
-    let answer = "<think>\nIt ran.\n</think>\n\nThe command printed its line. Finished-7.";
+    // Queued replies end where their text does: <|im_end|> ends them as the model would.
+    let call = "<think>\nRun the command.\n</think>\n\n<tool_call>\n{\"name\": \"exec_command\", \"arguments\": {\"cmd\": \"echo $((6*7))-ran\"}}\n</tool_call><|im_end|>";
+    let answer = "<think>\nIt ran.\n</think>\n\nThe command printed its line. Finished-7.<|im_end|>";
     let s = server_on(model.path(), dir.path(), &[call, answer]);
     let out = codex_on(model.path(), &s, dir.path(), "Run echo for me.");
     assert!(out.status.success(), "{}\n--- server ---\n{}", text(&out), s.log());

@@ -644,7 +644,8 @@ def qwen3_replies():
                                    **kw).choices[0]
     assert ch.message.content == "It is 4." and ch.message.model_extra.get("reasoning_content") == "\nEasy.\n", ch
     rogue = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
-    ch = c.chat.completions.create(extra_body={"x_inferno_force_reply": rogue}, **kw).choices[0]
+    # (A forced reply ends where its text does: <|im_end|> ends it as the model would.)
+    ch = c.chat.completions.create(extra_body={"x_inferno_force_reply": rogue + "<|im_end|>"}, **kw).choices[0]
     assert ch.message.content == rogue and not ch.message.tool_calls and ch.finish_reason == "stop", ch
     # A call and its result go back through the template (OpenAI's shape: arguments as a JSON string).
     history = []
