@@ -179,26 +179,13 @@ fn a_waiting_stream_gets_keep_alive_comments() {
     s.python("keep_alive", json!({"busy_tokens": 900}));
 }
 
-/// The first case of tests/fixtures/chat_templates.json (transformers' renderings) for
-/// `template` with a generation prompt that `pick` accepts.
-fn template_case(template: &str, pick: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    let fx: serde_json::Value =
-        serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
-    let found = fx["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["template"] == template && c["add_generation_prompt"] == true && pick(c));
-    found.cloned().unwrap_or_else(|| panic!("chat_templates.json has no such {template} case"))
-}
-
 #[test]
 #[cfg_attr(not(feature = "conformance"), ignore = "needs the Llama 2 tokenizer: scripts/test.sh")]
 fn tools_go_through_a_chat_template_that_supports_them() {
     let template = "llama3_1-8b-instruct";
     let dir = common::tiny_llama_with_template(template);
     let s = Server::start(dir.path(), &["--context", "512"], &[("INFERNO_TEST_HOOKS", "1")]);
-    let case = template_case(template, |c| c["extra"].get("tools").is_some());
+    let case = common::template_case(template, |c| c["extra"].get("tools").is_some());
     let body = json!({"messages": case["messages"], "tools": case["extra"]["tools"], "max_tokens": 1,
                       "x_inferno_prompt_ids": true});
     let (status, text) =
@@ -347,7 +334,7 @@ fn llama_tool_calls_become_tool_calls_and_their_results_render_back() {
     let template = "llama3_1-8b-instruct";
     let dir = common::tiny_llama_with_template(template);
     let s = Server::start(dir.path(), &["--context", "1024"], &[("INFERNO_TEST_HOOKS", "1")]);
-    let case = template_case(template, |c| c["conversation"] == "tool_round_trip");
+    let case = common::template_case(template, |c| c["conversation"] == "tool_round_trip");
     let r = s.python(
         "llama_tool_calls",
         json!({"tools": case["extra"]["tools"], "messages": case["messages"]}),

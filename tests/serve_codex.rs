@@ -137,8 +137,15 @@ fn codex_runs_a_tool_call_and_sends_its_output_back() {
     // The command's output (42-ran) is not in its arguments: only running it makes it.
     let call = "<|channel|>analysis<|message|>Run the command.<|end|><|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json<|message|>{\"cmd\": \"echo $((6*7))-ran\"}<|call|>";
     let answer = "<|channel|>final<|message|>The command printed its line. Finished-7.<|return|>";
-    let s = server(dir.path(), &[call, answer]);
-    let out = codex(&s, dir.path(), "Run echo for me.");
+    tool_round_trip(&common::tiny_gpt_oss_full_vocab(), &[call, answer]);
+}
+
+/// Codex runs the tool call of the first reply on `model`, sends its output back, and prints
+/// the second reply's answer.
+fn tool_round_trip(model: &Path, replies: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server_on(model, dir.path(), replies);
+    let out = codex_on(model, &s, dir.path(), "Run echo for me.");
     assert!(out.status.success(), "{}\n--- server ---\n{}", text(&out), s.log());
     let log = s.log();
     let outputs: Vec<&str> = log.lines().filter(|l| l.contains("function_call_output")).collect();
@@ -156,17 +163,10 @@ fn codex_runs_a_tool_call_and_sends_its_output_back() {
     ignore = "needs the Codex CLI and the Qwen3 tokenizer: scripts/test.sh"
 )]
 fn codex_runs_a_qwen3_tool_call_and_sends_its_output_back() {
-    let dir = tempfile::tempdir().unwrap();
     let model = common::tiny_qwen3_with_template(16384);
     // Queued replies end where their text does: <|im_end|> ends them as the model would.
     let call = "<think>\nRun the command.\n</think>\n\n<tool_call>\n{\"name\": \"exec_command\", \"arguments\": {\"cmd\": \"echo $((6*7))-ran\"}}\n</tool_call><|im_end|>";
-    let answer = "<think>\nIt ran.\n</think>\n\nThe command printed its line. Finished-7.<|im_end|>";
-    let s = server_on(model.path(), dir.path(), &[call, answer]);
-    let out = codex_on(model.path(), &s, dir.path(), "Run echo for me.");
-    assert!(out.status.success(), "{}\n--- server ---\n{}", text(&out), s.log());
-    let log = s.log();
-    let outputs: Vec<&str> = log.lines().filter(|l| l.contains("function_call_output")).collect();
-    assert!(outputs.iter().any(|l| l.contains("42-ran")), "no tool output came back:\n{log}");
-    assert!(log.contains("/v1/responses 200 tool_calls (stream)"), "{log}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("Finished-7."), "{}", text(&out));
+    let answer =
+        "<think>\nIt ran.\n</think>\n\nThe command printed its line. Finished-7.<|im_end|>";
+    tool_round_trip(model.path(), &[call, answer]);
 }

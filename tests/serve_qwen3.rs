@@ -10,17 +10,6 @@ mod common;
 use common::serve::Server;
 use serde_json::json;
 
-fn case(pick: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    let fx: serde_json::Value =
-        serde_json::from_str(include_str!("fixtures/chat_templates.json")).unwrap();
-    let found = fx["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["template"] == "qwen3" && c["add_generation_prompt"] == true && pick(c));
-    found.cloned().expect("chat_templates.json has the qwen3 case")
-}
-
 #[test]
 #[cfg_attr(
     not(feature = "conformance"),
@@ -29,8 +18,8 @@ fn case(pick: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
 fn qwen3_reasoning_tool_calls_and_structured_outputs_through_the_openai_client() {
     let dir = common::tiny_qwen3_with_template(4096);
     let s = Server::start(dir.path(), &["--context", "4096"], &[("INFERNO_TEST_HOOKS", "1")]);
-    let round_trip = case(|c| c["conversation"] == "tool_round_trip");
-    let thinking_off = case(|c| c["extra"]["enable_thinking"] == false);
+    let round_trip = common::template_case("qwen3", |c| c["conversation"] == "tool_round_trip");
+    let thinking_off = common::template_case("qwen3", |c| c["extra"]["enable_thinking"] == false);
     let r = s.python(
         "qwen3_replies",
         json!({

@@ -266,3 +266,19 @@ fn tiny_with_tokenizer(
     std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
     dir
 }
+
+/// The first case of tests/fixtures/chat_templates.json (transformers' renderings) for
+/// `template` with a generation prompt that `pick` accepts.
+pub fn template_case(
+    template: &str,
+    pick: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let fx: serde_json::Value =
+        serde_json::from_str(include_str!("../fixtures/chat_templates.json")).unwrap();
+    let found = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["template"] == template && c["add_generation_prompt"] == true && pick(c));
+    found.cloned().unwrap_or_else(|| panic!("chat_templates.json has no such {template} case"))
+}

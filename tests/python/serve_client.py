@@ -567,6 +567,19 @@ def penalties():
 LLAMA_CALL = '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}'
 
 
+def openai_history(messages):
+    """A fixture's conversation in OpenAI's shape: a call's arguments as a JSON string (transformers'
+    fixtures hold them as a dict, as templates receive them)."""
+    history = []
+    for msg in messages:
+        msg = dict(msg)
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = [dict(t, function=dict(t["function"], arguments=json.dumps(t["function"]["arguments"])))
+                                 for t in msg["tool_calls"]]
+        history.append(msg)
+    return history
+
+
 def llama_tool_calls():
     """A plain (Llama 3.1 template) model's JSON call becomes tool_calls, streamed too; anything
     else stays text; the call and its result render back through the template."""
@@ -604,13 +617,7 @@ def llama_tool_calls():
                                    extra_body={"x_inferno_force_reply": LLAMA_CALL}).choices[0]
     assert ch.message.content == LLAMA_CALL and not ch.message.tool_calls, ch
     # The call and its result go back (OpenAI's shape: arguments as a JSON string).
-    history = []
-    for msg in ARGS["messages"]:
-        msg = dict(msg)
-        if msg.get("tool_calls"):
-            msg["tool_calls"] = [dict(t, function=dict(t["function"], arguments=json.dumps(t["function"]["arguments"])))
-                                 for t in msg["tool_calls"]]
-        history.append(msg)
+    history = openai_history(ARGS["messages"])
     answer = "It is 21 °C in Paris."
     r2 = c.chat.completions.create(model=m, messages=history, tools=tools, max_tokens=200,
                                    extra_body={"x_inferno_force_reply": answer, "x_inferno_prompt_ids": True})
@@ -648,13 +655,7 @@ def qwen3_replies():
     ch = c.chat.completions.create(extra_body={"x_inferno_force_reply": rogue + "<|im_end|>"}, **kw).choices[0]
     assert ch.message.content == rogue and not ch.message.tool_calls and ch.finish_reason == "stop", ch
     # A call and its result go back through the template (OpenAI's shape: arguments as a JSON string).
-    history = []
-    for msg in ARGS["messages"]:
-        msg = dict(msg)
-        if msg.get("tool_calls"):
-            msg["tool_calls"] = [dict(t, function=dict(t["function"], arguments=json.dumps(t["function"]["arguments"])))
-                                 for t in msg["tool_calls"]]
-        history.append(msg)
+    history = openai_history(ARGS["messages"])
     r = c.chat.completions.create(model=m, messages=history, tools=tools, max_tokens=50,
                                   extra_body={"x_inferno_force_reply": "It is 21 C.", "x_inferno_prompt_ids": True})
     assert r.choices[0].message.content == "It is 21 C.", r
