@@ -4,7 +4,8 @@
 //! `models/` matches on architectures, `load` names no architecture folder (it asks
 //! `models::registry`), and the folders' imports of each other form no loop. And in `serve/`
 //! and `chat/reply/`, no child imports an item from its parent's `mod.rs` (which declares and
-//! uses the children): what the children share lives in a child of its own.
+//! uses the children): what the children share lives in a child of its own. And in `engine/`
+//! and `engine/spec/`, the children's imports of each other form no loop.
 
 use std::path::{Path, PathBuf};
 
@@ -243,7 +244,13 @@ fn no_import_loop_crosses_an_architecture_folder() {
     assert!(shared.is_empty(), "shared model code names architectures:\n{}", shared.join("\n"));
     edges.sort();
     edges.dedup();
-    // An import is on a loop when the folder it names reaches back to the importer.
+    let looped = on_a_loop(&edges);
+    assert!(looped.is_empty(), "architecture folders import each other in a loop: {looped:?}");
+}
+
+/// The imports of `edges` (importer, imported) that lie on a loop: those whose imported module
+/// reaches back to the importer.
+fn on_a_loop(edges: &[(String, String)]) -> Vec<&(String, String)> {
     let reaches = |from: &str, to: &str| {
         let (mut seen, mut next) = (vec![from.to_string()], vec![from.to_string()]);
         while let Some(f) = next.pop() {
@@ -256,8 +263,54 @@ fn no_import_loop_crosses_an_architecture_folder() {
         }
         seen.iter().any(|s| s == to)
     };
-    let looped: Vec<&(String, String)> = edges.iter().filter(|(a, b)| reaches(b, a)).collect();
-    assert!(looped.is_empty(), "architecture folders import each other in a loop: {looped:?}");
+    edges.iter().filter(|(a, b)| reaches(b, a)).collect()
+}
+
+/// The folders whose children import each other in no loop: what two of them share lives in
+/// the lower one.
+const NO_LOOP_AMONG_CHILDREN: [&str; 2] = ["engine", "engine/spec"];
+
+/// Which children of `folder` (under `src/`) each of its children imports, by `crate::` paths
+/// and by `super::` chains that reach the folder (their tests left out).
+fn child_imports(src: &Path, folder: &str) -> Vec<(String, String)> {
+    let root: Vec<String> = folder.split('/').map(str::to_string).collect();
+    let crate_prefix = format!("crate::{}::", root.join("::"));
+    let mut edges = Vec::new();
+    for (rel, text) in sources(src) {
+        let own = module_path(&rel);
+        if own.len() <= root.len() || own[..root.len()] != root[..] {
+            continue;
+        }
+        let child = &own[root.len()];
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        for line in code.lines() {
+            let line = line.split("//").next().unwrap_or("");
+            let mut names = named_after(line, &crate_prefix);
+            let to_root =
+                super_paths(line).into_iter().filter(|(ups, _)| own.len() == root.len() + ups);
+            names.extend(to_root.map(|(_, name)| name));
+            for name in names.into_iter().filter(|n| n != child && has_child(src, &root, n)) {
+                edges.push((child.clone(), name));
+            }
+        }
+    }
+    edges.sort();
+    edges.dedup();
+    edges
+}
+
+#[test]
+fn no_import_loop_among_a_folders_children() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for folder in NO_LOOP_AMONG_CHILDREN {
+        let edges = child_imports(&src, folder);
+        assert!(!edges.is_empty(), "{folder}: no imports among its children were read");
+        let looped = on_a_loop(&edges);
+        assert!(
+            looped.is_empty(),
+            "the children of {folder} import each other in a loop: {looped:?}"
+        );
+    }
 }
 
 /// The folders whose children take nothing from their parent module's own file: a `mod.rs`
@@ -347,4 +400,12 @@ fn super_chains_are_read_whole() {
     );
     assert_eq!(module_path(Path::new("serve/messages/mod.rs")), ["serve", "messages"]);
     assert_eq!(module_path(Path::new("serve/chat.rs")), ["serve", "chat"]);
+}
+
+#[test]
+fn loops_are_found() {
+    let e = |a: &str, b: &str| (a.to_string(), b.to_string());
+    let edges = [e("core", "spec"), e("spec", "pool"), e("pool", "core"), e("core", "kv")];
+    let looped: Vec<&str> = on_a_loop(&edges).iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(looped, ["core", "spec", "pool"]);
 }

@@ -24,7 +24,8 @@ use std::sync::atomic::AtomicBool;
 
 use candle_core::{DType, Device};
 use inferno::engine::Session;
-use inferno::engine::core::{BLOCK_SIZE, Engine, EngineConfig};
+use inferno::engine::core::{Engine, EngineConfig};
+use inferno::engine::pool::BLOCK_SIZE;
 use inferno::generate::{Sampler, SamplerConfig};
 use inferno::load::{self, LoadOptions};
 use inferno::models::batch::KvDtype;

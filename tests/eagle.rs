@@ -19,8 +19,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use inferno::engine::core::{BLOCK_SIZE, Engine, EngineConfig};
+use inferno::engine::core::{Engine, EngineConfig};
 use inferno::engine::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
+use inferno::engine::pool::BLOCK_SIZE;
 use inferno::engine::request::{Request, RequestHandle};
 use inferno::engine::runner::Runner;
 use inferno::engine::scheduler::Chunk;
@@ -466,7 +467,7 @@ impl Target {
             token_budget: budget,
             ..EngineConfig::single(CONTEXT)
         };
-        EagleDrafter::new(head, &cfg, model.tap_layers()).expect("drafter")
+        EagleDrafter::new(head, &cfg.pool(), model.tap_layers()).expect("drafter")
     }
 }
 

@@ -12,7 +12,6 @@ mod oom;
 pub use oom::OUT_OF_MEMORY;
 mod pipeline;
 mod sampling;
-mod speculate;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,22 +22,17 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 
-use super::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
+use super::kv::blocks::BlockManager;
 use super::logprobs::TokenLogprobs;
+use super::pool::{PoolSize, runner_with_pool};
 use super::readback::ReadbackStream;
-use super::request::{Event, Finish, Request, RequestHandle};
+use super::request::{Command, Event, Finish, Pending, Request, RequestHandle};
 use super::runner::{Runner, StepOut};
 use super::scheduler::{Scheduler, SchedulerConfig};
+use super::spec::{Draft, Speculator};
 use crate::error::{ErrorKind, fail};
 use crate::generate::{Sampler, StopReason};
-use crate::models::batch::{BatchModel, KvPool};
-
-/// Tokens per KV block (vLLM's default): the prefix cache's granularity.
-pub const BLOCK_SIZE: usize = 16;
-
-/// Tokens of released sliding-window blocks kept for the prefix cache beyond what running
-/// sequences need (see [`Core::new`]).
-pub const SLIDING_HEADROOM: usize = 4096;
+use crate::models::batch::BatchModel;
 
 /// How big the engine is, and whether it pipelines its decode steps.
 #[derive(Debug, Clone, Copy)]
@@ -76,13 +70,22 @@ impl EngineConfig {
             spec: None,
         }
     }
+
+    /// What sizes the engine's KV pool, and its drafter's.
+    pub fn pool(&self) -> PoolSize {
+        PoolSize {
+            max_seqs: self.max_seqs,
+            kv_tokens: self.kv_tokens,
+            token_budget: self.token_budget,
+        }
+    }
 }
 
 /// What an engine thread's `load` builds ([`Engine::start_built`]).
 pub struct Built<I> {
     pub model: Box<dyn BatchModel>,
     /// The drafter for speculative decoding (`--draft MODEL` or `--draft HEAD`).
-    pub draft: Option<super::spec::Draft>,
+    pub draft: Option<Draft>,
     pub cfg: EngineConfig,
     /// What the front end gets back beside the engine.
     pub info: I,
@@ -110,21 +113,6 @@ pub struct EngineStats {
     pub failed_graphs: usize,
     /// Speculative decoding's drafts and what they gave.
     pub spec: super::spec::SpecStats,
-}
-
-pub(super) enum Command {
-    Submit(Box<Pending>),
-    /// Something changed (a cancellation): look again.
-    Wake,
-    Shutdown,
-}
-
-pub(super) struct Pending {
-    id: u64,
-    req: Request,
-    events: UnboundedSender<Event>,
-    cancel: Arc<AtomicBool>,
-    submitted: Instant,
 }
 
 /// A handle on the engine thread; dropping it stops the thread after the running requests.
@@ -157,12 +145,8 @@ impl Engine {
     pub fn start_with_draft<I, F>(load: F) -> anyhow::Result<(Engine, I)>
     where
         I: Send + 'static,
-        F: FnOnce() -> anyhow::Result<(
-                Box<dyn BatchModel>,
-                Option<super::spec::Draft>,
-                EngineConfig,
-                I,
-            )> + Send
+        F: FnOnce() -> anyhow::Result<(Box<dyn BatchModel>, Option<Draft>, EngineConfig, I)>
+            + Send
             + 'static,
     {
         Engine::start_built(move || {
@@ -185,12 +169,7 @@ impl Engine {
         let thread =
             std::thread::Builder::new().name("inferno-engine".into()).spawn(move || {
                 let core = load().and_then(|Built { model, draft, cfg, info, followers }| {
-                    let mut core = Core::new(model, cfg, thread_stats)?;
-                    core.runner.followers = followers;
-                    if let Some(d) = draft {
-                        core.attach_draft(d, &cfg)?;
-                    }
-                    Ok((core, info))
+                    Ok((Core::new(model, followers, draft, cfg, thread_stats)?, info))
                 });
                 match core {
                     Ok((mut core, info)) => {
@@ -267,86 +246,6 @@ impl Drop for Engine {
     }
 }
 
-/// Memory kept free beside the pool for a step's intermediates and the CUDA libraries (the
-/// loader's plan counted them for one sequence; a batch of prompt chunks is bounded by the
-/// same token budget).
-const POOL_RESERVE: u64 = 512 << 20;
-
-/// The blocks of each KV group an engine of `cfg` allocates (the memory plan counts the same,
-/// at [`EngineConfig::single`]).
-pub fn pool_groups(shape: &crate::models::batch::KvShape, cfg: &EngineConfig) -> Vec<GroupSpec> {
-    // One more block per group: the manager's padding block.
-    let full = cfg.kv_tokens.div_ceil(BLOCK_SIZE).max(1) + 1;
-    shape
-        .group_windows
-        .iter()
-        .map(|w| {
-            // A sliding layer needs no more than its window and one chunk per sequence, plus
-            // room to keep released windows cached: a chat's next turn reuses the window at
-            // the end of the previous prompt, which a reply of up to SLIDING_HEADROOM tokens
-            // does not evict.
-            let blocks = match w {
-                Some(w) => {
-                    let per_seq = (w + cfg.token_budget).div_ceil(BLOCK_SIZE) + 1;
-                    let headroom = SLIDING_HEADROOM.div_ceil(BLOCK_SIZE);
-                    full.min(per_seq * cfg.max_seqs + headroom + 1)
-                }
-                None => full,
-            };
-            GroupSpec { blocks, window: *w }
-        })
-        .collect()
-}
-
-/// `model`'s runner with a KV pool sized by `cfg` ([`pool_groups`]), and the block manager that
-/// hands its blocks out; refused when the pool would not fit in what the device has free.
-pub(crate) fn runner_with_pool(
-    model: Box<dyn BatchModel>,
-    cfg: &EngineConfig,
-) -> anyhow::Result<(Runner, BlockManager)> {
-    let shape = model.kv_shape();
-    let groups = pool_groups(&shape, cfg);
-    // The pool holds every block the manager hands out, its padding block included.
-    let pool_blocks: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
-    check_pool_fits(&shape, &pool_blocks, cfg, model.device())?;
-    let blocks = BlockManager::new(BlockConfig { block_size: BLOCK_SIZE, groups })?;
-    let pool = KvPool::new(&shape, BLOCK_SIZE, &pool_blocks, model.device())?;
-    Ok((Runner::new(model, pool, shape), blocks))
-}
-
-/// Refuses a pool that would not fit in what is free now (exit code 7, with the numbers and
-/// what to lower), instead of failing in the allocator.
-pub(crate) fn check_pool_fits(
-    shape: &crate::models::batch::KvShape,
-    blocks: &[usize],
-    cfg: &EngineConfig,
-    device: &candle_core::Device,
-) -> anyhow::Result<()> {
-    let per_block: Vec<u64> = (0..blocks.len())
-        .map(|g| shape.bytes_per_token_layer() * (BLOCK_SIZE * shape.layers_in(g)) as u64)
-        .collect();
-    let bytes = blocks
-        .iter()
-        .zip(&per_block)
-        .fold(0u64, |sum, (&n, &b)| sum.saturating_add((n as u64).saturating_mul(b)));
-    let Some(free) = crate::gpu::available(device) else { return Ok(()) };
-    if bytes.saturating_add(POOL_RESERVE) <= free {
-        return Ok(());
-    }
-    let iec = crate::util::human_bytes_iec;
-    Err(fail(
-        ErrorKind::Memory,
-        format!(
-            "the KV cache for {} sequence(s) and {} tokens needs {}, but {} is free beside the model (keeping {} for the steps): lower the concurrency, --kv-tokens or --context",
-            cfg.max_seqs,
-            cfg.kv_tokens,
-            iec(bytes),
-            iec(free),
-            iec(POOL_RESERVE)
-        ),
-    ))
-}
-
 /// A request the scheduler knows, with its sampling state and event channel.
 struct Live {
     req: Request,
@@ -358,15 +257,17 @@ struct Live {
     first_token: Option<Instant>,
     cached: usize,
     generated: usize,
-    /// Speculation's throttle for this sequence.
-    backoff: super::spec::Backoff,
-    /// How often its draft tokens stand, for their length.
-    acceptance: super::spec::length::Acceptance,
-    /// Where in `req.prediction` the reply was last found to be ([`super::spec::prediction`]).
-    prediction_at: usize,
-    /// Draft tokens verified for this sequence, and those accepted.
-    draft_tokens: usize,
-    accepted_draft_tokens: usize,
+}
+
+impl Live {
+    /// Draft tokens this request may verify in its next step (`None`: it may not speculate):
+    /// its tokens are its sampler's (no output constraint, no forced token left), and a draft
+    /// leaves room for one more token within `max_tokens`.
+    fn draft_room(&self) -> Option<usize> {
+        let own = self.req.constraint.is_none() && self.req.forced.len() <= self.generated;
+        let room = self.req.max_tokens.saturating_sub(self.generated + 1);
+        (own && room > 0).then_some(room)
+    }
 }
 
 struct Core {
@@ -396,38 +297,26 @@ struct Core {
     /// Time spent on constraint masks (printed with the step times): rows and steps masked,
     /// the host's time computing them, and the time writing them into the logits.
     mask_time: masks::MaskTime,
-    /// Speculative decoding, when on.
-    spec: Option<super::spec::SpecConfig>,
-    spec_stats: super::spec::SpecStats,
-    /// How often the engine's drafter's tokens stood lately, over all sequences: where a new
-    /// sequence's own acceptance starts (a drafter that keeps missing is not trusted with long
-    /// drafts again for each new request; one that keeps landing drafts long from the start).
-    recent_acceptance: super::spec::length::Acceptance,
-    /// New sequences that found the drafter asleep ([`Core::drafter_sleeps`]).
-    slept: u64,
-    /// Sequences of this step whose draft is the drafter's (not filler): their outcome feeds
-    /// their backoff and the statistics.
-    drafted: std::collections::HashSet<u64>,
-    /// What speculative steps cost by their rows and the drafter's steps, for the drafts'
-    /// lengths and the backoff.
-    step_cost: crate::models::step_cost::StepCost,
-    /// The draft model (`--draft MODEL`), with its own KV pool.
-    draft: Option<super::spec::draft::DraftModel>,
-    /// The EAGLE-3 head (`--draft HEAD`), with its own KV pool; the runner then keeps the
-    /// taps it reads.
-    eagle: Option<super::spec::eagle::EagleDrafter>,
+    /// Speculative decoding: the drafter, and every sequence's drafts and what they gave.
+    spec: Speculator,
 }
 
 impl Core {
+    /// The engine over `model` (with its other ranks, `followers`, on rank 0 of a
+    /// tensor-parallel model) and `draft`, its drafter, sized by `cfg`.
     fn new(
         model: Box<dyn BatchModel>,
+        followers: Option<Box<dyn super::ranks::Followers>>,
+        draft: Option<Draft>,
         cfg: EngineConfig,
         stats: Arc<Mutex<EngineStats>>,
     ) -> anyhow::Result<Core> {
         let max_context = model.max_positions();
         let pipelined = super::graphs::enabled(model.device()) && cfg.pipeline;
-        let (runner, blocks) = runner_with_pool(model, &cfg)?;
-        let step_cost = runner.model.step_cost();
+        let (mut runner, blocks) = runner_with_pool(model, &cfg.pool())?;
+        // Before the drafter is built: a runner dropped with its ranks stops them first.
+        runner.followers = followers;
+        let spec = Speculator::new(cfg.spec, draft, &cfg.pool(), &mut runner)?;
         let sched = Scheduler::new(SchedulerConfig {
             max_seqs: cfg.max_seqs.max(1),
             token_budget: cfg.token_budget.max(1),
@@ -450,14 +339,7 @@ impl Core {
             pipelined,
             broken: HashMap::new(),
             mask_time: Default::default(),
-            spec: cfg.spec,
-            spec_stats: Default::default(),
-            recent_acceptance: Default::default(),
-            slept: 0,
-            drafted: Default::default(),
-            step_cost,
-            draft: None,
-            eagle: None,
+            spec,
         };
         core.publish(0);
         Ok(core)
@@ -494,7 +376,7 @@ impl Core {
     }
 
     fn admit(&mut self, p: Pending) {
-        let asleep = p.req.prediction.is_empty() && self.drafter_sleeps(p.id);
+        self.spec.start(p.id, &p.req, self.sched.running());
         let live = Live {
             sampler: Sampler::new(p.req.sampling.clone()).with_prompt_len(p.req.prompt.len()),
             events: p.events,
@@ -504,21 +386,6 @@ impl Core {
             first_token: None,
             cached: 0,
             generated: 0,
-            backoff: if !p.req.prediction.is_empty() {
-                super::spec::Backoff::for_prediction()
-            } else if asleep {
-                super::spec::Backoff::asleep()
-            } else {
-                super::spec::Backoff::for_spec(self.spec.as_ref(), &self.step_cost)
-            },
-            acceptance: if p.req.prediction.is_empty() {
-                self.recent_acceptance
-            } else {
-                Default::default()
-            },
-            prediction_at: 0,
-            draft_tokens: 0,
-            accepted_draft_tokens: 0,
             req: p.req,
         };
         if live.req.max_tokens == 0 {
@@ -575,12 +442,16 @@ impl Core {
             return;
         }
         let inputs: Vec<Vec<u32>> = plan.chunks.iter().map(|c| self.sched.chunk_ids(c)).collect();
-        self.runner.keep_taps = self.wants_taps(&plan.chunks);
+        self.runner.keep_taps = self.spec.wants_taps(&plan.chunks, self.sched.running());
         let draws = self.rank_draws(&plan.chunks, 0);
         let out = self.runner.forward_drawn(&plan.chunks, &inputs, &self.blocks, draws.as_deref());
         let out = match out {
             Ok(l) => {
-                self.record_taps(&plan.chunks);
+                self.spec.record_taps(
+                    &plan.chunks,
+                    self.sched.running(),
+                    &mut self.runner.last_taps,
+                );
                 l
             }
             Err(e) => {
@@ -631,16 +502,31 @@ impl Core {
             let ids: Vec<u32> = tokens.iter().map(|t| t.0).collect();
             self.sched.complete(c, accepted, &ids, &mut self.blocks);
             if c.sample && c.len > 1 && c.drafts == 0 {
-                self.draft_catch_up(c.id);
+                self.spec.prefilled(c.id, &self.sched);
             }
             self.emit_run(c.id, tokens);
         }
         // Sequences that failed above are gone from the scheduler: the head skips them.
-        self.eagle_catch_up(
-            plan.chunks.iter().map(|c| (c.id, c.sample && c.len > 1 && c.drafts == 0)),
-        );
-        self.drafted.clear();
+        let prefilled = plan.chunks.iter().map(|c| (c.id, c.sample && c.len > 1 && c.drafts == 0));
+        self.spec.catch_up(&self.sched, prefilled);
         self.publish(plan.chunks.len());
+    }
+
+    /// Sets this step's drafts in the scheduler: the speculator's, for the requests that may
+    /// take one ([`Live::draft_room`]).
+    fn propose_drafts(&mut self) {
+        let Core { spec, sched, live, runner, .. } = self;
+        let room = |id: u64| live.get(&id).and_then(Live::draft_room);
+        for (id, draft) in spec.propose(sched, runner.model.as_ref(), room) {
+            sched.set_draft(id, draft);
+        }
+    }
+
+    /// Whether sequence `id` would draft if its tokens so far were all it had (the pipelined
+    /// decode stops going ahead for it, so that its next step can verify).
+    fn would_draft(&self, id: u64) -> bool {
+        let room = self.live.get(&id).and_then(Live::draft_room).is_some();
+        self.spec.would_draft(id, room, &self.sched, self.runner.model.as_ref())
     }
 
     /// A step's count and time, by kind and batch size.
@@ -688,12 +574,7 @@ impl Core {
 
     fn finish(&mut self, id: u64, reason: StopReason) {
         self.sched.remove(id, &mut self.blocks);
-        if let Some(d) = &mut self.draft {
-            d.free(id);
-        }
-        if let Some(e) = &mut self.eagle {
-            e.free(id);
-        }
+        let (draft_tokens, accepted_draft_tokens) = self.spec.end(id);
         let Some(l) = self.live.remove(&id) else { return };
         let now = Instant::now();
         let first = l.first_token.unwrap_or(now);
@@ -705,20 +586,15 @@ impl Core {
             queued: l.started.unwrap_or(now).duration_since(l.submitted),
             time_to_first_token: first.duration_since(l.submitted),
             decode_time: now.duration_since(first),
-            draft_tokens: l.draft_tokens,
-            accepted_draft_tokens: l.accepted_draft_tokens,
+            draft_tokens,
+            accepted_draft_tokens,
         };
         let _ = l.events.send(Event::Finished(finish));
     }
 
     fn fail(&mut self, id: u64, msg: &str) {
         self.sched.remove(id, &mut self.blocks);
-        if let Some(d) = &mut self.draft {
-            d.free(id);
-        }
-        if let Some(e) = &mut self.eagle {
-            e.free(id);
-        }
+        self.spec.end(id);
         if let Some(l) = self.live.remove(&id) {
             let _ = l.events.send(Event::Failed(msg.to_string()));
         }
@@ -782,7 +658,7 @@ impl Core {
                     .collect(),
                 pipelined_steps: self.pipelined_steps,
                 failed_graphs: self.runner.graphs.values().filter(|g| g.capture_failed()).count(),
-                spec: self.spec_stats,
+                spec: self.spec.stats(),
             };
         }
     }

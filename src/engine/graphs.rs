@@ -18,12 +18,12 @@
 //!
 //! A graph gives its rows' logits, or, for a model split by vocabulary over ranks whose step
 //! draws on them, their ids: each row's draw (`(1/T, seed)`) is one more input, and the graph
-//! holds the draw ([`super::runner::draw_on_ranks`]) with its gather.
+//! holds the draw ([`super::ranks::draw_on_ranks`]) with its gather.
 
 use candle_core::{DType, Device, Tensor};
 
 use super::kv::blocks::{PAD_BLOCK, Tables};
-use super::runner::{StepOut, draw_on_ranks};
+use super::ranks::draw_on_ranks;
 use super::scheduler::Chunk;
 use crate::kernels::PagedBounds;
 use crate::models::batch::{BatchModel, KvPool, StepInput};
@@ -203,7 +203,7 @@ impl BucketGraph {
         ids: StepIds,
         blocks: &dyn Tables,
         draws: Option<&[(f32, u64)]>,
-    ) -> anyhow::Result<StepOut> {
+    ) -> anyhow::Result<Tensor> {
         anyhow::ensure!(
             draws.is_some() == matches!(self.out, Out::Ids { .. }),
             "decode graph: draws for a graph of logits, or none for a graph that draws"
@@ -251,10 +251,10 @@ impl BucketGraph {
             State::Ready(_) => self.replay(model, pool)?,
         }
         Ok(match &self.out {
-            Out::Logits(l) => StepOut::Logits(l.narrow(0, 0, rows)?),
+            Out::Logits(l) => l.narrow(0, 0, rows)?,
             // A copy: the next step's replay rewrites the buffer while the host may still be
             // reading these (the pipelined decode).
-            Out::Ids { ids, .. } => StepOut::Ids(ids.narrow(0, 0, rows)?.copy()?),
+            Out::Ids { ids, .. } => ids.narrow(0, 0, rows)?.copy()?,
         })
     }
 

@@ -3,20 +3,24 @@
 //! elsewhere (`load`); front ends submit [`request::Request`]s and read their events, or hold a
 //! [`Session`] for a blocking conversation.
 //!
-//! - [`core`]: the engine thread, its loop and the pool's size.
+//! - [`core`]: the engine thread and its loop.
 //! - [`scheduler`]: which sequences run in a step and how much of each prompt.
-//! - [`kv`]: the pool's blocks, content-addressed for the prefix cache.
+//! - [`kv`]: the pool's blocks, content-addressed for the prefix cache; [`pool`]: how many
+//!   blocks a pool of an engine's size holds.
 //! - [`runner`], [`graphs`]: a step's forward pass and sampling, captured as CUDA graphs for
-//!   decode; [`readback`]: the sampled ids back to the host.
+//!   decode; [`readback`]: the sampled ids back to the host; [`ranks`]: the steps a
+//!   tensor-parallel rank 0 sends the other ranks, and the draw they make together.
 //! - [`request`], [`constraint`], [`logprobs`]: what a request asks for and gets back.
 //! - [`session`]: a conversation's blocking view of the engine.
-//! - [`spec`]: speculative decoding (drafts verified in one step, the same tokens as without).
+//! - [`spec`]: speculative decoding (drafts verified in one step, the same tokens as without),
+//!   all of its state in the engine's [`spec::Speculator`].
 
 pub mod constraint;
 pub mod core;
 pub mod graphs;
 pub mod kv;
 pub mod logprobs;
+pub mod pool;
 pub mod ranks;
 pub mod readback;
 pub mod request;

@@ -4,27 +4,30 @@
 //! inside the model meet. Before each step, rank 0's runner sends the others a [`StepOp`]: the
 //! chunks, their token ids and their sequences' block tables, which is everything a runner's
 //! step reads from the host, and the rows' draws where the ranks draw the step's ids
-//! ([`Runner::forward_drawn`]: every rank takes part in that draw). A pipelined decode step's
-//! ids exist only on rank 0's device; they reach the other ranks by a broadcast on the stream,
-//! in front of the step (`graphs.rs`).
+//! ([`draw_on_ranks`]: every rank takes part in that draw); the other ranks' runners follow
+//! ([`Runner::follow`](super::runner::Runner::follow)). A pipelined decode step's ids exist only
+//! on rank 0's device; they reach the other ranks by a broadcast on the stream, in front of the
+//! step (`graphs.rs`).
 //!
 //! The ops travel as words (u32), framed by the transport (`load/ranks.rs`): a decode step of 64
 //! sequences with 8k-token tables is ~130 KB, written and parsed without a serializer's cost.
 
 use std::collections::HashMap;
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 use super::kv::blocks::{SeqId, Tables};
-use super::runner::Runner;
 use super::scheduler::Chunk;
+use crate::models::batch::BatchModel;
 
 /// What rank 0 sends the other ranks before a step.
 #[derive(Debug, PartialEq)]
 pub enum StepOp {
-    /// [`Runner::forward_drawn`] of these chunks, ids and draws.
+    /// [`Runner::forward_drawn`](super::runner::Runner::forward_drawn) of these chunks, ids and
+    /// draws.
     Forward { chunks: Vec<Chunk>, inputs: Vec<Vec<u32>>, tables: TableSnapshot, draws: Draws },
-    /// [`Runner::forward_after`] of these chunks (the ids come by broadcast) and draws.
+    /// [`Runner::forward_after`](super::runner::Runner::forward_after) of these chunks (the ids
+    /// come by broadcast) and draws.
     ForwardAfter { chunks: Vec<Chunk>, tables: TableSnapshot, draws: Draws },
     /// The engine stopped: the rank exits.
     Stop,
@@ -36,6 +39,22 @@ pub type Draws = Option<Vec<(f32, u64)>>;
 /// The ranks rank 0's runner sends each step to.
 pub trait Followers: Send {
     fn send(&mut self, words: Vec<u32>) -> anyhow::Result<()>;
+}
+
+/// The ids of a step's rows from this rank's piece of their logits (`[R, ceil(vocab / world)]`,
+/// [`crate::models::batch::StepInput::local_logits`]) and the draws' words (u32 `[3R]`,
+/// [`crate::kernels::draw_words`]): every rank's candidates gathered, then picked (the same ids
+/// on every rank, those [`device_ids`](super::runner::device_ids) draws from the whole logits).
+/// Every rank of the model must call it.
+pub fn draw_on_ranks(
+    model: &dyn BatchModel,
+    logits: &Tensor,
+    words: &Tensor,
+) -> anyhow::Result<Tensor> {
+    let c = model.collective().ok_or_else(|| anyhow::anyhow!("a draw on ranks without ranks"))?;
+    let (mine, _) = c.shard().vocab(model.vocab_size());
+    let candidates = crate::kernels::shard_candidates(logits, mine.start, mine.len(), words)?;
+    Ok(crate::kernels::pick_candidates(&c.all_gather(&candidates)?)?)
 }
 
 /// The block tables of a step's sequences, as rank 0's block manager had them.
@@ -151,36 +170,6 @@ pub fn decode(words: &[u32]) -> anyhow::Result<StepOp> {
     } else {
         StepOp::ForwardAfter { chunks, tables, draws }
     })
-}
-
-/// A rank other than 0: runs each step rank 0 sends (`next` gives its words) until the stop.
-pub fn follow(
-    runner: &mut Runner,
-    mut next: impl FnMut() -> anyhow::Result<Vec<u32>>,
-) -> anyhow::Result<()> {
-    loop {
-        match decode(&next()?)? {
-            StepOp::Forward { chunks, inputs, tables, draws } => {
-                runner.forward_drawn(&chunks, &inputs, &tables, draws.as_deref())?;
-            }
-            StepOp::ForwardAfter { chunks, tables, draws } => {
-                // Rank 0's ids overwrite these (the broadcast in front of the step).
-                let rows: usize = chunks.iter().map(|c| c.len).sum();
-                let ids = Tensor::zeros(rows, DType::U32, runner.device())?;
-                let ran = runner.forward_after(&chunks, &ids, &tables, draws.as_deref())?;
-                anyhow::ensure!(
-                    ran.is_some(),
-                    "rank: no decode graph for a step rank 0 ran as one"
-                );
-            }
-            StepOp::Stop => {
-                if crate::switches::tp_trace() {
-                    eprintln!("inferno tp: a rank stops");
-                }
-                return Ok(());
-            }
-        }
-    }
 }
 
 #[cfg(test)]

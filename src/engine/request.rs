@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use crate::generate::{SamplerConfig, StopReason};
 
@@ -80,7 +80,24 @@ pub struct RequestHandle {
     pub id: u64,
     pub(super) events: UnboundedReceiver<Event>,
     pub(super) cancel: Arc<AtomicBool>,
-    pub(super) wake: std::sync::mpsc::Sender<super::core::Command>,
+    pub(super) wake: std::sync::mpsc::Sender<Command>,
+}
+
+/// What the engine thread's channel carries.
+pub(super) enum Command {
+    Submit(Box<Pending>),
+    /// Something changed (a cancellation): look again.
+    Wake,
+    Shutdown,
+}
+
+/// A request submitted, with the engine's end of its channel.
+pub(super) struct Pending {
+    pub(super) id: u64,
+    pub(super) req: Request,
+    pub(super) events: UnboundedSender<Event>,
+    pub(super) cancel: Arc<AtomicBool>,
+    pub(super) submitted: Instant,
 }
 
 impl RequestHandle {
@@ -99,7 +116,7 @@ impl RequestHandle {
         if !self.cancel.swap(true, Ordering::SeqCst) {
             // Wakes an idle engine loop so the cancellation is seen at once; a closed engine
             // has nothing left to stop.
-            let _ = self.wake.send(super::core::Command::Wake);
+            let _ = self.wake.send(Command::Wake);
         }
     }
 

@@ -7,11 +7,11 @@
 //! draws them on the ranks instead ([`Runner::forward_drawn`]): each rank's best candidates of its
 //! own logits, gathered and picked, so that the logits never leave their GPUs.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::graphs::{self, BucketGraph, GraphArena, StepIds};
 use super::kv::blocks::{INVALID, SeqId, Tables};
-use super::ranks::{self, Followers};
+use super::ranks::{self, Followers, StepOp, draw_on_ranks};
 use super::scheduler::Chunk;
 use crate::generate::{Sampler, SamplerConfig};
 use crate::kernels::invariance;
@@ -104,21 +104,6 @@ pub fn plain_draws(specs: &mut [SampleSpec], cuda: bool) -> Option<Vec<(f32, u64
         }
     }
     Some(draws)
-}
-
-/// The ids of a step's rows from this rank's piece of their logits (`[R, ceil(vocab / world)]`,
-/// [`StepInput::local_logits`]) and the draws' words (u32 `[3R]`, [`crate::kernels::draw_words`]):
-/// every rank's candidates gathered, then picked (the same ids on every rank, those
-/// [`device_ids`] draws from the whole logits). Every rank of the model must call it.
-pub fn draw_on_ranks(
-    model: &dyn BatchModel,
-    logits: &Tensor,
-    words: &Tensor,
-) -> anyhow::Result<Tensor> {
-    let c = model.collective().ok_or_else(|| anyhow::anyhow!("a draw on ranks without ranks"))?;
-    let (mine, _) = c.shard().vocab(model.vocab_size());
-    let candidates = crate::kernels::shard_candidates(logits, mine.start, mine.len(), words)?;
-    Ok(crate::kernels::pick_candidates(&c.all_gather(&candidates)?)?)
 }
 
 impl Runner {
@@ -321,7 +306,8 @@ impl Runner {
         // A copy: the next replay rewrites the graph's buffer.
         let rows = chunks.len() * key.1;
         self.last_taps = graph.taps(rows).map(|t| t?.copy()).transpose()?;
-        Ok(out)
+        // A graph given draws draws its ids on the ranks (it refuses draws otherwise).
+        Ok(if draws.is_some() { StepOut::Ids(out) } else { StepOut::Logits(out) })
     }
 
     /// Whether `chunks` run as a decode graph that exists already (the pipelined decode needs
@@ -410,6 +396,37 @@ impl Runner {
             bounds: PagedBounds { max_q_len: max_q, max_context: max_ctx },
             local_logits: false,
         })
+    }
+
+    /// On a rank other than 0: runs each step rank 0 sends (`next` gives its words,
+    /// [`ranks::encode`]) until the stop.
+    pub fn follow(
+        &mut self,
+        mut next: impl FnMut() -> anyhow::Result<Vec<u32>>,
+    ) -> anyhow::Result<()> {
+        loop {
+            match ranks::decode(&next()?)? {
+                StepOp::Forward { chunks, inputs, tables, draws } => {
+                    self.forward_drawn(&chunks, &inputs, &tables, draws.as_deref())?;
+                }
+                StepOp::ForwardAfter { chunks, tables, draws } => {
+                    // Rank 0's ids overwrite these (the broadcast in front of the step).
+                    let rows: usize = chunks.iter().map(|c| c.len).sum();
+                    let ids = Tensor::zeros(rows, DType::U32, self.device())?;
+                    let ran = self.forward_after(&chunks, &ids, &tables, draws.as_deref())?;
+                    anyhow::ensure!(
+                        ran.is_some(),
+                        "rank: no decode graph for a step rank 0 ran as one"
+                    );
+                }
+                StepOp::Stop => {
+                    if crate::switches::tp_trace() {
+                        eprintln!("inferno tp: a rank stops");
+                    }
+                    return Ok(());
+                }
+            }
+        }
     }
 }
 

@@ -15,8 +15,8 @@
 //! weights through `cpu_matmul`, since candle's CPU matmul does not; block formats through
 //! candle's per-row dot products).
 //!
-//! Speculative decoding keeps its verify steps within this (`engine/core/speculate.rs`): a step
-//! that verifies drafts then computes each row as the one-token steps it replaces would.
+//! Speculative decoding keeps its verify steps within this (`engine/spec/speculator/propose.rs`):
+//! a step that verifies drafts then computes each row as the one-token steps it replaces would.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};

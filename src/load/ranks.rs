@@ -534,7 +534,8 @@ fn read_words(c: &mut TcpStream) -> std::io::Result<Vec<u32>> {
 /// A rank other than 0.
 mod follower {
     use super::*;
-    use crate::engine::core::{EngineConfig, runner_with_pool};
+    use crate::engine::core::EngineConfig;
+    use crate::engine::pool::runner_with_pool;
 
     pub fn run(rv: &Rendezvous, gpu: usize) -> anyhow::Result<()> {
         let mut conn = connect(rv)?;
@@ -558,7 +559,7 @@ mod follower {
             pipeline: false,
             spec: None,
         };
-        let (mut runner, _) = answer(&mut conn, rv.rank, runner_with_pool(model, &cfg))?;
+        let (mut runner, _) = answer(&mut conn, rv.rank, runner_with_pool(model, &cfg.pool()))?;
         beats::beat_to_leader(conn.try_clone()?, BEAT)?;
         // Steps arrive on their own thread: a rank stuck in a collective whose peer died or
         // hangs must still see rank 0's connection close or its beats stop, and exit.
@@ -593,9 +594,7 @@ mod follower {
                 }
             }
         })?;
-        crate::engine::ranks::follow(&mut runner, || {
-            rx.recv().map_err(|_| rank_failed("the step reader stopped"))
-        })
+        runner.follow(|| rx.recv().map_err(|_| rank_failed("the step reader stopped")))
     }
 
     /// Tells rank 0 how a phase went; the phase's value, or its error.

@@ -11,7 +11,8 @@ use candle_core::DType;
 
 use super::plan::{MemoryPlan, Target};
 use super::{LoadOptions, Source};
-use crate::engine::core::{BLOCK_SIZE, DEFAULT_TOKEN_BUDGET, EngineConfig, pool_groups};
+use crate::engine::core::{DEFAULT_TOKEN_BUDGET, EngineConfig};
+use crate::engine::pool::{BLOCK_SIZE, pool_groups};
 use crate::error::{ErrorKind, fail};
 use crate::models::arch::{ArchConfig, Reading};
 use crate::models::batch::KvDtype;
@@ -155,7 +156,7 @@ impl Spec {
         let shape = self.arch.kv_shape(self.kv_pool_dtype());
         let rope_tables = self.arch.rope_table_bytes(context);
         let workspace = self.arch.workspace_bytes(context, step, self.dtype);
-        let groups = pool_groups(&shape, &EngineConfig::single(context));
+        let groups = pool_groups(&shape, &EngineConfig::single(context).pool());
         let blocks: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
         let kv_cache = shape.pool_bytes(BLOCK_SIZE, &blocks);
         MemoryPlan {

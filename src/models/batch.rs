@@ -173,7 +173,7 @@ pub struct StepInput {
     pub bounds: PagedBounds,
     /// A model split by vocabulary returns its own piece of the logits, `[R, ceil(vocab /
     /// world)]`, not gathered: the ranks draw the step's ids themselves
-    /// (`engine::runner::draw_on_ranks`). Ignored by a model on one rank.
+    /// (`engine::ranks::draw_on_ranks`). Ignored by a model on one rank.
     pub local_logits: bool,
 }
 

@@ -52,7 +52,8 @@ use tokio::sync::{oneshot, watch};
 
 use crate::chat::harmony::HarmonyEncoding;
 use crate::cli::ServeArgs;
-use crate::engine::core::{BLOCK_SIZE, EngineConfig};
+use crate::engine::core::EngineConfig;
+use crate::engine::pool::BLOCK_SIZE;
 use crate::error::{ErrorKind, fail};
 use crate::load::plan::Target;
 use crate::load::{self, LoadOptions, ModelInfo};

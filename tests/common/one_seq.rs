@@ -5,8 +5,9 @@
 //! reference tests drive the models through this, with no scheduler in between.
 
 use candle_core::{Device, Tensor};
-use inferno::engine::core::{BLOCK_SIZE, EngineConfig, pool_groups};
+use inferno::engine::core::EngineConfig;
 use inferno::engine::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
+use inferno::engine::pool::{BLOCK_SIZE, pool_groups};
 use inferno::engine::runner::Runner;
 use inferno::engine::scheduler::Chunk;
 use inferno::kernels::PagedBounds;
@@ -29,7 +30,7 @@ impl OneSeq {
     pub fn new(model: Box<dyn BatchModel>) -> OneSeq {
         let shape = model.kv_shape();
         let groups: Vec<GroupSpec> =
-            pool_groups(&shape, &EngineConfig::single(model.max_positions()));
+            pool_groups(&shape, &EngineConfig::single(model.max_positions()).pool());
         let per_group: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
         let pool = KvPool::new(&shape, BLOCK_SIZE, &per_group, model.device()).expect("KV pool");
         let mut manager =

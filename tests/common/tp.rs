@@ -107,8 +107,7 @@ pub fn follower_threads(
     cfg: inferno::engine::core::EngineConfig,
     opts: inferno::load::LoadOptions,
 ) -> Group {
-    use inferno::engine::core::{BLOCK_SIZE, pool_groups};
-    use inferno::engine::ranks::follow;
+    use inferno::engine::pool::{BLOCK_SIZE, pool_groups};
     use inferno::engine::runner::Runner;
     use inferno::models::batch::KvPool;
     use std::sync::{Arc, mpsc};
@@ -125,10 +124,10 @@ pub fn follower_threads(
                     inferno::load::load_rank(&name, &opts, &Device::Cpu, comm).unwrap().model;
                 let shape = model.kv_shape();
                 let blocks: Vec<usize> =
-                    pool_groups(&shape, &cfg).iter().map(|g| g.blocks).collect();
+                    pool_groups(&shape, &cfg.pool()).iter().map(|g| g.blocks).collect();
                 let pool = KvPool::new(&shape, BLOCK_SIZE, &blocks, &Device::Cpu).unwrap();
                 let mut runner = Runner::new(model, pool, shape);
-                follow(&mut runner, || Ok(rx.recv()?)).unwrap();
+                runner.follow(|| Ok(rx.recv()?)).unwrap();
             });
             (tx, handle)
         })

@@ -87,7 +87,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             max_seqs: streams,
             // Every stream's whole sequence, plus a block each for rounding.
             kv_tokens: streams
-                .saturating_mul(info.context.saturating_add(crate::engine::core::BLOCK_SIZE)),
+                .saturating_mul(info.context.saturating_add(crate::engine::pool::BLOCK_SIZE)),
             token_budget: step_tokens,
             pipeline: crate::switches::pipeline(),
             spec,

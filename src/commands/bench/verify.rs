@@ -16,8 +16,9 @@ use std::time::Instant;
 use candle_core::{DType, Device};
 
 use crate::cli::BenchArgs;
-use crate::engine::core::{BLOCK_SIZE, EngineConfig};
+use crate::engine::core::EngineConfig;
 use crate::engine::kv::blocks::{BlockConfig, BlockManager, GroupSpec};
+use crate::engine::pool::BLOCK_SIZE;
 use crate::engine::runner::Runner;
 use crate::engine::scheduler::Chunk;
 use crate::engine::spec::eagle::EagleDrafter;
@@ -205,7 +206,7 @@ fn eagle_head(
         Eagle3Head::load(&dir, target, context, dtype, device)?
     };
     let cfg = EngineConfig { kv_tokens: context, ..EngineConfig::single(context) };
-    Ok(Some(EagleDrafter::new(head, &cfg, runner.model.tap_layers())?))
+    Ok(Some(EagleDrafter::new(head, &cfg.pool(), runner.model.tap_layers())?))
 }
 
 /// Seconds the head takes to propose `k` drafts (0: none) after a verify step that accepted

@@ -16,9 +16,9 @@
 //! or frequency penalty (they read the history), no forced tokens, no log probabilities (the
 //! logits buffer is reused by the next step), no output constraint (its mask needs the token
 //! just sampled, see [`super::masks`]), no draft in sight (a verify step needs the tokens on the
-//! host, [`super::speculate`]). Otherwise the step is read at once as before. An EAGLE-3 head's
-//! taps are kept from every step, pipelined or not: a sequence that backs off from drafting
-//! decodes at the pipelined speed.
+//! host, [`crate::engine::spec::Speculator::would_draft`]). Otherwise the step is read at once
+//! as before. An EAGLE-3 head's taps are kept from every step, pipelined or not: a sequence that
+//! backs off from drafting decodes at the pipelined speed.
 
 use std::time::Instant;
 
@@ -96,15 +96,11 @@ impl Core {
         };
         self.count_step(&step.chunks, step.t0);
         for (c, id) in step.chunks.iter().zip(ids) {
-            // A pipelined step is one of the sequence's steps without a draft: it counts down
-            // its backoff as an unpipelined one does.
-            if let Some(l) = self.live.get_mut(&c.id) {
-                l.backoff.may_draft();
-            }
+            self.spec.pipelined(c.id);
             self.sched.complete(c, 0, &[id], &mut self.blocks);
             self.emit_run(c.id, vec![(id, None)]);
         }
-        self.eagle_catch_up(step.chunks.iter().map(|c| (c.id, false)));
+        self.spec.catch_up(&self.sched, step.chunks.iter().map(|c| (c.id, false)));
         self.publish(step.chunks.len());
         self.in_flight = next;
     }
@@ -134,7 +130,7 @@ impl Core {
             }
         }
         let t0 = Instant::now();
-        self.runner.keep_taps = self.wants_taps(&chunks);
+        self.runner.keep_taps = self.spec.wants_taps(&chunks, self.sched.running());
         let draws = self.rank_draws(&chunks, 1);
         let ran = self.runner.forward_after(&chunks, &step.ids, &self.blocks, draws.as_deref())?;
         let Some(out) = ran else {
@@ -144,7 +140,7 @@ impl Core {
         self.pipelined_steps += 1;
         // The step's taps (an EAGLE-3 head's) join the pending ones now, before the next
         // replay rewrites the graph's buffer.
-        self.record_taps(&chunks);
+        self.spec.record_taps(&chunks, self.sched.running(), &mut self.runner.last_taps);
         // `step`'s tokens are drawn but not handed out yet: these are each reply's next.
         self.launch_draw(&out, &chunks, t0, 1).map(Some)
     }

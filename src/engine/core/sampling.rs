@@ -32,7 +32,7 @@ impl Core {
             StepOut::Logits(logits) => self.draw(logits, chunks)?,
             StepOut::Ids(ids) => ids.to_vec1::<u32>()?,
         };
-        let Core { live, sched, drafted, spec_stats, broken, recent_acceptance, .. } = self;
+        let Core { live, sched, spec, broken, .. } = self;
         let mut out = Vec::with_capacity(chunks.len());
         let mut r = 0;
         for c in chunks {
@@ -53,18 +53,7 @@ impl Core {
                 let draft = sched.get(c.id).map_or(&[][..], |s| &s.draft[..]);
                 let accepted =
                     crate::engine::spec::accepted(&draft[..c.drafts.min(draft.len())], rows);
-                if drafted.contains(&c.id) {
-                    l.backoff.record(accepted, chunks.len());
-                    l.acceptance.record(c.drafts, accepted);
-                    if l.req.prediction.is_empty() {
-                        recent_acceptance.record(c.drafts, accepted);
-                    }
-                    l.draft_tokens += c.drafts;
-                    l.accepted_draft_tokens += accepted;
-                    spec_stats.drafts += 1;
-                    spec_stats.draft_tokens += c.drafts as u64;
-                    spec_stats.accepted_tokens += accepted as u64;
-                }
+                spec.verified(c.id, c.drafts, accepted, chunks.len());
                 (accepted, rows[..=accepted].to_vec())
             };
             let mut tokens = Vec::with_capacity(picked.len());

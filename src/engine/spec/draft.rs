@@ -12,8 +12,8 @@
 
 use std::collections::HashMap;
 
-use super::super::core::{EngineConfig, runner_with_pool};
 use super::super::kv::blocks::{BlockManager, SeqId};
+use super::super::pool::{PoolSize, runner_with_pool};
 use super::super::runner::Runner;
 use super::super::scheduler::Chunk;
 use crate::models::batch::BatchModel;
@@ -29,11 +29,11 @@ pub struct DraftModel {
 }
 
 impl DraftModel {
-    /// The draft `model` with a pool as large as the target's (`cfg`), refused when its
+    /// The draft `model` with a pool as large as the target's (`size`), refused when its
     /// vocabulary is not the target's (`vocab`).
     pub fn new(
         model: Box<dyn BatchModel>,
-        cfg: &EngineConfig,
+        size: &PoolSize,
         vocab: usize,
     ) -> anyhow::Result<DraftModel> {
         if model.vocab_size() != vocab {
@@ -45,8 +45,8 @@ impl DraftModel {
                 ),
             ));
         }
-        let (runner, blocks) = runner_with_pool(model, cfg)?;
-        Ok(DraftModel { runner, blocks, held: HashMap::new(), chunk: cfg.token_budget.max(1) })
+        let (runner, blocks) = runner_with_pool(model, size)?;
+        Ok(DraftModel { runner, blocks, held: HashMap::new(), chunk: size.token_budget.max(1) })
     }
 
     /// The draft's greedy guess of the `k` tokens after `tokens` (sequence `id`); empty when its

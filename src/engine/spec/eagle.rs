@@ -28,8 +28,8 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Tensor};
 
-use super::super::core::{EngineConfig, pool_groups};
-use super::super::kv::blocks::{BlockConfig, BlockManager, SeqId};
+use super::super::kv::blocks::{BlockManager, SeqId};
+use super::super::pool::{PoolSize, pool_with_blocks};
 use super::super::runner::block_tables;
 use crate::kernels::PagedBounds;
 use crate::models::batch::{KvPool, StepInput};
@@ -100,16 +100,10 @@ pub struct EagleDrafter {
 }
 
 impl EagleDrafter {
-    /// `head` with a pool as long as the target's (`cfg`), tapping a target of `layers` layers.
-    pub fn new(head: Eagle3Head, cfg: &EngineConfig, layers: usize) -> anyhow::Result<Self> {
+    /// `head` with a pool as long as the target's (`size`), tapping a target of `layers` layers.
+    pub fn new(head: Eagle3Head, size: &PoolSize, layers: usize) -> anyhow::Result<Self> {
         let taps = head.cfg.taps(layers)?;
-        let shape = head.kv_shape();
-        let groups = pool_groups(&shape, cfg);
-        let sizes: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
-        super::super::core::check_pool_fits(&shape, &sizes, cfg, head.device())?;
-        let block_size = super::super::core::BLOCK_SIZE;
-        let blocks = BlockManager::new(BlockConfig { block_size, groups })?;
-        let pool = KvPool::new(&shape, block_size, &sizes, head.device())?;
+        let (pool, blocks) = pool_with_blocks(&head.kv_shape(), size, head.device())?;
         Ok(EagleDrafter {
             head,
             pool,
@@ -118,7 +112,7 @@ impl EagleDrafter {
             held: HashMap::new(),
             pending: HashMap::new(),
             untapped: Default::default(),
-            chunk: cfg.token_budget.max(1),
+            chunk: size.token_budget.max(1),
         })
     }
 

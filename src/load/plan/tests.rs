@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device};
 
 use super::*;
-use crate::engine::core::{BLOCK_SIZE, EngineConfig, pool_groups};
+use crate::engine::core::EngineConfig;
+use crate::engine::pool::{BLOCK_SIZE, pool_groups};
 use crate::load::{self, LoadOptions, Source};
 use crate::models::batch::KvPool;
 
@@ -161,7 +162,7 @@ fn plan_matches_allocation_kv(
     let loaded = load::load(name.to_str().unwrap(), &opts, &Device::Cpu).unwrap();
     let got = loaded.model.allocated();
     let shape = loaded.model.kv_shape();
-    let groups = pool_groups(&shape, &EngineConfig::single(context));
+    let groups = pool_groups(&shape, &EngineConfig::single(context).pool());
     let blocks: Vec<usize> = groups.iter().map(|g| g.blocks).collect();
     let pool = KvPool::new(&shape, BLOCK_SIZE, &blocks, &Device::Cpu).unwrap();
     let plan = loaded.info.plan;

@@ -24,7 +24,7 @@ pub fn kv_group(cfg: &Gemma3Config, n: usize) -> usize {
 
 /// The paged pool's layout: the global layers in one group of block tables, whose pool grows
 /// with the context; the sliding layers in another with their window, whose pool holds the
-/// window and a step per sequence (`engine::core::pool_groups`), whatever the context. On
+/// window and a step per sequence (`engine::pool::pool_groups`), whatever the context. On
 /// gemma-3-12b at 128k tokens that is 8 of 48 layers' KV growing with the context, not 48.
 pub fn kv_shape(cfg: &Gemma3Config, dtype: DType) -> KvShape {
     let mut group_windows = vec![None];
