@@ -133,7 +133,6 @@ fn codex_completes_a_turn() {
     ignore = "needs the Codex CLI and the gpt-oss tokenizer: scripts/test.sh"
 )]
 fn codex_runs_a_tool_call_and_sends_its_output_back() {
-    let dir = tempfile::tempdir().unwrap();
     // The command's output (42-ran) is not in its arguments: only running it makes it.
     let call = "<|channel|>analysis<|message|>Run the command.<|end|><|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json<|message|>{\"cmd\": \"echo $((6*7))-ran\"}<|call|>";
     let answer = "<|channel|>final<|message|>The command printed its line. Finished-7.<|return|>";
