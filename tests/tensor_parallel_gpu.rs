@@ -228,6 +228,26 @@ fn gpu_tp2_qwen3_matches_one_gpu() {
     check(2, qwen3_tiny, DType::F32, 320, 2e-4, true);
 }
 
+/// Gemma 3 (the tiny fixture's layers, sliding and global, widened to heads of 128: the GPU's
+/// f32 attention takes 64 and 128): its post-norms after the sum over ranks, the √hidden
+/// embedding scale on each rank's rows.
+#[test]
+#[ignore = "needs 2 GPUs and NCCL"]
+fn gpu_tp2_gemma3_matches_one_gpu() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemma3_tiny/config.json");
+    let text = std::fs::read_to_string(path)
+        .or_else(|_| std::fs::read_to_string("tests/fixtures/gemma3_tiny/config.json"))
+        .expect("the Gemma 3 fixture's config");
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (k, v) in [("hidden_size", 64), ("intermediate_size", 128), ("head_dim", 128)] {
+        config[k] = v.into();
+    }
+    config["query_pre_attn_scalar"] = 128.into();
+    let vocab = config["vocab_size"].as_u64().unwrap() as u32;
+    let config = config.to_string();
+    check(2, || common::tp::random_gemma3(&config), DType::F32, vocab, 2e-4, true);
+}
+
 #[test]
 #[ignore = "needs 4 GPUs and NCCL"]
 fn gpu_tp4_gpt_oss_matches_one_gpu() {

@@ -154,3 +154,30 @@ impl Drop for Threads {
         }
     }
 }
+
+/// A folder with `config` (a Gemma 3 config.json) and seeded random bf16 weights of the scales
+/// gemma3_reference.rs's wide-head layouts use: norms around their `1 + w` centre, q/k norms
+/// around 0.5, projections at 1/√fan-in.
+pub fn random_gemma3(config: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), config).unwrap();
+    let cfg = inferno::models::gemma3::Gemma3Config::from_hf_json(config).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let mut tensors = std::collections::HashMap::new();
+    for (name, shape) in inferno::models::gemma3::memory::checkpoint_tensors(&cfg, "model.", false)
+    {
+        let n: usize = shape.iter().product();
+        let (base, std) = match () {
+            _ if name.ends_with("q_norm.weight") || name.ends_with("k_norm.weight") => (0.5, 0.3),
+            _ if name.ends_with("norm.weight") => (0.0, 0.3),
+            _ if name.contains("embed") => (0.0, 0.15),
+            _ => (0.0, 1.0 / (shape[1] as f32).sqrt()),
+        };
+        let v: Vec<half::bf16> = (0..n)
+            .map(|_| half::bf16::from_f32(base + std * rng.random_range(-1.7f32..1.7)))
+            .collect();
+        tensors.insert(name, Tensor::from_vec(v, shape, &Device::Cpu).unwrap());
+    }
+    candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
+    dir
+}
