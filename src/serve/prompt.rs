@@ -190,7 +190,8 @@ fn template_prompt(
         )
     })?;
     // Mistral's templates take call ids of 9 letters and digits only.
-    let call_id = |id: &str| match crate::chat::reply::mistral::speaks(&ready.text.tokenizer) {
+    let mistral = crate::chat::reply::mistral::speaks(&ready.text.tokenizer);
+    let call_id = |id: &str| match mistral {
         true => crate::chat::reply::mistral::template_call_id(id),
         false => id.to_string(),
     };
